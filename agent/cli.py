@@ -1,0 +1,72 @@
+"""The ``shoal`` command line. Every operator mistake is one line on stderr, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from agent.errors import UserError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage mistake in one line and exits with status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _cmd_probe(args: argparse.Namespace) -> int:
+    from agent.probe_view import run_probe
+
+    return run_probe(
+        root=args.root,
+        sim=args.sim,
+        as_json=args.json,
+        watch=args.watch,
+        interval_s=args.interval,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="shoal", description="Shoal: one masterless mesh for a mixed GPU fleet.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    probe = sub.add_parser("probe", help="show this host's GPUs (or a simulated or captured host)")
+    probe.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    probe.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+    probe.add_argument(
+        "--interval", type=float, default=1.0, metavar="S", help="seconds between refreshes"
+    )
+    probe.add_argument(
+        "--root",
+        type=Path,
+        metavar="PATH",
+        help="read sysfs under PATH instead of / and skip libraries and tools",
+    )
+    probe.add_argument(
+        "--sim",
+        metavar="PROFILE",
+        help="simulate a host: a preset (demo, dgx-h100, ...) or MODEL[:COUNT][,MODEL:COUNT]",
+    )
+    probe.set_defaults(func=_cmd_probe)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except UserError as exc:
+        print(f"shoal: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

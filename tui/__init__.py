@@ -1,0 +1,1 @@
+"""The operator's Textual app. The only package that imports textual."""
