@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 
+from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -16,6 +17,8 @@ from agent.units import fmt_mem, fmt_pct, fmt_power, fmt_temp
 from probers.host import HostProbe, ProbeOptions
 from probers.records import Device, ProbeReport
 
+SIM_SUFFIX = " (simulated)"
+
 
 def _links(device: Device) -> str:
     kinds: dict[str, int] = {}
@@ -25,7 +28,7 @@ def _links(device: Device) -> str:
 
 
 def _name(device: Device) -> Text:
-    text = Text(device.static.name)
+    text = Text(device.static.name.removesuffix(SIM_SUFFIX))
     if not device.sample.healthy:
         text.append(f" ({device.sample.error or 'unhealthy'})", style="bold red")
     elif device.static.unified_memory:
@@ -33,17 +36,28 @@ def _name(device: Device) -> Text:
     return text
 
 
+def _gib(used_bytes: int | None, total_bytes: int | None) -> str:
+    return fmt_mem(used_bytes, total_bytes).removesuffix(" GiB")
+
+
+def _watts(power_mw: int | None, limit_mw: int | None) -> str:
+    return fmt_power(power_mw, limit_mw).removesuffix(" W")
+
+
 def report_table(report: ProbeReport) -> Table:
     host = report.host
+    simulated = bool(report.devices) and all(d.static.source == "sim" for d in report.devices)
     title = f"{host.hostname} · {host.os}/{host.arch} · {host.cpu_count or '?'} CPUs"
-    table = Table(title=title, title_justify="left", expand=False, pad_edge=False)
+    if simulated:
+        title += " · simulated devices"
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("#", justify="right")
-    table.add_column("Backend")
+    table.add_column("API")
     table.add_column("Device", overflow="fold", ratio=1)
-    table.add_column("Memory", justify="right", no_wrap=True)
+    table.add_column("Mem GiB", justify="right", no_wrap=True)
     table.add_column("Util", justify="right", no_wrap=True)
     table.add_column("Temp", justify="right", no_wrap=True)
-    table.add_column("Power", justify="right", no_wrap=True)
+    table.add_column("Power W", justify="right", no_wrap=True)
     table.add_column("Links", no_wrap=True)
     for device in report.devices:
         s, d = device.static, device.sample
@@ -51,10 +65,10 @@ def report_table(report: ProbeReport) -> Table:
             str(device.index),
             s.backend,
             _name(device),
-            fmt_mem(d.mem_used_bytes, s.mem_total_bytes),
+            _gib(d.mem_used_bytes, s.mem_total_bytes),
             fmt_pct(d.util_pct),
             fmt_temp(d.temp_c),
-            fmt_power(d.power_mw, d.power_limit_mw),
+            _watts(d.power_mw, d.power_limit_mw),
             _links(device),
         )
     return table
@@ -78,6 +92,8 @@ def run_probe(
         raise UserError(str(exc)) from None
     console = Console()
     try:
+        probe.open()
+        time.sleep(probe.settle_s)
         if not watch:
             report = probe.refresh()
             if as_json:

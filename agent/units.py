@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 NA = "N/A"
+UNKNOWN_PART = "?"
+"""An unknown side of a pair such as ``used/total``; the whole pair unknown is ``N/A``."""
 _GIB = 1024**3
 _MIB = 1024**2
 
@@ -19,8 +21,8 @@ def fmt_mem(used_bytes: int | None, total_bytes: int | None) -> str:
     """``12.3/80.0 GiB``; either side may be unknown."""
     if total_bytes is None and used_bytes is None:
         return NA
-    used = NA if used_bytes is None else f"{used_bytes / _GIB:.1f}"
-    total = NA if total_bytes is None else f"{total_bytes / _GIB:.1f}"
+    used = UNKNOWN_PART if used_bytes is None else f"{used_bytes / _GIB:.1f}"
+    total = UNKNOWN_PART if total_bytes is None else f"{total_bytes / _GIB:.1f}"
     return f"{used}/{total} GiB"
 
 
@@ -36,6 +38,6 @@ def fmt_power(power_mw: int | None, limit_mw: int | None) -> str:
     """``312/700 W``; either side may be unknown."""
     if power_mw is None and limit_mw is None:
         return NA
-    now = NA if power_mw is None else f"{power_mw / 1000:.0f}"
-    cap = NA if limit_mw is None else f"{limit_mw / 1000:.0f}"
+    now = UNKNOWN_PART if power_mw is None else f"{power_mw / 1000:.0f}"
+    cap = UNKNOWN_PART if limit_mw is None else f"{limit_mw / 1000:.0f}"
     return f"{now}/{cap} W"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import platform
 import socket
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,6 +143,11 @@ class HostProbe:
             prober.close()
 
     @property
+    def settle_s(self) -> float:
+        """How long after discovery the first sample is meaningful for every active source."""
+        return max((float(getattr(p, "min_interval_s", 0.0)) for p in self._active), default=0.0)
+
+    @property
     def probers(self) -> tuple[Prober, ...]:
         return tuple(self._active)
 
@@ -179,9 +185,14 @@ class HostProbe:
 
 
 def probe_once(options: ProbeOptions) -> ProbeReport:
-    """Discover and sample once; the sources are closed before returning."""
+    """Discover and sample once; the sources are closed before returning.
+
+    Sources whose readings are rates get the interval they need between discovery and sample.
+    """
     probe = HostProbe.from_options(options)
     try:
+        probe.open()
+        time.sleep(probe.settle_s)
         return probe.refresh()
     finally:
         probe.close()
