@@ -29,7 +29,7 @@ class Trust(Protocol):
     """Which nodes are members in good standing, and whose signature is whose."""
 
     def admit(self, node_id: str, credential: bytes, now: float) -> bool:
-        """Accept ``credential`` as ``node_id``'s (valid, unexpired, not revoked, id matches key)."""
+        """Accept ``credential`` as ``node_id``'s: valid, unexpired, unrevoked, id matches key."""
         ...
 
     def verify(self, node_id: str, data: bytes, signature: bytes) -> bool:
