@@ -1,0 +1,328 @@
+"""Real aiohttp servers on loopback with real mutual TLS from Shoal certificates."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import aiohttp
+import pytest
+from cryptography.hazmat.primitives.serialization import Encoding
+
+from gossip.certtrust import CertSigner, CertTrust
+from gossip.identity import (
+    ClusterIdentity,
+    NodeIdentity,
+    Role,
+    enroll_node,
+    init_cluster,
+    issue_certificate,
+)
+from gossip.revocation import issue_revocations
+from gossip.transport import (
+    CONTENT_TYPE,
+    PATH,
+    PROTOCOL_HEADER,
+    GossipClient,
+    GossipServer,
+    HandlerRejected,
+    InsecureDevRefused,
+    PeerMismatch,
+    RateLimit,
+    RemoteRejected,
+    TokenBuckets,
+    TransportError,
+    TransportStats,
+    Unreachable,
+)
+
+NOW = datetime.now(UTC)  # TLS checks validity against the real clock
+DAY = timedelta(days=1)
+TIMEOUT_S = 5.0
+
+
+@dataclass
+class Lab:
+    cluster: ClusterIdentity
+    a: NodeIdentity
+    b: NodeIdentity
+    stranger: NodeIdentity  # from another cluster's CA
+    expired: NodeIdentity
+    seen: list[tuple[str, Role, bytes]] = field(default_factory=list)
+
+    async def echo(self, peer: str, role: Role, body: bytes) -> bytes | None:
+        self.seen.append((peer, role, body))
+        if body == b"reject me":
+            raise HandlerRejected("bad record")
+        if body == b"nothing":
+            return None
+        return b"echo:" + body
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Lab:
+    cluster = init_cluster(tmp_path / "c", "lab", "op", NOW)
+    ca = cluster.ca
+    other = init_cluster(tmp_path / "other", "other", "op", NOW)
+    expired_dir = tmp_path / "old"
+    expired = enroll_node(ca, expired_dir, "agent", ["127.0.0.1"], DAY, NOW - 3 * DAY)
+    return Lab(
+        cluster=cluster,
+        a=enroll_node(ca, tmp_path / "a", "agent", ["127.0.0.1", "localhost"], DAY, NOW),
+        b=enroll_node(ca, tmp_path / "b", "agent", ["127.0.0.1"], DAY, NOW),
+        stranger=other.operator,
+        expired=expired,
+    )
+
+
+async def eventually(predicate: Callable[[], bool], tries: int = 300) -> None:
+    """Wait for the server side of a refused handshake to be counted (bounded)."""
+    for _ in range(tries):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+def client_for(lab: Lab, who: NodeIdentity) -> GossipClient:
+    return GossipClient(who, lab.cluster.ca.certificate)
+
+
+@pytest.fixture
+async def server(lab: Lab) -> AsyncIterator[GossipServer]:
+    trust = CertTrust(lab.cluster.ca.certificate)
+    async with GossipServer(
+        lab.a, lab.cluster.ca.certificate, lab.echo, "127.0.0.1", 0, 4096, trust=trust
+    ) as srv:
+        yield srv
+
+
+async def test_round_trip_over_mutual_tls(lab: Lab, server: GossipServer) -> None:
+    async with client_for(lab, lab.b) as client:
+        answer = await client.send(server.address, b"\x92\x01\x02", TIMEOUT_S, lab.a.node_id)
+        assert answer == b"echo:\x92\x01\x02"
+        assert await client.send(server.address, b"nothing", TIMEOUT_S) is None
+    assert lab.seen == [
+        (lab.b.node_id, "agent", b"\x92\x01\x02"),
+        (lab.b.node_id, "agent", b"nothing"),
+    ]
+    assert server.stats.accepted == 2
+
+
+async def test_operator_role_reaches_the_handler(lab: Lab, server: GossipServer) -> None:
+    async with client_for(lab, lab.cluster.operator) as client:
+        await client.send(server.address, b"hi", TIMEOUT_S)
+    assert lab.seen == [(lab.cluster.operator.node_id, "operator", b"hi")]
+
+
+async def test_client_checks_the_server_node_id(lab: Lab, server: GossipServer) -> None:
+    async with client_for(lab, lab.b) as client:
+        with pytest.raises(PeerMismatch, match=lab.a.node_id):
+            await client.send(server.address, b"x", TIMEOUT_S, expect_node_id=lab.b.node_id)
+    assert lab.seen == []  # checked before the request was written
+
+
+def _bare_client_context(lab: Lab) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ca_pem = lab.cluster.ca.certificate.public_bytes(Encoding.PEM).decode()
+    ctx.load_verify_locations(cadata=ca_pem)
+    return ctx
+
+
+async def test_client_without_certificate_is_rejected(lab: Lab, server: GossipServer) -> None:
+    connector = aiohttp.TCPConnector(ssl=_bare_client_context(lab))
+    async with aiohttp.ClientSession(connector=connector) as session:
+        with pytest.raises((aiohttp.ClientError, ssl.SSLError, OSError)):
+            async with session.post(
+                f"https://{server.address}{PATH}",
+                data=b"x",
+                headers={PROTOCOL_HEADER: "1", "Content-Type": CONTENT_TYPE},
+            ) as response:
+                await response.read()
+    await eventually(lambda: server.stats.no_client_cert == 1)
+    assert lab.seen == []
+
+
+@pytest.mark.parametrize("who", ["stranger", "expired"])
+async def test_foreign_or_expired_certificate_is_rejected(
+    lab: Lab, server: GossipServer, who: str
+) -> None:
+    identity = lab.stranger if who == "stranger" else lab.expired
+    async with client_for(lab, identity) as client:
+        with pytest.raises(Unreachable):
+            await client.send(server.address, b"x", TIMEOUT_S)
+    await eventually(lambda: server.stats.bad_cert == 1)
+    assert lab.seen == []
+
+
+async def test_client_refuses_a_server_from_another_ca(lab: Lab) -> None:
+    other_ca = lab.stranger.ca_certificate
+    async with (
+        GossipServer(lab.stranger, other_ca, lab.echo, "127.0.0.1", 0) as srv,
+        client_for(lab, lab.b) as client,
+    ):
+        with pytest.raises(Unreachable, match="CERTIFICATE_VERIFY_FAILED"):
+            await client.send(srv.address, b"x", TIMEOUT_S)
+    assert lab.seen == []
+
+
+async def test_revoked_peer_is_refused(lab: Lab) -> None:
+    trust = CertTrust(lab.cluster.ca.certificate)
+    rl = issue_revocations(
+        CertSigner(lab.cluster.operator), [lab.b.node_id], [], 1, NOW.timestamp()
+    )
+    assert trust.apply_revocations(rl, NOW.timestamp())
+    async with (
+        GossipServer(lab.a, lab.cluster.ca.certificate, lab.echo, trust=trust) as srv,
+        client_for(lab, lab.b) as client,
+    ):
+        with pytest.raises(RemoteRejected) as refused:
+            await client.send(srv.address, b"x", TIMEOUT_S)
+        assert refused.value.status == 403
+    assert srv.stats.revoked == 1
+    assert lab.seen == []
+
+
+async def test_oversized_body_is_refused_before_reading(lab: Lab, server: GossipServer) -> None:
+    async with client_for(lab, lab.b) as client:
+        with pytest.raises(RemoteRejected) as refused:
+            await client.send(server.address, b"x" * 5000, TIMEOUT_S)
+        assert refused.value.status == 413
+        # The peer may go on after its refusal (a new connection replaces the closed one).
+        assert await client.send(server.address, b"small", TIMEOUT_S) == b"echo:small"
+    assert server.stats.oversized == 1
+    assert lab.seen == [(lab.b.node_id, "agent", b"small")]
+
+
+async def _raw_post(lab: Lab, server: GossipServer, data: object, headers: dict[str, str]) -> int:
+    ctx = _bare_client_context(lab)
+    ctx.load_cert_chain(lab.b.cert_path, lab.b.key_path)
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as session,
+        session.post(f"https://{server.address}{PATH}", data=data, headers=headers) as response,
+    ):
+        return response.status
+
+
+async def test_chunked_oversized_body_is_cut_off_while_reading(
+    lab: Lab, server: GossipServer
+) -> None:
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(8):  # 8 KiB without a Content-Length, limit 4 KiB
+            yield b"y" * 1024
+
+    status = await _raw_post(
+        lab, server, chunks(), {PROTOCOL_HEADER: "1", "Content-Type": CONTENT_TYPE}
+    )
+    assert status == 413
+    assert server.stats.oversized == 1
+    assert lab.seen == []
+
+
+async def test_header_checks(lab: Lab, server: GossipServer) -> None:
+    assert await _raw_post(lab, server, b"x", {PROTOCOL_HEADER: "1"}) == 415
+    assert (
+        await _raw_post(lab, server, b"x", {PROTOCOL_HEADER: "9", "Content-Type": CONTENT_TYPE})
+        == 400
+    )
+    assert await _raw_post(lab, server, b"x", {"Content-Type": CONTENT_TYPE}) == 400
+    stats = server.stats
+    assert (stats.wrong_content_type, stats.unknown_protocol_version) == (1, 2)
+    assert lab.seen == []
+
+
+async def test_handler_rejection_is_counted(lab: Lab, server: GossipServer) -> None:
+    async with client_for(lab, lab.b) as client:
+        with pytest.raises(RemoteRejected) as refused:
+            await client.send(server.address, b"reject me", TIMEOUT_S)
+    assert refused.value.status == 400
+    assert server.stats.handler_rejected == 1
+    assert server.stats.accepted == 0
+
+
+async def test_flood_from_one_peer_is_rate_limited_per_peer(lab: Lab) -> None:
+    frozen = lambda: 100.0  # noqa: E731 - no refill during the test
+    limit = RateLimit(rate_per_s=1.0, burst=3.0)
+    async with (
+        GossipServer(
+            lab.a, lab.cluster.ca.certificate, lab.echo, rate_limit=limit, clock=frozen
+        ) as srv,
+        client_for(lab, lab.b) as flooder,
+        client_for(lab, lab.cluster.operator) as other,
+    ):
+        statuses: list[int] = []
+        for i in range(10):
+            try:
+                await flooder.send(srv.address, b"f%d" % i, TIMEOUT_S)
+                statuses.append(200)
+            except RemoteRejected as e:
+                statuses.append(e.status)
+        assert statuses == [200, 200, 200] + [429] * 7
+        assert await other.send(srv.address, b"still here", TIMEOUT_S) == b"echo:still here"
+    assert srv.stats.rate_limited == 7
+    assert len(lab.seen) == 4
+
+
+def test_token_buckets_refill_and_stay_bounded() -> None:
+    buckets = TokenBuckets(RateLimit(rate_per_s=2.0, burst=2.0, max_peers=3))
+    assert [buckets.take("p", 0.0) for _ in range(3)] == [True, True, False]
+    assert buckets.take("p", 0.5)  # 0.5 s x 2/s = one token back
+    assert not buckets.take("p", 0.5)
+    for i in range(1000):
+        buckets.take(f"peer{i}", 1.0)
+    assert len(buckets) == 3
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.20", "::", "example.org"])
+def test_insecure_dev_refuses_non_loopback_bind(lab: Lab, host: str) -> None:
+    with pytest.raises(InsecureDevRefused, match="loopback only"):
+        GossipServer(None, None, lab.echo, host, 0, insecure_dev=True)
+
+
+async def test_insecure_dev_round_trip_on_loopback(lab: Lab) -> None:
+    async with (
+        GossipServer(None, None, lab.echo, "127.0.0.1", 0, insecure_dev=True) as srv,
+        GossipClient(lab.b, None, insecure_dev=True) as client,
+    ):
+        assert await client.send(srv.address, b"dev", TIMEOUT_S) == b"echo:dev"
+        with pytest.raises(InsecureDevRefused):
+            await client.send("10.1.2.3:7946", b"dev", TIMEOUT_S)
+    assert lab.seen == [(lab.b.node_id, "agent", b"dev")]
+
+
+def test_secure_mode_needs_an_identity(lab: Lab) -> None:
+    with pytest.raises(ValueError):
+        GossipServer(None, None, lab.echo)
+    with pytest.raises(ValueError):
+        GossipClient(None, lab.cluster.ca.certificate)
+
+
+async def test_unreachable_peer(lab: Lab) -> None:
+    async with GossipServer(lab.a, lab.cluster.ca.certificate, lab.echo) as srv:
+        address = srv.address
+    async with client_for(lab, lab.b) as client:
+        with pytest.raises(TransportError):
+            await client.send(address, b"x", TIMEOUT_S)
+
+
+def test_stats_snapshot_names() -> None:
+    assert set(TransportStats().snapshot()) >= {
+        "no_client_cert",
+        "bad_cert",
+        "oversized",
+        "wrong_content_type",
+        "unknown_protocol_version",
+        "handler_rejected",
+        "rate_limited",
+    }
+
+
+def test_expired_fixture_is_really_expired(lab: Lab) -> None:
+    assert lab.expired.certificate.not_valid_after_utc < NOW
+    cert = issue_certificate(lab.cluster.ca, lab.expired.key.public_key(), "agent", [], DAY, NOW)
+    assert cert.not_valid_after_utc > NOW
