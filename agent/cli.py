@@ -30,7 +30,15 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     )
 
 
+def _cmd_init(args: argparse.Namespace) -> int:
+    from agent.init_cmd import run_init
+
+    return run_init(directory=args.dir, name=args.name, operator=args.operator)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from agent.paths import default_cluster_dir
+
     parser = _Parser(prog="shoal", description="Shoal: one masterless mesh for a mixed GPU fleet.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
@@ -53,6 +61,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="simulate a host: a preset (demo, dgx-h100, ...) or MODEL[:COUNT][,MODEL:COUNT]",
     )
     probe.set_defaults(func=_cmd_probe)
+
+    init = sub.add_parser("init", help="create a cluster: its CA and your operator identity")
+    init.add_argument("--name", default="shoal", help="the cluster's name (default: shoal)")
+    init.add_argument(
+        "--dir",
+        type=Path,
+        default=default_cluster_dir(),
+        metavar="DIR",
+        help="where to keep the CA and your identity (default: %(default)s)",
+    )
+    init.add_argument("--operator", metavar="NAME", help="your name in the certificate")
+    init.set_defaults(func=_cmd_init)
     return parser
 
 

@@ -1,0 +1,44 @@
+"""``shoal init`` as an operator runs it."""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from gossip.identity import load_cluster
+
+
+def shoal(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agent.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_init_creates_a_loadable_cluster_with_private_keys_kept_private(tmp_path: Path) -> None:
+    target = tmp_path / "cluster"
+    done = shoal("init", "--dir", str(target), "--name", "lab-a", "--operator", "alice")
+    assert done.returncode == 0, done.stderr
+    cluster = load_cluster(target)
+    assert cluster.name == "lab-a"
+    assert cluster.operator.role == "operator"
+    assert cluster.ca_fingerprint in done.stdout
+    assert cluster.operator.node_id in done.stdout
+    for key in ("ca.key", "node.key"):
+        assert stat.S_IMODE((target / key).stat().st_mode) == 0o600
+
+
+def test_init_refuses_to_overwrite_a_cluster_in_one_line(tmp_path: Path) -> None:
+    target = tmp_path / "cluster"
+    assert shoal("init", "--dir", str(target)).returncode == 0
+    before = (target / "ca.key").read_bytes()
+    again = shoal("init", "--dir", str(target))
+    assert again.returncode == 2
+    assert len(again.stderr.strip().splitlines()) == 1
+    assert "refusing to overwrite" in again.stderr
+    assert (target / "ca.key").read_bytes() == before
