@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,17 +84,24 @@ class CpuProber:
 
     source = "psutil"
 
-    def __init__(self, cpuinfo: Path = Path("/proc/cpuinfo")) -> None:
+    def __init__(
+        self,
+        cpuinfo: Path = Path("/proc/cpuinfo"),
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self._cpuinfo = cpuinfo
+        self._clock = clock
+        self._sleep = sleep
         self._last_read_s: float | None = None
 
     def _cpu_percent(self) -> float:
         if self._last_read_s is not None:
-            wait_s = MIN_WINDOW_S - (time.monotonic() - self._last_read_s)
+            wait_s = MIN_WINDOW_S - (self._clock() - self._last_read_s)
             if wait_s > 0:
-                time.sleep(wait_s)
+                self._sleep(wait_s)
         util = float(psutil.cpu_percent(interval=None))
-        self._last_read_s = time.monotonic()
+        self._last_read_s = self._clock()
         return util
 
     def discover(self) -> Sequence[DeviceStatic]:

@@ -191,3 +191,24 @@ def test_cpu_name_without_cpuinfo_falls_back_to_platform(
     monkeypatch.setattr(platform, "processor", lambda: "")
     monkeypatch.setattr(platform, "machine", lambda: "riscv64")
     assert cpu_name(tmp_path / "missing") == "riscv64 CPU"
+
+
+def test_a_sample_right_after_the_last_reading_waits_out_the_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [50.0]
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        now[0] += seconds
+
+    monkeypatch.setattr(psutil, "cpu_percent", lambda interval=None: 12.0)
+    prober = CpuProber(clock=lambda: now[0], sleep=sleep)
+    prober.discover()
+    now[0] += 0.03
+    assert prober.sample()[0].util_pct == 12.0
+    assert sleeps == [pytest.approx(0.07)]
+    now[0] += 1.0  # a watch loop's second: no wait
+    prober.sample()
+    assert len(sleeps) == 1
