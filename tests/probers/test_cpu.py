@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import psutil  # type: ignore[import-untyped]
+import psutil
 import pytest
 
 from probers.cpu import CpuProber, cpu_name, host_info

@@ -1,0 +1,456 @@
+"""What a job asks for: the job spec, its resources, and the size/duration parsers.
+
+A spec is what an operator submits and signs. It is immutable; its wire form (``to_dict``) is plain
+JSON-able data with every field present, and ``from_dict`` refuses unknown keys, wrong types and
+negative numbers with a one-line ``ValueError`` that names the field. A TOML job file
+(``JobSpec.from_toml``) uses the same keys and also accepts human sizes (``"40GiB"``) and durations
+(``"2h"``) where a field holds bytes or seconds.
+
+The job id is not part of the spec: it is made at submission (``new_job_id``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+import tomllib
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, cast, get_args
+
+JobKind = Literal["training", "inference", "batch"]
+BackendName = Literal["cuda", "rocm", "xpu", "metal", "cpu"]
+InterconnectKind = Literal["nvlink", "xgmi", "pcie"]
+
+JOB_KINDS: Final[tuple[str, ...]] = get_args(JobKind)
+BACKENDS: Final[tuple[str, ...]] = get_args(BackendName)
+INTERCONNECTS: Final[tuple[str, ...]] = get_args(InterconnectKind)
+CHECKPOINT_SIGNALS: Final[tuple[str, ...]] = (
+    "SIGTERM",
+    "SIGINT",
+    "SIGHUP",
+    "SIGQUIT",
+    "SIGUSR1",
+    "SIGUSR2",
+)
+"""Signals a job may ask to receive before it is stopped (names, so a spec reads the same on every
+OS; the executor maps them to numbers, falling back to SIGTERM's behaviour where one is missing)."""
+
+_JOB_ID_RE: Final = re.compile(r"[0-9a-f]{32}")
+
+
+def new_job_id() -> str:
+    """A fresh job id: a uuid4 as 32 lowercase hex digits."""
+    return uuid.uuid4().hex
+
+
+def check_job_id(job_id: str) -> str:
+    """Return ``job_id`` when it is 32 lowercase hex digits (safe as a folder name), else raise."""
+    if not isinstance(job_id, str) or not _JOB_ID_RE.fullmatch(job_id):
+        raise ValueError(f"job id must be 32 lowercase hex digits, got {job_id!r}")
+    return job_id
+
+
+# -- sizes and durations -------------------------------------------------------------------------
+
+_SIZE_UNITS: Final[dict[str, int]] = {
+    "": 1,
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "k": 1024,
+    "m": 1024**2,
+    "g": 1024**3,
+    "t": 1024**4,
+    "ki": 1024,
+    "mi": 1024**2,
+    "gi": 1024**3,
+    "ti": 1024**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+_SIZE_RE: Final = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*([A-Za-z]*)\s*")
+
+_DURATION_UNITS: Final[dict[str, float]] = {
+    "ms": 0.001,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+    "d": 86400.0,
+    "w": 604800.0,
+}
+_DURATION_PART_RE: Final = re.compile(r"(\d+(?:\.\d+)?|\.\d+)(ms|s|m|h|d|w)")
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``"40GiB"``, ``"512 MiB"``, ``"1.5G"``, ``"80GB"`` or ``"1024"``.
+
+    Units are case-insensitive. ``KiB/MiB/GiB/TiB`` (and ``Ki``.., and bare ``K/M/G/T`` as in
+    ``docker run --memory``) are powers of 1024; ``KB/MB/GB/TB`` are powers of 1000. A fractional
+    result is rounded down to whole bytes.
+    """
+    match = _SIZE_RE.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError(f"not a size: {text!r} (expected e.g. 40GiB, 512MiB, 80GB)")
+    number, unit = match.groups()
+    factor: int | None = _SIZE_UNITS.get(unit.lower())
+    if factor is None:
+        raise ValueError(f"unknown size unit {unit!r} in {text!r} (use B, KiB, MiB, GiB, TiB, GB)")
+    if "." in number:
+        whole, _, frac = number.partition(".")
+        scale: int = 10 ** len(frac)
+        return (int(whole or "0") * scale + int(frac)) * factor // scale
+    return int(number) * factor
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from ``"2h"``, ``"1h30m"``, ``"90s"``, ``"1.5d"``, ``"500ms"`` or ``"3600"``."""
+    if not isinstance(text, str):
+        raise ValueError(f"not a duration: {text!r} (expected e.g. 2h, 90m, 1h30m)")
+    compact = text.strip().replace(" ", "").lower()
+    if re.fullmatch(r"\d+(?:\.\d+)?|\.\d+", compact):
+        return float(compact)
+    if not compact or _DURATION_PART_RE.sub("", compact) != "":
+        raise ValueError(f"not a duration: {text!r} (expected e.g. 2h, 90m, 1h30m, 45s)")
+    return sum(float(n) * _DURATION_UNITS[u] for n, u in _DURATION_PART_RE.findall(compact))
+
+
+# -- the spec ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """What a job needs from the hosts it runs on."""
+
+    gpus_per_node: int = 1
+    """GPUs on each node of the job; 0 for a CPU-only job."""
+    nodes: int = 1
+    """Nodes the job spans; more than one makes it a gang (all start or none)."""
+    min_mem_per_gpu_bytes: int | None = None
+    """Least memory each GPU must have; ``None`` accepts any."""
+    backends: tuple[BackendName, ...] = ()
+    """Accepted backends; empty accepts any."""
+    min_compute_capability: str | None = None
+    """Least NVIDIA compute capability (``"8.0"``); only NVIDIA devices can meet it."""
+    archs: tuple[str, ...] = ()
+    """Accepted architectures (``"hopper"``, ``"gfx942"``); empty accepts any."""
+    interconnect: InterconnectKind | None = None
+    """Required link between the job's GPUs on a node; ``None`` accepts any."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpus_per_node": self.gpus_per_node,
+            "nodes": self.nodes,
+            "min_mem_per_gpu_bytes": self.min_mem_per_gpu_bytes,
+            "backends": list(self.backends),
+            "min_compute_capability": self.min_compute_capability,
+            "archs": list(self.archs),
+            "interconnect": self.interconnect,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, human: bool = False) -> Resources:
+        """Build from the wire form; ``human`` also accepts a size string for memory."""
+        r = _Reader(data, "resources")
+        mem = r.get("min_mem_per_gpu_bytes")
+        mem_bytes = (
+            _size_field(mem, "resources.min_mem_per_gpu_bytes")
+            if human and isinstance(mem, str)
+            else r.opt_int("min_mem_per_gpu_bytes")
+        )
+        if mem_bytes is not None and mem_bytes < 0:
+            raise ValueError("resources.min_mem_per_gpu_bytes: must not be negative")
+        out = cls(
+            gpus_per_node=r.int_("gpus_per_node", 1),
+            nodes=r.int_("nodes", 1, least=1),
+            min_mem_per_gpu_bytes=mem_bytes,
+            backends=cast(tuple[BackendName, ...], r.choices("backends", BACKENDS)),
+            min_compute_capability=_compute_capability(r.opt_str("min_compute_capability")),
+            archs=r.str_tuple("archs"),
+            interconnect=cast(InterconnectKind | None, r.opt_choice("interconnect", INTERCONNECTS)),
+        )
+        r.done()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A job as an operator submits it (see DESIGN.md, "Jobs and masterless scheduling")."""
+
+    command: tuple[str, ...]
+    """The argv to run; never empty. Run directly, not through a shell."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Variables added to the agent's environment (Shoal's pinning variables win over these)."""
+    workdir: str | None = None
+    """Working directory on the runner; ``None`` runs in the job's own folder."""
+    image: str | None = None
+    """Container image to run the command in; ``None`` runs it on the host."""
+    resources: Resources = field(default_factory=Resources)
+    kind: JobKind = "batch"
+    priority: int = 0
+    """Higher runs first and may preempt lower preemptible jobs."""
+    preemptible: bool = False
+    deadline: float | None = None
+    """Absolute time (epoch seconds) the job should end by; orders the queue within a priority."""
+    max_runtime_s: float | None = None
+    """Wall-clock limit of one attempt; the executor stops the job when it is reached."""
+    datasets: tuple[str, ...] = ()
+    """Names of datasets the job reads, so placement can prefer hosts that hold them."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """The job's own labels (shown in listings, matched by other jobs' selectors)."""
+    affinity: Mapping[str, str] = field(default_factory=dict)
+    """Node labels the runner must carry, every one (``zone = "eu-1"``)."""
+    anti_affinity: Mapping[str, str] = field(default_factory=dict)
+    """Node labels the runner must not carry, any one."""
+    checkpoint_dir: str | None = None
+    """Where the job keeps checkpoints; moved with it on migration. ``None``: Shoal picks one."""
+    checkpoint_signal: str = "SIGTERM"
+    """Sent to the job's process group before it is stopped (cancel, preemption, migration)."""
+    retries: int = 0
+    """Further attempts after a failed one."""
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ValueError("command must not be empty")
+
+    @property
+    def is_gang(self) -> bool:
+        return self.resources.nodes > 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stable wire form: every field, JSON-able, keys in declaration order."""
+        return {
+            "command": list(self.command),
+            "env": dict(self.env),
+            "workdir": self.workdir,
+            "image": self.image,
+            "resources": self.resources.to_dict(),
+            "kind": self.kind,
+            "priority": self.priority,
+            "preemptible": self.preemptible,
+            "deadline": self.deadline,
+            "max_runtime_s": self.max_runtime_s,
+            "datasets": list(self.datasets),
+            "labels": dict(self.labels),
+            "affinity": dict(self.affinity),
+            "anti_affinity": dict(self.anti_affinity),
+            "checkpoint_dir": self.checkpoint_dir,
+            "checkpoint_signal": self.checkpoint_signal,
+            "retries": self.retries,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
+        """Validate and build from the wire form; missing keys take their defaults."""
+        return _from_mapping(data, human=False, now=None)
+
+    @classmethod
+    def from_toml(cls, text: str, *, now: float | None = None) -> JobSpec:
+        """Build from a TOML job file.
+
+        The keys are the wire keys. Human forms are accepted too: ``max_runtime_s = "2h"``,
+        ``resources.min_mem_per_gpu_bytes = "40GiB"``, and ``deadline`` as epoch seconds, a TOML
+        date-time with an offset, or a duration from ``now`` (``deadline = "6h"``).
+        """
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"job file is not valid TOML: {exc}") from None
+        return _from_mapping(data, human=True, now=now)
+
+
+# -- validation ----------------------------------------------------------------------------------
+
+
+def _from_mapping(data: Mapping[str, Any], *, human: bool, now: float | None) -> JobSpec:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"job spec must be a table/object, got {type(data).__name__}")
+    r = _Reader(data, "")
+    command = r.str_tuple("command")
+    if not command:
+        raise ValueError("command: must be a non-empty list of strings")
+    resources_raw = r.get("resources", {})
+    if not isinstance(resources_raw, Mapping):
+        raise ValueError("resources: must be a table/object")
+    max_runtime = r.get("max_runtime_s")
+    if human and isinstance(max_runtime, str):
+        max_runtime_s: float | None = _duration_field(max_runtime, "max_runtime_s")
+    else:
+        max_runtime_s = r.opt_float("max_runtime_s")
+    if max_runtime_s is not None and max_runtime_s <= 0:
+        raise ValueError("max_runtime_s: must be positive")
+    deadline = _deadline(r, human=human, now=now)
+    signal_name = r.str_("checkpoint_signal", "SIGTERM").upper()
+    if not signal_name.startswith("SIG"):
+        signal_name = "SIG" + signal_name
+    if signal_name not in CHECKPOINT_SIGNALS:
+        raise ValueError(
+            f"checkpoint_signal: {signal_name} is not one of {', '.join(CHECKPOINT_SIGNALS)}"
+        )
+    spec = JobSpec(
+        command=command,
+        env=r.str_map("env"),
+        workdir=r.opt_str("workdir"),
+        image=r.opt_str("image"),
+        resources=Resources.from_dict(resources_raw, human=human),
+        kind=cast(JobKind, r.choice("kind", JOB_KINDS, "batch")),
+        priority=r.int_("priority", 0, least=None),
+        preemptible=r.bool_("preemptible", False),
+        deadline=deadline,
+        max_runtime_s=max_runtime_s,
+        datasets=r.str_tuple("datasets"),
+        labels=r.str_map("labels"),
+        affinity=r.str_map("affinity"),
+        anti_affinity=r.str_map("anti_affinity"),
+        checkpoint_dir=r.opt_str("checkpoint_dir"),
+        checkpoint_signal=signal_name,
+        retries=r.int_("retries", 0),
+    )
+    r.done()
+    return spec
+
+
+def _deadline(r: _Reader, *, human: bool, now: float | None) -> float | None:
+    raw = r.get("deadline")
+    if human and isinstance(raw, _dt.datetime):
+        if raw.tzinfo is None:
+            raise ValueError("deadline: a date-time needs a UTC offset (e.g. 2025-01-31T18:00Z)")
+        return raw.timestamp()
+    if human and isinstance(raw, str):
+        if now is None:
+            import time
+
+            now = time.time()
+        return now + _duration_field(raw, "deadline")
+    value = r.opt_float("deadline")
+    if value is not None and value < 0:
+        raise ValueError("deadline: must not be negative")
+    return value
+
+
+def _size_field(text: str, name: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+
+
+def _duration_field(text: str, name: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+
+
+def _compute_capability(value: str | None) -> str | None:
+    if value is not None and not re.fullmatch(r"\d+\.\d+", value):
+        raise ValueError(f"resources.min_compute_capability: expected MAJOR.MINOR, got {value!r}")
+    return value
+
+
+_MISSING: Final = object()
+
+
+class _Reader:
+    """Typed, named access to one mapping that remembers which keys were read."""
+
+    def __init__(self, data: Mapping[str, Any], prefix: str) -> None:
+        self._data = data
+        self._prefix = f"{prefix}." if prefix else ""
+        self._seen: set[str] = set()
+
+    def name(self, key: str) -> str:
+        return self._prefix + key
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self._seen.add(key)
+        return self._data.get(key, default)
+
+    def done(self) -> None:
+        unknown = sorted(str(k) for k in self._data if k not in self._seen)
+        if unknown:
+            raise ValueError(f"unknown key {self.name(unknown[0])!r}")
+
+    def _type_error(self, key: str, what: str, value: Any) -> ValueError:
+        return ValueError(f"{self.name(key)}: expected {what}, got {type(value).__name__}")
+
+    def int_(self, key: str, default: int, *, least: int | None = 0) -> int:
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._type_error(key, "an integer", value)
+        if least is not None and value < least:
+            word = "negative" if least == 0 else f"less than {least}"
+            raise ValueError(f"{self.name(key)}: must not be {word}")
+        return value
+
+    def opt_int(self, key: str) -> int | None:
+        value = self.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._type_error(key, "an integer", value)
+        return value
+
+    def opt_float(self, key: str) -> float | None:
+        value = self.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self._type_error(key, "a number", value)
+        return float(value)
+
+    def bool_(self, key: str, default: bool) -> bool:
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            raise self._type_error(key, "true or false", value)
+        return value
+
+    def str_(self, key: str, default: str) -> str:
+        value = self.get(key, default)
+        if not isinstance(value, str):
+            raise self._type_error(key, "a string", value)
+        return value
+
+    def opt_str(self, key: str) -> str | None:
+        value = self.get(key)
+        if value is not None and not isinstance(value, str):
+            raise self._type_error(key, "a string", value)
+        return value
+
+    def str_tuple(self, key: str) -> tuple[str, ...]:
+        value = self.get(key, ())
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"{self.name(key)}: expected a list of strings")
+        return tuple(value)
+
+    def str_map(self, key: str) -> dict[str, str]:
+        value = self.get(key, {})
+        if not isinstance(value, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            raise ValueError(f"{self.name(key)}: expected a table of strings")
+        return dict(value)
+
+    def choice(self, key: str, allowed: tuple[str, ...], default: str) -> str:
+        value = self.str_(key, default)
+        if value not in allowed:
+            raise ValueError(f"{self.name(key)}: {value!r} is not one of {', '.join(allowed)}")
+        return value
+
+    def opt_choice(self, key: str, allowed: tuple[str, ...]) -> str | None:
+        value = self.opt_str(key)
+        if value is not None and value not in allowed:
+            raise ValueError(f"{self.name(key)}: {value!r} is not one of {', '.join(allowed)}")
+        return value
+
+    def choices(self, key: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+        values = self.str_tuple(key)
+        for value in values:
+            if value not in allowed:
+                raise ValueError(f"{self.name(key)}: {value!r} is not one of {', '.join(allowed)}")
+        return values

@@ -1,0 +1,244 @@
+"""Job specs: the size and duration parsers, the TOML job file and the validated wire form."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from agent.jobspec import (
+    JobSpec,
+    Resources,
+    check_job_id,
+    new_job_id,
+    parse_duration,
+    parse_size,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("40GiB", 42_949_672_960),
+        ("40 GiB", 42_949_672_960),
+        ("512MiB", 536_870_912),
+        ("80GB", 80_000_000_000),
+        ("1.5G", 1_610_612_736),
+        ("2ti", 2_199_023_255_552),
+        ("16Gi", 17_179_869_184),
+        ("1024", 1024),
+        ("7B", 7),
+        ("1.3KiB", 1331),  # 1331.2 rounded down
+        (".5k", 512),
+    ],
+)
+def test_parse_size(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "-1GiB", "40 GiBs", "1.2.3G", "4 0G", "1e9"])
+def test_parse_size_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match="size") as info:
+        parse_size(text)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2h", 7200.0),
+        ("90m", 5400.0),
+        ("1h30m", 5400.0),
+        ("1h 30m", 5400.0),
+        ("45s", 45.0),
+        ("1.5d", 129_600.0),
+        ("500ms", 0.5),
+        ("1w", 604_800.0),
+        ("3600", 3600.0),
+        ("2.5", 2.5),
+    ],
+)
+def test_parse_duration(text: str, expected: float) -> None:
+    assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "h", "2x", "-5s", "1h30", "soon", "5 s s"])
+def test_parse_duration_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match="duration") as info:
+        parse_duration(text)
+    assert "\n" not in str(info.value)
+
+
+JOB_FILE = """
+command = ["python", "train.py", "--epochs", "3"]
+env = { WANDB_MODE = "offline" }
+workdir = "/srv/train"
+kind = "training"
+priority = 5
+preemptible = true
+deadline = "6h"
+max_runtime_s = "2h30m"
+datasets = ["imagenet"]
+labels = { team = "vision" }
+affinity = { zone = "eu-1" }
+anti_affinity = { spot = "true" }
+checkpoint_dir = "/srv/ckpt"
+checkpoint_signal = "usr1"
+retries = 2
+
+[resources]
+gpus_per_node = 8
+nodes = 2
+min_mem_per_gpu_bytes = "40GiB"
+backends = ["cuda", "rocm"]
+min_compute_capability = "8.0"
+interconnect = "nvlink"
+"""
+
+
+def test_from_toml_reads_every_field_and_the_human_forms() -> None:
+    spec = JobSpec.from_toml(JOB_FILE, now=1_700_000_000.0)
+    assert spec.command == ("python", "train.py", "--epochs", "3")
+    assert dict(spec.env) == {"WANDB_MODE": "offline"}
+    assert spec.workdir == "/srv/train"
+    assert spec.image is None
+    assert spec.kind == "training"
+    assert spec.priority == 5
+    assert spec.preemptible is True
+    assert spec.deadline == 1_700_000_000.0 + 6 * 3600
+    assert spec.max_runtime_s == 9000.0
+    assert spec.datasets == ("imagenet",)
+    assert dict(spec.labels) == {"team": "vision"}
+    assert dict(spec.affinity) == {"zone": "eu-1"}
+    assert dict(spec.anti_affinity) == {"spot": "true"}
+    assert spec.checkpoint_dir == "/srv/ckpt"
+    assert spec.checkpoint_signal == "SIGUSR1"
+    assert spec.retries == 2
+    assert spec.is_gang
+    assert spec.resources == Resources(
+        gpus_per_node=8,
+        nodes=2,
+        min_mem_per_gpu_bytes=42_949_672_960,
+        backends=("cuda", "rocm"),
+        min_compute_capability="8.0",
+        archs=(),
+        interconnect="nvlink",
+    )
+
+
+def test_minimal_toml_takes_the_defaults() -> None:
+    spec = JobSpec.from_toml('command = ["sleep", "1"]')
+    assert spec == JobSpec(command=("sleep", "1"))
+    assert spec.kind == "batch"
+    assert spec.resources.gpus_per_node == 1
+    assert spec.resources.nodes == 1
+    assert not spec.is_gang
+    assert spec.checkpoint_signal == "SIGTERM"
+
+
+def test_toml_deadline_as_offset_datetime() -> None:
+    spec = JobSpec.from_toml('command = ["x"]\ndeadline = 2025-01-31T18:00:00Z')
+    expected = dt.datetime(2025, 1, 31, 18, 0, tzinfo=dt.UTC).timestamp()
+    assert spec.deadline == expected == 1_738_346_400.0
+
+
+def test_toml_deadline_without_offset_is_refused() -> None:
+    with pytest.raises(ValueError, match="deadline: a date-time needs a UTC offset"):
+        JobSpec.from_toml('command = ["x"]\ndeadline = 2025-01-31T18:00:00')
+
+
+def test_toml_syntax_error_is_one_line() -> None:
+    with pytest.raises(ValueError, match="not valid TOML") as info:
+        JobSpec.from_toml("command = [")
+    assert "\n" not in str(info.value)
+
+
+def test_wire_form_round_trips_and_is_stable() -> None:
+    spec = JobSpec.from_toml(JOB_FILE, now=1_700_000_000.0)
+    wire = spec.to_dict()
+    assert list(wire) == [
+        "command",
+        "env",
+        "workdir",
+        "image",
+        "resources",
+        "kind",
+        "priority",
+        "preemptible",
+        "deadline",
+        "max_runtime_s",
+        "datasets",
+        "labels",
+        "affinity",
+        "anti_affinity",
+        "checkpoint_dir",
+        "checkpoint_signal",
+        "retries",
+    ]
+    assert wire["resources"]["min_mem_per_gpu_bytes"] == 42_949_672_960
+    assert wire["deadline"] == 1_700_021_600.0
+    assert JobSpec.from_dict(wire) == spec
+    assert JobSpec.from_dict(wire).to_dict() == wire
+
+
+def test_wire_form_refuses_human_forms() -> None:
+    wire = JobSpec(command=("x",)).to_dict()
+    wire["max_runtime_s"] = "2h"
+    with pytest.raises(ValueError, match="max_runtime_s: expected a number, got str"):
+        JobSpec.from_dict(wire)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"colour": "blue"}, "unknown key 'colour'"),
+        ({"resources": {"gpus": 2}}, "unknown key 'resources.gpus'"),
+        ({"priority": "5"}, "priority: expected an integer, got str"),
+        ({"priority": 5.0}, "priority: expected an integer, got float"),
+        ({"retries": -1}, "retries: must not be negative"),
+        ({"resources": {"gpus_per_node": True}}, "resources.gpus_per_node: expected an integer"),
+        ({"resources": {"gpus_per_node": -2}}, "resources.gpus_per_node: must not be negative"),
+        ({"resources": {"nodes": 0}}, "resources.nodes: must not be less than 1"),
+        (
+            {"resources": {"min_mem_per_gpu_bytes": -1}},
+            "resources.min_mem_per_gpu_bytes: must not be negative",
+        ),
+        ({"resources": {"backends": ["opencl"]}}, "resources.backends: 'opencl' is not one of"),
+        ({"resources": {"interconnect": "infiniband"}}, "resources.interconnect: 'infiniband'"),
+        ({"resources": {"min_compute_capability": "ampere"}}, "expected MAJOR.MINOR"),
+        ({"resources": []}, "resources: must be a table"),
+        ({"kind": "serving"}, "kind: 'serving' is not one of training, inference, batch"),
+        ({"command": []}, "command: must be a non-empty list of strings"),
+        ({"command": "python train.py"}, "command: expected a list of strings"),
+        ({"command": ["python", 3]}, "command: expected a list of strings"),
+        ({"env": {"A": 1}}, "env: expected a table of strings"),
+        ({"preemptible": "yes"}, "preemptible: expected true or false, got str"),
+        ({"deadline": -5}, "deadline: must not be negative"),
+        ({"max_runtime_s": 0}, "max_runtime_s: must be positive"),
+        ({"checkpoint_signal": "SIGKILL"}, "checkpoint_signal: SIGKILL is not one of"),
+    ],
+)
+def test_from_dict_refuses_bad_input_naming_the_field(
+    change: dict[str, object], message: str
+) -> None:
+    wire = {"command": ["python", "train.py"], **change}
+    with pytest.raises(ValueError) as info:
+        JobSpec.from_dict(wire)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_spec_is_frozen() -> None:
+    spec = JobSpec(command=("x",))
+    with pytest.raises(AttributeError):
+        spec.priority = 3  # type: ignore[misc]
+
+
+def test_job_ids() -> None:
+    a, b = new_job_id(), new_job_id()
+    assert a != b
+    assert len(a) == 32
+    assert check_job_id(a) == a
+    for bad in ["", "../../etc", a.upper(), a[:-1], a + "0"]:
+        with pytest.raises(ValueError, match="32 lowercase hex"):
+            check_job_id(bad)

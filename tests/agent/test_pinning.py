@@ -1,0 +1,154 @@
+"""Pinning variables for each vendor, Shoal's job variables, gang ranks, refused grants."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.pinning import GangRank, device_env, job_env
+from probers.records import DeviceStatic
+
+JOB = "0f9c6c1e2b8d4a7f9e3c5b1a2d4f6e8c"
+
+
+def nvidia(index: int, uuid: str | None) -> DeviceStatic:
+    return DeviceStatic(
+        key=uuid or f"pci:0000:0{index}:00.0",
+        vendor="nvidia",
+        backend="cuda",
+        name="NVIDIA H100 80GB HBM3",
+        source="nvml",
+        vendor_index=index,
+        uuid=uuid,
+    )
+
+
+def amd(index: int) -> DeviceStatic:
+    return DeviceStatic(
+        key=f"drm:card{index + 1}",
+        vendor="amd",
+        backend="rocm",
+        name="AMD Instinct MI300X",
+        source="amdgpu-sysfs",
+        vendor_index=index,
+    )
+
+
+def intel(index: int) -> DeviceStatic:
+    return DeviceStatic(
+        key=f"drm:card{index}",
+        vendor="intel",
+        backend="xpu",
+        name="Intel Arc A770",
+        source="xe-sysfs",
+        vendor_index=index,
+    )
+
+
+APPLE = DeviceStatic(
+    key="metal:4294968372",
+    vendor="apple",
+    backend="metal",
+    name="Apple M2 Ultra",
+    source="metal",
+    unified_memory=True,
+)
+
+U2 = "GPU-8f5b2a61-3c4d-4e5f-9a0b-1c2d3e4f5a6b"
+U5 = "GPU-1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d"
+
+
+def test_nvidia_by_uuid_in_enumeration_order() -> None:
+    env = device_env([nvidia(5, U5), nvidia(2, U2)])
+    assert env == {
+        "CUDA_VISIBLE_DEVICES": f"{U2},{U5}",
+        "SHOAL_DEVICES": f"{U2},{U5}",
+    }
+
+
+def test_nvidia_without_uuid_falls_back_to_index() -> None:
+    env = device_env([nvidia(3, None)])
+    assert env["CUDA_VISIBLE_DEVICES"] == "3"
+    assert env["SHOAL_DEVICES"] == "pci:0000:03:00.0"
+
+
+def test_amd_hip_indices_are_relative_to_rocr() -> None:
+    env = device_env([amd(3), amd(2)])
+    assert env == {
+        "ROCR_VISIBLE_DEVICES": "2,3",
+        "HIP_VISIBLE_DEVICES": "0,1",
+        "SHOAL_DEVICES": "drm:card3,drm:card4",
+    }
+
+
+def test_intel_affinity_mask() -> None:
+    env = device_env([intel(1)])
+    assert env == {"ZE_AFFINITY_MASK": "1", "SHOAL_DEVICES": "drm:card1"}
+
+
+def test_metal_and_no_devices_pin_nothing() -> None:
+    assert device_env([APPLE]) == {"SHOAL_DEVICES": "metal:4294968372"}
+    assert device_env([]) == {}
+
+
+def test_mixed_vendors_are_refused() -> None:
+    with pytest.raises(ValueError, match="several vendors: amd, nvidia"):
+        device_env([nvidia(0, U2), amd(0)])
+
+
+def test_the_same_device_twice_is_refused() -> None:
+    with pytest.raises(ValueError, match="same device twice"):
+        device_env([amd(1), amd(1)])
+
+
+def test_job_env_without_gang() -> None:
+    env = job_env([amd(0)], job_id=JOB, attempt=2, checkpoint_dir="/srv/ckpt")
+    assert env == {
+        "ROCR_VISIBLE_DEVICES": "0",
+        "HIP_VISIBLE_DEVICES": "0",
+        "SHOAL_DEVICES": "drm:card1",
+        "SHOAL_JOB_ID": JOB,
+        "SHOAL_ATTEMPT": "2",
+        "SHOAL_CHECKPOINT_DIR": "/srv/ckpt",
+    }
+    for name in ["RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"]:
+        assert name not in env
+
+
+def test_job_env_for_one_rank_of_a_gang() -> None:
+    gang = GangRank(rank=3, world_size=4, local_rank=0, master_addr="10.0.0.7", master_port=29500)
+    env = job_env([nvidia(0, U2)], job_id=JOB, attempt=1, gang=gang)
+    assert env["RANK"] == "3"
+    assert env["WORLD_SIZE"] == "4"
+    assert env["LOCAL_RANK"] == "0"
+    assert env["MASTER_ADDR"] == "10.0.0.7"
+    assert env["MASTER_PORT"] == "29500"
+    assert env["CUDA_VISIBLE_DEVICES"] == U2
+    assert "SHOAL_CHECKPOINT_DIR" not in env
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"rank": 4, "world_size": 4}, "rank 4 is outside 0..3"),
+        ({"rank": -1}, "rank -1 is outside"),
+        ({"world_size": 0, "rank": 0}, "world_size must be at least 1"),
+        ({"master_port": 70000}, "not a TCP port"),
+        ({"master_addr": ""}, "master_addr must not be empty"),
+        ({"local_rank": -1}, "local_rank must not be negative"),
+    ],
+)
+def test_bad_gang_ranks(kwargs: dict[str, object], message: str) -> None:
+    base: dict[str, object] = {
+        "rank": 0,
+        "world_size": 2,
+        "local_rank": 0,
+        "master_addr": "10.0.0.7",
+        "master_port": 29500,
+    }
+    with pytest.raises(ValueError, match=message):
+        GangRank(**{**base, **kwargs})  # type: ignore[arg-type]
+
+
+def test_attempts_start_at_one() -> None:
+    with pytest.raises(ValueError, match="attempt numbers start at 1"):
+        job_env([], job_id=JOB, attempt=0)
