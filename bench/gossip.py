@@ -1,0 +1,171 @@
+"""Gossip benchmark: the real core in the deterministic simulator.
+
+``python -m bench.gossip --nodes N --loss P --seconds S --seed K [--starved F] --json``
+
+Workload, after a warm-up: every ``--publish-every`` seconds a random live node publishes a new
+version of a 128-byte record; every ``--crash-every`` seconds a random live, unstarved node
+crashes (kill -9, never restarted). Measured (see BENCHMARKS.md):
+
+- dissemination: from a record's publication until every node alive at the end holds it, in
+  seconds and in gossip rounds (seconds / gossip interval);
+- detect: from a crash until every node alive at the end has declared the crashed node dead;
+- false_deaths: distinct live nodes that any node ever declared dead;
+- bytes_per_node_per_s: encoded bytes received per node per simulated second (all traffic), and
+  membership_bytes_per_node_per_s (the same without application record parts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+
+from gossip.config import GossipConfig
+from gossip.events import Event, MemberDead, RecordChanged
+from gossip.sim import Simulation
+
+_KIND = "bench"
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q / 100.0 * len(s)) - 1))]
+
+
+@dataclass
+class _Tracker:
+    crashed_at: dict[str, float] = field(default_factory=dict)
+    dead_seen: dict[str, dict[str, float]] = field(default_factory=dict)
+    published: dict[tuple[str, int], float] = field(default_factory=dict)
+    received: dict[tuple[str, int], dict[str, float]] = field(default_factory=dict)
+    false_dead: set[str] = field(default_factory=set)
+
+    def on_event(self, nid: str, ev: Event) -> None:
+        if isinstance(ev, MemberDead):
+            if ev.node in self.crashed_at:
+                self.dead_seen[ev.node].setdefault(nid, ev.at)
+            else:
+                self.false_dead.add(ev.node)
+        elif isinstance(ev, RecordChanged) and ev.kind == _KIND:
+            got = self.received.get((ev.origin, ev.counter))
+            if got is not None:
+                got.setdefault(nid, ev.at)
+
+
+def run(
+    nodes: int,
+    loss: float,
+    seconds: float,
+    seed: int,
+    starved: float = 0.0,
+    publish_every_s: float = 2.0,
+    crash_every_s: float | None = None,
+    warmup_s: float = 5.0,
+) -> dict[str, object]:
+    t_wall = time.perf_counter()
+    tr = _Tracker()
+    sim = Simulation(n=nodes, seed=seed, loss=loss, on_event=tr.on_event)
+    setup_s = time.perf_counter() - t_wall
+    rng = sim.rng
+    ids = sorted(sim.nodes)
+    n_starved = round(starved * nodes)
+    starved_ids = set(rng.sample(ids, n_starved)) if n_starved else set()
+    for nid in sorted(starved_ids):
+        sim.starve(nid, period_s=1.0, stall_s=0.4)
+    if crash_every_s is None:
+        crash_every_s = max(10.0, seconds / max(1.0, nodes / 20.0))
+    sim.run_until(warmup_s)
+    bytes0 = sim.net.bytes
+    rbytes0 = sim.net.record_bytes
+    next_pub, next_crash = warmup_s, warmup_s + 1.0
+    end = warmup_s + seconds
+    quiet_after = end - 15.0  # leave time for the last changes to finish spreading
+    while sim.now < end:
+        step_to = min(next_pub, next_crash, end)
+        sim.run_until(step_to)
+        now = sim.now
+        if now >= next_pub:
+            next_pub += publish_every_s
+            if now < quiet_after:
+                origin = rng.choice([i for i in ids if sim.nodes[i].up])
+                rec = sim.peer(origin).publish(_KIND, bytes(128), now)
+                tr.published[(origin, rec.counter)] = now
+                tr.received[(origin, rec.counter)] = {origin: now}
+        if now >= next_crash:
+            next_crash += crash_every_s
+            if now < quiet_after:
+                cands = [i for i in ids if sim.nodes[i].up and i not in starved_ids]
+                victim = rng.choice(cands)
+                sim.crash(victim)
+                tr.crashed_at[victim] = now
+                tr.dead_seen[victim] = {}
+    live = [i for i in ids if sim.nodes[i].up]
+    gossip_s = GossipConfig(node_id="x", addr="x", boot_incarnation=0).gossip_interval_s
+    diss_s: list[float] = []
+    undelivered = 0
+    for key, t0 in tr.published.items():
+        got = tr.received[key]
+        if all(i in got for i in live):
+            diss_s.append(max(got[i] for i in live) - t0)
+        else:
+            undelivered += 1
+    detect: list[float] = []
+    undetected = 0
+    for victim, t0 in tr.crashed_at.items():
+        seen = tr.dead_seen[victim]
+        if all(i in seen for i in live):
+            detect.append(max(seen[i] for i in live) - t0)
+        else:
+            undetected += 1
+    rounds = [d / gossip_s for d in diss_s]
+    total = sim.net.bytes - bytes0
+    records = sim.net.record_bytes - rbytes0
+    return {
+        "nodes": nodes,
+        "loss": loss,
+        "seconds": seconds,
+        "seed": seed,
+        "starved": starved,
+        "dissemination_samples": len(diss_s),
+        "dissemination_undelivered": undelivered,
+        "dissemination_rounds_p50": _pct(rounds, 50),
+        "dissemination_rounds_p99": _pct(rounds, 99),
+        "dissemination_s_p50": _pct(diss_s, 50),
+        "dissemination_s_p99": _pct(diss_s, 99),
+        "crashes": len(tr.crashed_at),
+        "undetected": undetected,
+        "detect_s_p50": _pct(detect, 50),
+        "detect_s_p99": _pct(detect, 99),
+        "false_deaths": len(tr.false_dead),
+        "bytes_per_node_per_s": total / nodes / seconds,
+        "membership_bytes_per_node_per_s": (total - records) / nodes / seconds,
+        "messages": sim.net.sent,
+        "setup_s": setup_s,
+        "wall_s": time.perf_counter() - t_wall,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.gossip", description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", type=int, default=100)
+    ap.add_argument("--loss", type=float, default=0.0)
+    ap.add_argument("--seconds", type=float, default=120.0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--starved", type=float, default=0.0, help="fraction of CPU-starved nodes")
+    ap.add_argument("--publish-every", type=float, default=2.0)
+    ap.add_argument("--crash-every", type=float, default=None)
+    ap.add_argument("--json", action="store_true", help="print one JSON object (the default)")
+    a = ap.parse_args(argv)
+    result = run(a.nodes, a.loss, a.seconds, a.seed, a.starved, a.publish_every, a.crash_every)
+    json.dump(result, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,306 @@
+"""Messages to bytes and back: msgpack arrays ``[PROTOCOL_VERSION, kind, *fields]``.
+
+Decoding is strict: every field's type, every string's and byte string's length, every count and
+the whole message size are checked, and anything wrong raises :class:`DecodeError` (and nothing
+else). :func:`signing_bytes` is the canonical byte string an update's signature covers.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import msgpack
+
+from gossip.messages import (
+    Ack,
+    Alive,
+    Compound,
+    Dead,
+    IndirectPingReq,
+    MemberDigest,
+    MemberState,
+    Message,
+    Nack,
+    Ping,
+    PushPull,
+    Record,
+    RecordDigest,
+    Suspect,
+    Update,
+)
+from gossip.vivaldi import Coordinate
+
+PROTOCOL_VERSION = 1
+MAX_MESSAGE_BYTES = 1 << 20
+MAX_ID_CHARS = 256
+MAX_CREDENTIAL_BYTES = 16384
+MAX_SIGNATURE_BYTES = 1024
+MAX_ITEMS = 65536
+MAX_DIMENSIONS = 64
+_MAX_INT = (1 << 63) - 1
+
+_PING, _IPING, _ACK, _NACK, _ALIVE, _SUSPECT, _DEAD, _RECORD, _PUSHPULL, _COMPOUND = range(1, 11)
+
+
+class DecodeError(ValueError):
+    """The bytes are not a well-formed message of this protocol version."""
+
+
+class EncodeError(ValueError):
+    """The message cannot be encoded within the limits (a bug in the caller)."""
+
+
+# -- encoding ------------------------------------------------------------------------------------
+
+
+def _coord(c: Coordinate | None) -> list[Any] | None:
+    if c is None:
+        return None
+    return [list(c.vec), c.error, c.adjustment_s, c.height_s]
+
+
+def _enc(m: Message) -> list[Any]:
+    if isinstance(m, Ping):
+        return [_PING, m.seq, m.source, m.target]
+    if isinstance(m, Ack):
+        return [_ACK, m.seq, m.source, _coord(m.coordinate)]
+    if isinstance(m, Alive):
+        return [_ALIVE, m.node, m.incarnation, m.addr, m.credential, m.signature]
+    if isinstance(m, Suspect):
+        return [_SUSPECT, m.node, m.incarnation, m.accuser, m.signature]
+    if isinstance(m, Dead):
+        return [_DEAD, m.node, m.incarnation, m.accuser, m.signature]
+    if isinstance(m, Record):
+        return [_RECORD, m.origin, m.kind, m.incarnation, m.counter, m.payload, m.signature]
+    if isinstance(m, IndirectPingReq):
+        return [_IPING, m.seq, m.source, m.target, m.target_addr, m.nack]
+    if isinstance(m, Nack):
+        return [_NACK, m.seq, m.source]
+    if isinstance(m, PushPull):
+        return [
+            _PUSHPULL,
+            m.source,
+            m.phase,
+            [[d.node, d.incarnation, int(d.state)] for d in m.members],
+            [[d.origin, d.kind, d.incarnation, d.counter] for d in m.records],
+            [_enc(u) for u in m.updates],
+        ]
+    if isinstance(m, Compound):
+        return [_COMPOUND, [_enc(p) for p in m.parts]]
+    raise EncodeError(f"not a message: {type(m).__name__}")
+
+
+def encode_body(message: Message) -> list[Any]:
+    """The msgpack-ready array of one message, without the version (for sizing parts)."""
+    return _enc(message)
+
+
+def encode(message: Message, max_bytes: int = MAX_MESSAGE_BYTES) -> bytes:
+    """Encode ``message``; raise :class:`EncodeError` above ``max_bytes``."""
+    body = _enc(message)
+    body.insert(0, PROTOCOL_VERSION)
+    data: bytes = msgpack.packb(body, use_bin_type=True)
+    if len(data) > max_bytes:
+        raise EncodeError(f"message of {len(data)} bytes exceeds {max_bytes}")
+    return data
+
+
+def encoded_size(message: Message) -> int:
+    """Bytes ``message`` takes as a part of a compound (its array without the version)."""
+    return len(msgpack.packb(_enc(message), use_bin_type=True))
+
+
+@functools.lru_cache(maxsize=8192)
+def signing_bytes(update: Update) -> bytes:
+    """The canonical bytes an update's signature covers (every field but the signature)."""
+    if isinstance(update, Alive):
+        body: list[Any] = [b"shoal-alive", update.node, update.incarnation, update.addr]
+        body.append(update.credential)
+    elif isinstance(update, Suspect):
+        body = [b"shoal-suspect", update.node, update.incarnation, update.accuser]
+    elif isinstance(update, Dead):
+        body = [b"shoal-dead", update.node, update.incarnation, update.accuser]
+    else:
+        body = [b"shoal-record", update.origin, update.kind, update.incarnation, update.counter]
+        body.append(update.payload)
+    return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+# -- decoding ------------------------------------------------------------------------------------
+
+
+def _fail(what: str) -> DecodeError:
+    return DecodeError(what)
+
+
+def _str(v: object, what: str) -> str:
+    if type(v) is not str or not v or len(v) > MAX_ID_CHARS:
+        raise _fail(f"{what}: expected a non-empty string of <= {MAX_ID_CHARS} chars")
+    return v
+
+
+def _int(v: object, what: str) -> int:
+    if type(v) is not int or v < 0 or v > _MAX_INT:
+        raise _fail(f"{what}: expected a non-negative 63-bit int")
+    return v
+
+
+def _bytes(v: object, what: str, limit: int) -> bytes:
+    if type(v) is not bytes or len(v) > limit:
+        raise _fail(f"{what}: expected bytes of <= {limit}")
+    return v
+
+
+def _bool(v: object, what: str) -> bool:
+    if type(v) is not bool:
+        raise _fail(f"{what}: expected a bool")
+    return v
+
+
+def _float(v: object, what: str) -> float:
+    if type(v) is not float or not math.isfinite(v):
+        raise _fail(f"{what}: expected a finite float")
+    return v
+
+
+def _list(v: object, what: str, n: int | None = None) -> list[Any]:
+    if type(v) is not list:
+        raise _fail(f"{what}: expected an array")
+    if n is not None and len(v) != n:
+        raise _fail(f"{what}: expected {n} fields, got {len(v)}")
+    if len(v) > MAX_ITEMS:
+        raise _fail(f"{what}: too many items")
+    return v
+
+
+def _dec_coord(v: object) -> Coordinate | None:
+    if v is None:
+        return None
+    f = _list(v, "coordinate", 4)
+    vec = _list(f[0], "coordinate.vec")
+    if not 1 <= len(vec) <= MAX_DIMENSIONS:
+        raise _fail("coordinate.vec: bad dimensionality")
+    return Coordinate(
+        tuple(_float(x, "coordinate.vec[]") for x in vec),
+        _float(f[1], "coordinate.error"),
+        _float(f[2], "coordinate.adjustment"),
+        _float(f[3], "coordinate.height"),
+    )
+
+
+def _dec_update(v: object) -> Update:
+    m = _dec(v, nested=True)
+    if not isinstance(m, Alive | Suspect | Dead | Record):
+        raise _fail("push-pull update: not an update")
+    return m
+
+
+def _dec(v: object, nested: bool) -> Message:
+    f = _list(v, "message")
+    if not f:
+        raise _fail("empty message")
+    kind = f[0]
+    n = len(f)
+    if kind == _PING and n == 4:
+        return Ping(_int(f[1], "seq"), _str(f[2], "source"), _str(f[3], "target"))
+    if kind == _ACK and n == 4:
+        return Ack(_int(f[1], "seq"), _str(f[2], "source"), _dec_coord(f[3]))
+    if kind == _ALIVE and n == 6:
+        return Alive(
+            _str(f[1], "node"),
+            _int(f[2], "incarnation"),
+            _str(f[3], "addr"),
+            _bytes(f[4], "credential", MAX_CREDENTIAL_BYTES),
+            _bytes(f[5], "signature", MAX_SIGNATURE_BYTES),
+        )
+    if kind == _SUSPECT and n == 5:
+        return Suspect(
+            _str(f[1], "node"),
+            _int(f[2], "incarnation"),
+            _str(f[3], "accuser"),
+            _bytes(f[4], "signature", MAX_SIGNATURE_BYTES),
+        )
+    if kind == _DEAD and n == 5:
+        return Dead(
+            _str(f[1], "node"),
+            _int(f[2], "incarnation"),
+            _str(f[3], "accuser"),
+            _bytes(f[4], "signature", MAX_SIGNATURE_BYTES),
+        )
+    if kind == _RECORD and n == 7:
+        return Record(
+            _str(f[1], "origin"),
+            _str(f[2], "kind"),
+            _int(f[3], "incarnation"),
+            _int(f[4], "counter"),
+            _bytes(f[5], "payload", MAX_MESSAGE_BYTES),
+            _bytes(f[6], "signature", MAX_SIGNATURE_BYTES),
+        )
+    if kind == _IPING and n == 6:
+        return IndirectPingReq(
+            _int(f[1], "seq"),
+            _str(f[2], "source"),
+            _str(f[3], "target"),
+            _str(f[4], "target_addr"),
+            _bool(f[5], "nack"),
+        )
+    if kind == _NACK and n == 3:
+        return Nack(_int(f[1], "seq"), _str(f[2], "source"))
+    if kind == _PUSHPULL and n == 6:
+        phase = _int(f[2], "phase")
+        if phase > 2:
+            raise _fail("push-pull: bad phase")
+        members = []
+        for d in _list(f[3], "members"):
+            g = _list(d, "member digest", 3)
+            state = _int(g[2], "state")
+            if state > MemberState.LEFT:
+                raise _fail("member digest: bad state")
+            members.append(MemberDigest(_str(g[0], "node"), _int(g[1], "inc"), MemberState(state)))
+        records = []
+        for d in _list(f[4], "records"):
+            g = _list(d, "record digest", 4)
+            records.append(
+                RecordDigest(
+                    _str(g[0], "origin"), _str(g[1], "kind"), _int(g[2], "inc"), _int(g[3], "ctr")
+                )
+            )
+        updates = tuple(_dec_update(u) for u in _list(f[5], "updates"))
+        return PushPull(_str(f[1], "source"), phase, tuple(members), tuple(records), updates)
+    if kind == _COMPOUND and n == 2 and not nested:
+        parts = tuple(_dec(p, nested=True) for p in _list(f[1], "parts"))
+        if not parts:
+            raise _fail("compound: no parts")
+        return Compound(parts)
+    raise _fail(f"unknown message kind or arity: {kind!r}/{n}")
+
+
+def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
+    """Decode one message; raise :class:`DecodeError` on anything malformed."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise DecodeError("expected bytes")
+    if len(data) > max_bytes:
+        raise DecodeError(f"message of {len(data)} bytes exceeds {max_bytes}")
+    try:
+        obj = msgpack.unpackb(
+            data,
+            raw=False,
+            use_list=True,
+            strict_map_key=True,
+            max_array_len=MAX_ITEMS,
+            max_map_len=0,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises a zoo of types; all mean "malformed"
+        raise DecodeError(f"not msgpack: {exc}") from None
+    try:
+        f = _list(obj, "envelope")
+        if len(f) < 2 or f[0] != PROTOCOL_VERSION or type(f[0]) is not int:
+            raise DecodeError("unsupported protocol version")
+        return _dec(f[1:], nested=False)
+    except DecodeError:
+        raise
+    except RecursionError:
+        raise DecodeError("nesting too deep") from None

@@ -1,0 +1,855 @@
+"""The sans-I/O gossip core: SWIM + Lifeguard membership and signed record dissemination.
+
+Shaped like aioquic's ``QuicConnection``: the caller feeds it decoded messages and timer ticks with
+the current time, and collects what to send and what happened::
+
+    peer = Peer(config, signer, trust, seeds=["10.0.0.2:7946"], now=t, rng=random.Random())
+    peer.receive(src_addr, message, now)       # a decoded message arrived
+    peer.handle_timer(now)                     # when now >= peer.get_timer()
+    for addr, message in peer.messages_to_send(): ...
+    for event in peer.events(): ...
+
+Nothing here reads a clock, sleeps, opens a socket or touches asyncio; randomness comes from the
+injected ``random.Random``; cryptography goes through the :mod:`gossip.trust` seams.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from gossip.awareness import Awareness
+from gossip.broadcast import BroadcastQueue
+from gossip.codec import encoded_size, signing_bytes
+from gossip.config import GossipConfig
+from gossip.events import (
+    Event,
+    MemberDead,
+    MemberJoined,
+    MemberLeft,
+    MemberSuspect,
+    MemberUpdated,
+    RecordChanged,
+)
+from gossip.membership import Member, MemberInfo, Outcome, decide
+from gossip.messages import (
+    Ack,
+    Alive,
+    Compound,
+    Dead,
+    IndirectPingReq,
+    MemberDigest,
+    MemberState,
+    Message,
+    Nack,
+    Ping,
+    PushPull,
+    Record,
+    RecordDigest,
+    Suspect,
+    Update,
+)
+from gossip.records import Offer, RecordStore, StoredRecord
+from gossip.stats import GossipStats
+from gossip.suspicion import Suspicion
+from gossip.trust import Signer, Trust
+from gossip.vivaldi import Coordinate, VivaldiClient, VivaldiConfig
+
+_ALIVE, _SUSPECT, _DEAD = 0, 1, 2  # broadcast priority classes
+_RANK = {MemberState.ALIVE: 0, MemberState.SUSPECT: 1, MemberState.DEAD: 2, MemberState.LEFT: 2}
+_LIVE = (MemberState.ALIVE, MemberState.SUSPECT)
+_REAP_EVERY_S = 5.0
+
+
+@dataclass(slots=True)
+class _Probe:
+    target: str
+    seq: int
+    sent_at: float
+    timeout_at: float
+    end_at: float
+    indirect_sent: bool = False
+    expected_nacks: int = 0
+    nacks: int = 0
+
+
+@dataclass(slots=True)
+class _Relay:
+    origin_addr: str
+    origin_seq: int
+    nack: bool
+    deadline: float
+
+
+class Peer:
+    """One node's gossip state machine. See the module docstring for the calling convention."""
+
+    def __init__(
+        self,
+        config: GossipConfig,
+        signer: Signer,
+        trust: Trust,
+        seeds: Sequence[str],
+        now: float,
+        rng: random.Random,
+    ) -> None:
+        if signer.node_id != config.node_id:
+            raise ValueError("config.node_id differs from the signer's node id")
+        self.config = config
+        self.node_id = config.node_id
+        self.stats = GossipStats()
+        self._signer = signer
+        self._trust = trust
+        self._rng = rng
+        self._seeds = list(seeds)
+        self._incarnation = config.boot_incarnation
+        self._left = False
+        self._seq = 0
+        self._record_counter = 0
+        self._out: list[tuple[str, Message]] = []
+        self._events: list[Event] = []
+        self._members: dict[str, Member] = {}
+        self._ids: list[str] = []  # every other member we hold, for random picks
+        self._id_pos: dict[str, int] = {}
+        self._digest: tuple[MemberDigest, ...] | None = None
+        self._down: dict[str, None] = {}  # dead or left (tombstones); a dict for stable order
+        self._live = 1  # alive + suspect, ourselves included
+        self._probe_order: list[str] = []
+        self._probe_idx = 0
+        self._probe: _Probe | None = None
+        self._relays: dict[int, _Relay] = {}
+        self._reconnects: dict[int, tuple[str, float]] = {}
+        self._suspicions: dict[str, Suspicion] = {}
+        self._queue = BroadcastQueue(3)
+        self._rqueue = BroadcastQueue(1)
+        self._records = RecordStore()
+        self._awareness = Awareness(config.awareness_max_multiplier)
+        self._vivaldi = VivaldiClient(VivaldiConfig(), rng)
+        self._coords: dict[str, Coordinate] = {}
+        jitter = rng.random()
+        self._next_probe = now + jitter * config.probe_interval_s
+        self._next_gossip: float | None = None
+        self._gossip_phase = now + jitter * config.gossip_interval_s
+        self._next_push_pull = now + rng.random() * config.push_pull_interval_s
+        self._next_reconnect = now + rng.random() * config.reconnect_interval_s
+        self._next_reap = now + _REAP_EVERY_S
+        trust.admit(self.node_id, signer.credential, now)
+        alive = self._signed_alive()
+        self._self = Member(
+            self.node_id, config.addr, self._incarnation, MemberState.ALIVE, now, alive
+        )
+        self._members[self.node_id] = self._self
+        for seed in self._seeds:
+            if seed != config.addr:
+                self._send(seed, self._push_pull(0, (alive,)))
+
+    # -- public API ------------------------------------------------------------------------------
+
+    @property
+    def incarnation(self) -> int:
+        return self._incarnation
+
+    @property
+    def self_alive(self) -> Alive:
+        """Our current signed Alive (what a warm-start snapshot of us holds)."""
+        return self._self.alive
+
+    @property
+    def health_score(self) -> int:
+        """Lifeguard local health: 0 is healthy; timeouts scale by ``score + 1``."""
+        return self._awareness.score
+
+    @property
+    def coordinate(self) -> Coordinate:
+        return self._vivaldi.coord
+
+    def messages_to_send(self) -> list[tuple[str, Message]]:
+        out, self._out = self._out, []
+        return out
+
+    def events(self) -> list[Event]:
+        ev, self._events = self._events, []
+        return ev
+
+    def members(self) -> list[MemberInfo]:
+        return [
+            MemberInfo(m.node, m.addr, m.incarnation, m.state, m.state_since)
+            for m in self._members.values()
+        ]
+
+    def member(self, node: str) -> MemberInfo | None:
+        m = self._members.get(node)
+        if m is None:
+            return None
+        return MemberInfo(m.node, m.addr, m.incarnation, m.state, m.state_since)
+
+    def live_count(self) -> int:
+        """Members alive or suspect, ourselves included (the N of every formula)."""
+        return self._live
+
+    def records(self) -> list[StoredRecord]:
+        return list(self._records)
+
+    def record(self, origin: str, kind: str) -> StoredRecord | None:
+        return self._records.get(origin, kind)
+
+    def rtt_estimate(self, a: str, b: str) -> float | None:
+        """Estimated RTT in seconds between nodes ``a`` and ``b`` from Vivaldi coordinates."""
+        ca = self._vivaldi.coord if a == self.node_id else self._coords.get(a)
+        cb = self._vivaldi.coord if b == self.node_id else self._coords.get(b)
+        if ca is None or cb is None:
+            return None
+        return ca.distance_s(cb)
+
+    def report_loop_lag(self, lag_s: float) -> None:
+        """Feed the event loop's observed lag into Lifeguard's local health."""
+        if lag_s >= self.config.loop_lag_threshold_s:
+            self._awareness.apply_delta(1)
+
+    def publish(self, kind: str, payload: bytes, now: float) -> Record:
+        """Sign and disseminate a new version of our record of ``kind``."""
+        if len(payload) > self.config.max_record_payload_bytes:
+            raise ValueError(f"record payload of {len(payload)} bytes exceeds the limit")
+        self._record_counter += 1
+        unsigned = Record(self.node_id, kind, self._incarnation, self._record_counter, payload, b"")
+        rec = Record(
+            self.node_id,
+            kind,
+            self._incarnation,
+            self._record_counter,
+            payload,
+            self._signer.sign(signing_bytes(unsigned)),
+        )
+        self._records.put(rec, now)
+        self._rqueue.push((rec.origin, rec.kind), rec, encoded_size(rec), 0)
+        self._emit(RecordChanged(rec.origin, kind, rec.incarnation, rec.counter, payload, now))
+        self._wake_gossip(now)
+        return rec
+
+    def leave(self, now: float) -> None:
+        """Announce a graceful leave; keep calling handle_timer a few gossip rounds to spread it."""
+        if self._left:
+            return
+        self._left = True
+        dead = self._sign_dead(self.node_id, self._incarnation)
+        self._self.state = MemberState.LEFT
+        self._digest = None
+        self._self.accusation = dead
+        self._self.state_since = now
+        self._broadcast(self.node_id, dead, _ALIVE, now)
+        for m in self._random_members(self.config.gossip_nodes, self._gossipable(now)):
+            self._send(m.addr, Compound((dead,)))
+
+    def preload(self, updates: Iterable[Alive], now: float) -> None:
+        """Admit a trusted snapshot of members (a warm start) without re-broadcasting it."""
+        for u in updates:
+            if u.node != self.node_id:
+                self._on_alive(u, now, broadcast=False)
+        n = self._live
+        self._next_push_pull = now + self._rng.random() * self.config.push_pull_scaled_s(n)
+
+    def count_bytes(self, inbound: int = 0, outbound: int = 0) -> None:
+        """The encoder (transport or simulator) reports wire bytes here."""
+        self.stats.bytes_in += inbound
+        self.stats.bytes_out += outbound
+
+    def get_timer(self) -> float | None:
+        t = self._next_probe if not self._left else self._next_reap
+        p = self._probe
+        if p is not None:
+            t = min(t, p.end_at if p.indirect_sent else p.timeout_at)
+        if self._next_gossip is not None:
+            t = min(t, self._next_gossip)
+        t = min(t, self._next_push_pull, self._next_reconnect, self._next_reap)
+        for r in self._relays.values():
+            t = min(t, r.deadline)
+        for s in self._suspicions.values():
+            t = min(t, s.deadline)
+        return t
+
+    def handle_timer(self, now: float) -> None:
+        cfg = self.config
+        p = self._probe
+        if p is not None:
+            if not p.indirect_sent and now >= p.timeout_at:
+                self._send_indirect(p, now)
+            if now >= p.end_at:
+                self._probe_failed(p, now)
+        if not self._left and now >= self._next_probe:
+            self._start_probe(now)
+        if self._relays:
+            for seq in [s for s, r in self._relays.items() if r.deadline <= now]:
+                r = self._relays.pop(seq)
+                if r.nack:
+                    self._send(r.origin_addr, Nack(r.origin_seq, self.node_id))
+        if self._suspicions:
+            for node in [n for n, s in self._suspicions.items() if s.deadline <= now]:
+                self._suspicion_expired(node, now)
+        if self._next_gossip is not None and now >= self._next_gossip:
+            self._gossip(now)
+        if now >= self._next_push_pull:
+            n = max(self._live, len(self._ids) // 4)
+            self._next_push_pull = now + cfg.push_pull_scaled_s(n)
+            self._start_push_pull()
+        if now >= self._next_reconnect:
+            self._next_reconnect = now + cfg.reconnect_interval_s
+            self._reconnect(now)
+        if now >= self._next_reap:
+            self._next_reap = now + _REAP_EVERY_S
+            self._reap(now)
+
+    def receive(self, src_addr: str, message: Message, now: float) -> None:
+        """Handle one decoded message. ``src_addr`` must be the sender's advertised gossip address
+        (acks and push-pull replies go there), not an ephemeral client port."""
+        self.stats.messages_in += 1
+        if isinstance(message, Compound):
+            for part in message.parts:
+                if isinstance(part, Compound):
+                    self.stats.rejected_malformed += 1
+                    continue
+                self._receive_one(src_addr, part, now)
+        else:
+            self._receive_one(src_addr, message, now)
+
+    # -- dispatch --------------------------------------------------------------------------------
+
+    def _receive_one(self, src: str, m: Message, now: float) -> None:
+        if isinstance(m, Ping):
+            self._on_ping(src, m, now)
+        elif isinstance(m, Ack):
+            self._on_ack(m, now)
+        elif isinstance(m, Alive):
+            self._on_alive(m, now)
+        elif isinstance(m, Suspect | Dead):
+            if m.node == self.node_id and m.incarnation < self._incarnation and not self._left:
+                # a stale accusation: the sender missed our refutation; tell it directly
+                self._send(src, Compound((self._self.alive,)))
+            elif isinstance(m, Suspect):
+                self._on_suspect(m, now)
+            else:
+                self._on_dead(m, now)
+        elif isinstance(m, Record):
+            self._on_record(m, now)
+        elif isinstance(m, IndirectPingReq):
+            self._on_indirect(src, m, now)
+        elif isinstance(m, Nack):
+            if self._probe is not None and m.seq == self._probe.seq:
+                self._probe.nacks += 1
+                self.stats.nacks_received += 1
+        elif isinstance(m, PushPull):
+            self._on_push_pull(src, m, now)
+
+    # -- probing ---------------------------------------------------------------------------------
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _start_probe(self, now: float) -> None:
+        cfg = self.config
+        interval = self._awareness.scale(cfg.probe_interval_s)
+        self._next_probe = now + interval
+        target = self._next_probe_target()
+        if target is None:
+            return
+        seq = self._next_seq()
+        timeout = self._awareness.scale(cfg.probe_timeout_s)
+        self._probe = _Probe(target.node, seq, now, now + timeout, now + interval)
+        self.stats.probes_sent += 1
+        first: list[Message] = [Ping(seq, self.node_id, target.node)]
+        if target.state == MemberState.SUSPECT and isinstance(target.accusation, Suspect):
+            first.append(target.accusation)  # buddy system: tell the suspect first
+        self._send_piggybacked(target.addr, first)
+
+    def _next_probe_target(self) -> Member | None:
+        order = self._probe_order
+        for _ in range(2):
+            while self._probe_idx < len(order):
+                node = order[self._probe_idx]
+                self._probe_idx += 1
+                m = self._members.get(node)
+                if m is not None and m.state in _LIVE:
+                    return m
+            order[:] = [n for n in self._ids if self._members[n].state in _LIVE]
+            self._rng.shuffle(order)
+            self._probe_idx = 0
+            if not order:
+                return None
+        return None
+
+    def _send_indirect(self, p: _Probe, now: float) -> None:
+        p.indirect_sent = True
+        target = self._members.get(p.target)
+        if target is None:
+            return
+        relays = self._random_members(
+            self.config.indirect_checks,
+            lambda m: m.state == MemberState.ALIVE and m.node != p.target,
+        )
+        for r in relays:
+            self._send(r.addr, IndirectPingReq(p.seq, self.node_id, p.target, target.addr, True))
+        p.expected_nacks = len(relays)
+        self.stats.indirect_probes += len(relays)
+
+    def _probe_failed(self, p: _Probe, now: float) -> None:
+        self._probe = None
+        self.stats.probes_failed += 1
+        if p.expected_nacks > 0:
+            self._awareness.apply_delta(max(0, p.expected_nacks - p.nacks))
+        else:
+            self._awareness.apply_delta(1)
+        m = self._members.get(p.target)
+        if m is None or m.state not in _LIVE:
+            return
+        self._on_suspect(self._sign_suspect(m.node, m.incarnation), now, ours=True)
+
+    def _on_ping(self, src: str, m: Ping, now: float) -> None:
+        if m.target != self.node_id:
+            return
+        self._send_piggybacked(src, [Ack(m.seq, self.node_id, self._vivaldi.coord)])
+
+    def _on_ack(self, m: Ack, now: float) -> None:
+        p = self._probe
+        if p is not None and m.seq == p.seq:
+            self._probe = None
+            self._awareness.apply_delta(-1)
+            if m.source == p.target and m.coordinate is not None:
+                self._coords[m.source] = m.coordinate
+                self._vivaldi.update(m.source, m.coordinate, now - p.sent_at)
+            return
+        if self._suspicions:
+            s = self._suspicions.get(m.source)
+            if s is not None and s.final_seq == m.seq:
+                s.final_acked = True
+                s.deadline = now + self._awareness.scale(self.config.probe_interval_s)
+                return
+        relay = self._relays.pop(m.seq, None)
+        if relay is not None:
+            self._send(relay.origin_addr, Ack(relay.origin_seq, self.node_id, None))
+            return
+        rc = self._reconnects.pop(m.seq, None)
+        if rc is not None:
+            target = self._members.get(rc[0])
+            if target is not None:
+                self.stats.push_pulls += 1
+                self._send(target.addr, self._push_pull(0, ()))
+
+    def _on_indirect(self, src: str, m: IndirectPingReq, now: float) -> None:
+        seq = self._next_seq()
+        deadline = now + self._awareness.scale(self.config.probe_timeout_s)
+        self._relays[seq] = _Relay(src, m.seq, m.nack, deadline)
+        self._send(m.target_addr, Ping(seq, self.node_id, m.target))
+
+    def _reconnect(self, now: float) -> None:
+        self._reconnects = {s: v for s, v in self._reconnects.items() if v[1] > now}
+        cands = [n for n in self._down if self._members[n].state == MemberState.DEAD]
+        if cands:
+            m = self._members[cands[int(self._rng.random() * len(cands))]]
+            seq = self._next_seq()
+            self._reconnects[seq] = (m.node, now + self.config.reconnect_interval_s)
+            self._send(m.addr, Ping(seq, self.node_id, m.node))
+
+    # -- membership updates ----------------------------------------------------------------------
+
+    def _accuser_ok(self, node: str, accuser: str) -> bool:
+        if accuser != self.node_id and accuser not in self._members:
+            self.stats.rejected_unknown_origin += 1
+            return False
+        if self._trust.is_revoked(accuser):
+            self.stats.rejected_revoked += 1
+            return False
+        return True
+
+    def _verify(self, signer: str, u: Update) -> bool:
+        if self._trust.verify(signer, signing_bytes(u), u.signature):
+            return True
+        self.stats.rejected_signature += 1
+        return False
+
+    def _on_alive(self, u: Alive, now: float, broadcast: bool = True) -> None:
+        m = self._members.get(u.node)
+        is_self = u.node == self.node_id
+        held = self._incarnation if is_self else (m.incarnation if m else 0)
+        outcome = decide(m.state if m else None, held, u, is_self)
+        if outcome is Outcome.IGNORE:
+            self.stats.duplicates += 1
+            return
+        if outcome is Outcome.REFUTE:
+            if self._verify(u.node, u):
+                self._refute(u.incarnation, now)
+            return
+        if self._trust.is_revoked(u.node):
+            self.stats.rejected_revoked += 1
+            return
+        if (m is None or m.alive.credential != u.credential) and not self._trust.admit(
+            u.node, u.credential, now
+        ):
+            self.stats.rejected_credential += 1
+            return
+        if not self._verify(u.node, u):
+            return
+        self.stats.updates_applied += 1
+        if m is None:
+            m = Member(u.node, u.addr, u.incarnation, MemberState.ALIVE, now, u)
+            self._members[u.node] = m
+            self._digest = None
+            self._id_pos[u.node] = len(self._ids)
+            self._ids.append(u.node)
+            self._live += 1
+            self._insert_probe(u.node)
+            self._emit(MemberJoined(u.node, u.addr, u.incarnation, now))
+        else:
+            was = m.state
+            if was not in _LIVE:
+                self._live += 1
+                self._down.pop(u.node, None)
+                self._insert_probe(u.node)
+            self._suspicions.pop(u.node, None)
+            m.addr, m.incarnation, m.alive, m.accusation = u.addr, u.incarnation, u, None
+            m.state = MemberState.ALIVE
+            self._digest = None
+            m.state_since = now
+            if was in _LIVE:
+                self._emit(MemberUpdated(u.node, u.addr, u.incarnation, now))
+            else:
+                self._emit(MemberJoined(u.node, u.addr, u.incarnation, now))
+        if broadcast:
+            self._broadcast(u.node, u, _ALIVE, now)
+
+    def _on_suspect(self, u: Suspect, now: float, ours: bool = False) -> None:
+        is_self = u.node == self.node_id
+        if is_self and self._left:
+            return
+        m = self._members.get(u.node)
+        held = self._incarnation if is_self else (m.incarnation if m else 0)
+        outcome = decide(m.state if m else None, held, u, is_self)
+        if outcome is Outcome.IGNORE or m is None:
+            self.stats.duplicates += 1
+            return
+        s = self._suspicions.get(u.node)
+        counts = s is not None and s.n < s.k and u.accuser not in s.accusers
+        if outcome is Outcome.CONFIRM and not counts and u.incarnation <= m.incarnation:
+            self.stats.duplicates += 1
+            return
+        if not ours and not (self._accuser_ok(u.node, u.accuser) and self._verify(u.accuser, u)):
+            return
+        if outcome is Outcome.REFUTE:
+            self._refute(u.incarnation, now)
+            return
+        self.stats.updates_applied += 1
+        if outcome is Outcome.CONFIRM:
+            if s is not None and counts:
+                s.confirm(u.accuser)
+            if u.incarnation > m.incarnation:
+                m.incarnation, m.accusation = u.incarnation, u
+                self._digest = None
+            self._broadcast(u.node, u, _SUSPECT, now)
+            return
+        # Outcome.SUSPECT
+        cfg = self.config
+        k = cfg.suspicion_confirmations if self._live - 2 >= cfg.suspicion_confirmations else 0
+        min_s = cfg.suspicion_min_s(self._live)
+        self._suspicions[u.node] = Suspicion.start(
+            u.accuser, now, k, min_s, min_s * cfg.suspicion_max_timeout_mult
+        )
+        m.state, m.incarnation, m.accusation, m.state_since = (
+            MemberState.SUSPECT,
+            u.incarnation,
+            u,
+            now,
+        )
+        self._digest = None
+        if ours:
+            self.stats.suspicions_raised += 1
+        self._emit(MemberSuspect(u.node, u.incarnation, u.accuser, now))
+        self._broadcast(u.node, u, _SUSPECT, now)
+
+    def _on_dead(self, u: Dead, now: float, ours: bool = False, merged: bool = False) -> None:
+        is_self = u.node == self.node_id
+        if is_self and self._left:
+            return
+        m = self._members.get(u.node)
+        held = self._incarnation if is_self else (m.incarnation if m else 0)
+        outcome = decide(m.state if m else None, held, u, is_self)
+        if outcome is Outcome.IGNORE or m is None:
+            self.stats.duplicates += 1
+            return
+        if not ours and not (self._accuser_ok(u.node, u.accuser) and self._verify(u.accuser, u)):
+            return
+        if outcome is Outcome.REFUTE:
+            self._refute(u.incarnation, now)
+            return
+        left = u.accuser == u.node
+        if merged and not left:
+            # Anti-entropy says "dead": suspect it ourselves so it may still refute (memberlist).
+            if m.state == MemberState.ALIVE or u.incarnation > m.incarnation:
+                self._on_suspect(self._sign_suspect(u.node, u.incarnation), now, ours=True)
+            return
+        self.stats.updates_applied += 1
+        self._suspicions.pop(u.node, None)
+        if m.state in _LIVE:
+            self._live -= 1
+            self._down[u.node] = None
+        m.state = MemberState.LEFT if left else MemberState.DEAD
+        self._digest = None
+        m.incarnation, m.accusation, m.state_since = u.incarnation, u, now
+        self._vivaldi.forget(u.node)
+        if left:
+            self._emit(MemberLeft(u.node, u.incarnation, now))
+        else:
+            if ours:
+                self.stats.deaths_declared += 1
+            self._emit(MemberDead(u.node, u.incarnation, u.accuser, now))
+        self._broadcast(u.node, u, _DEAD, now)
+
+    def _suspicion_expired(self, node: str, now: float) -> None:
+        s = self._suspicions.get(node)
+        m = self._members.get(node)
+        if s is None or m is None or m.state != MemberState.SUSPECT:
+            self._suspicions.pop(node, None)
+            return
+        if s.final_seq is None or s.final_acked:
+            # Last look before declaring death: ping it with the accusation. A live node answers
+            # with its current Alive (a refutation we may have missed) and earns one more round.
+            seq = self._next_seq()
+            s.final_seq, s.final_acked = seq, False
+            s.deadline = now + self._awareness.scale(self.config.probe_timeout_s)
+            s.final_checks += 1
+            parts: list[Message] = [Ping(seq, self.node_id, node)]
+            if m.accusation is not None:
+                parts.append(m.accusation)
+            if s.final_checks <= 2:
+                self._send(m.addr, Compound(tuple(parts)))
+                return
+        self._suspicions.pop(node, None)
+        self._on_dead(self._sign_dead(node, m.incarnation), now, ours=True)
+
+    def _refute(self, incarnation: int, now: float) -> None:
+        self._incarnation = max(self._incarnation, incarnation) + 1
+        self.stats.refutations += 1
+        self._awareness.apply_delta(1)
+        alive = self._signed_alive()
+        self._self.incarnation, self._self.alive = self._incarnation, alive
+        self._digest = None
+        self._broadcast(self.node_id, alive, _ALIVE, now)
+
+    # -- records ---------------------------------------------------------------------------------
+
+    def _on_record(self, r: Record, now: float) -> None:
+        if len(r.payload) > self.config.max_record_payload_bytes:
+            self.stats.rejected_oversize += 1
+            return
+        offer = self._records.classify(r)
+        if offer is Offer.DUPLICATE:
+            self.stats.duplicates += 1
+            return
+        if offer is Offer.STALE:
+            self.stats.rejected_replay += 1
+            return
+        if r.origin not in self._members:
+            self.stats.rejected_unknown_origin += 1
+            return
+        if self._trust.is_revoked(r.origin):
+            self.stats.rejected_revoked += 1
+            return
+        if not self._verify(r.origin, r):
+            return
+        self.stats.updates_applied += 1
+        self._records.put(r, now)
+        self._emit(RecordChanged(r.origin, r.kind, r.incarnation, r.counter, r.payload, now))
+        self._rqueue.push((r.origin, r.kind), r, encoded_size(r), 0)
+        self._wake_gossip(now)
+
+    # -- dissemination ---------------------------------------------------------------------------
+
+    def _broadcast(self, node: str, u: Update, klass: int, now: float) -> None:
+        self._queue.push(node, u, encoded_size(u), klass)
+        self._wake_gossip(now)
+
+    def _wake_gossip(self, now: float) -> None:
+        if self._next_gossip is None:
+            iv = self.config.gossip_interval_s
+            k = int((now - self._gossip_phase) // iv) + 1
+            self._next_gossip = self._gossip_phase + k * iv
+
+    def _take_piggyback(self) -> list[Message]:
+        cfg = self.config
+        limit = cfg.retransmit_limit(self._live)
+        out: list[Message] = []
+        out.extend(self._queue.take(cfg.membership_budget_bytes, limit))
+        out.extend(self._rqueue.take(cfg.records_budget_bytes, limit))
+        return out
+
+    def _send_piggybacked(self, addr: str, first: list[Message]) -> None:
+        extra = self._take_piggyback()
+        if not extra and len(first) == 1:
+            self._send(addr, first[0])
+        else:
+            self._send(addr, Compound(tuple(first + extra)))
+
+    def _gossipable(self, now: float) -> Callable[[Member], bool]:
+        horizon = self.config.gossip_to_the_dead_s
+
+        def ok(m: Member) -> bool:
+            return m.state in _LIVE or (
+                m.state == MemberState.DEAD and now - m.state_since < horizon
+            )
+
+        return ok
+
+    def _gossip(self, now: float) -> None:
+        self.stats.gossip_rounds += 1
+        for m in self._random_members(self.config.gossip_nodes, self._gossipable(now)):
+            parts = self._take_piggyback()
+            if not parts:
+                break
+            self._send(m.addr, Compound(tuple(parts)))
+        if len(self._queue) or len(self._rqueue):
+            self._next_gossip = (self._next_gossip or now) + self.config.gossip_interval_s
+            if self._next_gossip <= now:
+                self._next_gossip = None
+                self._wake_gossip(now)
+        else:
+            self._next_gossip = None
+
+    def _send(self, addr: str, m: Message) -> None:
+        self.stats.messages_out += 1
+        self._out.append((addr, m))
+
+    def _random_members(self, k: int, pred: Callable[[Member], bool]) -> list[Member]:
+        ids, members = self._ids, self._members
+        n = len(ids)
+        if n == 0 or k <= 0:
+            return []
+        picked: dict[str, Member] = {}
+        rnd = self._rng.random
+        for _ in range(3 * k + 8):
+            m = members[ids[int(rnd() * n)]]
+            if m.node not in picked and pred(m):
+                picked[m.node] = m
+                if len(picked) >= k:
+                    return list(picked.values())
+        pool = [members[i] for i in ids if i not in picked and pred(members[i])]
+        need = k - len(picked)
+        extra = pool if len(pool) <= need else self._rng.sample(pool, need)
+        return list(picked.values()) + extra
+
+    def _insert_probe(self, node: str) -> None:
+        lo = self._probe_idx
+        pos = lo + int(self._rng.random() * (len(self._probe_order) - lo + 1))
+        self._probe_order.insert(pos, node)
+
+    def _reap(self, now: float) -> None:
+        horizon = self.config.tombstone_s
+        for node in [n for n in self._down if now - self._members[n].state_since >= horizon]:
+            del self._down[node]
+            del self._members[node]
+            self._digest = None
+            pos = self._id_pos.pop(node)
+            last = self._ids.pop()
+            if last != node:
+                self._ids[pos] = last
+                self._id_pos[last] = pos
+            self._records.drop_origin(node)
+            self._coords.pop(node, None)
+            self._queue.drop(node)
+
+    # -- anti-entropy ----------------------------------------------------------------------------
+
+    def _member_digest(self) -> tuple[MemberDigest, ...]:
+        """Sorted by node, cached until a member's incarnation or state changes."""
+        if self._digest is None:
+            self._digest = tuple(
+                sorted(MemberDigest(m.node, m.incarnation, m.state) for m in self._members.values())
+            )
+        return self._digest
+
+    def _push_pull(self, phase: int, updates: tuple[Update, ...]) -> PushPull:
+        return PushPull(
+            self.node_id,
+            phase,
+            self._member_digest(),
+            tuple(self._records.digest()),
+            updates,
+        )
+
+    def _start_push_pull(self) -> None:
+        if self._left:
+            return
+        picks = self._random_members(1, lambda m: m.state == MemberState.ALIVE)
+        if picks:
+            self.stats.push_pulls += 1
+            self._send(picks[0].addr, self._push_pull(0, ()))
+        elif self._seeds:
+            seed = self._seeds[int(self._rng.random() * len(self._seeds))]
+            if seed != self.config.addr:
+                self._send(seed, self._push_pull(0, (self._self.alive,)))
+
+    def _full(self, m: Member) -> list[Update]:
+        out: list[Update] = [m.alive]
+        if m.accusation is not None:
+            out.append(m.accusation)
+        return out
+
+    def _missing_for(
+        self, members: Sequence[MemberDigest], records: Sequence[RecordDigest]
+    ) -> tuple[Update, ...]:
+        """Full updates the holder of these digests lacks or holds older than we do."""
+        out: list[Update] = []
+        same = tuple(members) == self._member_digest()
+        theirs = {} if same else {d.node: d for d in members}
+        for m in () if same else self._members.values():
+            d = theirs.get(m.node)
+            if d is None:
+                if m.state in _LIVE or m.state == MemberState.LEFT:
+                    out.extend(self._full(m))
+            elif (m.incarnation, _RANK[m.state]) > (d.incarnation, _RANK[d.state]):
+                out.extend(self._full(m))
+        rtheirs = {(d.origin, d.kind): (d.incarnation, d.counter) for d in records}
+        for s in self._records:
+            r = s.record
+            v = rtheirs.get((r.origin, r.kind))
+            if v is None or r.version > v:
+                out.append(r)
+        return tuple(out)
+
+    def _merge(self, updates: Sequence[Update], now: float) -> None:
+        for u in updates:  # alives first so that accusations and records find their member
+            if isinstance(u, Alive):
+                self._on_alive(u, now)
+        for u in updates:
+            if isinstance(u, Suspect):
+                self._on_suspect(u, now)
+            elif isinstance(u, Dead):
+                self._on_dead(u, now, merged=True)
+            elif isinstance(u, Record):
+                self._on_record(u, now)
+
+    def _on_push_pull(self, src: str, m: PushPull, now: float) -> None:
+        self._merge(m.updates, now)
+        if m.phase == 0:
+            reply = self._push_pull(1, self._missing_for(m.members, m.records))
+            self._send(src, reply)
+        elif m.phase == 1:
+            missing = self._missing_for(m.members, m.records)
+            if missing:
+                self._send(src, PushPull(self.node_id, 2, (), (), missing))
+
+    # -- signing ---------------------------------------------------------------------------------
+
+    def _signed_alive(self) -> Alive:
+        cred = self._signer.credential
+        u = Alive(self.node_id, self._incarnation, self.config.addr, cred, b"")
+        return Alive(u.node, u.incarnation, u.addr, cred, self._signer.sign(signing_bytes(u)))
+
+    def _sign_suspect(self, node: str, incarnation: int) -> Suspect:
+        u = Suspect(node, incarnation, self.node_id, b"")
+        return Suspect(node, incarnation, self.node_id, self._signer.sign(signing_bytes(u)))
+
+    def _sign_dead(self, node: str, incarnation: int) -> Dead:
+        u = Dead(node, incarnation, self.node_id, b"")
+        return Dead(node, incarnation, self.node_id, self._signer.sign(signing_bytes(u)))
+
+    def _emit(self, ev: Event) -> None:
+        self._events.append(ev)

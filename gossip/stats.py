@@ -1,0 +1,38 @@
+"""Named counters of one core (plain ints; the agent exports them)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(slots=True)
+class GossipStats:
+    messages_in: int = 0
+    messages_out: int = 0
+    bytes_in: int = 0
+    """Counted by whoever encodes (the transport or the simulator) through ``Peer.count_bytes``."""
+    bytes_out: int = 0
+    updates_applied: int = 0
+    duplicates: int = 0
+    """Updates we already held (normal gossip redundancy, not an attack)."""
+    rejected_signature: int = 0
+    rejected_replay: int = 0
+    """Older version, or same version with different content."""
+    rejected_oversize: int = 0
+    rejected_revoked: int = 0
+    rejected_unknown_origin: int = 0
+    rejected_malformed: int = 0
+    rejected_credential: int = 0
+    """Alive whose credential ``Trust.admit`` refused: the node is not admitted."""
+    probes_sent: int = 0
+    probes_failed: int = 0
+    indirect_probes: int = 0
+    nacks_received: int = 0
+    refutations: int = 0
+    suspicions_raised: int = 0
+    deaths_declared: int = 0
+    push_pulls: int = 0
+    gossip_rounds: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)

@@ -1,0 +1,54 @@
+"""A suspicion timer whose timeout shrinks with independent confirmations (memberlist's
+``suspicion.go``; Lifeguard's dynamic suspicion).
+
+With ``k`` expected confirmations and ``n`` received, the timeout is
+``max - log(n + 1) / log(k + 1) * (max - min)``, floored at ``min`` (millisecond resolution).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+def suspicion_timeout_s(n: int, k: int, min_s: float, max_s: float) -> float:
+    """Total timeout after ``n`` of ``k`` confirmations."""
+    if k < 1:
+        return min_s
+    frac = math.log(n + 1.0) / math.log(k + 1.0)
+    raw = max_s - frac * (max_s - min_s)
+    return max(math.floor(1000.0 * raw) / 1000.0, min_s)
+
+
+@dataclass(slots=True)
+class Suspicion:
+    """One running suspicion of one member."""
+
+    started_at: float
+    k: int
+    min_s: float
+    max_s: float
+    accusers: set[str] = field(default_factory=set)
+    n: int = 0
+    deadline: float = 0.0
+    final_seq: int | None = None
+    """Seq of the last-look ping sent when the timeout ran out (see ``Peer``)."""
+    final_acked: bool = False
+    final_checks: int = 0
+
+    @classmethod
+    def start(cls, accuser: str, now: float, k: int, min_s: float, max_s: float) -> Suspicion:
+        s = cls(now, k, min_s, max_s, {accuser})
+        s.deadline = now + suspicion_timeout_s(0, k, min_s, max_s)
+        return s
+
+    def confirm(self, accuser: str) -> bool:
+        """Count an independent accuser; True if it was new and shortened the timeout."""
+        if self.n >= self.k or accuser in self.accusers:
+            return False
+        self.accusers.add(accuser)
+        self.n += 1
+        self.deadline = self.started_at + suspicion_timeout_s(
+            self.n, self.k, self.min_s, self.max_s
+        )
+        return True

@@ -1,0 +1,49 @@
+"""Vivaldi converges on a synthetic latency matrix; the suspicion timeout formula."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from gossip.suspicion import Suspicion, suspicion_timeout_s
+from gossip.vivaldi import VivaldiClient, VivaldiConfig
+
+
+def test_converges_on_synthetic_matrix() -> None:
+    rng = random.Random(42)
+    n = 25
+    # hosts on a 2-D plane (positions in ms) plus a per-host access latency
+    pos = [(rng.uniform(0, 50), rng.uniform(0, 50)) for _ in range(n)]
+    access = [rng.uniform(0.1, 2.0) for _ in range(n)]
+
+    def rtt_s(i: int, j: int) -> float:
+        return (math.dist(pos[i], pos[j]) + access[i] + access[j]) / 1000.0
+
+    clients = [VivaldiClient(VivaldiConfig(), random.Random(i)) for i in range(n)]
+    for _ in range(400):
+        for i in range(n):
+            j = rng.randrange(n - 1)
+            j = j + 1 if j >= i else j
+            clients[i].update(str(j), clients[j].coord, rtt_s(i, j))
+    errors = [
+        abs(clients[i].coord.distance_s(clients[j].coord) - rtt_s(i, j)) / rtt_s(i, j)
+        for i in range(n)
+        for j in range(n)
+        if i != j
+    ]
+    errors.sort()
+    assert errors[len(errors) // 2] < 0.10
+    assert errors[int(len(errors) * 0.9)] < 0.35
+
+
+def test_suspicion_timeout_shrinks_with_confirmations() -> None:
+    assert suspicion_timeout_s(0, 3, 2.0, 8.0) == 8.0
+    assert suspicion_timeout_s(1, 3, 2.0, 8.0) == 5.0  # 8 - log2/log4 * 6
+    assert suspicion_timeout_s(3, 3, 2.0, 8.0) == 2.0
+    assert suspicion_timeout_s(0, 0, 2.0, 8.0) == 2.0
+    s = Suspicion.start("a", 10.0, 3, 2.0, 8.0)
+    assert s.deadline == 18.0
+    assert not s.confirm("a")
+    assert s.confirm("b") and s.deadline == 15.0
+    assert s.confirm("c") and s.confirm("d") and s.deadline == 12.0
+    assert not s.confirm("e")
