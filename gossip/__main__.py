@@ -1,0 +1,89 @@
+"""A standalone gossip member, for operators debugging a mesh and for the process-level tests.
+
+``python -m gossip --identity DIR [--listen HOST:PORT] [--join HOST:PORT ...]``
+
+Prints one JSON object per line on stdout: first ``{"event": "listening", ...}``, then one line
+per membership event, and on SIGUSR1 (or every ``--report-s``) a ``{"event": "view", ...}`` line
+with the members it holds and their states. SIGTERM or SIGINT leaves the mesh gracefully.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+
+from gossip.certtrust import CertTrust
+from gossip.events import Event
+from gossip.identity import IdentityError, load_identity
+from gossip.node import GossipNode
+from gossip.transport import split_address
+
+
+def _emit(obj: dict[str, object]) -> None:
+    sys.stdout.write(json.dumps(obj, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def _event_line(event: Event) -> dict[str, object]:
+    fields = {k: getattr(event, k) for k in getattr(event, "__slots__", ())}
+    line: dict[str, object] = {"event": type(event).__name__}
+    for key, value in fields.items():
+        line[key] = (
+            value if isinstance(value, str | int | float | bool) or value is None else str(value)
+        )
+    return line
+
+
+def _view(node: GossipNode) -> dict[str, object]:
+    return {
+        "event": "view",
+        "node": node.node_id,
+        "members": {m.node: m.state.name.lower() for m in node.members()},
+    }
+
+
+async def _run(args: argparse.Namespace) -> int:
+    identity = load_identity(args.identity)
+    trust = CertTrust(identity.ca_certificate)
+    host, port = split_address(args.listen, allow_any_port=True)
+    node = GossipNode(identity, trust, host=host, port=port, seeds=args.join)
+    node.subscribe(lambda event: _emit(_event_line(event)))
+    await node.start()
+    _emit({"event": "listening", "node": node.node_id, "addr": node.address})
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if hasattr(signal, "SIGUSR1"):
+        loop.add_signal_handler(signal.SIGUSR1, lambda: _emit(_view(node)))
+    try:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=args.report_s)
+            except TimeoutError:
+                _emit(_view(node))
+    finally:
+        await node.stop(leave=True)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m gossip", description=__doc__)
+    parser.add_argument("--identity", type=Path, required=True, metavar="DIR")
+    parser.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT")
+    parser.add_argument("--join", action="append", default=[], metavar="HOST:PORT")
+    parser.add_argument("--report-s", type=float, default=1.0, metavar="S")
+    args = parser.parse_args()
+    try:
+        return asyncio.run(_run(args))
+    except IdentityError as exc:
+        print(f"gossip: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

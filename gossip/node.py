@@ -1,0 +1,285 @@
+"""The asyncio adapter: one sans-I/O :class:`~gossip.peer.Peer` over the mutual-TLS transport.
+
+The core decides everything; this module only moves bytes and time:
+
+- a timer task calls ``handle_timer`` when the core's timer is due and flushes what it wants sent;
+- the HTTPS handler decodes each body, hands it to ``receive`` and flushes again;
+- sends are fire-and-forget with a bound on how many are in flight, so a dead or slow peer costs
+  a timeout, never a stall (the protocol already treats a lost message as a lost datagram);
+- a loop-lag monitor feeds Lifeguard's local health: an overloaded host slows its own probing
+  instead of accusing healthy peers.
+
+Each body is a small frame ``[sender address, encoded message]``: HTTP gives the receiver only an
+ephemeral source port, and the core answers to the address peers listen on. The sender's identity
+is the node id from its TLS certificate; where the core already knows that node, its signed
+address wins over the one in the frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import msgpack
+
+from gossip.certtrust import CertSigner, CertTrust
+from gossip.codec import DecodeError, decode, encode
+from gossip.config import GossipConfig
+from gossip.events import Event
+from gossip.identity import NodeIdentity, Role
+from gossip.membership import MemberInfo
+from gossip.messages import Message
+from gossip.peer import Peer
+from gossip.records import StoredRecord
+from gossip.transport import GossipClient, GossipServer, HandlerRejected, TransportError
+
+log = logging.getLogger(__name__)
+
+LOOP_LAG_PERIOD_S = 0.1
+MAX_IN_FLIGHT = 256
+
+
+class _WallClockTrust:
+    """Certificates are judged against the wall clock; the core's ``now`` is monotonic."""
+
+    def __init__(self, inner: CertTrust, wall_clock: Callable[[], float]) -> None:
+        self._inner = inner
+        self._wall_clock = wall_clock
+
+    def admit(self, node_id: str, credential: bytes, now: float) -> bool:
+        return self._inner.admit(node_id, credential, self._wall_clock())
+
+    def verify(self, node_id: str, data: bytes, signature: bytes) -> bool:
+        return self._inner.verify(node_id, data, signature)
+
+    def is_revoked(self, node_id: str) -> bool:
+        return self._inner.is_revoked(node_id)
+
+
+def frame(sender_addr: str, message: Message, max_bytes: int) -> bytes:
+    body: bytes = msgpack.packb([sender_addr, encode(message, max_bytes)], use_bin_type=True)
+    return body
+
+
+def unframe(body: bytes, max_bytes: int) -> tuple[str, Message]:
+    """The sender's address and its message; :class:`DecodeError` for anything malformed."""
+    try:
+        outer = msgpack.unpackb(body, raw=False, max_bin_len=max_bytes, max_str_len=512)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise DecodeError(f"bad frame: {type(exc).__name__}") from None
+    if (
+        not isinstance(outer, list)
+        or len(outer) != 2
+        or not isinstance(outer[0], str)
+        or not isinstance(outer[1], bytes)
+    ):
+        raise DecodeError("bad frame: expected [address, message]")
+    return outer[0], decode(outer[1], max_bytes)
+
+
+class GossipNode:
+    """A running gossip member: HTTPS server, client pool, timers and event fan-out."""
+
+    def __init__(
+        self,
+        identity: NodeIdentity,
+        trust: CertTrust,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        advertise_host: str | None = None,
+        seeds: Sequence[str] = (),
+        config: GossipConfig | None = None,
+        insecure_dev: bool = False,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.identity = identity
+        self._trust = trust
+        self._signer = CertSigner(identity)
+        self._host = host
+        self._port = port
+        self._advertise_host = advertise_host or host
+        self._seeds = list(seeds)
+        self._config = config
+        self._insecure_dev = insecure_dev
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._server = GossipServer(
+            identity,
+            identity.ca_certificate,
+            self._on_body,
+            host,
+            port,
+            trust=trust,
+            insecure_dev=insecure_dev,
+        )
+        self._client = GossipClient(
+            identity, identity.ca_certificate, trust=trust, insecure_dev=insecure_dev
+        )
+        self._peer: Peer | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._sends: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
+        self._subscribers: list[Callable[[Event], None]] = []
+        self.send_failures = 0
+        self.sends_dropped = 0
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    @property
+    def node_id(self) -> str:
+        return self.identity.node_id
+
+    @property
+    def address(self) -> str:
+        host = self._advertise_host
+        host = f"[{host}]" if ":" in host else host
+        return f"{host}:{self._server.port}"
+
+    @property
+    def peer(self) -> Peer:
+        if self._peer is None:
+            raise RuntimeError("gossip node not started")
+        return self._peer
+
+    async def start(self) -> None:
+        await self._server.start()
+        base = self._config or GossipConfig(
+            node_id=self.node_id, addr="", boot_incarnation=int(self._wall_clock())
+        )
+        config = replace(base, node_id=self.node_id, addr=self.address)
+        trust = _WallClockTrust(self._trust, self._wall_clock)
+        self._peer = Peer(config, self._signer, trust, self._seeds, self._clock(), self._rng)
+        self._flush()
+        self._tasks = [
+            asyncio.create_task(self._timer_loop(), name="gossip-timers"),
+            asyncio.create_task(self._lag_loop(), name="gossip-loop-lag"),
+        ]
+
+    async def stop(self, *, leave: bool = True, leave_timeout_s: float = 1.0) -> None:
+        """Leave gracefully (tell peers, briefly wait for the sends), then close everything."""
+        if self._peer is not None and leave:
+            self._peer.leave(self._clock())
+            self._flush()
+            if self._sends:
+                await asyncio.wait(set(self._sends), timeout=leave_timeout_s)
+        for task in self._tasks:
+            task.cancel()
+        for task in list(self._sends):
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._sends, return_exceptions=True)
+        self._tasks = []
+        await self._server.stop()
+        await self._client.close()
+
+    # -- what the agent uses ---------------------------------------------------------------------
+
+    def subscribe(self, callback: Callable[[Event], None]) -> None:
+        """Call ``callback`` with every membership and record event, in order."""
+        self._subscribers.append(callback)
+
+    def members(self) -> list[MemberInfo]:
+        return self.peer.members()
+
+    def records(self) -> list[StoredRecord]:
+        return self.peer.records()
+
+    def record(self, origin: str, kind: str) -> StoredRecord | None:
+        return self.peer.record(origin, kind)
+
+    def publish(self, kind: str, payload: bytes) -> None:
+        self.peer.publish(kind, payload, self._clock())
+        self._dispatch()
+        self._wake.set()
+
+    def rtt_estimate_s(self, a: str, b: str) -> float | None:
+        return self.peer.rtt_estimate(a, b)
+
+    def stats(self) -> dict[str, Any]:
+        snapshot: dict[str, Any] = dict(self.peer.stats.as_dict())
+        snapshot.update(
+            {f"transport_{k}": v for k, v in self._server.stats.snapshot().items()},
+            send_failures=self.send_failures,
+            sends_dropped=self.sends_dropped,
+        )
+        return snapshot
+
+    # -- the adapter -----------------------------------------------------------------------------
+
+    async def _on_body(self, node_id: str, role: Role, body: bytes) -> bytes | None:
+        peer = self.peer
+        try:
+            claimed_addr, message = unframe(body, peer.config.max_message_bytes)
+        except DecodeError as exc:
+            peer.stats.rejected_malformed += 1
+            raise HandlerRejected(str(exc)) from None
+        known = peer.member(node_id)
+        src = known.addr if known is not None and known.addr else claimed_addr
+        peer.count_bytes(inbound=len(body))
+        peer.receive(src, message, self._clock())
+        self._flush()
+        self._wake.set()
+        return None
+
+    def _flush(self) -> None:
+        peer = self.peer
+        for addr, message in peer.messages_to_send():
+            if len(self._sends) >= MAX_IN_FLIGHT:
+                self.sends_dropped += 1
+                continue
+            try:
+                body = frame(self.address, message, peer.config.max_message_bytes)
+            except ValueError:
+                log.exception("could not encode a gossip message for %s", addr)
+                continue
+            peer.count_bytes(outbound=len(body))
+            task = asyncio.create_task(self._send(addr, body))
+            self._sends.add(task)
+            task.add_done_callback(self._sends.discard)
+        self._dispatch()
+
+    async def _send(self, addr: str, body: bytes) -> None:
+        timeout_s = max(self.peer.config.probe_interval_s, 1.0)
+        try:
+            await self._client.send(addr, body, timeout_s)
+        except TransportError:
+            self.send_failures += 1
+
+    def _dispatch(self) -> None:
+        for event in self.peer.events():
+            for callback in self._subscribers:
+                try:
+                    callback(event)
+                except Exception:
+                    log.exception("gossip event subscriber failed")
+
+    async def _timer_loop(self) -> None:
+        peer = self.peer
+        while True:
+            due = peer.get_timer()
+            delay = 1.0 if due is None else max(0.0, due - self._clock())
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=delay)
+            self._wake.clear()
+            now = self._clock()
+            due = peer.get_timer()
+            if due is not None and now >= due:
+                peer.handle_timer(now)
+            self._flush()
+
+    async def _lag_loop(self) -> None:
+        while True:
+            started = self._clock()
+            await asyncio.sleep(LOOP_LAG_PERIOD_S)
+            lag_s = self._clock() - started - LOOP_LAG_PERIOD_S
+            self.peer.report_loop_lag(max(0.0, lag_s))
