@@ -37,7 +37,13 @@ from gossip.membership import MemberInfo
 from gossip.messages import Message
 from gossip.peer import Peer
 from gossip.records import StoredRecord
-from gossip.transport import GossipClient, GossipServer, HandlerRejected, TransportError
+from gossip.transport import (
+    AppSetup,
+    GossipClient,
+    GossipServer,
+    HandlerRejected,
+    TransportError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +106,7 @@ class GossipNode:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        app_setup: AppSetup | None = None,
     ) -> None:
         self.identity = identity
         self._trust = trust
@@ -121,6 +128,7 @@ class GossipNode:
             port,
             trust=trust,
             insecure_dev=insecure_dev,
+            app_setup=app_setup,
         )
         self._client = GossipClient(
             identity, identity.ca_certificate, trust=trust, insecure_dev=insecure_dev

@@ -54,6 +54,14 @@ DEV_ROLE_HEADER = "Shoal-Dev-Role"
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
 Handler = Callable[[str, Role, bytes], Awaitable[bytes | None]]
+AppSetup = Callable[[web.Application], None]
+"""Adds the application's own routes (the agent's API) to the same mutual-TLS listener."""
+PEER_KEY = web.RequestKey("shoal.peer", PeerIdentity)
+
+
+def request_peer(request: web.Request) -> PeerIdentity:
+    """Who sent an application request: the identity from its client certificate."""
+    return request[PEER_KEY]
 
 
 class TransportError(Exception):
@@ -229,6 +237,7 @@ class GossipServer:
         max_connections: int = 1024,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        app_setup: AppSetup | None = None,
     ) -> None:
         if insecure_dev:
             if not is_loopback(host):
@@ -255,6 +264,7 @@ class GossipServer:
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
         self._handshakes: set[asyncio.Task[None]] = set()
+        self._app_setup = app_setup
 
     @property
     def port(self) -> int:
@@ -270,8 +280,12 @@ class GossipServer:
         return f"{host}:{self.port}"
 
     async def start(self) -> None:
-        app = web.Application(client_max_size=self._max_body_bytes)
+        app = web.Application(
+            client_max_size=self._max_body_bytes, middlewares=[self._authenticate]
+        )
         app.router.add_post(PATH, self._handle)
+        if self._app_setup is not None:
+            self._app_setup(app)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
         loop = asyncio.get_running_loop()
@@ -393,6 +407,24 @@ class GossipServer:
                 self.stats.bad_cert += 1
                 return self._refuse(403, f"certificate {admission.value}", close=True)
         return peer
+
+    @web.middleware
+    async def _authenticate(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """Application routes get the same identity check as gossip, and the peer to act on."""
+        if request.path == PATH:
+            return await handler(request)
+        peer = self._peer(request)
+        if isinstance(peer, web.Response):
+            return peer
+        if not self._buckets.take(peer.node_id, self._clock()):
+            self.stats.rate_limited += 1
+            response = self._refuse(429, "slow down", close=False)
+            response.headers["Retry-After"] = "1"
+            return response
+        request[PEER_KEY] = peer
+        return await handler(request)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         peer = self._peer(request)

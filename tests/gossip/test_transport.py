@@ -326,3 +326,35 @@ def test_expired_fixture_is_really_expired(lab: Lab) -> None:
     assert lab.expired.certificate.not_valid_after_utc < NOW
     cert = issue_certificate(lab.cluster.ca, lab.expired.key.public_key(), "agent", [], DAY, NOW)
     assert cert.not_valid_after_utc > NOW
+
+
+async def test_application_routes_share_the_listener_and_its_identity_check(lab: Lab) -> None:
+    from aiohttp import web
+
+    from gossip.tls import client_context
+    from gossip.transport import request_peer
+
+    async def whoami(request: web.Request) -> web.Response:
+        peer = request_peer(request)
+        return web.json_response({"node": peer.node_id, "role": peer.role})
+
+    def setup(app: web.Application) -> None:
+        app.router.add_get("/v1/whoami", whoami)
+
+    trust = CertTrust(lab.cluster.ca.certificate)
+    async with GossipServer(
+        lab.a, lab.cluster.ca.certificate, lab.echo, trust=trust, app_setup=setup
+    ) as srv:
+        url = f"https://{srv.address}/v1/whoami"
+        operator = lab.cluster.operator
+        ctx = client_context(operator, lab.cluster.ca.certificate)
+        async with aiohttp.ClientSession() as session, session.get(url, ssl=ctx) as response:
+            assert response.status == 200
+            assert await response.json() == {"node": operator.node_id, "role": "operator"}
+        bare = ssl.create_default_context(cafile=str(lab.a.ca_path))
+        bare.check_hostname = False
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(aiohttp.ClientError):
+                async with session.get(url, ssl=bare) as response:
+                    await response.read()
+        await eventually(lambda: srv.stats.no_client_cert >= 1)
