@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     init.add_argument("--operator", metavar="NAME", help="your name in the certificate")
     init.set_defaults(func=_cmd_init)
+
+    from agent.ops_cmd import add_operator_commands
+
+    add_operator_commands(sub)
     return parser
 
 

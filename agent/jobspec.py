@@ -250,6 +250,11 @@ class JobSpec:
         return _from_mapping(data, human=False, now=None)
 
     @classmethod
+    def from_human(cls, data: Mapping[str, Any], *, now: float | None = None) -> JobSpec:
+        """Build from the wire keys with the human forms :meth:`from_toml` accepts."""
+        return _from_mapping(data, human=True, now=now)
+
+    @classmethod
     def from_toml(cls, text: str, *, now: float | None = None) -> JobSpec:
         """Build from a TOML job file.
 
