@@ -36,6 +36,20 @@ def _cmd_init(args: argparse.Namespace) -> int:
     return run_init(directory=args.dir, name=args.name, operator=args.operator)
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from agent.demo import run_demo
+
+    return run_demo(
+        nodes=args.nodes,
+        headless=args.headless,
+        duration_s=args.duration,
+        rate=args.rate,
+        seed=args.seed,
+        as_json=args.json,
+        keep=args.keep,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from agent.paths import default_cluster_dir
 
@@ -77,6 +91,16 @@ def build_parser() -> argparse.ArgumentParser:
     from agent.ops_cmd import add_operator_commands
 
     add_operator_commands(sub)
+
+    demo = sub.add_parser("demo", help="a local mesh of simulated GPU hosts, live or headless")
+    demo.add_argument("--nodes", type=int, default=8, help="agents to start (default 8)")
+    demo.add_argument("--headless", action="store_true", help="run a workload, print figures")
+    demo.add_argument("--duration", type=float, default=30.0, metavar="S", help="workload time")
+    demo.add_argument("--rate", type=float, default=4.0, metavar="JOBS/S", help="submit rate")
+    demo.add_argument("--seed", type=int, default=1)
+    demo.add_argument("--json", action="store_true", help="print one JSON object")
+    demo.add_argument("--keep", action="store_true", help="keep the demo's folder and logs")
+    demo.set_defaults(func=_cmd_demo)
     return parser
 
 

@@ -1,0 +1,231 @@
+"""``shoal demo``: a local mesh of simulated heterogeneous hosts, live or as a benchmark.
+
+Interactive: starts the agents, then shows the mesh live until Ctrl-C. ``--headless``: submits a
+mixed workload of real short processes through the operator API for ``--duration`` seconds,
+waits for it to finish, and prints the live-mesh figures of BENCHMARKS.md (``--json`` for one
+JSON object). Either way every process it started is stopped and its folder removed at the end
+(``--keep`` keeps the folder: identities, agent logs, job logs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+from rich.console import Console, Group
+from rich.live import Live
+from rich.text import Text
+
+from agent.client import ApiError
+from agent.errors import UserError
+from agent.jobspec import JobKind, JobSpec, Resources, new_job_id
+from agent.localmesh import LocalMesh
+from agent.ops_cmd import jobs_table, nodes_table
+
+FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+
+
+@dataclass
+class Workload:
+    """What the headless demo submitted and what became of it."""
+
+    submitted_at: dict[str, float] = field(default_factory=dict)
+    submit_failures: int = 0
+
+
+def _workload_spec(rng: random.Random) -> JobSpec:
+    """A short real process that reports progress, in one of the three job kinds."""
+    kinds: tuple[JobKind, ...] = ("inference", "training", "batch")
+    kind = rng.choice(kinds)
+    seconds = round(rng.uniform(0.5, 3.0), 2)
+    steps = 4
+    code = (
+        "import time\n"
+        f"for i in range({steps}):\n"
+        f"    time.sleep({seconds / steps})\n"
+        f"    print('SHOAL_PROGRESS', (i + 1) / {steps}, flush=True)\n"
+    )
+    backends: tuple[Any, ...] = ()
+    if kind == "training" and rng.random() < 0.5:
+        backends = ("cuda", "rocm")
+    return JobSpec(
+        command=(sys.executable, "-c", code),
+        kind=kind,
+        resources=Resources(gpus_per_node=rng.choice((1, 1, 1, 2)), backends=backends),
+        max_runtime_s=120,
+    )
+
+
+async def _submit_workload(
+    mesh: LocalMesh, duration_s: float, rate_per_s: float, seed: int
+) -> Workload:
+    rng = random.Random(seed)
+    work = Workload()
+    clients = [mesh.client(i) for i in range(len(mesh.agents))]
+    try:
+        deadline = time.monotonic() + duration_s
+        while time.monotonic() < deadline:
+            client = rng.choice(clients)
+            job_id = new_job_id()
+            t0 = time.time()
+            try:
+                await client.submit(_workload_spec(rng), job_id)
+                work.submitted_at[job_id] = t0
+            except ApiError:
+                work.submit_failures += 1
+            await asyncio.sleep(rng.expovariate(rate_per_s))
+    finally:
+        for c in clients:
+            await c.close()
+    return work
+
+
+class _Footprint:
+    """Samples every agent's RSS and CPU while the demo runs."""
+
+    def __init__(self, mesh: LocalMesh) -> None:
+        self._procs = [psutil.Process(a.process.pid) for a in mesh.agents if a.process is not None]
+        for p in self._procs:
+            p.cpu_percent(None)
+        self.rss_mb_max = 0.0
+        self.cpu_pct: list[float] = []
+
+    def sample(self) -> None:
+        for p in self._procs:
+            try:
+                self.rss_mb_max = max(self.rss_mb_max, p.memory_info().rss / 2**20)
+                self.cpu_pct.append(p.cpu_percent(None))
+            except psutil.Error:
+                continue
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self.sample()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def _headless(mesh: LocalMesh, duration_s: float, rate: float, seed: int) -> dict[str, Any]:
+    converged_s = await mesh.wait_converged(timeout_s=120)
+    footprint = _Footprint(mesh)
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(footprint.run(stop))
+    work = await _submit_workload(mesh, duration_s, rate, seed)
+    jobs: dict[str, dict[str, Any]] = {}
+    async with mesh.client(0) as client:
+        settle_deadline = time.monotonic() + 120
+        while time.monotonic() < settle_deadline:
+            listing = {j["job_id"]: j for j in await client.jobs()}
+            jobs = {jid: listing[jid] for jid in work.submitted_at if jid in listing}
+            if len(jobs) == len(work.submitted_at) and all(
+                j.get("state") in FINAL_STATES for j in jobs.values()
+            ):
+                break
+            await asyncio.sleep(0.5)
+    stop.set()
+    await sampler
+    latencies = [
+        1000 * (float(j["started_at"]) - work.submitted_at[jid])
+        for jid, j in jobs.items()
+        if j.get("started_at") is not None
+    ]
+    states = [j.get("state") for j in jobs.values()]
+    return {
+        "nodes": len(mesh.agents),
+        "converged_s": round(converged_s, 3),
+        "jobs_submitted": len(work.submitted_at),
+        "jobs_succeeded": states.count("succeeded"),
+        "jobs_failed": states.count("failed"),
+        "jobs_lost": len(work.submitted_at) - len(jobs),
+        "jobs_unfinished": sum(1 for s in states if s not in FINAL_STATES),
+        "submit_failures": work.submit_failures,
+        "submit_to_running_ms_p50": _round(_pct(latencies, 0.5)),
+        "submit_to_running_ms_p99": _round(_pct(latencies, 0.99)),
+        "agent_rss_mb_max": round(footprint.rss_mb_max, 1),
+        "agent_cpu_pct_mean": _round(
+            statistics.fmean(footprint.cpu_pct) if footprint.cpu_pct else None
+        ),
+    }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+async def _live(mesh: LocalMesh, console: Console) -> None:
+    console.print(f"starting {len(mesh.agents)} agents...")
+    converged_s = await mesh.wait_converged(timeout_s=120)
+    address = mesh.agents[0].address
+    hint = Text(
+        f"mesh of {len(mesh.agents)} agents converged in {converged_s:.1f} s. In another "
+        f"terminal: SHOAL_HOME={mesh.root} SHOAL_AGENT={address} shoal submit -- sleep 5. "
+        "Ctrl-C stops everything.",
+        style="dim",
+    )
+    async with mesh.client(0) as client:
+        with Live(console=console, auto_refresh=False) as live:
+            while True:
+                nodes, jobs = await client.nodes(), await client.jobs()
+                names = {n["node_id"]: (n.get("host") or {}).get("hostname", "") for n in nodes}
+                view = Group(nodes_table(nodes), jobs_table(jobs[-15:], names, time.time()), hint)
+                live.update(view, refresh=True)
+                await asyncio.sleep(1.0)
+
+
+def run_demo(
+    *,
+    nodes: int,
+    headless: bool,
+    duration_s: float,
+    rate: float,
+    seed: int,
+    as_json: bool,
+    keep: bool,
+) -> int:
+    if nodes < 1:
+        raise UserError("--nodes must be at least 1")
+    if duration_s <= 0 or rate <= 0:
+        raise UserError("--duration and --rate must be positive")
+    root = Path(tempfile.mkdtemp(prefix="shoal-demo-"))
+    mesh = LocalMesh(root, nodes)
+    console = Console(stderr=as_json)
+    try:
+        mesh.start()
+        if headless:
+            figures = asyncio.run(_headless(mesh, duration_s, rate, seed))
+            if as_json:
+                print(json.dumps(figures))
+            else:
+                for key, value in figures.items():
+                    console.print(f"{key:28} {value}")
+        else:
+            asyncio.run(_live(mesh, console))
+    except KeyboardInterrupt:
+        pass
+    except TimeoutError as exc:
+        raise UserError(f"{exc}; agent logs are in {root}") from None
+    finally:
+        mesh.stop()
+        if keep:
+            console.print(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    return 0

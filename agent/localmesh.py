@@ -1,0 +1,196 @@
+"""A mesh of real agent processes on this machine: the demo, the benchmarks and the tests use it.
+
+Creates a throwaway cluster (CA, an operator identity, one enrolled identity per agent) under a
+folder, starts each agent as its own ``shoal agent`` process on a loopback port with a simulated
+GPU profile, and stops every process it started, whatever happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from agent.client import ApiClient, ApiError
+from gossip.identity import NodeIdentity, enroll_node, init_cluster
+
+DEMO_PROFILES: tuple[str, ...] = (
+    "h100:4",
+    "mi300x:4",
+    "a100-80gb:4",
+    "arc-a770:2",
+    "l4:2",
+    "m2-ultra",
+    "rx-7900-xtx:2",
+    "h100:8",
+)
+"""The heterogeneous mix the demo cycles through: NVIDIA, AMD, Intel and Apple hosts."""
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports that were free a moment ago (all held open while choosing)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+@dataclass
+class AgentProcess:
+    index: int
+    directory: Path
+    address: str
+    profile: str
+    node_id: str
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / "agent.log"
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+@dataclass
+class LocalMesh:
+    """``nodes`` agents under ``root``; use as a context manager or call start/stop."""
+
+    root: Path
+    nodes: int
+    profiles: Sequence[str] = DEMO_PROFILES
+    host: str = "127.0.0.1"
+    extra_args: Sequence[str] = ()
+    agents: list[AgentProcess] = field(default_factory=list)
+    operator: NodeIdentity | None = None
+    started_at: float = 0.0
+
+    def create(self) -> None:
+        """The cluster CA, the operator identity and every agent's identity (no process yet)."""
+        now = datetime.now(UTC)
+        cluster = init_cluster(self.root / "cluster", "shoal-demo", "operator", now)
+        self.operator = cluster.operator
+        ports = free_ports(self.nodes, self.host)
+        for i in range(self.nodes):
+            directory = self.root / f"agent-{i:02d}"
+            identity = enroll_node(
+                cluster.ca, directory / "identity", "agent", [self.host], timedelta(days=7), now
+            )
+            self.agents.append(
+                AgentProcess(
+                    index=i,
+                    directory=directory,
+                    address=f"{self.host}:{ports[i]}",
+                    profile=self.profiles[i % len(self.profiles)],
+                    node_id=identity.node_id,
+                )
+            )
+
+    def command(self, agent: AgentProcess) -> list[str]:
+        seeds = [a.address for a in self.agents[:2] if a is not agent]
+        argv = [sys.executable, "-m", "agent.cli", "agent", "--listen", agent.address]
+        for seed in seeds:
+            argv += ["--join", seed]
+        argv += [
+            "--data-dir",
+            str(agent.directory),
+            "--identity",
+            str(agent.directory / "identity"),
+        ]
+        argv += ["--sim", agent.profile, *self.extra_args]
+        return argv
+
+    def start_agent(self, agent: AgentProcess) -> None:
+        agent.directory.mkdir(parents=True, exist_ok=True)
+        with agent.log_path.open("ab") as log:
+            agent.process = subprocess.Popen(
+                self.command(agent),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                start_new_session=True,
+            )
+
+    def start(self) -> None:
+        if not self.agents:
+            self.create()
+        for agent in self.agents:
+            self.start_agent(agent)
+        self.started_at = time.monotonic()
+
+    def kill(self, agent: AgentProcess, sig: int = signal.SIGKILL) -> None:
+        if agent.process is not None and agent.process.poll() is None:
+            agent.process.send_signal(sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                agent.process.wait(timeout=10)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """SIGTERM every agent, then SIGKILL whatever is left after ``grace_s``."""
+        for agent in self.agents:
+            if agent.running and agent.process is not None:
+                agent.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for agent in self.agents:
+            if agent.process is None:
+                continue
+            try:
+                agent.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(agent.process.pid, signal.SIGKILL)
+                agent.process.wait(timeout=10)
+
+    def __enter__(self) -> LocalMesh:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def client(self, index: int = 0) -> ApiClient:
+        assert self.operator is not None, "create() first"
+        return ApiClient(self.operator, self.agents[index].address, timeout_s=5.0)
+
+    async def wait_converged(self, timeout_s: float = 60.0) -> float:
+        """Seconds until every running agent sees every running agent alive."""
+        live = [a for a in self.agents if a.running]
+        want = {a.node_id for a in live}
+        deadline = time.monotonic() + timeout_s
+        clients = {a.index: self.client(a.index) for a in live}
+        try:
+            while time.monotonic() < deadline:
+                if all([await _sees(clients[a.index], want) for a in live]):
+                    return time.monotonic() - self.started_at
+                await asyncio.sleep(0.1)
+        finally:
+            for c in clients.values():
+                await c.close()
+        dead = [a.index for a in self.agents if a.process is not None and not a.running]
+        hint = f"; agents that exited: {dead} (see their agent.log)" if dead else ""
+        raise TimeoutError(f"the mesh did not converge within {timeout_s:.0f} s{hint}")
+
+
+async def _sees(client: ApiClient, want: set[str]) -> bool:
+    try:
+        nodes = await client.nodes()
+    except ApiError:
+        return False
+    alive = {n["node_id"] for n in nodes if n.get("state") == "alive"}
+    return want <= alive
