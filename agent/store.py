@@ -21,8 +21,8 @@ import os
 import sqlite3
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -63,6 +63,8 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             PRIMARY KEY (job_id, attempt)
         )""",
     ),
+    # 1 -> 2: the owner's working facts of a job (devices, reason, exit code, times, version)
+    ("ALTER TABLE jobs ADD COLUMN detail TEXT NOT NULL DEFAULT '{}'",),
 )
 """``MIGRATIONS[n]`` takes a file from schema version ``n`` to ``n + 1``."""
 
@@ -88,6 +90,8 @@ class JobRecord:
     """Node id running (or reserved for) the current attempt."""
     submitted_at: float
     updated_at: float
+    detail: Mapping[str, Any] = field(default_factory=dict)
+    """The owner's working facts, JSON-able (devices, reason, exit code, times, version)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +229,7 @@ class Store:
         with self._tx() as db:
             db.execute(
                 "INSERT OR REPLACE INTO jobs (job_id, spec, state, attempt, owner, runner, "
-                "submitted_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "submitted_at, updated_at, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.job_id,
                     json.dumps(record.spec.to_dict(), separators=(",", ":")),
@@ -235,6 +239,7 @@ class Store:
                     record.runner,
                     record.submitted_at,
                     record.updated_at,
+                    json.dumps(dict(record.detail), separators=(",", ":")),
                 ),
             )
 
@@ -322,7 +327,9 @@ class Store:
         return [ResultRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6]) for r in found]
 
 
-_JOB_COLUMNS: Final = "job_id, spec, state, attempt, owner, runner, submitted_at, updated_at"
+_JOB_COLUMNS: Final = (
+    "job_id, spec, state, attempt, owner, runner, submitted_at, updated_at, detail"
+)
 
 
 def _job(row: tuple[Any, ...]) -> JobRecord:
@@ -335,6 +342,7 @@ def _job(row: tuple[Any, ...]) -> JobRecord:
         runner=row[5],
         submitted_at=row[6],
         updated_at=row[7],
+        detail=json.loads(row[8]),
     )
 
 

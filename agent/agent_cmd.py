@@ -1,0 +1,118 @@
+"""``shoal agent``: run the agent daemon in the foreground until SIGTERM or Ctrl-C.
+
+Prints one JSON line on stdout once it listens (``{"event": "listening", "node": ..., "addr":
+...}``) so supervisors and tests can find it; everything else goes to the log on stderr, one line
+per lifecycle event. Also runnable as ``python -m agent.agent_cmd``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from agent.config import AgentConfig, load_config, parse_label, with_overrides
+from agent.errors import UserError
+from agent.store import StoreError
+from gossip.identity import IdentityError
+
+
+def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, metavar="FILE", help="TOML config file")
+    parser.add_argument("--listen", metavar="HOST:PORT", help="address to serve on")
+    parser.add_argument("--advertise", metavar="HOST", help="host peers should reach us at")
+    parser.add_argument(
+        "--join", action="append", metavar="HOST:PORT", help="a seed agent (repeatable)"
+    )
+    parser.add_argument("--data-dir", type=Path, metavar="DIR", help="store, jobs and logs")
+    parser.add_argument("--identity", type=Path, metavar="DIR", help="node.key/node.crt/ca.crt")
+    parser.add_argument("--sim", metavar="PROFILE", help="simulate GPUs (demo, h100:2, ...)")
+    parser.add_argument("--sim-seed", type=int, metavar="N", help="seed of the simulated devices")
+    parser.add_argument(
+        "--label", action="append", metavar="KEY=VALUE", help="a label (repeatable)"
+    )
+    parser.add_argument("--zone", metavar="ZONE", help="failure domain / rack label")
+    parser.add_argument(
+        "--insecure-dev",
+        action="store_true",
+        default=None,
+        help="plain HTTP on loopback only (throwaway demos)",
+    )
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
+
+
+def config_from_args(args: argparse.Namespace) -> AgentConfig:
+    config = load_config(args.config) if args.config else AgentConfig()
+    labels = dict(config.labels)
+    for text in args.label or ():
+        key, value = parse_label(text)
+        labels[key] = value
+    return with_overrides(
+        config,
+        listen=args.listen,
+        advertise=args.advertise,
+        join=tuple(args.join) if args.join else None,
+        data_dir=args.data_dir,
+        identity_dir=args.identity,
+        sim=args.sim,
+        sim_seed=args.sim_seed,
+        zone=args.zone,
+        insecure_dev=args.insecure_dev,
+        labels=labels,
+    )
+
+
+async def _serve(config: AgentConfig) -> int:
+    from agent.daemon import Agent
+
+    agent = Agent(config)
+    await agent.start()
+    sys.stdout.write(
+        json.dumps({"event": "listening", "node": agent.node_id, "addr": agent.node.address}) + "\n"
+    )
+    sys.stdout.flush()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except NotImplementedError:  # Windows
+            signal.signal(sig, lambda *_: loop.call_soon_threadsafe(stop.set))
+    await stop.wait()
+    await agent.stop()
+    return 0
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    """The ``shoal agent`` command (argparse namespace from :func:`add_agent_arguments`)."""
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("aiohttp").setLevel(logging.WARNING)
+    config = config_from_args(args)
+    try:
+        return asyncio.run(_serve(config))
+    except (IdentityError, StoreError, ValueError) as exc:
+        raise UserError(str(exc)) from None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="shoal agent", description=__doc__)
+    add_agent_arguments(parser)
+    try:
+        return run_agent(parser.parse_args())
+    except UserError as exc:
+        print(f"shoal: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

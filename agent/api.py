@@ -1,0 +1,172 @@
+"""The agent's HTTP API, served on the gossip listener (same mutual TLS, same identity check).
+
+Operator-facing (see the HTTP contract in ``agent/client.py``): ``POST /v1/commands`` (a sealed
+command), ``GET /v1/jobs``, ``/v1/jobs/{id}``, ``/v1/jobs/{id}/logs``, ``/v1/nodes``,
+``/v1/events``, ``/metrics``, ``/healthz``. Errors are ``{"error": "<one line>"}`` with a 4xx/5xx.
+
+Agent-to-agent, role ``agent`` only (403 otherwise), all JSON POSTs under ``/v1/internal/``:
+``command`` (a forwarded sealed command, executed here without forwarding again), ``replicate``
+(keep a copy of a job record), ``adopt`` (take over a job whose owner is gone), ``start`` (an
+offer: 200 started, 409 declined), ``stop`` (stop and fence an attempt), ``status`` (what runs
+or ran here), ``report`` (an attempt ended), ``job`` (the full record of an owned job); and
+``GET /v1/internal/logs/{id}`` (the runner's log, proxied by the API).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from gossip import envelope
+from gossip.transport import request_peer
+
+if TYPE_CHECKING:
+    from agent.daemon import Agent
+
+log = logging.getLogger("shoal.api")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+ENVELOPE_STATUS: dict[type[envelope.EnvelopeError], int] = {
+    envelope.Unsigned: 401,
+    envelope.Forged: 401,
+    envelope.UntrustedSigner: 401,
+    envelope.NotOperator: 403,
+    envelope.Revoked: 403,
+    envelope.Replayed: 409,
+    envelope.Skewed: 400,
+    envelope.Malformed: 400,
+    envelope.Oversized: 413,
+}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def error(status: int, message: str) -> web.Response:
+    text = " ".join(str(message).split())[:300]
+    return web.json_response({"error": text}, status=status)
+
+
+def _guarded(fn: Handler) -> Handler:
+    async def wrapper(request: web.Request) -> web.StreamResponse:
+        try:
+            return await fn(request)
+        except ApiError as exc:
+            return error(exc.status, str(exc))
+        except (KeyError, ValueError, TypeError) as exc:
+            return error(400, f"malformed request: {exc}")
+        except web.HTTPException:
+            raise
+        except Exception as exc:
+            log.exception("%s %s failed", request.method, request.path)
+            return error(500, f"internal error: {type(exc).__name__}")
+
+    return wrapper
+
+
+def _internal(fn: Handler) -> Handler:
+    async def wrapper(request: web.Request) -> web.StreamResponse:
+        if request_peer(request).role != "agent":
+            return error(403, "agent role required")
+        return await fn(request)
+
+    return _guarded(wrapper)
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.read())
+    except ValueError:
+        raise ApiError(400, "body is not JSON") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "body must be a JSON object")
+    return body
+
+
+def setup(app: web.Application, agent: Agent) -> None:
+    """Add every route of the agent to the listener's application."""
+
+    @_guarded
+    async def commands(request: web.Request) -> web.StreamResponse:
+        data = await request.read()
+        status, answer = await agent.execute_command(data, forwarded=False)
+        return web.json_response(answer, status=status)
+
+    @_guarded
+    async def jobs(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"jobs": agent.jobs_json()})
+
+    @_guarded
+    async def job(request: web.Request) -> web.StreamResponse:
+        found = await agent.job_json(request.match_info["job_id"])
+        if found is None:
+            return error(404, f"unknown job {request.match_info['job_id']}")
+        return web.json_response(found)
+
+    @_guarded
+    async def logs(request: web.Request) -> web.StreamResponse:
+        job_id = request.match_info["job_id"]
+        lines = int(request.query.get("lines", "100"))
+        follow = request.query.get("follow", "0") in ("1", "true", "yes")
+        return await agent.logs(request, job_id, lines, follow)
+
+    @_guarded
+    async def nodes(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"nodes": agent.nodes_json()})
+
+    @_guarded
+    async def events(request: web.Request) -> web.StreamResponse:
+        since = int(request.query.get("since", "0"))
+        rows, nxt = agent.events.since(since)
+        return web.json_response({"events": rows, "next": nxt})
+
+    @_guarded
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        body, content_type = agent.metrics.render()
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    @_guarded
+    async def healthz(request: web.Request) -> web.StreamResponse:
+        return web.json_response(
+            {"ok": True, "node_id": agent.node_id, "members": agent.member_count()}
+        )
+
+    @_internal
+    async def i_command(request: web.Request) -> web.StreamResponse:
+        status, answer = await agent.execute_command(await request.read(), forwarded=True)
+        return web.json_response(answer, status=status)
+
+    @_internal
+    async def i_op(request: web.Request) -> web.StreamResponse:
+        op = request.match_info["op"]
+        body = await _json_body(request)
+        caller = request_peer(request).node_id
+        answer = await agent.internal(op, body, caller)
+        return web.json_response(answer)
+
+    @_internal
+    async def i_logs(request: web.Request) -> web.StreamResponse:
+        job_id = request.match_info["job_id"]
+        lines = int(request.query.get("lines", "100"))
+        follow = request.query.get("follow", "0") in ("1", "true", "yes")
+        return await agent.local_logs(request, job_id, lines, follow)
+
+    app.router.add_post("/v1/commands", commands)
+    app.router.add_get("/v1/jobs", jobs)
+    app.router.add_get("/v1/jobs/{job_id}", job)
+    app.router.add_get("/v1/jobs/{job_id}/logs", logs)
+    app.router.add_get("/v1/nodes", nodes)
+    app.router.add_get("/v1/events", events)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_post("/v1/internal/command", i_command)
+    app.router.add_get("/v1/internal/logs/{job_id}", i_logs)
+    app.router.add_post("/v1/internal/{op}", i_op)

@@ -1,0 +1,165 @@
+"""The agent's configuration: one documented dataclass, read from TOML, overridden by flags.
+
+A config file holds the same names as :class:`AgentConfig`, at the top level or under an
+``[agent]`` table; ``labels`` is a table of strings. Unknown keys are refused (a typo must not be
+silently ignored). Flags given on the command line win over the file.
+
+Example::
+
+    listen = "0.0.0.0:7946"
+    advertise = "10.0.0.12"
+    join = ["10.0.0.11:7946"]
+    data_dir = "/var/lib/shoal"
+    zone = "rack-a"
+    datasets = ["imagenet"]
+    cost_per_hour = 2.5
+
+    [labels]
+    team = "vision"
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from agent.errors import UserError
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """Everything one agent needs to run; each field is also a TOML key of the same name."""
+
+    data_dir: Path = Path("shoal-data")
+    """Where the agent keeps its SQLite store, job folders and logs."""
+    identity_dir: Path | None = None
+    """Holds node.key, node.crt and ca.crt; default ``<data_dir>/identity``."""
+    listen: str = "127.0.0.1:7946"
+    """``HOST:PORT`` to serve gossip and the HTTP API on (mutual TLS). Port 0 picks a free one."""
+    advertise: str | None = None
+    """The host peers should use to reach us, when it differs from the listen host."""
+    join: tuple[str, ...] = ()
+    """Seeds: ``HOST:PORT`` of any agents already in the mesh."""
+    sim: str | None = None
+    """Simulate this host's GPUs with a profile (``demo``, ``h100:2``...) instead of probing."""
+    sim_seed: int = 0
+    """Seed of the simulated devices (keys and noise); agents sharing a machine need distinct."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """Free-form ``key = value`` labels gossiped in the inventory (affinity, display)."""
+    zone: str | None = None
+    """Failure domain or rack; gossiped as the ``zone`` label."""
+    datasets: tuple[str, ...] = ()
+    """Datasets cached on this host (data gravity); gossiped as the ``datasets`` label."""
+    cost_per_hour: float | None = None
+    """What an hour of this host costs; gossiped as the ``cost_per_hour`` label."""
+    insecure_dev: bool = False
+    """Plain HTTP on loopback only, for a throwaway demo. Commands are still signature-checked."""
+    probe_interval_s: float = 1.0
+    """How often the devices are sampled."""
+    telemetry_heartbeat_s: float = 10.0
+    """Publish telemetry at least this often even when nothing changed."""
+    stop_grace_s: float = 10.0
+    """Between a job's stop signal and SIGKILL, unless the command names another grace."""
+    drain_grace_s: float = 30.0
+    """Default grace for ``drain``: running jobs may finish within it, then they are requeued."""
+    rpc_timeout_s: float = 5.0
+    """Timeout of one agent-to-agent call."""
+
+    @property
+    def identity_path(self) -> Path:
+        return self.identity_dir if self.identity_dir is not None else self.data_dir / "identity"
+
+    def all_labels(self) -> dict[str, str]:
+        """The labels as gossiped: the free-form ones plus zone, datasets and cost."""
+        out = dict(self.labels)
+        if self.zone is not None:
+            out["zone"] = self.zone
+        if self.datasets:
+            out["datasets"] = ",".join(self.datasets)
+        if self.cost_per_hour is not None:
+            out["cost_per_hour"] = f"{self.cost_per_hour:g}"
+        return out
+
+
+_PATHS = {"data_dir", "identity_dir"}
+_TUPLES = {"join", "datasets"}
+_FLOATS = {
+    "cost_per_hour",
+    "probe_interval_s",
+    "telemetry_heartbeat_s",
+    "stop_grace_s",
+    "drain_grace_s",
+    "rpc_timeout_s",
+}
+
+
+def _coerce(name: str, value: Any, where: str) -> Any:
+    if name in _PATHS:
+        if not isinstance(value, str):
+            raise UserError(f"{where}: {name} must be a string path")
+        return Path(value).expanduser()
+    if name in _TUPLES:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise UserError(f"{where}: {name} must be a list of strings")
+        return tuple(value)
+    if name in _FLOATS:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise UserError(f"{where}: {name} must be a number")
+        return float(value)
+    if name == "labels":
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            raise UserError(f"{where}: labels must be a table of strings")
+        return dict(value)
+    if name == "insecure_dev":
+        if not isinstance(value, bool):
+            raise UserError(f"{where}: insecure_dev must be true or false")
+        return value
+    if name == "sim_seed":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UserError(f"{where}: sim_seed must be an integer")
+        return value
+    if not isinstance(value, str):
+        raise UserError(f"{where}: {name} must be a string")
+    return value
+
+
+def config_from_mapping(doc: dict[str, Any], where: str = "config") -> AgentConfig:
+    """An :class:`AgentConfig` from a parsed TOML document (top level or ``[agent]``)."""
+    section = doc.get("agent", doc)
+    if not isinstance(section, dict):
+        raise UserError(f"{where}: [agent] must be a table")
+    known = {f.name for f in fields(AgentConfig)}
+    values: dict[str, Any] = {}
+    for name, value in section.items():
+        if name not in known:
+            raise UserError(f"{where}: unknown option {name!r}")
+        values[name] = _coerce(name, value, where)
+    return AgentConfig(**values)
+
+
+def load_config(path: Path) -> AgentConfig:
+    """Read a TOML config file; every problem is one :class:`UserError` line."""
+    try:
+        doc = tomllib.loads(path.read_text("utf-8"))
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path}: not valid TOML: {exc}") from None
+    return config_from_mapping(doc, str(path))
+
+
+def parse_label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise UserError(f"label {text!r} must be KEY=VALUE")
+    return key.strip(), value.strip()
+
+
+def with_overrides(config: AgentConfig, **overrides: Any) -> AgentConfig:
+    """``config`` with every override that is not None applied (flags win over the file)."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return replace(config, **given)

@@ -1,0 +1,99 @@
+"""The event log: one line per lifecycle event, bounded, merged from the whole mesh.
+
+Each agent logs its own events (job placed, started, exited, requeued; node drained; member
+died...) and gossips its latest ones in its ``events`` record. Every agent merges what it hears
+into its own log, once per ``(node, node_seq)``, so ``GET /v1/events?since=N`` on any agent shows
+the mesh's recent history. ``seq`` numbers are this agent's own (poll the same agent).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+log = logging.getLogger("shoal.events")
+
+MAX_EVENTS = 2000
+GOSSIPED = 12
+"""How many of its latest events an agent keeps in its ``events`` record (fits 4 KiB)."""
+MAX_MESSAGE_CHARS = 200
+
+
+class EventLog:
+    def __init__(
+        self, node_id: str, *, clock: Callable[[], float] = time.time, size: int = MAX_EVENTS
+    ) -> None:
+        self.node_id = node_id
+        self._clock = clock
+        self._events: deque[dict[str, Any]] = deque(maxlen=size)
+        self._own: deque[dict[str, Any]] = deque(maxlen=GOSSIPED)
+        self._seq = 0
+        self._own_seq = 0
+        self._seen: dict[str, int] = {}
+        self.on_own: Callable[[], None] | None = None
+
+    @property
+    def seq(self) -> int:
+        return self._seq
+
+    def _append(self, event: dict[str, Any]) -> dict[str, Any]:
+        self._seq += 1
+        stored = dict(event, seq=self._seq)
+        self._events.append(stored)
+        return stored
+
+    def add(self, kind: str, message: str, *, job_id: str | None = None) -> None:
+        """Log one of our own events (and one line in the agent's log)."""
+        self._own_seq += 1
+        event = {
+            "at": self._clock(),
+            "kind": kind,
+            "node": self.node_id,
+            "job_id": job_id,
+            "message": message[:MAX_MESSAGE_CHARS],
+            "n": self._own_seq,
+        }
+        self._seen[self.node_id] = self._own_seq
+        self._append(event)
+        self._own.append(event)
+        log.info("%s%s: %s", kind, f" {job_id[:8]}" if job_id else "", message)
+        if self.on_own is not None:
+            self.on_own()
+
+    def merge(self, origin: str, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Take in another node's gossiped events, each once."""
+        if origin == self.node_id:
+            return
+        last = self._seen.get(origin, 0)
+        fresh = sorted(
+            (r for r in rows if isinstance(r.get("n"), int) and r["n"] > last),
+            key=lambda r: int(r["n"]),
+        )
+        for row in fresh:
+            self._append(
+                {
+                    "at": row.get("at"),
+                    "kind": str(row.get("kind", "")),
+                    "node": origin,
+                    "job_id": row.get("job_id"),
+                    "message": str(row.get("message", ""))[:MAX_MESSAGE_CHARS],
+                    "n": row["n"],
+                }
+            )
+            self._seen[origin] = int(row["n"])
+
+    def since(self, seq: int, limit: int = 500) -> tuple[list[dict[str, Any]], int]:
+        """Events after ``seq`` (oldest first, at most ``limit``) and the ``next`` to ask for."""
+        out = [
+            {k: e[k] for k in ("seq", "at", "kind", "node", "job_id", "message")}
+            for e in self._events
+            if e["seq"] > seq
+        ][:limit]
+        nxt = out[-1]["seq"] if out else max(seq, 0)
+        return out, nxt
+
+    def gossip_payload(self) -> dict[str, Any]:
+        return {"e": list(self._own)}

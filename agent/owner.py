@@ -1,0 +1,674 @@
+"""The owner side of the job protocol: accept, replicate, place, follow and recover owned jobs.
+
+One agent owns each job (``agent.ownership``). The owner:
+
+- persists a submission (SQLite, ``synchronous=FULL``) and copies it to the replica before it
+  answers, so an acknowledged job survives the loss of one host;
+- places pending jobs: candidates from ``Placement``, offered in turn; each offer is a new attempt,
+  written to the replica *before* the offer goes out, so whoever takes over knows which attempt
+  may be running where;
+- treats an offer that got no answer as "maybe running": it fences that attempt on the runner (a
+  stop that also forbids a late start) and only then moves on;
+- requeues a job only when its runner is declared dead by gossip or has confirmed the stop, so two
+  attempts never run at once;
+- publishes ``job/<id>`` records (a ``gen`` counter orders versions across successive owners).
+
+When an owner is gone, the next agent in the job's rendezvous order takes over from the copy it
+holds (or is handed the copy by the agent that holds it) and asks the runner where things stand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from agent.events import EventLog
+from agent.jobspec import JobSpec
+from agent.jobstate import (
+    IllegalTransition,
+    JobEvent,
+    JobState,
+    is_terminal,
+    transition,
+)
+from agent.ownership import rank, replica_of
+from agent.peers import PeerClient, PeerError, PeerRefused, PeerUnreachable
+from agent.placement import Placement
+from agent.store import JobRecord, Store
+from agent.view import JOB_PREFIX, MAX_PAYLOAD_BYTES, ClusterView, job_gen, pack
+
+log = logging.getLogger("shoal.owner")
+
+LIVE = (JobState.PLACING, JobState.RUNNING, JobState.MIGRATING)
+REQUEUE_CAUSES = frozenset({"migrate", "drain", "shutdown", "fenced", "preempt", "lost"})
+
+
+@dataclass(slots=True)
+class OwnedJob:
+    """A job as its owner keeps it (mutable; persisted as a ``JobRecord``)."""
+
+    job_id: str
+    spec: JobSpec
+    state: JobState
+    attempt: int
+    owner: str
+    runner: str | None
+    submitted_at: float
+    devices: tuple[str, ...] = ()
+    started_at: float | None = None
+    finished_at: float | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    reason: str | None = None
+    gen: int = 0
+    failures: int = 0
+    prefer: str | None = None
+    avoid: str | None = None
+    placing_since: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def record(self) -> JobRecord:
+        return JobRecord(
+            job_id=self.job_id,
+            spec=self.spec,
+            state=self.state,
+            attempt=self.attempt,
+            owner=self.owner,
+            runner=self.runner,
+            submitted_at=self.submitted_at,
+            updated_at=time.time(),
+            detail=self.detail(),
+        )
+
+    def detail(self) -> dict[str, Any]:
+        return {
+            "devices": list(self.devices),
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "reason": self.reason,
+            "gen": self.gen,
+            "failures": self.failures,
+            "prefer": self.prefer,
+            "avoid": self.avoid,
+        }
+
+    @classmethod
+    def from_record(cls, rec: JobRecord) -> OwnedJob:
+        d = dict(rec.detail)
+        return cls(
+            job_id=rec.job_id,
+            spec=rec.spec,
+            state=rec.state,
+            attempt=rec.attempt,
+            owner=rec.owner,
+            runner=rec.runner,
+            submitted_at=rec.submitted_at,
+            devices=tuple(d.get("devices") or ()),
+            started_at=d.get("started_at"),
+            finished_at=d.get("finished_at"),
+            exit_code=d.get("exit_code"),
+            signal=d.get("signal"),
+            reason=d.get("reason"),
+            gen=int(d.get("gen") or 0),
+            failures=int(d.get("failures") or 0),
+            prefer=d.get("prefer"),
+            avoid=d.get("avoid"),
+        )
+
+    def merge_gossip(self, doc: dict[str, Any]) -> None:
+        """Take the fresher facts of a gossiped record (a newer version by a former owner)."""
+        if job_gen(doc) <= self.gen:
+            return
+        try:
+            self.state = JobState(str(doc.get("state")))
+        except ValueError:
+            return
+        self.attempt = int(doc.get("attempt") or 0)
+        self.runner = doc.get("runner")
+        self.devices = tuple(doc.get("devices") or ())
+        self.started_at = doc.get("started_at")
+        self.finished_at = doc.get("finished_at")
+        self.exit_code = doc.get("exit_code")
+        self.reason = doc.get("reason")
+        self.gen = job_gen(doc)
+
+    def to_json(self, *, with_spec: bool = True) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "state": self.state.value,
+            "attempt": self.attempt,
+            "owner": self.owner,
+            "runner": self.runner,
+            "devices": list(self.devices),
+            "spec": self.spec.to_dict() if with_spec else None,
+            "submitted_at": self.submitted_at,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "reason": self.reason,
+            "gen": self.gen,
+        }
+
+
+class OwnerError(Exception):
+    """A command the owner refuses; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Owner:
+    def __init__(
+        self,
+        node_id: str,
+        store: Store,
+        view: ClusterView,
+        peers: PeerClient,
+        events: EventLog,
+        placement: Placement,
+        *,
+        publish: Callable[[str, bytes], None],
+        live_agents: Callable[[], list[str]],
+        addr_of: Callable[[str], str | None],
+        on_change: Callable[[], None],
+        stop_grace_s: float,
+    ) -> None:
+        self.node_id = node_id
+        self.store = store
+        self.view = view
+        self.peers = peers
+        self.events = events
+        self.placement = placement
+        self._publish = publish
+        self._live = live_agents
+        self._addr_of = addr_of
+        self._on_change = on_change
+        self._stop_grace_s = stop_grace_s
+        self.jobs: dict[str, OwnedJob] = {}
+        self._placing: set[str] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._kick = asyncio.Event()
+        self._replicated_to: dict[str, str] = {}
+        self._loop_task: asyncio.Task[None] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._loop(), name="owner-loop")
+
+    async def close(self) -> None:
+        tasks = [t for t in (self._loop_task, *self._tasks) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def kick(self) -> None:
+        self._kick.set()
+
+    def queue_length(self) -> int:
+        return sum(1 for j in self.jobs.values() if j.state == JobState.PENDING)
+
+    def resume(self) -> None:
+        """After a restart: take back the jobs we owned unless a newer owner published them."""
+        for rec in self.store.jobs(owner=self.node_id):
+            if is_terminal(rec.state):
+                continue
+            job = OwnedJob.from_record(rec)
+            doc = self.view.jobs.get(job.job_id)
+            if doc is not None and job_gen(doc) > job.gen and doc.get("owner") != self.node_id:
+                continue  # someone took over while we were away; we stay a replica
+            self._adopt(job, why="resumed after restart")
+
+    # -- publishing ------------------------------------------------------------------------------
+
+    def _save(self, job: OwnedJob, *, replicate: bool = True) -> None:
+        job.gen += 1
+        self.store.put_job(job.record())
+        wire = job.to_json(with_spec=True)
+        wire["spec"] = job.spec.to_dict()
+        payload = pack(wire)
+        if len(payload) > MAX_PAYLOAD_BYTES:
+            wire["spec"] = None
+            payload = pack(wire)
+        self._publish(JOB_PREFIX + job.job_id, payload)
+        if replicate:
+            self.spawn(self._replicate_quietly(job))
+        self._on_change()
+
+    def _move(self, job: OwnedJob, event: JobEvent) -> bool:
+        try:
+            job.state = transition(job.state, event)
+        except IllegalTransition as exc:
+            log.warning("job %s: %s", job.job_id[:8], exc)
+            return False
+        return True
+
+    async def _replicate(self, job: OwnedJob) -> str | None:
+        """Copy the job to its replica; the node that holds it, or None (single agent)."""
+        body = {"record": job.to_json(with_spec=True), "detail": job.detail()}
+        for node in rank(job.job_id, self._live()):
+            if node == self.node_id:
+                continue
+            addr = self._addr_of(node)
+            if addr is None:
+                continue
+            try:
+                await self.peers.call(addr, "replicate", body)
+            except PeerError as exc:
+                log.warning("job %s: replica %s failed: %s", job.job_id[:8], node[:8], exc)
+                continue
+            self._replicated_to[job.job_id] = node
+            return node
+        return None
+
+    async def _replicate_quietly(self, job: OwnedJob) -> None:
+        await self._replicate(job)
+
+    # -- commands --------------------------------------------------------------------------------
+
+    async def submit(self, job_id: str, spec: JobSpec) -> dict[str, Any]:
+        job = self.jobs.get(job_id)
+        if job is None:
+            rec = self.store.get_job(job_id)
+            if rec is not None and rec.owner != self.node_id and not is_terminal(rec.state):
+                job = OwnedJob.from_record(rec)
+                self._adopt(job, why="submitted again")
+            elif rec is not None and is_terminal(rec.state):
+                return {"job_id": job_id, "owner": rec.owner, "replicas": 2, "state": rec.state}
+        if job is None:
+            job = OwnedJob(
+                job_id=job_id,
+                spec=spec,
+                state=JobState.PENDING,
+                attempt=0,
+                owner=self.node_id,
+                runner=None,
+                submitted_at=time.time(),
+            )
+            self.jobs[job_id] = job
+            self._save(job, replicate=False)
+            self.events.add("submitted", f"owner {self.node_id[:8]}", job_id=job_id)
+        replica = await self._replicate(job)
+        others = [n for n in self._live() if n != self.node_id]
+        if replica is None and others:
+            raise OwnerError(503, "no replica could store the job; retry with the same job id")
+        self.kick()
+        return {
+            "job_id": job_id,
+            "owner": self.node_id,
+            "replicas": 2 if replica else 1,
+            "state": job.state.value,
+        }
+
+    def _owned(self, job_id: str) -> OwnedJob:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise OwnerError(404, f"job {job_id} is not owned by {self.node_id[:8]}")
+        return job
+
+    async def cancel(self, job_id: str) -> dict[str, Any]:
+        job = self._owned(job_id)
+        if is_terminal(job.state):
+            return {"job_id": job_id, "state": job.state.value}
+        runner, attempt, was_live = job.runner, job.attempt, job.state in LIVE
+        self._move(job, JobEvent.CANCEL)
+        job.finished_at = time.time()
+        job.reason = "cancelled by an operator"
+        self._save(job)
+        self.events.add("cancelled", f"attempt {attempt}", job_id=job_id)
+        if was_live and runner is not None:
+            self.spawn(self._stop_until_done(job_id, runner, attempt, "cancel"))
+        return {"job_id": job_id, "state": job.state.value}
+
+    async def migrate(self, job_id: str, target: str | None) -> dict[str, Any]:
+        job = self._owned(job_id)
+        if job.state != JobState.RUNNING or job.runner is None:
+            raise OwnerError(409, f"job {job_id} is {job.state.value}, not running")
+        if target is not None and target == job.runner:
+            raise OwnerError(400, "the migration target is the node the job runs on")
+        self._move(job, JobEvent.MIGRATE)
+        job.prefer, job.avoid = target, job.runner
+        job.reason = f"migrating off {job.runner[:8]}"
+        self._save(job)
+        self.events.add("migrating", f"from {job.runner[:8]}", job_id=job_id)
+        self.spawn(self._stop_until_done(job_id, job.runner, job.attempt, "migrate"))
+        return {"job_id": job_id, "state": job.state.value}
+
+    # -- stopping on a runner --------------------------------------------------------------------
+
+    async def _stop_until_done(self, job_id: str, runner: str, attempt: int, cause: str) -> None:
+        """Ask the runner to stop (and fence) an attempt until it confirms or is gone."""
+        for _ in range(120):
+            if runner not in self._live():
+                return  # its death is handled by member_gone
+            addr = self._addr_of(runner)
+            if addr is not None:
+                try:
+                    answer = await self.peers.call(
+                        addr,
+                        "stop",
+                        {"job_id": job_id, "attempt": attempt, "cause": cause},
+                        timeout_s=self._stop_grace_s + 10,
+                    )
+                except PeerError as exc:
+                    log.info("job %s: stop on %s: %s", job_id[:8], runner[:8], exc)
+                else:
+                    result = answer.get("exit")
+                    if isinstance(result, dict):
+                        self.report(runner, result)
+                    else:
+                        self._confirmed_gone(job_id, runner, attempt, cause)
+                    return
+            await asyncio.sleep(1.0)
+
+    def _confirmed_gone(self, job_id: str, runner: str, attempt: int, cause: str) -> None:
+        """The runner says the attempt does not run (and will not start): requeue if live."""
+        job = self.jobs.get(job_id)
+        if job is None or job.attempt != attempt or job.runner != runner:
+            return
+        if job.state in LIVE:
+            self._requeue(job, f"attempt {attempt} not running on {runner[:8]} ({cause})")
+
+    def _requeue(self, job: OwnedJob, reason: str) -> None:
+        if job.state in LIVE and not self._move(job, JobEvent.REQUEUE):
+            return
+        if job.state == JobState.LOST:
+            self._move(job, JobEvent.REQUEUE)
+        job.runner, job.devices, job.reason = None, (), reason
+        self._save(job)
+        self.events.add("requeued", reason, job_id=job.job_id)
+        self.kick()
+
+    # -- reports from runners --------------------------------------------------------------------
+
+    def report(self, runner: str, r: dict[str, Any]) -> dict[str, Any]:
+        """An attempt ended on ``runner``; stale reports (other attempt or runner) are dropped."""
+        job_id = str(r.get("job_id"))
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise OwnerError(404, f"job {job_id} is not owned by {self.node_id[:8]}")
+        attempt = r.get("attempt")
+        if attempt != job.attempt or runner != job.runner or job.state not in LIVE:
+            return {"ok": True, "stale": True}
+        cause = str(r.get("cause", "exit"))
+        code = r.get("exit_code")
+        if job.state == JobState.PLACING:
+            self._move(job, JobEvent.STARTED)
+        job.exit_code, job.signal = code, r.get("signal")
+        job.started_at = r.get("started_at", job.started_at)
+        if cause == "exit" and code == 0:
+            self._move(job, JobEvent.EXITED_OK)
+            job.finished_at, job.reason = r.get("finished_at", time.time()), None
+            self._save(job)
+            self.events.add("succeeded", f"on {runner[:8]}, attempt {attempt}", job_id=job_id)
+        elif cause in ("exit", "timeout"):
+            why = "timed out" if cause == "timeout" else f"exited with {code or job.signal}"
+            job.failures += 1
+            if job.failures <= job.spec.retries:
+                self._move(job, JobEvent.RETRY)
+                job.runner, job.devices = None, ()
+                job.reason = f"attempt {attempt} {why}; retrying"
+                self._save(job)
+                self.events.add("retrying", job.reason, job_id=job_id)
+                self.kick()
+            else:
+                self._move(job, JobEvent.EXITED_ERROR)
+                job.finished_at, job.reason = r.get("finished_at", time.time()), why
+                self._save(job)
+                self.events.add("failed", f"{why} on {runner[:8]}", job_id=job_id)
+        elif cause == "cancel":
+            self._move(job, JobEvent.CANCEL)
+            job.finished_at = r.get("finished_at", time.time())
+            self._save(job)
+        else:
+            self._requeue(job, f"attempt {attempt} stopped on {runner[:8]} ({cause})")
+        return {"ok": True}
+
+    def progress(self, job_id: str) -> None:
+        """Nothing to do: progress travels in the runner's ``node`` record."""
+
+    # -- membership ------------------------------------------------------------------------------
+
+    def member_gone(self, node: str) -> None:
+        """A node died or left: requeue what ran there; take over what it owned."""
+        for job in list(self.jobs.values()):
+            if job.runner == node and job.state in LIVE:
+                self._move(job, JobEvent.RUNNER_DEAD)
+                self.events.add("lost", f"runner {node[:8]} is gone", job_id=job.job_id)
+                self._requeue(job, f"runner {node[:8]} is gone; attempt {job.attempt} lost")
+        self.sweep()
+
+    def sweep(self) -> None:
+        """Adopt or hand over every stored job whose owner is gone; re-replicate ours."""
+        live = self._live()
+        live_set = set(live)
+        for rec in self.store.jobs():
+            if is_terminal(rec.state) or rec.owner in live_set or rec.job_id in self.jobs:
+                continue
+            doc = self.view.jobs.get(rec.job_id)
+            if doc is not None:
+                if doc.get("owner") in live_set and doc.get("owner") != self.node_id:
+                    continue  # someone already took it over
+                if doc.get("state") in {s.value for s in JobState if is_terminal(s)}:
+                    continue
+            new_owner = next(iter(rank(rec.job_id, live)), None)
+            if new_owner == self.node_id:
+                self._adopt(OwnedJob.from_record(rec), why=f"owner {rec.owner[:8]} is gone")
+            elif new_owner is not None:
+                self.spawn(self._hand_over(new_owner, OwnedJob.from_record(rec)))
+        for job in self.jobs.values():
+            if is_terminal(job.state):
+                continue
+            want = replica_of(job.job_id, live, self.node_id)
+            if want is not None and self._replicated_to.get(job.job_id) != want:
+                self._replicated_to[job.job_id] = want
+                self.spawn(self._replicate_quietly(job))
+
+    async def _hand_over(self, node: str, job: OwnedJob) -> None:
+        addr = self._addr_of(node)
+        if addr is None:
+            return
+        try:
+            await self.peers.call(addr, "adopt", {"record": job.to_json(), "detail": job.detail()})
+        except PeerError as exc:
+            log.info("job %s: hand over to %s failed: %s", job.job_id[:8], node[:8], exc)
+
+    def adopt_wire(self, body: dict[str, Any]) -> dict[str, Any]:
+        job = job_from_wire(body)
+        if job.job_id in self.jobs:
+            return {"ok": True}
+        held = self.store.get_job(job.job_id)
+        if held is not None:
+            mine = OwnedJob.from_record(held)
+            if mine.gen > job.gen:
+                job = mine
+        self._adopt(job, why=f"handed over by {job.owner[:8]}")
+        return {"ok": True}
+
+    def _adopt(self, job: OwnedJob, *, why: str) -> None:
+        doc = self.view.jobs.get(job.job_id)
+        if doc is not None:
+            job.merge_gossip(doc)
+        if is_terminal(job.state):
+            return
+        job.owner = self.node_id
+        self.jobs[job.job_id] = job
+        self._save(job)
+        self.events.add("adopted", why, job_id=job.job_id)
+        if job.state in LIVE and job.runner is not None:
+            self.spawn(self._check_runner(job.job_id, job.runner, job.attempt))
+        elif job.state == JobState.LOST:
+            self._requeue(job, "lost before the takeover")
+        self.kick()
+
+    async def _check_runner(self, job_id: str, runner: str, attempt: int) -> None:
+        """After a takeover: is the attempt still running there, done, or never started?"""
+        if runner not in self._live():
+            job = self.jobs.get(job_id)
+            if job is not None and job.attempt == attempt and job.state in LIVE:
+                self._move(job, JobEvent.RUNNER_DEAD)
+                self._requeue(job, f"runner {runner[:8]} is gone; attempt {attempt} lost")
+            return
+        addr = self._addr_of(runner)
+        try:
+            answer = await self.peers.call(addr or "", "status", {"job_id": job_id})
+        except PeerError:
+            self.spawn(self._stop_until_done(job_id, runner, attempt, "fenced"))
+            return
+        job = self.jobs.get(job_id)
+        if job is None or job.attempt != attempt or job.state not in LIVE:
+            return
+        if answer.get("running") and answer.get("attempt") == attempt:
+            if job.state == JobState.PLACING:
+                self._move(job, JobEvent.STARTED)
+                self._save(job)
+            return
+        result = answer.get("result")
+        if isinstance(result, dict) and result.get("attempt") == attempt:
+            self.report(runner, result)
+            return
+        self.spawn(self._stop_until_done(job_id, runner, attempt, "fenced"))
+
+    # -- placement -------------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), timeout=1.0)
+            self._kick.clear()
+            pending = sorted(
+                (j for j in self.jobs.values() if j.state == JobState.PENDING),
+                key=lambda j: (-j.spec.priority, j.spec.deadline or float("inf"), j.submitted_at),
+            )
+            for job in pending:
+                if job.job_id not in self._placing:
+                    self._placing.add(job.job_id)
+                    self.spawn(self._place(job))
+            now = time.monotonic()
+            for job in list(self.jobs.values()):
+                if (
+                    job.state == JobState.PLACING
+                    and job.job_id not in self._placing
+                    and job.runner is not None
+                    and now - job.placing_since > 15.0
+                ):
+                    job.placing_since = now
+                    self.spawn(self._check_runner(job.job_id, job.runner, job.attempt))
+
+    async def _place(self, job: OwnedJob) -> None:
+        try:
+            await self._place_once(job)
+        finally:
+            self._placing.discard(job.job_id)
+
+    async def _place_once(self, job: OwnedJob) -> None:
+        live = set(self._live())
+        nodes = [self.view.node(n) for n in sorted(live)]
+        exclude = frozenset({job.avoid}) if job.avoid else frozenset()
+        candidates = self.placement.candidates(job.spec, nodes, exclude=exclude, prefer=job.prefer)
+        if not candidates and job.avoid:
+            candidates = self.placement.candidates(job.spec, nodes, prefer=job.prefer)
+        if not candidates:
+            reason = self.placement.why_pending(job.spec)
+            if reason != job.reason:
+                job.reason = reason
+                self._save(job, replicate=False)
+            return
+        declines: list[str] = []
+        for cand in candidates:
+            if job.state != JobState.PENDING:
+                return
+            addr = self._addr_of(cand.node_id)
+            if addr is None:
+                continue
+            self._move(job, JobEvent.PLACED)
+            job.attempt += 1
+            job.runner, job.devices = cand.node_id, cand.devices
+            job.placing_since = time.monotonic()
+            job.reason = None
+            self._save(job, replicate=False)
+            await self._replicate(job)  # write-ahead: a successor must know this attempt
+            attempt = job.attempt
+            body = {
+                "job_id": job.job_id,
+                "attempt": attempt,
+                "spec": job.spec.to_dict(),
+                "devices": list(cand.devices),
+                "owner": self.node_id,
+            }
+            try:
+                answer = await self.peers.call(addr, "start", body)
+            except PeerRefused as exc:
+                declines.append(f"{cand.node_id[:8]}: {exc.reason}")
+                if job.attempt == attempt and _state(job) == JobState.PLACING:
+                    self._move(job, JobEvent.DECLINED)
+                    job.runner, job.devices = None, ()
+                continue
+            except PeerUnreachable as exc:
+                log.info("job %s: start on %s unanswered: %s", job.job_id[:8], cand.node_id, exc)
+                await self._stop_until_done(job.job_id, cand.node_id, attempt, "fenced")
+                return
+            if job.attempt != attempt or _state(job) != JobState.PLACING:
+                return  # cancelled or reported meanwhile
+            self._move(job, JobEvent.RESERVED)
+            self._move(job, JobEvent.STARTED)
+            job.started_at = answer.get("started_at", time.time())
+            self._save(job)
+            self.events.add(
+                "started", f"attempt {attempt} on {cand.node_id[:8]}", job_id=job.job_id
+            )
+            return
+        if job.state == JobState.PENDING:
+            job.reason = "declined by " + "; ".join(declines) if declines else job.reason
+            self._save(job, replicate=False)
+
+
+def _state(job: OwnedJob) -> JobState:
+    """The job's state through a call: it changes across awaits (keeps mypy from narrowing)."""
+    return job.state
+
+
+def job_from_wire(body: dict[str, Any]) -> OwnedJob:
+    """An ``OwnedJob`` from a ``replicate``/``adopt`` body; ``ValueError`` when malformed."""
+    rec = body.get("record")
+    detail = body.get("detail") or {}
+    if not isinstance(rec, dict) or not isinstance(detail, dict):
+        raise ValueError("record and detail must be objects")
+    spec = JobSpec.from_dict(rec["spec"])
+    job = OwnedJob.from_record(
+        JobRecord(
+            job_id=str(rec["job_id"]),
+            spec=spec,
+            state=JobState(rec["state"]),
+            attempt=int(rec["attempt"]),
+            owner=str(rec["owner"]),
+            runner=rec.get("runner"),
+            submitted_at=float(rec["submitted_at"]),
+            updated_at=time.time(),
+            detail=detail,
+        )
+    )
+    return replace(job)
+
+
+def store_replica(store: Store, body: dict[str, Any]) -> None:
+    """Keep a copy sent by the job's owner, unless we already hold a newer version."""
+    job = job_from_wire(body)
+    held = store.get_job(job.job_id)
+    if held is not None and int(dict(held.detail).get("gen") or 0) > job.gen:
+        return
+    store.put_job(job.record())

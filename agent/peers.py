@@ -1,0 +1,135 @@
+"""Agent-to-agent calls under ``/v1/internal/...``, over the same mutual-TLS channel as gossip.
+
+Every call is a JSON POST answered with JSON (a forwarded command is the sealed bytes as they
+came). The server side requires the caller's certificate to carry the ``agent`` role. A call that
+cannot reach the peer, times out or gets a 5xx raises :class:`PeerUnreachable` (the outcome is
+unknown); a 4xx raises :class:`PeerRefused` (the peer answered no).
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import aiohttp
+
+from gossip.identity import NodeIdentity
+from gossip.tls import client_context
+from gossip.transport import DEV_NODE_HEADER, DEV_ROLE_HEADER, split_address
+
+INTERNAL = "/v1/internal"
+
+
+class PeerError(Exception):
+    pass
+
+
+class PeerUnreachable(PeerError):
+    """No answer: the peer may or may not have acted."""
+
+
+class PeerRefused(PeerError):
+    """The peer answered with a refusal."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"{status}: {reason}")
+        self.status = status
+        self.reason = reason
+
+
+class PeerClient:
+    """A pooled HTTPS client presenting this agent's certificate."""
+
+    def __init__(
+        self, identity: NodeIdentity, *, insecure_dev: bool = False, timeout_s: float = 5.0
+    ) -> None:
+        self._identity = identity
+        self._ssl: ssl.SSLContext | Literal[False] = (
+            False if insecure_dev else client_context(identity, identity.ca_certificate)
+        )
+        self._scheme = "http" if insecure_dev else "https"
+        self._headers = (
+            {DEV_NODE_HEADER: identity.node_id, DEV_ROLE_HEADER: identity.role}
+            if insecure_dev
+            else {}
+        )
+        self.timeout_s = timeout_s
+        self._session: aiohttp.ClientSession | None = None
+
+    def _now(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=self._ssl, limit_per_host=8),
+                headers=self._headers,
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def url(self, addr: str, path: str) -> str:
+        host, port = split_address(addr)
+        host = f"[{host}]" if ":" in host else host
+        return f"{self._scheme}://{host}:{port}{path}"
+
+    async def call(
+        self, addr: str, op: str, body: dict[str, Any], *, timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        """POST ``body`` to ``/v1/internal/<op>`` and return the JSON answer."""
+        data = json.dumps(body, separators=(",", ":")).encode()
+        status, answer = await self.post(
+            addr, f"{INTERNAL}/{op}", data, "application/json", timeout_s=timeout_s
+        )
+        if status >= 500:
+            raise PeerUnreachable(f"{addr} {op}: {status} {answer.get('error', '')}")
+        if status >= 400:
+            raise PeerRefused(status, str(answer.get("error", "")))
+        return answer
+
+    async def post(
+        self,
+        addr: str,
+        path: str,
+        data: bytes,
+        content_type: str,
+        *,
+        timeout_s: float | None = None,
+    ) -> tuple[int, dict[str, Any]]:
+        """POST raw bytes; the status and the JSON answer (``{"error": ...}`` when not JSON)."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout_s)
+        try:
+            async with self._now().post(
+                self.url(addr, path),
+                data=data,
+                headers={"Content-Type": content_type},
+                timeout=timeout,
+            ) as response:
+                text = await response.text()
+                try:
+                    answer = json.loads(text)
+                except ValueError:
+                    answer = {"error": text.strip()[:200]}
+                if not isinstance(answer, dict):
+                    answer = {"error": "answer is not a JSON object"}
+                return response.status, answer
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise PeerUnreachable(f"{addr}: {exc!r}") from exc
+
+    async def stream(
+        self, addr: str, path: str, *, timeout_s: float | None = None
+    ) -> AsyncIterator[bytes]:
+        """GET ``path`` and yield the body's chunks as they come (no total timeout)."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self.timeout_s)
+        try:
+            async with self._now().get(self.url(addr, path), timeout=timeout) as response:
+                if response.status != 200:
+                    text = await response.text()
+                    raise PeerRefused(response.status, text.strip()[:200])
+                async for chunk in response.content.iter_any():
+                    yield chunk
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise PeerUnreachable(f"{addr}: {exc!r}") from exc

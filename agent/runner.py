@@ -1,0 +1,424 @@
+"""The runner side of the job protocol: admit, start, stop, fence, drain, report, reconcile.
+
+A runner admits an offer against its real local state (drain state, devices free here, no newer
+attempt fenced) and starts it at once through the executor. It reports every ended attempt to the
+job's current owner (retried, re-resolving the owner each time) and records it in its store.
+
+Fencing: ``fence[job]`` is the highest attempt this node must not start (again). A ``stop`` from
+the owner raises it, so an offer that arrives late cannot start a copy the owner already gave up
+on; a gossiped job record naming a newer attempt, another runner, or a cancellation stops the
+local copy (cause ``fenced`` or ``cancel``).
+
+Drain: cordoned and draining nodes accept nothing new; a draining node lets its jobs finish within
+the grace period, then stops the rest (cause ``drain``; their owners requeue them elsewhere) and
+becomes drained. The state is persisted and gossiped in the ``node`` record.
+
+Shutdown (SIGTERM): running jobs are stopped with their checkpoint signal (cause ``shutdown``) and
+reported, so their owners requeue them elsewhere; the agent then leaves the mesh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from agent.events import EventLog
+from agent.executor import (
+    ExecEvent,
+    Exited,
+    Launch,
+    LaunchError,
+    ProcessExecutor,
+    ProgressChanged,
+    StopCause,
+)
+from agent.jobspec import JobSpec
+from agent.jobstate import (
+    DrainEvent,
+    IllegalTransition,
+    NodeDrainState,
+    accepts_work,
+    drain_transition,
+)
+from agent.ownership import owner_of
+from agent.peers import PeerClient, PeerError
+from agent.store import ResultRecord, RunRecord, Store, process_alive, reconcile
+from agent.view import ClusterView
+from probers.records import DeviceStatic
+
+log = logging.getLogger("shoal.runner")
+
+REPORT_GIVE_UP_S = 300.0
+_STOP_CAUSES: frozenset[str] = frozenset(
+    {"cancel", "preempt", "migrate", "drain", "fenced", "shutdown"}
+)
+
+
+class Declined(Exception):
+    """An offer this node refuses; the message says why."""
+
+
+@dataclass(slots=True)
+class LocalRun:
+    job_id: str
+    attempt: int
+    owner: str
+    devices: tuple[str, ...]
+
+
+class Runner:
+    def __init__(
+        self,
+        node_id: str,
+        store: Store,
+        view: ClusterView,
+        peers: PeerClient,
+        events: EventLog,
+        executor: ProcessExecutor,
+        *,
+        statics: Callable[[], list[DeviceStatic]],
+        set_load: Callable[[str, bool], None],
+        live_agents: Callable[[], list[str]],
+        addr_of: Callable[[str], str | None],
+        on_change: Callable[[], None],
+        stop_grace_s: float,
+    ) -> None:
+        self.node_id = node_id
+        self.store = store
+        self.view = view
+        self.peers = peers
+        self.events = events
+        self.executor = executor
+        self._statics = statics
+        self._set_load = set_load
+        self._live = live_agents
+        self._addr_of = addr_of
+        self._on_change = on_change
+        self._stop_grace_s = stop_grace_s
+        self.runs: dict[str, LocalRun] = {}
+        self.fence: dict[str, int] = {}
+        self.progress: dict[str, tuple[float, float | None]] = {}
+        self.drain = NodeDrainState(store.get_meta("drain") or NodeDrainState.SCHEDULABLE)
+        self._drain_task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._reports: dict[tuple[str, int], dict[str, Any]] = {}
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        if self._drain_task is not None:
+            self._drain_task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- what we publish -------------------------------------------------------------------------
+
+    def free_devices(self) -> list[str]:
+        used = {k for r in self.runs.values() for k in r.devices}
+        return [s.key for s in self._statics() if s.key not in used]
+
+    # -- offers ----------------------------------------------------------------------------------
+
+    async def start(self, body: dict[str, Any]) -> dict[str, Any]:
+        job_id = str(body["job_id"])
+        attempt = int(body["attempt"])
+        owner = str(body["owner"])
+        spec = JobSpec.from_dict(body["spec"])
+        keys = tuple(str(k) for k in body.get("devices", ()))
+        if not accepts_work(self.drain):
+            raise Declined(f"node is {self.drain.value}")
+        if attempt <= self.fence.get(job_id, 0):
+            raise Declined(f"attempt {attempt} is fenced here")
+        held = self.runs.get(job_id)
+        if held is not None:
+            if held.attempt >= attempt:
+                raise Declined(f"attempt {held.attempt} already runs here")
+            await self.executor.stop(job_id, cause="fenced", grace_s=self._stop_grace_s)
+        statics = {s.key: s for s in self._statics()}
+        free = set(self.free_devices())
+        missing = [k for k in keys if k not in statics]
+        if missing:
+            raise Declined(f"no device {missing[0]} here")
+        busy = [k for k in keys if k not in free]
+        if busy:
+            raise Declined(f"device {busy[0]} is in use")
+        self.fence[job_id] = attempt
+        run = LocalRun(job_id, attempt, owner, keys)
+        self.runs[job_id] = run
+        try:
+            launch = Launch.from_spec(
+                job_id, spec, attempt=attempt, devices=[statics[k] for k in keys]
+            )
+            started = await self.executor.start(launch)
+        except (LaunchError, ValueError) as exc:
+            self.runs.pop(job_id, None)
+            self._on_change()
+            # The offer is declined; the owner tries elsewhere (a bad command fails everywhere,
+            # and the owner gives up after every candidate declined).
+            raise Declined(str(exc)) from None
+        self.store.record_run(
+            RunRecord(
+                job_id,
+                attempt,
+                started.pid,
+                started.pgid,
+                started.started_at,
+                str(started.log_path),
+            )
+        )
+        for k in keys:
+            self._set_load(k, True)
+        self._on_change()
+        self.events.add("running", f"attempt {attempt} pid {started.pid}", job_id=job_id)
+        return {"ok": True, "started_at": started.started_at, "pid": started.pid}
+
+    async def stop(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Stop (and fence) an attempt; answers how it ended, or that it does not run here."""
+        job_id = str(body["job_id"])
+        attempt = int(body["attempt"])
+        cause = str(body.get("cause", "cancel"))
+        grace = body.get("grace_s")
+        self.fence[job_id] = max(self.fence.get(job_id, 0), attempt)
+        run = self.runs.get(job_id)
+        if run is None or run.attempt > attempt:
+            return {"stopped": False}
+        stop_cause: StopCause = cause if cause in _STOP_CAUSES else "cancel"  # type: ignore[assignment]
+        exited = await self.executor.stop(
+            job_id,
+            cause=stop_cause,
+            grace_s=float(grace) if isinstance(grace, int | float) else self._stop_grace_s,
+        )
+        if exited is None:
+            return {"stopped": False}
+        return {"stopped": True, "exit": _exit_wire(exited)}
+
+    def status(self, job_id: str) -> dict[str, Any]:
+        run = self.runs.get(job_id)
+        results = self.store.results(job_id)
+        last = results[-1] if results else None
+        return {
+            "running": run is not None,
+            "attempt": run.attempt if run else None,
+            "result": _result_wire(last) if last else None,
+        }
+
+    # -- executor events -------------------------------------------------------------------------
+
+    def on_exec_event(self, event: ExecEvent) -> None:
+        if isinstance(event, ProgressChanged):
+            p = event.progress
+            self.progress[event.job_id] = (p.fraction, p.eta_s)
+            self._on_change()
+        elif isinstance(event, Exited):
+            self._exited(event)
+
+    def _exited(self, e: Exited) -> None:
+        run = self.runs.get(e.job_id)
+        if run is not None and run.attempt == e.attempt:
+            del self.runs[e.job_id]
+            for k in run.devices:
+                self._set_load(k, False)
+        self.store.finish_run(
+            ResultRecord(
+                e.job_id, e.attempt, e.exit_code, e.signal, e.cause, e.started_at, e.finished_at
+            )
+        )
+        how = f"code {e.exit_code}" if e.exit_code is not None else f"signal {e.signal}"
+        self.events.add("exited", f"attempt {e.attempt} {e.cause} {how}", job_id=e.job_id)
+        self._on_change()
+        owner = run.owner if run is not None else None
+        self.queue_report(_exit_wire(e), owner)
+        if self.drain == NodeDrainState.DRAINING and not self.runs:
+            self._set_drain(DrainEvent.DRAINED)
+
+    def queue_report(self, report: dict[str, Any], owner_hint: str | None) -> None:
+        key = (str(report["job_id"]), int(report["attempt"]))
+        self._reports[key] = report
+        self.spawn(self._deliver(key, owner_hint))
+
+    def owner_for(self, job_id: str, hint: str | None) -> str | None:
+        live = self._live()
+        doc = self.view.jobs.get(job_id)
+        if doc is not None and doc.get("owner") in live:
+            return str(doc["owner"])
+        if hint is not None and hint in live:
+            return hint
+        return owner_of(job_id, live)
+
+    async def _deliver(self, key: tuple[str, int], hint: str | None) -> None:
+        deadline = time.monotonic() + REPORT_GIVE_UP_S
+        delay = 0.2
+        while time.monotonic() < deadline:
+            report = self._reports.get(key)
+            if report is None:
+                return
+            owner = self.owner_for(key[0], hint)
+            addr = self._addr_of(owner) if owner else None
+            if addr is not None:
+                try:
+                    await self.peers.call(addr, "report", report)
+                except PeerError as exc:
+                    log.info("report of %s to %s: %s", key[0][:8], (owner or "")[:8], exc)
+                else:
+                    self._reports.pop(key, None)
+                    return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+        log.warning("gave up reporting job %s attempt %d", key[0][:8], key[1])
+
+    # -- fencing through gossip ------------------------------------------------------------------
+
+    def on_job_record(self, job_id: str) -> None:
+        run = self.runs.get(job_id)
+        doc = self.view.jobs.get(job_id)
+        if run is None or doc is None:
+            return
+        attempt = doc.get("attempt")
+        if not isinstance(attempt, int):
+            return
+        state = doc.get("state")
+        cause: StopCause | None = None
+        if attempt > run.attempt or (
+            attempt == run.attempt
+            and doc.get("runner") not in (None, self.node_id)
+            and state in ("placing", "running")
+        ):
+            cause = "fenced"
+        elif attempt == run.attempt and state == "cancelled":
+            cause = "cancel"
+        if cause is not None:
+            self.fence[job_id] = max(self.fence.get(job_id, 0), run.attempt)
+            self.events.add("fencing", f"attempt {run.attempt} ({cause})", job_id=job_id)
+            self.spawn(self.executor.stop(job_id, cause=cause, grace_s=self._stop_grace_s))
+
+    # -- drain -----------------------------------------------------------------------------------
+
+    def _set_drain(self, event: DrainEvent) -> None:
+        try:
+            state = drain_transition(self.drain, event)
+        except IllegalTransition:
+            return
+        if state != self.drain:
+            self.drain = state
+            self.store.set_meta("drain", state.value)
+            self.events.add("drain", f"node is {state.value}")
+            self._on_change()
+
+    def command(self, kind: str, grace_s: float | None, default_grace_s: float) -> str:
+        if kind == "cordon":
+            self._set_drain(DrainEvent.CORDON)
+        elif kind == "undrain":
+            if self._drain_task is not None:
+                self._drain_task.cancel()
+                self._drain_task = None
+            self._set_drain(DrainEvent.UNDRAIN)
+        elif kind == "drain":
+            self._set_drain(DrainEvent.DRAIN)
+            if self.drain == NodeDrainState.DRAINING:
+                if not self.runs:
+                    self._set_drain(DrainEvent.DRAINED)
+                elif self._drain_task is None or self._drain_task.done():
+                    grace = default_grace_s if grace_s is None else grace_s
+                    self._drain_task = asyncio.create_task(self._drain(grace))
+        return self.drain.value
+
+    async def _drain(self, grace_s: float) -> None:
+        deadline = time.monotonic() + grace_s
+        while self.runs and time.monotonic() < deadline:
+            await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        if self.drain != NodeDrainState.DRAINING:
+            return
+        await asyncio.gather(
+            *(self.executor.stop(j, cause="drain") for j in list(self.runs)),
+            return_exceptions=True,
+        )
+        if self.drain == NodeDrainState.DRAINING and not self.runs:
+            self._set_drain(DrainEvent.DRAINED)
+
+    # -- restart and shutdown --------------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        """Processes recorded before a restart: kill survivors, report every one as lost."""
+        found = reconcile(self.store, process_alive, now=time.time())
+        for run in found.alive:
+            _kill_group(run.pid, run.pgid)
+            self.store.finish_run(
+                ResultRecord(
+                    run.job_id, run.attempt, None, "SIGKILL", "lost", run.started_at, time.time()
+                )
+            )
+        for run in (*found.alive, *found.gone):
+            self.fence[run.job_id] = max(self.fence.get(run.job_id, 0), run.attempt)
+            self.events.add("lost", f"attempt {run.attempt} lost in a restart", job_id=run.job_id)
+            self.queue_report(
+                {
+                    "job_id": run.job_id,
+                    "attempt": run.attempt,
+                    "exit_code": None,
+                    "signal": None,
+                    "cause": "lost",
+                    "started_at": run.started_at,
+                    "finished_at": time.time(),
+                },
+                None,
+            )
+
+    async def shutdown(self, wait_reports_s: float = 3.0) -> None:
+        await self.executor.close()
+        deadline = time.monotonic() + wait_reports_s
+        while self._reports and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    # -- logs ------------------------------------------------------------------------------------
+
+    def tail(self, job_id: str, lines: int) -> list[str]:
+        return self.executor.tail(job_id, lines)
+
+    def follow(self, job_id: str, lines: int) -> AsyncIterator[str]:
+        return self.executor.follow(job_id, from_lines=lines)
+
+
+def _exit_wire(e: Exited) -> dict[str, Any]:
+    return {
+        "job_id": e.job_id,
+        "attempt": e.attempt,
+        "exit_code": e.exit_code,
+        "signal": e.signal,
+        "cause": e.cause,
+        "started_at": e.started_at,
+        "finished_at": e.finished_at,
+    }
+
+
+def _result_wire(r: ResultRecord) -> dict[str, Any]:
+    return {
+        "job_id": r.job_id,
+        "attempt": r.attempt,
+        "exit_code": r.exit_code,
+        "signal": r.signal,
+        "cause": r.cause,
+        "started_at": r.started_at,
+        "finished_at": r.finished_at,
+    }
+
+
+def _kill_group(pid: int, pgid: int | None) -> None:
+    if sys.platform == "win32":
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if pgid is not None:
+            os.killpg(pgid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,186 @@
+"""Real agent processes on loopback: drain, runner and owner crashes, restart from SQLite."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.jobspec import new_job_id
+from tests.agent.agents import Mesh, spec
+
+pytestmark = pytest.mark.slow
+
+TICKER = """
+import os, sys, time
+path = sys.argv[1]
+attempt = os.environ["SHOAL_ATTEMPT"]
+for _ in range(600):
+    with open(path, "a") as f:
+        f.write(f"{attempt} {time.time()}\\n")
+    print("tick", attempt, flush=True)
+    time.sleep(0.05)
+"""
+
+
+def _ticks(path: Path) -> dict[int, tuple[float, float]]:
+    spans: dict[int, tuple[float, float]] = {}
+    for line in path.read_text().splitlines():
+        attempt_text, _, at_text = line.partition(" ")
+        attempt, at = int(attempt_text), float(at_text)
+        lo, hi = spans.get(attempt, (at, at))
+        spans[attempt] = (min(lo, at), max(hi, at))
+    return spans
+
+
+def test_drain_moves_work_off_and_takes_no_new_work(tmp_path: Path) -> None:
+    mesh = Mesh(tmp_path, ["h100:1", "h100:1"])
+    mesh.start_all()
+    try:
+        a = mesh.agents[0]
+        job_id = new_job_id()
+        assert (
+            mesh.command(a, "submit", {"job_id": job_id, "spec": spec(["sleep", "60"])})[0] == 200
+        )
+        mesh.wait("running", lambda: mesh.job(a, job_id)["state"] == "running")
+        source = mesh.job(a, job_id)["runner"]
+        other = next(x for x in mesh.agents if x.node_id != source)
+        status, answer = mesh.command(a, "drain", {"node": source, "grace_s": 0})
+        assert status == 200 and answer == {"node": source, "drain": "draining"}
+        mesh.wait(
+            "the job to run elsewhere",
+            lambda: (
+                mesh.job(a, job_id)["runner"] == other.node_id
+                and mesh.job(a, job_id)["state"] == "running"
+            ),
+        )
+        assert mesh.job(a, job_id)["attempt"] == 2
+        nodes = {n["node_id"]: n for n in mesh.get(other, "/v1/nodes")["nodes"]}
+        mesh.wait(
+            "drained",
+            lambda: (
+                {n["node_id"]: n for n in mesh.get(other, "/v1/nodes")["nodes"]}[source]["drain"]
+                == "drained"
+            ),
+        )
+        # The only free GPU is on the drained node: a new job waits instead of going there.
+        second = new_job_id()
+        assert mesh.command(a, "submit", {"job_id": second, "spec": spec(["true"])})[0] == 200
+        mesh.wait(
+            "a pending reason",
+            lambda: "free GPU" in (mesh.job(a, second).get("reason") or ""),
+        )
+        assert mesh.job(a, second)["state"] == "pending"
+        status, answer = mesh.command(other, "undrain", {"node": source})
+        assert status == 200 and answer["drain"] == "schedulable"
+        mesh.wait("placed after undrain", lambda: mesh.job(a, second)["state"] == "succeeded")
+        assert mesh.job(a, second)["runner"] == source
+        assert nodes[source]["role"] == "agent"
+    finally:
+        mesh.stop_all()
+
+
+def test_kill_of_a_runner_requeues_elsewhere_never_twice_at_once(tmp_path: Path) -> None:
+    mesh = Mesh(tmp_path, ["h100:1", "h100:1", "h100:1"])
+    mesh.start_all()
+    try:
+        ticks = tmp_path / "ticks"
+        job_id = new_job_id()
+        body = {"job_id": job_id, "spec": spec([sys.executable, "-c", TICKER, str(ticks)])}
+        assert mesh.command(mesh.agents[0], "submit", body)[0] == 200
+        mesh.wait("running", lambda: mesh.job(mesh.agents[0], job_id)["state"] == "running")
+        first = mesh.job(mesh.agents[0], job_id)["runner"]
+        mesh.kill(mesh.node_index(first))
+        survivor = next(x for x in mesh.agents if x.alive)
+        mesh.wait(
+            "attempt 2 running elsewhere",
+            lambda: (
+                (j := mesh.job(survivor, job_id))["state"] == "running"
+                and j["attempt"] == 2
+                and j["runner"] != first
+            ),
+            deadline_s=40,
+        )
+        mesh.wait("attempt 2 ticking", lambda: 2 in _ticks(ticks))
+        spans = _ticks(ticks)
+        assert set(spans) == {1, 2}
+        assert spans[1][1] < spans[2][0]  # attempt 1 was gone before attempt 2 began
+    finally:
+        mesh.stop_all()
+
+
+def test_kill_of_the_owner_right_after_the_ack_loses_nothing(tmp_path: Path) -> None:
+    mesh = Mesh(tmp_path, ["h100:1", "h100:1", "h100:1"])
+    mesh.start_all()
+    try:
+        job_id = new_job_id()
+        body = {"job_id": job_id, "spec": spec(["sleep", "1"])}
+        status, answer = mesh.command(mesh.agents[0], "submit", body)
+        assert status == 200 and answer["replicas"] == 2
+        owner = answer["owner"]
+        mesh.kill(mesh.node_index(owner))
+        survivor = next(x for x in mesh.agents if x.alive)
+        mesh.wait(
+            "the job to succeed under a new owner",
+            lambda: (
+                (j := mesh.job(survivor, job_id))["state"] == "succeeded" and j["owner"] != owner
+            ),
+            deadline_s=40,
+        )
+    finally:
+        mesh.stop_all()
+
+
+def test_a_restarted_agent_reconciles_from_its_store(tmp_path: Path) -> None:
+    mesh = Mesh(tmp_path, ["h100:1", "h100:1"])
+    mesh.start_all()
+    try:
+        a, b = mesh.agents
+        # A finished job on b, then one running on b when b is killed.
+        done = new_job_id()
+        body = {"job_id": done, "spec": spec(["echo", "kept"])}
+        assert mesh.command(a, "submit", body)[0] == 200
+        mesh.command(a, "drain", {"node": a.node_id, "grace_s": 0})
+        mesh.wait("done", lambda: mesh.job(a, done)["state"] == "succeeded")
+        pidfile = tmp_path / "pid"
+        script = (
+            f"import os,time; open({str(pidfile)!r},'w').write(str(os.getpid())); time.sleep(60)"
+        )
+        running = new_job_id()
+        body = {"job_id": running, "spec": spec([sys.executable, "-c", script])}
+        assert mesh.command(a, "submit", body)[0] == 200
+        mesh.wait("running on b", lambda: mesh.job(a, running)["runner"] == b.node_id)
+        mesh.wait("pid written", lambda: pidfile.exists() and pidfile.read_text() != "")
+        pid = int(pidfile.read_text())
+        runner_index = mesh.node_index(b.node_id)
+        mesh.kill(runner_index)
+        os.kill(pid, 0)  # the job outlived its agent (it writes nothing, so no broken pipe)
+        mesh.start(runner_index, [a.addr])
+        mesh.wait("the orphan killed", lambda: not _alive(pid))
+        mesh.command(a, "undrain", {"node": a.node_id})
+        mesh.wait(
+            "the lost job requeued and running again",
+            lambda: (j := mesh.job(a, running))["state"] == "running" and j["attempt"] == 2,
+            deadline_s=40,
+        )
+        # The finished result and its log survived the restart.
+        mesh.wait(
+            "the old log served by the restarted runner",
+            lambda: b"kept" in mesh.request(b, "GET", f"/v1/jobs/{done}/logs?lines=20")[1],
+        )
+    finally:
+        mesh.stop_all()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie of ours would still answer; the orphan's parent is init
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -1,0 +1,107 @@
+"""The daemon's pure parts: rendezvous ownership, first-fit placement, config, event log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.config import AgentConfig, load_config
+from agent.errors import UserError
+from agent.events import EventLog
+from agent.jobspec import JobSpec, Resources
+from agent.ownership import owner_of, rank, replica_of
+from agent.placement import FirstFit
+from agent.view import NodeView
+from probers.records import DeviceStatic
+
+NODES = ["node-a", "node-b", "node-c", "node-d"]
+
+
+def test_rendezvous_owner_moves_only_for_jobs_of_the_node_that_left() -> None:
+    jobs = [f"{i:032x}" for i in range(200)]
+    before = {j: owner_of(j, NODES) for j in jobs}
+    after = {j: owner_of(j, NODES[:-1]) for j in jobs}
+    moved = [j for j in jobs if before[j] != after[j]]
+    assert moved and all(before[j] == "node-d" for j in moved)
+    # The new owner of a moved job is its former replica.
+    assert all(after[j] == replica_of(j, NODES, "node-d") for j in moved)
+    assert rank(jobs[0], NODES) == rank(jobs[0], list(reversed(NODES)))
+    assert replica_of(jobs[0], ["node-a"], "node-a") is None
+
+
+def _dev(key: str, vendor: str, backend: str, mem_gib: int, cc: str | None = None) -> DeviceStatic:
+    return DeviceStatic(
+        key=key,
+        vendor=vendor,  # type: ignore[arg-type]
+        backend=backend,  # type: ignore[arg-type]
+        name=key,
+        source="sim",
+        compute_capability=cc,
+        mem_total_bytes=mem_gib * 1024**3,
+    )
+
+
+def test_first_fit_applies_the_hard_filters() -> None:
+    l4 = NodeView("n1", inventory={}, statics=[_dev("l4", "nvidia", "cuda", 24, "8.9")])
+    h100 = NodeView(
+        "n2",
+        inventory={},
+        statics=[_dev("h0", "nvidia", "cuda", 80, "9.0"), _dev("h1", "nvidia", "cuda", 80, "9.0")],
+        status={"drain": "schedulable", "free": ["h1"]},
+    )
+    mi = NodeView(
+        "n3",
+        inventory={},
+        statics=[_dev("m0", "amd", "rocm", 192), _dev("m1", "amd", "rocm", 192)],
+        status={"drain": "cordoned"},
+    )
+    ff = FirstFit()
+    big = JobSpec(command=("x",), resources=Resources(min_mem_per_gpu_bytes=40 * 1024**3))
+    assert [(c.node_id, c.devices) for c in ff.candidates(big, [l4, h100, mi])] == [("n2", ("h1",))]
+    two = JobSpec(command=("x",), resources=Resources(gpus_per_node=2))
+    assert ff.candidates(two, [l4, h100, mi]) == []  # n2 has one free, n3 is cordoned
+    assert ff.why_pending(two) == "no schedulable node has 2 free GPUs"
+    cc = JobSpec(command=("x",), resources=Resources(min_compute_capability="9.0"))
+    assert [c.node_id for c in ff.candidates(cc, [l4, h100])] == ["n2"]
+    anyone = JobSpec(command=("x",))
+    assert [c.node_id for c in ff.candidates(anyone, [l4, h100], prefer="n2")] == ["n2", "n1"]
+    rocm = JobSpec(command=("x",), resources=Resources(gpus_per_node=2, backends=("rocm",)))
+    assert ff.why_pending(rocm) == "no schedulable node has 2 free GPUs and backend rocm"
+
+
+def test_config_file_and_its_mistakes(tmp_path: Path) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_text(
+        'listen = "127.0.0.1:9000"\njoin = ["10.0.0.1:7946"]\nzone = "rack-a"\n'
+        'datasets = ["imagenet"]\ncost_per_hour = 2\n[labels]\nteam = "vision"\n'
+    )
+    config = load_config(path)
+    assert config.listen == "127.0.0.1:9000"
+    assert config.join == ("10.0.0.1:7946",)
+    assert config.identity_path == AgentConfig().data_dir / "identity"
+    assert config.all_labels() == {
+        "team": "vision",
+        "zone": "rack-a",
+        "datasets": "imagenet",
+        "cost_per_hour": "2",
+    }
+    path.write_text('listn = "x"\n')
+    with pytest.raises(UserError, match="unknown option 'listn'"):
+        load_config(path)
+
+
+def test_event_log_merges_gossiped_events_once() -> None:
+    clock = iter(range(100, 200))
+    log = EventLog("me", clock=lambda: float(next(clock)))
+    log.add("started", "hello", job_id="j1")
+    log.merge("other", [{"n": 1, "kind": "x", "message": "a"}, {"n": 2, "kind": "y"}])
+    log.merge("other", [{"n": 2, "kind": "y"}, {"n": 3, "kind": "z"}])
+    rows, nxt = log.since(0)
+    assert [(r["seq"], r["node"], r["kind"]) for r in rows] == [
+        (1, "me", "started"),
+        (2, "other", "x"),
+        (3, "other", "y"),
+        (4, "other", "z"),
+    ]
+    assert nxt == 4 and log.since(4) == ([], 4)
