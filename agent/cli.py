@@ -88,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--operator", metavar="NAME", help="your name in the certificate")
     init.set_defaults(func=_cmd_init)
 
+    from agent.agent_cmd import add_agent_arguments, run_agent
+
+    agent = sub.add_parser("agent", help="run this host's agent in the foreground")
+    add_agent_arguments(agent)
+    agent.set_defaults(func=run_agent)
+
     from agent.ops_cmd import add_operator_commands
 
     add_operator_commands(sub)

@@ -605,8 +605,32 @@ async def _spawn(
         env=dict(env),
         cwd=cwd,
         start_new_session=True,
+        preexec_fn=_die_with_agent(),
     )
     return transport
+
+
+def _die_with_agent() -> Callable[[], None] | None:
+    """On Linux, the job's leader gets SIGKILL if the agent dies (``PR_SET_PDEATHSIG``).
+
+    Without it a job that never writes would outlive a ``kill -9`` of its agent and could run
+    beside the attempt its owner starts elsewhere. Its own children are stopped by the restarted
+    agent's reconcile (process group), and the runner's fencing covers the rest.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def arm() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+
+    return arm
 
 
 def _signal_group(run: _Run, name: str, *, leftovers: bool = False) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -427,3 +428,32 @@ async def test_a_missing_working_directory_is_named(
     job = Launch(job_id=new_job_id(), attempt=1, argv=(PY, "-c", "pass"), cwd=str(missing))
     with pytest.raises(LaunchError, match="no-such-dir"):
         await executor.start(job)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_silent_job_dies_with_a_killed_agent(tmp_path: Path) -> None:
+    """kill -9 of the agent must not leave its job running beside a requeued attempt."""
+    agent = (
+        "import asyncio, sys\n"
+        "from pathlib import Path\n"
+        "from agent.executor import ExecutorConfig, Launch, ProcessExecutor, Started\n"
+        "async def main():\n"
+        f"    ex = ProcessExecutor(ExecutorConfig(data_dir=Path({str(tmp_path)!r})))\n"
+        "    job = Launch(job_id='a' * 32, attempt=1, argv=('sleep', '60'))\n"
+        "    await ex.start(job)\n"
+        "    while True:\n"
+        "        event = await ex.events.get()\n"
+        "        if isinstance(event, Started):\n"
+        "            print(event.pid, flush=True)\n"
+        "            await asyncio.sleep(60)\n"
+        "asyncio.run(main())\n"
+    )
+    parent = subprocess.Popen([PY, "-c", agent], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        job_pid = int(parent.stdout.readline())
+        assert psutil.pid_exists(job_pid)
+    finally:
+        parent.kill()
+        parent.wait(timeout=10)
+    assert_gone(job_pid)
