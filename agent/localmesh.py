@@ -80,6 +80,7 @@ class LocalMesh:
     agents: list[AgentProcess] = field(default_factory=list)
     operator: NodeIdentity | None = None
     started_at: float = 0.0
+    last_up_at: float = 0.0
 
     def create(self) -> None:
         """The cluster CA, the operator identity and every agent's identity (no process yet)."""
@@ -168,8 +169,21 @@ class LocalMesh:
         assert self.operator is not None, "create() first"
         return ApiClient(self.operator, self.agents[index].address, timeout_s=5.0)
 
+    async def wait_listening(self, timeout_s: float = 120.0) -> None:
+        """Until every running agent has printed its ``listening`` line; sets ``last_up_at``."""
+        deadline = time.monotonic() + timeout_s
+        pending = [a for a in self.agents if a.running]
+        while pending and time.monotonic() < deadline:
+            pending = [a for a in pending if a.running and not _listening(a)]
+            if pending:
+                await asyncio.sleep(0.05)
+        if pending:
+            raise TimeoutError(f"agents {[a.index for a in pending]} did not start listening")
+        self.last_up_at = time.monotonic()
+
     async def wait_converged(self, timeout_s: float = 60.0) -> float:
-        """Seconds until every running agent sees every running agent alive."""
+        """Seconds from the last agent listening until every agent sees every agent alive."""
+        await self.wait_listening()
         live = [a for a in self.agents if a.running]
         want = {a.node_id for a in live}
         deadline = time.monotonic() + timeout_s
@@ -177,7 +191,7 @@ class LocalMesh:
         try:
             while time.monotonic() < deadline:
                 if all([await _sees(clients[a.index], want) for a in live]):
-                    return time.monotonic() - self.started_at
+                    return time.monotonic() - self.last_up_at
                 await asyncio.sleep(0.1)
         finally:
             for c in clients.values():
@@ -185,6 +199,14 @@ class LocalMesh:
         dead = [a.index for a in self.agents if a.process is not None and not a.running]
         hint = f"; agents that exited: {dead} (see their agent.log)" if dead else ""
         raise TimeoutError(f"the mesh did not converge within {timeout_s:.0f} s{hint}")
+
+
+def _listening(agent: AgentProcess) -> bool:
+    """The agent printed the line ``shoal agent`` prints once it serves."""
+    try:
+        return b'{"event": "listening"' in agent.log_path.read_bytes()
+    except OSError:
+        return False
 
 
 async def _sees(client: ApiClient, want: set[str]) -> bool:
