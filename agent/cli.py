@@ -50,6 +50,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
+def _cmd_bootstrap(args: argparse.Namespace) -> int:
+    from agent.bootstrap_cmd import run_bootstrap
+
+    return run_bootstrap(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from agent.paths import default_cluster_dir
 
@@ -107,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print one JSON object")
     demo.add_argument("--keep", action="store_true", help="keep the demo's folder and logs")
     demo.set_defaults(func=_cmd_demo)
+
+    from agent.bootstrap_cmd import add_bootstrap_arguments
+
+    bootstrap = sub.add_parser("bootstrap", help="install, certify and start agents over SSH")
+    add_bootstrap_arguments(bootstrap)
+    bootstrap.set_defaults(func=_cmd_bootstrap)
     return parser
 
 

@@ -17,6 +17,7 @@ next agent in rendezvous order takes over the jobs it owned.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -47,13 +48,14 @@ from agent.view import (
     sample_to_wire,
     static_to_wire,
 )
-from gossip import envelope
+from gossip import envelope, revocation
 from gossip.certtrust import CertTrust
 from gossip.events import Event, MemberDead, MemberLeft, RecordChanged
 from gossip.identity import IdentityError, load_identity
 from gossip.messages import MemberState
 from gossip.node import GossipNode
 from gossip.replay import ReplayGuard
+from gossip.revocation import RevocationError
 from gossip.transport import split_address
 from probers.host import HostProbe, ProbeOptions
 from probers.records import Device, ProbeReport
@@ -336,6 +338,9 @@ class Agent:
             return 400, {"error": f"bad {command.kind} command: {exc}"}
         except OwnerError as exc:
             return exc.status, {"error": str(exc)}
+        except RevocationError as exc:
+            self.metrics.commands_rejected.labels("bad_revocations").inc()
+            return 400, {"error": f"revocation list refused: {exc}"}
         if status < 300:
             self.metrics.commands_accepted.labels(command.kind).inc()
         return status, answer
@@ -408,6 +413,14 @@ class Agent:
             state = self.runner.command(kind, grace, self.config.drain_grace_s)
             self.owner.kick()
             return 200, {"node": self.node_id, "drain": state}
+        if kind == "revoke":
+            incoming = revocation.decode(base64.b64decode(body["revocations"], validate=True))
+            applied = self.node.revoke(incoming)
+            return 200, {
+                "version": self.node.revocations.version,
+                "applied": applied,
+                "revoked": sorted(self.node.revocations.node_ids),
+            }
         return 400, {"error": f"unknown command kind {kind!r}"}
 
     # -- internal RPC ----------------------------------------------------------------------------

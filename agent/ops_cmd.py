@@ -326,6 +326,28 @@ async def _resolve_node(client: ApiClient, name: str) -> str:
     raise ApiError(409, f"{name!r} names {len(matches)} nodes; give more of the node id")
 
 
+def cmd_revoke(args: argparse.Namespace) -> int:
+    from agent.revocations import publish, revoke_nodes
+    from gossip.identity import load_cluster
+
+    directory = args.identity or default_cluster_dir()
+    try:
+        cluster = load_cluster(directory)
+    except IdentityError as exc:
+        raise UserError(f"revoking needs the cluster CA directory ({directory}): {exc}") from None
+
+    async def call(client: ApiClient) -> tuple[list[str], str | None]:
+        node_ids = [await _resolve_node(client, name) for name in args.node]
+        signed = revoke_nodes(cluster, set(node_ids))
+        return node_ids, await publish(client, signed)
+
+    node_ids, refused = _run(args, call)
+    if refused is not None:
+        raise UserError(f"revocation signed and saved, but the mesh refused it: {refused}")
+    answer = {"revoked": node_ids}
+    return _show(args, answer, "revoked " + ", ".join(short(n) for n in node_ids))
+
+
 def add_operator_commands(sub: Any) -> None:
     """Register the operator subcommands on the CLI's subparsers."""
     submit = sub.add_parser("submit", help="submit a job: shoal submit [options] -- COMMAND ...")
@@ -387,3 +409,8 @@ def add_operator_commands(sub: Any) -> None:
         if name == "drain":
             p.add_argument("--grace", type=float, default=300.0, metavar="S", help="grace period")
         p.set_defaults(func=_node_command(name))
+
+    revoke = sub.add_parser("revoke", help="revoke nodes' certificates; the mesh shuns them")
+    add_connection_arguments(revoke)
+    revoke.add_argument("node", nargs="+", help="node id (or a unique prefix) or hostname")
+    revoke.set_defaults(func=cmd_revoke)

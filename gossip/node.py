@@ -28,15 +28,17 @@ from typing import Any
 
 import msgpack
 
+from gossip import revocation
 from gossip.certtrust import CertSigner, CertTrust
 from gossip.codec import DecodeError, decode, encode
 from gossip.config import GossipConfig
-from gossip.events import Event
+from gossip.events import Event, RecordChanged
 from gossip.identity import NodeIdentity, Role
 from gossip.membership import MemberInfo
 from gossip.messages import Message
 from gossip.peer import Peer
 from gossip.records import StoredRecord
+from gossip.revocation import RevocationError, RevocationList
 from gossip.transport import (
     AppSetup,
     GossipClient,
@@ -49,6 +51,8 @@ log = logging.getLogger(__name__)
 
 LOOP_LAG_PERIOD_S = 0.1
 MAX_IN_FLIGHT = 256
+REVOCATIONS_KIND = "shoal/revocations"
+"""The record kind carrying an operator-signed revocation list (see :mod:`gossip.revocation`)."""
 
 
 class _WallClockTrust:
@@ -140,6 +144,7 @@ class GossipNode:
         self._subscribers: list[Callable[[Event], None]] = []
         self.send_failures = 0
         self.sends_dropped = 0
+        self.revocations_rejected = 0
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -209,6 +214,22 @@ class GossipNode:
         self._dispatch()
         self._wake.set()
 
+    def revoke(self, revocations: RevocationList) -> bool:
+        """Apply an operator-signed revocation list and gossip it; True if it was newer.
+
+        Every member that receives it verifies the operator's signature itself and shuns the
+        revoked nodes: their connections are refused, their signatures no longer verify, and
+        probes to them fail until they are declared dead. Raises :class:`RevocationError`.
+        """
+        changed = self._trust.apply_revocations(revocations, self._wall_clock())
+        if changed:
+            self.publish(REVOCATIONS_KIND, revocation.encode(revocations))
+        return changed
+
+    @property
+    def revocations(self) -> RevocationList:
+        return self._trust.revocations
+
     def rtt_estimate_s(self, a: str, b: str) -> float | None:
         return self.peer.rtt_estimate(a, b)
 
@@ -218,6 +239,7 @@ class GossipNode:
             {f"transport_{k}": v for k, v in self._server.stats.snapshot().items()},
             send_failures=self.send_failures,
             sends_dropped=self.sends_dropped,
+            revocations_rejected=self.revocations_rejected,
         )
         return snapshot
 
@@ -255,6 +277,16 @@ class GossipNode:
             task.add_done_callback(self._sends.discard)
         self._dispatch()
 
+    def _on_revocations(self, event: RecordChanged) -> None:
+        if event.origin == self.node_id:
+            return
+        try:
+            incoming = revocation.decode(event.payload)
+            self._trust.apply_revocations(incoming, self._wall_clock())
+        except RevocationError as exc:
+            self.revocations_rejected += 1
+            log.warning("refused a revocation list gossiped by %s: %s", event.origin, exc)
+
     async def _send(self, addr: str, body: bytes) -> None:
         timeout_s = max(self.peer.config.probe_interval_s, 1.0)
         try:
@@ -264,6 +296,8 @@ class GossipNode:
 
     def _dispatch(self) -> None:
         for event in self.peer.events():
+            if isinstance(event, RecordChanged) and event.kind == REVOCATIONS_KIND:
+                self._on_revocations(event)
             for callback in self._subscribers:
                 try:
                     callback(event)

@@ -1,0 +1,12 @@
+"""``shoal bootstrap``: install, certify, start and verify Shoal agents on hosts over SSH.
+
+One module per concern: :mod:`.hosts` (targets and the hosts file), :mod:`.ssh` (connections and
+the host-key policy), :mod:`.probe` (what a host has: OS, architecture, Python, GPU drivers),
+:mod:`.install` (venv and Shoal itself), :mod:`.keygen` and :mod:`.certify` (the node key made on
+the host, its certificate signed here), :mod:`.agentconfig` (the agent's TOML), :mod:`.service`
+(systemd, launchd or a supervised process), :mod:`.mesh` (join confirmation, drain), :mod:`.revoke`
+(the revocation list), :mod:`.wheelhouse` (offline installs), :mod:`.runner` (one host, end to end,
+undoing what it created on failure) and :mod:`.display` (progress and summary).
+"""
+
+from __future__ import annotations

@@ -1,0 +1,203 @@
+"""The venv and Shoal itself on the host: from the package index, or from an uploaded wheelhouse.
+
+Each build gets its own venv under ``BASE/venvs``; ``BASE/venv`` is a symlink flipped atomically
+once the new venv is installed and checked, so an upgrade that fails leaves the old one running
+and a rerun with nothing new installs nothing. What was installed is recorded in
+``BASE/install.toml``.
+
+``--system-site-packages`` lets the venv use the packages of the interpreter it is built from —
+including, when that interpreter is itself a venv, that venv's packages (a ``.pth`` file names
+them) — and installs Shoal alone (``--no-deps``). It is for hosts that already carry Shoal's
+dependencies (a shared cluster image, or a test machine).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import shlex
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import tomli_w
+
+from agent.bootstrap.layout import RemoteLayout
+from agent.bootstrap.ssh import BootstrapError, Remote
+
+PIP_TIMEOUT_S = 900.0
+
+_SITE_CODE = "import site, sys; print('\\n'.join(site.getsitepackages()))"
+_PURELIB_CODE = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+_VERSION_CODE = "import importlib.metadata as m; print(m.version('shoal'))"
+_SWAP_CODE = (
+    "import os, sys; t, link = sys.argv[1], sys.argv[2]; tmp = link + '.new'\n"
+    "if os.path.lexists(tmp): os.unlink(tmp)\n"
+    "os.symlink(t, tmp); os.replace(tmp, link)"
+)
+
+
+def local_version() -> str:
+    """The Shoal version the operator runs: what bootstrap installs unless told otherwise."""
+    try:
+        return importlib.metadata.version("shoal")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class InstallSource:
+    """Where Shoal comes from: the index (``wheelhouse`` None) or a local wheelhouse folder."""
+
+    version: str
+    wheelhouse: Path | None = None
+    inherit_site_packages: bool = False
+    index_url: str | None = None
+
+    def wheels(self) -> list[Path]:
+        if self.wheelhouse is None:
+            return []
+        return sorted(p for p in self.wheelhouse.iterdir() if p.name.endswith(".whl"))
+
+    def shoal_wheel(self) -> Path | None:
+        prefix = f"shoal-{self.version}-"
+        return next((p for p in self.wheels() if p.name.startswith(prefix)), None)
+
+    def build_digest(self) -> str:
+        """Identifies the build: the SHA-256 of the Shoal wheel, or ``index`` for index installs."""
+        if self.wheelhouse is None:
+            return "index"
+        wheel = self.shoal_wheel()
+        if wheel is None:
+            raise BootstrapError(
+                f"the wheelhouse {self.wheelhouse} holds no shoal-{self.version} wheel "
+                "(build one with: shoal bootstrap --build-wheelhouse DIR)"
+            )
+        return hashlib.sha256(wheel.read_bytes()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class InstallRecord:
+    """``BASE/install.toml``."""
+
+    version: str
+    build: str
+    venv: str
+    service: str
+
+    def to_toml(self) -> bytes:
+        doc = {
+            "install": {
+                "version": self.version,
+                "build": self.build,
+                "venv": self.venv,
+                "service": self.service,
+            }
+        }
+        return tomli_w.dumps(doc).encode("utf-8")
+
+    @classmethod
+    def from_toml(cls, data: bytes) -> InstallRecord | None:
+        try:
+            section = tomllib.loads(data.decode("utf-8"))["install"]
+            return cls(
+                version=str(section["version"]),
+                build=str(section["build"]),
+                venv=str(section["venv"]),
+                service=str(section["service"]),
+            )
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError, KeyError, TypeError):
+            return None
+
+
+def is_current(record: InstallRecord | None, source: InstallSource) -> bool:
+    """Whether the recorded install is the build we would install now."""
+    return (
+        record is not None
+        and record.version == source.version
+        and record.build == source.build_digest()
+    )
+
+
+def venv_name(source: InstallSource, suffix: str) -> str:
+    build = source.build_digest()
+    return f"{source.version}-{build[:12]}-{suffix}"
+
+
+async def installed_version(remote: Remote, layout: RemoteLayout) -> str | None:
+    result = await remote.run(
+        f"{shlex.quote(layout.python)} -c {shlex.quote(_VERSION_CODE)}", check=False
+    )
+    out = str(result.stdout or "").strip()
+    return out if result.exit_status == 0 and out else None
+
+
+async def create_venv(
+    remote: Remote, layout: RemoteLayout, python: str, name: str, source: InstallSource
+) -> str:
+    """Create ``BASE/venvs/NAME`` with ``python``; return its path."""
+    path = f"{layout.venvs}/{name}"
+    q = shlex.quote
+    flags = " --system-site-packages" if source.inherit_site_packages else ""
+    await remote.run(f"mkdir -p {q(layout.venvs)} && {q(python)} -m venv{flags} {q(path)}")
+    if source.inherit_site_packages:
+        sites = await remote.run(f"{q(python)} -c {q(_SITE_CODE)}")
+        purelib = await remote.run(f"{q(path)}/bin/python -c {q(_PURELIB_CODE)}")
+        pth = f"{str(purelib.stdout).strip()}/shoal-inherited-site-packages.pth"
+        await remote.write_file(pth, str(sites.stdout).encode("utf-8"))
+    return path
+
+
+async def install_shoal(
+    remote: Remote, layout: RemoteLayout, venv: str, source: InstallSource
+) -> None:
+    """pip-install this exact version into ``venv`` and check that it imports."""
+    q = shlex.quote
+    pip = f"{q(venv)}/bin/python -m pip install --disable-pip-version-check --no-input -q"
+    if source.inherit_site_packages:
+        # The inherited site may hold a Shoal of its own (a development checkout): ignore it.
+        pip += " --no-deps --ignore-installed"
+    requirement = q(f"shoal=={source.version}")
+    upload = ""
+    if source.wheelhouse is not None:
+        upload = f"{layout.uploads}/{Path(venv).name}"
+        await remote.run(f"mkdir -p {q(upload)}")
+        await remote.put_files([(w, f"{upload}/{w.name}") for w in source.wheels()])
+        pip += f" --no-index --find-links {q(upload)}"
+    elif source.index_url:
+        pip += f" --index-url {q(source.index_url)}"
+    try:
+        await remote.run(f"{pip} {requirement}", timeout_s=PIP_TIMEOUT_S)
+    finally:
+        if upload:
+            await remote.run(f"rm -rf {q(upload)}", check=False)
+    check = f"{q(venv)}/bin/python -c " + q(
+        "import agent.cli, gossip.identity, agent.bootstrap.supervise; " + _VERSION_CODE
+    )
+    result = await remote.run(check, check=False)
+    got = str(result.stdout or "").strip()
+    if result.exit_status != 0 or got != source.version:
+        raise BootstrapError(
+            f"Shoal {source.version} does not import in the new venv ({got or 'import failed'})"
+        )
+
+
+async def point_venv(remote: Remote, layout: RemoteLayout, python: str, target: str) -> None:
+    """Make ``BASE/venv`` point at ``target`` in one atomic rename."""
+    q = shlex.quote
+    await remote.run(f"{q(python)} -c {q(_SWAP_CODE)} {q(target)} {q(layout.venv)}")
+
+
+async def current_venv_target(remote: Remote, layout: RemoteLayout) -> str | None:
+    result = await remote.run(f"readlink {shlex.quote(layout.venv)}", check=False)
+    out = str(result.stdout or "").strip()
+    return out if result.exit_status == 0 and out else None
+
+
+async def read_record(remote: Remote, layout: RemoteLayout) -> InstallRecord | None:
+    data = await remote.read_file(layout.install_record)
+    return InstallRecord.from_toml(data) if data is not None else None
+
+
+async def write_record(remote: Remote, layout: RemoteLayout, record: InstallRecord) -> None:
+    await remote.write_file(layout.install_record, record.to_toml())

@@ -1,0 +1,76 @@
+"""Talking to the mesh during bootstrap: is the node alive there, drain it before an upgrade."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from agent.client import ApiClient, ApiError
+
+POLL_S = 0.5
+
+
+async def find_node(client: ApiClient, node_id: str) -> dict[str, Any] | None:
+    """The node's entry in the mesh as ``client``'s agent sees it, or None."""
+    try:
+        nodes = await client.nodes()
+    except ApiError:
+        return None
+    return next((n for n in nodes if n.get("node_id") == node_id), None)
+
+
+async def wait_alive(client: ApiClient, node_id: str, timeout_s: float) -> dict[str, Any] | None:
+    """Poll until the node is alive in the mesh and has reported its inventory; None on timeout.
+
+    Returns the last entry seen alive (devices may be empty on a host without GPUs) when the
+    inventory does not arrive in time but the node is alive.
+    """
+    deadline = time.monotonic() + timeout_s
+    alive: dict[str, Any] | None = None
+    while time.monotonic() < deadline:
+        node = await find_node(client, node_id)
+        if node is not None and node.get("state") == "alive":
+            alive = node
+            if node.get("host") is not None:
+                return node
+        await asyncio.sleep(POLL_S)
+    return alive
+
+
+async def wait_healthy(client: ApiClient, timeout_s: float) -> dict[str, Any] | None:
+    """Poll the agent's own ``/healthz`` until it answers; None on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            return await client.health()
+        except ApiError:
+            await asyncio.sleep(POLL_S)
+    return None
+
+
+async def drain(client: ApiClient, node_id: str, grace_s: float, timeout_s: float) -> bool:
+    """Drain the node and wait until it reports ``drained``; False when it did not in time."""
+    await client.drain(node_id, grace_s)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        node = await find_node(client, node_id)
+        if node is not None and node.get("drain") == "drained":
+            return True
+        await asyncio.sleep(POLL_S)
+    return False
+
+
+async def undrain(client: ApiClient, node_id: str) -> None:
+    await client.undrain(node_id)
+
+
+def describe_devices(node: dict[str, Any]) -> str:
+    """``2x NVIDIA H100 80GB HBM3, 1x Apple M2 Ultra`` or ``no GPUs``."""
+    counts: dict[str, int] = {}
+    for device in node.get("devices") or []:
+        name = str(device.get("name") or "?")
+        counts[name] = counts.get(name, 0) + 1
+    if not counts:
+        return "no GPUs"
+    return ", ".join(f"{n}x {name}" for name, n in counts.items())

@@ -1,0 +1,75 @@
+"""``shoal bootstrap --build-wheelhouse DIR``: everything an offline host needs, in one folder.
+
+The Shoal wheel is built from this checkout (``pip wheel --no-deps``); its dependencies are
+downloaded as binary wheels for each target platform (``pip download --only-binary=:all:
+--platform TAG --python-version X.Y``). Upload it with ``shoal bootstrap --wheelhouse DIR``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from agent.errors import UserError
+
+DEFAULT_PLATFORMS = ("manylinux2014_x86_64", "manylinux2014_aarch64")
+DEFAULT_PYTHON_VERSION = "3.11"
+
+
+def project_root() -> Path | None:
+    """The checkout this Shoal runs from (a folder with pyproject.toml), if any."""
+    root = Path(__file__).resolve().parents[2]
+    return root if (root / "pyproject.toml").is_file() else None
+
+
+def requirements() -> list[str]:
+    """Shoal's runtime requirements, markers kept (pip evaluates them per platform)."""
+    try:
+        reqs = importlib.metadata.requires("shoal") or []
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    return [r for r in reqs if "extra ==" not in r]
+
+
+def wheel_command(root: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "pip", "wheel", "--no-deps", str(root), "-w", str(out)]
+
+
+def download_command(
+    requirements: Sequence[str], out: Path, platform: str, python_version: str
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--only-binary=:all:",
+        "--platform",
+        platform,
+        "--python-version",
+        python_version,
+        "-d",
+        str(out),
+        *requirements,
+    ]
+
+
+def build_wheelhouse(
+    out: Path, platforms: Sequence[str], python_version: str = DEFAULT_PYTHON_VERSION
+) -> list[Path]:
+    """Fill ``out``; returns the wheels in it. Each pip failure is one UserError line."""
+    root = project_root()
+    if root is None:
+        raise UserError("--build-wheelhouse needs Shoal's source checkout (pyproject.toml)")
+    out.mkdir(parents=True, exist_ok=True)
+    steps = [wheel_command(root, out)]
+    steps += [download_command(requirements(), out, p, python_version) for p in platforms]
+    for argv in steps:
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            lines = (done.stderr or done.stdout).strip().splitlines()
+            raise UserError(f"{' '.join(argv[2:4])} failed: {lines[-1] if lines else '?'}")
+    return sorted(out.glob("*.whl"))
