@@ -16,7 +16,10 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/shoal probe --watch --sim demo
+	$(BIN)/shoal demo
+
+screenshots: $(STAMP)
+	$(BIN)/python -m tui.screenshots screenshots
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

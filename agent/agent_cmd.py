@@ -35,6 +35,7 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--label", action="append", metavar="KEY=VALUE", help="a label (repeatable)"
     )
+    parser.add_argument("--name", metavar="NAME", help="how operators see this host")
     parser.add_argument("--zone", metavar="ZONE", help="failure domain / rack label")
     parser.add_argument(
         "--insecure-dev",
@@ -60,6 +61,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         identity_dir=args.identity,
         sim=args.sim,
         sim_seed=args.sim_seed,
+        name=args.name,
         zone=args.zone,
         insecure_dev=args.insecure_dev,
         labels=labels,

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from agent.errors import UserError
 
@@ -47,6 +48,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         seed=args.seed,
         as_json=args.json,
         keep=args.keep,
+        plain=args.plain,
     )
 
 
@@ -54,6 +56,37 @@ def _cmd_bootstrap(args: argparse.Namespace) -> int:
     from agent.bootstrap_cmd import run_bootstrap
 
     return run_bootstrap(args)
+
+
+def _cmd_tui(args: argparse.Namespace) -> int:
+    from tui.cli import run_tui  # the TUI loads only for this command
+
+    return run_tui(args)
+
+
+def _add_tui_parser(sub: Any) -> None:
+    from agent.ops_cmd import AGENT_ENV
+
+    tui = sub.add_parser("tui", help="the operator's terminal UI, joined to the mesh as a peer")
+    tui.add_argument(
+        "--join",
+        metavar="HOST:PORT",
+        default=os.environ.get(AGENT_ENV),
+        help=f"any agent of the mesh (default: ${AGENT_ENV})",
+    )
+    tui.add_argument(
+        "--identity",
+        type=Path,
+        metavar="DIR",
+        help="your operator identity (default: the cluster directory of shoal init)",
+    )
+    tui.add_argument("--readonly", action="store_true", help="hide every mutating key")
+    tui.add_argument(
+        "--sim", type=int, metavar="N", help="a simulated mesh of N hosts, no agents (demos)"
+    )
+    tui.add_argument("--theme", help="shoal or shoal-colorblind (default: from tui.toml)")
+    tui.add_argument("--ascii", action="store_true", help="ASCII bars, for plain terminals")
+    tui.set_defaults(func=_cmd_tui)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,7 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=1)
     demo.add_argument("--json", action="store_true", help="print one JSON object")
     demo.add_argument("--keep", action="store_true", help="keep the demo's folder and logs")
+    demo.add_argument("--plain", action="store_true", help="a live table view instead of the TUI")
     demo.set_defaults(func=_cmd_demo)
+
+    _add_tui_parser(sub)
 
     from agent.bootstrap_cmd import add_bootstrap_arguments
 

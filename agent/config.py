@@ -48,6 +48,8 @@ class AgentConfig:
     """Seed of the simulated devices (keys and noise); agents sharing a machine need distinct."""
     labels: dict[str, str] = field(default_factory=dict)
     """Free-form ``key = value`` labels gossiped in the inventory (affinity, display)."""
+    name: str | None = None
+    """How operators see this host in ``shoal nodes`` and the TUI; default its hostname."""
     zone: str | None = None
     """Failure domain or rack; gossiped as the ``zone`` label."""
     datasets: tuple[str, ...] = ()

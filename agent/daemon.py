@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -237,8 +238,11 @@ class Agent:
 
     def publish_inventory(self) -> None:
         devices = [static_to_wire(d.static) for d in self.report.devices]
+        host = self.report.host
+        if self.config.name:
+            host = dataclasses.replace(host, hostname=self.config.name)
         doc: dict[str, Any] = {
-            "host": self.report.host.to_json(),
+            "host": host.to_json(),
             "api": self.node.address,
             "labels": self.config.all_labels(),
             "devices": devices,

@@ -1,6 +1,7 @@
 """``shoal demo``: a local mesh of simulated heterogeneous hosts, live or as a benchmark.
 
-Interactive: starts the agents, then shows the mesh live until Ctrl-C. ``--headless``: submits a
+Interactive: starts the agents, then opens the operator TUI on them (``--plain``: a live table
+view instead) until you quit. ``--headless``: submits a
 mixed workload of real short processes through the operator API for ``--duration`` seconds,
 waits for it to finish, and prints the live-mesh figures of BENCHMARKS.md (``--json`` for one
 JSON object). Either way every process it started is stopped and its folder removed at the end
@@ -199,6 +200,7 @@ def run_demo(
     seed: int,
     as_json: bool,
     keep: bool,
+    plain: bool = False,
 ) -> int:
     if nodes < 1:
         raise UserError("--nodes must be at least 1")
@@ -216,8 +218,15 @@ def run_demo(
             else:
                 for key, value in figures.items():
                     console.print(f"{key:28} {value}")
-        else:
+        elif plain:
             asyncio.run(_live(mesh, console))
+        else:
+            console.print(f"starting {len(mesh.agents)} agents...")
+            converged_s = asyncio.run(mesh.wait_converged(timeout_s=120))
+            console.print(f"mesh converged in {converged_s:.1f} s; opening the TUI")
+            from tui.cli import open_tui  # the TUI loads only for the interactive demo
+
+            open_tui(mesh.agents[0].address, mesh.root / "cluster")
     except KeyboardInterrupt:
         pass
     except TimeoutError as exc:

@@ -114,7 +114,10 @@ class LocalMesh:
             "--identity",
             str(agent.directory / "identity"),
         ]
-        argv += ["--sim", agent.profile, *self.extra_args]
+        model = agent.profile.split(":")[0].split(",")[0]
+        argv += ["--sim", agent.profile, "--sim-seed", str(agent.index)]
+        argv += ["--name", f"{model}-{agent.index:02d}", "--zone", f"rack-{'ab'[agent.index % 2]}"]
+        argv += self.extra_args
         return argv
 
     def start_agent(self, agent: AgentProcess) -> None:

@@ -1,0 +1,91 @@
+"""The TUI's pure parts: the snapshot from JSON, placement preview, filters, history, bars."""
+
+from __future__ import annotations
+
+from agent.jobspec import JobSpec, Resources
+from tui.model import History, RowFilter, fitting_hosts, snapshot_from_json
+from tui.source import SimSource
+from tui.widgets.render import Glyphs, load_level, temp_level
+
+
+def _snapshot(source: SimSource):  # type: ignore[no-untyped-def]
+    return snapshot_from_json(source.now(), source.nodes_now(), source.jobs_now())
+
+
+def test_sim_mesh_has_the_documented_shape() -> None:
+    source = SimSource(12, seed=0)
+    snap = _snapshot(source)
+    names = [h.hostname for h in snap.hosts]
+    assert names[:3] == ["amd-mi300x-001", "amd-mi300x-009", "amd-rx7900-006"]
+    assert len(snap.hosts) == 12
+    assert sum(len(h.devices) for h in snap.hosts) == 53
+    suspect = snap.host(source.node_id_of("mac-m2u-004"))
+    dead = snap.host(source.node_id_of("xe-a770-011"))
+    assert suspect is not None and suspect.state == "suspect" and suspect.stale
+    assert dead is not None and dead.state == "dead" and dead.telemetry_age_s == 312.0
+    h100 = snap.host(source.node_id_of("nv-h100-000"))
+    assert h100 is not None and h100.devices[0].mem_total_bytes == 80 * 1024**3
+    assert h100.devices[0].links[0].kind == "nvlink"
+
+
+def test_reads_at_one_moment_are_identical() -> None:
+    source = SimSource(6, seed=0)
+    assert source.nodes_now() == source.nodes_now()
+
+
+def test_fitting_hosts_applies_hard_constraints_best_first() -> None:
+    source = SimSource(12, seed=0)
+    snap = _snapshot(source)
+    spec = JobSpec(
+        command=("x",),
+        resources=Resources(
+            gpus_per_node=2, min_mem_per_gpu_bytes=80 * 1024**3, backends=("cuda",)
+        ),
+    )
+    fits = [f.hostname for f in fitting_hosts(spec, snap)]
+    # H100 and A100-80GB hosts have 80 GiB GPUs; nv-h100-000 and nv-a100-010 are full.
+    assert fits == ["nv-h100-008", "nv-a100-002"]
+    rocm = JobSpec(command=("x",), resources=Resources(gpus_per_node=8, backends=("rocm",)))
+    # amd-mi300x-001 runs a 4-GPU job and amd-mi300x-009 a 1-GPU job: no host has 8 free.
+    assert fitting_hosts(rocm, snap) == []
+
+
+def test_row_filter_regex_and_inversion() -> None:
+    assert RowFilter("^nv-").keeps("nv-h100-000")
+    assert not RowFilter("^nv-").keeps("amd-mi300x-001")
+    assert RowFilter("!^nv-").keeps("amd-mi300x-001")
+    assert not RowFilter("!^nv-").keeps("nv-h100-000")
+    assert RowFilter("[").keeps("a[b")  # not a regex: matched literally
+
+
+def test_history_keeps_one_point_per_bucket() -> None:
+    source = SimSource(1, seed=0, profiles=("h100:1",))
+    history = History(points=3, step_s=5.0)
+    for _ in range(3):
+        history.record(_snapshot(source))
+    key = f"{source.node_id_of('nv-h100-000')}/sim:{source.node_id_of('nv-h100-000')}:0"
+    assert len(history.series(key)) == 1
+    for _ in range(5):
+        source.advance(5.0)
+        history.record(_snapshot(source))
+    assert len(history.series(key)) == 3
+
+
+def test_bars_and_sparklines() -> None:
+    g = Glyphs()
+    assert g.bar(0.5, 4) == ("██", "  ")
+    assert g.bar(0.3, 4) == ("█▎", "  ")
+    assert g.bar(None, 3) == ("", "···")
+    assert Glyphs(ascii=True).bar(0.5, 4) == ("##", "..")
+    assert g.spark([0.0, 100.0], 2) == "▁█"
+    assert Glyphs(ascii=True).spark([0.0, 50.0, 100.0], 3) == "_=#"
+    assert g.spark([0.0, 100.0, 0.0, 0.0], 2) == "█▁"  # each cell shows its peak
+
+
+def test_levels_follow_the_gpus_own_slowdown() -> None:
+    assert load_level(0.5) == "ok" and load_level(0.7) == "warn" and load_level(0.95) == "bad"
+    assert temp_level(80.0, 100.0) == "ok"  # an MI300X at 80 °C is fine; an H100 is not
+    assert temp_level(80.0, 90.0) == "warn"
+    assert temp_level(86.0, 90.0) == "bad"
+    assert temp_level(70.0, 100.0) == "ok"
+    assert temp_level(None, 90.0) == "muted"

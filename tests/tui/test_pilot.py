@@ -1,0 +1,302 @@
+"""The TUI driven by keys on a simulated mesh: what the operator does reaches the mesh."""
+
+from __future__ import annotations
+
+from textual.widgets import DataTable, Input, OptionList
+
+from tests.tui.helpers import command, filter_rows, settled, sim_app, started, wait_until
+from tui.app import ShoalApp
+from tui.screens.confirm import ConfirmScreen
+from tui.screens.drain import DrainScreen
+from tui.screens.logs import LogsScreen
+from tui.screens.main import MainScreen
+from tui.screens.migrate import MigrateScreen
+from tui.screens.submit import SubmitScreen
+from tui.widgets.header import MeshHeader
+
+
+def main(app: ShoalApp) -> MainScreen:
+    return app.main_screen()
+
+
+def table(app: ShoalApp, name: str) -> DataTable[object]:
+    widget = main(app).query_one(f"#{name}")
+    assert isinstance(widget, DataTable)
+    return widget
+
+
+async def test_header_shows_mesh_identity_and_connection() -> None:
+    app, source = sim_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await started(pilot)
+        text = main(app).query_one(MeshHeader).render().plain
+        assert "sim-mesh" in text
+        assert source.identity.node_id[:10] in text
+        assert "operator" in text and "connected" in text
+        assert "10/12 hosts" in text and "53 GPUs" in text
+
+
+async def test_drain_a_host_with_a_grace_period() -> None:
+    app, source = sim_app()
+    node = source.node_id_of("nv-h100-000")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await started(pilot)
+        await command(pilot, "hosts")
+        assert main(app).state.view == "hosts"
+        await filter_rows(pilot, "nv-h100-000")
+        await wait_until(pilot, lambda: table(app, "hosts").row_count == 1)
+        serial = app.snapshot_serial
+        await pilot.press("r")
+        assert isinstance(app.screen, DrainScreen)
+        grace = app.screen.query_one("#grace", Input)
+        grace.value = "90s"
+        await pilot.press("enter")
+        await settled(pilot, app, serial)
+        assert source.actions == [("drain", {"node": node, "grace_s": 90.0})]
+        # A job runs there, so the host keeps draining until it ends or the grace runs out.
+        assert source.drain_of(node) == "draining"
+        cell = table(app, "hosts").get_cell(node, "drain")
+        assert str(cell) == "draining"
+        assert app.outcomes[-1].ok
+
+
+async def test_cordon_and_undrain_from_the_topology() -> None:
+    app, source = sim_app()
+    node = source.node_id_of("amd-mi300x-001")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await started(pilot)
+        await pilot.press("j")  # the first host under the first group
+        serial = app.snapshot_serial
+        await pilot.press("c")
+        await settled(pilot, app, serial)
+        assert source.actions[-1] == ("cordon", {"node": node})
+        assert source.drain_of(node) == "cordoned"
+        serial = app.snapshot_serial
+        await pilot.press("u")
+        await wait_until(pilot, lambda: len(source.actions) == 2 and not app.ops_in_flight)
+        assert source.actions[-1] == ("undrain", {"node": node})
+        assert source.drain_of(node) == "schedulable"
+
+
+async def test_submit_through_the_form_shows_where_it_goes() -> None:
+    app, source = sim_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await started(pilot)
+        await pilot.press("n")
+        assert isinstance(app.screen, SubmitScreen)
+        form = app.screen
+        form.query_one("#f-command", Input).value = "python train.py --epochs 3"
+        form.query_one("#f-gpus", Input).value = "2"
+        form.query_one("#f-memory", Input).value = "80GiB"
+        form.query_one("#f-backends", Input).value = "cuda"
+        await pilot.pause()
+        preview = str(form.query_one("#preview").render())
+        assert "Would go to nv-h100-008" in preview and "2 host(s) fit" in preview
+        serial = app.snapshot_serial
+        await pilot.press("ctrl+s")
+        await settled(pilot, app, serial)
+        kind, args = source.actions[-1]
+        assert kind == "submit"
+        assert args["spec"]["command"] == ["python", "train.py", "--epochs", "3"]
+        assert args["spec"]["resources"]["gpus_per_node"] == 2
+        assert args["spec"]["resources"]["min_mem_per_gpu_bytes"] == 80 * 1024**3
+        job = app.snapshot.job(args["job_id"])
+        assert job is not None and job.state == "running"
+        assert app.snapshot.hostname(job.runner) == "nv-h100-008"
+        await command(pilot, "jobs")
+        assert table(app, "jobs").get_row_index(args["job_id"]) >= 0
+
+
+async def test_submit_form_refuses_a_bad_size() -> None:
+    app, source = sim_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await started(pilot)
+        await pilot.press("n")
+        form = app.screen
+        form.query_one("#f-command", Input).value = "x"
+        form.query_one("#f-memory", Input).value = "lots"
+        await pilot.pause()
+        assert "not a size" in str(form.query_one("#preview").render())
+        await pilot.press("ctrl+s")
+        assert isinstance(app.screen, SubmitScreen)
+        await pilot.press("escape")
+        assert isinstance(app.screen, MainScreen)
+        assert source.actions == []
+
+
+async def _select_job(pilot, app: ShoalApp, hostname: str) -> str:  # type: ignore[no-untyped-def]
+    await command(pilot, "jobs")
+    await filter_rows(pilot, f"running.*{hostname}")
+    await wait_until(pilot, lambda: table(app, "jobs").row_count == 1)
+    selection = main(app).selection()
+    assert selection is not None and selection.job_id is not None
+    return selection.job_id
+
+
+async def test_migrate_to_a_host_that_fits() -> None:
+    app, source = sim_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await started(pilot)
+        job_id = await _select_job(pilot, app, "nv-4090-007")
+        await pilot.press("m")
+        assert isinstance(app.screen, MigrateScreen)
+        hosts = [f.hostname for f in app.screen.fits]
+        assert "nv-4090-007" not in hosts and hosts[0] == "nv-h100-008"
+        serial = app.snapshot_serial
+        options = app.screen.query_one(OptionList)
+        options.highlighted = 1  # the first real host, after "best host"
+        await pilot.press("enter")
+        await settled(pilot, app, serial)
+        target = source.node_id_of("nv-h100-008")
+        assert source.actions[-1] == ("migrate", {"job_id": job_id, "target": target})
+        job = app.snapshot.job(job_id)
+        assert job is not None and job.runner == target and job.attempt == 2
+
+
+async def test_cancel_asks_first() -> None:
+    app, source = sim_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await started(pilot)
+        job_id = await _select_job(pilot, app, "nv-a100-010")
+        await pilot.press("ctrl+d")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")
+        assert isinstance(app.screen, MainScreen) and source.actions == []
+        serial = app.snapshot_serial
+        await pilot.press("ctrl+d", "y")
+        await settled(pilot, app, serial)
+        assert source.actions == [("cancel", {"job_id": job_id})]
+        assert source.job_state(job_id) == "cancelled"
+        # The filter asked for running jobs: the cancelled one leaves it; esc shows it again.
+        await wait_until(pilot, lambda: table(app, "jobs").row_count == 0)
+        await pilot.press("escape")
+        assert str(table(app, "jobs").get_cell(job_id, "state")) == "cancelled"
+
+
+async def test_filter_regex_inversion_and_esc() -> None:
+    app, _ = sim_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await started(pilot)
+        await command(pilot, "hosts")
+        hosts = table(app, "hosts")
+        assert hosts.row_count == 12
+        await filter_rows(pilot, "^nv-")
+        await wait_until(pilot, lambda: hosts.row_count == 6)
+        await filter_rows(pilot, "!^nv-")
+        await wait_until(pilot, lambda: hosts.row_count == 6)
+        names = {str(hosts.get_row_at(i)[0]) for i in range(hosts.row_count)}
+        assert not any(n.startswith("nv-") for n in names)
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: hosts.row_count == 12)
+        for _ in range(3):
+            await pilot.press("escape")
+        assert app.is_running
+
+
+async def test_command_bar_views_and_unknown_command() -> None:
+    app, _ = sim_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await started(pilot)
+        for view in ("gpus", "jobs", "events", "hosts", "topology"):
+            await command(pilot, view)
+            assert main(app).state.view == view
+        await command(pilot, "bogus")
+        await pilot.pause()
+        assert any("unknown command" in n.message for n in app._notifications)
+        await command(pilot, "q")
+        await pilot.pause()
+        assert not app.is_running
+
+
+async def test_drill_host_to_gpus_to_jobs_and_back() -> None:
+    app, source = sim_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await started(pilot)
+        await pilot.press("j", "enter")  # amd-mi300x-001
+        screen = main(app)
+        assert screen.state.view == "gpus"
+        assert screen.state.scope.node_id == source.node_id_of("amd-mi300x-001")
+        assert table(app, "gpus").row_count == 8
+        await pilot.press("enter")  # GPU 0 runs a job
+        assert screen.state.view == "jobs" and table(app, "jobs").row_count == 1
+        await pilot.press("escape", "escape")
+        assert screen.state.view == "topology"
+
+
+async def test_sort_keys_order_rows() -> None:
+    app, _ = sim_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await started(pilot)
+        await command(pilot, "gpus")
+        gpus = table(app, "gpus")
+        await pilot.press("U")
+        utils = [int(str(gpus.get_row_at(i)[3]).rstrip("%")) for i in range(5)]
+        assert utils == sorted(utils, reverse=True) and utils[0] >= 90
+        await pilot.press("N")
+        assert str(gpus.get_row_at(0)[0]) == "amd-mi300x-001"
+
+
+async def test_logs_stream_for_the_selected_job() -> None:
+    app, source = sim_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await started(pilot)
+        job_id = await _select_job(pilot, app, "nv-h100-000")
+        await pilot.press("l")
+        assert isinstance(app.screen, LogsScreen)
+        logs = app.screen
+        await wait_until(pilot, lambda: logs.lines_seen > 2)
+        source.advance(60.0)
+        before = logs.lines_seen
+        await wait_until(pilot, lambda: logs.lines_seen >= before + 4)
+        assert logs.job_id == job_id
+        await pilot.press("escape")
+        assert isinstance(app.screen, MainScreen)
+
+
+async def test_readonly_hides_and_refuses_every_mutating_key() -> None:
+    app, source = sim_app(readonly=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await started(pilot)
+        for view in ("topology", "hosts", "jobs"):
+            await command(pilot, view)
+            shown = {b.binding.action for b in app.screen.active_bindings.values() if b.enabled}
+            assert not shown & {"cordon", "drain", "undrain", "submit", "migrate", "cancel"}
+            await pilot.press("c", "r", "u", "n", "m", "ctrl+d")
+            assert isinstance(app.screen, MainScreen)
+        assert source.actions == []
+        assert "read-only" in main(app).query_one(MeshHeader).render().plain
+
+
+async def test_keymap_rebinds_by_id() -> None:
+    app, _source = sim_app(keymap={"host.drain": "D"})
+    async with app.run_test(size=(120, 40)) as pilot:
+        await started(pilot)
+        await pilot.press("j", "r")
+        assert isinstance(app.screen, MainScreen)
+        await pilot.press("D")
+        assert isinstance(app.screen, DrainScreen)
+
+
+async def test_unreachable_agent_keeps_the_last_view() -> None:
+    from agent.client import AgentUnreachable
+    from tui.source import SimSource
+
+    class Flaky(SimSource):
+        fail = False
+
+        async def nodes(self):  # type: ignore[no-untyped-def]
+            if self.fail:
+                raise AgentUnreachable("10.0.0.1:7946", "connection refused")
+            return await super().nodes()
+
+    source = Flaky(12, seed=0)
+    app = ShoalApp(source, refresh_s=60.0)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await started(pilot)
+        source.fail = True
+        serial = app.snapshot_serial
+        app.poke()
+        await wait_until(pilot, lambda: app.snapshot_serial > serial)
+        header = main(app).query_one(MeshHeader).render().plain
+        assert "unreachable" in header and "connection refused" in header
+        assert len(app.snapshot.hosts) == 12

@@ -1,0 +1,281 @@
+"""Shoal's operator TUI: one Textual app over a :class:`tui.source.MeshSource`.
+
+One worker owns the mesh connection: it reads nodes, jobs and new events, builds a
+:class:`tui.model.MeshSnapshot` and posts a coalescing :class:`tui.messages.MeshChanged`. Operator
+actions run as exclusive workers (one group per kind of action), show progress in the header while
+they run and report their outcome as a notification; then the mesh is read again at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, ClassVar
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding, BindingType
+from textual.theme import Theme
+
+from agent.client import ApiError
+from agent.jobspec import JobSpec
+from tui.commands import ShoalCommands
+from tui.messages import MeshChanged, OperationDone
+from tui.model import EMPTY_SNAPSHOT, History, MeshSnapshot, snapshot_from_json
+from tui.screens.main import MainScreen
+from tui.source import MeshSource
+from tui.widgets.render import DEFAULT_PALETTE, Glyphs, Palette
+
+MAX_EVENTS = 5000
+THREAD_PARSE_HOSTS = 200
+"""Above this many hosts the JSON is turned into a snapshot on a thread, off the event loop."""
+
+SHOAL_THEME = Theme(
+    name="shoal",
+    primary="#4EA1FF",
+    secondary="#7C8CFF",
+    accent="#5FD7D7",
+    warning="#E5C07B",
+    error="#F0616D",
+    success="#7FD17F",
+    foreground="#D8DEE9",
+    background="#11151C",
+    surface="#181D26",
+    panel="#222936",
+    dark=True,
+)
+COLORBLIND_THEME = Theme(
+    name="shoal-colorblind",
+    primary="#56B4E9",
+    secondary="#CC79A7",
+    accent="#F0E442",
+    warning="#E69F00",
+    error="#D55E00",
+    success="#0072B2",
+    foreground="#EEEEEE",
+    background="#101010",
+    surface="#1A1A1A",
+    panel="#2A2A2A",
+    dark=True,
+)
+"""Okabe-Ito colours: blue, orange and vermillion stay apart for every common colour vision."""
+
+
+class ShoalApp(App[None]):
+    """The operator's view of one mesh."""
+
+    TITLE = "shoal"
+    CSS_PATH = "app.tcss"
+    COMMANDS = App.COMMANDS | {ShoalCommands}
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("ctrl+q", "quit", "Quit", show=False, priority=True, id="shoal.quit"),
+        Binding("ctrl+p", "command_palette", "Palette", show=False, id="shoal.palette"),
+    ]
+
+    def __init__(
+        self,
+        source: MeshSource,
+        *,
+        readonly: bool = False,
+        refresh_s: float = 2.0,
+        ascii: bool = False,
+        theme: str = "shoal",
+        keymap: Mapping[str, str] | None = None,
+        watch: bool = True,
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.readonly = readonly
+        self.refresh_s = refresh_s
+        self.glyphs = Glyphs(ascii=ascii)
+        self.snapshot: MeshSnapshot = EMPTY_SNAPSHOT
+        self.snapshot_serial = 0
+        """How many snapshots have been shown (tests wait on it)."""
+        self.history = History()
+        self.connection = "connecting"
+        self.connection_error: str | None = None
+        self.palette = DEFAULT_PALETTE
+        self.ops_in_flight: dict[str, str] = {}
+        self.outcomes: list[OperationDone] = []
+        """Every finished operation, oldest first."""
+        self._poke = asyncio.Event()
+        self._watch = watch
+        self._initial_theme = theme
+        self.register_theme(SHOAL_THEME)
+        self.register_theme(COLORBLIND_THEME)
+        self.keymap_overrides: dict[str, str] = dict(keymap or {})
+        if self.keymap_overrides:
+            self.set_keymap(self.keymap_overrides)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def on_mount(self) -> None:
+        self.theme = (
+            self._initial_theme if self._initial_theme in self.available_themes else "shoal"
+        )
+        self.theme_changed_signal.subscribe(self, self._on_theme_changed)
+        self.palette = Palette.from_variables(self.get_css_variables())
+        self.push_screen(MainScreen())
+        if self._watch:
+            self.watch_mesh()
+
+    async def on_unmount(self) -> None:
+        await self.source.close()
+
+    def _on_theme_changed(self, theme: Theme) -> None:
+        self.palette = Palette.from_variables(self.get_css_variables())
+        self.main_screen().refresh_view()
+
+    def main_screen(self) -> MainScreen:
+        for screen in self.screen_stack:
+            if isinstance(screen, MainScreen):
+                return screen
+        raise LookupError("no main screen")
+
+    # -- the mesh ----------------------------------------------------------------------------
+
+    def poke(self) -> None:
+        """Read the mesh again now instead of at the next tick."""
+        self._poke.set()
+
+    async def read_mesh(self, since: int, events: list[dict[str, Any]]) -> tuple[MeshSnapshot, int]:
+        nodes = await self.source.nodes()
+        jobs = await self.source.jobs()
+        answer = await self.source.events(since)
+        events.extend(answer.get("events") or ())
+        del events[:-MAX_EVENTS]
+        next_seq = int(answer.get("next") or since)
+        now = self.source.now()
+        if len(nodes) > THREAD_PARSE_HOSTS:
+            snapshot = await asyncio.to_thread(snapshot_from_json, now, nodes, jobs, list(events))
+        else:
+            snapshot = snapshot_from_json(now, nodes, jobs, events)
+        return snapshot, next_seq
+
+    @work(exclusive=True, group="mesh", name="mesh")
+    async def watch_mesh(self) -> None:
+        """The one worker that talks to the mesh for the views."""
+        since = 0
+        events: list[dict[str, Any]] = []
+        backfilled = False
+        while True:
+            self._poke.clear()
+            try:
+                snapshot, since = await self.read_mesh(since, events)
+                if not backfilled:
+                    bucket = int(snapshot.taken_at // self.history.step_s)
+                    for key, values in self.source.backfill().items():
+                        self.history.seed(key, values, bucket)
+                    backfilled = True
+                self.history.record(snapshot)
+                self.post_message(MeshChanged(snapshot, "connected"))
+            except ApiError as exc:
+                self.post_message(MeshChanged(self.snapshot, "unreachable", str(exc)))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poke.wait(), self.refresh_s)
+
+    def show_snapshot(self, snapshot: MeshSnapshot, connection: str = "connected") -> None:
+        """Show ``snapshot`` now (the benchmark and tests call this directly)."""
+        self.snapshot = snapshot
+        self.connection = connection
+        self.snapshot_serial += 1
+        self.main_screen().refresh_view()
+
+    def on_mesh_changed(self, message: MeshChanged) -> None:
+        self.connection_error = message.error
+        self.show_snapshot(message.snapshot, message.connection)
+
+    # -- operations --------------------------------------------------------------------------
+
+    async def _operate(
+        self, kind: str, label: str, call: Callable[[], Awaitable[Mapping[str, Any]]]
+    ) -> None:
+        token = f"{kind}:{label}"
+        self.ops_in_flight[token] = label
+        self._show_busy()
+        try:
+            answer = await call()
+            outcome = OperationDone(kind, label, True, _summary(answer, self.snapshot))
+        except ApiError as exc:
+            outcome = OperationDone(kind, label, False, str(exc))
+        finally:
+            self.ops_in_flight.pop(token, None)
+            self._show_busy()
+        self.outcomes.append(outcome)
+        self.post_message(outcome)
+        self.poke()
+
+    def _show_busy(self) -> None:
+        with contextlib.suppress(LookupError):
+            header = self.main_screen().query_one("#header")
+            labels = list(self.ops_in_flight.values())
+            header.busy = ("… " + "; ".join(labels)) if labels else ""  # type: ignore[attr-defined]
+
+    def on_operation_done(self, message: OperationDone) -> None:
+        if message.ok:
+            self.notify(f"{message.label}: {message.detail}", title="done", timeout=4)
+        else:
+            self.notify(
+                f"{message.label}: {message.detail}", title="failed", severity="error", timeout=8
+            )
+
+    def _hostname_of(self, node: str) -> str:
+        return self.snapshot.hostname(node)
+
+    @work(exclusive=True, group="op-cordon")
+    async def cordon_host(self, node: str) -> None:
+        await self._operate(
+            "cordon", f"cordon {self._hostname_of(node)}", lambda: self.source.cordon(node)
+        )
+
+    @work(exclusive=True, group="op-drain")
+    async def drain_host(self, node: str, grace_s: float) -> None:
+        label = f"drain {self._hostname_of(node)} (grace {grace_s:g} s)"
+        await self._operate("drain", label, lambda: self.source.drain(node, grace_s))
+
+    @work(exclusive=True, group="op-undrain")
+    async def undrain_host(self, node: str) -> None:
+        label = f"undrain {self._hostname_of(node)}"
+        await self._operate("undrain", label, lambda: self.source.undrain(node))
+
+    @work(exclusive=True, group="op-submit")
+    async def submit_job(self, spec: JobSpec) -> None:
+        label = f"submit {' '.join(spec.command)[:40]}"
+        await self._operate("submit", label, lambda: self.source.submit(spec))
+
+    @work(exclusive=True, group="op-migrate")
+    async def migrate_job(self, job_id: str, target: str | None) -> None:
+        where = self._hostname_of(target) if target else "the best host"
+        label = f"migrate {job_id[:8]} to {where}"
+        await self._operate("migrate", label, lambda: self.source.migrate(job_id, target))
+
+    @work(exclusive=True, group="op-cancel")
+    async def cancel_job(self, job_id: str) -> None:
+        await self._operate("cancel", f"cancel {job_id[:8]}", lambda: self.source.cancel(job_id))
+
+    # -- keys --------------------------------------------------------------------------------
+
+    def key_display(self) -> dict[str, str]:
+        """Binding id -> the key it is on now (after the keymap), for the help screen."""
+        from tui.widgets.tables import MeshTable
+        from tui.widgets.topology import TopologyView
+
+        out: dict[str, str] = {}
+        for cls in (ShoalApp, MainScreen, MeshTable, TopologyView):
+            for spec in cls.BINDINGS:
+                if isinstance(spec, Binding) and spec.id:
+                    keys = self.keymap_overrides.get(spec.id, spec.key)
+                    first = keys.split(",")[0].strip()
+                    out.setdefault(spec.id, self.get_key_display(Binding(first, spec.action)))
+        return out
+
+
+def _summary(answer: Mapping[str, Any], snapshot: MeshSnapshot) -> str:
+    """One line from the agent's answer: the new state, and where for a job."""
+    for key in ("state", "drain", "status"):
+        if answer.get(key) is not None:
+            runner = answer.get("runner")
+            where = f" on {snapshot.hostname(str(runner))}" if runner else ""
+            return f"{answer[key]}{where}"
+    return "accepted"

@@ -1,0 +1,135 @@
+"""``shoal tui``: the command-line entry to the operator TUI.
+
+``shoal tui`` (its arguments are defined in :mod:`agent.cli`, so the CLI never imports this
+package until the command runs) calls ``run_tui(args)``. ``open_tui(address,
+identity_dir)`` is the same for a caller that already knows the agent (``shoal demo``).
+Settings come from ``<config home>/tui.toml`` (``~/.config/shoal/tui.toml``)::
+
+    [tui]
+    theme = "shoal-colorblind"
+    ascii = false
+    refresh_s = 2.0
+
+    [keymap]
+    "host.drain" = "D"
+    "job.cancel" = "ctrl+x"
+"""
+
+from __future__ import annotations
+
+import argparse
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.errors import UserError
+from agent.paths import config_home, default_cluster_dir
+
+AGENT_ENV = "SHOAL_AGENT"
+
+
+@dataclass(frozen=True, slots=True)
+class TuiConfig:
+    theme: str = "shoal"
+    ascii: bool = False
+    refresh_s: float = 2.0
+    keymap: Mapping[str, str] = field(default_factory=dict)
+
+
+def config_path() -> Path:
+    return config_home() / "tui.toml"
+
+
+def load_config(path: Path | None = None) -> TuiConfig:
+    """The TUI settings; defaults when the file does not exist; ``UserError`` when it is wrong."""
+    path = path or config_path()
+    if not path.exists():
+        return TuiConfig()
+    try:
+        data: dict[str, Any] = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise UserError(f"cannot read {path}: {exc}") from None
+    tui = data.get("tui", {})
+    keymap = data.get("keymap", {})
+    if not isinstance(tui, dict) or not isinstance(keymap, dict):
+        raise UserError(f"{path}: [tui] and [keymap] must be tables")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in keymap.items()):
+        raise UserError(f'{path}: [keymap] maps binding ids to keys, e.g. "host.drain" = "D"')
+    theme = tui.get("theme", "shoal")
+    ascii_ = tui.get("ascii", False)
+    refresh = tui.get("refresh_s", 2.0)
+    if not isinstance(theme, str) or not isinstance(ascii_, bool):
+        raise UserError(f"{path}: [tui] theme is a string and ascii is true or false")
+    if not isinstance(refresh, int | float) or isinstance(refresh, bool) or refresh <= 0:
+        raise UserError(f"{path}: [tui] refresh_s must be a positive number of seconds")
+    return TuiConfig(theme=theme, ascii=ascii_, refresh_s=float(refresh), keymap=dict(keymap))
+
+
+def _identity(directory: Path | None) -> Any:
+    from gossip.identity import IdentityError, load_identity
+
+    directory = directory or default_cluster_dir()
+    if not (directory / "node.key").exists():
+        raise UserError(
+            f"no operator identity in {directory}: run 'shoal init' first or pass --identity DIR"
+        )
+    try:
+        return load_identity(directory)
+    except IdentityError as exc:
+        raise UserError(f"cannot load your identity from {directory}: {exc}") from None
+
+
+def api_source(address: str, identity_dir: Path | None) -> Any:
+    """An :class:`tui.source.ApiSource` for the agent at ``address`` as the operator identity."""
+    from agent.client import ApiClient
+    from gossip.identity import common_name
+    from tui.source import ApiSource
+
+    identity = _identity(identity_dir)
+    try:
+        client = ApiClient(identity, address)
+    except ValueError as exc:
+        raise UserError(f"--join: {exc}") from None
+    mesh_name = common_name(identity.ca_certificate) or "shoal"
+    return ApiSource(client, mesh_name, role=str(identity.role))
+
+
+def _run(source: Any, config: TuiConfig, *, readonly: bool, theme: str | None, ascii_: bool) -> int:
+    from tui.app import ShoalApp
+
+    app = ShoalApp(
+        source,
+        readonly=readonly,
+        refresh_s=config.refresh_s,
+        ascii=ascii_ or config.ascii,
+        theme=theme or config.theme,
+        keymap=config.keymap,
+    )
+    app.run()
+    return 0
+
+
+def open_tui(
+    address: str, identity_dir: Path, *, readonly: bool = False, config: TuiConfig | None = None
+) -> int:
+    """Run the TUI on the mesh reachable at ``address`` (``shoal demo`` ends here)."""
+    config = config or load_config()
+    source = api_source(address, identity_dir)
+    return _run(source, config, readonly=readonly, theme=None, ascii_=False)
+
+
+def run_tui(args: argparse.Namespace) -> int:
+    config = load_config()
+    if args.sim is not None:
+        from tui.source import SimSource
+
+        if args.sim < 1:
+            raise UserError("--sim needs at least one host")
+        source: Any = SimSource(args.sim, live=True, latency_s=0.3)
+    else:
+        if not args.join:
+            raise UserError(f"no agent to join: pass --join HOST:PORT, set ${AGENT_ENV} or --sim N")
+        source = api_source(args.join, args.identity)
+    return _run(source, config, readonly=args.readonly, theme=args.theme, ascii_=args.ascii)

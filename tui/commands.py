@@ -1,0 +1,60 @@
+"""Command palette providers (ctrl+p): views, hosts and jobs by name, themes, grouping."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, cast
+
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+
+from tui.widgets.base import VIEW_NAMES
+
+if TYPE_CHECKING:
+    from tui.app import ShoalApp
+
+MAX_HITS = 40
+
+
+class ShoalCommands(Provider):
+    """Go to a view, jump to a host or job, switch theme."""
+
+    def _commands(self) -> list[tuple[str, Callable[[], object], str]]:
+        app = cast("ShoalApp", self.app)
+        main = app.main_screen()
+        out: list[tuple[str, Callable[[], object], str]] = []
+        for name in VIEW_NAMES:
+            out.append((f"view: {name}", partial(main.show_view, name), f"show the {name} view"))
+        out.append(("theme: colour-blind safe", partial(setattr, app, "theme", "shoal-colorblind"),
+                    "Okabe-Ito colours for levels"))  # fmt: skip
+        out.append(("theme: shoal", partial(setattr, app, "theme", "shoal"), "the default theme"))
+        for host in app.snapshot.hosts:
+            out.append(
+                (f"host: {host.hostname}", partial(self._goto, "hosts", host.node_id), host.node_id)
+            )
+        for job in app.snapshot.jobs:
+            out.append(
+                (f"job: {job.job_id[:8]} {job.command[:40]}",
+                 partial(self._goto, "jobs", job.job_id), job.state)
+            )  # fmt: skip
+        return out
+
+    def _goto(self, view: str, key: str) -> None:
+        main = cast("ShoalApp", self.app).main_screen()
+        main.show_view(view)
+        main.view_widget().select_key(key)
+
+    async def discover(self) -> Hits:
+        for name, callback, help_text in self._commands()[: len(VIEW_NAMES) + 2]:
+            yield DiscoveryHit(name, callback, help=help_text)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        hits = 0
+        for name, callback, help_text in self._commands():
+            score = matcher.match(name)
+            if score > 0:
+                yield Hit(score, matcher.highlight(name), callback, help=help_text)
+                hits += 1
+                if hits >= MAX_HITS:
+                    return

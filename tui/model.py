@@ -1,0 +1,541 @@
+"""A typed snapshot of the mesh, built from the agent API's JSON, and what the TUI derives from it.
+
+Everything here is plain data and pure functions (no Textual, no I/O): the views render a
+:class:`MeshSnapshot`; :func:`fitting_hosts` previews where a job would go (hard constraints only,
+best first) for the submit form and the migrate picker; :class:`History` keeps ~10 minutes of
+utilization per GPU for the sparklines, one value per time bucket so a repeated read of the same
+moment never adds a point.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from agent.jobspec import JobSpec
+
+STALE_AFTER_S: Final = 15.0
+"""Telemetry older than this is shown as stale (with its age)."""
+HISTORY_S: Final = 600.0
+HISTORY_STEP_S: Final = 5.0
+HISTORY_POINTS: Final = int(HISTORY_S / HISTORY_STEP_S)
+LIVE_JOB_STATES: Final = frozenset({"pending", "placing", "running", "migrating"})
+DEFAULT_SLOWDOWN_C: Final[Mapping[str, float]] = {"nvidia": 90.0, "amd": 100.0, "intel": 95.0}
+"""Throttle points by vendor, used when a device does not report its own."""
+
+
+def _opt_int(value: Any) -> int | None:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _opt_float(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _opt_str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+@dataclass(frozen=True, slots=True)
+class LinkView:
+    peer: str
+    kind: str
+    bandwidth_mbps: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceView:
+    """One GPU as the mesh last saw it."""
+
+    node_id: str
+    key: str
+    index: int
+    vendor: str
+    backend: str
+    name: str
+    arch: str | None
+    compute_capability: str | None
+    uuid: str | None
+    pci_bus_id: str | None
+    unified_memory: bool
+    mem_total_bytes: int | None
+    mem_used_bytes: int | None
+    util_pct: float | None
+    temp_c: float | None
+    temp_slowdown_c: float | None
+    power_mw: int | None
+    power_limit_mw: int | None
+    links: tuple[LinkView, ...]
+    raw: Mapping[str, Any] = field(repr=False, compare=False)
+    row_key: str = ""
+    """``node/device``: the GPU's stable key across the mesh (filled in when built)."""
+
+    @property
+    def mem_frac(self) -> float | None:
+        if self.mem_total_bytes is None or self.mem_used_bytes is None or not self.mem_total_bytes:
+            return None
+        return self.mem_used_bytes / self.mem_total_bytes
+
+    @property
+    def slowdown_c(self) -> float | None:
+        """This GPU's own throttle point where known, else its vendor's usual one."""
+        return self.temp_slowdown_c or DEFAULT_SLOWDOWN_C.get(self.vendor)
+
+    @property
+    def short_name(self) -> str:
+        """The model without vendor words and the ``(simulated)`` tag: ``H100 SXM``."""
+        text = self.name.replace("(simulated)", "")
+        for word in ("NVIDIA", "AMD", "Intel(R)", "Intel", "Apple", "Instinct", "Radeon", "Arc"):
+            text = text.replace(word + " ", "")
+        return " ".join(text.split()) or "?"
+
+
+@dataclass(frozen=True, slots=True)
+class HostView:
+    """One node of the mesh."""
+
+    node_id: str
+    addr: str
+    state: str
+    role: str
+    drain: str
+    labels: Mapping[str, str]
+    hostname: str
+    os: str | None
+    arch: str | None
+    cpu_count: int | None
+    mem_total_bytes: int | None
+    devices: tuple[DeviceView, ...]
+    telemetry_age_s: float | None
+    running_jobs: tuple[str, ...]
+    queue: int
+    raw: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @property
+    def stale(self) -> bool:
+        """Last values kept but not fresh: old telemetry or a host not known alive."""
+        if self.state in ("suspect", "dead", "left"):
+            return True
+        return self.telemetry_age_s is not None and self.telemetry_age_s > STALE_AFTER_S
+
+    @property
+    def zone(self) -> str:
+        return self.labels.get("zone", "no zone")
+
+    @property
+    def vendor(self) -> str:
+        vendors = sorted({d.vendor for d in self.devices})
+        return "+".join(vendors) if vendors else "cpu only"
+
+    @property
+    def util_pct(self) -> float | None:
+        values = [d.util_pct for d in self.devices if d.util_pct is not None]
+        return sum(values) / len(values) if values else None
+
+    @property
+    def mem_used_bytes(self) -> int | None:
+        values = [d.mem_used_bytes for d in self.devices if d.mem_used_bytes is not None]
+        return sum(values) if values else None
+
+    @property
+    def gpu_mem_total_bytes(self) -> int | None:
+        values = [d.mem_total_bytes for d in self.devices if d.mem_total_bytes is not None]
+        return sum(values) if values else None
+
+    @property
+    def temp_c(self) -> float | None:
+        values = [d.temp_c for d in self.devices if d.temp_c is not None]
+        return max(values) if values else None
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    job_id: str
+    state: str
+    attempt: int
+    owner: str | None
+    runner: str | None
+    devices: tuple[str, ...]
+    spec: Mapping[str, Any]
+    submitted_at: float | None
+    started_at: float | None
+    finished_at: float | None
+    exit_code: int | None
+    reason: str | None
+    progress: float | None
+    eta_s: float | None
+    raw: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @property
+    def command(self) -> str:
+        return " ".join(str(a) for a in self.spec.get("command") or [])
+
+    @property
+    def kind(self) -> str:
+        return str(self.spec.get("kind") or "batch")
+
+    @property
+    def priority(self) -> int:
+        return _opt_int(self.spec.get("priority")) or 0
+
+    @property
+    def gpus_per_node(self) -> int:
+        resources = self.spec.get("resources") or {}
+        return _opt_int(resources.get("gpus_per_node")) or 0
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE_JOB_STATES
+
+
+@dataclass(frozen=True, slots=True)
+class EventView:
+    seq: int
+    at: float
+    kind: str
+    node: str | None
+    job_id: str | None
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class MeshSnapshot:
+    """What the mesh looked like at ``taken_at`` (epoch seconds), as one agent told us."""
+
+    taken_at: float
+    hosts: tuple[HostView, ...]
+    jobs: tuple[JobView, ...]
+    events: tuple[EventView, ...]
+    _hosts_by_id: dict[str, HostView] = field(default_factory=dict, repr=False, compare=False)
+    _jobs_by_id: dict[str, JobView] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._hosts_by_id.update((h.node_id, h) for h in self.hosts)
+        self._jobs_by_id.update((j.job_id, j) for j in self.jobs)
+
+    def host(self, node_id: str | None) -> HostView | None:
+        return None if node_id is None else self._hosts_by_id.get(node_id)
+
+    def job(self, job_id: str | None) -> JobView | None:
+        return None if job_id is None else self._jobs_by_id.get(job_id)
+
+    def hostname(self, node_id: str | None) -> str:
+        host = self.host(node_id)
+        if host is not None:
+            return host.hostname
+        return (node_id or "-")[:8]
+
+    def devices(self) -> Iterable[DeviceView]:
+        for host in self.hosts:
+            yield from host.devices
+
+    def jobs_on(self, node_id: str, device_key: str | None = None) -> list[JobView]:
+        """Live jobs running on a node (on one of its devices when ``device_key`` is given)."""
+        return [
+            j
+            for j in self.jobs
+            if j.live and j.runner == node_id and (device_key is None or device_key in j.devices)
+        ]
+
+    def busy_devices(self) -> dict[str, set[str]]:
+        """Device keys held by live jobs, by node."""
+        busy: dict[str, set[str]] = {}
+        for job in self.jobs:
+            if job.live and job.runner is not None:
+                busy.setdefault(job.runner, set()).update(job.devices)
+        return busy
+
+
+EMPTY_SNAPSHOT: Final = MeshSnapshot(taken_at=0.0, hosts=(), jobs=(), events=())
+
+
+# -- from the API's JSON -------------------------------------------------------------------------
+
+
+def device_from_json(node_id: str, data: Mapping[str, Any]) -> DeviceView:
+    links = tuple(
+        LinkView(
+            peer=str(link.get("peer", "")),
+            kind=str(link.get("kind", "?")),
+            bandwidth_mbps=_opt_int(link.get("bandwidth_mbps")),
+        )
+        for link in data.get("links") or ()
+        if isinstance(link, Mapping)
+    )
+    return DeviceView(
+        node_id=node_id,
+        key=str(data.get("key", "")),
+        index=_opt_int(data.get("index")) or 0,
+        vendor=str(data.get("vendor") or "?"),
+        backend=str(data.get("backend") or "?"),
+        name=str(data.get("name") or "?"),
+        arch=_opt_str(data.get("arch")),
+        compute_capability=_opt_str(data.get("compute_capability")),
+        uuid=_opt_str(data.get("uuid")),
+        pci_bus_id=_opt_str(data.get("pci_bus_id")),
+        unified_memory=bool(data.get("unified_memory")),
+        mem_total_bytes=_opt_int(data.get("mem_total_bytes")),
+        mem_used_bytes=_opt_int(data.get("mem_used_bytes")),
+        util_pct=_opt_float(data.get("util_pct")),
+        temp_c=_opt_float(data.get("temp_c")),
+        temp_slowdown_c=_opt_float(data.get("temp_slowdown_c")),
+        power_mw=_opt_int(data.get("power_mw")),
+        power_limit_mw=_opt_int(data.get("power_limit_mw")),
+        links=links,
+        raw=data,
+        row_key=f"{node_id}/{data.get('key', '')}",
+    )
+
+
+def host_from_json(data: Mapping[str, Any]) -> HostView:
+    node_id = str(data.get("node_id", ""))
+    host = data.get("host") or {}
+    labels = data.get("labels") or {}
+    return HostView(
+        node_id=node_id,
+        addr=str(data.get("addr") or ""),
+        state=str(data.get("state") or "?"),
+        role=str(data.get("role") or "agent"),
+        drain=str(data.get("drain") or "schedulable"),
+        labels={str(k): str(v) for k, v in labels.items()},
+        hostname=_opt_str(host.get("hostname")) or node_id[:8],
+        os=_opt_str(host.get("os")),
+        arch=_opt_str(host.get("arch")),
+        cpu_count=_opt_int(host.get("cpu_count")),
+        mem_total_bytes=_opt_int(host.get("mem_total_bytes")),
+        devices=tuple(
+            device_from_json(node_id, d)
+            for d in data.get("devices") or ()
+            if isinstance(d, Mapping)
+        ),
+        telemetry_age_s=_opt_float(data.get("telemetry_age_s")),
+        running_jobs=tuple(str(j) for j in data.get("running_jobs") or ()),
+        queue=_opt_int(data.get("queue")) or 0,
+        raw=data,
+    )
+
+
+def job_from_json(data: Mapping[str, Any]) -> JobView:
+    progress = _opt_float(data.get("progress"))
+    return JobView(
+        job_id=str(data.get("job_id", "")),
+        state=str(data.get("state") or "?"),
+        attempt=_opt_int(data.get("attempt")) or 0,
+        owner=_opt_str(data.get("owner")),
+        runner=_opt_str(data.get("runner")),
+        devices=tuple(str(d) for d in data.get("devices") or ()),
+        spec=data.get("spec") or {},
+        submitted_at=_opt_float(data.get("submitted_at")),
+        started_at=_opt_float(data.get("started_at")),
+        finished_at=_opt_float(data.get("finished_at")),
+        exit_code=_opt_int(data.get("exit_code")),
+        reason=_opt_str(data.get("reason")),
+        progress=None if progress is None else min(1.0, max(0.0, progress)),
+        eta_s=_opt_float(data.get("eta_s")),
+        raw=data,
+    )
+
+
+def event_from_json(data: Mapping[str, Any]) -> EventView:
+    return EventView(
+        seq=_opt_int(data.get("seq")) or 0,
+        at=_opt_float(data.get("at")) or 0.0,
+        kind=str(data.get("kind") or "?"),
+        node=_opt_str(data.get("node")),
+        job_id=_opt_str(data.get("job_id")),
+        message=str(data.get("message") or ""),
+    )
+
+
+def snapshot_from_json(
+    taken_at: float,
+    nodes: Sequence[Mapping[str, Any]],
+    jobs: Sequence[Mapping[str, Any]],
+    events: Sequence[Mapping[str, Any]] = (),
+) -> MeshSnapshot:
+    """A snapshot from ``ApiClient.nodes()``, ``.jobs()`` and the events seen so far.
+
+    Hosts are ordered by host name then id; jobs newest first; events oldest first.
+    """
+    hosts = sorted((host_from_json(n) for n in nodes), key=lambda h: (h.hostname, h.node_id))
+    job_views = sorted(
+        (job_from_json(j) for j in jobs), key=lambda j: (-(j.submitted_at or 0.0), j.job_id)
+    )
+    return MeshSnapshot(
+        taken_at=taken_at,
+        hosts=tuple(hosts),
+        jobs=tuple(job_views),
+        events=tuple(event_from_json(e) for e in events),
+    )
+
+
+# -- history -------------------------------------------------------------------------------------
+
+
+class History:
+    """Per-GPU utilization, one point per :data:`HISTORY_STEP_S` bucket, ~10 minutes kept."""
+
+    def __init__(self, points: int = HISTORY_POINTS, step_s: float = HISTORY_STEP_S) -> None:
+        self.points = points
+        self.step_s = step_s
+        self._series: dict[str, deque[float]] = {}
+        self._bucket: dict[str, int] = {}
+
+    def record(self, snapshot: MeshSnapshot) -> None:
+        bucket = int(snapshot.taken_at // self.step_s)
+        for device in snapshot.devices():
+            if device.util_pct is None:
+                continue
+            key = device.row_key
+            last = self._bucket.get(key)
+            series = self._series.get(key)
+            if series is None:
+                series = self._series[key] = deque(maxlen=self.points)
+            if last == bucket and series:
+                series[-1] = device.util_pct
+            else:
+                series.append(device.util_pct)
+                self._bucket[key] = bucket
+
+    def seed(self, row_key: str, values: Iterable[float], bucket: int) -> None:
+        """Past values for one GPU (oldest first), ending at time bucket ``bucket``."""
+        self._series[row_key] = deque(values, maxlen=self.points)
+        self._bucket[row_key] = bucket
+
+    def series(self, row_key: str) -> Sequence[float]:
+        return self._series.get(row_key, ())
+
+
+# -- where a job would go ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """A host that passes a job's hard constraints, with the GPUs it would offer."""
+
+    node_id: str
+    hostname: str
+    devices: tuple[str, ...]
+    free_gpus: int
+    mean_util_pct: float
+    queue: int
+
+
+def _cc(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(p) for p in text.split("."))
+    except ValueError:
+        return None
+
+
+def device_fits(spec: JobSpec, device: DeviceView) -> bool:
+    """The per-GPU hard constraints (as the agents' first-fit placement applies them)."""
+    r = spec.resources
+    if device.backend == "cpu":
+        return False
+    if r.backends and device.backend not in r.backends:
+        return False
+    if r.min_mem_per_gpu_bytes is not None and (
+        device.mem_total_bytes is None or device.mem_total_bytes < r.min_mem_per_gpu_bytes
+    ):
+        return False
+    if r.min_compute_capability is not None:
+        want, have = _cc(r.min_compute_capability), _cc(device.compute_capability)
+        if device.vendor != "nvidia" or want is None or (have is not None and have < want):
+            return False
+    return not (r.archs and (device.arch or "").lower() not in {a.lower() for a in r.archs})
+
+
+def _labels_ok(spec: JobSpec, host: HostView) -> bool:
+    if any(host.labels.get(k) != v for k, v in spec.affinity.items()):
+        return False
+    return not any(host.labels.get(k) == v for k, v in spec.anti_affinity.items())
+
+
+def fitting_hosts(
+    spec: JobSpec, snapshot: MeshSnapshot, *, exclude: frozenset[str] = frozenset()
+) -> list[Fit]:
+    """Hosts where ``spec`` fits now by hard constraints, best first.
+
+    A host fits when it is alive, schedulable, matches the job's affinity and has
+    ``gpus_per_node`` free GPUs of one vendor that meet the per-GPU constraints. Best first: the
+    shortest queue, then the idlest offered GPUs, then the most free fitting GPUs, then the name.
+    """
+    want = spec.resources.gpus_per_node
+    busy = snapshot.busy_devices()
+    fits: list[Fit] = []
+    for host in snapshot.hosts:
+        if host.node_id in exclude or host.state != "alive" or host.drain != "schedulable":
+            continue
+        if host.role != "agent" or not _labels_ok(spec, host):
+            continue
+        taken = busy.get(host.node_id, set())
+        by_vendor: dict[str, list[DeviceView]] = {}
+        for device in host.devices:
+            if device.key not in taken and device_fits(spec, device):
+                by_vendor.setdefault(device.vendor, []).append(device)
+        best: list[DeviceView] = []
+        for group in by_vendor.values():
+            group = sorted(group, key=lambda d: (d.util_pct or 0.0, d.index))
+            if len(group) >= want and (not best or len(group) > len(best)):
+                best = group
+        if want > 0 and len(best) < want:
+            continue
+        offered = best[:want]
+        utils = [d.util_pct or 0.0 for d in offered]
+        fits.append(
+            Fit(
+                node_id=host.node_id,
+                hostname=host.hostname,
+                devices=tuple(d.key for d in offered),
+                free_gpus=len(best),
+                mean_util_pct=sum(utils) / len(utils) if utils else 0.0,
+                queue=host.queue,
+            )
+        )
+    fits.sort(key=lambda f: (f.queue, round(f.mean_util_pct), -f.free_gpus, f.hostname))
+    return fits
+
+
+# -- filtering -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RowFilter:
+    """A ``/`` filter: a case-insensitive regex; a leading ``!`` keeps rows that do not match."""
+
+    text: str = ""
+
+    @property
+    def active(self) -> bool:
+        return bool(self.pattern_text)
+
+    @property
+    def inverted(self) -> bool:
+        return self.text.startswith("!")
+
+    @property
+    def pattern_text(self) -> str:
+        return self.text[1:] if self.inverted else self.text
+
+    def compile(self) -> re.Pattern[str] | None:
+        if not self.active:
+            return None
+        try:
+            return re.compile(self.pattern_text, re.IGNORECASE)
+        except re.error:
+            return re.compile(re.escape(self.pattern_text), re.IGNORECASE)
+
+    def keeps(self, haystack: str, pattern: re.Pattern[str] | None = None) -> bool:
+        pattern = pattern if pattern is not None else self.compile()
+        if pattern is None:
+            return True
+        return (pattern.search(haystack) is not None) != self.inverted
+
+
+NO_FILTER: Final = RowFilter()

@@ -1,0 +1,1 @@
+"""Screens of the operator TUI: the main screen and its dialogs."""

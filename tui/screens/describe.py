@@ -1,0 +1,124 @@
+"""Describe a row (``d``) or show its raw JSON (``y``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from rich.console import RenderableType
+from rich.json import JSON
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Label, Static
+
+from tui.model import MeshSnapshot
+from tui.widgets.base import Selection
+from tui.widgets.render import bandwidth, duration, mem_pair, pct, temp, watts
+
+
+def _kv(rows: list[tuple[str, Any]]) -> Table:
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    for key, value in rows:
+        table.add_row(key, "N/A" if value is None else str(value))
+    return table
+
+
+def describe(selection: Selection, snapshot: MeshSnapshot) -> RenderableType:
+    """A readable account of what is selected: a host, a GPU or a job."""
+    if selection.kind == "job" and selection.job_id is not None:
+        job = snapshot.job(selection.job_id)
+        if job is None:
+            return Text("that job is gone")
+        r = job.spec.get("resources") or {}
+        rows: list[tuple[str, Any]] = [
+            ("job", job.job_id),
+            ("state", job.state + (f" (attempt {job.attempt})" if job.attempt > 1 else "")),
+            ("command", job.command),
+            ("kind / priority", f"{job.kind} / {job.priority}"),
+            (
+                "resources",
+                f"{r.get('gpus_per_node')} GPU(s) x {r.get('nodes', 1)} node(s)"
+                + (f", backends {'/'.join(r['backends'])}" if r.get("backends") else ""),
+            ),
+            ("owner", snapshot.hostname(job.owner)),
+            ("runner", snapshot.hostname(job.runner) if job.runner else "-"),
+            ("devices", ", ".join(job.devices) or "-"),
+            ("progress", "-" if job.progress is None else f"{100 * job.progress:.0f}%"),
+            ("predicted end", "-" if job.eta_s is None else f"in {duration(job.eta_s)}"),
+            ("exit code", job.exit_code),
+        ]
+        if job.reason:
+            rows.append(("why pending", job.reason))
+        if job.spec.get("datasets"):
+            rows.append(("datasets", ", ".join(job.spec["datasets"])))
+        return _kv(rows)
+    host = snapshot.host(selection.node_id)
+    if host is None:
+        return JSON(json.dumps(selection.raw or {}, default=str))
+    if selection.kind == "gpu":
+        d = next((x for x in host.devices if x.key == selection.device_key), None)
+        if d is None:
+            return Text("that GPU is gone")
+        links = ", ".join(f"{lk.kind} {bandwidth(lk.bandwidth_mbps)}" for lk in d.links[:4])
+        jobs = snapshot.jobs_on(host.node_id, d.key)
+        return _kv(
+            [
+                ("GPU", f"{d.index} on {host.hostname}"),
+                ("model", d.name),
+                ("vendor / backend", f"{d.vendor} / {d.backend}"),
+                ("arch", d.arch),
+                ("uuid", d.uuid),
+                ("PCI", d.pci_bus_id),
+                ("utilization", pct(d.util_pct)),
+                ("memory", mem_pair(d.mem_used_bytes, d.mem_total_bytes)),
+                ("temperature", f"{temp(d.temp_c)} (slows down at {temp(d.slowdown_c)})"),
+                ("power", watts(d.power_mw, d.power_limit_mw)),
+                ("links", links or "-"),
+                ("jobs", ", ".join(j.job_id[:8] for j in jobs) or "idle"),
+            ]
+        )
+    rows = [
+        ("host", host.hostname),
+        ("node id", host.node_id),
+        ("address", host.addr),
+        ("state", host.state + (" (stale)" if host.stale else "")),
+        ("drain", host.drain),
+        ("telemetry age", duration(host.telemetry_age_s)),
+        ("os / arch", f"{host.os} / {host.arch}"),
+        ("CPUs / memory", f"{host.cpu_count} / {mem_pair(None, host.mem_total_bytes)}"),
+        ("labels", ", ".join(f"{k}={v}" for k, v in host.labels.items()) or "-"),
+        ("GPUs", ", ".join(sorted({d.short_name for d in host.devices})) or "none"),
+        ("running jobs", ", ".join(j[:8] for j in host.running_jobs) or "none"),
+        ("queue", host.queue),
+    ]
+    return _kv(rows)
+
+
+class DescribeScreen(ModalScreen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,q", "dismiss", "Close", id="dialog.close"),
+    ]
+
+    def __init__(self, title: str, body: RenderableType) -> None:
+        super().__init__()
+        self.title_text = title
+        self.body = body
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(classes="dialog wide", id="describe"):
+            yield Label(self.title_text, classes="title")
+            yield Static(self.body, id="describe-body")
+
+    async def action_dismiss(self, result: None = None) -> None:
+        self.dismiss(None)
+
+
+def json_body(raw: Mapping[str, Any] | None) -> RenderableType:
+    return JSON(json.dumps(raw or {}, default=str, sort_keys=True), indent=2)

@@ -1,0 +1,66 @@
+"""``?``: every key, with the id to rebind it in ~/.config/shoal/tui.toml [keymap]."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.table import Table
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Label, Static
+
+HELP_ROWS: tuple[tuple[str, str, str, bool], ...] = (
+    ("global", "shoal.command", "command bar (:hosts :gpus :jobs :events :logs JOB :q)", False),
+    ("global", "shoal.filter", "filter rows (regex; a leading ! keeps what does not match)", False),
+    ("global", "shoal.back", "back / clear the filter (never quits)", False),
+    ("global", "shoal.help", "this help", False),
+    ("global", "shoal.palette", "command palette", False),
+    ("global", "shoal.quit", "quit", False),
+    ("global", "shoal.next_view", "next view", False),
+    ("tables", "table.down / table.up", "move", False),
+    ("tables", "table.top / table.bottom", "first / last row", False),
+    ("tables", "table.drill", "drill down: host -> GPUs -> jobs", False),
+    ("tables", "sort.name/util/mem/temp", "sort by name, utilization, memory, temperature", False),
+    ("topology", "topology.group", "group hosts by vendor, OS or zone", False),
+    ("any row", "row.describe", "describe", False),
+    ("any row", "row.json", "raw JSON", False),
+    ("host", "host.cordon", "cordon (no new jobs)", True),
+    ("host", "host.drain", "drain (confirm, grace period)", True),
+    ("host", "host.undrain", "undrain (schedulable again)", True),
+    ("job", "job.submit", "submit a job (form with placement preview)", True),
+    ("job", "job.migrate", "migrate to a host that fits", True),
+    ("job", "job.logs", "stream logs", False),
+    ("job", "job.cancel", "cancel (confirm)", True),
+)
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,q,question_mark", "close", "Close", id="dialog.close"),
+    ]
+
+    def __init__(self, keys: dict[str, str], readonly: bool) -> None:
+        super().__init__()
+        self.keys = keys
+        self.readonly = readonly
+
+    def compose(self) -> ComposeResult:
+        table = Table(box=None, padding=(0, 1), show_header=True, header_style="bold")
+        table.add_column("scope", no_wrap=True)
+        table.add_column("key", no_wrap=True)
+        table.add_column("action")
+        table.add_column("binding id", style="dim", no_wrap=True)
+        for scope, binding_id, text, mutating in HELP_ROWS:
+            if mutating and self.readonly:
+                continue
+            keys = " ".join(self.keys.get(part.strip(), "") for part in binding_id.split("/"))
+            table.add_row(scope, keys.strip() or "-", text, binding_id)
+        with VerticalScroll(classes="dialog wide", id="help"):
+            title = "Keys" + ("  (read-only: mutating keys are hidden)" if self.readonly else "")
+            yield Label(title, classes="title")
+            yield Static(table)
+
+    def action_close(self) -> None:
+        self.dismiss(None)

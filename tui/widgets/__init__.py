@@ -1,0 +1,1 @@
+"""Widgets of the operator TUI: the views, the header and the command bar."""

@@ -1,0 +1,238 @@
+"""Small renderers shared by the views: bars, sparklines, levels, units and ages.
+
+Bars use eighth blocks (``▏▎▍▌▋▊▉█``) or, with :data:`ASCII`, ``#`` and ``.``; sparklines use
+``▁▂▃▄▅▆▇█`` or ``_.-=+*#``. Colours come from a :class:`Palette` built from the app's theme
+variables (``$success``, ``$warning``, ``$error``), so the colour-blind-safe theme changes them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from rich.style import Style
+from rich.text import Text
+
+Level = Literal["ok", "warn", "bad", "muted"]
+NA: Final = "N/A"
+_EIGHTHS: Final = " ▏▎▍▌▋▊▉█"
+_SPARK: Final = "▁▂▃▄▅▆▇█"
+_SPARK_ASCII: Final = "_.-=+*#"
+_GIB: Final = 1024**3
+
+
+@dataclass(frozen=True, slots=True)
+class Glyphs:
+    """The characters bars and sparklines are drawn with."""
+
+    ascii: bool = False
+
+    def bar(self, frac: float | None, width: int) -> tuple[str, str]:
+        """``(filled, empty)`` parts of a bar ``width`` cells wide; unknown is all empty."""
+        if width <= 0:
+            return "", ""
+        if frac is None:
+            return "", ("?" if self.ascii else "·") * width
+        frac = min(1.0, max(0.0, frac))
+        if self.ascii:
+            full = round(frac * width)
+            return "#" * full, "." * (width - full)
+        eighths = round(frac * width * 8)
+        full, part = divmod(eighths, 8)
+        filled = "█" * full + (_EIGHTHS[part] if part and full < width else "")
+        return filled, " " * (width - len(filled))
+
+    def spark(self, values: Sequence[float], width: int) -> str:
+        """The last values (0..100) squeezed into ``width`` cells; each cell shows its peak."""
+        if width <= 0:
+            return ""
+        chars = _SPARK_ASCII if self.ascii else _SPARK
+        if not values:
+            return " " * width
+        seq = list(values)
+        n = len(seq)
+        if n > width:
+            step = n / width
+            picked = [
+                max(seq[int(i * step) : max(int(i * step) + 1, int((i + 1) * step))])
+                for i in range(width)
+            ]
+        else:
+            picked = seq
+        top = len(chars) - 1
+        out = "".join(chars[min(top, max(0, round(v / 100.0 * top)))] for v in picked)
+        return out.rjust(width)
+
+
+UNICODE_GLYPHS: Final = Glyphs()
+
+
+@dataclass(frozen=True, slots=True)
+class Palette:
+    """Styles for each level, resolved from the theme's variables."""
+
+    ok: Style
+    warn: Style
+    bad: Style
+    muted: Style
+    accent: Style
+    track: Style
+    selected: Style
+    group: Style
+
+    def of(self, level: Level) -> Style:
+        return {"ok": self.ok, "warn": self.warn, "bad": self.bad, "muted": self.muted}[level]
+
+    @classmethod
+    def from_variables(cls, variables: Mapping[str, str]) -> Palette:
+        """Styles from theme variables; a variable that is not a plain colour is skipped."""
+
+        def get(*names: str) -> str:
+            for name in names:
+                value = variables.get(name, "")
+                if _plain_colour(value):
+                    return value[:7]
+            return "default"
+
+        return cls(
+            ok=Style(color=get("success")),
+            warn=Style(color=get("warning")),
+            bad=Style(color=get("error"), bold=True),
+            muted=Style(color=get("foreground-darken-3", "foreground-darken-2")),
+            accent=Style(color=get("accent"), bold=True),
+            track=Style(bgcolor=get("surface-lighten-1", "panel")),
+            selected=Style(bgcolor=get("panel-lighten-1", "panel")),
+            group=Style(color=get("primary"), bold=True),
+        )
+
+
+def _plain_colour(value: str) -> bool:
+    return len(value) in (7, 9) and value.startswith("#")
+
+
+DEFAULT_PALETTE: Final = Palette.from_variables(
+    {
+        "success": "#7FD17F",
+        "warning": "#E4C07B",
+        "error": "#EF616D",
+        "foreground-darken-3": "#9AA0AA",
+        "accent": "#5FD7D7",
+        "surface-lighten-1": "#272C36",
+        "panel-lighten-1": "#323946",
+        "primary": "#4EA1FF",
+    }
+)
+
+
+def load_level(frac: float | None) -> Level:
+    """Utilization or memory: calm below 60 %, busy below 90 %, full above."""
+    if frac is None:
+        return "muted"
+    if frac < 0.6:
+        return "ok"
+    return "warn" if frac < 0.9 else "bad"
+
+
+def temp_level(temp_c: float | None, slowdown_c: float | None) -> Level:
+    """Temperature against this GPU's own slowdown threshold (else a generic 85 °C)."""
+    if temp_c is None:
+        return "muted"
+    limit = slowdown_c if slowdown_c is not None else 85.0
+    if temp_c < limit - 15.0:
+        return "ok"
+    return "warn" if temp_c < limit - 5.0 else "bad"
+
+
+def state_level(state: str) -> Level:
+    levels: dict[str, Level] = {
+        "alive": "ok",
+        "schedulable": "ok",
+        "running": "ok",
+        "succeeded": "ok",
+        "suspect": "warn",
+        "cordoned": "warn",
+        "draining": "warn",
+        "pending": "warn",
+        "placing": "warn",
+        "migrating": "warn",
+        "drained": "muted",
+        "left": "muted",
+        "cancelled": "muted",
+        "dead": "bad",
+        "failed": "bad",
+        "lost": "bad",
+    }
+    return levels.get(state, "muted")
+
+
+def styled(text: str, level: Level, palette: Palette) -> Text:
+    return Text(text, style=palette.of(level), no_wrap=True, end="")
+
+
+def bar_text(
+    frac: float | None, width: int, glyphs: Glyphs, palette: Palette, level: Level
+) -> Text:
+    filled, empty = glyphs.bar(frac, width)
+    text = Text(no_wrap=True, end="")
+    text.append(filled, palette.of(level) + palette.track)
+    text.append(empty, palette.track if not glyphs.ascii else palette.muted)
+    return text
+
+
+# -- units -----------------------------------------------------------------------------------------
+
+
+def pct(value: float | None) -> str:
+    return NA if value is None else f"{value:.0f}%"
+
+
+def temp(value_c: float | None) -> str:
+    return NA if value_c is None else f"{value_c:.0f}°C"
+
+
+def gib(value: int | None) -> str:
+    if value is None:
+        return "?"
+    g = value / _GIB
+    return f"{g:.0f}" if g >= 10 else f"{g:.1f}"
+
+
+def mem_pair(used: int | None, total: int | None) -> str:
+    """``66/80G``; a side unknown is ``?``; both unknown is ``N/A``."""
+    if used is None and total is None:
+        return NA
+    return f"{gib(used)}/{gib(total)}G"
+
+
+def watts(power_mw: int | None, limit_mw: int | None) -> str:
+    if power_mw is None and limit_mw is None:
+        return NA
+    now = "?" if power_mw is None else f"{power_mw / 1000:.0f}"
+    cap = "?" if limit_mw is None else f"{limit_mw / 1000:.0f}"
+    return f"{now}/{cap}W"
+
+
+def duration(seconds: float | None) -> str:
+    """``45s``, ``12m``, ``3.5h``, ``2d``; ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    s = max(0.0, seconds)
+    if s < 90:
+        return f"{s:.0f}s"
+    if s < 5400:
+        return f"{s / 60:.0f}m"
+    if s < 172800:
+        return f"{s / 3600:.1f}h"
+    return f"{s / 86400:.0f}d"
+
+
+def bandwidth(mbps: int | None) -> str:
+    if mbps is None:
+        return "?"
+    gbytes = mbps / 8000
+    return f"{gbytes / 1000:.1f}TB/s" if gbytes >= 1000 else f"{gbytes:.0f}GB/s"
+
+
+def clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
