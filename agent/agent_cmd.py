@@ -2,7 +2,7 @@
 
 Prints one JSON line on stdout once it listens (``{"event": "listening", "node": ..., "addr":
 ...}``) so supervisors and tests can find it; everything else goes to the log on stderr, one line
-per lifecycle event. Also runnable as ``python -m agent.agent_cmd``.
+per lifecycle event. Services run it as ``python -m agent.cli agent --config FILE``.
 """
 
 from __future__ import annotations
@@ -102,19 +102,3 @@ def run_agent(args: argparse.Namespace) -> int:
         return asyncio.run(_serve(config))
     except (IdentityError, StoreError, ValueError) as exc:
         raise UserError(str(exc)) from None
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="shoal agent", description=__doc__)
-    add_agent_arguments(parser)
-    try:
-        return run_agent(parser.parse_args())
-    except UserError as exc:
-        print(f"shoal: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -223,19 +223,3 @@ def run_bootstrap(args: argparse.Namespace) -> int:
     for line in failure_lines(results):
         print(line, file=sys.stderr)
     return 0 if all(r.ok for r in results) else 1
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="shoal bootstrap", description=__doc__)
-    add_bootstrap_arguments(parser)
-    try:
-        return run_bootstrap(parser.parse_args())
-    except UserError as exc:
-        print(f"shoal: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -65,21 +64,10 @@ def _cmd_tui(args: argparse.Namespace) -> int:
 
 
 def _add_tui_parser(sub: Any) -> None:
-    from agent.ops_cmd import AGENT_ENV
+    from agent.ops_cmd import add_agent_and_identity_arguments
 
     tui = sub.add_parser("tui", help="the operator's terminal UI, joined to the mesh as a peer")
-    tui.add_argument(
-        "--join",
-        metavar="HOST:PORT",
-        default=os.environ.get(AGENT_ENV),
-        help=f"any agent of the mesh (default: ${AGENT_ENV})",
-    )
-    tui.add_argument(
-        "--identity",
-        type=Path,
-        metavar="DIR",
-        help="your operator identity (default: the cluster directory of shoal init)",
-    )
+    add_agent_and_identity_arguments(tui, agent_flag="--join")
     tui.add_argument("--readonly", action="store_true", help="hide every mutating key")
     tui.add_argument(
         "--sim", type=int, metavar="N", help="a simulated mesh of N hosts, no agents (demos)"

@@ -31,9 +31,13 @@ AGENT_ENV = "SHOAL_AGENT"
 # -- connection options ----------------------------------------------------------------------------
 
 
-def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+def add_agent_and_identity_arguments(
+    parser: argparse.ArgumentParser, agent_flag: str = "--agent"
+) -> None:
+    """Which agent to talk to, and as which operator (shared with ``shoal tui``)."""
     parser.add_argument(
-        "--agent",
+        agent_flag,
+        dest="agent",
         metavar="HOST:PORT",
         default=os.environ.get(AGENT_ENV),
         help=f"any agent of the mesh (default: ${AGENT_ENV})",
@@ -45,6 +49,10 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="your operator identity (default: the cluster directory of shoal init)",
     )
+
+
+def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    add_agent_and_identity_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 

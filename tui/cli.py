@@ -129,7 +129,7 @@ def run_tui(args: argparse.Namespace) -> int:
             raise UserError("--sim needs at least one host")
         source: Any = SimSource(args.sim, live=True, latency_s=0.3)
     else:
-        if not args.join:
+        if not args.agent:
             raise UserError(f"no agent to join: pass --join HOST:PORT, set ${AGENT_ENV} or --sim N")
-        source = api_source(args.join, args.identity)
+        source = api_source(args.agent, args.identity)
     return _run(source, config, readonly=args.readonly, theme=args.theme, ascii_=args.ascii)

@@ -25,7 +25,7 @@ _USER_RUNTIME = 'XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/run/user/$(id -u)}"'
 
 def agent_argv(layout: RemoteLayout) -> list[str]:
     """`shoal agent --config FILE`, run as a module of the venv (no PATH or script shebang)."""
-    return [layout.python, "-m", "agent.agent_cmd", "--config", layout.config]
+    return [layout.python, "-m", "agent.cli", "agent", "--config", layout.config]
 
 
 def service_kind(text: str) -> ServiceKind | None:

@@ -1,7 +1,7 @@
 """Start N real agent processes on loopback with a throwaway cluster, and talk to them.
 
 ``Mesh`` makes a cluster (CA + operator identity) in a temporary folder, enrolls one agent
-identity per node, starts ``python -m agent.agent_cmd`` for each (simulated GPUs, loopback, mutual
+identity per node, starts ``python -m agent.cli agent`` for each (simulated GPUs, loopback, mutual
 TLS), and waits until every agent sees every other. Commands are sealed with the operator's key
 and sent over mutual TLS with its certificate, as the CLI does.
 """
@@ -74,7 +74,8 @@ class Mesh:
         argv = [
             sys.executable,
             "-m",
-            "agent.agent_cmd",
+            "agent.cli",
+            "agent",
             "--listen",
             "127.0.0.1:0",
             "--data-dir",

@@ -140,7 +140,7 @@ def test_systemd_unit_text() -> None:
     layout = RemoteLayout("/opt/shoal")
     unit = systemd_unit(layout, user_unit=False)
     assert (
-        "ExecStart=/opt/shoal/venv/bin/python -m agent.agent_cmd --config /opt/shoal/agent.toml\n"
+        "ExecStart=/opt/shoal/venv/bin/python -m agent.cli agent --config /opt/shoal/agent.toml\n"
         in unit
     )
     assert "Restart=on-failure\n" in unit
@@ -160,7 +160,8 @@ def test_launchd_plist() -> None:
     assert doc["ProgramArguments"] == [
         "/Users/ana/.local/share/shoal/venv/bin/python",
         "-m",
-        "agent.agent_cmd",
+        "agent.cli",
+        "agent",
         "--config",
         "/Users/ana/.local/share/shoal/agent.toml",
     ]
