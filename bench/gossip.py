@@ -12,6 +12,11 @@ crashes (kill -9, never restarted). Measured (see BENCHMARKS.md):
 - false_deaths: distinct live nodes that any node ever declared dead;
 - bytes_per_node_per_s: encoded bytes received per node per simulated second (all traffic), and
   membership_bytes_per_node_per_s (the same without application record parts).
+
+With ``--partition-s S`` the nodes split into two halves for S seconds a third of the way into the
+run (no publications or crashes from the split until the heal is measured); ``heal_s`` is the
+time from the heal until every live node sees every other live node alive. Live nodes declared
+dead across the split count as ``partition_deaths``, not as false deaths.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dataclasses import dataclass, field
 
 from gossip.config import GossipConfig
 from gossip.events import Event, MemberDead, RecordChanged
+from gossip.messages import MemberState
 from gossip.sim import Simulation
 
 _KIND = "bench"
@@ -44,17 +50,60 @@ class _Tracker:
     published: dict[tuple[str, int], float] = field(default_factory=dict)
     received: dict[tuple[str, int], dict[str, float]] = field(default_factory=dict)
     false_dead: set[str] = field(default_factory=set)
+    partitioned: bool = False
+    partition_dead: set[str] = field(default_factory=set)
 
     def on_event(self, nid: str, ev: Event) -> None:
         if isinstance(ev, MemberDead):
             if ev.node in self.crashed_at:
                 self.dead_seen[ev.node].setdefault(nid, ev.at)
+            elif self.partitioned:
+                self.partition_dead.add(ev.node)
             else:
                 self.false_dead.add(ev.node)
         elif isinstance(ev, RecordChanged) and ev.kind == _KIND:
             got = self.received.get((ev.origin, ev.counter))
             if got is not None:
                 got.setdefault(nid, ev.at)
+
+
+class _FullView:
+    """Does every live node see every other live node alive? Cheap to ask often: it rechecks only
+    the gaps of the first observer that still had some, and confirms with one full pass."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self._sim = sim
+        self._missing: dict[str, set[str]] | None = None
+
+    def _gaps(self, obs: str, targets: list[str] | set[str]) -> set[str]:
+        peer = self._sim.peer(obs)
+        out = set()
+        for t in targets:
+            info = peer.member(t)
+            if t != obs and (info is None or info.state != MemberState.ALIVE):
+                out.add(t)
+        return out
+
+    def _scan(self, live: list[str]) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for obs in live:
+            gaps = self._gaps(obs, live)
+            if gaps:
+                out[obs] = gaps
+        return out
+
+    def full(self) -> bool:
+        live = self._sim.live_ids()
+        if self._missing is None:
+            self._missing = self._scan(live)
+        for obs in list(self._missing):
+            gaps = self._gaps(obs, self._missing[obs])
+            if gaps:
+                self._missing[obs] = gaps
+                return False
+            del self._missing[obs]
+        self._missing = self._scan(live)
+        return not self._missing
 
 
 def run(
@@ -66,6 +115,8 @@ def run(
     publish_every_s: float = 2.0,
     crash_every_s: float | None = None,
     warmup_s: float = 5.0,
+    progress_every_s: float | None = None,
+    partition_s: float | None = None,
 ) -> dict[str, object]:
     t_wall = time.perf_counter()
     tr = _Tracker()
@@ -85,20 +136,47 @@ def run(
     next_pub, next_crash = warmup_s, warmup_s + 1.0
     end = warmup_s + seconds
     quiet_after = end - 15.0  # leave time for the last changes to finish spreading
+    next_progress = warmup_s + progress_every_s if progress_every_s else math.inf
+    split_at = heal_at = math.inf
+    if partition_s:
+        split_at = warmup_s + max(1.0, (seconds - partition_s) / 3.0)
+        heal_at = split_at + partition_s
+    heal_s: float | None = None
+    healed_at = 0.0
+    view = _FullView(sim)
     while sim.now < end:
-        step_to = min(next_pub, next_crash, end)
+        step_to = min(next_pub, next_crash, end, split_at, heal_at)
+        if tr.partitioned and sim.now >= heal_at:
+            step_to = min(step_to, sim.now + 0.5)
         sim.run_until(step_to)
         now = sim.now
+        if now >= split_at:
+            split_at = math.inf
+            half = [i for i in ids if sim.nodes[i].up]
+            sim.partition(half[: len(half) // 2], half[len(half) // 2 :])
+            tr.partitioned = True
+        if now >= heal_at:
+            heal_at = math.inf
+            sim.heal()
+            healed_at = now
+        if tr.partitioned and split_at == heal_at == math.inf and view.full():
+            tr.partitioned = False
+            heal_s = now - healed_at
+        if now >= next_progress:  # a line on stderr, so a long run that is cut short still tells
+            next_progress += progress_every_s or math.inf
+            line = {"sim_s": round(now - warmup_s, 1), "false_deaths": len(tr.false_dead)}
+            line["wall_s"] = round(time.perf_counter() - t_wall, 1)
+            print(json.dumps(line), file=sys.stderr, flush=True)
         if now >= next_pub:
             next_pub += publish_every_s
-            if now < quiet_after:
+            if now < quiet_after and not tr.partitioned:
                 origin = rng.choice([i for i in ids if sim.nodes[i].up])
                 rec = sim.peer(origin).publish(_KIND, bytes(128), now)
                 tr.published[(origin, rec.counter)] = now
                 tr.received[(origin, rec.counter)] = {origin: now}
         if now >= next_crash:
             next_crash += crash_every_s
-            if now < quiet_after:
+            if now < quiet_after and not tr.partitioned:
                 cands = [i for i in ids if sim.nodes[i].up and i not in starved_ids]
                 victim = rng.choice(cands)
                 sim.crash(victim)
@@ -142,6 +220,9 @@ def run(
         "detect_s_p50": _pct(detect, 50),
         "detect_s_p99": _pct(detect, 99),
         "false_deaths": len(tr.false_dead),
+        "partition_s": partition_s,
+        "partition_deaths": len(tr.partition_dead),
+        "heal_s": heal_s,
         "bytes_per_node_per_s": total / nodes / seconds,
         "membership_bytes_per_node_per_s": (total - records) / nodes / seconds,
         "messages": sim.net.sent,
@@ -159,9 +240,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--starved", type=float, default=0.0, help="fraction of CPU-starved nodes")
     ap.add_argument("--publish-every", type=float, default=2.0)
     ap.add_argument("--crash-every", type=float, default=None)
+    ap.add_argument(
+        "--partition-s", type=float, default=None, help="split the nodes in two this long"
+    )
+    ap.add_argument(
+        "--progress-every", type=float, default=None, help="simulated s between stderr lines"
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object (the default)")
     a = ap.parse_args(argv)
-    result = run(a.nodes, a.loss, a.seconds, a.seed, a.starved, a.publish_every, a.crash_every)
+    result = run(
+        a.nodes,
+        a.loss,
+        a.seconds,
+        a.seed,
+        a.starved,
+        a.publish_every,
+        a.crash_every,
+        progress_every_s=a.progress_every,
+        partition_s=a.partition_s,
+    )
     json.dump(result, sys.stdout)
     sys.stdout.write("\n")
     return 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gossip.messages import Update
+from gossip.messages import Message, Update
 
 
 @dataclass(slots=True)
@@ -28,6 +28,7 @@ class BroadcastQueue:
         self._n_classes = n_classes
         self._buckets: list[list[dict[object, _Entry]]] = [[] for _ in range(n_classes)]
         self._index: dict[object, _Entry] = {}
+        self._per_class = [0] * n_classes
 
     def __len__(self) -> int:
         return len(self._index)
@@ -37,6 +38,8 @@ class BroadcastQueue:
         old = self._index.pop(key, None)
         if old is not None:
             del self._buckets[old.klass][old.transmits][key]
+            self._per_class[old.klass] -= 1
+        self._per_class[klass] += 1
         entry = _Entry(update, size, klass, 0)
         self._index[key] = entry
         buckets = self._buckets[klass]
@@ -48,15 +51,18 @@ class BroadcastQueue:
         old = self._index.pop(key, None)
         if old is not None:
             del self._buckets[old.klass][old.transmits][key]
+            self._per_class[old.klass] -= 1
 
-    def take(self, budget: int, limit: int, overhead: int = 2) -> list[Update]:
+    def take(self, budget: int, limit: int, overhead: int = 2) -> list[Message]:
         """Up to ``budget`` bytes of updates (``overhead`` counted per item), each counted sent."""
         if not self._index:
             return []
-        out: list[Update] = []
+        out: list[Message] = []
         chosen: list[tuple[object, _Entry]] = []
         left = budget
         for klass in range(self._n_classes):
+            if not self._per_class[klass]:
+                continue
             for bucket in self._buckets[klass]:
                 if not bucket:
                     continue
@@ -79,6 +85,7 @@ class BroadcastQueue:
             entry.transmits += 1
             if entry.transmits >= limit:
                 del self._index[key]
+                self._per_class[entry.klass] -= 1
                 continue
             while len(buckets) <= entry.transmits:
                 buckets.append({})

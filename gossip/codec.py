@@ -107,9 +107,61 @@ def encode(message: Message, max_bytes: int = MAX_MESSAGE_BYTES) -> bytes:
     return data
 
 
+_UPDATE_TYPES = (Alive, Suspect, Dead, Record)
+_sizes: dict[int, tuple[object, int]] = {}
+"""Sizes of updates by object identity (the entry holds the object, so its id stays unique)."""
+
+
 def encoded_size(message: Message) -> int:
-    """Bytes ``message`` takes as a part of a compound (its array without the version)."""
-    return len(msgpack.packb(_enc(message), use_bin_type=True))
+    """Bytes ``message`` takes as a part of a compound (its array without the version).
+
+    Updates are immutable and one update object is sized by every node that queues or relays
+    it, so their sizes are remembered (by identity; an equal copy is simply sized again)."""
+    hit = _sizes.get(id(message))
+    if hit is not None and hit[0] is message:
+        return hit[1]
+    size = len(msgpack.packb(_enc(message), use_bin_type=True))
+    if type(message) in _UPDATE_TYPES:
+        if len(_sizes) >= 1 << 16:
+            _sizes.clear()
+        _sizes[id(message)] = (message, size)
+    return size
+
+
+@functools.lru_cache(maxsize=1 << 17)
+def _member_digest_size(d: MemberDigest) -> int:
+    return len(msgpack.packb([d.node, d.incarnation, int(d.state)], use_bin_type=True))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _record_digest_size(d: RecordDigest) -> int:
+    return len(msgpack.packb([d.origin, d.kind, d.incarnation, d.counter], use_bin_type=True))
+
+
+def _array_header_size(n: int) -> int:
+    return 1 if n < 16 else (3 if n < 1 << 16 else 5)
+
+
+def wire_size(message: Message) -> int:
+    """``len(encode(message))``, without encoding what was sized before: a compound's updates
+    and a push-pull's digest lines are sized once each (the simulator counts every byte)."""
+    if isinstance(message, Compound):
+        parts = message.parts
+        return 3 + _array_header_size(len(parts)) + sum(map(encoded_size, parts))
+    if isinstance(message, PushPull):
+        members, records, updates = message.members, message.records, message.updates
+        # [version, kind, source, phase] packs with the same one-byte header as the 6-array
+        head = [PROTOCOL_VERSION, _PUSHPULL, message.source, message.phase]
+        return (
+            len(msgpack.packb(head, use_bin_type=True))
+            + _array_header_size(len(members))
+            + sum(map(_member_digest_size, members))
+            + _array_header_size(len(records))
+            + sum(map(_record_digest_size, records))
+            + _array_header_size(len(updates))
+            + sum(map(encoded_size, updates))
+        )
+    return len(encode(message))
 
 
 @functools.lru_cache(maxsize=8192)

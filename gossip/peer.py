@@ -72,6 +72,12 @@ class _Probe:
     indirect_sent: bool = False
     expected_nacks: int = 0
     nacks: int = 0
+    fallback_seq: int = 0
+    """Seq of the reliable fallback ping (0: none sent)."""
+    fallback_acked: bool = False
+    fallback_end_at: float = 0.0
+    datagrams_failed: bool = False
+    """The interval ended with no ack by datagram; only the fallback can still answer."""
 
 
 @dataclass(slots=True)
@@ -80,6 +86,10 @@ class _Relay:
     origin_seq: int
     nack: bool
     deadline: float
+    """Send the nack now if the target stayed silent (Lifeguard)."""
+    expires: float
+    """A late ack is still relayed until then: a stalled target answers late, not never."""
+    nacked: bool = False
 
 
 class Peer:
@@ -108,6 +118,7 @@ class Peer:
         self._seq = 0
         self._record_counter = 0
         self._out: list[tuple[str, Message]] = []
+        self._out_reliable: list[tuple[str, Message]] = []
         self._events: list[Event] = []
         self._members: dict[str, Member] = {}
         self._ids: list[str] = []  # every other member we hold, for random picks
@@ -122,6 +133,7 @@ class Peer:
         self._reconnects: dict[int, tuple[str, float]] = {}
         self._suspicions: dict[str, Suspicion] = {}
         self._queue = BroadcastQueue(3)
+        self._limit_for, self._limit = 0, 0  # retransmit limit, cached per live count
         self._rqueue = BroadcastQueue(1)
         self._records = RecordStore()
         self._awareness = Awareness(config.awareness_max_multiplier)
@@ -165,8 +177,22 @@ class Peer:
         return self._vivaldi.coord
 
     def messages_to_send(self) -> list[tuple[str, Message]]:
+        """Everything to send, for a transport where every send is reliable (HTTPS over TCP)."""
         out, self._out = self._out, []
+        if self._out_reliable:
+            out.extend(self._out_reliable)
+            self._out_reliable = []
         return out
+
+    def take_outgoing(self) -> tuple[list[tuple[str, Message]], list[tuple[str, Message]]]:
+        """What to send as (datagrams, reliable): for a transport with both kinds of channel
+        (the simulator); the reliable ones are the fallback probes, last looks and their acks."""
+        out, rel = self._out, self._out_reliable
+        if out:
+            self._out = []
+        if rel:
+            self._out_reliable = []
+        return out, rel
 
     def events(self) -> list[Event]:
         ev, self._events = self._events, []
@@ -258,14 +284,29 @@ class Peer:
         t = self._next_probe if not self._left else self._next_reap
         p = self._probe
         if p is not None:
-            t = min(t, p.end_at if p.indirect_sent else p.timeout_at)
-        if self._next_gossip is not None:
-            t = min(t, self._next_gossip)
-        t = min(t, self._next_push_pull, self._next_reconnect, self._next_reap)
-        for r in self._relays.values():
-            t = min(t, r.deadline)
-        for s in self._suspicions.values():
-            t = min(t, s.deadline)
+            x = p.end_at if p.indirect_sent else p.timeout_at
+            if x < t:
+                t = x
+        g = self._next_gossip
+        if g is not None and g < t:
+            t = g
+        if self._left:
+            # Otherwise housekeeping rides on the probe tick (at most a scaled interval late),
+            # which saves a wake-up per task per period on every node.
+            if self._next_push_pull < t:
+                t = self._next_push_pull
+            if self._next_reconnect < t:
+                t = self._next_reconnect
+        if self._relays:
+            for r in self._relays.values():
+                x = r.expires if r.nacked else r.deadline
+                if x < t:
+                    t = x
+        if self._suspicions:
+            for s in self._suspicions.values():
+                x = s.due
+                if x < t:
+                    t = x
         return t
 
     def handle_timer(self, now: float) -> None:
@@ -275,16 +316,22 @@ class Peer:
             if not p.indirect_sent and now >= p.timeout_at:
                 self._send_indirect(p, now)
             if now >= p.end_at:
-                self._probe_failed(p, now)
+                self._probe_end(p, now)
         if not self._left and now >= self._next_probe:
-            self._start_probe(now)
+            if self._probe is None:
+                self._start_probe(now)
+            else:  # still waiting on the reliable fallback: probe again once it concludes
+                self._next_probe = self._probe.end_at
         if self._relays:
-            for seq in [s for s, r in self._relays.items() if r.deadline <= now]:
-                r = self._relays.pop(seq)
-                if r.nack:
-                    self._send(r.origin_addr, Nack(r.origin_seq, self.node_id))
+            for seq, r in list(self._relays.items()):
+                if r.expires <= now:
+                    del self._relays[seq]
+                elif not r.nacked and r.deadline <= now:
+                    r.nacked = True
+                    if r.nack:
+                        self._send(r.origin_addr, Nack(r.origin_seq, self.node_id))
         if self._suspicions:
-            for node in [n for n, s in self._suspicions.items() if s.deadline <= now]:
+            for node in [n for n, s in self._suspicions.items() if s.due <= now]:
                 self._suspicion_expired(node, now)
         if self._next_gossip is not None and now >= self._next_gossip:
             self._gossip(now)
@@ -299,24 +346,30 @@ class Peer:
             self._next_reap = now + _REAP_EVERY_S
             self._reap(now)
 
-    def receive(self, src_addr: str, message: Message, now: float) -> None:
+    def receive(self, src_addr: str, message: Message, now: float, reliable: bool = False) -> None:
         """Handle one decoded message. ``src_addr`` must be the sender's advertised gossip address
-        (acks and push-pull replies go there), not an ephemeral client port."""
+        (acks and push-pull replies go there), not an ephemeral client port. ``reliable``: it
+        came over the reliable channel, so a ping in it is answered the same way."""
         self.stats.messages_in += 1
         if isinstance(message, Compound):
             for part in message.parts:
                 if isinstance(part, Compound):
                     self.stats.rejected_malformed += 1
                     continue
-                self._receive_one(src_addr, part, now)
+                self._receive_one(src_addr, part, now, reliable)
         else:
-            self._receive_one(src_addr, message, now)
+            self._receive_one(src_addr, message, now, reliable)
 
     # -- dispatch --------------------------------------------------------------------------------
 
-    def _receive_one(self, src: str, m: Message, now: float) -> None:
-        if isinstance(m, Ping):
-            self._on_ping(src, m, now)
+    def _receive_one(self, src: str, m: Message, now: float, reliable: bool = False) -> None:
+        t = type(m)
+        if t is Alive:
+            self._on_alive(m, now)  # type: ignore[arg-type]
+        elif t is Record:
+            self._on_record(m, now)  # type: ignore[arg-type]
+        elif isinstance(m, Ping):
+            self._on_ping(src, m, now, reliable)
         elif isinstance(m, Ack):
             self._on_ack(m, now)
         elif isinstance(m, Alive):
@@ -383,6 +436,13 @@ class Peer:
         target = self._members.get(p.target)
         if target is None:
             return
+        wait = self.config.reliable_probe_wait_s
+        if wait > 0.0:  # memberlist's TCP fallback ping, alongside the indirect probes
+            p.fallback_seq = self._next_seq()
+            p.fallback_end_at = now + wait
+            self._out_reliable.append((target.addr, Ping(p.fallback_seq, self.node_id, p.target)))
+            self.stats.messages_out += 1
+            self.stats.reliable_probes += 1
         relays = self._random_members(
             self.config.indirect_checks,
             lambda m: m.state == MemberState.ALIVE and m.node != p.target,
@@ -392,9 +452,26 @@ class Peer:
         p.expected_nacks = len(relays)
         self.stats.indirect_probes += len(relays)
 
+    def _probe_end(self, p: _Probe, now: float) -> None:
+        """The interval (or the fallback's wait) ended without an ack by datagram."""
+        if not p.datagrams_failed:
+            p.datagrams_failed = True
+            self.stats.probes_failed += 1
+        if p.fallback_acked:
+            self._probe_rescued(p)
+        elif p.fallback_seq and now < p.fallback_end_at:
+            p.end_at = p.fallback_end_at
+        else:
+            self._probe_failed(p, now)
+
+    def _probe_rescued(self, p: _Probe) -> None:
+        # Only the reliable channel got through: the target lives and our datagram path is
+        # lossy. Neither a suspicion nor a health strike (memberlist logs a warning here).
+        self._probe = None
+        self.stats.probes_rescued += 1
+
     def _probe_failed(self, p: _Probe, now: float) -> None:
         self._probe = None
-        self.stats.probes_failed += 1
         if p.expected_nacks > 0:
             self._awareness.apply_delta(max(0, p.expected_nacks - p.nacks))
         else:
@@ -404,13 +481,19 @@ class Peer:
             return
         self._on_suspect(self._sign_suspect(m.node, m.incarnation), now, ours=True)
 
-    def _on_ping(self, src: str, m: Ping, now: float) -> None:
+    def _on_ping(self, src: str, m: Ping, now: float, reliable: bool = False) -> None:
         if m.target != self.node_id:
             return
-        self._send_piggybacked(src, [Ack(m.seq, self.node_id, self._vivaldi.coord)])
+        self._send_piggybacked(src, [Ack(m.seq, self.node_id, self._vivaldi.coord)], reliable)
 
     def _on_ack(self, m: Ack, now: float) -> None:
         p = self._probe
+        if p is not None and m.seq == p.fallback_seq:
+            if p.datagrams_failed:
+                self._probe_rescued(p)
+            else:  # keep listening for the datagram path until the interval ends
+                p.fallback_acked = True
+            return
         if p is not None and m.seq == p.seq:
             self._probe = None
             self._awareness.apply_delta(-1)
@@ -422,7 +505,6 @@ class Peer:
             s = self._suspicions.get(m.source)
             if s is not None and s.final_seq == m.seq:
                 s.final_acked = True
-                s.deadline = now + self._awareness.scale(self.config.probe_interval_s)
                 return
         relay = self._relays.pop(m.seq, None)
         if relay is not None:
@@ -437,8 +519,8 @@ class Peer:
 
     def _on_indirect(self, src: str, m: IndirectPingReq, now: float) -> None:
         seq = self._next_seq()
-        deadline = now + self._awareness.scale(self.config.probe_timeout_s)
-        self._relays[seq] = _Relay(src, m.seq, m.nack, deadline)
+        timeout = self._awareness.scale(self.config.probe_timeout_s)
+        self._relays[seq] = _Relay(src, m.seq, m.nack, now + timeout, now + 2.0 * timeout)
         self._send(m.target_addr, Ping(seq, self.node_id, m.target))
 
     def _reconnect(self, now: float) -> None:
@@ -469,6 +551,9 @@ class Peer:
 
     def _on_alive(self, u: Alive, now: float, broadcast: bool = True) -> None:
         m = self._members.get(u.node)
+        if m is not None and u.incarnation <= m.incarnation and u.node != self.node_id:
+            self.stats.duplicates += 1  # the table's (any state, alive, lower/equal) rows
+            return
         is_self = u.node == self.node_id
         held = self._incarnation if is_self else (m.incarnation if m else 0)
         outcome = decide(m.state if m else None, held, u, is_self)
@@ -551,7 +636,7 @@ class Peer:
         k = cfg.suspicion_confirmations if self._live - 2 >= cfg.suspicion_confirmations else 0
         min_s = cfg.suspicion_min_s(self._live)
         self._suspicions[u.node] = Suspicion.start(
-            u.accuser, now, k, min_s, min_s * cfg.suspicion_max_timeout_mult
+            u.accuser, now, k, min_s, min_s * cfg.suspicion_max_timeout_mult, self._check_lead_s()
         )
         m.state, m.incarnation, m.accusation, m.state_since = (
             MemberState.SUSPECT,
@@ -603,25 +688,37 @@ class Peer:
             self._emit(MemberDead(u.node, u.incarnation, u.accuser, now))
         self._broadcast(u.node, u, _DEAD, now)
 
+    def _check_lead_s(self) -> float:
+        wait = self.config.reliable_probe_wait_s
+        return wait if wait > 0.0 else self._awareness.scale(self.config.probe_timeout_s)
+
     def _suspicion_expired(self, node: str, now: float) -> None:
         s = self._suspicions.get(node)
         m = self._members.get(node)
         if s is None or m is None or m.state != MemberState.SUSPECT:
             self._suspicions.pop(node, None)
             return
-        if s.final_seq is None or s.final_acked:
-            # Last look before declaring death: ping it with the accusation. A live node answers
-            # with its current Alive (a refutation we may have missed) and earns one more round.
+        if s.final_seq is not None and s.final_acked and s.final_checks < 3:
+            # It answered but no refutation reached us: look again one probe interval on.
+            s.final_seq = None
+            s.deadline = max(s.deadline, now + self._check_lead_s() + self.config.probe_interval_s)
+            return
+        if s.final_seq is None:
+            # Last look before the timeout: ping it, accusation first, over the reliable channel.
+            # A live node refutes and its ack carries the new Alive (piggyback picks it first).
             seq = self._next_seq()
-            s.final_seq, s.final_acked = seq, False
-            s.deadline = now + self._awareness.scale(self.config.probe_timeout_s)
+            s.final_seq, s.final_acked, s.final_sent_at = seq, False, now
             s.final_checks += 1
             parts: list[Message] = [Ping(seq, self.node_id, node)]
             if m.accusation is not None:
-                parts.append(m.accusation)
-            if s.final_checks <= 2:
-                self._send(m.addr, Compound(tuple(parts)))
-                return
+                parts.insert(0, m.accusation)
+            msg = Compound(tuple(parts))
+            self.stats.messages_out += 1
+            if self.config.reliable_probe_wait_s > 0.0:
+                self._out_reliable.append((m.addr, msg))
+            else:
+                self._out.append((m.addr, msg))
+            return
         self._suspicions.pop(node, None)
         self._on_dead(self._sign_dead(node, m.incarnation), now, ours=True)
 
@@ -637,6 +734,10 @@ class Peer:
     # -- records ---------------------------------------------------------------------------------
 
     def _on_record(self, r: Record, now: float) -> None:
+        held = self._records.get(r.origin, r.kind)
+        if held is not None and held.record is r:  # the very object we hold: a duplicate
+            self.stats.duplicates += 1
+            return
         if len(r.payload) > self.config.max_record_payload_bytes:
             self.stats.rejected_oversize += 1
             return
@@ -675,18 +776,20 @@ class Peer:
 
     def _take_piggyback(self) -> list[Message]:
         cfg = self.config
-        limit = cfg.retransmit_limit(self._live)
-        out: list[Message] = []
-        out.extend(self._queue.take(cfg.membership_budget_bytes, limit))
-        out.extend(self._rqueue.take(cfg.records_budget_bytes, limit))
+        live = self._live
+        if live != self._limit_for:
+            self._limit_for, self._limit = live, cfg.retransmit_limit(live)
+        out = self._queue.take(cfg.membership_budget_bytes, self._limit)
+        recs = self._rqueue.take(cfg.records_budget_bytes, self._limit)
+        if recs:
+            out.extend(recs)
         return out
 
-    def _send_piggybacked(self, addr: str, first: list[Message]) -> None:
+    def _send_piggybacked(self, addr: str, first: list[Message], reliable: bool = False) -> None:
         extra = self._take_piggyback()
-        if not extra and len(first) == 1:
-            self._send(addr, first[0])
-        else:
-            self._send(addr, Compound(tuple(first + extra)))
+        msg = first[0] if not extra and len(first) == 1 else Compound(tuple(first + extra))
+        self.stats.messages_out += 1
+        (self._out_reliable if reliable else self._out).append((addr, msg))
 
     def _gossipable(self, now: float) -> Callable[[Member], bool]:
         horizon = self.config.gossip_to_the_dead_s

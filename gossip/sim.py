@@ -6,8 +6,14 @@ drops (``loss``), delays (uniform between ``delay_min_s`` and ``delay_max_s``), 
 frozen ``stall_s`` out of every ``period_s`` (like a SIGSTOP): messages and timers wait for it to
 wake, and it then reports the lag to its Lifeguard awareness, as the asyncio adapter does.
 
-Every message is encoded with the real codec to count bytes (``measure_bytes``), and can be
-decoded again (``codec_roundtrip``) so that what peers receive went through the wire format.
+Besides these datagrams, a core may send over a reliable channel (its fallback probes and last
+looks, as memberlist uses TCP): such a message is never lost while its path is up, only late: each
+loss draw costs a retransmit timeout (``rto_s``, doubling, as TCP's), and a ping that came that
+way is answered that way. A crashed or partitioned destination gets nothing either way.
+
+Every message is sized with the real codec to count bytes (``measure_bytes``: the exact
+``len(codec.encode(m))``, with each update sized once), and can be encoded and decoded again
+(``codec_roundtrip``) so that what peers receive went through the wire format.
 Signing uses :class:`SimSigner`/:class:`SimTrust` (keyed BLAKE2b: cheap, and forged or altered
 data fails exactly as with real keys); pass ``trust_factory`` to plug the real identity instead.
 """
@@ -37,6 +43,8 @@ class SimKeyring:
     def __init__(self, secret: bytes = b"shoal-sim-ca") -> None:
         self._secret = secret
         self._keys: dict[str, bytes] = {}
+        self._creds: dict[str, bytes] = {}
+        self._verified: dict[tuple[str, bytes, bytes], bool] = {}
         self.revoked: set[str] = set()
 
     def key(self, node: str) -> bytes:
@@ -47,8 +55,24 @@ class SimKeyring:
         return k
 
     def credential(self, node: str) -> bytes:
-        tag = hashlib.blake2b(b"cert:" + node.encode(), key=self._secret, digest_size=32)
-        return b"simcert:" + tag.digest()
+        c = self._creds.get(node)
+        if c is None:
+            tag = hashlib.blake2b(b"cert:" + node.encode(), key=self._secret, digest_size=32)
+            c = self._creds[node] = b"simcert:" + tag.digest()
+        return c
+
+    def verify(self, node: str, data: bytes, signature: bytes) -> bool:
+        """Check a MAC, remembering the answer: every node verifies every update once, and the
+        answer depends only on these three values (a forgery still fails)."""
+        key = (node, data, signature)
+        ok = self._verified.get(key)
+        if ok is None:
+            mac = hashlib.blake2b(data, key=self.key(node), digest_size=32).digest()
+            ok = hmac.compare_digest(mac, signature)
+            if len(self._verified) >= 1 << 18:
+                self._verified.clear()
+            self._verified[key] = ok
+        return ok
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +102,7 @@ class SimTrust:
         return hmac.compare_digest(credential, self.keyring.credential(node_id))
 
     def verify(self, node_id: str, data: bytes, signature: bytes) -> bool:
-        mac = hashlib.blake2b(data, key=self.keyring.key(node_id), digest_size=32).digest()
-        return hmac.compare_digest(mac, signature)
+        return self.keyring.verify(node_id, data, signature)
 
     def is_revoked(self, node_id: str) -> bool:
         return node_id in self.keyring.revoked
@@ -103,13 +126,15 @@ class SimNode:
 @dataclass(slots=True)
 class NetStats:
     sent: int = 0
+    reliable_sent: int = 0
     dropped: int = 0
+    retransmits: int = 0
     delivered: int = 0
     bytes: int = 0
     record_bytes: int = 0
 
 
-_TIMER, _MSG = 0, 1
+_TIMER, _MSG, _RELIABLE = 0, 1, 2
 
 
 @dataclass
@@ -122,6 +147,8 @@ class Simulation:
     delay_min_s: float = 0.0002
     delay_max_s: float = 0.002
     duplicate: float = 0.0
+    rto_s: float = 0.2
+    """Reliable channel: the first retransmit timeout (Linux's minimum RTO); doubles per loss."""
     warm: bool = True
     measure_bytes: bool = True
     codec_roundtrip: bool = False
@@ -241,7 +268,7 @@ class Simulation:
                 peer.handle_timer(t)
             else:
                 assert msg is not None
-                peer.receive(src, msg, t)
+                peer.receive(src, msg, t, kind == _RELIABLE)
             self._flush(node)
         self.now = max(self.now, t_end)
 
@@ -250,9 +277,11 @@ class Simulation:
 
     def _flush(self, node: SimNode) -> None:
         peer = node.peer
-        out = peer.messages_to_send()
+        out, rel = peer.take_outgoing()
         if out:
             self._transmit(node, out)
+        if rel:
+            self._transmit_reliable(node, rel)
         evs = peer.events()
         if evs and self.on_event is not None:
             for ev in evs:
@@ -262,6 +291,24 @@ class Simulation:
             node.timer_at = max(t, self.now)
             self._push(node.timer_at, _TIMER, node.node_id, "", None)
 
+    def _size(self, node: SimNode, msg: Message) -> tuple[Message, int]:
+        if self.codec_roundtrip:
+            data = codec.encode(msg)
+            node.peer.count_bytes(outbound=len(data))
+            return codec.decode(data), len(data)
+        size = codec.wire_size(msg)
+        node.peer.count_bytes(outbound=size)
+        return msg, size
+
+    def _count_in(self, dst: SimNode, msg: Message, size: int) -> None:
+        dst.peer.stats.bytes_in += size
+        net = self.net
+        net.bytes += size
+        if type(msg) is Compound:
+            for p in msg.parts:
+                if type(p) is Record:
+                    net.record_bytes += codec.encoded_size(p)
+
     def _transmit(self, node: SimNode, out: list[tuple[str, Message]]) -> None:
         rnd = self.rng.random
         net = self.net
@@ -269,31 +316,65 @@ class Simulation:
         group = self._group
         g_src = group.get(src, 0)
         span = self.delay_max_s - self.delay_min_s
+        sizing = self.measure_bytes or self.codec_roundtrip
+        loss = self.loss
+        nodes = self.nodes
+        roundtrip = self.codec_roundtrip
+        wire_size = codec.wire_size
+        count_out = node.peer.count_bytes
+        heap = self._heap
+        push = heapq.heappush
+        t0 = self.now + self.delay_min_s
         for addr, msg in out:
             net.sent += 1
-            if self.measure_bytes or self.codec_roundtrip:
-                data = codec.encode(msg)
-                size = len(data)
-                node.peer.count_bytes(outbound=size)
-                if self.codec_roundtrip:
-                    msg = codec.decode(data)
-            else:
-                size = 0
-            dst = self.nodes.get(addr)
-            if dst is None or (group and group.get(addr, 0) != g_src) or rnd() < self.loss:
+            size = 0
+            if roundtrip:
+                msg, size = self._size(node, msg)
+            elif sizing:
+                size = wire_size(msg)
+                count_out(0, size)
+            dst = nodes.get(addr)
+            if dst is None or (group and group.get(addr, 0) != g_src) or rnd() < loss:
                 net.dropped += 1
                 continue
             copies = 2 if self.duplicate and rnd() < self.duplicate else 1
             for _ in range(copies):
                 net.delivered += 1
                 if size and dst.up:
-                    dst.peer.count_bytes(inbound=size)
-                    net.bytes += size
-                    if isinstance(msg, Compound):
-                        net.record_bytes += sum(
-                            codec.encoded_size(p) for p in msg.parts if isinstance(p, Record)
-                        )
-                self._push(self.now + self.delay_min_s + rnd() * span, _MSG, addr, src, msg)
+                    self._count_in(dst, msg, size)
+                self._seq += 1
+                push(heap, (t0 + rnd() * span, self._seq, _MSG, addr, src, msg))
+
+    def _transmit_reliable(self, node: SimNode, out: list[tuple[str, Message]]) -> None:
+        rnd = self.rng.random
+        net = self.net
+        src = node.node_id
+        group = self._group
+        g_src = group.get(src, 0)
+        span = self.delay_max_s - self.delay_min_s
+        sizing = self.measure_bytes or self.codec_roundtrip
+        for addr, msg in out:
+            net.sent += 1
+            net.reliable_sent += 1
+            size = 0
+            if sizing:
+                msg, size = self._size(node, msg)
+            dst = self.nodes.get(addr)
+            if dst is None or not dst.up or (group and group.get(addr, 0) != g_src):
+                net.dropped += 1  # refused or timed out: the sender just hears nothing
+                continue
+            delay = self.delay_min_s + rnd() * span
+            rto = self.rto_s
+            while rnd() < self.loss:  # each lost segment waits out one more, doubled, RTO
+                net.retransmits += 1
+                if size:
+                    node.peer.count_bytes(outbound=size)
+                delay += rto
+                rto *= 2.0
+            net.delivered += 1
+            if size:
+                self._count_in(dst, msg, size)
+            self._push(self.now + delay, _RELIABLE, addr, src, msg)
 
 
 def fast_config(**overrides: float | int) -> Callable[[GossipConfig], GossipConfig]:

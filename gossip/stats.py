@@ -26,7 +26,12 @@ class GossipStats:
     """Alive whose credential ``Trust.admit`` refused: the node is not admitted."""
     probes_sent: int = 0
     probes_failed: int = 0
+    """Probes with no ack by datagram (direct or indirect) within the probe interval."""
+    probes_rescued: int = 0
+    """Of those, probes the reliable fallback ping still got an answer to (no suspicion)."""
     indirect_probes: int = 0
+    reliable_probes: int = 0
+    """Fallback pings sent over the reliable channel after a late direct ack."""
     nacks_received: int = 0
     refutations: int = 0
     suspicions_raised: int = 0

@@ -1,8 +1,13 @@
 """A suspicion timer whose timeout shrinks with independent confirmations (memberlist's
-``suspicion.go``; Lifeguard's dynamic suspicion).
+``suspicion.go``; Lifeguard's dynamic suspicion), with a last look before it runs out.
 
 With ``k`` expected confirmations and ``n`` received, the timeout is
 ``max - log(n + 1) / log(k + 1) * (max - min)``, floored at ``min`` (millisecond resolution).
+
+``lead_s`` before the timeout, the core pings the suspect over the reliable channel with the
+accusation (see ``Peer``); the suspicion ends in a death only if that ping stays unanswered until
+both the timeout and ``lead_s`` after the ping have passed. The check runs alongside the timeout,
+so it costs a truly dead node's detection nothing.
 """
 
 from __future__ import annotations
@@ -31,16 +36,29 @@ class Suspicion:
     accusers: set[str] = field(default_factory=set)
     n: int = 0
     deadline: float = 0.0
+    """When the suspicion times out (shrinks with confirmations)."""
+    lead_s: float = 0.0
+    """How long before ``deadline`` the last-look ping goes out, and the longest it may take."""
     final_seq: int | None = None
-    """Seq of the last-look ping sent when the timeout ran out (see ``Peer``)."""
+    """Seq of the last-look ping, once sent."""
+    final_sent_at: float = 0.0
     final_acked: bool = False
     final_checks: int = 0
 
     @classmethod
-    def start(cls, accuser: str, now: float, k: int, min_s: float, max_s: float) -> Suspicion:
-        s = cls(now, k, min_s, max_s, {accuser})
+    def start(
+        cls, accuser: str, now: float, k: int, min_s: float, max_s: float, lead_s: float = 0.0
+    ) -> Suspicion:
+        s = cls(now, k, min_s, max_s, {accuser}, lead_s=lead_s)
         s.deadline = now + suspicion_timeout_s(0, k, min_s, max_s)
         return s
+
+    @property
+    def due(self) -> float:
+        """When the core must act next: send the last-look ping, or judge its answer."""
+        if self.final_seq is None:
+            return self.deadline - self.lead_s
+        return max(self.deadline, self.final_sent_at + self.lead_s)
 
     def confirm(self, accuser: str) -> bool:
         """Count an independent accuser; True if it was new and shortened the timeout."""

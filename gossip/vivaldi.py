@@ -92,38 +92,50 @@ class VivaldiClient:
         c = self.coord
         vec = list(c.vec)
         height, error = c.height_s, c.error
+        ov, oh = other.vec, other.height_s
         # Vivaldi step (Serf's updateVivaldi)
-        raw = math.dist(vec, other.vec) + height + other.height_s
+        diff = [a - b for a, b in zip(vec, ov, strict=True)]
+        mag = math.hypot(*diff)
+        raw = mag + height + oh
         adjusted = raw + c.adjustment_s + other.adjustment_s
         dist = adjusted if adjusted > 0.0 else raw
         wrongness = abs(dist - rtt) / rtt
         weight = error / max(error + other.error, _ZERO)
         error = min(cfg.ce * weight * wrongness + error * (1.0 - cfg.ce * weight), cfg.error_max)
-        height = self._force(vec, height, cfg.cc * weight * (rtt - dist), other)
+        height = self._push(vec, diff, mag, height, cfg.cc * weight * (rtt - dist), oh)
         # adjustment window (Serf's updateAdjustment)
         adjustment = c.adjustment_s
         if cfg.adjustment_window:
-            raw = math.dist(vec, other.vec) + height + other.height_s
+            raw = math.dist(vec, ov) + height + oh
             self._adjust[self._adjust_idx] = rtt - raw
             self._adjust_idx = (self._adjust_idx + 1) % cfg.adjustment_window
             adjustment = sum(self._adjust) / (2.0 * cfg.adjustment_window)
-        # gravity toward the origin (Serf's updateGravity)
+        # gravity toward the origin (Serf's updateGravity); the origin's vec is all zeros
         o = self._origin
-        raw = math.dist(vec, o.vec) + height + o.height_s
+        mag = math.hypot(*vec)
+        raw = mag + height + o.height_s
         adjusted = raw + adjustment + o.adjustment_s
         dist = adjusted if adjusted > 0.0 else raw
-        height = self._force(vec, height, -((dist / cfg.gravity_rho) ** 2), o)
+        height = self._push(vec, vec[:], mag, height, -((dist / cfg.gravity_rho) ** 2), o.height_s)
         new = Coordinate(tuple(vec), error, adjustment, height)
         self.coord = new if new.is_valid() else self._origin
 
-    def _force(self, vec: list[float], height: float, force: float, other: Coordinate) -> float:
-        """Move ``vec`` (in place) by ``force`` away from ``other``; return the new height."""
-        diff = [a - b for a, b in zip(vec, other.vec, strict=True)]
-        mag = math.hypot(*diff)
+    def _push(
+        self,
+        vec: list[float],
+        diff: list[float],
+        mag: float,
+        height: float,
+        force: float,
+        other_height_s: float,
+    ) -> float:
+        """Move ``vec`` (in place) by ``force`` along ``diff`` (``vec`` minus the other point,
+        of length ``mag``); return the new height."""
         if mag > _ZERO:
+            k = force / mag
             for i, d in enumerate(diff):
-                vec[i] += d / mag * force
-            return max((height + other.height_s) * force / mag + height, self.config.height_min_s)
+                vec[i] += d * k
+            return max((height + other_height_s) * k + height, self.config.height_min_s)
         rnd = [self.rng.random() - 0.5 for _ in diff]
         rmag = math.hypot(*rnd)
         if rmag <= _ZERO:

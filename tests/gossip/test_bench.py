@@ -21,3 +21,13 @@ def test_bench_emits_fields(capsys: pytest.CaptureFixture[str]) -> None:
     assert out["nodes"] == 12 and out["loss"] == 0.01
     assert out["dissemination_samples"] > 0 and out["crashes"] > 0
     assert out["detect_s_p50"] is not None and out["bytes_per_node_per_s"] > 0
+
+
+def test_bench_partition_reports_heal(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--nodes", "16", "--seconds", "60", "--seed", "3", "--partition-s", "12"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["partition_s"] == 12.0
+    assert out["partition_deaths"] > 0  # the halves did declare each other dead
+    assert out["heal_s"] is not None and out["heal_s"] < 30.0
+    assert out["false_deaths"] == 0

@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gossip.codec import PROTOCOL_VERSION, DecodeError, EncodeError, decode, encode
+from gossip.codec import (
+    PROTOCOL_VERSION,
+    DecodeError,
+    EncodeError,
+    decode,
+    encode,
+    wire_size,
+)
 from gossip.messages import (
     Ack,
     Alive,
@@ -135,3 +142,24 @@ def test_size_limits() -> None:
 
 def test_wire_layout_is_versioned_arrays() -> None:
     assert msgpack.unpackb(encode(Ping(7, "a", "b"))) == [PROTOCOL_VERSION, 1, 7, "a", "b"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages)
+def test_wire_size_is_the_encoded_length(m: Message) -> None:
+    assert wire_size(m) == len(encode(m))
+
+
+def test_wire_size_of_large_digests_and_compounds() -> None:
+    members = tuple(MemberDigest(f"n{i:04d}", 1_000_000 + i, MemberState(i % 4)) for i in range(40))
+    records = tuple(RecordDigest(f"n{i:04d}", "inv", 1, i) for i in range(17))
+    ups = tuple(Suspect(f"n{i:04d}", 7, "acc", b"s" * 32) for i in range(18))
+    pp = PushPull("n0001", 1, members, records, ups)
+    assert wire_size(pp) == len(encode(pp))
+    comp = Compound((Ping(70000, "a", "b"), *ups))
+    assert wire_size(comp) == len(encode(comp))
+    # 18 parts need msgpack's 3-byte array header: 1 + 1 + 1 + 3 + parts
+    assert (
+        wire_size(comp)
+        == 6 + len(encode(Ping(70000, "a", "b"))) - 1 + 18 * len(encode(ups[0])) - 18
+    )

@@ -4,8 +4,8 @@ restarts. All time is simulated; nothing sleeps."""
 from __future__ import annotations
 
 from gossip.events import Event, MemberDead, MemberJoined
-from gossip.messages import MemberState
-from gossip.sim import Simulation
+from gossip.messages import MemberState, Ping
+from gossip.sim import _RELIABLE, Simulation, fast_config
 from tests.gossip.helpers import KEYRING, suspect
 
 
@@ -134,3 +134,45 @@ def test_codec_roundtrip_duplication_and_delay() -> None:
         assert got is not None and got.record.payload == b"gpus=8"
     assert sim.net.bytes > 0
     assert KEYRING is not None
+
+
+def _heavy_loss(wait_s: float) -> tuple[int, int, int, int]:
+    deaths: list[MemberDead] = []
+    sim = Simulation(n=40, seed=11, loss=0.2, config=fast_config(reliable_probe_wait_s=wait_s),
+                     on_event=lambda n, e: deaths.extend(
+        [e] if isinstance(e, MemberDead) else []))  # fmt: skip
+    sim.run_until(60.0)
+    stats = [sim.peer(i).stats for i in sim.nodes]
+    return (
+        sum(s.probes_failed for s in stats),
+        sum(s.probes_rescued for s in stats),
+        sum(s.suspicions_raised for s in stats),
+        len(deaths),
+    )
+
+
+def test_reliable_fallback_probe_turns_lost_probes_into_late_ones() -> None:
+    failed, rescued, suspicions, deaths = _heavy_loss(0.85)
+    assert failed > 0 and rescued > 0  # 20% loss bites the datagram probes...
+    assert rescued >= failed - suspicions  # ...and the reliable ping answers for most of them
+    assert deaths == 0
+    _, rescued_off, suspicions_off, _ = _heavy_loss(0.0)
+    assert rescued_off == 0
+    assert suspicions_off > 5 * max(1, suspicions)  # without it, lost probes become suspicions
+
+
+def test_reliable_channel_delays_instead_of_dropping() -> None:
+    sim = Simulation(n=2, seed=12, loss=0.5)
+    sim.run_until(0.1)
+    a = sim.nodes["n0000"]
+    a.peer._out_reliable.extend([("n0001", Ping(1000 + i, "n0000", "n0001")) for i in range(40)])
+    sim._flush(a)
+    queued = [e for e in sim._heap if e[2] == _RELIABLE and e[3] == "n0001"]
+    assert len(queued) == 40 and sim.net.reliable_sent == 40  # none lost at 50% loss...
+    assert sim.net.retransmits > 0
+    assert max(e[0] for e in queued) >= sim.now + 0.2  # ...some a retransmit timeout late
+    sim.crash("n0001")
+    dropped = sim.net.dropped
+    a.peer._out_reliable.append(("n0001", Ping(2000, "n0000", "n0001")))
+    sim._flush(a)
+    assert sim.net.dropped == dropped + 1  # a crashed node gets nothing, reliably or not

@@ -47,3 +47,12 @@ def test_suspicion_timeout_shrinks_with_confirmations() -> None:
     assert s.confirm("b") and s.deadline == 15.0
     assert s.confirm("c") and s.confirm("d") and s.deadline == 12.0
     assert not s.confirm("e")
+
+
+def test_last_look_runs_alongside_the_timeout() -> None:
+    s = Suspicion.start("a", 10.0, 3, 2.0, 8.0, lead_s=0.85)
+    assert s.due == 18.0 - 0.85  # the reliable last-look ping goes out before the timeout
+    s.final_seq, s.final_sent_at = 7, 17.15
+    assert s.due == 18.0  # then the verdict waits for the timeout itself
+    s.confirm("b")  # a confirmation cannot cut the ping's own wait short
+    assert s.deadline == 15.0 and s.due == 17.15 + 0.85
