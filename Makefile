@@ -20,6 +20,7 @@ demo: $(STAMP)
 
 screenshots: $(STAMP)
 	$(BIN)/python -m tui.screenshots screenshots
+	$(BIN)/python -m tui.screenshots screenshots --live
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -13,21 +13,23 @@ import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ClassVar
 
-from textual import work
+from textual import events, work
 from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.theme import Theme
 
 from agent.client import ApiError
 from agent.jobspec import JobSpec
+from tui.collector import QuietCollector
 from tui.commands import ShoalCommands
 from tui.messages import MeshChanged, OperationDone
-from tui.model import EMPTY_SNAPSHOT, History, MeshSnapshot, snapshot_from_json
+from tui.model import EMPTY_SNAPSHOT, History, MeshSnapshot, SnapshotBuilder
 from tui.screens.main import MainScreen
 from tui.source import MeshSource
 from tui.widgets.render import DEFAULT_PALETTE, Glyphs, Palette
 
 MAX_EVENTS = 5000
+_INPUT_EVENTS = (events.Key, events.MouseDown, events.MouseScrollDown, events.MouseScrollUp)
 THREAD_PARSE_HOSTS = 200
 """Above this many hosts the JSON is turned into a snapshot on a thread, off the event loop."""
 
@@ -63,7 +65,11 @@ COLORBLIND_THEME = Theme(
 
 
 class ShoalApp(App[None]):
-    """The operator's view of one mesh."""
+    """The operator's view of one mesh.
+
+    ``quiet_gc``: run full garbage collections only at quiet moments (:mod:`tui.collector`);
+    on by default, off in tests that start many apps in one process.
+    """
 
     TITLE = "shoal"
     CSS_PATH = "app.tcss"
@@ -83,6 +89,7 @@ class ShoalApp(App[None]):
         theme: str = "shoal",
         keymap: Mapping[str, str] | None = None,
         watch: bool = True,
+        quiet_gc: bool = True,
     ) -> None:
         super().__init__()
         self.source = source
@@ -93,6 +100,11 @@ class ShoalApp(App[None]):
         self.snapshot_serial = 0
         """How many snapshots have been shown (tests wait on it)."""
         self.history = History()
+        self.builder = SnapshotBuilder()
+        """Turns the mesh worker's reads into snapshots (static GPU fields parsed once)."""
+        self.collector = QuietCollector()
+        self._quiet_gc = quiet_gc
+        self._backfilled = False
         self.connection = "connecting"
         self.connection_error: str | None = None
         self.palette = DEFAULT_PALETTE
@@ -117,11 +129,19 @@ class ShoalApp(App[None]):
         self.theme_changed_signal.subscribe(self, self._on_theme_changed)
         self.palette = Palette.from_variables(self.get_css_variables())
         self.push_screen(MainScreen())
+        if self._quiet_gc:
+            self.collector.start()
         if self._watch:
             self.watch_mesh()
 
     async def on_unmount(self) -> None:
+        self.collector.stop()
         await self.source.close()
+
+    async def on_event(self, event: events.Event) -> None:
+        if isinstance(event, _INPUT_EVENTS):
+            self.collector.input_seen()
+        await super().on_event(event)
 
     def _on_theme_changed(self, theme: Theme) -> None:
         self.palette = Palette.from_variables(self.get_css_variables())
@@ -147,28 +167,42 @@ class ShoalApp(App[None]):
         del events[:-MAX_EVENTS]
         next_seq = int(answer.get("next") or since)
         now = self.source.now()
+        if not self._backfilled:
+            bucket = int(now // self.history.step_s)
+            for key, values in self.source.backfill().items():
+                self.history.seed(key, values, bucket)
+            self._backfilled = True
         if len(nodes) > THREAD_PARSE_HOSTS:
-            snapshot = await asyncio.to_thread(snapshot_from_json, now, nodes, jobs, list(events))
+            snapshot = await asyncio.to_thread(self.ingest, now, nodes, jobs, list(events))
         else:
-            snapshot = snapshot_from_json(now, nodes, jobs, events)
+            snapshot = self.ingest(now, nodes, jobs, events)
         return snapshot, next_seq
+
+    def ingest(
+        self,
+        now: float,
+        nodes: list[dict[str, Any]],
+        jobs: list[dict[str, Any]],
+        events: list[dict[str, Any]],
+    ) -> MeshSnapshot:
+        """The agents' JSON made a snapshot, its utilization added to the history.
+
+        Runs on a worker thread for a big mesh; only the mesh worker calls it.
+        """
+        snapshot = self.builder.build(now, nodes, jobs, events)
+        self.history.record(snapshot)
+        return snapshot
 
     @work(exclusive=True, group="mesh", name="mesh")
     async def watch_mesh(self) -> None:
         """The one worker that talks to the mesh for the views."""
         since = 0
         events: list[dict[str, Any]] = []
-        backfilled = False
         while True:
             self._poke.clear()
+            self.collector.maybe_collect()
             try:
                 snapshot, since = await self.read_mesh(since, events)
-                if not backfilled:
-                    bucket = int(snapshot.taken_at // self.history.step_s)
-                    for key, values in self.source.backfill().items():
-                        self.history.seed(key, values, bucket)
-                    backfilled = True
-                self.history.record(snapshot)
                 self.post_message(MeshChanged(snapshot, "connected"))
             except ApiError as exc:
                 self.post_message(MeshChanged(self.snapshot, "unreachable", str(exc)))

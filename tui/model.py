@@ -10,8 +10,8 @@ moment never adds a point.
 from __future__ import annotations
 
 import re
-from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -37,6 +37,10 @@ def _opt_float(value: Any) -> float | None:
 
 def _opt_str(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
+
+
+_MAPPING: Final = (dict, Mapping)
+"""``isinstance`` against ``dict`` first: JSON objects are dicts, and the ABC check is slow."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +72,14 @@ class DeviceView:
     temp_slowdown_c: float | None
     power_mw: int | None
     power_limit_mw: int | None
-    links: tuple[LinkView, ...]
     raw: Mapping[str, Any] = field(repr=False, compare=False)
     row_key: str = ""
     """``node/device``: the GPU's stable key across the mesh (filled in when built)."""
+
+    @property
+    def links(self) -> tuple[LinkView, ...]:
+        """Interconnect links, read from the raw JSON when asked (only lines on screen ask)."""
+        return _links_from_json(self.raw.get("links"))
 
     @property
     def mem_frac(self) -> float | None:
@@ -171,7 +179,9 @@ class JobView:
 
     @property
     def command(self) -> str:
-        return " ".join(str(a) for a in self.spec.get("command") or [])
+        """The command on one line (a newline inside an argument is shown as ``↵``)."""
+        text = " ".join(str(a) for a in self.spec.get("command") or [])
+        return text if text.isprintable() else text.replace("\n", "↵").replace("\t", " ")
 
     @property
     def kind(self) -> str:
@@ -211,6 +221,7 @@ class MeshSnapshot:
     events: tuple[EventView, ...]
     _hosts_by_id: dict[str, HostView] = field(default_factory=dict, repr=False, compare=False)
     _jobs_by_id: dict[str, JobView] = field(default_factory=dict, repr=False, compare=False)
+    _memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._hosts_by_id.update((h.node_id, h) for h in self.hosts)
@@ -240,6 +251,17 @@ class MeshSnapshot:
             if j.live and j.runner == node_id and (device_key is None or device_key in j.devices)
         ]
 
+    def holders(self) -> Mapping[tuple[str, str], str]:
+        """``(node, device key)`` -> the live job holding that GPU (made once per snapshot)."""
+        holders: dict[tuple[str, str], str] | None = self._memo.get("holders")
+        if holders is None:
+            holders = self._memo["holders"] = {}
+            for job in self.jobs:
+                if job.live and job.runner is not None:
+                    for key in job.devices:
+                        holders[(job.runner, key)] = job.job_id
+        return holders
+
     def busy_devices(self) -> dict[str, set[str]]:
         """Device keys held by live jobs, by node."""
         busy: dict[str, set[str]] = {}
@@ -255,42 +277,96 @@ EMPTY_SNAPSHOT: Final = MeshSnapshot(taken_at=0.0, hosts=(), jobs=(), events=())
 # -- from the API's JSON -------------------------------------------------------------------------
 
 
-def device_from_json(node_id: str, data: Mapping[str, Any]) -> DeviceView:
-    links = tuple(
+_STATIC_FIELDS: Final = (
+    "key",
+    "index",
+    "vendor",
+    "backend",
+    "name",
+    "arch",
+    "compute_capability",
+    "uuid",
+    "pci_bus_id",
+    "unified_memory",
+    "mem_total_bytes",
+    "temp_slowdown_c",
+    "power_limit_mw",
+)
+"""The fields of a GPU that do not change between reads (compared raw, parsed once)."""
+
+
+def _links_from_json(links: Any) -> tuple[LinkView, ...]:
+    return tuple(
         LinkView(
             peer=str(link.get("peer", "")),
             kind=str(link.get("kind", "?")),
             bandwidth_mbps=_opt_int(link.get("bandwidth_mbps")),
         )
-        for link in data.get("links") or ()
-        if isinstance(link, Mapping)
+        for link in links or ()
+        if isinstance(link, _MAPPING)
     )
+
+
+def _static_from_json(data: Mapping[str, Any]) -> tuple[Any, ...]:
+    """:data:`_STATIC_FIELDS`, parsed, in that order."""
+    return (
+        str(data.get("key", "")),
+        _opt_int(data.get("index")) or 0,
+        str(data.get("vendor") or "?"),
+        str(data.get("backend") or "?"),
+        str(data.get("name") or "?"),
+        _opt_str(data.get("arch")),
+        _opt_str(data.get("compute_capability")),
+        _opt_str(data.get("uuid")),
+        _opt_str(data.get("pci_bus_id")),
+        bool(data.get("unified_memory")),
+        _opt_int(data.get("mem_total_bytes")),
+        _opt_float(data.get("temp_slowdown_c")),
+        _opt_int(data.get("power_limit_mw")),
+    )
+
+
+_Static = tuple[tuple[Any, ...], tuple[Any, ...]]
+"""A GPU's static fields as read (raw) and as parsed: tuples of plain values, which the garbage
+collector stops tracking, so a cache of 8,000 GPUs costs a full collection nothing."""
+
+
+def _device(
+    node_id: str, data: Mapping[str, Any], fields: tuple[Any, ...], row_key: str
+) -> DeviceView:
+    key, index, vendor, backend, name, arch, cc, uuid, pci, unified, total, slowdown, cap = fields
     return DeviceView(
-        node_id=node_id,
-        key=str(data.get("key", "")),
-        index=_opt_int(data.get("index")) or 0,
-        vendor=str(data.get("vendor") or "?"),
-        backend=str(data.get("backend") or "?"),
-        name=str(data.get("name") or "?"),
-        arch=_opt_str(data.get("arch")),
-        compute_capability=_opt_str(data.get("compute_capability")),
-        uuid=_opt_str(data.get("uuid")),
-        pci_bus_id=_opt_str(data.get("pci_bus_id")),
-        unified_memory=bool(data.get("unified_memory")),
-        mem_total_bytes=_opt_int(data.get("mem_total_bytes")),
-        mem_used_bytes=_opt_int(data.get("mem_used_bytes")),
-        util_pct=_opt_float(data.get("util_pct")),
-        temp_c=_opt_float(data.get("temp_c")),
-        temp_slowdown_c=_opt_float(data.get("temp_slowdown_c")),
-        power_mw=_opt_int(data.get("power_mw")),
-        power_limit_mw=_opt_int(data.get("power_limit_mw")),
-        links=links,
-        raw=data,
-        row_key=f"{node_id}/{data.get('key', '')}",
+        node_id,
+        key,
+        index,
+        vendor,
+        backend,
+        name,
+        arch,
+        cc,
+        uuid,
+        pci,
+        unified,
+        total,
+        _opt_int(data.get("mem_used_bytes")),
+        _opt_float(data.get("util_pct")),
+        _opt_float(data.get("temp_c")),
+        slowdown,
+        _opt_int(data.get("power_mw")),
+        cap,
+        data,
+        row_key,
     )
 
 
-def host_from_json(data: Mapping[str, Any]) -> HostView:
+def device_from_json(node_id: str, data: Mapping[str, Any]) -> DeviceView:
+    return _device(node_id, data, _static_from_json(data), f"{node_id}/{data.get('key', '')}")
+
+
+DeviceMaker = Callable[[str, Mapping[str, Any]], DeviceView]
+
+
+def host_from_json(data: Mapping[str, Any], device: DeviceMaker = device_from_json) -> HostView:
     node_id = str(data.get("node_id", ""))
     host = data.get("host") or {}
     labels = data.get("labels") or {}
@@ -307,9 +383,7 @@ def host_from_json(data: Mapping[str, Any]) -> HostView:
         cpu_count=_opt_int(host.get("cpu_count")),
         mem_total_bytes=_opt_int(host.get("mem_total_bytes")),
         devices=tuple(
-            device_from_json(node_id, d)
-            for d in data.get("devices") or ()
-            if isinstance(d, Mapping)
+            device(node_id, d) for d in data.get("devices") or () if isinstance(d, _MAPPING)
         ),
         telemetry_age_s=_opt_float(data.get("telemetry_age_s")),
         running_jobs=tuple(str(j) for j in data.get("running_jobs") or ()),
@@ -360,53 +434,130 @@ def snapshot_from_json(
 
     Hosts are ordered by host name then id; jobs newest first; events oldest first.
     """
-    hosts = sorted((host_from_json(n) for n in nodes), key=lambda h: (h.hostname, h.node_id))
-    job_views = sorted(
-        (job_from_json(j) for j in jobs), key=lambda j: (-(j.submitted_at or 0.0), j.job_id)
-    )
-    return MeshSnapshot(
-        taken_at=taken_at,
-        hosts=tuple(hosts),
-        jobs=tuple(job_views),
-        events=tuple(event_from_json(e) for e in events),
-    )
+    return SnapshotBuilder().build(taken_at, nodes, jobs, events)
+
+
+class SnapshotBuilder:
+    """Turns each read of the mesh into a snapshot, parsing a GPU's static fields once.
+
+    A GPU's model, vendor, memory size and throttle point do not change between reads: they are
+    compared raw with the last read (one tuple comparison) and their parsed values reused, so a
+    read of 8,000 GPUs makes one new object per GPU. One builder serves one stream of reads (not
+    thread-safe; the app's mesh worker owns it).
+    """
+
+    def __init__(self) -> None:
+        self._statics: dict[str, _Static] = {}
+        self._last: dict[str, _Static] = {}
+
+    def device(self, node_id: str, data: Mapping[str, Any]) -> DeviceView:
+        row_key = f"{node_id}/{data.get('key', '')}"
+        raw = tuple(map(data.get, _STATIC_FIELDS))
+        static = self._last.get(row_key)
+        if static is None or static[0] != raw:
+            static = (raw, _static_from_json(data))
+        self._statics[row_key] = static
+        return _device(node_id, data, static[1], row_key)
+
+    def build(
+        self,
+        taken_at: float,
+        nodes: Sequence[Mapping[str, Any]],
+        jobs: Sequence[Mapping[str, Any]],
+        events: Sequence[Mapping[str, Any]] = (),
+    ) -> MeshSnapshot:
+        self._last, self._statics = self._statics, {}
+        try:
+            hosts = sorted(
+                (host_from_json(n, self.device) for n in nodes),
+                key=lambda h: (h.hostname, h.node_id),
+            )
+        finally:
+            self._last = {}
+        job_views = sorted(
+            (job_from_json(j) for j in jobs), key=lambda j: (-(j.submitted_at or 0.0), j.job_id)
+        )
+        return MeshSnapshot(
+            taken_at=taken_at,
+            hosts=tuple(hosts),
+            jobs=tuple(job_views),
+            events=tuple(event_from_json(e) for e in events),
+        )
 
 
 # -- history -------------------------------------------------------------------------------------
 
 
 class History:
-    """Per-GPU utilization, one point per :data:`HISTORY_STEP_S` bucket, ~10 minutes kept."""
+    """Per-GPU utilization, one point per :data:`HISTORY_STEP_S` bucket, ~10 minutes kept.
+
+    One ring of ``points`` floats per GPU, all in one flat ``array``: 8,000 GPUs' history is a
+    handful of objects, none of which the garbage collector has to walk. Written by the mesh
+    worker, read when a line is drawn.
+    """
 
     def __init__(self, points: int = HISTORY_POINTS, step_s: float = HISTORY_STEP_S) -> None:
         self.points = points
         self.step_s = step_s
-        self._series: dict[str, deque[float]] = {}
-        self._bucket: dict[str, int] = {}
+        self._slots: dict[str, int] = {}
+        self._values = array("d")
+        self._head = array("q")
+        """Where each GPU's next value goes."""
+        self._count = array("q")
+        self._bucket = array("q")
+        """The time bucket of each GPU's newest value."""
+
+    def _slot(self, key: str) -> int:
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = len(self._slots)
+            self._values.extend(array("d", [0.0]) * self.points)
+            self._head.append(0)
+            self._count.append(0)
+            self._bucket.append(_NO_BUCKET)
+        return slot
+
+    def _put(self, slot: int, value: float, bucket: int) -> None:
+        points, base = self.points, slot * self.points
+        head = self._head[slot]
+        if self._bucket[slot] == bucket and self._count[slot]:
+            self._values[base + (head - 1) % points] = value
+            return
+        self._values[base + head] = value
+        self._head[slot] = (head + 1) % points
+        self._count[slot] = min(points, self._count[slot] + 1)
+        self._bucket[slot] = bucket
 
     def record(self, snapshot: MeshSnapshot) -> None:
         bucket = int(snapshot.taken_at // self.step_s)
+        slot_of, put = self._slot, self._put
         for device in snapshot.devices():
-            if device.util_pct is None:
-                continue
-            key = device.row_key
-            last = self._bucket.get(key)
-            series = self._series.get(key)
-            if series is None:
-                series = self._series[key] = deque(maxlen=self.points)
-            if last == bucket and series:
-                series[-1] = device.util_pct
-            else:
-                series.append(device.util_pct)
-                self._bucket[key] = bucket
+            if device.util_pct is not None:
+                put(slot_of(device.row_key), device.util_pct, bucket)
 
     def seed(self, row_key: str, values: Iterable[float], bucket: int) -> None:
         """Past values for one GPU (oldest first), ending at time bucket ``bucket``."""
-        self._series[row_key] = deque(values, maxlen=self.points)
-        self._bucket[row_key] = bucket
+        slot = self._slot(row_key)
+        self._head[slot] = self._count[slot] = 0
+        self._bucket[slot] = _NO_BUCKET
+        kept = list(values)[-self.points :]
+        for i, value in enumerate(kept):
+            self._put(slot, value, bucket - len(kept) + 1 + i)
 
     def series(self, row_key: str) -> Sequence[float]:
-        return self._series.get(row_key, ())
+        """Oldest first."""
+        slot = self._slots.get(row_key)
+        if slot is None:
+            return ()
+        points, base = self.points, slot * self.points
+        count, head = self._count[slot], self._head[slot]
+        start = (head - count) % points
+        if start + count <= points:
+            return self._values[base + start : base + start + count]
+        return self._values[base + start : base + points] + self._values[base : base + head]
+
+
+_NO_BUCKET: Final = -(2**62)
 
 
 # -- where a job would go ------------------------------------------------------------------------

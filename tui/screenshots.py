@@ -1,22 +1,27 @@
 """``python -m tui.screenshots OUTDIR [--live]``: every screen of the real app, as SVG files.
 
 Runs the app headless on a deterministic simulated mesh (or, with ``--live``, on a real
-:class:`agent.localmesh.LocalMesh` of agent processes) and saves one screenshot per screen:
+:class:`agent.localmesh.LocalMesh` of agent processes with a few real jobs submitted through the
+API and running, one of them waiting for GPUs no host has) and saves one screenshot per screen:
 the five views, a drill-down, the filter, help, describe, raw JSON, logs, and the drain, submit,
-migrate and cancel dialogs, at 160x48 (``--size`` to change it).
+migrate and cancel dialogs, at 160x48 (``--size`` to change it). The live screenshots are named
+``live-NN-name.svg``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from textual.pilot import Pilot
 
+from agent.jobspec import JobSpec
 from tui.app import ShoalApp
 from tui.source import MeshSource, SimSource
 
@@ -32,15 +37,28 @@ async def _wait(pilot: Pilot[None], app: ShoalApp, serial: int = 1) -> None:
     raise TimeoutError("the app never showed the mesh")
 
 
-async def shoot(source: MeshSource, outdir: Path, size: tuple[int, int]) -> list[Path]:
-    """Drive the app through every screen, saving ``NN-name.svg`` files; their paths."""
+async def shoot(
+    source: MeshSource,
+    outdir: Path,
+    size: tuple[int, int],
+    *,
+    prefix: str = "",
+    hide: str = "^nv-",
+    pick: str = "running",
+    refresh_s: float = 3600.0,
+) -> list[Path]:
+    """Drive the app through every screen, saving ``NN-name.svg`` files; their paths.
+
+    ``hide``: the hosts the inverted-filter screenshot leaves out (a regex); ``pick``: the
+    filter that selects the job the migrate, cancel and logs screenshots are about.
+    """
     outdir.mkdir(parents=True, exist_ok=True)
-    app = ShoalApp(source, refresh_s=3600.0)
+    app = ShoalApp(source, refresh_s=refresh_s)
     saved: list[Path] = []
 
     async def snap(pilot: Pilot[None], name: str) -> None:
         await pilot.pause()
-        path = outdir / f"{len(saved) + 1:02d}-{name}.svg"
+        path = outdir / f"{prefix}{len(saved) + 1:02d}-{name}.svg"
         app.save_screenshot(filename=path.name, path=str(outdir))
         saved.append(path)
 
@@ -55,7 +73,7 @@ async def shoot(source: MeshSource, outdir: Path, size: tuple[int, int]) -> list
             await snap(pilot, view)
         await pilot.press("colon", *"hosts", "enter", "enter")
         await snap(pilot, "drill-host-gpus")
-        await pilot.press("escape", "slash", *"!^nv-", "enter")
+        await pilot.press("escape", "slash", *f"!{hide}", "enter")
         await snap(pilot, "filter-inverted")
         await pilot.press("escape", "d")
         await snap(pilot, "describe-host")
@@ -65,7 +83,7 @@ async def shoot(source: MeshSource, outdir: Path, size: tuple[int, int]) -> list
         await snap(pilot, "drain-dialog")
         await pilot.press("escape", "n", *"python train.py", "tab", "2")
         await snap(pilot, "submit-form")
-        await pilot.press("escape", "colon", *"jobs", "enter", "slash", *"running", "enter")
+        await pilot.press("escape", "colon", *"jobs", "enter", "slash", *pick, "enter")
         await pilot.press("m")
         await snap(pilot, "migrate-dialog")
         await pilot.press("escape", "ctrl+d")
@@ -79,6 +97,36 @@ async def shoot(source: MeshSource, outdir: Path, size: tuple[int, int]) -> list
     return saved
 
 
+LIVE_STEPS = (
+    "import math, sys, time\n"
+    "print('args:', *sys.argv[1:], flush=True)\n"
+    "for i in range(100000):\n"
+    "    print(f'step {i:5d}  loss {2.5 * math.exp(-i / 40) + 0.05:.4f}', flush=True)\n"
+    "    time.sleep(0.5)\n"
+)
+"""What the live screenshots' jobs run: a training-like log, a line every half second."""
+
+
+def live_jobs(python: str, script: Path) -> list[JobSpec]:
+    """A few jobs for the live mesh: CUDA and ROCm training, inference, and one that waits."""
+    from agent.jobspec import Resources
+
+    def job(gpus: int, backends: tuple[str, ...], kind: str, *args: str) -> JobSpec:
+        return JobSpec(
+            command=(python, str(script), *args),
+            resources=Resources(gpus_per_node=gpus, backends=backends),  # type: ignore[arg-type]
+            kind=kind,  # type: ignore[arg-type]
+        )
+
+    return [
+        job(4, ("cuda",), "training", "--model", "llama-8b"),
+        job(2, ("rocm",), "training", "--model", "mistral-7b", "--lora"),
+        job(1, ("cuda",), "inference", "--serve", "qwen-7b"),
+        job(2, ("xpu",), "batch", "--embed", "shard-3"),
+        job(16, (), "training", "--model", "llama-70b"),  # fits nowhere: waits, with its reason
+    ]
+
+
 async def _live(outdir: Path, size: tuple[int, int], nodes: int) -> list[Path]:
     from agent.localmesh import LocalMesh
     from gossip.identity import common_name
@@ -90,8 +138,27 @@ async def _live(outdir: Path, size: tuple[int, int], nodes: int) -> list[Path]:
     ):
         await mesh.wait_converged(timeout_s=120)
         assert mesh.operator is not None
+        script = Path(root) / "train.py"
+        script.write_text(LIVE_STEPS, encoding="utf-8")
+        python = "python3" if shutil.which("python3") else sys.executable
+        client = mesh.client(0)
+        try:
+            for spec in live_jobs(python, script):
+                await client.submit(spec)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                running = [j for j in await client.jobs() if j["state"] == "running"]
+                if len(running) >= 3:
+                    break
+                await asyncio.sleep(0.5)
+            await asyncio.sleep(3.0)  # a few log lines and a few utilization samples
+        finally:
+            await client.close()
         name = common_name(mesh.operator.ca_certificate) or "shoal-demo"
-        return await shoot(ApiSource(mesh.client(0), name), outdir, size)
+        source = ApiSource(mesh.client(0), name)
+        return await shoot(
+            source, outdir, size, prefix="live-", hide="^h100", pick="qwen", refresh_s=2.0
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

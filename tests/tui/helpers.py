@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from textual.pilot import Pilot
 
 from tui.app import ShoalApp
 from tui.source import SimSource
 
+T = TypeVar("T")
+
 
 def sim_app(hosts: int = 12, **kwargs: object) -> tuple[ShoalApp, SimSource]:
     source = SimSource(hosts, seed=0)
-    app = ShoalApp(source, refresh_s=60.0, **kwargs)  # type: ignore[arg-type]
+    # No garbage-collection policy here: it starts with a full collection, which in a test
+    # process full of earlier apps costs more than the test (the benchmark and the live test
+    # run it).
+    app = ShoalApp(source, refresh_s=60.0, quiet_gc=False, **kwargs)  # type: ignore[arg-type]
     return app, source
 
 
@@ -56,3 +63,29 @@ async def command(pilot: Pilot[None], text: str, key: str = "colon") -> None:
 
 async def filter_rows(pilot: Pilot[None], text: str) -> None:
     await command(pilot, text, key="slash")
+
+
+async def wait_for(
+    pilot: Pilot[None], what: str, condition: Callable[[], bool], timeout_s: float = 20.0
+) -> None:
+    """Wait (at most ``timeout_s``, the app running meanwhile) until ``condition()`` holds."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        await pilot.pause(0.05)
+        if condition():
+            return
+    raise AssertionError(f"waited {timeout_s:g} s for {what}")
+
+
+async def api_until(
+    what: str, read: Callable[[], Awaitable[T]], check: Callable[[T], bool], timeout_s: float = 20.0
+) -> T:
+    """Read through the API until ``check`` holds (at most ``timeout_s``); the last answer."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answer = await read()
+        if check(answer):
+            return answer
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"waited {timeout_s:g} s for {what}; last answer: {answer!r}")
+        await asyncio.sleep(0.1)

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import copy
+import gc
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from rich.style import Style
+
 from agent.jobspec import JobSpec, Resources
-from tui.model import History, RowFilter, fitting_hosts, snapshot_from_json
+from tui import model
+from tui.collector import NO_AUTOMATIC_FULL, QuietCollector
+from tui.model import History, RowFilter, SnapshotBuilder, fitting_hosts, snapshot_from_json
 from tui.source import SimSource
-from tui.widgets.render import Glyphs, load_level, temp_level
+from tui.widgets.render import Glyphs, line_strip, load_level, oneline, temp_level
 
 
 def _snapshot(source: SimSource):  # type: ignore[no-untyped-def]
@@ -89,3 +99,77 @@ def test_levels_follow_the_gpus_own_slowdown() -> None:
     assert temp_level(86.0, 90.0) == "bad"
     assert temp_level(70.0, 100.0) == "ok"
     assert temp_level(None, 90.0) == "muted"
+
+
+def test_builder_parses_static_fields_once_and_notices_a_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    parsed: list[str] = []
+    parse = model._static_from_json
+
+    def counting(data: Mapping[str, Any]) -> tuple[Any, ...]:
+        parsed.append(str(data["key"]))
+        return parse(data)
+
+    monkeypatch.setattr(model, "_static_from_json", counting)
+    source = SimSource(2, seed=0, profiles=("h100:2",))
+    builder = SnapshotBuilder()
+    first = builder.build(source.now(), source.nodes_now(), source.jobs_now())
+    assert len(parsed) == 4  # two hosts, two GPUs each
+    source.advance(5.0)
+    nodes = source.nodes_now()
+    second = builder.build(source.now(), nodes, source.jobs_now())
+    assert len(parsed) == 4  # nothing static changed: nothing parsed again
+    a, b = first.hosts[0].devices[0], second.hosts[0].devices[0]
+    assert a.row_key == b.row_key and a.name == b.name == "NVIDIA H100 SXM (simulated)"
+    assert b.links[0].kind == "nvlink" and b.mem_total_bytes == 80 * 1024**3
+    # A GPU whose static fields change (a new name, a link gone) is parsed again.
+    changed = copy.deepcopy(nodes)
+    device = changed[0]["devices"][0]
+    device["name"] = "NVIDIA H100 NVL"
+    device["links"] = []
+    third = builder.build(source.now(), changed, source.jobs_now())
+    assert len(parsed) == 5  # only the changed GPU
+    c = next(d for h in third.hosts for d in h.devices if d.row_key == b.row_key)
+    assert c.name == "NVIDIA H100 NVL" and c.links == ()
+    # Equal to what a fresh parse gives.
+    fresh = snapshot_from_json(source.now(), changed, source.jobs_now())
+    assert [h.devices for h in fresh.hosts] == [h.devices for h in third.hosts]
+
+
+def test_oneline_and_line_strip_keep_a_row_on_one_line_of_exact_width() -> None:
+    assert oneline("python -c 'a\nb'\tx\x07") == "python -c 'a↵b' x"
+    strip = line_strip([("ab", None), ("°C", None), ("xyz", None)], 5, Style())
+    assert strip.cell_length == 5 and strip.text == "ab°Cx"
+    assert line_strip([("a", None)], 4, Style()).text == "a   "
+
+
+def test_quiet_collector_runs_full_collections_only_when_quiet_and_due() -> None:
+    now = [100.0]
+    before = gc.get_threshold()
+    collector = QuietCollector(every_s=20.0, quiet_s=1.0, clock=lambda: now[0])
+    collector.start()
+    try:
+        assert gc.get_threshold()[:2] == before[:2]
+        assert gc.get_threshold()[2] == NO_AUTOMATIC_FULL
+        assert collector.maybe_collect() is None  # not due yet
+        now[0] += 25.0
+        collector.input_seen()
+        assert collector.maybe_collect() is None  # a key was just pressed
+        now[0] += 1.5
+        assert collector.maybe_collect() is not None
+        assert len(collector.pauses_ms) == 1
+        assert collector.maybe_collect() is None  # the next one is 20 s away
+    finally:
+        collector.stop()
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
+
+
+def test_history_ring_keeps_the_newest_points_oldest_first() -> None:
+    history = History(points=3, step_s=5.0)
+    history.seed("a/gpu0", [1.0, 2.0, 3.0, 4.0], bucket=10)
+    history.seed("b/gpu0", [7.0], bucket=10)
+    assert list(history.series("a/gpu0")) == [2.0, 3.0, 4.0]
+    assert list(history.series("b/gpu0")) == [7.0]
+    assert list(history.series("c/gpu0")) == []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from textual.widgets import DataTable, Input, OptionList
+from textual.widgets import Input, OptionList
 
 from tests.tui.helpers import command, filter_rows, settled, sim_app, started, wait_until
 from tui.app import ShoalApp
@@ -13,15 +13,16 @@ from tui.screens.main import MainScreen
 from tui.screens.migrate import MigrateScreen
 from tui.screens.submit import SubmitScreen
 from tui.widgets.header import MeshHeader
+from tui.widgets.tables import MeshTable
 
 
 def main(app: ShoalApp) -> MainScreen:
     return app.main_screen()
 
 
-def table(app: ShoalApp, name: str) -> DataTable[object]:
+def table(app: ShoalApp, name: str) -> MeshTable:
     widget = main(app).query_one(f"#{name}")
-    assert isinstance(widget, DataTable)
+    assert isinstance(widget, MeshTable)
     return widget
 
 

@@ -18,7 +18,11 @@ from textual.widgets import Label, Static
 
 from tui.model import MeshSnapshot
 from tui.widgets.base import Selection
-from tui.widgets.render import bandwidth, duration, mem_pair, pct, temp, watts
+from tui.widgets.render import bandwidth, duration, gib, mem_pair, pct, temp, watts
+
+
+def _total(value_bytes: int | None) -> str:
+    return "N/A" if value_bytes is None else f"{gib(value_bytes)} GiB"
 
 
 def _kv(rows: list[tuple[str, Any]]) -> Table:
@@ -92,7 +96,7 @@ def describe(selection: Selection, snapshot: MeshSnapshot) -> RenderableType:
         ("drain", host.drain),
         ("telemetry age", duration(host.telemetry_age_s)),
         ("os / arch", f"{host.os} / {host.arch}"),
-        ("CPUs / memory", f"{host.cpu_count} / {mem_pair(None, host.mem_total_bytes)}"),
+        ("CPUs / memory", f"{host.cpu_count or 'N/A'} / {_total(host.mem_total_bytes)}"),
         ("labels", ", ".join(f"{k}={v}" for k, v in host.labels.items()) or "-"),
         ("GPUs", ", ".join(sorted({d.short_name for d in host.devices})) or "none"),
         ("running jobs", ", ".join(j[:8] for j in host.running_jobs) or "none"),

@@ -8,10 +8,11 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
-from textual.widgets import Footer, Label, Log
+from textual.widgets import Label, Log
 
 from agent.client import ApiError
 from tui.source import MeshSource
+from tui.widgets.footer import KeyFooter
 
 
 class LogsScreen(Screen[None]):
@@ -32,7 +33,7 @@ class LogsScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Label(f"logs {self.title_text}  (following)", id="logs-title")
         yield Log(id="log", highlight=False, auto_scroll=True)
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.stream()

@@ -14,7 +14,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.timer import Timer
-from textual.widgets import ContentSwitcher, DataTable, Footer, Input
+from textual.widgets import ContentSwitcher, Input
 
 from agent.jobspec import JobSpec
 from tui.model import NO_FILTER, RowFilter, fitting_hosts
@@ -26,6 +26,7 @@ from tui.screens.logs import LogsScreen
 from tui.screens.migrate import ANY_HOST, MigrateScreen
 from tui.screens.submit import SubmitScreen
 from tui.widgets.base import NO_SCOPE, VIEW_NAMES, Drill, Scope, Selection, SortKey, ViewContext
+from tui.widgets.footer import KeyFooter
 from tui.widgets.header import MeshHeader
 from tui.widgets.tables import EventsTable, GpusTable, HostsTable, JobsTable, MeshTable
 from tui.widgets.topology import TopologyView
@@ -93,7 +94,7 @@ class MainScreen(Screen[None]):
             yield JobsTable(id="jobs")
             yield EventsTable(id="events")
         yield Input(id="bar", placeholder="")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         header = self.query_one(MeshHeader)
@@ -125,6 +126,9 @@ class MainScreen(Screen[None]):
         header.error = self.shoal.connection_error or ""
         header.update_snapshot(self.shoal.snapshot)
         self._dirty.update(VIEW_NAMES)
+        for name in VIEW_NAMES:
+            if name != self.state.view:
+                self.view_widget(name).release()  # rebuilt when shown; frees older snapshots
         self._apply_current()
 
     def _apply_current(self) -> None:
@@ -170,9 +174,6 @@ class MainScreen(Screen[None]):
         elif s.kind == "job":
             self.action_describe()
 
-    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        self.refresh_bindings()
-
     # -- the bar -----------------------------------------------------------------------------
 
     def _open_bar(self, mode: str, value: str, placeholder: str) -> None:
@@ -199,6 +200,8 @@ class MainScreen(Screen[None]):
         self._open_bar("filter", self._filter_before, "regex; start with ! to invert")
 
     def set_filter(self, text: str) -> None:
+        if text == self.state.row_filter.text:
+            return
         self.state = replace(self.state, row_filter=RowFilter(text))
         self.query_one(MeshHeader).filter_text = text
         self._apply_current()

@@ -68,6 +68,10 @@ def spec_from_form(values: dict[str, str], kind: str, now: float) -> JobSpec:
     return JobSpec.from_human(data, now=now)
 
 
+SUBMIT_CHROME_ROWS = 16
+"""Rows of the dialog that are not fields: border, padding, title, preview, buttons."""
+
+
 class SubmitScreen(ModalScreen[JobSpec | None]):
     """Answers the spec to submit, or None."""
 
@@ -109,6 +113,15 @@ class SubmitScreen(ModalScreen[JobSpec | None]):
     def on_mount(self) -> None:
         self.query_one("#f-command", Input).focus()
         self._update_preview()
+        self._fit_height()
+
+    def on_resize(self) -> None:
+        self._fit_height()
+
+    def _fit_height(self) -> None:
+        """On a short terminal the fields scroll, so the preview and the buttons stay in view."""
+        room = int(self.size.height * 0.9) - SUBMIT_CHROME_ROWS
+        self.query_one("#submit-fields").styles.max_height = max(3, min(24, room))
 
     def form_values(self) -> dict[str, str]:
         return {key: self.query_one(f"#f-{key}", Input).value for key, _, _ in FIELDS}

@@ -7,14 +7,18 @@ variables (``$success``, ``$warning``, ``$error``), so the colour-blind-safe the
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from rich.cells import cell_len, set_cell_size
+from rich.segment import Segment
 from rich.style import Style
-from rich.text import Text
+from textual.strip import Strip
 
 Level = Literal["ok", "warn", "bad", "muted"]
+Part = tuple[str, Style | None]
+"""A run of text and its style (``None``: the widget's own): lines are drawn from these."""
 NA: Final = "N/A"
 _EIGHTHS: Final = " ▏▎▍▌▋▊▉█"
 _SPARK: Final = "▁▂▃▄▅▆▇█"
@@ -80,9 +84,11 @@ class Palette:
     track: Style
     selected: Style
     group: Style
+    header: Style
 
     def of(self, level: Level) -> Style:
-        return {"ok": self.ok, "warn": self.warn, "bad": self.bad, "muted": self.muted}[level]
+        style: Style = getattr(self, level)
+        return style
 
     @classmethod
     def from_variables(cls, variables: Mapping[str, str]) -> Palette:
@@ -104,6 +110,7 @@ class Palette:
             track=Style(bgcolor=get("surface-lighten-1", "panel")),
             selected=Style(bgcolor=get("panel-lighten-1", "panel")),
             group=Style(color=get("primary"), bold=True),
+            header=Style(color=get("foreground"), bgcolor=get("panel"), bold=True),
         )
 
 
@@ -121,6 +128,8 @@ DEFAULT_PALETTE: Final = Palette.from_variables(
         "surface-lighten-1": "#272C36",
         "panel-lighten-1": "#323946",
         "primary": "#4EA1FF",
+        "foreground": "#D8DEE9",
+        "panel": "#222936",
     }
 )
 
@@ -166,18 +175,38 @@ def state_level(state: str) -> Level:
     return levels.get(state, "muted")
 
 
-def styled(text: str, level: Level, palette: Palette) -> Text:
-    return Text(text, style=palette.of(level), no_wrap=True, end="")
-
-
-def bar_text(
+def bar_parts(
     frac: float | None, width: int, glyphs: Glyphs, palette: Palette, level: Level
-) -> Text:
+) -> tuple[Part, Part]:
+    """A bar as two runs: the filled part in the level's colour, the rest on the track."""
     filled, empty = glyphs.bar(frac, width)
-    text = Text(no_wrap=True, end="")
-    text.append(filled, palette.of(level) + palette.track)
-    text.append(empty, palette.track if not glyphs.ascii else palette.muted)
-    return text
+    return (
+        (filled, palette.of(level) + palette.track),
+        (empty, palette.track if not glyphs.ascii else palette.muted),
+    )
+
+
+def line_strip(parts: Iterable[Part], width: int, base: Style) -> Strip:
+    """One line of exactly ``width`` cells from runs of text, cropped or padded with spaces.
+
+    ``base`` (the widget's style) goes under every run, so colours from the theme show through.
+    No rich ``Text`` is built: a line on screen costs a few segments.
+    """
+    segments: list[Segment] = []
+    used = 0
+    for text, style in parts:
+        if not text:
+            continue
+        n = len(text) if text.isascii() else cell_len(text)
+        if used + n > width:
+            text, n = set_cell_size(text, width - used), width - used
+        segments.append(Segment(text, base + style if style is not None else base))
+        used += n
+        if used >= width:
+            break
+    if used < width:
+        segments.append(Segment(" " * (width - used), base))
+    return Strip(segments, width)
 
 
 # -- units -----------------------------------------------------------------------------------------
@@ -232,6 +261,15 @@ def bandwidth(mbps: int | None) -> str:
         return "?"
     gbytes = mbps / 8000
     return f"{gbytes / 1000:.1f}TB/s" if gbytes >= 1000 else f"{gbytes:.0f}GB/s"
+
+
+_ONE_LINE: Final = str.maketrans({"\n": "↵", "\r": "", "\t": " "})
+
+
+def oneline(text: str) -> str:
+    """``text`` fit for one line of a table: newlines shown as ``↵``, other controls dropped."""
+    text = text.translate(_ONE_LINE)
+    return text if text.isprintable() else "".join(c for c in text if c.isprintable())
 
 
 def clip(text: str, width: int) -> str:

@@ -1,32 +1,38 @@
-"""The table views (hosts, GPUs, jobs, events) on one base that updates rows in place.
+"""The table views (hosts, GPUs, jobs, events): line-oriented, drawing only the rows on screen.
 
-Rows have stable keys (node id, ``node/device``, job id, event sequence). On every snapshot a
-table compares each row's display values with the last ones and updates only the cells that
-changed; rows come and go in batches; the table is rebuilt only when the filter or scope changes.
-Every table fits 80 columns.
+A table holds, per snapshot, the ordered list of its rows as ``(stable key, item)`` pairs: the
+item is the model object itself (a host, ``(host, GPU, job holding it)``, a job, an event), so a
+refresh of 8,000 GPU rows costs one pass over the snapshot and, with a sort key, one sort on a
+number. Display strings are made only for the lines on screen, when they are drawn, and kept
+until the next snapshot. The cursor follows its row's key across refreshes, sorts and filters.
+Every table fits 80 columns; a text column at the end takes the width that is left.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, ClassVar
+from dataclasses import replace
+from typing import Any, ClassVar, NamedTuple
 
-from rich.console import RenderableType
-from rich.text import Text
+from rich.cells import cell_len, set_cell_size
+from rich.style import Style
+from textual import events
 from textual.binding import Binding, BindingType
-from textual.widgets import DataTable
-from textual.widgets.data_table import CellDoesNotExist, ColumnKey, RowDoesNotExist, RowKey
+from textual.geometry import Size
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
 
-from tui.model import MeshSnapshot
+from tui.model import EMPTY_SNAPSHOT, DeviceView, EventView, HostView, JobView, MeshSnapshot
 from tui.widgets.base import Drill, Selection, SortKey, ViewContext
 from tui.widgets.render import (
     Level,
     Palette,
-    clip,
+    Part,
     duration,
+    line_strip,
     load_level,
     mem_pair,
+    oneline,
     pct,
     state_level,
     temp,
@@ -34,89 +40,85 @@ from tui.widgets.render import (
     watts,
 )
 
-Values = tuple[Any, ...]
-Formatter = Callable[[Any, Palette], RenderableType]
+
+class Column(NamedTuple):
+    key: str
+    label: str
+    width: int
+    right: bool = False
+    stretch: bool = False
+    """The last column only: take the width the others leave."""
 
 
-class RowText(Text):
-    """The first cell of a row: knows its row key, so a sort can find the row's values."""
-
-    row_key: str = ""
-
-
-def _plain(value: Any, palette: Palette) -> RenderableType:
-    return "" if value is None else str(value)
+_BOLD = Style(bold=True)
+_UNDERLINE = Style(underline=True)
+Row = tuple[str, Any]
+"""``(stable key, item)``."""
+SortSpec = tuple[Callable[[Any], Any], bool]
+"""A key on the row's item, and whether the order is descending."""
 
 
-def _leveled(value: Any, palette: Palette) -> RenderableType:
-    """``value`` is ``(text, level)``."""
-    text, level = value
-    return Text(text, style=palette.of(level), no_wrap=True, end="")
+def _fit(text: str, width: int, right: bool) -> str:
+    """``text`` in exactly ``width`` cells, on one line: clipped with an ellipsis, or padded."""
+    if not text.isprintable():
+        text = oneline(text)
+    n = len(text) if text.isascii() else cell_len(text)
+    if n > width:
+        return set_cell_size(text, max(0, width - 1)) + "…" if width > 0 else ""
+    pad = " " * (width - n)
+    return pad + text if right else text + pad
 
 
-def _state(value: Any, palette: Palette) -> RenderableType:
-    return Text(str(value), style=palette.of(state_level(str(value))), no_wrap=True, end="")
-
-
-def _util(value: Any, palette: Palette) -> RenderableType:
-    level: Level = "muted" if value is None else load_level(float(value) / 100.0)
-    return Text(pct(value), style=palette.of(level), justify="right", no_wrap=True, end="")
-
-
-def _right(value: Any, palette: Palette) -> RenderableType:
-    return Text("" if value is None else str(value), justify="right", no_wrap=True, end="")
-
-
-class MeshTable(DataTable[RenderableType]):
+class MeshTable(ScrollView, can_focus=True):
     """A view over the snapshot as rows; subclasses say which rows and how they look."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("j", "cursor_down", "Down", show=False, id="table.down"),
-        Binding("k", "cursor_up", "Up", show=False, id="table.up"),
-        Binding("g", "scroll_top", "Top", show=False, id="table.top"),
-        Binding("G", "scroll_bottom", "Bottom", show=False, id="table.bottom"),
+        Binding("j,down", "cursor(1)", "Down", show=False, id="table.down"),
+        Binding("k,up", "cursor(-1)", "Up", show=False, id="table.up"),
+        Binding("g,home", "top", "Top", show=False, id="table.top"),
+        Binding("G,end", "bottom", "Bottom", show=False, id="table.bottom"),
+        Binding("pagedown", "page(1)", show=False),
+        Binding("pageup", "page(-1)", show=False),
+        Binding("enter", "drill", "Drill", show=False, id="table.drill"),
     ]
 
-    COLUMNS: ClassVar[tuple[tuple[str, str, int, Formatter], ...]] = ()
-    """``(key, label, width, formatter)`` per column."""
-    SORTS: ClassVar[Mapping[str, tuple[Callable[[Values], Any], bool]]] = {}
-    """Sort name -> (key on the row's values, descending)."""
+    DEFAULT_CSS = """
+    MeshTable { height: 1fr; overflow-x: hidden; }
+    """
+
+    COLUMNS: ClassVar[tuple[Column, ...]] = ()
+    SORTS: ClassVar[Mapping[str, SortSpec]] = {}
+    """Sort name -> (key on the row's item, descending). Rows without a sort keep the
+    snapshot's order; a sort is stable, so equal rows keep it too."""
     view_name: ClassVar[str] = ""
 
     def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(
-            id=id, cursor_type="row", zebra_stripes=False, cursor_foreground_priority="renderable"
-        )
-        self._values: dict[str, Values] = {}
-        self._order: list[str] = []
-        self._signature: object = None
+        super().__init__(id=id)
         self.sort_key: SortKey | None = None
         self._ctx = ViewContext()
-
-    def on_mount(self) -> None:
-        for key, label, width, _ in self.COLUMNS:
-            self.add_column(label, width=width, key=key)
-
-    def on_resize(self) -> None:
-        """The last column takes the width the others leave (it never shrinks below its own)."""
-        if not self.COLUMNS:
-            return
-        fixed = sum(w for _, _, w, _ in self.COLUMNS[:-1]) + 2 * len(self.COLUMNS) + 1
-        key, _, least, _ = self.COLUMNS[-1]
-        column = self.columns.get(ColumnKey(key))
-        if column is None:
-            return
-        width = max(least, self.size.width - fixed)
-        if column.width != width:
-            column.width = width
-            self._require_update_dimensions = True
-            self._clear_caches()
-            self.refresh()
+        self._natural: list[Row] = []
+        self._keys: list[str] = []
+        self._items: list[Any] = []
+        self._position: dict[str, int] | None = None
+        self._cursor = 0
+        self._cursor_key: str | None = None
+        self._base: Style | None = None
+        self._strips: dict[tuple[int, int], Strip] = {}
+        """Drawn lines by (row, width), without the cursor; dropped on every change of rows."""
+        self._widths: tuple[int, tuple[int, ...]] = (-1, ())
 
     # -- what subclasses provide -------------------------------------------------------------
 
-    def table_rows(self, ctx: ViewContext) -> Iterable[tuple[str, Values, str]]:
-        """``(row key, display values, text the filter searches)`` for every row in scope."""
+    def table_rows(self, ctx: ViewContext) -> Iterable[Row]:
+        """Every row in scope, in the snapshot's order."""
+        raise NotImplementedError
+
+    def haystack(self, item: Any, ctx: ViewContext) -> str:
+        """The text the ``/`` filter searches for this row."""
+        raise NotImplementedError
+
+    def cells(self, item: Any, ctx: ViewContext) -> Sequence[Part]:
+        """One ``(text, style)`` per column, for a row on screen."""
         raise NotImplementedError
 
     def selection_for(self, key: str, snapshot: MeshSnapshot) -> Selection | None:
@@ -124,180 +126,285 @@ class MeshTable(DataTable[RenderableType]):
 
     # -- updating ----------------------------------------------------------------------------
 
-    def _cells(self, values: Values, palette: Palette, key: str) -> list[RenderableType]:
-        cells: list[RenderableType] = []
-        for i, (column, value) in enumerate(zip(self.COLUMNS, values, strict=False)):
-            cell = column[3](value, palette)
-            if i == 0:
-                first = RowText(cell if isinstance(cell, str) else str(value), no_wrap=True, end="")
-                if isinstance(cell, Text):
-                    first = RowText(cell.plain, style=cell.style, no_wrap=True, end="")
-                first.row_key = key
-                cell = first
-            cells.append(cell)
-        return cells
-
-    def current_key(self) -> str | None:
-        if not self.row_count:
-            return None
-        try:
-            row_key, _ = self.coordinate_to_cell_key(self.cursor_coordinate)
-        except CellDoesNotExist:
-            return None
-        return row_key.value
-
     def apply(self, ctx: ViewContext) -> None:
-        """Bring the table to ``ctx``: cells in place, rows added/removed in batches."""
+        """Bring the rows to ``ctx``; the cursor stays on its row's key."""
         self._ctx = ctx
+        rows = list(self.table_rows(ctx))
         pattern = ctx.row_filter.compile()
-        wanted: list[tuple[str, Values]] = [
-            (key, values)
-            for key, values, haystack in self.table_rows(ctx)
-            if ctx.row_filter.keeps(haystack, pattern)
-        ]
-        signature = (ctx.row_filter.text, ctx.scope)
-        cursor = self.current_key()
-        palette = ctx.palette
-        if signature != self._signature:
-            self._signature = signature
-            self.clear(columns=False)
-            self._values = {}
-            for key, values in wanted:
-                self.add_row(*self._cells(values, palette, key), key=key)
-                self._values[key] = values
-        else:
-            keep = {key for key, _ in wanted}
-            for gone in [k for k in self._values if k not in keep]:
-                with contextlib.suppress(RowDoesNotExist):
-                    self.remove_row(gone)
-                del self._values[gone]
-            changes: list[tuple[str, str, RenderableType]] = []
-            for key, values in wanted:
-                old = self._values.get(key)
-                if old is None:
-                    self.add_row(*self._cells(values, palette, key), key=key)
-                elif old != values:
-                    for i in range(len(self.COLUMNS)):
-                        if old[i] != values[i]:
-                            column = self.COLUMNS[i]
-                            cell = column[3](values[i], palette)
-                            if i == 0:
-                                cell = self._cells(values, palette, key)[0]
-                            changes.append((key, column[0], cell))
-                self._values[key] = values
-            self._set_cells(changes)
-        self._reorder([key for key, _ in wanted], cursor)
+        if pattern is not None:
+            keeps, haystack = ctx.row_filter.keeps, self.haystack
+            rows = [row for row in rows if keeps(haystack(row[1], ctx), pattern)]
+        self._natural = rows
+        self._order()
 
-    def _set_cells(self, changes: list[tuple[str, str, RenderableType]]) -> None:
-        """Update many cells with one repaint (``update_cell`` repaints once per cell)."""
-        if not changes:
-            return
-        data = self._data
-        for row, column, cell in changes:
-            data[RowKey(row)][ColumnKey(column)] = cell
-        self._update_count += 1
+    def release(self) -> None:
+        """Drop the rows (hidden and out of date: the snapshot they hold can be freed).
+
+        The cursor's key is kept; the next :meth:`apply` rebuilds the rows around it.
+        """
+        self._ctx = replace(self._ctx, snapshot=EMPTY_SNAPSHOT)
+        self._natural, self._keys, self._items = [], [], []
+        self._position = None
+        self._strips.clear()
+
+    def _order(self) -> None:
+        rows = self._natural
+        spec = self.SORTS.get(self.sort_key) if self.sort_key is not None else None
+        if spec is not None:
+            key_of, descending = spec
+            rows = sorted(rows, key=lambda row: key_of(row[1]), reverse=descending)
+        self._keys = [key for key, _ in rows]
+        self._items = [item for _, item in rows]
+        self._position = None
+        self._strips.clear()
+        self._base = None
+        self._restore_cursor()
+        self.virtual_size = Size(self.scrollable_content_region.width, len(rows) + 1)
         self.refresh()
 
-    def _reorder(self, natural: list[str], cursor: str | None) -> None:
-        if self.sort_key is not None and self.sort_key in self.SORTS:
-            key_of, descending = self.SORTS[self.sort_key]
-            values = self._values
-            order = sorted(natural, key=lambda k: key_of(values[k]), reverse=descending)
-        else:
-            order = natural
-        if order != self._order:
-            position = {k: i for i, k in enumerate(order)}
-            self.sort(key=lambda cells: position.get(getattr(cells[0], "row_key", ""), 0))
-            self._order = order
-            if cursor is not None and cursor in position:
-                self.move_cursor(row=position[cursor], animate=False, scroll=False)
+    def _restore_cursor(self) -> None:
+        if self._cursor_key is not None:
+            index = self.position().get(self._cursor_key)
+            if index is not None:
+                self._cursor = index
+                return
+        self._cursor = min(self._cursor, max(0, len(self._keys) - 1))
+        self._cursor_key = self._keys[self._cursor] if self._keys else None
+
+    def position(self) -> dict[str, int]:
+        """Row key -> row index (made when first asked after a change)."""
+        if self._position is None:
+            self._position = {key: i for i, key in enumerate(self._keys)}
+        return self._position
 
     def sort_by(self, sort_key: SortKey) -> bool:
         """Order rows by ``sort_key``; False when this table has no such order."""
         if sort_key not in self.SORTS:
             return False
         self.sort_key = sort_key
-        self._reorder(list(self._order), self.current_key())
+        self._order()
+        self._scroll_to_cursor()
         return True
 
-    # -- selection ---------------------------------------------------------------------------
+    # -- reading it (tests and actions) ------------------------------------------------------
+
+    @property
+    def row_count(self) -> int:
+        return len(self._keys)
+
+    @property
+    def cursor_row(self) -> int:
+        return self._cursor
+
+    def row_keys(self) -> list[str]:
+        return list(self._keys)
+
+    def get_row_index(self, key: str) -> int:
+        """The row's index; ``KeyError`` when it is not shown."""
+        return self.position()[key]
+
+    def get_row_at(self, index: int) -> list[str]:
+        """The row's cells as shown (without padding)."""
+        return [text for text, _ in self.cells(self._items[index], self._ctx)]
+
+    def get_cell(self, key: str, column: str) -> str:
+        row = self.get_row_at(self.get_row_index(key))
+        return row[[c.key for c in self.COLUMNS].index(column)]
+
+    def current_key(self) -> str | None:
+        return self._cursor_key if self._keys else None
+
+    # -- selection and moving ----------------------------------------------------------------
 
     def selection(self) -> Selection | None:
         key = self.current_key()
         return None if key is None else self.selection_for(key, self._ctx.snapshot)
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        event.stop()
+    def select_key(self, key: str) -> bool:
+        index = self.position().get(key)
+        if index is None:
+            return False
+        self._move_to(index)
+        return True
+
+    def _page_rows(self) -> int:
+        return max(1, self.scrollable_content_region.height - 1)
+
+    def _scroll_to_cursor(self) -> bool:
+        top = round(self.scroll_offset.y)
+        if self._cursor < top:
+            self.scroll_to(y=self._cursor, animate=False, immediate=True)
+            return True
+        if self._cursor >= top + self._page_rows():
+            self.scroll_to(y=self._cursor - self._page_rows() + 1, animate=False, immediate=True)
+            return True
+        return False
+
+    def _move_to(self, index: int) -> None:
+        if not self._keys:
+            return
+        index = max(0, min(len(self._keys) - 1, index))
+        old, self._cursor = self._cursor, index
+        self._cursor_key = self._keys[index]
+        if self._scroll_to_cursor():
+            self.refresh()
+        else:
+            self.refresh_line(old + 1)  # virtual lines: the header is line 0
+            self.refresh_line(index + 1)
+
+    def action_cursor(self, delta: int) -> None:
+        self._move_to(self._cursor + delta)
+
+    def action_page(self, direction: int) -> None:
+        self._move_to(self._cursor + direction * self._page_rows())
+
+    def action_top(self) -> None:
+        self._move_to(0)
+
+    def action_bottom(self) -> None:
+        self._move_to(len(self._keys) - 1)
+
+    def action_drill(self) -> None:
         selection = self.selection()
         if selection is not None:
             self.post_message(Drill(selection))
 
-    def select_key(self, key: str) -> bool:
-        try:
-            index = self.get_row_index(key)
-        except RowDoesNotExist:
-            return False
-        self.move_cursor(row=index)
-        return True
+    def on_click(self, event: events.Click) -> None:
+        if event.y >= 1:
+            self._move_to(round(self.scroll_offset.y) + event.y - 1)
+            if event.chain >= 2:
+                self.action_drill()
+
+    def on_focus(self) -> None:
+        self.refresh()
+
+    def on_blur(self) -> None:
+        self.refresh()
+
+    # -- drawing -----------------------------------------------------------------------------
+
+    def _base_style(self) -> Style:
+        """The widget's own style under every line (asked of the DOM once, not per line)."""
+        if self._base is None:
+            self._base = self.rich_style
+        return self._base
+
+    def notify_style_update(self) -> None:
+        self._base = None
+        super().notify_style_update()
+
+    def _column_widths(self, width: int) -> tuple[int, ...]:
+        if self._widths[0] == width:
+            return self._widths[1]
+        widths = [c.width for c in self.COLUMNS]
+        if self.COLUMNS and self.COLUMNS[-1].stretch:
+            fixed = sum(widths[:-1]) + 2 * len(widths)
+            widths[-1] = max(widths[-1], width - fixed)
+        self._widths = (width, tuple(widths))
+        return self._widths[1]
+
+    def _line(self, parts: Sequence[Part], width: int, base: Style) -> Strip:
+        runs: list[Part] = []
+        for (text, style), column, w in zip(
+            parts, self.COLUMNS, self._column_widths(width), strict=False
+        ):
+            runs.append((" " + _fit(text, w, column.right) + " ", style))
+        return line_strip(runs, width, base)
+
+    def render_line(self, y: int) -> Strip:
+        width = self.scrollable_content_region.width
+        palette = self._ctx.palette
+        base = self._base_style()
+        if y == 0:
+            labels = [(c.label, None) for c in self.COLUMNS]
+            return self._line(labels, width, base + palette.header)
+        index = round(self.scroll_offset.y) + y - 1
+        if index >= len(self._keys):
+            return Strip.blank(width, base)
+        if index == self._cursor:
+            cursor = palette.selected + _BOLD if self.has_focus else _UNDERLINE
+            return self._line(self.cells(self._items[index], self._ctx), width, base + cursor)
+        strip = self._strips.get((index, width))
+        if strip is None:
+            strip = self._line(self.cells(self._items[index], self._ctx), width, base)
+            self._strips[(index, width)] = strip
+        return strip
 
 
 def _nz(value: float | None) -> float:
     return -1.0 if value is None else value
 
 
+def _hottest(host: HostView) -> DeviceView | None:
+    """The GPU closest to its own slowdown point."""
+    return max(
+        (d for d in host.devices if d.temp_c is not None),
+        key=lambda d: (d.temp_c or 0.0) - (d.slowdown_c or 85.0),
+        default=None,
+    )
+
+
+def _host_mem_frac(host: HostView) -> float | None:
+    used, total = host.mem_used_bytes, host.gpu_mem_total_bytes
+    return None if used is None or not total else used / total
+
+
+def _util_cell(value: float | None, p: Palette) -> Part:
+    level: Level = "muted" if value is None else load_level(value / 100.0)
+    return pct(None if value is None else round(value)), p.of(level)
+
+
 class HostsTable(MeshTable):
     view_name = "hosts"
     COLUMNS = (
-        ("host", "Host", 14, _plain),
-        ("state", "State", 7, _state),
-        ("drain", "Drain", 11, _state),
-        ("gpus", "GPU", 3, _right),
-        ("util", "Util", 4, _util),
-        ("mem", "GPU mem", 9, _leveled),
-        ("temp", "Temp", 5, _leveled),
-        ("jobs", "Job", 3, _right),
-        ("age", "Seen", 5, _leveled),
+        Column("host", "Host", 14),
+        Column("state", "State", 7),
+        Column("drain", "Drain", 11),
+        Column("gpus", "GPU", 3, right=True),
+        Column("util", "Util", 4, right=True),
+        Column("mem", "GPU mem", 9),
+        Column("temp", "Temp", 5),
+        Column("jobs", "Job", 3, right=True),
+        Column("age", "Seen", 5),
     )
-    SORTS = {
-        "name": (lambda v: v[0], False),
-        "util": (lambda v: _nz(v[4]), True),
-        "mem": (lambda v: v[9], True),
-        "temp": (lambda v: v[10], True),
+    SORTS: ClassVar[Mapping[str, SortSpec]] = {
+        "name": (lambda h: (h.hostname, h.node_id), False),
+        "util": (lambda h: _nz(h.util_pct), True),
+        "mem": (lambda h: _nz(_host_mem_frac(h)), True),
+        "temp": (lambda h: _nz(None if (d := _hottest(h)) is None else d.temp_c), True),
     }
 
-    def table_rows(self, ctx: ViewContext) -> Iterable[tuple[str, Values, str]]:
+    def table_rows(self, ctx: ViewContext) -> Iterable[Row]:
+        node_id = ctx.scope.node_id
         for h in ctx.snapshot.hosts:
-            if ctx.scope.node_id is not None and h.node_id != ctx.scope.node_id:
-                continue
-            used, total = h.mem_used_bytes, h.gpu_mem_total_bytes
-            frac = None if used is None or not total else used / total
-            hot = max(
-                (d for d in h.devices if d.temp_c is not None),
-                key=lambda d: (d.temp_c or 0.0) - (d.slowdown_c or 85.0),
-                default=None,
-            )
-            t_level: Level = "muted" if hot is None else temp_level(hot.temp_c, hot.slowdown_c)
-            age = h.telemetry_age_s
-            age_level: Level = "bad" if h.state == "dead" else "warn" if h.stale else "muted"
-            util = h.util_pct
-            values: Values = (
-                clip(h.hostname, 14),
-                h.state,
-                h.drain,
-                len(h.devices),
-                None if util is None else round(util),
-                (clip(mem_pair(used, total), 9), load_level(frac)),
-                (temp(None if hot is None else hot.temp_c), t_level),
-                len(h.running_jobs),
-                (duration(age) + ("!" if h.stale else ""), age_level),
-                _nz(frac),
-                _nz(None if hot is None else hot.temp_c),
-            )
-            first_gpu = h.devices[0].name if h.devices else ""
-            haystack = " ".join(
-                (h.hostname, h.node_id, h.state, h.drain, h.vendor, h.zone, h.os or "", first_gpu)
-            )
-            yield h.node_id, values, haystack
+            if node_id is None or h.node_id == node_id:
+                yield h.node_id, h
+
+    def haystack(self, item: Any, ctx: ViewContext) -> str:
+        h: HostView = item
+        first_gpu = h.devices[0].name if h.devices else ""
+        return " ".join(
+            (h.hostname, h.node_id, h.state, h.drain, h.vendor, h.zone, h.os or "", first_gpu)
+        )
+
+    def cells(self, item: Any, ctx: ViewContext) -> Sequence[Part]:
+        h: HostView = item
+        p = ctx.palette
+        hot = _hottest(h)
+        t_level: Level = "muted" if hot is None else temp_level(hot.temp_c, hot.slowdown_c)
+        age_level: Level = "bad" if h.state == "dead" else "warn" if h.stale else "muted"
+        mem_level = load_level(_host_mem_frac(h))
+        return (
+            (h.hostname, None),
+            (h.state, p.of(state_level(h.state))),
+            (h.drain, p.of(state_level(h.drain))),
+            (str(len(h.devices)), None),
+            _util_cell(h.util_pct, p),
+            (mem_pair(h.mem_used_bytes, h.gpu_mem_total_bytes), p.of(mem_level)),
+            (temp(None if hot is None else hot.temp_c), p.of(t_level)),
+            (str(len(h.running_jobs)), None),
+            (duration(h.telemetry_age_s) + ("!" if h.stale else ""), p.of(age_level)),
+        )
 
     def selection_for(self, key: str, snapshot: MeshSnapshot) -> Selection | None:
         host = snapshot.host(key)
@@ -306,58 +413,61 @@ class HostsTable(MeshTable):
         return Selection("host", node_id=key, raw=host.raw, title=host.hostname)
 
 
+GpuRow = tuple[HostView, DeviceView, str | None]
+"""A GPU's row item: its host, itself, and the live job holding it."""
+
+
 class GpusTable(MeshTable):
     view_name = "gpus"
     COLUMNS = (
-        ("host", "Host", 14, _plain),
-        ("index", "#", 2, _right),
-        ("model", "Model", 12, _plain),
-        ("util", "Util", 4, _util),
-        ("mem", "Mem", 8, _leveled),
-        ("temp", "Temp", 5, _leveled),
-        ("power", "Power", 9, _plain),
-        ("job", "Job", 8, _leveled),
+        Column("host", "Host", 14),
+        Column("index", "#", 2, right=True),
+        Column("model", "Model", 12),
+        Column("util", "Util", 4, right=True),
+        Column("mem", "Mem", 8),
+        Column("temp", "Temp", 5),
+        Column("power", "Power", 9),
+        Column("job", "Job", 8),
     )
-    SORTS = {
-        "name": (lambda v: (v[0], v[1]), False),
-        "util": (lambda v: _nz(v[3]), True),
-        "mem": (lambda v: v[8], True),
-        "temp": (lambda v: v[9], True),
+    SORTS: ClassVar[Mapping[str, SortSpec]] = {
+        "name": (lambda r: (r[0].hostname, r[0].node_id, r[1].index), False),
+        "util": (lambda r: _nz(r[1].util_pct), True),
+        "mem": (lambda r: _nz(r[1].mem_frac), True),
+        "temp": (lambda r: _nz(r[1].temp_c), True),
     }
 
-    def table_rows(self, ctx: ViewContext) -> Iterable[tuple[str, Values, str]]:
+    def table_rows(self, ctx: ViewContext) -> Iterable[Row]:
         snapshot = ctx.snapshot
-        holder: dict[tuple[str, str], str] = {}
-        for job in snapshot.jobs:
-            if job.live and job.runner is not None:
-                for key in job.devices:
-                    holder[(job.runner, key)] = job.job_id
+        holder = snapshot.holders()
         scope = ctx.scope
         for h in snapshot.hosts:
             if scope.node_id is not None and h.node_id != scope.node_id:
                 continue
-            stale = h.stale
+            node_id = h.node_id
             for d in h.devices:
-                if scope.device_key is not None and d.key != scope.device_key:
-                    continue
-                frac = d.mem_frac
-                holding = holder.get((h.node_id, d.key))
-                values: Values = (
-                    clip(h.hostname, 14),
-                    d.index,
-                    clip(d.short_name, 12),
-                    None if d.util_pct is None else round(d.util_pct),
-                    (mem_pair(d.mem_used_bytes, d.mem_total_bytes), load_level(frac)),
-                    (temp(d.temp_c), "muted" if stale else temp_level(d.temp_c, d.slowdown_c)),
-                    watts(d.power_mw, d.power_limit_mw),
-                    ("stale" if stale else (holding or "idle")[:8], "warn" if stale else "muted"),
-                    _nz(frac),
-                    _nz(d.temp_c),
-                )
-                haystack = (
-                    f"{h.hostname} {h.node_id} {d.name} {d.vendor} {d.backend} {holding or ''}"
-                )
-                yield d.row_key, values, haystack
+                if scope.device_key is None or d.key == scope.device_key:
+                    yield d.row_key, (h, d, holder.get((node_id, d.key)))
+
+    def haystack(self, item: Any, ctx: ViewContext) -> str:
+        h, d, holding = item
+        return f"{h.hostname} {h.node_id} {d.name} {d.vendor} {d.backend} {holding or ''}"
+
+    def cells(self, item: Any, ctx: ViewContext) -> Sequence[Part]:
+        h, d, holding = item
+        p = ctx.palette
+        stale = h.stale
+        t_level: Level = "muted" if stale else temp_level(d.temp_c, d.slowdown_c)
+        job: Part = ("stale", p.of("warn")) if stale else ((holding or "idle")[:8], p.muted)
+        return (
+            (h.hostname, None),
+            (str(d.index), None),
+            (d.short_name, None),
+            _util_cell(d.util_pct, p),
+            (mem_pair(d.mem_used_bytes, d.mem_total_bytes), p.of(load_level(d.mem_frac))),
+            (temp(d.temp_c), p.of(t_level)),
+            (watts(d.power_mw, d.power_limit_mw), None),
+            job,
+        )
 
     def selection_for(self, key: str, snapshot: MeshSnapshot) -> Selection | None:
         node_id, _, device_key = key.partition("/")
@@ -379,55 +489,59 @@ class GpusTable(MeshTable):
 class JobsTable(MeshTable):
     view_name = "jobs"
     COLUMNS = (
-        ("job", "Job", 8, _plain),
-        ("state", "State", 9, _state),
-        ("owner", "Owner", 6, _plain),
-        ("node", "Node", 12, _plain),
-        ("gpus", "GPU", 3, _right),
-        ("progress", "Done", 4, _right),
-        ("eta", "ETA", 5, _right),
-        ("why", "Command / why pending", 14, _leveled),
+        Column("job", "Job", 8),
+        Column("state", "State", 9),
+        Column("owner", "Owner", 6),
+        Column("node", "Node", 12),
+        Column("gpus", "GPU", 3, right=True),
+        Column("progress", "Done", 4, right=True),
+        Column("eta", "ETA", 5, right=True),
+        Column("why", "Command / why pending", 14, stretch=True),
     )
-    SORTS = {
-        "name": (lambda v: v[0], False),
-        "util": (lambda v: v[8], True),
-        "mem": (lambda v: v[9], True),
-        "temp": (lambda v: v[10], False),
+    SORTS: ClassVar[Mapping[str, SortSpec]] = {
+        "name": (lambda j: j.job_id, False),
+        "util": (lambda j: _nz(j.progress), True),
+        "mem": (lambda j: j.gpus_per_node, True),
+        "temp": (lambda j: j.eta_s if j.eta_s is not None else float("inf"), False),
     }
     """For jobs: N by id, U by progress, M by GPUs asked, T by predicted completion."""
 
-    def table_rows(self, ctx: ViewContext) -> Iterable[tuple[str, Values, str]]:
-        snapshot = ctx.snapshot
+    def table_rows(self, ctx: ViewContext) -> Iterable[Row]:
         scope = ctx.scope
-        for j in snapshot.jobs:
+        for j in ctx.snapshot.jobs:
             if scope.node_id is not None:
                 if j.runner != scope.node_id or not j.live:
                     continue
                 if scope.device_key is not None and scope.device_key not in j.devices:
                     continue
-            why: tuple[str, Level]
-            if j.state == "pending" and j.reason:
-                why = (j.reason, "warn")
-            elif j.state == "failed" and j.exit_code is not None:
-                why = (f"exit {j.exit_code}: {j.command}", "bad")
-            else:
-                why = (j.command, "muted")
-            values: Values = (
-                j.job_id[:8],
-                j.state,
-                clip(snapshot.hostname(j.owner), 6),
-                clip(snapshot.hostname(j.runner) if j.runner else "-", 12),
-                j.gpus_per_node,
-                "-" if j.progress is None else f"{100 * j.progress:.0f}%",
-                duration(j.eta_s) if j.eta_s is not None else "-",
-                why,
-                _nz(j.progress),
-                j.gpus_per_node,
-                j.eta_s if j.eta_s is not None else float("inf"),
-            )
-            runner = snapshot.hostname(j.runner) if j.runner else ""
-            haystack = f"{j.job_id} {j.state} {j.kind} {runner} {j.command} {j.reason or ''}"
-            yield j.job_id, values, haystack
+            yield j.job_id, j
+
+    def haystack(self, item: Any, ctx: ViewContext) -> str:
+        j: JobView = item
+        runner = ctx.snapshot.hostname(j.runner) if j.runner else ""
+        return f"{j.job_id} {j.state} {j.kind} {runner} {j.command} {j.reason or ''}"
+
+    def cells(self, item: Any, ctx: ViewContext) -> Sequence[Part]:
+        j: JobView = item
+        p = ctx.palette
+        snapshot = ctx.snapshot
+        why: Part
+        if j.state == "pending" and j.reason:
+            why = (j.reason, p.of("warn"))
+        elif j.state == "failed" and j.exit_code is not None:
+            why = (f"exit {j.exit_code}: {j.command}", p.of("bad"))
+        else:
+            why = (j.command, p.muted)
+        return (
+            (j.job_id[:8], None),
+            (j.state, p.of(state_level(j.state))),
+            (snapshot.hostname(j.owner), None),
+            (snapshot.hostname(j.runner) if j.runner else "-", None),
+            (str(j.gpus_per_node), None),
+            ("-" if j.progress is None else f"{100 * j.progress:.0f}%", None),
+            (duration(j.eta_s) if j.eta_s is not None else "-", None),
+            why,
+        )
 
     def selection_for(self, key: str, snapshot: MeshSnapshot) -> Selection | None:
         job = snapshot.job(key)
@@ -439,32 +553,36 @@ class JobsTable(MeshTable):
 class EventsTable(MeshTable):
     view_name = "events"
     COLUMNS = (
-        ("age", "Age", 5, _right),
-        ("kind", "Kind", 6, _plain),
-        ("node", "Node", 14, _plain),
-        ("job", "Job", 8, _plain),
-        ("message", "Message", 30, _plain),
+        Column("age", "Age", 5, right=True),
+        Column("kind", "Kind", 10),
+        Column("node", "Node", 14),
+        Column("job", "Job", 8),
+        Column("message", "Message", 30, stretch=True),
     )
-    SORTS = {"name": (lambda v: v[5], True)}
+    SORTS: ClassVar[Mapping[str, SortSpec]] = {"name": (lambda e: e.seq, True)}
     MAX_EVENTS: ClassVar[int] = 2000
 
-    def table_rows(self, ctx: ViewContext) -> Iterable[tuple[str, Values, str]]:
+    def table_rows(self, ctx: ViewContext) -> Iterable[Row]:
+        node_id = ctx.scope.node_id
+        for e in reversed(ctx.snapshot.events[-self.MAX_EVENTS :]):
+            if node_id is None or e.node == node_id:
+                yield str(e.seq), e
+
+    def haystack(self, item: Any, ctx: ViewContext) -> str:
+        e: EventView = item
+        node = ctx.snapshot.hostname(e.node) if e.node else "-"
+        return f"{e.kind} {node} {e.job_id or ''} {e.message}"
+
+    def cells(self, item: Any, ctx: ViewContext) -> Sequence[Part]:
+        e: EventView = item
         snapshot = ctx.snapshot
-        events: Sequence[Any] = snapshot.events[-self.MAX_EVENTS :]
-        scope = ctx.scope
-        for e in reversed(events):
-            if scope.node_id is not None and e.node != scope.node_id:
-                continue
-            node = snapshot.hostname(e.node) if e.node else "-"
-            values: Values = (
-                duration(snapshot.taken_at - e.at),
-                e.kind,
-                clip(node, 14),
-                (e.job_id or "-")[:8],
-                e.message,
-                e.seq,
-            )
-            yield str(e.seq), values, f"{e.kind} {node} {e.job_id or ''} {e.message}"
+        return (
+            (duration(snapshot.taken_at - e.at), None),
+            (e.kind, None),
+            (snapshot.hostname(e.node) if e.node else "-", None),
+            ((e.job_id or "-")[:8], None),
+            (e.message, None),
+        )
 
     def selection_for(self, key: str, snapshot: MeshSnapshot) -> Selection | None:
         event = next((e for e in snapshot.events if str(e.seq) == key), None)

@@ -8,25 +8,27 @@ A host that stopped reporting keeps its last values, drawn muted and marked stal
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from dataclasses import replace
 from typing import ClassVar, Literal, NamedTuple
 
-from rich.segment import Segment
 from rich.style import Style
-from rich.text import Text
 from textual import events
 from textual.binding import Binding, BindingType
 from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from tui.model import DeviceView, HostView
+from tui.model import EMPTY_SNAPSHOT, DeviceView, HostView
 from tui.widgets.base import Drill, Selection, SortKey, ViewContext
 from tui.widgets.render import (
     Level,
+    Part,
     bandwidth,
-    bar_text,
+    bar_parts,
     clip,
     duration,
+    line_strip,
     load_level,
     mem_pair,
     pct,
@@ -40,8 +42,13 @@ GROUPINGS: tuple[GroupBy, ...] = ("vendor", "os", "zone")
 VENDOR_TITLES = {"nvidia": "NVIDIA", "amd": "AMD", "intel": "Intel", "apple": "Apple"}
 
 
+Entry = tuple[str, HostView | None]
+"""A group title (``(title, None)``) or a host (``("", host)``): a host's GPUs are the lines
+under it, so a refresh makes one entry per host, not one per GPU."""
+
+
 class TopoRow(NamedTuple):
-    """One line of the view (a tuple: thousands are made per refresh)."""
+    """One line of the view, made when a line is asked for."""
 
     kind: Literal["group", "host", "gpu"]
     key: str
@@ -93,11 +100,17 @@ class TopologyView(ScrollView, can_focus=True):
         self.group_by: GroupBy = "vendor"
         self.sort_key: SortKey = "name"
         self._ctx = ViewContext()
-        self._rows: list[TopoRow] = []
+        self._entries: list[Entry] = []
+        self._starts: list[int] = []
+        """The line each entry starts on."""
+        self._group_sizes: dict[str, tuple[int, int]] = {}
+        self._host_entry: dict[str, int] = {}
+        self._lines = 0
         self._cursor = 0
         self._cursor_key: str | None = None
+        self._base: Style | None = None
         self._strips: dict[tuple[int, int], Strip] = {}
-        """Rendered lines by (row, width), without the cursor; dropped on every apply."""
+        """Rendered lines by (line, width), without the cursor; dropped on every apply."""
 
     # -- data --------------------------------------------------------------------------------
 
@@ -105,11 +118,6 @@ class TopologyView(ScrollView, can_focus=True):
         self._ctx = ctx
         snapshot = ctx.snapshot
         pattern = ctx.row_filter.compile()
-        holder: dict[tuple[str, str], str] = {}
-        for job in snapshot.jobs:
-            if job.live and job.runner is not None:
-                for key in job.devices:
-                    holder[(job.runner, key)] = job.job_id
         groups: dict[str, list[HostView]] = {}
         for host in snapshot.hosts:
             if pattern is not None:
@@ -120,29 +128,36 @@ class TopologyView(ScrollView, can_focus=True):
                 if not ctx.row_filter.keeps(haystack, pattern):
                     continue
             groups.setdefault(_group_of(host, self.group_by), []).append(host)
-        rows: list[TopoRow] = []
+        entries: list[Entry] = []
+        starts: list[int] = []
+        sizes: dict[str, tuple[int, int]] = {}
+        host_entry: dict[str, int] = {}
+        line = 0
         for title in sorted(groups):
             hosts = self._sorted(groups[title])
-            gpus = sum(len(h.devices) for h in hosts)
-            rows.append(
-                TopoRow(
-                    "group",
-                    f"group:{title}",
-                    f"{title} · {len(hosts)} host{'s' * (len(hosts) != 1)} · {gpus} GPUs",
-                )
-            )
+            sizes[title] = (len(hosts), sum(len(h.devices) for h in hosts))
+            entries.append((title, None))
+            starts.append(line)
+            line += 1
             for host in hosts:
-                rows.append(TopoRow("host", host.node_id, host=host))
-                node_id = host.node_id
-                rows.extend(
-                    TopoRow("gpu", d.row_key, "", host, d, holder.get((node_id, d.key)))
-                    for d in host.devices
-                )
-        self._rows = rows
+                host_entry[host.node_id] = len(entries)
+                entries.append(("", host))
+                starts.append(line)
+                line += 1 + len(host.devices)
+        self._entries, self._starts, self._group_sizes = entries, starts, sizes
+        self._host_entry, self._lines = host_entry, line
         self._strips.clear()
+        self._base = None
         self._restore_cursor()
-        self.virtual_size = Size(self.scrollable_content_region.width, len(rows))
+        self.virtual_size = Size(self.scrollable_content_region.width, line)
         self.refresh()
+
+    def release(self) -> None:
+        """Drop the lines (hidden and out of date: the snapshot they hold can be freed)."""
+        self._ctx = replace(self._ctx, snapshot=EMPTY_SNAPSHOT)
+        self._entries, self._starts, self._group_sizes, self._host_entry = [], [], {}, {}
+        self._lines = 0
+        self._strips.clear()
 
     def _sorted(self, hosts: list[HostView]) -> list[HostView]:
         key = self.sort_key
@@ -157,15 +172,54 @@ class TopologyView(ScrollView, can_focus=True):
             return sorted(hosts, key=lambda h: -(h.temp_c or -1.0))
         return sorted(hosts, key=lambda h: h.hostname)
 
+    def row(self, line: int) -> TopoRow:
+        """What is on virtual line ``line`` (``0 <= line < line_count``)."""
+        i = bisect_right(self._starts, line) - 1
+        title, host = self._entries[i]
+        if host is None:
+            n_hosts, n_gpus = self._group_sizes[title]
+            label = f"{title} · {n_hosts} host{'s' * (n_hosts != 1)} · {n_gpus} GPUs"
+            return TopoRow("group", f"group:{title}", label)
+        offset = line - self._starts[i]
+        if offset == 0:
+            return TopoRow("host", host.node_id, host=host)
+        d = host.devices[offset - 1]
+        job_id = self._ctx.snapshot.holders().get((host.node_id, d.key))
+        return TopoRow("gpu", d.row_key, "", host, d, job_id)
+
+    @property
+    def line_count(self) -> int:
+        return self._lines
+
+    def line_of(self, key: str) -> int | None:
+        """The line showing ``key`` (a node id, ``node/device`` or ``group:title``)."""
+        if key.startswith("group:"):
+            for start, (title, host) in zip(self._starts, self._entries, strict=True):
+                if host is None and f"group:{title}" == key:
+                    return start
+            return None
+        node_id, _, device_key = key.partition("/")
+        i = self._host_entry.get(node_id)
+        if i is None:
+            return None
+        host = self._entries[i][1]
+        assert host is not None
+        if not device_key:
+            return self._starts[i]
+        for n, d in enumerate(host.devices):
+            if d.key == device_key:
+                return self._starts[i] + 1 + n
+        return None
+
     def _restore_cursor(self) -> None:
         if self._cursor_key is not None:
-            for i, row in enumerate(self._rows):
-                if row.key == self._cursor_key:
-                    self._cursor = i
-                    return
-        self._cursor = min(self._cursor, max(0, len(self._rows) - 1))
-        if self._rows:
-            self._cursor_key = self._rows[self._cursor].key
+            line = self.line_of(self._cursor_key)
+            if line is not None:
+                self._cursor = line
+                return
+        self._cursor = min(self._cursor, max(0, self._lines - 1))
+        if self._lines:
+            self._cursor_key = self.row(self._cursor).key
 
     def sort_by(self, sort_key: SortKey) -> bool:
         self.sort_key = sort_key
@@ -175,9 +229,9 @@ class TopologyView(ScrollView, can_focus=True):
     # -- selection ---------------------------------------------------------------------------
 
     def selection(self) -> Selection | None:
-        if not self._rows:
+        if not self._lines:
             return None
-        row = self._rows[self._cursor]
+        row = self.row(self._cursor)
         if row.kind == "gpu" and row.host is not None and row.device is not None:
             return Selection(
                 "gpu",
@@ -194,25 +248,25 @@ class TopologyView(ScrollView, can_focus=True):
         return None
 
     def select_key(self, key: str) -> bool:
-        for i, row in enumerate(self._rows):
-            if row.key == key:
-                self._move_to(i)
-                return True
-        return False
+        line = self.line_of(key)
+        if line is None:
+            return False
+        self._move_to(line)
+        return True
 
     def _move_to(self, index: int) -> None:
-        if not self._rows:
+        if not self._lines:
             return
-        index = max(0, min(len(self._rows) - 1, index))
+        index = max(0, min(self._lines - 1, index))
         old, self._cursor = self._cursor, index
-        self._cursor_key = self._rows[index].key
+        self._cursor_key = self.row(index).key
         height = self.scrollable_content_region.height or 1
         top = int(self.scroll_offset.y)
         if index < top:
-            self.scroll_to(y=index, animate=False)
+            self.scroll_to(y=index, animate=False, immediate=True)
             self.refresh()
         elif index >= top + height:
-            self.scroll_to(y=index - height + 1, animate=False)
+            self.scroll_to(y=index - height + 1, animate=False, immediate=True)
             self.refresh()
         else:
             self.refresh_line(old)
@@ -232,7 +286,7 @@ class TopologyView(ScrollView, can_focus=True):
         self._move_to(0)
 
     def action_bottom(self) -> None:
-        self._move_to(len(self._rows) - 1)
+        self._move_to(self._lines - 1)
 
     def action_drill(self) -> None:
         selection = self.selection()
@@ -249,6 +303,16 @@ class TopologyView(ScrollView, can_focus=True):
 
     # -- drawing -----------------------------------------------------------------------------
 
+    def _base_style(self) -> Style:
+        """The widget's own style under every line (asked of the DOM once, not per line)."""
+        if self._base is None:
+            self._base = self.rich_style
+        return self._base
+
+    def notify_style_update(self) -> None:
+        self._base = None
+        super().notify_style_update()
+
     def on_focus(self) -> None:
         self.refresh()
 
@@ -258,63 +322,60 @@ class TopologyView(ScrollView, can_focus=True):
     def render_line(self, y: int) -> Strip:
         index = int(self.scroll_offset.y) + y
         width = self.scrollable_content_region.width
-        if index >= len(self._rows):
-            return Strip.blank(width, self.rich_style)
-        strip = self._strips.get((index, width))
-        if strip is None:
-            strip = self._render_row(self._rows[index], width)
-            self._strips[(index, width)] = strip
+        if index >= self._lines:
+            return Strip.blank(width, self._base_style())
+        base = self._base_style()
         if index == self._cursor:
             cursor = self._ctx.palette.selected if self.has_focus else Style(underline=True)
-            strip = strip.apply_style(cursor)
+            return self._render_row(self.row(index), width, base + cursor)
+        strip = self._strips.get((index, width))
+        if strip is None:
+            strip = self._render_row(self.row(index), width, base)
+            self._strips[(index, width)] = strip
         return strip
 
-    def _render_row(self, row: TopoRow, width: int) -> Strip:
+    def _render_row(self, row: TopoRow, width: int, base: Style) -> Strip:
         if row.kind == "group":
-            text = self._group_line(row)
+            parts = self._group_line(row)
         elif row.kind == "host":
             assert row.host is not None
-            text = self._host_line(row.host, width)
+            parts = self._host_line(row.host)
         else:
             assert row.host is not None and row.device is not None
-            text = self._gpu_line(row.host, row.device, row.job_id, width)
-        text.truncate(width, pad=True)
-        base = self.rich_style
-        segments = [
-            Segment(seg.text, base + seg.style if seg.style else base)
-            for seg in text.render(self.app.console)
-            if seg.text
+            parts = self._gpu_line(row.host, row.device, row.job_id, width)
+        return line_strip(parts, width, base)
+
+    def _group_line(self, row: TopoRow) -> list[Part]:
+        mark = "v" if self._ctx.glyphs.ascii else "▾"
+        return [(f"{mark} {row.label}", self._ctx.palette.group)]
+
+    def _host_line(self, host: HostView) -> list[Part]:
+        p = self._ctx.palette
+        parts: list[Part] = [
+            (" ", None),
+            (clip(host.hostname, 20).ljust(20), p.accent),
+            (" ", None),
+            (host.state.ljust(7), p.of(state_level(host.state))),
+            (" ", None),
+            (host.drain.ljust(11), p.of(state_level(host.drain))),
         ]
-        return Strip(segments, width)
-
-    def _group_line(self, row: TopoRow) -> Text:
-        p = self._ctx.palette
-        return Text(f"▾ {row.label}" if not self._ctx.glyphs.ascii else f"v {row.label}", p.group)
-
-    def _host_line(self, host: HostView, width: int) -> Text:
-        p = self._ctx.palette
-        text = Text(no_wrap=True, end="")
-        text.append(" ")
-        text.append(clip(host.hostname, 20).ljust(20), p.accent)
-        text.append(" ")
-        text.append(host.state.ljust(7), p.of(state_level(host.state)))
-        text.append(" ")
-        text.append(host.drain.ljust(11), p.of(state_level(host.drain)))
         if host.stale:
             age = duration(host.telemetry_age_s) if host.telemetry_age_s is not None else "?"
-            text.append(f" stale {age} ", p.of("bad" if host.state == "dead" else "warn"))
-        text.append(f" {host.zone}", p.muted)
+            parts.append((f" stale {age} ", p.of("bad" if host.state == "dead" else "warn")))
+        parts.append((f" {host.zone}", p.muted))
         links = _links_summary(host)
         if links:
-            text.append(f"  {links}", p.muted)
+            parts.append((f"  {links}", p.muted))
         jobs = len(host.running_jobs)
         if jobs:
-            text.append(f"  {jobs} job{'s' * (jobs != 1)}", p.muted)
+            parts.append((f"  {jobs} job{'s' * (jobs != 1)}", p.muted))
         if host.queue:
-            text.append(f" q{host.queue}", p.of("warn"))
-        return text
+            parts.append((f" q{host.queue}", p.of("warn")))
+        return parts
 
-    def _gpu_line(self, host: HostView, d: DeviceView, job_id: str | None, width: int) -> Text:
+    def _gpu_line(
+        self, host: HostView, d: DeviceView, job_id: str | None, width: int
+    ) -> list[Part]:
         p = self._ctx.palette
         g = self._ctx.glyphs
         stale = host.stale
@@ -324,31 +385,31 @@ class TopologyView(ScrollView, can_focus=True):
         util_w, mem_w = max(3, bars * 9 // 20), max(2, bars * 7 // 20)
         temp_w = max(1, bars - util_w - mem_w)
         spark_w = max(0, avail - bars - 1)
-        text = Text(no_wrap=True, end="")
-        text.append(f"    {d.index:>2} ")
-        text.append(clip(d.short_name, 12).ljust(13), p.muted if stale else Style())
         util_frac = None if d.util_pct is None else d.util_pct / 100.0
         u_level: Level = "muted" if stale else load_level(util_frac)
         m_level: Level = "muted" if stale else load_level(d.mem_frac)
         t_level: Level = "muted" if stale else temp_level(d.temp_c, d.slowdown_c)
-        text.append_text(bar_text(util_frac, util_w, g, p, u_level))
-        text.append(f"{pct(d.util_pct):>5} ", p.of(u_level))
-        text.append_text(bar_text(d.mem_frac, mem_w, g, p, m_level))
-        text.append(f"{mem_pair(d.mem_used_bytes, d.mem_total_bytes):>9} ", p.of(m_level))
         t_frac = None
         if d.temp_c is not None and d.slowdown_c:
             t_frac = d.temp_c / d.slowdown_c
-        text.append_text(bar_text(t_frac, temp_w, g, p, t_level))
-        text.append(f"{temp(d.temp_c):>6}", p.of(t_level))
-        history = self._ctx.history
-        series = history.series(d.row_key) if history is not None else ()
+        parts: list[Part] = [
+            (f"    {d.index:>2} ", None),
+            (clip(d.short_name, 12).ljust(13), p.muted if stale else None),
+            *bar_parts(util_frac, util_w, g, p, u_level),
+            (f"{pct(d.util_pct):>5} ", p.of(u_level)),
+            *bar_parts(d.mem_frac, mem_w, g, p, m_level),
+            (f"{mem_pair(d.mem_used_bytes, d.mem_total_bytes):>9} ", p.of(m_level)),
+            *bar_parts(t_frac, temp_w, g, p, t_level),
+            (f"{temp(d.temp_c):>6}", p.of(t_level)),
+        ]
         if spark_w:
-            text.append(" ")
-            text.append(g.spark(series, spark_w), p.muted if stale else p.of("ok"))
+            history = self._ctx.history
+            series = history.series(d.row_key) if history is not None else ()
+            parts.append((" " + g.spark(series, spark_w), p.muted if stale else p.ok))
         if stale:
-            text.append("  stale", p.of("warn"))
+            parts.append(("  stale", p.of("warn")))
         elif job_id is not None:
-            text.append(f"  {job_id[:7]}", p.accent)
+            parts.append((f"  {job_id[:7]}", p.accent))
         else:
-            text.append("  idle", p.muted)
-        return text
+            parts.append(("  idle", p.muted))
+        return parts
