@@ -53,8 +53,23 @@ def _cc_tuple(text: str | None) -> tuple[int, ...] | None:
         return None
 
 
-def device_fits(spec: JobSpec, d: DeviceStatic) -> bool:
-    """Whether one device meets the job's per-GPU constraints."""
+class DeviceFacts(Protocol):
+    """What the per-GPU filters read: a :class:`DeviceStatic`, or the TUI's view of one."""
+
+    @property
+    def vendor(self) -> str: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def mem_total_bytes(self) -> int | None: ...
+    @property
+    def compute_capability(self) -> str | None: ...
+    @property
+    def arch(self) -> str | None: ...
+
+
+def device_fits(spec: JobSpec, d: DeviceFacts) -> bool:
+    """Whether one device meets the job's per-GPU constraints (the agents and the TUI's preview)."""
     r = spec.resources
     if r.backends and d.backend not in r.backends:
         return False

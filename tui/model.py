@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from agent.jobspec import JobSpec
+from agent.placement import device_fits
 
 STALE_AFTER_S: Final = 15.0
 """Telemetry older than this is shown as stale (with its age)."""
@@ -575,33 +576,6 @@ class Fit:
     queue: int
 
 
-def _cc(text: str | None) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    try:
-        return tuple(int(p) for p in text.split("."))
-    except ValueError:
-        return None
-
-
-def device_fits(spec: JobSpec, device: DeviceView) -> bool:
-    """The per-GPU hard constraints (as the agents' first-fit placement applies them)."""
-    r = spec.resources
-    if device.backend == "cpu":
-        return False
-    if r.backends and device.backend not in r.backends:
-        return False
-    if r.min_mem_per_gpu_bytes is not None and (
-        device.mem_total_bytes is None or device.mem_total_bytes < r.min_mem_per_gpu_bytes
-    ):
-        return False
-    if r.min_compute_capability is not None:
-        want, have = _cc(r.min_compute_capability), _cc(device.compute_capability)
-        if device.vendor != "nvidia" or want is None or (have is not None and have < want):
-            return False
-    return not (r.archs and (device.arch or "").lower() not in {a.lower() for a in r.archs})
-
-
 def _labels_ok(spec: JobSpec, host: HostView) -> bool:
     if any(host.labels.get(k) != v for k, v in spec.affinity.items()):
         return False
@@ -628,7 +602,7 @@ def fitting_hosts(
         taken = busy.get(host.node_id, set())
         by_vendor: dict[str, list[DeviceView]] = {}
         for device in host.devices:
-            if device.key not in taken and device_fits(spec, device):
+            if device.key not in taken and device.backend != "cpu" and device_fits(spec, device):
                 by_vendor.setdefault(device.vendor, []).append(device)
         best: list[DeviceView] = []
         for group in by_vendor.values():
