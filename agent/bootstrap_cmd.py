@@ -12,8 +12,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import NoReturn
 
 from rich.console import Console
 
@@ -22,7 +25,7 @@ from agent.bootstrap.hosts import HostSpec, load_hosts_file, parse_target
 from agent.bootstrap.install import InstallSource, local_version
 from agent.bootstrap.runner import BootstrapOptions, HostResult, Reporter, run_hosts
 from agent.bootstrap.service import SERVICE_KINDS
-from agent.bootstrap.ssh import SshOptions, default_known_hosts
+from agent.bootstrap.ssh import BootstrapError, SshOptions, default_known_hosts
 from agent.bootstrap.wheelhouse import DEFAULT_PLATFORMS, DEFAULT_PYTHON_VERSION, build_wheelhouse
 from agent.errors import UserError
 from agent.paths import default_cluster_dir
@@ -167,7 +170,10 @@ def options_from_args(args: argparse.Namespace) -> BootstrapOptions:
         index_url=args.index_url,
     )
     if args.wheelhouse is not None:
-        source.build_digest()  # a wheelhouse without the wanted wheel fails here, once
+        try:
+            source.build_digest()  # a wheelhouse without the wanted wheel fails here, once
+        except BootstrapError as exc:
+            raise UserError(str(exc)) from None
     return BootstrapOptions(
         cluster=cluster,
         source=source,
@@ -187,26 +193,78 @@ def options_from_args(args: argparse.Namespace) -> BootstrapOptions:
     )
 
 
-def bootstrap(
-    args: argparse.Namespace, reporter: Reporter | None = None, console: Console | None = None
-) -> list[HostResult]:
-    """Run the hosts of ``args``; returns one result per host (printed by :func:`run_bootstrap`)."""
+class _WordsParser(argparse.ArgumentParser):
+    """The ``shoal bootstrap`` parser for words that do not come from a shell: no ``--help``, and
+    a mistake raises :class:`UserError` instead of exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UserError(message)
+
+
+def parse_bootstrap_args(words: Sequence[str]) -> argparse.Namespace:
+    """``shoal bootstrap``'s arguments from a list of words, exactly as the command line reads
+    them (the TUI's add-host form builds such a list); a mistake raises :class:`UserError`."""
+    parser = _WordsParser(prog="shoal bootstrap", add_help=False)
+    add_bootstrap_arguments(parser)
+    return parser.parse_args(list(words))
+
+
+@dataclass(frozen=True, slots=True)
+class BootstrapPlan:
+    """A checked ``shoal bootstrap`` run: the hosts, the options and how many hosts at once."""
+
+    specs: tuple[HostSpec, ...]
+    options: BootstrapOptions
+    jobs: int
+    upgrade_jobs: int
+    uninstall: bool = False
+
+    @property
+    def hosts(self) -> list[str]:
+        """The hosts as every reporter names them."""
+        return [s.name for s in self.specs]
+
+    async def run(self, reporter: Reporter) -> list[HostResult]:
+        """Every host through :func:`~agent.bootstrap.runner.run_hosts`; one result per host."""
+        return await run_hosts(
+            self.specs,
+            self.options,
+            reporter,
+            jobs=self.jobs,
+            upgrade_jobs=self.upgrade_jobs,
+            uninstall=self.uninstall,
+        )
+
+
+def plan_bootstrap(args: argparse.Namespace) -> BootstrapPlan:
+    """The hosts and options of ``args``, checked; :class:`UserError` when something is wrong.
+
+    Reads the cluster directory and the wheelhouse (files only, no network).
+    """
     specs = collect_hosts(args)
     options = options_from_args(args)
     jobs = args.jobs if args.jobs is not None else DEFAULT_JOBS
     upgrade_jobs = args.jobs if args.jobs is not None else 1
     if jobs < 1:
         raise UserError("--jobs must be at least 1")
+    return BootstrapPlan(
+        specs=tuple(specs),
+        options=options,
+        jobs=jobs,
+        upgrade_jobs=upgrade_jobs,
+        uninstall=args.uninstall,
+    )
 
-    async def go(rep: Reporter) -> list[HostResult]:
-        return await run_hosts(
-            specs, options, rep, jobs=jobs, upgrade_jobs=upgrade_jobs, uninstall=args.uninstall
-        )
 
+def bootstrap(
+    args: argparse.Namespace, reporter: Reporter | None = None, console: Console | None = None
+) -> list[HostResult]:
+    """Run the hosts of ``args``; returns one result per host (printed by :func:`run_bootstrap`)."""
+    plan = plan_bootstrap(args)
     if reporter is not None:
-        return asyncio.run(go(reporter))
-    with ProgressDisplay(console or Console(stderr=True), [s.name for s in specs]) as display:
-        return asyncio.run(go(display))
+        return asyncio.run(plan.run(reporter))
+    with ProgressDisplay(console or Console(stderr=True), plan.hosts) as display:
+        return asyncio.run(plan.run(display))
 
 
 def run_bootstrap(args: argparse.Namespace) -> int:

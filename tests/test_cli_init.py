@@ -42,3 +42,14 @@ def test_init_refuses_to_overwrite_a_cluster_in_one_line(tmp_path: Path) -> None
     assert len(again.stderr.strip().splitlines()) == 1
     assert "refusing to overwrite" in again.stderr
     assert (target / "ca.key").read_bytes() == before
+
+
+def test_bootstrap_with_a_wheelhouse_lacking_shoal_is_one_line(tmp_path: Path) -> None:
+    target = tmp_path / "cluster"
+    assert shoal("init", "--dir", str(target)).returncode == 0
+    empty = tmp_path / "wheels"
+    empty.mkdir()
+    done = shoal("bootstrap", "--identity", str(target), "--wheelhouse", str(empty), "me@127.0.0.1")
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert "holds no shoal-" in done.stderr and len(done.stderr.strip().splitlines()) == 1

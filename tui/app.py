@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 from textual import events, work
@@ -68,7 +69,11 @@ class ShoalApp(App[None]):
     """The operator's view of one mesh.
 
     ``quiet_gc``: run full garbage collections only at quiet moments (:mod:`tui.collector`);
-    on by default, off in tests that start many apps in one process.
+    on by default, off in tests that start many apps in one process. ``identity_dir``: the
+    cluster directory of ``shoal init`` (the CA and the operator identity); adding hosts needs
+    it, since each new node's certificate is signed with that CA. ``bootstrap_args``: extra
+    ``shoal bootstrap`` flags for every host added from the TUI (``[bootstrap] args`` in
+    ``tui.toml``).
     """
 
     TITLE = "shoal"
@@ -90,10 +95,16 @@ class ShoalApp(App[None]):
         keymap: Mapping[str, str] | None = None,
         watch: bool = True,
         quiet_gc: bool = True,
+        identity_dir: Path | None = None,
+        bootstrap_args: Sequence[str] = (),
     ) -> None:
         super().__init__()
         self.source = source
         self.readonly = readonly
+        self.identity_dir = identity_dir
+        self.bootstrap_args: tuple[str, ...] = tuple(bootstrap_args)
+        self._add_host_refusal: str | None = None
+        self._add_host_checked = False
         self.refresh_s = refresh_s
         self.glyphs = Glyphs(ascii=ascii)
         self.snapshot: MeshSnapshot = EMPTY_SNAPSHOT
@@ -222,23 +233,46 @@ class ShoalApp(App[None]):
 
     # -- operations --------------------------------------------------------------------------
 
-    async def _operate(
-        self, kind: str, label: str, call: Callable[[], Awaitable[Mapping[str, Any]]]
-    ) -> None:
-        token = f"{kind}:{label}"
+    @contextlib.contextmanager
+    def in_flight(self, token: str, label: str) -> Iterator[None]:
+        """Show ``label`` in the header while the block runs."""
         self.ops_in_flight[token] = label
         self._show_busy()
         try:
-            answer = await call()
-            outcome = OperationDone(kind, label, True, _summary(answer, self.snapshot))
-        except ApiError as exc:
-            outcome = OperationDone(kind, label, False, str(exc))
+            yield
         finally:
             self.ops_in_flight.pop(token, None)
             self._show_busy()
+
+    def finish_operation(self, outcome: OperationDone) -> None:
+        """Record and announce an operation's outcome, then read the mesh again at once."""
         self.outcomes.append(outcome)
         self.post_message(outcome)
         self.poke()
+
+    async def _operate(
+        self, kind: str, label: str, call: Callable[[], Awaitable[Mapping[str, Any]]]
+    ) -> None:
+        with self.in_flight(f"{kind}:{label}", label):
+            try:
+                answer = await call()
+                outcome = OperationDone(kind, label, True, _summary(answer, self.snapshot))
+            except ApiError as exc:
+                outcome = OperationDone(kind, label, False, str(exc))
+        self.finish_operation(outcome)
+
+    def add_host_refusal(self) -> str | None:
+        """Why this TUI cannot add hosts (one line), or None when it can.
+
+        Adding a host signs the new node's certificate with the cluster CA, so it needs the CA's
+        key in ``identity_dir``; ``--readonly`` turns it off. Checked once, then remembered.
+        """
+        if self.readonly:
+            return "read-only: adding hosts is off (start the TUI without --readonly)"
+        if not self._add_host_checked:
+            self._add_host_checked = True
+            self._add_host_refusal = _cluster_refusal(self.identity_dir)
+        return self._add_host_refusal
 
     def _show_busy(self) -> None:
         with contextlib.suppress(LookupError):
@@ -303,6 +337,25 @@ class ShoalApp(App[None]):
                     first = keys.split(",")[0].strip()
                     out.setdefault(spec.id, self.get_key_display(Binding(first, spec.action)))
         return out
+
+
+def _cluster_refusal(directory: Path | None) -> str | None:
+    """None when ``directory`` holds a cluster whose CA can sign node certificates."""
+    if directory is None:
+        return (
+            "adding hosts needs the cluster CA: start the TUI with --identity DIR "
+            "(the folder of shoal init) on a real mesh"
+        )
+    from gossip.identity import IdentityError, load_cluster
+
+    try:
+        load_cluster(directory)
+    except IdentityError as exc:
+        return (
+            f"adding hosts needs the cluster CA, and {directory} holds none that works ({exc}); "
+            "run the TUI with the --identity of shoal init"
+        )
+    return None
 
 
 def _summary(answer: Mapping[str, Any], snapshot: MeshSnapshot) -> str:

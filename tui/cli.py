@@ -13,6 +13,12 @@ Settings come from ``<config home>/tui.toml`` (``~/.config/shoal/tui.toml``)::
     [keymap]
     "host.drain" = "D"
     "job.cancel" = "ctrl+x"
+
+    [bootstrap]     # extra ``shoal bootstrap`` flags for every host added with ``a``
+    args = ["--known-hosts", "/etc/shoal/known_hosts", "--index-url", "https://pypi.lab/simple"]
+
+Adding hosts from the TUI signs their certificates with the cluster CA, so it works when
+``--identity`` (default: the folder of ``shoal init``) holds the CA.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ class TuiConfig:
     ascii: bool = False
     refresh_s: float = 2.0
     keymap: Mapping[str, str] = field(default_factory=dict)
+    bootstrap_args: tuple[str, ...] = ()
 
 
 def config_path() -> Path:
@@ -53,8 +60,9 @@ def load_config(path: Path | None = None) -> TuiConfig:
         raise UserError(f"cannot read {path}: {exc}") from None
     tui = data.get("tui", {})
     keymap = data.get("keymap", {})
-    if not isinstance(tui, dict) or not isinstance(keymap, dict):
-        raise UserError(f"{path}: [tui] and [keymap] must be tables")
+    bootstrap = data.get("bootstrap", {})
+    if not isinstance(tui, dict) or not isinstance(keymap, dict) or not isinstance(bootstrap, dict):
+        raise UserError(f"{path}: [tui], [keymap] and [bootstrap] must be tables")
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in keymap.items()):
         raise UserError(f'{path}: [keymap] maps binding ids to keys, e.g. "host.drain" = "D"')
     theme = tui.get("theme", "shoal")
@@ -64,7 +72,30 @@ def load_config(path: Path | None = None) -> TuiConfig:
         raise UserError(f"{path}: [tui] theme is a string and ascii is true or false")
     if not isinstance(refresh, int | float) or isinstance(refresh, bool) or refresh <= 0:
         raise UserError(f"{path}: [tui] refresh_s must be a positive number of seconds")
-    return TuiConfig(theme=theme, ascii=ascii_, refresh_s=float(refresh), keymap=dict(keymap))
+    return TuiConfig(
+        theme=theme,
+        ascii=ascii_,
+        refresh_s=float(refresh),
+        keymap=dict(keymap),
+        bootstrap_args=_bootstrap_args(bootstrap, path),
+    )
+
+
+def _bootstrap_args(table: dict[str, Any], path: Path) -> tuple[str, ...]:
+    unknown = sorted(set(table) - {"args"})
+    if unknown:
+        raise UserError(f"{path}: [bootstrap] has only args, not {unknown[0]!r}")
+    args = table.get("args", [])
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise UserError(f'{path}: [bootstrap] args is a list of strings, e.g. ["--jobs", "4"]')
+    if args:
+        from tui.screens.addhost import check_extra_args
+
+        try:
+            check_extra_args(args)
+        except UserError as exc:
+            raise UserError(f"{path}: [bootstrap] args: {exc}") from None
+    return tuple(args)
 
 
 def _identity(directory: Path | None) -> Any:
@@ -96,7 +127,15 @@ def api_source(address: str, identity_dir: Path | None) -> Any:
     return ApiSource(client, mesh_name, role=str(identity.role))
 
 
-def _run(source: Any, config: TuiConfig, *, readonly: bool, theme: str | None, ascii_: bool) -> int:
+def _run(
+    source: Any,
+    config: TuiConfig,
+    *,
+    readonly: bool,
+    theme: str | None,
+    ascii_: bool,
+    identity_dir: Path | None,
+) -> int:
     from tui.app import ShoalApp
 
     app = ShoalApp(
@@ -106,6 +145,8 @@ def _run(source: Any, config: TuiConfig, *, readonly: bool, theme: str | None, a
         ascii=ascii_ or config.ascii,
         theme=theme or config.theme,
         keymap=config.keymap,
+        identity_dir=identity_dir,
+        bootstrap_args=config.bootstrap_args,
     )
     app.run()
     return 0
@@ -117,11 +158,14 @@ def open_tui(
     """Run the TUI on the mesh reachable at ``address`` (``shoal demo`` ends here)."""
     config = config or load_config()
     source = api_source(address, identity_dir)
-    return _run(source, config, readonly=readonly, theme=None, ascii_=False)
+    return _run(
+        source, config, readonly=readonly, theme=None, ascii_=False, identity_dir=identity_dir
+    )
 
 
 def run_tui(args: argparse.Namespace) -> int:
     config = load_config()
+    identity_dir: Path | None = None
     if args.sim is not None:
         from tui.source import SimSource
 
@@ -132,4 +176,12 @@ def run_tui(args: argparse.Namespace) -> int:
         if not args.agent:
             raise UserError(f"no agent to join: pass --join HOST:PORT, set ${AGENT_ENV} or --sim N")
         source = api_source(args.agent, args.identity)
-    return _run(source, config, readonly=args.readonly, theme=args.theme, ascii_=args.ascii)
+        identity_dir = args.identity or default_cluster_dir()
+    return _run(
+        source,
+        config,
+        readonly=args.readonly,
+        theme=args.theme,
+        ascii_=args.ascii,
+        identity_dir=identity_dir,
+    )

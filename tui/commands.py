@@ -1,4 +1,4 @@
-"""Command palette providers (ctrl+p): views, hosts and jobs by name, themes, grouping."""
+"""Command palette providers (ctrl+p): views, adding hosts, hosts and jobs by name, themes."""
 
 from __future__ import annotations
 
@@ -16,18 +16,30 @@ if TYPE_CHECKING:
 MAX_HITS = 40
 
 
-class ShoalCommands(Provider):
-    """Go to a view, jump to a host or job, switch theme."""
+Command = tuple[str, Callable[[], object], str]
 
-    def _commands(self) -> list[tuple[str, Callable[[], object], str]]:
+
+class ShoalCommands(Provider):
+    """Go to a view, add hosts, jump to a host or job, switch theme."""
+
+    def _fixed(self) -> list[Command]:
+        """The commands offered before anything is typed."""
         app = cast("ShoalApp", self.app)
         main = app.main_screen()
-        out: list[tuple[str, Callable[[], object], str]] = []
+        out: list[Command] = []
         for name in VIEW_NAMES:
             out.append((f"view: {name}", partial(main.show_view, name), f"show the {name} view"))
+        if not app.readonly:
+            help_text = "install, certify and start agents on new hosts (shoal bootstrap)"
+            out.append(("host: add over SSH", main.request_add_host, help_text))
         out.append(("theme: colour-blind safe", partial(setattr, app, "theme", "shoal-colorblind"),
                     "Okabe-Ito colours for levels"))  # fmt: skip
         out.append(("theme: shoal", partial(setattr, app, "theme", "shoal"), "the default theme"))
+        return out
+
+    def _commands(self) -> list[Command]:
+        app = cast("ShoalApp", self.app)
+        out = self._fixed()
         for host in app.snapshot.hosts:
             out.append(
                 (f"host: {host.hostname}", partial(self._goto, "hosts", host.node_id), host.node_id)
@@ -45,7 +57,7 @@ class ShoalCommands(Provider):
         main.view_widget().select_key(key)
 
     async def discover(self) -> Hits:
-        for name, callback, help_text in self._commands()[: len(VIEW_NAMES) + 2]:
+        for name, callback, help_text in self._fixed():
             yield DiscoveryHit(name, callback, help=help_text)
 
     async def search(self, query: str) -> Hits:

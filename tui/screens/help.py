@@ -29,6 +29,7 @@ HELP_ROWS: tuple[tuple[str, str, str, bool], ...] = (
     ("host", "host.cordon", "cordon (no new jobs)", True),
     ("host", "host.drain", "drain (confirm, grace period)", True),
     ("host", "host.undrain", "undrain (schedulable again)", True),
+    ("host", "host.add", "add hosts over SSH, as shoal bootstrap (also :add USER@HOST ...)", True),
     ("job", "job.submit", "submit a job (form with placement preview)", True),
     ("job", "job.migrate", "migrate to a host that fits", True),
     ("job", "job.logs", "stream logs", False),
@@ -41,10 +42,14 @@ class HelpScreen(ModalScreen[None]):
         Binding("escape,q,question_mark", "close", "Close", id="dialog.close"),
     ]
 
-    def __init__(self, keys: dict[str, str], readonly: bool) -> None:
+    def __init__(
+        self, keys: dict[str, str], readonly: bool, hidden: frozenset[str] = frozenset()
+    ) -> None:
         super().__init__()
         self.keys = keys
         self.readonly = readonly
+        self.hidden = hidden
+        """Binding ids left out: keys this TUI cannot use (adding hosts without the CA)."""
 
     def compose(self) -> ComposeResult:
         table = Table(box=None, padding=(0, 1), show_header=True, header_style="bold")
@@ -53,7 +58,7 @@ class HelpScreen(ModalScreen[None]):
         table.add_column("action")
         table.add_column("binding id", style="dim", no_wrap=True)
         for scope, binding_id, text, mutating in HELP_ROWS:
-            if mutating and self.readonly:
+            if (mutating and self.readonly) or binding_id in self.hidden:
                 continue
             keys = " ".join(self.keys.get(part.strip(), "") for part in binding_id.split("/"))
             table.add_row(scope, keys.strip() or "-", text, binding_id)

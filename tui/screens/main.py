@@ -17,7 +17,9 @@ from textual.timer import Timer
 from textual.widgets import ContentSwitcher, Input
 
 from agent.jobspec import JobSpec
+from gossip.transport import split_address
 from tui.model import NO_FILTER, RowFilter, fitting_hosts
+from tui.screens.addhost import AddHostScreen, AddHostSettings
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.describe import DescribeScreen, describe, json_body
 from tui.screens.drain import DrainScreen
@@ -36,8 +38,11 @@ if TYPE_CHECKING:
 
 HOST_ACTIONS = frozenset({"cordon", "drain", "undrain"})
 JOB_ACTIONS = frozenset({"migrate", "cancel", "logs"})
-MUTATING_ACTIONS = frozenset({"cordon", "drain", "undrain", "submit", "migrate", "cancel"})
+MUTATING_ACTIONS = frozenset(
+    {"cordon", "drain", "undrain", "submit", "migrate", "cancel", "add_host"}
+)
 """Actions hidden and refused in ``--readonly``."""
+ADD_HOST_VIEWS = frozenset({"topology", "hosts"})
 
 View = TopologyView | MeshTable
 
@@ -70,6 +75,7 @@ class MainScreen(Screen[None]):
         Binding("m", "migrate", "Migrate", id="job.migrate"),
         Binding("l", "logs", "Logs", id="job.logs"),
         Binding("ctrl+d", "cancel", "Cancel job", id="job.cancel"),
+        Binding("a", "add_host", "Add host", id="host.add"),
     ]
 
     def __init__(self) -> None:
@@ -193,7 +199,9 @@ class MainScreen(Screen[None]):
         self.view_widget().focus()
 
     def action_command(self) -> None:
-        self._open_bar("command", "", ":hosts :gpus :jobs :events :topology :logs JOB :q")
+        self._open_bar(
+            "command", "", ":hosts :gpus :jobs :events :topology :logs JOB :add USER@HOST :q"
+        )
 
     def action_filter(self) -> None:
         self._filter_before = self.state.row_filter.text
@@ -229,7 +237,8 @@ class MainScreen(Screen[None]):
             self.run_command(event.value)
 
     def run_command(self, text: str) -> None:
-        """``hosts``, ``gpus``, ``jobs``, ``events``, ``topology``, ``logs JOB``, ``q``."""
+        """``hosts``, ``gpus``, ``jobs``, ``events``, ``topology``, ``logs JOB``,
+        ``add USER@HOST[:PORT] ...`` (the add-host form, filled in), ``q``."""
         words = text.strip().lstrip(":").split()
         if not words:
             return
@@ -251,6 +260,8 @@ class MainScreen(Screen[None]):
                 self._open_logs(job_id)
         elif verb == "help":
             self.action_help()
+        elif verb == "add":
+            self.request_add_host(" ".join(args))
         else:
             self.notify(f"unknown command :{verb}", severity="error", timeout=3)
 
@@ -272,7 +283,8 @@ class MainScreen(Screen[None]):
             self._switch()
 
     def action_help(self) -> None:
-        self.app.push_screen(HelpScreen(self.shoal.key_display(), self.shoal.readonly))
+        hidden = frozenset({"host.add"}) if self.shoal.add_host_refusal() else frozenset()
+        self.app.push_screen(HelpScreen(self.shoal.key_display(), self.shoal.readonly, hidden))
 
     def action_next_view(self) -> None:
         names: tuple[str, ...] = VIEW_NAMES
@@ -287,6 +299,8 @@ class MainScreen(Screen[None]):
         if action in MUTATING_ACTIONS and self.shoal.readonly:
             return False
         view = self.state.view
+        if action == "add_host":
+            return view in ADD_HOST_VIEWS and self.shoal.add_host_refusal() is None
         if action in HOST_ACTIONS:
             return view in ("topology", "hosts", "gpus")
         if action in JOB_ACTIONS:
@@ -403,6 +417,24 @@ class MainScreen(Screen[None]):
 
         question = f"Cancel job {job_id[:8]} ({job.state}: {job.command[:40]})?"
         self.app.push_screen(ConfirmScreen(question, yes="Cancel job"), done)
+
+    def action_add_host(self) -> None:
+        self.request_add_host()
+
+    def request_add_host(self, targets: str = "") -> None:
+        """The add-host form (from ``a``, ``:add`` or the palette), or one line saying why not."""
+        app = self.shoal
+        why = app.add_host_refusal()
+        if why is not None or app.identity_dir is None:
+            self.notify(why or "adding hosts is off", severity="warning", timeout=6)
+            return
+        join = app.source.identity.address
+        try:
+            split_address(join)
+        except ValueError:
+            join = ""  # not an agent's address (a simulated mesh): the operator names one
+        settings = AddHostSettings(app.identity_dir, join, app.bootstrap_args)
+        self.app.push_screen(AddHostScreen(settings, targets))
 
     def action_logs(self) -> None:
         job_id = self._need_job()
