@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from gossip.config import GossipConfig
 from gossip.events import Event, MemberDead, RecordChanged
 from gossip.messages import MemberState
-from gossip.sim import Simulation
+from gossip.sim import Simulation, few_collections
 
 _KIND = "bench"
 
@@ -248,17 +248,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", action="store_true", help="print one JSON object (the default)")
     a = ap.parse_args(argv)
-    result = run(
-        a.nodes,
-        a.loss,
-        a.seconds,
-        a.seed,
-        a.starved,
-        a.publish_every,
-        a.crash_every,
-        progress_every_s=a.progress_every,
-        partition_s=a.partition_s,
-    )
+    with few_collections():
+        result = run(
+            a.nodes,
+            a.loss,
+            a.seconds,
+            a.seed,
+            a.starved,
+            a.publish_every,
+            a.crash_every,
+            progress_every_s=a.progress_every,
+            partition_s=a.partition_s,
+        )
     json.dump(result, sys.stdout)
     sys.stdout.write("\n")
     return 0

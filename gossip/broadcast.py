@@ -61,11 +61,13 @@ class BroadcastQueue:
         chosen: list[tuple[object, _Entry]] = []
         left = budget
         for klass in range(self._n_classes):
-            if not self._per_class[klass]:
+            unseen = self._per_class[klass]
+            if not unseen:
                 continue
             for bucket in self._buckets[klass]:
                 if not bucket:
                     continue
+                unseen -= len(bucket)
                 for key in reversed(bucket):
                     entry = bucket[key]
                     cost = entry.size + overhead
@@ -75,7 +77,7 @@ class BroadcastQueue:
                         out.append(entry.update)
                     if left < 64:
                         break
-                if left < 64:
+                if left < 64 or not unseen:  # budget spent, or no entries in later buckets
                     break
             if left < 64:
                 break

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from gossip.messages import Alive, Dead, MemberState, Suspect
+from gossip.messages import Alive, Dead, MemberDigest, MemberState, Suspect
 
 
 class Order(Enum):
@@ -126,6 +126,15 @@ class Member:
     """The latest signed Alive: re-sent in push-pull so others can admit the member too."""
     accusation: Suspect | Dead | None = None
     """The signed Suspect or Dead behind the current state, if any."""
+    row: MemberDigest | None = None
+    """The last digest line built for this member (rebuilt when it no longer matches)."""
+
+    def digest(self) -> MemberDigest:
+        """This member's push-pull digest line, reused while incarnation and state hold."""
+        r = self.row
+        if r is None or r.incarnation != self.incarnation or r.state is not self.state:
+            r = self.row = MemberDigest(self.node, self.incarnation, self.state)
+        return r
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from gossip.awareness import Awareness
 from gossip.broadcast import BroadcastQueue
@@ -60,6 +61,7 @@ _ALIVE, _SUSPECT, _DEAD = 0, 1, 2  # broadcast priority classes
 _RANK = {MemberState.ALIVE: 0, MemberState.SUSPECT: 1, MemberState.DEAD: 2, MemberState.LEFT: 2}
 _LIVE = (MemberState.ALIVE, MemberState.SUSPECT)
 _REAP_EVERY_S = 5.0
+_node_of = attrgetter("node")
 
 
 @dataclass(slots=True)
@@ -124,10 +126,15 @@ class Peer:
         self._ids: list[str] = []  # every other member we hold, for random picks
         self._id_pos: dict[str, int] = {}
         self._digest: tuple[MemberDigest, ...] | None = None
+        self._by_node: list[Member] | None = None  # members sorted by node, for the digest
+        self._rows: list[MemberDigest] = []  # their digest lines, in that order
+        self._row_of: dict[str, int] = {}
+        self._touched: list[Member] = []  # members whose line changed since the last digest
         self._down: dict[str, None] = {}  # dead or left (tombstones); a dict for stable order
         self._live = 1  # alive + suspect, ourselves included
         self._probe_order: list[str] = []
         self._probe_idx = 0
+        self._bulk = False  # preloading: members go to the probe order unshuffled, then one shuffle
         self._probe: _Probe | None = None
         self._relays: dict[int, _Relay] = {}
         self._reconnects: dict[int, tuple[str, float]] = {}
@@ -260,7 +267,7 @@ class Peer:
         self._left = True
         dead = self._sign_dead(self.node_id, self._incarnation)
         self._self.state = MemberState.LEFT
-        self._digest = None
+        self._touch(self._self)
         self._self.accusation = dead
         self._self.state_since = now
         self._broadcast(self.node_id, dead, _ALIVE, now)
@@ -269,9 +276,16 @@ class Peer:
 
     def preload(self, updates: Iterable[Alive], now: float) -> None:
         """Admit a trusted snapshot of members (a warm start) without re-broadcasting it."""
-        for u in updates:
-            if u.node != self.node_id:
-                self._on_alive(u, now, broadcast=False)
+        self._bulk = True
+        try:
+            for u in updates:
+                if u.node != self.node_id:
+                    self._on_alive(u, now, broadcast=False)
+        finally:
+            self._bulk = False
+        rest = self._probe_order[self._probe_idx :]  # one shuffle, not a random insert per member
+        self._rng.shuffle(rest)
+        self._probe_order[self._probe_idx :] = rest
         n = self._live
         self._next_push_pull = now + self._rng.random() * self.config.push_pull_scaled_s(n)
 
@@ -578,7 +592,7 @@ class Peer:
         if m is None:
             m = Member(u.node, u.addr, u.incarnation, MemberState.ALIVE, now, u)
             self._members[u.node] = m
-            self._digest = None
+            self._digest = self._by_node = None
             self._id_pos[u.node] = len(self._ids)
             self._ids.append(u.node)
             self._live += 1
@@ -593,7 +607,7 @@ class Peer:
             self._suspicions.pop(u.node, None)
             m.addr, m.incarnation, m.alive, m.accusation = u.addr, u.incarnation, u, None
             m.state = MemberState.ALIVE
-            self._digest = None
+            self._touch(m)
             m.state_since = now
             if was in _LIVE:
                 self._emit(MemberUpdated(u.node, u.addr, u.incarnation, now))
@@ -628,7 +642,7 @@ class Peer:
                 s.confirm(u.accuser)
             if u.incarnation > m.incarnation:
                 m.incarnation, m.accusation = u.incarnation, u
-                self._digest = None
+                self._touch(m)
             self._broadcast(u.node, u, _SUSPECT, now)
             return
         # Outcome.SUSPECT
@@ -644,7 +658,7 @@ class Peer:
             u,
             now,
         )
-        self._digest = None
+        self._touch(m)
         if ours:
             self.stats.suspicions_raised += 1
         self._emit(MemberSuspect(u.node, u.incarnation, u.accuser, now))
@@ -677,7 +691,7 @@ class Peer:
             self._live -= 1
             self._down[u.node] = None
         m.state = MemberState.LEFT if left else MemberState.DEAD
-        self._digest = None
+        self._touch(m)
         m.incarnation, m.accusation, m.state_since = u.incarnation, u, now
         self._vivaldi.forget(u.node)
         if left:
@@ -728,7 +742,7 @@ class Peer:
         self._awareness.apply_delta(1)
         alive = self._signed_alive()
         self._self.incarnation, self._self.alive = self._incarnation, alive
-        self._digest = None
+        self._touch(self._self)
         self._broadcast(self.node_id, alive, _ALIVE, now)
 
     # -- records ---------------------------------------------------------------------------------
@@ -839,6 +853,9 @@ class Peer:
         return list(picked.values()) + extra
 
     def _insert_probe(self, node: str) -> None:
+        if self._bulk:
+            self._probe_order.append(node)
+            return
         lo = self._probe_idx
         pos = lo + int(self._rng.random() * (len(self._probe_order) - lo + 1))
         self._probe_order.insert(pos, node)
@@ -848,7 +865,7 @@ class Peer:
         for node in [n for n in self._down if now - self._members[n].state_since >= horizon]:
             del self._down[node]
             del self._members[node]
-            self._digest = None
+            self._digest = self._by_node = None
             pos = self._id_pos.pop(node)
             last = self._ids.pop()
             if last != node:
@@ -860,12 +877,31 @@ class Peer:
 
     # -- anti-entropy ----------------------------------------------------------------------------
 
+    def _touch(self, m: Member) -> None:
+        """``m``'s incarnation or state changed: its digest line is rebuilt on the next digest."""
+        self._digest = None
+        if len(self._touched) >= len(self._members):  # cheaper to rebuild it all
+            self._by_node = None
+            self._touched.clear()
+        else:
+            self._touched.append(m)
+
     def _member_digest(self) -> tuple[MemberDigest, ...]:
-        """Sorted by node, cached until a member's incarnation or state changes."""
+        """Sorted by node, cached until a member's incarnation or state changes; a change
+        rebuilds only that member's line, a join or a reap the whole order."""
         if self._digest is None:
-            self._digest = tuple(
-                sorted(MemberDigest(m.node, m.incarnation, m.state) for m in self._members.values())
-            )
+            if self._by_node is None:
+                self._by_node = sorted(self._members.values(), key=_node_of)
+                self._rows = [m.digest() for m in self._by_node]
+                self._row_of = {m.node: i for i, m in enumerate(self._by_node)}
+            else:
+                rows, row_of = self._rows, self._row_of
+                for m in self._touched:
+                    i = row_of.get(m.node)
+                    if i is not None:
+                        rows[i] = m.digest()
+            self._touched.clear()
+            self._digest = tuple(self._rows)
         return self._digest
 
     def _push_pull(self, phase: int, updates: tuple[Update, ...]) -> PushPull:
