@@ -127,9 +127,6 @@ class Peer:
         self._id_pos: dict[str, int] = {}
         self._digest: tuple[MemberDigest, ...] | None = None
         self._by_node: list[Member] | None = None  # members sorted by node, for the digest
-        self._rows: list[MemberDigest] = []  # their digest lines, in that order
-        self._row_of: dict[str, int] = {}
-        self._touched: list[Member] = []  # members whose line changed since the last digest
         self._down: dict[str, None] = {}  # dead or left (tombstones); a dict for stable order
         self._live = 1  # alive + suspect, ourselves included
         self._probe_order: list[str] = []
@@ -267,7 +264,7 @@ class Peer:
         self._left = True
         dead = self._sign_dead(self.node_id, self._incarnation)
         self._self.state = MemberState.LEFT
-        self._touch(self._self)
+        self._digest = None
         self._self.accusation = dead
         self._self.state_since = now
         self._broadcast(self.node_id, dead, _ALIVE, now)
@@ -607,7 +604,7 @@ class Peer:
             self._suspicions.pop(u.node, None)
             m.addr, m.incarnation, m.alive, m.accusation = u.addr, u.incarnation, u, None
             m.state = MemberState.ALIVE
-            self._touch(m)
+            self._digest = None
             m.state_since = now
             if was in _LIVE:
                 self._emit(MemberUpdated(u.node, u.addr, u.incarnation, now))
@@ -642,7 +639,7 @@ class Peer:
                 s.confirm(u.accuser)
             if u.incarnation > m.incarnation:
                 m.incarnation, m.accusation = u.incarnation, u
-                self._touch(m)
+                self._digest = None
             self._broadcast(u.node, u, _SUSPECT, now)
             return
         # Outcome.SUSPECT
@@ -658,7 +655,7 @@ class Peer:
             u,
             now,
         )
-        self._touch(m)
+        self._digest = None
         if ours:
             self.stats.suspicions_raised += 1
         self._emit(MemberSuspect(u.node, u.incarnation, u.accuser, now))
@@ -691,7 +688,7 @@ class Peer:
             self._live -= 1
             self._down[u.node] = None
         m.state = MemberState.LEFT if left else MemberState.DEAD
-        self._touch(m)
+        self._digest = None
         m.incarnation, m.accusation, m.state_since = u.incarnation, u, now
         self._vivaldi.forget(u.node)
         if left:
@@ -742,7 +739,7 @@ class Peer:
         self._awareness.apply_delta(1)
         alive = self._signed_alive()
         self._self.incarnation, self._self.alive = self._incarnation, alive
-        self._touch(self._self)
+        self._digest = None
         self._broadcast(self.node_id, alive, _ALIVE, now)
 
     # -- records ---------------------------------------------------------------------------------
@@ -877,31 +874,13 @@ class Peer:
 
     # -- anti-entropy ----------------------------------------------------------------------------
 
-    def _touch(self, m: Member) -> None:
-        """``m``'s incarnation or state changed: its digest line is rebuilt on the next digest."""
-        self._digest = None
-        if len(self._touched) >= len(self._members):  # cheaper to rebuild it all
-            self._by_node = None
-            self._touched.clear()
-        else:
-            self._touched.append(m)
-
     def _member_digest(self) -> tuple[MemberDigest, ...]:
-        """Sorted by node, cached until a member's incarnation or state changes; a change
-        rebuilds only that member's line, a join or a reap the whole order."""
+        """Sorted by node, cached until a member's incarnation or state changes; each member
+        keeps its line until that changes, and the order until a join or a reap."""
         if self._digest is None:
             if self._by_node is None:
                 self._by_node = sorted(self._members.values(), key=_node_of)
-                self._rows = [m.digest() for m in self._by_node]
-                self._row_of = {m.node: i for i, m in enumerate(self._by_node)}
-            else:
-                rows, row_of = self._rows, self._row_of
-                for m in self._touched:
-                    i = row_of.get(m.node)
-                    if i is not None:
-                        rows[i] = m.digest()
-            self._touched.clear()
-            self._digest = tuple(self._rows)
+            self._digest = tuple([m.digest() for m in self._by_node])
         return self._digest
 
     def _push_pull(self, phase: int, updates: tuple[Update, ...]) -> PushPull:
