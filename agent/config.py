@@ -60,8 +60,10 @@ class AgentConfig:
     """Plain HTTP on loopback only, for a throwaway demo. Commands are still signature-checked."""
     probe_interval_s: float = 1.0
     """How often the devices are sampled."""
-    telemetry_heartbeat_s: float = 10.0
-    """Publish telemetry at least this often even when nothing changed."""
+    telemetry_heartbeat_s: float = 60.0
+    """Publish telemetry at least this often even when nothing changed. Every record costs each
+    peer a dozen retransmits, so idle hosts repeat themselves rarely: a live member with an
+    unchanged record is still current, and the TUI calls telemetry stale after 1.5 heartbeats."""
     stop_grace_s: float = 10.0
     """Between a job's stop signal and SIGKILL, unless the command names another grace."""
     drain_grace_s: float = 30.0

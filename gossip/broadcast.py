@@ -54,7 +54,9 @@ class BroadcastQueue:
             self._per_class[old.klass] -= 1
 
     def take(self, budget: int, limit: int, overhead: int = 2) -> list[Message]:
-        """Up to ``budget`` bytes of updates (``overhead`` counted per item), each counted sent."""
+        """Up to ``budget`` bytes of updates (``overhead`` counted per item), each counted sent.
+        An update larger than the whole budget is sent alone when it is first in line, so a big
+        record (an inventory of eight GPUs) is disseminated too, not queued forever."""
         if not self._index:
             return []
         out: list[Message] = []
@@ -71,7 +73,7 @@ class BroadcastQueue:
                 for key in reversed(bucket):
                     entry = bucket[key]
                     cost = entry.size + overhead
-                    if cost <= left:
+                    if cost <= left or not chosen:  # one larger than the budget goes alone
                         left -= cost
                         chosen.append((key, entry))
                         out.append(entry.update)

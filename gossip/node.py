@@ -93,6 +93,13 @@ def unframe(body: bytes, max_bytes: int) -> tuple[str, Message]:
     return outer[0], decode(outer[1], max_bytes)
 
 
+TCP_MEMBERSHIP_BUDGET_BYTES = 8192
+TCP_RECORDS_BUDGET_BYTES = 32768
+"""Piggyback budgets over HTTPS. The core's defaults fit a datagram; here a message is a request
+over a kept-alive TLS connection, whose cost is per request far more than per byte, so one
+request carries what a dozen datagrams would (a burst of records drains in seconds, not minutes)."""
+
+
 class GossipNode:
     """A running gossip member: HTTPS server, client pool, timers and event fan-out."""
 
@@ -167,7 +174,11 @@ class GossipNode:
     async def start(self) -> None:
         await self._server.start()
         base = self._config or GossipConfig(
-            node_id=self.node_id, addr="", boot_incarnation=int(self._wall_clock())
+            node_id=self.node_id,
+            addr="",
+            boot_incarnation=int(self._wall_clock()),
+            membership_budget_bytes=TCP_MEMBERSHIP_BUDGET_BYTES,
+            records_budget_bytes=TCP_RECORDS_BUDGET_BYTES,
         )
         config = replace(base, node_id=self.node_id, addr=self.address)
         trust = _WallClockTrust(self._trust, self._wall_clock)

@@ -18,8 +18,9 @@ from typing import Any, Final
 from agent.jobspec import JobSpec
 from agent.placement import device_fits
 
-STALE_AFTER_S: Final = 15.0
-"""Telemetry older than this is shown as stale (with its age)."""
+STALE_AFTER_S: Final = 90.0
+"""Telemetry older than this is shown as stale (with its age): 1.5 times the agents' default
+heartbeat (``telemetry_heartbeat_s``; changes are published at once)."""
 HISTORY_S: Final = 600.0
 HISTORY_STEP_S: Final = 5.0
 HISTORY_POINTS: Final = int(HISTORY_S / HISTORY_STEP_S)

@@ -50,8 +50,18 @@ def test_the_budget_bounds_the_bytes_and_skips_what_does_not_fit() -> None:
     q.push("small", alive("small", 1), 100, 0)
     got = q.take(budget=500, limit=5)
     assert [u.node for u in got] == ["small"]  # type: ignore[union-attr]
-    # the big one, never sent, now goes ahead of the small one sent once
+    # first in line now, the big one goes even though it exceeds the budget: alone
+    assert [u.node for u in q.take(budget=500, limit=5)] == ["big"]  # type: ignore[union-attr]
+    # both sent once now: the newer one first, and both fit a bigger budget
     assert [u.node for u in q.take(budget=1024, limit=5)] == ["big", "small"]  # type: ignore[union-attr]
+
+
+def test_an_update_larger_than_the_budget_is_sent_alone_and_drains() -> None:
+    q = BroadcastQueue(1)
+    q.push("inv", alive("inv", 1), 3000, 0)
+    for _ in range(3):
+        assert [u.node for u in q.take(budget=1024, limit=3)] == ["inv"]  # type: ignore[union-attr]
+    assert len(q) == 0
 
 
 def test_entries_spread_over_many_transmit_counts_are_all_found() -> None:
