@@ -19,6 +19,7 @@ from agent.config import AgentConfig, load_config, parse_label, with_overrides
 from agent.errors import UserError
 from agent.store import StoreError
 from gossip.identity import IdentityError
+from gossip.tls import shrink_tls_read_buffers
 
 
 def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,6 +99,7 @@ def run_agent(args: argparse.Namespace) -> int:
     )
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
     config = config_from_args(args)
+    shrink_tls_read_buffers()
     try:
         return asyncio.run(_serve(config))
     except (IdentityError, StoreError, ValueError) as exc:

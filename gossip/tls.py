@@ -8,6 +8,7 @@ Ed25519 certificates work for TLS 1.3 in OpenSSL >= 1.1.1 (the build here is Ope
 
 from __future__ import annotations
 
+import asyncio.sslproto
 import ssl
 from dataclasses import dataclass
 
@@ -21,6 +22,19 @@ from gossip.identity import (
     certificate_node_id,
     role_of_certificate,
 )
+
+TLS_READ_BUFFER_BYTES = 16 * 1024
+"""Bytes an asyncio TLS connection decrypts into at a time: one TLS record's worth."""
+
+
+def shrink_tls_read_buffers(size_bytes: int = TLS_READ_BUFFER_BYTES) -> None:
+    """Give every asyncio TLS connection a small decrypt buffer (process-wide).
+
+    asyncio's ``SSLProtocol`` zero-fills a 256 KiB ``bytearray`` per connection. An agent keeps
+    a connection to and from each peer it talks to, so at 32 agents that was ~25 MB of each
+    agent's memory for buffers that hold at most one 16 KiB TLS record per read.
+    """
+    asyncio.sslproto.SSLProtocol.max_size = size_bytes
 
 
 @dataclass(frozen=True, slots=True)
