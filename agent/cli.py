@@ -45,6 +45,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         rate=args.rate,
         seed=args.seed,
+        idle_s=args.idle,
         as_json=args.json,
         keep=args.keep,
         plain=args.plain,
@@ -131,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--duration", type=float, default=30.0, metavar="S", help="workload time")
     demo.add_argument("--rate", type=float, default=4.0, metavar="JOBS/S", help="submit rate")
     demo.add_argument("--seed", type=int, default=1)
+    demo.add_argument(
+        "--idle", type=float, default=10.0, metavar="S", help="quiet spell before the workload"
+    )
     demo.add_argument("--json", action="store_true", help="print one JSON object")
     demo.add_argument("--keep", action="store_true", help="keep the demo's folder and logs")
     demo.add_argument("--plain", action="store_true", help="a live table view instead of the TUI")

@@ -100,21 +100,25 @@ class _Footprint:
         for p in self._procs:
             p.cpu_percent(None)
         self.rss_mb_max = 0.0
+        self.rss_mb: list[float] = []
         self.cpu_pct: list[float] = []
 
     def sample(self) -> None:
         for p in self._procs:
             try:
-                self.rss_mb_max = max(self.rss_mb_max, p.memory_info().rss / 2**20)
+                rss_mb = p.memory_info().rss / 2**20
+                self.rss_mb.append(rss_mb)
+                self.rss_mb_max = max(self.rss_mb_max, rss_mb)
                 self.cpu_pct.append(p.cpu_percent(None))
             except psutil.Error:
                 continue
 
     async def run(self, stop: asyncio.Event) -> None:
+        """A sample every second (each CPU figure covers the second before it) until ``stop``."""
         while not stop.is_set():
-            self.sample()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=1.0)
+            self.sample()
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -124,8 +128,16 @@ def _pct(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def _headless(mesh: LocalMesh, duration_s: float, rate: float, seed: int) -> dict[str, Any]:
+async def _headless(
+    mesh: LocalMesh, duration_s: float, rate: float, seed: int, idle_s: float
+) -> dict[str, Any]:
     converged_s = await mesh.wait_converged(timeout_s=120)
+    idle = _Footprint(mesh)  # a quiet spell first: the idle footprint, and idle agents to submit to
+    idle_stop = asyncio.Event()
+    idle_sampler = asyncio.create_task(idle.run(idle_stop))
+    await asyncio.sleep(idle_s)
+    idle_stop.set()
+    await idle_sampler
     footprint = _Footprint(mesh)
     stop = asyncio.Event()
     sampler = asyncio.create_task(footprint.run(stop))
@@ -164,6 +176,9 @@ async def _headless(mesh: LocalMesh, duration_s: float, rate: float, seed: int) 
         "agent_cpu_pct_mean": _round(
             statistics.fmean(footprint.cpu_pct) if footprint.cpu_pct else None
         ),
+        "agent_idle_rss_mb_mean": _round(statistics.fmean(idle.rss_mb) if idle.rss_mb else None),
+        "agent_idle_rss_mb_max": round(idle.rss_mb_max, 1),
+        "agent_idle_cpu_pct_mean": _round(statistics.fmean(idle.cpu_pct) if idle.cpu_pct else None),
     }
 
 
@@ -201,9 +216,12 @@ def run_demo(
     as_json: bool,
     keep: bool,
     plain: bool = False,
+    idle_s: float = 10.0,
 ) -> int:
     if nodes < 1:
         raise UserError("--nodes must be at least 1")
+    if idle_s < 0:
+        raise UserError("--idle must not be negative")
     if duration_s <= 0 or rate <= 0:
         raise UserError("--duration and --rate must be positive")
     root = Path(tempfile.mkdtemp(prefix="shoal-demo-"))
@@ -212,7 +230,7 @@ def run_demo(
     try:
         mesh.start()
         if headless:
-            figures = asyncio.run(_headless(mesh, duration_s, rate, seed))
+            figures = asyncio.run(_headless(mesh, duration_s, rate, seed, idle_s))
             if as_json:
                 print(json.dumps(figures))
             else:
