@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
 import aiohttp
@@ -43,9 +43,18 @@ class PeerClient:
     """A pooled HTTPS client presenting this agent's certificate."""
 
     def __init__(
-        self, identity: NodeIdentity, *, insecure_dev: bool = False, timeout_s: float = 5.0
+        self,
+        identity: NodeIdentity,
+        *,
+        insecure_dev: bool = False,
+        timeout_s: float = 5.0,
+        shared: Callable[[], aiohttp.ClientSession | None] | None = None,
     ) -> None:
+        """``shared``: a pooled session presenting the same certificate (the gossip client's),
+        for calls that end within ``timeout_s``; longer calls and streams get their own, so they
+        never hold the connections that gossip and probes need."""
         self._identity = identity
+        self._shared = shared
         self._ssl: ssl.SSLContext | Literal[False] = (
             False if insecure_dev else client_context(identity, identity.ca_certificate)
         )
@@ -101,8 +110,10 @@ class PeerClient:
     ) -> tuple[int, dict[str, Any]]:
         """POST raw bytes; the status and the JSON answer (``{"error": ...}`` when not JSON)."""
         timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout_s)
+        short = timeout_s is None or timeout_s <= self.timeout_s
+        session = (self._shared() if short and self._shared is not None else None) or self._now()
         try:
-            async with self._now().post(
+            async with session.post(
                 self.url(addr, path),
                 data=data,
                 headers={"Content-Type": content_type},

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+import aiohttp
 import msgpack
 
 from gossip import revocation
@@ -149,6 +150,7 @@ class GossipNode:
         self._sends: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._subscribers: list[Callable[[Event], None]] = []
+        self._stopped = False
         self.send_failures = 0
         self.sends_dropped = 0
         self.revocations_rejected = 0
@@ -203,9 +205,15 @@ class GossipNode:
         await asyncio.gather(*self._tasks, *self._sends, return_exceptions=True)
         self._tasks = []
         await self._server.stop()
+        self._stopped = True
         await self._client.close()
 
     # -- what the agent uses ---------------------------------------------------------------------
+
+    def client_session(self) -> aiohttp.ClientSession | None:
+        """The gossip client's pooled session, for other short calls to peers (see
+        :meth:`GossipClient.session`); None once stopped."""
+        return None if self._stopped else self._client.session()
 
     def subscribe(self, callback: Callable[[Event], None]) -> None:
         """Call ``callback`` with every membership and record event, in order."""

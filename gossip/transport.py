@@ -491,7 +491,7 @@ class GossipClient:
         trust: CertTrust | None = None,
         insecure_dev: bool = False,
         max_connections: int = 256,
-        max_connections_per_peer: int = 4,
+        max_connections_per_peer: int = 8,
         keepalive_timeout_s: float = 30.0,
         max_response_bytes: int = DEFAULT_MAX_BODY_BYTES,
         dev_role: Role = "agent",
@@ -516,6 +516,12 @@ class GossipClient:
             self._headers[DEV_NODE_HEADER] = identity.node_id if identity else "unknown"
             self._headers[DEV_ROLE_HEADER] = identity.role if identity else dev_role
         self._session: aiohttp.ClientSession | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        """The pooled session (this node's certificate, kept-alive connections to its peers).
+        The agent's short calls to other agents ride on it: their connections are warm from
+        gossip, so a call rarely waits for a TLS handshake."""
+        return self._session_now()
 
     def _session_now(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
