@@ -275,13 +275,25 @@ class GossipNode:
         src = known.addr if known is not None and known.addr else claimed_addr
         peer.count_bytes(inbound=len(body))
         peer.receive(src, message, self._clock())
-        self._flush()
+        reply = self._flush(reply_to=src)
         self._wake.set()
-        return None
+        return reply
 
-    def _flush(self) -> None:
+    def _flush(self, reply_to: str | None = None) -> bytes | None:
+        """Send what the core has to send. With ``reply_to`` (the sender of the request being
+        answered), the first message for it is returned to go back in the HTTP response (an
+        ack to a ping, a push-pull answer): half the requests, and a round trip less."""
         peer = self.peer
+        reply: bytes | None = None
         for addr, message in peer.messages_to_send():
+            if reply is None and addr == reply_to:
+                try:
+                    reply = frame(self.address, message, peer.config.max_message_bytes)
+                except ValueError:
+                    log.exception("could not encode a gossip reply for %s", addr)
+                    continue
+                peer.count_bytes(outbound=len(reply))
+                continue
             if len(self._sends) >= MAX_IN_FLIGHT:
                 self.sends_dropped += 1
                 continue
@@ -295,6 +307,7 @@ class GossipNode:
             self._sends.add(task)
             task.add_done_callback(self._sends.discard)
         self._dispatch()
+        return reply
 
     def _on_revocations(self, event: RecordChanged) -> None:
         if event.origin == self.node_id:
@@ -309,9 +322,22 @@ class GossipNode:
     async def _send(self, addr: str, body: bytes) -> None:
         timeout_s = max(self.peer.config.probe_interval_s, 1.0)
         try:
-            await self._client.send(addr, body, timeout_s)
+            answer = await self._client.send(addr, body, timeout_s)
         except TransportError:
             self.send_failures += 1
+            return
+        if answer is None or self._stopped or self._peer is None:
+            return
+        peer = self._peer
+        try:
+            _, message = unframe(answer, peer.config.max_message_bytes)
+        except DecodeError:
+            peer.stats.rejected_malformed += 1
+            return
+        peer.count_bytes(inbound=len(answer))
+        peer.receive(addr, message, self._clock())  # from the member we posted to
+        self._flush()
+        self._wake.set()
 
     def _dispatch(self) -> None:
         for event in self.peer.events():
