@@ -85,7 +85,10 @@ class Agent:
         self.view = ClusterView()
         self.events = EventLog(self.node_id)
         self.peers = PeerClient(
-            self.identity, insecure_dev=config.insecure_dev, timeout_s=config.rpc_timeout_s
+            self.identity,
+            insecure_dev=config.insecure_dev,
+            timeout_s=config.rpc_timeout_s,
+            shared=lambda: self.node.client_session(),
         )
         self.probe = HostProbe.from_options(ProbeOptions(sim=config.sim, sim_seed=config.sim_seed))
         self.probe.open()
@@ -121,6 +124,7 @@ class Agent:
             addr_of=self.addr_of,
             on_change=self.node_changed,
             stop_grace_s=config.stop_grace_s,
+            is_gone=self.is_gone,
         )
         self.metrics = AgentMetrics(self._metrics_snapshot)
         host, port = split_address(config.listen, allow_any_port=True)
@@ -138,6 +142,7 @@ class Agent:
         self._tasks: list[asyncio.Task[None]] = []
         self._node_dirty = True
         self._started = False
+        self._stopping = False
         self._last_telemetry: dict[str, tuple[float, float, float]] = {}
         self._telemetry_at = float("-inf")
 
@@ -165,10 +170,11 @@ class Agent:
     async def stop(self) -> None:
         """Graceful: stop and report local jobs, leave the mesh, close everything."""
         self.events.add("agent_stopping", "stopping local jobs and leaving the mesh")
-        await self.runner.shutdown()
-        for task in self._tasks:
+        self._stopping = True
+        for task in self._tasks:  # no more sweeps or resumes: the agents that stay take over
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.runner.shutdown()
         await self.owner.close()
         await self.runner.close()
         await self.node.stop(leave=True)
@@ -191,9 +197,14 @@ class Agent:
             live.append(self.node_id)
         return live
 
+    def is_gone(self, node_id: str) -> bool:
+        """Membership holds the node dead or left (not merely unheard of)."""
+        member = self.node.peer.member(node_id) if self._started else None
+        return member is not None and member.state in (MemberState.DEAD, MemberState.LEFT)
+
     def addr_of(self, node_id: str) -> str | None:
         if node_id == self.node_id:
-            return self.node.address
+            return self.node.address if self._started else None  # None until the server binds
         member = self.node.peer.member(node_id)
         return member.addr if member is not None and member.addr else None
 
@@ -232,7 +243,8 @@ class Agent:
         elif isinstance(event, MemberDead | MemberLeft) and event.node != self.node_id:
             how = "dead" if isinstance(event, MemberDead) else "left"
             self.events.add("member_" + how, f"{event.node[:8]} is {how}")
-            self.owner.member_gone(event.node)
+            if not self._stopping:  # leaving: the agents that stay take over, not us
+                self.owner.member_gone(event.node)
 
     # -- publishing ------------------------------------------------------------------------------
 
@@ -319,7 +331,7 @@ class Agent:
 
     async def _resume_later(self) -> None:
         await asyncio.sleep(RESUME_AFTER_S)
-        self.owner.resume()
+        log.info("resumed %d job(s) owned before this start", self.owner.resume())
 
     # -- commands --------------------------------------------------------------------------------
 

@@ -58,6 +58,8 @@ class AgentProcess:
     profile: str
     node_id: str
     process: subprocess.Popen[bytes] | None = None
+    log_offset: int = 0
+    """Where this start's part of ``agent.log`` begins (a restart appends to the same file)."""
 
     @property
     def log_path(self) -> Path:
@@ -121,8 +123,10 @@ class LocalMesh:
         return argv
 
     def start_agent(self, agent: AgentProcess) -> None:
+        """Start (or restart) one agent; its log is appended to."""
         agent.directory.mkdir(parents=True, exist_ok=True)
         with agent.log_path.open("ab") as log:
+            agent.log_offset = log.tell()
             agent.process = subprocess.Popen(
                 self.command(agent),
                 stdout=log,
@@ -173,10 +177,20 @@ class LocalMesh:
         return ApiClient(self.operator, self.agents[index].address, timeout_s=5.0)
 
     async def wait_listening(self, timeout_s: float = 120.0) -> None:
-        """Until every running agent has printed its ``listening`` line; sets ``last_up_at``."""
+        """Until every running agent has printed its ``listening`` line; sets ``last_up_at``.
+
+        Ports are chosen before the agents bind them: an agent that found its port taken
+        meanwhile (by any process's outgoing connection) is started again on another port.
+        """
         deadline = time.monotonic() + timeout_s
-        pending = [a for a in self.agents if a.running]
+        pending = [a for a in self.agents if a.process is not None and not _listening(a)]
+        restarts = 0
         while pending and time.monotonic() < deadline:
+            for a in pending:
+                if not a.running and _port_taken(a) and restarts < 3 * len(self.agents):
+                    restarts += 1
+                    a.address = f"{self.host}:{free_ports(1, self.host)[0]}"
+                    self.start_agent(a)
             pending = [a for a in pending if a.running and not _listening(a)]
             if pending:
                 await asyncio.sleep(0.05)
@@ -193,9 +207,11 @@ class LocalMesh:
         clients = {a.index: self.client(a.index) for a in live}
         try:
             while time.monotonic() < deadline:
-                if all([await _sees(clients[a.index], want) for a in live]):
+                # all at once: asked one after another, 32 busy agents took seconds to answer
+                seen = await asyncio.gather(*(_sees(clients[a.index], want) for a in live))
+                if all(seen):
                     return time.monotonic() - self.last_up_at
-                await asyncio.sleep(0.25)
+                await asyncio.sleep(0.1)
         finally:
             for c in clients.values():
                 await c.close()
@@ -204,12 +220,24 @@ class LocalMesh:
         raise TimeoutError(f"the mesh did not converge within {timeout_s:.0f} s{hint}")
 
 
-def _listening(agent: AgentProcess) -> bool:
-    """The agent printed the line ``shoal agent`` prints once it serves."""
+def _log_since_start(agent: AgentProcess) -> bytes:
+    """What the agent logged since its last start."""
     try:
-        return b'{"event": "listening"' in agent.log_path.read_bytes()
+        with agent.log_path.open("rb") as log:
+            log.seek(agent.log_offset)
+            return log.read()
     except OSError:
-        return False
+        return b""
+
+
+def _listening(agent: AgentProcess) -> bool:
+    """The agent printed the line ``shoal agent`` prints once it serves (since its last start)."""
+    return b'{"event": "listening"' in _log_since_start(agent)
+
+
+def _port_taken(agent: AgentProcess) -> bool:
+    """The agent exited because its address was in use (EADDRINUSE)."""
+    return b"address already in use" in _log_since_start(agent)
 
 
 async def _sees(client: ApiClient, want: set[str]) -> bool:

@@ -46,6 +46,9 @@ log = logging.getLogger("shoal.owner")
 
 LIVE = (JobState.PLACING, JobState.RUNNING, JobState.MIGRATING)
 REQUEUE_CAUSES = frozenset({"migrate", "drain", "shutdown", "fenced", "preempt", "lost"})
+UNHEARD_OWNER_GRACE_S = 10.0
+"""A stored job whose owner is not live, yet not known dead or left either, is taken over only
+once its copy is this old: a replica can arrive from an owner this agent has not heard of yet."""
 
 
 @dataclass(slots=True)
@@ -70,6 +73,10 @@ class OwnedJob:
     prefer: str | None = None
     avoid: str | None = None
     placing_since: float = 0.0
+    refused_by: str | None = None
+    """The node that refused the current attempt (so it ran nowhere): offered to that same node
+    again, the attempt keeps its number. Another node gets a new one: a runner fences an attempt
+    that a job record (maybe an older one, still travelling) places on another node."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def record(self) -> JobRecord:
@@ -181,8 +188,10 @@ class Owner:
         addr_of: Callable[[str], str | None],
         on_change: Callable[[], None],
         stop_grace_s: float,
+        is_gone: Callable[[str], bool] = lambda node: False,
     ) -> None:
         self.node_id = node_id
+        self._is_gone = is_gone  # membership holds the node dead or left
         self.store = store
         self.view = view
         self.peers = peers
@@ -222,16 +231,25 @@ class Owner:
     def queue_length(self) -> int:
         return sum(1 for j in self.jobs.values() if j.state == JobState.PENDING)
 
-    def resume(self) -> None:
-        """After a restart: take back the jobs we owned unless a newer owner published them."""
+    def resume(self) -> int:
+        """After a restart: take back the jobs we owned unless a newer owner published them.
+
+        A job held already (submitted, handed over or adopted since the start) is live here: its
+        stored copy must not replace it, or the copy would re-check, fence and requeue it.
+        Returns how many jobs were taken back.
+        """
+        taken = 0
         for rec in self.store.jobs(owner=self.node_id):
-            if is_terminal(rec.state):
+            if is_terminal(rec.state) or rec.job_id in self.jobs:
                 continue
             job = OwnedJob.from_record(rec)
             doc = self.view.jobs.get(job.job_id)
             if doc is not None and job_gen(doc) > job.gen and doc.get("owner") != self.node_id:
                 continue  # someone took over while we were away; we stay a replica
             self._adopt(job, why="resumed after restart")
+            if job.job_id in self.jobs:
+                taken += 1
+        return taken
 
     # -- publishing ------------------------------------------------------------------------------
 
@@ -465,6 +483,11 @@ class Owner:
                     continue  # someone already took it over
                 if doc.get("state") in {s.value for s in JobState if is_terminal(s)}:
                     continue
+            if (
+                not self._is_gone(rec.owner)
+                and time.time() - rec.updated_at < UNHEARD_OWNER_GRACE_S
+            ):
+                continue  # not heard of yet rather than gone: it may have just joined
             new_owner = next(iter(rank(rec.job_id, live)), None)
             if new_owner == self.node_id:
                 self._adopt(OwnedJob.from_record(rec), why=f"owner {rec.owner[:8]} is gone")
@@ -548,7 +571,8 @@ class Owner:
     async def _loop(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), timeout=1.0)
+                async with asyncio.timeout(1.0):  # wait_for (3.11) loses a cancel racing a kick
+                    await self._kick.wait()
             self._kick.clear()
             pending = sorted(
                 (j for j in self.jobs.values() if j.state == JobState.PENDING),
@@ -596,7 +620,9 @@ class Owner:
             if addr is None:
                 continue
             self._move(job, JobEvent.PLACED)
-            job.attempt += 1
+            if job.refused_by != cand.node_id:
+                job.attempt += 1
+            job.refused_by = None
             job.runner, job.devices = cand.node_id, cand.devices
             job.placing_since = time.monotonic()
             job.reason = None
@@ -617,6 +643,7 @@ class Owner:
                 if job.attempt == attempt and _state(job) == JobState.PLACING:
                     self._move(job, JobEvent.DECLINED)
                     job.runner, job.devices = None, ()
+                    job.refused_by = cand.node_id
                 continue
             except PeerUnreachable as exc:
                 log.info("job %s: start on %s unanswered: %s", job.job_id[:8], cand.node_id, exc)

@@ -13,8 +13,9 @@ Drain: cordoned and draining nodes accept nothing new; a draining node lets its 
 the grace period, then stops the rest (cause ``drain``; their owners requeue them elsewhere) and
 becomes drained. The state is persisted and gossiped in the ``node`` record.
 
-Shutdown (SIGTERM): running jobs are stopped with their checkpoint signal (cause ``shutdown``) and
-reported, so their owners requeue them elsewhere; the agent then leaves the mesh.
+Shutdown (SIGTERM): offers are declined from then on; running jobs are stopped with their
+checkpoint signal (cause ``shutdown``) and reported, so their owners requeue them elsewhere; the
+agent then leaves the mesh.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ class Runner:
         self._drain_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._reports: dict[tuple[str, int], dict[str, Any]] = {}
+        self._closing = False
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -137,6 +139,8 @@ class Runner:
         owner = str(body["owner"])
         spec = JobSpec.from_dict(body["spec"])
         keys = tuple(str(k) for k in body.get("devices", ()))
+        if self._closing:
+            raise Declined("the agent is shutting down")
         if not accepts_work(self.drain):
             raise Declined(f"node is {self.drain.value}")
         if attempt <= self.fence.get(job_id, 0):
@@ -154,7 +158,6 @@ class Runner:
         busy = [k for k in keys if k not in free]
         if busy:
             raise Declined(f"device {busy[0]} is in use")
-        self.fence[job_id] = attempt
         run = LocalRun(job_id, attempt, owner, keys)
         self.runs[job_id] = run
         try:
@@ -165,9 +168,16 @@ class Runner:
         except (LaunchError, ValueError) as exc:
             self.runs.pop(job_id, None)
             self._on_change()
-            # The offer is declined; the owner tries elsewhere (a bad command fails everywhere,
-            # and the owner gives up after every candidate declined).
+            # The offer is declined (it ran nowhere: the owner may offer this attempt again); the
+            # owner tries elsewhere (a bad command fails everywhere).
             raise Declined(str(exc)) from None
+        if self._closing or attempt <= self.fence.get(job_id, 0):
+            # Fenced by a stop, or the agent began to shut down, while it launched: end it now.
+            await self.executor.stop(
+                job_id, cause="shutdown" if self._closing else "fenced", grace_s=0
+            )
+            raise Declined(f"attempt {attempt} was stopped as it started")
+        self.fence[job_id] = attempt
         self.store.record_run(
             RunRecord(
                 job_id,
@@ -376,6 +386,7 @@ class Runner:
             )
 
     async def shutdown(self, wait_reports_s: float = 3.0) -> None:
+        self._closing = True  # an offer that arrives now would outlive the agent: decline it
         await self.executor.close()
         deadline = time.monotonic() + wait_reports_s
         while self._reports and time.monotonic() < deadline:

@@ -1,123 +1,81 @@
-"""Start N real agent processes on loopback with a throwaway cluster, and talk to them.
+"""Real agent processes for the tests: :class:`agent.localmesh.LocalMesh`, driven synchronously.
 
-``Mesh`` makes a cluster (CA + operator identity) in a temporary folder, enrolls one agent
-identity per node, starts ``python -m agent.cli agent`` for each (simulated GPUs, loopback, mutual
-TLS), and waits until every agent sees every other. Commands are sealed with the operator's key
-and sent over mutual TLS with its certificate, as the CLI does.
+``LocalMesh`` makes the throwaway cluster (CA, operator identity, one identity per agent), starts,
+signals and stops the ``shoal agent`` processes (simulated GPUs, loopback, mutual TLS), exactly as
+``shoal demo`` does. :class:`Mesh` adds what tests need on top: blocking waits with the agents'
+logs in the failure message, and plain HTTPS requests and sealed commands as the operator.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from agent.localmesh import AgentProcess, LocalMesh
 from gossip import envelope
 from gossip.certtrust import CertSigner
-from gossip.identity import ClusterIdentity, enroll_node, init_cluster
+from gossip.identity import NodeIdentity
 from gossip.tls import client_context
 
 DEADLINE_S = 30.0
 
 
-@dataclass
-class AgentProc:
-    index: int
-    data_dir: Path
-    sim: str
-    process: subprocess.Popen[str] | None = None
-    node_id: str = ""
-    addr: str = ""
-    log_path: Path = field(default_factory=Path)
-
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-
 class Mesh:
+    """Agents ``0..len(sims)-1``, agent ``i`` simulating the GPU profile ``sims[i]``."""
+
     def __init__(self, root: Path, sims: Sequence[str], *, extra: Sequence[str] = ()) -> None:
         self.root = root
-        now = datetime.now(UTC)
-        self.cluster: ClusterIdentity = init_cluster(root / "cluster", "test", "operator", now)
-        self.agents: list[AgentProc] = []
-        self.extra = list(extra)
-        for i, sim in enumerate(sims):
-            data_dir = root / f"agent{i}"
-            enroll_node(
-                self.cluster.ca,
-                data_dir / "identity",
-                "agent",
-                ["localhost", "127.0.0.1"],
-                timedelta(days=1),
-                now,
-            )
-            self.agents.append(AgentProc(i, data_dir, sim, log_path=root / f"agent{i}.log"))
-        op = self.cluster.operator
-        self._ssl = client_context(op, op.ca_certificate)
-        self.signer = CertSigner(op)
+        self.local = LocalMesh(root, len(sims), profiles=tuple(sims), extra_args=tuple(extra))
+        self.local.create()
+        assert self.local.operator is not None
+        self.operator: NodeIdentity = self.local.operator
+        self._ssl = client_context(self.operator, self.operator.ca_certificate)
+        self.signer = CertSigner(self.operator)
+
+    @property
+    def agents(self) -> list[AgentProcess]:
+        return self.local.agents
+
+    @property
+    def cluster_dir(self) -> Path:
+        """The operator identity's folder (``--identity`` for the CLI)."""
+        return self.root / "cluster"
 
     # -- processes -------------------------------------------------------------------------------
 
-    def start(self, i: int, join: Sequence[str] = ()) -> AgentProc:
+    def start(self, i: int) -> AgentProcess:
+        """Start (or restart) agent ``i`` on its address and wait until it listens."""
         a = self.agents[i]
-        argv = [
-            sys.executable,
-            "-m",
-            "agent.cli",
-            "agent",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            str(a.data_dir),
-            "--sim",
-            a.sim,
-            "--sim-seed",
-            str(i),
-            "--log-level",
-            "INFO",
-            *self.extra,
-        ]
-        for seed in join:
-            argv += ["--join", seed]
-        log = a.log_path.open("a")
-        a.process = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        log.close()
-        assert a.process.stdout is not None
-        line = a.process.stdout.readline()
-        if not line:
-            raise AssertionError(f"agent {i} did not start:\n{a.log_path.read_text()[-3000:]}")
-        doc = json.loads(line)
-        a.node_id, a.addr = doc["node"], doc["addr"]
+        self.local.start_agent(a)
+        try:
+            asyncio.run(self.local.wait_listening(timeout_s=DEADLINE_S))
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{self.logs()}") from None
+        if not a.running:
+            raise AssertionError(f"agent {i} exited at start:\n{self.logs()}")
         return a
 
     def start_all(self) -> None:
-        first = self.start(0)
-        for i in range(1, len(self.agents)):
-            self.start(i, [first.addr])
+        self.local.start()
         self.wait_converged()
 
     def wait_converged(self, deadline_s: float = DEADLINE_S) -> None:
-        n = sum(1 for a in self.agents if a.alive)
+        try:
+            asyncio.run(self.local.wait_converged(timeout_s=deadline_s))
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{self.logs()}") from None
+        n = sum(1 for a in self.agents if a.running)
         self.wait(
             f"{n} agents see each other",
-            lambda: all(self.get(a, "/healthz")["members"] == n for a in self.agents if a.alive),
+            lambda: all(self.get(a, "/healthz")["members"] == n for a in self.agents if a.running),
             deadline_s,
         )
         # Every inventory has arrived everywhere.
@@ -126,35 +84,27 @@ class Mesh:
             lambda: all(
                 sum(1 for node in self.get(a, "/v1/nodes")["nodes"] if node["devices"]) >= n
                 for a in self.agents
-                if a.alive
+                if a.running
             ),
             deadline_s,
         )
 
     def kill(self, i: int) -> None:
-        a = self.agents[i]
-        assert a.process is not None
-        a.process.send_signal(signal.SIGKILL)
-        a.process.wait(timeout=10)
+        """SIGKILL agent ``i`` (a crash: no goodbye, no report)."""
+        self.local.kill(self.agents[i], signal.SIGKILL)
 
-    def terminate(self, i: int) -> None:
+    def terminate(self, i: int, timeout_s: float = 60.0) -> int:
+        """SIGTERM agent ``i`` and wait for it to exit; its exit status."""
         a = self.agents[i]
         assert a.process is not None
         a.process.send_signal(signal.SIGTERM)
-        a.process.wait(timeout=30)
+        try:
+            return a.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"agent {i} still runs {timeout_s:.0f} s after SIGTERM") from None
 
     def stop_all(self) -> None:
-        for a in self.agents:
-            if a.alive:
-                assert a.process is not None
-                a.process.send_signal(signal.SIGTERM)
-        for a in self.agents:
-            if a.process is not None:
-                try:
-                    a.process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    a.process.kill()
-                    a.process.wait(timeout=10)
+        self.local.stop(grace_s=20.0)
 
     def logs(self) -> str:
         return "\n".join(
@@ -167,14 +117,14 @@ class Mesh:
 
     def request(
         self,
-        a: AgentProc,
+        a: AgentProcess,
         method: str,
         path: str,
         data: bytes | None = None,
         content_type: str = "application/json",
         timeout_s: float = 15.0,
     ) -> tuple[int, bytes]:
-        req = urllib.request.Request(f"https://{a.addr}{path}", data=data, method=method)
+        req = urllib.request.Request(f"https://{a.address}{path}", data=data, method=method)
         if data is not None:
             req.add_header("Content-Type", content_type)
         try:
@@ -183,7 +133,7 @@ class Mesh:
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
 
-    def get(self, a: AgentProc, path: str) -> Any:
+    def get(self, a: AgentProcess, path: str) -> Any:
         status, body = self.request(a, "GET", path)
         assert status == 200, (status, body)
         return json.loads(body)
@@ -193,7 +143,7 @@ class Mesh:
         return envelope.seal(self.signer, kind, payload, time.time() if now is None else now)
 
     def command(
-        self, a: AgentProc, kind: str, body: dict[str, Any], *, sealed: bytes | None = None
+        self, a: AgentProcess, kind: str, body: dict[str, Any], *, sealed: bytes | None = None
     ) -> tuple[int, dict[str, Any]]:
         data = sealed if sealed is not None else self.seal(kind, body)
         status, raw = self.request(
@@ -201,9 +151,20 @@ class Mesh:
         )
         return status, json.loads(raw)
 
-    def job(self, a: AgentProc, job_id: str) -> dict[str, Any]:
+    def job(self, a: AgentProcess, job_id: str) -> dict[str, Any]:
         status, body = self.request(a, "GET", f"/v1/jobs/{job_id}")
         return json.loads(body) if status == 200 else {"state": None, "status": status}
+
+    def events(self, a: AgentProcess) -> list[dict[str, Any]]:
+        """Every event agent ``a`` holds (its own and those gossiped to it), oldest first."""
+        rows: list[dict[str, Any]] = []
+        since = 0
+        while True:
+            answer = self.get(a, f"/v1/events?since={since}")
+            if not answer["events"]:
+                return rows
+            rows += answer["events"]
+            since = answer["next"]
 
     def wait(self, what: str, check: Callable[[], bool], deadline_s: float = DEADLINE_S) -> float:
         started = time.monotonic()
@@ -229,3 +190,14 @@ def spec(argv: Sequence[str], *, gpus: int = 1, **extra: Any) -> dict[str, Any]:
 
     resources = extra.pop("resources", None) or Resources(gpus_per_node=gpus)
     return JobSpec(command=tuple(argv), resources=resources, **extra).to_dict()
+
+
+def tick_spans(path: Path) -> dict[int, tuple[float, float]]:
+    """First and last tick of every attempt, from a file of ``attempt time`` lines."""
+    spans: dict[int, tuple[float, float]] = {}
+    for line in path.read_text().splitlines():
+        attempt_text, _, at_text = line.partition(" ")
+        attempt, at = int(attempt_text), float(at_text)
+        lo, hi = spans.get(attempt, (at, at))
+        spans[attempt] = (min(lo, at), max(hi, at))
+    return spans

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.jobspec import new_job_id
-from tests.agent.agents import Mesh, spec
+from tests.agent.agents import Mesh, spec, tick_spans
 
 pytestmark = pytest.mark.slow
 
@@ -23,16 +23,6 @@ for _ in range(600):
     print("tick", attempt, flush=True)
     time.sleep(0.05)
 """
-
-
-def _ticks(path: Path) -> dict[int, tuple[float, float]]:
-    spans: dict[int, tuple[float, float]] = {}
-    for line in path.read_text().splitlines():
-        attempt_text, _, at_text = line.partition(" ")
-        attempt, at = int(attempt_text), float(at_text)
-        lo, hi = spans.get(attempt, (at, at))
-        spans[attempt] = (min(lo, at), max(hi, at))
-    return spans
 
 
 def test_drain_moves_work_off_and_takes_no_new_work(tmp_path: Path) -> None:
@@ -93,7 +83,7 @@ def test_kill_of_a_runner_requeues_elsewhere_never_twice_at_once(tmp_path: Path)
         mesh.wait("running", lambda: mesh.job(mesh.agents[0], job_id)["state"] == "running")
         first = mesh.job(mesh.agents[0], job_id)["runner"]
         mesh.kill(mesh.node_index(first))
-        survivor = next(x for x in mesh.agents if x.alive)
+        survivor = next(x for x in mesh.agents if x.running)
         mesh.wait(
             "attempt 2 running elsewhere",
             lambda: (
@@ -103,8 +93,8 @@ def test_kill_of_a_runner_requeues_elsewhere_never_twice_at_once(tmp_path: Path)
             ),
             deadline_s=40,
         )
-        mesh.wait("attempt 2 ticking", lambda: 2 in _ticks(ticks))
-        spans = _ticks(ticks)
+        mesh.wait("attempt 2 ticking", lambda: 2 in tick_spans(ticks))
+        spans = tick_spans(ticks)
         assert set(spans) == {1, 2}
         assert spans[1][1] < spans[2][0]  # attempt 1 was gone before attempt 2 began
     finally:
@@ -121,7 +111,7 @@ def test_kill_of_the_owner_right_after_the_ack_loses_nothing(tmp_path: Path) -> 
         assert status == 200 and answer["replicas"] == 2
         owner = answer["owner"]
         mesh.kill(mesh.node_index(owner))
-        survivor = next(x for x in mesh.agents if x.alive)
+        survivor = next(x for x in mesh.agents if x.running)
         mesh.wait(
             "the job to succeed under a new owner",
             lambda: (
@@ -159,7 +149,7 @@ def test_a_restarted_agent_reconciles_from_its_store(tmp_path: Path) -> None:
         # The job dies with its agent (PR_SET_PDEATHSIG); on other systems the restarted agent
         # kills what survived of the job's process group. Either way it must be gone.
         mesh.wait("the orphan gone", lambda: not _alive(pid))
-        mesh.start(runner_index, [a.addr])
+        mesh.start(runner_index)
         mesh.command(a, "undrain", {"node": a.node_id})
         mesh.wait(
             "the lost job requeued and running again",

@@ -174,11 +174,13 @@ async def events_until_exit(ex: ProcessExecutor, job_id: str) -> list[ExecEvent]
                 return out
 
 
-async def wait_for_line(ex: ProcessExecutor, job_id: str, prefix: str) -> str:
+async def wait_for_line(ex: ProcessExecutor, job_id: str, prefix: str, end: str = "") -> str:
+    """The first log line starting with ``prefix`` (and ending with ``end``: the tail of a live
+    log may show a line still being written)."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         for line in ex.tail(job_id, 50):
-            if line.startswith(prefix):
+            if line.startswith(prefix) and line.endswith(end):
                 return line
         await asyncio.sleep(0.02)
     raise AssertionError(f"no line starting {prefix!r} in {ex.tail(job_id, 50)}")
@@ -286,12 +288,13 @@ async def test_cancel_kills_the_whole_group_grandchild_included(
         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
         "child = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
         "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'])\n"
-        "print('grandchild', child.pid, flush=True)\n"
+        "print('grandchild', child.pid, 'up', flush=True)\n"
         "time.sleep(60)\n"
     )
     job = launch(code)
     await executor.start(job)
-    grandchild = int((await wait_for_line(executor, job.job_id, "grandchild")).split()[1])
+    line = await wait_for_line(executor, job.job_id, "grandchild", end=" up")
+    grandchild = int(line.split()[1])
     assert psutil.pid_exists(grandchild)
     exited = await asyncio.wait_for(executor.stop(job.job_id, grace_s=0.3), 10)
     assert exited is not None

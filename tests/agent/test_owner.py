@@ -1,0 +1,236 @@
+"""The owner's decisions without agent processes: resuming after a boot, attempts on declines.
+
+The owner runs on its real store (SQLite in a temporary folder), and the runners it offers jobs
+to are small aiohttp servers on loopback that answer ``/v1/internal/...`` as a runner would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from agent.events import EventLog
+from agent.jobspec import JobSpec, Resources, new_job_id
+from agent.jobstate import JobState
+from agent.owner import UNHEARD_OWNER_GRACE_S, Owner
+from agent.peers import PeerClient
+from agent.placement import FirstFit
+from agent.store import JobRecord, Store
+from agent.view import ClusterView, pack
+from gossip.identity import enroll_node, init_cluster
+from probers.records import DeviceStatic
+
+SPEC = JobSpec(command=("true",), resources=Resources(gpus_per_node=1))
+
+
+@dataclass
+class FakeRunner:
+    """A runner on loopback: declines or accepts every ``start``, stores every ``replicate``."""
+
+    node_id: str
+    accept: bool
+    starts: list[dict[str, Any]] = field(default_factory=list)
+    addr: str = ""
+    runner: web.AppRunner | None = None
+
+    async def serve(self) -> None:
+        async def internal(request: web.Request) -> web.Response:
+            op = request.match_info["op"]
+            body = await request.json()
+            if op == "start":
+                self.starts.append(body)
+                if not self.accept:
+                    return web.json_response({"error": "device h0 is in use"}, status=409)
+                return web.json_response({"ok": True, "started_at": 1.0, "pid": 1})
+            if op == "replicate":
+                return web.json_response({"ok": True})
+            return web.json_response({"error": f"unexpected {op}"}, status=404)
+
+        app = web.Application()
+        app.router.add_post("/v1/internal/{op}", internal)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        server = site._server
+        assert server is not None
+        port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.addr = f"127.0.0.1:{port}"
+
+
+@dataclass
+class Fixture:
+    me: str
+    store: Store
+    view: ClusterView
+    peers: PeerClient
+    runners: dict[str, FakeRunner]
+
+    def owner(self) -> Owner:
+        addrs = {r.node_id: r.addr for r in self.runners.values()}
+        return Owner(
+            self.me,
+            self.store,
+            self.view,
+            self.peers,
+            EventLog(self.me),
+            FirstFit(),
+            publish=lambda kind, payload: None,
+            live_agents=lambda: [self.me, *addrs],
+            addr_of=addrs.get,
+            on_change=lambda: None,
+            stop_grace_s=1.0,
+        )
+
+
+@pytest.fixture
+async def fx(tmp_path: Path) -> AsyncIterator[Fixture]:
+    now = datetime.now(UTC)
+    cluster = init_cluster(tmp_path / "cluster", "test", "operator", now)
+    me = enroll_node(cluster.ca, tmp_path / "me", "agent", ["127.0.0.1"], timedelta(days=1), now)
+    store = Store(tmp_path / "agent.sqlite")
+    store.set_node_id(me.node_id)
+    peers = PeerClient(me, insecure_dev=True, timeout_s=5.0)
+    # Two runners of one H100 each; FirstFit offers to them in node id order.
+    runners = {
+        name: FakeRunner(name, accept=(name == "runner-b")) for name in ("runner-a", "runner-b")
+    }
+    view = ClusterView()
+    for r in runners.values():
+        await r.serve()
+        node = view.node(r.node_id)
+        node.inventory = {"api": r.addr}
+        node.statics = [
+            DeviceStatic(key="h0", vendor="nvidia", backend="cuda", name="H100", source="sim")
+        ]
+    servers = list(runners.values())
+    try:
+        yield Fixture(me.node_id, store, view, peers, runners)
+    finally:
+        await peers.close()
+        for r in servers:
+            if r.runner is not None:
+                await r.runner.cleanup()
+        store.close()
+
+
+def _events(owner: Owner) -> list[tuple[str, str]]:
+    rows, _ = owner.events.since(0)
+    return [(r["kind"], r["message"]) for r in rows]
+
+
+async def test_resume_leaves_alone_the_jobs_submitted_since_the_start(fx: Fixture) -> None:
+    # Nothing fits anywhere, so the job stays pending under its first owner.
+    fx.runners.clear()
+    owner = fx.owner()
+    job_id = new_job_id()
+    await owner.submit(job_id, SPEC)
+    held = owner.jobs[job_id]
+    # The agent resumes its stored jobs a few seconds after every start, fresh ones included.
+    owner.resume()
+    assert owner.jobs[job_id] is held
+    assert [kind for kind, _ in _events(owner)] == ["submitted"]
+    await owner.close()
+
+
+async def test_resume_takes_back_what_it_owned_before_a_restart(fx: Fixture) -> None:
+    fx.runners.clear()
+    before = fx.owner()
+    mine, taken = new_job_id(), new_job_id()
+    await before.submit(mine, SPEC)
+    await before.submit(taken, SPEC)
+    await before.close()
+    # Meanwhile another agent took over ``taken`` and published a newer version of it.
+    newer = before.jobs[taken].to_json()
+    newer.update(owner="someone-else", gen=before.jobs[taken].gen + 5)
+    fx.view.apply("someone-else", "job/" + taken, pack(newer), 0.0)
+    after = fx.owner()
+    after.resume()
+    assert sorted(after.jobs) == [mine]
+    assert after.jobs[mine].state == JobState.PENDING
+    assert ("adopted", "resumed after restart") in _events(after)
+    await after.close()
+
+
+async def test_a_refused_attempt_is_not_offered_to_another_node(fx: Fixture) -> None:
+    owner = fx.owner()
+    job_id = new_job_id()
+    await owner.submit(job_id, SPEC)
+    await owner._place_once(owner.jobs[job_id])
+    a, b = fx.runners["runner-a"], fx.runners["runner-b"]
+    # runner-a came first and declined. A job record placing attempt 1 on runner-a may still
+    # reach runner-b: had runner-b been given attempt 1 too, it would fence its own copy.
+    assert [s["attempt"] for s in a.starts] == [1]
+    assert [s["attempt"] for s in b.starts] == [2]
+    job = owner.jobs[job_id]
+    assert (job.state, job.attempt, job.runner) == (JobState.RUNNING, 2, "runner-b")
+    await owner.close()
+
+
+async def test_close_stops_the_loop_even_right_after_a_kick(fx: Fixture) -> None:
+    # The agent closes its owner on SIGTERM while gossip still kicks it (a member left...).
+    owner = fx.owner()
+    owner.start()
+    await asyncio.sleep(0)  # the loop now waits for a kick
+    owner.kick()
+    await asyncio.wait_for(owner.close(), timeout=10)
+
+
+async def test_an_attempt_refused_in_every_round_is_offered_again(fx: Fixture) -> None:
+    # runner-a alone: it refuses (its gossiped free list was stale), then accepts.
+    a = fx.runners["runner-a"]
+    del fx.runners["runner-b"]
+    owner = fx.owner()
+    job_id = new_job_id()
+    await owner.submit(job_id, SPEC)
+    job = owner.jobs[job_id]
+    await owner._place_once(job)
+    await owner._place_once(job)
+    assert job.state == JobState.PENDING and "device h0 is in use" in (job.reason or "")
+    a.accept = True
+    await owner._place_once(job)
+    assert [s["attempt"] for s in a.starts] == [1, 1, 1]
+    assert (job.state, job.attempt, job.runner) == (JobState.RUNNING, 1, "runner-a")
+    await owner.close()
+
+
+def _replica(store: Store, owner: str, *, age_s: float) -> str:
+    """A job copy kept for ``owner``, as a replica holds it, received ``age_s`` ago."""
+    job_id = new_job_id()
+    now = time.time()
+    store.put_job(
+        JobRecord(job_id, SPEC, JobState.PENDING, 0, owner, None, now - age_s, now - age_s, {})
+    )
+    return job_id
+
+
+async def test_a_replica_from_an_owner_not_heard_of_yet_is_not_taken_over(fx: Fixture) -> None:
+    fx.runners.clear()  # alone: whatever is taken over is taken over here
+    owner = fx.owner()
+    fresh = _replica(fx.store, "just-joined", age_s=0)
+    old = _replica(fx.store, "long-forgotten", age_s=2 * UNHEARD_OWNER_GRACE_S)
+    owner.sweep()
+    # The fresh copy's owner may have joined a moment ago: gossip has not told us of it yet.
+    assert sorted(owner.jobs) == [old]
+    kept = fx.store.get_job(fresh)
+    assert kept is not None and kept.owner == "just-joined"
+    await owner.close()
+
+
+async def test_a_replica_whose_owner_is_known_gone_is_taken_over_at_once(fx: Fixture) -> None:
+    fx.runners.clear()
+    owner = fx.owner()
+    owner._is_gone = lambda node: node == "died"
+    job_id = _replica(fx.store, "died", age_s=0)
+    owner.sweep()
+    assert list(owner.jobs) == [job_id]
+    assert ("adopted", "owner died is gone") in _events(owner)
+    await owner.close()
