@@ -104,3 +104,5 @@ def run_agent(args: argparse.Namespace) -> int:
         return asyncio.run(_serve(config))
     except (IdentityError, StoreError, ValueError) as exc:
         raise UserError(str(exc)) from None
+    except OSError as exc:  # the listen address is taken or not ours
+        raise UserError(f"cannot listen on {config.listen}: {exc.strerror or exc}") from None

@@ -92,6 +92,12 @@ class GossipConfig:
     """Anti-entropy: full digest exchange with one random peer. Scaled up with N as memberlist does
     (x ceil(log2(N) - log2(32)) + 1 above 32 nodes) so its cost per node stays bounded."""
 
+    catch_up_push_pull_s: float = 1.5
+    """The first push-pull comes this long after boot (jittered up to twice it), then every
+    scaled interval: what gossip sent while this node was still starting (before peers could
+    reach it) is caught up in seconds, not at the first regular exchange. A node that has found
+    no live member yet retries its seeds at this pace too (they may still be starting)."""
+
     reconnect_interval_s: float = 2.0
     """Every interval, ping one random dead (not left) member; if it answers, push-pull with it.
     This is what heals a partition in seconds (serf's reconnect, on a LAN-lab clock)."""

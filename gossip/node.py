@@ -356,7 +356,8 @@ class GossipNode:
             delay = 1.0 if due is None else max(0.0, due - self._clock())
             if delay > 0:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                    async with asyncio.timeout(delay):  # wait_for (3.11) can lose a cancel
+                        await self._wake.wait()
             self._wake.clear()
             now = self._clock()
             due = peer.get_timer()

@@ -147,7 +147,7 @@ class Peer:
         self._next_probe = now + jitter * config.probe_interval_s
         self._next_gossip: float | None = None
         self._gossip_phase = now + jitter * config.gossip_interval_s
-        self._next_push_pull = now + rng.random() * config.push_pull_interval_s
+        self._next_push_pull = now + (1.0 + rng.random()) * config.catch_up_push_pull_s
         self._next_reconnect = now + rng.random() * config.reconnect_interval_s
         self._next_reap = now + _REAP_EVERY_S
         trust.admit(self.node_id, signer.credential, now)
@@ -348,7 +348,9 @@ class Peer:
             self._gossip(now)
         if now >= self._next_push_pull:
             n = max(self._live, len(self._ids) // 4)
-            self._next_push_pull = now + cfg.push_pull_scaled_s(n)
+            alone = self._live <= 1 and bool(self._seeds)  # the join found nobody up yet: retry
+            every = cfg.catch_up_push_pull_s if alone else cfg.push_pull_scaled_s(n)
+            self._next_push_pull = now + every
             self._start_push_pull()
         if now >= self._next_reconnect:
             self._next_reconnect = now + cfg.reconnect_interval_s

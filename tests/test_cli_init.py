@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import socket
 import stat
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from gossip.identity import load_cluster
+from gossip.identity import enroll_node, load_cluster
 
 
 def shoal(*args: str) -> subprocess.CompletedProcess[str]:
@@ -53,3 +55,33 @@ def test_bootstrap_with_a_wheelhouse_lacking_shoal_is_one_line(tmp_path: Path) -
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     assert "holds no shoal-" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_agent_on_a_taken_port_is_one_line(tmp_path: Path) -> None:
+    cluster = load_cluster(_init(tmp_path))
+    ident = tmp_path / "agent-id"
+    enroll_node(cluster.ca, ident, "agent", ["127.0.0.1"], timedelta(days=1), datetime.now(UTC))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = shoal(
+            "agent",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--identity",
+            str(ident),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--sim",
+            "demo",
+        )
+    assert done.returncode == 2, done.stderr[-1500:]
+    assert "Traceback" not in done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+
+
+def _init(tmp_path: Path) -> Path:
+    target = tmp_path / "cluster"
+    assert shoal("init", "--dir", str(target)).returncode == 0
+    return target

@@ -200,3 +200,20 @@ def test_push_pull_digests_follow_every_change() -> None:
             assert pp.members == truth, f"{nid} at {t}"
             seen.append(pp)
     assert any(d.state != MemberState.ALIVE for pp in seen for d in pp.members)
+
+
+def test_nodes_whose_seed_starts_last_join_within_seconds() -> None:
+    """Agents started together: the one everybody joins through may listen last. Until a node
+    has found a live member it retries its seeds every few seconds, not every push-pull."""
+    sim = Simulation(n=6, seed=2, warm=False)
+    ids = sorted(sim.nodes)
+    sim.crash(ids[0])  # the seed is not up yet: every join attempt goes nowhere
+    sim.run_until(8.0)
+    assert all(len(sim.peer(n).members()) == 1 for n in ids[1:])
+    sim.restart(ids[0], [])
+    t = 8.0
+    while not _views_full(sim, ids) and t < 20.0:
+        t += 0.5
+        sim.run_until(t)
+    assert _views_full(sim, ids)
+    assert t - 8.0 <= 3.0, f"took {t - 8.0:.1f} s after the seed came up"
