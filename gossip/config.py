@@ -98,6 +98,11 @@ class GossipConfig:
     reach it) is caught up in seconds, not at the first regular exchange. A node that has found
     no live member yet retries its seeds at this pace too (they may still be starting)."""
 
+    catch_up_window_s: float = 30.0
+    """For this long after boot, push-pull at the catch-up pace: when a whole mesh starts at once
+    on busy machines, gossip to members still starting is lost, and only push-pull repairs it.
+    A warm start (a preloaded full view) skips it."""
+
     reconnect_interval_s: float = 2.0
     """Every interval, ping one random dead (not left) member; if it answers, push-pull with it.
     This is what heals a partition in seconds (serf's reconnect, on a LAN-lab clock)."""

@@ -148,6 +148,7 @@ class Peer:
         self._next_gossip: float | None = None
         self._gossip_phase = now + jitter * config.gossip_interval_s
         self._next_push_pull = now + (1.0 + rng.random()) * config.catch_up_push_pull_s
+        self._catch_up_until = now + config.catch_up_window_s
         self._next_reconnect = now + rng.random() * config.reconnect_interval_s
         self._next_reap = now + _REAP_EVERY_S
         trust.admit(self.node_id, signer.credential, now)
@@ -285,6 +286,7 @@ class Peer:
         self._probe_order[self._probe_idx :] = rest
         n = self._live
         self._next_push_pull = now + self._rng.random() * self.config.push_pull_scaled_s(n)
+        self._catch_up_until = now  # a full view already: nothing to catch up on
 
     def count_bytes(self, inbound: int = 0, outbound: int = 0) -> None:
         """The encoder (transport or simulator) reports wire bytes here."""
@@ -348,8 +350,10 @@ class Peer:
             self._gossip(now)
         if now >= self._next_push_pull:
             n = max(self._live, len(self._ids) // 4)
-            alone = self._live <= 1 and bool(self._seeds)  # the join found nobody up yet: retry
-            every = cfg.catch_up_push_pull_s if alone else cfg.push_pull_scaled_s(n)
+            # catching up: the join found nobody up yet, or the mesh may still be starting
+            alone = self._live <= 1 and bool(self._seeds)
+            catching_up = alone or now < self._catch_up_until
+            every = cfg.catch_up_push_pull_s if catching_up else cfg.push_pull_scaled_s(n)
             self._next_push_pull = now + every
             self._start_push_pull()
         if now >= self._next_reconnect:
