@@ -133,7 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--rate", type=float, default=4.0, metavar="JOBS/S", help="submit rate")
     demo.add_argument("--seed", type=int, default=1)
     demo.add_argument(
-        "--idle", type=float, default=10.0, metavar="S", help="quiet spell before the workload"
+        "--idle",
+        type=float,
+        default=20.0,
+        metavar="S",
+        help="quiet spell before the workload; the idle footprint is its second half",
     )
     demo.add_argument("--json", action="store_true", help="print one JSON object")
     demo.add_argument("--keep", action="store_true", help="keep the demo's folder and logs")

@@ -132,10 +132,13 @@ async def _headless(
     mesh: LocalMesh, duration_s: float, rate: float, seed: int, idle_s: float
 ) -> dict[str, Any]:
     converged_s = await mesh.wait_converged(timeout_s=120)
-    idle = _Footprint(mesh)  # a quiet spell first: the idle footprint, and idle agents to submit to
+    # A quiet spell first: idle agents to submit to, and the idle footprint over its second
+    # half (the first settles what starting a mesh stirs up: handshakes, the first records).
+    await asyncio.sleep(idle_s / 2)
+    idle = _Footprint(mesh)
     idle_stop = asyncio.Event()
     idle_sampler = asyncio.create_task(idle.run(idle_stop))
-    await asyncio.sleep(idle_s)
+    await asyncio.sleep(idle_s / 2)
     idle_stop.set()
     await idle_sampler
     footprint = _Footprint(mesh)
@@ -216,7 +219,7 @@ def run_demo(
     as_json: bool,
     keep: bool,
     plain: bool = False,
-    idle_s: float = 10.0,
+    idle_s: float = 20.0,
 ) -> int:
     if nodes < 1:
         raise UserError("--nodes must be at least 1")
