@@ -46,14 +46,16 @@ async def shoot(
     hide: str = "^nv-",
     pick: str = "running",
     refresh_s: float = 3600.0,
+    identity_dir: Path | None = None,
 ) -> list[Path]:
     """Drive the app through every screen, saving ``NN-name.svg`` files; their paths.
 
     ``hide``: the hosts the inverted-filter screenshot leaves out (a regex); ``pick``: the
     filter that selects the job the migrate, cancel and logs screenshots are about.
+    ``identity_dir``: a cluster folder with its CA, for the add-host form (shown last).
     """
     outdir.mkdir(parents=True, exist_ok=True)
-    app = ShoalApp(source, refresh_s=refresh_s)
+    app = ShoalApp(source, refresh_s=refresh_s, identity_dir=identity_dir)
     saved: list[Path] = []
 
     async def snap(pilot: Pilot[None], name: str) -> None:
@@ -94,6 +96,10 @@ async def shoot(
         await pilot.press("escape", "question_mark")
         await snap(pilot, "help")
         await pilot.press("escape")
+        if identity_dir is not None:
+            await pilot.press("colon", *"hosts", "enter", "a", *"alice@gpu-new-01")
+            await snap(pilot, "add-host-form")
+            await pilot.press("escape")
     return saved
 
 
@@ -157,7 +163,14 @@ async def _live(outdir: Path, size: tuple[int, int], nodes: int) -> list[Path]:
         name = common_name(mesh.operator.ca_certificate) or "shoal-demo"
         source = ApiSource(mesh.client(0), name)
         return await shoot(
-            source, outdir, size, prefix="live-", hide="^h100", pick="qwen", refresh_s=2.0
+            source,
+            outdir,
+            size,
+            prefix="live-",
+            hide="^h100",
+            pick="qwen",
+            refresh_s=2.0,
+            identity_dir=Path(root) / "cluster",
         )
 
 
