@@ -438,6 +438,12 @@ async def _switch_and_start(
 
 
 async def _rm(remote: Remote, path: str) -> None:
+    """Remove ``path``, first killing what still runs from it (a pip install cut short when a
+    run is stopped keeps going after its SSH channel closes). The pattern ``[/]x/...`` matches
+    ``/x/...`` but not the shell running that command, which therefore must not name the path."""
+    pattern = _q(f"[{path[0]}]{path[1:]}")
+    kill = f"pkill -KILL -f -- {pattern} 2>/dev/null"
+    await remote.run(f"{kill}; sleep 0.2; {kill}; true", check=False)  # no literal path in it
     await remote.run(f"rm -rf {_q(path)}", check=False)
 
 
