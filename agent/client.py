@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Mapping
-from types import TracebackType
 from typing import Any
 
 import aiohttp
@@ -19,7 +18,7 @@ from gossip.certtrust import CertSigner
 from gossip.envelope import seal
 from gossip.identity import NodeIdentity
 from gossip.tls import client_context
-from gossip.transport import split_address
+from gossip.transport import PooledSession, split_address
 
 COMMANDS_PATH = "/v1/commands"
 ENVELOPE_CONTENT_TYPE = "application/octet-stream"
@@ -38,7 +37,7 @@ class AgentUnreachable(ApiError):
         super().__init__(0, f"cannot reach the agent at {address}: {why}")
 
 
-class ApiClient:
+class ApiClient(PooledSession):
     """One keep-alive HTTPS session to one agent, as ``identity`` (an operator's)."""
 
     def __init__(self, identity: NodeIdentity, address: str, *, timeout_s: float = 15.0) -> None:
@@ -55,28 +54,10 @@ class ApiClient:
     def node_id(self) -> str:
         return self._identity.node_id
 
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=self._ssl), timeout=self._timeout
-            )
-        return self._session
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    async def __aenter__(self) -> ApiClient:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+    def _make_session(self) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=self._ssl), timeout=self._timeout
+        )
 
     # -- transport ---------------------------------------------------------------------------------
 
@@ -97,7 +78,7 @@ class ApiClient:
         """Sign ``body`` as a ``kind`` command and send it; the agent's answer."""
         envelope = seal(self._signer, kind, json.dumps(body).encode(), time.time())
         try:
-            async with self._http().post(
+            async with self._pooled().post(
                 self._base + COMMANDS_PATH,
                 data=envelope,
                 headers={"Content-Type": ENVELOPE_CONTENT_TYPE},
@@ -108,7 +89,7 @@ class ApiClient:
 
     async def get(self, path: str, params: Mapping[str, str] | None = None) -> dict[str, Any]:
         try:
-            async with self._http().get(self._base + path, params=params) as response:
+            async with self._pooled().get(self._base + path, params=params) as response:
                 return await self._answer(response)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise AgentUnreachable(self.address, _why(exc)) from None
@@ -117,7 +98,7 @@ class ApiClient:
         self, path: str, params: Mapping[str, str] | None = None
     ) -> AsyncIterator[str]:
         """Text lines as the agent sends them (no overall timeout: ``follow`` can be long)."""
-        session = self._http()
+        session = self._pooled()
         try:
             async with session.get(
                 self._base + path, params=params, timeout=aiohttp.ClientTimeout(total=None)

@@ -17,7 +17,7 @@ import aiohttp
 
 from gossip.identity import NodeIdentity
 from gossip.tls import client_context
-from gossip.transport import DEV_NODE_HEADER, DEV_ROLE_HEADER, split_address
+from gossip.transport import DEV_NODE_HEADER, DEV_ROLE_HEADER, PooledSession, split_address
 
 INTERNAL = "/v1/internal"
 
@@ -39,7 +39,7 @@ class PeerRefused(PeerError):
         self.reason = reason
 
 
-class PeerClient:
+class PeerClient(PooledSession):
     """A pooled HTTPS client presenting this agent's certificate."""
 
     def __init__(
@@ -67,18 +67,11 @@ class PeerClient:
         self.timeout_s = timeout_s
         self._session: aiohttp.ClientSession | None = None
 
-    def _now(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=self._ssl, limit_per_host=8),
-                headers=self._headers,
-            )
-        return self._session
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+    def _make_session(self) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=self._ssl, limit_per_host=8),
+            headers=self._headers,
+        )
 
     def url(self, addr: str, path: str) -> str:
         host, port = split_address(addr)
@@ -111,7 +104,7 @@ class PeerClient:
         """POST raw bytes; the status and the JSON answer (``{"error": ...}`` when not JSON)."""
         timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout_s)
         short = timeout_s is None or timeout_s <= self.timeout_s
-        session = (self._shared() if short and self._shared is not None else None) or self._now()
+        session = (self._shared() if short and self._shared is not None else None) or self._pooled()
         try:
             async with session.post(
                 self.url(addr, path),
@@ -136,7 +129,7 @@ class PeerClient:
         """GET ``path`` and yield the body's chunks as they come (no total timeout)."""
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self.timeout_s)
         try:
-            async with self._now().get(self.url(addr, path), timeout=timeout) as response:
+            async with self._pooled().get(self.url(addr, path), timeout=timeout) as response:
                 if response.status != 200:
                     text = await response.text()
                     raise PeerRefused(response.status, text.strip()[:200])

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import aiohttp
 from aiohttp import web
@@ -480,7 +480,38 @@ class _PeerCheckingRequest(aiohttp.ClientRequest):
         return await super().send(conn)
 
 
-class GossipClient:
+class PooledSession:
+    """Owns one lazily made, kept-alive ``aiohttp.ClientSession`` (remade if it was closed);
+    ``close()`` or leaving ``async with`` closes it. Subclasses say how to make it."""
+
+    _session: aiohttp.ClientSession | None = None
+
+    def _make_session(self) -> aiohttp.ClientSession:
+        raise NotImplementedError
+
+    def _pooled(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = self._make_session()
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+class GossipClient(PooledSession):
     """Posts gossip bodies to peers over one pooled, keep-alive ``aiohttp.ClientSession``."""
 
     def __init__(
@@ -521,39 +552,21 @@ class GossipClient:
         """The pooled session (this node's certificate, kept-alive connections to its peers).
         The agent's short calls to other agents ride on it: their connections are warm from
         gossip, so a call rarely waits for a TLS handshake."""
-        return self._session_now()
+        return self._pooled()
 
-    def _session_now(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(
-                ssl=self._ssl,
-                limit=self._max_connections,
-                limit_per_host=self._max_per_peer,
-                keepalive_timeout=self._keepalive_timeout_s,
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                headers=self._headers,
-                auto_decompress=False,
-                request_class=_PeerCheckingRequest,
-            )
-        return self._session
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    async def __aenter__(self) -> GossipClient:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+    def _make_session(self) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(
+            ssl=self._ssl,
+            limit=self._max_connections,
+            limit_per_host=self._max_per_peer,
+            keepalive_timeout=self._keepalive_timeout_s,
+        )
+        return aiohttp.ClientSession(
+            connector=connector,
+            headers=self._headers,
+            auto_decompress=False,
+            request_class=_PeerCheckingRequest,
+        )
 
     def _check_server(self, transport: asyncio.Transport | None, expect: str | None) -> None:
         """Runs on the fresh or pooled connection before any request byte is written."""
@@ -601,7 +614,7 @@ class GossipClient:
         scheme = "http" if self._insecure_dev else "https"
         url_host = f"[{host}]" if ":" in host else host
         url = f"{scheme}://{url_host}:{port}{PATH}"
-        session = self._session_now()
+        session = self._pooled()
         token = _PEER_CHECK.set(
             None
             if self._insecure_dev
