@@ -273,9 +273,14 @@ class GossipNode:
             raise HandlerRejected(str(exc)) from None
         known = peer.member(node_id)
         src = known.addr if known is not None and known.addr else claimed_addr
-        peer.count_bytes(inbound=len(body))
-        peer.receive(src, message, self._clock())
-        reply = self._flush(reply_to=src)
+        return self._deliver(src, message, len(body), answering=True)
+
+    def _deliver(self, src: str, message: Message, size: int, *, answering: bool) -> bytes | None:
+        """Hand a message from ``src`` to the core and send what it has to send. ``answering``
+        (a request): the first message back to ``src`` is returned, to go in the response."""
+        self.peer.count_bytes(inbound=size)
+        self.peer.receive(src, message, self._clock())
+        reply = self._flush(reply_to=src if answering else None)
         self._wake.set()
         return reply
 
@@ -334,10 +339,7 @@ class GossipNode:
         except DecodeError:
             peer.stats.rejected_malformed += 1
             return
-        peer.count_bytes(inbound=len(answer))
-        peer.receive(addr, message, self._clock())  # from the member we posted to
-        self._flush()
-        self._wake.set()
+        self._deliver(addr, message, len(answer), answering=False)  # from the member we posted to
 
     def _dispatch(self) -> None:
         for event in self.peer.events():

@@ -619,16 +619,25 @@ class Peer:
         if broadcast:
             self._broadcast(u.node, u, _ALIVE, now)
 
-    def _on_suspect(self, u: Suspect, now: float, ours: bool = False) -> None:
+    def _judge(self, u: Suspect | Dead) -> tuple[Member, Outcome] | None:
+        """The member an accusation is about and what the state table makes of it; None when it
+        does nothing (about us after we left, or ignored: counted as a duplicate)."""
         is_self = u.node == self.node_id
         if is_self and self._left:
-            return
+            return None
         m = self._members.get(u.node)
         held = self._incarnation if is_self else (m.incarnation if m else 0)
         outcome = decide(m.state if m else None, held, u, is_self)
         if outcome is Outcome.IGNORE or m is None:
             self.stats.duplicates += 1
+            return None
+        return m, outcome
+
+    def _on_suspect(self, u: Suspect, now: float, ours: bool = False) -> None:
+        judged = self._judge(u)
+        if judged is None:
             return
+        m, outcome = judged
         s = self._suspicions.get(u.node)
         counts = s is not None and s.n < s.k and u.accuser not in s.accusers
         if outcome is Outcome.CONFIRM and not counts and u.incarnation <= m.incarnation:
@@ -668,15 +677,10 @@ class Peer:
         self._broadcast(u.node, u, _SUSPECT, now)
 
     def _on_dead(self, u: Dead, now: float, ours: bool = False, merged: bool = False) -> None:
-        is_self = u.node == self.node_id
-        if is_self and self._left:
+        judged = self._judge(u)
+        if judged is None:
             return
-        m = self._members.get(u.node)
-        held = self._incarnation if is_self else (m.incarnation if m else 0)
-        outcome = decide(m.state if m else None, held, u, is_self)
-        if outcome is Outcome.IGNORE or m is None:
-            self.stats.duplicates += 1
-            return
+        m, outcome = judged
         if not ours and not (self._accuser_ok(u.node, u.accuser) and self._verify(u.accuser, u)):
             return
         if outcome is Outcome.REFUTE:

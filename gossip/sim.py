@@ -341,16 +341,11 @@ class Simulation:
         t0, span = self.now + self.delay_min_s, self.delay_max_s - self.delay_min_s
         loss, duplicate = self.loss, self.duplicate
         nodes, heap, push = self.nodes, self._heap, heapq.heappush
-        sizing = self.measure_bytes and not self.codec_roundtrip
-        wire_size, encoded_size = codec.wire_size, codec.encoded_size
-        stats_out = node.peer.stats
-        sent = size = 0
+        sizing = self.measure_bytes or self.codec_roundtrip
+        size = 0
         for addr, msg in out:
-            sent += 1
+            net.sent += 1
             if sizing:
-                size = wire_size(msg)
-                stats_out.bytes_out += size
-            elif self.codec_roundtrip:
                 msg, size = self._size(node, msg)
             dst = nodes.get(addr)
             if dst is None or (group and group.get(addr, 0) != g_src) or rnd() < loss:
@@ -360,15 +355,9 @@ class Simulation:
             for _ in range(copies):
                 net.delivered += 1
                 if size and dst.up:
-                    dst.peer.stats.bytes_in += size
-                    net.bytes += size
-                    if type(msg) is Compound:
-                        for p in msg.parts:
-                            if type(p) is Record:
-                                net.record_bytes += encoded_size(p)
+                    self._count_in(dst, msg, size)
                 self._seq += 1
                 push(heap, (t0 + rnd() * span, self._seq, _MSG, addr, src, msg))
-        net.sent += sent
 
     def _transmit_reliable(self, node: SimNode, out: list[tuple[str, Message]]) -> None:
         rnd = self.rng.random
