@@ -93,32 +93,44 @@ async def _submit_workload(
 
 
 class _Footprint:
-    """Samples every agent's RSS and CPU while the demo runs."""
+    """Samples every agent's RSS and CPU once a second while inside ``async with``."""
 
     def __init__(self, mesh: LocalMesh) -> None:
         self._procs = [psutil.Process(a.process.pid) for a in mesh.agents if a.process is not None]
         for p in self._procs:
             p.cpu_percent(None)
-        self.rss_mb_max = 0.0
         self.rss_mb: list[float] = []
         self.cpu_pct: list[float] = []
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def rss_mb_max(self) -> float:
+        return max(self.rss_mb, default=0.0)
 
     def sample(self) -> None:
         for p in self._procs:
             try:
-                rss_mb = p.memory_info().rss / 2**20
-                self.rss_mb.append(rss_mb)
-                self.rss_mb_max = max(self.rss_mb_max, rss_mb)
+                self.rss_mb.append(p.memory_info().rss / 2**20)
                 self.cpu_pct.append(p.cpu_percent(None))
             except psutil.Error:
                 continue
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """A sample every second (each CPU figure covers the second before it) until ``stop``."""
-        while not stop.is_set():
+    async def _run(self) -> None:
+        """A sample every second (each CPU figure covers the second before it) until stopped."""
+        while not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=1.0)
+                await asyncio.wait_for(self._stop.wait(), timeout=1.0)
             self.sample()
+
+    async def __aenter__(self) -> _Footprint:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await self._task
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -128,23 +140,8 @@ def _pct(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def _headless(
-    mesh: LocalMesh, duration_s: float, rate: float, seed: int, idle_s: float
-) -> dict[str, Any]:
-    converged_s = await mesh.wait_converged(timeout_s=120)
-    # A quiet spell first: idle agents to submit to, and the idle footprint over its second
-    # half (the first settles what starting a mesh stirs up: handshakes, the first records).
-    await asyncio.sleep(idle_s / 2)
-    idle = _Footprint(mesh)
-    idle_stop = asyncio.Event()
-    idle_sampler = asyncio.create_task(idle.run(idle_stop))
-    await asyncio.sleep(idle_s / 2)
-    idle_stop.set()
-    await idle_sampler
-    footprint = _Footprint(mesh)
-    stop = asyncio.Event()
-    sampler = asyncio.create_task(footprint.run(stop))
-    work = await _submit_workload(mesh, duration_s, rate, seed)
+async def _settled(mesh: LocalMesh, work: Workload) -> dict[str, dict[str, Any]]:
+    """The submitted jobs as the mesh lists them, once all are final (or after two minutes)."""
     jobs: dict[str, dict[str, Any]] = {}
     async with mesh.client(0) as client:
         settle_deadline = time.monotonic() + 120
@@ -156,8 +153,21 @@ async def _headless(
             ):
                 break
             await asyncio.sleep(0.5)
-    stop.set()
-    await sampler
+    return jobs
+
+
+async def _headless(
+    mesh: LocalMesh, duration_s: float, rate: float, seed: int, idle_s: float
+) -> dict[str, Any]:
+    converged_s = await mesh.wait_converged(timeout_s=120)
+    # A quiet spell first: idle agents to submit to, and the idle footprint over its second
+    # half (the first settles what starting a mesh stirs up: handshakes, the first records).
+    await asyncio.sleep(idle_s / 2)
+    async with _Footprint(mesh) as idle:
+        await asyncio.sleep(idle_s / 2)
+    async with _Footprint(mesh) as footprint:
+        work = await _submit_workload(mesh, duration_s, rate, seed)
+        jobs = await _settled(mesh, work)
     latencies = [
         1000 * (float(j["started_at"]) - work.submitted_at[jid])
         for jid, j in jobs.items()
