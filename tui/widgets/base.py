@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from textual.binding import Binding, BindingType
 from textual.message import Message
 
 from tui.model import EMPTY_SNAPSHOT, NO_FILTER, History, MeshSnapshot, RowFilter
@@ -62,3 +63,43 @@ class Drill(Message):
     def __init__(self, selection: Selection) -> None:
         super().__init__()
         self.selection = selection
+
+
+CURSOR_BINDINGS: list[BindingType] = [
+    Binding("j,down", "cursor(1)", "Down", show=False, id="table.down"),
+    Binding("k,up", "cursor(-1)", "Up", show=False, id="table.up"),
+    Binding("g,home", "top", "Top", show=False, id="table.top"),
+    Binding("G,end", "bottom", "Bottom", show=False, id="table.bottom"),
+    Binding("pagedown", "page(1)", show=False),
+    Binding("pageup", "page(-1)", show=False),
+    Binding("enter", "drill", "Drill", show=False, id="table.drill"),
+]
+"""The keys of every line view with a cursor (the k9s keymap); ``enter`` drills down."""
+
+
+class CursorKeys:
+    """The actions behind :data:`CURSOR_BINDINGS`, for a view that keeps its cursor line in
+    ``_cursor`` and moves it with ``_move_to`` over ``_cursor_lines()`` lines."""
+
+    _cursor: int
+
+    def _move_to(self, index: int) -> None:
+        raise NotImplementedError
+
+    def _cursor_lines(self) -> int:
+        raise NotImplementedError
+
+    def _page_rows(self) -> int:
+        raise NotImplementedError
+
+    def action_cursor(self, delta: int) -> None:
+        self._move_to(self._cursor + delta)
+
+    def action_page(self, direction: int) -> None:
+        self._move_to(self._cursor + direction * self._page_rows())
+
+    def action_top(self) -> None:
+        self._move_to(0)
+
+    def action_bottom(self) -> None:
+        self._move_to(self._cursor_lines() - 1)

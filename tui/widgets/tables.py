@@ -17,13 +17,13 @@ from typing import Any, ClassVar, NamedTuple
 from rich.cells import cell_len, set_cell_size
 from rich.style import Style
 from textual import events
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from tui.model import EMPTY_SNAPSHOT, DeviceView, EventView, HostView, JobView, MeshSnapshot
-from tui.widgets.base import Drill, Selection, SortKey, ViewContext
+from tui.widgets.base import CURSOR_BINDINGS, CursorKeys, Drill, Selection, SortKey, ViewContext
 from tui.widgets.render import (
     Level,
     Palette,
@@ -69,18 +69,10 @@ def _fit(text: str, width: int, right: bool) -> str:
     return pad + text if right else text + pad
 
 
-class MeshTable(ScrollView, can_focus=True):
+class MeshTable(CursorKeys, ScrollView, can_focus=True):
     """A view over the snapshot as rows; subclasses say which rows and how they look."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("j,down", "cursor(1)", "Down", show=False, id="table.down"),
-        Binding("k,up", "cursor(-1)", "Up", show=False, id="table.up"),
-        Binding("g,home", "top", "Top", show=False, id="table.top"),
-        Binding("G,end", "bottom", "Bottom", show=False, id="table.bottom"),
-        Binding("pagedown", "page(1)", show=False),
-        Binding("pageup", "page(-1)", show=False),
-        Binding("enter", "drill", "Drill", show=False, id="table.drill"),
-    ]
+    BINDINGS: ClassVar[list[BindingType]] = [*CURSOR_BINDINGS]
 
     DEFAULT_CSS = """
     MeshTable { height: 1fr; overflow-x: hidden; }
@@ -252,17 +244,8 @@ class MeshTable(ScrollView, can_focus=True):
             self.refresh_line(old + 1)  # virtual lines: the header is line 0
             self.refresh_line(index + 1)
 
-    def action_cursor(self, delta: int) -> None:
-        self._move_to(self._cursor + delta)
-
-    def action_page(self, direction: int) -> None:
-        self._move_to(self._cursor + direction * self._page_rows())
-
-    def action_top(self) -> None:
-        self._move_to(0)
-
-    def action_bottom(self) -> None:
-        self._move_to(len(self._keys) - 1)
+    def _cursor_lines(self) -> int:
+        return len(self._keys)
 
     def action_drill(self) -> None:
         selection = self.selection()

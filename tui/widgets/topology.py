@@ -20,7 +20,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from tui.model import EMPTY_SNAPSHOT, DeviceView, HostView
-from tui.widgets.base import Drill, Selection, SortKey, ViewContext
+from tui.widgets.base import CURSOR_BINDINGS, CursorKeys, Drill, Selection, SortKey, ViewContext
 from tui.widgets.render import (
     Level,
     Part,
@@ -75,17 +75,11 @@ def _links_summary(host: HostView) -> str:
     return f"{'/'.join(kinds)} x{len(linked)} {bandwidth(best or None)}"
 
 
-class TopologyView(ScrollView, can_focus=True):
+class TopologyView(CursorKeys, ScrollView, can_focus=True):
     """Hosts and their GPUs, grouped; a cursor line; drill with enter."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("j,down", "cursor(1)", "Down", show=False, id="table.down"),
-        Binding("k,up", "cursor(-1)", "Up", show=False, id="table.up"),
-        Binding("g,home", "top", "Top", show=False, id="table.top"),
-        Binding("G,end", "bottom", "Bottom", show=False, id="table.bottom"),
-        Binding("pagedown", "page(1)", show=False),
-        Binding("pageup", "page(-1)", show=False),
-        Binding("enter", "drill", "Drill", show=False, id="table.drill"),
+        *CURSOR_BINDINGS,
         Binding("z", "regroup", "Group", id="topology.group"),
     ]
 
@@ -276,17 +270,11 @@ class TopologyView(ScrollView, can_focus=True):
     def cursor_row(self) -> int:
         return self._cursor
 
-    def action_cursor(self, delta: int) -> None:
-        self._move_to(self._cursor + delta)
+    def _cursor_lines(self) -> int:
+        return self._lines
 
-    def action_page(self, direction: int) -> None:
-        self._move_to(self._cursor + direction * max(1, self.scrollable_content_region.height - 1))
-
-    def action_top(self) -> None:
-        self._move_to(0)
-
-    def action_bottom(self) -> None:
-        self._move_to(self._lines - 1)
+    def _page_rows(self) -> int:
+        return max(1, self.scrollable_content_region.height - 1)
 
     def action_drill(self) -> None:
         selection = self.selection()
