@@ -52,6 +52,11 @@ log = logging.getLogger(__name__)
 
 LOOP_LAG_PERIOD_S = 0.1
 MAX_IN_FLIGHT = 256
+SEND_TIMEOUT_S = 3.0
+"""How long one send may take, waiting for the peer's connection included. The core keeps its
+own clocks (ack timeouts, suspicion), so this only bounds what a send holds. One second cut off
+requests on a busy machine that would have been answered, and each cut connection cost a new
+TLS handshake: a 32-agent mesh starting on two cores spent its first seconds reconnecting."""
 REVOCATIONS_KIND = "shoal/revocations"
 """The record kind carrying an operator-signed revocation list (see :mod:`gossip.revocation`)."""
 
@@ -325,9 +330,8 @@ class GossipNode:
             log.warning("refused a revocation list gossiped by %s: %s", event.origin, exc)
 
     async def _send(self, addr: str, body: bytes) -> None:
-        timeout_s = max(self.peer.config.probe_interval_s, 1.0)
         try:
-            answer = await self._client.send(addr, body, timeout_s)
+            answer = await self._client.send(addr, body, SEND_TIMEOUT_S)
         except TransportError:
             self.send_failures += 1
             return

@@ -9,6 +9,7 @@ Ed25519 certificates work for TLS 1.3 in OpenSSL >= 1.1.1 (the build here is Ope
 from __future__ import annotations
 
 import asyncio.sslproto
+import functools
 import ssl
 from dataclasses import dataclass
 
@@ -54,6 +55,10 @@ def _context(purpose: int, identity: NodeIdentity, ca: x509.Certificate) -> ssl.
     ctx.verify_flags |= ssl.VERIFY_X509_STRICT
     ctx.load_cert_chain(certfile=identity.cert_path, keyfile=identity.key_path)
     ctx.load_verify_locations(cadata=ca.public_bytes(serialization.Encoding.PEM).decode("ascii"))
+    if purpose == ssl.PROTOCOL_TLS_SERVER:
+        # No session tickets: aiohttp's clients never resume a session, so the two tickets
+        # TLS 1.3 sends by default were work and bytes on every connection for nothing.
+        ctx.num_tickets = 0
     return ctx
 
 
@@ -67,8 +72,12 @@ def client_context(identity: NodeIdentity, ca: x509.Certificate) -> ssl.SSLConte
     return _context(ssl.PROTOCOL_TLS_CLIENT, identity, ca)
 
 
+@functools.lru_cache(maxsize=1024)
 def peer_identity(certificate_der: bytes) -> PeerIdentity:
-    """The node id and role a handshake-verified peer certificate proves (else IdentityError)."""
+    """The node id and role a handshake-verified peer certificate proves (else IdentityError).
+
+    Both ends read it on every request; a peer's certificate is the same bytes every time, so
+    it is parsed once (revocation and expiry are checked per request, by the trust store)."""
     try:
         cert = x509.load_der_x509_certificate(certificate_der)
     except ValueError as e:
