@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_tui_parser(sub)
 
-    from agent.bootstrap_cmd import add_bootstrap_arguments
+    from agent.bootstrap_args import add_bootstrap_arguments
 
     bootstrap = sub.add_parser("bootstrap", help="install, certify and start agents over SSH")
     add_bootstrap_arguments(bootstrap)

@@ -14,7 +14,6 @@ dependencies (a shared cluster image, or a test machine).
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import shlex
 import tomllib
 from dataclasses import dataclass
@@ -35,14 +34,6 @@ _SWAP_CODE = (
     "if os.path.lexists(tmp): os.unlink(tmp)\n"
     "os.symlink(t, tmp); os.replace(tmp, link)"
 )
-
-
-def local_version() -> str:
-    """The Shoal version the operator runs: what bootstrap installs unless told otherwise."""
-    try:
-        return importlib.metadata.version("shoal")
-    except importlib.metadata.PackageNotFoundError:
-        return "0+unknown"
 
 
 @dataclass(frozen=True, slots=True)

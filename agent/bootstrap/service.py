@@ -5,14 +5,15 @@ exists. Unit and plist are generated as text here and tested as text.
 
 from __future__ import annotations
 
-import plistlib
 import shlex
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from agent.bootstrap.layout import RemoteLayout
 from agent.bootstrap.probe import HostFacts
-from agent.bootstrap.ssh import Remote
+
+if TYPE_CHECKING:
+    from agent.bootstrap.ssh import Remote
 
 ServiceKind = Literal["systemd-system", "systemd-user", "launchd", "process"]
 SERVICE_KINDS: tuple[ServiceKind, ...] = ("systemd-system", "systemd-user", "launchd", "process")
@@ -79,6 +80,8 @@ def systemd_unit(layout: RemoteLayout, user_unit: bool) -> str:
 
 
 def launchd_plist(layout: RemoteLayout) -> bytes:
+    import plistlib  # here, not above: every `shoal agent` reads SERVICE_KINDS for its parser
+
     doc = {
         "Label": LAUNCHD_LABEL,
         "ProgramArguments": agent_argv(layout),

@@ -15,8 +15,13 @@ from pathlib import Path
 
 from agent.errors import UserError
 
-DEFAULT_PLATFORMS = ("manylinux2014_x86_64", "manylinux2014_aarch64")
-DEFAULT_PYTHON_VERSION = "3.11"
+
+def local_version() -> str:
+    """The Shoal version the operator runs: what bootstrap installs unless told otherwise."""
+    try:
+        return importlib.metadata.version("shoal")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
 
 
 def project_root() -> Path | None:
@@ -57,9 +62,7 @@ def download_command(
     ]
 
 
-def build_wheelhouse(
-    out: Path, platforms: Sequence[str], python_version: str = DEFAULT_PYTHON_VERSION
-) -> list[Path]:
+def build_wheelhouse(out: Path, platforms: Sequence[str], python_version: str) -> list[Path]:
     """Fill ``out``; returns the wheels in it. Each pip failure is one UserError line."""
     root = project_root()
     if root is None:

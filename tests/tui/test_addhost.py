@@ -19,7 +19,7 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Input
 
 from agent.bootstrap.hosts import parse_target
-from agent.bootstrap.install import local_version
+from agent.bootstrap.wheelhouse import local_version
 from agent.errors import UserError
 from gossip.identity import enroll_node, init_cluster
 from tests.tui.helpers import command, sim_app, started, wait_for, wait_until

@@ -1,7 +1,7 @@
 """Add hosts over SSH from the TUI (``a``, ``:add``): the very run of ``shoal bootstrap``.
 
 The form stands for a ``shoal bootstrap`` command line. Its fields become the words the
-command's own parser reads (:func:`agent.bootstrap_cmd.parse_bootstrap_args`): the targets,
+command's own parser reads (:func:`agent.bootstrap_args.parse_bootstrap_args`): the targets,
 ``--hosts-file``, ``--ssh-key``, ``--wheelhouse``, ``--join``, the TUI's ``--identity`` and the
 ``[bootstrap] args`` of ``tui.toml``. The same code checks them
 (:func:`~agent.bootstrap_cmd.plan_bootstrap`) and runs them
@@ -33,12 +33,8 @@ from agent.bootstrap.display import failure_lines
 from agent.bootstrap.hosts import parse_target
 from agent.bootstrap.runner import HostResult
 from agent.bootstrap.ssh import BootstrapError
-from agent.bootstrap_cmd import (
-    BootstrapPlan,
-    collect_hosts,
-    parse_bootstrap_args,
-    plan_bootstrap,
-)
+from agent.bootstrap_args import parse_bootstrap_args
+from agent.bootstrap_cmd import BootstrapPlan, collect_hosts, plan_bootstrap
 from agent.errors import UserError
 from gossip.transport import split_address
 from tui.messages import OperationDone
