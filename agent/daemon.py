@@ -66,6 +66,13 @@ log = logging.getLogger("shoal.agent")
 GIB = 1024**3
 RESUME_AFTER_S = 3.0
 SWEEP_S = 1.0
+PROGRESS_EVERY_S = 2.0
+"""A change in running jobs' progress alone republishes the node record at most this often;
+what placement reads (drain, queue, running jobs, free devices) is republished at once."""
+EVENTS_EVERY_S = 1.0
+"""This node's recent events are republished at most this often (each event used to resend
+them all: a third of the gossip bytes of a mesh under load)."""
+_PLACEMENT_FIELDS = ("drain", "queue", "running", "free")
 
 
 class Agent:
@@ -141,6 +148,10 @@ class Agent:
         self.node.subscribe(self._on_gossip)
         self._tasks: list[asyncio.Task[None]] = []
         self._node_dirty = True
+        self._node_doc: dict[str, Any] = {}
+        self._node_at = float("-inf")
+        self._events_dirty = False
+        self._events_at = float("-inf")
         self._started = False
         self._stopping = False
         self._last_telemetry: dict[str, tuple[float, float, float]] = {}
@@ -152,10 +163,10 @@ class Agent:
         self.runner.reconcile()
         await self.node.start()
         self._started = True
-        self.events.on_own = self._publish_events
+        self.events.on_own = self._events_changed
         self.publish_inventory()
         self._publish_telemetry(force=True)
-        self._publish_node()
+        self._publish_node(time.monotonic())
         self.owner.start()
         self._tasks = [
             asyncio.create_task(self._telemetry_loop(), name="telemetry"),
@@ -170,6 +181,7 @@ class Agent:
     async def stop(self) -> None:
         """Graceful: stop and report local jobs, leave the mesh, close everything."""
         self.events.add("agent_stopping", "stopping local jobs and leaving the mesh")
+        self._publish_events(time.monotonic())
         self._stopping = True
         for task in self._tasks:  # no more sweeps or resumes: the agents that stay take over
             task.cancel()
@@ -291,21 +303,34 @@ class Agent:
         rows = [sample_to_wire(d.sample) for d in self.report.devices]
         self.publish("telemetry", pack({"at": time.time(), "s": rows}))
 
-    def _publish_node(self) -> None:
-        self._node_dirty = False
+    def _publish_node(self, now: float) -> None:
+        """The node record, when it says something new (see :data:`PROGRESS_EVERY_S`)."""
         progress = {
             j: [f, eta] for j, (f, eta) in self.runner.progress.items() if j in self.runner.runs
         }
-        doc = {
+        doc: dict[str, Any] = {
             "drain": self.runner.drain.value,
             "queue": self.owner.queue_length(),
             "running": sorted(self.runner.runs),
             "free": self.runner.free_devices(),
             "progress": progress,
         }
+        if all(doc[k] == self._node_doc.get(k) for k in _PLACEMENT_FIELDS):
+            if progress == self._node_doc.get("progress"):
+                self._node_dirty = False  # an owner's save that changed nothing others read
+                return
+            if now - self._node_at < PROGRESS_EVERY_S:
+                return  # still dirty: the progress goes out when the interval is up
+        self._node_dirty = False
+        self._node_doc, self._node_at = doc, now
         self.publish("node", pack(doc))
 
-    def _publish_events(self) -> None:
+    def _events_changed(self) -> None:
+        self._events_dirty = True
+
+    def _publish_events(self, now: float) -> None:
+        self._events_dirty = False
+        self._events_at = now
         payload = pack(self.events.gossip_payload())
         if len(payload) <= 4096:
             self.publish("events", payload)
@@ -322,9 +347,11 @@ class Agent:
     async def _sweep_loop(self) -> None:
         while True:
             await asyncio.sleep(0.1)
-            if self._node_dirty:
-                self._publish_node()
             now = time.monotonic()
+            if self._node_dirty:
+                self._publish_node(now)
+            if self._events_dirty and now - self._events_at >= EVENTS_EVERY_S:
+                self._publish_events(now)
             if now - getattr(self, "_swept", 0.0) >= SWEEP_S:
                 self._swept = now
                 self.owner.sweep()
