@@ -368,7 +368,7 @@ class Agent:
                 data, self.trust, self.guard, time.time(), rejections=self.rejections
             )
         except envelope.EnvelopeError as exc:
-            self.metrics.commands_rejected.labels(exc.reason).inc()
+            self.metrics.commands_rejected[exc.reason] += 1
             status = api.ENVELOPE_STATUS.get(type(exc), 400)
             return status, {"error": f"{exc.reason}: {exc}"}
         try:
@@ -377,15 +377,15 @@ class Agent:
                 raise ValueError("the command body must be a JSON object")
             status, answer = await self._dispatch(command.kind, body, data, forwarded)
         except (ValueError, KeyError, TypeError) as exc:
-            self.metrics.commands_rejected.labels("bad_body").inc()
+            self.metrics.commands_rejected["bad_body"] += 1
             return 400, {"error": f"bad {command.kind} command: {exc}"}
         except OwnerError as exc:
             return exc.status, {"error": str(exc)}
         except RevocationError as exc:
-            self.metrics.commands_rejected.labels("bad_revocations").inc()
+            self.metrics.commands_rejected["bad_revocations"] += 1
             return 400, {"error": f"revocation list refused: {exc}"}
         if status < 300:
-            self.metrics.commands_accepted.labels(command.kind).inc()
+            self.metrics.commands_accepted[command.kind] += 1
         return status, answer
 
     async def _forward(self, node: str, data: bytes) -> tuple[int, dict[str, Any]]:

@@ -7,26 +7,46 @@ as this agent sees the mesh (``shoal_jobs``), members by state, jobs running her
 gossip counter (``shoal_gossip_<name>``). Counters: commands accepted by kind and rejected by
 reason (``shoal_commands_accepted_total``, ``shoal_commands_rejected_total``), placements tried
 and declined.
+
+The counters are plain ``collections.Counter`` objects and everything is turned into Prometheus
+families at scrape time, so ``prometheus_client`` (and the HTTP server modules it brings, ~1 MB
+of an agent's memory) loads on the first scrape, not in an agent nobody scrapes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any
-
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from probers.records import Device
 
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
 
-class _Snapshot(Collector):
-    def __init__(self, source: Callable[[], dict[str, Any]]) -> None:
-        self._source = source
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
-        snap = self._source()
+class _Snapshot:
+    """A ``prometheus_client`` collector of the agent's snapshot and command counters."""
+
+    def __init__(self, metrics: AgentMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        accepted = CounterMetricFamily(
+            "shoal_commands_accepted", "Operator commands accepted", labels=["kind"]
+        )
+        for kind, count in sorted(self._metrics.commands_accepted.items()):
+            accepted.add_metric([kind], count)
+        yield accepted
+        rejected = CounterMetricFamily(
+            "shoal_commands_rejected", "Operator commands rejected", labels=["reason"]
+        )
+        for reason, count in sorted(self._metrics.commands_rejected.items()):
+            rejected.add_metric([reason], count)
+        yield rejected
+        snap = self._metrics.snapshot()
         node: str = snap["node"]
         devices: list[Device] = snap["devices"]
         gauges = {
@@ -81,20 +101,18 @@ class _Snapshot(Collector):
 
 class AgentMetrics:
     def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.commands_accepted = Counter(
-            "shoal_commands_accepted",
-            "Operator commands accepted",
-            ["kind"],
-            registry=self.registry,
-        )
-        self.commands_rejected = Counter(
-            "shoal_commands_rejected",
-            "Operator commands rejected",
-            ["reason"],
-            registry=self.registry,
-        )
-        self.registry.register(_Snapshot(snapshot))
+        self.snapshot = snapshot
+        self.commands_accepted: Counter[str] = Counter()
+        """Operator commands accepted, by kind."""
+        self.commands_rejected: Counter[str] = Counter()
+        """Operator commands rejected, by reason."""
+        self._registry: Any = None
 
     def render(self) -> tuple[bytes, str]:
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        """The Prometheus text exposition and its content type."""
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+        if self._registry is None:
+            self._registry = CollectorRegistry(auto_describe=False)
+            self._registry.register(_Snapshot(self))
+        return generate_latest(self._registry), CONTENT_TYPE_LATEST

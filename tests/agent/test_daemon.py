@@ -128,3 +128,7 @@ def test_unsigned_forged_and_replayed_commands_are_refused(mesh: Mesh) -> None:
     metrics = mesh.request(a, "GET", "/metrics")[1].decode()
     assert 'shoal_commands_rejected_total{reason="forged"} 1.0' in metrics
     assert 'shoal_commands_rejected_total{reason="unsigned"} 1.0' in metrics
+    assert 'shoal_commands_accepted_total{kind="submit"} 1.0' in metrics
+    assert "# TYPE shoal_commands_accepted_total counter" in metrics
+    assert 'shoal_gpu_mem_total_bytes{device="' in metrics  # simulated GPUs, labelled by device
+    assert "shoal_gossip_messages_in " in metrics
