@@ -38,7 +38,7 @@ from agent.jobstate import (
 )
 from agent.ownership import rank, replica_of
 from agent.peers import PeerClient, PeerError, PeerRefused, PeerUnreachable
-from agent.placement import Placement
+from agent.placement import Candidate, Placement
 from agent.store import JobRecord, Store
 from agent.view import JOB_PREFIX, MAX_PAYLOAD_BYTES, ClusterView, job_gen, pack
 
@@ -307,6 +307,7 @@ class Owner:
                 self._adopt(job, why="submitted again")
             elif rec is not None and is_terminal(rec.state):
                 return {"job_id": job_id, "owner": rec.owner, "replicas": 2, "state": rec.state}
+        candidates: list[Candidate] = []
         if job is None:
             job = OwnedJob(
                 job_id=job_id,
@@ -318,13 +319,25 @@ class Owner:
                 submitted_at=time.time(),
             )
             self.jobs[job_id] = job
-            self._save(job, replicate=False)
             self.events.add("submitted", f"owner {self.node_id[:8]}", job_id=job_id)
+            # The first placement is chosen now, so the replica's copy of the submission is
+            # also the write-ahead of attempt 1: one round trip fewer before the job runs.
+            candidates = self._candidates(job)
+            if candidates and self._addr_of(candidates[0].node_id) is not None:
+                self._placing.add(job_id)
+                self._reserve(job, candidates[0])
+            else:
+                candidates = []
+                self._save(job, replicate=False)
         replica = await self._replicate(job)
+        if candidates:
+            # offered whatever the replica said, as the placement loop does: the job is held
+            self.spawn(self._place(job, candidates, reserved=job.attempt))
+        else:
+            self.kick()
         others = [n for n in self._live() if n != self.node_id]
         if replica is None and others:
             raise OwnerError(503, "no replica could store the job; retry with the same job id")
-        self.kick()
         return {
             "job_id": job_id,
             "owner": self.node_id,
@@ -593,13 +606,20 @@ class Owner:
                     job.placing_since = now
                     self.spawn(self._check_runner(job.job_id, job.runner, job.attempt))
 
-    async def _place(self, job: OwnedJob) -> None:
+    async def _place(
+        self,
+        job: OwnedJob,
+        candidates: list[Candidate] | None = None,
+        *,
+        reserved: int | None = None,
+    ) -> None:
         try:
-            await self._place_once(job)
+            await self._place_once(job, candidates, reserved)
         finally:
             self._placing.discard(job.job_id)
 
-    async def _place_once(self, job: OwnedJob) -> None:
+    def _candidates(self, job: OwnedJob) -> list[Candidate]:
+        """Where the job may run, best first; none: the reason is saved on the job."""
         live = set(self._live())
         nodes = [self.view.node(n) for n in sorted(live)]
         exclude = frozenset({job.avoid}) if job.avoid else frozenset()
@@ -611,24 +631,50 @@ class Owner:
             if reason != job.reason:
                 job.reason = reason
                 self._save(job, replicate=False)
-            return
+        return candidates
+
+    def _reserve(self, job: OwnedJob, cand: Candidate) -> int:
+        """Pending -> placing on ``cand``, saved here; the caller makes it durable on the replica
+        before the offer (write-ahead: a successor must know this attempt). The attempt."""
+        self._move(job, JobEvent.PLACED)
+        if job.refused_by != cand.node_id:
+            job.attempt += 1
+        job.refused_by = None
+        job.runner, job.devices = cand.node_id, cand.devices
+        job.placing_since = time.monotonic()
+        job.reason = None
+        self._save(job, replicate=False)
+        return job.attempt
+
+    async def _place_once(
+        self,
+        job: OwnedJob,
+        candidates: list[Candidate] | None = None,
+        reserved: int | None = None,
+    ) -> None:
+        """Offer the job to each candidate in turn until one starts it. ``reserved``: the first
+        candidate already holds this attempt, made durable with the submission."""
+        if candidates is None:
+            candidates = self._candidates(job)
         declines: list[str] = []
-        for cand in candidates:
-            if job.state != JobState.PENDING:
-                return
-            addr = self._addr_of(cand.node_id)
-            if addr is None:
-                continue
-            self._move(job, JobEvent.PLACED)
-            if job.refused_by != cand.node_id:
-                job.attempt += 1
-            job.refused_by = None
-            job.runner, job.devices = cand.node_id, cand.devices
-            job.placing_since = time.monotonic()
-            job.reason = None
-            self._save(job, replicate=False)
-            await self._replicate(job)  # write-ahead: a successor must know this attempt
-            attempt = job.attempt
+        for i, cand in enumerate(candidates):
+            if i == 0 and reserved is not None:
+                attempt = reserved
+                if job.attempt != attempt or _state(job) != JobState.PLACING:
+                    return  # cancelled meanwhile
+                addr = self._addr_of(cand.node_id)
+                if addr is None:  # gone since the submission: the next candidate
+                    self._move(job, JobEvent.DECLINED)
+                    job.runner, job.devices = None, ()
+                    continue
+            else:
+                if job.state != JobState.PENDING:
+                    return
+                addr = self._addr_of(cand.node_id)
+                if addr is None:
+                    continue
+                attempt = self._reserve(job, cand)
+                await self._replicate(job)
             body = {
                 "job_id": job.job_id,
                 "attempt": attempt,

@@ -37,6 +37,8 @@ class FakeRunner:
 
     node_id: str
     accept: bool
+    calls: list[tuple[str, str, dict[str, Any]]]
+    """Every call any fake runner got, in order: (op, this runner's node id, body)."""
     starts: list[dict[str, Any]] = field(default_factory=list)
     addr: str = ""
     runner: web.AppRunner | None = None
@@ -45,6 +47,7 @@ class FakeRunner:
         async def internal(request: web.Request) -> web.Response:
             op = request.match_info["op"]
             body = await request.json()
+            self.calls.append((op, self.node_id, body))
             if op == "start":
                 self.starts.append(body)
                 if not self.accept:
@@ -73,6 +76,7 @@ class Fixture:
     view: ClusterView
     peers: PeerClient
     runners: dict[str, FakeRunner]
+    calls: list[tuple[str, str, dict[str, Any]]]
 
     def owner(self) -> Owner:
         addrs = {r.node_id: r.addr for r in self.runners.values()}
@@ -100,8 +104,10 @@ async def fx(tmp_path: Path) -> AsyncIterator[Fixture]:
     store.set_node_id(me.node_id)
     peers = PeerClient(me, insecure_dev=True, timeout_s=5.0)
     # Two runners of one H100 each; FirstFit offers to them in node id order.
+    calls: list[tuple[str, str, dict[str, Any]]] = []
     runners = {
-        name: FakeRunner(name, accept=(name == "runner-b")) for name in ("runner-a", "runner-b")
+        name: FakeRunner(name, accept=(name == "runner-b"), calls=calls)
+        for name in ("runner-a", "runner-b")
     }
     view = ClusterView()
     for r in runners.values():
@@ -113,13 +119,19 @@ async def fx(tmp_path: Path) -> AsyncIterator[Fixture]:
         ]
     servers = list(runners.values())
     try:
-        yield Fixture(me.node_id, store, view, peers, runners)
+        yield Fixture(me.node_id, store, view, peers, runners, calls)
     finally:
         await peers.close()
         for r in servers:
             if r.runner is not None:
                 await r.runner.cleanup()
         store.close()
+
+
+async def _settled(owner: Owner) -> None:
+    """Until what the owner spawned (the submission's first placement, replica writes) is done."""
+    while owner._tasks:
+        await asyncio.gather(*owner._tasks)
 
 
 def _events(owner: Owner) -> list[tuple[str, str]]:
@@ -163,8 +175,8 @@ async def test_resume_takes_back_what_it_owned_before_a_restart(fx: Fixture) -> 
 async def test_a_refused_attempt_is_not_offered_to_another_node(fx: Fixture) -> None:
     owner = fx.owner()
     job_id = new_job_id()
-    await owner.submit(job_id, SPEC)
-    await owner._place_once(owner.jobs[job_id])
+    await owner.submit(job_id, SPEC)  # places it at once: the loop is not even running
+    await _settled(owner)
     a, b = fx.runners["runner-a"], fx.runners["runner-b"]
     # runner-a came first and declined. A job record placing attempt 1 on runner-a may still
     # reach runner-b: had runner-b been given attempt 1 too, it would fence its own copy.
@@ -172,6 +184,26 @@ async def test_a_refused_attempt_is_not_offered_to_another_node(fx: Fixture) -> 
     assert [s["attempt"] for s in b.starts] == [2]
     job = owner.jobs[job_id]
     assert (job.state, job.attempt, job.runner) == (JobState.RUNNING, 2, "runner-b")
+    await owner.close()
+
+
+async def test_the_submissions_replica_copy_is_the_write_ahead_of_attempt_1(fx: Fixture) -> None:
+    owner = fx.owner()
+    job_id = new_job_id()
+    await owner.submit(job_id, SPEC)
+    await _settled(owner)
+    # One replica write before the first offer, and it already names the attempt offered.
+    first_start = next(i for i, call in enumerate(fx.calls) if call[0] == "start")
+    before = [body for op, _, body in fx.calls[:first_start] if op == "replicate"]
+    assert len(before) == 1
+    record = before[0]["record"]
+    assert (record["state"], record["attempt"], record["runner"]) == ("placing", 1, "runner-a")
+    _, node, body = fx.calls[first_start]
+    assert (node, body["attempt"]) == ("runner-a", 1)
+    # The decline of runner-a: attempt 2 is written ahead on the replica before runner-b's offer.
+    second_start = next(i for i, c in enumerate(fx.calls) if c[0] == "start" and c[1] == "runner-b")
+    between = [b for op, _, b in fx.calls[first_start:second_start] if op == "replicate"]
+    assert [(b["record"]["attempt"], b["record"]["runner"]) for b in between] == [(2, "runner-b")]
     await owner.close()
 
 
@@ -192,7 +224,7 @@ async def test_an_attempt_refused_in_every_round_is_offered_again(fx: Fixture) -
     job_id = new_job_id()
     await owner.submit(job_id, SPEC)
     job = owner.jobs[job_id]
-    await owner._place_once(job)
+    await _settled(owner)  # the submission's own placement: refused
     await owner._place_once(job)
     assert job.state == JobState.PENDING and "device h0 is in use" in (job.reason or "")
     a.accept = True
