@@ -99,7 +99,10 @@ def run_agent(args: argparse.Namespace) -> int:
     )
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
     config = config_from_args(args)
+    from agent.executor import use_pidfd_child_watcher
+
     shrink_tls_read_buffers()
+    use_pidfd_child_watcher()
     try:
         return asyncio.run(_serve(config))
     except (IdentityError, StoreError, ValueError) as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ from agent.jobspec import JobSpec, new_job_id
 from agent.logfiles import RotatingLog, follow, log_files, tail
 from agent.progress import ProgressTracker, parse_fraction, parse_progress_line
 from probers.records import DeviceStatic
+from tests.support import require_system
 
 PY = sys.executable
 posix_only = pytest.mark.skipif(sys.platform == "win32", reason="process groups and signals")
@@ -370,6 +372,15 @@ async def test_follow_streams_until_the_job_ends(executor: ProcessExecutor) -> N
     assert lines[-1].startswith("[shoal] attempt 1 exited with code 0")
 
 
+async def test_a_program_that_is_not_executable(executor: ProcessExecutor, tmp_path: Path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/sh\necho hi\n")  # no execute bit
+    job = Launch(job_id=new_job_id(), attempt=1, argv=(str(script),))
+    with pytest.raises(LaunchError, match=r"cannot start .*train\.sh.*: Permission denied"):
+        await executor.start(job)
+    assert executor.running() == ()
+
+
 async def test_a_command_that_cannot_start(executor: ProcessExecutor) -> None:
     job = Launch(job_id=new_job_id(), attempt=1, argv=("/nonexistent/shoal-no-such-program",))
     with pytest.raises(LaunchError, match="cannot start '/nonexistent/shoal-no-such-program'"):
@@ -434,12 +445,20 @@ async def test_a_missing_working_directory_is_named(
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_a_silent_job_dies_with_a_killed_agent(tmp_path: Path) -> None:
-    """kill -9 of the agent must not leave its job running beside a requeued attempt."""
+@pytest.mark.parametrize("launcher", ["setpriv", "preexec_fn"])
+def test_a_silent_job_dies_with_a_killed_agent(tmp_path: Path, launcher: str) -> None:
+    """kill -9 of the agent must not leave its job running beside a requeued attempt.
+
+    Through util-linux's setpriv where it exists, else a preexec_fn (both set PR_SET_PDEATHSIG).
+    """
+    if launcher == "setpriv":
+        require_system(shutil.which("setpriv") is not None, "util-linux's setpriv")
     agent = (
         "import asyncio, sys\n"
         "from pathlib import Path\n"
-        "from agent.executor import ExecutorConfig, Launch, ProcessExecutor, Started\n"
+        "import agent.executor\n"
+        + ("agent.executor._death_signal_launcher = lambda: ()\n" if launcher != "setpriv" else "")
+        + "from agent.executor import ExecutorConfig, Launch, ProcessExecutor, Started\n"
         "async def main():\n"
         f"    ex = ProcessExecutor(ExecutorConfig(data_dir=Path({str(tmp_path)!r})))\n"
         "    job = Launch(job_id='a' * 32, attempt=1, argv=('sleep', '60'))\n"
