@@ -399,6 +399,7 @@ class Agent:
                 data,
                 "application/octet-stream",
                 timeout_s=self.config.rpc_timeout_s * 3,
+                warm=True,
             )
         except PeerUnreachable as exc:
             return 503, {"error": f"node {node[:8]} did not answer: {exc}"}

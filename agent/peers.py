@@ -100,10 +100,15 @@ class PeerClient(PooledSession):
         content_type: str,
         *,
         timeout_s: float | None = None,
+        warm: bool = False,
     ) -> tuple[int, dict[str, Any]]:
-        """POST raw bytes; the status and the JSON answer (``{"error": ...}`` when not JSON)."""
+        """POST raw bytes; the status and the JSON answer (``{"error": ...}`` when not JSON).
+
+        ``warm``: ride the shared connections even with a longer ``timeout_s``, for a call that
+        is quick but for rare bad cases (a forwarded command): a fresh connection would cost
+        it a TLS handshake, and it seldom goes to the same peer twice in a row."""
         timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout_s)
-        short = timeout_s is None or timeout_s <= self.timeout_s
+        short = warm or timeout_s is None or timeout_s <= self.timeout_s
         session = (self._shared() if short and self._shared is not None else None) or self._pooled()
         try:
             async with session.post(
