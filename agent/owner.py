@@ -466,6 +466,9 @@ class Owner:
             job.finished_at = r.get("finished_at", time.time())
             self._save(job)
         else:
+            if cause in ("drain", "shutdown"):
+                # The report can beat the gossip that says so: do not offer it straight back.
+                job.avoid = runner
             self._requeue(job, f"attempt {attempt} stopped on {runner[:8]} ({cause})")
         return {"ok": True}
 
