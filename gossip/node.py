@@ -36,7 +36,7 @@ from gossip.config import GossipConfig
 from gossip.events import Event, RecordChanged
 from gossip.identity import NodeIdentity, Role
 from gossip.membership import MemberInfo
-from gossip.messages import Message
+from gossip.messages import MemberState, Message
 from gossip.peer import Peer
 from gossip.records import StoredRecord
 from gossip.revocation import RevocationError, RevocationList
@@ -53,6 +53,11 @@ log = logging.getLogger(__name__)
 LOOP_LAG_PERIOD_S = 0.1
 MAX_IN_FLIGHT = 256
 SEND_TIMEOUT_S = 3.0
+SEED_RETRY_S = (0.1, 0.2, 0.4, 0.8)
+"""A send to a seed that fails while this node knows nobody (a mesh starting at once: the seed
+is not listening yet) goes again after these delays; later the core's own retries take over
+(every 1.5-3 s). Without it a node that started a moment before its seeds stayed alone for
+seconds after they were up."""
 """How long one send may take, waiting for the peer's connection included. The core keeps its
 own clocks (ack timeouts, suspicion), so this only bounds what a send holds. One second cut off
 requests on a busy machine that would have been answered, and each cut connection cost a new
@@ -313,9 +318,7 @@ class GossipNode:
                 log.exception("could not encode a gossip message for %s", addr)
                 continue
             peer.count_bytes(outbound=len(body))
-            task = asyncio.create_task(self._send(addr, body))
-            self._sends.add(task)
-            task.add_done_callback(self._sends.discard)
+            self._spawn_send(addr, body)
         self._dispatch()
         return reply
 
@@ -329,11 +332,29 @@ class GossipNode:
             self.revocations_rejected += 1
             log.warning("refused a revocation list gossiped by %s: %s", event.origin, exc)
 
-    async def _send(self, addr: str, body: bytes) -> None:
+    def _spawn_send(self, addr: str, body: bytes, retry: int = 0) -> None:
+        if self._stopped or len(self._sends) >= MAX_IN_FLIGHT:
+            self.sends_dropped += 1
+            return
+        task = asyncio.create_task(self._send(addr, body, retry))
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
+
+    def _alone(self) -> bool:
+        me = self.node_id
+        live = (MemberState.ALIVE, MemberState.SUSPECT)
+        return not any(m.node != me and m.state in live for m in self.peer.members())
+
+    async def _send(self, addr: str, body: bytes, retry: int = 0) -> None:
         try:
             answer = await self._client.send(addr, body, SEND_TIMEOUT_S)
         except TransportError:
             self.send_failures += 1
+            if addr in self._seeds and retry < len(SEED_RETRY_S) and self._alone():
+                delay_s = SEED_RETRY_S[retry]
+                asyncio.get_running_loop().call_later(
+                    delay_s, self._spawn_send, addr, body, retry + 1
+                )
             return
         if answer is None or self._stopped or self._peer is None:
             return
