@@ -17,6 +17,7 @@ from gossip.messages import Message, Update
 
 @dataclass(slots=True)
 class _Entry:
+    key: object
     update: Update
     size: int
     klass: int
@@ -27,28 +28,34 @@ class BroadcastQueue:
     def __init__(self, n_classes: int) -> None:
         self._n_classes = n_classes
         self._buckets: list[list[dict[object, _Entry]]] = [[] for _ in range(n_classes)]
-        self._index: dict[object, _Entry] = {}
+        self._low = [0] * n_classes
+        """Per class, a bucket below which all are empty: entries only move up, so a take
+        starts there (a long-lived queue has ``limit`` buckets, mostly empty, per class)."""
+        self.pending: dict[object, _Entry] = {}
+        """The queued entries by key. Read-only outside: its truth says whether :meth:`take`
+        has anything, without the cost of a call (asked for every message sent)."""
         self._per_class = [0] * n_classes
 
     def __len__(self) -> int:
-        return len(self._index)
+        return len(self.pending)
 
     def push(self, key: object, update: Update, size: int, klass: int) -> None:
         """Queue ``update`` (encoded size ``size``) in priority class ``klass`` (0 = first)."""
-        old = self._index.pop(key, None)
+        old = self.pending.pop(key, None)
         if old is not None:
             del self._buckets[old.klass][old.transmits][key]
             self._per_class[old.klass] -= 1
         self._per_class[klass] += 1
-        entry = _Entry(update, size, klass, 0)
-        self._index[key] = entry
+        entry = _Entry(key, update, size, klass, 0)
+        self.pending[key] = entry
         buckets = self._buckets[klass]
         if not buckets:
             buckets.append({})
         buckets[0][key] = entry
+        self._low[klass] = 0
 
     def drop(self, key: object) -> None:
-        old = self._index.pop(key, None)
+        old = self.pending.pop(key, None)
         if old is not None:
             del self._buckets[old.klass][old.transmits][key]
             self._per_class[old.klass] -= 1
@@ -57,25 +64,51 @@ class BroadcastQueue:
         """Up to ``budget`` bytes of updates (``overhead`` counted per item), each counted sent.
         An update larger than the whole budget is sent alone when it is first in line, so a big
         record (an inventory of eight GPUs) is disseminated too, not queued forever."""
-        if not self._index:
+        pending = self.pending
+        if not pending:
             return []
+        if len(pending) == 1:  # the usual case: first in line, so sent whatever its size
+            chosen = list(pending.values())
+            out: list[Message] = [chosen[0].update]
+        else:
+            chosen, out = self._pick(budget, overhead)
+        for entry in chosen:
+            buckets = self._buckets[entry.klass]
+            key = entry.key
+            del buckets[entry.transmits][key]
+            entry.transmits += 1
+            if entry.transmits >= limit:
+                del pending[key]
+                self._per_class[entry.klass] -= 1
+                continue
+            if len(buckets) == entry.transmits:
+                buckets.append({})
+            buckets[entry.transmits][key] = entry
+        return out
+
+    def _pick(self, budget: int, overhead: int) -> tuple[list[_Entry], list[Message]]:
+        """The entries ``take`` sends, in order, and their updates."""
         out: list[Message] = []
-        chosen: list[tuple[object, _Entry]] = []
+        chosen: list[_Entry] = []
         left = budget
         for klass in range(self._n_classes):
             unseen = self._per_class[klass]
             if not unseen:
                 continue
-            for bucket in self._buckets[klass]:
+            buckets = self._buckets[klass]
+            t = self._low[klass]
+            while not buckets[t]:  # some bucket holds this class's entries
+                t += 1
+            self._low[klass] = t
+            for bucket in buckets[t:]:
                 if not bucket:
                     continue
                 unseen -= len(bucket)
-                for key in reversed(bucket):
-                    entry = bucket[key]
+                for entry in reversed(bucket.values()):
                     cost = entry.size + overhead
                     if cost <= left or not chosen:  # one larger than the budget goes alone
                         left -= cost
-                        chosen.append((key, entry))
+                        chosen.append(entry)
                         out.append(entry.update)
                     if left < 64:
                         break
@@ -83,21 +116,10 @@ class BroadcastQueue:
                     break
             if left < 64:
                 break
-        for key, entry in chosen:
-            buckets = self._buckets[entry.klass]
-            del buckets[entry.transmits][key]
-            entry.transmits += 1
-            if entry.transmits >= limit:
-                del self._index[key]
-                self._per_class[entry.klass] -= 1
-                continue
-            while len(buckets) <= entry.transmits:
-                buckets.append({})
-            buckets[entry.transmits][key] = entry
-        return out
+        return chosen, out
 
     def prune(self, keep: Callable[[object, Update], bool]) -> None:
         """Drop entries for which ``keep(key, update)`` is false."""
-        for key, entry in list(self._index.items()):
+        for key, entry in list(self.pending.items()):
             if not keep(key, entry.update):
                 self.drop(key)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -127,32 +128,60 @@ def _str_size(s: str) -> int:
     return n
 
 
+_UINT_SIZES = tuple(
+    1 if b < 8 else 2 if b < 9 else 3 if b < 17 else 5 if b < 33 else 9 for b in range(65)
+)
+"""msgpack size of a non-negative int by its bit length."""
+
+
 def _uint_size(v: int) -> int:
     """msgpack size of a non-negative int (the only ints the protocol has)."""
-    return 1 if v < 128 else 2 if v < 256 else 3 if v < 65536 else 5 if v < 1 << 32 else 9
+    return _UINT_SIZES[v.bit_length()]
+
+
+_known_str = _str_sizes.get  # most ids were sized before: looked up without a call
+
+
+def _ping_size(m: Ping) -> int:
+    src = _known_str(m.source) or _str_size(m.source)
+    dst = _known_str(m.target) or _str_size(m.target)
+    return 2 + _UINT_SIZES[m.seq.bit_length()] + src + dst
+
+
+def _ack_size(m: Ack) -> int:
+    c = m.coordinate
+    if c is None:
+        coord = 1
+    else:  # [vec, error, adjustment, height], every float a 9-byte float64
+        n = len(c.vec)
+        coord = (2 if n < 16 else 4 if n < 1 << 16 else 6) + 9 * n + 27
+    src = _known_str(m.source) or _str_size(m.source)
+    return 2 + _UINT_SIZES[m.seq.bit_length()] + src + coord
+
+
+def _nack_size(m: Nack) -> int:
+    return 2 + _uint_size(m.seq) + _str_size(m.source)
+
+
+def _iping_size(m: IndirectPingReq) -> int:
+    ids = _str_size(m.source) + _str_size(m.target) + _str_size(m.target_addr)
+    return 3 + _uint_size(m.seq) + ids
+
+
+_PROBE_SIZES: dict[type, Callable[[Any], int]] = {
+    Ping: _ping_size,
+    Ack: _ack_size,
+    Nack: _nack_size,
+    IndirectPingReq: _iping_size,
+}
+"""Bytes of a ping, ack, nack or indirect ping as a compound part, counted field by field (the
+most frequent messages; no encoding needed), by exact type."""
 
 
 def _probe_size(m: Message) -> int:
-    """Bytes of a ping, ack, nack or indirect ping as a compound part, counted field by field
-    (the most frequent messages; no encoding needed). -1 for any other message."""
-    t = type(m)
-    if t is Ping:
-        p: Ping = m  # type: ignore[assignment]
-        return 2 + _uint_size(p.seq) + _str_size(p.source) + _str_size(p.target)
-    if t is Ack:
-        a: Ack = m  # type: ignore[assignment]
-        c = a.coordinate
-        # a coordinate is [vec, error, adjustment, height], every float a 9-byte float64
-        coord = 1 if c is None else 1 + _array_header_size(len(c.vec)) + 9 * len(c.vec) + 27
-        return 2 + _uint_size(a.seq) + _str_size(a.source) + coord
-    if t is Nack:
-        n: Nack = m  # type: ignore[assignment]
-        return 2 + _uint_size(n.seq) + _str_size(n.source)
-    if t is IndirectPingReq:
-        r: IndirectPingReq = m  # type: ignore[assignment]
-        ids = _str_size(r.source) + _str_size(r.target) + _str_size(r.target_addr)
-        return 3 + _uint_size(r.seq) + ids
-    return -1
+    """:data:`_PROBE_SIZES` for ``m``, or -1 for any other message."""
+    size = _PROBE_SIZES.get(type(m))
+    return -1 if size is None else size(m)
 
 
 def encoded_size(message: Message) -> int:
@@ -188,13 +217,34 @@ def _array_header_size(n: int) -> int:
     return 1 if n < 16 else (3 if n < 1 << 16 else 5)
 
 
+def compound_sizes(message: Compound) -> tuple[int, int]:
+    """:func:`wire_size` of a compound, and how many of those bytes its records' parts take
+    (the simulator tells membership from application traffic)."""
+    total = records = 0
+    known = _sizes.get  # most parts are updates sized before: look them up without a call
+    probe = _PROBE_SIZES.get
+    for p in message.parts:
+        hit = known(id(p))
+        if hit is not None and hit[0] is p:
+            size = hit[1]
+        else:
+            sizer = probe(type(p))
+            size = encoded_size(p) if sizer is None else sizer(p)
+        total += size
+        if type(p) is Record:
+            records += size
+    # [version, kind, [parts]]: three bytes and the parts' array header
+    n = len(message.parts)
+    return total + (4 if n < 16 else 6 if n < 1 << 16 else 8), records
+
+
 def wire_size(message: Message) -> int:
     """``len(encode(message))``, without encoding what was sized before: a compound's updates
     and a push-pull's digest lines are sized once each (the simulator counts every byte)."""
-    if isinstance(message, Compound):
-        parts = message.parts
-        return 3 + _array_header_size(len(parts)) + sum(map(encoded_size, parts))
-    if isinstance(message, PushPull):
+    # exact types first (a subclass of one is sized by encoding it, at the end)
+    if type(message) is Compound:
+        return compound_sizes(message)[0]
+    if type(message) is PushPull:
         members, records, updates = message.members, message.records, message.updates
         # [version, kind, source, phase] packs with the same one-byte header as the 6-array
         head = [PROTOCOL_VERSION, _PUSHPULL, message.source, message.phase]
@@ -207,15 +257,32 @@ def wire_size(message: Message) -> int:
             + _array_header_size(len(updates))
             + sum(map(encoded_size, updates))
         )
-    probe = _probe_size(message)
-    if probe >= 0:
-        return probe + 1  # the version
+    sizer = _PROBE_SIZES.get(type(message))
+    if sizer is not None:
+        return sizer(message) + 1  # the version
     return len(encode(message))
 
 
-@functools.lru_cache(maxsize=8192)
+_signing: dict[int, tuple[Update, bytes]] = {}
+""":func:`signing_bytes` by update identity (the entry holds the update, so its id stays unique):
+in the simulator every core verifies the very same update objects, and asking this costs no
+hashing of the whole update, as the equality-keyed cache behind it does."""
+
+
 def signing_bytes(update: Update) -> bytes:
     """The canonical bytes an update's signature covers (every field but the signature)."""
+    hit = _signing.get(id(update))
+    if hit is not None and hit[0] is update:
+        return hit[1]
+    data = _signing_bytes(update)
+    if len(_signing) >= 1 << 16:
+        _signing.clear()
+    _signing[id(update)] = (update, data)
+    return data
+
+
+@functools.lru_cache(maxsize=8192)
+def _signing_bytes(update: Update) -> bytes:
     if isinstance(update, Alive):
         body: list[Any] = [b"shoal-alive", update.node, update.incarnation, update.addr]
         body.append(update.credential)

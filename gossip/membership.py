@@ -101,16 +101,41 @@ def kind_of(update: Alive | Suspect | Dead) -> str:
     return "suspect" if isinstance(update, Suspect) else "dead"
 
 
+_KINDS: dict[type, str] = {Alive: "alive", Suspect: "suspect", Dead: "dead"}
+_Row = tuple[Outcome, Outcome, Outcome]
+"""What one kind of update does at a lower, an equal and a higher incarnation."""
+
+
+def _row(
+    table: dict[tuple[MemberState, str, Order], Outcome], state: MemberState, kind: str
+) -> _Row:
+    return (table[(state, kind, LO)], table[(state, kind, EQ)], table[(state, kind, HI)])
+
+
+_KIND_NAMES = ("alive", "suspect", "dead")
+_ROWS: dict[tuple[MemberState | None, str], _Row] = {
+    (state, kind): _row(TRANSITIONS, state, kind) for state in MemberState for kind in _KIND_NAMES
+}
+"""``TRANSITIONS`` by (state, kind), the three orders in a tuple: what :func:`decide` reads, as
+every update looks one up (hashing an ``Order`` key runs Python code). ``None``: unknown."""
+for _kind in _KIND_NAMES:
+    _ROWS[(None, _kind)] = ((Outcome.ALIVE if _kind == "alive" else Outcome.IGNORE),) * 3
+_SELF_ROWS: dict[str, _Row] = {
+    kind: (SELF_TRANSITIONS[(kind, LO)], SELF_TRANSITIONS[(kind, EQ)], SELF_TRANSITIONS[(kind, HI)])
+    for kind in _KIND_NAMES
+}
+
+
 def decide(
     state: MemberState | None, held_incarnation: int, update: Alive | Suspect | Dead, is_self: bool
 ) -> Outcome:
     """What ``update`` does to a member we hold in ``state`` (None: unknown)."""
-    kind = kind_of(update)
+    kind = _KINDS.get(type(update)) or kind_of(update)
+    inc = update.incarnation
+    o = 0 if inc < held_incarnation else 1 if inc == held_incarnation else 2
     if is_self:
-        return SELF_TRANSITIONS[(kind, order(update.incarnation, held_incarnation))]
-    if state is None:
-        return Outcome.ALIVE if kind == "alive" else Outcome.IGNORE
-    return TRANSITIONS[(state, kind, order(update.incarnation, held_incarnation))]
+        return _SELF_ROWS[kind][o]
+    return _ROWS[(state, kind)][o]
 
 
 @dataclass(slots=True)
@@ -133,8 +158,20 @@ class Member:
         """This member's push-pull digest line, reused while incarnation and state hold."""
         r = self.row
         if r is None or r.incarnation != self.incarnation or r.state is not self.state:
-            r = self.row = MemberDigest(self.node, self.incarnation, self.state)
+            line = (self.node, self.incarnation, self.state)
+            r = _LINES.get(line)  # a plain tuple finds the equal line
+            if r is None:
+                if len(_LINES) >= 1 << 18:
+                    _LINES.clear()
+                r = MemberDigest(*line)
+                _LINES[r] = r
+            self.row = r
         return r
+
+
+_LINES: dict[tuple[str, int, MemberState], MemberDigest] = {}
+"""Digest lines shared by every core in the process (the simulator runs a thousand): equal
+lines are then one object, so comparing two digests that agree is a row of identity checks."""
 
 
 @dataclass(frozen=True, slots=True)

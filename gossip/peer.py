@@ -16,9 +16,11 @@ injected ``random.Random``; cryptography goes through the :mod:`gossip.trust` se
 from __future__ import annotations
 
 import random
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
+from typing import Any, ClassVar
 
 from gossip.awareness import Awareness
 from gossip.broadcast import BroadcastQueue
@@ -58,8 +60,11 @@ from gossip.trust import Signer, Trust
 from gossip.vivaldi import Coordinate, VivaldiClient, VivaldiConfig
 
 _ALIVE, _SUSPECT, _DEAD = 0, 1, 2  # broadcast priority classes
-_RANK = {MemberState.ALIVE: 0, MemberState.SUSPECT: 1, MemberState.DEAD: 2, MemberState.LEFT: 2}
-_LIVE = (MemberState.ALIVE, MemberState.SUSPECT)
+# Enum members read once: ``MemberState.ALIVE`` runs ``EnumType.__getattr__`` at every use.
+_A, _S, _D, _L = MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD, MemberState.LEFT
+_IGNORE, _REFUTE, _CONFIRM = Outcome.IGNORE, Outcome.REFUTE, Outcome.CONFIRM
+_RANK = {_A: 0, _S: 1, _D: 2, _L: 2}
+_LIVE = (_A, _S)
 _REAP_EVERY_S = 5.0
 _node_of = attrgetter("node")
 
@@ -97,6 +102,60 @@ class _Relay:
 class Peer:
     """One node's gossip state machine. See the module docstring for the calling convention."""
 
+    # Slots, not an instance dict (which past 30 attributes is a full dict, its entries spread
+    # over some twenty cache lines): a simulator runs a thousand cores and touches a few fields of
+    # a different one at every message. The fields read at every message and timer come first.
+    __slots__ = (  # noqa: RUF023 (the order is the layout)
+        "_out",
+        "_out_reliable",
+        "_events",
+        "_probe",
+        "_next_probe",
+        "_left",
+        "_next_gossip",
+        "_relays",
+        "_suspicions",
+        "_next_reap",
+        "_next_push_pull",
+        "_next_reconnect",
+        "stats",
+        "config",
+        "node_id",
+        "_members",
+        "_live",
+        "_limit_for",
+        "_limit",
+        "_pending",
+        "_rpending",
+        "_queue",
+        "_rqueue",
+        "_self",
+        "_incarnation",
+        "_awareness",
+        "_vivaldi",
+        "_seq",
+        "_rng",
+        "_others",
+        "_records",
+        "_trust",
+        "_signer",
+        "_seeds",
+        "_record_counter",
+        "_reconnects",
+        "_other_pos",
+        "_digest",
+        "_by_node",
+        "_rows",
+        "_dirty",
+        "_down",
+        "_left_down",
+        "_probe_order",
+        "_probe_idx",
+        "_bulk",
+        "_gossip_phase",
+        "_catch_up_until",
+    )
+
     def __init__(
         self,
         config: GossipConfig,
@@ -123,11 +182,14 @@ class Peer:
         self._out_reliable: list[tuple[str, Message]] = []
         self._events: list[Event] = []
         self._members: dict[str, Member] = {}
-        self._ids: list[str] = []  # every other member we hold, for random picks
-        self._id_pos: dict[str, int] = {}
+        self._others: list[Member] = []  # every other member we hold, for random picks
+        self._other_pos: dict[str, int] = {}
         self._digest: tuple[MemberDigest, ...] | None = None
         self._by_node: list[Member] | None = None  # members sorted by node, for the digest
+        self._rows: list[MemberDigest] = []  # their digest lines, in the same order
+        self._dirty: list[Member] = []  # members whose line may have changed since
         self._down: dict[str, None] = {}  # dead or left (tombstones); a dict for stable order
+        self._left_down = 0  # how many of them left
         self._live = 1  # alive + suspect, ourselves included
         self._probe_order: list[str] = []
         self._probe_idx = 0
@@ -139,10 +201,10 @@ class Peer:
         self._queue = BroadcastQueue(3)
         self._limit_for, self._limit = 0, 0  # retransmit limit, cached per live count
         self._rqueue = BroadcastQueue(1)
+        self._pending, self._rpending = self._queue.pending, self._rqueue.pending  # (emptiness)
         self._records = RecordStore()
         self._awareness = Awareness(config.awareness_max_multiplier)
         self._vivaldi = VivaldiClient(VivaldiConfig(), rng)
-        self._coords: dict[str, Coordinate] = {}
         jitter = rng.random()
         self._next_probe = now + jitter * config.probe_interval_s
         self._next_gossip: float | None = None
@@ -153,9 +215,7 @@ class Peer:
         self._next_reap = now + _REAP_EVERY_S
         trust.admit(self.node_id, signer.credential, now)
         alive = self._signed_alive()
-        self._self = Member(
-            self.node_id, config.addr, self._incarnation, MemberState.ALIVE, now, alive
-        )
+        self._self = Member(self.node_id, config.addr, self._incarnation, _A, now, alive)
         self._members[self.node_id] = self._self
         for seed in self._seeds:
             if seed != config.addr:
@@ -203,6 +263,22 @@ class Peer:
         ev, self._events = self._events, []
         return ev
 
+    def take_output(
+        self,
+    ) -> tuple[list[tuple[str, Message]], list[tuple[str, Message]], list[Event]] | None:
+        """What :meth:`take_outgoing` and :meth:`events` return, in one call, or None when both
+        are empty: for a driver that asks after every input (the simulator)."""
+        out, rel, ev = self._out, self._out_reliable, self._events
+        if not (out or rel or ev):
+            return None
+        if out:
+            self._out = []
+        if rel:
+            self._out_reliable = []
+        if ev:
+            self._events = []
+        return out, rel, ev
+
     def members(self) -> list[MemberInfo]:
         return [
             MemberInfo(m.node, m.addr, m.incarnation, m.state, m.state_since)
@@ -227,8 +303,9 @@ class Peer:
 
     def rtt_estimate(self, a: str, b: str) -> float | None:
         """Estimated RTT in seconds between nodes ``a`` and ``b`` from Vivaldi coordinates."""
-        ca = self._vivaldi.coord if a == self.node_id else self._coords.get(a)
-        cb = self._vivaldi.coord if b == self.node_id else self._coords.get(b)
+        viv = self._vivaldi
+        ca = viv.coord if a == self.node_id else viv.coordinate_of(a)
+        cb = viv.coord if b == self.node_id else viv.coordinate_of(b)
         if ca is None or cb is None:
             return None
         return ca.distance_s(cb)
@@ -264,8 +341,8 @@ class Peer:
             return
         self._left = True
         dead = self._sign_dead(self.node_id, self._incarnation)
-        self._self.state = MemberState.LEFT
-        self._digest = None
+        self._self.state = _L
+        self._dirty.append(self._self)
         self._self.accusation = dead
         self._self.state_since = now
         self._broadcast(self.node_id, dead, _ALIVE, now)
@@ -349,7 +426,7 @@ class Peer:
         if self._next_gossip is not None and now >= self._next_gossip:
             self._gossip(now)
         if now >= self._next_push_pull:
-            n = max(self._live, len(self._ids) // 4)
+            n = max(self._live, len(self._others) // 4)
             # catching up: the join found nobody up yet, or the mesh may still be starting
             alone = self._live <= 1 and bool(self._seeds)
             catching_up = alone or now < self._catch_up_until
@@ -369,46 +446,64 @@ class Peer:
         came over the reliable channel, so a ping in it is answered the same way."""
         self.stats.messages_in += 1
         if isinstance(message, Compound):
+            dispatch = self._DISPATCH
             for part in message.parts:
-                if isinstance(part, Compound):
+                handler = dispatch.get(type(part))
+                if handler is not None:
+                    handler(self, src_addr, part, now, reliable)
+                elif isinstance(part, Compound):
                     self.stats.rejected_malformed += 1
-                    continue
-                self._receive_one(src_addr, part, now, reliable)
+                else:
+                    self._receive_one(src_addr, part, now, reliable)
         else:
-            self._receive_one(src_addr, message, now, reliable)
+            handler = self._DISPATCH.get(type(message))
+            if handler is not None:
+                handler(self, src_addr, message, now, reliable)
+            else:
+                self._receive_one(src_addr, message, now, reliable)
 
     # -- dispatch --------------------------------------------------------------------------------
 
     def _receive_one(self, src: str, m: Message, now: float, reliable: bool = False) -> None:
-        t = type(m)
-        if t is Alive:
-            self._on_alive(m, now)  # type: ignore[arg-type]
-        elif t is Record:
-            self._on_record(m, now)  # type: ignore[arg-type]
-        elif isinstance(m, Ping):
-            self._on_ping(src, m, now, reliable)
-        elif isinstance(m, Ack):
-            self._on_ack(m, now)
-        elif isinstance(m, Alive):
-            self._on_alive(m, now)
-        elif isinstance(m, Suspect | Dead):
-            if m.node == self.node_id and m.incarnation < self._incarnation and not self._left:
-                # a stale accusation: the sender missed our refutation; tell it directly
-                self._send(src, Compound((self._self.alive,)))
-            elif isinstance(m, Suspect):
-                self._on_suspect(m, now)
-            else:
-                self._on_dead(m, now)
-        elif isinstance(m, Record):
-            self._on_record(m, now)
-        elif isinstance(m, IndirectPingReq):
-            self._on_indirect(src, m, now)
-        elif isinstance(m, Nack):
-            if self._probe is not None and m.seq == self._probe.seq:
-                self._probe.nacks += 1
-                self.stats.nacks_received += 1
-        elif isinstance(m, PushPull):
-            self._on_push_pull(src, m, now)
+        """A message of a type the dispatch table lacks: a subclass of one it has, or junk."""
+        for t in type(m).__mro__:
+            handler = self._DISPATCH.get(t)
+            if handler is not None:
+                handler(self, src, m, now, reliable)
+                return
+
+    def _recv_alive(self, src: str, m: Alive, now: float, reliable: bool) -> None:
+        self._on_alive(m, now)
+
+    def _recv_record(self, src: str, m: Record, now: float, reliable: bool) -> None:
+        held = self._records.get(m.origin, m.kind)
+        if held is not None and held.record is m:  # the very object we hold: a duplicate
+            self.stats.duplicates += 1
+            return
+        self._on_record(m, now)
+
+    def _recv_accusation(self, src: str, m: Suspect | Dead, now: float, reliable: bool) -> None:
+        held = self._members.get(m.node)
+        if held is not None and held.accusation is m and held is not self._self:
+            # the very accusation behind the state we hold: the table ignores it (a dead or
+            # left member) or finds nothing to count (its accuser counted when it came)
+            self.stats.duplicates += 1
+            return
+        if m.node == self.node_id and m.incarnation < self._incarnation and not self._left:
+            # a stale accusation: the sender missed our refutation; tell it directly
+            self._send(src, Compound((self._self.alive,)))
+        elif isinstance(m, Suspect):
+            self._on_suspect(m, now)
+        else:
+            self._on_dead(m, now)
+
+    def _recv_nack(self, src: str, m: Nack, now: float, reliable: bool) -> None:
+        if self._probe is not None and m.seq == self._probe.seq:
+            self._probe.nacks += 1
+            self.stats.nacks_received += 1
+
+    def _recv_push_pull(self, src: str, m: PushPull, now: float, reliable: bool) -> None:
+        self._on_push_pull(src, m, now)
 
     # -- probing ---------------------------------------------------------------------------------
 
@@ -428,7 +523,7 @@ class Peer:
         self._probe = _Probe(target.node, seq, now, now + timeout, now + interval)
         self.stats.probes_sent += 1
         first: list[Message] = [Ping(seq, self.node_id, target.node)]
-        if target.state == MemberState.SUSPECT and isinstance(target.accusation, Suspect):
+        if target.state == _S and isinstance(target.accusation, Suspect):
             first.append(target.accusation)  # buddy system: tell the suspect first
         self._send_piggybacked(target.addr, first)
 
@@ -441,7 +536,7 @@ class Peer:
                 m = self._members.get(node)
                 if m is not None and m.state in _LIVE:
                     return m
-            order[:] = [n for n in self._ids if self._members[n].state in _LIVE]
+            order[:] = [m.node for m in self._others if m.state in _LIVE]
             self._rng.shuffle(order)
             self._probe_idx = 0
             if not order:
@@ -462,7 +557,7 @@ class Peer:
             self.stats.reliable_probes += 1
         relays = self._random_members(
             self.config.indirect_checks,
-            lambda m: m.state == MemberState.ALIVE and m.node != p.target,
+            lambda m: m.state == _A and m.node != p.target,
         )
         for r in relays:
             self._send(r.addr, IndirectPingReq(p.seq, self.node_id, p.target, target.addr, True))
@@ -503,7 +598,7 @@ class Peer:
             return
         self._send_piggybacked(src, [Ack(m.seq, self.node_id, self._vivaldi.coord)], reliable)
 
-    def _on_ack(self, m: Ack, now: float) -> None:
+    def _on_ack(self, src: str, m: Ack, now: float, reliable: bool = False) -> None:
         p = self._probe
         if p is not None and m.seq == p.fallback_seq:
             if p.datagrams_failed:
@@ -515,7 +610,6 @@ class Peer:
             self._probe = None
             self._awareness.apply_delta(-1)
             if m.source == p.target and m.coordinate is not None:
-                self._coords[m.source] = m.coordinate
                 self._vivaldi.update(m.source, m.coordinate, now - p.sent_at)
             return
         if self._suspicions:
@@ -534,7 +628,9 @@ class Peer:
                 self.stats.push_pulls += 1
                 self._send(target.addr, self._push_pull(0, ()))
 
-    def _on_indirect(self, src: str, m: IndirectPingReq, now: float) -> None:
+    def _on_indirect(
+        self, src: str, m: IndirectPingReq, now: float, reliable: bool = False
+    ) -> None:
         seq = self._next_seq()
         timeout = self._awareness.scale(self.config.probe_timeout_s)
         self._relays[seq] = _Relay(src, m.seq, m.nack, now + timeout, now + 2.0 * timeout)
@@ -542,7 +638,10 @@ class Peer:
 
     def _reconnect(self, now: float) -> None:
         self._reconnects = {s: v for s, v in self._reconnects.items() if v[1] > now}
-        cands = [n for n in self._down if self._members[n].state == MemberState.DEAD]
+        if self._left_down:
+            cands = [n for n in self._down if self._members[n].state == _D]
+        else:
+            cands = list(self._down)  # all dead
         if cands:
             m = self._members[cands[int(self._rng.random() * len(cands))]]
             seq = self._next_seq()
@@ -574,10 +673,10 @@ class Peer:
         is_self = u.node == self.node_id
         held = self._incarnation if is_self else (m.incarnation if m else 0)
         outcome = decide(m.state if m else None, held, u, is_self)
-        if outcome is Outcome.IGNORE:
+        if outcome is _IGNORE:
             self.stats.duplicates += 1
             return
-        if outcome is Outcome.REFUTE:
+        if outcome is _REFUTE:
             if self._verify(u.node, u):
                 self._refute(u.incarnation, now)
             return
@@ -593,11 +692,11 @@ class Peer:
             return
         self.stats.updates_applied += 1
         if m is None:
-            m = Member(u.node, u.addr, u.incarnation, MemberState.ALIVE, now, u)
+            m = Member(u.node, u.addr, u.incarnation, _A, now, u)
             self._members[u.node] = m
             self._digest = self._by_node = None
-            self._id_pos[u.node] = len(self._ids)
-            self._ids.append(u.node)
+            self._other_pos[u.node] = len(self._others)
+            self._others.append(m)
             self._live += 1
             self._insert_probe(u.node)
             self._emit(MemberJoined(u.node, u.addr, u.incarnation, now))
@@ -606,11 +705,13 @@ class Peer:
             if was not in _LIVE:
                 self._live += 1
                 self._down.pop(u.node, None)
+                if was == _L:
+                    self._left_down -= 1
                 self._insert_probe(u.node)
             self._suspicions.pop(u.node, None)
             m.addr, m.incarnation, m.alive, m.accusation = u.addr, u.incarnation, u, None
-            m.state = MemberState.ALIVE
-            self._digest = None
+            m.state = _A
+            self._dirty.append(m)
             m.state_since = now
             if was in _LIVE:
                 self._emit(MemberUpdated(u.node, u.addr, u.incarnation, now))
@@ -628,7 +729,7 @@ class Peer:
         m = self._members.get(u.node)
         held = self._incarnation if is_self else (m.incarnation if m else 0)
         outcome = decide(m.state if m else None, held, u, is_self)
-        if outcome is Outcome.IGNORE or m is None:
+        if outcome is _IGNORE or m is None:
             self.stats.duplicates += 1
             return None
         return m, outcome
@@ -640,21 +741,21 @@ class Peer:
         m, outcome = judged
         s = self._suspicions.get(u.node)
         counts = s is not None and s.n < s.k and u.accuser not in s.accusers
-        if outcome is Outcome.CONFIRM and not counts and u.incarnation <= m.incarnation:
+        if outcome is _CONFIRM and not counts and u.incarnation <= m.incarnation:
             self.stats.duplicates += 1
             return
         if not ours and not (self._accuser_ok(u.node, u.accuser) and self._verify(u.accuser, u)):
             return
-        if outcome is Outcome.REFUTE:
+        if outcome is _REFUTE:
             self._refute(u.incarnation, now)
             return
         self.stats.updates_applied += 1
-        if outcome is Outcome.CONFIRM:
+        if outcome is _CONFIRM:
             if s is not None and counts:
                 s.confirm(u.accuser)
             if u.incarnation > m.incarnation:
                 m.incarnation, m.accusation = u.incarnation, u
-                self._digest = None
+                self._dirty.append(m)
             self._broadcast(u.node, u, _SUSPECT, now)
             return
         # Outcome.SUSPECT
@@ -665,12 +766,12 @@ class Peer:
             u.accuser, now, k, min_s, min_s * cfg.suspicion_max_timeout_mult, self._check_lead_s()
         )
         m.state, m.incarnation, m.accusation, m.state_since = (
-            MemberState.SUSPECT,
+            _S,
             u.incarnation,
             u,
             now,
         )
-        self._digest = None
+        self._dirty.append(m)
         if ours:
             self.stats.suspicions_raised += 1
         self._emit(MemberSuspect(u.node, u.incarnation, u.accuser, now))
@@ -683,13 +784,13 @@ class Peer:
         m, outcome = judged
         if not ours and not (self._accuser_ok(u.node, u.accuser) and self._verify(u.accuser, u)):
             return
-        if outcome is Outcome.REFUTE:
+        if outcome is _REFUTE:
             self._refute(u.incarnation, now)
             return
         left = u.accuser == u.node
         if merged and not left:
             # Anti-entropy says "dead": suspect it ourselves so it may still refute (memberlist).
-            if m.state == MemberState.ALIVE or u.incarnation > m.incarnation:
+            if m.state == _A or u.incarnation > m.incarnation:
                 self._on_suspect(self._sign_suspect(u.node, u.incarnation), now, ours=True)
             return
         self.stats.updates_applied += 1
@@ -697,8 +798,10 @@ class Peer:
         if m.state in _LIVE:
             self._live -= 1
             self._down[u.node] = None
-        m.state = MemberState.LEFT if left else MemberState.DEAD
-        self._digest = None
+            if left:
+                self._left_down += 1
+        m.state = _L if left else _D
+        self._dirty.append(m)
         m.incarnation, m.accusation, m.state_since = u.incarnation, u, now
         self._vivaldi.forget(u.node)
         if left:
@@ -716,7 +819,7 @@ class Peer:
     def _suspicion_expired(self, node: str, now: float) -> None:
         s = self._suspicions.get(node)
         m = self._members.get(node)
-        if s is None or m is None or m.state != MemberState.SUSPECT:
+        if s is None or m is None or m.state != _S:
             self._suspicions.pop(node, None)
             return
         if s.final_seq is not None and s.final_acked and s.final_checks < 3:
@@ -749,7 +852,7 @@ class Peer:
         self._awareness.apply_delta(1)
         alive = self._signed_alive()
         self._self.incarnation, self._self.alive = self._incarnation, alive
-        self._digest = None
+        self._dirty.append(self._self)
         self._broadcast(self.node_id, alive, _ALIVE, now)
 
     # -- records ---------------------------------------------------------------------------------
@@ -800,10 +903,9 @@ class Peer:
         live = self._live
         if live != self._limit_for:
             self._limit_for, self._limit = live, cfg.retransmit_limit(live)
-        out = self._queue.take(cfg.membership_budget_bytes, self._limit)
-        recs = self._rqueue.take(cfg.records_budget_bytes, self._limit)
-        if recs:
-            out.extend(recs)
+        out = self._queue.take(cfg.membership_budget_bytes, self._limit) if self._pending else []
+        if self._rpending:
+            out.extend(self._rqueue.take(cfg.records_budget_bytes, self._limit))
         return out
 
     def _send_piggybacked(self, addr: str, first: list[Message], reliable: bool = False) -> None:
@@ -816,20 +918,19 @@ class Peer:
         horizon = self.config.gossip_to_the_dead_s
 
         def ok(m: Member) -> bool:
-            return m.state in _LIVE or (
-                m.state == MemberState.DEAD and now - m.state_since < horizon
-            )
+            return m.state in _LIVE or (m.state == _D and now - m.state_since < horizon)
 
         return ok
 
     def _gossip(self, now: float) -> None:
         self.stats.gossip_rounds += 1
-        for m in self._random_members(self.config.gossip_nodes, self._gossipable(now)):
+        targets = self._random_members(self.config.gossip_nodes, self._gossipable(now), True)
+        for m in targets:
             parts = self._take_piggyback()
             if not parts:
                 break
             self._send(m.addr, Compound(tuple(parts)))
-        if len(self._queue) or len(self._rqueue):
+        if self._pending or self._rpending:
             self._next_gossip = (self._next_gossip or now) + self.config.gossip_interval_s
             if self._next_gossip <= now:
                 self._next_gossip = None
@@ -841,20 +942,25 @@ class Peer:
         self.stats.messages_out += 1
         self._out.append((addr, m))
 
-    def _random_members(self, k: int, pred: Callable[[Member], bool]) -> list[Member]:
-        ids, members = self._ids, self._members
-        n = len(ids)
+    def _random_members(
+        self, k: int, pred: Callable[[Member], bool], alive_pass: bool = False
+    ) -> list[Member]:
+        """Up to ``k`` distinct random members for which ``pred`` holds. ``alive_pass``: every
+        alive member does (it is then asked only about the others: this runs every round)."""
+        others = self._others
+        n = len(others)
         if n == 0 or k <= 0:
             return []
         picked: dict[str, Member] = {}
         rnd = self._rng.random
+        alive = _A if alive_pass else None
         for _ in range(3 * k + 8):
-            m = members[ids[int(rnd() * n)]]
-            if m.node not in picked and pred(m):
+            m = others[int(rnd() * n)]
+            if m.node not in picked and (m.state is alive or pred(m)):
                 picked[m.node] = m
                 if len(picked) >= k:
                     return list(picked.values())
-        pool = [members[i] for i in ids if i not in picked and pred(members[i])]
+        pool = [m for m in others if m.node not in picked and pred(m)]
         need = k - len(picked)
         extra = pool if len(pool) <= need else self._rng.sample(pool, need)
         return list(picked.values()) + extra
@@ -868,29 +974,56 @@ class Peer:
         self._probe_order.insert(pos, node)
 
     def _reap(self, now: float) -> None:
+        if len(self._dirty) > len(self._members):  # nobody asked for a digest in a long while
+            self._by_node = None
+            self._dirty.clear()
         horizon = self.config.tombstone_s
-        for node in [n for n in self._down if now - self._members[n].state_since >= horizon]:
+        expired = []
+        for node in self._down:  # in the order they went down: the oldest first
+            if now - self._members[node].state_since < horizon:
+                break
+            expired.append(node)
+        by_node = self._by_node
+        for node in expired:
             del self._down[node]
-            del self._members[node]
-            self._digest = self._by_node = None
-            pos = self._id_pos.pop(node)
-            last = self._ids.pop()
-            if last != node:
-                self._ids[pos] = last
-                self._id_pos[last] = pos
+            if self._members.pop(node).state == _L:
+                self._left_down -= 1
+            if by_node is not None:  # its digest line goes, the others keep their order
+                i = bisect_left(by_node, node, key=_node_of)
+                del by_node[i], self._rows[i]
+                self._digest = None
+            pos = self._other_pos.pop(node)
+            last = self._others.pop()
+            if last.node != node:
+                self._others[pos] = last
+                self._other_pos[last.node] = pos
             self._records.drop_origin(node)
-            self._coords.pop(node, None)
+            self._vivaldi.drop(node)
             self._queue.drop(node)
 
     # -- anti-entropy ----------------------------------------------------------------------------
 
     def _member_digest(self) -> tuple[MemberDigest, ...]:
-        """Sorted by node, cached until a member's incarnation or state changes; each member
-        keeps its line until that changes, and the order until a join or a reap."""
+        """Sorted by node. Built in full after a join (the order changed); otherwise a reap
+        drops its line and only the lines of the members changed since are replaced (each
+        member keeps its line until its incarnation or state changes)."""
+        by_node, dirty = self._by_node, self._dirty
+        if by_node is None or len(dirty) > len(by_node) // 8:
+            if by_node is None:
+                by_node = self._by_node = sorted(self._members.values(), key=_node_of)
+            self._rows = [m.digest() for m in by_node]
+            self._digest = None
+            dirty.clear()
+        elif dirty:
+            rows = self._rows
+            for m in dirty:
+                i = bisect_left(by_node, m.node, key=_node_of)
+                if i < len(by_node) and by_node[i] is m:  # else reaped since
+                    rows[i] = m.digest()
+            self._digest = None
+            dirty.clear()
         if self._digest is None:
-            if self._by_node is None:
-                self._by_node = sorted(self._members.values(), key=_node_of)
-            self._digest = tuple([m.digest() for m in self._by_node])
+            self._digest = tuple(self._rows)
         return self._digest
 
     def _push_pull(self, phase: int, updates: tuple[Update, ...]) -> PushPull:
@@ -905,7 +1038,7 @@ class Peer:
     def _start_push_pull(self) -> None:
         if self._left:
             return
-        picks = self._random_members(1, lambda m: m.state == MemberState.ALIVE)
+        picks = self._random_members(1, lambda m: m.state == _A, True)
         if picks:
             self.stats.push_pulls += 1
             self._send(picks[0].addr, self._push_pull(0, ()))
@@ -930,10 +1063,13 @@ class Peer:
         for m in () if same else self._members.values():
             d = theirs.get(m.node)
             if d is None:
-                if m.state in _LIVE or m.state == MemberState.LEFT:
+                if m.state in _LIVE or m.state == _L:
                     out.extend(self._full(m))
             elif (m.incarnation, _RANK[m.state]) > (d.incarnation, _RANK[d.state]):
                 out.extend(self._full(m))
+        ours = self._records.digest()
+        if len(records) == len(ours) and set(records) == set(ours):
+            return tuple(out)  # the same records at the same versions
         rtheirs = {(d.origin, d.kind): (d.incarnation, d.counter) for d in records}
         for s in self._records:
             r = s.record
@@ -981,3 +1117,16 @@ class Peer:
 
     def _emit(self, ev: Event) -> None:
         self._events.append(ev)
+
+    _DISPATCH: ClassVar[dict[type, Callable[[Peer, str, Any, float, bool], None]]] = {
+        Ping: _on_ping,
+        Ack: _on_ack,
+        Alive: _recv_alive,
+        Record: _recv_record,
+        Suspect: _recv_accusation,
+        Dead: _recv_accusation,
+        IndirectPingReq: _on_indirect,
+        Nack: _recv_nack,
+        PushPull: _recv_push_pull,
+    }
+    """The handler of each message type (a compound's parts included), by exact type."""

@@ -24,15 +24,17 @@ import gc
 import hashlib
 import heapq
 import hmac
+import itertools
 import random
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from gossip import codec
+from gossip.codec import compound_sizes, wire_size
 from gossip.config import GossipConfig
 from gossip.events import Event
-from gossip.messages import Compound, Message, Record
+from gossip.messages import Compound, Message
 from gossip.peer import Peer
 from gossip.trust import Signer, Trust
 
@@ -99,9 +101,11 @@ class SimTrust:
     keyring: SimKeyring
 
     def admit(self, node_id: str, credential: bytes, now: float) -> bool:
-        if node_id in self.keyring.revoked:
+        keyring = self.keyring
+        if node_id in keyring.revoked:
             return False
-        return hmac.compare_digest(credential, self.keyring.credential(node_id))
+        issued = keyring._creds.get(node_id) or keyring.credential(node_id)
+        return hmac.compare_digest(credential, issued)
 
     def verify(self, node_id: str, data: bytes, signature: bytes) -> bool:
         return self.keyring.verify(node_id, data, signature)
@@ -137,6 +141,51 @@ class NetStats:
 
 
 _TIMER, _MSG, _RELIABLE = 0, 1, 2
+_Entry = tuple[float, int, int, str, str, Message | None, int]
+"""(time, sequence, kind, destination, source, message, bytes the destination counts in on
+delivery): ordered by time, then sequence."""
+_SLOTS_PER_S = 1000
+
+
+class _Timers:
+    """Timer entries in (time, sequence) order, bucketed by millisecond slot: only the earliest
+    slot is a heap (a few entries), the later ones plain lists, and a heap of slot numbers says
+    which comes next. With ~N pending timers (one per node, plus superseded ones), this keeps
+    every push and pop off a heap of N tuples, whose comparisons miss the cache at each level."""
+
+    def __init__(self) -> None:
+        self.cur: list[_Entry] = []
+        """The earliest slot's entries, a heap; refilled from the next slot once empty."""
+        self._cur_slot = -1
+        self._slots: dict[int, list[_Entry]] = {}
+        self._order: list[int] = []
+
+    def push(self, e: _Entry) -> None:
+        slot = int(e[0] * _SLOTS_PER_S)
+        if slot == self._cur_slot:
+            heapq.heappush(self.cur, e)
+            return
+        if slot < self._cur_slot:  # earlier than the slot moved up (entries there still pend)
+            if self.cur:
+                self._slots[self._cur_slot] = self.cur
+                heapq.heappush(self._order, self._cur_slot)
+            self.cur, self._cur_slot = [], -1
+        entries = self._slots.get(slot)
+        if entries is None:
+            self._slots[slot] = [e]
+            heapq.heappush(self._order, slot)
+        else:
+            entries.append(e)
+
+    def refill(self) -> bool:
+        """Move the next slot up into ``cur`` (which is empty); False if there is none."""
+        if not self._order:
+            return False
+        slot = heapq.heappop(self._order)
+        cur = self._slots.pop(slot)
+        heapq.heapify(cur)
+        self.cur, self._cur_slot = cur, slot
+        return True
 
 
 @contextmanager
@@ -177,8 +226,12 @@ class Simulation:
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         self.keyring = SimKeyring()
-        self._heap: list[tuple[float, int, int, str, str, Message | None]] = []
-        self._seq = 0
+        self._heap: list[_Entry] = []
+        """Messages in flight: a few dozen, so a push or pop is a handful of comparisons."""
+        self._timers = _Timers()
+        """Each node's next timer (and superseded ones, skipped when they come up): ~N."""
+        self._seq = itertools.count(1)
+        """Ties between entries due at the same time go in the order they were queued."""
         self._group: dict[str, int] = {}
         self._boots: dict[str, int] = {}
         ids = [f"n{i:04d}" for i in range(self.n)]
@@ -243,9 +296,10 @@ class Simulation:
 
     # -- the event loop ------------------------------------------------------------------------
 
-    def _push(self, t: float, kind: int, dst: str, src: str, msg: Message | None) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap, (t, self._seq, kind, dst, src, msg))
+    def _push(
+        self, t: float, kind: int, dst: str, src: str, msg: Message | None, size: int = 0
+    ) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), kind, dst, src, msg, size))
 
     def _stalled_until(self, node: SimNode, t: float) -> float | None:
         if node.starve_stall_s <= 0.0:
@@ -256,85 +310,145 @@ class Simulation:
         return None
 
     def run_until(self, t_end: float) -> None:
-        """Deliver every message and fire every timer due up to ``t_end``."""
-        heap = self._heap
+        """Deliver every message and fire every timer due up to ``t_end``.
+
+        Messages and timers wait apart, taken in one (time, sequence) order: the same order as
+        one heap, but a message's push and pop compare a few dozen entries in flight, not the
+        thousand timers (see :class:`_Timers`). This loop runs for every message and timer, so
+        it does what :meth:`_flush` and (for sized datagrams, without duplication) what
+        :meth:`_transmit` do inline, and brings ``net`` up to date when it returns."""
+        heap, timers = self._heap, self._timers
         nodes = self.nodes
-        pop = heapq.heappop
-        flush = self._flush
-        while heap and heap[0][0] <= t_end:
-            t, _, kind, dst, src, msg = pop(heap)
-            node = nodes[dst]
-            if not node.up or (kind == _TIMER and node.timer_at != t):
-                continue
-            self.now = t
-            if node.starve_stall_s > 0.0:
-                wake = self._stalled_until(node, t)
-                if wake is not None:
-                    if kind == _TIMER:
-                        self._set_timer(node, wake)
-                    else:
-                        self._push(wake, kind, dst, src, msg)
+        pop, push = heapq.heappop, heapq.heappush
+        on_event = self.on_event
+        timer, reliable, seq = _TIMER, _RELIABLE, self._seq
+        rnd, loss = self.rng.random, self.loss
+        delay_min, span = self.delay_min_s, self.delay_max_s - self.delay_min_s
+        inline = self.measure_bytes and not self.codec_roundtrip and not self.duplicate
+        sent = dropped = in_bytes = in_records = 0
+        try:
+            while True:
+                cur = timers.cur
+                if not cur and timers.refill():
+                    cur = timers.cur
+                if heap:
+                    q = cur if cur and cur[0] < heap[0] else heap
+                elif cur:
+                    q = cur
+                else:
+                    break
+                if q[0][0] > t_end:
+                    break
+                t, _, kind, dst, src, msg, size = pop(q)
+                node = nodes[dst]
+                if not node.up or (kind == timer and node.timer_at != t):
                     continue
-                if node.last_lag_report < t - node.starve_period_s:
-                    node.last_lag_report = t
-                    node.peer.report_loop_lag(node.starve_stall_s)
-            if kind == _TIMER:
-                node.timer_at = None
-                node.peer.handle_timer(t)
-            else:
-                node.peer.receive(src, msg, t, kind == _RELIABLE)  # type: ignore[arg-type]
-            flush(node)
+                self.now = t
+                if node.starve_stall_s > 0.0:
+                    wake = self._stalled_until(node, t)
+                    if wake is not None:
+                        if kind == timer:
+                            self._set_timer(node, wake)
+                        else:
+                            push(heap, (wake, next(seq), kind, dst, src, msg, size))
+                        continue
+                    if node.last_lag_report < t - node.starve_period_s:
+                        node.last_lag_report = t
+                        node.peer.report_loop_lag(node.starve_stall_s)
+                peer = node.peer
+                if kind == timer:
+                    node.timer_at = None
+                    peer.handle_timer(t)
+                else:
+                    if size:
+                        peer.stats.bytes_in += size
+                    peer.receive(src, msg, t, kind == reliable)  # type: ignore[arg-type]
+                output = peer.take_output()
+                if output is not None:
+                    out, rel, evs = output
+                    if out and inline and not self._group:
+                        t0 = t + delay_min
+                        out_bytes = 0
+                        for addr, m in out:
+                            if type(m) is Compound:
+                                nbytes, records = compound_sizes(m)
+                            else:
+                                nbytes, records = wire_size(m), 0
+                            out_bytes += nbytes
+                            to = nodes.get(addr)
+                            if to is None or rnd() < loss:
+                                dropped += 1
+                                continue
+                            if to.up:  # it counts the bytes in on delivery
+                                in_bytes += nbytes
+                                in_records += records
+                            else:
+                                nbytes = 0
+                            entry = (t0 + rnd() * span, next(seq), _MSG, addr, dst, m, nbytes)
+                            push(heap, entry)
+                        sent += len(out)
+                        peer.stats.bytes_out += out_bytes
+                    elif out:
+                        self._transmit(node, out)
+                    if rel:
+                        self._transmit_reliable(node, rel)
+                    if evs and on_event is not None:
+                        for ev in evs:
+                            on_event(dst, ev)
+                at = peer.get_timer()
+                if at is not None and at != node.timer_at:
+                    if at < t:
+                        at = t
+                    node.timer_at = at
+                    timers.push((at, next(seq), timer, dst, "", None, 0))
+        finally:
+            net = self.net
+            net.sent += sent
+            net.dropped += dropped
+            net.delivered += sent - dropped
+            net.bytes += in_bytes
+            net.record_bytes += in_records
         self.now = max(self.now, t_end)
 
     def run_for(self, seconds: float) -> None:
         self.run_until(self.now + seconds)
 
     def _flush(self, node: SimNode) -> None:
+        """Send what ``node`` queued, report its events and set its timer."""
         peer = node.peer
-        out, rel = peer.take_outgoing()
-        if out:
-            self._transmit(node, out)
-        if rel:
-            self._transmit_reliable(node, rel)
-        if self.on_event is not None:
-            evs = peer.events()
-            if evs:
+        output = peer.take_output()
+        if output is not None:
+            out, rel, evs = output
+            if out:
+                self._transmit(node, out)
+            if rel:
+                self._transmit_reliable(node, rel)
+            if evs and self.on_event is not None:
                 on_event, nid = self.on_event, node.node_id
                 for ev in evs:
                     on_event(nid, ev)
-        else:
-            peer.events()
         t = peer.get_timer()
         if t is not None and t != node.timer_at:
             self._set_timer(node, t if t > self.now else self.now)
 
     def _set_timer(self, node: SimNode, t: float) -> None:
         node.timer_at = t
-        self._seq += 1
-        heapq.heappush(self._heap, (t, self._seq, _TIMER, node.node_id, "", None))
+        self._timers.push((t, next(self._seq), _TIMER, node.node_id, "", None, 0))
 
-    def _size(self, node: SimNode, msg: Message) -> tuple[Message, int]:
-        """``msg`` as the receiver gets it and its wire size, counted as sent by ``node``."""
+    def _sized(self, node: SimNode, msg: Message) -> tuple[Message, int, int]:
+        """``msg`` as the receiver gets it, its wire size and the bytes of its record parts,
+        counted as sent by ``node``."""
         if self.codec_roundtrip:
             data = codec.encode(msg)
-            node.peer.stats.bytes_out += len(data)
-            return codec.decode(data), len(data)
-        size = codec.wire_size(msg)
+            msg, size = codec.decode(data), len(data)
+            records = _wire_sizes(msg)[1]
+        else:
+            size, records = _wire_sizes(msg)
         node.peer.stats.bytes_out += size
-        return msg, size
-
-    def _count_in(self, dst: SimNode, msg: Message, size: int) -> None:
-        dst.peer.stats.bytes_in += size
-        net = self.net
-        net.bytes += size
-        if type(msg) is Compound:
-            for p in msg.parts:
-                if type(p) is Record:
-                    net.record_bytes += codec.encoded_size(p)
+        return msg, size, records
 
     def _transmit(self, node: SimNode, out: list[tuple[str, Message]]) -> None:
         rnd = self.rng.random
-        net = self.net
         src = node.node_id
         group = self._group
         g_src = group.get(src, 0)
@@ -342,22 +456,41 @@ class Simulation:
         loss, duplicate = self.loss, self.duplicate
         nodes, heap, push = self.nodes, self._heap, heapq.heappush
         sizing = self.measure_bytes or self.codec_roundtrip
-        size = 0
+        roundtrip = self.codec_roundtrip
+        seq = self._seq
+        sent_bytes = dropped = delivered = in_bytes = in_records = 0
+        size = records = 0
         for addr, msg in out:
-            net.sent += 1
-            if sizing:
-                msg, size = self._size(node, msg)
+            if roundtrip:
+                msg, size, records = self._sized(node, msg)
+            elif sizing:
+                if type(msg) is Compound:
+                    size, records = compound_sizes(msg)
+                else:
+                    size, records = wire_size(msg), 0
+                sent_bytes += size
             dst = nodes.get(addr)
             if dst is None or (group and group.get(addr, 0) != g_src) or rnd() < loss:
-                net.dropped += 1
+                dropped += 1
                 continue
-            copies = 2 if duplicate and rnd() < duplicate else 1
-            for _ in range(copies):
-                net.delivered += 1
-                if size and dst.up:
-                    self._count_in(dst, msg, size)
-                self._seq += 1
-                push(heap, (t0 + rnd() * span, self._seq, _MSG, addr, src, msg))
+            twice = duplicate and rnd() < duplicate
+            counted = size if dst.up else 0  # the destination counts it in on delivery
+            delivered += 1
+            in_bytes += counted
+            in_records += records if counted else 0
+            push(heap, (t0 + rnd() * span, next(seq), _MSG, addr, src, msg, counted))
+            if twice:
+                delivered += 1
+                in_bytes += counted
+                in_records += records if counted else 0
+                push(heap, (t0 + rnd() * span, next(seq), _MSG, addr, src, msg, counted))
+        net = self.net
+        net.sent += len(out)
+        net.dropped += dropped
+        net.delivered += delivered
+        net.bytes += in_bytes
+        net.record_bytes += in_records
+        node.peer.stats.bytes_out += sent_bytes
 
     def _transmit_reliable(self, node: SimNode, out: list[tuple[str, Message]]) -> None:
         rnd = self.rng.random
@@ -370,9 +503,9 @@ class Simulation:
         for addr, msg in out:
             net.sent += 1
             net.reliable_sent += 1
-            size = 0
+            size = records = 0
             if sizing:
-                msg, size = self._size(node, msg)
+                msg, size, records = self._sized(node, msg)
             dst = self.nodes.get(addr)
             if dst is None or not dst.up or (group and group.get(addr, 0) != g_src):
                 net.dropped += 1  # refused or timed out: the sender just hears nothing
@@ -387,8 +520,16 @@ class Simulation:
                 rto *= 2.0
             net.delivered += 1
             if size:
-                self._count_in(dst, msg, size)
-            self._push(self.now + delay, _RELIABLE, addr, src, msg)
+                net.bytes += size
+                net.record_bytes += records
+            self._push(self.now + delay, _RELIABLE, addr, src, msg, size)
+
+
+def _wire_sizes(msg: Message) -> tuple[int, int]:
+    """``msg``'s wire size and the bytes of its record parts."""
+    if isinstance(msg, Compound):
+        return compound_sizes(msg)
+    return wire_size(msg), 0
 
 
 def fast_config(**overrides: float | int) -> Callable[[GossipConfig], GossipConfig]:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 import random
+import struct
 from dataclasses import dataclass, field
+from operator import sub
 
 _ZERO = 1.0e-6
 
@@ -58,7 +60,7 @@ def origin(config: VivaldiConfig) -> Coordinate:
 
 @dataclass(slots=True)
 class VivaldiClient:
-    """One node's coordinate and the state that updates it."""
+    """One node's coordinate, the state that updates it, and what it learned of each peer."""
 
     config: VivaldiConfig
     rng: random.Random
@@ -66,46 +68,102 @@ class VivaldiClient:
     _origin: Coordinate = field(init=False)
     _adjust: list[float] = field(init=False)
     _adjust_idx: int = 0
-    _filters: dict[str, tuple[float, ...]] = field(default_factory=dict)
-    """The last few RTT samples per peer (a tuple: a 1,000-node mesh keeps 1,000 of these)."""
+    _peers: dict[str, bytes] = field(default_factory=dict)
+    """Per peer measured: its last coordinate and our last few RTT samples to it, packed as
+    doubles (``_layout``). A 1,000-node mesh keeps ~1,000 of these on every node, so one flat
+    bytes object each, not a coordinate, a tuple and a dozen floats."""
+    _layout: struct.Struct = field(init=False)
+    """vec, error, adjustment, height, the number of samples, the samples (zero-padded)."""
+    _window: struct.Struct = field(init=False)
+    """The number of samples and the samples: the tail of ``_layout``."""
 
     def __post_init__(self) -> None:
         self._origin = origin(self.config)
         self.coord = self._origin
         self._adjust = [0.0] * self.config.adjustment_window
+        cfg = self.config
+        self._layout = struct.Struct(f"<{cfg.dimensionality + 4 + cfg.latency_filter_size}d")
+        self._window = struct.Struct(f"<{1 + cfg.latency_filter_size}d")
 
     def forget(self, node: str) -> None:
-        self._filters.pop(node, None)
+        """Drop our RTT samples to ``node`` (it died); its coordinate stays until :meth:`drop`."""
+        rec = self._peers.get(node)
+        if rec is not None:
+            self._peers[node] = self._pack(self._unpack(rec), ())
+
+    def drop(self, node: str) -> None:
+        """Forget everything about ``node``."""
+        self._peers.pop(node, None)
+
+    def coordinate_of(self, node: str) -> Coordinate | None:
+        """The last valid coordinate ``node`` reported to us, if any."""
+        rec = self._peers.get(node)
+        return None if rec is None else self._unpack(rec)
+
+    def _pack(self, c: Coordinate, samples: tuple[float, ...]) -> bytes:
+        pad = (0.0,) * (self.config.latency_filter_size - len(samples))
+        return self._layout.pack(
+            *c.vec, c.error, c.adjustment_s, c.height_s, float(len(samples)), *samples, *pad
+        )
+
+    def _unpack(self, rec: bytes) -> Coordinate:
+        dim = self.config.dimensionality
+        f = self._layout.unpack(rec)
+        return Coordinate(f[:dim], f[dim], f[dim + 1], f[dim + 2])
+
+    def _samples(self, rec: bytes) -> tuple[float, ...]:
+        f = self._window.unpack_from(rec, 8 * (self.config.dimensionality + 3))
+        return f[1 : 1 + int(f[0])]
 
     def update(self, node: str, other: Coordinate, rtt_s: float) -> None:
         """Fold one RTT sample to ``node`` (at ``other``) into our coordinate."""
         cfg = self.config
-        if len(other.vec) != cfg.dimensionality or not other.is_valid():
+        ov = other.vec
+        if len(ov) != cfg.dimensionality or not other.is_valid():
             return
+        rec = self._peers.get(node)
+        window = () if rec is None else self._samples(rec)
         if not (0.0 < rtt_s <= 10.0):
+            self._peers[node] = self._pack(other, window)
             return
-        window = (*self._filters.get(node, ()), rtt_s)[-cfg.latency_filter_size :]
-        self._filters[node] = window
-        rtt = max(sorted(window)[len(window) // 2], _ZERO)
+        window = (*window, rtt_s)[-cfg.latency_filter_size :]
+        self._peers[node] = self._pack(other, window)
+        rtt = sorted(window)[len(window) // 2]
+        if rtt < _ZERO:
+            rtt = _ZERO
         c = self.coord
-        vec = list(c.vec)
+        v = c.vec
         height, error = c.height_s, c.error
-        ov, oh = other.vec, other.height_s
+        oh = other.height_s
+        height_min = cfg.height_min_s
         # Vivaldi step (Serf's updateVivaldi)
-        diff = [a - b for a, b in zip(vec, ov, strict=True)]
-        mag = math.hypot(*diff)
+        mag = math.dist(v, ov)
         raw = mag + height + oh
         adjusted = raw + c.adjustment_s + other.adjustment_s
         dist = adjusted if adjusted > 0.0 else raw
         wrongness = abs(dist - rtt) / rtt
-        weight = error / max(error + other.error, _ZERO)
-        error = min(cfg.ce * weight * wrongness + error * (1.0 - cfg.ce * weight), cfg.error_max)
-        height = self._push(vec, diff, mag, height, cfg.cc * weight * (rtt - dist), oh)
+        total_error = error + other.error
+        weight = error / (total_error if total_error > _ZERO else _ZERO)
+        ce_weight = cfg.ce * weight
+        error = ce_weight * wrongness + error * (1.0 - ce_weight)
+        if error > cfg.error_max:
+            error = cfg.error_max
+        force = cfg.cc * weight * (rtt - dist)
+        if mag > _ZERO:  # move along v - ov: v + (v - ov) * force / |v - ov|
+            k = force / mag
+            vec = [a + (a - b) * k for a, b in zip(v, ov, strict=True)]
+            height = (height + oh) * k + height
+            if height < height_min:
+                height = height_min
+            moved = mag * abs(1.0 + k)  # |vec - ov|: vec - ov is (v - ov) * (1 + k)
+        else:
+            vec = list(v)
+            height = self._push(vec, list(map(sub, v, ov)), mag, height, force, oh)
+            moved = math.dist(vec, ov)
         # adjustment window (Serf's updateAdjustment)
         adjustment = c.adjustment_s
         if cfg.adjustment_window:
-            raw = math.dist(vec, ov) + height + oh
-            self._adjust[self._adjust_idx] = rtt - raw
+            self._adjust[self._adjust_idx] = rtt - (moved + height + oh)
             self._adjust_idx = (self._adjust_idx + 1) % cfg.adjustment_window
             adjustment = sum(self._adjust) / (2.0 * cfg.adjustment_window)
         # gravity toward the origin (Serf's updateGravity); the origin's vec is all zeros
@@ -114,9 +172,20 @@ class VivaldiClient:
         raw = mag + height + o.height_s
         adjusted = raw + adjustment + o.adjustment_s
         dist = adjusted if adjusted > 0.0 else raw
-        height = self._push(vec, vec[:], mag, height, -((dist / cfg.gravity_rho) ** 2), o.height_s)
-        new = Coordinate(tuple(vec), error, adjustment, height)
-        self.coord = new if new.is_valid() else self._origin
+        force = -((dist / cfg.gravity_rho) ** 2)
+        if mag > _ZERO:
+            k = force / mag
+            new = tuple([a + a * k for a in vec])
+            height = (height + o.height_s) * k + height
+            if height < height_min:
+                height = height_min
+        else:
+            height = self._push(vec, vec[:], mag, height, force, o.height_s)
+            new = tuple(vec)
+        if math.isfinite(sum(new) + error + adjustment + height):  # Coordinate.is_valid
+            self.coord = Coordinate(new, error, adjustment, height)
+        else:
+            self.coord = self._origin
 
     def _push(
         self,
