@@ -298,29 +298,30 @@ class GossipNode:
         """Send what the core has to send. With ``reply_to`` (the sender of the request being
         answered), the first message for it is returned to go back in the HTTP response (an
         ack to a ping, a push-pull answer): half the requests, and a round trip less."""
-        peer = self.peer
         reply: bytes | None = None
-        for addr, message in peer.messages_to_send():
+        for addr, message in self.peer.messages_to_send():
             if reply is None and addr == reply_to:
-                try:
-                    reply = frame(self.address, message, peer.config.max_message_bytes)
-                except ValueError:
-                    log.exception("could not encode a gossip reply for %s", addr)
-                    continue
-                peer.count_bytes(outbound=len(reply))
+                reply = self._encode(addr, message)
                 continue
             if len(self._sends) >= MAX_IN_FLIGHT:
                 self.sends_dropped += 1
                 continue
-            try:
-                body = frame(self.address, message, peer.config.max_message_bytes)
-            except ValueError:
-                log.exception("could not encode a gossip message for %s", addr)
-                continue
-            peer.count_bytes(outbound=len(body))
-            self._spawn_send(addr, body)
+            body = self._encode(addr, message)
+            if body is not None:
+                self._spawn_send(addr, body)
         self._dispatch()
         return reply
+
+    def _encode(self, addr: str, message: Message) -> bytes | None:
+        """The framed body of ``message`` for ``addr``, counted as sent; None if it cannot be."""
+        peer = self.peer
+        try:
+            body = frame(self.address, message, peer.config.max_message_bytes)
+        except ValueError:
+            log.exception("could not encode a gossip message for %s", addr)
+            return None
+        peer.count_bytes(outbound=len(body))
+        return body
 
     def _on_revocations(self, event: RecordChanged) -> None:
         if event.origin == self.node_id:
