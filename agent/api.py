@@ -91,6 +91,21 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     return body
 
 
+MAX_HEALTH_WAIT_S = 60
+"""The longest ``/healthz?members=N&wait_s=S`` holds a request open."""
+
+
+def _query_int(request: web.Request, name: str, low: int, high: int) -> int:
+    text = request.query.get(name, "0")
+    try:
+        value = int(text)
+    except ValueError:
+        raise ApiError(400, f"{name} must be an integer, not {text[:20]!r}") from None
+    if not low <= value <= high:
+        raise ApiError(400, f"{name} must be between {low} and {high}")
+    return value
+
+
 def setup(app: web.Application, agent: Agent) -> None:
     """Add every route of the agent to the listener's application."""
 
@@ -135,9 +150,14 @@ def setup(app: web.Application, agent: Agent) -> None:
 
     @_guarded
     async def healthz(request: web.Request) -> web.StreamResponse:
-        return web.json_response(
-            {"ok": True, "node_id": agent.node_id, "members": agent.member_count()}
-        )
+        # ?members=N&wait_s=S answers once N members are live, or after S seconds (a watcher
+        # waits on one request instead of polling)
+        members = agent.member_count()
+        if "members" in request.query:
+            want = _query_int(request, "members", 0, 1 << 20)
+            wait_s = _query_int(request, "wait_s", 0, MAX_HEALTH_WAIT_S)
+            members = await agent.wait_members(want, float(wait_s))
+        return web.json_response({"ok": True, "node_id": agent.node_id, "members": members})
 
     @_internal
     async def i_command(request: web.Request) -> web.StreamResponse:

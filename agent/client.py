@@ -87,9 +87,17 @@ class ApiClient(PooledSession):
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise AgentUnreachable(self.address, _why(exc)) from None
 
-    async def get(self, path: str, params: Mapping[str, str] | None = None) -> dict[str, Any]:
+    async def get(
+        self, path: str, params: Mapping[str, str] | None = None, *, extra_s: float = 0.0
+    ) -> dict[str, Any]:
+        """GET ``path``; ``extra_s`` lengthens the timeout for a call the agent holds open."""
+        timeout = self._timeout
+        if extra_s:
+            timeout = aiohttp.ClientTimeout(total=(timeout.total or 0.0) + extra_s)
         try:
-            async with self._pooled().get(self._base + path, params=params) as response:
+            async with self._pooled().get(
+                self._base + path, params=params, timeout=timeout
+            ) as response:
                 return await self._answer(response)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise AgentUnreachable(self.address, _why(exc)) from None
@@ -145,8 +153,13 @@ class ApiClient(PooledSession):
     async def events(self, since: int = 0) -> dict[str, Any]:
         return await self.get("/v1/events", {"since": str(since)})
 
-    async def health(self) -> dict[str, Any]:
-        return await self.get("/healthz")
+    async def health(self, members: int | None = None, wait_s: int = 0) -> dict[str, Any]:
+        """``/healthz``; with ``members``, answered once the agent counts that many live
+        members or after ``wait_s`` seconds, whichever comes first."""
+        if members is None:
+            return await self.get("/healthz")
+        params = {"members": str(members), "wait_s": str(wait_s)}
+        return await self.get("/healthz", params, extra_s=wait_s)
 
     def logs(self, job_id: str, lines: int = 100, follow: bool = False) -> AsyncIterator[str]:
         params = {"lines": str(lines), "follow": "1" if follow else "0"}

@@ -154,6 +154,7 @@ class Agent:
         self._events_at = float("-inf")
         self._started = False
         self._stopping = False
+        self._members_changed = asyncio.Event()
         self._last_telemetry: dict[str, tuple[float, float, float]] = {}
         self._telemetry_at = float("-inf")
 
@@ -225,6 +226,22 @@ class Agent:
             1 for m in self.node.members() if m.state in (MemberState.ALIVE, MemberState.SUSPECT)
         )
 
+    async def wait_members(self, count: int, timeout_s: float) -> int:
+        """Until this agent counts ``count`` live members (itself included), or ``timeout_s``
+        passed; the count then. Woken by membership events, so a watcher costs nothing while it
+        waits (polling 32 agents every 50 ms was a fifth of a 2-core machine while a mesh forms).
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._members_changed.clear()  # before counting: a change from here on wakes us
+            count_now = self.member_count()
+            left_s = deadline - time.monotonic()
+            if count_now >= count or left_s <= 0:
+                return count_now
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left_s):
+                    await self._members_changed.wait()
+
     def node_changed(self) -> None:
         self._node_dirty = True
 
@@ -244,6 +261,8 @@ class Agent:
     # -- gossip events ---------------------------------------------------------------------------
 
     def _on_gossip(self, event: Event) -> None:
+        if not isinstance(event, RecordChanged):
+            self._members_changed.set()
         if isinstance(event, RecordChanged):
             job_id = self.view.apply(event.origin, event.kind, event.payload, time.monotonic())
             if job_id is not None:

@@ -23,6 +23,9 @@ from pathlib import Path
 from agent.client import ApiClient, ApiError
 from gossip.identity import NodeIdentity, enroll_node, init_cluster
 
+SEES_WAIT_S = 5
+"""How long the agent holds one convergence watch (``/healthz?members=N``) before answering."""
+
 DEMO_PROFILES: tuple[str, ...] = (
     "h100:4",
     "mi300x:4",
@@ -201,32 +204,44 @@ class LocalMesh:
     async def wait_converged(self, timeout_s: float = 60.0) -> float:
         """Seconds from the last agent listening until every agent sees every agent alive.
 
-        Each agent is watched on its own from the moment it starts (a cheap ``/healthz`` every
-        50 ms on a connection opened early), so the measurement neither waits for the slowest
-        agent's answer in rounds nor adds its own TLS handshakes after the last start.
+        Each agent is watched on its own from the moment it starts (``/healthz`` held open by the
+        agent until it sees everyone, on a connection opened early; retried every 50 ms until the
+        agent listens), so the measurement neither waits for the slowest agent's answer in rounds
+        nor adds its own TLS handshakes or polling load after the last start.
         """
         started = [a for a in self.agents if a.process is not None]
         want = len([a for a in started if a.running])
         seen: dict[int, bool] = {}
+        clients: dict[int, ApiClient] = {}
         converged = asyncio.Event()
         converged_at = 0.0
 
+        async def still_seen() -> bool:
+            """Every agent still sees everyone (asked at once, on their idle connections)."""
+            answers = await asyncio.gather(
+                *(_sees(clients[a.index], want, wait_s=0) for a in started if a.running)
+            )
+            return len(answers) == len(started) and all(answers)
+
         async def watch(agent: AgentProcess) -> None:
             nonlocal converged_at
-            client: ApiClient | None = None
             try:
                 while not converged.is_set():
+                    client = clients.get(agent.index)
                     if client is None or client.address != agent.address:  # restarted elsewhere
                         if client is not None:
                             await client.close()
-                        client = self.client(agent.index)
+                        client = clients[agent.index] = self.client(agent.index)
                     seen[agent.index] = agent.running and await _sees(client, want)
                     if len(seen) == len(started) and all(seen.values()):
-                        converged_at = time.monotonic()
-                        converged.set()
-                    else:
-                        await asyncio.sleep(0.05)
+                        at = time.monotonic()
+                        if await still_seen():
+                            converged_at = at
+                            converged.set()
+                    # seeing everyone: looked at again when the last agent does, or now and then
+                    await asyncio.sleep(0.5 if seen[agent.index] else 0.05)
             finally:
+                client = clients.pop(agent.index, None)
                 if client is not None:
                     await client.close()
 
@@ -268,10 +283,11 @@ def _port_taken(agent: AgentProcess) -> bool:
     return b"address already in use" in _log_since_start(agent)
 
 
-async def _sees(client: ApiClient, members: int) -> bool:
-    """The agent counts ``members`` live members (``/healthz``: cheap enough to poll 32 agents)."""
+async def _sees(client: ApiClient, members: int, wait_s: int = SEES_WAIT_S) -> bool:
+    """The agent counts ``members`` live members (``/healthz`` held open by the agent until it
+    does, for up to ``wait_s``: a waiting watcher costs the mesh nothing)."""
     try:
-        health = await client.health()
+        health = await client.health(members, wait_s=wait_s)
     except ApiError:
         return False
     return int(health.get("members", 0)) >= members

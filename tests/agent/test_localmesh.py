@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from agent.localmesh import LocalMesh
+from tests.agent.agents import Mesh
 
 pytestmark = pytest.mark.slow
 
@@ -32,3 +36,29 @@ def test_an_agent_whose_port_was_taken_starts_on_another(tmp_path: Path) -> None
             assert "address already in use" in log
         finally:
             mesh.stop()
+
+
+def test_healthz_holds_a_watch_until_the_agent_sees_the_members_asked_for(tmp_path: Path) -> None:
+    mesh = Mesh(tmp_path, ["h100:1", "l4:1"])
+    try:
+        first = mesh.start(0)
+        # Nobody else yet: a short watch answers when its time is up, with the count it has.
+        began = time.monotonic()
+        assert mesh.get(first, "/healthz?members=2&wait_s=1")["members"] == 1
+        assert 0.9 <= time.monotonic() - began < 5
+        with ThreadPoolExecutor(1) as pool:
+            watch = pool.submit(mesh.get, first, "/healthz?members=2&wait_s=50")
+            time.sleep(0.5)
+            assert not watch.done()  # held open
+            mesh.start(1)
+            answered = watch.result(timeout=30)  # well before the 50 s are up
+        assert answered["members"] == 2
+        assert mesh.get(first, "/healthz?members=2&wait_s=50")["members"] == 2  # at once
+        for query, why in [
+            ("members=two", "members must be an integer, not 'two'"),
+            ("members=2&wait_s=3600", "wait_s must be between 0 and 60"),
+        ]:
+            status, body = mesh.request(first, "GET", f"/healthz?{query}")
+            assert (status, json.loads(body)) == (400, {"error": why})
+    finally:
+        mesh.stop_all()
