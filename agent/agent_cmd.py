@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import signal
@@ -74,6 +75,10 @@ async def _serve(config: AgentConfig) -> int:
 
     agent = Agent(config)
     await agent.start()
+    # Everything made so far (modules, config, identity, the probe's inventory) lives as long as
+    # the agent: out of the collector's sight, a full collection while the mesh forms costs ~1 ms
+    # instead of ~25 ms of a busy moment.
+    gc.freeze()
     sys.stdout.write(
         json.dumps({"event": "listening", "node": agent.node_id, "addr": agent.node.address}) + "\n"
     )

@@ -207,60 +207,55 @@ class LocalMesh:
         Each agent is watched on its own from the moment it starts (``/healthz`` held open by the
         agent until it sees everyone, on a connection opened early; retried every 50 ms until the
         agent listens), so the measurement neither waits for the slowest agent's answer in rounds
-        nor adds its own TLS handshakes or polling load after the last start.
+        nor adds its own TLS handshakes or polling load after the last start. When the last one
+        sees everyone, all are asked once more at once; any that lost someone meanwhile is
+        watched again.
         """
         started = [a for a in self.agents if a.process is not None]
         want = len([a for a in started if a.running])
-        seen: dict[int, bool] = {}
         clients: dict[int, ApiClient] = {}
-        converged = asyncio.Event()
-        converged_at = 0.0
-
-        async def still_seen() -> bool:
-            """Every agent still sees everyone (asked at once, on their idle connections)."""
-            answers = await asyncio.gather(
-                *(_sees(clients[a.index], want, wait_s=0) for a in started if a.running)
-            )
-            return len(answers) == len(started) and all(answers)
 
         async def watch(agent: AgentProcess) -> None:
-            nonlocal converged_at
-            try:
-                while not converged.is_set():
-                    client = clients.get(agent.index)
-                    if client is None or client.address != agent.address:  # restarted elsewhere
-                        if client is not None:
-                            await client.close()
-                        client = clients[agent.index] = self.client(agent.index)
-                    seen[agent.index] = agent.running and await _sees(client, want)
-                    if len(seen) == len(started) and all(seen.values()):
-                        at = time.monotonic()
-                        if await still_seen():
-                            converged_at = at
-                            converged.set()
-                    # seeing everyone: looked at again when the last agent does, or now and then
-                    await asyncio.sleep(0.5 if seen[agent.index] else 0.05)
-            finally:
-                client = clients.pop(agent.index, None)
-                if client is not None:
-                    await client.close()
+            """Until this agent sees everyone."""
+            while True:
+                client = clients.get(agent.index)
+                if client is None or client.address != agent.address:  # restarted elsewhere
+                    if client is not None:
+                        await client.close()
+                    client = clients[agent.index] = self.client(agent.index)
+                if agent.running and await _sees(client, want):
+                    return
+                await asyncio.sleep(0.05)
 
-        watchers = [asyncio.create_task(watch(a)) for a in started]
+        async def converge() -> float:
+            lagging = started
+            while True:
+                await asyncio.gather(*(watch(a) for a in lagging))
+                at = time.monotonic()
+                still = await asyncio.gather(
+                    *(_sees(clients[a.index], want, wait_s=0) for a in started)
+                )
+                lagging = [a for a, ok in zip(started, still, strict=True) if not ok]
+                if not lagging:
+                    return at
+
+        converging = asyncio.create_task(converge())
         try:
             await self.wait_listening()
-            with contextlib.suppress(TimeoutError):
+            try:
                 async with asyncio.timeout(timeout_s):
-                    await converged.wait()
-            if not converged.is_set():
+                    converged_at = await converging
+            except TimeoutError:
                 dead = [a.index for a in self.agents if a.process is not None and not a.running]
                 hint = f"; agents that exited: {dead} (see their agent.log)" if dead else ""
-                raise TimeoutError(f"the mesh did not converge within {timeout_s:.0f} s{hint}")
+                raise TimeoutError(
+                    f"the mesh did not converge within {timeout_s:.0f} s{hint}"
+                ) from None
             return max(0.0, converged_at - self.last_up_at)
         finally:
-            converged.set()
-            for task in watchers:
-                task.cancel()
-            await asyncio.gather(*watchers, return_exceptions=True)
+            converging.cancel()
+            await asyncio.gather(converging, return_exceptions=True)
+            await asyncio.gather(*(c.close() for c in clients.values()))
 
 
 def _log_since_start(agent: AgentProcess) -> bytes:
