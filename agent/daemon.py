@@ -261,8 +261,6 @@ class Agent:
     # -- gossip events ---------------------------------------------------------------------------
 
     def _on_gossip(self, event: Event) -> None:
-        if not isinstance(event, RecordChanged):
-            self._members_changed.set()
         if isinstance(event, RecordChanged):
             job_id = self.view.apply(event.origin, event.kind, event.payload, time.monotonic())
             if job_id is not None:
@@ -271,7 +269,9 @@ class Agent:
                 self.events.merge(event.origin, self.view.events.get(event.origin, []))
             elif event.kind == "node":
                 self.owner.kick()
-        elif isinstance(event, MemberDead | MemberLeft) and event.node != self.node_id:
+            return
+        self._members_changed.set()  # a membership event: wake the /healthz watches
+        if isinstance(event, MemberDead | MemberLeft) and event.node != self.node_id:
             how = "dead" if isinstance(event, MemberDead) else "left"
             self.events.add("member_" + how, f"{event.node[:8]} is {how}")
             if not self._stopping:  # leaving: the agents that stay take over, not us
