@@ -155,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from gossip.tls import import_aiohttp_without_system_cas
+
+    # Every Shoal command talks only to its own cluster, with its own TLS contexts.
+    import_aiohttp_without_system_cas()
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio.sslproto
 import functools
 import ssl
+import sys
 from dataclasses import dataclass
 
 from cryptography import x509
@@ -38,6 +39,36 @@ def shrink_tls_read_buffers(size_bytes: int = TLS_READ_BUFFER_BYTES) -> None:
     agent's memory for read buffers.
     """
     asyncio.sslproto.SSLProtocol.max_size = size_bytes
+
+
+def import_aiohttp_without_system_cas() -> None:
+    """Import aiohttp without the system CA bundle it would load (call before anything else
+    imports it; a no-op after).
+
+    ``aiohttp.connector`` builds two default client contexts when imported and loads the whole
+    system CA bundle into each: ~2.5 MB of an agent's memory and ~40 ms of its start. Shoal
+    trusts only its cluster CA and passes its own context to every session, so those two are
+    left empty here: a connection that ever fell back to them would fail verification, never
+    trust the world.
+    """
+    if "aiohttp.connector" in sys.modules:
+        return
+    create_default_context = ssl.create_default_context
+    set_default_verify_paths = ssl.SSLContext.set_default_verify_paths
+
+    def empty_client_context(*_: object, **__: object) -> ssl.SSLContext:
+        return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies, against no CA at all
+
+    def no_default_paths(_: ssl.SSLContext) -> None:
+        return None
+
+    ssl.create_default_context = empty_client_context
+    ssl.SSLContext.set_default_verify_paths = no_default_paths  # type: ignore[method-assign,assignment]
+    try:
+        import aiohttp.connector  # noqa: F401
+    finally:
+        ssl.create_default_context = create_default_context
+        ssl.SSLContext.set_default_verify_paths = set_default_verify_paths  # type: ignore[method-assign]
 
 
 @dataclass(frozen=True, slots=True)

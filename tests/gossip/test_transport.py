@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -358,3 +360,24 @@ async def test_application_routes_share_the_listener_and_its_identity_check(lab:
                 async with session.get(url, ssl=bare) as response:
                     await response.read()
         await eventually(lambda: srv.stats.no_client_cert >= 1)
+
+
+def test_aiohttp_imported_by_an_agent_holds_no_system_ca_and_ssl_is_left_as_it_was() -> None:
+    # A fresh interpreter: the test process imported aiohttp long ago.
+    script = """
+import ssl, sys
+from gossip.tls import import_aiohttp_without_system_cas
+before = (ssl.create_default_context, ssl.SSLContext.set_default_verify_paths)
+import_aiohttp_without_system_cas()
+import aiohttp.connector as c
+assert (ssl.create_default_context, ssl.SSLContext.set_default_verify_paths) == before
+for ctx in (c._SSL_CONTEXT_VERIFIED, c._SSL_CONTEXT_UNVERIFIED):
+    assert ctx.cert_store_stats()["x509_ca"] == 0, ctx.cert_store_stats()
+assert c._SSL_CONTEXT_VERIFIED.verify_mode == ssl.CERT_REQUIRED  # trusts nobody, fails closed
+import_aiohttp_without_system_cas()  # once aiohttp is in, a no-op
+print("ok")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.stdout.strip() == "ok", done.stderr
