@@ -19,6 +19,10 @@ log = logging.getLogger("shoal.events")
 MAX_EVENTS = 2000
 GOSSIPED = 12
 """How many of its latest events an agent keeps in its ``events`` record (fits 4 KiB)."""
+GOSSIPED_FOR_S = 5.0
+"""How long an event stays in the ``events`` record. Peers merge each version as it reaches
+them, within a second or two; a busy agent republishes every second, and resending its last
+twelve events each time was half of what a mesh under load gossiped."""
 MAX_MESSAGE_CHARS = 200
 
 
@@ -96,4 +100,10 @@ class EventLog:
         return out, nxt
 
     def gossip_payload(self) -> dict[str, Any]:
-        return {"e": list(self._own)}
+        """Our recent events, for the ``events`` record (the record's origin names the node)."""
+        oldest = self._clock() - GOSSIPED_FOR_S
+        return {
+            "e": [
+                {k: v for k, v in e.items() if k != "node"} for e in self._own if e["at"] >= oldest
+            ]
+        }

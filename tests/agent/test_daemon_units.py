@@ -8,7 +8,7 @@ import pytest
 
 from agent.config import AgentConfig, load_config
 from agent.errors import UserError
-from agent.events import EventLog
+from agent.events import GOSSIPED, GOSSIPED_FOR_S, EventLog
 from agent.jobspec import JobSpec, Resources
 from agent.ownership import owner_of, rank, replica_of
 from agent.placement import FirstFit
@@ -105,3 +105,20 @@ def test_event_log_merges_gossiped_events_once() -> None:
         (4, "other", "z"),
     ]
     assert nxt == 4 and log.since(4) == ([], 4)
+
+
+def test_event_record_carries_recent_events_without_the_node_id() -> None:
+    now = [1000.0]
+    log = EventLog("me", clock=lambda: now[0])
+    for i in range(GOSSIPED + 3):
+        log.add("started", f"job {i}", job_id=f"j{i}")
+        now[0] += 0.25
+    rows = log.gossip_payload()["e"]
+    # the latest GOSSIPED, oldest first, named by the record's origin rather than in each row
+    assert [r["n"] for r in rows] == list(range(4, GOSSIPED + 4))
+    assert all("node" not in r for r in rows)
+    now[0] = 1000.0 + 0.25 * 12 + GOSSIPED_FOR_S  # all but the last three aged out of the record
+    assert [r["n"] for r in log.gossip_payload()["e"]] == [13, 14, 15]
+    peer = EventLog("peer")
+    peer.merge("me", rows)
+    assert {r["node"] for r in peer.since(0)[0]} == {"me"}
