@@ -46,7 +46,7 @@ def import_aiohttp_without_system_cas() -> None:
     imports it; a no-op after).
 
     ``aiohttp.connector`` builds two default client contexts when imported and loads the whole
-    system CA bundle into each: ~2.5 MB of an agent's memory and ~40 ms of its start. Shoal
+    system CA bundle into each: ~1.7 MB of an agent's memory and ~50 ms of its start. Shoal
     trusts only its cluster CA and passes its own context to every session, so those two are
     left empty here: a connection that ever fell back to them would fail verification, never
     trust the world.
