@@ -52,17 +52,16 @@ class EventLog:
     def add(self, kind: str, message: str, *, job_id: str | None = None) -> None:
         """Log one of our own events (and one line in the agent's log)."""
         self._own_seq += 1
-        event = {
+        row = {  # as gossiped: the record's origin names the node
             "at": self._clock(),
             "kind": kind,
-            "node": self.node_id,
             "job_id": job_id,
             "message": message[:MAX_MESSAGE_CHARS],
             "n": self._own_seq,
         }
         self._seen[self.node_id] = self._own_seq
-        self._append(event)
-        self._own.append(event)
+        self._append(dict(row, node=self.node_id))
+        self._own.append(row)
         log.info("%s%s: %s", kind, f" {job_id[:8]}" if job_id else "", message)
         if self.on_own is not None:
             self.on_own()
@@ -102,8 +101,4 @@ class EventLog:
     def gossip_payload(self) -> dict[str, Any]:
         """Our recent events, for the ``events`` record (the record's origin names the node)."""
         oldest = self._clock() - GOSSIPED_FOR_S
-        return {
-            "e": [
-                {k: v for k, v in e.items() if k != "node"} for e in self._own if e["at"] >= oldest
-            ]
-        }
+        return {"e": [row for row in self._own if row["at"] >= oldest]}
