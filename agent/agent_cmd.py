@@ -39,12 +39,6 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--name", metavar="NAME", help="how operators see this host")
     parser.add_argument("--zone", metavar="ZONE", help="failure domain / rack label")
-    parser.add_argument(
-        "--insecure-dev",
-        action="store_true",
-        default=None,
-        help="plain HTTP on loopback only (throwaway demos)",
-    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
 
 
@@ -65,7 +59,6 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         sim_seed=args.sim_seed,
         name=args.name,
         zone=args.zone,
-        insecure_dev=args.insecure_dev,
         labels=labels,
     )
 

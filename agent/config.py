@@ -56,8 +56,6 @@ class AgentConfig:
     """Datasets cached on this host (data gravity); gossiped as the ``datasets`` label."""
     cost_per_hour: float | None = None
     """What an hour of this host costs; gossiped as the ``cost_per_hour`` label."""
-    insecure_dev: bool = False
-    """Plain HTTP on loopback only, for a throwaway demo. Commands are still signature-checked."""
     probe_interval_s: float = 1.0
     """How often the devices are sampled."""
     telemetry_heartbeat_s: float = 60.0
@@ -118,10 +116,6 @@ def _coerce(name: str, value: Any, where: str) -> Any:
         ):
             raise UserError(f"{where}: labels must be a table of strings")
         return dict(value)
-    if name == "insecure_dev":
-        if not isinstance(value, bool):
-            raise UserError(f"{where}: insecure_dev must be true or false")
-        return value
     if name == "sim_seed":
         if isinstance(value, bool) or not isinstance(value, int):
             raise UserError(f"{where}: sim_seed must be an integer")

@@ -29,16 +29,17 @@ from typing import Any
 from aiohttp import web
 
 from agent import api
+from agent.authority import Authority, SubmissionRefused
 from agent.config import AgentConfig
 from agent.events import EventLog
 from agent.executor import ExecutorConfig, ProcessExecutor
-from agent.jobspec import JobSpec, check_job_id
+from agent.jobspec import check_job_id
 from agent.metrics import AgentMetrics
-from agent.owner import Owner, OwnerError, store_replica
+from agent.owner import LAUNCH_FAILED, Owner, OwnerError, store_replica
 from agent.ownership import owner_of
 from agent.peers import PeerClient, PeerError, PeerUnreachable
 from agent.placement import FirstFit, Placement
-from agent.runner import Declined, Runner
+from agent.runner import Declined, LaunchFailed, NotAllowed, Runner
 from agent.store import Store
 from agent.view import (
     STATE_NAMES,
@@ -83,17 +84,21 @@ class Agent:
             raise IdentityError(f"{config.identity_path} holds an {self.identity.role} identity")
         self.node_id = self.identity.node_id
         self.trust = CertTrust(self.identity.ca_certificate)
-        self.guard = ReplayGuard()
         self.rejections: Counter[str] = Counter()
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store(config.data_dir / "agent.sqlite")
         self.store.set_node_id(self.node_id)
         self.boot = self.store.next_boot()
-        self.view = ClusterView()
+        self.guard = ReplayGuard()
+        now = time.time()
+        self.guard.restore(self.store.seen_commands(now - self.guard.window_s), now)
+        self.authority = Authority(
+            self.node_id, self.trust, self.live_agents, self.live_for_s, time.time
+        )
+        self.view = ClusterView(self.authority)
         self.events = EventLog(self.node_id)
         self.peers = PeerClient(
             self.identity,
-            insecure_dev=config.insecure_dev,
             timeout_s=config.rpc_timeout_s,
             shared=lambda: self.node.client_session(),
         )
@@ -112,6 +117,7 @@ class Agent:
             self.peers,
             self.events,
             self.executor,
+            self.authority,
             statics=lambda: [d.static for d in self.report.devices if d.static.backend != "cpu"],
             set_load=self._set_load,
             live_agents=self.live_agents,
@@ -126,6 +132,7 @@ class Agent:
             self.peers,
             self.events,
             placement or FirstFit(),
+            self.authority,
             publish=self.publish,
             live_agents=self.live_agents,
             addr_of=self.addr_of,
@@ -142,7 +149,6 @@ class Agent:
             port=port,
             advertise_host=config.advertise,
             seeds=config.join,
-            insecure_dev=config.insecure_dev,
             app_setup=lambda app: api.setup(app, self),
         )
         self.node.subscribe(self._on_gossip)
@@ -202,6 +208,7 @@ class Agent:
             self.node.publish(kind, payload)
 
     def live_agents(self) -> list[str]:
+        """Agents alive or suspect here, this one included; never a revoked one."""
         members = self.node.members() if self._started else []
         roles = {m.node: self.trust.role_of(m.node) or "" for m in members}
         roles[self.node_id] = "agent"
@@ -209,6 +216,13 @@ class Agent:
         if self.node_id not in live:
             live.append(self.node_id)
         return live
+
+    def live_for_s(self, node_id: str) -> float:
+        """How long ``node_id`` has been alive in this agent's view (0 when it is not)."""
+        member = self.node.peer.member(node_id) if self._started else None
+        if member is None or member.state != MemberState.ALIVE:
+            return 0.0
+        return time.monotonic() - member.state_since
 
     def is_gone(self, node_id: str) -> bool:
         """Membership holds the node dead or left (not merely unheard of)."""
@@ -271,6 +285,8 @@ class Agent:
                 self.owner.kick()
             return
         self._members_changed.set()  # a membership event: wake the /healthz watches
+        for job_id in self.view.membership_changed():
+            self.runner.on_job_record(job_id)
         if isinstance(event, MemberDead | MemberLeft) and event.node != self.node_id:
             how = "dead" if isinstance(event, MemberDead) else "left"
             self.events.add("member_" + how, f"{event.node[:8]} is {how}")
@@ -390,6 +406,10 @@ class Agent:
             self.metrics.commands_rejected[exc.reason] += 1
             status = api.ENVELOPE_STATUS.get(type(exc), 400)
             return status, {"error": f"{exc.reason}: {exc}"}
+        # Remembered before it acts: a restarted agent still refuses it as a replay.
+        self.store.remember_command(
+            command.command_id, command.issued_at, time.time() - self.guard.window_s
+        )
         try:
             body = json.loads(command.body)
             if not isinstance(body, dict):
@@ -436,11 +456,10 @@ class Agent:
         self, kind: str, body: dict[str, Any], data: bytes, forwarded: bool
     ) -> tuple[int, dict[str, Any]]:
         if kind == "submit":
-            job_id = check_job_id(body["job_id"])
-            spec = JobSpec.from_dict(body["spec"])
-            owner = self._job_owner(job_id) or owner_of(job_id, self.live_agents())
+            sub = self.authority.submission(data)
+            owner = self._job_owner(sub.job_id) or owner_of(sub.job_id, self.live_agents())
             if forwarded or owner in (None, self.node_id):
-                return 200, await self.owner.submit(job_id, spec)
+                return 200, await self.owner.submit(sub)
             return await self._forward(owner or "", data)
         if kind in ("cancel", "migrate"):
             job_id = check_job_id(body["job_id"])
@@ -489,25 +508,36 @@ class Agent:
     # -- internal RPC ----------------------------------------------------------------------------
 
     async def internal(self, op: str, body: dict[str, Any], caller: str) -> dict[str, Any]:
+        try:
+            return await self._internal(op, body, caller)
+        except (NotAllowed, SubmissionRefused) as exc:
+            self.metrics.internal_refused[op] += 1
+            log.warning("refused %s from %s: %s", op, caller[:8], exc)
+            raise api.ApiError(403, str(exc)) from None
+        except OwnerError as exc:
+            if exc.status == 403:
+                self.metrics.internal_refused[op] += 1
+                log.warning("refused %s from %s: %s", op, caller[:8], exc)
+            raise api.ApiError(exc.status, str(exc)) from None
+        except LaunchFailed as exc:
+            raise api.ApiError(LAUNCH_FAILED, str(exc)) from None
+        except Declined as exc:
+            raise api.ApiError(409, str(exc)) from None
+
+    async def _internal(self, op: str, body: dict[str, Any], caller: str) -> dict[str, Any]:
         if op == "replicate":
-            store_replica(self.store, body)
+            store_replica(self.store, body, caller, self.authority)
             return {"ok": True}
         if op == "adopt":
-            return self.owner.adopt_wire(body)
+            return self.owner.adopt_wire(body, caller)
         if op == "start":
-            try:
-                return await self.runner.start(body)
-            except Declined as exc:
-                raise api.ApiError(409, str(exc)) from None
+            return await self.runner.start(body, caller)
         if op == "stop":
-            return await self.runner.stop(body)
+            return await self.runner.stop(body, caller)
         if op == "status":
             return self.runner.status(str(body["job_id"]))
         if op == "report":
-            try:
-                return self.owner.report(caller, body)
-            except OwnerError as exc:
-                raise api.ApiError(exc.status, str(exc)) from None
+            return self.owner.report(caller, body)
         if op == "job":
             job = self.owner.jobs.get(str(body["job_id"]))
             if job is None:
@@ -663,4 +693,5 @@ class Agent:
             "running_here": len(self.runner.runs),
             "queue": self.owner.queue_length(),
             "gossip": self.node.stats(),
+            "records_refused": self.view.refused,
         }

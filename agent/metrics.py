@@ -5,8 +5,9 @@ Gauges are computed at scrape time from what the agent holds: this node's device
 ``shoal_gpu_temp_c``, ``shoal_gpu_power_watts``, labelled ``node`` and ``device``), jobs by state
 as this agent sees the mesh (``shoal_jobs``), members by state, jobs running here, and every
 gossip counter (``shoal_gossip_<name>``). Counters: commands accepted by kind and rejected by
-reason (``shoal_commands_accepted_total``, ``shoal_commands_rejected_total``), placements tried
-and declined.
+reason (``shoal_commands_accepted_total``, ``shoal_commands_rejected_total``), agent calls
+refused for want of authority (``shoal_internal_refused_total``), job records and submissions not
+believed (``shoal_records_refused_total``).
 
 The counters are plain ``collections.Counter`` objects and everything is turned into Prometheus
 families at scrape time, so ``prometheus_client`` (and the HTTP server modules it brings, ~1 MB
@@ -34,19 +35,28 @@ class _Snapshot:
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        accepted = CounterMetricFamily(
-            "shoal_commands_accepted", "Operator commands accepted", labels=["kind"]
-        )
-        for kind, count in sorted(self._metrics.commands_accepted.items()):
-            accepted.add_metric([kind], count)
-        yield accepted
-        rejected = CounterMetricFamily(
-            "shoal_commands_rejected", "Operator commands rejected", labels=["reason"]
-        )
-        for reason, count in sorted(self._metrics.commands_rejected.items()):
-            rejected.add_metric([reason], count)
-        yield rejected
         snap = self._metrics.snapshot()
+        m = self._metrics
+        for name, text, label, counts in (
+            ("commands_accepted", "Operator commands accepted", "kind", m.commands_accepted),
+            ("commands_rejected", "Operator commands rejected", "reason", m.commands_rejected),
+            (
+                "internal_refused",
+                "Agent calls refused for want of authority",
+                "call",
+                m.internal_refused,
+            ),
+            (
+                "records_refused",
+                "Job records and submissions not believed",
+                "reason",
+                snap["records_refused"],
+            ),
+        ):
+            family = CounterMetricFamily(f"shoal_{name}", text, labels=[label])
+            for key, count in sorted(counts.items()):
+                family.add_metric([key], count)
+            yield family
         node: str = snap["node"]
         devices: list[Device] = snap["devices"]
         gauges = {
@@ -106,6 +116,8 @@ class AgentMetrics:
         """Operator commands accepted, by kind."""
         self.commands_rejected: Counter[str] = Counter()
         """Operator commands rejected, by reason."""
+        self.internal_refused: Counter[str] = Counter()
+        """Agent-to-agent calls refused because the caller has no authority, by call."""
         self._registry: Any = None
 
     def render(self) -> tuple[bytes, str]:

@@ -20,15 +20,17 @@ holds (or is handed the copy by the agent that holds it) and asks the runner whe
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
+from agent.authority import Authority, Submission, SubmissionRefused
 from agent.events import EventLog
-from agent.jobspec import JobSpec
+from agent.jobspec import JobSpec, check_job_id
 from agent.jobstate import (
     IllegalTransition,
     JobEvent,
@@ -40,12 +42,19 @@ from agent.ownership import rank, replica_of
 from agent.peers import PeerClient, PeerError, PeerRefused, PeerUnreachable
 from agent.placement import Candidate, Placement
 from agent.store import JobRecord, Store
-from agent.view import JOB_PREFIX, MAX_PAYLOAD_BYTES, ClusterView, job_gen, pack
+from agent.view import JOB_PREFIX, SUB_PREFIX, ClusterView, job_gen, pack
 
 log = logging.getLogger("shoal.owner")
 
 LIVE = (JobState.PLACING, JobState.RUNNING, JobState.MIGRATING)
 REQUEUE_CAUSES = frozenset({"migrate", "drain", "shutdown", "fenced", "preempt", "lost"})
+HANDOVER_SETTLE_S = 5.0
+"""An agent that ranks before the owner in a job's order is handed the job once it has been
+live this long here (not while a mesh forms or a member flaps)."""
+MAX_LAUNCH_FAILURES = 3
+"""Offers that could not launch the job (the runner's launch error) before it fails with it."""
+LAUNCH_FAILED = 422
+"""The status a runner answers an offer with when the job's process could not be started."""
 UNHEARD_OWNER_GRACE_S = 10.0
 """A stored job whose owner is not live, yet not known dead or left either, is taken over only
 once its copy is this old: a replica can arrive from an owner this agent has not heard of yet."""
@@ -77,6 +86,10 @@ class OwnedJob:
     """The node that refused the current attempt (so it ran nowhere): offered to that same node
     again, the attempt keeps its number. Another node gets a new one: a runner fences an attempt
     that a job record (maybe an older one, still travelling) places on another node."""
+    launch_failures: int = 0
+    """Offers that failed to launch the job (missing program, bad folder...)."""
+    submission: bytes = b""
+    """The operator's sealed submission (see ``agent.authority``)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def record(self) -> JobRecord:
@@ -90,6 +103,7 @@ class OwnedJob:
             submitted_at=self.submitted_at,
             updated_at=time.time(),
             detail=self.detail(),
+            submission=self.submission,
         )
 
     def detail(self) -> dict[str, Any]:
@@ -104,6 +118,7 @@ class OwnedJob:
             "failures": self.failures,
             "prefer": self.prefer,
             "avoid": self.avoid,
+            "launch_failures": self.launch_failures,
         }
 
     @classmethod
@@ -127,6 +142,8 @@ class OwnedJob:
             failures=int(d.get("failures") or 0),
             prefer=d.get("prefer"),
             avoid=d.get("avoid"),
+            launch_failures=int(d.get("launch_failures") or 0),
+            submission=rec.submission,
         )
 
     def merge_gossip(self, doc: dict[str, Any]) -> None:
@@ -182,6 +199,7 @@ class Owner:
         peers: PeerClient,
         events: EventLog,
         placement: Placement,
+        authority: Authority,
         *,
         publish: Callable[[str, bytes], None],
         live_agents: Callable[[], list[str]],
@@ -197,6 +215,7 @@ class Owner:
         self.peers = peers
         self.events = events
         self.placement = placement
+        self.authority = authority
         self._publish = publish
         self._live = live_agents
         self._addr_of = addr_of
@@ -207,6 +226,9 @@ class Owner:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._kick = asyncio.Event()
         self._replicated_to: dict[str, str] = {}
+        self._subs_published: set[str] = set()
+        self._handing: set[str] = set()
+        """Jobs being handed to a higher-ranked owner (no placement meanwhile)."""
         self._loop_task: asyncio.Task[None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -256,13 +278,12 @@ class Owner:
     def _save(self, job: OwnedJob, *, replicate: bool = True) -> None:
         job.gen += 1
         self.store.put_job(job.record())
-        wire = job.to_json(with_spec=True)
-        wire["spec"] = job.spec.to_dict()
-        payload = pack(wire)
-        if len(payload) > MAX_PAYLOAD_BYTES:
-            wire["spec"] = None
-            payload = pack(wire)
-        self._publish(JOB_PREFIX + job.job_id, payload)
+        if job.job_id not in self._subs_published and job.submission:
+            # The operator's submission goes out once per owner: what lets every member believe
+            # that the job exists (its spec travels in it, not in each version of the record).
+            self._subs_published.add(job.job_id)
+            self._publish(SUB_PREFIX + job.job_id, job.submission)
+        self._publish(JOB_PREFIX + job.job_id, pack(job.to_json(with_spec=False)))
         if replicate:
             self.spawn(self._replicate_quietly(job))
         self._on_change()
@@ -277,7 +298,7 @@ class Owner:
 
     async def _replicate(self, job: OwnedJob) -> str | None:
         """Copy the job to its replica; the node that holds it, or None (single agent)."""
-        body = {"record": job.to_json(with_spec=True), "detail": job.detail()}
+        body = job_wire(job)
         for node in rank(job.job_id, self._live()):
             if node == self.node_id:
                 continue
@@ -298,7 +319,8 @@ class Owner:
 
     # -- commands --------------------------------------------------------------------------------
 
-    async def submit(self, job_id: str, spec: JobSpec) -> dict[str, Any]:
+    async def submit(self, sub: Submission) -> dict[str, Any]:
+        job_id = sub.job_id
         job = self.jobs.get(job_id)
         if job is None:
             rec = self.store.get_job(job_id)
@@ -311,12 +333,13 @@ class Owner:
         if job is None:
             job = OwnedJob(
                 job_id=job_id,
-                spec=spec,
+                spec=sub.spec,
                 state=JobState.PENDING,
                 attempt=0,
                 owner=self.node_id,
                 runner=None,
                 submitted_at=time.time(),
+                submission=sub.sealed,
             )
             self.jobs[job_id] = job
             self.events.add("submitted", f"owner {self.node_id[:8]}", job_id=job_id)
@@ -349,6 +372,8 @@ class Owner:
         job = self.jobs.get(job_id)
         if job is None:
             raise OwnerError(404, f"job {job_id} is not owned by {self.node_id[:8]}")
+        if job_id in self._handing:
+            raise OwnerError(409, f"job {job_id} is being handed to its next owner; retry")
         return job
 
     async def cancel(self, job_id: str) -> dict[str, Any]:
@@ -428,10 +453,8 @@ class Owner:
 
     def report(self, runner: str, r: dict[str, Any]) -> dict[str, Any]:
         """An attempt ended on ``runner``; stale reports (other attempt or runner) are dropped."""
-        job_id = str(r.get("job_id"))
-        job = self.jobs.get(job_id)
-        if job is None:
-            raise OwnerError(404, f"job {job_id} is not owned by {self.node_id[:8]}")
+        job = self._owned(str(r.get("job_id")))
+        job_id = job.job_id
         attempt = r.get("attempt")
         if attempt != job.attempt or runner != job.runner or job.state not in LIVE:
             return {"ok": True, "stale": True}
@@ -480,7 +503,7 @@ class Owner:
     def member_gone(self, node: str) -> None:
         """A node died or left: requeue what ran there; take over what it owned."""
         for job in list(self.jobs.values()):
-            if job.runner == node and job.state in LIVE:
+            if job.runner == node and job.state in LIVE and job.job_id not in self._handing:
                 self._move(job, JobEvent.RUNNER_DEAD)
                 self.events.add("lost", f"runner {node[:8]} is gone", job_id=job.job_id)
                 self._requeue(job, f"runner {node[:8]} is gone; attempt {job.attempt} lost")
@@ -509,6 +532,7 @@ class Owner:
                 self._adopt(OwnedJob.from_record(rec), why=f"owner {rec.owner[:8]} is gone")
             elif new_owner is not None:
                 self.spawn(self._hand_over(new_owner, OwnedJob.from_record(rec)))
+        self._hand_over_outranked(live)
         for job in self.jobs.values():
             if is_terminal(job.state):
                 continue
@@ -517,17 +541,62 @@ class Owner:
                 self._replicated_to[job.job_id] = want
                 self.spawn(self._replicate_quietly(job))
 
-    async def _hand_over(self, node: str, job: OwnedJob) -> None:
+    async def _hand_over(self, node: str, job: OwnedJob) -> bool:
         addr = self._addr_of(node)
         if addr is None:
-            return
+            return False
         try:
-            await self.peers.call(addr, "adopt", {"record": job.to_json(), "detail": job.detail()})
+            await self.peers.call(addr, "adopt", job_wire(job))
         except PeerError as exc:
             log.info("job %s: hand over to %s failed: %s", job.job_id[:8], node[:8], exc)
+            return False
+        return True
 
-    def adopt_wire(self, body: dict[str, Any]) -> dict[str, Any]:
-        job = job_from_wire(body)
+    def _hand_over_outranked(self, live: list[str]) -> None:
+        """Ownership follows the rendezvous order over the live agents (``agent.authority``): a
+        job of ours whose order now puts another agent first, live for ``HANDOVER_SETTLE_S``,
+        is handed to it, between steps (pending and not being placed, running, or ended)."""
+        for job in list(self.jobs.values()):
+            if job.job_id in self._handing or job.job_id in self._placing:
+                continue
+            if not (job.state in (JobState.PENDING, JobState.RUNNING) or is_terminal(job.state)):
+                continue
+            first = next(iter(rank(job.job_id, live)), self.node_id)
+            if first != self.node_id and self.authority.live_for_s(first) >= HANDOVER_SETTLE_S:
+                self._handing.add(job.job_id)
+                self.spawn(self._give(job, first))
+
+    async def _give(self, job: OwnedJob, node: str) -> None:
+        try:
+            if not await self._hand_over(node, job):
+                return
+            if self.jobs.get(job.job_id) is not job:
+                return
+            del self.jobs[job.job_id]
+            job.owner = node
+            self.store.put_job(job.record())  # our copy, as a replica keeps one
+            self._replicated_to.pop(job.job_id, None)
+            self.events.add("handed_over", f"to {node[:8]}, first in its order", job_id=job.job_id)
+            self._on_change()
+        finally:
+            self._handing.discard(job.job_id)
+            runner = job.runner
+            still_ours = self.jobs.get(job.job_id) is job and job.state in LIVE
+            if still_ours and runner is not None and runner not in self._live():
+                self.member_gone(runner)  # it died while we were handing the job over
+
+    def adopt_wire(self, body: dict[str, Any], caller: str) -> dict[str, Any]:
+        """Take a job over, handed by its owner or by the holder of a copy of a gone owner's
+        job. Refused unless the caller may act as an owner of the job here (or is the owner the
+        gossiped record names), this agent may own it, and the submission is an operator's."""
+        job = job_from_wire(body, self.authority)
+        doc = self.view.jobs.get(job.job_id)
+        if not self.authority.may_own(job.job_id, caller) and (
+            doc is None or doc.get("owner") != caller
+        ):
+            raise OwnerError(403, f"{caller[:8]} may not hand over job {job.job_id}")
+        if not self.authority.may_own(job.job_id, self.node_id):
+            raise OwnerError(409, f"{self.node_id[:8]} is not first in job {job.job_id}'s order")
         if job.job_id in self.jobs:
             return {"ok": True}
         held = self.store.get_job(job.job_id)
@@ -535,7 +604,7 @@ class Owner:
             mine = OwnedJob.from_record(held)
             if mine.gen > job.gen:
                 job = mine
-        self._adopt(job, why=f"handed over by {job.owner[:8]}")
+        self._adopt(job, why=f"handed over by {caller[:8]}")
         return {"ok": True}
 
     def _adopt(self, job: OwnedJob, *, why: str) -> None:
@@ -595,7 +664,7 @@ class Owner:
                 key=lambda j: (-j.spec.priority, j.spec.deadline or float("inf"), j.submitted_at),
             )
             for job in pending:
-                if job.job_id not in self._placing:
+                if job.job_id not in self._placing and job.job_id not in self._handing:
                     self._placing.add(job.job_id)
                     self.spawn(self._place(job))
             now = time.monotonic()
@@ -657,6 +726,11 @@ class Owner:
     ) -> None:
         """Offer the job to each candidate in turn until one starts it. ``reserved``: the first
         candidate already holds this attempt, made durable with the submission."""
+        try:
+            self.authority.submission(job.submission, job.job_id)
+        except SubmissionRefused as exc:
+            self._give_up(job, str(exc))
+            return
         if candidates is None:
             candidates = self._candidates(job)
         declines: list[str] = []
@@ -681,9 +755,9 @@ class Owner:
             body = {
                 "job_id": job.job_id,
                 "attempt": attempt,
-                "spec": job.spec.to_dict(),
                 "devices": list(cand.devices),
                 "owner": self.node_id,
+                "submission": base64.b64encode(job.submission).decode("ascii"),
             }
             try:
                 answer = await self.peers.call(addr, "start", body)
@@ -693,6 +767,11 @@ class Owner:
                     self._move(job, JobEvent.DECLINED)
                     job.runner, job.devices = None, ()
                     job.refused_by = cand.node_id
+                    if exc.status == LAUNCH_FAILED:
+                        job.launch_failures += 1
+                        if job.launch_failures >= MAX_LAUNCH_FAILURES:
+                            self._give_up(job, f"{exc.reason} ({job.launch_failures} attempts)")
+                            return
                 continue
             except PeerUnreachable as exc:
                 log.info("job %s: start on %s unanswered: %s", job.job_id[:8], cand.node_id, exc)
@@ -712,23 +791,46 @@ class Owner:
             job.reason = "declined by " + "; ".join(declines) if declines else job.reason
             self._save(job, replicate=False)
 
+    def _give_up(self, job: OwnedJob, reason: str) -> None:
+        """A pending job that can never run: failed, with the reason."""
+        if job.state == JobState.PLACING:
+            self._move(job, JobEvent.DECLINED)
+            job.runner, job.devices = None, ()
+        if not self._move(job, JobEvent.GIVE_UP):
+            return
+        job.finished_at, job.reason = time.time(), reason
+        self._save(job)
+        self.events.add("failed", reason, job_id=job.job_id)
+
 
 def _state(job: OwnedJob) -> JobState:
     """The job's state through a call: it changes across awaits (keeps mypy from narrowing)."""
     return job.state
 
 
-def job_from_wire(body: dict[str, Any]) -> OwnedJob:
-    """An ``OwnedJob`` from a ``replicate``/``adopt`` body; ``ValueError`` when malformed."""
+def job_wire(job: OwnedJob) -> dict[str, Any]:
+    """The body of a ``replicate`` or ``adopt`` call: the record, its details, the submission."""
+    return {
+        "record": job.to_json(with_spec=False),
+        "detail": job.detail(),
+        "submission": base64.b64encode(job.submission).decode("ascii"),
+    }
+
+
+def job_from_wire(body: dict[str, Any], authority: Authority) -> OwnedJob:
+    """An ``OwnedJob`` from a ``replicate``/``adopt`` body: ``ValueError`` when malformed,
+    ``SubmissionRefused`` unless it carries its operator's submission (whose spec it runs)."""
     rec = body.get("record")
     detail = body.get("detail") or {}
     if not isinstance(rec, dict) or not isinstance(detail, dict):
         raise ValueError("record and detail must be objects")
-    spec = JobSpec.from_dict(rec["spec"])
-    job = OwnedJob.from_record(
+    sealed = base64.b64decode(str(body.get("submission", "")), validate=True)
+    job_id = check_job_id(rec["job_id"])
+    sub = authority.submission(sealed, job_id)
+    return OwnedJob.from_record(
         JobRecord(
-            job_id=str(rec["job_id"]),
-            spec=spec,
+            job_id=job_id,
+            spec=sub.spec,
             state=JobState(rec["state"]),
             attempt=int(rec["attempt"]),
             owner=str(rec["owner"]),
@@ -736,14 +838,17 @@ def job_from_wire(body: dict[str, Any]) -> OwnedJob:
             submitted_at=float(rec["submitted_at"]),
             updated_at=time.time(),
             detail=detail,
+            submission=sub.sealed,
         )
     )
-    return replace(job)
 
 
-def store_replica(store: Store, body: dict[str, Any]) -> None:
-    """Keep a copy sent by the job's owner, unless we already hold a newer version."""
-    job = job_from_wire(body)
+def store_replica(store: Store, body: dict[str, Any], caller: str, authority: Authority) -> None:
+    """Keep a copy sent by the job's owner, unless we already hold a newer version. Refused
+    (``OwnerError`` 403) unless the caller may act as the job's owner and says it is."""
+    job = job_from_wire(body, authority)
+    if job.owner != caller or not authority.may_own(job.job_id, caller):
+        raise OwnerError(403, f"{caller[:8]} may not replicate job {job.job_id}")
     held = store.get_job(job.job_id)
     if held is not None and int(dict(held.detail).get("gen") or 0) > job.gen:
         return

@@ -5,10 +5,10 @@ coordination: the owner is the first of :func:`rank`, the replica the second. Wh
 leaves, the next in order (the replica, which already holds the record) becomes the owner, and only
 the jobs of the node that left move.
 
-Ownership is sticky: a job stays with its owner while that owner is alive, even if a node that
-ranks higher joins later (moving a live job between owners buys nothing and costs a handoff). So
-the current owner of an existing job is read from its gossiped record; the ranking decides only
-for a new job and after the owner is gone.
+Ownership follows the order, with some patience: an owner that sees another agent rank first for
+one of its jobs, live for a few seconds, hands the job to it (``Owner._hand_over_outranked``), so
+that who may act as a job's owner is something every agent can check from its own view
+(``agent.authority``). Until the handover, the job's gossiped record names its current owner.
 """
 
 from __future__ import annotations

@@ -9,15 +9,14 @@ unknown); a 4xx raises :class:`PeerRefused` (the peer answered no).
 from __future__ import annotations
 
 import json
-import ssl
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Literal
+from typing import Any
 
 import aiohttp
 
 from gossip.identity import NodeIdentity
 from gossip.tls import client_context
-from gossip.transport import DEV_NODE_HEADER, DEV_ROLE_HEADER, PooledSession, split_address
+from gossip.transport import PooledSession, split_address
 
 INTERNAL = "/v1/internal"
 
@@ -46,7 +45,6 @@ class PeerClient(PooledSession):
         self,
         identity: NodeIdentity,
         *,
-        insecure_dev: bool = False,
         timeout_s: float = 5.0,
         shared: Callable[[], aiohttp.ClientSession | None] | None = None,
     ) -> None:
@@ -55,28 +53,19 @@ class PeerClient(PooledSession):
         never hold the connections that gossip and probes need."""
         self._identity = identity
         self._shared = shared
-        self._ssl: ssl.SSLContext | Literal[False] = (
-            False if insecure_dev else client_context(identity, identity.ca_certificate)
-        )
-        self._scheme = "http" if insecure_dev else "https"
-        self._headers = (
-            {DEV_NODE_HEADER: identity.node_id, DEV_ROLE_HEADER: identity.role}
-            if insecure_dev
-            else {}
-        )
+        self._ssl = client_context(identity, identity.ca_certificate)
         self.timeout_s = timeout_s
         self._session: aiohttp.ClientSession | None = None
 
     def _make_session(self) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=self._ssl, limit_per_host=8),
-            headers=self._headers,
         )
 
     def url(self, addr: str, path: str) -> str:
         host, port = split_address(addr)
         host = f"[{host}]" if ":" in host else host
-        return f"{self._scheme}://{host}:{port}{path}"
+        return f"https://{host}:{port}{path}"
 
     async def call(
         self, addr: str, op: str, body: dict[str, Any], *, timeout_s: float | None = None

@@ -21,6 +21,7 @@ agent then leaves the mesh.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import os
@@ -31,6 +32,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from agent.authority import Authority, SubmissionRefused
 from agent.events import EventLog
 from agent.executor import (
     ExecEvent,
@@ -41,7 +43,7 @@ from agent.executor import (
     ProgressChanged,
     StopCause,
 )
-from agent.jobspec import JobSpec
+from agent.jobspec import check_job_id
 from agent.jobstate import (
     DrainEvent,
     IllegalTransition,
@@ -67,6 +69,14 @@ class Declined(Exception):
     """An offer this node refuses; the message says why."""
 
 
+class LaunchFailed(Declined):
+    """The offer was taken but the job's process could not be started (its launch error)."""
+
+
+class NotAllowed(Exception):
+    """A call whose caller has no authority over the job (``agent.authority``)."""
+
+
 @dataclass(slots=True)
 class LocalRun:
     job_id: str
@@ -84,6 +94,7 @@ class Runner:
         peers: PeerClient,
         events: EventLog,
         executor: ProcessExecutor,
+        authority: Authority,
         *,
         statics: Callable[[], list[DeviceStatic]],
         set_load: Callable[[str, bool], None],
@@ -98,6 +109,7 @@ class Runner:
         self.peers = peers
         self.events = events
         self.executor = executor
+        self.authority = authority
         self._statics = statics
         self._set_load = set_load
         self._live = live_agents
@@ -133,11 +145,20 @@ class Runner:
 
     # -- offers ----------------------------------------------------------------------------------
 
-    async def start(self, body: dict[str, Any]) -> dict[str, Any]:
-        job_id = str(body["job_id"])
+    async def start(self, body: dict[str, Any], caller: str) -> dict[str, Any]:
+        """An offer from ``caller``: run the operator's submission it carries, if the caller may
+        act as the job's owner here (``NotAllowed`` otherwise, ``Declined`` when it cannot run
+        here, ``LaunchFailed`` when its process could not start)."""
+        job_id = check_job_id(body["job_id"])
         attempt = int(body["attempt"])
         owner = str(body["owner"])
-        spec = JobSpec.from_dict(body["spec"])
+        if owner != caller or not self.authority.may_own(job_id, caller):
+            raise NotAllowed(f"{caller[:8]} may not start job {job_id}")
+        sealed = base64.b64decode(str(body.get("submission", "")), validate=True)
+        try:
+            spec = self.authority.submission(sealed, job_id).spec
+        except SubmissionRefused as exc:
+            raise NotAllowed(str(exc)) from None
         keys = tuple(str(k) for k in body.get("devices", ()))
         if self._closing:
             raise Declined("the agent is shutting down")
@@ -169,8 +190,8 @@ class Runner:
             self.runs.pop(job_id, None)
             self._on_change()
             # The offer is declined (it ran nowhere: the owner may offer this attempt again); the
-            # owner tries elsewhere (a bad command fails everywhere).
-            raise Declined(str(exc)) from None
+            # owner tries elsewhere, and gives up after a few (a bad command fails everywhere).
+            raise LaunchFailed(str(exc)) from None
         if self._closing or attempt <= self.fence.get(job_id, 0):
             # Fenced by a stop, or the agent began to shut down, while it launched: end it now.
             await self.executor.stop(
@@ -194,14 +215,18 @@ class Runner:
         self.events.add("running", f"attempt {attempt} pid {started.pid}", job_id=job_id)
         return {"ok": True, "started_at": started.started_at, "pid": started.pid}
 
-    async def stop(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Stop (and fence) an attempt; answers how it ended, or that it does not run here."""
-        job_id = str(body["job_id"])
+    async def stop(self, body: dict[str, Any], caller: str) -> dict[str, Any]:
+        """Stop (and fence) an attempt; answers how it ended, or that it does not run here.
+        Only the agent that started the attempt, or one that may own the job, may ask."""
+        job_id = check_job_id(body["job_id"])
         attempt = int(body["attempt"])
         cause = str(body.get("cause", "cancel"))
         grace = body.get("grace_s")
-        self.fence[job_id] = max(self.fence.get(job_id, 0), attempt)
         run = self.runs.get(job_id)
+        started_it = run is not None and run.owner == caller
+        if not started_it and not self.authority.may_own(job_id, caller):
+            raise NotAllowed(f"{caller[:8]} may not stop job {job_id}")
+        self.fence[job_id] = max(self.fence.get(job_id, 0), attempt)
         if run is None or run.attempt > attempt:
             return {"stopped": False}
         stop_cause: StopCause = cause if cause in _STOP_CAUSES else "cancel"  # type: ignore[assignment]

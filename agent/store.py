@@ -65,6 +65,15 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     ),
     # 1 -> 2: the owner's working facts of a job (devices, reason, exit code, times, version)
     ("ALTER TABLE jobs ADD COLUMN detail TEXT NOT NULL DEFAULT '{}'",),
+    # 2 -> 3: the operator's sealed submission (the job's authority), and the operator commands
+    # executed within the replay window (a restart must not forget them)
+    (
+        "ALTER TABLE jobs ADD COLUMN submission BLOB NOT NULL DEFAULT x''",
+        """CREATE TABLE seen_commands (
+            command_id TEXT PRIMARY KEY,
+            issued_at REAL NOT NULL
+        )""",
+    ),
 )
 """``MIGRATIONS[n]`` takes a file from schema version ``n`` to ``n + 1``."""
 
@@ -92,6 +101,8 @@ class JobRecord:
     updated_at: float
     detail: Mapping[str, Any] = field(default_factory=dict)
     """The owner's working facts, JSON-able (devices, reason, exit code, times, version)."""
+    submission: bytes = b""
+    """The operator's sealed ``submit`` command: what authorises every attempt of the job."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +240,8 @@ class Store:
         with self._tx() as db:
             db.execute(
                 "INSERT OR REPLACE INTO jobs (job_id, spec, state, attempt, owner, runner, "
-                "submitted_at, updated_at, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "submitted_at, updated_at, detail, submission) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.job_id,
                     json.dumps(record.spec.to_dict(), separators=(",", ":")),
@@ -240,6 +252,7 @@ class Store:
                     record.submitted_at,
                     record.updated_at,
                     json.dumps(dict(record.detail), separators=(",", ":")),
+                    record.submission,
                 ),
             )
 
@@ -270,6 +283,26 @@ class Store:
     def delete_job(self, job_id: str) -> None:
         with self._tx() as db:
             db.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
+
+    # -- operator commands executed (replay memory) ----------------------------------------------
+
+    def remember_command(self, command_id: str, issued_at: float, forget_before: float) -> None:
+        """Record an executed command, and forget those issued before ``forget_before`` (they
+        are refused as stale anyway)."""
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO seen_commands (command_id, issued_at) VALUES (?, ?)",
+                (command_id, issued_at),
+            )
+            db.execute("DELETE FROM seen_commands WHERE issued_at < ?", (forget_before,))
+
+    def seen_commands(self, since: float) -> list[tuple[str, float]]:
+        """Commands executed that were issued at or after ``since``: (id, issued_at)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT command_id, issued_at FROM seen_commands WHERE issued_at >= ?", (since,)
+            ).fetchall()
+        return [(str(r[0]), float(r[1])) for r in rows]
 
     # -- processes this node runs ----------------------------------------------------------------
 
@@ -328,7 +361,7 @@ class Store:
 
 
 _JOB_COLUMNS: Final = (
-    "job_id, spec, state, attempt, owner, runner, submitted_at, updated_at, detail"
+    "job_id, spec, state, attempt, owner, runner, submitted_at, updated_at, detail, submission"
 )
 
 
@@ -343,6 +376,7 @@ def _job(row: tuple[Any, ...]) -> JobRecord:
         submitted_at=row[6],
         updated_at=row[7],
         detail=json.loads(row[8]),
+        submission=bytes(row[9]),
     )
 
 

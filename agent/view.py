@@ -9,24 +9,32 @@ Record kinds (msgpack maps, each at most 4 KiB, signed by the node that publishe
 - ``node``: ``drain`` state, ``queue`` (pending jobs it owns), ``running`` (job ids), ``free``
   (device keys not given to a job).
 - ``events``: the publisher's latest events (see ``agent.events``).
-- ``job/<id>``: a job as its owner sees it (:func:`job_to_wire`); several origins may hold one
-  (an old owner's, the new owner's): the highest ``gen`` wins.
+- ``sub/<id>``: the operator's sealed submission of a job (``agent.authority``), published by
+  each agent that owns the job. A job is believed to exist only once its submission verifies.
+- ``job/<id>``: a job as its owner sees it (``OwnedJob.to_json``, without the spec, which the
+  submission holds); several origins may hold one (an old owner's, the new owner's). Only the
+  records of origins that may own the job (``Authority.may_own``) and that name themselves as its
+  owner are believed; among them the highest ``gen`` wins. When no origin may own it right now
+  (a membership change in flight), the record believed last stays.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 
+from agent.authority import Submission, SubmissionRefused
 from gossip.membership import MemberInfo
 from gossip.messages import MemberState
 from probers.records import DeviceSample, DeviceStatic
 
 MAX_PAYLOAD_BYTES = 4096
 JOB_PREFIX = "job/"
+SUB_PREFIX = "sub/"
 
 _STATIC_FIELDS = (
     "key",
@@ -125,13 +133,31 @@ def job_gen(doc: Mapping[str, Any]) -> int:
     return value if isinstance(value, int) else 0
 
 
+class JobAuthority(Protocol):
+    """What the view asks of ``agent.authority.Authority``."""
+
+    def submission(self, sealed: bytes, job_id: str | None = None) -> Submission: ...
+
+    def may_own(self, job_id: str, node: str) -> bool: ...
+
+
 class ClusterView:
     """Decoded records by node and by job; fed every gossip ``RecordChanged``."""
 
-    def __init__(self) -> None:
+    def __init__(self, authority: JobAuthority) -> None:
+        self.authority = authority
         self.nodes: dict[str, NodeView] = {}
         self.jobs: dict[str, dict[str, Any]] = {}
+        """The believed record of each job, with its spec from the submission."""
+        self.submissions: dict[str, Submission] = {}
         self.events: dict[str, list[dict[str, Any]]] = {}
+        self.refused: Counter[str] = Counter()
+        """Job records and submissions not believed, by reason."""
+        self._docs: dict[str, dict[str, dict[str, Any]]] = {}
+        """Every origin's latest record of each job."""
+        self._open: set[str] = set()
+        """Jobs whose believed record may change with membership (several origins' records, or
+        a record not believed yet)."""
 
     def node(self, node_id: str) -> NodeView:
         view = self.nodes.get(node_id)
@@ -141,16 +167,21 @@ class ClusterView:
 
     def apply(self, origin: str, kind: str, payload: bytes, now: float) -> str | None:
         """Take one record in; returns the job id when it was a job record that changed."""
+        if kind.startswith(SUB_PREFIX):
+            return self._apply_submission(kind[len(SUB_PREFIX) :], payload)
         doc = unpack(payload)
         if doc is None:
+            self.refused["malformed"] += 1
             return None
         if kind.startswith(JOB_PREFIX):
             job_id = kind[len(JOB_PREFIX) :]
-            held = self.jobs.get(job_id)
-            if held is None or job_gen(doc) >= job_gen(held):
-                self.jobs[job_id] = doc
-                return job_id
-            return None
+            if doc.get("owner") != origin:
+                self.refused["not_its_owner"] += 1
+                return None
+            if not self.authority.may_own(job_id, origin):
+                self.refused["not_an_owner"] += 1  # kept: it may be a view that lags behind
+            self._docs.setdefault(job_id, {})[origin] = doc
+            return job_id if self._believe(job_id) else None
         view = self.node(origin)
         if kind == "inventory":
             view.inventory = doc
@@ -173,6 +204,49 @@ class ClusterView:
             if isinstance(rows, list):
                 self.events[origin] = [r for r in rows if isinstance(r, dict)]
         return None
+
+    def _apply_submission(self, job_id: str, sealed: bytes) -> str | None:
+        held = self.submissions.get(job_id)
+        if held is not None and held.sealed == sealed:
+            return None
+        try:
+            self.submissions[job_id] = self.authority.submission(sealed, job_id)
+        except SubmissionRefused:
+            self.refused["submission"] += 1
+            return None
+        return job_id if self._believe(job_id) else None
+
+    def _believe(self, job_id: str) -> bool:
+        """Choose the job's believed record; True when it changed."""
+        docs = self._docs.get(job_id)
+        sub = self.submissions.get(job_id)
+        if not docs or sub is None:
+            self._open.add(job_id)
+            return False
+        entitled = [
+            (job_gen(doc), origin)
+            for origin, doc in docs.items()
+            if self.authority.may_own(job_id, origin)
+        ]
+        if len(docs) > 1 or not entitled:
+            self._open.add(job_id)
+        else:
+            self._open.discard(job_id)
+        if not entitled:
+            return False
+        _, origin = max(entitled)
+        doc = docs[origin]
+        held = self.jobs.get(job_id)
+        if held is not None and held.get("gen") == doc.get("gen") and held.get("owner") == origin:
+            return False
+        believed = dict(doc)
+        believed["spec"] = sub.spec.to_dict()
+        self.jobs[job_id] = believed
+        return True
+
+    def membership_changed(self) -> list[str]:
+        """Choose again where who may own a job can have changed; the jobs whose record did."""
+        return [job_id for job_id in list(self._open) if self._believe(job_id)]
 
 
 def live_agents(members: Iterable[MemberInfo], roles: Mapping[str, str]) -> list[str]:

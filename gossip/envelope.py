@@ -163,7 +163,7 @@ def _decode(data: bytes) -> tuple[Command, bytes, bytes]:
     return command, _get(doc, "cred", bytes), _get(doc, "sig", bytes)
 
 
-def _open(data: bytes, trust: CertTrust, guard: ReplayGuard, now: float, max_bytes: int) -> Command:
+def _authentic(data: bytes, trust: CertTrust, now: float, max_bytes: int) -> Command:
     if len(data) > max_bytes:
         raise Oversized(f"envelope of {len(data)} bytes exceeds {max_bytes}")
     command, credential, signature = _decode(data)
@@ -180,6 +180,11 @@ def _open(data: bytes, trust: CertTrust, guard: ReplayGuard, now: float, max_byt
         raise Forged(f"signature does not match {command.operator_id}'s key")
     if trust.role_of(command.operator_id) != "operator":
         raise NotOperator(f"{command.operator_id} is not an operator")
+    return command
+
+
+def _open(data: bytes, trust: CertTrust, guard: ReplayGuard, now: float, max_bytes: int) -> Command:
+    command = _authentic(data, trust, now, max_bytes)
     verdict = guard.check(command.command_id, command.issued_at, now)
     if verdict is Verdict.REPLAYED:
         raise Replayed(f"command {command.command_id} was already executed")
@@ -210,3 +215,20 @@ def open(
         if rejections is not None:
             rejections[e.reason] += 1
         raise
+
+
+def authenticate(
+    data: bytes,
+    trust: CertTrust,
+    now: float,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> Command:
+    """Check that ``data`` is a command an operator signed and may still stand behind: a valid
+    signature by an operator whose certificate is admitted and unrevoked at ``now``.
+
+    Unlike :func:`open`, neither freshness nor uniqueness is checked: this is for a signed
+    command that travels on as the authority for later actions (a job's submission is shown by
+    its owner to every runner it offers the job to, for as long as the job lives).
+    """
+    return _authentic(data, trust, now, max_bytes)

@@ -124,7 +124,6 @@ class GossipNode:
         advertise_host: str | None = None,
         seeds: Sequence[str] = (),
         config: GossipConfig | None = None,
-        insecure_dev: bool = False,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
@@ -138,7 +137,6 @@ class GossipNode:
         self._advertise_host = advertise_host or host
         self._seeds = list(seeds)
         self._config = config
-        self._insecure_dev = insecure_dev
         self._rng = rng or random.Random()
         self._clock = clock
         self._wall_clock = wall_clock
@@ -149,12 +147,9 @@ class GossipNode:
             host,
             port,
             trust=trust,
-            insecure_dev=insecure_dev,
             app_setup=app_setup,
         )
-        self._client = GossipClient(
-            identity, identity.ca_certificate, trust=trust, insecure_dev=insecure_dev
-        )
+        self._client = GossipClient(identity, identity.ca_certificate, trust=trust)
         self._peer: Peer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._sends: set[asyncio.Task[None]] = set()

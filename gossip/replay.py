@@ -9,12 +9,16 @@ Memory is also capped (``max_entries``). When the cap is reached the guard forge
 command (by ``issued_at``) and raises a floor: from then on any command issued at or before the
 forgotten one is rejected as stale. So the guard tightens its window under a flood instead of ever
 accepting a replay.
+
+The guard lives in memory; an agent stores each command it accepts and :meth:`ReplayGuard.restore`
+gives them back after a restart, so a captured command stays refused across restarts.
 """
 
 from __future__ import annotations
 
 import enum
 import heapq
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 DEFAULT_WINDOW_S = 120.0
@@ -60,6 +64,15 @@ class ReplayGuard:
         if command_id in self._seen:
             return Verdict.REPLAYED
         return Verdict.ACCEPTED
+
+    def restore(self, seen: Iterable[tuple[str, float]], now: float) -> int:
+        """Remember commands accepted before a restart (``(id, issued_at)`` pairs, as the caller
+        stored them); returns how many are still within the window."""
+        restored = 0
+        for command_id, issued_at in seen:
+            if self.check(command_id, issued_at, now) is Verdict.ACCEPTED:
+                restored += 1
+        return restored
 
     def check(self, command_id: str, issued_at: float, now: float) -> Verdict:
         """Judge a command and, when accepted, remember its id until it goes stale."""

@@ -15,9 +15,7 @@ the response body (None for 204), raising a :class:`TransportError` subclass oth
 caller names the node it expects, the server certificate's node id is checked after the
 handshake and the response discarded (and its connection closed) on mismatch.
 
-``insecure_dev``: plain HTTP for the demo, loopback only on both ends. Peers then *claim* their
-node id and role in headers; nothing at this layer is authenticated (record and command
-signatures still are).
+There is no plaintext mode: every peer, the local demo's included, is known by its certificate.
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Self
 
 import aiohttp
 from aiohttp import web
@@ -49,8 +47,6 @@ PATH = "/v1/gossip"
 CONTENT_TYPE = "application/msgpack"
 PROTOCOL_HEADER = "Shoal-Protocol"
 PROTOCOL_VERSION = "1"
-DEV_NODE_HEADER = "Shoal-Dev-Node"
-DEV_ROLE_HEADER = "Shoal-Dev-Role"
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
 Handler = Callable[[str, Role, bytes], Awaitable[bytes | None]]
@@ -66,10 +62,6 @@ def request_peer(request: web.Request) -> PeerIdentity:
 
 class TransportError(Exception):
     """A gossip exchange failed; the caller treats the peer as not answering."""
-
-
-class InsecureDevRefused(TransportError):
-    """``insecure_dev`` was asked to use an address that is not loopback."""
 
 
 class Unreachable(TransportError):
@@ -166,10 +158,6 @@ def split_address(address: str, *, allow_any_port: bool = False) -> tuple[str, i
     return host.strip("[]"), int(port)
 
 
-def _dev_role(value: str | None) -> Role:
-    return "operator" if value == "operator" else "agent"
-
-
 class _AfterHandshake(asyncio.Protocol):
     """Holds bytes that arrive with the TLS Finished until aiohttp's handler is attached."""
 
@@ -219,12 +207,12 @@ class _TlsGate(asyncio.Protocol):
 
 
 class GossipServer:
-    """``POST /v1/gossip`` over mutual TLS (or plain HTTP on loopback with ``insecure_dev``)."""
+    """``POST /v1/gossip`` over mutual TLS."""
 
     def __init__(
         self,
-        identity: NodeIdentity | None,
-        ca: x509.Certificate | None,
+        identity: NodeIdentity,
+        ca: x509.Certificate,
         handler: Handler,
         host: str = "127.0.0.1",
         port: int = 0,
@@ -232,30 +220,19 @@ class GossipServer:
         *,
         trust: CertTrust | None = None,
         rate_limit: RateLimit = RateLimit(),
-        insecure_dev: bool = False,
         handshake_timeout_s: float = 10.0,
         max_connections: int = 1024,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         app_setup: AppSetup | None = None,
     ) -> None:
-        if insecure_dev:
-            if not is_loopback(host):
-                raise InsecureDevRefused(
-                    f"insecure_dev serves plain HTTP and binds loopback only, not {host!r}"
-                )
-            self._ssl: ssl.SSLContext | None = None
-        else:
-            if identity is None or ca is None:
-                raise ValueError("a GossipServer needs an identity and the CA (or insecure_dev)")
-            self._ssl = server_context(identity, ca)
+        self._ssl = server_context(identity, ca)
         self._handler = handler
         self._host = host
         self._port = port
         self._max_body_bytes = max_body_bytes
         self._trust = trust
         self._buckets = TokenBuckets(rate_limit)
-        self._insecure_dev = insecure_dev
         self._handshake_timeout_s = handshake_timeout_s
         self._max_connections = max_connections
         self._clock = clock
@@ -291,10 +268,7 @@ class GossipServer:
         loop = asyncio.get_running_loop()
         factory = self._runner.server
         assert factory is not None
-        if self._ssl is None:
-            self._server = await loop.create_server(factory, self._host, self._port)
-        else:
-            self._server = await loop.create_server(lambda: _TlsGate(self), self._host, self._port)
+        self._server = await loop.create_server(lambda: _TlsGate(self), self._host, self._port)
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -339,7 +313,7 @@ class GossipServer:
         task.add_done_callback(self._handshakes.discard)
 
     async def _handshake(self, transport: asyncio.Transport) -> None:
-        assert self._ssl is not None and self._runner is not None
+        assert self._runner is not None
         factory = self._runner.server
         assert factory is not None
         shim = _AfterHandshake(factory())
@@ -385,9 +359,6 @@ class GossipServer:
         return response
 
     def _peer(self, request: web.Request) -> PeerIdentity | web.Response:
-        if self._insecure_dev:
-            claimed = request.headers.get(DEV_NODE_HEADER, "unknown")
-            return PeerIdentity(claimed, _dev_role(request.headers.get(DEV_ROLE_HEADER)), b"")
         ssl_object = request.transport.get_extra_info("ssl_object") if request.transport else None
         der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
         if not der:
@@ -522,36 +493,25 @@ class GossipClient(PooledSession):
 
     def __init__(
         self,
-        identity: NodeIdentity | None,
-        ca: x509.Certificate | None,
+        identity: NodeIdentity,
+        ca: x509.Certificate,
         *,
         trust: CertTrust | None = None,
-        insecure_dev: bool = False,
         max_connections: int = 256,
         max_connections_per_peer: int = 1,
         keepalive_timeout_s: float = 30.0,
         max_response_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        dev_role: Role = "agent",
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        if insecure_dev:
-            self._ssl: ssl.SSLContext | Literal[False] = False
-        else:
-            if identity is None or ca is None:
-                raise ValueError("a GossipClient needs an identity and the CA (or insecure_dev)")
-            self._ssl = client_context(identity, ca)
+        self._ssl = client_context(identity, ca)
         self._identity = identity
         self._trust = trust
-        self._insecure_dev = insecure_dev
         self._max_connections = max_connections
         self._max_per_peer = max_connections_per_peer
         self._keepalive_timeout_s = keepalive_timeout_s
         self._max_response_bytes = max_response_bytes
         self._wall_clock = wall_clock
         self._headers = {PROTOCOL_HEADER: PROTOCOL_VERSION, "Content-Type": CONTENT_TYPE}
-        if insecure_dev:
-            self._headers[DEV_NODE_HEADER] = identity.node_id if identity else "unknown"
-            self._headers[DEV_ROLE_HEADER] = identity.role if identity else dev_role
         self._session: aiohttp.ClientSession | None = None
 
     def session(self) -> aiohttp.ClientSession:
@@ -613,19 +573,10 @@ class GossipClient(PooledSession):
     ) -> bytes | None:
         """POST ``body`` to the peer at ``"host:port"``; its answer, or None when it had none."""
         host, port = split_address(address)
-        if self._insecure_dev and not is_loopback(host):
-            raise InsecureDevRefused(
-                f"insecure_dev talks plain HTTP to loopback only, not {address!r}"
-            )
-        scheme = "http" if self._insecure_dev else "https"
         url_host = f"[{host}]" if ":" in host else host
-        url = f"{scheme}://{url_host}:{port}{PATH}"
+        url = f"https://{url_host}:{port}{PATH}"
         session = self._pooled()
-        token = _PEER_CHECK.set(
-            None
-            if self._insecure_dev
-            else lambda transport: self._check_server(transport, expect_node_id)
-        )
+        token = _PEER_CHECK.set(lambda transport: self._check_server(transport, expect_node_id))
         try:
             async with session.post(
                 url, data=body, timeout=aiohttp.ClientTimeout(total=timeout_s)

@@ -1,7 +1,8 @@
 """The owner's decisions without agent processes: resuming after a boot, attempts on declines.
 
 The owner runs on its real store (SQLite in a temporary folder), and the runners it offers jobs
-to are small aiohttp servers on loopback that answer ``/v1/internal/...`` as a runner would.
+to are small aiohttp servers on loopback (mutual TLS, with agent certificates of the test cluster)
+that answer ``/v1/internal/...`` as a runner would.
 """
 
 from __future__ import annotations
@@ -10,13 +11,13 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
 
+from agent.authority import Authority, Submission
 from agent.events import EventLog
 from agent.jobspec import JobSpec, Resources, new_job_id
 from agent.jobstate import JobState
@@ -25,8 +26,10 @@ from agent.peers import PeerClient
 from agent.placement import FirstFit
 from agent.store import JobRecord, Store
 from agent.view import ClusterView, pack
-from gossip.identity import enroll_node, init_cluster
+from gossip.identity import NodeIdentity
+from gossip.tls import server_context
 from probers.records import DeviceStatic
+from tests.agent.authority_kit import Kit
 
 SPEC = JobSpec(command=("true",), resources=Resources(gpus_per_node=1))
 
@@ -39,6 +42,8 @@ class FakeRunner:
     accept: bool
     calls: list[tuple[str, str, dict[str, Any]]]
     """Every call any fake runner got, in order: (op, this runner's node id, body)."""
+    identity: NodeIdentity
+    """The certificate it serves with (its node id in the test's view is ``node_id``)."""
     starts: list[dict[str, Any]] = field(default_factory=list)
     addr: str = ""
     runner: web.AppRunner | None = None
@@ -61,7 +66,8 @@ class FakeRunner:
         app.router.add_post("/v1/internal/{op}", internal)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        tls = server_context(self.identity, self.identity.ca_certificate)
+        site = web.TCPSite(self.runner, "127.0.0.1", 0, ssl_context=tls)
         await site.start()
         server = site._server
         assert server is not None
@@ -71,12 +77,19 @@ class FakeRunner:
 
 @dataclass
 class Fixture:
+    kit: Kit
     me: str
     store: Store
     view: ClusterView
     peers: PeerClient
     runners: dict[str, FakeRunner]
     calls: list[tuple[str, str, dict[str, Any]]]
+    authority: Authority
+    others: list[str] = field(default_factory=list)
+    """Live agents besides this one and the runners."""
+
+    def live(self) -> list[str]:
+        return [self.me, *self.runners, *self.others]
 
     def owner(self) -> Owner:
         addrs = {r.node_id: r.addr for r in self.runners.values()}
@@ -87,29 +100,34 @@ class Fixture:
             self.peers,
             EventLog(self.me),
             FirstFit(),
+            self.authority,
             publish=lambda kind, payload: None,
-            live_agents=lambda: [self.me, *addrs],
+            live_agents=self.live,
             addr_of=addrs.get,
             on_change=lambda: None,
             stop_grace_s=1.0,
         )
 
+    def submission(self, job_id: str, spec: JobSpec = SPEC) -> Submission:
+        return self.authority.submission(self.kit.submission(job_id, spec))
+
 
 @pytest.fixture
 async def fx(tmp_path: Path) -> AsyncIterator[Fixture]:
-    now = datetime.now(UTC)
-    cluster = init_cluster(tmp_path / "cluster", "test", "operator", now)
-    me = enroll_node(cluster.ca, tmp_path / "me", "agent", ["127.0.0.1"], timedelta(days=1), now)
+    kit = Kit(tmp_path)
+    me = kit.agent("me")
     store = Store(tmp_path / "agent.sqlite")
     store.set_node_id(me.node_id)
-    peers = PeerClient(me, insecure_dev=True, timeout_s=5.0)
+    peers = PeerClient(me, timeout_s=5.0)
     # Two runners of one H100 each; FirstFit offers to them in node id order.
     calls: list[tuple[str, str, dict[str, Any]]] = []
     runners = {
-        name: FakeRunner(name, accept=(name == "runner-b"), calls=calls)
+        name: FakeRunner(name, accept=(name == "runner-b"), calls=calls, identity=kit.agent(name))
         for name in ("runner-a", "runner-b")
     }
-    view = ClusterView()
+    fixture: Fixture | None = None
+    authority = kit.authority(me.node_id, lambda: fixture.live() if fixture else [])
+    view = ClusterView(authority)
     for r in runners.values():
         await r.serve()
         node = view.node(r.node_id)
@@ -118,8 +136,9 @@ async def fx(tmp_path: Path) -> AsyncIterator[Fixture]:
             DeviceStatic(key="h0", vendor="nvidia", backend="cuda", name="H100", source="sim")
         ]
     servers = list(runners.values())
+    fixture = Fixture(kit, me.node_id, store, view, peers, runners, calls, authority)
     try:
-        yield Fixture(me.node_id, store, view, peers, runners, calls)
+        yield fixture
     finally:
         await peers.close()
         for r in servers:
@@ -144,7 +163,7 @@ async def test_resume_leaves_alone_the_jobs_submitted_since_the_start(fx: Fixtur
     fx.runners.clear()
     owner = fx.owner()
     job_id = new_job_id()
-    await owner.submit(job_id, SPEC)
+    await owner.submit(fx.submission(job_id))
     held = owner.jobs[job_id]
     # The agent resumes its stored jobs a few seconds after every start, fresh ones included.
     owner.resume()
@@ -157,13 +176,18 @@ async def test_resume_takes_back_what_it_owned_before_a_restart(fx: Fixture) -> 
     fx.runners.clear()
     before = fx.owner()
     mine, taken = new_job_id(), new_job_id()
-    await before.submit(mine, SPEC)
-    await before.submit(taken, SPEC)
+    await before.submit(fx.submission(mine))
+    await before.submit(fx.submission(taken))
     await before.close()
     # Meanwhile another agent took over ``taken`` and published a newer version of it.
-    newer = before.jobs[taken].to_json()
-    newer.update(owner="someone-else", gen=before.jobs[taken].gen + 5)
-    fx.view.apply("someone-else", "job/" + taken, pack(newer), 0.0)
+    other = fx.kit.agent("other")
+    fx.others.append(other.node_id)
+    fx.authority = fx.kit.authority(fx.me, lambda: [fx.me, other.node_id], other)
+    fx.view.authority = fx.authority
+    newer = before.jobs[taken].to_json(with_spec=False)
+    newer.update(owner=other.node_id, gen=before.jobs[taken].gen + 5)
+    fx.view.apply(other.node_id, "sub/" + taken, before.jobs[taken].submission, 0.0)
+    assert fx.view.apply(other.node_id, "job/" + taken, pack(newer), 0.0) == taken
     after = fx.owner()
     after.resume()
     assert sorted(after.jobs) == [mine]
@@ -175,7 +199,7 @@ async def test_resume_takes_back_what_it_owned_before_a_restart(fx: Fixture) -> 
 async def test_a_refused_attempt_is_not_offered_to_another_node(fx: Fixture) -> None:
     owner = fx.owner()
     job_id = new_job_id()
-    await owner.submit(job_id, SPEC)  # places it at once: the loop is not even running
+    await owner.submit(fx.submission(job_id))  # places it at once: the loop is not even running
     await _settled(owner)
     a, b = fx.runners["runner-a"], fx.runners["runner-b"]
     # runner-a came first and declined. A job record placing attempt 1 on runner-a may still
@@ -190,7 +214,7 @@ async def test_a_refused_attempt_is_not_offered_to_another_node(fx: Fixture) -> 
 async def test_the_submissions_replica_copy_is_the_write_ahead_of_attempt_1(fx: Fixture) -> None:
     owner = fx.owner()
     job_id = new_job_id()
-    await owner.submit(job_id, SPEC)
+    await owner.submit(fx.submission(job_id))
     await _settled(owner)
     # One replica write before the first offer, and it already names the attempt offered.
     first_start = next(i for i, call in enumerate(fx.calls) if call[0] == "start")
@@ -222,7 +246,7 @@ async def test_an_attempt_refused_in_every_round_is_offered_again(fx: Fixture) -
     del fx.runners["runner-b"]
     owner = fx.owner()
     job_id = new_job_id()
-    await owner.submit(job_id, SPEC)
+    await owner.submit(fx.submission(job_id))
     job = owner.jobs[job_id]
     await _settled(owner)  # the submission's own placement: refused
     await owner._place_once(job)
@@ -234,12 +258,15 @@ async def test_an_attempt_refused_in_every_round_is_offered_again(fx: Fixture) -
     await owner.close()
 
 
-def _replica(store: Store, owner: str, *, age_s: float) -> str:
+def _replica(fx: Fixture, owner: str, *, age_s: float) -> str:
     """A job copy kept for ``owner``, as a replica holds it, received ``age_s`` ago."""
     job_id = new_job_id()
     now = time.time()
-    store.put_job(
-        JobRecord(job_id, SPEC, JobState.PENDING, 0, owner, None, now - age_s, now - age_s, {})
+    sealed = fx.kit.submission(job_id, SPEC)
+    fx.store.put_job(
+        JobRecord(
+            job_id, SPEC, JobState.PENDING, 0, owner, None, now - age_s, now - age_s, {}, sealed
+        )
     )
     return job_id
 
@@ -247,8 +274,8 @@ def _replica(store: Store, owner: str, *, age_s: float) -> str:
 async def test_a_replica_from_an_owner_not_heard_of_yet_is_not_taken_over(fx: Fixture) -> None:
     fx.runners.clear()  # alone: whatever is taken over is taken over here
     owner = fx.owner()
-    fresh = _replica(fx.store, "just-joined", age_s=0)
-    old = _replica(fx.store, "long-forgotten", age_s=2 * UNHEARD_OWNER_GRACE_S)
+    fresh = _replica(fx, "just-joined", age_s=0)
+    old = _replica(fx, "long-forgotten", age_s=2 * UNHEARD_OWNER_GRACE_S)
     owner.sweep()
     # The fresh copy's owner may have joined a moment ago: gossip has not told us of it yet.
     assert sorted(owner.jobs) == [old]
@@ -261,7 +288,7 @@ async def test_a_replica_whose_owner_is_known_gone_is_taken_over_at_once(fx: Fix
     fx.runners.clear()
     owner = fx.owner()
     owner._is_gone = lambda node: node == "died"
-    job_id = _replica(fx.store, "died", age_s=0)
+    job_id = _replica(fx, "died", age_s=0)
     owner.sweep()
     assert list(owner.jobs) == [job_id]
     assert ("adopted", "owner died is gone") in _events(owner)

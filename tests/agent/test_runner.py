@@ -1,12 +1,14 @@
-"""The runner's admission with real processes: fencing during a launch, declining on shutdown."""
+"""The runner's admission with real processes: fencing during a launch, declining on shutdown, and
+the authority an offer or a stop needs."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import sys
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,24 +17,70 @@ import pytest
 from agent.events import EventLog
 from agent.executor import ExecutorConfig, ProcessExecutor
 from agent.jobspec import JobSpec, Resources, new_job_id
+from agent.ownership import rank
 from agent.peers import PeerClient
-from agent.runner import Declined, Runner
+from agent.runner import Declined, LaunchFailed, NotAllowed, Runner
 from agent.store import Store
 from agent.view import ClusterView
-from gossip.identity import enroll_node, init_cluster
+from gossip.certtrust import CertSigner
+from gossip.identity import NodeIdentity
 from probers.records import DeviceStatic
+from tests.agent.authority_kit import Kit
 
 GPU = DeviceStatic(key="h0", vendor="nvidia", backend="cuda", name="H100", source="sim")
 
 
+@dataclass
+class Rig:
+    """A runner on this node; the agent that owns the jobs offered to it; another member of the
+    mesh (a valid, admitted agent certificate), last in the order of every job offered here."""
+
+    kit: Kit
+    runner: Runner
+    owner: str
+    member: NodeIdentity
+    tmp_path: Path
+
+    def job_id(self) -> str:
+        """A job whose order puts the member last of the three live agents."""
+        while True:
+            job_id = new_job_id()
+            if rank(job_id, [self.runner.node_id, self.owner, self.member.node_id])[2] == (
+                self.member.node_id
+            ):
+                return job_id
+
+    def offer(self, attempt: int = 1, command: tuple[str, ...] | None = None) -> dict[str, Any]:
+        pidfile = self.tmp_path / f"pid-{attempt}"
+        write_pid = f"open({str(pidfile)!r}, 'w').write(str(os.getpid()))"
+        script = f"import os, time; {write_pid}; time.sleep(60)"
+        spec = JobSpec(
+            command=command or (sys.executable, "-c", script),
+            resources=Resources(gpus_per_node=1),
+        )
+        job_id = self.job_id()
+        sealed = self.kit.submission(job_id, spec)
+        return {
+            "job_id": job_id,
+            "attempt": attempt,
+            "devices": ["h0"],
+            "owner": self.owner,
+            "submission": base64.b64encode(sealed).decode("ascii"),
+        }
+
+    async def start(self, offer: dict[str, Any]) -> dict[str, Any]:
+        return await self.runner.start(offer, self.owner)
+
+
 @pytest.fixture
-async def runner(tmp_path: Path) -> AsyncIterator[Runner]:
-    now = datetime.now(UTC)
-    cluster = init_cluster(tmp_path / "cluster", "test", "operator", now)
-    me = enroll_node(cluster.ca, tmp_path / "me", "agent", ["127.0.0.1"], timedelta(days=1), now)
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    kit = Kit(tmp_path)
+    me, owner, member = kit.agent("me"), kit.agent("owner"), kit.agent("member")
+    live = [me.node_id, owner.node_id, member.node_id]
     store = Store(tmp_path / "agent.sqlite")
     store.set_node_id(me.node_id)
-    peers = PeerClient(me, insecure_dev=True)
+    peers = PeerClient(me)
+    authority = kit.authority(me.node_id, lambda: live, owner, member)
     r: Runner | None = None
     executor = ProcessExecutor(
         ExecutorConfig(data_dir=tmp_path, grace_s=1.0),
@@ -41,19 +89,20 @@ async def runner(tmp_path: Path) -> AsyncIterator[Runner]:
     r = Runner(
         me.node_id,
         store,
-        ClusterView(),
+        ClusterView(authority),
         peers,
         EventLog(me.node_id),
         executor,
+        authority,
         statics=lambda: [GPU],
         set_load=lambda key, on: None,
-        live_agents=lambda: [me.node_id],
+        live_agents=lambda: live,
         addr_of=lambda node: None,  # reports wait: there is no owner to take them here
         on_change=lambda: None,
         stop_grace_s=1.0,
     )
     try:
-        yield r
+        yield Rig(kit, r, owner.node_id, member, tmp_path)
     finally:
         await executor.close()
         await r.close()
@@ -61,28 +110,16 @@ async def runner(tmp_path: Path) -> AsyncIterator[Runner]:
         store.close()
 
 
-def _offer(tmp_path: Path, attempt: int = 1) -> dict[str, Any]:
-    pidfile = tmp_path / f"pid-{attempt}"
-    script = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
-    spec = JobSpec(command=(sys.executable, "-c", script), resources=Resources(gpus_per_node=1))
-    return {
-        "job_id": new_job_id(),
-        "attempt": attempt,
-        "spec": spec.to_dict(),
-        "devices": ["h0"],
-        "owner": "the-owner",
-    }
-
-
-async def test_a_stop_that_lands_while_the_job_launches_ends_it(
-    runner: Runner, tmp_path: Path
-) -> None:
+async def test_a_stop_that_lands_while_the_job_launches_ends_it(rig: Rig) -> None:
     # The owner's offer timed out, so it fences the attempt while the runner is still launching.
-    offer = _offer(tmp_path)
-    start = asyncio.create_task(runner.start(offer))
+    runner, tmp_path = rig.runner, rig.tmp_path
+    offer = rig.offer()
+    start = asyncio.create_task(rig.start(offer))
     await asyncio.sleep(0)  # the launch is under way: the process is being spawned
     assert offer["job_id"] in runner.runs and not runner.executor.running()
-    answer = await runner.stop({"job_id": offer["job_id"], "attempt": 1, "cause": "fenced"})
+    answer = await runner.stop(
+        {"job_id": offer["job_id"], "attempt": 1, "cause": "fenced"}, rig.owner
+    )
     assert answer == {"stopped": False}
     with pytest.raises(Declined, match="stopped as it started"):
         await start
@@ -95,13 +132,57 @@ async def test_a_stop_that_lands_while_the_job_launches_ends_it(
             os.kill(pid, 0)
 
 
-async def test_offers_are_declined_once_the_agent_shuts_down(
-    runner: Runner, tmp_path: Path
-) -> None:
-    running = _offer(tmp_path)
-    await runner.start(running)
+async def test_offers_are_declined_once_the_agent_shuts_down(rig: Rig) -> None:
+    runner = rig.runner
+    running = rig.offer()
+    await rig.start(running)
     assert running["job_id"] in runner.runs
     await runner.shutdown(wait_reports_s=0)
     assert runner.runs == {}
     with pytest.raises(Declined, match="shutting down"):
-        await runner.start(_offer(tmp_path, attempt=2))
+        await rig.start(rig.offer(attempt=2))
+
+
+async def test_an_offer_runs_only_the_operators_submission_from_an_owner(rig: Rig) -> None:
+    runner, member = rig.runner, rig.member
+    # Another member of the mesh: a valid agent certificate, but no owner of these jobs.
+    offer = rig.offer()
+    with pytest.raises(NotAllowed, match="may not start"):
+        await runner.start(dict(offer, owner=member.node_id), member.node_id)
+    with pytest.raises(NotAllowed, match="may not start"):
+        await runner.start(offer, member.node_id)  # claiming to be the owner is not enough
+    # The owner itself, with a submission an agent signed instead of an operator.
+    forged = rig.offer()
+    spec = JobSpec(command=("sh", "-c", "cat /etc/shadow"))
+    sealed = rig.kit.submission(forged["job_id"], spec, signer=CertSigner(member))
+    forged["submission"] = base64.b64encode(sealed).decode("ascii")
+    with pytest.raises(NotAllowed, match="not_operator"):
+        await rig.start(forged)
+    # A genuine submission, of another job.
+    other = rig.offer()
+    with pytest.raises(NotAllowed, match="is of job"):
+        await rig.start(dict(other, job_id=offer["job_id"]))
+    assert runner.runs == {} and runner.executor.running() == ()
+    await rig.start(offer)
+    assert list(runner.runs) == [offer["job_id"]]
+
+
+async def test_only_an_owner_or_the_starter_may_stop_a_job(rig: Rig) -> None:
+    runner, member = rig.runner, rig.member
+    offer = rig.offer()
+    await rig.start(offer)
+    stop = {"job_id": offer["job_id"], "attempt": 1, "cause": "cancel", "grace_s": 0}
+    with pytest.raises(NotAllowed, match="may not stop"):
+        await runner.stop(stop, member.node_id)
+    # Nor may it fence attempts to come of a job it has no part in.
+    with pytest.raises(NotAllowed):
+        await runner.stop(dict(stop, job_id=rig.job_id(), attempt=10**9), member.node_id)
+    assert list(runner.runs) == [offer["job_id"]] and runner.fence == {offer["job_id"]: 1}
+    answer = await runner.stop(stop, rig.owner)
+    assert answer["stopped"] is True
+
+
+async def test_a_launch_error_is_its_own_refusal(rig: Rig) -> None:
+    with pytest.raises(LaunchFailed, match="no-such-program"):
+        await rig.start(rig.offer(command=("no-such-program-here",)))
+    assert rig.runner.runs == {}

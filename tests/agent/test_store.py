@@ -55,7 +55,7 @@ def test_write_close_reopen(tmp_path: Path) -> None:
     path = tmp_path / "state" / "agent.sqlite"
     a, b, c = new_job_id(), new_job_id(), new_job_id()
     with Store(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 2
+        assert store.schema_version == SCHEMA_VERSION == 3
         assert store.node_id() is None
         assert store.boot_count() == 0
         store.set_node_id(NODE)
@@ -89,7 +89,7 @@ def test_write_close_reopen(tmp_path: Path) -> None:
     # WAL is a property of the file, seen by any connection.
     raw = sqlite3.connect(path)
     assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     raw.close()
 
 

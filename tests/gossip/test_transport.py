@@ -32,7 +32,6 @@ from gossip.transport import (
     GossipClient,
     GossipServer,
     HandlerRejected,
-    InsecureDevRefused,
     PeerMismatch,
     RateLimit,
     RemoteRejected,
@@ -278,30 +277,6 @@ def test_token_buckets_refill_and_stay_bounded() -> None:
     for i in range(1000):
         buckets.take(f"peer{i}", 1.0)
     assert len(buckets) == 3
-
-
-@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.20", "::", "example.org"])
-def test_insecure_dev_refuses_non_loopback_bind(lab: Lab, host: str) -> None:
-    with pytest.raises(InsecureDevRefused, match="loopback only"):
-        GossipServer(None, None, lab.echo, host, 0, insecure_dev=True)
-
-
-async def test_insecure_dev_round_trip_on_loopback(lab: Lab) -> None:
-    async with (
-        GossipServer(None, None, lab.echo, "127.0.0.1", 0, insecure_dev=True) as srv,
-        GossipClient(lab.b, None, insecure_dev=True) as client,
-    ):
-        assert await client.send(srv.address, b"dev", TIMEOUT_S) == b"echo:dev"
-        with pytest.raises(InsecureDevRefused):
-            await client.send("10.1.2.3:7946", b"dev", TIMEOUT_S)
-    assert lab.seen == [(lab.b.node_id, "agent", b"dev")]
-
-
-def test_secure_mode_needs_an_identity(lab: Lab) -> None:
-    with pytest.raises(ValueError):
-        GossipServer(None, None, lab.echo)
-    with pytest.raises(ValueError):
-        GossipClient(None, lab.cluster.ca.certificate)
 
 
 async def test_unreachable_peer(lab: Lab) -> None:

@@ -1,0 +1,57 @@
+"""What the owner and runner tests need of the authority model: a cluster, an operator's sealed
+submissions, agent identities and an ``Authority`` over a chosen view of live agents."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from agent.authority import Authority
+from agent.jobspec import JobSpec
+from gossip import envelope
+from gossip.certtrust import CertSigner, CertTrust
+from gossip.identity import ClusterIdentity, NodeIdentity, enroll_node, init_cluster
+
+
+class Kit:
+    """A throwaway cluster under ``root``: its operator signs, its CA enrolls agents."""
+
+    def __init__(self, root: Path) -> None:
+        now = datetime.now(UTC)
+        self.root = root
+        self.cluster: ClusterIdentity = init_cluster(root / "cluster", "test", "operator", now)
+        self.operator = CertSigner(self.cluster.operator)
+
+    def agent(self, name: str) -> NodeIdentity:
+        return enroll_node(
+            self.cluster.ca,
+            self.root / name,
+            "agent",
+            ["127.0.0.1"],
+            timedelta(days=1),
+            datetime.now(UTC),
+        )
+
+    def submission(self, job_id: str, spec: JobSpec, *, signer: CertSigner | None = None) -> bytes:
+        """The sealed ``submit`` command an operator (or ``signer``) would send for the job."""
+        body = json.dumps({"job_id": job_id, "spec": spec.to_dict()}).encode()
+        return envelope.seal(signer or self.operator, "submit", body, time.time())
+
+    def trust(self, *known: NodeIdentity) -> CertTrust:
+        """The CA's trust, with ``known`` agents admitted (as TLS or gossip would admit them)."""
+        trust = CertTrust(self.cluster.ca.certificate)
+        for node in known:
+            trust.admit(node.node_id, node.certificate_der, time.time())
+        return trust
+
+    def authority(
+        self,
+        me: str,
+        live: Callable[[], list[str]],
+        *known: NodeIdentity,
+        live_for_s: Callable[[str], float] = lambda node: 0.0,
+    ) -> Authority:
+        return Authority(me, self.trust(*known), live, live_for_s, time.time)
