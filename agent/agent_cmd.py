@@ -67,6 +67,13 @@ async def _serve(config: AgentConfig) -> int:
     from agent.daemon import Agent
 
     agent = Agent(config)
+    if agent.is_revoked:
+        # Exit 0: a service manager restarts a failed agent, and this one must stay down.
+        sys.stderr.write(
+            f"shoal agent: node {agent.node_id} is revoked (its kept revocation list says so); "
+            "enroll it again with a new key to bring it back\n"
+        )
+        return 0
     await agent.start()
     # Everything made so far (modules, config, identity, the probe's inventory) lives as long as
     # the agent: out of the collector's sight, a full collection while the mesh forms costs ~1 ms
@@ -83,8 +90,13 @@ async def _serve(config: AgentConfig) -> int:
             loop.add_signal_handler(sig, stop.set)
         except NotImplementedError:  # Windows
             signal.signal(sig, lambda *_: loop.call_soon_threadsafe(stop.set))
-    await stop.wait()
+    waiters = {asyncio.create_task(stop.wait()), asyncio.create_task(agent.revoked.wait())}
+    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    for waiter in waiters:
+        waiter.cancel()
     await agent.stop()
+    if agent.revoked.is_set():
+        sys.stderr.write(f"shoal agent: node {agent.node_id} was revoked; its jobs are stopped\n")
     return 0
 
 

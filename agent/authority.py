@@ -81,10 +81,9 @@ def read_submission(sealed: bytes, trust: CertTrust, now: float) -> Submission:
 
 
 def may_own(job_id: str, node: str, live_agents: Iterable[str]) -> bool:
-    """True when ``node`` is among the first :data:`OWNER_WINDOW` agents of the job's rendezvous
-    order over ``live_agents`` plus ``node`` itself (a departed owner's last word still counts
-    until its successor speaks)."""
-    ranked = rank(job_id, {*live_agents, node})
+    """True when ``node`` is one of ``live_agents`` and among the first :data:`OWNER_WINDOW` of
+    them in the job's rendezvous order."""
+    ranked = rank(job_id, live_agents)
     return node in ranked[:OWNER_WINDOW]
 
 

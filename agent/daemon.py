@@ -57,7 +57,7 @@ from gossip.identity import IdentityError, load_identity
 from gossip.messages import MemberState
 from gossip.node import GossipNode
 from gossip.replay import ReplayGuard
-from gossip.revocation import RevocationError
+from gossip.revocation import REVOCATIONS_FILE, RevocationError, RevocationList
 from gossip.transport import split_address
 from probers.host import HostProbe, ProbeOptions
 from probers.records import Device, ProbeReport
@@ -86,6 +86,10 @@ class Agent:
         self.trust = CertTrust(self.identity.ca_certificate)
         self.rejections: Counter[str] = Counter()
         config.data_dir.mkdir(parents=True, exist_ok=True)
+        self._revocations_path = config.data_dir / REVOCATIONS_FILE
+        self._load_revocations()
+        self.revoked = asyncio.Event()
+        """Set once this node learns that its own certificate is revoked: it then stops."""
         self.store = Store(config.data_dir / "agent.sqlite")
         self.store.set_node_id(self.node_id)
         self.boot = self.store.next_boot()
@@ -150,6 +154,7 @@ class Agent:
             advertise_host=config.advertise,
             seeds=config.join,
             app_setup=lambda app: api.setup(app, self),
+            on_revocations=self._revocations_changed,
         )
         self.node.subscribe(self._on_gossip)
         self._tasks: list[asyncio.Task[None]] = []
@@ -166,11 +171,39 @@ class Agent:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
+    @property
+    def is_revoked(self) -> bool:
+        """Does the revocation list this agent holds name this node (or its certificate)?"""
+        serial = self.identity.certificate.serial_number
+        return self.trust.revocations.revokes(self.node_id, serial)
+
+    def _load_revocations(self) -> None:
+        """The list kept from before a restart: verified again, applied before anything else."""
+        try:
+            stored = revocation.load(self._revocations_path)
+            if stored is not None:
+                self.trust.apply_revocations(stored, time.time())
+        except RevocationError as exc:
+            log.warning("ignoring %s: %s", self._revocations_path, exc)
+
+    def _revocations_changed(self, revocations: RevocationList) -> None:
+        """Keep the newer list (0600, replaced atomically); stop if it names this node."""
+        revocation.save(self._revocations_path, revocations)
+        if self.is_revoked and not self.revoked.is_set():
+            log.error(
+                "this node's certificate is revoked (list version %d): stopping",
+                revocations.version,
+            )
+            self.events.add("revoked", "this node is revoked: it stops its jobs and the agent")
+            self._stopping = True  # from now on it takes nothing over
+            self.revoked.set()
+
     async def start(self) -> None:
         self.runner.reconcile()
         await self.node.start()
         self._started = True
         self.events.on_own = self._events_changed
+        self.node.publish_revocations()
         self.publish_inventory()
         self._publish_telemetry(force=True)
         self._publish_node(time.monotonic())

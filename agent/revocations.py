@@ -17,18 +17,11 @@ from agent.client import ApiClient, ApiError
 from gossip import revocation
 from gossip.certtrust import CertSigner
 from gossip.identity import ClusterIdentity
-from gossip.revocation import RevocationError, RevocationList
-
-REVOCATIONS_FILE = "revocations.bin"
+from gossip.revocation import REVOCATIONS_FILE, RevocationError, RevocationList
 
 
 def load_revocations(cluster_dir: Path) -> RevocationList:
-    path = cluster_dir / REVOCATIONS_FILE
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return RevocationList.empty()
-    return revocation.decode(data)
+    return revocation.load(cluster_dir / REVOCATIONS_FILE) or RevocationList.empty()
 
 
 def revoke_nodes(
@@ -43,10 +36,7 @@ def revoke_nodes(
         current.version + 1,
         time.time() if now is None else now,
     )
-    path = cluster.directory / REVOCATIONS_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(revocation.encode(signed))
-    tmp.replace(path)
+    revocation.save(cluster.directory / REVOCATIONS_FILE, signed)
     return signed
 
 

@@ -45,6 +45,7 @@ from gossip.transport import (
     GossipClient,
     GossipServer,
     HandlerRejected,
+    RevokedByPeer,
     TransportError,
 )
 
@@ -128,8 +129,13 @@ class GossipNode:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         app_setup: AppSetup | None = None,
+        on_revocations: Callable[[RevocationList], None] | None = None,
     ) -> None:
+        """``on_revocations``: called with the revocation list whenever a newer one is applied
+        (from an operator's command, from gossip, or shown by a peer that refused us), for the
+        caller to keep it and to see whether it names this node."""
         self.identity = identity
+        self._on_revocations_changed = on_revocations
         self._trust = trust
         self._signer = CertSigner(identity)
         self._host = host
@@ -245,10 +251,23 @@ class GossipNode:
         revoked nodes: their connections are refused, their signatures no longer verify, and
         probes to them fail until they are declared dead. Raises :class:`RevocationError`.
         """
+        return self._apply_revocations(revocations)
+
+    def _apply_revocations(self, revocations: RevocationList) -> bool:
+        """Verify, merge, and when newer: gossip it as ours too (every member that holds the
+        list spreads it, so it outlives any one publisher), and tell the caller."""
         changed = self._trust.apply_revocations(revocations, self._wall_clock())
         if changed:
-            self.publish(REVOCATIONS_KIND, revocation.encode(revocations))
+            if self._peer is not None:
+                self.publish(REVOCATIONS_KIND, revocation.encode(self._trust.revocations))
+            if self._on_revocations_changed is not None:
+                self._on_revocations_changed(self._trust.revocations)
         return changed
+
+    def publish_revocations(self) -> None:
+        """Gossip the list this member holds (one loaded from disk at start)."""
+        if self._trust.revocations.version > 0:
+            self.publish(REVOCATIONS_KIND, revocation.encode(self._trust.revocations))
 
     @property
     def revocations(self) -> RevocationList:
@@ -321,12 +340,14 @@ class GossipNode:
     def _on_revocations(self, event: RecordChanged) -> None:
         if event.origin == self.node_id:
             return
+        self._learn_revocations(event.payload, f"gossiped by {event.origin}")
+
+    def _learn_revocations(self, payload: bytes, source: str) -> None:
         try:
-            incoming = revocation.decode(event.payload)
-            self._trust.apply_revocations(incoming, self._wall_clock())
+            self._apply_revocations(revocation.decode(payload))
         except RevocationError as exc:
             self.revocations_rejected += 1
-            log.warning("refused a revocation list gossiped by %s: %s", event.origin, exc)
+            log.warning("refused a revocation list %s: %s", source, exc)
 
     def _spawn_send(self, addr: str, body: bytes, retry: int = 0) -> None:
         if self._stopped or len(self._sends) >= MAX_IN_FLIGHT:
@@ -344,6 +365,10 @@ class GossipNode:
     async def _send(self, addr: str, body: bytes, retry: int = 0) -> None:
         try:
             answer = await self._client.send(addr, body, SEND_TIMEOUT_S)
+        except RevokedByPeer as exc:
+            self.send_failures += 1
+            self._learn_revocations(exc.revocations, f"shown by {addr}")
+            return
         except TransportError:
             self.send_failures += 1
             if addr in self._seeds and retry < len(SEED_RETRY_S) and self._alone():

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import msgpack
@@ -22,6 +24,8 @@ from gossip.identity import Role
 from gossip.trust import Signer
 
 SIGNING_CONTEXT = b"shoal/revocations/v1\x00"
+REVOCATIONS_FILE = "revocations.bin"
+"""Where a list is kept: beside the CA on the operator's machine, in each agent's data folder."""
 MAX_REVOCATIONS_BYTES = 4 * 1024 * 1024
 MAX_ENTRIES = 100_000
 SERIAL_BYTES = 20
@@ -194,3 +198,24 @@ def newer(current: RevocationList, incoming: RevocationList) -> RevocationList:
     if incoming.digest() > current.digest():
         return incoming
     return current
+
+
+def save(path: Path, revocations: RevocationList) -> None:
+    """Write the list to ``path`` (mode 0600 whatever the umask), replacing it atomically."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(encode(revocations))
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, 0o600)  # an existing file keeps its mode through O_CREAT
+    os.replace(tmp, path)
+
+
+def load(path: Path) -> RevocationList | None:
+    """The list kept at ``path`` (parsed, not yet verified), or None when there is none."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    return decode(data)

@@ -37,6 +37,7 @@ from aiohttp import web
 from aiohttp.connector import Connection
 from cryptography import x509
 
+from gossip import revocation
 from gossip.certtrust import Admission, CertTrust
 from gossip.identity import IdentityError, NodeIdentity, Role
 from gossip.tls import PeerIdentity, client_context, peer_identity, server_context
@@ -47,6 +48,8 @@ PATH = "/v1/gossip"
 CONTENT_TYPE = "application/msgpack"
 PROTOCOL_HEADER = "Shoal-Protocol"
 PROTOCOL_VERSION = "1"
+REVOCATIONS_CONTENT_TYPE = "application/x-shoal-revocations"
+"""A 403 "revoked" answer's body: the revocation list that revokes the caller."""
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
 Handler = Callable[[str, Role, bytes], Awaitable[bytes | None]]
@@ -70,6 +73,14 @@ class Unreachable(TransportError):
 
 class PeerMismatch(TransportError):
     """The server's certificate names another node than the one the caller expected."""
+
+
+class RevokedByPeer(TransportError):
+    """The peer refused us as revoked, and showed the revocation list (not yet verified)."""
+
+    def __init__(self, address: str, revocations: bytes) -> None:
+        super().__init__(f"{address} refuses this node as revoked")
+        self.revocations = revocations
 
 
 class RemoteRejected(TransportError):
@@ -372,8 +383,16 @@ class GossipServer:
         if self._trust is not None:
             admission = self._trust.check(peer.node_id, der, self._wall_clock())
             if admission is Admission.REVOKED:
+                # The answer carries the operator-signed list, so that a revoked node that still
+                # runs learns it is revoked (it verifies the list itself) and stops.
                 self.stats.revoked += 1
-                return self._refuse(403, "revoked", close=True)
+                response = web.Response(
+                    status=403,
+                    body=revocation.encode(self._trust.revocations),
+                    content_type=REVOCATIONS_CONTENT_TYPE,
+                )
+                response.force_close()
+                return response
             if admission is not Admission.ADMITTED:
                 self.stats.bad_cert += 1
                 return self._refuse(403, f"certificate {admission.value}", close=True)
@@ -583,6 +602,8 @@ class GossipClient(PooledSession):
             ) as response:
                 if response.status == 204:
                     return None
+                if response.status == 403 and response.content_type == REVOCATIONS_CONTENT_TYPE:
+                    raise RevokedByPeer(address, await self._read_capped(response))
                 if response.status != 200:
                     raise RemoteRejected(response.status, response.reason or "")
                 return await self._read_capped(response)

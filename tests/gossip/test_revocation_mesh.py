@@ -79,6 +79,24 @@ async def test_a_revoked_node_is_shunned_by_every_member(
     for node in (a, b, c):
         states = {m.node: m.state for m in node.members() if m.node in others}
         assert set(states.values()) == {MemberState.ALIVE}
+        # Every member gossips the list as its own: it outlives the one it was first given to.
+        assert node.record(node.node_id, REVOCATIONS_KIND) is not None
+
+
+async def test_a_revoked_node_is_shown_the_list_that_revokes_it(
+    mesh: tuple[ClusterIdentity, list[GossipNode]],
+) -> None:
+    cluster, nodes = mesh
+    a, victim = nodes[0], nodes[3]
+    learned: list[int] = []
+    victim._on_revocations_changed = lambda revocations: learned.append(revocations.version)
+    # Applied everywhere but on the victim, which hears of it only when it is refused.
+    revocations = issue_revocations(CertSigner(cluster.operator), [victim.node_id], [], 1, 0.0)
+    for node in nodes[:3]:
+        node._trust.apply_revocations(revocations, time.time())
+    await eventually("the victim to learn it is revoked", lambda: learned == [1])
+    assert victim.revocations.revokes(victim.node_id)
+    assert a.stats()["transport_revoked"] >= 1
 
 
 async def test_a_list_not_signed_by_an_operator_is_refused_and_counted(

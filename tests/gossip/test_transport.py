@@ -24,7 +24,7 @@ from gossip.identity import (
     init_cluster,
     issue_certificate,
 )
-from gossip.revocation import issue_revocations
+from gossip.revocation import decode, issue_revocations
 from gossip.transport import (
     CONTENT_TYPE,
     PATH,
@@ -35,6 +35,7 @@ from gossip.transport import (
     PeerMismatch,
     RateLimit,
     RemoteRejected,
+    RevokedByPeer,
     TokenBuckets,
     TransportError,
     TransportStats,
@@ -182,9 +183,10 @@ async def test_revoked_peer_is_refused(lab: Lab) -> None:
         GossipServer(lab.a, lab.cluster.ca.certificate, lab.echo, trust=trust) as srv,
         client_for(lab, lab.b) as client,
     ):
-        with pytest.raises(RemoteRejected) as refused:
+        with pytest.raises(RevokedByPeer) as refused:
             await client.send(srv.address, b"x", TIMEOUT_S)
-        assert refused.value.status == 403
+        # The refusal shows the list that revokes it, for the revoked node to see for itself.
+        assert decode(refused.value.revocations) == rl
     assert srv.stats.revoked == 1
     assert lab.seen == []
 

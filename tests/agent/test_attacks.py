@@ -1,0 +1,256 @@
+"""Attacks on real agent processes by a member of the mesh: one agent's stolen key and certificate.
+
+Each attack is made as an intruder would make it, over mutual TLS with the stolen identity, and
+each must be refused and counted with nothing else disturbed: the operator's jobs keep running,
+listings stay true, the victims stay up.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import ssl
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.jobspec import JobSpec, new_job_id
+from agent.localmesh import AgentProcess
+from agent.ownership import rank
+from agent.view import pack
+from gossip import envelope
+from gossip.certtrust import CertSigner
+from gossip.codec import signing_bytes
+from gossip.identity import NodeIdentity, load_identity
+from gossip.messages import Record
+from gossip.node import frame
+from gossip.tls import client_context
+from gossip.transport import CONTENT_TYPE, PATH, PROTOCOL_HEADER, PROTOCOL_VERSION
+from tests.agent.agents import Mesh, spec
+
+pytestmark = pytest.mark.slow
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
+
+
+class Intruder:
+    """Agent ``index``'s stolen identity, used from outside its process."""
+
+    def __init__(self, mesh: Mesh, index: int) -> None:
+        self.mesh = mesh
+        self.agent = mesh.agents[index]
+        self.identity: NodeIdentity = load_identity(self.agent.directory / "identity")
+        self.signer = CertSigner(self.identity)
+        self._ssl: ssl.SSLContext = client_context(self.identity, self.identity.ca_certificate)
+
+    @property
+    def node_id(self) -> str:
+        return self.identity.node_id
+
+    def post(self, a: AgentProcess, path: str, data: bytes, content_type: str) -> int:
+        req = urllib.request.Request(f"https://{a.address}{path}", data=data, method="POST")
+        req.add_header("Content-Type", content_type)
+        if path == PATH:
+            req.add_header(PROTOCOL_HEADER, PROTOCOL_VERSION)
+        try:
+            with urllib.request.urlopen(req, context=self._ssl, timeout=15) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+
+    def call(self, a: AgentProcess, op: str, body: dict[str, Any]) -> int:
+        return self.post(a, f"/v1/internal/{op}", json.dumps(body).encode(), "application/json")
+
+    def gossip_record(self, a: AgentProcess, kind: str, payload: bytes) -> int:
+        """A record under the stolen identity's origin, signed with its key, sent to ``a``."""
+        unsigned = Record(self.node_id, kind, 2**40, 1, payload, b"")
+        signed = Record(
+            self.node_id, kind, 2**40, 1, payload, self.signer.sign(signing_bytes(unsigned))
+        )
+        return self.post(a, PATH, frame(self.agent.address, signed, 1 << 20), CONTENT_TYPE)
+
+
+def metric(mesh: Mesh, a: AgentProcess, name: str, **labels: str) -> float:
+    """A sample of agent ``a``'s ``/metrics`` (0 when absent)."""
+    status, body = mesh.request(a, "GET", "/metrics")
+    assert status == 200
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    pattern = re.compile(rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? (\S+)$", re.M)
+    for found_labels, value in pattern.findall(body.decode()):
+        if ",".join(sorted(found_labels.split(","))) == want or (not want and not found_labels):
+            return float(value)
+    return 0.0
+
+
+def job_out_of_reach(mesh: Mesh, intruder: Intruder) -> str:
+    """A job id whose rendezvous order puts the intruder last: it may act as owner of none."""
+    live = [a.node_id for a in mesh.agents]
+    while True:
+        job_id = new_job_id()
+        if rank(job_id, live)[-1] == intruder.node_id:
+            return job_id
+
+
+def submit_sleeper(mesh: Mesh, intruder: Intruder) -> tuple[str, dict[str, Any]]:
+    """An operator's long job, running, beyond the intruder's reach: its id and record."""
+    job_id = job_out_of_reach(mesh, intruder)
+    status, answer = mesh.command(
+        mesh.agents[0], "submit", {"job_id": job_id, "spec": spec(SLEEPER, gpus=0)}
+    )
+    assert status == 200, answer
+    mesh.wait("the job running", lambda: mesh.job(mesh.agents[0], job_id)["state"] == "running")
+    return job_id, mesh.job(mesh.agents[0], job_id)
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    m = Mesh(tmp_path_factory.mktemp("attacks"), ["h100:1", "mi300x:1", "l4:1", "h100:1"])
+    m.start_all()
+    try:
+        yield m
+    finally:
+        m.stop_all()
+
+
+@pytest.fixture(scope="module")
+def intruder(mesh: Mesh) -> Intruder:
+    return Intruder(mesh, 3)
+
+
+def by_id(mesh: Mesh, node_id: str | None) -> AgentProcess:
+    return next(a for a in mesh.agents if a.node_id == node_id)
+
+
+def test_a_member_cannot_start_a_command_of_its_choice(mesh: Mesh, intruder: Intruder) -> None:
+    victim = mesh.agents[1]
+    before = metric(mesh, victim, "shoal_internal_refused_total", call="start")
+    job_id = job_out_of_reach(mesh, intruder)
+    marker = mesh.root / "pwned"
+    evil = spec(["sh", "-c", f"touch {marker}"], gpus=0)
+    offer = {"job_id": job_id, "attempt": 1, "devices": [], "owner": intruder.node_id}
+    # The old wire form: a spec of the caller's making.
+    assert intruder.call(victim, "start", dict(offer, spec=evil)) == 403
+    # A submission the member signed itself.
+    body = json.dumps({"job_id": job_id, "spec": evil}).encode()
+    forged = envelope.seal(intruder.signer, "submit", body, time.time())
+    sealed = base64.b64encode(forged).decode()
+    assert intruder.call(victim, "start", dict(offer, submission=sealed)) == 403
+    # An operator's genuine submission, shown by a member that may not own the job.
+    genuine = base64.b64encode(mesh.seal("submit", {"job_id": job_id, "spec": evil})).decode()
+    assert intruder.call(victim, "start", dict(offer, submission=genuine)) == 403
+    time.sleep(1.0)
+    assert not marker.exists()
+    assert metric(mesh, victim, "shoal_internal_refused_total", call="start") == before + 3
+
+
+def test_a_member_cannot_stop_an_operators_job(mesh: Mesh, intruder: Intruder) -> None:
+    job_id, job = submit_sleeper(mesh, intruder)
+    runner = by_id(mesh, job["runner"])
+    before = metric(mesh, runner, "shoal_internal_refused_total", call="stop")
+    stop = {"job_id": job_id, "attempt": job["attempt"], "cause": "cancel", "grace_s": 0}
+    assert intruder.call(runner, "stop", stop) == 403
+    # Nor fence its next attempts.
+    assert intruder.call(runner, "stop", dict(stop, attempt=10**9)) == 403
+    time.sleep(1.0)
+    assert mesh.job(mesh.agents[0], job_id)["state"] == "running"
+    assert metric(mesh, runner, "shoal_internal_refused_total", call="stop") == before + 2
+    assert mesh.command(mesh.agents[0], "cancel", {"job_id": job_id})[0] == 200
+
+
+def test_a_member_cannot_make_an_agent_adopt_or_keep_a_job(mesh: Mesh, intruder: Intruder) -> None:
+    victim = mesh.agents[0]
+    marker = mesh.root / "adopted"
+    job_id = new_job_id()
+    record = {
+        "job_id": job_id,
+        "state": "pending",
+        "attempt": 0,
+        "owner": "0" * 32,
+        "runner": None,
+        "submitted_at": time.time(),
+    }
+    evil = spec(["sh", "-c", f"touch {marker}"], gpus=0)
+    forged = envelope.seal(
+        intruder.signer, "submit", json.dumps({"job_id": job_id, "spec": evil}).encode(), 0.0
+    )
+    body = {"record": record, "detail": {}, "submission": base64.b64encode(forged).decode()}
+    for op in ("adopt", "replicate"):
+        assert intruder.call(victim, op, body) in (400, 403)
+    time.sleep(1.0)
+    assert not marker.exists()
+    assert job_id not in {j["job_id"] for j in mesh.get(victim, "/v1/jobs")["jobs"]}
+    assert metric(mesh, victim, "shoal_internal_refused_total", call="adopt") >= 1
+
+
+def test_a_members_job_records_are_not_believed(mesh: Mesh, intruder: Intruder) -> None:
+    job_id, job = submit_sleeper(mesh, intruder)
+    others = [a for a in mesh.agents if a is not intruder.agent]
+    refused = "shoal_records_refused_total"
+    before = {a.index: metric(mesh, a, refused, reason="not_an_owner") for a in others}
+    # "Cancelled", at a generation far beyond the owner's, and naming the intruder as owner.
+    lie = dict(job, state="cancelled", gen=10**9, owner=intruder.node_id)
+    lie.pop("spec", None)
+    # A job no operator submitted, "running" on the first agent.
+    fake_id = new_job_id()
+    fake = dict(lie, job_id=fake_id, state="running", runner=others[0].node_id)
+    for a in others:
+        assert intruder.gossip_record(a, "job/" + job_id, pack(lie)) in (200, 204)
+        assert intruder.gossip_record(a, "job/" + fake_id, pack(fake)) in (200, 204)
+    time.sleep(2.0)  # time for the lie to spread, were it believed
+    for a in others:
+        listed = {j["job_id"]: j for j in mesh.get(a, "/v1/jobs")["jobs"]}
+        assert fake_id not in listed
+        assert listed[job_id]["state"] == "running"
+        assert listed[job_id]["owner"] == job["owner"]
+        assert metric(mesh, a, refused, reason="not_an_owner") > before[a.index]
+    assert mesh.command(mesh.agents[0], "cancel", {"job_id": job_id})[0] == 200
+
+
+def test_a_job_that_cannot_start_fails_with_its_launch_error(mesh: Mesh) -> None:
+    job_id = new_job_id()
+    body = {"job_id": job_id, "spec": spec(["/no/such/program"], gpus=0)}
+    assert mesh.command(mesh.agents[1], "submit", body)[0] == 200
+    mesh.wait("the job failed", lambda: mesh.job(mesh.agents[2], job_id)["state"] == "failed")
+    job = mesh.job(mesh.agents[2], job_id)
+    assert "/no/such/program" in job["reason"] and "No such file" in job["reason"]
+    assert job["attempt"] <= 3
+
+
+def test_plain_http_carries_no_authority(mesh: Mesh) -> None:
+    # The demo once served plain HTTP on loopback, where a header named the caller's role.
+    victim = mesh.agents[0]
+    sealed = JobSpec(command=("true",))
+    req = urllib.request.Request(
+        f"http://{victim.address}/v1/commands",
+        data=json.dumps({"spec": sealed.to_dict()}).encode(),
+        method="POST",
+        headers={"Shoal-Dev-Role": "operator", "Shoal-Dev-Node": "x" * 32},
+    )
+    with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+        urllib.request.urlopen(req, timeout=5)
+    assert metric(mesh, victim, "shoal_gossip_transport_handshake_failed") >= 1
+
+
+def test_a_captured_command_is_refused_after_the_agent_restarts(tmp_path: Path) -> None:
+    mesh = Mesh(tmp_path, ["h100:1"])
+    mesh.start_all()
+    try:
+        a = mesh.agents[0]
+        job_id = new_job_id()
+        sealed = mesh.seal("submit", {"job_id": job_id, "spec": spec(["true"], gpus=0)})
+        assert mesh.command(a, "submit", {}, sealed=sealed)[0] == 200
+        assert mesh.command(a, "cancel", {"job_id": job_id})[0] == 200
+        mesh.terminate(0)
+        mesh.start(0)
+        status, answer = mesh.command(a, "submit", {}, sealed=sealed)
+        assert status == 409 and "replayed" in answer["error"], answer
+        assert metric(mesh, a, "shoal_commands_rejected_total", reason="replayed") == 1
+    finally:
+        mesh.stop_all()
