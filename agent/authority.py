@@ -112,9 +112,11 @@ class Authority:
     def submission(self, sealed: bytes, job_id: str | None = None) -> Submission:
         """The verified submission in ``sealed`` (of ``job_id``, when given)."""
         held = self._verified.get(job_id) if job_id is not None else None
-        if held is not None and held.sealed == sealed:
-            if self._trust.is_revoked(held.operator_id):
-                raise SubmissionRefused(f"submission refused: {held.operator_id} is revoked")
+        if (
+            held is not None
+            and held.sealed == sealed
+            and self._trust.role_of(held.operator_id) == "operator"  # not revoked or expired since
+        ):
             return held
         sub = read_submission(sealed, self._trust, self._wall_clock())
         if job_id is not None and sub.job_id != job_id:
