@@ -555,11 +555,12 @@ class Owner:
     def _hand_over_outranked(self, live: list[str]) -> None:
         """Ownership follows the rendezvous order over the live agents (``agent.authority``): a
         job of ours whose order now puts another agent first, live for ``HANDOVER_SETTLE_S``,
-        is handed to it, between steps (pending and not being placed, running, or ended)."""
+        is handed to it between steps (pending and not being placed, or running). An ended job
+        stays: its last record says all there is."""
         for job in list(self.jobs.values()):
             if job.job_id in self._handing or job.job_id in self._placing:
                 continue
-            if not (job.state in (JobState.PENDING, JobState.RUNNING) or is_terminal(job.state)):
+            if job.state not in (JobState.PENDING, JobState.RUNNING):
                 continue
             first = next(iter(rank(job.job_id, live)), self.node_id)
             if first != self.node_id and self.authority.live_for_s(first) >= HANDOVER_SETTLE_S:
