@@ -35,6 +35,7 @@ from probers.records import DeviceSample, DeviceStatic
 MAX_PAYLOAD_BYTES = 4096
 JOB_PREFIX = "job/"
 SUB_PREFIX = "sub/"
+_ENDED = frozenset({"succeeded", "failed", "cancelled"})
 
 _STATIC_FIELDS = (
     "key",
@@ -228,14 +229,17 @@ class ClusterView:
             for origin, doc in docs.items()
             if self.authority.may_own(job_id, origin)
         ]
-        if len(docs) > 1 or not entitled:
-            self._open.add(job_id)
-        else:
-            self._open.discard(job_id)
         if not entitled:
+            self._open.add(job_id)
             return False
-        _, origin = max(entitled)
+        gen, origin = max(entitled)
         doc = docs[origin]
+        if len(docs) == 1 or (
+            doc.get("state") in _ENDED and gen >= max(job_gen(d) for d in docs.values())
+        ):
+            self._open.discard(job_id)  # nothing membership can change any more
+        else:
+            self._open.add(job_id)
         held = self.jobs.get(job_id)
         if held is not None and held.get("gen") == doc.get("gen") and held.get("owner") == origin:
             return False

@@ -1,0 +1,77 @@
+"""The cluster view believes a job record only from an agent that may own the job, and only for
+a job an operator submitted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent.jobspec import JobSpec, new_job_id
+from agent.ownership import rank
+from agent.view import ClusterView, pack
+from gossip.certtrust import CertSigner
+from tests.agent.authority_kit import Kit
+
+SPEC = JobSpec(command=("true",))
+
+
+def _doc(job_id: str, owner: str, gen: int, state: str = "running") -> bytes:
+    return pack({"job_id": job_id, "owner": owner, "gen": gen, "state": state, "attempt": 1})
+
+
+def test_only_an_owners_records_of_a_submitted_job_are_believed(tmp_path: Path) -> None:
+    kit = Kit(tmp_path)
+    agents = [kit.agent(f"a{i}") for i in range(4)]
+    ids = [a.node_id for a in agents]
+    live = list(ids)
+    view = ClusterView(kit.authority(ids[0], lambda: live, *agents))
+    job_id = new_job_id()
+    first, second, third, last = rank(job_id, ids)
+    # No submission yet: nothing is believed, whoever says it.
+    assert view.apply(first, "job/" + job_id, _doc(job_id, first, 1), 0.0) is None
+    assert job_id not in view.jobs
+    assert view.apply(first, "sub/" + job_id, kit.submission(job_id, SPEC), 0.0) == job_id
+    assert view.jobs[job_id]["owner"] == first
+    assert view.jobs[job_id]["spec"] == SPEC.to_dict()
+    # The last of the order says "cancelled", newer: not believed, and counted.
+    assert view.apply(last, "job/" + job_id, _doc(job_id, last, 99, "cancelled"), 0.0) is None
+    assert view.jobs[job_id]["state"] == "running"
+    assert view.refused["not_an_owner"] == 1
+    # A record that names another owner than its publisher is refused outright.
+    assert view.apply(second, "job/" + job_id, _doc(job_id, first, 50), 0.0) is None
+    assert view.refused["not_its_owner"] == 1
+    # The replica, second in the order, takes over with a newer version: believed.
+    assert view.apply(second, "job/" + job_id, _doc(job_id, second, 2), 0.0) == job_id
+    assert view.jobs[job_id]["owner"] == second
+    # The first two die: the third and the last are the owners now, and the lie is believed
+    # only now that its publisher may own the job.
+    live[:] = [third, last]
+    assert view.membership_changed() == [job_id]
+    assert view.jobs[job_id]["state"] == "cancelled"
+
+
+def test_a_submission_must_be_an_operators_and_of_that_job(tmp_path: Path) -> None:
+    kit = Kit(tmp_path)
+    a = kit.agent("a")
+    view = ClusterView(kit.authority(a.node_id, lambda: [a.node_id], a))
+    job_id, other = new_job_id(), new_job_id()
+    forged = kit.submission(job_id, SPEC, signer=CertSigner(a))
+    assert view.apply(a.node_id, "sub/" + job_id, forged, 0.0) is None
+    assert view.apply(a.node_id, "sub/" + job_id, kit.submission(other, SPEC), 0.0) is None
+    assert view.apply(a.node_id, "sub/" + job_id, b"garbage", 0.0) is None
+    assert view.refused["submission"] == 3
+    assert view.submissions == {}
+
+
+def test_when_no_owner_speaks_the_last_believed_record_stays(tmp_path: Path) -> None:
+    kit = Kit(tmp_path)
+    agents = [kit.agent(f"a{i}") for i in range(3)]
+    ids = [a.node_id for a in agents]
+    live = list(ids)
+    view = ClusterView(kit.authority(ids[0], lambda: live, *agents))
+    job_id = new_job_id()
+    owner = rank(job_id, ids)[0]
+    view.apply(owner, "sub/" + job_id, kit.submission(job_id, SPEC), 0.0)
+    view.apply(owner, "job/" + job_id, _doc(job_id, owner, 3), 0.0)
+    live.remove(owner)  # it died; its successor has not spoken yet
+    assert view.membership_changed() == []
+    assert view.jobs[job_id]["owner"] == owner
