@@ -12,8 +12,17 @@ its PCI class (Instinct boards are 0x0380, not 0x0300). Per card:
   which is ROCm's enumeration order; without KFD, the card's rank among amdgpu cards.
 - temperature: the hwmon sensor labelled ``junction`` (hotspot) if there is one, else ``edge``;
   ``temp_slowdown_c`` is that same sensor's ``_crit``, so a temperature is always judged against
-  its own threshold. Power: ``power1_average``, else ``power1_input`` (microwatts); limit
-  ``power1_cap``.
+  its own threshold. Power: ``power1_average``, else ``power1_input`` (microwatts).
+- power limit: ``power1_cap``, the "selected power cap" in microwatts of the kernel's amdgpu hwmon
+  doc (``Documentation/gpu/amdgpu/thermal.rst``, which includes the ``hwmon`` DOC block of
+  ``drivers/gpu/drm/amd/pm/amdgpu_pm.c``), labelled ``PPT``; its ``_cap_max``, ``_cap_min`` and
+  ``_cap_default`` are a range and a default, not the limit in force, and are not read. A cap that
+  reads 0 or empty (the driver prints an empty line when it cannot get the limit) is ``None``.
+  ``power2_cap`` is not in that doc; ``amdgpu_pm.c`` shows it only on Van Gogh (GC 10.3.1), where
+  ``power1`` is labelled ``slowPPT`` and ``power2`` ``fastPPT``, the short-window limit, always
+  next to ``power1_cap``: so the sustained ``power1_cap`` is the limit and ``power2_cap`` is not
+  read. The driver hides ``power1_cap`` on APUs other than GC 10.3.1 and 9.4.3, so a Phoenix APU
+  has no limit (``None``).
 - links: KFD ``io_links`` to another GPU node (xGMI is type 11, PCIe type 2) and ``p2p_links``
   (peer paths through the CPUs, reported as ``pcie``). Bandwidth is KFD's ``max_bandwidth``
   (megabytes per second) times 8. The PCIe link to the host is kept as a note, not a Link.

@@ -13,8 +13,8 @@ device's ``source`` says which driver (``xe-sysfs`` or ``i915-sysfs``). What the
   ``energy1_input`` (i915), in microjoules. Power is the counter's slope between two readings.
   ``discover()`` records the first reading, so the first ``sample()`` after it already has a power;
   a counter that reads 0, does not move, or goes backwards (wrap, reset) gives ``None`` for that
-  sample. The power cap (``powerN_max``, microwatts) is ``power_limit_mw``; the temperature is the
-  ``pkg`` sensor (or the unlabelled one on i915).
+  sample. The temperature is the ``pkg`` sensor (or the unlabelled one on i915). The power limit
+  is :func:`read_power_limit`, below.
 - utilisation: the GT's idle (RC6) residency counter in milliseconds, xe
   ``device/tileN/gtM/gtidle/idle_residency_ms`` (the first GT of each tile, so the media GT of
   Meteor Lake and later is left out) and i915 ``gt/gt0/rc6_residency_ms`` (or the older
@@ -23,6 +23,33 @@ device's ``source`` says which driver (``xe-sysfs`` or ``i915-sysfs``). What the
   figure.
 
 Integrated GPUs without hwmon (Tiger Lake on xe) give ``None`` for power and temperature.
+
+Power limits. The kernel documents these files, in microwatts, in
+``Documentation/ABI/testing/sysfs-driver-intel-xe-hwmon`` and ``...-i915-hwmon`` (the version
+given is the ``KernelVersion`` written there):
+
+- ``power1_max``: card sustained limit, PL1; reads 0 when disabled (xe 6.5; i915 6.2, where it is
+  the only channel and has no label).
+- ``power2_max``: package sustained limit, PL1; 0 when disabled (xe 6.8).
+- ``power1_cap`` / ``power2_cap``: card / package burst limit, PL2, over a shorter window than PL1
+  and above it; 0 when disabled (xe 6.15; i915 documents no ``_cap``).
+- ``power1_crit``: card reactive critical limit, I1 (xe 6.15, i915 6.2); server parts publish it
+  as ``curr1_crit``, in milliamperes, instead.
+- ``powerN_rated_max``: the card's or package's default TDP, not necessarily the limit in force.
+
+xe labels its channels (``powerN_label``: ``card``, ``pkg``). The captures in
+``tests/fixtures/sysfs`` show what real cards publish: an Arc A380 on xe ``power2_max`` (pkg)
+only, the same card on i915 ``power1_max``; an Arc B580 on xe ``power1_cap`` and ``power1_crit``
+(card) and no ``powerN_max`` at all; a B580 on kernel 6.16 only ``power1_crit``.
+
+So ``power_limit_mw`` is, channel by channel in the order ``card``, ``pkg``, unlabelled (the
+energy counter's order, so that a power and its limit are of the same domain), the first positive
+``powerN_max`` (PL1), else ``powerN_cap`` (PL2): the sustained limit where the driver publishes
+and enables it, else the burst limit, which is then the lowest limit the firmware enforces. A file
+that is missing, unreadable or 0 is passed over; with none left the limit is ``None``.
+``powerN_crit`` is never taken as the limit: it sits far above the others (380 W in both B580
+captures, against a 180 W burst limit) and is kept apart as ``power_crit_mw``. ``rated_max`` is
+not read.
 """
 
 from __future__ import annotations
@@ -149,7 +176,11 @@ class IntelHwmon:
     """The cumulative energy counter in microjoules (``card``, else ``pkg``, else unlabelled)."""
     energy_label: str | None
     power_limit_mw: int | None
+    """The sustained limit, else the burst limit (:func:`read_power_limit`)."""
+    power_limit_file: str | None
+    """The file ``power_limit_mw`` came from (``power2_max``, ``power1_cap``, ...)."""
     power_crit_mw: int | None
+    """The critical limit (``powerN_crit``), never taken as ``power_limit_mw``."""
     temp_c: float | None
     """The package (GPU) temperature."""
     vram_temp_c: float | None
@@ -210,10 +241,15 @@ def read_idle_residency_ms(card_dir: Path, driver: str) -> tuple[int, int] | Non
 
 
 def _labelled(hwmon: Path, kind: str, suffix: str) -> dict[str, Path]:
-    """``{label: path}`` for ``<kind>N_<suffix>`` files; an unlabelled channel is keyed ``""``."""
+    """``{label: path}`` for ``<kind>N_<suffix>`` files; an unlabelled channel is keyed ``""``.
+
+    N is digits only: asking for ``power`` ``max`` must not also find ``power1_rated_max``.
+    """
     found: dict[str, Path] = {}
     for path in sorted(hwmon.glob(f"{kind}[0-9]*_{suffix}")):
         channel = path.name[: -len(suffix) - 1]
+        if not channel[len(kind) :].isdigit():
+            continue
         label = (read_text(hwmon / f"{channel}_label") or "").lower()
         found.setdefault(label, path)
     return found
@@ -231,6 +267,24 @@ def _milli_to_c(value: int | None) -> float | None:
     return value / 1000 if value is not None else None
 
 
+CHANNEL_ORDER = ("card", "pkg", "")
+"""hwmon channel labels in the order they are taken: xe's card, xe's package, i915's unlabelled."""
+POWER_LIMIT_ORDER = ("max", "cap")
+"""Within a channel: sustained limit PL1 (``powerN_max``), else burst limit PL2 (``powerN_cap``)."""
+
+
+def read_power_limit(hwmon: Path) -> tuple[int, str] | None:
+    """``(microwatts, file name)`` of the limit in force, or ``None``; see the module docstring."""
+    found = {suffix: _labelled(hwmon, "power", suffix) for suffix in POWER_LIMIT_ORDER}
+    for label in CHANNEL_ORDER:
+        for suffix in POWER_LIMIT_ORDER:
+            path = found[suffix].get(label)
+            value = read_int(path) if path is not None else None
+            if path is not None and value is not None and value > 0:
+                return value, path.name
+    return None
+
+
 def read_hwmon(device_dir: Path) -> IntelHwmon | None:
     """The first hwmon folder of an Intel GPU, or ``None`` when the driver exposes none."""
     dirs = hwmon_dirs(device_dir)
@@ -238,10 +292,10 @@ def read_hwmon(device_dir: Path) -> IntelHwmon | None:
         return None
     hwmon = dirs[0]
     energy = _labelled(hwmon, "energy", "input")
-    energy_label = next((label for label in ("card", "pkg", "") if label in energy), None)
+    energy_label = next((label for label in CHANNEL_ORDER if label in energy), None)
     energy_path = energy[energy_label] if energy_label is not None else None
-    power_max = _pick(_labelled(hwmon, "power", "max"), "card", "pkg", "")
-    power_crit = _pick(_labelled(hwmon, "power", "crit"), "card", "pkg", "")
+    limit = read_power_limit(hwmon)
+    power_crit = _pick(_labelled(hwmon, "power", "crit"), *CHANNEL_ORDER)
     temps = _labelled(hwmon, "temp", "input")
     temp_path = _pick(temps, "pkg", "")
     crit_path = (
@@ -250,7 +304,8 @@ def read_hwmon(device_dir: Path) -> IntelHwmon | None:
     return IntelHwmon(
         energy_uj=read_int(energy_path) if energy_path else None,
         energy_label=energy_label or None,
-        power_limit_mw=_micro_to_milli(read_int(power_max)) if power_max else None,
+        power_limit_mw=_micro_to_milli(limit[0]) if limit else None,
+        power_limit_file=limit[1] if limit else None,
         power_crit_mw=_micro_to_milli(read_int(power_crit)) if power_crit else None,
         temp_c=_milli_to_c(read_int(temp_path)) if temp_path else None,
         vram_temp_c=_milli_to_c(read_int(temps["vram"])) if "vram" in temps else None,

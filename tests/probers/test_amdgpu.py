@@ -248,6 +248,16 @@ def test_zero_power_cap_is_unknown(tmp_path: Path) -> None:
     assert AmdgpuProber(root).sample()[0].power_limit_mw is None
 
 
+def test_power2_cap_is_never_the_limit(tmp_path: Path) -> None:
+    # Van Gogh's fastPPT (power2_cap) is a short-window limit: only power1_cap is taken.
+    root = _copy("amd-rx580", tmp_path)
+    hwmon = root / RX580 / "hwmon/hwmon4"
+    (hwmon / "power2_cap").write_text("200000000\n")
+    assert AmdgpuProber(root).sample()[0].power_limit_mw == 155000
+    (hwmon / "power1_cap").write_text("\n")  # amdgpu prints an empty line when it has no limit
+    assert AmdgpuProber(root).sample()[0].power_limit_mw is None
+
+
 # --- names ---------------------------------------------------------------------------------------
 
 

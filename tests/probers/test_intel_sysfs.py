@@ -1,4 +1,5 @@
-"""The xe/i915 sysfs prober against captured Arc A380 (xe and i915) and Tiger Lake (xe) trees."""
+"""The xe/i915 sysfs prober against captured Arc A380 (xe, i915), Arc B580 (xe, two kernels) and
+Tiger Lake (xe) trees."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from probers.intel_sysfs import (
     read_frequency,
     read_hwmon,
     read_idle_residency_ms,
+    read_power_limit,
 )
 from tests.support import SYSFS
 
@@ -27,6 +29,12 @@ XE_HWMON = f"{XE_CARD}/device/hwmon/hwmon0"
 I915_HWMON = f"{I915_CARD}/device/hwmon/hwmon1"
 XE_IDLE = f"{XE_CARD}/device/tile0/gt0/gtidle/idle_residency_ms"
 I915_RC6 = f"{I915_CARD}/gt/gt0/rc6_residency_ms"
+
+B580 = "intel-b580-xe"  # power1_cap and power1_crit, no powerN_max
+B580_616 = "intel-b580-xe-6.16"  # kernel 6.16: power1_crit only
+B580_CARD = "sys/class/drm/card1"
+B580_HWMON = f"{B580_CARD}/device/hwmon/hwmon3"
+B580_616_HWMON = f"{B580_CARD}/device/hwmon/hwmon4"
 
 XE_ENERGY_UJ = 59540970520  # energy2_input, label "pkg"
 I915_ENERGY_UJ = 25637161804  # energy1_input, no label
@@ -79,6 +87,7 @@ def test_xe_a380_hwmon_and_frequency() -> None:
     assert hwmon.energy_uj == XE_ENERGY_UJ
     assert hwmon.energy_label == "pkg"
     assert hwmon.power_limit_mw == 55000  # power2_max 55000000 uW, label pkg
+    assert hwmon.power_limit_file == "power2_max"
     assert hwmon.temp_c == 56.0  # temp2 pkg
     assert hwmon.vram_temp_c == 54.0  # temp3 vram
     assert hwmon.power_crit_mw is None
@@ -117,7 +126,9 @@ def test_i915_a380() -> None:
     assert hwmon.energy_uj == I915_ENERGY_UJ
     assert hwmon.energy_label is None
     assert hwmon.temp_c == 55.0
-    assert hwmon.power_limit_mw == 55000
+    assert hwmon.power_limit_mw == 55000  # power1_max 55000000 uW, no label
+    assert hwmon.power_limit_file == "power1_max"
+    assert hwmon.power_crit_mw is None
     assert read_frequency(card, "i915") == IntelFrequency(cur_mhz=600, act_mhz=600, max_mhz=2450)
     assert read_idle_residency_ms(card, "i915") == (I915_RC6_MS, 1)
     clock.now += 1.0
@@ -146,6 +157,59 @@ def test_tigerlake_igpu_without_hwmon() -> None:
     assert sample.healthy is True
     assert (sample.temp_c, sample.power_mw, sample.power_limit_mw) == (None, None, None)
     assert sample.error is not None and "hwmon" in sample.error
+
+
+def test_xe_b580_static() -> None:
+    prober = IntelSysfsProber(SYSFS / B580, clock=FakeClock())
+    (dev,) = prober.discover()
+    assert dev.key == "pci:0000:0b:00.0"
+    assert dev.name == "Intel Arc B580 Graphics"
+    assert dev.arch == "bmg/xe2-hpg"
+    assert dev.source == "xe-sysfs"
+    assert dev.unified_memory is False
+    assert dev.temp_slowdown_c is None  # no temp2_crit in this capture
+
+
+def test_xe_b580_limit_is_the_burst_limit_when_no_sustained_one() -> None:
+    card = SYSFS / B580 / B580_CARD
+    hwmon = read_hwmon(card / "device")
+    assert hwmon is not None
+    assert hwmon.power_limit_mw == 180000  # power1_cap 180000000 uW, label card
+    assert hwmon.power_limit_file == "power1_cap"
+    assert hwmon.power_crit_mw == 380000  # power1_crit 380000000 uW: kept apart
+    assert (hwmon.energy_uj, hwmon.energy_label) == (435636211730, "card")
+    assert (hwmon.temp_c, hwmon.vram_temp_c) == (62.0, 64.0)
+    assert read_frequency(card, "xe") == IntelFrequency(cur_mhz=2850, act_mhz=2733, max_mhz=2850)
+    assert read_idle_residency_ms(card, "xe") == (3200280, 1)  # gt1, the media GT, left out
+
+
+def test_xe_b580_sample_reports_the_limit() -> None:
+    clock = FakeClock()
+    prober = IntelSysfsProber(SYSFS / B580, clock=clock)
+    prober.discover()
+    clock.now += 1.0
+    (sample,) = prober.sample()
+    assert sample.healthy is True
+    assert sample.power_limit_mw == 180000
+    assert sample.temp_c == 62.0
+
+
+def test_xe_b580_616_publishes_no_limit() -> None:
+    card = SYSFS / B580_616 / B580_CARD
+    hwmon = read_hwmon(card / "device")
+    assert hwmon is not None
+    assert (hwmon.power_limit_mw, hwmon.power_limit_file) == (None, None)
+    assert hwmon.power_crit_mw == 380000  # power1_crit is there but is not a limit to report
+    assert (hwmon.temp_c, hwmon.vram_temp_c) == (46.0, 48.0)
+    clock = FakeClock()
+    prober = IntelSysfsProber(SYSFS / B580_616, clock=clock)
+    (dev,) = prober.discover()
+    assert dev.name == "Intel Arc B580 Graphics"
+    clock.now += 1.0
+    (sample,) = prober.sample()
+    assert sample.power_limit_mw is None
+    # This kernel's card counter (energy1_input) reads 0; the pkg one (energy2) is not used.
+    assert (sample.power_mw, sample.error) == (None, "energy counter reads 0")
 
 
 # --- variants in copies -------------------------------------------------------------------------
@@ -301,6 +365,61 @@ def test_vram_size_and_temp_crit_when_published(tmp_path: Path) -> None:
     assert dev.mem_total_bytes == 6442450944
     assert dev.mem_note is None
     assert dev.temp_slowdown_c == 105.0
+
+
+def test_missing_power1_cap_leaves_the_limit_unknown(tmp_path: Path) -> None:
+    root = copy_tree(B580, tmp_path)
+    (root / B580_HWMON / "power1_cap").unlink()
+    hwmon = read_hwmon(root / B580_CARD / "device")
+    assert hwmon is not None
+    assert (hwmon.power_limit_mw, hwmon.power_limit_file) == (None, None)
+    assert hwmon.power_crit_mw == 380000
+    clock = FakeClock()
+    prober = IntelSysfsProber(root, clock=clock)
+    prober.discover()
+    clock.now += 1.0
+    assert prober.sample()[0].power_limit_mw is None
+
+
+def test_missing_power_max_leaves_the_a380_limit_unknown(tmp_path: Path) -> None:
+    root = copy_tree("intel-a380-xe", tmp_path)
+    (root / XE_HWMON / "power2_max").unlink()
+    assert read_power_limit(root / XE_HWMON) is None
+    hwmon = read_hwmon(root / XE_CARD / "device")
+    assert hwmon is not None and hwmon.power_limit_mw is None
+
+
+def test_sustained_limit_preferred_over_burst(tmp_path: Path) -> None:
+    root = copy_tree(B580, tmp_path)
+    write(root, f"{B580_HWMON}/power1_max", 150000000)
+    assert read_power_limit(root / B580_HWMON) == (150000000, "power1_max")
+
+
+def test_disabled_sustained_limit_falls_back_to_burst(tmp_path: Path) -> None:
+    root = copy_tree(B580, tmp_path)
+    write(root, f"{B580_HWMON}/power1_max", 0)  # the ABI: 0 means PL1 is disabled
+    assert read_power_limit(root / B580_HWMON) == (180000000, "power1_cap")
+    write(root, f"{B580_HWMON}/power1_cap", 0)
+    assert read_power_limit(root / B580_HWMON) is None  # power1_crit is never taken
+
+
+def test_limit_follows_the_energy_counter_domain(tmp_path: Path) -> None:
+    root = copy_tree(B580, tmp_path)
+    write(root, f"{B580_HWMON}/power2_max", 120000000)
+    write(root, f"{B580_HWMON}/power2_label", "pkg")
+    # The card's burst limit bounds the card power being reported; the package's PL1 does not.
+    assert read_power_limit(root / B580_HWMON) == (180000000, "power1_cap")
+    (root / B580_HWMON / "power1_cap").unlink()
+    assert read_power_limit(root / B580_HWMON) == (120000000, "power2_max")
+
+
+def test_rated_max_is_not_a_limit(tmp_path: Path) -> None:
+    root = copy_tree("intel-a380-i915", tmp_path)
+    (root / I915_HWMON / "power1_max").unlink()  # power1_rated_max (the default TDP) stays
+    assert (root / I915_HWMON / "power1_rated_max").is_file()
+    hwmon = read_hwmon(root / I915_CARD / "device")
+    assert hwmon is not None
+    assert (hwmon.power_limit_mw, hwmon.power_limit_file) == (None, None)
 
 
 def test_card_label_preferred_over_pkg(tmp_path: Path) -> None:
