@@ -39,6 +39,11 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--name", metavar="NAME", help="how operators see this host")
     parser.add_argument("--zone", metavar="ZONE", help="failure domain / rack label")
+    parser.add_argument(
+        "--job-user",
+        metavar="USER",
+        help='user jobs run as (root agents: default shoal-job, else nobody; "" the agent\'s own)',
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
 
 
@@ -59,6 +64,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         sim_seed=args.sim_seed,
         name=args.name,
         zone=args.zone,
+        job_user=args.job_user,
         labels=labels,
     )
 

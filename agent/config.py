@@ -13,6 +13,7 @@ Example::
     zone = "rack-a"
     datasets = ["imagenet"]
     cost_per_hour = 2.5
+    job_user = "shoal-job"
 
     [labels]
     team = "vision"
@@ -68,6 +69,11 @@ class AgentConfig:
     """Default grace for ``drain``: running jobs may finish within it, then they are requeued."""
     rpc_timeout_s: float = 5.0
     """Timeout of one agent-to-agent call."""
+    job_user: str | None = None
+    """The user jobs run as. Unset: when the agent runs as root, ``shoal-job`` if that user
+    exists, else ``nobody``; an agent that is not root cannot switch users and runs jobs as its own
+    user (a job can then read the agent's key: it says so in its log). ``""``: the agent's own
+    user, even as root. A name: that user (the agent must be root unless it is its own)."""
 
     @property
     def identity_path(self) -> Path:

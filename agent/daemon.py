@@ -111,7 +111,9 @@ class Agent:
         self.report: ProbeReport = self.probe.refresh()
         self._sim = next((p for p in self.probe.probers if p.source == "sim"), None)
         self.executor = ProcessExecutor(
-            ExecutorConfig(data_dir=config.data_dir, grace_s=config.stop_grace_s),
+            ExecutorConfig(
+                data_dir=config.data_dir, grace_s=config.stop_grace_s, job_user=config.job_user
+            ),
             on_event=lambda e: self.runner.on_exec_event(e),
         )
         self.runner = Runner(

@@ -1,13 +1,15 @@
 """Running jobs as local processes: the ``Executor`` seam and the ``ProcessExecutor``.
 
 Each attempt runs as a subprocess in its own session and process group (a new process group on
-Windows), so stopping a job reaches every process it started. Its stdout and stderr go, merged, to
-``<data_dir>/jobs/<job_id>/output.log`` (size-rotated; every attempt on this node appends, between
-``[shoal]`` marker lines). Stopping sends the job's checkpoint signal (``SIGTERM`` unless it asked
-for another) to the whole group, waits a grace period, then sends ``SIGKILL`` to the whole group.
-When the main process exits on its own, whatever it left behind in its group is killed too.
+Windows), as the job user (``agent.jobuser``), from a clean environment, in its own folder
+``<data_dir>/jobs/<job_id>/``. Its stdout and stderr go, merged, to ``output.log`` there
+(size-rotated; every attempt on this node appends, between ``[shoal]`` marker lines). Stopping
+sends the job's checkpoint signal (``SIGTERM`` unless it asked for another) to the whole group,
+waits a grace period, then sends ``SIGKILL`` to the group and to every other process the attempt
+started (``agent.containment``: its cgroup, or the orphans the agent adopted as a subreaper). When
+the main process exits on its own, whatever it left behind is killed the same way.
 
-The executor reports what happens as events (frozen dataclasses below), to a callback or, when
+The executor reports what happens as events (``agent.execevents``), to a callback or, when
 none is given, into the ``events`` queue. ``Exited`` is always the last event of an attempt.
 
 Jobs talk back through the progress convention of ``agent.progress`` (a stdout line or the file
@@ -22,11 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import functools
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -35,11 +34,32 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal, Protocol, TypeAlias, cast
+from typing import Final, Protocol, cast
 
+from agent.containment import ContainmentChoice, attempt_key, open_cage
+from agent.execevents import (
+    Cancelled,
+    ExecEvent,
+    ExitCause,
+    Exited,
+    ProgressChanged,
+    Started,
+    StopCause,
+    TimedOut,
+)
 from agent.jobspec import CHECKPOINT_SIGNALS, JobSpec, check_job_id
+from agent.jobuser import (
+    base_env,
+    log_job_user,
+    lookup_job_user,
+    prepare_job_folder,
+    prepare_jobs_folder,
+    read_job_file,
+    resolve_job_user,
+    unreachable,
+)
 from agent.logfiles import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, LOG_NAME, RotatingLog, follow, tail
-from agent.pinning import GangRank, job_env
+from agent.pinning import GangRank, job_env, reserved_env
 from agent.progress import (
     PROGRESS_FILE_ENV,
     PROGRESS_PREFIX,
@@ -48,17 +68,28 @@ from agent.progress import (
     parse_fraction,
     parse_progress_line,
 )
+from agent.spawn import death_signal_launcher as _death_signal_launcher
+from agent.spawn import signal_name, spawn, use_pidfd_child_watcher
 from probers.records import DeviceStatic
 
-log = logging.getLogger("shoal.executor")
-
-StopCause = Literal["cancel", "preempt", "migrate", "drain", "fenced", "shutdown"]
-"""Why the agent stopped a job: the operator cancelled it, a higher-priority job preempted it, it
-moves elsewhere, its node drains, a newer attempt runs elsewhere, or the agent shuts down."""
-ExitCause = Literal[
-    "exit", "timeout", "cancel", "preempt", "migrate", "drain", "fenced", "shutdown"
+__all__ = [
+    "Cancelled",
+    "ExecEvent",
+    "Executor",
+    "ExecutorConfig",
+    "ExitCause",
+    "Exited",
+    "Launch",
+    "LaunchError",
+    "ProcessExecutor",
+    "ProgressChanged",
+    "Started",
+    "StopCause",
+    "TimedOut",
+    "use_pidfd_child_watcher",
 ]
-"""``exit``: the job ended on its own; ``timeout``: it hit ``max_runtime_s``; else a StopCause."""
+
+log = logging.getLogger("shoal.executor")
 
 _READ_CHUNK: Final = 64 * 1024
 _PIPE_DRAIN_S: Final = 2.0
@@ -86,8 +117,14 @@ class ExecutorConfig:
     """How often the progress file is looked at."""
     progress_event_interval_s: float = 1.0
     """At most one ``ProgressChanged`` per job per this many seconds (the latest is always kept)."""
-    inherit_env: bool = True
-    """Start from the agent's own environment (else from the launch's variables alone)."""
+    job_user: str | None = ""
+    """Who jobs run as: ``""`` the agent's own user (this class's default, for the executor used
+    alone); ``None`` a dedicated user when the agent runs as root (``shoal-job``, else
+    ``nobody``), else the agent's own; a name, that user (the agent must be root to switch).
+    ``AgentConfig.job_user`` is passed here unchanged, with ``None`` as its default."""
+    containment: ContainmentChoice = "auto"
+    """How every process of a job is found and killed (``agent.containment``): ``auto`` takes
+    a cgroup where the agent may make one, else the subreaper (Linux), else the process group."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +135,7 @@ class Launch:
     attempt: int
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
-    """Variables on top of the agent's environment: the job's own, then Shoal's (pinning...)."""
+    """Variables on top of the job user's clean base: the job's own, then Shoal's (pinning...)."""
     cwd: str | None = None
     """Working directory; ``None`` runs in the job's folder."""
     max_runtime_s: float | None = None
@@ -126,10 +163,10 @@ class Launch:
         devices: Sequence[DeviceStatic] = (),
         gang: GangRank | None = None,
     ) -> Launch:
-        """The launch for ``spec``: its env, then the pinning variables, which win."""
+        """The launch for ``spec``: its env (less any name Shoal reserves), then Shoal's."""
         if spec.image is not None:
             raise LaunchError("container images are not supported by the process executor yet")
-        env = dict(spec.env)
+        env = {k: v for k, v in spec.env.items() if reserved_env(k) is None}
         env.update(
             job_env(
                 devices,
@@ -148,79 +185,6 @@ class Launch:
             max_runtime_s=spec.max_runtime_s,
             stop_signal=spec.checkpoint_signal,
         )
-
-
-# -- events --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Started:
-    """The attempt's process runs."""
-
-    job_id: str
-    attempt: int
-    pid: int
-    pgid: int | None
-    """Its process group (equal to ``pid`` on POSIX); ``None`` on Windows."""
-    started_at: float
-    """Epoch seconds."""
-    log_path: Path
-
-
-@dataclass(frozen=True, slots=True)
-class ProgressChanged:
-    """The job reported progress."""
-
-    job_id: str
-    attempt: int
-    progress: ProgressReport
-
-
-@dataclass(frozen=True, slots=True)
-class TimedOut:
-    """The attempt reached its ``max_runtime_s``; stopping it has begun."""
-
-    job_id: str
-    attempt: int
-    max_runtime_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class Cancelled:
-    """The agent asked the attempt to stop; its group got ``signal``, SIGKILL follows after
-    ``grace_s`` if it is still there."""
-
-    job_id: str
-    attempt: int
-    cause: StopCause
-    signal: str
-    grace_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class Exited:
-    """The attempt is over and its process group is gone. Always the attempt's last event."""
-
-    job_id: str
-    attempt: int
-    exit_code: int | None
-    """The process's exit status; ``None`` when a signal ended it."""
-    signal: str | None
-    """The signal that ended it (``"SIGKILL"``), when one did."""
-    cause: ExitCause
-    started_at: float
-    finished_at: float
-    """Epoch seconds."""
-    runtime_s: float
-    """Measured on the monotonic clock."""
-
-    @property
-    def ok(self) -> bool:
-        """Ended on its own with status 0."""
-        return self.cause == "exit" and self.exit_code == 0
-
-
-ExecEvent: TypeAlias = Started | ProgressChanged | TimedOut | Cancelled | Exited
 
 
 # -- the seam ------------------------------------------------------------------------------------
@@ -318,6 +282,8 @@ class _Run:
         self.timers: list[asyncio.TimerHandle] = []
         self.poller: asyncio.Task[None] | None = None
         self.supervisor: asyncio.Task[None] | None = None
+        self.sweeper: asyncio.Task[None] | None = None
+        """Kills what the attempt started outside its group, once SIGKILL is due."""
 
 
 class ProcessExecutor:
@@ -333,6 +299,12 @@ class ProcessExecutor:
         self._runs: dict[str, _Run] = {}
         self._starting: set[str] = set()
         self._finished: OrderedDict[str, tuple[Exited, ProgressReport | None]] = OrderedDict()
+        self.user = lookup_job_user(resolve_job_user(config.job_user))
+        """Who jobs run as (``agent.jobuser``)."""
+        jobs = prepare_jobs_folder(config.data_dir, self.user)
+        self.cage = open_cage(config.containment, config.data_dir)
+        """How every process of a job is killed with it (``agent.containment``)."""
+        log_job_user(self.user, self.cage.mode, unreachable(jobs, self.user))
 
     # paths
 
@@ -355,23 +327,36 @@ class ProcessExecutor:
 
     async def _start(self, launch: Launch) -> Started:
         job_dir = self.job_dir(launch.job_id)
-        job_dir.mkdir(parents=True, exist_ok=True)
+        prepare_job_folder(job_dir, self.user)
         progress_file = job_dir / "progress"
         progress_file.unlink(missing_ok=True)
-        env: dict[str, str] = dict(os.environ) if self.config.inherit_env else {}
+        env = base_env(self.user, os.environ)
         env.update(launch.env)
+        # The marker the subreaper tells a job's orphans by (agent.containment), never the job's.
+        env["SHOAL_JOB_ID"], env["SHOAL_ATTEMPT"] = launch.job_id, str(launch.attempt)
         env[PROGRESS_FILE_ENV] = str(progress_file)
         if "SHOAL_CHECKPOINT_DIR" not in launch.env:
             checkpoint_dir = job_dir / "checkpoint"
-            checkpoint_dir.mkdir(exist_ok=True)
+            prepare_job_folder(checkpoint_dir, self.user)
             env["SHOAL_CHECKPOINT_DIR"] = str(checkpoint_dir)
         out = RotatingLog(job_dir / LOG_NAME, self.config.log_max_bytes, self.config.log_backups)
         out.write(_marker(f"attempt {launch.attempt} starting: {' '.join(launch.argv)}"))
         run = _Run(launch, out, progress_file)
         protocol = _JobProtocol(lambda data: self._on_output(run, data))
+        key = attempt_key(launch.job_id, launch.attempt)
         try:
-            transport = await _spawn(protocol, launch.argv, env, launch.cwd or str(job_dir))
+            self.cage.enter(key)
+            transport = await spawn(
+                protocol,
+                launch.argv,
+                env,
+                launch.cwd or str(job_dir),
+                user=self.user,
+                cgroup_procs=self.cage.cgroup_procs(key),
+                launcher=_death_signal_launcher(),
+            )
         except (OSError, ValueError) as exc:
+            self.cage.leave(key)
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             where = getattr(exc, "filename", None)
             if where is not None and str(where) != launch.argv[0]:
@@ -380,10 +365,15 @@ class ProcessExecutor:
             out.write(_marker(f"attempt {launch.attempt} {message}"))
             out.close()
             raise LaunchError(message) from None
+        except BaseException:
+            self.cage.leave(key)
+            out.close()
+            raise
         loop = asyncio.get_running_loop()
         run.transport, run.protocol = transport, protocol
         run.pid = transport.get_pid()
         run.pgid = run.pid if sys.platform != "win32" else None
+        self.cage.started(key, run.pid)
         run.started_at, run.started_mono = time.time(), loop.time()
         self._runs[launch.job_id] = run
         self._finished.pop(launch.job_id, None)
@@ -441,6 +431,7 @@ class ProcessExecutor:
             self._begin_stop(run, "shutdown", self.config.grace_s)
         if runs:
             await asyncio.gather(*(asyncio.shield(r.done) for r in runs))
+        self.cage.close()
 
     # stopping
 
@@ -475,18 +466,23 @@ class ProcessExecutor:
     def _kill(self, run: _Run) -> None:
         if not run.done.done():
             _signal_group(run, "SIGKILL")
+            run.sweeper = asyncio.create_task(self.cage.kill(_key(run)))
 
     # watching
 
     async def _supervise(self, run: _Run) -> None:
         assert run.transport is not None and run.protocol is not None
         await run.protocol.exited
-        # The leader is gone; whatever it left in its group goes too.
+        # The leader is gone; whatever it left, in its group or out of it, goes too.
         _signal_group(run, "SIGKILL", leftovers=True)
-        for timer in run.timers:
-            timer.cancel()
-        if run.poller is not None:
-            run.poller.cancel()
+        for task in (*run.timers, run.poller, run.sweeper):
+            if task is not None:
+                task.cancel()
+        try:
+            await self.cage.kill(_key(run))
+        except Exception:  # never leave the attempt unreported
+            log.exception("cannot kill what job %s left", run.launch.job_id)
+        self.cage.leave(_key(run))
         # A process that left the group may still hold the pipe: do not wait for it forever.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(run.protocol.closed), _PIPE_DRAIN_S)
@@ -497,7 +493,7 @@ class ProcessExecutor:
         exit_code: int | None = returncode
         sig_name: str | None = None
         if returncode is not None and returncode < 0:
-            exit_code, sig_name = None, _signal_name(-returncode)
+            exit_code, sig_name = None, signal_name(-returncode)
         exited = Exited(
             job_id=run.launch.job_id,
             attempt=run.launch.attempt,
@@ -545,16 +541,11 @@ class ProcessExecutor:
             self._read_progress_file(run)
 
     def _read_progress_file(self, run: _Run) -> None:
-        try:
-            st = run.progress_file.stat()
-            stamp = (st.st_mtime_ns, st.st_size)
-            if stamp == run.progress_stamp:
-                return
-            text = run.progress_file.read_text(encoding="utf-8", errors="replace")
-        except OSError:
+        read = read_job_file(run.progress_file, self.user.uid, unless=run.progress_stamp)
+        if read is None:
             return
-        run.progress_stamp = stamp
-        parsed = parse_fraction(text)
+        run.progress_stamp, data = read
+        parsed = parse_fraction(data.decode("utf-8", errors="replace"))
         if parsed is not None:
             self._progress(run, *parsed)
 
@@ -583,113 +574,6 @@ def _marker(text: str) -> bytes:
     return f"[shoal] {text}\n".encode()
 
 
-async def _spawn(
-    protocol: _JobProtocol, argv: Sequence[str], env: Mapping[str, str], cwd: str
-) -> asyncio.SubprocessTransport:
-    loop = asyncio.get_running_loop()
-    if sys.platform == "win32":
-        transport, _ = await loop.subprocess_exec(
-            lambda: protocol,
-            *argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=dict(env),
-            cwd=cwd,
-            creationflags=subprocess.CREATE_NEW_PROCESS_GROUP,
-        )
-        return transport
-    launcher = _death_signal_launcher()
-    preexec: Callable[[], None] | None = None
-    if launcher:
-        _check_program(argv[0], env, cwd)  # setpriv would only fail after the start
-        argv = (*launcher, *argv)
-    else:
-        preexec = _die_with_agent()
-    transport, _ = await loop.subprocess_exec(
-        lambda: protocol,
-        *argv,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=dict(env),
-        cwd=cwd,
-        start_new_session=True,
-        preexec_fn=preexec,
-    )
-    return transport
-
-
-def use_pidfd_child_watcher() -> None:
-    """Have asyncio wait for job processes through pidfds (Linux 5.3+) on Python 3.11.
-
-    3.11's default watcher starts a thread for every child and waits for it to run: ~2 ms per
-    job start on an idle machine, far more on a busy one. 3.12 uses pidfds by itself.
-    Call before the event loop starts.
-    """
-    if sys.platform != "linux" or sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
-        return
-    try:
-        os.close(os.pidfd_open(os.getpid()))
-    except OSError:  # a kernel without pidfds, or a sandbox that refuses them
-        return
-    asyncio.set_child_watcher(asyncio.PidfdChildWatcher())
-
-
-@functools.cache
-def _death_signal_launcher() -> tuple[str, ...]:
-    """``setpriv --pdeathsig KILL --`` (util-linux) where it exists, else nothing.
-
-    The job's leader must get SIGKILL if the agent dies (``PR_SET_PDEATHSIG``): without it a
-    job that never writes would outlive a ``kill -9`` of its agent and could run beside the
-    attempt its owner starts elsewhere. setpriv sets it and execs the job, in the same process.
-    The fallback, a ``preexec_fn``, makes Python fork the whole agent and run Python in the
-    child instead of using vfork: ~4 ms per start on an idle machine and ~20 ms on a busy one,
-    against ~0.4 ms with setpriv.
-    """
-    if not sys.platform.startswith("linux"):
-        return ()
-    setpriv = shutil.which("setpriv")
-    return (setpriv, "--pdeathsig", "KILL", "--") if setpriv else ()
-
-
-def _check_program(program: str, env: Mapping[str, str], cwd: str) -> None:
-    """Raise the OSError exec would raise for a program that is missing or not executable."""
-    if os.sep in program:
-        path: str | None = os.path.join(cwd, program)
-    else:
-        path = shutil.which(program, path=env.get("PATH", os.defpath))
-        if path is None:
-            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
-    assert path is not None
-    if not os.path.isfile(path):
-        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
-    if not os.access(path, os.X_OK):
-        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
-
-
-def _die_with_agent() -> Callable[[], None] | None:
-    """``PR_SET_PDEATHSIG`` from a ``preexec_fn``, where setpriv is missing (Linux only).
-
-    Its own children are stopped by the restarted agent's reconcile (process group), and the
-    runner's fencing covers the rest.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig = 1
-
-    def arm() -> None:
-        prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-
-    return arm
-
-
 def _signal_group(run: _Run, name: str, *, leftovers: bool = False) -> None:
     """Send the named signal to the job's whole process group; missing processes are fine."""
     if sys.platform == "win32":
@@ -715,8 +599,5 @@ def _signal_group(run: _Run, name: str, *, leftovers: bool = False) -> None:
         os.killpg(run.pgid, sig)
 
 
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
+def _key(run: _Run) -> str:
+    return attempt_key(run.launch.job_id, run.launch.attempt)

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, cast, get_args
 
+from agent.pinning import reserved_env
+
 JobKind = Literal["training", "inference", "batch"]
 BackendName = Literal["cuda", "rocm", "xpu", "metal", "cpu"]
 InterconnectKind = Literal["nvlink", "xgmi", "pcie"]
@@ -185,7 +187,8 @@ class JobSpec:
     command: tuple[str, ...]
     """The argv to run; never empty. Run directly, not through a shell."""
     env: Mapping[str, str] = field(default_factory=dict)
-    """Variables added to the agent's environment (Shoal's pinning variables win over these)."""
+    """Variables added to the job's clean environment. Parsing refuses the names Shoal sets (GPU
+    pinning, ``SHOAL_*``: ``agent.pinning.reserved_env``)."""
     workdir: str | None = None
     """Working directory on the runner; ``None`` runs in the job's own folder."""
     image: str | None = None
@@ -297,9 +300,14 @@ def _from_mapping(data: Mapping[str, Any], *, human: bool, now: float | None) ->
         raise ValueError(
             f"checkpoint_signal: {signal_name} is not one of {', '.join(CHECKPOINT_SIGNALS)}"
         )
+    env = r.str_map("env")
+    for name in env:
+        reason = reserved_env(name)
+        if reason is not None:
+            raise ValueError(reason)
     spec = JobSpec(
         command=command,
-        env=r.str_map("env"),
+        env=env,
         workdir=r.opt_str("workdir"),
         image=r.opt_str("image"),
         resources=Resources.from_dict(resources_raw, human=human),

@@ -1,15 +1,40 @@
 """The environment that pins a job to the devices it was given, plus Shoal's own job variables.
 
-Pinning by environment is a courtesy, not isolation: a job can reset these variables. What each
-vendor's runtime reads:
+Pinning by environment is a courtesy, not isolation: a process can reset these variables before
+its runtime starts (AMD's own GPU isolation page says as much). What it does buy: a job cannot
+*ask* for other devices through its spec (``agent.jobspec`` refuses every variable in
+:data:`RESERVED_ENV` and every ``SHOAL_*`` name), and a well-behaved job sees only its grant. What
+each vendor's runtime reads:
 
 - NVIDIA: ``CUDA_VISIBLE_DEVICES`` by UUID (``GPU-...``), immune to enumeration order; the index
-  is used only for a device that reports no UUID.
+  is used only for a device that reports no UUID, and then with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
+  (CUDA's default order is fastest first, not the PCI order NVML indices follow).
 - AMD: ``ROCR_VISIBLE_DEVICES`` takes the physical indices. HIP numbers devices *after* ROCr's
   filter, so ``HIP_VISIBLE_DEVICES`` gets ``0..n-1``; giving it the physical indices too would
   select the wrong GPUs (or none) whenever the grant is not ``0..n-1``.
 - Intel: ``ZE_AFFINITY_MASK`` takes the Level Zero device indices.
 - Apple Metal and CPU: nothing to pin.
+
+A vendor the job was given nothing of is hidden where a value for "no device" exists:
+
+- NVIDIA: ``CUDA_VISIBLE_DEVICES=-1``. The CUDA Programming Guide (CUDA Environment Variables)
+  documents both an empty value and an invalid index as hiding devices ("only devices with indices
+  that appear before the invalid index in the list are visible"). ``-1`` is used because AMD's HIP
+  reads ``CUDA_VISIBLE_DEVICES`` when ``HIP_VISIBLE_DEVICES`` is empty and takes an empty value as
+  unset (ROCclr: ``HIP_VISIBLE_DEVICES[0] != '\\0' ? HIP_VISIBLE_DEVICES : CUDA_VISIBLE_DEVICES``),
+  and an empty variable may not survive on Windows. A job given AMD GPUs gets it too: HIP prefers
+  the non-empty ``HIP_VISIBLE_DEVICES`` Shoal sets.
+- AMD: ``ROCR_VISIBLE_DEVICES=""`` and ``HIP_VISIBLE_DEVICES=-1``. ROCm's documentation names no
+  "none" value; these come from AMD's runtime sources: ROCr exposes zero devices when the variable
+  is set but empty (``RvdFilter::SelectZeroDevices``), and ROCclr stops at the first invalid index.
+- Intel: no value exists. The Level Zero specification (Affinity Mask) says an unset mask reports
+  every device and gives no "none" form, so a job without Intel GPUs still sees them through Level
+  Zero; only device-node permissions (the job user outside the ``render`` group) keep it off them.
+- Apple Metal: no variable selects Metal devices.
+
+``GPU_DEVICE_ORDINAL`` (ROCclr, OpenCL), ``ONEAPI_DEVICE_SELECTOR`` (oneAPI/SYCL),
+``ZE_FLAT_DEVICE_HIERARCHY`` and ``ZE_ENABLE_PCI_ID_DEVICE_ORDER`` (which change what a Level Zero
+index means) are reserved but left unset: the job cannot set them, the runtimes' defaults apply.
 
 Every job also gets ``SHOAL_DEVICES`` (the device keys, for tools and the simulator), and the gang
 variables when it is one rank of a gang.
@@ -17,10 +42,45 @@ variables when it is one rank of a gang.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from probers.records import DeviceStatic
+
+RESERVED_ENV: Final[frozenset[str]] = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "ROCR_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "GPU_DEVICE_ORDINAL",
+        "ZE_AFFINITY_MASK",
+        "ZE_FLAT_DEVICE_HIERARCHY",
+        "ZE_ENABLE_PCI_ID_DEVICE_ORDER",
+        "ONEAPI_DEVICE_SELECTOR",
+    }
+)
+"""Variables that choose GPUs (or change what an index means): Shoal's to set, never a job's."""
+RESERVED_PREFIX: Final = "SHOAL_"
+
+HIDE_ALL: Final[Mapping[str, Mapping[str, str]]] = {
+    "nvidia": {"CUDA_VISIBLE_DEVICES": "-1"},
+    "amd": {"ROCR_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": "-1"},
+    "intel": {},
+}
+"""Per vendor, the values that expose none of its devices (see the module docstring)."""
+
+
+def reserved_env(name: str) -> str | None:
+    """Why a job may not set ``name`` (a one-line reason), or ``None`` when it may.
+
+    Compared case-insensitively: Windows environments are, and a spec may run anywhere.
+    """
+    upper = name.upper()
+    if upper in RESERVED_ENV or upper.startswith(RESERVED_PREFIX):
+        return f"env {name} is set by Shoal"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +121,8 @@ def device_env(devices: Sequence[DeviceStatic]) -> dict[str, str]:
     vendor = vendors[0]
     if vendor == "nvidia":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(d.uuid or str(d.vendor_index) for d in ordered)
+        if any(d.uuid is None for d in ordered):
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # indices as NVML numbers them
     elif vendor == "amd":
         env["ROCR_VISIBLE_DEVICES"] = ",".join(str(d.vendor_index) for d in ordered)
         env["HIP_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(ordered)))
@@ -77,10 +139,18 @@ def job_env(
     checkpoint_dir: str | None = None,
     gang: GangRank | None = None,
 ) -> dict[str, str]:
-    """Every variable Shoal sets for one attempt of a job; these override the job's own ``env``."""
+    """Every variable Shoal sets for one attempt of a job; these override the job's own ``env``.
+
+    Vendors the job was given no device of are hidden (:data:`HIDE_ALL`).
+    """
     if attempt < 1:
         raise ValueError(f"attempt numbers start at 1, got {attempt}")
-    env = device_env(devices)
+    granted = {d.vendor for d in devices}
+    env: dict[str, str] = {}
+    for vendor, hide in HIDE_ALL.items():
+        if vendor not in granted:
+            env.update(hide)
+    env.update(device_env(devices))
     env["SHOAL_JOB_ID"] = job_id
     env["SHOAL_ATTEMPT"] = str(attempt)
     if checkpoint_dir is not None:

@@ -28,6 +28,7 @@ from typing import Any, Final
 
 from agent.jobspec import JobSpec
 from agent.jobstate import JobState
+from gossip.fsmodes import ensure_dir, set_file_mode
 
 MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     # 0 -> 1
@@ -140,7 +141,7 @@ class Store:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _private_files(path)
         try:
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA busy_timeout = 5000")
@@ -358,6 +359,19 @@ class Store:
             rows = self._db.execute(query + " ORDER BY finished_at, job_id, attempt", args)
             found = rows.fetchall()
         return [ResultRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6]) for r in found]
+
+
+def _private_files(path: Path) -> None:
+    """The database and its -wal/-shm files are 0600 whatever the umask; its folder, when made
+    here, 0700. SQLite gives the -wal and -shm files the mode of the database file, so creating
+    that one first (and fixing the mode of files an older version made) covers all three."""
+    if not path.parent.is_dir():
+        ensure_dir(path.parent, 0o700)
+    if sys.platform != "win32":
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        os.close(os.open(path, flags, 0o600))
+    for name in (path.name, path.name + "-wal", path.name + "-shm"):
+        set_file_mode(path.with_name(name), 0o600)
 
 
 _JOB_COLUMNS: Final = (

@@ -44,6 +44,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from gossip.fsmodes import ensure_dir, write_file
+
 Role = Literal["agent", "operator"]
 ROLES: tuple[Role, ...] = ("agent", "operator")
 
@@ -125,19 +127,15 @@ def certificate_fingerprint(cert: x509.Certificate) -> str:
 
 
 def _write_private(path: Path, data: bytes) -> None:
-    """Create ``path`` with mode 0600 atomically; refuse to overwrite an existing file."""
+    """Create ``path`` with mode 0600 (whatever the umask); refuse to overwrite an existing file."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        write_file(path, data, 0o600, exclusive=True)
     except FileExistsError:
         raise IdentityError(f"{path} already exists; refusing to overwrite a private key") from None
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
 
 
 def _write_public(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    write_file(path, data, 0o644)
 
 
 def _key_pem(key: Ed25519PrivateKey) -> bytes:
@@ -319,7 +317,7 @@ def generate_node_key(directory: Path) -> tuple[Path, bytes]:
 
     Runs on the node itself: the private key never leaves it. Refuses to replace an existing key.
     """
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ensure_dir(directory, 0o700)
     key = Ed25519PrivateKey.generate()
     path = directory / NODE_KEY
     _write_private(path, _key_pem(key))
@@ -420,7 +418,7 @@ def init_cluster(
                 f"{directory} already holds a Shoal cluster ({existing} exists); "
                 "refusing to overwrite it"
             )
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ensure_dir(directory, 0o700)
     ca = new_certificate_authority(cluster_name, now)
     _write_private(directory / CA_KEY, _key_pem(ca.key))
     _write_public(directory / CA_CERT, _cert_pem(ca.certificate))

@@ -233,7 +233,9 @@ async def _bootstrap(
 
     base_exists = (await remote.run(f"test -d {_q(layout.base)}", check=False)).exit_status == 0
     if not base_exists:
-        await remote.run(f"mkdir -p {_q(layout.base)} && chmod 700 {_q(layout.base)}")
+        # A root agent runs its jobs as another user, who must pass through to its job folder.
+        mode = "711" if facts.is_root else "700"
+        await remote.run(f"mkdir -p {_q(layout.base)} && chmod {mode} {_q(layout.base)}")
         run.undo.append(("remove " + layout.base, lambda: _rm(remote, layout.base)))
     record = await install.read_record(remote, layout)
     kind = choose_kind(facts, options.service)

@@ -54,7 +54,8 @@ def choose_kind(facts: HostFacts, requested: str = "auto") -> ServiceKind:
 
 def systemd_unit(layout: RemoteLayout, user_unit: bool) -> str:
     """The unit text. Jobs run in their own process groups, so only the agent gets SIGTERM first
-    (``KillMode=mixed``); bootstrap drains the node before it restarts the unit."""
+    (``KillMode=mixed``); bootstrap drains the node before it restarts the unit. The agent makes
+    a cgroup per job below its own (``Delegate=yes``: systemd leaves that subtree to it)."""
     exec_start = shlex.join(agent_argv(layout))
     wanted_by = "default.target" if user_unit else "multi-user.target"
     return (
@@ -72,6 +73,7 @@ def systemd_unit(layout: RemoteLayout, user_unit: bool) -> str:
         "Restart=on-failure\n"
         "RestartSec=2\n"
         "KillMode=mixed\n"
+        "Delegate=yes\n"
         "TimeoutStopSec=60\n"
         "\n"
         "[Install]\n"

@@ -31,8 +31,20 @@ DEADLINE_S = 30.0
 class Mesh:
     """Agents ``0..len(sims)-1``, agent ``i`` simulating the GPU profile ``sims[i]``."""
 
-    def __init__(self, root: Path, sims: Sequence[str], *, extra: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        root: Path,
+        sims: Sequence[str],
+        *,
+        extra: Sequence[str] = (),
+        job_user: str | None = "",
+    ) -> None:
+        """``job_user`` is passed as ``--job-user``: by default ``""``, the agents' own user, so
+        jobs may write into the test's folders; ``None`` leaves the agent's default (as root,
+        ``shoal-job`` or ``nobody``)."""
         self.root = root
+        if job_user is not None:
+            extra = ("--job-user", job_user, *extra)
         self.local = LocalMesh(root, len(sims), profiles=tuple(sims), extra_args=tuple(extra))
         self.local.create()
         assert self.local.operator is not None

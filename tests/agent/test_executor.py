@@ -479,3 +479,5 @@ def test_a_silent_job_dies_with_a_killed_agent(tmp_path: Path, launcher: str) ->
         parent.kill()
         parent.wait(timeout=10)
     assert_gone(job_pid)
+    # What the killed agent left (its job's cgroup, where it had one) goes when one restarts.
+    ProcessExecutor(ExecutorConfig(data_dir=tmp_path)).cage.close()

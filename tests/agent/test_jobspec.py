@@ -242,3 +242,33 @@ def test_job_ids() -> None:
     for bad in ["", "../../etc", a.upper(), a[:-1], a + "0"]:
         with pytest.raises(ValueError, match="32 lowercase hex"):
             check_job_id(bad)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "CUDA_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "GPU_DEVICE_ORDINAL",
+        "ZE_AFFINITY_MASK",
+        "ONEAPI_DEVICE_SELECTOR",
+        "CUDA_DEVICE_ORDER",
+        "SHOAL_JOB_ID",
+        "SHOAL_ANYTHING",
+        "cuda_visible_devices",  # the same variable on Windows
+    ],
+)
+def test_a_spec_may_not_set_what_shoal_sets(name: str) -> None:
+    """The GPU pinning is Shoal's: a job cannot ask for other devices through its env."""
+    for parse in (JobSpec.from_dict, JobSpec.from_human):
+        with pytest.raises(ValueError) as info:
+            parse({"command": ["x"], "env": {"OK": "1", name: "0"}})
+        assert str(info.value) == f"env {name} is set by Shoal"
+    with pytest.raises(ValueError, match=f"^env {name} is set by Shoal$"):
+        JobSpec.from_toml(f'command = ["x"]\n[env]\n{name} = "all"\n')
+
+
+def test_a_spec_may_set_other_variables() -> None:
+    spec = JobSpec.from_dict({"command": ["x"], "env": {"NCCL_DEBUG": "INFO", "RANK0": "x"}})
+    assert spec.env == {"NCCL_DEBUG": "INFO", "RANK0": "x"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.pinning import GangRank, device_env, job_env
+from agent.pinning import GangRank, device_env, job_env, reserved_env
 from probers.records import DeviceStatic
 
 JOB = "0f9c6c1e2b8d4a7f9e3c5b1a2d4f6e8c"
@@ -103,6 +103,7 @@ def test_the_same_device_twice_is_refused() -> None:
 def test_job_env_without_gang() -> None:
     env = job_env([amd(0)], job_id=JOB, attempt=2, checkpoint_dir="/srv/ckpt")
     assert env == {
+        "CUDA_VISIBLE_DEVICES": "-1",  # NVIDIA GPUs hidden from a job given an AMD one
         "ROCR_VISIBLE_DEVICES": "0",
         "HIP_VISIBLE_DEVICES": "0",
         "SHOAL_DEVICES": "drm:card1",
@@ -152,3 +153,39 @@ def test_bad_gang_ranks(kwargs: dict[str, object], message: str) -> None:
 def test_attempts_start_at_one() -> None:
     with pytest.raises(ValueError, match="attempt numbers start at 1"):
         job_env([], job_id=JOB, attempt=0)
+
+
+def test_vendors_without_devices_are_hidden() -> None:
+    """CUDA: an invalid index hides all; ROCr: set but empty; HIP: an invalid index. Level Zero
+    has no such value (see agent.pinning), so Intel GPUs cannot be hidden by variable."""
+    nvidia_job = job_env([nvidia(0, U2)], job_id=JOB, attempt=1)
+    assert nvidia_job["CUDA_VISIBLE_DEVICES"] == U2
+    assert (nvidia_job["ROCR_VISIBLE_DEVICES"], nvidia_job["HIP_VISIBLE_DEVICES"]) == ("", "-1")
+    assert "ZE_AFFINITY_MASK" not in nvidia_job
+    intel_job = job_env([intel(1)], job_id=JOB, attempt=1)
+    assert intel_job["ZE_AFFINITY_MASK"] == "1"
+    assert intel_job["CUDA_VISIBLE_DEVICES"] == "-1"
+    assert (intel_job["ROCR_VISIBLE_DEVICES"], intel_job["HIP_VISIBLE_DEVICES"]) == ("", "-1")
+    cpu_job = job_env([], job_id=JOB, attempt=1)
+    assert cpu_job["CUDA_VISIBLE_DEVICES"] == "-1"
+    assert (cpu_job["ROCR_VISIBLE_DEVICES"], cpu_job["HIP_VISIBLE_DEVICES"]) == ("", "-1")
+    apple_job = job_env([APPLE], job_id=JOB, attempt=1)
+    assert apple_job["CUDA_VISIBLE_DEVICES"] == "-1"
+
+
+def test_an_amd_job_hides_nvidia_and_hip_still_sees_its_grant() -> None:
+    env = job_env([amd(2), amd(5)], job_id=JOB, attempt=1)
+    assert env["CUDA_VISIBLE_DEVICES"] == "-1"
+    # HIP reads HIP_VISIBLE_DEVICES when it is not empty, so the hidden CUDA list is not used.
+    assert env["HIP_VISIBLE_DEVICES"] == "0,1" and env["ROCR_VISIBLE_DEVICES"] == "2,5"
+
+
+def test_nvidia_indices_come_with_the_pci_order() -> None:
+    assert device_env([nvidia(3, None)])["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert "CUDA_DEVICE_ORDER" not in device_env([nvidia(3, U2)])
+
+
+def test_reserved_names() -> None:
+    assert reserved_env("CUDA_VISIBLE_DEVICES") == "env CUDA_VISIBLE_DEVICES is set by Shoal"
+    assert reserved_env("Shoal_Job_Id") == "env Shoal_Job_Id is set by Shoal"
+    assert reserved_env("NCCL_DEBUG") is None

@@ -145,6 +145,7 @@ def test_systemd_unit_text() -> None:
     )
     assert "Restart=on-failure\n" in unit
     assert "KillMode=mixed\n" in unit
+    assert "Delegate=yes\n" in unit  # the agent's cgroup per job
     assert unit.endswith("[Install]\nWantedBy=multi-user.target\n")
     assert systemd_unit(layout, user_unit=True).endswith("WantedBy=default.target\n")
     facts = parse_probe("os=Linux\nuid=1000\nuser=ana\nhome=/home/ana\nsystemd=1\nloginctl=1\n")
