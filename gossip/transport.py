@@ -1,9 +1,12 @@
 """The thin aiohttp adapter: gossip bodies over HTTPS with mutual TLS between cluster nodes.
 
 Server: ``POST /v1/gossip`` with an opaque ``application/msgpack`` body and a ``Shoal-Protocol``
-header. The TLS handshake runs under our control (a plain TCP listener upgraded with
-``loop.start_tls``) so that refused handshakes are counted (no client certificate, a certificate
-the CA did not sign or that has expired) instead of vanishing into asyncio's log. After the
+header. The server accepts TCP connections itself and runs the TLS handshake under its control,
+so that refused handshakes are counted (no client certificate, a certificate the CA did not sign
+or that has expired) instead of vanishing into asyncio's log. TLS starts on a connection only
+once its first byte comes, connections that have not finished their handshake are bounded in
+number, per source address and in time (the oldest is closed for a newcomer), and established
+ones per peer (see :class:`ConnectionLimits`); every such closing is counted. After the
 handshake the peer is known by the node id in its certificate; each request then passes, in this
 order: identity (and revocation, when a ``CertTrust`` is given), the peer's token bucket (429),
 the protocol header, the content type, the declared length (413, before any byte is read), the
@@ -23,11 +26,16 @@ signatures still are).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import ipaddress
 import logging
+import os
+import socket
 import ssl
+import struct
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass
@@ -37,6 +45,7 @@ from typing import Any, Literal, Self
 import aiohttp
 from aiohttp import web
 from aiohttp.connector import Connection
+from aiohttp.web_protocol import RequestHandler
 from cryptography import x509
 
 from gossip.certtrust import Admission, CertTrust
@@ -108,9 +117,66 @@ class TransportStats:
     oversized: int = 0
     handler_rejected: int = 0
     handler_failed: int = 0
+    handshake_timeouts: int = 0
+    """Connections closed at the handshake deadline: idle, or stalled in the handshake."""
+    handshakes_evicted: int = 0
+    """Unfinished connections closed to make room for a newer one (idle ones first)."""
+    accept_failed: int = 0
+    """``accept()`` errors: out of file descriptors, or aborted by the peer."""
+    peer_connections_closed: int = 0
+    """Established connections closed because their peer held more than its share."""
+    handshake_slowest_ms: int = 0
+    """The longest a successful handshake took, from accept to its end (a gauge)."""
 
     def snapshot(self) -> dict[str, int]:
         return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """What the listener holds for connections, before and after they prove who they are.
+
+    A connection is *unfinished* from accept until its TLS handshake ends. Until its first byte
+    it is a bare socket (about a kilobyte), and the TLS layer is only started then; from there
+    on it holds asyncio's 256 KiB read buffer and OpenSSL's state, hence the tighter
+    ``max_handshaking``. When a bound is reached the oldest unfinished connection is closed for
+    the newcomer (idle ones before those in a handshake, and the newcomer's own source first),
+    so a flood of connections that never speak cannot lock peers out: a real handshake ends in
+    milliseconds, long before the flood reaches it.
+    """
+
+    handshake_timeout_s: float = 5.0
+    """From accept to the end of the handshake. Measured here on loopback: 3 ms on a quiet
+    machine; while 32 agents start at once on two shared cores, most take 0.1-1 s and the
+    slowest 1.2-1.3 s (0.6 s of it before the client's first byte)."""
+    max_unfinished: int = 256
+    """Unfinished connections, all sources together."""
+    max_unfinished_per_source: int = 128
+    """Unfinished connections from one address. On loopback every peer shares one: 32 agents
+    starting at once held at most 19 unfinished connections at one agent."""
+    max_handshaking: int = 64
+    """Unfinished connections already in the TLS handshake (~0.3 MB each); at most 15 at once
+    while 32 agents start."""
+    max_connections: int = 1024
+    """Established connections; a newcomer beyond is refused."""
+    max_connections_per_peer: int = 32
+    """Established connections of one peer (one certificate); beyond, its oldest is closed
+    once idle."""
+    idle_timeout_s: float = 120.0
+    """An established connection without a request this long is closed (clients close theirs
+    after 15-30 s, so they never race the server's close)."""
+    listen_backlog: int = 128
+
+
+@dataclass(slots=True, eq=False)
+class _Unfinished:
+    """An accepted connection whose handshake has not ended."""
+
+    source: str
+    accepted_at: float
+    task: asyncio.Task[None] | None = None
+    handshaking: bool = False
+    """The first byte came and the TLS handshake runs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,52 +236,107 @@ def _dev_role(value: str | None) -> Role:
     return "operator" if value == "operator" else "agent"
 
 
-class _AfterHandshake(asyncio.Protocol):
-    """Holds bytes that arrive with the TLS Finished until aiohttp's handler is attached."""
-
-    def __init__(self, inner: asyncio.Protocol) -> None:
-        self._inner = inner
-        self._ready = False
-        self._pending: list[bytes] = []
-
-    def attach(self, transport: asyncio.BaseTransport) -> None:
-        self._inner.connection_made(transport)
-        self._ready = True
-        for chunk in self._pending:
-            self._inner.data_received(chunk)
-        self._pending.clear()
-
-    def data_received(self, data: bytes) -> None:
-        if self._ready:
-            self._inner.data_received(data)
-        else:
-            self._pending.append(data)
-
-    def eof_received(self) -> bool | None:
-        return self._inner.eof_received() if self._ready else None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._ready:
-            self._inner.connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        if self._ready:
-            self._inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        if self._ready:
-            self._inner.resume_writing()
-
-
-class _TlsGate(asyncio.Protocol):
-    """Accepts a TCP connection, runs the TLS handshake itself, then hands over to aiohttp."""
+class _Established(asyncio.Protocol):
+    """aiohttp's request handler on a connection whose handshake succeeded, counted per peer."""
 
     def __init__(self, owner: GossipServer) -> None:
         self._owner = owner
+        self._inner: RequestHandler | None = None
+        self.peer_key = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._owner._spawn_handshake(transport)
+        self._inner = self._owner._request_handler()
+        self._owner._joined(self, transport)
+        self._inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self._inner is not None:
+            self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        if self._inner is not None:
+            self._inner.eof_received()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._owner._left(self)
+        if self._inner is not None:
+            self._inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.resume_writing()
+
+    def close_when_idle(self) -> None:
+        """Close after the request in progress, or now if there is none."""
+        if self._inner is None:
+            return
+        if getattr(self._inner, "_request_in_progress", True):
+            self._inner.keep_alive(False)
+        else:
+            self._inner.force_close()
+
+
+_OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+ACCEPT_PAUSE_S = 0.1
+"""How long accepting pauses after an ``accept()`` error with nothing to evict."""
+
+
+async def _listen(host: str, port: int, backlog: int) -> list[socket.socket]:
+    """Non-blocking listening sockets on every address ``host`` resolves to."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
+    listeners: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            listeners.append(sock)
+            if os.name == "posix":
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(backlog)
+            sock.setblocking(False)
+    except OSError:
+        for sock in listeners:
+            sock.close()
+        raise
+    return listeners
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with a reset: nothing lingers in the kernel for a peer that may never read."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+async def _first_bytes(sock: socket.socket) -> None:
+    """Return once the peer has sent something or closed; at once on a loop that cannot watch
+    a socket without reading it (Windows' proactor), where the handshake then starts at once."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    fd = sock.fileno()
+    try:
+        loop.add_reader(fd, wake)
+    except NotImplementedError:
+        return
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
 
 
 class GossipServer:
@@ -233,8 +354,7 @@ class GossipServer:
         trust: CertTrust | None = None,
         rate_limit: RateLimit = RateLimit(),
         insecure_dev: bool = False,
-        handshake_timeout_s: float = 10.0,
-        max_connections: int = 1024,
+        limits: ConnectionLimits = ConnectionLimits(),
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         app_setup: AppSetup | None = None,
@@ -256,23 +376,32 @@ class GossipServer:
         self._trust = trust
         self._buckets = TokenBuckets(rate_limit)
         self._insecure_dev = insecure_dev
-        self._handshake_timeout_s = handshake_timeout_s
-        self._max_connections = max_connections
+        self._limits = limits
         self._clock = clock
         self._wall_clock = wall_clock
         self.stats = TransportStats()
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
-        self._handshakes: set[asyncio.Task[None]] = set()
+        self._listeners: list[socket.socket] = []
+        self._acceptors: list[asyncio.Task[None]] = []
+        self._unfinished: OrderedDict[_Unfinished, None] = OrderedDict()
+        """Accepted connections whose handshake has not ended, oldest first."""
+        self._unfinished_by_source: Counter[str] = Counter()
+        self._handshaking = 0
+        self._peers: dict[bytes, OrderedDict[_Established, None]] = {}
+        """Established connections by the peer's certificate, oldest first."""
         self._app_setup = app_setup
 
     @property
     def port(self) -> int:
         """The bound port (useful with ``port=0``)."""
-        if self._server is None:
+        if self._server is not None:
+            port: int = self._server.sockets[0].getsockname()[1]
+            return port
+        if not self._listeners:
             raise RuntimeError("server not started")
-        port: int = self._server.sockets[0].getsockname()[1]
-        return port
+        bound: int = self._listeners[0].getsockname()[1]
+        return bound
 
     @property
     def address(self) -> str:
@@ -286,29 +415,40 @@ class GossipServer:
         app.router.add_post(PATH, self._handle)
         if self._app_setup is not None:
             self._app_setup(app)
-        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        self._runner = web.AppRunner(
+            app,
+            handle_signals=False,
+            access_log=None,
+            keepalive_timeout=self._limits.idle_timeout_s,
+        )
         await self._runner.setup()
         loop = asyncio.get_running_loop()
         factory = self._runner.server
         assert factory is not None
         if self._ssl is None:
             self._server = await loop.create_server(factory, self._host, self._port)
-        else:
-            self._server = await loop.create_server(lambda: _TlsGate(self), self._host, self._port)
+            return
+        self._listeners = await _listen(self._host, self._port, self._limits.listen_backlog)
+        self._acceptors = [loop.create_task(self._accept(sock)) for sock in self._listeners]
 
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
-        for task in list(self._handshakes):
+        tasks = self._acceptors + [e.task for e in self._unfinished if e.task is not None]
+        for task in tasks:
             task.cancel()
-        if self._handshakes:
-            await asyncio.gather(*self._handshakes, return_exceptions=True)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for sock in self._listeners:
+            sock.close()
         if self._runner is not None:
             await self._runner.cleanup()
         if self._server is not None:
             await self._server.wait_closed()
         self._server = None
         self._runner = None
+        self._listeners = []
+        self._acceptors = []
 
     async def __aenter__(self) -> GossipServer:
         await self.start()
@@ -322,59 +462,147 @@ class GossipServer:
     ) -> None:
         await self.stop()
 
-    # -- TLS handshake -------------------------------------------------------------------------
+    # -- accepting and the TLS handshake -------------------------------------------------------
 
-    def _open_connections(self) -> int:
+    def _request_handler(self) -> RequestHandler:
+        assert self._runner is not None and self._runner.server is not None
+        return self._runner.server()
+
+    def _established(self) -> int:
         server = self._runner.server if self._runner is not None else None
-        return len(self._handshakes) + (len(server.connections) if server is not None else 0)
+        return len(server.connections) if server is not None else 0
 
-    def _spawn_handshake(self, transport: asyncio.Transport) -> None:
-        if self._open_connections() >= self._max_connections:
+    async def _accept(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, address = await loop.sock_accept(listener)
+            except OSError as e:
+                self.stats.accept_failed += 1
+                log.debug("accept failed: %r", e)
+                if e.errno == errno.ECONNABORTED:
+                    continue
+                # Out of descriptors: the oldest unfinished connection gives its own up.
+                oldest = self._oldest(None)
+                if e.errno in _OUT_OF_DESCRIPTORS and oldest is not None:
+                    self._evict(oldest)
+                else:
+                    await asyncio.sleep(ACCEPT_PAUSE_S)
+                continue
+            self._admit(sock, str(address[0]))
+
+    def _admit(self, sock: socket.socket, source: str) -> None:
+        if self._established() >= self._limits.max_connections:
             self.stats.connections_refused += 1
-            transport.abort()
+            _reset(sock)
             return
-        transport.pause_reading()
-        task = asyncio.get_running_loop().create_task(self._handshake(transport))
-        self._handshakes.add(task)
-        task.add_done_callback(self._handshakes.discard)
+        self._make_room(source)
+        loop = asyncio.get_running_loop()
+        entry = _Unfinished(source, loop.time())
+        self._unfinished[entry] = None
+        self._unfinished_by_source[source] += 1
+        entry.task = loop.create_task(self._handshake(sock, entry))
 
-    async def _handshake(self, transport: asyncio.Transport) -> None:
-        assert self._ssl is not None and self._runner is not None
-        factory = self._runner.server
-        assert factory is not None
-        shim = _AfterHandshake(factory())
+    def _make_room(self, source: str) -> None:
+        """Evict until one more connection from ``source`` fits."""
+        while self._unfinished_by_source[source] >= self._limits.max_unfinished_per_source:
+            self._evict(self._oldest(source))
+        while len(self._unfinished) >= self._limits.max_unfinished:
+            self._evict(self._oldest(None))
+
+    def _oldest(self, source: str | None, *, in_tls: bool = False) -> _Unfinished | None:
+        """The oldest unfinished connection (of ``source``), an idle one if there is any; with
+        ``in_tls``, the oldest already in its handshake."""
+        fallback: _Unfinished | None = None
+        for entry in self._unfinished:
+            if source is not None and entry.source != source:
+                continue
+            if entry.handshaking is in_tls:
+                return entry
+            if fallback is None and not in_tls:
+                fallback = entry
+        return fallback
+
+    def _evict(self, entry: _Unfinished | None) -> None:
+        if entry is None or entry not in self._unfinished:
+            return
+        self.stats.handshakes_evicted += 1
+        self._forget(entry)
+        if entry.task is not None:
+            entry.task.cancel()
+
+    def _forget(self, entry: _Unfinished) -> None:
+        if entry not in self._unfinished:
+            return
+        del self._unfinished[entry]
+        self._unfinished_by_source[entry.source] -= 1
+        if self._unfinished_by_source[entry.source] <= 0:
+            del self._unfinished_by_source[entry.source]
+        if entry.handshaking:
+            self._handshaking -= 1
+
+    def _begin_tls(self, entry: _Unfinished) -> None:
+        entry.handshaking = True
+        self._handshaking += 1
+        while self._handshaking > self._limits.max_handshaking:
+            self._evict(self._oldest(None, in_tls=True))
+
+    async def _handshake(self, sock: socket.socket, entry: _Unfinished) -> None:
+        assert self._ssl is not None
         loop = asyncio.get_running_loop()
         try:
-            tls = await loop.start_tls(
-                transport,
-                shim,
-                self._ssl,
-                server_side=True,
-                ssl_handshake_timeout=self._handshake_timeout_s,
-            )
-        except ssl.SSLCertVerificationError as e:
+            async with asyncio.timeout_at(entry.accepted_at + self._limits.handshake_timeout_s):
+                await _first_bytes(sock)
+                self._begin_tls(entry)
+                await loop.connect_accepted_socket(
+                    lambda: _Established(self),
+                    sock,
+                    ssl=self._ssl,
+                    ssl_handshake_timeout=self._limits.handshake_timeout_s,
+                )
+        except asyncio.CancelledError:
+            _reset(sock)  # evicted, or the server stops
+            raise
+        except (OSError, RuntimeError) as e:  # TimeoutError and ssl.SSLError included
+            self._count_failure(e)
+            _reset(sock)
+            return
+        finally:
+            self._forget(entry)
+        took_ms = int((loop.time() - entry.accepted_at) * 1000)
+        self.stats.handshake_slowest_ms = max(self.stats.handshake_slowest_ms, took_ms)
+
+    def _count_failure(self, e: BaseException) -> None:
+        if isinstance(e, ssl.SSLCertVerificationError):
             self.stats.bad_cert += 1
             log.debug("refused a peer certificate: %s", e.verify_message)
-            transport.abort()
-            return
-        except ssl.SSLError as e:
-            if e.reason == "PEER_DID_NOT_RETURN_A_CERTIFICATE":
-                self.stats.no_client_cert += 1
-            else:
-                self.stats.handshake_failed += 1
-            log.debug("TLS handshake failed: %s", e)
-            transport.abort()
-            return
-        except (OSError, TimeoutError, ConnectionError, RuntimeError) as e:
+        elif isinstance(e, ssl.SSLError) and e.reason == "PEER_DID_NOT_RETURN_A_CERTIFICATE":
+            self.stats.no_client_cert += 1
+        elif isinstance(e, TimeoutError):
+            self.stats.handshake_timeouts += 1
+        else:
             self.stats.handshake_failed += 1
             log.debug("TLS handshake failed: %r", e)
-            transport.abort()
-            return
-        if tls is None:
-            self.stats.handshake_failed += 1
-            transport.abort()
-            return
-        shim.attach(tls)
+
+    def _joined(self, conn: _Established, transport: asyncio.BaseTransport) -> None:
+        """A handshake succeeded: count the connection for its peer, closing the peer's oldest
+        (once idle) past its share."""
+        ssl_object = transport.get_extra_info("ssl_object")
+        der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+        conn.peer_key = der or b""
+        conns = self._peers.setdefault(conn.peer_key, OrderedDict())
+        conns[conn] = None
+        if len(conns) > self._limits.max_connections_per_peer:
+            oldest, _ = conns.popitem(last=False)
+            self.stats.peer_connections_closed += 1
+            oldest.close_when_idle()
+
+    def _left(self, conn: _Established) -> None:
+        conns = self._peers.get(conn.peer_key)
+        if conns is not None:
+            conns.pop(conn, None)
+            if not conns:
+                del self._peers[conn.peer_key]
 
     # -- requests ------------------------------------------------------------------------------
 
