@@ -4,10 +4,10 @@ Server: ``POST /v1/gossip`` with an opaque ``application/msgpack`` body and a ``
 header. The server accepts TCP connections itself and runs the TLS handshake under its control,
 so that refused handshakes are counted (no client certificate, a certificate the CA did not sign
 or that has expired) instead of vanishing into asyncio's log. TLS starts on a connection only
-once its first byte comes, connections that have not finished their handshake are bounded in
-number, per source address and in time (the oldest is closed for a newcomer), and established
-ones per peer (see :class:`ConnectionLimits`); every such closing is counted. After the
-handshake the peer is known by the node id in its certificate; each request then passes, in this
+once its whole ClientHello has come; connections that have not finished their handshake are
+bounded in number, per source address and in time (the oldest is closed for a newcomer), and
+established ones per peer (see :class:`ConnectionLimits`); every such closing is counted. After
+the handshake the peer is known by the node id in its certificate; each request then passes, in this
 order: identity (and revocation, when a ``CertTrust`` is given), the peer's token bucket (429),
 the protocol header, the content type, the declared length (413, before any byte is read), the
 body read itself (capped at ``max_body_bytes``), and the handler. Refusals that say the peer is
@@ -136,22 +136,25 @@ class TransportStats:
 class ConnectionLimits:
     """What the listener holds for connections, before and after they prove who they are.
 
-    A connection is *unfinished* from accept until its TLS handshake ends. Until its first byte
-    it is a bare socket (about a kilobyte), and the TLS layer is only started then; from there
-    on it holds asyncio's 256 KiB read buffer and OpenSSL's state, hence the tighter
-    ``max_handshaking``. When a bound is reached the oldest unfinished connection is closed for
-    the newcomer (idle ones before those in a handshake, and the newcomer's own source first),
-    so a flood of connections that never speak cannot lock peers out: a real handshake ends in
-    milliseconds, long before the flood reaches it.
+    A connection is *unfinished* from accept until its TLS handshake ends. Until it has sent a
+    whole first TLS record (the ClientHello) it is a bare socket, about a kilobyte, and the TLS
+    layer is only started then; from there on it holds asyncio's 256 KiB read buffer and
+    OpenSSL's state, hence the tighter ``max_handshaking``. When a bound is reached the oldest
+    unfinished connection is closed for the newcomer (one from the newcomer's own source when
+    that source is over its share, and one that has not sent its ClientHello before one in the
+    handshake), so a flood of connections that never speak, or that send a byte and stop,
+    cannot lock peers out: a real handshake ends in milliseconds, long before the flood
+    reaches it.
     """
 
     handshake_timeout_s: float = 5.0
     """From accept to the end of the handshake. Measured here on loopback: 3 ms on a quiet
     machine; while 32 agents start at once on two shared cores, most take 0.1-1 s and the
     slowest 1.2-1.3 s (0.6 s of it before the client's first byte)."""
-    max_unfinished: int = 256
-    """Unfinished connections, all sources together."""
-    max_unfinished_per_source: int = 128
+    max_unfinished: int = 512
+    """Unfinished connections, all sources together (a file descriptor and ~3 KB each while
+    they are silent)."""
+    max_unfinished_per_source: int = 256
     """Unfinished connections from one address. On loopback every peer shares one: 32 agents
     starting at once held at most 19 unfinished connections at one agent."""
     max_handshaking: int = 64
@@ -165,18 +168,22 @@ class ConnectionLimits:
     idle_timeout_s: float = 120.0
     """An established connection without a request this long is closed (clients close theirs
     after 15-30 s, so they never race the server's close)."""
-    listen_backlog: int = 128
+    listen_backlog: int = 512
+    """Connections the kernel queues until they are accepted. A flood outruns any accept loop
+    in Python; past the queue the kernel drops SYNs and every client, a real one too, waits a
+    second to retry. 128 lost ~1% of a flood's connections to that here, 512 ~0.1%."""
 
 
 @dataclass(slots=True, eq=False)
 class _Unfinished:
     """An accepted connection whose handshake has not ended."""
 
+    sock: socket.socket
     source: str
     accepted_at: float
     task: asyncio.Task[None] | None = None
     handshaking: bool = False
-    """The first byte came and the TLS handshake runs."""
+    """The ClientHello came and the TLS handshake runs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,9 +325,20 @@ def _reset(sock: socket.socket) -> None:
     sock.close()
 
 
-async def _first_bytes(sock: socket.socket) -> None:
-    """Return once the peer has sent something or closed; at once on a loop that cannot watch
-    a socket without reading it (Windows' proactor), where the handshake then starts at once."""
+_TLS_HANDSHAKE_RECORD = 0x16
+_TLS_RECORD_HEADER_BYTES = 5
+_TLS_MAX_RECORD_BYTES = _TLS_RECORD_HEADER_BYTES + 16 * 1024 + 256
+FIRST_RECORD_POLL_S = (0.005, 0.5)
+"""While a connection's first TLS record is incomplete it is peeked at again after a delay that
+doubles from the first figure to the second: a real ClientHello comes whole or within a round
+trip, and a peer that sent a byte and stopped costs two wakeups a second."""
+
+
+async def _client_hello(sock: socket.socket) -> None:
+    """Return once the peer has sent a whole first TLS record (its ClientHello); raise
+    ``ConnectionAbortedError`` if it closed first or sent something that is not TLS. The bytes
+    are only peeked at, so a connection costs a bare socket until then. Returns at once on a
+    loop that cannot watch a socket without reading it (Windows' proactor)."""
     loop = asyncio.get_running_loop()
     ready: asyncio.Future[None] = loop.create_future()
 
@@ -337,6 +355,29 @@ async def _first_bytes(sock: socket.socket) -> None:
         await ready
     finally:
         loop.remove_reader(fd)
+    delay_s, longest_s = FIRST_RECORD_POLL_S
+    while (first := _first_record(sock)) == "partial":
+        await asyncio.sleep(delay_s)  # readable all along: only time tells that more came
+        delay_s = min(2 * delay_s, longest_s)
+    if first == "gone":
+        raise ConnectionAbortedError("closed, or not TLS, before its ClientHello")
+
+
+def _first_record(sock: socket.socket) -> Literal["hello", "partial", "gone"]:
+    """What the peer has sent so far, peeked at: a whole first TLS handshake record, part of
+    one (or nothing), or an end (closed, reset, not TLS)."""
+    try:
+        head = sock.recv(_TLS_MAX_RECORD_BYTES, socket.MSG_PEEK)
+    except BlockingIOError:
+        return "partial"
+    except OSError:
+        return "gone"
+    if not head or head[0] != _TLS_HANDSHAKE_RECORD:
+        return "gone"
+    if len(head) < _TLS_RECORD_HEADER_BYTES:
+        return "partial"
+    length = int.from_bytes(head[3:_TLS_RECORD_HEADER_BYTES], "big")
+    return "hello" if len(head) >= _TLS_RECORD_HEADER_BYTES + length else "partial"
 
 
 class GossipServer:
@@ -490,6 +531,9 @@ class GossipServer:
                     await asyncio.sleep(ACCEPT_PAUSE_S)
                 continue
             self._admit(sock, str(address[0]))
+            # Let the loop see what came in the meantime (a ClientHello, say) before the next:
+            # an accept that does not wait never yields on its own.
+            await asyncio.sleep(0)
 
     def _admit(self, sock: socket.socket, source: str) -> None:
         if self._established() >= self._limits.max_connections:
@@ -498,30 +542,43 @@ class GossipServer:
             return
         self._make_room(source)
         loop = asyncio.get_running_loop()
-        entry = _Unfinished(source, loop.time())
+        entry = _Unfinished(sock, source, loop.time())
         self._unfinished[entry] = None
         self._unfinished_by_source[source] += 1
         entry.task = loop.create_task(self._handshake(sock, entry))
 
     def _make_room(self, source: str) -> None:
         """Evict until one more connection from ``source`` fits."""
-        while self._unfinished_by_source[source] >= self._limits.max_unfinished_per_source:
-            self._evict(self._oldest(source))
-        while len(self._unfinished) >= self._limits.max_unfinished:
-            self._evict(self._oldest(None))
+        limits = self._limits
+        while True:
+            if self._unfinished_by_source[source] >= limits.max_unfinished_per_source:
+                victim = self._oldest(source)
+            elif len(self._unfinished) >= limits.max_unfinished:
+                victim = self._oldest(None)
+            else:
+                return
+            if victim is None:
+                return
+            self._evict(victim)
 
     def _oldest(self, source: str | None, *, in_tls: bool = False) -> _Unfinished | None:
-        """The oldest unfinished connection (of ``source``), an idle one if there is any; with
-        ``in_tls``, the oldest already in its handshake."""
-        fallback: _Unfinished | None = None
+        """Whom to close for a newcomer: the oldest unfinished connection (of ``source``) that
+        has not sent its ClientHello, else the oldest in its handshake, else the oldest. With
+        ``in_tls``, the oldest in its handshake."""
+        in_handshake: _Unfinished | None = None
+        oldest: _Unfinished | None = None
         for entry in self._unfinished:
             if source is not None and entry.source != source:
                 continue
-            if entry.handshaking is in_tls:
+            if entry.handshaking:
+                if in_tls:
+                    return entry
+                in_handshake = in_handshake or entry
+            # A ClientHello may have come while the loop was busy accepting: peek before closing.
+            elif not in_tls and _first_record(entry.sock) != "hello":
                 return entry
-            if fallback is None and not in_tls:
-                fallback = entry
-        return fallback
+            oldest = oldest or entry
+        return None if in_tls else in_handshake or oldest
 
     def _evict(self, entry: _Unfinished | None) -> None:
         if entry is None or entry not in self._unfinished:
@@ -545,14 +602,17 @@ class GossipServer:
         entry.handshaking = True
         self._handshaking += 1
         while self._handshaking > self._limits.max_handshaking:
-            self._evict(self._oldest(None, in_tls=True))
+            victim = self._oldest(None, in_tls=True)
+            if victim is None or victim is entry:
+                return
+            self._evict(victim)
 
     async def _handshake(self, sock: socket.socket, entry: _Unfinished) -> None:
         assert self._ssl is not None
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout_at(entry.accepted_at + self._limits.handshake_timeout_s):
-                await _first_bytes(sock)
+                await _client_hello(sock)
                 self._begin_tls(entry)
                 await loop.connect_accepted_socket(
                     lambda: _Established(self),
