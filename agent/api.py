@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from agent.logfiles import MAX_TAIL_LINES
 from gossip import envelope
 from gossip.transport import request_peer
 
@@ -95,8 +96,8 @@ MAX_HEALTH_WAIT_S = 60
 """The longest ``/healthz?members=N&wait_s=S`` holds a request open."""
 
 
-def _query_int(request: web.Request, name: str, low: int, high: int) -> int:
-    text = request.query.get(name, "0")
+def _query_int(request: web.Request, name: str, low: int, high: int, default: int = 0) -> int:
+    text = request.query.get(name, str(default))
     try:
         value = int(text)
     except ValueError:
@@ -104,6 +105,12 @@ def _query_int(request: web.Request, name: str, low: int, high: int) -> int:
     if not low <= value <= high:
         raise ApiError(400, f"{name} must be between {low} and {high}")
     return value
+
+
+def _log_query(request: web.Request) -> tuple[int, bool]:
+    """A log request's ``lines`` (default 100, at most ``MAX_TAIL_LINES``) and ``follow``."""
+    lines = _query_int(request, "lines", 0, MAX_TAIL_LINES, default=100)
+    return lines, request.query.get("follow", "0") in ("1", "true", "yes")
 
 
 def setup(app: web.Application, agent: Agent) -> None:
@@ -128,10 +135,8 @@ def setup(app: web.Application, agent: Agent) -> None:
 
     @_guarded
     async def logs(request: web.Request) -> web.StreamResponse:
-        job_id = request.match_info["job_id"]
-        lines = int(request.query.get("lines", "100"))
-        follow = request.query.get("follow", "0") in ("1", "true", "yes")
-        return await agent.logs(request, job_id, lines, follow)
+        lines, follow = _log_query(request)
+        return await agent.logs(request, request.match_info["job_id"], lines, follow)
 
     @_guarded
     async def nodes(request: web.Request) -> web.StreamResponse:
@@ -174,10 +179,8 @@ def setup(app: web.Application, agent: Agent) -> None:
 
     @_internal
     async def i_logs(request: web.Request) -> web.StreamResponse:
-        job_id = request.match_info["job_id"]
-        lines = int(request.query.get("lines", "100"))
-        follow = request.query.get("follow", "0") in ("1", "true", "yes")
-        return await agent.local_logs(request, job_id, lines, follow)
+        lines, follow = _log_query(request)
+        return await agent.local_logs(request, request.match_info["job_id"], lines, follow)
 
     app.router.add_post("/v1/commands", commands)
     app.router.add_get("/v1/jobs", jobs)

@@ -638,7 +638,7 @@ class Agent:
     ) -> web.StreamResponse:
         check_job_id(job_id)
         if not follow:
-            text = "".join(line + "\n" for line in self.runner.tail(job_id, lines))
+            text = "".join(line + "\n" for line in await self.runner.tail(job_id, lines))
             return web.Response(text=text, content_type="text/plain")
         response = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
         await response.prepare(request)

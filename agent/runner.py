@@ -75,6 +75,10 @@ class LocalRun:
     devices: tuple[str, ...]
 
 
+LOG_TAILS_AT_ONCE = 2
+"""Log tails read at once; each holds up to ``logfiles.MAX_TAIL_BYTES`` a few times over."""
+
+
 class Runner:
     def __init__(
         self,
@@ -112,6 +116,7 @@ class Runner:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._reports: dict[tuple[str, int], dict[str, Any]] = {}
         self._closing = False
+        self._log_tails = asyncio.Semaphore(LOG_TAILS_AT_ONCE)
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -394,8 +399,11 @@ class Runner:
 
     # -- logs ------------------------------------------------------------------------------------
 
-    def tail(self, job_id: str, lines: int) -> list[str]:
-        return self.executor.tail(job_id, lines)
+    async def tail(self, job_id: str, lines: int) -> list[str]:
+        """The last lines of the job's log, read in a thread (a tail may read megabytes), at
+        most ``LOG_TAILS_AT_ONCE`` at a time so that many requests cannot add up in memory."""
+        async with self._log_tails:
+            return await asyncio.to_thread(self.executor.tail, job_id, lines)
 
     def follow(self, job_id: str, lines: int) -> AsyncIterator[str]:
         return self.executor.follow(job_id, from_lines=lines)
