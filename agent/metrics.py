@@ -6,7 +6,7 @@ Gauges are computed at scrape time from what the agent holds: this node's device
 as this agent sees the mesh (``shoal_jobs``), members by state, jobs running here, and every
 gossip counter (``shoal_gossip_<name>``). Counters: commands accepted by kind and rejected by
 reason (``shoal_commands_accepted_total``, ``shoal_commands_rejected_total``), placements tried
-and declined.
+and declined, and API requests refused by route and status (``shoal_api_refused_total``).
 
 The counters are plain ``collections.Counter`` objects and everything is turned into Prometheus
 families at scrape time, so ``prometheus_client`` (and the HTTP server modules it brings, ~1 MB
@@ -46,6 +46,14 @@ class _Snapshot:
         for reason, count in sorted(self._metrics.commands_rejected.items()):
             rejected.add_metric([reason], count)
         yield rejected
+        refused = CounterMetricFamily(
+            "shoal_api_refused",
+            "API requests answered 400 or more",
+            labels=["route", "status"],
+        )
+        for (route, status), count in sorted(self._metrics.api_refused.items()):
+            refused.add_metric([route, status], count)
+        yield refused
         snap = self._metrics.snapshot()
         node: str = snap["node"]
         devices: list[Device] = snap["devices"]
@@ -106,6 +114,8 @@ class AgentMetrics:
         """Operator commands accepted, by kind."""
         self.commands_rejected: Counter[str] = Counter()
         """Operator commands rejected, by reason."""
+        self.api_refused: Counter[tuple[str, str]] = Counter()
+        """API requests answered 400 or more, by (route, status)."""
         self._registry: Any = None
 
     def render(self) -> tuple[bytes, str]:
