@@ -308,7 +308,11 @@ async def _listen(host: str, port: int, backlog: int) -> list[socket.socket]:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind(address)
+            try:
+                sock.bind(address)
+            except OSError as e:  # worded as asyncio words it: "... address already in use"
+                why = f"error while attempting to bind on {address!r}: {e.strerror or e}"
+                raise OSError(e.errno, why.lower()) from e
             sock.listen(backlog)
             sock.setblocking(False)
     except OSError:
