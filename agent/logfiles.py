@@ -4,9 +4,11 @@ The live file is ``output.log``; when a write would take it past ``max_bytes`` i
 ``output.log.1`` (the older ones shift to ``.2`` .. ``.N`` and the oldest is dropped), so a job
 never holds more than ``max_bytes * (backups + 1)`` on disk plus one write.
 
-Readers are bounded whatever the log holds: a tail reads back from the end in blocks, at most
-``MAX_TAIL_BYTES`` (the API refuses more than ``MAX_TAIL_LINES`` lines), and ``follow`` reads one
-block at a time, in a thread, and holds at most ``MAX_LINE_BYTES`` of an unfinished line.
+Readers hold one block whatever the log holds: :class:`TailReader` finds where the last lines
+start by reading back from the end, at most ``MAX_TAIL_BYTES`` (the API refuses more than
+``MAX_TAIL_LINES`` lines), then reads forward a block at a time; ``follow`` does the same and
+then reads the live file a block at a time, holding at most ``MAX_LINE_BYTES`` of an
+unfinished line. Both go only as fast as their reader takes the blocks.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Final
 
@@ -25,8 +28,8 @@ _BLOCK: Final = 64 * 1024
 MAX_TAIL_LINES: Final = 10_000
 """The most lines one log request may ask for."""
 MAX_TAIL_BYTES: Final = 4 * 1024 * 1024
-"""The most a tail reads back, whatever the lines asked: 10,000 lines of ~400 bytes. Past it
-the oldest (cut) line is dropped, so a job printing one endless line costs a request no more."""
+"""The most a tail covers, whatever the lines asked: 10,000 lines of ~400 bytes. Past it the
+oldest (cut) line is left out, so a job printing one endless line costs a request no more."""
 MAX_LINE_BYTES: Final = 64 * 1024
 """``follow`` yields a longer line in pieces of this size instead of holding it whole."""
 
@@ -98,59 +101,142 @@ class RotatingLog:
 def tail(
     path: Path, lines: int, backups: int = DEFAULT_BACKUPS, max_bytes: int = MAX_TAIL_BYTES
 ) -> list[str]:
-    """The last ``lines`` lines of the log, across rotated files, reading back from the end at
-    most ``max_bytes`` (blocking: call it in a thread from async code)."""
-    return _tail(path, lines, backups, live_end=None, max_bytes=max_bytes)
-
-
-def _tail(
-    path: Path, lines: int, backups: int, live_end: int | None, max_bytes: int = MAX_TAIL_BYTES
-) -> list[str]:
+    """The last ``lines`` lines of the log, across rotated files, at most ``max_bytes`` of them
+    (blocking: call it in a thread from async code)."""
     if lines <= 0:
         return []
-    chunks: list[bytes] = []
-    newlines = 0
-    size = 0
-    cut = False
-    blocks = _blocks_backwards(path, backups, live_end)
-    try:
-        for block in blocks:
-            chunks.append(block)
-            newlines += block.count(b"\n")
-            size += len(block)
-            if newlines > lines:
-                break
-            if size >= max_bytes:
-                excess = size - max_bytes
-                chunks[-1] = chunks[-1][excess:]
-                cut = excess > 0 or next(blocks, None) is not None
-                break
-    finally:
-        blocks.close()
-    found = b"".join(reversed(chunks)).decode("utf-8", errors="replace").splitlines()
-    if cut and len(found) > 1:
-        found = found[1:]  # the oldest line was cut by the byte bound
-    return found[-lines:]
+    with TailReader(path, lines, backups, max_bytes) as reader:
+        data = b"".join(iter(reader.read, b""))
+    return data.decode("utf-8", errors="replace").splitlines()[-lines:]
 
 
-def _blocks_backwards(
-    path: Path, backups: int, live_end: int | None
-) -> Generator[bytes, None, None]:
-    """The log's bytes in blocks from the end back, newest file first; the live file up to
-    ``live_end`` when given."""
-    for file in reversed(log_files(path, backups)):
+@dataclass(slots=True)
+class _Span:
+    file: BinaryIO
+    start: int
+    end: int
+
+
+class TailReader:
+    """The last ``lines`` lines of a log as bytes, read forward a block at a time.
+
+    Opening finds where they start by reading back from the end in blocks, at most
+    ``max_bytes`` (past it the oldest line, cut, is left out; a line longer than that comes as
+    its last ``max_bytes``). The files stay open, so a rotation meanwhile changes nothing, and
+    nothing is held in memory but the block being read. Blocking: use it from a thread.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        lines: int,
+        backups: int = DEFAULT_BACKUPS,
+        max_bytes: int = MAX_TAIL_BYTES,
+        *,
+        live_end: int | None = None,
+    ) -> None:
+        self._spans: list[_Span] = []
+        """What is left to read, oldest first; ``live_end``: the live file up to there."""
         try:
-            with open(file, "rb") as f:
-                pos = f.seek(0, os.SEEK_END)
-                if file == path and live_end is not None:
-                    pos = min(pos, live_end)
-                while pos > 0:
-                    step = min(_BLOCK, pos)
-                    pos -= step
-                    f.seek(pos)
-                    yield f.read(step)
-        except FileNotFoundError:
-            continue  # rotated away while we looked
+            for file in log_files(path, backups):
+                with contextlib.suppress(FileNotFoundError):  # rotated away while we looked
+                    f = open(file, "rb")  # noqa: SIM115 - closed in close()
+                    end = f.seek(0, os.SEEK_END)
+                    if file == path and live_end is not None:
+                        end = min(end, live_end)
+                    self._spans.append(_Span(f, 0, end))
+            self._seek_start(max(lines, 0), max_bytes)
+        except BaseException:
+            self.close()
+            raise
+
+    def _seek_start(self, lines: int, max_bytes: int) -> None:
+        """Move the start back from the end past ``lines`` line ends (the very last byte's,
+        if it ends a line, not counted), or to the first line end past ``max_bytes``."""
+        if lines == 0:
+            self._start_at(len(self._spans), 0)
+            return
+        budget = max_bytes
+        first_end: tuple[int, int] | None = None
+        """Just past the earliest line end seen: where the first whole line read back starts."""
+        last_byte = True
+        for index in reversed(range(len(self._spans))):
+            span = self._spans[index]
+            pos = span.end
+            while pos > 0:
+                if budget == 0:
+                    self._start_at(*(first_end or (index, pos)))
+                    return
+                step = min(_BLOCK, pos, budget)
+                pos -= step
+                budget -= step
+                span.file.seek(pos)
+                block = span.file.read(step)
+                if last_byte and block.endswith(b"\n"):
+                    block = block[:-1]
+                last_byte = False
+                found = block.count(b"\n")
+                if found >= lines:
+                    cut = len(block)
+                    for _ in range(lines):
+                        cut = block.rfind(b"\n", 0, cut)
+                    self._start_at(index, pos + cut + 1)
+                    return
+                lines -= found
+                if found:
+                    first_end = (index, pos + block.find(b"\n") + 1)
+        self._start_at(0, 0)
+
+    def _start_at(self, index: int, offset: int) -> None:
+        for span in self._spans[:index]:
+            span.file.close()
+        del self._spans[:index]
+        if self._spans:
+            self._spans[0].start = offset
+
+    def read(self, size: int = _BLOCK) -> bytes:
+        """Up to ``size`` more bytes; ``b""`` once all has been read."""
+        while self._spans:
+            span = self._spans[0]
+            if span.start < span.end:
+                span.file.seek(span.start)
+                data = span.file.read(min(size, span.end - span.start))
+                if data:
+                    span.start += len(data)
+                    return data
+            span.file.close()
+            del self._spans[0]
+        return b""
+
+    def close(self) -> None:
+        for span in self._spans:
+            span.file.close()
+        self._spans.clear()
+
+    def __enter__(self) -> TailReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Lines:
+    """Splits blocks of a log into lines, holding at most ``MAX_LINE_BYTES`` of an unfinished
+    one (a longer one is given in pieces)."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, block: bytes) -> list[str]:
+        *complete, self._pending = (self._pending + block).split(b"\n")
+        if len(self._pending) >= MAX_LINE_BYTES:
+            complete.append(self._pending)
+            self._pending = b""
+        return [raw.decode("utf-8", errors="replace").rstrip("\r") for raw in complete]
+
+    def rest(self) -> str | None:
+        """The unfinished last line, if any."""
+        return self._pending.decode("utf-8", errors="replace") if self._pending else None
 
 
 class _LiveReader:
@@ -202,28 +288,28 @@ async def follow(
     so a slow reader holds the log on disk rather than in memory.
     """
     live = _LiveReader(path)
-    pending = b""
+    lines = _Lines()
     try:
         # Lines up to where the live file was opened come from the tail; the rest as they come.
         live_end = await asyncio.to_thread(live.open)
-        for line in await asyncio.to_thread(_tail, path, from_lines, backups, live_end):
-            yield line
+        with await asyncio.to_thread(
+            TailReader, path, from_lines, backups, live_end=live_end
+        ) as earlier:
+            while block := await asyncio.to_thread(earlier.read):
+                for line in lines.feed(block):
+                    yield line
         while True:
             finished = done()
             data = await asyncio.to_thread(live.read)
             if data is None:
                 continue  # rotated: on to the new file at once
             if data:
-                *complete, pending = (pending + data).split(b"\n")
-                if len(pending) >= MAX_LINE_BYTES:
-                    complete.append(pending)
-                    pending = b""
-                for raw in complete:
-                    yield raw.decode("utf-8", errors="replace").rstrip("\r")
+                for line in lines.feed(data):
+                    yield line
                 continue
             if finished:
-                if pending:
-                    yield pending.decode("utf-8", errors="replace")
+                if (last := lines.rest()) is not None:
+                    yield last
                 return
             await asyncio.sleep(poll_s)
     finally:

@@ -27,7 +27,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,7 @@ from agent.jobstate import (
     accepts_work,
     drain_transition,
 )
+from agent.logfiles import TailReader
 from agent.ownership import owner_of
 from agent.peers import PeerClient, PeerError
 from agent.store import ResultRecord, RunRecord, Store, process_alive, reconcile
@@ -76,7 +77,7 @@ class LocalRun:
 
 
 LOG_TAILS_AT_ONCE = 2
-"""Log tails read at once; each holds up to ``logfiles.MAX_TAIL_BYTES`` a few times over."""
+"""Log tails searched for at once (each reads back up to ``MAX_TAIL_BYTES``)."""
 
 
 class Runner:
@@ -399,11 +400,17 @@ class Runner:
 
     # -- logs ------------------------------------------------------------------------------------
 
-    async def tail(self, job_id: str, lines: int) -> list[str]:
-        """The last lines of the job's log, read in a thread (a tail may read megabytes), at
-        most ``LOG_TAILS_AT_ONCE`` at a time so that many requests cannot add up in memory."""
+    async def tail(self, job_id: str, lines: int) -> AsyncGenerator[bytes, None]:
+        """The last lines of the job's log, in blocks, read in a thread as they are taken. The
+        search back from the end (up to ``MAX_TAIL_BYTES`` read) runs ``LOG_TAILS_AT_ONCE`` at
+        a time."""
+        path = self.executor.log_path(job_id)
+        backups = self.executor.config.log_backups
         async with self._log_tails:
-            return await asyncio.to_thread(self.executor.tail, job_id, lines)
+            reader = await asyncio.to_thread(TailReader, path, lines, backups)
+        with reader:
+            while block := await asyncio.to_thread(reader.read):
+                yield block
 
     def follow(self, job_id: str, lines: int) -> AsyncIterator[str]:
         return self.executor.follow(job_id, from_lines=lines)

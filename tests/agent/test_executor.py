@@ -26,7 +26,7 @@ from agent.executor import (
     TimedOut,
 )
 from agent.jobspec import JobSpec, new_job_id
-from agent.logfiles import MAX_LINE_BYTES, RotatingLog, follow, log_files, tail
+from agent.logfiles import MAX_LINE_BYTES, RotatingLog, TailReader, follow, log_files, tail
 from agent.progress import ProgressTracker, parse_fraction, parse_progress_line
 from probers.records import DeviceStatic
 from tests.support import require_system
@@ -158,6 +158,19 @@ def test_tail_reads_back_no_more_than_its_byte_bound(tmp_path: Path) -> None:
     assert lines == [f"line {i:05d} ....." for i in range(19_950, 20_000)] + ["x" * 100_000]
     # One endless line: its last max_bytes.
     assert tail(path, 10, max_bytes=1000) == ["x" * 1000]
+
+
+def test_a_tail_being_read_is_not_disturbed_by_a_rotation(tmp_path: Path) -> None:
+    path = tmp_path / "output.log"
+    with RotatingLog(path, max_bytes=100, backups=1) as out:
+        for i in range(5):
+            out.write(f"old {i}\n".encode())
+        with TailReader(path, 3, backups=1) as reader:
+            first = reader.read(4)
+            for i in range(40):  # rotates several times: the files read are renamed, dropped
+                out.write(f"new {i:02d}\n".encode())
+            rest = b"".join(iter(reader.read, b""))
+    assert first + rest == b"old 2\nold 3\nold 4\n"
 
 
 async def test_follow_yields_an_endless_line_in_bounded_pieces(tmp_path: Path) -> None:
