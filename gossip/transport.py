@@ -335,7 +335,6 @@ def _reset(sock: socket.socket) -> None:
 
 _TLS_HANDSHAKE_RECORD = 0x16
 _TLS_RECORD_HEADER_BYTES = 5
-_TLS_MAX_RECORD_BYTES = _TLS_RECORD_HEADER_BYTES + 16 * 1024 + 256
 FIRST_RECORD_POLL_S = (0.005, 0.5)
 """While a connection's first TLS record is incomplete it is peeked at again after a delay that
 doubles from the first figure to the second: a real ClientHello comes whole or within a round
@@ -375,17 +374,18 @@ def _first_record(sock: socket.socket) -> Literal["hello", "partial", "gone"]:
     """What the peer has sent so far, peeked at: a whole first TLS handshake record, part of
     one (or nothing), or an end (closed, reset, not TLS)."""
     try:
-        head = sock.recv(_TLS_MAX_RECORD_BYTES, socket.MSG_PEEK)
+        head = sock.recv(_TLS_RECORD_HEADER_BYTES, socket.MSG_PEEK)
+        if not head or head[0] != _TLS_HANDSHAKE_RECORD:
+            return "gone"
+        if len(head) < _TLS_RECORD_HEADER_BYTES:
+            return "partial"
+        whole = _TLS_RECORD_HEADER_BYTES + int.from_bytes(head[3:], "big")
+        record = sock.recv(whole, socket.MSG_PEEK)
     except BlockingIOError:
         return "partial"
     except OSError:
         return "gone"
-    if not head or head[0] != _TLS_HANDSHAKE_RECORD:
-        return "gone"
-    if len(head) < _TLS_RECORD_HEADER_BYTES:
-        return "partial"
-    length = int.from_bytes(head[3:_TLS_RECORD_HEADER_BYTES], "big")
-    return "hello" if len(head) >= _TLS_RECORD_HEADER_BYTES + length else "partial"
+    return "hello" if len(record) >= whole else "partial"
 
 
 class GossipServer:
