@@ -10,18 +10,31 @@ Agent-to-agent, role ``agent`` only (403 otherwise), all JSON POSTs under ``/v1/
 offer: 200 started, 409 declined), ``stop`` (stop and fence an attempt), ``status`` (what runs
 or ran here), ``report`` (an attempt ended), ``job`` (the full record of an owned job); and
 ``GET /v1/internal/logs/{id}`` (the runner's log, proxied by the API).
+
+Refusals: a sealed command must come as ``application/octet-stream`` and an internal JSON call as
+``application/json`` (415 otherwise); ``lines`` of a log request is at most
+``logfiles.MAX_TAIL_LINES`` (400 otherwise). Every answer of 400 or more on these routes, and
+the router's own 404 and 405, is counted by route and status (``shoal_api_refused_total``);
+refusals made before a request reaches a route (identity, rate limit) are the transport's own
+counters.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
+from agent.client import ENVELOPE_CONTENT_TYPE
+from agent.logfiles import MAX_TAIL_LINES
+from agent.peers import JSON_CONTENT_TYPE
 from gossip import envelope
+from gossip.transport import PATH as GOSSIP_PATH
 from gossip.transport import request_peer
 
 if TYPE_CHECKING:
@@ -72,6 +85,43 @@ def _guarded(fn: Handler) -> Handler:
     return wrapper
 
 
+def _route(request: web.Request) -> str:
+    """The route's pattern (``/v1/jobs/{job_id}``), so that labels stay few."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "(no route)"
+
+
+def refusal_counter(refused: Counter[tuple[str, str]]) -> Middleware:
+    """A middleware counting every answer of 400 or more by (route, status)."""
+
+    @web.middleware
+    async def count(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path == GOSSIP_PATH:  # the gossip route has its own counters
+            return await handler(request)
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            if exc.status >= 400:
+                refused[(_route(request), str(exc.status))] += 1
+            raise
+        if response.status >= 400:
+            refused[(_route(request), str(response.status))] += 1
+        return response
+
+    return count
+
+
+def _require_content_type(request: web.Request, expected: str) -> None:
+    if request.content_type != expected:
+        raise ApiError(415, f"content type must be {expected}, not {request.content_type!r}")
+
+
+async def _sealed_body(request: web.Request) -> bytes:
+    """A sealed command's bytes (checked for their content type before any is read)."""
+    _require_content_type(request, ENVELOPE_CONTENT_TYPE)
+    return await request.read()
+
+
 def _internal(fn: Handler) -> Handler:
     async def wrapper(request: web.Request) -> web.StreamResponse:
         if request_peer(request).role != "agent":
@@ -82,6 +132,7 @@ def _internal(fn: Handler) -> Handler:
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
+    _require_content_type(request, JSON_CONTENT_TYPE)
     try:
         body = json.loads(await request.read())
     except ValueError:
@@ -95,8 +146,8 @@ MAX_HEALTH_WAIT_S = 60
 """The longest ``/healthz?members=N&wait_s=S`` holds a request open."""
 
 
-def _query_int(request: web.Request, name: str, low: int, high: int) -> int:
-    text = request.query.get(name, "0")
+def _query_int(request: web.Request, name: str, low: int, high: int, default: int = 0) -> int:
+    text = request.query.get(name, str(default))
     try:
         value = int(text)
     except ValueError:
@@ -106,12 +157,19 @@ def _query_int(request: web.Request, name: str, low: int, high: int) -> int:
     return value
 
 
+def _log_query(request: web.Request) -> tuple[int, bool]:
+    """A log request's ``lines`` (default 100, at most ``MAX_TAIL_LINES``) and ``follow``."""
+    lines = _query_int(request, "lines", 0, MAX_TAIL_LINES, default=100)
+    return lines, request.query.get("follow", "0") in ("1", "true", "yes")
+
+
 def setup(app: web.Application, agent: Agent) -> None:
     """Add every route of the agent to the listener's application."""
+    app.middlewares.append(refusal_counter(agent.metrics.api_refused))
 
     @_guarded
     async def commands(request: web.Request) -> web.StreamResponse:
-        data = await request.read()
+        data = await _sealed_body(request)
         status, answer = await agent.execute_command(data, forwarded=False)
         return web.json_response(answer, status=status)
 
@@ -128,10 +186,8 @@ def setup(app: web.Application, agent: Agent) -> None:
 
     @_guarded
     async def logs(request: web.Request) -> web.StreamResponse:
-        job_id = request.match_info["job_id"]
-        lines = int(request.query.get("lines", "100"))
-        follow = request.query.get("follow", "0") in ("1", "true", "yes")
-        return await agent.logs(request, job_id, lines, follow)
+        lines, follow = _log_query(request)
+        return await agent.logs(request, request.match_info["job_id"], lines, follow)
 
     @_guarded
     async def nodes(request: web.Request) -> web.StreamResponse:
@@ -161,7 +217,7 @@ def setup(app: web.Application, agent: Agent) -> None:
 
     @_internal
     async def i_command(request: web.Request) -> web.StreamResponse:
-        status, answer = await agent.execute_command(await request.read(), forwarded=True)
+        status, answer = await agent.execute_command(await _sealed_body(request), forwarded=True)
         return web.json_response(answer, status=status)
 
     @_internal
@@ -174,10 +230,8 @@ def setup(app: web.Application, agent: Agent) -> None:
 
     @_internal
     async def i_logs(request: web.Request) -> web.StreamResponse:
-        job_id = request.match_info["job_id"]
-        lines = int(request.query.get("lines", "100"))
-        follow = request.query.get("follow", "0") in ("1", "true", "yes")
-        return await agent.local_logs(request, job_id, lines, follow)
+        lines, follow = _log_query(request)
+        return await agent.local_logs(request, request.match_info["job_id"], lines, follow)
 
     app.router.add_post("/v1/commands", commands)
     app.router.add_get("/v1/jobs", jobs)

@@ -702,13 +702,15 @@ class Agent:
         self, request: web.Request, job_id: str, lines: int, follow: bool
     ) -> web.StreamResponse:
         check_job_id(job_id)
-        if not follow:
-            text = "".join(line + "\n" for line in self.runner.tail(job_id, lines))
-            return web.Response(text=text, content_type="text/plain")
         response = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
         await response.prepare(request)
-        async for line in self.runner.follow(job_id, lines):
-            await response.write((line + "\n").encode())
+        if not follow:
+            async with contextlib.aclosing(self.runner.tail(job_id, lines)) as blocks:
+                async for block in blocks:
+                    await response.write(block)  # waits while the reader lags: nothing piles up
+        else:
+            async for line in self.runner.follow(job_id, lines):
+                await response.write((line + "\n").encode())
         await response.write_eof()
         return response
 

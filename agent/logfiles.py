@@ -8,6 +8,12 @@ The log lives in the job's folder, which the job (its user) may write: a job cou
 symlink, a hard link or a FIFO where the agent expects its log. So the agent opens the files
 without following symlinks and without blocking, writes only a regular file it owns with a single
 link (anything else is removed first), reads only regular files it owns, and creates them 0600.
+
+Readers hold one block whatever the log holds: :class:`TailReader` finds where the last lines
+start by reading back from the end, at most ``MAX_TAIL_BYTES`` (the API refuses more than
+``MAX_TAIL_LINES`` lines), then reads forward a block at a time; ``follow`` does the same and
+then reads the live file a block at a time, holding at most ``MAX_LINE_BYTES`` of an
+unfinished line. Both go only as fast as their reader takes the blocks.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import os
 import stat
 import sys
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Final
 
@@ -24,6 +31,13 @@ LOG_NAME: Final = "output.log"
 DEFAULT_MAX_BYTES: Final = 10 * 1024 * 1024
 DEFAULT_BACKUPS: Final = 3
 _BLOCK: Final = 64 * 1024
+MAX_TAIL_LINES: Final = 10_000
+"""The most lines one log request may ask for."""
+MAX_TAIL_BYTES: Final = 4 * 1024 * 1024
+"""The most a tail covers, whatever the lines asked: 10,000 lines of ~400 bytes. Past it the
+oldest (cut) line is left out, so a job printing one endless line costs a request no more."""
+MAX_LINE_BYTES: Final = 64 * 1024
+"""``follow`` yields a longer line in pieces of this size instead of holding it whole."""
 
 
 def log_files(path: Path, backups: int = DEFAULT_BACKUPS) -> list[Path]:
@@ -136,35 +150,176 @@ class RotatingLog:
         self.close()
 
 
-def tail(path: Path, lines: int, backups: int = DEFAULT_BACKUPS) -> list[str]:
-    """The last ``lines`` lines of the log, across rotated files, without reading it all."""
-    return _tail(path, lines, backups, live_end=None)
-
-
-def _tail(path: Path, lines: int, backups: int, live_end: int | None) -> list[str]:
+def tail(
+    path: Path, lines: int, backups: int = DEFAULT_BACKUPS, max_bytes: int = MAX_TAIL_BYTES
+) -> list[str]:
+    """The last ``lines`` lines of the log, across rotated files, at most ``max_bytes`` of them
+    (blocking: call it in a thread from async code)."""
     if lines <= 0:
         return []
-    chunks: list[bytes] = []
-    newlines = 0
-    for file in reversed(log_files(path, backups)):
-        opened = _open_to_read(file)
-        if opened is None:
-            continue  # rotated away while we looked
-        with opened as f:
-            pos = f.seek(0, os.SEEK_END)
-            if file == path and live_end is not None:
-                pos = min(pos, live_end)
-            while pos > 0 and newlines <= lines:
-                step = min(_BLOCK, pos)
+    with TailReader(path, lines, backups, max_bytes) as reader:
+        data = b"".join(iter(reader.read, b""))
+    return data.decode("utf-8", errors="replace").splitlines()[-lines:]
+
+
+@dataclass(slots=True)
+class _Span:
+    file: BinaryIO
+    start: int
+    end: int
+
+
+class TailReader:
+    """The last ``lines`` lines of a log as bytes, read forward a block at a time.
+
+    Opening finds where they start by reading back from the end in blocks, at most
+    ``max_bytes`` (past it the oldest line, cut, is left out; a line longer than that comes as
+    its last ``max_bytes``). The files stay open, so a rotation meanwhile changes nothing, and
+    nothing is held in memory but the block being read. Blocking: use it from a thread.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        lines: int,
+        backups: int = DEFAULT_BACKUPS,
+        max_bytes: int = MAX_TAIL_BYTES,
+        *,
+        live_end: int | None = None,
+    ) -> None:
+        self._spans: list[_Span] = []
+        """What is left to read, oldest first; ``live_end``: the live file up to there."""
+        try:
+            for file in log_files(path, backups):
+                f = _open_to_read(file)
+                if f is not None:  # else rotated away while we looked, or not a file of ours
+                    end = f.seek(0, os.SEEK_END)
+                    if file == path and live_end is not None:
+                        end = min(end, live_end)
+                    self._spans.append(_Span(f, 0, end))
+            self._seek_start(max(lines, 0), max_bytes)
+        except BaseException:
+            self.close()
+            raise
+
+    def _seek_start(self, lines: int, max_bytes: int) -> None:
+        """Move the start back from the end past ``lines`` line ends (the very last byte's,
+        if it ends a line, not counted), or to the first line end past ``max_bytes``."""
+        if lines == 0:
+            self._start_at(len(self._spans), 0)
+            return
+        budget = max_bytes
+        first_end: tuple[int, int] | None = None
+        """Just past the earliest line end seen: where the first whole line read back starts."""
+        last_byte = True
+        for index in reversed(range(len(self._spans))):
+            span = self._spans[index]
+            pos = span.end
+            while pos > 0:
+                if budget == 0:
+                    self._start_at(*(first_end or (index, pos)))
+                    return
+                step = min(_BLOCK, pos, budget)
                 pos -= step
-                f.seek(pos)
-                block = f.read(step)
-                chunks.append(block)
-                newlines += block.count(b"\n")
-        if newlines > lines:
-            break
-    text = b"".join(reversed(chunks)).decode("utf-8", errors="replace")
-    return text.splitlines()[-lines:]
+                budget -= step
+                span.file.seek(pos)
+                block = span.file.read(step)
+                if last_byte and block.endswith(b"\n"):
+                    block = block[:-1]
+                last_byte = False
+                found = block.count(b"\n")
+                if found >= lines:
+                    cut = len(block)
+                    for _ in range(lines):
+                        cut = block.rfind(b"\n", 0, cut)
+                    self._start_at(index, pos + cut + 1)
+                    return
+                lines -= found
+                if found:
+                    first_end = (index, pos + block.find(b"\n") + 1)
+        self._start_at(0, 0)
+
+    def _start_at(self, index: int, offset: int) -> None:
+        for span in self._spans[:index]:
+            span.file.close()
+        del self._spans[:index]
+        if self._spans:
+            self._spans[0].start = offset
+
+    def read(self, size: int = _BLOCK) -> bytes:
+        """Up to ``size`` more bytes; ``b""`` once all has been read."""
+        while self._spans:
+            span = self._spans[0]
+            if span.start < span.end:
+                span.file.seek(span.start)
+                data = span.file.read(min(size, span.end - span.start))
+                if data:
+                    span.start += len(data)
+                    return data
+            span.file.close()
+            del self._spans[0]
+        return b""
+
+    def close(self) -> None:
+        for span in self._spans:
+            span.file.close()
+        self._spans.clear()
+
+    def __enter__(self) -> TailReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Lines:
+    """Splits blocks of a log into lines, holding at most ``MAX_LINE_BYTES`` of an unfinished
+    one (a longer one is given in pieces)."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, block: bytes) -> list[str]:
+        *complete, self._pending = (self._pending + block).split(b"\n")
+        if len(self._pending) >= MAX_LINE_BYTES:
+            complete.append(self._pending)
+            self._pending = b""
+        return [raw.decode("utf-8", errors="replace").rstrip("\r") for raw in complete]
+
+    def rest(self) -> str | None:
+        """The unfinished last line, if any."""
+        return self._pending.decode("utf-8", errors="replace") if self._pending else None
+
+
+class _LiveReader:
+    """The live file as ``follow`` reads it: one block at a time, reopened after a rotation."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._handle: BinaryIO | None = None
+
+    def open(self) -> int | None:
+        """Open the live file if there is one; where reading it starts (its end)."""
+        self._handle = _open_to_read(self.path)
+        return self._handle.seek(0, os.SEEK_END) if self._handle is not None else None
+
+    def read(self) -> bytes | None:
+        """Up to one block of new bytes; ``b""`` when there is none yet, None when the file was
+        rotated away after its last byte was read (the new one is read next)."""
+        if self._handle is None:
+            self._handle = _open_to_read(self.path)
+            if self._handle is None:
+                return b""
+        data = self._handle.read(_BLOCK)
+        if data or not _rotated(self.path, self._handle):
+            return data
+        self.close()
+        return None
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
 
 
 async def follow(
@@ -179,41 +334,36 @@ async def follow(
 
     Ends once ``done()`` is true and everything written has been yielded; a last line without a
     newline is yielded then. Survives rotation: the rest of the rotated file is read before the
-    new one.
+    new one. Files are read in a thread, a block at a time, only as fast as the lines are taken,
+    so a slow reader holds the log on disk rather than in memory.
     """
-    handle: BinaryIO | None = None
-    pending = b""
+    live = _LiveReader(path)
+    lines = _Lines()
     try:
-        handle = _open_to_read(path)
-        # Lines up to where the open handle starts come from tail(); the rest from the handle.
-        live_end = handle.seek(0, os.SEEK_END) if handle is not None else None
-        for line in _tail(path, from_lines, backups, live_end):
-            yield line
+        # Lines up to where the live file was opened come from the tail; the rest as they come.
+        live_end = await asyncio.to_thread(live.open)
+        with await asyncio.to_thread(
+            TailReader, path, from_lines, backups, live_end=live_end
+        ) as earlier:
+            while block := await asyncio.to_thread(earlier.read):
+                for line in lines.feed(block):
+                    yield line
         while True:
-            if handle is None:
-                handle = _open_to_read(path)
             finished = done()
-            if handle is not None:
-                data = handle.read()
-                if data:
-                    pending += data
-                    *complete, pending = pending.split(b"\n")
-                    for raw in complete:
-                        yield raw.decode("utf-8", errors="replace").rstrip("\r")
-                    await asyncio.sleep(0)  # a busy writer must not starve the loop
-                    continue
-                if _rotated(path, handle):
-                    handle.close()
-                    handle = None
-                    continue
+            data = await asyncio.to_thread(live.read)
+            if data is None:
+                continue  # rotated: on to the new file at once
+            if data:
+                for line in lines.feed(data):
+                    yield line
+                continue
             if finished:
-                if pending:
-                    yield pending.decode("utf-8", errors="replace")
+                if (last := lines.rest()) is not None:
+                    yield last
                 return
             await asyncio.sleep(poll_s)
     finally:
-        if handle is not None:
-            handle.close()
+        live.close()
 
 
 def _rotated(path: Path, handle: BinaryIO) -> bool:

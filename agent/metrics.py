@@ -7,7 +7,8 @@ as this agent sees the mesh (``shoal_jobs``), members by state, jobs running her
 gossip counter (``shoal_gossip_<name>``). Counters: commands accepted by kind and rejected by
 reason (``shoal_commands_accepted_total``, ``shoal_commands_rejected_total``), agent calls
 refused for want of authority (``shoal_internal_refused_total``), job records and submissions not
-believed (``shoal_records_refused_total``).
+believed (``shoal_records_refused_total``), and API requests refused by route and status
+(``shoal_api_refused_total``).
 
 The counters are plain ``collections.Counter`` objects and everything is turned into Prometheus
 families at scrape time, so ``prometheus_client`` (and the HTTP server modules it brings, ~1 MB
@@ -35,6 +36,14 @@ class _Snapshot:
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+        refused = CounterMetricFamily(
+            "shoal_api_refused",
+            "API requests answered 400 or more",
+            labels=["route", "status"],
+        )
+        for (route, status), count in sorted(self._metrics.api_refused.items()):
+            refused.add_metric([route, status], count)
+        yield refused
         snap = self._metrics.snapshot()
         m = self._metrics
         for name, text, label, counts in (
@@ -118,6 +127,8 @@ class AgentMetrics:
         """Operator commands rejected, by reason."""
         self.internal_refused: Counter[str] = Counter()
         """Agent-to-agent calls refused because the caller has no authority, by call."""
+        self.api_refused: Counter[tuple[str, str]] = Counter()
+        """API requests answered 400 or more, by (route, status)."""
         self._registry: Any = None
 
     def render(self) -> tuple[bytes, str]:

@@ -19,6 +19,8 @@ from gossip.tls import client_context
 from gossip.transport import PooledSession, split_address
 
 INTERNAL = "/v1/internal"
+JSON_CONTENT_TYPE = "application/json"
+"""What every ``/v1/internal/<op>`` call sends (the server refuses anything else, 415)."""
 
 
 class PeerError(Exception):
@@ -73,7 +75,7 @@ class PeerClient(PooledSession):
         """POST ``body`` to ``/v1/internal/<op>`` and return the JSON answer."""
         data = json.dumps(body, separators=(",", ":")).encode()
         status, answer = await self.post(
-            addr, f"{INTERNAL}/{op}", data, "application/json", timeout_s=timeout_s
+            addr, f"{INTERNAL}/{op}", data, JSON_CONTENT_TYPE, timeout_s=timeout_s
         )
         if status >= 500:
             raise PeerUnreachable(f"{addr} {op}: {status} {answer.get('error', '')}")

@@ -28,7 +28,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,7 @@ from agent.jobstate import (
     accepts_work,
     drain_transition,
 )
+from agent.logfiles import TailReader
 from agent.ownership import owner_of
 from agent.peers import PeerClient, PeerError
 from agent.store import ResultRecord, RunRecord, Store, process_alive, reconcile
@@ -83,6 +84,10 @@ class LocalRun:
     attempt: int
     owner: str
     devices: tuple[str, ...]
+
+
+LOG_TAILS_AT_ONCE = 2
+"""Log tails searched for at once (each reads back up to ``MAX_TAIL_BYTES``)."""
 
 
 class Runner:
@@ -124,6 +129,7 @@ class Runner:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._reports: dict[tuple[str, int], dict[str, Any]] = {}
         self._closing = False
+        self._log_tails = asyncio.Semaphore(LOG_TAILS_AT_ONCE)
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -419,8 +425,17 @@ class Runner:
 
     # -- logs ------------------------------------------------------------------------------------
 
-    def tail(self, job_id: str, lines: int) -> list[str]:
-        return self.executor.tail(job_id, lines)
+    async def tail(self, job_id: str, lines: int) -> AsyncGenerator[bytes, None]:
+        """The last lines of the job's log, in blocks, read in a thread as they are taken. The
+        search back from the end (up to ``MAX_TAIL_BYTES`` read) runs ``LOG_TAILS_AT_ONCE`` at
+        a time."""
+        path = self.executor.log_path(job_id)
+        backups = self.executor.config.log_backups
+        async with self._log_tails:
+            reader = await asyncio.to_thread(TailReader, path, lines, backups)
+        with reader:
+            while block := await asyncio.to_thread(reader.read):
+                yield block
 
     def follow(self, job_id: str, lines: int) -> AsyncIterator[str]:
         return self.executor.follow(job_id, from_lines=lines)

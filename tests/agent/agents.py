@@ -135,12 +135,17 @@ class Mesh:
         data: bytes | None = None,
         content_type: str = "application/json",
         timeout_s: float = 15.0,
+        identity: NodeIdentity | None = None,
     ) -> tuple[int, bytes]:
+        """As the operator, or as ``identity`` (an agent's, say)."""
         req = urllib.request.Request(f"https://{a.address}{path}", data=data, method=method)
         if data is not None:
             req.add_header("Content-Type", content_type)
+        context = (
+            self._ssl if identity is None else client_context(identity, identity.ca_certificate)
+        )
         try:
-            with urllib.request.urlopen(req, context=self._ssl, timeout=timeout_s) as resp:
+            with urllib.request.urlopen(req, context=context, timeout=timeout_s) as resp:
                 return resp.status, resp.read()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()

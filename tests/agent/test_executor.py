@@ -26,7 +26,7 @@ from agent.executor import (
     TimedOut,
 )
 from agent.jobspec import JobSpec, new_job_id
-from agent.logfiles import RotatingLog, follow, log_files, tail
+from agent.logfiles import MAX_LINE_BYTES, RotatingLog, TailReader, follow, log_files, tail
 from agent.progress import ProgressTracker, parse_fraction, parse_progress_line
 from probers.records import DeviceStatic
 from tests.support import require_system
@@ -144,6 +144,52 @@ async def test_follow_reads_through_a_rotation(tmp_path: Path) -> None:
     done = True
     await asyncio.wait_for(task, 5)
     assert seen == ["old 2"] + [f"new {i}" for i in range(8)] + ["no newline"]
+
+
+def test_tail_reads_back_no_more_than_its_byte_bound(tmp_path: Path) -> None:
+    path = tmp_path / "output.log"
+    with RotatingLog(path, max_bytes=300_000, backups=2) as out:
+        for i in range(20_000):
+            out.write(f"line {i:05d} .....\n".encode())  # 17 bytes
+        out.write(b"x" * 100_000)  # a last line without end
+    # Bounded by lines first, then by bytes: the oldest (cut) line is dropped.
+    assert tail(path, 3) == ["line 19998 .....", "line 19999 .....", "x" * 100_000]
+    lines = tail(path, 10_000, max_bytes=100_000 + 17 * 50 + 5)
+    assert lines == [f"line {i:05d} ....." for i in range(19_950, 20_000)] + ["x" * 100_000]
+    # One endless line: its last max_bytes.
+    assert tail(path, 10, max_bytes=1000) == ["x" * 1000]
+
+
+def test_a_tail_being_read_is_not_disturbed_by_a_rotation(tmp_path: Path) -> None:
+    path = tmp_path / "output.log"
+    with RotatingLog(path, max_bytes=100, backups=1) as out:
+        for i in range(5):
+            out.write(f"old {i}\n".encode())
+        with TailReader(path, 3, backups=1) as reader:
+            first = reader.read(4)
+            for i in range(40):  # rotates several times: the files read are renamed, dropped
+                out.write(f"new {i:02d}\n".encode())
+            rest = b"".join(iter(reader.read, b""))
+    assert first + rest == b"old 2\nold 3\nold 4\n"
+
+
+async def test_follow_yields_an_endless_line_in_bounded_pieces(tmp_path: Path) -> None:
+    path = tmp_path / "output.log"
+    done = False
+    with RotatingLog(path) as out:
+        seen: list[str] = []
+
+        async def reader() -> None:
+            async for line in follow(path, lambda: done, poll_s=0.01):
+                seen.append(line)
+
+        task = asyncio.create_task(reader())
+        await asyncio.sleep(0.05)
+        out.write(b"y" * (3 * MAX_LINE_BYTES) + b"\nend\n")
+        done = True
+        await asyncio.wait_for(task, 5)
+    assert all(len(line) <= 2 * MAX_LINE_BYTES for line in seen)
+    assert "".join(seen[:-1]) == "y" * (3 * MAX_LINE_BYTES) and seen[-1] == "end"
 
 
 # -- the executor --------------------------------------------------------------------------------

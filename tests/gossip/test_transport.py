@@ -29,6 +29,7 @@ from gossip.transport import (
     CONTENT_TYPE,
     PATH,
     PROTOCOL_HEADER,
+    ConnectionLimits,
     GossipClient,
     GossipServer,
     HandlerRejected,
@@ -358,3 +359,152 @@ print("ok")
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.stdout.strip() == "ok", done.stderr
+
+
+# -- connections that never finish their handshake ---------------------------------------------
+
+Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+async def closed_by_server(conn: Conn) -> bool:
+    """Whether the server closed (or reset) this connection; a short wait for a live one."""
+    try:
+        return await asyncio.wait_for(conn[0].read(1), 0.05) == b""
+    except ConnectionError:
+        return True
+    except TimeoutError:
+        return False
+
+
+async def open_idle(srv: GossipServer, count: int, first: bytes = b"") -> list[Conn]:
+    """``count`` plain TCP connections that send ``first`` (or nothing) and then wait."""
+    conns = []
+    for _ in range(count):
+        conn = await asyncio.open_connection("127.0.0.1", srv.port)
+        if first:
+            conn[1].write(first)
+        conns.append(conn)
+        await asyncio.sleep(0.005)  # accepted in this order
+    return conns
+
+
+def client_hello(lab: Lab) -> bytes:
+    """A real ClientHello (its first flight), for connections that then stall in the handshake."""
+    from gossip.tls import client_context
+
+    tls = client_context(lab.b, lab.cluster.ca.certificate).wrap_bio(
+        ssl.MemoryBIO(), outgoing := ssl.MemoryBIO(), server_hostname="127.0.0.1"
+    )
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+def close_all(conns: list[Conn]) -> None:
+    for _, writer in conns:
+        writer.close()
+
+
+def lab_server(lab: Lab, limits: ConnectionLimits) -> GossipServer:
+    return GossipServer(lab.a, lab.cluster.ca.certificate, lab.echo, limits=limits)
+
+
+async def test_idle_connections_are_bounded_per_source_and_the_oldest_gives_way(lab: Lab) -> None:
+    limits = ConnectionLimits(max_unfinished=8, max_unfinished_per_source=4)
+    async with lab_server(lab, limits) as srv, client_for(lab, lab.b) as client:
+        idle = await open_idle(srv, 10)
+        await eventually(lambda: srv.stats.handshakes_evicted == 6)
+        assert [await closed_by_server(c) for c in idle] == [True] * 6 + [False] * 4
+        # A peer still gets in at once: its connection is the newest, one more idle one goes.
+        assert await client.send(srv.address, b"hi", TIMEOUT_S) == b"echo:hi"
+        assert srv.stats.handshakes_evicted == 7
+        assert [await closed_by_server(c) for c in idle[6:]] == [True, False, False, False]
+        assert srv.stats.handshake_slowest_ms < 1000
+        close_all(idle)
+
+
+async def test_idle_connections_give_way_before_handshakes_in_progress(lab: Lab) -> None:
+    limits = ConnectionLimits(max_unfinished=3, max_unfinished_per_source=3)
+    async with lab_server(lab, limits) as srv:
+        started = await open_idle(srv, 2, first=client_hello(lab))  # then nothing
+        idle = await open_idle(srv, 1) + await open_idle(srv, 1, first=b"\x16\x03")
+        await eventually(lambda: srv.stats.handshakes_evicted == 1)
+        assert [await closed_by_server(c) for c in started + idle] == [False, False, True, False]
+        close_all(started + idle)
+
+
+async def test_a_client_hello_that_comes_in_pieces_still_gets_through(lab: Lab) -> None:
+    from gossip.tls import client_context
+
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    ctx = client_context(lab.b, lab.cluster.ca.certificate)
+    tls = ctx.wrap_bio(incoming, outgoing, server_hostname="127.0.0.1")
+    async with lab_server(lab, ConnectionLimits()) as srv:
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+        with pytest.raises(ssl.SSLWantReadError):
+            tls.do_handshake()
+        hello = outgoing.read()
+        writer.write(hello[:7])
+        await asyncio.sleep(0.05)
+        writer.write(hello[7:])
+        while True:
+            data = await asyncio.wait_for(reader.read(65536), TIMEOUT_S)
+            assert data, "closed by the server"
+            incoming.write(data)
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                writer.write(outgoing.read())
+        writer.write(outgoing.read())  # our Finished
+        await eventually(lambda: srv.stats.handshake_slowest_ms >= 50)
+        assert srv.stats.handshake_failed == srv.stats.handshakes_evicted == 0
+        writer.close()
+
+
+async def test_handshakes_in_progress_are_bounded(lab: Lab) -> None:
+    limits = ConnectionLimits(max_handshaking=2)
+    async with lab_server(lab, limits) as srv, client_for(lab, lab.b) as client:
+        # A byte and nothing more: still a bare socket, not a handshake.
+        bytes_only = await open_idle(srv, 5, first=b"\x16")
+        stalled = await open_idle(srv, 5, first=client_hello(lab))
+        await eventually(lambda: srv.stats.handshakes_evicted == 3)
+        assert not any([await closed_by_server(c) for c in bytes_only])
+        assert [await closed_by_server(c) for c in stalled] == [True] * 3 + [False] * 2
+        assert await client.send(srv.address, b"hi", TIMEOUT_S) == b"echo:hi"
+        assert srv.stats.handshakes_evicted == 4
+        close_all(bytes_only + stalled)
+
+
+async def test_unfinished_connections_are_closed_at_the_deadline(lab: Lab) -> None:
+    async with lab_server(lab, ConnectionLimits(handshake_timeout_s=0.2)) as srv:
+        conns = await open_idle(srv, 1) + await open_idle(srv, 1, first=b"\x16\x03")
+        await eventually(lambda: srv.stats.handshake_timeouts == 2)
+        assert [await closed_by_server(c) for c in conns] == [True, True]
+        assert srv.stats.handshakes_evicted == 0 and srv.stats.handshake_failed == 0
+        close_all(conns)
+
+
+async def test_a_peer_holding_too_many_connections_loses_its_oldest(lab: Lab) -> None:
+    from gossip.tls import client_context
+
+    ctx = client_context(lab.b, lab.cluster.ca.certificate)
+    async with lab_server(lab, ConnectionLimits(max_connections_per_peer=2)) as srv:
+        conns = []
+        for _ in range(3):
+            conns.append(await asyncio.open_connection("127.0.0.1", srv.port, ssl=ctx))
+        await eventually(lambda: srv.stats.peer_connections_closed == 1)
+        assert [await closed_by_server(c) for c in conns] == [True, False, False]
+        close_all(conns)
+
+
+async def test_a_newcomer_past_max_connections_is_refused(lab: Lab) -> None:
+    async with (
+        lab_server(lab, ConnectionLimits(max_connections=1)) as srv,
+        client_for(lab, lab.b) as client,
+    ):
+        assert await client.send(srv.address, b"kept", TIMEOUT_S) == b"echo:kept"  # held alive
+        late = await open_idle(srv, 1)
+        await eventually(lambda: srv.stats.connections_refused == 1)
+        assert await closed_by_server(late[0])
+        close_all(late)

@@ -55,7 +55,11 @@ async def _jobs_where(
 async def test_operator_drains_submits_follows_logs_and_cancels_on_real_agents(
     tmp_path: Path,
 ) -> None:
-    mesh = LocalMesh(tmp_path, 3, profiles=("h100:2", "mi300x:2", "l4:1"))
+    # Jobs run as the agents' own user: they read a script in the test's folder, which a root
+    # test run keeps to root (tests/agent/test_daemon_jobuser.py runs one as another user).
+    mesh = LocalMesh(
+        tmp_path, 3, profiles=("h100:2", "mi300x:2", "l4:1"), extra_args=("--job-user", "")
+    )
     mesh.start()
     peers: list[ApiClient] = []
     try:
