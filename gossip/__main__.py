@@ -4,7 +4,8 @@
 
 Prints one JSON object per line on stdout: first ``{"event": "listening", ...}``, then one line
 per membership event, and on SIGUSR1 (or every ``--report-s``) a ``{"event": "view", ...}`` line
-with the members it holds and their states. SIGTERM or SIGINT leaves the mesh gracefully.
+with the members it holds and their states, and its counters (``stats``: refusals included, as
+``GossipNode.stats`` names them). SIGTERM or SIGINT leaves the mesh gracefully.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def _view(node: GossipNode) -> dict[str, object]:
         "event": "view",
         "node": node.node_id,
         "members": {m.node: m.state.name.lower() for m in node.members()},
+        "stats": node.stats(),
     }
 
 

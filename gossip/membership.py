@@ -5,6 +5,12 @@
 does. Incarnation order compares the update's incarnation with the one we hold. Rules follow SWIM
 and memberlist (``aliveNode``/``suspectNode``/``deadNode``), with tombstones: a dead or left member
 ignores everything but an Alive with a higher incarnation (a restart or a refutation).
+
+The kinds are ``alive``, ``suspect``, ``dead`` (a Dead signed by another member: an accusation)
+and ``leave`` (a Dead signed by the node itself: its graceful goodbye). Unlike memberlist, one
+member's word cannot kill a live node (Lifeguard's intent): a Dead about a node we hold alive only
+makes it a suspect, on that accuser's word, and one about a suspect is applied only once the
+suspicion is confirmed (see :attr:`Outcome.DEAD_IF_CONFIRMED`).
 """
 
 from __future__ import annotations
@@ -32,7 +38,11 @@ class Outcome(Enum):
     ALIVE = "alive"  # become (or stay) alive at the incoming incarnation
     SUSPECT = "suspect"  # become suspect, start a suspicion timer
     CONFIRM = "confirm"  # already suspect: count an independent accuser
-    DEAD = "dead"  # declared dead (or left, when the accuser is the node itself)
+    DEAD_IF_CONFIRMED = "dead if confirmed"
+    """Dead, if the suspicion already has an accuser other than this Dead's, or has stood its
+    minimum timeout (the suspect had its chance to refute); otherwise the Dead is held back as
+    its accuser's confirmation and applied when an independent one arrives."""
+    LEFT = "left"  # the node's own goodbye
     REFUTE = "refute"  # about us: bump our incarnation and broadcast Alive
 
 
@@ -48,8 +58,11 @@ TRANSITIONS: dict[tuple[MemberState, str, Order], Outcome] = {
     (A, "suspect", EQ): Outcome.SUSPECT,
     (A, "suspect", HI): Outcome.SUSPECT,
     (A, "dead", LO): Outcome.IGNORE,
-    (A, "dead", EQ): Outcome.DEAD,
-    (A, "dead", HI): Outcome.DEAD,
+    (A, "dead", EQ): Outcome.SUSPECT,  # one member's word: a suspicion, the Dead its accusation
+    (A, "dead", HI): Outcome.SUSPECT,
+    (A, "leave", LO): Outcome.IGNORE,
+    (A, "leave", EQ): Outcome.LEFT,
+    (A, "leave", HI): Outcome.LEFT,
     # suspect
     (S, "alive", LO): Outcome.IGNORE,
     (S, "alive", EQ): Outcome.IGNORE,
@@ -58,8 +71,11 @@ TRANSITIONS: dict[tuple[MemberState, str, Order], Outcome] = {
     (S, "suspect", EQ): Outcome.CONFIRM,
     (S, "suspect", HI): Outcome.CONFIRM,
     (S, "dead", LO): Outcome.IGNORE,
-    (S, "dead", EQ): Outcome.DEAD,
-    (S, "dead", HI): Outcome.DEAD,
+    (S, "dead", EQ): Outcome.DEAD_IF_CONFIRMED,
+    (S, "dead", HI): Outcome.DEAD_IF_CONFIRMED,
+    (S, "leave", LO): Outcome.IGNORE,
+    (S, "leave", EQ): Outcome.LEFT,
+    (S, "leave", HI): Outcome.LEFT,
     # dead: a tombstone; only a newer life revives it
     (D, "alive", LO): Outcome.IGNORE,
     (D, "alive", EQ): Outcome.IGNORE,
@@ -70,6 +86,9 @@ TRANSITIONS: dict[tuple[MemberState, str, Order], Outcome] = {
     (D, "dead", LO): Outcome.IGNORE,
     (D, "dead", EQ): Outcome.IGNORE,
     (D, "dead", HI): Outcome.IGNORE,
+    (D, "leave", LO): Outcome.IGNORE,
+    (D, "leave", EQ): Outcome.IGNORE,
+    (D, "leave", HI): Outcome.IGNORE,
     # left: same as dead
     (L, "alive", LO): Outcome.IGNORE,
     (L, "alive", EQ): Outcome.IGNORE,
@@ -80,6 +99,9 @@ TRANSITIONS: dict[tuple[MemberState, str, Order], Outcome] = {
     (L, "dead", LO): Outcome.IGNORE,
     (L, "dead", EQ): Outcome.IGNORE,
     (L, "dead", HI): Outcome.IGNORE,
+    (L, "leave", LO): Outcome.IGNORE,
+    (L, "leave", EQ): Outcome.IGNORE,
+    (L, "leave", HI): Outcome.IGNORE,
 }
 
 SELF_TRANSITIONS: dict[tuple[str, Order], Outcome] = {
@@ -92,16 +114,21 @@ SELF_TRANSITIONS: dict[tuple[str, Order], Outcome] = {
     ("dead", LO): Outcome.IGNORE,
     ("dead", EQ): Outcome.REFUTE,
     ("dead", HI): Outcome.REFUTE,
+    ("leave", LO): Outcome.IGNORE,
+    ("leave", EQ): Outcome.REFUTE,  # a goodbye of ours we never said: we are here
+    ("leave", HI): Outcome.REFUTE,
 }
 
 
 def kind_of(update: Alive | Suspect | Dead) -> str:
     if isinstance(update, Alive):
         return "alive"
-    return "suspect" if isinstance(update, Suspect) else "dead"
+    if isinstance(update, Suspect):
+        return "suspect"
+    return "leave" if update.accuser == update.node else "dead"
 
 
-_KINDS: dict[type, str] = {Alive: "alive", Suspect: "suspect", Dead: "dead"}
+_KINDS: dict[type, str] = {Alive: "alive", Suspect: "suspect"}
 _Row = tuple[Outcome, Outcome, Outcome]
 """What one kind of update does at a lower, an equal and a higher incarnation."""
 
@@ -112,7 +139,7 @@ def _row(
     return (table[(state, kind, LO)], table[(state, kind, EQ)], table[(state, kind, HI)])
 
 
-_KIND_NAMES = ("alive", "suspect", "dead")
+_KIND_NAMES = ("alive", "suspect", "dead", "leave")
 _ROWS: dict[tuple[MemberState | None, str], _Row] = {
     (state, kind): _row(TRANSITIONS, state, kind) for state in MemberState for kind in _KIND_NAMES
 }

@@ -63,6 +63,7 @@ _ALIVE, _SUSPECT, _DEAD = 0, 1, 2  # broadcast priority classes
 # Enum members read once: ``MemberState.ALIVE`` runs ``EnumType.__getattr__`` at every use.
 _A, _S, _D, _L = MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD, MemberState.LEFT
 _IGNORE, _REFUTE, _CONFIRM = Outcome.IGNORE, Outcome.REFUTE, Outcome.CONFIRM
+_DEAD_IF_CONFIRMED, _LEAVES = Outcome.DEAD_IF_CONFIRMED, Outcome.LEFT
 _RANK = {_A: 0, _S: 1, _D: 2, _L: 2}
 _LIVE = (_A, _S)
 _REAP_EVERY_S = 5.0
@@ -523,7 +524,7 @@ class Peer:
         self._probe = _Probe(target.node, seq, now, now + timeout, now + interval)
         self.stats.probes_sent += 1
         first: list[Message] = [Ping(seq, self.node_id, target.node)]
-        if target.state == _S and isinstance(target.accusation, Suspect):
+        if target.state == _S and target.accusation is not None:
             first.append(target.accusation)  # buddy system: tell the suspect first
         self._send_piggybacked(target.addr, first)
 
@@ -740,7 +741,9 @@ class Peer:
             return
         m, outcome = judged
         s = self._suspicions.get(u.node)
-        counts = s is not None and s.n < s.k and u.accuser not in s.accusers
+        # A new accuser counts while confirmations shorten the timeout, or while a held-back
+        # Dead waits for one (then nobody but that Dead's accuser has accused yet).
+        counts = s is not None and (s.n < s.k or s.dead is not None) and u.accuser not in s.accusers
         if outcome is _CONFIRM and not counts and u.incarnation <= m.incarnation:
             self.stats.duplicates += 1
             return
@@ -753,46 +756,77 @@ class Peer:
         if outcome is _CONFIRM:
             if s is not None and counts:
                 s.confirm(u.accuser)
+                held = s.dead
+                if held is not None and held.incarnation >= u.incarnation:
+                    self.stats.dead_confirmed += 1
+                    self._apply_dead(m, held, now)
+                    return
             if u.incarnation > m.incarnation:
                 m.incarnation, m.accusation = u.incarnation, u
                 self._dirty.append(m)
+                if s is not None:
+                    s.dead = None  # about an older life
             self._broadcast(u.node, u, _SUSPECT, now)
             return
         # Outcome.SUSPECT
+        if ours:
+            self.stats.suspicions_raised += 1
+        self._start_suspicion(m, u, now)
+
+    def _start_suspicion(self, m: Member, u: Suspect | Dead, now: float) -> Suspicion:
+        """Make ``m`` a suspect on ``u``'s accuser's word and spread ``u`` as the accusation."""
         cfg = self.config
         k = cfg.suspicion_confirmations if self._live - 2 >= cfg.suspicion_confirmations else 0
         min_s = cfg.suspicion_min_s(self._live)
-        self._suspicions[u.node] = Suspicion.start(
+        s = self._suspicions[u.node] = Suspicion.start(
             u.accuser, now, k, min_s, min_s * cfg.suspicion_max_timeout_mult, self._check_lead_s()
         )
-        m.state, m.incarnation, m.accusation, m.state_since = (
-            _S,
-            u.incarnation,
-            u,
-            now,
-        )
+        m.state, m.incarnation, m.accusation, m.state_since = _S, u.incarnation, u, now
         self._dirty.append(m)
-        if ours:
-            self.stats.suspicions_raised += 1
         self._emit(MemberSuspect(u.node, u.incarnation, u.accuser, now))
         self._broadcast(u.node, u, _SUSPECT, now)
+        return s
 
-    def _on_dead(self, u: Dead, now: float, ours: bool = False, merged: bool = False) -> None:
+    def _on_dead(self, u: Dead, now: float, ours: bool = False) -> None:
+        """A Dead: a graceful leave (signed by the node itself), our own verdict (``ours``: our
+        suspicion ran out), or another member's accusation, which alone kills nobody."""
         judged = self._judge(u)
         if judged is None:
             return
         m, outcome = judged
+        s = self._suspicions.get(u.node) if outcome is _DEAD_IF_CONFIRMED else None
+        if s is not None and not ours:
+            held = s.dead
+            if held is not None and held.accuser == u.accuser and u.incarnation <= held.incarnation:
+                self.stats.duplicates += 1  # held back already
+                return
         if not ours and not (self._accuser_ok(u.node, u.accuser) and self._verify(u.accuser, u)):
             return
         if outcome is _REFUTE:
             self._refute(u.incarnation, now)
             return
-        left = u.accuser == u.node
-        if merged and not left:
-            # Anti-entropy says "dead": suspect it ourselves so it may still refute (memberlist).
-            if m.state == _A or u.incarnation > m.incarnation:
-                self._on_suspect(self._sign_suspect(u.node, u.incarnation), now, ours=True)
+        if ours or outcome is _LEAVES or (s is not None and s.confirms_dead(u.accuser, now)):
+            self._apply_dead(m, u, now, ours)
             return
+        self._defer_dead(m, s, u, now)
+
+    def _defer_dead(self, m: Member, s: Suspicion | None, u: Dead, now: float) -> None:
+        """Hold back another member's unconfirmed Dead: about a live node it starts a suspicion
+        on that accuser's word; either way the Dead travels on as that accuser's accusation (so
+        the accused hears it and refutes) and waits on the suspicion for a second accuser."""
+        self.stats.dead_deferred += 1
+        self.stats.updates_applied += 1
+        if s is None:
+            s = self._start_suspicion(m, u, now)
+        else:
+            if u.incarnation > m.incarnation:
+                m.incarnation, m.accusation = u.incarnation, u
+                self._dirty.append(m)
+            self._broadcast(u.node, u, _SUSPECT, now)
+        s.dead = u
+
+    def _apply_dead(self, m: Member, u: Dead, now: float, ours: bool = False) -> None:
+        left = u.accuser == u.node
         self.stats.updates_applied += 1
         self._suspicions.pop(u.node, None)
         if m.state in _LIVE:
@@ -1086,7 +1120,7 @@ class Peer:
             if isinstance(u, Suspect):
                 self._on_suspect(u, now)
             elif isinstance(u, Dead):
-                self._on_dead(u, now, merged=True)
+                self._on_dead(u, now)
             elif isinstance(u, Record):
                 self._on_record(u, now)
 

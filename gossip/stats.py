@@ -36,6 +36,11 @@ class GossipStats:
     refutations: int = 0
     suspicions_raised: int = 0
     deaths_declared: int = 0
+    dead_deferred: int = 0
+    """Deads by another member held back: about a live node (it became a suspect on that
+    accuser's word) or a suspect nobody else accused yet. One member cannot kill a node."""
+    dead_confirmed: int = 0
+    """Held-back Deads applied later, when an independent accuser confirmed them."""
     push_pulls: int = 0
     gossip_rounds: int = 0
 

@@ -8,12 +8,17 @@ With ``k`` expected confirmations and ``n`` received, the timeout is
 accusation (see ``Peer``); the suspicion ends in a death only if that ping stays unanswered until
 both the timeout and ``lead_s`` after the ping have passed. The check runs alongside the timeout,
 so it costs a truly dead node's detection nothing.
+
+A Dead signed by another member is never enough on its own (one member's word cannot kill a live
+node): the core holds it back on the suspicion (``dead``) until :meth:`Suspicion.confirms_dead`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+from gossip.messages import Dead
 
 
 def suspicion_timeout_s(n: int, k: int, min_s: float, max_s: float) -> float:
@@ -44,6 +49,8 @@ class Suspicion:
     final_sent_at: float = 0.0
     final_acked: bool = False
     final_checks: int = 0
+    dead: Dead | None = None
+    """A Dead by another member held back until the suspicion is confirmed."""
 
     @classmethod
     def start(
@@ -70,3 +77,10 @@ class Suspicion:
             self.n, self.k, self.min_s, self.max_s
         )
         return True
+
+    def confirms_dead(self, accuser: str, now: float) -> bool:
+        """Whether a Dead signed by ``accuser`` may be applied: somebody else accuses the suspect
+        too, or the suspicion has stood its minimum timeout (the suspect had its chance to
+        refute)."""
+        accusers = self.accusers
+        return len(accusers) > 1 or accuser not in accusers or now - self.started_at >= self.min_s

@@ -26,6 +26,9 @@ class Member:
     node_id: str = ""
     addr: str = ""
     view: dict[str, str] = field(default_factory=dict)
+    stats: dict[str, int] = field(default_factory=dict)
+    declared_dead: set[str] = field(default_factory=set)
+    """Every member this process ever reported a ``MemberDead`` for."""
 
     def pump(self) -> None:
         assert self.process.stdout is not None
@@ -44,6 +47,11 @@ class Member:
                 members = line["members"]
                 assert isinstance(members, dict)
                 self.view = {str(k): str(v) for k, v in members.items()}
+                stats = line.get("stats", {})
+                assert isinstance(stats, dict)
+                self.stats = {str(k): int(v) for k, v in stats.items()}
+            elif line["event"] == "MemberDead":
+                self.declared_dead.add(str(line["node"]))
 
     def stop(self) -> None:
         if self.process.poll() is None:

@@ -1,4 +1,8 @@
-"""The membership state table, row by row, through a real core fed signed updates."""
+"""The membership state table, row by row, through a real core fed signed updates.
+
+The incoming suspect, dead or leave is signed by ``acc2``; a suspect held was accused by ``acc``,
+so a Dead about it is independently confirmed (the unconfirmed cases: test_dead_confirm.py).
+"""
 
 from __future__ import annotations
 
@@ -23,8 +27,11 @@ ROWS = [
     (A, "suspect", "equal", S, 10),
     (A, "suspect", "higher", S, 11),
     (A, "dead", "lower", A, 10),
-    (A, "dead", "equal", D, 10),
-    (A, "dead", "higher", D, 11),
+    (A, "dead", "equal", S, 10),  # one member's Dead about a live node: only a suspicion
+    (A, "dead", "higher", S, 11),
+    (A, "leave", "lower", A, 10),
+    (A, "leave", "equal", L, 10),
+    (A, "leave", "higher", L, 11),
     (S, "alive", "lower", S, 10),
     (S, "alive", "equal", S, 10),
     (S, "alive", "higher", A, 11),
@@ -34,6 +41,9 @@ ROWS = [
     (S, "dead", "lower", S, 10),
     (S, "dead", "equal", D, 10),
     (S, "dead", "higher", D, 11),
+    (S, "leave", "lower", S, 10),
+    (S, "leave", "equal", L, 10),
+    (S, "leave", "higher", L, 11),
     (D, "alive", "lower", D, 10),
     (D, "alive", "equal", D, 10),
     (D, "alive", "higher", A, 11),
@@ -43,6 +53,9 @@ ROWS = [
     (D, "dead", "lower", D, 10),
     (D, "dead", "equal", D, 10),
     (D, "dead", "higher", D, 10),
+    (D, "leave", "lower", D, 10),
+    (D, "leave", "equal", D, 10),
+    (D, "leave", "higher", D, 10),
     (L, "alive", "lower", L, 10),
     (L, "alive", "equal", L, 10),
     (L, "alive", "higher", A, 11),
@@ -52,15 +65,19 @@ ROWS = [
     (L, "dead", "lower", L, 10),
     (L, "dead", "equal", L, 10),
     (L, "dead", "higher", L, 10),
+    (L, "leave", "lower", L, 10),
+    (L, "leave", "equal", L, 10),
+    (L, "leave", "higher", L, 10),
 ]
 
 
 def _peer_holding(state: MemberState) -> Peer:
     p = make_peer()
-    p.preload([alive("x", HELD), alive("acc", 1), alive("acc2", 1)], 0.0)
+    p.preload([alive("x", HELD), alive("acc", 1), alive("acc2", 1), alive("acc3", 1)], 0.0)
     if state is S:
         p.receive("acc:1", suspect("x", HELD, "acc"), 1.0)
     elif state is D:
+        p.receive("acc3:1", suspect("x", HELD, "acc3"), 1.0)
         p.receive("acc:1", dead("x", HELD, "acc"), 1.0)
     elif state is L:
         p.receive("x:1", dead("x", HELD, "x"), 1.0)
@@ -71,7 +88,7 @@ def _peer_holding(state: MemberState) -> Peer:
 
 
 def test_every_row_is_listed() -> None:
-    assert len(ROWS) == len(TRANSITIONS) == 36
+    assert len(ROWS) == len(TRANSITIONS) == 48
     assert {(r[0], r[1], r[2]) for r in ROWS} == {(s, k, o.value) for s, k, o in TRANSITIONS}
 
 
@@ -85,6 +102,7 @@ def test_row(
         "alive": alive("x", inc),
         "suspect": suspect("x", inc, "acc2"),
         "dead": dead("x", inc, "acc2"),
+        "leave": dead("x", inc, "x"),
     }
     update = updates[kind]
     p.receive("acc2:1", update, 2.0)
@@ -100,11 +118,13 @@ def test_events_name_the_transition() -> None:
     p = _peer_holding(A)
     p.receive("acc:1", suspect("x", 10, "acc"), 2.0)
     p.receive("acc:1", alive("x", 11), 3.0)
-    p.receive("acc:1", dead("x", 11, "acc"), 4.0)
+    p.receive("acc2:1", dead("x", 11, "acc2"), 4.0)
+    p.receive("acc:1", suspect("x", 11, "acc"), 4.0)
     p.receive("acc:1", alive("x", 12), 5.0)
     p.receive("x:1", dead("x", 12, "x"), 6.0)
     kinds = [type(e) for e in p.events()]
-    assert kinds == [MemberSuspect, MemberUpdated, MemberDead, MemberJoined, MemberLeft]
+    want = [MemberSuspect, MemberUpdated, MemberSuspect, MemberDead, MemberJoined, MemberLeft]
+    assert kinds == want
 
 
 SELF_ROWS = [
@@ -117,6 +137,9 @@ SELF_ROWS = [
     ("dead", "lower", 100),
     ("dead", "equal", 101),
     ("dead", "higher", 102),
+    ("leave", "lower", 100),
+    ("leave", "equal", 101),
+    ("leave", "higher", 102),
 ]
 
 
@@ -133,6 +156,7 @@ def test_self_row_refutes(kind: str, order: str, want_inc: int) -> None:
         "alive": alive("me", inc),
         "suspect": suspect("me", inc, "acc"),
         "dead": dead("me", inc, "acc"),
+        "leave": dead("me", inc, "me"),
     }
     update = updates[kind]
     p.receive("acc:1", update, 1.0)

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from gossip.identity import enroll_node, init_cluster
+from gossip.certtrust import CertSigner
+from gossip.codec import signing_bytes
+from gossip.identity import NodeIdentity, enroll_node, init_cluster, load_identity
+from gossip.messages import Compound, Dead
+from gossip.node import frame
+from gossip.transport import GossipClient
 from tests.gossip.procs import Member, start, wait_until
 
 pytestmark = pytest.mark.slow
@@ -66,3 +73,52 @@ def test_sixteen_processes_see_all_detect_a_kill_and_take_a_restart_back(
         "the restarted member to be alive everywhere",
         lambda m: m.sees_all_alive(MEMBERS),
     )
+
+
+def _signed_dead(identity: NodeIdentity, node: str, incarnation: int) -> Dead:
+    """A Dead about ``node`` accused in ``identity``'s name, signed with its own key."""
+    unsigned = Dead(node, incarnation, identity.node_id, b"")
+    return Dead(
+        node, incarnation, identity.node_id, CertSigner(identity).sign(signing_bytes(unsigned))
+    )
+
+
+async def _post(identity: NodeIdentity, addrs: Sequence[str], body: bytes) -> None:
+    async with GossipClient(identity, identity.ca_certificate) as client:
+        for addr in addrs:
+            await client.send(addr, body, timeout_s=10.0)
+
+
+def test_one_members_signed_dead_kills_no_live_member(
+    cluster: tuple[list[Path], list[Member]],
+) -> None:
+    """With one member's certificate and key, an attacker posts a signed Dead about a live member
+    to every other member: nobody declares it dead, it refutes, and the refusal is counted."""
+    dirs, running = cluster
+    first = start(dirs[0], "127.0.0.1:0")
+    running.append(first)
+    wait_until([first], "the seed to listen", lambda m: bool(m.addr))
+    running += [start(d, "127.0.0.1:0", [first.addr]) for d in dirs[1:5]]
+    wait_until(running, "a full view", lambda m: m.sees_all_alive(5))
+
+    victim, forger = running[2], running[3]
+    identity = load_identity(forger.directory)
+    forged = _signed_dead(identity, victim.node_id, int(time.time()) + 100)  # outranks its life
+    targets = [m for m in running if m is not victim and m is not forger]
+    body = frame(forger.addr, Compound((forged,)), 1 << 20)
+    asyncio.run(_post(identity, [m.addr for m in targets], body))
+
+    watched_until = time.monotonic() + 5.0  # the suspicion's minimum timeout is 1.5 s at N=5
+    while time.monotonic() < watched_until:
+        for m in running:
+            m.drain()
+            assert victim.node_id not in m.declared_dead, f"{m.node_id[:6]} declared it dead"
+            assert m.view.get(victim.node_id) != "dead"
+        time.sleep(0.1)
+    wait_until(
+        running,
+        "the victim's refutation everywhere and the Dead counted as held back",
+        lambda m: m.sees_all_alive(5) and (m not in targets or m.stats["dead_deferred"] >= 1),
+    )
+    assert victim.stats["refutations"] >= 1
+    assert all(victim.node_id not in m.declared_dead for m in running)
