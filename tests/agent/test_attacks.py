@@ -29,7 +29,7 @@ from gossip import envelope
 from gossip.certtrust import CertSigner
 from gossip.codec import signing_bytes
 from gossip.identity import NodeIdentity, load_identity
-from gossip.messages import Record
+from gossip.messages import Dead, Record
 from gossip.node import frame
 from gossip.tls import client_context
 from gossip.transport import CONTENT_TYPE, PATH, PROTOCOL_HEADER, PROTOCOL_VERSION
@@ -67,6 +67,13 @@ class Intruder:
 
     def call(self, a: AgentProcess, op: str, body: dict[str, Any]) -> int:
         return self.post(a, f"/v1/internal/{op}", json.dumps(body).encode(), "application/json")
+
+    def gossip_dead(self, a: AgentProcess, node_id: str) -> int:
+        """A Dead about ``node_id``, signed as the intruder, for a life ahead of its own."""
+        incarnation = int(time.time()) + 1000
+        unsigned = Dead(node_id, incarnation, self.node_id, b"")
+        signed = Dead(node_id, incarnation, self.node_id, self.signer.sign(signing_bytes(unsigned)))
+        return self.post(a, PATH, frame(self.agent.address, signed, 1 << 20), CONTENT_TYPE)
 
     def gossip_record(self, a: AgentProcess, kind: str, payload: bytes) -> int:
         """A record under the stolen identity's origin, signed with its key, sent to ``a``."""
@@ -210,6 +217,32 @@ def test_a_members_job_records_are_not_believed(mesh: Mesh, intruder: Intruder) 
         assert listed[job_id]["state"] == "running"
         assert listed[job_id]["owner"] == job["owner"]
         assert metric(mesh, a, refused, reason="not_an_owner") > before[a.index]
+    assert mesh.command(mesh.agents[0], "cancel", {"job_id": job_id})[0] == 200
+
+
+def test_one_members_dead_message_kills_no_live_agent(mesh: Mesh, intruder: Intruder) -> None:
+    job_id, job = submit_sleeper(mesh, intruder)
+    victim = by_id(mesh, job["runner"])
+    if victim is intruder.agent:  # the runner is the intruder's own agent: accuse another
+        victim = next(a for a in mesh.agents if a not in (intruder.agent,))
+    others = [a for a in mesh.agents if a not in (victim, intruder.agent)]
+    for a in others:
+        assert intruder.gossip_dead(a, victim.node_id) in (200, 204)
+    deadline = time.monotonic() + 6.0  # beyond the suspicion's minimum timeout at N=4
+    while time.monotonic() < deadline:
+        for a in mesh.agents:
+            nodes = {n["node_id"]: n["state"] for n in mesh.get(a, "/v1/nodes")["nodes"]}
+            assert nodes[victim.node_id] in ("alive", "suspect"), (a.index, nodes)
+        time.sleep(0.3)
+    for a in others:
+        assert metric(mesh, a, "shoal_gossip_dead_deferred") >= 1
+    # Its job ran on, once: no requeue, no new attempt.
+    now = mesh.job(mesh.agents[0], job_id)
+    assert (now["state"], now["attempt"], now["runner"]) == (
+        "running",
+        job["attempt"],
+        job["runner"],
+    )
     assert mesh.command(mesh.agents[0], "cancel", {"job_id": job_id})[0] == 200
 
 
