@@ -13,9 +13,11 @@ operator's signature:
 - **Only an owner acts for a job**: the agents first and second in the job's rendezvous order
   over the live agents of the verifier's own view (:data:`OWNER_WINDOW`: the owner, and the
   replica that takes over when the owner is gone, which a verifier may learn of a moment after
-  the replica does). A start, a stop, a replica copy or a handover from anyone else is refused,
-  and a ``job/<id>`` record published by anyone else is not believed. A runner also obeys the
-  agent that started the attempt it runs (a stop from it stays valid while ownership moves).
+  the replica does). An agent the verifier has not heard of yet is ranked as if it were live; one
+  it knows dead or gone is not. A start, a stop, a replica copy or a handover from anyone else is
+  refused, and a ``job/<id>`` record published by anyone else is not believed. A runner also
+  obeys the agent that started the attempt it runs (a stop from it stays valid while ownership
+  moves).
 - **Commands** (cancel, migrate, drain...) are operator-signed envelopes checked by the agent
   that executes them, fresh and unique (``envelope.open``).
 
@@ -97,13 +99,16 @@ class Authority:
         live_agents: Callable[[], list[str]],
         live_for_s: Callable[[str], float],
         wall_clock: Callable[[], float],
+        heard_of: Callable[[str], bool] = lambda node: True,
     ) -> None:
         """``live_agents``: the agents alive or suspect in this agent's view (itself included);
-        ``live_for_s``: how long a member has been alive here (0 when it is not)."""
+        ``live_for_s``: how long a member has been alive here (0 when it is not); ``heard_of``:
+        whether membership knows the node at all (in any state)."""
         self.node_id = node_id
         self._trust = trust
         self._live = live_agents
         self.live_for_s = live_for_s
+        self._heard_of = heard_of
         self._wall_clock = wall_clock
         self._verified: dict[str, Submission] = {}
         """Submissions verified since the start, by job id (a runner sees one again at every
@@ -133,4 +138,9 @@ class Authority:
         """May ``node`` act as the owner of ``job_id``, as this agent sees the mesh?"""
         if node != self.node_id and self._trust.role_of(node) != "agent":
             return False  # an operator, an unknown, expired or revoked certificate
-        return may_own(job_id, node, self._live())
+        live = self._live()
+        if node not in live and not self._heard_of(node):
+            # An agent gossip has not told of yet (a mesh forming) is judged as if it were live:
+            # the same window, so no more authority than any member has.
+            live = [*live, node]
+        return may_own(job_id, node, live)

@@ -97,7 +97,12 @@ class Agent:
         now = time.time()
         self.guard.restore(self.store.seen_commands(now - self.guard.window_s), now)
         self.authority = Authority(
-            self.node_id, self.trust, self.live_agents, self.live_for_s, time.time
+            self.node_id,
+            self.trust,
+            self.live_agents,
+            self.live_for_s,
+            time.time,
+            heard_of=lambda node: self._started and self.node.peer.member(node) is not None,
         )
         self.view = ClusterView(self.authority)
         self.events = EventLog(self.node_id)

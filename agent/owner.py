@@ -588,12 +588,17 @@ class Owner:
 
     def adopt_wire(self, body: dict[str, Any], caller: str) -> dict[str, Any]:
         """Take a job over, handed by its owner or by the holder of a copy of a gone owner's
-        job. Refused unless the caller may act as an owner of the job here (or is the owner the
-        gossiped record names), this agent may own it, and the submission is an operator's."""
+        job. Refused unless the submission is an operator's, this agent may own the job, and the
+        caller may act as its owner here, or hands over exactly the newest record of it that
+        anyone published, signed by the caller itself as its owner (an owner the window left
+        behind: two agents joined ahead of it, or the mesh was still forming when it took the
+        job)."""
         job = job_from_wire(body, self.authority)
         doc = self.view.jobs.get(job.job_id)
-        if not self.authority.may_own(job.job_id, caller) and (
-            doc is None or doc.get("owner") != caller
+        if not (
+            self.authority.may_own(job.job_id, caller)
+            or (doc is not None and doc.get("owner") == caller)
+            or self.view.published_as_owner(job.job_id, caller, job.gen)
         ):
             raise OwnerError(403, f"{caller[:8]} may not hand over job {job.job_id}")
         if not self.authority.may_own(job.job_id, self.node_id):

@@ -248,6 +248,15 @@ class ClusterView:
         self.jobs[job_id] = believed
         return True
 
+    def published_as_owner(self, job_id: str, origin: str, gen: int) -> bool:
+        """Has ``origin`` itself published, signed, the newest record of the job that anyone
+        published, at ``gen``, naming itself the owner (believed here or not)?"""
+        docs = self._docs.get(job_id, {})
+        mine = docs.get(origin)
+        if mine is None or job_gen(mine) != gen:
+            return False
+        return all(job_gen(d) < gen for o, d in docs.items() if o != origin)
+
     def membership_changed(self) -> list[str]:
         """Choose again where who may own a job can have changed; the jobs whose record did."""
         return [job_id for job_id in list(self._open) if self._believe(job_id)]

@@ -75,3 +75,18 @@ def test_when_no_owner_speaks_the_last_believed_record_stays(tmp_path: Path) -> 
     live.remove(owner)  # it died; its successor has not spoken yet
     assert view.membership_changed() == []
     assert view.jobs[job_id]["owner"] == owner
+
+
+def test_an_origin_that_published_the_newest_record_as_owner_is_known(tmp_path: Path) -> None:
+    kit = Kit(tmp_path)
+    agents = [kit.agent(f"a{i}") for i in range(4)]
+    ids = [a.node_id for a in agents]
+    view = ClusterView(kit.authority(ids[0], lambda: ids, *agents))
+    job_id = new_job_id()
+    *_, third, last = rank(job_id, ids)
+    view.apply(third, "job/" + job_id, _doc(job_id, third, 4), 0.0)
+    assert view.published_as_owner(job_id, third, 4)
+    assert not view.published_as_owner(job_id, third, 5)  # not what it published
+    assert not view.published_as_owner(job_id, last, 4)  # it published nothing
+    view.apply(last, "job/" + job_id, _doc(job_id, last, 9), 0.0)
+    assert not view.published_as_owner(job_id, third, 4)  # someone published a newer one
