@@ -87,7 +87,7 @@ async def test_a_revoked_node_is_shown_the_list_that_revokes_it(
     mesh: tuple[ClusterIdentity, list[GossipNode]],
 ) -> None:
     cluster, nodes = mesh
-    a, victim = nodes[0], nodes[3]
+    victim = nodes[3]
     learned: list[int] = []
     victim._on_revocations_changed = lambda revocations: learned.append(revocations.version)
     # Applied everywhere but on the victim, which hears of it only when it is refused.
@@ -96,7 +96,7 @@ async def test_a_revoked_node_is_shown_the_list_that_revokes_it(
         node._trust.apply_revocations(revocations, time.time())
     await eventually("the victim to learn it is revoked", lambda: learned == [1])
     assert victim.revocations.revokes(victim.node_id)
-    assert a.stats()["transport_revoked"] >= 1
+    assert sum(n.stats()["transport_revoked"] for n in nodes[:3]) >= 1  # whoever refused it
 
 
 async def test_a_list_not_signed_by_an_operator_is_refused_and_counted(
