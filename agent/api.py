@@ -5,11 +5,9 @@ command), ``GET /v1/jobs``, ``/v1/jobs/{id}``, ``/v1/jobs/{id}/logs``, ``/v1/nod
 ``/v1/events``, ``/metrics``, ``/healthz``. Errors are ``{"error": "<one line>"}`` with a 4xx/5xx.
 
 Agent-to-agent, role ``agent`` only (403 otherwise), all JSON POSTs under ``/v1/internal/``:
-``command`` (a forwarded sealed command, executed here without forwarding again), ``replicate``
-(keep a copy of a job record), ``adopt`` (take over a job whose owner is gone), ``start`` (an
-offer: 200 started, 409 declined), ``stop`` (stop and fence an attempt), ``status`` (what runs
-or ran here), ``report`` (an attempt ended), ``job`` (the full record of an owned job); and
-``GET /v1/internal/logs/{id}`` (the runner's log, proxied by the API).
+``command`` (a forwarded sealed command, executed here without forwarding again), the calls of
+the job protocol (``agent.calls``: ``replicate``, ``adopt``, ``start``, ``stop``, ``status``,
+``report``), and ``GET /v1/internal/logs/{id}`` (the runner's log, proxied by the API).
 
 Refusals: a sealed command must come as ``application/octet-stream`` and an internal JSON call as
 ``application/json`` (415 otherwise); ``lines`` of a log request is at most
@@ -25,42 +23,52 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from agent.calls import Calls
 from agent.client import ENVELOPE_CONTENT_TYPE
+from agent.commands import Commands
+from agent.errors import ApiError
+from agent.events import EventLog
 from agent.logfiles import MAX_TAIL_LINES
+from agent.mesh import GossipMesh
+from agent.metrics import AgentMetrics
 from agent.peers import JSON_CONTENT_TYPE
-from gossip import envelope
+from agent.reads import Reads
 from gossip.transport import PATH as GOSSIP_PATH
 from gossip.transport import request_peer
-
-if TYPE_CHECKING:
-    from agent.daemon import Agent
 
 log = logging.getLogger("shoal.api")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-ENVELOPE_STATUS: dict[type[envelope.EnvelopeError], int] = {
-    envelope.Unsigned: 401,
-    envelope.Forged: 401,
-    envelope.UntrustedSigner: 401,
-    envelope.NotOperator: 403,
-    envelope.Revoked: 403,
-    envelope.Replayed: 409,
-    envelope.Skewed: 400,
-    envelope.Malformed: 400,
-    envelope.Oversized: 413,
-}
 
+class AgentService(Protocol):
+    """What the routes need of an agent (``agent.daemon.Agent`` provides it)."""
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+    @property
+    def node_id(self) -> str: ...
+
+    @property
+    def metrics(self) -> AgentMetrics: ...
+
+    @property
+    def events(self) -> EventLog: ...
+
+    @property
+    def mesh(self) -> GossipMesh: ...
+
+    @property
+    def commands(self) -> Commands: ...
+
+    @property
+    def calls(self) -> Calls: ...
+
+    @property
+    def reads(self) -> Reads: ...
 
 
 def error(status: int, message: str) -> web.Response:
@@ -163,35 +171,32 @@ def _log_query(request: web.Request) -> tuple[int, bool]:
     return lines, request.query.get("follow", "0") in ("1", "true", "yes")
 
 
-def setup(app: web.Application, agent: Agent) -> None:
+def setup(app: web.Application, agent: AgentService) -> None:
     """Add every route of the agent to the listener's application."""
     app.middlewares.append(refusal_counter(agent.metrics.api_refused))
 
     @_guarded
     async def commands(request: web.Request) -> web.StreamResponse:
         data = await _sealed_body(request)
-        status, answer = await agent.execute_command(data, forwarded=False)
+        status, answer = await agent.commands.execute(data, forwarded=False)
         return web.json_response(answer, status=status)
 
     @_guarded
     async def jobs(request: web.Request) -> web.StreamResponse:
-        return web.json_response({"jobs": agent.jobs_json()})
+        return web.json_response({"jobs": agent.reads.jobs()})
 
     @_guarded
     async def job(request: web.Request) -> web.StreamResponse:
-        found = await agent.job_json(request.match_info["job_id"])
-        if found is None:
-            return error(404, f"unknown job {request.match_info['job_id']}")
-        return web.json_response(found)
+        return web.json_response(agent.reads.job(request.match_info["job_id"]))
 
     @_guarded
     async def logs(request: web.Request) -> web.StreamResponse:
         lines, follow = _log_query(request)
-        return await agent.logs(request, request.match_info["job_id"], lines, follow)
+        return await agent.reads.logs(request, request.match_info["job_id"], lines, follow)
 
     @_guarded
     async def nodes(request: web.Request) -> web.StreamResponse:
-        return web.json_response({"nodes": agent.nodes_json()})
+        return web.json_response({"nodes": agent.reads.nodes()})
 
     @_guarded
     async def events(request: web.Request) -> web.StreamResponse:
@@ -208,16 +213,17 @@ def setup(app: web.Application, agent: Agent) -> None:
     async def healthz(request: web.Request) -> web.StreamResponse:
         # ?members=N&wait_s=S answers once N members are live, or after S seconds (a watcher
         # waits on one request instead of polling)
-        members = agent.member_count()
+        members = agent.mesh.member_count()
         if "members" in request.query:
             want = _query_int(request, "members", 0, 1 << 20)
             wait_s = _query_int(request, "wait_s", 0, MAX_HEALTH_WAIT_S)
-            members = await agent.wait_members(want, float(wait_s))
+            members = await agent.mesh.wait_members(want, float(wait_s))
         return web.json_response({"ok": True, "node_id": agent.node_id, "members": members})
 
     @_internal
     async def i_command(request: web.Request) -> web.StreamResponse:
-        status, answer = await agent.execute_command(await _sealed_body(request), forwarded=True)
+        data = await _sealed_body(request)
+        status, answer = await agent.commands.execute(data, forwarded=True)
         return web.json_response(answer, status=status)
 
     @_internal
@@ -225,13 +231,13 @@ def setup(app: web.Application, agent: Agent) -> None:
         op = request.match_info["op"]
         body = await _json_body(request)
         caller = request_peer(request).node_id
-        answer = await agent.internal(op, body, caller)
+        answer = await agent.calls.handle(op, body, caller)
         return web.json_response(answer)
 
     @_internal
     async def i_logs(request: web.Request) -> web.StreamResponse:
         lines, follow = _log_query(request)
-        return await agent.local_logs(request, request.match_info["job_id"], lines, follow)
+        return await agent.reads.local_logs(request, request.match_info["job_id"], lines, follow)
 
     app.router.add_post("/v1/commands", commands)
     app.router.add_get("/v1/jobs", jobs)

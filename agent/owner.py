@@ -24,13 +24,10 @@ import base64
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from agent.authority import Authority, Submission, SubmissionRefused
-from agent.events import EventLog
-from agent.jobspec import JobSpec, check_job_id
+from agent.authority import Submission, SubmissionRefused
+from agent.context import AgentContext
 from agent.jobstate import (
     IllegalTransition,
     JobEvent,
@@ -38,11 +35,11 @@ from agent.jobstate import (
     is_terminal,
     transition,
 )
+from agent.ownedjob import OwnedJob, OwnerError, job_from_wire, job_wire
 from agent.ownership import rank, replica_of
-from agent.peers import PeerClient, PeerError, PeerRefused, PeerUnreachable
+from agent.peers import PeerError, PeerRefused, PeerUnreachable
 from agent.placement import Candidate, Placement
-from agent.store import JobRecord, Store
-from agent.view import JOB_PREFIX, SUB_PREFIX, ClusterView, job_gen, pack
+from agent.view import JOB_PREFIX, SUB_PREFIX, job_gen, pack
 
 log = logging.getLogger("shoal.owner")
 
@@ -60,167 +57,22 @@ UNHEARD_OWNER_GRACE_S = 10.0
 once its copy is this old: a replica can arrive from an owner this agent has not heard of yet."""
 
 
-@dataclass(slots=True)
-class OwnedJob:
-    """A job as its owner keeps it (mutable; persisted as a ``JobRecord``)."""
-
-    job_id: str
-    spec: JobSpec
-    state: JobState
-    attempt: int
-    owner: str
-    runner: str | None
-    submitted_at: float
-    devices: tuple[str, ...] = ()
-    started_at: float | None = None
-    finished_at: float | None = None
-    exit_code: int | None = None
-    signal: str | None = None
-    reason: str | None = None
-    gen: int = 0
-    failures: int = 0
-    prefer: str | None = None
-    avoid: str | None = None
-    placing_since: float = 0.0
-    refused_by: str | None = None
-    """The node that refused the current attempt (so it ran nowhere): offered to that same node
-    again, the attempt keeps its number. Another node gets a new one: a runner fences an attempt
-    that a job record (maybe an older one, still travelling) places on another node."""
-    launch_failures: int = 0
-    """Offers that failed to launch the job (missing program, bad folder...)."""
-    submission: bytes = b""
-    """The operator's sealed submission (see ``agent.authority``)."""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def record(self) -> JobRecord:
-        return JobRecord(
-            job_id=self.job_id,
-            spec=self.spec,
-            state=self.state,
-            attempt=self.attempt,
-            owner=self.owner,
-            runner=self.runner,
-            submitted_at=self.submitted_at,
-            updated_at=time.time(),
-            detail=self.detail(),
-            submission=self.submission,
-        )
-
-    def detail(self) -> dict[str, Any]:
-        return {
-            "devices": list(self.devices),
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "exit_code": self.exit_code,
-            "signal": self.signal,
-            "reason": self.reason,
-            "gen": self.gen,
-            "failures": self.failures,
-            "prefer": self.prefer,
-            "avoid": self.avoid,
-            "launch_failures": self.launch_failures,
-        }
-
-    @classmethod
-    def from_record(cls, rec: JobRecord) -> OwnedJob:
-        d = dict(rec.detail)
-        return cls(
-            job_id=rec.job_id,
-            spec=rec.spec,
-            state=rec.state,
-            attempt=rec.attempt,
-            owner=rec.owner,
-            runner=rec.runner,
-            submitted_at=rec.submitted_at,
-            devices=tuple(d.get("devices") or ()),
-            started_at=d.get("started_at"),
-            finished_at=d.get("finished_at"),
-            exit_code=d.get("exit_code"),
-            signal=d.get("signal"),
-            reason=d.get("reason"),
-            gen=int(d.get("gen") or 0),
-            failures=int(d.get("failures") or 0),
-            prefer=d.get("prefer"),
-            avoid=d.get("avoid"),
-            launch_failures=int(d.get("launch_failures") or 0),
-            submission=rec.submission,
-        )
-
-    def merge_gossip(self, doc: dict[str, Any]) -> None:
-        """Take the fresher facts of a gossiped record (a newer version by a former owner)."""
-        if job_gen(doc) <= self.gen:
-            return
-        try:
-            self.state = JobState(str(doc.get("state")))
-        except ValueError:
-            return
-        self.attempt = int(doc.get("attempt") or 0)
-        self.runner = doc.get("runner")
-        self.devices = tuple(doc.get("devices") or ())
-        self.started_at = doc.get("started_at")
-        self.finished_at = doc.get("finished_at")
-        self.exit_code = doc.get("exit_code")
-        self.reason = doc.get("reason")
-        self.gen = job_gen(doc)
-
-    def to_json(self, *, with_spec: bool = True) -> dict[str, Any]:
-        return {
-            "job_id": self.job_id,
-            "state": self.state.value,
-            "attempt": self.attempt,
-            "owner": self.owner,
-            "runner": self.runner,
-            "devices": list(self.devices),
-            "spec": self.spec.to_dict() if with_spec else None,
-            "submitted_at": self.submitted_at,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "exit_code": self.exit_code,
-            "signal": self.signal,
-            "reason": self.reason,
-            "gen": self.gen,
-        }
-
-
-class OwnerError(Exception):
-    """A command the owner refuses; ``status`` is the HTTP status to answer with."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 class Owner:
-    def __init__(
-        self,
-        node_id: str,
-        store: Store,
-        view: ClusterView,
-        peers: PeerClient,
-        events: EventLog,
-        placement: Placement,
-        authority: Authority,
-        *,
-        publish: Callable[[str, bytes], None],
-        live_agents: Callable[[], list[str]],
-        addr_of: Callable[[str], str | None],
-        on_change: Callable[[], None],
-        stop_grace_s: float,
-        is_gone: Callable[[str], bool] = lambda node: False,
-    ) -> None:
-        self.node_id = node_id
-        self._is_gone = is_gone  # membership holds the node dead or left
-        self.store = store
-        self.view = view
-        self.peers = peers
-        self.events = events
+    def __init__(self, ctx: AgentContext, placement: Placement) -> None:
+        self.ctx = ctx
+        self.node_id = ctx.node_id
+        self.store = ctx.store
+        self.view = ctx.view
+        self.peers = ctx.peers
+        self.events = ctx.events
+        self.authority = ctx.authority
         self.placement = placement
-        self.authority = authority
-        self._publish = publish
-        self._live = live_agents
-        self._addr_of = addr_of
-        self._on_change = on_change
-        self._stop_grace_s = stop_grace_s
+        self._is_gone = ctx.mesh.is_gone
+        self._publish = ctx.publish
+        self._live = ctx.mesh.live_agents
+        self._addr_of = ctx.mesh.addr_of
+        self._on_change = ctx.changed
+        self._stop_grace_s = ctx.stop_grace_s
         self.jobs: dict[str, OwnedJob] = {}
         self._placing: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -812,50 +664,3 @@ class Owner:
 def _state(job: OwnedJob) -> JobState:
     """The job's state through a call: it changes across awaits (keeps mypy from narrowing)."""
     return job.state
-
-
-def job_wire(job: OwnedJob) -> dict[str, Any]:
-    """The body of a ``replicate`` or ``adopt`` call: the record, its details, the submission."""
-    return {
-        "record": job.to_json(with_spec=False),
-        "detail": job.detail(),
-        "submission": base64.b64encode(job.submission).decode("ascii"),
-    }
-
-
-def job_from_wire(body: dict[str, Any], authority: Authority) -> OwnedJob:
-    """An ``OwnedJob`` from a ``replicate``/``adopt`` body: ``ValueError`` when malformed,
-    ``SubmissionRefused`` unless it carries its operator's submission (whose spec it runs)."""
-    rec = body.get("record")
-    detail = body.get("detail") or {}
-    if not isinstance(rec, dict) or not isinstance(detail, dict):
-        raise ValueError("record and detail must be objects")
-    sealed = base64.b64decode(str(body.get("submission", "")), validate=True)
-    job_id = check_job_id(rec["job_id"])
-    sub = authority.submission(sealed, job_id)
-    return OwnedJob.from_record(
-        JobRecord(
-            job_id=job_id,
-            spec=sub.spec,
-            state=JobState(rec["state"]),
-            attempt=int(rec["attempt"]),
-            owner=str(rec["owner"]),
-            runner=rec.get("runner"),
-            submitted_at=float(rec["submitted_at"]),
-            updated_at=time.time(),
-            detail=detail,
-            submission=sub.sealed,
-        )
-    )
-
-
-def store_replica(store: Store, body: dict[str, Any], caller: str, authority: Authority) -> None:
-    """Keep a copy sent by the job's owner, unless we already hold a newer version. Refused
-    (``OwnerError`` 403) unless the caller may act as the job's owner and says it is."""
-    job = job_from_wire(body, authority)
-    if job.owner != caller or not authority.may_own(job.job_id, caller):
-        raise OwnerError(403, f"{caller[:8]} may not replicate job {job.job_id}")
-    held = store.get_job(job.job_id)
-    if held is not None and int(dict(held.detail).get("gen") or 0) > job.gen:
-        return
-    store.put_job(job.record())

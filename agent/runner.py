@@ -28,12 +28,12 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from agent.authority import Authority, SubmissionRefused
-from agent.events import EventLog
+from agent.authority import SubmissionRefused
+from agent.context import AgentContext
 from agent.executor import (
     ExecEvent,
     Exited,
@@ -53,9 +53,8 @@ from agent.jobstate import (
 )
 from agent.logfiles import TailReader
 from agent.ownership import owner_of
-from agent.peers import PeerClient, PeerError
-from agent.store import ResultRecord, RunRecord, Store, process_alive, reconcile
-from agent.view import ClusterView
+from agent.peers import PeerError
+from agent.store import ResultRecord, RunRecord, process_alive, reconcile
 from probers.records import DeviceStatic
 
 log = logging.getLogger("shoal.runner")
@@ -90,41 +89,38 @@ LOG_TAILS_AT_ONCE = 2
 """Log tails searched for at once (each reads back up to ``MAX_TAIL_BYTES``)."""
 
 
+class LocalDevices(Protocol):
+    """The devices of this node, as the runner grants them (``agent.devices.HostDevices``)."""
+
+    def statics(self) -> list[DeviceStatic]:
+        """The accelerators a job may be given (not the CPU)."""
+        ...
+
+    def set_load(self, key: str, on: bool) -> None:
+        """A job started (``on``) or ended on the device; a simulated device shows the load."""
+        ...
+
+
 class Runner:
-    def __init__(
-        self,
-        node_id: str,
-        store: Store,
-        view: ClusterView,
-        peers: PeerClient,
-        events: EventLog,
-        executor: ProcessExecutor,
-        authority: Authority,
-        *,
-        statics: Callable[[], list[DeviceStatic]],
-        set_load: Callable[[str, bool], None],
-        live_agents: Callable[[], list[str]],
-        addr_of: Callable[[str], str | None],
-        on_change: Callable[[], None],
-        stop_grace_s: float,
-    ) -> None:
-        self.node_id = node_id
-        self.store = store
-        self.view = view
-        self.peers = peers
-        self.events = events
+    def __init__(self, ctx: AgentContext, executor: ProcessExecutor, devices: LocalDevices) -> None:
+        self.ctx = ctx
+        self.node_id = ctx.node_id
+        self.store = ctx.store
+        self.view = ctx.view
+        self.peers = ctx.peers
+        self.events = ctx.events
+        self.authority = ctx.authority
         self.executor = executor
-        self.authority = authority
-        self._statics = statics
-        self._set_load = set_load
-        self._live = live_agents
-        self._addr_of = addr_of
-        self._on_change = on_change
-        self._stop_grace_s = stop_grace_s
+        self._statics = devices.statics
+        self._set_load = devices.set_load
+        self._live = ctx.mesh.live_agents
+        self._addr_of = ctx.mesh.addr_of
+        self._on_change = ctx.changed
+        self._stop_grace_s = ctx.stop_grace_s
         self.runs: dict[str, LocalRun] = {}
         self.fence: dict[str, int] = {}
         self.progress: dict[str, tuple[float, float | None]] = {}
-        self.drain = NodeDrainState(store.get_meta("drain") or NodeDrainState.SCHEDULABLE)
+        self.drain = NodeDrainState(self.store.get_meta("drain") or NodeDrainState.SCHEDULABLE)
         self._drain_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._reports: dict[tuple[str, int], dict[str, Any]] = {}

@@ -179,6 +179,11 @@ class GossipNode:
         return f"{host}:{self._server.port}"
 
     @property
+    def started(self) -> bool:
+        """The member runs (``peer`` and what reads it may be used)."""
+        return self._peer is not None and not self._stopped
+
+    @property
     def peer(self) -> Peer:
         if self._peer is None:
             raise RuntimeError("gossip node not started")

@@ -1,11 +1,13 @@
 """What the owner and runner tests need of the authority model: a cluster, an operator's sealed
-submissions, agent identities and an ``Authority`` over a chosen view of live agents."""
+submissions, agent identities, an ``Authority`` over a chosen view of live agents, and membership
+as the test sets it."""
 
 from __future__ import annotations
 
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -55,3 +57,21 @@ class Kit:
         live_for_s: Callable[[str], float] = lambda node: 0.0,
     ) -> Authority:
         return Authority(me, self.trust(*known), live, live_for_s, time.time)
+
+
+@dataclass
+class FakeMesh:
+    """Membership as the test sets it: these agents live, at these addresses."""
+
+    live: Callable[[], list[str]]
+    addrs: Callable[[str], str | None]
+    gone: set[str] = field(default_factory=set)
+
+    def live_agents(self) -> list[str]:
+        return self.live()
+
+    def addr_of(self, node_id: str) -> str | None:
+        return self.addrs(node_id)
+
+    def is_gone(self, node_id: str) -> bool:
+        return node_id in self.gone

@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 
 from agent.authority import Authority, Submission
+from agent.context import AgentContext
 from agent.events import EventLog
 from agent.jobspec import JobSpec, Resources, new_job_id
 from agent.jobstate import JobState
@@ -29,7 +30,7 @@ from agent.view import ClusterView, pack
 from gossip.identity import NodeIdentity
 from gossip.tls import server_context
 from probers.records import DeviceStatic
-from tests.agent.authority_kit import Kit
+from tests.agent.authority_kit import FakeMesh, Kit
 
 SPEC = JobSpec(command=("true",), resources=Resources(gpus_per_node=1))
 
@@ -94,18 +95,19 @@ class Fixture:
     def owner(self) -> Owner:
         addrs = {r.node_id: r.addr for r in self.runners.values()}
         return Owner(
-            self.me,
-            self.store,
-            self.view,
-            self.peers,
-            EventLog(self.me),
+            AgentContext(
+                node_id=self.me,
+                store=self.store,
+                view=self.view,
+                peers=self.peers,
+                events=EventLog(self.me),
+                authority=self.authority,
+                mesh=FakeMesh(self.live, addrs.get),
+                publish=lambda kind, payload: None,
+                changed=lambda: None,
+                stop_grace_s=1.0,
+            ),
             FirstFit(),
-            self.authority,
-            publish=lambda kind, payload: None,
-            live_agents=self.live,
-            addr_of=addrs.get,
-            on_change=lambda: None,
-            stop_grace_s=1.0,
         )
 
     def submission(self, job_id: str, spec: JobSpec = SPEC) -> Submission:

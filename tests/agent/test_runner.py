@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from agent.context import AgentContext
 from agent.events import EventLog
 from agent.executor import ExecutorConfig, ProcessExecutor
 from agent.jobspec import JobSpec, Resources, new_job_id
@@ -25,9 +26,22 @@ from agent.view import ClusterView
 from gossip.certtrust import CertSigner
 from gossip.identity import NodeIdentity
 from probers.records import DeviceStatic
-from tests.agent.authority_kit import Kit
+from tests.agent.authority_kit import FakeMesh, Kit
 
 GPU = DeviceStatic(key="h0", vendor="nvidia", backend="cuda", name="H100", source="sim")
+
+
+@dataclass
+class FakeDevices:
+    """This node's devices: fixed, and no load to show."""
+
+    gpus: list[DeviceStatic]
+
+    def statics(self) -> list[DeviceStatic]:
+        return self.gpus
+
+    def set_load(self, key: str, on: bool) -> None:
+        pass
 
 
 @dataclass
@@ -86,21 +100,19 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
         ExecutorConfig(data_dir=tmp_path, grace_s=1.0),
         on_event=lambda e: r.on_exec_event(e) if r is not None else None,
     )
-    r = Runner(
-        me.node_id,
-        store,
-        ClusterView(authority),
-        peers,
-        EventLog(me.node_id),
-        executor,
-        authority,
-        statics=lambda: [GPU],
-        set_load=lambda key, on: None,
-        live_agents=lambda: live,
-        addr_of=lambda node: None,  # reports wait: there is no owner to take them here
-        on_change=lambda: None,
+    ctx = AgentContext(
+        node_id=me.node_id,
+        store=store,
+        view=ClusterView(authority),
+        peers=peers,
+        events=EventLog(me.node_id),
+        authority=authority,
+        mesh=FakeMesh(lambda: live, lambda node: None),  # reports wait: no owner to take them
+        publish=lambda kind, payload: None,
+        changed=lambda: None,
         stop_grace_s=1.0,
     )
+    r = Runner(ctx, executor, FakeDevices([GPU]))
     try:
         yield Rig(kit, r, owner.node_id, member, tmp_path)
     finally:

@@ -1,0 +1,79 @@
+"""Calls between agents (``POST /v1/internal/<call>``), one table from call to handler.
+
+Each handler gets the JSON body and the caller's node id (from its certificate) and answers a
+JSON object. The job protocol's refusals become HTTP statuses here: no authority over the job
+(403, counted by call in ``shoal_internal_refused_total``), an offer that cannot run here
+(409), one whose process could not be launched (:data:`agent.owner.LAUNCH_FAILED`).
+
+- ``replicate``: keep a copy of a job for its owner; ``adopt``: take a job over;
+- ``start``: an offer to run an attempt; ``stop``: stop and fence an attempt;
+- ``status``: what runs or ran here of a job; ``report``: an attempt ended (to the owner).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from agent.authority import SubmissionRefused
+from agent.context import AgentContext
+from agent.errors import ApiError
+from agent.metrics import AgentMetrics
+from agent.ownedjob import OwnerError, store_replica
+from agent.owner import LAUNCH_FAILED, Owner
+from agent.runner import Declined, LaunchFailed, NotAllowed, Runner
+
+log = logging.getLogger("shoal.agent")
+
+Body = dict[str, Any]
+Call = Callable[[Body, str], Awaitable[Body]]
+
+
+class Calls:
+    def __init__(
+        self, ctx: AgentContext, owner: Owner, runner: Runner, metrics: AgentMetrics
+    ) -> None:
+        self._ctx = ctx
+        self._metrics = metrics
+        self._calls: dict[str, Call] = {
+            "replicate": self._replicate,
+            "adopt": self._sync(owner.adopt_wire),
+            "start": runner.start,
+            "stop": runner.stop,
+            "status": self._sync(lambda body, caller: runner.status(str(body["job_id"]))),
+            "report": self._sync(lambda body, caller: owner.report(caller, body)),
+        }
+
+    @staticmethod
+    def _sync(fn: Callable[[Body, str], Body]) -> Call:
+        async def call(body: Body, caller: str) -> Body:
+            return fn(body, caller)
+
+        return call
+
+    async def _replicate(self, body: Body, caller: str) -> Body:
+        store_replica(self._ctx.store, body, caller, self._ctx.authority)
+        return {"ok": True}
+
+    async def handle(self, op: str, body: Body, caller: str) -> Body:
+        call = self._calls.get(op)
+        if call is None:
+            raise ApiError(404, f"unknown internal call {op!r}")
+        try:
+            return await call(body, caller)
+        except (NotAllowed, SubmissionRefused) as exc:
+            self._refused(op, caller, exc)
+            raise ApiError(403, str(exc)) from None
+        except OwnerError as exc:
+            if exc.status == 403:
+                self._refused(op, caller, exc)
+            raise ApiError(exc.status, str(exc)) from None
+        except LaunchFailed as exc:
+            raise ApiError(LAUNCH_FAILED, str(exc)) from None
+        except Declined as exc:
+            raise ApiError(409, str(exc)) from None
+
+    def _refused(self, op: str, caller: str, exc: Exception) -> None:
+        self._metrics.internal_refused[op] += 1
+        log.warning("refused %s from %s: %s", op, caller[:8], exc)

@@ -1,0 +1,135 @@
+"""What an agent says of itself in gossip, and how often: the records this node publishes.
+
+- ``inventory`` once at start: host facts (hostname, or the configured name), API address,
+  labels, static device facts, boot count. An inventory larger than one record loses devices
+  from its end (the wire-contract work splits it instead).
+- ``telemetry``: on change beyond 5 utilization points, 1 GiB of memory or 3 degrees, at most
+  once a second, and at least every ``telemetry_heartbeat_s``.
+- ``node``: drain state, queue, running jobs, free devices at once when they change; a change in
+  the running jobs' progress alone at most every :data:`PROGRESS_EVERY_S`.
+- ``events``: this node's recent events at most every :data:`EVENTS_EVERY_S`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+from agent.config import AgentConfig
+from agent.devices import HostDevices
+from agent.events import EventLog
+from agent.view import MAX_PAYLOAD_BYTES, pack, sample_to_wire, static_to_wire
+
+GIB = 1024**3
+PROGRESS_EVERY_S = 2.0
+"""A change in running jobs' progress alone republishes the node record at most this often;
+what placement reads (drain, queue, running jobs, free devices) is republished at once."""
+EVENTS_EVERY_S = 1.0
+"""This node's recent events are republished at most this often (each event used to resend
+them all: a third of the gossip bytes of a mesh under load)."""
+_PLACEMENT_FIELDS = ("drain", "queue", "running", "free")
+
+
+class Publisher:
+    def __init__(
+        self,
+        publish: Callable[[str, bytes], None],
+        config: AgentConfig,
+        devices: HostDevices,
+        events: EventLog,
+        node_doc: Callable[[], dict[str, Any]],
+    ) -> None:
+        """``node_doc``: the ``node`` record as it would be now (drain, queue, running, free,
+        progress)."""
+        self._publish = publish
+        self._config = config
+        self._devices = devices
+        self._events = events
+        self._node_doc = node_doc
+        self._node_dirty = True
+        self._node_sent: dict[str, Any] = {}
+        self._node_at = float("-inf")
+        self._events_dirty = False
+        self._events_at = float("-inf")
+        self._last_telemetry: dict[str, tuple[float, float, float]] = {}
+        self._telemetry_at = float("-inf")
+
+    def node_changed(self) -> None:
+        self._node_dirty = True
+
+    def events_changed(self) -> None:
+        self._events_dirty = True
+
+    def inventory(self, address: str, boot: int) -> None:
+        report = self._devices.report
+        host = report.host
+        if self._config.name:
+            host = dataclasses.replace(host, hostname=self._config.name)
+        doc: dict[str, Any] = {
+            "host": host.to_json(),
+            "api": address,
+            "labels": self._config.all_labels(),
+            "devices": [static_to_wire(d.static) for d in report.devices],
+            "boot": boot,
+        }
+        payload = pack(doc)
+        while len(payload) > MAX_PAYLOAD_BYTES and doc["devices"]:
+            doc["devices"] = doc["devices"][:-1]
+            payload = pack(doc)
+        self._publish("inventory", payload)
+
+    def telemetry(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        devices = self._devices.report.devices
+        current = {
+            d.static.key: (
+                d.sample.util_pct or 0.0,
+                float(d.sample.mem_used_bytes or 0),
+                d.sample.temp_c or 0.0,
+            )
+            for d in devices
+        }
+        last = self._last_telemetry
+        changed = any(
+            key not in last
+            or abs(u - last[key][0]) >= 5
+            or abs(m - last[key][1]) >= GIB
+            or abs(t - last[key][2]) >= 3
+            for key, (u, m, t) in current.items()
+        )
+        heartbeat = now - self._telemetry_at >= self._config.telemetry_heartbeat_s
+        if not force and not heartbeat and not (changed and now - self._telemetry_at >= 1.0):
+            return
+        self._last_telemetry = current
+        self._telemetry_at = now
+        rows = [sample_to_wire(d.sample) for d in devices]
+        self._publish("telemetry", pack({"at": time.time(), "s": rows}))
+
+    def tick(self, now: float) -> None:
+        """Called often (every 0.1 s): what is due of the node record and the events."""
+        if self._node_dirty:
+            self.node(now)
+        if self._events_dirty and now - self._events_at >= EVENTS_EVERY_S:
+            self.events(now)
+
+    def node(self, now: float) -> None:
+        """The node record, when it says something new (see :data:`PROGRESS_EVERY_S`)."""
+        doc = self._node_doc()
+        if all(doc[k] == self._node_sent.get(k) for k in _PLACEMENT_FIELDS):
+            if doc["progress"] == self._node_sent.get("progress"):
+                self._node_dirty = False  # an owner's save that changed nothing others read
+                return
+            if now - self._node_at < PROGRESS_EVERY_S:
+                return  # still dirty: the progress goes out when the interval is up
+        self._node_dirty = False
+        self._node_sent, self._node_at = doc, now
+        self._publish("node", pack(doc))
+
+    def events(self, now: float) -> None:
+        self._events_dirty = False
+        self._events_at = now
+        payload = pack(self._events.gossip_payload())
+        if len(payload) <= MAX_PAYLOAD_BYTES:
+            self._publish("events", payload)

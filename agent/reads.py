@@ -1,0 +1,170 @@
+"""What the API reads of an agent: jobs and nodes as this agent sees the mesh, and job logs.
+
+Jobs come from the view's believed records (and, for the jobs this agent owns, its own copy:
+fresher by a gossip round); their progress and ETA from the runner's ``node`` record. A job's
+log is read where it runs, or ran last: here, or streamed from that agent over the internal API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from aiohttp import web
+
+from agent.context import AgentContext
+from agent.errors import ApiError
+from agent.jobspec import check_job_id
+from agent.mesh import GossipMesh
+from agent.owner import Owner
+from agent.peers import PeerError
+from agent.runner import Runner
+from agent.view import STATE_NAMES, device_json
+from gossip.certtrust import CertTrust
+from gossip.node import GossipNode
+
+_TEXT = {"Content-Type": "text/plain; charset=utf-8"}
+
+
+def job_json(doc: dict[str, Any], ctx: AgentContext) -> dict[str, Any]:
+    """The API's document of a job from its record (``OwnedJob.to_json`` or a believed one)."""
+    job_id = str(doc.get("job_id"))
+    runner = doc.get("runner")
+    progress = eta = None
+    if runner is not None and doc.get("state") == "running":
+        status = ctx.view.node(str(runner)).status or {}
+        p = status.get("progress", {}).get(job_id)
+        if isinstance(p, list) and len(p) == 2:
+            progress, eta = p
+    elif doc.get("state") == "succeeded":
+        progress, eta = 1.0, 0.0
+    return {
+        "job_id": job_id,
+        "state": doc.get("state"),
+        "attempt": doc.get("attempt"),
+        "owner": doc.get("owner"),
+        "runner": runner,
+        "devices": doc.get("devices", []),
+        "spec": doc.get("spec"),
+        "submitted_at": doc.get("submitted_at"),
+        "started_at": doc.get("started_at"),
+        "finished_at": doc.get("finished_at"),
+        "exit_code": doc.get("exit_code"),
+        "reason": doc.get("reason"),
+        "progress": progress,
+        "eta_s": eta,
+    }
+
+
+class Reads:
+    def __init__(
+        self,
+        ctx: AgentContext,
+        owner: Owner,
+        runner: Runner,
+        node: GossipNode,
+        mesh: GossipMesh,
+        trust: CertTrust,
+    ) -> None:
+        self._ctx = ctx
+        self._owner = owner
+        self._runner = runner
+        self._node = node
+        self._mesh = mesh
+        self._trust = trust
+
+    def jobs(self) -> list[dict[str, Any]]:
+        docs = sorted(self._ctx.view.jobs.values(), key=lambda d: d.get("submitted_at") or 0.0)
+        return [job_json(d, self._ctx) for d in docs]
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        owned = self._owner.jobs.get(job_id)
+        doc = owned.to_json() if owned is not None else self._ctx.view.jobs.get(job_id)
+        if doc is None:
+            raise ApiError(404, f"unknown job {job_id}")
+        return job_json(doc, self._ctx)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        view = self._ctx.view
+        out = []
+        for m in sorted(self._node.members(), key=lambda m: m.node):
+            node = view.nodes.get(m.node)
+            inv = (node.inventory if node else None) or {}
+            status = (node.status if node else None) or {}
+            devices = []
+            age = None
+            if node is not None:
+                devices = [
+                    device_json(i, s, node.samples.get(s.key)) for i, s in enumerate(node.statics)
+                ]
+                if node.telemetry_received_at is not None:
+                    age = now - node.telemetry_received_at
+            out.append(
+                {
+                    "node_id": m.node,
+                    "addr": m.addr,
+                    "state": STATE_NAMES.get(m.state, "unknown"),
+                    "role": self._trust.role_of(m.node)
+                    or ("agent" if m.node == self._ctx.node_id else None),
+                    "drain": status.get("drain") if status else None,
+                    "labels": inv.get("labels", {}),
+                    "host": inv.get("host"),
+                    "devices": devices,
+                    "telemetry_age_s": age,
+                    "running_jobs": status.get("running", []),
+                    "queue": status.get("queue", 0),
+                }
+            )
+        return out
+
+    # -- logs ------------------------------------------------------------------------------------
+
+    async def logs(
+        self, request: web.Request, job_id: str, lines: int, follow: bool
+    ) -> web.StreamResponse:
+        """The job's log, from the agent that runs it (or ran it last), streamed."""
+        check_job_id(job_id)
+        owned = self._owner.jobs.get(job_id)
+        doc = owned.to_json() if owned is not None else self._ctx.view.jobs.get(job_id)
+        if doc is None:
+            raise ApiError(404, f"unknown job {job_id}")
+        runner = doc.get("runner") or self._last_runner(job_id)
+        if runner is None or runner == self._ctx.node_id:
+            return await self.local_logs(request, job_id, lines, follow)
+        addr = self._mesh.addr_of(str(runner))
+        if addr is None:
+            raise ApiError(503, f"runner {str(runner)[:8]} is unreachable")
+        response = web.StreamResponse(headers=_TEXT)
+        await response.prepare(request)
+        path = f"/v1/internal/logs/{job_id}?lines={lines}&follow={int(follow)}"
+        try:
+            async for chunk in self._ctx.peers.stream(addr, path):
+                await response.write(chunk)
+        except PeerError as exc:
+            await response.write(f"[shoal] log stream ended: {exc}\n".encode())
+        await response.write_eof()
+        return response
+
+    def _last_runner(self, job_id: str) -> str | None:
+        if self._ctx.store.results(job_id) or job_id in self._runner.runs:
+            return self._ctx.node_id
+        return None
+
+    async def local_logs(
+        self, request: web.Request, job_id: str, lines: int, follow: bool
+    ) -> web.StreamResponse:
+        """The log of the job's attempts that ran on this agent."""
+        check_job_id(job_id)
+        response = web.StreamResponse(headers=_TEXT)
+        await response.prepare(request)
+        if not follow:
+            async with contextlib.aclosing(self._runner.tail(job_id, lines)) as blocks:
+                async for block in blocks:
+                    await response.write(block)  # waits while the reader lags: nothing piles up
+        else:
+            async for line in self._runner.follow(job_id, lines):
+                await response.write((line + "\n").encode())
+        await response.write_eof()
+        return response
