@@ -44,7 +44,6 @@ from agent.view import JOB_PREFIX, SUB_PREFIX, job_gen, pack
 log = logging.getLogger("shoal.owner")
 
 LIVE = (JobState.PLACING, JobState.RUNNING, JobState.MIGRATING)
-REQUEUE_CAUSES = frozenset({"migrate", "drain", "shutdown", "fenced", "preempt", "lost"})
 HANDOVER_SETTLE_S = 5.0
 """An agent that ranks before the owner in a job's order is handed the job once it has been
 live this long here (not while a mesh forms or a member flaps)."""
@@ -346,9 +345,6 @@ class Owner:
                 job.avoid = runner
             self._requeue(job, f"attempt {attempt} stopped on {runner[:8]} ({cause})")
         return {"ok": True}
-
-    def progress(self, job_id: str) -> None:
-        """Nothing to do: progress travels in the runner's ``node`` record."""
 
     # -- membership ------------------------------------------------------------------------------
 

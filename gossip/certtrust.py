@@ -206,9 +206,6 @@ class CertTrust:
             return None
         return checked.role
 
-    def is_admitted(self, node_id: str) -> bool:
-        return self.role_of(node_id) is not None
-
     def expire(self, now: float) -> list[str]:
         """Forget nodes whose certificate has expired by ``now``; return their ids."""
         self._tick(now)

@@ -93,11 +93,6 @@ def _enc(m: Message) -> list[Any]:
     raise EncodeError(f"not a message: {type(m).__name__}")
 
 
-def encode_body(message: Message) -> list[Any]:
-    """The msgpack-ready array of one message, without the version (for sizing parts)."""
-    return _enc(message)
-
-
 def encode(message: Message, max_bytes: int = MAX_MESSAGE_BYTES) -> bytes:
     """Encode ``message``; raise :class:`EncodeError` above ``max_bytes``."""
     body = _enc(message)

@@ -38,17 +38,6 @@ async def wait_alive(client: ApiClient, node_id: str, timeout_s: float) -> dict[
     return alive
 
 
-async def wait_healthy(client: ApiClient, timeout_s: float) -> dict[str, Any] | None:
-    """Poll the agent's own ``/healthz`` until it answers; None on timeout."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            return await client.health()
-        except ApiError:
-            await asyncio.sleep(POLL_S)
-    return None
-
-
 async def drain(client: ApiClient, node_id: str, grace_s: float, timeout_s: float) -> bool:
     """Drain the node and wait until it reports ``drained``; False when it did not in time."""
     await client.drain(node_id, grace_s)
