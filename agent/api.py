@@ -38,6 +38,7 @@ from agent.mesh import GossipMesh
 from agent.metrics import AgentMetrics
 from agent.peers import JSON_CONTENT_TYPE
 from agent.reads import Reads
+from agent.wire.documents import HealthDoc, jobs_to_wire, nodes_to_wire
 from gossip.transport import PATH as GOSSIP_PATH
 from gossip.transport import request_peer
 
@@ -183,11 +184,11 @@ def setup(app: web.Application, agent: AgentService) -> None:
 
     @_guarded
     async def jobs(request: web.Request) -> web.StreamResponse:
-        return web.json_response({"jobs": agent.reads.jobs()})
+        return web.json_response(jobs_to_wire(agent.reads.jobs()))
 
     @_guarded
     async def job(request: web.Request) -> web.StreamResponse:
-        return web.json_response(agent.reads.job(request.match_info["job_id"]))
+        return web.json_response(agent.reads.job(request.match_info["job_id"]).to_wire())
 
     @_guarded
     async def logs(request: web.Request) -> web.StreamResponse:
@@ -196,13 +197,12 @@ def setup(app: web.Application, agent: AgentService) -> None:
 
     @_guarded
     async def nodes(request: web.Request) -> web.StreamResponse:
-        return web.json_response({"nodes": agent.reads.nodes()})
+        return web.json_response(nodes_to_wire(agent.reads.nodes()))
 
     @_guarded
     async def events(request: web.Request) -> web.StreamResponse:
         since = int(request.query.get("since", "0"))
-        rows, nxt = agent.events.since(since)
-        return web.json_response({"events": rows, "next": nxt})
+        return web.json_response(agent.events.since(since).to_wire())
 
     @_guarded
     async def metrics(request: web.Request) -> web.StreamResponse:
@@ -218,7 +218,7 @@ def setup(app: web.Application, agent: AgentService) -> None:
             want = _query_int(request, "members", 0, 1 << 20)
             wait_s = _query_int(request, "wait_s", 0, MAX_HEALTH_WAIT_S)
             members = await agent.mesh.wait_members(want, float(wait_s))
-        return web.json_response({"ok": True, "node_id": agent.node_id, "members": members})
+        return web.json_response(HealthDoc(True, agent.node_id, members).to_wire())
 
     @_internal
     async def i_command(request: web.Request) -> web.StreamResponse:

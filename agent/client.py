@@ -1,19 +1,32 @@
 """The operator's side of the agent API: signed commands and reads over mutual TLS.
 
 The CLI, the TUI and ``shoal demo`` all talk to the mesh through this one client, so every
-mutating action is an operator-signed command checked by the agent that executes it.
+mutating action is an operator-signed command checked by the agent that executes it. Every read is
+decoded with the wire contract (``agent.wire.documents``): ``node_docs``, ``job_docs``,
+``job_doc``, ``event_docs`` and ``health_doc`` return the typed documents; ``nodes``, ``jobs``,
+``job``, ``events`` and ``health`` the same documents as JSON objects, in their one shape (an
+answer that does not decode is an :class:`ApiError`).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, TypeVar
 
 import aiohttp
 
 from agent.jobspec import JobSpec, new_job_id
+from agent.wire.codec import WireError
+from agent.wire.documents import (
+    EventsDoc,
+    HealthDoc,
+    JobDoc,
+    NodeDoc,
+    jobs_from_wire,
+    nodes_from_wire,
+)
 from gossip.certtrust import CertSigner
 from gossip.envelope import seal
 from gossip.identity import NodeIdentity
@@ -141,29 +154,54 @@ class ApiClient(PooledSession):
     async def undrain(self, node: str) -> dict[str, Any]:
         return await self.command("undrain", {"node": node})
 
-    async def jobs(self) -> list[dict[str, Any]]:
-        return list((await self.get("/v1/jobs")).get("jobs", []))
+    async def job_docs(self) -> list[JobDoc]:
+        return _decoded(jobs_from_wire, await self.get("/v1/jobs"))
 
-    async def job(self, job_id: str) -> dict[str, Any]:
-        return await self.get(f"/v1/jobs/{job_id}")
+    async def job_doc(self, job_id: str) -> JobDoc:
+        return _decoded(JobDoc.from_wire, await self.get(f"/v1/jobs/{job_id}"))
 
-    async def nodes(self) -> list[dict[str, Any]]:
-        return list((await self.get("/v1/nodes")).get("nodes", []))
+    async def node_docs(self) -> list[NodeDoc]:
+        return _decoded(nodes_from_wire, await self.get("/v1/nodes"))
 
-    async def events(self, since: int = 0) -> dict[str, Any]:
-        return await self.get("/v1/events", {"since": str(since)})
+    async def event_docs(self, since: int = 0) -> EventsDoc:
+        return _decoded(EventsDoc.from_wire, await self.get("/v1/events", {"since": str(since)}))
 
-    async def health(self, members: int | None = None, wait_s: int = 0) -> dict[str, Any]:
+    async def health_doc(self, members: int | None = None, wait_s: int = 0) -> HealthDoc:
         """``/healthz``; with ``members``, answered once the agent counts that many live
         members or after ``wait_s`` seconds, whichever comes first."""
         if members is None:
-            return await self.get("/healthz")
+            return _decoded(HealthDoc.from_wire, await self.get("/healthz"))
         params = {"members": str(members), "wait_s": str(wait_s)}
-        return await self.get("/healthz", params, extra_s=wait_s)
+        return _decoded(HealthDoc.from_wire, await self.get("/healthz", params, extra_s=wait_s))
+
+    async def jobs(self) -> list[dict[str, Any]]:
+        return [j.to_wire() for j in await self.job_docs()]
+
+    async def job(self, job_id: str) -> dict[str, Any]:
+        return (await self.job_doc(job_id)).to_wire()
+
+    async def nodes(self) -> list[dict[str, Any]]:
+        return [n.to_wire() for n in await self.node_docs()]
+
+    async def events(self, since: int = 0) -> dict[str, Any]:
+        return (await self.event_docs(since)).to_wire()
+
+    async def health(self, members: int | None = None, wait_s: int = 0) -> dict[str, Any]:
+        return (await self.health_doc(members, wait_s)).to_wire()
 
     def logs(self, job_id: str, lines: int = 100, follow: bool = False) -> AsyncIterator[str]:
         params = {"lines": str(lines), "follow": "1" if follow else "0"}
         return self.stream(f"/v1/jobs/{job_id}/logs", params)
+
+
+D = TypeVar("D")
+
+
+def _decoded(decode: Callable[[Any], D], doc: dict[str, Any]) -> D:
+    try:
+        return decode(doc)
+    except WireError as exc:
+        raise ApiError(0, f"the agent answered a malformed document: {exc}") from None
 
 
 def _why(exc: BaseException) -> str:

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from agent.authority import FeaturesLacking
 from agent.client import ENVELOPE_CONTENT_TYPE
 from agent.config import AgentConfig
 from agent.context import AgentContext
@@ -146,7 +147,11 @@ class Commands:
     async def _submit(
         self, kind: str, body: dict[str, Any], data: bytes, forwarded: bool
     ) -> Answer:
-        sub = self._ctx.authority.submission(data)
+        try:
+            sub = self._ctx.authority.submission(data)
+        except FeaturesLacking as exc:
+            self._metrics.commands_rejected["features"] += 1
+            return 400, {"error": str(exc)}
         owner = self._job_owner(sub.job_id) or owner_of(sub.job_id, self._mesh.live_agents())
         if forwarded or owner in (None, self._ctx.node_id):
             return 200, await self._owner.submit(sub)

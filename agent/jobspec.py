@@ -7,6 +7,13 @@ negative numbers with a one-line ``ValueError`` that names the field. A TOML job
 (``"2h"``) where a field holds bytes or seconds.
 
 The job id is not part of the spec: it is made at submission (``new_job_id``).
+
+Features: a spec lists the features it uses (``features``, computed from its fields, and the
+``spec_version`` that brings them; both left out when it uses none, so a plain spec reads the
+same to every version). An agent never runs a job whose meaning it does not fully understand: a
+feature it does not know refuses the spec with the version it needs (:class:`UnknownFeatures`),
+one it knows but does not run (:data:`SUPPORTED_FEATURES`) makes it decline the offer, and the
+owner places the job only on agents whose inventory lists the feature.
 """
 
 from __future__ import annotations
@@ -40,6 +47,46 @@ CHECKPOINT_SIGNALS: Final[tuple[str, ...]] = (
 OS; the executor maps them to numbers, falling back to SIGTERM's behaviour where one is missing)."""
 
 _JOB_ID_RE: Final = re.compile(r"[0-9a-f]{32}")
+
+SPEC_VERSION: Final = 2
+"""The job-spec version this code reads and writes: 1 is the spec before features."""
+FEATURES: Final[Mapping[str, int]] = {"gang": 2, "image": 2, "interconnect": 2}
+"""Every feature a spec can use, with the spec version that brought it: ``gang`` (more than one
+node), ``image`` (a container image), ``interconnect`` (a required link between the GPUs)."""
+SUPPORTED_FEATURES: Final[frozenset[str]] = frozenset()
+"""The features this agent runs, advertised in its inventory. Gang placement, container images
+and the interconnect filter are still to come: a job that uses one is placed on no agent of this
+version, and its reason says which feature it waits for."""
+
+
+class UnknownFeatures(ValueError):
+    """A spec that uses features this version does not know; the message names the version."""
+
+
+def _check_declared(data: Mapping[str, Any]) -> None:
+    """Refuse a spec that declares a feature this version does not know, naming the version."""
+    declared = data.get("features")
+    if declared is None:
+        return
+    if not isinstance(declared, list | tuple) or not all(isinstance(f, str) for f in declared):
+        raise ValueError("features: expected a list of strings")
+    unknown = sorted(f for f in declared if f not in FEATURES)
+    if unknown:
+        wanted = data.get("spec_version")
+        version = wanted if isinstance(wanted, int) and not isinstance(wanted, bool) else "newer"
+        raise UnknownFeatures(
+            f"the job needs job-spec version {version} (feature{'s' * (len(unknown) > 1)}"
+            f" {', '.join(unknown)}); this agent reads version {SPEC_VERSION}"
+        )
+
+
+def lacking_reason(features: tuple[str, ...]) -> str:
+    """Why an agent declines a job that uses ``features`` (known, not run here)."""
+    need = max(FEATURES[f] for f in features)
+    return (
+        f"the job needs feature{'s' * (len(features) > 1)} {', '.join(features)} (job-spec"
+        f" version {need}), which this agent (job-spec version {SPEC_VERSION}) does not run"
+    )
 
 
 def new_job_id() -> str:
@@ -225,9 +272,27 @@ class JobSpec:
     def is_gang(self) -> bool:
         return self.resources.nodes > 1
 
+    @property
+    def features(self) -> tuple[str, ...]:
+        """The features this spec uses (:data:`FEATURES`), sorted."""
+        used = []
+        if self.resources.nodes > 1:
+            used.append("gang")
+        if self.image is not None:
+            used.append("image")
+        if self.resources.interconnect is not None:
+            used.append("interconnect")
+        return tuple(sorted(used))
+
+    @property
+    def lacking(self) -> tuple[str, ...]:
+        """The features this spec uses that this agent does not run."""
+        return tuple(f for f in self.features if f not in SUPPORTED_FEATURES)
+
     def to_dict(self) -> dict[str, Any]:
-        """The stable wire form: every field, JSON-able, keys in declaration order."""
-        return {
+        """The stable wire form: every field, JSON-able, keys in declaration order; then the
+        features it uses and their spec version, when it uses any."""
+        doc: dict[str, Any] = {
             "command": list(self.command),
             "env": dict(self.env),
             "workdir": self.workdir,
@@ -246,6 +311,11 @@ class JobSpec:
             "checkpoint_signal": self.checkpoint_signal,
             "retries": self.retries,
         }
+        features = self.features
+        if features:
+            doc["features"] = list(features)
+            doc["spec_version"] = max(FEATURES[f] for f in features)
+        return doc
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
@@ -278,7 +348,10 @@ class JobSpec:
 def _from_mapping(data: Mapping[str, Any], *, human: bool, now: float | None) -> JobSpec:
     if not isinstance(data, Mapping):
         raise ValueError(f"job spec must be a table/object, got {type(data).__name__}")
+    _check_declared(data)
     r = _Reader(data, "")
+    declared = r.str_tuple("features")
+    r.get("spec_version")
     command = r.str_tuple("command")
     if not command:
         raise ValueError("command: must be a non-empty list of strings")
@@ -325,6 +398,10 @@ def _from_mapping(data: Mapping[str, Any], *, human: bool, now: float | None) ->
         retries=r.int_("retries", 0),
     )
     r.done()
+    if "features" in data and tuple(sorted(declared)) != spec.features:
+        raise ValueError(
+            f"features: the spec declares {list(declared)} but uses {list(spec.features)}"
+        )
     return spec
 
 

@@ -2,8 +2,9 @@
 
 The owner asks a ``Placement`` for an ordered list of candidates (node and device keys) from its
 gossip view; it then offers the job to each in turn, and the node admits or declines against its
-real local state. :class:`FirstFit` applies the hard filters only (drain state, accepted backend,
-free GPU count, memory per GPU, compute capability, architecture) and orders nodes by id, a
+real local state. :class:`FirstFit` applies the hard filters only (the job-spec features the
+node's agent runs, drain state, accepted backend, free GPU count, memory per GPU, compute
+capability, architecture) and orders nodes by id, a
 preferred target first; the scheduler replaces it with a scoring policy behind the same seam.
 When no node fits, :meth:`Placement.why_pending` says what the job waits for, in one line.
 """
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from agent.jobspec import JobSpec
+from agent.jobspec import JobSpec, lacking_reason
 from agent.jobstate import NodeDrainState
 from agent.view import NodeView
 from probers.records import DeviceStatic
@@ -116,8 +117,11 @@ class FirstFit:
     ) -> list[Candidate]:
         out: list[Candidate] = []
         want = spec.resources.gpus_per_node
+        features = frozenset(spec.features)
         for node in sorted(nodes, key=lambda n: (n.node_id != prefer, n.node_id)):
             if node.node_id in exclude or node.inventory is None:
+                continue
+            if not features <= node.features:
                 continue
             if node.drain != NodeDrainState.SCHEDULABLE:
                 continue
@@ -129,6 +133,8 @@ class FirstFit:
 
     def why_pending(self, spec: JobSpec) -> str:
         r = spec.resources
+        if spec.features:
+            return "waits for an agent that runs it: " + lacking_reason(spec.features)
         parts = [
             f"no schedulable node has {r.gpus_per_node} free GPU" + "s" * (r.gpus_per_node != 1)
         ]

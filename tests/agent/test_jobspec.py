@@ -174,7 +174,10 @@ def test_wire_form_round_trips_and_is_stable() -> None:
         "checkpoint_dir",
         "checkpoint_signal",
         "retries",
+        "features",
+        "spec_version",
     ]
+    assert wire["features"] == list(spec.features) and wire["spec_version"] == 2
     assert wire["resources"]["min_mem_per_gpu_bytes"] == 42_949_672_960
     assert wire["deadline"] == 1_700_021_600.0
     assert JobSpec.from_dict(wire) == spec
