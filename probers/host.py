@@ -101,7 +101,9 @@ class HostProbe:
 
     @classmethod
     def from_options(cls, options: ProbeOptions) -> HostProbe:
-        return cls(build_probers(options))
+        probers = build_probers(options)
+        host_info = getattr(probers[0], "host_info", None) if options.sim is not None else None
+        return cls(probers, host=host_info() if host_info is not None else None)
 
     def open(self) -> None:
         """Run discovery on every candidate source and settle the host's device list."""

@@ -199,3 +199,14 @@ async def test_a_launch_error_is_its_own_refusal(rig: Rig) -> None:
     with pytest.raises(LaunchFailed, match="no-such-program"):
         await rig.start(rig.offer(command=("no-such-program-here",)))
     assert rig.runner.runs == {}
+
+
+async def test_an_offer_of_a_job_that_needs_a_feature_this_agent_lacks_is_declined(
+    rig: Rig,
+) -> None:
+    offer = rig.offer()
+    gang = JobSpec(command=("true",), resources=Resources(gpus_per_node=1, nodes=2))
+    offer["submission"] = base64.b64encode(rig.kit.submission(offer["job_id"], gang)).decode()
+    with pytest.raises(Declined, match=r"needs feature gang \(job-spec version 2\)"):
+        await rig.start(offer)
+    assert rig.runner.runs == {} and rig.runner.executor.running() == ()
