@@ -43,7 +43,7 @@ def job_doc(record: Mapping[str, Any], ctx: AgentContext) -> JobDoc:
     elif status.state == "succeeded":
         progress, eta = 1.0, 0.0
     spec = record.get("spec")
-    return JobDoc.of(status, spec if isinstance(spec, dict) else {}, progress, eta)
+    return JobDoc(status, spec if isinstance(spec, dict) else {}, progress, eta)
 
 
 class Reads:

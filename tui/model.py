@@ -371,20 +371,20 @@ def host_from_json(data: Mapping[str, Any], device: DeviceMaker = device_from_js
 
 def job_from_json(data: Mapping[str, Any]) -> JobView:
     doc = JobDoc.from_wire(data)
-    progress = doc.progress
+    status, progress = doc.status, doc.progress
     return JobView(
-        job_id=doc.job_id,
-        state=doc.state,
-        attempt=doc.attempt,
-        owner=doc.owner,
-        runner=doc.runner,
-        devices=doc.devices,
+        job_id=status.job_id,
+        state=status.state,
+        attempt=status.attempt,
+        owner=status.owner,
+        runner=status.runner,
+        devices=status.devices,
         spec=doc.spec,
-        submitted_at=doc.submitted_at,
-        started_at=doc.started_at,
-        finished_at=doc.finished_at,
-        exit_code=doc.exit_code,
-        reason=doc.reason or None,
+        submitted_at=status.submitted_at,
+        started_at=status.started_at,
+        finished_at=status.finished_at,
+        exit_code=status.exit_code,
+        reason=status.reason or None,
         progress=None if progress is None else min(1.0, max(0.0, progress)),
         eta_s=doc.eta_s,
         raw=data,

@@ -509,7 +509,7 @@ class SimSource:
             )
             spec = {**job.spec.to_dict(), "labels": {"user": job.user}}
             done = None if progress is None else round(progress, 4)
-            out.append(JobDoc.of(status, spec, done, None if eta is None else round(eta)).to_wire())
+            out.append(JobDoc(status, spec, done, None if eta is None else round(eta)).to_wire())
         return out
 
     async def nodes(self) -> list[dict[str, Any]]:

@@ -248,66 +248,29 @@ def nodes_from_wire(value: Any) -> list[NodeDoc]:
 
 @dataclass(frozen=True, slots=True)
 class JobDoc:
-    """A job in ``/v1/jobs``: its owner's record, the operator's spec, and its progress."""
+    """A job in ``/v1/jobs``: its owner's record (every field of ``job/<id>``), the operator's
+    spec, and its progress."""
 
-    job_id: str
-    state: str
-    attempt: int = 0
-    owner: str | None = None
-    runner: str | None = None
-    devices: tuple[str, ...] = ()
+    status: JobStatus
     spec: Mapping[str, Any] = field(default_factory=dict)
     """The spec as the operator submitted it (``JobSpec.to_dict``)."""
-    submitted_at: float | None = None
-    started_at: float | None = None
-    finished_at: float | None = None
-    exit_code: int | None = None
-    reason: str | None = None
     progress: float | None = None
+    """Fraction done, as the job reports it (``SHOAL_PROGRESS``)."""
     eta_s: float | None = None
 
-    @classmethod
-    def of(
-        cls,
-        status: JobStatus,
-        spec: Mapping[str, Any],
-        progress: float | None = None,
-        eta_s: float | None = None,
-    ) -> JobDoc:
-        return cls(
-            job_id=status.job_id,
-            state=status.state,
-            attempt=status.attempt,
-            owner=status.owner,
-            runner=status.runner,
-            devices=status.devices,
-            spec=spec,
-            submitted_at=status.submitted_at,
-            started_at=status.started_at,
-            finished_at=status.finished_at,
-            exit_code=status.exit_code,
-            reason=status.reason,
-            progress=progress,
-            eta_s=eta_s,
-        )
+    @property
+    def job_id(self) -> str:
+        return self.status.job_id
+
+    @property
+    def state(self) -> str:
+        return self.status.state
 
     def to_wire(self) -> dict[str, Any]:
-        return {
-            "job_id": self.job_id,
-            "state": self.state,
-            "attempt": self.attempt,
-            "owner": self.owner,
-            "runner": self.runner,
-            "devices": list(self.devices),
-            "spec": dict(self.spec),
-            "submitted_at": self.submitted_at,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "exit_code": self.exit_code,
-            "reason": self.reason,
-            "progress": self.progress,
-            "eta_s": self.eta_s,
-        }
+        doc = self.status.to_wire()
+        del doc["v"]
+        doc.update(spec=dict(self.spec), progress=self.progress, eta_s=self.eta_s)
+        return doc
 
     @classmethod
     def from_wire(cls, value: Any, name: str = "job") -> JobDoc:
@@ -315,18 +278,8 @@ class JobDoc:
         p = name + "."
         spec = d.get("spec")
         return cls(
-            job_id=c.field(d, "job_id", c.text, p),
-            state=c.field(d, "state", c.or_default(c.text, "unknown"), p),
-            attempt=c.field(d, "attempt", c.or_default(c.integer, 0), p),
-            owner=c.field(d, "owner", c.opt_text, p),
-            runner=c.field(d, "runner", c.opt_text, p),
-            devices=c.field(d, "devices", c.texts, p),
+            status=JobStatus.from_wire(d, name),
             spec={} if spec is None else dict(c.obj(spec, p + "spec")),
-            submitted_at=c.field(d, "submitted_at", c.opt_number, p),
-            started_at=c.field(d, "started_at", c.opt_number, p),
-            finished_at=c.field(d, "finished_at", c.opt_number, p),
-            exit_code=c.field(d, "exit_code", c.opt_integer, p),
-            reason=c.field(d, "reason", c.opt_text, p),
             progress=c.field(d, "progress", c.opt_number, p),
             eta_s=c.field(d, "eta_s", c.opt_number, p),
         )

@@ -273,7 +273,7 @@ def test_api_documents_and_call_bodies_round_trip_and_ignore_unknown_fields() ->
     )
     docs: list[Any] = [
         node,
-        JobDoc.of(status, JobSpec(command=("true",)).to_dict(), 0.5, 10.0),
+        JobDoc(status, JobSpec(command=("true",)).to_dict(), 0.5, 10.0),
         EventsDoc((EventDoc(1, 2.0, "started", NODE, None, "hi"),), 1),
         HealthDoc(True, NODE, 3),
         JobTransfer(status, OwnerDetail(gen=3), b"sealed"),
