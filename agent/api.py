@@ -38,7 +38,7 @@ from agent.mesh import GossipMesh
 from agent.metrics import AgentMetrics
 from agent.peers import JSON_CONTENT_TYPE
 from agent.reads import Reads
-from agent.wire.documents import HealthDoc, jobs_to_wire, nodes_to_wire
+from agent.wire.health import HealthDoc
 from gossip.transport import PATH as GOSSIP_PATH
 from gossip.transport import request_peer
 
@@ -184,6 +184,8 @@ def setup(app: web.Application, agent: AgentService) -> None:
 
     @_guarded
     async def jobs(request: web.Request) -> web.StreamResponse:
+        from agent.wire.documents import jobs_to_wire
+
         return web.json_response(jobs_to_wire(agent.reads.jobs()))
 
     @_guarded
@@ -197,6 +199,8 @@ def setup(app: web.Application, agent: AgentService) -> None:
 
     @_guarded
     async def nodes(request: web.Request) -> web.StreamResponse:
+        from agent.wire.documents import nodes_to_wire
+
         return web.json_response(nodes_to_wire(agent.reads.nodes()))
 
     @_guarded

@@ -25,7 +25,7 @@ from agent.metrics import AgentMetrics
 from agent.ownedjob import OwnerError, store_replica
 from agent.owner import LAUNCH_FAILED, Owner
 from agent.runner import Declined, LaunchFailed, NotAllowed, Runner
-from agent.wire.documents import AttemptResult, StartOffer, StatusRequest, StopRequest
+from agent.wire.calls import AttemptResult, StartOffer, StatusRequest, StopRequest
 
 log = logging.getLogger("shoal.agent")
 

@@ -13,20 +13,16 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 
 from agent.jobspec import JobSpec, new_job_id
 from agent.wire.codec import WireError
-from agent.wire.documents import (
-    EventsDoc,
-    HealthDoc,
-    JobDoc,
-    NodeDoc,
-    jobs_from_wire,
-    nodes_from_wire,
-)
+from agent.wire.health import HealthDoc
+
+if TYPE_CHECKING:  # loaded by the reads that need them (an agent imports this client too)
+    from agent.wire.documents import EventsDoc, JobDoc, NodeDoc
 from gossip.certtrust import CertSigner
 from gossip.envelope import seal
 from gossip.identity import NodeIdentity
@@ -155,16 +151,25 @@ class ApiClient(PooledSession):
         return await self.command("undrain", {"node": node})
 
     async def job_docs(self) -> list[JobDoc]:
+        from agent.wire.documents import jobs_from_wire
+
         return _decoded(jobs_from_wire, await self.get("/v1/jobs"))
 
     async def job_doc(self, job_id: str) -> JobDoc:
+        from agent.wire.documents import JobDoc
+
         return _decoded(JobDoc.from_wire, await self.get(f"/v1/jobs/{job_id}"))
 
     async def node_docs(self) -> list[NodeDoc]:
+        from agent.wire.documents import nodes_from_wire
+
         return _decoded(nodes_from_wire, await self.get("/v1/nodes"))
 
     async def event_docs(self, since: int = 0) -> EventsDoc:
-        return _decoded(EventsDoc.from_wire, await self.get("/v1/events", {"since": str(since)}))
+        from agent.wire.documents import EventsDoc
+
+        path, params = "/v1/events", {"since": str(since)}
+        return _decoded(EventsDoc.from_wire, await self.get(path, params))
 
     async def health_doc(self, members: int | None = None, wait_s: int = 0) -> HealthDoc:
         """``/healthz``; with ``members``, answered once the agent counts that many live

@@ -12,10 +12,12 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agent.wire.documents import EventDoc, EventsDoc
 from agent.wire.records import EventsRecord, GossipedEvent
+
+if TYPE_CHECKING:
+    from agent.wire.documents import EventsDoc
 
 log = logging.getLogger("shoal.events")
 
@@ -89,6 +91,8 @@ class EventLog:
 
     def since(self, seq: int, limit: int = 500) -> EventsDoc:
         """Events after ``seq`` (oldest first, at most ``limit``) and the ``next`` to ask for."""
+        from agent.wire.documents import EventDoc, EventsDoc  # loaded on the first read
+
         out = [
             EventDoc(e["seq"], e["at"], e["kind"], e["node"], e["job_id"], e["message"])
             for e in self._events

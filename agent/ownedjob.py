@@ -17,8 +17,8 @@ from agent.authority import Authority
 from agent.jobspec import JobSpec, check_job_id
 from agent.jobstate import JobState
 from agent.store import JobRecord, Store
+from agent.wire.calls import JobTransfer, OwnerDetail
 from agent.wire.codec import WireError
-from agent.wire.documents import JobTransfer, OwnerDetail
 from agent.wire.records import JobStatus
 
 

@@ -40,8 +40,7 @@ from agent.ownership import rank, replica_of
 from agent.peers import PeerError, PeerRefused, PeerUnreachable
 from agent.placement import Candidate, Placement
 from agent.view import JOB_PREFIX, SUB_PREFIX, job_gen
-from agent.wire.codec import WireError
-from agent.wire.documents import (
+from agent.wire.calls import (
     AttemptResult,
     StartAnswer,
     StartOffer,
@@ -50,6 +49,7 @@ from agent.wire.documents import (
     StopAnswer,
     StopRequest,
 )
+from agent.wire.codec import WireError
 
 log = logging.getLogger("shoal.owner")
 

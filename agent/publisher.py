@@ -86,7 +86,7 @@ class Publisher:
         except WireError as exc:  # a device alone larger than a record: say so, keep the rest
             log.error("inventory not published whole: %s", exc)
             self._events.add("inventory_too_large", str(exc))
-            records = dataclasses.replace(record, devices=_fitting(record)).encode()
+            records = record._replace(devices=_fitting(record)).encode()
         for kind, payload in records:
             self._publish(kind, payload)
 
@@ -151,7 +151,7 @@ def _fitting(record: InventoryRecord) -> tuple[DeviceStatic, ...]:
     kept = []
     for device in record.devices:
         try:
-            dataclasses.replace(record, devices=(device,)).encode()
+            record._replace(devices=(device,)).encode()
         except WireError:
             continue
         kept.append(device)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -22,17 +22,21 @@ from agent.owner import Owner
 from agent.peers import PeerError
 from agent.runner import Runner
 from agent.view import STATE_NAMES
-from agent.wire.documents import DeviceDoc, JobDoc, NodeDoc
 from agent.wire.records import JobStatus
 from gossip.certtrust import CertTrust
 from gossip.node import GossipNode
 from probers.records import DeviceSample
+
+if TYPE_CHECKING:
+    from agent.wire.documents import JobDoc, NodeDoc
 
 _TEXT = {"Content-Type": "text/plain; charset=utf-8"}
 
 
 def job_doc(record: Mapping[str, Any], ctx: AgentContext) -> JobDoc:
     """The API's document of a job from its record (``OwnedJob.to_json`` or a believed one)."""
+    from agent.wire.documents import JobDoc  # loaded on the first read
+
     status = JobStatus.from_wire(record)
     progress = eta = None
     if status.runner is not None and status.state == "running":
@@ -75,6 +79,8 @@ class Reads:
         return job_doc(doc, self._ctx)
 
     def nodes(self) -> list[NodeDoc]:
+        from agent.wire.documents import DeviceDoc, NodeDoc  # loaded on the first read
+
         now = time.monotonic()
         view = self._ctx.view
         out = []

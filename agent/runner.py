@@ -54,7 +54,7 @@ from agent.logfiles import TailReader
 from agent.ownership import owner_of
 from agent.peers import PeerError
 from agent.store import ResultRecord, RunRecord, process_alive, reconcile
-from agent.wire.documents import (
+from agent.wire.calls import (
     AttemptResult,
     StartAnswer,
     StartOffer,

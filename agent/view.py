@@ -185,8 +185,8 @@ class ClusterView:
         inventory = assemble(head, view.inventory_parts)
         if inventory is not None:
             view.inventory = inventory
-            for n in [n for n in view.inventory_parts if n >= head.parts]:
-                del view.inventory_parts[n]  # an earlier set's, longer than this one
+            view.inventory_head = None  # the raw rows are no longer needed
+            view.inventory_parts.clear()
 
     def _apply_job(self, origin: str, job_id: str, status: JobStatus) -> str | None:
         kind = JOB_PREFIX + job_id

@@ -8,6 +8,10 @@
   ``/v1/events``, ``/healthz``) and the bodies of the calls between agents (``replicate``,
   ``adopt``, ``start``, ``stop``, ``status``, ``report``).
 
+Every definition is an immutable ``typing.NamedTuple`` (``DeviceDoc``, whose ``index`` would
+shadow ``tuple.index``, a frozen dataclass): a frozen, slotted dataclass class costs ~20 KB of an
+agent's memory, a named tuple ~7 KB, and the agent's memory has a bar (60 MB at 32 agents).
+
 Compatibility rules, the same for every kind: a reader ignores the fields it does not know (a
 newer agent's additions) and takes a missing field as unknown (``None``) or its default (an
 older agent's record), so agents of neighbouring versions run side by side through a rolling

@@ -9,6 +9,7 @@ ask for are never looked at: that is how a reader ignores what a newer writer ad
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 from typing import Any, Final, TypeVar
 
 import msgpack
@@ -19,6 +20,9 @@ contract (no ``v``: device links and MIG instances not gossiped, an inventory cu
 2 adds links, MIG instances, the split inventory and the agent's job-spec features."""
 MAX_RECORD_BYTES: Final = 4096
 """The largest payload of one gossip record (``gossip.config.max_record_payload_bytes``)."""
+
+EMPTY_MAP: Final[Mapping[str, Any]] = MappingProxyType({})
+"""The default of a mapping field (immutable, shared)."""
 
 T = TypeVar("T")
 Reader = Callable[[Any, str], T]

@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final, cast
+from typing import Any, Final, NamedTuple, cast
 
 from agent.wire import codec as c
-from agent.wire.codec import WIRE_VERSION, WireError
+from agent.wire.codec import EMPTY_MAP, WIRE_VERSION, WireError
 from probers.records import DeviceSample, DeviceStatic, HostInfo, Link, MigDevice
 
 INVENTORY: Final = "inventory"
@@ -168,8 +167,7 @@ def static_from_wire(data: Any, name: str, keys: Sequence[str]) -> DeviceStatic:
 # -- inventory -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class InventoryRecord:
+class InventoryRecord(NamedTuple):
     """What a node is: published once per start, over as many records as its devices need."""
 
     host: HostInfo
@@ -227,8 +225,7 @@ def _part_frame(set_id: str, part: int, parts: int) -> dict[str, Any]:
     return {"v": WIRE_VERSION, "set": set_id, "part": part, "parts": parts}
 
 
-@dataclass(frozen=True, slots=True)
-class InventoryHead:
+class InventoryHead(NamedTuple):
     """The ``inventory`` record as read, before its parts are joined to it."""
 
     host: HostInfo
@@ -256,8 +253,7 @@ class InventoryHead:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class InventoryPart:
+class InventoryPart(NamedTuple):
     """One ``inventory/<n>`` record as read."""
 
     set_id: str
@@ -319,8 +315,7 @@ def _opt_float_out(value: float | None) -> float | None:
     return None if value is None else float(value)
 
 
-@dataclass(frozen=True, slots=True)
-class TelemetryRecord:
+class TelemetryRecord(NamedTuple):
     """What every device is doing, sampled at ``at`` (epoch seconds, the publisher's clock)."""
 
     at: float | None
@@ -365,8 +360,7 @@ def _sample_from_wire(value: Any, name: str) -> DeviceSample:
 # -- node ----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class NodeRecord:
+class NodeRecord(NamedTuple):
     """A node's scheduling state: what placement reads, and its running jobs' progress."""
 
     drain: str = "schedulable"
@@ -375,7 +369,7 @@ class NodeRecord:
     running: tuple[str, ...] = ()
     free: tuple[str, ...] | None = None
     """Device keys no job holds; ``None`` (not said): every device."""
-    progress: Mapping[str, tuple[float, float | None]] = field(default_factory=dict)
+    progress: Mapping[str, tuple[float, float | None]] = EMPTY_MAP
     """Running job -> (fraction done, seconds left or ``None``)."""
 
     def placement_view(self) -> tuple[str, int, tuple[str, ...], tuple[str, ...] | None]:
@@ -420,8 +414,7 @@ def _progress_from_wire(value: Any) -> dict[str, tuple[float, float | None]]:
 # -- events --------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class GossipedEvent:
+class GossipedEvent(NamedTuple):
     """One of the publisher's events; the record's origin names the node."""
 
     n: int
@@ -453,8 +446,7 @@ class GossipedEvent:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class EventsRecord:
+class EventsRecord(NamedTuple):
     events: tuple[GossipedEvent, ...]
 
     def encode(self) -> bytes:
@@ -468,8 +460,7 @@ class EventsRecord:
 # -- jobs ----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class JobStatus:
+class JobStatus(NamedTuple):
     """A job as its owner sees it (``job/<id>``), and the record part of a handover."""
 
     job_id: str

@@ -23,7 +23,7 @@ from agent.peers import PeerClient
 from agent.runner import Declined, LaunchFailed, NotAllowed, Runner
 from agent.store import Store
 from agent.view import ClusterView
-from agent.wire.documents import StartOffer, StopAnswer, StopRequest
+from agent.wire.calls import StartOffer, StopAnswer, StopRequest
 from gossip.certtrust import CertSigner
 from gossip.identity import NodeIdentity
 from probers.records import DeviceStatic

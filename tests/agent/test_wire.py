@@ -14,23 +14,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.jobspec import JobSpec, Resources, UnknownFeatures
-from agent.view import ClusterView
-from agent.wire.codec import MAX_RECORD_BYTES, WIRE_VERSION, WireError, pack, unpack
-from agent.wire.documents import (
+from agent.placement import FirstFit
+from agent.view import ClusterView, NodeView
+from agent.wire.calls import (
     AttemptResult,
-    DeviceDoc,
-    EventDoc,
-    EventsDoc,
-    HealthDoc,
-    JobDoc,
     JobTransfer,
-    NodeDoc,
     OwnerDetail,
     StartOffer,
     StatusAnswer,
     StopAnswer,
     StopRequest,
 )
+from agent.wire.codec import MAX_RECORD_BYTES, WIRE_VERSION, WireError, pack, unpack
+from agent.wire.documents import DeviceDoc, EventDoc, EventsDoc, JobDoc, NodeDoc
+from agent.wire.health import HealthDoc
 from agent.wire.records import (
     EventsRecord,
     GossipedEvent,
@@ -101,7 +98,7 @@ def test_an_8_gpu_baseboard_with_mig_arrives_whole_in_parts(tmp_path: Path, prof
 def test_a_restart_with_fewer_parts_is_not_mixed_with_the_old_ones(tmp_path: Path) -> None:
     view = _view(tmp_path)
     big = _inventory(tuple(_with_mig(d) for d in SimProber("h100:8").discover()))
-    small = dataclasses.replace(_inventory(tuple(SimProber("l4:2").discover())), boot=4)
+    small = _inventory(tuple(SimProber("l4:2").discover()))._replace(boot=4)
     _apply_all(view, big.encode())
     assert view.node(NODE).inventory == big
     _apply_all(view, small.encode())
@@ -434,3 +431,13 @@ def test_a_spec_with_an_unknown_feature_is_refused_naming_the_version_it_needs()
     lying = {**JobSpec(command=("true",)).to_dict(), "features": ["gang"]}
     with pytest.raises(ValueError, match="declares"):
         JobSpec.from_dict(lying)
+
+
+def test_an_owner_offers_a_job_only_to_agents_that_run_its_features() -> None:
+    d = DeviceStatic(key="h0", vendor="nvidia", backend="cuda", name="H100", source="sim")
+    older = NodeView("older", inventory=_inventory((d,)))
+    newer = NodeView("newer", inventory=_inventory((d,), features=("gang",)))
+    gang = JobSpec(command=("x",), resources=Resources(nodes=2))
+    assert [c.node_id for c in FirstFit().candidates(gang, [older, newer])] == ["newer"]
+    assert FirstFit().candidates(gang, [older]) == []
+    assert "needs feature gang (job-spec version 2)" in FirstFit().why_pending(gang)
