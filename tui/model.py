@@ -29,8 +29,10 @@ from agent.wire.documents import (
     NodeDoc,
     device_sample_from_json,
     device_static_from_json,
+    links_from_json,
+    mig_from_json,
 )
-from probers.records import DeviceStatic, Link, MigDevice
+from probers.records import Link, MigDevice
 
 STALE_AFTER_S: Final = 90.0
 """Telemetry older than this is shown as stale (with its age): 1.5 times the agents' default
@@ -77,12 +79,25 @@ class DeviceView:
     raw: Mapping[str, Any] = field(repr=False, compare=False)
     row_key: str = ""
     """``node/device``: the GPU's stable key across the mesh (filled in when built)."""
-    links: tuple[LinkView, ...] = ()
-    """Interconnect links to the host's other GPUs (NVLink, xGMI, PCIe topology)."""
-    mig: tuple[MigDevice, ...] = ()
-    """MIG instances carved out of this GPU."""
     source: str = "unknown"
     """The prober that found it (``nvml``, ``amdgpu-sysfs``...; ``sim`` or ``sim:<source>``)."""
+
+    @property
+    def links(self) -> tuple[LinkView, ...]:
+        """Interconnect links to the host's other GPUs (NVLink, xGMI, PCIe topology), decoded
+        from the raw document when asked (only lines on screen ask)."""
+        try:
+            return links_from_json(self.raw.get("links"))
+        except WireError:
+            return ()
+
+    @property
+    def mig(self) -> tuple[MigDevice, ...]:
+        """MIG instances carved out of this GPU (decoded when asked)."""
+        try:
+            return mig_from_json(self.raw.get("mig"))
+        except WireError:
+            return ()
 
     @property
     def mem_frac(self) -> float | None:
@@ -134,7 +149,7 @@ class HostView:
 
     @property
     def mig_count(self) -> int:
-        return sum(len(d.mig) for d in self.devices)
+        return sum(len(d.raw.get("mig") or ()) for d in self.devices)
 
     @property
     def stale(self) -> bool:
@@ -291,40 +306,55 @@ EMPTY_SNAPSHOT: Final = MeshSnapshot(taken_at=0.0, hosts=(), jobs=(), events=())
 # -- from the API's JSON -------------------------------------------------------------------------
 
 
-def _static_from_json(data: Mapping[str, Any]) -> DeviceStatic:
-    """A GPU's static facts (``agent.wire.documents.STATIC_KEYS``), decoded."""
-    return device_static_from_json(data)
+def _static_from_json(data: Mapping[str, Any]) -> tuple[Any, ...]:
+    """A GPU's static facts (``agent.wire.documents.STATIC_KEYS``), decoded, as a tuple of plain
+    values (which the garbage collector stops tracking: a cache of 8,000 GPUs costs a full
+    collection nothing); links and MIG instances are decoded when a line asks for them."""
+    s = device_static_from_json(data)
+    return (
+        s.key,
+        s.vendor,
+        s.backend,
+        s.name,
+        s.arch,
+        s.compute_capability,
+        s.uuid,
+        s.pci_bus_id,
+        s.unified_memory,
+        s.mem_total_bytes,
+        s.temp_slowdown_c,
+        s.source,
+    )
 
 
 def _device(
-    node_id: str, data: Mapping[str, Any], static: DeviceStatic, row_key: str
+    node_id: str, data: Mapping[str, Any], static: tuple[Any, ...], row_key: str
 ) -> DeviceView:
-    sample = device_sample_from_json(data, static.key)
+    key, vendor, backend, name, arch, cc, uuid, pci, unified, total, slowdown, source = static
+    sample = device_sample_from_json(data, key)
     index = data.get("index")
     return DeviceView(
         node_id,
-        static.key,
+        key,
         index if isinstance(index, int) else 0,
-        static.vendor,
-        static.backend,
-        static.name,
-        static.arch,
-        static.compute_capability,
-        static.uuid,
-        static.pci_bus_id,
-        static.unified_memory,
-        static.mem_total_bytes,
+        vendor,
+        backend,
+        name,
+        arch,
+        cc,
+        uuid,
+        pci,
+        unified,
+        total,
         sample.mem_used_bytes,
         sample.util_pct,
         sample.temp_c,
-        static.temp_slowdown_c,
+        slowdown,
         sample.power_mw,
         sample.power_limit_mw,
         data,
         row_key,
-        static.links,
-        static.mig_devices,
-        static.source,
+        source,
     )
 
 
@@ -416,7 +446,7 @@ def snapshot_from_json(
     return SnapshotBuilder().build(taken_at, nodes, jobs, events)
 
 
-_Static = tuple[tuple[Any, ...], DeviceStatic]
+_Static = tuple[tuple[Any, ...], tuple[Any, ...]]
 """A GPU's static fields as read (raw) and as decoded."""
 
 T = TypeVar("T")

@@ -23,7 +23,7 @@ from typing import Any, Final, Protocol
 from agent.client import ApiClient, ApiError
 from agent.jobspec import SUPPORTED_FEATURES, JobSpec, new_job_id
 from agent.wire.codec import WIRE_VERSION
-from agent.wire.documents import DeviceDoc, EventDoc, EventsDoc, JobDoc, NodeDoc
+from agent.wire.documents import EventDoc, EventsDoc, JobDoc, NodeDoc, sample_json, static_json
 from agent.wire.records import JobStatus
 from probers.records import DeviceStatic, HostInfo
 from probers.sim import SimProber, parse_profile
@@ -188,7 +188,8 @@ class _SimHost:
     drain: str = "schedulable"
     drain_deadline: float | None = None
     age_s: float = 1.0
-    frozen: tuple[DeviceDoc, ...] | None = None
+    frozen: list[dict[str, Any]] | None = None
+    static_json: list[dict[str, Any]] | None = None
     """The last devices seen, kept for a host that stopped reporting."""
     frozen_at: float | None = None
     """The clock reading ``frozen`` was sampled at: a second read at the same moment reuses it."""
@@ -447,12 +448,17 @@ class SimSource:
                 out[f"{host.node_id}/{d.key}"] = values
         return out
 
-    def _devices(self, host: _SimHost) -> tuple[DeviceDoc, ...]:
+    def _devices(self, host: _SimHost) -> list[dict[str, Any]]:
         now = self.now()
         if host.frozen is not None and (host.state != "alive" or host.frozen_at == now):
             return host.frozen
+        if host.static_json is None:  # made once, shared by every read, as a GPU's facts are
+            host.static_json = [static_json(i, d) for i, d in enumerate(host.statics)]
         samples = {s.key: s for s in host.prober.sample()}
-        devices = tuple(DeviceDoc(i, d, samples[d.key]) for i, d in enumerate(host.statics))
+        devices = [
+            {**static, **sample_json(samples[d.key])}
+            for static, d in zip(host.static_json, host.statics, strict=True)
+        ]
         host.frozen, host.frozen_at = devices, now
         return devices
 
@@ -476,14 +482,15 @@ class SimSource:
                 drain=host.drain,
                 labels={"zone": host.zone, "os": host.host.os},
                 host=host.host,
-                devices=self._devices(host),
+                devices=(),
                 telemetry_age_s=host.age_s,
                 running_jobs=tuple(running.get(host.node_id, ())),
                 queue=queued.get(host.node_id, 0),
                 wire_version=WIRE_VERSION,
                 features=tuple(sorted(SUPPORTED_FEATURES)),
             )
-            out.append(doc.to_wire())
+            # the devices' documents are kept between reads (their facts do not change)
+            out.append({**doc.to_wire(), "devices": self._devices(host)})
         return out
 
     def jobs_now(self) -> list[dict[str, Any]]:

@@ -76,6 +76,16 @@ STATIC_KEYS: tuple[str, ...] = (
 the facts it decoded compares these raw, and decodes again only when one changed)."""
 
 
+def links_from_json(value: Any, name: str = "links") -> tuple[Link, ...]:
+    """A device document's ``links``."""
+    return c.items(value, name, _link_from_json)
+
+
+def mig_from_json(value: Any, name: str = "mig") -> tuple[MigDevice, ...]:
+    """A device document's ``mig`` instances."""
+    return c.items(value, name, _mig_from_json)
+
+
 def device_static_from_json(value: Any, name: str = "device") -> DeviceStatic:
     """The static facts of one device document."""
     d = c.obj(value, name)
@@ -95,14 +105,27 @@ def device_static_from_json(value: Any, name: str = "device") -> DeviceStatic:
         mem_total_bytes=c.field(d, "mem_total_bytes", c.opt_integer, p),
         compute_units=c.field(d, "compute_units", c.opt_integer, p),
         temp_slowdown_c=c.field(d, "temp_slowdown_c", c.opt_number, p),
-        links=c.items(d.get("links"), p + "links", _link_from_json),
-        mig_devices=c.items(d.get("mig"), p + "mig", _mig_from_json),
+        links=links_from_json(d.get("links"), p + "links"),
+        mig_devices=mig_from_json(d.get("mig"), p + "mig"),
     )
 
 
 def device_sample_from_json(value: Any, key: str, name: str = "device") -> DeviceSample:
-    """What one device document says the device is doing."""
+    """What one device document says the device is doing (read for every GPU at every refresh
+    of the TUI: the usual types are checked at once, the readers name a field that is wrong)."""
     d = c.obj(value, name)
+    get = d.get
+    mem, util, temp = get("mem_used_bytes"), get("util_pct"), get("temp_c")
+    power, limit, healthy = get("power_mw"), get("power_limit_mw"), get("healthy", True)
+    if (
+        (mem is None or type(mem) is int)
+        and (util is None or type(util) is float)
+        and (temp is None or type(temp) is float)
+        and (power is None or type(power) is int)
+        and (limit is None or type(limit) is int)
+        and type(healthy) is bool
+    ):
+        return DeviceSample(key, mem, util, temp, power, limit, healthy)
     p = name + "."
     return DeviceSample(
         key=key,
@@ -115,6 +138,44 @@ def device_sample_from_json(value: Any, key: str, name: str = "device") -> Devic
     )
 
 
+def static_json(index: int, s: DeviceStatic) -> dict[str, Any]:
+    """The static part of a device document (a writer may keep it, and add each sample)."""
+    return {
+        "index": index,
+        "key": s.key,
+        "vendor": s.vendor,
+        "backend": s.backend,
+        "name": s.name,
+        "source": s.source,
+        "vendor_index": s.vendor_index,
+        "uuid": s.uuid,
+        "pci_bus_id": s.pci_bus_id,
+        "arch": s.arch,
+        "compute_capability": s.compute_capability,
+        "unified_memory": s.unified_memory,
+        "mem_total_bytes": s.mem_total_bytes,
+        "compute_units": s.compute_units,
+        "temp_slowdown_c": s.temp_slowdown_c,
+        "links": [_link_json(link) for link in s.links],
+        "mig": [
+            {"uuid": m.uuid, "name": m.name, "mem_total_bytes": m.mem_total_bytes}
+            for m in s.mig_devices
+        ],
+    }
+
+
+def sample_json(d: DeviceSample) -> dict[str, Any]:
+    """The changing part of a device document."""
+    return {
+        "mem_used_bytes": d.mem_used_bytes,
+        "util_pct": d.util_pct,
+        "temp_c": d.temp_c,
+        "power_mw": d.power_mw,
+        "power_limit_mw": d.power_limit_mw,
+        "healthy": d.healthy,
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceDoc:
     """One device in ``/v1/nodes``: the ``shoal probe --json`` device object, plus its key,
@@ -125,35 +186,7 @@ class DeviceDoc:
     sample: DeviceSample
 
     def to_wire(self) -> dict[str, Any]:
-        s, d = self.static, self.sample
-        return {
-            "index": self.index,
-            "key": s.key,
-            "vendor": s.vendor,
-            "backend": s.backend,
-            "name": s.name,
-            "source": s.source,
-            "vendor_index": s.vendor_index,
-            "uuid": s.uuid,
-            "pci_bus_id": s.pci_bus_id,
-            "arch": s.arch,
-            "compute_capability": s.compute_capability,
-            "unified_memory": s.unified_memory,
-            "mem_total_bytes": s.mem_total_bytes,
-            "compute_units": s.compute_units,
-            "temp_slowdown_c": s.temp_slowdown_c,
-            "mem_used_bytes": d.mem_used_bytes,
-            "util_pct": d.util_pct,
-            "temp_c": d.temp_c,
-            "power_mw": d.power_mw,
-            "power_limit_mw": d.power_limit_mw,
-            "healthy": d.healthy,
-            "links": [_link_json(link) for link in s.links],
-            "mig": [
-                {"uuid": m.uuid, "name": m.name, "mem_total_bytes": m.mem_total_bytes}
-                for m in s.mig_devices
-            ],
-        }
+        return {**static_json(self.index, self.static), **sample_json(self.sample)}
 
     @classmethod
     def from_wire(cls, value: Any, name: str = "device") -> DeviceDoc:
