@@ -290,4 +290,5 @@ class Agent:
             "queue": self.owner.queue_length(),
             "gossip": self.node.stats(),
             "records_refused": self.view.refused,
+            "placements": self.owner.offers,
         }

@@ -24,6 +24,7 @@ import base64
 import contextlib
 import logging
 import time
+from collections import Counter
 from typing import Any
 
 from agent.authority import Submission, SubmissionRefused
@@ -51,6 +52,7 @@ MAX_LAUNCH_FAILURES = 3
 """Offers that could not launch the job (the runner's launch error) before it fails with it."""
 LAUNCH_FAILED = 422
 """The status a runner answers an offer with when the job's process could not be started."""
+_REFUSALS = {LAUNCH_FAILED: "launch_failed", 403: "not_allowed"}
 UNHEARD_OWNER_GRACE_S = 10.0
 """A stored job whose owner is not live, yet not known dead or left either, is taken over only
 once its copy is this old: a replica can arrive from an owner this agent has not heard of yet."""
@@ -78,6 +80,9 @@ class Owner:
         self._kick = asyncio.Event()
         self._replicated_to: dict[str, str] = {}
         self._subs_published: set[str] = set()
+        self.offers: Counter[str] = Counter()
+        """Offers made to runners, by outcome (``shoal_placements_total``): started, declined,
+        launch_failed, not_allowed, unanswered."""
         self._handing: set[str] = set()
         """Jobs being handed to a higher-ranked owner (no placement meanwhile)."""
         self._loop_task: asyncio.Task[None] | None = None
@@ -616,6 +621,7 @@ class Owner:
             try:
                 answer = await self.peers.call(addr, "start", body)
             except PeerRefused as exc:
+                self.offers[_REFUSALS.get(exc.status, "declined")] += 1
                 declines.append(f"{cand.node_id[:8]}: {exc.reason}")
                 if job.attempt == attempt and _state(job) == JobState.PLACING:
                     self._move(job, JobEvent.DECLINED)
@@ -628,11 +634,13 @@ class Owner:
                             return
                 continue
             except PeerUnreachable as exc:
+                self.offers["unanswered"] += 1
                 log.info("job %s: start on %s unanswered: %s", job.job_id[:8], cand.node_id, exc)
                 await self._stop_until_done(job.job_id, cand.node_id, attempt, "fenced")
                 return
             if job.attempt != attempt or _state(job) != JobState.PLACING:
                 return  # cancelled or reported meanwhile
+            self.offers["started"] += 1
             self._move(job, JobEvent.RESERVED)
             self._move(job, JobEvent.STARTED)
             job.started_at = answer.get("started_at", time.time())
