@@ -2,28 +2,30 @@
 
 One worker owns the mesh connection: it reads nodes, jobs and new events, builds a
 :class:`tui.model.MeshSnapshot` and posts a coalescing :class:`tui.messages.MeshChanged`. Operator
-actions run as exclusive workers (one group per kind of action), show progress in the header while
-they run and report their outcome as a notification; then the mesh is read again at once.
+actions come up from the screens as :class:`tui.messages.OperatorAction` messages and run as
+exclusive workers (one group per kind of action); they show progress in the header while they run
+and report their outcome as a notification; then the mesh is read again at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
-from textual import events, work
+from textual import events, on, work
 from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.theme import Theme
+from textual.worker import Worker
 
 from agent.client import ApiError
-from agent.jobspec import JobSpec
 from tui.collector import QuietCollector
 from tui.commands import ShoalCommands
-from tui.messages import MeshChanged, OperationDone
+from tui.messages import MeshChanged, OperationDone, OperatorAction
 from tui.model import EMPTY_SNAPSHOT, History, MeshSnapshot, SnapshotBuilder
 from tui.screens.main import MainScreen
 from tui.source import MeshSource
@@ -250,15 +252,14 @@ class ShoalApp(App[None]):
         self.post_message(outcome)
         self.poke()
 
-    async def _operate(
-        self, kind: str, label: str, call: Callable[[], Awaitable[Mapping[str, Any]]]
-    ) -> None:
-        with self.in_flight(f"{kind}:{label}", label):
+    async def _operate(self, action: OperatorAction) -> None:
+        label = action.label(self.snapshot)
+        with self.in_flight(f"{action.kind}:{label}", label):
             try:
-                answer = await call()
-                outcome = OperationDone(kind, label, True, _summary(answer, self.snapshot))
+                answer = await action.send(self.source)
+                outcome = OperationDone(action.kind, label, True, _summary(answer, self.snapshot))
             except ApiError as exc:
-                outcome = OperationDone(kind, label, False, str(exc))
+                outcome = OperationDone(action.kind, label, False, str(exc))
         self.finish_operation(outcome)
 
     def add_host_refusal(self) -> str | None:
@@ -288,39 +289,12 @@ class ShoalApp(App[None]):
                 f"{message.label}: {message.detail}", title="failed", severity="error", timeout=8
             )
 
-    def _hostname_of(self, node: str) -> str:
-        return self.snapshot.hostname(node)
-
-    @work(exclusive=True, group="op-cordon")
-    async def cordon_host(self, node: str) -> None:
-        await self._operate(
-            "cordon", f"cordon {self._hostname_of(node)}", lambda: self.source.cordon(node)
-        )
-
-    @work(exclusive=True, group="op-drain")
-    async def drain_host(self, node: str, grace_s: float) -> None:
-        label = f"drain {self._hostname_of(node)} (grace {grace_s:g} s)"
-        await self._operate("drain", label, lambda: self.source.drain(node, grace_s))
-
-    @work(exclusive=True, group="op-undrain")
-    async def undrain_host(self, node: str) -> None:
-        label = f"undrain {self._hostname_of(node)}"
-        await self._operate("undrain", label, lambda: self.source.undrain(node))
-
-    @work(exclusive=True, group="op-submit")
-    async def submit_job(self, spec: JobSpec) -> None:
-        label = f"submit {' '.join(spec.command)[:40]}"
-        await self._operate("submit", label, lambda: self.source.submit(spec))
-
-    @work(exclusive=True, group="op-migrate")
-    async def migrate_job(self, job_id: str, target: str | None) -> None:
-        where = self._hostname_of(target) if target else "the best host"
-        label = f"migrate {job_id[:8]} to {where}"
-        await self._operate("migrate", label, lambda: self.source.migrate(job_id, target))
-
-    @work(exclusive=True, group="op-cancel")
-    async def cancel_job(self, job_id: str) -> None:
-        await self._operate("cancel", f"cancel {job_id[:8]}", lambda: self.source.cancel(job_id))
+    @on(OperatorAction)
+    def _start_operation(self, action: OperatorAction) -> Worker[None]:
+        """Run the operator's action as a worker, one group per kind of action."""
+        group = f"op-{action.kind}"
+        work = partial(self._operate, action)
+        return self.run_worker(work, name=group, group=group, exclusive=True)
 
     # -- keys --------------------------------------------------------------------------------
 

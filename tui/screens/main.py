@@ -18,6 +18,7 @@ from textual.widgets import ContentSwitcher, Input
 
 from agent.jobspec import JobSpec
 from gossip.transport import split_address
+from tui.messages import CancelJob, CordonHost, DrainHost, MigrateJob, SubmitJob, UndrainHost
 from tui.model import NO_FILTER, RowFilter, fitting_hosts
 from tui.screens.addhost import AddHostScreen, AddHostSettings
 from tui.screens.confirm import ConfirmScreen
@@ -349,12 +350,12 @@ class MainScreen(Screen[None]):
     def action_cordon(self) -> None:
         node = self._selected_host()
         if node is not None and not self.shoal.readonly:
-            self.shoal.cordon_host(node)
+            self.post_message(CordonHost(node))
 
     def action_undrain(self) -> None:
         node = self._selected_host()
         if node is not None and not self.shoal.readonly:
-            self.shoal.undrain_host(node)
+            self.post_message(UndrainHost(node))
 
     def action_drain(self) -> None:
         node = self._selected_host()
@@ -365,7 +366,7 @@ class MainScreen(Screen[None]):
 
         def done(grace_s: float | None) -> None:
             if grace_s is not None:
-                self.shoal.drain_host(host.node_id, grace_s)
+                self.post_message(DrainHost(host.node_id, grace_s))
 
         self.app.push_screen(DrainScreen(host, jobs), done)
 
@@ -375,7 +376,7 @@ class MainScreen(Screen[None]):
 
         def done(spec: JobSpec | None) -> None:
             if spec is not None:
-                self.shoal.submit_job(spec)
+                self.post_message(SubmitJob(spec))
 
         app = self.shoal
         self.app.push_screen(SubmitScreen(lambda: app.snapshot, app.source.now), done)
@@ -398,7 +399,7 @@ class MainScreen(Screen[None]):
 
         def done(target: str | None) -> None:
             if target is not None:
-                self.shoal.migrate_job(job_id, None if target == ANY_HOST else target)
+                self.post_message(MigrateJob(job_id, None if target == ANY_HOST else target))
 
         self.app.push_screen(MigrateScreen(job, fits, current), done)
 
@@ -413,7 +414,7 @@ class MainScreen(Screen[None]):
 
         def done(yes: bool | None) -> None:
             if yes:
-                self.shoal.cancel_job(job_id)
+                self.post_message(CancelJob(job_id))
 
         question = f"Cancel job {job_id[:8]} ({job.state}: {job.command[:40]})?"
         self.app.push_screen(ConfirmScreen(question, yes="Cancel job"), done)
