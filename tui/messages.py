@@ -1,7 +1,7 @@
 """Messages that travel up the DOM to the app.
 
 The mesh changed; the operator asked for a change to the mesh (one message per kind of action);
-an operation finished. Screens post them and never call the app: the app
+what runs changed; an operation finished. Screens post them and never call the app: the app
 handles them (attributes down, messages up).
 """
 
@@ -135,6 +135,17 @@ class CancelJob(OperatorAction):
 
     def send(self, source: MeshSource) -> Awaitable[Mapping[str, Any]]:
         return source.cancel(self.job_id)
+
+
+class OperationsChanged(Message):
+    """An operation started or ended: the labels of all those still running, oldest first."""
+
+    def __init__(self, labels: tuple[str, ...]) -> None:
+        super().__init__()
+        self.labels = labels
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, OperationsChanged)
 
 
 class OperationDone(Message):

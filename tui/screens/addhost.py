@@ -328,17 +328,17 @@ class AddHostScreen(ModalScreen[None]):
         However the screen goes (closed, or cancelled again by Textual as it unmounts), the hosts
         finish undoing what this run did, and the outcome is announced afterwards.
         """
-        app = self.shoal
-        with app.in_flight(f"bootstrap:{id(self)}", label):
+        operations = self.shoal.operations
+        with operations.running(f"bootstrap:{id(self)}", label):
             try:
                 results = await plan.run(ScreenReporter(self))
             except asyncio.CancelledError:
-                app.finish_operation(OperationDone("bootstrap", label, False, STOPPED))
+                operations.finish(OperationDone("bootstrap", label, False, STOPPED))
                 raise
             except Exception as exc:  # a bug must not take the TUI down: report it in one line
                 why = f"{type(exc).__name__}: {exc}"
                 self._finish([], why)
-                app.finish_operation(OperationDone("bootstrap", label, False, why))
+                operations.finish(OperationDone("bootstrap", label, False, why))
                 return None
         self._finish(results)
         ok = all(r.ok for r in results)
@@ -346,7 +346,7 @@ class AddHostScreen(ModalScreen[None]):
             detail = "; ".join(f"{r.host} {r.action}" for r in results)
         else:
             detail = "; ".join(result_line(r) for r in results if not r.ok)
-        app.finish_operation(OperationDone("bootstrap", label, ok, detail))
+        operations.finish(OperationDone("bootstrap", label, ok, detail))
         return results
 
     def stop(self) -> None:

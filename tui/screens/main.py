@@ -138,6 +138,10 @@ class MainScreen(Screen[None]):
                 self.view_widget(name).release()  # rebuilt when shown; frees older snapshots
         self._apply_current()
 
+    def show_busy(self, labels: tuple[str, ...]) -> None:
+        """The operations running now, in the header."""
+        self.query_one(MeshHeader).busy = ("… " + "; ".join(labels)) if labels else ""
+
     def _apply_current(self) -> None:
         self.view_widget().apply(self.context())
         self._dirty.discard(self.state.view)
@@ -284,7 +288,8 @@ class MainScreen(Screen[None]):
             self._switch()
 
     def action_help(self) -> None:
-        hidden = frozenset({"host.add"}) if self.shoal.add_host_refusal() else frozenset()
+        refused = self.shoal.operations.add_host_refusal()
+        hidden = frozenset({"host.add"}) if refused else frozenset()
         self.app.push_screen(HelpScreen(self.shoal.key_display(), self.shoal.readonly, hidden))
 
     def action_next_view(self) -> None:
@@ -301,7 +306,7 @@ class MainScreen(Screen[None]):
             return False
         view = self.state.view
         if action == "add_host":
-            return view in ADD_HOST_VIEWS and self.shoal.add_host_refusal() is None
+            return view in ADD_HOST_VIEWS and self.shoal.operations.add_host_refusal() is None
         if action in HOST_ACTIONS:
             return view in ("topology", "hosts", "gpus")
         if action in JOB_ACTIONS:
@@ -425,7 +430,7 @@ class MainScreen(Screen[None]):
     def request_add_host(self, targets: str = "") -> None:
         """The add-host form (from ``a``, ``:add`` or the palette), or one line saying why not."""
         app = self.shoal
-        why = app.add_host_refusal()
+        why = app.operations.add_host_refusal()
         if why is not None or app.identity_dir is None:
             self.notify(why or "adding hosts is off", severity="warning", timeout=6)
             return
