@@ -6,6 +6,9 @@ actions come up from the screens as :class:`tui.messages.OperatorAction` message
 exclusive workers (one group per kind of action); they show progress in the header while they run
 (:mod:`tui.operations`) and report their outcome as a notification; then the mesh is read again at
 once.
+
+Imports point one way: the app assembles the screens and the palette providers, which read it
+through :class:`tui.context.ShoalContext` and never import this module.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import events, on, work
 from textual.app import App
@@ -26,10 +29,11 @@ from textual.worker import Worker
 from agent.client import ApiError
 from tui.collector import QuietCollector
 from tui.commands import ShoalCommands
+from tui.context import ShoalContext
 from tui.messages import MeshChanged, OperationDone, OperationsChanged, OperatorAction
 from tui.model import EMPTY_SNAPSHOT, History, MeshSnapshot, SnapshotBuilder
 from tui.operations import Operations, summary
-from tui.screens.main import MainScreen
+from tui.screens.main import MainScreen, main_screen
 from tui.source import MeshSource
 from tui.widgets.render import DEFAULT_PALETTE, Glyphs, Palette
 
@@ -159,10 +163,7 @@ class ShoalApp(App[None]):
         self.main_screen().refresh_view()
 
     def main_screen(self) -> MainScreen:
-        for screen in self.screen_stack:
-            if isinstance(screen, MainScreen):
-                return screen
-        raise LookupError("no main screen")
+        return main_screen(self)
 
     # -- the mesh ----------------------------------------------------------------------------
 
@@ -289,3 +290,7 @@ class ShoalApp(App[None]):
                     first = keys.split(",")[0].strip()
                     out.setdefault(spec.id, self.get_key_display(Binding(first, spec.action)))
         return out
+
+
+if TYPE_CHECKING:
+    _READ_BY_SCREENS: type[ShoalContext] = ShoalApp  # mypy holds the app to what screens read

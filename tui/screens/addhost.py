@@ -18,7 +18,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, cast
+from typing import ClassVar, cast
 
 from rich.text import Text
 from textual import on, work
@@ -37,11 +37,9 @@ from agent.bootstrap_args import parse_bootstrap_args
 from agent.bootstrap_cmd import BootstrapPlan, collect_hosts, plan_bootstrap
 from agent.errors import UserError
 from gossip.transport import split_address
+from tui.context import ShoalContext
 from tui.messages import OperationDone
 from tui.widgets.render import Palette
-
-if TYPE_CHECKING:
-    from tui.app import ShoalApp
 
 FIELDS: tuple[tuple[str, str, str], ...] = (
     ("targets", "Hosts", "user@host[:port] ... (spaces or commas between hosts)"),
@@ -192,8 +190,8 @@ class AddHostScreen(ModalScreen[None]):
         self._stopping = False
 
     @property
-    def shoal(self) -> ShoalApp:
-        return cast("ShoalApp", self.app)
+    def shoal(self) -> ShoalContext:
+        return cast(ShoalContext, self.app)
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog", id="addhost"):

@@ -8,9 +8,9 @@ a filter first, and never quits.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, ClassVar, cast
+from typing import Any, ClassVar, cast
 
-from textual.app import ComposeResult
+from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.timer import Timer
@@ -18,6 +18,7 @@ from textual.widgets import ContentSwitcher, Input
 
 from agent.jobspec import JobSpec
 from gossip.transport import split_address
+from tui.context import ShoalContext
 from tui.messages import CancelJob, CordonHost, DrainHost, MigrateJob, SubmitJob, UndrainHost
 from tui.model import NO_FILTER, RowFilter, fitting_hosts
 from tui.screens.addhost import AddHostScreen, AddHostSettings
@@ -33,9 +34,6 @@ from tui.widgets.footer import KeyFooter
 from tui.widgets.header import MeshHeader
 from tui.widgets.tables import EventsTable, GpusTable, HostsTable, JobsTable, MeshTable
 from tui.widgets.topology import TopologyView
-
-if TYPE_CHECKING:
-    from tui.app import ShoalApp
 
 HOST_ACTIONS = frozenset({"cordon", "drain", "undrain"})
 JOB_ACTIONS = frozenset({"migrate", "cancel", "logs"})
@@ -89,8 +87,8 @@ class MainScreen(Screen[None]):
         self._filter_timer: Timer | None = None
 
     @property
-    def shoal(self) -> ShoalApp:
-        return cast("ShoalApp", self.app)
+    def shoal(self) -> ShoalContext:
+        return cast(ShoalContext, self.app)
 
     def compose(self) -> ComposeResult:
         yield MeshHeader(self.shoal.source.identity, id="header")
@@ -451,6 +449,14 @@ class MainScreen(Screen[None]):
         job = self.shoal.snapshot.job(job_id)
         title = job_id[:8] + (f" {job.command[:50]}" if job else "")
         self.app.push_screen(LogsScreen(self.shoal.source, job_id, title))
+
+
+def main_screen(app: App[Any]) -> MainScreen:
+    """The app's main screen, under any dialogs (LookupError before it is shown)."""
+    for screen in app.screen_stack:
+        if isinstance(screen, MainScreen):
+            return screen
+    raise LookupError("no main screen")
 
 
 def _selection_key(selection: Selection | None) -> str | None:
