@@ -19,6 +19,8 @@ from agent.jobstate import JobState
 from agent.store import JobRecord, Store
 from agent.view import job_gen
 
+ATTEMPTS_KEPT = 20
+
 
 @dataclass(slots=True)
 class OwnedJob:
@@ -47,6 +49,9 @@ class OwnedJob:
     again, the attempt keeps its number. Another node gets a new one: a runner fences an attempt
     that a job record (maybe an older one, still travelling) places on another node."""
     launch_failures: int = 0
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    """Where each attempt ran and how it ended (the last :data:`ATTEMPTS_KEPT`): ``attempt``,
+    ``node``, ``started_at``, then ``finished_at``, ``cause``, ``exit_code``."""
     """Offers that failed to launch the job (missing program, bad folder...)."""
     submission: bytes = b""
     """The operator's sealed submission (see ``agent.authority``)."""
@@ -79,6 +84,7 @@ class OwnedJob:
             "prefer": self.prefer,
             "avoid": self.avoid,
             "launch_failures": self.launch_failures,
+            "attempts": self.attempts,
         }
 
     @classmethod
@@ -103,6 +109,7 @@ class OwnedJob:
             prefer=d.get("prefer"),
             avoid=d.get("avoid"),
             launch_failures=int(d.get("launch_failures") or 0),
+            attempts=[a for a in d.get("attempts") or () if isinstance(a, dict)],
             submission=rec.submission,
         )
 
@@ -139,7 +146,18 @@ class OwnedJob:
             "signal": self.signal,
             "reason": self.reason,
             "gen": self.gen,
+            "attempts": self.attempts,
         }
+
+    def attempt_started(self, node: str, started_at: float) -> None:
+        self.attempts.append({"attempt": self.attempt, "node": node, "started_at": started_at})
+        del self.attempts[:-ATTEMPTS_KEPT]
+
+    def attempt_ended(self, attempt: int, cause: str, exit_code: int | None, at: float) -> None:
+        for entry in reversed(self.attempts):
+            if entry.get("attempt") == attempt and "cause" not in entry:
+                entry.update(finished_at=at, cause=cause, exit_code=exit_code)
+                return
 
 
 class OwnerError(Exception):

@@ -252,6 +252,8 @@ class Owner:
             raise OwnerError(409, f"job {job_id} is {job.state.value}, not running")
         if target is not None and target == job.runner:
             raise OwnerError(400, "the migration target is the node the job runs on")
+        if target is not None and target not in self._live():
+            raise OwnerError(400, f"no live agent {target} to migrate to")
         self._move(job, JobEvent.MIGRATE)
         job.prefer, job.avoid = target, job.runner
         job.reason = f"migrating off {job.runner[:8]}"
@@ -316,6 +318,7 @@ class Owner:
             return {"ok": True, "stale": True}
         cause = str(r.get("cause", "exit"))
         code = r.get("exit_code")
+        job.attempt_ended(job.attempt, cause, code, r.get("finished_at", time.time()))
         if job.state == JobState.PLACING:
             self._move(job, JobEvent.STARTED)
         job.exit_code, job.signal = code, r.get("signal")
@@ -358,6 +361,7 @@ class Owner:
         for job in list(self.jobs.values()):
             if job.runner == node and job.state in LIVE and job.job_id not in self._handing:
                 self._move(job, JobEvent.RUNNER_DEAD)
+                job.attempt_ended(job.attempt, "lost", None, time.time())
                 self.events.add("lost", f"runner {node[:8]} is gone", job_id=job.job_id)
                 self._requeue(job, f"runner {node[:8]} is gone; attempt {job.attempt} lost")
         self.sweep()
@@ -644,6 +648,7 @@ class Owner:
             self._move(job, JobEvent.RESERVED)
             self._move(job, JobEvent.STARTED)
             job.started_at = answer.get("started_at", time.time())
+            job.attempt_started(cand.node_id, job.started_at)
             self._save(job)
             self.events.add(
                 "started", f"attempt {attempt} on {cand.node_id[:8]}", job_id=job.job_id
