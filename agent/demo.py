@@ -10,6 +10,7 @@ JSON object). Either way every process it started is stopped and its folder remo
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -32,7 +33,7 @@ from agent.client import ApiError
 from agent.errors import UserError
 from agent.jobspec import JobKind, JobSpec, Resources, new_job_id
 from agent.localmesh import LocalMesh
-from agent.ops_cmd import jobs_table, nodes_table
+from agent.tables import hostnames, jobs_table, nodes_table
 
 FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 
@@ -213,8 +214,12 @@ async def _live(mesh: LocalMesh, console: Console) -> None:
         with Live(console=console, auto_refresh=False) as live:
             while True:
                 nodes, jobs = await client.nodes(), await client.jobs()
-                names = {n["node_id"]: (n.get("host") or {}).get("hostname", "") for n in nodes}
-                view = Group(nodes_table(nodes), jobs_table(jobs[-15:], names, time.time()), hint)
+                width = console.width
+                view = Group(
+                    nodes_table(nodes, width),
+                    jobs_table(jobs[-15:], hostnames(nodes), time.time(), width),
+                    hint,
+                )
                 live.update(view, refresh=True)
                 await asyncio.sleep(1.0)
 
@@ -269,3 +274,17 @@ def run_demo(
         else:
             shutil.rmtree(root, ignore_errors=True)
     return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    return run_demo(
+        nodes=args.nodes,
+        headless=args.headless,
+        duration_s=args.duration,
+        rate=args.rate,
+        seed=args.seed,
+        idle_s=args.idle,
+        as_json=args.json,
+        keep=args.keep,
+        plain=args.plain,
+    )
