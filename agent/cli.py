@@ -183,6 +183,20 @@ COMMANDS: tuple[Command, ...] = (
         f"{OPS}:cmd_revoke",
     ),
     Command(
+        "enroll",
+        "on a host: make its key and a certificate request, or install the certificate",
+        ops_args.enroll_arguments,
+        "agent.enroll_cmd:cmd_enroll",
+        network=False,
+    ),
+    Command(
+        "certify",
+        "sign a host's certificate request with the cluster CA",
+        ops_args.certify_arguments,
+        "agent.enroll_cmd:cmd_certify",
+        network=False,
+    ),
+    Command(
         "demo",
         "a local mesh of simulated GPU hosts, live or headless",
         _demo_arguments,

@@ -1,9 +1,9 @@
 """The operator commands' arguments: submit, jobs, nodes, events, logs, cancel, migrate, cordon,
-drain, undrain, revoke.
+drain, undrain, revoke, and the manual enrollment (enroll, certify).
 
 Only argparse and the standard library here: ``shoal --help`` and every argument error build
 these parsers without loading aiohttp, cryptography or rich (:mod:`agent.cli`). The commands
-themselves live in :mod:`agent.ops_cmd` and :mod:`agent.events_cmd`.
+themselves live in :mod:`agent.ops_cmd`, :mod:`agent.events_cmd` and :mod:`agent.enroll_cmd`.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+
+from agent.paths import default_cluster_dir
 
 AGENT_ENV = "SHOAL_AGENT"
 JOB_HELP = "a job id or a unique prefix of one (as 'shoal jobs' shows it)"
@@ -112,3 +114,48 @@ def drain_arguments(p: argparse.ArgumentParser) -> None:
 def revoke_arguments(p: argparse.ArgumentParser) -> None:
     add_connection_arguments(p)
     p.add_argument("node", metavar="NODE", nargs="+", help=f"{NODE_HELP}, or a full node id")
+
+
+def enroll_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--dir", type=Path, required=True, metavar="DIR", help="this node's identity folder"
+    )
+    p.add_argument(
+        "--name", metavar="NAME", help="this host's DNS name in the certificate (default: hostname)"
+    )
+    p.add_argument(
+        "--address",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="an address peers reach this host at (an IP or a DNS name; repeatable)",
+    )
+    p.add_argument(
+        "--install", type=Path, metavar="CERT", help="install the certificate shoal certify made"
+    )
+    p.add_argument(
+        "--ca",
+        type=Path,
+        metavar="CA.crt",
+        help="the cluster's CA certificate (needed unless CERT bundles it)",
+    )
+    add_json_argument(p, "one JSON object")
+
+
+def certify_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("request", type=Path, metavar="REQUEST", help="a node.csr from shoal enroll")
+    p.add_argument(
+        "--out",
+        type=Path,
+        metavar="CERT",
+        help="where to write the certificate and the CA's (default: REQUEST with .crt)",
+    )
+    p.add_argument("--days", type=int, default=365, metavar="N", help="lifetime (default 365)")
+    p.add_argument(
+        "--identity",
+        type=Path,
+        metavar="DIR",
+        default=default_cluster_dir(),
+        help="the cluster directory of shoal init, with the CA (default: %(default)s)",
+    )
+    add_json_argument(p, "one JSON object")

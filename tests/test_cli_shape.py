@@ -40,6 +40,8 @@ JSON_COMMANDS = frozenset(
         "drain",
         "undrain",
         "revoke",
+        "enroll",
+        "certify",
         "demo",
     }
 )
@@ -87,7 +89,7 @@ def test_the_console_script_answers_help() -> None:
     if not script.exists():
         pytest.skip(f"no console script beside {sys.executable} (not an installed venv)")
     done = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and "events" in done.stdout
+    assert done.returncode == 0 and "events" in done.stdout and "enroll" in done.stdout
 
 
 def test_json_is_offered_exactly_where_it_means_something() -> None:
