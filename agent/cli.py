@@ -93,7 +93,11 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="quiet spell before the workload; the idle footprint is its second half",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object (--headless)")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="headless: the figures as one JSON object; live: how to reach the mesh, as JSON",
+    )
     p.add_argument("--keep", action="store_true", help="keep the demo's folder and logs")
     p.add_argument("--plain", action="store_true", help="a live table view instead of the TUI")
 

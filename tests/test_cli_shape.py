@@ -109,6 +109,10 @@ def test_commands_without_json_refuse_it_in_one_line(command: str) -> None:
     assert "--json" in line
 
 
+def test_demo_json_with_the_plain_table_view_is_refused() -> None:
+    assert "--plain" in one_line_error(shoal("demo", "--plain", "--json"))
+
+
 @pytest.mark.parametrize(
     "argv",
     [
