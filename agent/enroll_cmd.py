@@ -196,7 +196,8 @@ def _install(args: argparse.Namespace) -> int:
             f"  CA sha256  {fingerprint} (compare with what 'shoal init' printed)",
             f"  valid until {cert.not_valid_after_utc:%Y-%m-%d}",
             "Start the agent:",
-            f"  shoal agent --identity {directory} --join SEED:7946 --listen 0.0.0.0:7946",
+            f"  shoal agent --identity {directory} --data-dir DATA --join SEED:7946 "
+            "--listen 0.0.0.0:7946",
         ],
     )
 
