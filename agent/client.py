@@ -161,8 +161,12 @@ class ApiClient(PooledSession):
         params = {"members": str(members), "wait_s": str(wait_s)}
         return await self.get("/healthz", params, extra_s=wait_s)
 
-    def logs(self, job_id: str, lines: int = 100, follow: bool = False) -> AsyncIterator[str]:
+    def logs(
+        self, job_id: str, lines: int = 100, follow: bool = False, attempt: int | None = None
+    ) -> AsyncIterator[str]:
         params = {"lines": str(lines), "follow": "1" if follow else "0"}
+        if attempt is not None:
+            params["attempt"] = str(attempt)
         return self.stream(f"/v1/jobs/{job_id}/logs", params)
 
 

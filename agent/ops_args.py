@@ -89,6 +89,12 @@ def logs_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("job", metavar="JOB", help=JOB_HELP)
     p.add_argument("-f", "--follow", action="store_true", help="keep streaming")
     p.add_argument("-n", "--lines", type=int, default=100, help="lines from the end")
+    p.add_argument(
+        "--attempt",
+        type=int,
+        metavar="N",
+        help="only attempt N (default: every attempt, each under a header)",
+    )
 
 
 def cancel_arguments(p: argparse.ArgumentParser) -> None:

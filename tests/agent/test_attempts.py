@@ -9,6 +9,7 @@ import pytest
 
 from agent.jobspec import new_job_id
 from tests.agent.agents import Mesh, spec
+from tests.shoal_cli import one_line_error, shoal
 
 pytestmark = pytest.mark.slow
 
@@ -42,6 +43,17 @@ def test_each_attempt_is_on_record_with_its_own_log(tmp_path: Path) -> None:
             assert f"hello from attempt {other}" not in text.decode()
         status, _ = mesh.request(a, "GET", f"/v1/jobs/{job_id}/logs?attempt=3")
         assert status == 404
+        # The operator's view: every attempt under a header naming its node and its end.
+        flags = ["--agent", a.address, "--identity", str(mesh.cluster_dir)]
+        done = shoal("logs", job_id[:8], *flags)
+        assert done.returncode == 0, done.stderr
+        headers = [line for line in done.stdout.splitlines() if line.startswith("=== attempt")]
+        assert [h.split()[2] for h in headers] == ["1", "2"]
+        assert "(exit 1)" in headers[0] and "(exit 0)" in headers[1]
+        assert done.stdout.index("hello from attempt 1") < done.stdout.index(headers[1])
+        only = shoal("logs", job_id[:8], "--attempt", "2", *flags).stdout
+        assert "hello from attempt 2" in only and "hello from attempt 1" not in only
+        assert "no attempt 7" in one_line_error(shoal("logs", job_id[:8], "--attempt", "7", *flags))
     finally:
         mesh.stop_all()
 
