@@ -14,37 +14,12 @@ import json
 import logging
 import signal
 import sys
-from pathlib import Path
 
 from agent.config import AgentConfig, load_config, parse_label, with_overrides
 from agent.errors import UserError
 from agent.store import StoreError
 from gossip.identity import IdentityError
 from gossip.tls import shrink_tls_read_buffers
-
-
-def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, metavar="FILE", help="TOML config file")
-    parser.add_argument("--listen", metavar="HOST:PORT", help="address to serve on")
-    parser.add_argument("--advertise", metavar="HOST", help="host peers should reach us at")
-    parser.add_argument(
-        "--join", action="append", metavar="HOST:PORT", help="a seed agent (repeatable)"
-    )
-    parser.add_argument("--data-dir", type=Path, metavar="DIR", help="store, jobs and logs")
-    parser.add_argument("--identity", type=Path, metavar="DIR", help="node.key/node.crt/ca.crt")
-    parser.add_argument("--sim", metavar="PROFILE", help="simulate GPUs (demo, h100:2, ...)")
-    parser.add_argument("--sim-seed", type=int, metavar="N", help="seed of the simulated devices")
-    parser.add_argument(
-        "--label", action="append", metavar="KEY=VALUE", help="a label (repeatable)"
-    )
-    parser.add_argument("--name", metavar="NAME", help="how operators see this host")
-    parser.add_argument("--zone", metavar="ZONE", help="failure domain / rack label")
-    parser.add_argument(
-        "--job-user",
-        metavar="USER",
-        help='user jobs run as (root agents: default shoal-job, else nobody; "" the agent\'s own)',
-    )
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
 
 
 def config_from_args(args: argparse.Namespace) -> AgentConfig:
@@ -107,7 +82,7 @@ async def _serve(config: AgentConfig) -> int:
 
 
 def run_agent(args: argparse.Namespace) -> int:
-    """The ``shoal agent`` command (argparse namespace from :func:`add_agent_arguments`)."""
+    """The ``shoal agent`` command (its arguments: :mod:`agent.agent_args`)."""
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(name)s %(levelname)s %(message)s",

@@ -166,10 +166,15 @@ def _query_int(request: web.Request, name: str, low: int, high: int, default: in
     return value
 
 
-def _log_query(request: web.Request) -> tuple[int, bool]:
-    """A log request's ``lines`` (default 100, at most ``MAX_TAIL_LINES``) and ``follow``."""
+def _log_query(request: web.Request) -> tuple[int, bool, int | None]:
+    """A log request's ``lines`` (default 100, at most ``MAX_TAIL_LINES``), ``follow``, and
+    ``attempt`` (None: the log as the runner holds it)."""
     lines = _query_int(request, "lines", 0, MAX_TAIL_LINES, default=100)
-    return lines, request.query.get("follow", "0") in ("1", "true", "yes")
+    follow = request.query.get("follow", "0") in ("1", "true", "yes")
+    attempt = None
+    if "attempt" in request.query:
+        attempt = _query_int(request, "attempt", 1, 1 << 31)
+    return lines, follow, attempt
 
 
 def setup(app: web.Application, agent: AgentService) -> None:
@@ -194,8 +199,9 @@ def setup(app: web.Application, agent: AgentService) -> None:
 
     @_guarded
     async def logs(request: web.Request) -> web.StreamResponse:
-        lines, follow = _log_query(request)
-        return await agent.reads.logs(request, request.match_info["job_id"], lines, follow)
+        lines, follow, attempt = _log_query(request)
+        job_id = request.match_info["job_id"]
+        return await agent.reads.logs(request, job_id, lines, follow, attempt)
 
     @_guarded
     async def nodes(request: web.Request) -> web.StreamResponse:
@@ -240,8 +246,9 @@ def setup(app: web.Application, agent: AgentService) -> None:
 
     @_internal
     async def i_logs(request: web.Request) -> web.StreamResponse:
-        lines, follow = _log_query(request)
-        return await agent.reads.local_logs(request, request.match_info["job_id"], lines, follow)
+        lines, follow, attempt = _log_query(request)
+        job_id = request.match_info["job_id"]
+        return await agent.reads.local_logs(request, job_id, lines, follow, attempt)
 
     app.router.add_post("/v1/commands", commands)
     app.router.add_get("/v1/jobs", jobs)

@@ -1,14 +1,31 @@
-"""The ``shoal`` command line. Every operator mistake is one line on stderr, never a traceback."""
+"""The ``shoal`` command line. Every operator mistake is one line on stderr, never a traceback.
+
+Subcommands are lazy: :data:`COMMANDS` names each one's argument builder (in a module that imports
+only argparse and the standard library) and, as ``module:function``, the code that runs it,
+imported only once the arguments are parsed. ``shoal --help``, ``shoal SUB --help`` and every
+argument error therefore load neither aiohttp, cryptography, rich, textual nor asyncssh.
+
+Exit status: 0 done, 2 a mistake (one line; an ambiguous name lists its matches), 130 Ctrl-C
+(except where Ctrl-C is how a command ends: ``logs -f``, ``events -f``, ``demo``: 0). Output
+into a pipe that closes early (``shoal nodes --json | head``) ends the command quietly with
+status 0, as ``head`` users expect.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
+from agent import ops_args
+from agent.agent_args import add_agent_arguments
 from agent.errors import UserError
+from agent.paths import default_cluster_dir
 
 
 class _Parser(argparse.ArgumentParser):
@@ -18,156 +35,244 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
-def _cmd_probe(args: argparse.Namespace) -> int:
-    from agent.probe_view import run_probe
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One subcommand: its help line, how to build its arguments, and what runs it."""
 
-    return run_probe(
-        root=args.root,
-        sim=args.sim,
-        as_json=args.json,
-        watch=args.watch,
-        interval_s=args.interval,
-    )
-
-
-def _cmd_init(args: argparse.Namespace) -> int:
-    from agent.init_cmd import run_init
-
-    return run_init(directory=args.dir, name=args.name, operator=args.operator)
+    name: str
+    help: str
+    arguments: Callable[[argparse.ArgumentParser], None]
+    run: str
+    """``module:function`` taking the parsed arguments and returning the exit status."""
+    network: bool = True
+    """Talks to agents: aiohttp is imported first without the system CAs (Shoal trusts only its
+    cluster's CA, see :func:`gossip.tls.import_aiohttp_without_system_cas`)."""
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from agent.demo import run_demo
-
-    return run_demo(
-        nodes=args.nodes,
-        headless=args.headless,
-        duration_s=args.duration,
-        rate=args.rate,
-        seed=args.seed,
-        idle_s=args.idle,
-        as_json=args.json,
-        keep=args.keep,
-        plain=args.plain,
-    )
-
-
-def _cmd_bootstrap(args: argparse.Namespace) -> int:
-    from agent.bootstrap_cmd import run_bootstrap
-
-    return run_bootstrap(args)
-
-
-def _cmd_tui(args: argparse.Namespace) -> int:
-    from tui.cli import run_tui  # the TUI loads only for this command
-
-    return run_tui(args)
-
-
-def _add_tui_parser(sub: Any) -> None:
-    from agent.ops_cmd import add_agent_and_identity_arguments
-
-    tui = sub.add_parser("tui", help="the operator's terminal UI, joined to the mesh as a peer")
-    add_agent_and_identity_arguments(tui, agent_flag="--join")
-    tui.add_argument("--readonly", action="store_true", help="hide every mutating key")
-    tui.add_argument(
-        "--sim", type=int, metavar="N", help="a simulated mesh of N hosts, no agents (demos)"
-    )
-    tui.add_argument("--theme", help="shoal or shoal-colorblind (default: from tui.toml)")
-    tui.add_argument("--ascii", action="store_true", help="ASCII bars, for plain terminals")
-    tui.set_defaults(func=_cmd_tui)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from agent.paths import default_cluster_dir
-
-    parser = _Parser(prog="shoal", description="Shoal: one masterless mesh for a mixed GPU fleet.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    sub.required = True
-
-    probe = sub.add_parser("probe", help="show this host's GPUs (or a simulated or captured host)")
-    probe.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    probe.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
-    probe.add_argument(
+def _probe_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+    p.add_argument(
         "--interval", type=float, default=1.0, metavar="S", help="seconds between refreshes"
     )
-    probe.add_argument(
+    p.add_argument(
         "--root",
         type=Path,
         metavar="PATH",
         help="read sysfs under PATH instead of / and skip libraries and tools",
     )
-    probe.add_argument(
+    p.add_argument(
         "--sim",
         metavar="PROFILE",
         help="simulate a host: a preset (demo, dgx-h100, ...) or MODEL[:COUNT][,MODEL:COUNT]",
     )
-    probe.set_defaults(func=_cmd_probe)
 
-    init = sub.add_parser("init", help="create a cluster: its CA and your operator identity")
-    init.add_argument("--name", default="shoal", help="the cluster's name (default: shoal)")
-    init.add_argument(
+
+def _init_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--name", default="shoal", help="the cluster's name (default: shoal)")
+    p.add_argument(
         "--dir",
         type=Path,
         default=default_cluster_dir(),
         metavar="DIR",
         help="where to keep the CA and your identity (default: %(default)s)",
     )
-    init.add_argument("--operator", metavar="NAME", help="your name in the certificate")
-    init.set_defaults(func=_cmd_init)
+    p.add_argument("--operator", metavar="NAME", help="your name in the certificate")
 
-    from agent.agent_cmd import add_agent_arguments, run_agent
 
-    agent = sub.add_parser("agent", help="run this host's agent in the foreground")
-    add_agent_arguments(agent)
-    agent.set_defaults(func=run_agent)
-
-    from agent.ops_cmd import add_operator_commands
-
-    add_operator_commands(sub)
-
-    demo = sub.add_parser("demo", help="a local mesh of simulated GPU hosts, live or headless")
-    demo.add_argument("--nodes", type=int, default=8, help="agents to start (default 8)")
-    demo.add_argument("--headless", action="store_true", help="run a workload, print figures")
-    demo.add_argument("--duration", type=float, default=30.0, metavar="S", help="workload time")
-    demo.add_argument("--rate", type=float, default=4.0, metavar="JOBS/S", help="submit rate")
-    demo.add_argument("--seed", type=int, default=1)
-    demo.add_argument(
+def _demo_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nodes", type=int, default=8, help="agents to start (default 8)")
+    p.add_argument("--headless", action="store_true", help="run a workload, print figures")
+    p.add_argument("--duration", type=float, default=30.0, metavar="S", help="workload time")
+    p.add_argument("--rate", type=float, default=4.0, metavar="JOBS/S", help="submit rate")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
         "--idle",
         type=float,
         default=20.0,
         metavar="S",
         help="quiet spell before the workload; the idle footprint is its second half",
     )
-    demo.add_argument("--json", action="store_true", help="print one JSON object")
-    demo.add_argument("--keep", action="store_true", help="keep the demo's folder and logs")
-    demo.add_argument("--plain", action="store_true", help="a live table view instead of the TUI")
-    demo.set_defaults(func=_cmd_demo)
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="headless: the figures as one JSON object; live: how to reach the mesh, as JSON",
+    )
+    p.add_argument("--keep", action="store_true", help="keep the demo's folder and logs")
+    p.add_argument("--plain", action="store_true", help="a live table view instead of the TUI")
 
-    _add_tui_parser(sub)
 
-    from agent.bootstrap_args import add_bootstrap_arguments
+def _tui_arguments(p: argparse.ArgumentParser) -> None:
+    ops_args.add_agent_and_identity_arguments(p, agent_flag="--join")
+    p.add_argument("--readonly", action="store_true", help="hide every mutating key")
+    p.add_argument(
+        "--sim", type=int, metavar="N", help="a simulated mesh of N hosts, no agents (demos)"
+    )
+    p.add_argument("--theme", help="shoal or shoal-colorblind (default: from tui.toml)")
+    p.add_argument("--ascii", action="store_true", help="ASCII bars, for plain terminals")
 
-    bootstrap = sub.add_parser("bootstrap", help="install, certify and start agents over SSH")
-    add_bootstrap_arguments(bootstrap)
-    bootstrap.set_defaults(func=_cmd_bootstrap)
+
+def _bootstrap_arguments(p: argparse.ArgumentParser) -> None:
+    from agent.bootstrap_args import add_bootstrap_arguments  # standard library only
+
+    add_bootstrap_arguments(p)
+
+
+OPS = "agent.ops_cmd"
+COMMANDS: tuple[Command, ...] = (
+    Command(
+        "probe",
+        "show this host's GPUs (or a simulated or captured host)",
+        _probe_arguments,
+        "agent.probe_cmd:cmd_probe",
+        network=False,
+    ),
+    Command(
+        "init",
+        "create a cluster: its CA and your operator identity",
+        _init_arguments,
+        "agent.init_cmd:cmd_init",
+        network=False,
+    ),
+    Command(
+        "agent",
+        "run this host's agent in the foreground",
+        add_agent_arguments,
+        "agent.agent_cmd:run_agent",
+    ),
+    Command(
+        "submit",
+        "submit a job: shoal submit [options] -- COMMAND ...",
+        ops_args.submit_arguments,
+        f"{OPS}:cmd_submit",
+    ),
+    Command("jobs", "list the mesh's jobs", ops_args.listing_arguments, f"{OPS}:cmd_jobs"),
+    Command(
+        "nodes",
+        "list the mesh's nodes and their GPUs",
+        ops_args.listing_arguments,
+        f"{OPS}:cmd_nodes",
+    ),
+    Command(
+        "events",
+        "the mesh's event log (-f: follow it)",
+        ops_args.events_arguments,
+        "agent.events_cmd:cmd_events",
+    ),
+    Command("logs", "show a job's output", ops_args.logs_arguments, f"{OPS}:cmd_logs"),
+    Command("cancel", "cancel a job", ops_args.cancel_arguments, f"{OPS}:cmd_cancel"),
+    Command(
+        "migrate",
+        "stop a job and restart it elsewhere",
+        ops_args.migrate_arguments,
+        f"{OPS}:cmd_migrate",
+    ),
+    Command("cordon", "place no new work on a node", ops_args.node_arguments, f"{OPS}:cmd_cordon"),
+    Command(
+        "drain",
+        "cordon a node and move its work off",
+        ops_args.drain_arguments,
+        f"{OPS}:cmd_drain",
+    ),
+    Command(
+        "undrain",
+        "make a node schedulable again",
+        ops_args.node_arguments,
+        f"{OPS}:cmd_undrain",
+    ),
+    Command(
+        "revoke",
+        "revoke nodes' certificates; the mesh shuns them",
+        ops_args.revoke_arguments,
+        f"{OPS}:cmd_revoke",
+    ),
+    Command(
+        "enroll",
+        "on a host: make its key and a certificate request, or install the certificate",
+        ops_args.enroll_arguments,
+        "agent.enroll_cmd:cmd_enroll",
+        network=False,
+    ),
+    Command(
+        "certify",
+        "sign a host's certificate request with the cluster CA",
+        ops_args.certify_arguments,
+        "agent.enroll_cmd:cmd_certify",
+        network=False,
+    ),
+    Command(
+        "demo",
+        "a local mesh of simulated GPU hosts, live or headless",
+        _demo_arguments,
+        "agent.demo:cmd_demo",
+    ),
+    Command(
+        "tui",
+        "the operator's terminal UI, joined to the mesh as a peer",
+        _tui_arguments,
+        "tui.cli:run_tui",  # the TUI loads only for this command
+    ),
+    Command(
+        "bootstrap",
+        "install, certify and start agents over SSH",
+        _bootstrap_arguments,
+        "agent.bootstrap_cmd:run_bootstrap",
+    ),
+)
+BY_NAME = {command.name: command for command in COMMANDS}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="shoal", description="Shoal: one masterless mesh for a mixed GPU fleet.")
+    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for command in COMMANDS:
+        command.arguments(sub.add_parser(command.name, help=command.help))
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from gossip.tls import import_aiohttp_without_system_cas
+def _runner(command: Command) -> Callable[[argparse.Namespace], int]:
+    module, _, name = command.run.partition(":")
+    run: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), name)
+    return run
 
-    # Every Shoal command talks only to its own cluster, with its own TLS contexts.
-    import_aiohttp_without_system_cas()
-    args = build_parser().parse_args(argv)
+
+def _stdout_closed() -> int:
+    """The reader of our output has gone (``| head``): stop quietly, status 0. Later writes, and
+    the flush at exit, go nowhere instead of raising again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 0
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
-        code: int = args.func(args)
+        args = build_parser().parse_args(argv)
+    except SystemExit:  # --help, or a usage mistake (said on stderr)
+        sys.stdout.flush()
+        raise
+    command = BY_NAME[args.subcommand]
+    try:
+        if command.network:
+            from gossip.tls import import_aiohttp_without_system_cas
+
+            import_aiohttp_without_system_cas()
+        code = _runner(command)(args)
     except UserError as exc:
         print(f"shoal: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    return code
+    sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+    return int(code)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        return _stdout_closed()
 
 
 if __name__ == "__main__":

@@ -194,8 +194,12 @@ class ApiClient(PooledSession):
     async def health(self, members: int | None = None, wait_s: int = 0) -> dict[str, Any]:
         return (await self.health_doc(members, wait_s)).to_wire()
 
-    def logs(self, job_id: str, lines: int = 100, follow: bool = False) -> AsyncIterator[str]:
+    def logs(
+        self, job_id: str, lines: int = 100, follow: bool = False, attempt: int | None = None
+    ) -> AsyncIterator[str]:
         params = {"lines": str(lines), "follow": "1" if follow else "0"}
+        if attempt is not None:
+            params["attempt"] = str(attempt)
         return self.stream(f"/v1/jobs/{job_id}/logs", params)
 
 

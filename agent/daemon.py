@@ -290,4 +290,5 @@ class Agent:
             "gossip": self.node.stats(),
             "records_refused": self.view.refused,
             "records_refused_kinds": self.view.refused_kinds,
+            "placements": self.owner.offers,
         }

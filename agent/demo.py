@@ -1,26 +1,34 @@
 """``shoal demo``: a local mesh of simulated heterogeneous hosts, live or as a benchmark.
 
 Interactive: starts the agents, then opens the operator TUI on them (``--plain``: a live table
-view instead) until you quit. ``--headless``: submits a
+view instead) until you quit. With stdout not a terminal (a service manager, a script, ``&``) it
+prints how to reach the mesh instead (``export SHOAL_AGENT=...``, the identity folder; ``--json``:
+as one JSON object) and keeps the mesh up until it is told to stop. ``--headless``: submits a
 mixed workload of real short processes through the operator API for ``--duration`` seconds,
 waits for it to finish, and prints the live-mesh figures of BENCHMARKS.md (``--json`` for one
-JSON object). Either way every process it started is stopped and its folder removed at the end
+JSON object).
+
+Whatever ends it (quitting, Ctrl-C, SIGTERM as ``kill`` or a service manager sends, SIGHUP when
+its terminal goes), every agent it started is stopped and its folder, CA key included, removed
 (``--keep`` keeps the folder: identities, agent logs, job logs).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
 import random
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import psutil
@@ -32,7 +40,7 @@ from agent.client import ApiError
 from agent.errors import UserError
 from agent.jobspec import JobKind, JobSpec, Resources, new_job_id
 from agent.localmesh import LocalMesh
-from agent.ops_cmd import jobs_table, nodes_table
+from agent.tables import hostnames, jobs_table, nodes_table
 
 FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 
@@ -199,13 +207,33 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
 
 
+def reach_lines(mesh: LocalMesh) -> list[str]:
+    """How to reach the mesh from another shell: the agent's address and the identity folder."""
+    address = mesh.agents[0].address
+    cluster = mesh.root / "cluster"
+    return [
+        f"export SHOAL_AGENT={address}",
+        f"export SHOAL_HOME={mesh.root}",
+        f"# or: shoal nodes --agent {address} --identity {cluster}",
+    ]
+
+
+def reach_json(mesh: LocalMesh, converged_s: float) -> dict[str, Any]:
+    return {
+        "agent": mesh.agents[0].address,
+        "agents": [a.address for a in mesh.agents],
+        "identity": str(mesh.root / "cluster"),
+        "home": str(mesh.root),
+        "converged_s": round(converged_s, 3),
+    }
+
+
 async def _live(mesh: LocalMesh, console: Console) -> None:
     console.print(f"starting {len(mesh.agents)} agents...")
     converged_s = await mesh.wait_converged(timeout_s=120)
-    address = mesh.agents[0].address
     hint = Text(
         f"mesh of {len(mesh.agents)} agents converged in {converged_s:.1f} s. In another "
-        f"terminal: SHOAL_HOME={mesh.root} SHOAL_AGENT={address} shoal submit -- sleep 5. "
+        f"terminal: {'; '.join(reach_lines(mesh)[:2])}; shoal submit -- sleep 5. "
         "Ctrl-C stops everything.",
         style="dim",
     )
@@ -213,10 +241,62 @@ async def _live(mesh: LocalMesh, console: Console) -> None:
         with Live(console=console, auto_refresh=False) as live:
             while True:
                 nodes, jobs = await client.nodes(), await client.jobs()
-                names = {n["node_id"]: (n.get("host") or {}).get("hostname", "") for n in nodes}
-                view = Group(nodes_table(nodes), jobs_table(jobs[-15:], names, time.time()), hint)
+                width = console.width
+                view = Group(
+                    nodes_table(nodes, width),
+                    jobs_table(jobs[-15:], hostnames(nodes), time.time(), width),
+                    hint,
+                )
                 live.update(view, refresh=True)
                 await asyncio.sleep(1.0)
+
+
+def _serve(mesh: LocalMesh, as_json: bool) -> None:
+    """Not on a terminal: say how to reach the mesh, then keep it up until told to stop."""
+    print(f"starting {len(mesh.agents)} agents...", file=sys.stderr, flush=True)
+    converged_s = asyncio.run(mesh.wait_converged(timeout_s=120))
+    if as_json:
+        print(json.dumps(reach_json(mesh, converged_s)), flush=True)
+    else:
+        print(
+            f"mesh of {len(mesh.agents)} agents converged in {converged_s:.1f} s; "
+            f"Ctrl-C, SIGTERM or SIGHUP stops every agent and removes {mesh.root}"
+        )
+        print("\n".join(reach_lines(mesh)), flush=True)
+    while any(a.running for a in mesh.agents):
+        time.sleep(1.0)
+    raise UserError("every agent of the demo exited (--keep keeps their logs)")
+
+
+class _Stop(KeyboardInterrupt):
+    """SIGTERM or SIGHUP: ends the demo as Ctrl-C does, through the same cleanup."""
+
+
+STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+
+
+class _Signals:
+    """Inside ``with``: SIGTERM and SIGHUP raise :class:`_Stop`. :meth:`hold` ignores them and
+    Ctrl-C while the cleanup runs, so nothing interrupts stopping the agents."""
+
+    def __enter__(self) -> _Signals:
+        self._previous = {sig: signal.signal(sig, self._raise) for sig in STOP_SIGNALS}
+        self._previous[signal.SIGINT] = signal.getsignal(signal.SIGINT)
+        return self
+
+    @staticmethod
+    def _raise(signum: int, _frame: FrameType | None) -> None:
+        raise _Stop(signal.Signals(signum).name)
+
+    def hold(self) -> None:
+        for sig in self._previous:
+            signal.signal(sig, signal.SIG_IGN)
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def run_demo(
@@ -237,35 +317,56 @@ def run_demo(
         raise UserError("--idle must not be negative")
     if duration_s <= 0 or rate <= 0:
         raise UserError("--duration and --rate must be positive")
+    if plain and as_json:
+        raise UserError("--plain draws tables; --json goes with --headless or a piped stdout")
+    serve = not headless and not plain and (as_json or not sys.stdout.isatty())
     root = Path(tempfile.mkdtemp(prefix="shoal-demo-"))
     mesh = LocalMesh(root, nodes)
-    console = Console(stderr=as_json)
-    try:
-        mesh.start()
-        if headless:
-            figures = asyncio.run(_headless(mesh, duration_s, rate, seed, idle_s))
-            if as_json:
-                print(json.dumps(figures))
+    console = Console(stderr=as_json or serve)
+    with _Signals() as signals:
+        try:
+            mesh.start()
+            if headless:
+                figures = asyncio.run(_headless(mesh, duration_s, rate, seed, idle_s))
+                if as_json:
+                    print(json.dumps(figures))
+                else:
+                    for key, value in figures.items():
+                        console.print(f"{key:28} {value}")
+            elif serve:
+                _serve(mesh, as_json)
+            elif plain:
+                asyncio.run(_live(mesh, console))
             else:
-                for key, value in figures.items():
-                    console.print(f"{key:28} {value}")
-        elif plain:
-            asyncio.run(_live(mesh, console))
-        else:
-            console.print(f"starting {len(mesh.agents)} agents...")
-            converged_s = asyncio.run(mesh.wait_converged(timeout_s=120))
-            console.print(f"mesh converged in {converged_s:.1f} s; opening the TUI")
-            from tui.cli import open_tui  # the TUI loads only for the interactive demo
+                console.print(f"starting {len(mesh.agents)} agents...")
+                converged_s = asyncio.run(mesh.wait_converged(timeout_s=120))
+                console.print(f"mesh converged in {converged_s:.1f} s; opening the TUI")
+                from tui.cli import open_tui  # the TUI loads only for the interactive demo
 
-            open_tui(mesh.agents[0].address, mesh.root / "cluster")
-    except KeyboardInterrupt:
-        pass
-    except TimeoutError as exc:
-        raise UserError(f"{exc}; agent logs are in {root}") from None
-    finally:
-        mesh.stop()
-        if keep:
-            console.print(f"kept {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
+                open_tui(mesh.agents[0].address, mesh.root / "cluster")
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: the way a live demo ends
+            pass
+        except TimeoutError as exc:
+            raise UserError(f"{exc}; agent logs are in {root}") from None
+        finally:
+            signals.hold()
+            mesh.stop()
+            if keep:
+                console.print(f"kept {root}")
+            else:
+                shutil.rmtree(root, ignore_errors=True)
     return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    return run_demo(
+        nodes=args.nodes,
+        headless=args.headless,
+        duration_s=args.duration,
+        rate=args.rate,
+        seed=args.seed,
+        idle_s=args.idle,
+        as_json=args.json,
+        keep=args.keep,
+        plain=args.plain,
+    )

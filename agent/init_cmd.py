@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import socket
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,3 +23,7 @@ def run_init(*, directory: Path, name: str, operator: str | None) -> int:
     print(f"  operator   {cluster.operator.node_id}")
     print("Keep this directory safe: ca.key and node.key never leave it.")
     return 0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    return run_init(directory=args.dir, name=args.name, operator=args.operator)

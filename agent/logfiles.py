@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import stat
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Final
@@ -374,3 +375,27 @@ def _rotated(path: Path, handle: BinaryIO) -> bool:
     except OSError:
         return False
     return (current.st_ino, current.st_dev) != (opened.st_ino, opened.st_dev)
+
+
+_MARKER = re.compile(r"^\[shoal\] attempt (\d+) (starting|exited|stopping|cannot)\b")
+
+
+def lines_of_attempt(lines: Iterable[str], attempt: int) -> Iterator[str]:
+    """The lines of one attempt in a job's log, by the ``[shoal] attempt N ...`` markers the
+    executor writes around each attempt (its start, stop and end lines included). Lines before
+    the first marker seen belong to the attempt that marker ends, if it is an end."""
+    held: list[str] = []
+    current: int | None = None
+    for line in lines:
+        found = _MARKER.match(line)
+        if found is not None:
+            n, what = int(found.group(1)), found.group(2)
+            if current is None and what != "starting" and n == attempt:
+                yield from held
+            held.clear()
+            current = n
+        elif current is None:
+            held.append(line)
+            continue
+        if current == attempt:
+            yield line

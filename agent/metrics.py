@@ -4,12 +4,13 @@ Gauges are computed at scrape time from what the agent holds: this node's device
 (``shoal_gpu_util_pct``, ``shoal_gpu_mem_used_bytes``, ``shoal_gpu_mem_total_bytes``,
 ``shoal_gpu_temp_c``, ``shoal_gpu_power_watts``, labelled ``node`` and ``device``), jobs by state
 as this agent sees the mesh (``shoal_jobs``), members by state, jobs running here, and every
-gossip counter (``shoal_gossip_<name>``). Counters: commands accepted by kind and rejected by
+gossip counter (``shoal_gossip_<name>_total``). Counters: commands accepted by kind and rejected by
 reason (``shoal_commands_accepted_total``, ``shoal_commands_rejected_total``), agent calls
 refused for want of authority (``shoal_internal_refused_total``), gossip records refused or not
 believed, by reason and by kind (``shoal_records_refused_total``,
-``shoal_records_refused_kinds_total``), and API requests refused by route and status
-(``shoal_api_refused_total``).
+``shoal_records_refused_kinds_total``), API requests refused by route and status
+(``shoal_api_refused_total``), and the offers this agent made as an owner, by outcome
+(``shoal_placements_total``).
 
 The counters are plain ``collections.Counter`` objects and everything is turned into Prometheus
 families at scrape time, so ``prometheus_client`` (and the HTTP server modules it brings, ~1 MB
@@ -26,6 +27,10 @@ from probers.records import Device
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
+
+
+GOSSIP_GAUGES = frozenset({"transport_handshake_slowest_ms"})
+"""The gossip figures that are levels; all others are counts since the agent started."""
 
 
 class _Snapshot:
@@ -56,6 +61,7 @@ class _Snapshot:
                 "call",
                 m.internal_refused,
             ),
+            ("placements", "Offers of jobs to runners, by outcome", "outcome", snap["placements"]),
             (
                 "records_refused",
                 "Gossip records refused (garbage, oversized, malformed) or not believed",
@@ -121,8 +127,12 @@ class _Snapshot:
             "shoal_jobs_pending_owned", "Pending jobs this node owns", value=snap["queue"]
         )
         for name, value in sorted(snap["gossip"].items()):
-            if isinstance(value, int | float) and not isinstance(value, bool):
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                continue
+            if name in GOSSIP_GAUGES:
                 yield GaugeMetricFamily(f"shoal_gossip_{name}", f"gossip {name}", value=value)
+            else:  # every other gossip figure only ever grows
+                yield CounterMetricFamily(f"shoal_gossip_{name}", f"gossip {name}", value=value)
 
 
 class AgentMetrics:

@@ -1,10 +1,10 @@
-"""Operator commands of the CLI: submit, jobs, nodes, logs, cancel, drain, cordon, undrain, migrate.
+"""Operator commands of the CLI: submit, jobs, nodes, logs, cancel, migrate, cordon, drain,
+undrain, revoke (their arguments: :mod:`agent.ops_args`).
 
-Each runs one request through :class:`agent.client.ApiClient` as the operator's identity and prints
-a rich table (or ``--json``). Every failure an operator can cause or meet is one line.
-
-rich is imported where a table is drawn: every ``shoal agent`` builds this module's parsers, and
-an agent never draws one (rich is ~1 MB of an agent's memory it would never use).
+Each runs its requests through :class:`agent.client.ApiClient` as the operator's identity and
+prints a table (:mod:`agent.tables`) or ``--json``. A job or node is named as the operator sees
+it and resolved through the API before anything is signed (:mod:`agent.resolve`). Every failure
+an operator can cause or meet is one line (an ambiguous name lists what it matches).
 """
 
 from __future__ import annotations
@@ -12,53 +12,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 from agent.client import ApiClient, ApiError
 from agent.errors import UserError
-from agent.jobspec import JobSpec, check_job_id, new_job_id
+from agent.jobspec import JobSpec, new_job_id
+from agent.ops_args import AGENT_ENV
 from agent.paths import default_cluster_dir
+from agent.resolve import NODE_ID_RE, check_migration_target, pick_job, pick_node
+from agent.tables import console, hostnames, jobs_table, nodes_table, short
 from gossip.identity import IdentityError, load_identity
 
-if TYPE_CHECKING:
-    from rich.table import Table
-
-AGENT_ENV = "SHOAL_AGENT"
+# -- connection ------------------------------------------------------------------------------------
 
 
-# -- connection options ----------------------------------------------------------------------------
-
-
-def add_agent_and_identity_arguments(
-    parser: argparse.ArgumentParser, agent_flag: str = "--agent"
-) -> None:
-    """Which agent to talk to, and as which operator (shared with ``shoal tui``)."""
-    parser.add_argument(
-        agent_flag,
-        dest="agent",
-        metavar="HOST:PORT",
-        default=os.environ.get(AGENT_ENV),
-        help=f"any agent of the mesh (default: ${AGENT_ENV})",
-    )
-    parser.add_argument(
-        "--identity",
-        type=Path,
-        metavar="DIR",
-        default=None,
-        help="your operator identity (default: the cluster directory of shoal init)",
-    )
-
-
-def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
-    add_agent_and_identity_arguments(parser)
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-
-def _client(args: argparse.Namespace) -> ApiClient:
+def client_for(args: argparse.Namespace) -> ApiClient:
+    """A client to ``--agent`` as the operator of ``--identity`` (one-line errors)."""
     if not args.agent:
         raise UserError(f"no agent to talk to: pass --agent HOST:PORT or set ${AGENT_ENV}")
     directory = args.identity or default_cluster_dir()
@@ -76,9 +47,11 @@ def _client(args: argparse.Namespace) -> ApiClient:
         raise UserError(f"--agent: {exc}") from None
 
 
-def _run(args: argparse.Namespace, call: Callable[[ApiClient], Awaitable[Any]]) -> Any:
+def run_with_client(args: argparse.Namespace, call: Callable[[ApiClient], Awaitable[Any]]) -> Any:
+    """``call(client)`` in a fresh event loop; an agent's refusal becomes a one-line UserError."""
+
     async def go() -> Any:
-        async with _client(args) as client:
+        async with client_for(args) as client:
             return await call(client)
 
     try:
@@ -87,96 +60,23 @@ def _run(args: argparse.Namespace, call: Callable[[ApiClient], Awaitable[Any]]) 
         raise UserError(str(exc)) from None
 
 
-def _print_json(value: Any) -> None:
+def run_following(args: argparse.Namespace, call: Callable[[ApiClient], Awaitable[Any]]) -> int:
+    """:func:`run_with_client` for a command that may follow (``-f``): Ctrl-C is how a follow
+    ends, so it exits 0 there (130 otherwise, as anywhere)."""
+    try:
+        run_with_client(args, call)
+    except KeyboardInterrupt:
+        if not args.follow:
+            raise
+    return 0
+
+
+def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=True))
 
 
-# -- formatting ------------------------------------------------------------------------------------
-
-
-def short(node_or_job: str | None, width: int = 8) -> str:
-    return (node_or_job or "-")[:width]
-
-
-def _age(seconds_since: float | None, now: float) -> str:
-    if seconds_since is None:
-        return "-"
-    s = max(0.0, now - seconds_since)
-    if s < 120:
-        return f"{s:.0f}s"
-    if s < 7200:
-        return f"{s / 60:.0f}m"
-    return f"{s / 3600:.1f}h"
-
-
-def jobs_table(jobs: Sequence[dict[str, Any]], hostnames: dict[str, str], now: float) -> Table:
-    from rich import box
-    from rich.table import Table
-
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for name, justify in (
-        ("Job", "left"),
-        ("State", "left"),
-        ("Kind", "left"),
-        ("GPUs", "right"),
-        ("Node", "left"),
-        ("Age", "right"),
-        ("Done", "right"),
-        ("Command / why", "left"),
-    ):
-        table.add_column(name, justify=justify, no_wrap=name != "Command / why")  # type: ignore[arg-type]
-    for job in jobs:
-        spec = job.get("spec") or {}
-        resources = spec.get("resources") or {}
-        gpus = f"{resources.get('gpus_per_node', '?')}"
-        if resources.get("nodes", 1) != 1:
-            gpus += f"x{resources['nodes']}"
-        progress = job.get("progress")
-        runner = job.get("runner")
-        why = job.get("reason") if job.get("state") == "pending" else None
-        table.add_row(
-            short(job.get("job_id")),
-            str(job.get("state", "?")),
-            str(spec.get("kind", "-")),
-            gpus,
-            hostnames.get(runner or "", short(runner)),
-            _age(job.get("submitted_at"), now),
-            "-" if progress is None else f"{100 * float(progress):.0f}%",
-            why or " ".join(spec.get("command") or []),
-        )
-    return table
-
-
-def nodes_table(nodes: Sequence[dict[str, Any]]) -> Table:
-    from rich import box
-    from rich.table import Table
-
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("Host", no_wrap=True)
-    table.add_column("Node", no_wrap=True)
-    table.add_column("State", no_wrap=True)
-    table.add_column("Drain", no_wrap=True)
-    table.add_column("GPUs", overflow="fold")
-    table.add_column("Util", justify="right", no_wrap=True)
-    table.add_column("Jobs", justify="right", no_wrap=True)
-    for node in nodes:
-        devices = node.get("devices") or []
-        names: dict[str, int] = {}
-        for device in devices:
-            name = str(device.get("name", "?")).removesuffix(" (simulated)")
-            names[name] = names.get(name, 0) + 1
-        utils = [d["util_pct"] for d in devices if d.get("util_pct") is not None]
-        host = node.get("host") or {}
-        table.add_row(
-            str(host.get("hostname") or "-"),
-            short(node.get("node_id")),
-            str(node.get("state", "?")),
-            str(node.get("drain", "-")),
-            ", ".join(f"{n}x {name}" for name, n in names.items()) or "-",
-            f"{sum(utils) / len(utils):.0f}%" if utils else "N/A",
-            str(len(node.get("running_jobs") or [])),
-        )
-    return table
+def print_json_line(value: Any) -> None:
+    print(json.dumps(value, sort_keys=True), flush=True)
 
 
 # -- commands --------------------------------------------------------------------------------------
@@ -237,9 +137,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     job_id = new_job_id()
-    answer = _run(args, lambda c: c.submit(spec, job_id))
+    answer = run_with_client(args, lambda c: c.submit(spec, job_id))
     if args.json:
-        _print_json(answer)
+        print_json(answer)
     else:
         copies = answer.get("replicas", "?")
         print(
@@ -249,101 +149,157 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _jobs_and_nodes(client: ApiClient) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    return await client.jobs(), await client.nodes()
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
-    async def call(client: ApiClient) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        return await client.jobs(), await client.nodes()
-
-    from rich.console import Console
-
-    jobs, nodes = _run(args, call)
+    jobs, nodes = run_with_client(args, _jobs_and_nodes)
     if args.json:
-        _print_json(jobs)
-        return 0
-    hostnames = {n["node_id"]: (n.get("host") or {}).get("hostname", "") for n in nodes}
-    hostnames = {k: v or short(k) for k, v in hostnames.items()}
-    if not jobs:
+        print_json(jobs)
+    elif not jobs:
         print("no jobs")
     else:
-        Console().print(jobs_table(jobs, hostnames, time.time()))
+        out = console()
+        out.print(jobs_table(jobs, hostnames(nodes), time.time(), out.width))
     return 0
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    nodes = _run(args, lambda c: c.nodes())
+    nodes = run_with_client(args, lambda c: c.nodes())
     if args.json:
-        _print_json(nodes)
+        print_json(nodes)
     else:
-        Console().print(nodes_table(nodes))
+        out = console()
+        out.print(nodes_table(nodes, out.width))
     return 0
 
 
-def _job_arg(value: str) -> str:
-    try:
-        return check_job_id(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+async def resolve_job(client: ApiClient, text: str) -> Mapping[str, Any]:
+    """The job ``text`` names, as ``GET /v1/jobs`` lists it (see :mod:`agent.resolve`)."""
+    return pick_job(await client.jobs(), text)
+
+
+async def resolve_node(client: ApiClient, text: str) -> Mapping[str, Any]:
+    """The node ``text`` names, as ``GET /v1/nodes`` lists it (see :mod:`agent.resolve`)."""
+    return pick_node(await client.nodes(), text)
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    """Every attempt's log under a header naming its node and how it ended (or one attempt's,
+    with ``--attempt``); ``-f`` follows the current attempt."""
+
     async def call(client: ApiClient) -> None:
-        async for line in client.logs(args.job_id, lines=args.lines, follow=args.follow):
+        job = await resolve_job(client, args.job)
+        job_id = str(job["job_id"])
+        attempts = [a for a in (await client.job(job_id)).get("attempts") or []]
+        if args.attempt is not None:
+            if not any(a.get("attempt") == args.attempt for a in attempts):
+                raise UserError(f"job {short(job_id)} has no attempt {args.attempt} on record")
+            attempts = [a for a in attempts if a.get("attempt") == args.attempt]
+        if not attempts:  # not started yet, or a job from before attempts were recorded
+            await _print_log(client, job_id, args, None, None)
+            return
+        names = hostnames((await client.nodes()) if not args.json else [])
+        for i, entry in enumerate(attempts):
+            last = i == len(attempts) - 1
+            await _print_log(client, job_id, args, entry, names, follow=args.follow and last)
+
+    return run_following(args, call)
+
+
+async def _print_log(
+    client: ApiClient,
+    job_id: str,
+    args: argparse.Namespace,
+    entry: Mapping[str, Any] | None,
+    names: Mapping[str, str] | None,
+    *,
+    follow: bool = False,
+) -> None:
+    attempt = None if entry is None else int(entry["attempt"])
+    if entry is not None and not args.json:
+        node = str(entry.get("node") or "")
+        how = entry.get("cause") or "running"
+        if entry.get("cause") == "exit":
+            how = f"exit {entry.get('exit_code')}"
+        where = (names or {}).get(node, short(node))
+        print(f"=== attempt {attempt} on {where} ({how}) ===", flush=True)
+    async for line in client.logs(job_id, lines=args.lines, follow=follow, attempt=attempt):
+        if args.json:
+            print_json_line(
+                {"line": line} if attempt is None else {"attempt": attempt, "line": line}
+            )
+        else:
             print(line, flush=True)
 
-    _run(args, call)
-    return 0
 
-
-def _show(args: argparse.Namespace, answer: dict[str, Any], text: str) -> int:
+def _show(args: argparse.Namespace, answer: Mapping[str, Any], text: str) -> int:
     if args.json:
-        _print_json(answer)
+        print_json(answer)
     else:
         print(text)
     return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    answer = _run(args, lambda c: c.cancel(args.job_id))
-    return _show(args, answer, f"{args.job_id}: {answer.get('state', '?')}")
+    async def call(client: ApiClient) -> dict[str, Any]:
+        job = await resolve_job(client, args.job)
+        return await client.cancel(str(job["job_id"]))
+
+    answer = run_with_client(args, call)
+    return _show(args, answer, f"{answer.get('job_id')}: {answer.get('state', '?')}")
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    answer = _run(args, lambda c: c.migrate(args.job_id, args.to))
-    return _show(args, answer, f"{args.job_id}: {answer.get('state', '?')}")
+    async def call(client: ApiClient) -> tuple[dict[str, Any], str | None]:
+        jobs, nodes = await _jobs_and_nodes(client)
+        job = pick_job(jobs, args.job)
+        target_name = None
+        target = None
+        if args.to is not None:
+            names = hostnames(nodes)
+            node = pick_node(nodes, args.to)
+            check_migration_target(node, job, names)
+            target = str(node["node_id"])
+            target_name = names.get(target, short(target))
+        answer = await client.migrate(str(job["job_id"]), target)
+        return answer, target_name
+
+    answer, target_name = run_with_client(args, call)
+    where = f" to {target_name}" if target_name else ""
+    return _show(args, answer, f"{answer.get('job_id')}: {answer.get('state', '?')}{where}")
 
 
-def _node_command(kind: str) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        async def call(client: ApiClient) -> dict[str, Any]:
-            node = await _resolve_node(client, args.node)
-            if kind == "drain":
-                return await client.drain(node, args.grace)
-            return await (client.cordon(node) if kind == "cordon" else client.undrain(node))
+def _node_command(
+    args: argparse.Namespace, send: Callable[[ApiClient, str], Awaitable[dict[str, Any]]]
+) -> int:
+    async def call(client: ApiClient) -> dict[str, Any]:
+        node = await resolve_node(client, args.node)
+        return await send(client, str(node["node_id"]))
 
-        answer = _run(args, call)
-        return _show(args, answer, f"{short(answer.get('node'))}: {answer.get('drain', '?')}")
-
-    return run
+    answer = run_with_client(args, call)
+    return _show(args, answer, f"{short(answer.get('node'))}: {answer.get('drain', '?')}")
 
 
-async def _resolve_node(client: ApiClient, name: str) -> str:
-    """A node id from a node id, a unique prefix of one, or a hostname."""
-    nodes = await client.nodes()
-    exact = [n["node_id"] for n in nodes if n.get("node_id") == name]
-    if exact:
-        return str(exact[0])
-    matches = {
-        str(n["node_id"])
-        for n in nodes
-        if str(n.get("node_id", "")).startswith(name)
-        or (n.get("host") or {}).get("hostname") == name
-    }
-    if len(matches) == 1:
-        return matches.pop()
-    if not matches:
-        raise ApiError(404, f"no node named {name!r} in the mesh")
-    raise ApiError(409, f"{name!r} names {len(matches)} nodes; give more of the node id")
+def cmd_cordon(args: argparse.Namespace) -> int:
+    return _node_command(args, lambda c, node: c.cordon(node))
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    return _node_command(args, lambda c, node: c.drain(node, args.grace))
+
+
+def cmd_undrain(args: argparse.Namespace) -> int:
+    return _node_command(args, lambda c, node: c.undrain(node))
+
+
+def _revoked_id(nodes: Sequence[Mapping[str, Any]], text: str) -> str:
+    """A node to revoke: as any command names one, or a full node id the mesh no longer lists
+    (a host that is gone can still be revoked)."""
+    if NODE_ID_RE.fullmatch(text) and not any(n.get("node_id") == text for n in nodes):
+        return text
+    return str(pick_node(nodes, text)["node_id"])
 
 
 def cmd_revoke(args: argparse.Namespace) -> int:
@@ -357,80 +313,13 @@ def cmd_revoke(args: argparse.Namespace) -> int:
         raise UserError(f"revoking needs the cluster CA directory ({directory}): {exc}") from None
 
     async def call(client: ApiClient) -> tuple[list[str], str | None]:
-        node_ids = [await _resolve_node(client, name) for name in args.node]
+        nodes = await client.nodes()
+        node_ids = [_revoked_id(nodes, name) for name in args.node]
         signed = revoke_nodes(cluster, set(node_ids))
         return node_ids, await publish(client, signed)
 
-    node_ids, refused = _run(args, call)
+    node_ids, refused = run_with_client(args, call)
     if refused is not None:
         raise UserError(f"revocation signed and saved, but the mesh refused it: {refused}")
     answer = {"revoked": node_ids}
     return _show(args, answer, "revoked " + ", ".join(short(n) for n in node_ids))
-
-
-def add_operator_commands(sub: Any) -> None:
-    """Register the operator subcommands on the CLI's subparsers."""
-    submit = sub.add_parser("submit", help="submit a job: shoal submit [options] -- COMMAND ...")
-    add_connection_arguments(submit)
-    submit.add_argument("--file", type=Path, metavar="JOB.toml", help="a TOML job file")
-    submit.add_argument("--gpus", type=int, default=1, help="GPUs per node (0: CPU only)")
-    submit.add_argument("--nodes", type=int, default=1, help="nodes for a gang job")
-    submit.add_argument("--mem", metavar="SIZE", help="least memory per GPU, e.g. 40GiB")
-    submit.add_argument("--backend", metavar="LIST", help="accepted backends, e.g. cuda,rocm")
-    submit.add_argument(
-        "--kind", choices=("training", "inference", "batch"), default="batch", help="job kind"
-    )
-    submit.add_argument("--priority", type=int, default=0, help="higher runs first")
-    submit.add_argument("--preemptible", action="store_true", help="may be preempted")
-    submit.add_argument("--deadline", metavar="DURATION", help="finish within, e.g. 2h")
-    submit.add_argument("--max-runtime", metavar="DURATION", help="stop an attempt after")
-    submit.add_argument("--dataset", action="append", default=[], help="a dataset it reads")
-    submit.add_argument("--env", action="append", default=[], metavar="K=V")
-    submit.add_argument("--label", action="append", default=[], metavar="K=V")
-    submit.add_argument("--checkpoint-dir", metavar="DIR")
-    submit.add_argument("--retries", type=int, default=0, help="further attempts on failure")
-    submit.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
-    submit.set_defaults(func=cmd_submit)
-
-    jobs = sub.add_parser("jobs", help="list the mesh's jobs")
-    add_connection_arguments(jobs)
-    jobs.set_defaults(func=cmd_jobs)
-
-    nodes = sub.add_parser("nodes", help="list the mesh's nodes and their GPUs")
-    add_connection_arguments(nodes)
-    nodes.set_defaults(func=cmd_nodes)
-
-    logs = sub.add_parser("logs", help="show a job's output")
-    add_connection_arguments(logs)
-    logs.add_argument("job_id", type=_job_arg)
-    logs.add_argument("-f", "--follow", action="store_true", help="keep streaming")
-    logs.add_argument("-n", "--lines", type=int, default=100, help="lines from the end")
-    logs.set_defaults(func=cmd_logs)
-
-    for name, helptext, func in (
-        ("cancel", "cancel a job", cmd_cancel),
-        ("migrate", "stop a job and restart it elsewhere", cmd_migrate),
-    ):
-        p = sub.add_parser(name, help=helptext)
-        add_connection_arguments(p)
-        p.add_argument("job_id", type=_job_arg)
-        if name == "migrate":
-            p.add_argument("--to", metavar="NODE", help="the node to move it to")
-        p.set_defaults(func=func)
-
-    for name, helptext in (
-        ("cordon", "place no new work on a node"),
-        ("drain", "cordon a node and move its work off"),
-        ("undrain", "make a node schedulable again"),
-    ):
-        p = sub.add_parser(name, help=helptext)
-        add_connection_arguments(p)
-        p.add_argument("node", help="node id (or a unique prefix) or hostname")
-        if name == "drain":
-            p.add_argument("--grace", type=float, default=300.0, metavar="S", help="grace period")
-        p.set_defaults(func=_node_command(name))
-
-    revoke = sub.add_parser("revoke", help="revoke nodes' certificates; the mesh shuns them")
-    add_connection_arguments(revoke)
-    revoke.add_argument("node", nargs="+", help="node id (or a unique prefix) or hostname")
-    revoke.set_defaults(func=cmd_revoke)

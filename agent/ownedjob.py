@@ -19,7 +19,9 @@ from agent.jobstate import JobState
 from agent.store import JobRecord, Store
 from agent.wire.calls import JobTransfer, OwnerDetail
 from agent.wire.codec import WireError
-from agent.wire.records import JobStatus
+from agent.wire.records import AttemptEntry, JobStatus
+
+ATTEMPTS_KEPT = 20
 
 
 @dataclass(slots=True)
@@ -50,6 +52,8 @@ class OwnedJob:
     that a job record (maybe an older one, still travelling) places on another node."""
     launch_failures: int = 0
     """Offers that failed to launch the job (missing program, bad folder...)."""
+    attempts: list[AttemptEntry] = field(default_factory=list)
+    """Where each attempt ran and how it ended (the last :data:`ATTEMPTS_KEPT`)."""
     submission: bytes = b""
     """The operator's sealed submission (see ``agent.authority``)."""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -81,6 +85,7 @@ class OwnedJob:
             prefer=self.prefer,
             avoid=self.avoid,
             launch_failures=self.launch_failures,
+            attempts=tuple(self.attempts),
         )
 
     def detail(self) -> dict[str, Any]:
@@ -108,6 +113,7 @@ class OwnedJob:
             prefer=d.prefer,
             avoid=d.avoid,
             launch_failures=d.launch_failures,
+            attempts=list(d.attempts),
             submission=rec.submission,
         )
 
@@ -145,6 +151,7 @@ class OwnedJob:
             signal=self.signal,
             reason=self.reason,
             gen=self.gen,
+            attempts=tuple(self.attempts),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -152,6 +159,17 @@ class OwnedJob:
         doc = self.status().to_wire()
         doc["spec"] = self.spec.to_dict()
         return doc
+
+    def attempt_started(self, node: str, started_at: float) -> None:
+        self.attempts.append(AttemptEntry(self.attempt, node, started_at))
+        del self.attempts[:-ATTEMPTS_KEPT]
+
+    def attempt_ended(self, attempt: int, cause: str, exit_code: int | None, at: float) -> None:
+        for i in range(len(self.attempts) - 1, -1, -1):
+            entry = self.attempts[i]
+            if entry.attempt == attempt and entry.cause is None:
+                self.attempts[i] = entry._replace(finished_at=at, cause=cause, exit_code=exit_code)
+                return
 
 
 class OwnerError(Exception):

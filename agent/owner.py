@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -61,6 +62,7 @@ MAX_LAUNCH_FAILURES = 3
 """Offers that could not launch the job (the runner's launch error) before it fails with it."""
 LAUNCH_FAILED = 422
 """The status a runner answers an offer with when the job's process could not be started."""
+_REFUSALS = {LAUNCH_FAILED: "launch_failed", 403: "not_allowed"}
 UNHEARD_OWNER_GRACE_S = 10.0
 """A stored job whose owner is not live, yet not known dead or left either, is taken over only
 once its copy is this old: a replica can arrive from an owner this agent has not heard of yet."""
@@ -88,6 +90,9 @@ class Owner:
         self._kick = asyncio.Event()
         self._replicated_to: dict[str, str] = {}
         self._subs_published: set[str] = set()
+        self.offers: Counter[str] = Counter()
+        """Offers made to runners, by outcome (``shoal_placements_total``): started, declined,
+        launch_failed, not_allowed, unanswered."""
         self._handing: set[str] = set()
         """Jobs being handed to a higher-ranked owner (no placement meanwhile)."""
         self._loop_task: asyncio.Task[None] | None = None
@@ -257,6 +262,8 @@ class Owner:
             raise OwnerError(409, f"job {job_id} is {job.state.value}, not running")
         if target is not None and target == job.runner:
             raise OwnerError(400, "the migration target is the node the job runs on")
+        if target is not None and target not in self._live():
+            raise OwnerError(400, f"no live agent {target} to migrate to")
         self._move(job, JobEvent.MIGRATE)
         job.prefer, job.avoid = target, job.runner
         job.reason = f"migrating off {job.runner[:8]}"
@@ -323,6 +330,7 @@ class Owner:
             return {"ok": True, "stale": True}
         cause = r.cause
         code = r.exit_code
+        job.attempt_ended(job.attempt, cause, code, _finished(r))
         if job.state == JobState.PLACING:
             self._move(job, JobEvent.STARTED)
         job.exit_code, job.signal = code, r.signal
@@ -365,6 +373,7 @@ class Owner:
         for job in list(self.jobs.values()):
             if job.runner == node and job.state in LIVE and job.job_id not in self._handing:
                 self._move(job, JobEvent.RUNNER_DEAD)
+                job.attempt_ended(job.attempt, "lost", None, time.time())
                 self.events.add("lost", f"runner {node[:8]} is gone", job_id=job.job_id)
                 self._requeue(job, f"runner {node[:8]} is gone; attempt {job.attempt} lost")
         self.sweep()
@@ -627,6 +636,7 @@ class Owner:
                     StartAnswer.from_wire, await self.peers.call(addr, "start", offer.to_wire())
                 )
             except PeerRefused as exc:
+                self.offers[_REFUSALS.get(exc.status, "declined")] += 1
                 declines.append(f"{cand.node_id[:8]}: {exc.reason}")
                 if job.attempt == attempt and _state(job) == JobState.PLACING:
                     self._move(job, JobEvent.DECLINED)
@@ -639,14 +649,17 @@ class Owner:
                             return
                 continue
             except PeerUnreachable as exc:
+                self.offers["unanswered"] += 1
                 log.info("job %s: start on %s unanswered: %s", job.job_id[:8], cand.node_id, exc)
                 await self._stop_until_done(job.job_id, cand.node_id, attempt, "fenced")
                 return
             if job.attempt != attempt or _state(job) != JobState.PLACING:
                 return  # cancelled or reported meanwhile
+            self.offers["started"] += 1
             self._move(job, JobEvent.RESERVED)
             self._move(job, JobEvent.STARTED)
             job.started_at = answer.started_at or time.time()
+            job.attempt_started(cand.node_id, job.started_at)
             self._save(job)
             self.events.add(
                 "started", f"attempt {attempt} on {cand.node_id[:8]}", job_id=job.job_id

@@ -7,11 +7,12 @@ import time
 from pathlib import Path
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from agent import tables
 from agent.errors import UserError
 from agent.units import fmt_mem, fmt_pct, fmt_power, fmt_temp
 from probers.host import HostProbe, ProbeOptions
@@ -90,7 +91,7 @@ def run_probe(
         probe = HostProbe.from_options(ProbeOptions(root=root, sim=sim))
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    console = Console()
+    console = tables.console()
     try:
         probe.open()
         time.sleep(probe.settle_s)

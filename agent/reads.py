@@ -17,6 +17,7 @@ from aiohttp import web
 from agent.context import AgentContext
 from agent.errors import ApiError
 from agent.jobspec import check_job_id
+from agent.logfiles import MAX_TAIL_LINES, lines_of_attempt
 from agent.mesh import GossipMesh
 from agent.owner import Owner
 from agent.peers import PeerError
@@ -120,23 +121,37 @@ class Reads:
     # -- logs ------------------------------------------------------------------------------------
 
     async def logs(
-        self, request: web.Request, job_id: str, lines: int, follow: bool
+        self,
+        request: web.Request,
+        job_id: str,
+        lines: int,
+        follow: bool,
+        attempt: int | None = None,
     ) -> web.StreamResponse:
-        """The job's log, from the agent that runs it (or ran it last), streamed."""
+        """The job's log, from the agent that runs it (or ran it last), streamed; with
+        ``attempt``, that attempt's lines, from the agent it ran on."""
         check_job_id(job_id)
         owned = self._owner.jobs.get(job_id)
         doc = owned.to_json() if owned is not None else self._ctx.view.jobs.get(job_id)
         if doc is None:
             raise ApiError(404, f"unknown job {job_id}")
-        runner = doc.get("runner") or self._last_runner(job_id)
+        if attempt is None:
+            runner = doc.get("runner") or self._last_runner(job_id)
+        else:
+            ran = [a for a in doc.get("attempts") or () if a.get("attempt") == attempt]
+            if not ran:
+                raise ApiError(404, f"job {job_id} has no attempt {attempt} on record")
+            runner = ran[-1].get("node")
         if runner is None or runner == self._ctx.node_id:
-            return await self.local_logs(request, job_id, lines, follow)
+            return await self.local_logs(request, job_id, lines, follow, attempt)
         addr = self._mesh.addr_of(str(runner))
         if addr is None:
             raise ApiError(503, f"runner {str(runner)[:8]} is unreachable")
         response = web.StreamResponse(headers=_TEXT)
         await response.prepare(request)
         path = f"/v1/internal/logs/{job_id}?lines={lines}&follow={int(follow)}"
+        if attempt is not None:
+            path += f"&attempt={attempt}"
         try:
             async for chunk in self._ctx.peers.stream(addr, path):
                 await response.write(chunk)
@@ -151,13 +166,30 @@ class Reads:
         return None
 
     async def local_logs(
-        self, request: web.Request, job_id: str, lines: int, follow: bool
+        self,
+        request: web.Request,
+        job_id: str,
+        lines: int,
+        follow: bool,
+        attempt: int | None = None,
     ) -> web.StreamResponse:
-        """The log of the job's attempts that ran on this agent."""
+        """The log of the job's attempts that ran on this agent (or of one of them)."""
         check_job_id(job_id)
         response = web.StreamResponse(headers=_TEXT)
         await response.prepare(request)
-        if not follow:
+        if attempt is not None:
+            # The attempt's part of what the log holds (at most MAX_TAIL_LINES lines back).
+            chunks = []
+            async with contextlib.aclosing(self._runner.tail(job_id, MAX_TAIL_LINES)) as blocks:
+                async for block in blocks:
+                    chunks.append(block)
+            text = b"".join(chunks).decode("utf-8", errors="replace")
+            kept = list(lines_of_attempt(text.splitlines(), attempt))[-lines:] if lines else []
+            await response.write("".join(line + "\n" for line in kept).encode())
+            if follow:
+                async for line in self._runner.follow(job_id, 0):
+                    await response.write((line + "\n").encode())
+        elif not follow:
             async with contextlib.aclosing(self._runner.tail(job_id, lines)) as blocks:
                 async for block in blocks:
                     await response.write(block)  # waits while the reader lags: nothing piles up

@@ -21,6 +21,12 @@ On-disk layout, the same for an agent's state directory and for the operator's c
     ca.crt        the cluster CA's certificate, PEM
     ca.key        (operator only) the CA private key, mode 0600
     cluster.toml  (operator only) cluster name, CA fingerprint, creation time
+    node.csr      (a node enrolled by hand) its certificate signing request, PEM
+
+Enrolling by hand (``shoal enroll``, ``shoal certify``): the node makes its key and a PKCS#10
+request signed with it (:func:`certificate_request`: subject CN = node id, the names as SANs, the
+requested role in the same private extension); the CA's keeper checks it
+(:func:`read_certificate_request`) and signs with :func:`issue_certificate`.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ NODE_CERT = "node.crt"
 CA_CERT = "ca.crt"
 CA_KEY = "ca.key"
 CLUSTER_TOML = "cluster.toml"
+NODE_CSR = "node.csr"
 
 NODE_ID_BYTES = 20
 CA_VALID_FOR = timedelta(days=3650)
@@ -174,10 +181,18 @@ def _role_value(role: Role) -> bytes:
 
 def role_of_certificate(cert: x509.Certificate) -> Role:
     """The role the CA bound into ``cert``; raises IdentityError when absent or unknown."""
+    role = _role_of(cert.extensions)
+    if role is None:
+        raise IdentityError("certificate carries no Shoal role")
+    return role
+
+
+def _role_of(extensions: x509.Extensions) -> Role | None:
+    """The Shoal role in ``extensions``: None when there is none, IdentityError when unknown."""
     try:
-        ext = cert.extensions.get_extension_for_oid(ROLE_OID)
+        ext = extensions.get_extension_for_oid(ROLE_OID)
     except x509.ExtensionNotFound:
-        raise IdentityError("certificate carries no Shoal role") from None
+        return None
     value = ext.value
     if not isinstance(value, x509.UnrecognizedExtension):
         raise IdentityError("malformed Shoal role extension")
@@ -187,8 +202,9 @@ def role_of_certificate(cert: x509.Certificate) -> Role:
     raise IdentityError("unknown Shoal role in certificate")
 
 
-def common_name(cert: x509.Certificate) -> str | None:
-    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+def common_name(cert_or_name: x509.Certificate | x509.Name) -> str | None:
+    subject = cert_or_name if isinstance(cert_or_name, x509.Name) else cert_or_name.subject
+    names = subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     if len(names) != 1:
         return None
     value = names[0].value
@@ -350,6 +366,67 @@ def enroll_node(
     _, public = generate_node_key(directory)
     cert = issue_certificate(ca, public, role, names, valid_for, now)
     return install_certificate(directory, cert, ca.certificate)
+
+
+@dataclass(frozen=True, slots=True)
+class CertificateRequest:
+    """What a verified certificate signing request asks for."""
+
+    public_key: bytes
+    node_id: str
+    role: Role
+    names: tuple[str, ...]
+
+
+def load_node_key(directory: Path) -> Ed25519PrivateKey:
+    """The node's own private key from its identity directory."""
+    return _load_key(directory / NODE_KEY)
+
+
+def certificate_request(key: Ed25519PrivateKey, role: Role, names: Sequence[str]) -> bytes:
+    """A PEM certificate signing request for ``key``, signed with it (proof that the requester
+    holds the key): CN = its node id, ``names`` as SANs, ``role`` as the Shoal role extension."""
+    builder = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(
+            x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node_id_for(key.public_key()))])
+        )
+        .add_extension(x509.UnrecognizedExtension(ROLE_OID, _role_value(role)), critical=False)
+    )
+    san = _san(names)
+    if san:
+        builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
+    return builder.sign(key, None).public_bytes(serialization.Encoding.PEM)
+
+
+def read_certificate_request(pem: bytes) -> CertificateRequest:
+    """Parse and check a request: its signature verifies with its own Ed25519 key, its CN (when
+    it has one) is that key's node id. A request without a role asks for ``agent``."""
+    try:
+        csr = x509.load_pem_x509_csr(pem)
+    except ValueError:
+        raise IdentityError("not a PEM certificate signing request") from None
+    key = csr.public_key()
+    if not isinstance(key, Ed25519PublicKey):
+        raise IdentityError("the request's key is not Ed25519")
+    if not csr.is_signature_valid:
+        raise IdentityError("the request's signature does not verify with its own key")
+    node_id = node_id_for(key)
+    cn = common_name(csr.subject)
+    if cn is not None and cn != node_id:
+        raise IdentityError(f"the request names node {cn!r} but its key is node {node_id}")
+    role = _role_of(csr.extensions) or "agent"
+    try:
+        san = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        names: tuple[str, ...] = ()
+    else:
+        names = tuple(
+            [str(n) for n in san.get_values_for_type(x509.DNSName)]
+            + [str(ip) for ip in san.get_values_for_type(x509.IPAddress)]
+        )
+    raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return CertificateRequest(public_key=raw, node_id=node_id, role=role, names=names)
 
 
 def load_identity(directory: Path) -> NodeIdentity:

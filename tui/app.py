@@ -2,30 +2,38 @@
 
 One worker owns the mesh connection: it reads nodes, jobs and new events, builds a
 :class:`tui.model.MeshSnapshot` and posts a coalescing :class:`tui.messages.MeshChanged`. Operator
-actions run as exclusive workers (one group per kind of action), show progress in the header while
-they run and report their outcome as a notification; then the mesh is read again at once.
+actions come up from the screens as :class:`tui.messages.OperatorAction` messages and run as
+exclusive workers (one group per kind of action); they show progress in the header while they run
+(:mod:`tui.operations`) and report their outcome as a notification; then the mesh is read again at
+once.
+
+Imports point one way: the app assembles the screens and the palette providers, which read it
+through :class:`tui.context.ShoalContext` and never import this module.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from textual import events, work
+from textual import events, on, work
 from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.theme import Theme
+from textual.worker import Worker
 
 from agent.client import ApiError
-from agent.jobspec import JobSpec
 from tui.collector import QuietCollector
 from tui.commands import ShoalCommands
-from tui.messages import MeshChanged, OperationDone
+from tui.context import ShoalContext
+from tui.messages import MeshChanged, OperationDone, OperationsChanged, OperatorAction
 from tui.model import EMPTY_SNAPSHOT, History, MeshSnapshot, SnapshotBuilder
-from tui.screens.main import MainScreen
+from tui.operations import Operations, summary
+from tui.screens.main import MainScreen, main_screen
 from tui.source import MeshSource
 from tui.widgets.render import DEFAULT_PALETTE, Glyphs, Palette
 
@@ -103,8 +111,6 @@ class ShoalApp(App[None]):
         self.readonly = readonly
         self.identity_dir = identity_dir
         self.bootstrap_args: tuple[str, ...] = tuple(bootstrap_args)
-        self._add_host_refusal: str | None = None
-        self._add_host_checked = False
         self.refresh_s = refresh_s
         self.glyphs = Glyphs(ascii=ascii)
         self.snapshot: MeshSnapshot = EMPTY_SNAPSHOT
@@ -119,9 +125,7 @@ class ShoalApp(App[None]):
         self.connection = "connecting"
         self.connection_error: str | None = None
         self.palette = DEFAULT_PALETTE
-        self.ops_in_flight: dict[str, str] = {}
-        self.outcomes: list[OperationDone] = []
-        """Every finished operation, oldest first."""
+        self.operations = Operations(self, readonly=readonly, identity_dir=identity_dir)
         self._poke = asyncio.Event()
         self._watch = watch
         self._initial_theme = theme
@@ -159,10 +163,7 @@ class ShoalApp(App[None]):
         self.main_screen().refresh_view()
 
     def main_screen(self) -> MainScreen:
-        for screen in self.screen_stack:
-            if isinstance(screen, MainScreen):
-                return screen
-        raise LookupError("no main screen")
+        return main_screen(self)
 
     # -- the mesh ----------------------------------------------------------------------------
 
@@ -233,94 +234,46 @@ class ShoalApp(App[None]):
 
     # -- operations --------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def in_flight(self, token: str, label: str) -> Iterator[None]:
-        """Show ``label`` in the header while the block runs."""
-        self.ops_in_flight[token] = label
-        self._show_busy()
-        try:
-            yield
-        finally:
-            self.ops_in_flight.pop(token, None)
-            self._show_busy()
+    @property
+    def ops_in_flight(self) -> dict[str, str]:
+        """Token -> label of each operation running now."""
+        return self.operations.in_flight
 
-    def finish_operation(self, outcome: OperationDone) -> None:
-        """Record and announce an operation's outcome, then read the mesh again at once."""
-        self.outcomes.append(outcome)
-        self.post_message(outcome)
-        self.poke()
+    @property
+    def outcomes(self) -> list[OperationDone]:
+        """Every finished operation, oldest first."""
+        return self.operations.outcomes
 
-    async def _operate(
-        self, kind: str, label: str, call: Callable[[], Awaitable[Mapping[str, Any]]]
-    ) -> None:
-        with self.in_flight(f"{kind}:{label}", label):
+    @on(OperatorAction)
+    def _start_operation(self, action: OperatorAction) -> Worker[None]:
+        """Run the operator's action as a worker, one group per kind of action."""
+        group = f"op-{action.kind}"
+        work = partial(self._operate, action)
+        return self.run_worker(work, name=group, group=group, exclusive=True)
+
+    async def _operate(self, action: OperatorAction) -> None:
+        label = action.label(self.snapshot)
+        with self.operations.running(f"{action.kind}:{label}", label):
             try:
-                answer = await call()
-                outcome = OperationDone(kind, label, True, _summary(answer, self.snapshot))
+                answer = await action.send(self.source)
+                outcome = OperationDone(action.kind, label, True, summary(answer, self.snapshot))
             except ApiError as exc:
-                outcome = OperationDone(kind, label, False, str(exc))
-        self.finish_operation(outcome)
+                outcome = OperationDone(action.kind, label, False, str(exc))
+        self.operations.finish(outcome)
 
-    def add_host_refusal(self) -> str | None:
-        """Why this TUI cannot add hosts (one line), or None when it can.
-
-        Adding a host signs the new node's certificate with the cluster CA, so it needs the CA's
-        key in ``identity_dir``; ``--readonly`` turns it off. Checked once, then remembered.
-        """
-        if self.readonly:
-            return "read-only: adding hosts is off (start the TUI without --readonly)"
-        if not self._add_host_checked:
-            self._add_host_checked = True
-            self._add_host_refusal = _cluster_refusal(self.identity_dir)
-        return self._add_host_refusal
-
-    def _show_busy(self) -> None:
+    def on_operations_changed(self, message: OperationsChanged) -> None:
         with contextlib.suppress(LookupError):
-            header = self.main_screen().query_one("#header")
-            labels = list(self.ops_in_flight.values())
-            header.busy = ("… " + "; ".join(labels)) if labels else ""  # type: ignore[attr-defined]
+            self.main_screen().show_busy(message.labels)
 
     def on_operation_done(self, message: OperationDone) -> None:
+        """Announce an operation's outcome, and read the mesh again at once."""
         if message.ok:
             self.notify(f"{message.label}: {message.detail}", title="done", timeout=4)
         else:
             self.notify(
                 f"{message.label}: {message.detail}", title="failed", severity="error", timeout=8
             )
-
-    def _hostname_of(self, node: str) -> str:
-        return self.snapshot.hostname(node)
-
-    @work(exclusive=True, group="op-cordon")
-    async def cordon_host(self, node: str) -> None:
-        await self._operate(
-            "cordon", f"cordon {self._hostname_of(node)}", lambda: self.source.cordon(node)
-        )
-
-    @work(exclusive=True, group="op-drain")
-    async def drain_host(self, node: str, grace_s: float) -> None:
-        label = f"drain {self._hostname_of(node)} (grace {grace_s:g} s)"
-        await self._operate("drain", label, lambda: self.source.drain(node, grace_s))
-
-    @work(exclusive=True, group="op-undrain")
-    async def undrain_host(self, node: str) -> None:
-        label = f"undrain {self._hostname_of(node)}"
-        await self._operate("undrain", label, lambda: self.source.undrain(node))
-
-    @work(exclusive=True, group="op-submit")
-    async def submit_job(self, spec: JobSpec) -> None:
-        label = f"submit {' '.join(spec.command)[:40]}"
-        await self._operate("submit", label, lambda: self.source.submit(spec))
-
-    @work(exclusive=True, group="op-migrate")
-    async def migrate_job(self, job_id: str, target: str | None) -> None:
-        where = self._hostname_of(target) if target else "the best host"
-        label = f"migrate {job_id[:8]} to {where}"
-        await self._operate("migrate", label, lambda: self.source.migrate(job_id, target))
-
-    @work(exclusive=True, group="op-cancel")
-    async def cancel_job(self, job_id: str) -> None:
-        await self._operate("cancel", f"cancel {job_id[:8]}", lambda: self.source.cancel(job_id))
+        self.poke()
 
     # -- keys --------------------------------------------------------------------------------
 
@@ -339,30 +292,5 @@ class ShoalApp(App[None]):
         return out
 
 
-def _cluster_refusal(directory: Path | None) -> str | None:
-    """None when ``directory`` holds a cluster whose CA can sign node certificates."""
-    if directory is None:
-        return (
-            "adding hosts needs the cluster CA: start the TUI with --identity DIR "
-            "(the folder of shoal init) on a real mesh"
-        )
-    from gossip.identity import IdentityError, load_cluster
-
-    try:
-        load_cluster(directory)
-    except IdentityError as exc:
-        return (
-            f"adding hosts needs the cluster CA, and {directory} holds none that works ({exc}); "
-            "run the TUI with the --identity of shoal init"
-        )
-    return None
-
-
-def _summary(answer: Mapping[str, Any], snapshot: MeshSnapshot) -> str:
-    """One line from the agent's answer: the new state, and where for a job."""
-    for key in ("state", "drain", "status"):
-        if answer.get(key) is not None:
-            runner = answer.get("runner")
-            where = f" on {snapshot.hostname(str(runner))}" if runner else ""
-            return f"{answer[key]}{where}"
-    return "accepted"
+if TYPE_CHECKING:
+    _READ_BY_SCREENS: type[ShoalContext] = ShoalApp  # mypy holds the app to what screens read

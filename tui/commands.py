@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
+from tui.context import ShoalContext
+from tui.screens.main import main_screen
 from tui.widgets.base import VIEW_NAMES
-
-if TYPE_CHECKING:
-    from tui.app import ShoalApp
 
 MAX_HITS = 40
 
@@ -22,14 +21,18 @@ Command = tuple[str, Callable[[], object], str]
 class ShoalCommands(Provider):
     """Go to a view, add hosts, jump to a host or job, switch theme."""
 
+    @property
+    def shoal(self) -> ShoalContext:
+        return cast(ShoalContext, self.app)
+
     def _fixed(self) -> list[Command]:
         """The commands offered before anything is typed."""
-        app = cast("ShoalApp", self.app)
-        main = app.main_screen()
+        app = self.app
+        main = main_screen(app)
         out: list[Command] = []
         for name in VIEW_NAMES:
             out.append((f"view: {name}", partial(main.show_view, name), f"show the {name} view"))
-        if not app.readonly:
+        if not self.shoal.readonly:
             help_text = "install, certify and start agents on new hosts (shoal bootstrap)"
             out.append(("host: add over SSH", main.request_add_host, help_text))
         out.append(("theme: colour-blind safe", partial(setattr, app, "theme", "shoal-colorblind"),
@@ -38,13 +41,13 @@ class ShoalCommands(Provider):
         return out
 
     def _commands(self) -> list[Command]:
-        app = cast("ShoalApp", self.app)
+        snapshot = self.shoal.snapshot
         out = self._fixed()
-        for host in app.snapshot.hosts:
+        for host in snapshot.hosts:
             out.append(
                 (f"host: {host.hostname}", partial(self._goto, "hosts", host.node_id), host.node_id)
             )
-        for job in app.snapshot.jobs:
+        for job in snapshot.jobs:
             out.append(
                 (f"job: {job.job_id[:8]} {job.command[:40]}",
                  partial(self._goto, "jobs", job.job_id), job.state)
@@ -52,7 +55,7 @@ class ShoalCommands(Provider):
         return out
 
     def _goto(self, view: str, key: str) -> None:
-        main = cast("ShoalApp", self.app).main_screen()
+        main = main_screen(self.app)
         main.show_view(view)
         main.view_widget().select_key(key)
 

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from agent.wire import codec as c
 from agent.wire.codec import WireError
-from agent.wire.records import JobStatus
+from agent.wire.records import AttemptEntry, JobStatus
 
 
 def _b64_out(data: bytes) -> str:
@@ -43,6 +43,7 @@ class OwnerDetail(NamedTuple):
     prefer: str | None = None
     avoid: str | None = None
     launch_failures: int = 0
+    attempts: tuple[AttemptEntry, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -57,6 +58,7 @@ class OwnerDetail(NamedTuple):
             "prefer": self.prefer,
             "avoid": self.avoid,
             "launch_failures": self.launch_failures,
+            "attempts": [a.to_wire() for a in self.attempts],
         }
 
     @classmethod
@@ -75,6 +77,7 @@ class OwnerDetail(NamedTuple):
             prefer=c.field(d, "prefer", c.opt_text, p),
             avoid=c.field(d, "avoid", c.opt_text, p),
             launch_failures=c.field(d, "launch_failures", c.or_default(c.integer, 0), p),
+            attempts=c.items(d.get("attempts"), p + "attempts", AttemptEntry.from_wire),
         )
 
 

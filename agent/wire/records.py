@@ -460,6 +460,41 @@ class EventsRecord(NamedTuple):
 # -- jobs ----------------------------------------------------------------------------------------
 
 
+class AttemptEntry(NamedTuple):
+    """Where one attempt of a job ran and, once it ended, how."""
+
+    attempt: int
+    node: str | None
+    started_at: float | None
+    finished_at: float | None = None
+    cause: str | None = None
+    """``None`` while it runs; then ``exit``, ``timeout``, ``lost`` or a stop cause."""
+    exit_code: int | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "node": self.node,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "cause": self.cause,
+            "exit_code": self.exit_code,
+        }
+
+    @classmethod
+    def from_wire(cls, value: Any, name: str = "attempt") -> AttemptEntry:
+        d = c.obj(value, name)
+        p = name + "."
+        return cls(
+            attempt=c.field(d, "attempt", c.integer, p),
+            node=c.field(d, "node", c.opt_text, p),
+            started_at=c.field(d, "started_at", c.opt_number, p),
+            finished_at=c.field(d, "finished_at", c.opt_number, p),
+            cause=c.field(d, "cause", c.opt_text, p),
+            exit_code=c.field(d, "exit_code", c.opt_integer, p),
+        )
+
+
 class JobStatus(NamedTuple):
     """A job as its owner sees it (``job/<id>``), and the record part of a handover."""
 
@@ -478,6 +513,8 @@ class JobStatus(NamedTuple):
     reason: str | None = None
     gen: int = 0
     """Orders the versions of the record across successive owners (highest wins)."""
+    attempts: tuple[AttemptEntry, ...] = ()
+    """Where each attempt ran and how it ended (the last 20)."""
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -495,6 +532,7 @@ class JobStatus(NamedTuple):
             "signal": self.signal,
             "reason": self.reason,
             "gen": self.gen,
+            "attempts": [a.to_wire() for a in self.attempts],
         }
 
     def encode(self) -> bytes:
@@ -518,4 +556,5 @@ class JobStatus(NamedTuple):
             signal=c.field(d, "signal", c.opt_text, p),
             reason=c.field(d, "reason", c.opt_text, p),
             gen=c.field(d, "gen", c.or_default(c.integer, 0), p),
+            attempts=c.items(d.get("attempts"), p + "attempts", AttemptEntry.from_wire),
         )

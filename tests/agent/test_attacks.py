@@ -235,7 +235,7 @@ def test_one_members_dead_message_kills_no_live_agent(mesh: Mesh, intruder: Intr
             assert nodes[victim.node_id] in ("alive", "suspect"), (a.index, nodes)
         time.sleep(0.3)
     for a in others:
-        assert metric(mesh, a, "shoal_gossip_dead_deferred") >= 1
+        assert metric(mesh, a, "shoal_gossip_dead_deferred_total") >= 1
     # Its job ran on, once: no requeue, no new attempt.
     now = mesh.job(mesh.agents[0], job_id)
     assert (now["state"], now["attempt"], now["runner"]) == (
@@ -254,6 +254,10 @@ def test_a_job_that_cannot_start_fails_with_its_launch_error(mesh: Mesh) -> None
     job = mesh.job(mesh.agents[2], job_id)
     assert "/no/such/program" in job["reason"] and "No such file" in job["reason"]
     assert job["attempt"] <= 3
+    launch_failed = sum(
+        metric(mesh, a, "shoal_placements_total", outcome="launch_failed") for a in mesh.agents
+    )
+    assert launch_failed >= 3
 
 
 def test_plain_http_carries_no_authority(mesh: Mesh) -> None:
@@ -268,7 +272,7 @@ def test_plain_http_carries_no_authority(mesh: Mesh) -> None:
     )
     with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
         urllib.request.urlopen(req, timeout=5)
-    assert metric(mesh, victim, "shoal_gossip_transport_handshake_failed") >= 1
+    assert metric(mesh, victim, "shoal_gossip_transport_handshake_failed_total") >= 1
 
 
 def test_a_captured_command_is_refused_after_the_agent_restarts(tmp_path: Path) -> None:

@@ -131,4 +131,6 @@ def test_unsigned_forged_and_replayed_commands_are_refused(mesh: Mesh) -> None:
     assert 'shoal_commands_accepted_total{kind="submit"} 1.0' in metrics
     assert "# TYPE shoal_commands_accepted_total counter" in metrics
     assert 'shoal_gpu_mem_total_bytes{device="' in metrics  # simulated GPUs, labelled by device
-    assert "shoal_gossip_messages_in " in metrics
+    assert "shoal_gossip_messages_in_total " in metrics
+    assert "# TYPE shoal_gossip_messages_in_total counter" in metrics  # it only grows
+    assert "# TYPE shoal_gossip_transport_handshake_slowest_ms gauge" in metrics

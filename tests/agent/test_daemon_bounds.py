@@ -75,7 +75,7 @@ def refused(mesh: Mesh, a: AgentProcess) -> dict[tuple[str, str], float]:
 
 
 def transport_stat(mesh: Mesh, a: AgentProcess, name: str) -> float:
-    match = re.search(rf"^shoal_gossip_transport_{name} (\S+)$", metrics(mesh, a), re.M)
+    match = re.search(rf"^shoal_gossip_transport_{name}_total (\S+)$", metrics(mesh, a), re.M)
     assert match is not None, name
     return float(match.group(1))
 

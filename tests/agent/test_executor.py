@@ -26,7 +26,15 @@ from agent.executor import (
     TimedOut,
 )
 from agent.jobspec import JobSpec, new_job_id
-from agent.logfiles import MAX_LINE_BYTES, RotatingLog, TailReader, follow, log_files, tail
+from agent.logfiles import (
+    MAX_LINE_BYTES,
+    RotatingLog,
+    TailReader,
+    follow,
+    lines_of_attempt,
+    log_files,
+    tail,
+)
 from agent.progress import ProgressTracker, parse_fraction, parse_progress_line
 from probers.records import DeviceStatic
 from tests.support import require_system
@@ -527,3 +535,20 @@ def test_a_silent_job_dies_with_a_killed_agent(tmp_path: Path, launcher: str) ->
     assert_gone(job_pid)
     # What the killed agent left (its job's cgroup, where it had one) goes when one restarts.
     ProcessExecutor(ExecutorConfig(data_dir=tmp_path)).cage.close()
+
+
+def test_the_lines_of_one_attempt_are_found_by_its_markers() -> None:
+    log = [
+        "tail of attempt 1",
+        "[shoal] attempt 1 exited with code 1 after 0.1s",
+        "[shoal] attempt 2 starting: python x",
+        "second",
+        "[shoal] attempt 2 stopping (cancel): SIGTERM",
+        "[shoal] attempt 2 exited with signal SIGTERM after 1.0s",
+        "[shoal] attempt 3 starting: python x",
+        "third",
+    ]
+    assert list(lines_of_attempt(log, 1)) == log[:2]
+    assert list(lines_of_attempt(log, 2)) == log[2:6]
+    assert list(lines_of_attempt(log, 3)) == log[6:]
+    assert list(lines_of_attempt(log, 4)) == []

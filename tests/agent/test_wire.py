@@ -29,6 +29,7 @@ from agent.wire.codec import MAX_RECORD_BYTES, WIRE_VERSION, WireError, pack, un
 from agent.wire.documents import DeviceDoc, EventDoc, EventsDoc, JobDoc, NodeDoc
 from agent.wire.health import HealthDoc
 from agent.wire.records import (
+    AttemptEntry,
     EventsRecord,
     GossipedEvent,
     InventoryRecord,
@@ -237,6 +238,18 @@ def test_telemetry_round_trips(at: float | None, samples: tuple[DeviceSample, ..
         signal=st.none() | _text,
         reason=st.none() | _text,
         gen=st.integers(min_value=0, max_value=10**9),
+        attempts=st.lists(
+            st.builds(
+                AttemptEntry,
+                attempt=st.integers(min_value=1, max_value=1000),
+                node=st.none() | _text,
+                started_at=_opt_float,
+                finished_at=_opt_float,
+                cause=st.none() | _text,
+                exit_code=st.none() | st.integers(min_value=-255, max_value=255),
+            ),
+            max_size=3,
+        ).map(tuple),
     ),
 )
 def test_node_events_and_job_records_round_trip(

@@ -18,7 +18,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, cast
+from typing import ClassVar, cast
 
 from rich.text import Text
 from textual import on, work
@@ -37,11 +37,9 @@ from agent.bootstrap_args import parse_bootstrap_args
 from agent.bootstrap_cmd import BootstrapPlan, collect_hosts, plan_bootstrap
 from agent.errors import UserError
 from gossip.transport import split_address
+from tui.context import ShoalContext
 from tui.messages import OperationDone
 from tui.widgets.render import Palette
-
-if TYPE_CHECKING:
-    from tui.app import ShoalApp
 
 FIELDS: tuple[tuple[str, str, str], ...] = (
     ("targets", "Hosts", "user@host[:port] ... (spaces or commas between hosts)"),
@@ -192,8 +190,8 @@ class AddHostScreen(ModalScreen[None]):
         self._stopping = False
 
     @property
-    def shoal(self) -> ShoalApp:
-        return cast("ShoalApp", self.app)
+    def shoal(self) -> ShoalContext:
+        return cast(ShoalContext, self.app)
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog", id="addhost"):
@@ -328,17 +326,17 @@ class AddHostScreen(ModalScreen[None]):
         However the screen goes (closed, or cancelled again by Textual as it unmounts), the hosts
         finish undoing what this run did, and the outcome is announced afterwards.
         """
-        app = self.shoal
-        with app.in_flight(f"bootstrap:{id(self)}", label):
+        operations = self.shoal.operations
+        with operations.running(f"bootstrap:{id(self)}", label):
             try:
                 results = await plan.run(ScreenReporter(self))
             except asyncio.CancelledError:
-                app.finish_operation(OperationDone("bootstrap", label, False, STOPPED))
+                operations.finish(OperationDone("bootstrap", label, False, STOPPED))
                 raise
             except Exception as exc:  # a bug must not take the TUI down: report it in one line
                 why = f"{type(exc).__name__}: {exc}"
                 self._finish([], why)
-                app.finish_operation(OperationDone("bootstrap", label, False, why))
+                operations.finish(OperationDone("bootstrap", label, False, why))
                 return None
         self._finish(results)
         ok = all(r.ok for r in results)
@@ -346,7 +344,7 @@ class AddHostScreen(ModalScreen[None]):
             detail = "; ".join(f"{r.host} {r.action}" for r in results)
         else:
             detail = "; ".join(result_line(r) for r in results if not r.ok)
-        app.finish_operation(OperationDone("bootstrap", label, ok, detail))
+        operations.finish(OperationDone("bootstrap", label, ok, detail))
         return results
 
     def stop(self) -> None:

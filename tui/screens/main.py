@@ -8,9 +8,9 @@ a filter first, and never quits.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, ClassVar, cast
+from typing import Any, ClassVar, cast
 
-from textual.app import ComposeResult
+from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.timer import Timer
@@ -18,6 +18,8 @@ from textual.widgets import ContentSwitcher, Input
 
 from agent.jobspec import JobSpec
 from gossip.transport import split_address
+from tui.context import ShoalContext
+from tui.messages import CancelJob, CordonHost, DrainHost, MigrateJob, SubmitJob, UndrainHost
 from tui.model import NO_FILTER, RowFilter, fitting_hosts
 from tui.screens.addhost import AddHostScreen, AddHostSettings
 from tui.screens.confirm import ConfirmScreen
@@ -32,9 +34,6 @@ from tui.widgets.footer import KeyFooter
 from tui.widgets.header import MeshHeader
 from tui.widgets.tables import EventsTable, GpusTable, HostsTable, JobsTable, MeshTable
 from tui.widgets.topology import TopologyView
-
-if TYPE_CHECKING:
-    from tui.app import ShoalApp
 
 HOST_ACTIONS = frozenset({"cordon", "drain", "undrain"})
 JOB_ACTIONS = frozenset({"migrate", "cancel", "logs"})
@@ -88,8 +87,8 @@ class MainScreen(Screen[None]):
         self._filter_timer: Timer | None = None
 
     @property
-    def shoal(self) -> ShoalApp:
-        return cast("ShoalApp", self.app)
+    def shoal(self) -> ShoalContext:
+        return cast(ShoalContext, self.app)
 
     def compose(self) -> ComposeResult:
         yield MeshHeader(self.shoal.source.identity, id="header")
@@ -136,6 +135,10 @@ class MainScreen(Screen[None]):
             if name != self.state.view:
                 self.view_widget(name).release()  # rebuilt when shown; frees older snapshots
         self._apply_current()
+
+    def show_busy(self, labels: tuple[str, ...]) -> None:
+        """The operations running now, in the header."""
+        self.query_one(MeshHeader).busy = ("… " + "; ".join(labels)) if labels else ""
 
     def _apply_current(self) -> None:
         self.view_widget().apply(self.context())
@@ -283,7 +286,8 @@ class MainScreen(Screen[None]):
             self._switch()
 
     def action_help(self) -> None:
-        hidden = frozenset({"host.add"}) if self.shoal.add_host_refusal() else frozenset()
+        refused = self.shoal.operations.add_host_refusal()
+        hidden = frozenset({"host.add"}) if refused else frozenset()
         self.app.push_screen(HelpScreen(self.shoal.key_display(), self.shoal.readonly, hidden))
 
     def action_next_view(self) -> None:
@@ -300,7 +304,7 @@ class MainScreen(Screen[None]):
             return False
         view = self.state.view
         if action == "add_host":
-            return view in ADD_HOST_VIEWS and self.shoal.add_host_refusal() is None
+            return view in ADD_HOST_VIEWS and self.shoal.operations.add_host_refusal() is None
         if action in HOST_ACTIONS:
             return view in ("topology", "hosts", "gpus")
         if action in JOB_ACTIONS:
@@ -349,12 +353,12 @@ class MainScreen(Screen[None]):
     def action_cordon(self) -> None:
         node = self._selected_host()
         if node is not None and not self.shoal.readonly:
-            self.shoal.cordon_host(node)
+            self.post_message(CordonHost(node))
 
     def action_undrain(self) -> None:
         node = self._selected_host()
         if node is not None and not self.shoal.readonly:
-            self.shoal.undrain_host(node)
+            self.post_message(UndrainHost(node))
 
     def action_drain(self) -> None:
         node = self._selected_host()
@@ -365,7 +369,7 @@ class MainScreen(Screen[None]):
 
         def done(grace_s: float | None) -> None:
             if grace_s is not None:
-                self.shoal.drain_host(host.node_id, grace_s)
+                self.post_message(DrainHost(host.node_id, grace_s))
 
         self.app.push_screen(DrainScreen(host, jobs), done)
 
@@ -375,7 +379,7 @@ class MainScreen(Screen[None]):
 
         def done(spec: JobSpec | None) -> None:
             if spec is not None:
-                self.shoal.submit_job(spec)
+                self.post_message(SubmitJob(spec))
 
         app = self.shoal
         self.app.push_screen(SubmitScreen(lambda: app.snapshot, app.source.now), done)
@@ -398,7 +402,7 @@ class MainScreen(Screen[None]):
 
         def done(target: str | None) -> None:
             if target is not None:
-                self.shoal.migrate_job(job_id, None if target == ANY_HOST else target)
+                self.post_message(MigrateJob(job_id, None if target == ANY_HOST else target))
 
         self.app.push_screen(MigrateScreen(job, fits, current), done)
 
@@ -413,7 +417,7 @@ class MainScreen(Screen[None]):
 
         def done(yes: bool | None) -> None:
             if yes:
-                self.shoal.cancel_job(job_id)
+                self.post_message(CancelJob(job_id))
 
         question = f"Cancel job {job_id[:8]} ({job.state}: {job.command[:40]})?"
         self.app.push_screen(ConfirmScreen(question, yes="Cancel job"), done)
@@ -424,7 +428,7 @@ class MainScreen(Screen[None]):
     def request_add_host(self, targets: str = "") -> None:
         """The add-host form (from ``a``, ``:add`` or the palette), or one line saying why not."""
         app = self.shoal
-        why = app.add_host_refusal()
+        why = app.operations.add_host_refusal()
         if why is not None or app.identity_dir is None:
             self.notify(why or "adding hosts is off", severity="warning", timeout=6)
             return
@@ -445,6 +449,14 @@ class MainScreen(Screen[None]):
         job = self.shoal.snapshot.job(job_id)
         title = job_id[:8] + (f" {job.command[:50]}" if job else "")
         self.app.push_screen(LogsScreen(self.shoal.source, job_id, title))
+
+
+def main_screen(app: App[Any]) -> MainScreen:
+    """The app's main screen, under any dialogs (LookupError before it is shown)."""
+    for screen in app.screen_stack:
+        if isinstance(screen, MainScreen):
+            return screen
+    raise LookupError("no main screen")
 
 
 def _selection_key(selection: Selection | None) -> str | None:
