@@ -78,7 +78,7 @@ def local_host_info() -> HostInfo:
         return HostInfo(
             hostname=socket.gethostname(),
             os=platform.system().lower(),
-            arch=platform.machine(),
+            arch=normal_arch(platform.machine()),
             cpu_count=None,
             mem_total_bytes=None,
         )
