@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from probers.base import Prober, ProberUnavailable
-from probers.records import Device, DeviceSample, DeviceStatic, HostInfo, ProbeReport
+from probers.records import Device, DeviceSample, DeviceStatic, HostInfo, ProbeReport, normal_arch
 
 
 @dataclass(frozen=True, slots=True)
