@@ -161,7 +161,7 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "logs",
-        "show a job's output",
+        "show a job's output (-f: wait for it to start, then follow it)",
         ops_args.logs_arguments,
         "agent.logs_cmd:cmd_logs",
     ),

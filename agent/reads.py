@@ -86,6 +86,8 @@ class Reads:
         view = self._ctx.view
         out = []
         for m in sorted(self._node.members(), key=lambda m: m.node):
+            if self._trust.is_revoked(m.node):
+                continue  # not a member any more: every agent holds the revocation list
             node = view.nodes.get(m.node)
             inv = node.inventory if node else None
             status = node.status if node else None

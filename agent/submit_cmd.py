@@ -1,4 +1,11 @@
-"""``shoal submit``: a job from the command line or a TOML file."""
+"""``shoal submit``: a job from the command line or a TOML file, checked against the mesh first.
+
+A job asks for no GPU unless it says how many (``--gpus N``), or what each GPU must be
+(``--mem``, ``--backend`` other than ``cpu``: then one). Before anything is signed the CLI reads
+the mesh (:mod:`agent.fit`): a job no node could ever run is refused in one line, exit 2, nothing
+submitted (``--anyway`` submits it to wait for such a host); one that fits but finds every such
+node busy is submitted and said to wait. The answer says what was asked for.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +13,15 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
+from agent.client import ApiClient
 from agent.errors import UserError
+from agent.fit import Fit, asks, fit
 from agent.jobspec import JobSpec, new_job_id
 from agent.ops_cmd import print_json, run_with_client
-from agent.tables import short
+from agent.tables import hostnames, short
 
 
-def _spec_from_args(args: argparse.Namespace) -> JobSpec:
+def spec_from_args(args: argparse.Namespace) -> JobSpec:
     if args.file is not None:
         try:
             text = args.file.read_text()
@@ -26,7 +35,9 @@ def _spec_from_args(args: argparse.Namespace) -> JobSpec:
         command = command[1:]
     if not command:
         raise UserError("no command to run: shoal submit [options] -- COMMAND [ARGS...]")
-    resources: dict[str, Any] = {"gpus_per_node": args.gpus, "nodes": args.nodes}
+    resources: dict[str, Any] = {"nodes": args.nodes}
+    if args.gpus is not None:
+        resources["gpus_per_node"] = args.gpus
     if args.mem is not None:
         resources["min_mem_per_gpu_bytes"] = args.mem
     if args.backend:
@@ -61,19 +72,53 @@ def _pairs(values: Sequence[str], flag: str) -> list[tuple[str, str]]:
     return out
 
 
+def never_line(spec: JobSpec, where: Fit) -> str:
+    """The refusal of a job no node of the mesh could ever run."""
+    return (
+        f"no node of the mesh could ever run this job: it asks for {asks(spec)}, and the most "
+        f"any of its {where.nodes} live agents has is {where.best}; nothing submitted "
+        "(--anyway submits it to wait for such a host)"
+    )
+
+
+def wait_line(spec: JobSpec, where: Fit) -> str:
+    """What a job that fits but finds no room now waits for."""
+    many = len(where.ever)
+    hosts = ", ".join(where.ever[:3]) + (", ..." if many > 3 else "")
+    return (
+        f"pending: {'the one node' if many == 1 else f'all {many} nodes'} that could run it "
+        f"({hosts}) {'is' if many == 1 else 'are'} busy or take no new work now; it starts "
+        "when one frees up"
+    )
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     try:
-        spec = _spec_from_args(args)
+        spec = spec_from_args(args)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     job_id = new_job_id()
-    answer = run_with_client(args, lambda c: c.submit(spec, job_id))
+
+    async def call(client: ApiClient) -> tuple[dict[str, Any], Fit, dict[str, str]]:
+        nodes, jobs = await client.nodes(), await client.jobs()
+        where = fit(spec, nodes, jobs)
+        if where.never and not args.anyway:
+            raise UserError(never_line(spec, where))
+        return await client.submit(spec, job_id), where, hostnames(nodes)
+
+    answer, where, names = run_with_client(args, call)
     if args.json:
-        print_json(answer)
-    else:
-        copies = answer.get("replicas", "?")
-        print(
-            f"submitted {answer.get('job_id', job_id)} "
-            f"(owner {short(answer.get('owner'))}, durable on {copies} agents)"
-        )
+        print_json({**answer, "asks": asks(spec), "fits_now": bool(where.now)})
+        return 0
+    copies = answer.get("replicas", "?")
+    owner = str(answer.get("owner") or "")
+    print(
+        f"submitted {answer.get('job_id', job_id)} "
+        f"(owner {names.get(owner, short(owner))}, durable on {copies} agents)"
+    )
+    print(f"asks for {asks(spec)}")
+    if where.never:
+        print("waits: no node of the mesh could run it yet (submitted with --anyway)")
+    elif not where.now:
+        print(wait_line(spec, where))
     return 0
