@@ -90,7 +90,7 @@ async def test_the_tui_adds_a_host_over_ssh_and_shows_it_in_the_hosts_view(fleet
         line = (
             f"host {stranger.address}: unknown host key ssh-ed25519 {stranger.fingerprint()}; "
             f"check it, then trust it with: ssh-keyscan -p {stranger.port} -t ed25519 127.0.0.1 "
-            f">> {fleet.known_hosts}"
+            f">> {fleet.known_hosts} (or rerun with --accept-new)"
         )
         assert form.summary[1:] == [line]
         assert line in str(form.query_one("#addhost-summary").render())
