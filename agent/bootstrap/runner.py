@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import shlex
 import time
@@ -41,7 +42,7 @@ from agent.bootstrap.probe import (
 )
 from agent.bootstrap.service import Service, choose_kind, service_kind
 from agent.bootstrap.shipping import HostPlatform, local_platform
-from agent.bootstrap.ssh import BootstrapError, Remote, SshOptions, connect
+from agent.bootstrap.ssh import BootstrapError, Remote, SshOptions, UnknownHostKey, connect
 from agent.client import ApiClient, ApiError
 from agent.failover import first_answering
 from agent.revocations import publish, revoke_nodes
@@ -124,6 +125,9 @@ class HostResult:
     """Things done that the operator should know of (a host key trusted on first sight)."""
     warnings: tuple[str, ...] = ()
     """Things left that the operator should act on (an agent that will not survive a reboot)."""
+    new_host_key: str | None = None
+    """The fingerprint of a host key known_hosts has no entry for, which stopped this host (the
+    TUI offers to trust it: ``--accept-new``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +272,9 @@ async def connect_host(
     run.step("connecting")
     try:
         run.remote = await connect(spec, options.ssh)
+    except UnknownHostKey as exc:
+        unknown = None if exc.changed else exc.fingerprint
+        return dataclasses.replace(run.failed(str(exc)), new_host_key=unknown)
     except BootstrapError as exc:
         return run.failed(str(exc))
     if run.remote.new_host_key:

@@ -42,11 +42,12 @@ class BootstrapError(Exception):
 
 
 class UnknownHostKey(BootstrapError):
-    """The host's key is not in known_hosts (or differs from the one recorded there)."""
+    """The host's key is not in known_hosts (``changed``: differs from the one recorded there)."""
 
-    def __init__(self, message: str, fingerprint: str) -> None:
+    def __init__(self, message: str, fingerprint: str, *, changed: bool = False) -> None:
         super().__init__(message)
         self.fingerprint = fingerprint
+        self.changed = changed
 
 
 class RemoteCommandFailed(BootstrapError):
@@ -227,6 +228,7 @@ async def connect(spec: HostSpec, options: SshOptions) -> Remote:
                 f"with: ssh-keygen -R {shlex.quote(_known_name(spec))} "
                 f"-f {shlex.quote(str(options.known_hosts))}",
                 fingerprint,
+                changed=True,
             ) from None
         command = keyscan_command(spec.host, spec.port, key.get_algorithm(), options.known_hosts)
         raise UnknownHostKey(
@@ -240,8 +242,7 @@ async def connect(spec: HostSpec, options: SshOptions) -> Remote:
             "--ssh-key FILE)"
         ) from None
     except (asyncssh.Error, OSError, TimeoutError) as exc:
-        where = _known_name(spec) if spec.port != DEFAULT_SSH_PORT else f"{spec.host}:22"
-        raise BootstrapError(f"cannot connect over SSH to {where}: {why(exc)}") from None
+        raise BootstrapError(f"cannot connect over SSH: {why(exc)}") from None
     new_key = client.accepted_key
     if new_key is None:
         return Remote(spec, conn)
