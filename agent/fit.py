@@ -59,7 +59,8 @@ class Fit:
     nodes: int
     """Live agents looked at."""
     best: str
-    """The most of what the job asks for that one node has (``2x NVIDIA L4 on gpu1``)."""
+    """The most of what the job asks for that one node has (``2x NVIDIA L4 on gpu1``); empty
+    when no node has any."""
 
     @property
     def never(self) -> bool:
@@ -98,7 +99,7 @@ def fit(
     ever: list[str] = []
     now: list[str] = []
     live = 0
-    best_count, best = -1, "no node"
+    best_count, best = 0, ""
     for node in nodes:
         if node.get("state") not in LIVE_STATES or node.get("role") not in ("agent", None):
             continue
@@ -106,7 +107,7 @@ def fit(
         name = _hostname(node)
         groups = _fitting(spec, node)
         largest = max(groups.values(), key=len, default=[])
-        if len(largest) > best_count:
+        if largest and len(largest) > best_count:
             best_count = len(largest)
             best = f"{len(largest)}x {_names(largest, node.get('devices') or [])} on {name}"
         if len(largest) < want:

@@ -74,10 +74,15 @@ def _pairs(values: Sequence[str], flag: str) -> list[tuple[str, str]]:
 
 def never_line(spec: JobSpec, where: Fit) -> str:
     """The refusal of a job no node of the mesh could ever run."""
+    agents = f"{where.nodes} live agent{'s' * (where.nodes != 1)}"
+    has = (
+        f"the most any of its {agents} has is {where.best}"
+        if where.best
+        else f"none of its {agents} has a GPU that fits"
+    )
     return (
-        f"no node of the mesh could ever run this job: it asks for {asks(spec)}, and the most "
-        f"any of its {where.nodes} live agents has is {where.best}; nothing submitted "
-        "(--anyway submits it to wait for such a host)"
+        f"no node of the mesh could ever run this job: it asks for {asks(spec)}, and {has}; "
+        "nothing submitted (--anyway submits it to wait for such a host)"
     )
 
 

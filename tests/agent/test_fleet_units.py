@@ -153,6 +153,8 @@ def test_fit_tells_never_from_not_now() -> None:
     assert fit(big, nodes, []).ever == ("mi",)
     gang = JobSpec(command=("x",), resources=Resources(gpus_per_node=1, nodes=2))
     assert fit(gang, nodes, []).ever == ("h100", "mi")
+    cpus = fit(JobSpec(command=("x",), resources=Resources(1)), [_node("c", [CPU])], [])
+    assert cpus.never and cpus.best == ""  # no GPU anywhere: nothing to name
 
 
 def test_asks_says_it_in_words() -> None:

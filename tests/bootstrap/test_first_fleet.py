@@ -126,6 +126,10 @@ def test_a_first_fleet_from_one_command(lab: SshLab, wheel_cache: Path) -> None:
     assert "asks for no GPU (runs on any host)" in out
     logs = ok(run(lab, wheel_cache, "logs", "-f", job.group(1)))
     assert re.search(r"^hello from gpu[123]$", logs, re.M), logs
+    # A GPU job on CPU-only hosts could never run: refused at once, nothing submitted.
+    done = run(lab, wheel_cache, "submit", "--gpus", "1", "--", "nvidia-smi")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "none of its 3 live agents has a GPU that fits; nothing submitted" in done.stderr
 
     # The first host's agent restarts (as its service manager would restart it): it leaves the
     # mesh, comes back through its seeds, and the other hosts see it alive again.
