@@ -92,8 +92,8 @@ def wait_line(spec: JobSpec, where: Fit) -> str:
     hosts = ", ".join(where.ever[:3]) + (", ..." if many > 3 else "")
     return (
         f"pending: {'the one node' if many == 1 else f'all {many} nodes'} that could run it "
-        f"({hosts}) {'is' if many == 1 else 'are'} busy or take no new work now; it starts "
-        "when one frees up"
+        f"({hosts}) {'is busy or takes' if many == 1 else 'are busy or take'} no new work now; "
+        "it starts when one frees up"
     )
 
 
