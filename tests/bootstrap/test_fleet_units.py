@@ -8,6 +8,7 @@ import zipfile
 from pathlib import Path
 
 import asyncssh
+import pytest
 
 from agent.bootstrap.display import note_lines, summary_table, warning_lines
 from agent.bootstrap.hosts import HostSpec
@@ -146,3 +147,35 @@ def test_a_trusted_key_is_recorded_as_ssh_would() -> None:
     public = key.export_public_key("openssh").decode().split()
     assert known_hosts_line(HostSpec("10.0.0.1"), key) == f"10.0.0.1 {public[0]} {public[1]}\n"
     assert known_hosts_line(HostSpec("h", port=2222), key).startswith("[h]:2222 ssh-ed25519 ")
+
+
+async def test_a_host_that_does_not_see_the_whole_mesh_fails_the_run_naming_whom(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agent.bootstrap import wiring
+
+    views = {A: {"n1", "n2", "n3", "old"}, B: {"n1", "n2", "old"}, C: "refused"}
+
+    async def seen_by(identity: object, address: str) -> set[str] | str:
+        return views[address]
+
+    async def existing_agents(identity: object, existing: object) -> dict[str, str]:
+        return {"old": "h100-00"}
+
+    monkeypatch.setattr(wiring, "_seen_by", seen_by)
+    monkeypatch.setattr(wiring, "_existing_agents", existing_agents)
+    results = [
+        HostResult("root@a", True, "installed", "ok", node_id="n1", address=A),
+        HostResult("root@b", True, "installed", "ok", node_id="n2", address=B),
+        HostResult("root@c", True, "installed", "ok", node_id="n3", address=C),
+        HostResult("root@d", False, "failed", "no python"),
+    ]
+    checked = await wiring.confirm_one_mesh(None, results, [D], 0.0)  # type: ignore[arg-type]
+    assert [r.ok for r in checked] == [True, False, False, False]
+    assert checked[1].action == "split"
+    assert checked[1].message == (
+        "not one mesh after 0 s: it does not see root@c (node n3) as alive (asked "
+        f"{B}) (the agent is left running: rerun once fixed, or --uninstall)"
+    )
+    assert "its API does not answer (refused)" in checked[2].message
+    assert checked[3].message == "no python"

@@ -260,3 +260,31 @@ def test_failure_lines_are_one_line_per_host() -> None:
         "host a@h1: cannot connect over SSH: refused",
         "host a@h2: Python 3.11+ not found (no python3)",
     ]
+
+
+def test_bootstrap_help_documents_every_key_of_the_hosts_file() -> None:
+    from agent.bootstrap.hosts import _KEYS
+    from tests.shoal_cli import shoal
+
+    done = shoal("bootstrap", "--help")
+    assert done.returncode == 0
+    assert "[[host]]" in done.stdout and "--accept-new" in done.stdout
+    for key in _KEYS:
+        assert f"\n  {key} = " in done.stdout, key
+
+
+async def test_an_index_that_cannot_be_reached_points_to_a_wheelhouse() -> None:
+    from agent.bootstrap.install import InstallSource, install_shoal
+    from agent.bootstrap.ssh import BootstrapError, RemoteCommandFailed
+
+    class Remote:
+        async def run(self, script: str, **kwargs: object) -> object:
+            raise RemoteCommandFailed("ERROR: No matching distribution found for shoal==0.1.0")
+
+    with pytest.raises(BootstrapError) as info:
+        await install_shoal(Remote(), RemoteLayout("/x"), "/x/venvs/v", InstallSource("0.1.0"))  # type: ignore[arg-type]
+    assert str(info.value) == (
+        "pip could not install shoal==0.1.0 from the package index (ERROR: No matching "
+        "distribution found for shoal==0.1.0); for hosts that cannot reach it, build a "
+        "wheelhouse (shoal bootstrap --build-wheelhouse DIR) and pass --wheelhouse DIR"
+    )
