@@ -57,6 +57,8 @@ EXPLAIN = (
     "Runs shoal bootstrap on each host: checks its host key, installs Shoal, signs the node's "
     "certificate with your CA, starts the agent, waits for it in the mesh. A failure is undone."
 )
+FIELDS_ROWS = 3 * len(FIELDS) + 3
+"""Rows the fields take, the trust box included."""
 CHROME_ROWS = 10
 """Rows of the dialog around its body: border, padding, title, buttons."""
 EXPLAIN_MIN_HEIGHT = 32
@@ -246,7 +248,7 @@ class AddHostScreen(ModalScreen[None]):
         room = int(height * 0.9) - CHROME_ROWS - 1  # the error line
         if explain:
             room -= 3
-        self.query_one("#addhost-fields").styles.max_height = max(3, min(15, room))
+        self.query_one("#addhost-fields").styles.max_height = max(3, min(FIELDS_ROWS, room))
         self.query_one("#addhost-run").styles.max_height = max(4, room)
 
     # -- the form ----------------------------------------------------------------------------
