@@ -238,14 +238,19 @@ async def _confirm(
     run: HostRun, options: BootstrapOptions, wiring: HostWiring, node_id: str
 ) -> dict[str, Any]:
     """Wait until the node is alive in the mesh: as an agent of the existing mesh sees it, or
-    (a new fleet) as the node itself does; every host of the run is then checked to see every
-    other (:func:`agent.bootstrap.wiring.confirm_one_mesh`)."""
-    via = wiring.existing or (wiring.address,)
+    (a new fleet, or none of those answers) as the node itself does; every host of the run is
+    then checked to see every other (:func:`agent.bootstrap.wiring.confirm_one_mesh`)."""
+    via = (*wiring.existing, wiring.address)
     run.step(f"waiting for the node in the mesh (via {', '.join(via[:2])})")
     node, where = await mesh.wait_alive_via(
         options.cluster.operator, via, node_id, options.join_timeout_s
     )
     if node is not None:
+        if wiring.existing and where == wiring.address:
+            run.notes.append(
+                "no agent of the existing mesh answered (--join, fleet.toml): its join was "
+                "confirmed through the node itself"
+            )
         return node
     why = f"the agent did not join the mesh within {options.join_timeout_s:.0f} s ({where})"
     if run.remote is not None and run.kind is not None and run.layout is not None and run.facts:

@@ -1,11 +1,12 @@
 """One mesh, not several: the seeds each new host's agent joins through, and the check that every
 host of the run sees every other (and the mesh that was there before).
 
-**Seeds.** A host's config lists up to :data:`MAX_SEEDS` agents, never itself: first the agents of
-the mesh that runs already (``--join``, else the fleet file), then the other hosts of this run,
-each host starting after itself in the run's order (so the seed lists of a new fleet chain every
-host to the next: a host whose agent restarts rejoins through the others). The list depends only
-on the hosts and the existing mesh, so a rerun writes the same config and restarts nothing.
+**Seeds.** A host's config lists a few agents, never itself: up to :data:`EXISTING_SEEDS` of the
+mesh that runs already (``--join``, else the fleet file), then up to :data:`PEER_SEEDS` other hosts
+of this run, those after it in the run's order (so the seed lists of a new fleet chain every host
+to the next: a host whose agent restarts rejoins through the others, and the new hosts find each
+other even when the fleet file names agents that are gone). The list depends only on the hosts and
+the existing mesh, so a rerun writes the same config and restarts nothing.
 
 **Addresses.** Every host is named by the address SSH connected to, resolved
 (:func:`~agent.bootstrap.agentconfig.agent_address`): the one its peers dial, and the one the
@@ -29,7 +30,8 @@ from agent.client import ApiClient, ApiError
 from agent.failover import first_answering
 from gossip.identity import NodeIdentity
 
-MAX_SEEDS = 3
+EXISTING_SEEDS = 2
+PEER_SEEDS = 2
 POLL_S = 1.0
 
 
@@ -49,7 +51,7 @@ def plan_wiring(hosts: Sequence[Reached], existing: Sequence[str]) -> dict[str, 
     for i, host in enumerate(hosts):
         ring = [hosts[(i + k) % len(hosts)] for k in range(1, len(hosts))]
         others = tuple(dict.fromkeys(h.address for h in ring if h.address != host.address))
-        seeds = tuple(dict.fromkeys([*before, *others]))[:MAX_SEEDS]
+        seeds = (*before[:EXISTING_SEEDS], *others[:PEER_SEEDS])
         out[host.name] = HostWiring(
             address=host.address, seeds=seeds, existing=before, others=others
         )

@@ -22,7 +22,7 @@ from agent.bootstrap.shipping import (
     source_digest,
 )
 from agent.bootstrap.ssh import known_hosts_line
-from agent.bootstrap.wiring import MAX_SEEDS, Reached, plan_wiring
+from agent.bootstrap.wiring import Reached, plan_wiring
 from agent.tables import console
 
 A, B, C, D = (f"10.0.0.{i}:7946" for i in range(1, 5))
@@ -42,13 +42,16 @@ def test_a_new_fleet_joins_through_its_other_hosts_never_itself_alone() -> None:
 
 def test_hosts_added_to_a_fleet_join_it_first_and_a_rerun_plans_the_same() -> None:
     first = plan_wiring([Reached("root@d", D)], [A, B, C])
-    assert first["root@d"].seeds == (A, B, C)[:MAX_SEEDS]
+    assert first["root@d"].seeds == (A, B)
     assert first["root@d"].existing == (A, B, C)
+    # New hosts always list one another too, in case the fleet file names agents that are gone.
+    two = plan_wiring([Reached("root@d", D), Reached("root@c", C)], [A, B])
+    assert two["root@d"].seeds == (A, B, C) and two["root@c"].seeds == (A, B, D)
     # The fleet file now names the hosts of this very run: the same seeds as the first time.
     hosts = [Reached("root@a", A), Reached("root@b", B), Reached("root@c", C)]
     assert plan_wiring(hosts, [A, B, C]) == plan_wiring(hosts, [])
     many = [Reached(f"h{i}", f"10.0.1.{i}:7946") for i in range(10)]
-    assert all(len(w.seeds) == MAX_SEEDS for w in plan_wiring(many, []).values())
+    assert all(len(w.seeds) == 2 for w in plan_wiring(many, []).values())
 
 
 def test_requirements_are_read_with_their_extras_and_markers() -> None:
