@@ -140,13 +140,23 @@ def test_a_first_fleet_from_one_command(lab: SshLab, wheel_cache: Path) -> None:
     agent.send_signal(signal.SIGKILL)
     agent.wait(30)
 
-    def back_everywhere() -> bool:
-        views = [by_host(nodes(lab, wheel_cache, "--agent", a)) for a in addresses[1:]]
-        return all(v["gpu1"]["state"] == "alive" for v in views)
+    def restarted() -> bool:
+        children = psutil.Process(supervisor).children()
+        return bool(children) and children[0].pid != agent.pid
 
-    wait_for("gpu1 alive again on gpu2 and gpu3", back_everywhere, 60)
-    [again] = psutil.Process(supervisor).children()
-    assert again.pid != agent.pid
+    wait_for("the supervisor to start the agent again", restarted, 30)
+
+    def back_everywhere() -> bool:
+        # The new process knows only its seeds when it starts: listing both others alive, and
+        # being listed alive by both, it has rejoined.
+        answers = [run(lab, wheel_cache, "nodes", "--json", "--agent", a) for a in addresses]
+        if any(done.returncode != 0 for done in answers):
+            return False  # the new process does not listen yet
+        views = [by_host(json.loads(done.stdout)) for done in answers]
+        return all(v.get(h, {}).get("state") == "alive" for v in views for h in by_host_names)
+
+    by_host_names = ("gpu1", "gpu2", "gpu3")
+    wait_for("gpu1 back in one mesh with gpu2 and gpu3", back_everywhere, 60)
     assert by_host(nodes(lab, wheel_cache))["gpu1"]["node_id"] == first_id
 
     # Its service stopped for good: commands fail over to the next agent of the fleet.
