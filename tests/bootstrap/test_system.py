@@ -11,6 +11,7 @@ import pytest
 from cryptography import x509
 
 from agent.bootstrap_cmd import run_bootstrap
+from agent.fleet import load_fleet
 from agent.revocations import load_revocations
 from gossip.identity import certificate_node_id
 from tests.bootstrap.conftest import Fleet
@@ -95,6 +96,8 @@ def test_rerun_changes_nothing_then_upgrade_then_uninstall(
     pid = fleet.supervisor_pid(0)
     venv = os.readlink(remote / "venv")
     cert = (remote / "identity" / "node.crt").read_bytes()
+    # The CLI remembers it in the fleet file, and forgets it once uninstalled.
+    assert first.node_id in {a.node_id for a in load_fleet(fleet.cluster_dir).agents}
 
     # Rerun: nothing reinstalled, re-signed, rewritten or restarted.
     [again] = fleet.bootstrap("--hosts-file", hosts)
@@ -137,6 +140,7 @@ def test_rerun_changes_nothing_then_upgrade_then_uninstall(
     assert revoked.version == 1
     assert revoked.node_ids == frozenset({str(first.node_id)})
     assert revoked.signer_id == fleet.mesh.operator.node_id  # type: ignore[union-attr]
+    assert first.node_id not in {a.node_id for a in load_fleet(fleet.cluster_dir).agents}
 
 
 def test_unknown_host_key_is_refused_with_its_fingerprint(
