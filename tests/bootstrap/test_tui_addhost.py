@@ -37,6 +37,27 @@ def processes_under(directory: Path) -> list[int]:
     return found
 
 
+def addhost_app(fleet: Fleet) -> ShoalApp:
+    """The TUI on the fleet's mesh, able to add hosts."""
+    return ShoalApp(
+        api_source(fleet.seed, fleet.cluster_dir),
+        refresh_s=0.5,
+        quiet_gc=False,
+        identity_dir=fleet.cluster_dir,
+        # As [bootstrap] args in tui.toml: this test's known_hosts, and the venv built from
+        # this interpreter with its packages (the wheelhouse holds Shoal alone).
+        bootstrap_args=(
+            "--known-hosts",
+            str(fleet.known_hosts),
+            "--system-site-packages",
+            "--python",
+            sys.executable,
+            "--join-timeout",
+            "45",
+        ),
+    )
+
+
 async def open_filled(
     pilot: Pilot[None], app: ShoalApp, fleet: Fleet, hosts_file: Path
 ) -> AddHostScreen:
@@ -56,23 +77,7 @@ async def test_the_tui_adds_a_host_over_ssh_and_shows_it_in_the_hosts_view(fleet
     [trusted] = fleet.add_hosts(1)
     [stranger] = fleet.add_hosts(1, trust=False)
     hosts_file = fleet.hosts_file([0])  # loopback listen port, simulated L4s, its own remote dir
-    app = ShoalApp(
-        api_source(fleet.seed, fleet.cluster_dir),
-        refresh_s=0.5,
-        quiet_gc=False,
-        identity_dir=fleet.cluster_dir,
-        # As [bootstrap] args in tui.toml: this test's known_hosts, and the venv built from
-        # this interpreter with its packages (the wheelhouse holds Shoal alone).
-        bootstrap_args=(
-            "--known-hosts",
-            str(fleet.known_hosts),
-            "--system-site-packages",
-            "--python",
-            sys.executable,
-            "--join-timeout",
-            "45",
-        ),
-    )
+    app = addhost_app(fleet)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, "the two agents", lambda: len(app.snapshot.hosts) == 2)
         await command(pilot, "hosts")
@@ -144,21 +149,7 @@ async def test_the_form_keeps_what_was_typed_and_trusts_new_host_keys_on_request
 ) -> None:
     [stranger] = fleet.add_hosts(1, trust=False)
     hosts_file = fleet.hosts_file([0])  # the stranger, with its own remote dir
-    app = ShoalApp(
-        api_source(fleet.seed, fleet.cluster_dir),
-        refresh_s=0.5,
-        quiet_gc=False,
-        identity_dir=fleet.cluster_dir,
-        bootstrap_args=(
-            "--known-hosts",
-            str(fleet.known_hosts),
-            "--system-site-packages",
-            "--python",
-            sys.executable,
-            "--join-timeout",
-            "45",
-        ),
-    )
+    app = addhost_app(fleet)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, "the two agents", lambda: len(app.snapshot.hosts) == 2)
         # What was typed survives closing the form.
