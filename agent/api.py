@@ -19,7 +19,6 @@ counters.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -36,6 +35,7 @@ from agent.events import EventLog
 from agent.logfiles import MAX_TAIL_LINES
 from agent.mesh import GossipMesh
 from agent.metrics import AgentMetrics
+from agent.parsing import json_loads
 from agent.peers import JSON_CONTENT_TYPE
 from agent.reads import Reads
 from agent.wire.health import HealthDoc
@@ -143,7 +143,7 @@ def _internal(fn: Handler) -> Handler:
 async def _json_body(request: web.Request) -> dict[str, Any]:
     _require_content_type(request, JSON_CONTENT_TYPE)
     try:
-        body = json.loads(await request.read())
+        body = json_loads(await request.read())
     except ValueError:
         raise ApiError(400, "body is not JSON") from None
     if not isinstance(body, dict):

@@ -19,6 +19,7 @@ import aiohttp
 
 from agent import netwhy
 from agent.jobspec import JobSpec, new_job_id
+from agent.parsing import json_loads
 from agent.wire.codec import WireError
 from agent.wire.health import HealthDoc
 
@@ -80,8 +81,8 @@ class ApiClient(PooledSession):
     async def _answer(self, response: aiohttp.ClientResponse) -> dict[str, Any]:
         text = await response.text()
         try:
-            doc = json.loads(text) if text else {}
-        except json.JSONDecodeError:
+            doc = json_loads(text) if text else {}
+        except ValueError:
             doc = {"error": text.strip().splitlines()[0] if text.strip() else response.reason}
         if response.status >= 400:
             message = doc.get("error") if isinstance(doc, dict) else None

@@ -10,7 +10,6 @@ drain), which checks them again itself. A forwarded command is never forwarded f
 from __future__ import annotations
 
 import base64
-import json
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -26,6 +25,7 @@ from agent.metrics import AgentMetrics
 from agent.ownedjob import OwnerError
 from agent.owner import Owner
 from agent.ownership import owner_of
+from agent.parsing import json_loads
 from agent.peers import PeerUnreachable
 from agent.runner import Runner
 from gossip import envelope, revocation
@@ -103,7 +103,7 @@ class Commands:
             self._metrics.commands_rejected["unknown_kind"] += 1
             return 400, {"error": f"unknown command kind {command.kind!r}"}
         try:
-            body = json.loads(command.body)
+            body = json_loads(command.body)
             if not isinstance(body, dict):
                 raise ValueError("the command body must be a JSON object")
             status, answer = await handler(command.kind, body, data, forwarded)

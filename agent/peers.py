@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from agent.parsing import json_loads
 from gossip.identity import NodeIdentity
 from gossip.tls import client_context
 from gossip.transport import PooledSession, split_address
@@ -110,7 +111,7 @@ class PeerClient(PooledSession):
             ) as response:
                 text = await response.text()
                 try:
-                    answer = json.loads(text)
+                    answer = json_loads(text)
                 except ValueError:
                     answer = {"error": text.strip()[:200]}
                 if not isinstance(answer, dict):
