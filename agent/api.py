@@ -2,7 +2,8 @@
 
 Operator-facing (see the HTTP contract in ``agent/client.py``): ``POST /v1/commands`` (a sealed
 command), ``GET /v1/jobs``, ``/v1/jobs/{id}``, ``/v1/jobs/{id}/logs``, ``/v1/nodes``,
-``/v1/events``, ``/metrics``, ``/healthz``. Errors are ``{"error": "<one line>"}`` with a 4xx/5xx.
+``/v1/events``, ``/metrics``, ``/healthz``, and ``/v1/openapi.json``, which describes them all
+(:mod:`agent.openapi`). Errors are ``{"error": "<one line>"}`` with a 4xx/5xx.
 
 Agent-to-agent, role ``agent`` only (403 otherwise), all JSON POSTs under ``/v1/internal/``:
 ``command`` (a forwarded sealed command, executed here without forwarding again), the calls of
@@ -230,6 +231,12 @@ def setup(app: web.Application, agent: AgentService) -> None:
             members = await agent.mesh.wait_members(want, float(wait_s))
         return web.json_response(HealthDoc(True, agent.node_id, members).to_wire())
 
+    @_guarded
+    async def openapi(request: web.Request) -> web.StreamResponse:
+        from agent import openapi
+
+        return web.json_response(openapi.document())
+
     @_internal
     async def i_command(request: web.Request) -> web.StreamResponse:
         data = await _sealed_body(request)
@@ -258,6 +265,7 @@ def setup(app: web.Application, agent: AgentService) -> None:
     app.router.add_get("/v1/events", events)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/v1/openapi.json", openapi)
     app.router.add_post("/v1/internal/command", i_command)
     app.router.add_get("/v1/internal/logs/{job_id}", i_logs)
     app.router.add_post("/v1/internal/{op}", i_op)

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from agent.authority import FeaturesLacking
+from agent.authority import FeaturesLacking, SubmissionRefused
 from agent.client import ENVELOPE_CONTENT_TYPE
 from agent.config import AgentConfig
 from agent.context import AgentContext
@@ -151,6 +151,9 @@ class Commands:
             sub = self._ctx.authority.submission(data)
         except FeaturesLacking as exc:
             self._metrics.commands_rejected["features"] += 1
+            return 400, {"error": str(exc)}
+        except SubmissionRefused as exc:  # signed by an operator, but not a job (a bad spec)
+            self._metrics.commands_rejected["bad_body"] += 1
             return 400, {"error": str(exc)}
         needed = frozenset(sub.spec.features)
         if needed and not any(
