@@ -155,7 +155,8 @@ class Reads:
         if attempt is not None:
             path += f"&attempt={attempt}"
         try:
-            async for chunk in self._ctx.peers.stream(addr, path):
+            quiet_s = None if follow else self._ctx.peers.timeout_s
+            async for chunk in self._ctx.peers.stream(addr, path, quiet_s=quiet_s):
                 await response.write(chunk)
         except PeerError as exc:
             await response.write(f"[shoal] log stream ended: {exc}\n".encode())
