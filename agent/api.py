@@ -39,6 +39,7 @@ from agent.metrics import AgentMetrics
 from agent.parsing import json_loads
 from agent.peers import JSON_CONTENT_TYPE
 from agent.reads import Reads
+from agent.store import StoreFull
 from agent.wire.health import HealthDoc
 from gossip.transport import PATH as GOSSIP_PATH
 from gossip.transport import request_peer
@@ -73,6 +74,10 @@ class AgentService(Protocol):
     def reads(self) -> Reads: ...
 
 
+INSUFFICIENT_STORAGE = 507
+"""The answer when this agent's store cannot be written (its disk is full)."""
+
+
 def error(status: int, message: str) -> web.Response:
     text = " ".join(str(message).split())[:300]
     return web.json_response({"error": text}, status=status)
@@ -84,6 +89,8 @@ def _guarded(fn: Handler) -> Handler:
             return await fn(request)
         except ApiError as exc:
             return error(exc.status, str(exc))
+        except StoreFull as exc:  # nothing of the request was kept: the caller may retry
+            return error(INSUFFICIENT_STORAGE, f"this agent's data folder is full: {exc}")
         except (KeyError, ValueError, TypeError) as exc:
             return error(400, f"malformed request: {exc}")
         except web.HTTPException:

@@ -184,6 +184,7 @@ _REASONS: Final = {
     429: "rate limited (per peer; Retry-After)",
     500: "the handler failed (a defect: the log says which)",
     503: "no agent could answer for it",
+    507: "the agent's data folder is full: nothing of the request was kept",
 }
 
 _JOB_ID = {
@@ -234,7 +235,7 @@ def _command(summary: str) -> dict[str, Any]:
         "post": {
             "summary": summary,
             "requestBody": _SEALED_BODY,
-            "responses": {"200": _ANSWER, **_answers(None, 400, 404, 409, 415, 503)},
+            "responses": {"200": _ANSWER, **_answers(None, 400, 404, 409, 415, 503, 507)},
         }
     }
 
@@ -326,7 +327,7 @@ PATHS: Final[dict[str, Any]] = {
                 "required": True,
                 "content": {"application/json": {"schema": {"type": "object"}}},
             },
-            "responses": {"200": _ANSWER, **_answers(None, 400, 404, 409, 415)},
+            "responses": {"200": _ANSWER, **_answers(None, 400, 404, 409, 415, 507)},
         }
     },
     "/v1/gossip": {

@@ -38,6 +38,7 @@ from agent.executor import (
     Exited,
     Launch,
     LaunchError,
+    NoRoom,
     ProcessExecutor,
     ProgressChanged,
     StopCause,
@@ -53,7 +54,7 @@ from agent.jobstate import (
 from agent.logfiles import TailReader
 from agent.ownership import owner_of
 from agent.peers import PeerError
-from agent.store import ResultRecord, RunRecord, process_alive, reconcile
+from agent.store import ResultRecord, RunRecord, StoreFull, process_alive, reconcile
 from agent.wire.calls import (
     AttemptResult,
     StartAnswer,
@@ -199,6 +200,10 @@ class Runner:
                 job_id, spec, attempt=attempt, devices=[statics[k] for k in keys]
             )
             started = await self.executor.start(launch)
+        except NoRoom as exc:  # not the job's fault: declined, it may start elsewhere
+            self.runs.pop(job_id, None)
+            self._on_change()
+            raise Declined(str(exc)) from None
         except (LaunchError, ValueError) as exc:
             self.runs.pop(job_id, None)
             self._on_change()
@@ -212,16 +217,21 @@ class Runner:
             )
             raise Declined(f"attempt {attempt} was stopped as it started")
         self.fence[job_id] = attempt
-        self.store.record_run(
-            RunRecord(
-                job_id,
-                attempt,
-                started.pid,
-                started.pgid,
-                started.started_at,
-                str(started.log_path),
+        try:
+            self.store.record_run(
+                RunRecord(
+                    job_id,
+                    attempt,
+                    started.pid,
+                    started.pgid,
+                    started.started_at,
+                    str(started.log_path),
+                )
             )
-        )
+        except StoreFull as exc:
+            # A run this agent could not remember would outlive a restart unknown: not started.
+            await self.executor.stop(job_id, cause="fenced", grace_s=0)
+            raise Declined(f"cannot record the run here: {exc}") from None
         for k in keys:
             self._set_load(k, True)
         self._on_change()
