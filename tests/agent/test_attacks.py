@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from agent.jobspec import JobSpec, new_job_id
+from agent.jobspec import JobSpec, Resources, new_job_id
 from agent.localmesh import AgentProcess
 from agent.ownership import rank
 from agent.view import pack
@@ -313,11 +313,13 @@ def test_a_member_cannot_forge_another_members_records(mesh: Mesh, intruder: Int
 def test_a_members_progress_for_a_job_it_does_not_run_is_not_shown(
     mesh: Mesh, intruder: Intruder
 ) -> None:
-    job_id, job = submit_sleeper(mesh, intruder)
-    if job["runner"] == intruder.node_id:  # it runs the job: its word on its progress counts
-        assert mesh.command(mesh.agents[0], "cancel", {"job_id": job_id})[0] == 200
-        job_id, job = submit_sleeper(mesh, intruder)
-    assert job["runner"] != intruder.node_id
+    # A job only agent 1 can run (the one ROCm GPU), beyond the intruder's reach.
+    job_id = job_out_of_reach(mesh, intruder)
+    rocm = Resources(gpus_per_node=1, backends=("rocm",))
+    body = {"job_id": job_id, "spec": spec(SLEEPER, resources=rocm)}
+    assert mesh.command(mesh.agents[0], "submit", body)[0] == 200
+    mesh.wait("the job running", lambda: mesh.job(mesh.agents[0], job_id)["state"] == "running")
+    assert mesh.job(mesh.agents[0], job_id)["runner"] == mesh.agents[1].node_id
     lie = {"v": 2, "drain": "schedulable", "queue": 0, "running": [job_id]}
     lie["progress"] = {job_id: [0.99, 1.0]}
     for a in mesh.agents:
