@@ -7,14 +7,20 @@ for that input; never another exception, never a hang (hypothesis's deadline cat
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-FUZZ = settings(max_examples=150, deadline=2000)
+EXAMPLES = int(os.environ.get("SHOAL_FUZZ_EXAMPLES", "40"))
+"""Examples per fuzz test (and per parameter): few, to keep the suite fast; the explicit
+``@example``s of every finding always run. ``SHOAL_FUZZ_EXAMPLES=5000`` for a long hunt."""
+FUZZ = settings(max_examples=EXAMPLES, deadline=5000)
 """Each fuzz test: bounded in count, each example in time (a decoder that hangs fails)."""
+FUZZ_EACH = settings(FUZZ, max_examples=max(1, EXAMPLES // 2))
+"""For a test run once per decoder or per kind (parametrized): half as many each."""
 FUZZ_FILES = settings(FUZZ, suppress_health_check=[HealthCheck.function_scoped_fixture])
 """For a test that writes one file of ``tmp_path`` again at every example."""
 

@@ -272,7 +272,7 @@ def _bodies(mesh: Mesh, job_id: str) -> dict[str, Any]:
 
 
 CONTRACT = settings(
-    max_examples=120,
+    max_examples=60,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     derandomize=True,
@@ -297,7 +297,7 @@ def test_a_live_agent_answers_every_generated_request_as_described(
 
     run()
     # Every route was reached, and the agent is still itself.
-    assert client.statuses[200] > 10, client.statuses
+    assert client.statuses[200] > 5, client.statuses
     assert mesh.get(a, "/healthz")["ok"] is True
     assert mesh.job(a, finished_job)["state"] == "succeeded"
     assert time.monotonic() - started < 120

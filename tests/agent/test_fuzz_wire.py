@@ -49,7 +49,7 @@ from agent.wire.records import (
 from probers.records import DeviceSample, HostInfo
 from probers.sim import SimProber
 from tests.agent.authority_kit import Kit
-from tests.hostile import ANY, FUZZ, JSON, mutated
+from tests.hostile import ANY, FUZZ, FUZZ_EACH, JSON, mutated
 
 HOST = HostInfo("gpu-01", "linux", "x86_64", 64, 512 * 1024**3)
 NODE = "n" * 32
@@ -110,7 +110,7 @@ def _decodes_or_wire_error(decode: Any, value: Any) -> None:
 
 
 @pytest.mark.parametrize(("decode", "valid"), DOCUMENTS, ids=[d.__qualname__ for d, _ in DOCUMENTS])
-@FUZZ
+@FUZZ_EACH
 @given(data=st.data())
 def test_a_document_or_call_body_decodes_or_is_a_wire_error(
     decode: Any, valid: Any, data: st.DataObject
@@ -155,7 +155,7 @@ def test_every_record_kind_is_fuzzed() -> None:
 
 
 @pytest.mark.parametrize(("kind", "payload"), RECORDS, ids=[k for k, _ in RECORDS])
-@FUZZ
+@FUZZ_EACH
 @given(data=st.data())
 def test_a_hostile_gossip_record_is_refused_and_counted_never_raised(
     view: ClusterView, kind: str, payload: bytes, data: st.DataObject
