@@ -30,6 +30,7 @@ from typing import Any, Final, Literal, cast, get_args
 
 from agent.parsing import toml_loads
 from agent.pinning import reserved_env
+from agent.wire.place import dataset_name_problem
 
 JobKind = Literal["training", "inference", "batch"]
 BackendName = Literal["cuda", "rocm", "xpu", "metal", "cpu"]
@@ -408,7 +409,7 @@ def _from_mapping(data: Mapping[str, Any], *, human: bool, now: float | None) ->
         preemptible=r.bool_("preemptible", False),
         deadline=deadline,
         max_runtime_s=max_runtime_s,
-        datasets=r.names("datasets"),
+        datasets=r.datasets("datasets"),
         labels=r.str_map("labels"),
         affinity=r.str_map("affinity"),
         anti_affinity=r.str_map("anti_affinity"),
@@ -573,12 +574,12 @@ class _Reader:
             )
         return value
 
-    def names(self, key: str) -> tuple[str, ...]:
-        """Plain names (a dataset's): not empty, no ``/``, not ``.`` or ``..``."""
+    def datasets(self, key: str) -> tuple[str, ...]:
+        """Dataset names, each one path component (``agent.wire.place.dataset_name_problem``)."""
         values = self.str_tuple(key)
         for value in values:
-            if not value or "/" in value or value in (".", ".."):
-                raise ValueError(f"{self.name(key)}: {value!r} is not a plain name")
+            if (problem := dataset_name_problem(value)) is not None:
+                raise ValueError(f"{self.name(key)}: {problem}")
         return values
 
     def choice(self, key: str, allowed: tuple[str, ...], default: str) -> str:

@@ -26,6 +26,7 @@ from agent.config import AgentConfig, config_from_mapping, load_config
 from agent.errors import UserError
 from agent.fleet import load_fleet
 from agent.jobspec import JobSpec, Resources, parse_duration, parse_size
+from agent.wire.place import dataset_name_problem
 from gossip import envelope
 from gossip.replay import ReplayGuard
 from tests.agent.authority_kit import Kit
@@ -77,7 +78,7 @@ def _check_spec(spec: JobSpec) -> None:
         )
     assert all(name and "=" not in name for name in spec.env)
     for name in spec.datasets:
-        assert name and "/" not in name and name not in (".", "..")
+        assert dataset_name_problem(name) is None
     JobSpec.from_dict(json.loads(json.dumps(spec.to_dict(), allow_nan=False)))
 
 
