@@ -2,7 +2,8 @@
 
 Operator-facing (see the HTTP contract in ``agent/client.py``): ``POST /v1/commands`` (a sealed
 command), ``GET /v1/jobs``, ``/v1/jobs/{id}``, ``/v1/jobs/{id}/logs``, ``/v1/nodes``,
-``/v1/events``, ``/metrics``, ``/healthz``. Errors are ``{"error": "<one line>"}`` with a 4xx/5xx.
+``/v1/events``, ``/metrics``, ``/healthz``, and ``/v1/openapi.json``, which describes them all
+(:mod:`agent.openapi`). Errors are ``{"error": "<one line>"}`` with a 4xx/5xx.
 
 Agent-to-agent, role ``agent`` only (403 otherwise), all JSON POSTs under ``/v1/internal/``:
 ``command`` (a forwarded sealed command, executed here without forwarding again), the calls of
@@ -19,7 +20,6 @@ counters.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -36,8 +36,10 @@ from agent.events import EventLog
 from agent.logfiles import MAX_TAIL_LINES
 from agent.mesh import GossipMesh
 from agent.metrics import AgentMetrics
+from agent.parsing import json_loads
 from agent.peers import JSON_CONTENT_TYPE
 from agent.reads import Reads
+from agent.store import StoreFull
 from agent.wire.health import HealthDoc
 from gossip.transport import PATH as GOSSIP_PATH
 from gossip.transport import request_peer
@@ -72,6 +74,10 @@ class AgentService(Protocol):
     def reads(self) -> Reads: ...
 
 
+INSUFFICIENT_STORAGE = 507
+"""The answer when this agent's store cannot be written (its disk is full)."""
+
+
 def error(status: int, message: str) -> web.Response:
     text = " ".join(str(message).split())[:300]
     return web.json_response({"error": text}, status=status)
@@ -83,6 +89,8 @@ def _guarded(fn: Handler) -> Handler:
             return await fn(request)
         except ApiError as exc:
             return error(exc.status, str(exc))
+        except StoreFull as exc:  # nothing of the request was kept: the caller may retry
+            return error(INSUFFICIENT_STORAGE, f"this agent's data folder is full: {exc}")
         except (KeyError, ValueError, TypeError) as exc:
             return error(400, f"malformed request: {exc}")
         except web.HTTPException:
@@ -143,7 +151,7 @@ def _internal(fn: Handler) -> Handler:
 async def _json_body(request: web.Request) -> dict[str, Any]:
     _require_content_type(request, JSON_CONTENT_TYPE)
     try:
-        body = json.loads(await request.read())
+        body = json_loads(await request.read())
     except ValueError:
         raise ApiError(400, "body is not JSON") from None
     if not isinstance(body, dict):
@@ -230,6 +238,12 @@ def setup(app: web.Application, agent: AgentService) -> None:
             members = await agent.mesh.wait_members(want, float(wait_s))
         return web.json_response(HealthDoc(True, agent.node_id, members).to_wire())
 
+    @_guarded
+    async def openapi(request: web.Request) -> web.StreamResponse:
+        from agent import openapi
+
+        return web.json_response(openapi.document())
+
     @_internal
     async def i_command(request: web.Request) -> web.StreamResponse:
         data = await _sealed_body(request)
@@ -258,6 +272,7 @@ def setup(app: web.Application, agent: AgentService) -> None:
     app.router.add_get("/v1/events", events)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/v1/openapi.json", openapi)
     app.router.add_post("/v1/internal/command", i_command)
     app.router.add_get("/v1/internal/logs/{job_id}", i_logs)
     app.router.add_post("/v1/internal/{op}", i_op)

@@ -40,6 +40,7 @@ from agent.ownedjob import OwnedJob, OwnerError, job_from_wire, job_wire
 from agent.ownership import rank, replica_of
 from agent.peers import PeerError, PeerRefused, PeerUnreachable
 from agent.placement import Candidate, Placement
+from agent.store import StoreFull
 from agent.view import JOB_PREFIX, SUB_PREFIX, job_gen
 from agent.wire.calls import (
     AttemptResult,
@@ -112,6 +113,7 @@ class Owner:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_store_full_is_a_warning)
 
     def kick(self) -> None:
         self._kick.set()
@@ -699,3 +701,16 @@ def _answer(decode: Callable[[Any], A], answer: dict[str, Any]) -> A:
 
 def _finished(r: AttemptResult) -> float:
     return r.finished_at if r.finished_at is not None else time.time()
+
+
+def _store_full_is_a_warning(task: asyncio.Task[Any]) -> None:
+    """A step of a job's work that stopped because the data folder is full: one line, not a
+    traceback. Nothing of the step was stored; the job's durable state is its last saved one,
+    here and on its replica, and the owner takes it up from there (at the latest on restart)."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if isinstance(exc, StoreFull):
+        log.warning("a step of a job's work stopped: %s", exc)
+    elif exc is not None:  # retrieved here, so said here, as asyncio would have
+        log.error("a step of a job's work failed", exc_info=exc)

@@ -8,12 +8,14 @@ unknown); a 4xx raises :class:`PeerRefused` (the peer answered no).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
 
+from agent.parsing import json_loads
 from gossip.identity import NodeIdentity
 from gossip.tls import client_context
 from gossip.transport import PooledSession, split_address
@@ -110,7 +112,7 @@ class PeerClient(PooledSession):
             ) as response:
                 text = await response.text()
                 try:
-                    answer = json.loads(text)
+                    answer = json_loads(text)
                 except ValueError:
                     answer = {"error": text.strip()[:200]}
                 if not isinstance(answer, dict):
@@ -120,12 +122,25 @@ class PeerClient(PooledSession):
             raise PeerUnreachable(f"{addr}: {exc!r}") from exc
 
     async def stream(
-        self, addr: str, path: str, *, timeout_s: float | None = None
+        self,
+        addr: str,
+        path: str,
+        *,
+        timeout_s: float | None = None,
+        quiet_s: float | None = None,
     ) -> AsyncIterator[bytes]:
-        """GET ``path`` and yield the body's chunks as they come (no total timeout)."""
-        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self.timeout_s)
+        """GET ``path`` and yield the body's chunks as they come (no total timeout).
+
+        A peer that accepts and never answers stalls no one: the connection, and the answer's
+        head, must come within this client's ``timeout_s``; then, with ``quiet_s``, the peer may
+        send nothing for at most that long (``None``: a followed log, quiet while its job is)."""
+        timeout = aiohttp.ClientTimeout(
+            total=timeout_s, sock_connect=self.timeout_s, sock_read=quiet_s
+        )
         try:
-            async with self._pooled().get(self.url(addr, path), timeout=timeout) as response:
+            async with asyncio.timeout(self.timeout_s):
+                response = await self._pooled().get(self.url(addr, path), timeout=timeout)
+            async with response:
                 if response.status != 200:
                     text = await response.text()
                     raise PeerRefused(response.status, text.strip()[:200])

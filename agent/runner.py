@@ -38,6 +38,7 @@ from agent.executor import (
     Exited,
     Launch,
     LaunchError,
+    NoRoom,
     ProcessExecutor,
     ProgressChanged,
     StopCause,
@@ -52,8 +53,8 @@ from agent.jobstate import (
 )
 from agent.logfiles import TailReader
 from agent.ownership import owner_of
-from agent.peers import PeerError
-from agent.store import ResultRecord, RunRecord, process_alive, reconcile
+from agent.peers import PeerError, PeerRefused
+from agent.store import ResultRecord, RunRecord, StoreFull, process_alive, reconcile
 from agent.wire.calls import (
     AttemptResult,
     StartAnswer,
@@ -199,6 +200,10 @@ class Runner:
                 job_id, spec, attempt=attempt, devices=[statics[k] for k in keys]
             )
             started = await self.executor.start(launch)
+        except NoRoom as exc:  # not the job's fault: declined, it may start elsewhere
+            self.runs.pop(job_id, None)
+            self._on_change()
+            raise Declined(str(exc)) from None
         except (LaunchError, ValueError) as exc:
             self.runs.pop(job_id, None)
             self._on_change()
@@ -212,16 +217,21 @@ class Runner:
             )
             raise Declined(f"attempt {attempt} was stopped as it started")
         self.fence[job_id] = attempt
-        self.store.record_run(
-            RunRecord(
-                job_id,
-                attempt,
-                started.pid,
-                started.pgid,
-                started.started_at,
-                str(started.log_path),
+        try:
+            self.store.record_run(
+                RunRecord(
+                    job_id,
+                    attempt,
+                    started.pid,
+                    started.pgid,
+                    started.started_at,
+                    str(started.log_path),
+                )
             )
-        )
+        except StoreFull as exc:
+            # A run this agent could not remember would outlive a restart unknown: not started.
+            await self.executor.stop(job_id, cause="fenced", grace_s=0)
+            raise Declined(f"cannot record the run here: {exc}") from None
         for k in keys:
             self._set_load(k, True)
         self._on_change()
@@ -305,18 +315,41 @@ class Runner:
             return hint
         return owner_of(job_id, live)
 
+    def moved_on(self, job_id: str, attempt: int) -> bool:
+        """Whether the job's record, as gossip brings it, is past ``attempt``: ended, or at a
+        later attempt. The owner has then no use for a report of it (it would answer "stale")."""
+        doc = self.view.jobs.get(job_id)
+        if doc is None:
+            return False
+        newer = isinstance(doc.get("attempt"), int) and doc["attempt"] > attempt
+        return newer or doc.get("state") in ("succeeded", "failed", "cancelled")
+
     async def _deliver(self, key: tuple[str, int], hint: str | None) -> None:
+        """Tell the job's owner how an attempt ended, until it has heard, or has moved on.
+
+        After a restart, the runner's view of the mesh is still forming: the owner it finds
+        (by rendezvous over the members it knows so far) may not be the job's, and answers
+        404 "not owned". That is the expected answer of a guess, said at debug level; the
+        report waits for the view to name the owner. Nothing depends on such a report being
+        heard: an owner that misses it learns the attempt's end from its own status check."""
         deadline = time.monotonic() + REPORT_GIVE_UP_S
         delay = 0.2
         while time.monotonic() < deadline:
             report = self._reports.get(key)
             if report is None:
                 return
+            if self.moved_on(*key):
+                self._reports.pop(key, None)
+                log.debug("report of %s attempt %d: the owner has moved on", key[0][:8], key[1])
+                return
             owner = self.owner_for(key[0], hint)
             addr = self._addr_of(owner) if owner else None
             if addr is not None:
                 try:
                     await self.peers.call(addr, "report", report.to_wire())
+                except PeerRefused as exc:
+                    level = logging.DEBUG if exc.status == 404 else logging.INFO
+                    log.log(level, "report of %s to %s: %s", key[0][:8], (owner or "")[:8], exc)
                 except PeerError as exc:
                     log.info("report of %s to %s: %s", key[0][:8], (owner or "")[:8], exc)
                 else:

@@ -10,7 +10,6 @@ answers 400).
 from __future__ import annotations
 
 import base64
-import binascii
 from typing import Any, NamedTuple
 
 from agent.wire import codec as c
@@ -23,9 +22,10 @@ def _b64_out(data: bytes) -> str:
 
 
 def _b64_in(value: Any, name: str) -> bytes:
+    text = c.or_default(c.text, "")(value, name)
     try:
-        return base64.b64decode(c.or_default(c.text, "")(value, name), validate=True)
-    except binascii.Error:
+        return base64.b64decode(text, validate=True)
+    except ValueError:  # binascii.Error, and the one for a string that is not ASCII
         raise WireError(f"{name}: not base64") from None
 
 

@@ -81,6 +81,8 @@ def test_kill_of_a_runner_requeues_elsewhere_never_twice_at_once(tmp_path: Path)
         body = {"job_id": job_id, "spec": spec([sys.executable, "-c", TICKER, str(ticks)])}
         assert mesh.command(mesh.agents[0], "submit", body)[0] == 200
         mesh.wait("running", lambda: mesh.job(mesh.agents[0], job_id)["state"] == "running")
+        # Running, and ticking: on a busy machine the job's interpreter takes a while to start.
+        mesh.wait("attempt 1 ticking", lambda: 1 in tick_spans(ticks))
         first = mesh.job(mesh.agents[0], job_id)["runner"]
         mesh.kill(mesh.node_index(first))
         survivor = next(x for x in mesh.agents if x.running)

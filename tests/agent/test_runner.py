@@ -23,7 +23,7 @@ from agent.peers import PeerClient
 from agent.runner import Declined, LaunchFailed, NotAllowed, Runner
 from agent.store import Store
 from agent.view import ClusterView
-from agent.wire.calls import StartOffer, StopAnswer, StopRequest
+from agent.wire.calls import AttemptResult, StartOffer, StopAnswer, StopRequest
 from gossip.certtrust import CertSigner
 from gossip.identity import NodeIdentity
 from probers.records import DeviceStatic
@@ -210,3 +210,19 @@ async def test_an_offer_of_a_job_that_needs_a_feature_this_agent_lacks_is_declin
     with pytest.raises(Declined, match=r"needs feature gang \(job-spec version 2\)"):
         await rig.start(offer)
     assert rig.runner.runs == {} and rig.runner.executor.running() == ()
+
+
+async def test_a_report_the_owner_has_moved_past_is_dropped(rig: Rig) -> None:
+    """After a restart, an attempt lost in it is reported to an owner the view may not know
+    yet; once gossip shows the job past that attempt, the report has no one to tell."""
+    runner, job_id = rig.runner, new_job_id()
+    record = {"job_id": job_id, "state": "running", "attempt": 1, "owner": rig.owner}
+    runner.view.jobs[job_id] = record
+    lost = AttemptResult(job_id, 1, None, None, "lost", 1.0, 2.0)
+    runner.queue_report(lost, None)
+    await asyncio.sleep(0.5)  # no owner address in this rig: the report waits, retrying
+    assert (job_id, 1) in runner._reports
+    runner.view.jobs[job_id] = {**record, "attempt": 2, "runner": rig.member.node_id}
+    async with asyncio.timeout(10):
+        while (job_id, 1) in runner._reports:
+            await asyncio.sleep(0.05)
