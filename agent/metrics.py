@@ -63,6 +63,12 @@ class _Snapshot:
             ),
             ("placements", "Offers of jobs to runners, by outcome", "outcome", snap["placements"]),
             (
+                "checkpoint",
+                "Checkpoint transfers (pulled, pushed, resumed, failed) and refusals",
+                "what",
+                snap.get("checkpoint", {}),
+            ),
+            (
                 "records_refused",
                 "Gossip records refused (garbage, oversized, malformed) or not believed",
                 "reason",
