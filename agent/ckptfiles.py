@@ -302,12 +302,36 @@ class Vault:
             shutil.rmtree(partial, ignore_errors=True)
             ensure_dir(partial, 0o700)
             self._write_json(base / "partial.json", manifest)
-            offsets = [0] * len(manifest.files)
+            offsets = self._reuse(manifest, held)
         receiver = Receiver(manifest, self.limits, offsets)
         self._receivers[job_id] = receiver
         if receiver.complete:
             self._commit(receiver)
         return receiver.offsets
+
+    def _reuse(self, manifest: Manifest, held: Manifest | None) -> list[int]:
+        """Files of the new checkpoint that the held copy has unchanged are linked from it
+        into ``partial/`` (checked again with the rest): only what changed travels."""
+        same = {(f.path, f.size_bytes, f.sha256) for f in held.files} if held else set()
+        current = self.current_folder(manifest.job_id)
+        partial = self._dir(manifest.job_id) / "partial"
+        offsets: list[int] = []
+        for f in manifest.files:
+            if (f.path, f.size_bytes, f.sha256) not in same or f.size_bytes == 0:
+                offsets.append(0)
+                continue
+            try:
+                src = _open_below(current, f.path, _READ_FLAGS)
+                os.close(src)
+                (partial / f.path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                os.link(current / f.path, partial / f.path, follow_symlinks=False)
+            except (OSError, TransferError):
+                with contextlib.suppress(OSError):
+                    (partial / f.path).unlink()
+                offsets.append(0)
+                continue
+            offsets.append(f.size_bytes)
+        return offsets
 
     def put(self, job_id: str, frame: Frame) -> bool:
         """Write one frame of the transfer under way; ``True`` once the copy is complete and

@@ -251,11 +251,10 @@ class Checkpoints:
                 if not complete:
                     raise TransferError("the receiver holds less than the manifest says")
                 return manifest
-            except PeerRefused as exc:
+            except PeerRefused as exc:  # a refusal would only be repeated
                 self.counts["failed"] += 1
                 log.info("%s refused: %s", what, exc)
-                if exc.status in (403, 409):
-                    return None
+                return None
             except (PeerUnreachable, TransferError) as exc:
                 log.info("%s cut (try %d): %s", what, tries + 1, exc)
         self.counts["failed"] += 1

@@ -75,6 +75,9 @@ MAX_LAUNCH_FAILURES = 3
 LAUNCH_FAILED = 422
 """The status a runner answers an offer with when the job's process could not be started."""
 _REFUSALS = {LAUNCH_FAILED: "launch_failed", 403: "not_allowed"}
+RESTORE_TIMEOUT_S = 120.0
+"""How long an offer that resumes from a checkpoint may take to answer (the runner copies the
+checkpoint into the job's folder first)."""
 UNHEARD_OWNER_GRACE_S = 10.0
 """A stored job whose owner is not live, yet not known dead or left either, is taken over only
 once its copy is this old: a replica can arrive from an owner this agent has not heard of yet."""
@@ -734,8 +737,11 @@ class Owner:
                 job.job_id, attempt, self.node_id, cand.devices, job.submission, resume
             )
             try:
+                # A resumed attempt's checkpoint is copied into its folder before it starts.
+                timeout_s = None if resume is None else RESTORE_TIMEOUT_S
                 answer = _answer(
-                    StartAnswer.from_wire, await self.peers.call(addr, "start", offer.to_wire())
+                    StartAnswer.from_wire,
+                    await self.peers.call(addr, "start", offer.to_wire(), timeout_s=timeout_s),
                 )
             except PeerRefused as exc:
                 self.offers[_REFUSALS.get(exc.status, "declined")] += 1

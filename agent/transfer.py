@@ -49,8 +49,9 @@ class TransferLimits:
     max_total_bytes: int = 4 << 30
     """The largest checkpoint moved or kept (all files together)."""
     max_files: int = 4096
-    max_chunk_bytes: int = 1 << 20
-    """The most bytes of one frame (one request or answer on the wire)."""
+    max_chunk_bytes: int = 512 << 10
+    """The most bytes of one frame: one request or answer on the wire, within the API's
+    1 MiB body limit."""
 
 
 @dataclass(frozen=True, slots=True)

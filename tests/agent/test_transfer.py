@@ -199,3 +199,19 @@ def test_a_copy_that_does_not_match_its_manifest_is_thrown_away(tmp_path: Path) 
         vault.put(JOB, Frame(0, 4, b"ef"))
     assert vault.held(JOB) is None
     assert vault.begin(lying) == (0,)  # nothing of it is kept
+
+
+def test_only_what_changed_travels_to_a_vault_holding_the_last_copy(tmp_path: Path) -> None:
+    vault = Vault(tmp_path, LIMITS)
+    blob = os.urandom(9)
+    first = manifest(step=b"1", model__w=blob)
+    vault.begin(first)
+    for f, data in ((0, b"1"), (1, blob)):
+        for off in range(0, len(data), 4):
+            vault.put(JOB, Frame(f, off, data[off : off + 4]))
+    assert vault.held(JOB) == first
+    second = Manifest(JOB, 2, manifest(step=b"2", model__w=blob).files)
+    assert vault.begin(second) == (0, len(blob))  # the unchanged weights are not sent again
+    assert vault.put(JOB, Frame(0, 0, b"2")) is True
+    assert vault.held(JOB) == second
+    assert (vault.current_folder(JOB) / "model" / "w").read_bytes() == blob
