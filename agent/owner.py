@@ -427,12 +427,8 @@ class Owner:
         if got is None or node != self.node_id:
             return
         replica = replica_of(job_id, self._live(), self.node_id)
-        if replica is None:
-            return
-        try:
-            await cp.push(job_id, replica)
-        except (PeerError, TransferError, OSError) as exc:
-            log.info("job %s: checkpoint copy to %s: %s", job_id[:8], replica[:8], exc)
+        if replica is not None:
+            await self._hand_copy(job_id, replica)
 
     async def _collect_last(self, job: OwnedJob) -> None:
         """Before a new attempt: pull what the last attempt left, if its node is alive."""
@@ -446,6 +442,13 @@ class Owner:
         self._collected.add(key)
         if len(self._collected) > 10_000:
             self._collected.clear()
+
+    async def _hand_copy(self, job_id: str, node: str) -> None:
+        assert self.checkpoints is not None
+        try:
+            await self.checkpoints.push(job_id, node)
+        except (PeerError, TransferError, OSError) as exc:
+            log.info("job %s: checkpoint copy to %s: %s", job_id[:8], node[:8], exc)
 
     async def _push_checkpoint(self, job: OwnedJob, node: str) -> ResumeFrom | None:
         """The newest copy held, sent to ``node`` ahead of the offer; what the offer names."""
@@ -536,6 +539,8 @@ class Owner:
             self._replicated_to.pop(job.job_id, None)
             self.events.add("handed_over", f"to {node[:8]}, first in its order", job_id=job.job_id)
             self._on_change()
+            if self.checkpoints is not None:  # the new owner starts with the copy we hold
+                self.spawn(self._hand_copy(job.job_id, node))
         finally:
             self._handing.discard(job.job_id)
             runner = job.runner
