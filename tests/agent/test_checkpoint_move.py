@@ -110,7 +110,13 @@ def test_migrate_moves_the_checkpoint_through_a_cut_and_never_resumes_a_stale_on
         log = tmp_path / "starts"
         job_id, first = start_trainer(mesh, log)
         source = ckpt_dir(mesh, first, job_id)
-        target = next(x for x in mesh.agents if x.node_id != first)
+        # The target is neither the runner nor the owner, and last in the job's order: the
+        # checkpoint reaches it only through the owner's push for the migration.
+        owner = mesh.job(a, job_id)["owner"]
+        order = rank(job_id, [x.node_id for x in mesh.agents])
+        target = next(
+            mesh.agents[mesh.node_index(n)] for n in reversed(order) if n not in (first, owner)
+        )
 
         done = shoal("migrate", job_id[:8], "--to", target.node_id, *flags)
         assert done.returncode == 0, done.stderr
@@ -125,7 +131,9 @@ def test_migrate_moves_the_checkpoint_through_a_cut_and_never_resumes_a_stale_on
         there = ckpt_dir(mesh, target.node_id, job_id)
         assert (there / "blob").read_bytes() == (source / "blob").read_bytes()
         # The cut connections were resumed, not started over or given up.
-        assert total(mesh, "dropped") >= 1 and total(mesh, "resumed") >= 1
+        # That push was cut mid-stream (the target dropped its second chunk) and resumed.
+        assert metric(mesh, target, "shoal_checkpoint_total", what="dropped") == 1
+        assert total(mesh, "resumed") >= 1
         assert total(mesh, "failed") == 0
 
         # Back to the first node, which still holds attempt 1's folder: attempt 3 resumes from
