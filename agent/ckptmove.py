@@ -4,10 +4,11 @@ Only a job's owner moves its checkpoint, and only between agents: it *pulls* the
 attempt left on its runner into its own :class:`~agent.ckptfiles.Vault` (after each checkpoint
 the runner notices, and when the attempt stops), and *pushes* the copy it holds to the node
 that runs the next attempt (and, when the owner is itself the runner, to the job's replica, so
-that a copy survives the node, and to the new owner it hands the job to). Every request names the job; the agent asked answers only an
-agent that may act as the job's owner (``agent.authority``), or, for the folder of an attempt,
-the agent that started that attempt. Anyone else is refused (403) and counted
-(``shoal_internal_refused_total{call="checkpoint"}``, ``shoal_checkpoint_total{what=...}``).
+that a copy survives the node; and to the new owner it hands the job to). Every request names
+the job; the agent asked answers only an agent that may act as the job's owner
+(``agent.authority``), or, for the folder of an attempt, the agent that started that attempt.
+Anyone else is refused (403) and counted (``shoal_internal_refused_total{call="checkpoint"}``,
+``shoal_checkpoint_total{what=...}``).
 Jobs never hold an agent's key, so a job cannot ask for anything.
 
 Routes, role ``agent``, under ``/v1/internal/checkpoint/<job id>``:
