@@ -145,7 +145,8 @@ def test_migrate_moves_the_checkpoint_through_a_cut_and_never_resumes_a_stale_on
         resumed, step = starts(log)[3]
         assert resumed == "1" and step == saved_step(there) >= left + 20
         assert mesh.job(a, job_id)["runner"] == first
-        assert saved_step(source) == step  # the stale folder was replaced, not resumed
+        # The stale folder was replaced (attempt 3 saves on from there), not resumed.
+        assert saved_step(source) >= step > left
     finally:
         mesh.stop_all()
 
