@@ -8,7 +8,8 @@ command), ``GET /v1/jobs``, ``/v1/jobs/{id}``, ``/v1/jobs/{id}/logs``, ``/v1/nod
 Agent-to-agent, role ``agent`` only (403 otherwise), all JSON POSTs under ``/v1/internal/``:
 ``command`` (a forwarded sealed command, executed here without forwarding again), the calls of
 the job protocol (``agent.calls``: ``replicate``, ``adopt``, ``start``, ``stop``, ``status``,
-``report``), and ``GET /v1/internal/logs/{id}`` (the runner's log, proxied by the API).
+``report``, ``checkpointed``), ``GET /v1/internal/logs/{id}`` (the runner's log, proxied by the
+API), and the checkpoint transfers under ``/v1/internal/checkpoint/{id}`` (``agent.ckptmove``).
 
 Refusals: a sealed command must come as ``application/octet-stream`` and an internal JSON call as
 ``application/json`` (415 otherwise); ``lines`` of a log request is at most
@@ -29,6 +30,9 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from agent.calls import Calls
+from agent.ckptmove import PATH as CHECKPOINT_PATH
+from agent.ckptmove import Checkpoints
+from agent.ckptmove import Routes as CheckpointRoutes
 from agent.client import ENVELOPE_CONTENT_TYPE
 from agent.commands import Commands
 from agent.errors import ApiError
@@ -72,6 +76,9 @@ class AgentService(Protocol):
 
     @property
     def reads(self) -> Reads: ...
+
+    @property
+    def checkpoints(self) -> Checkpoints: ...
 
 
 INSUFFICIENT_STORAGE = 507
@@ -264,6 +271,14 @@ def setup(app: web.Application, agent: AgentService) -> None:
         job_id = request.match_info["job_id"]
         return await agent.reads.local_logs(request, job_id, lines, follow, attempt)
 
+    ckpt = CheckpointRoutes(agent.checkpoints)
+
+    def _ckpt(fn: Callable[[web.Request, str], Awaitable[web.StreamResponse]]) -> Handler:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            return await fn(request, request_peer(request).node_id)
+
+        return _internal(handler)
+
     app.router.add_post("/v1/commands", commands)
     app.router.add_get("/v1/jobs", jobs)
     app.router.add_get("/v1/jobs/{job_id}", job)
@@ -275,4 +290,8 @@ def setup(app: web.Application, agent: AgentService) -> None:
     app.router.add_get("/v1/openapi.json", openapi)
     app.router.add_post("/v1/internal/command", i_command)
     app.router.add_get("/v1/internal/logs/{job_id}", i_logs)
+    app.router.add_get(f"{CHECKPOINT_PATH}/{{job_id}}", _ckpt(ckpt.manifest))
+    app.router.add_get(f"{CHECKPOINT_PATH}/{{job_id}}/chunk", _ckpt(ckpt.chunk))
+    app.router.add_post(f"{CHECKPOINT_PATH}/{{job_id}}/offer", _ckpt(ckpt.offer))
+    app.router.add_post(f"{CHECKPOINT_PATH}/{{job_id}}/chunk", _ckpt(ckpt.put))
     app.router.add_post("/v1/internal/{op}", i_op)

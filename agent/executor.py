@@ -168,8 +168,10 @@ class Launch:
         attempt: int,
         devices: Sequence[DeviceStatic] = (),
         gang: GangRank | None = None,
+        resume: bool = False,
     ) -> Launch:
-        """The launch for ``spec``: its env (less any name Shoal reserves), then Shoal's."""
+        """The launch for ``spec``: its env (less any name Shoal reserves), then Shoal's
+        (``resume``: ``SHOAL_RESUME=1``, the checkpoint folder holds an earlier attempt's)."""
         if spec.image is not None:
             raise LaunchError("container images are not supported by the process executor yet")
         env = {k: v for k, v in spec.env.items() if reserved_env(k) is None}
@@ -180,6 +182,7 @@ class Launch:
                 attempt=attempt,
                 checkpoint_dir=spec.checkpoint_dir,
                 gang=gang,
+                resume=resume,
             )
         )
         return cls(

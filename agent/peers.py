@@ -121,6 +121,37 @@ class PeerClient(PooledSession):
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise PeerUnreachable(f"{addr}: {exc!r}") from exc
 
+    async def fetch(
+        self, addr: str, path: str, *, max_bytes: int, timeout_s: float | None = None
+    ) -> bytes:
+        """GET ``path`` and return its body (at most ``max_bytes``); a 4xx raises
+        :class:`PeerRefused`, anything else that is not 200 :class:`PeerUnreachable`."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout_s)
+        try:
+            async with self._pooled().get(self.url(addr, path), timeout=timeout) as response:
+                if response.status != 200:
+                    text = (await response.content.read(4096)).decode("utf-8", "replace")
+                    try:
+                        reason = str(json.loads(text).get("error", text))
+                    except (ValueError, AttributeError):
+                        reason = text.strip()[:200]
+                    if 400 <= response.status < 500:
+                        raise PeerRefused(response.status, reason)
+                    raise PeerUnreachable(f"{addr} {path}: {response.status} {reason}")
+                blocks: list[bytes] = []
+                size = 0
+                async for block in response.content.iter_chunked(1 << 16):
+                    size += len(block)
+                    if size > max_bytes:
+                        raise PeerUnreachable(f"{addr} {path}: answer over {max_bytes} bytes")
+                    blocks.append(block)
+                body = b"".join(blocks)
+                if response.content_length is not None and len(body) != response.content_length:
+                    raise PeerUnreachable(f"{addr} {path}: answer cut short")
+                return body
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise PeerUnreachable(f"{addr}: {exc!r}") from exc
+
     async def stream(
         self,
         addr: str,

@@ -136,6 +136,15 @@ def test_a_restarted_agent_reconciles_from_its_store(tmp_path: Path) -> None:
         assert mesh.command(a, "submit", body)[0] == 200
         mesh.command(a, "drain", {"node": a.node_id, "grace_s": 0})
         mesh.wait("done", lambda: mesh.job(a, done)["state"] == "succeeded")
+        # b, which may own the next job, must know a takes no work, or it may offer it there
+        # first (declined: attempt 2 would then be b's).
+        mesh.wait(
+            "b to see a drained",
+            lambda: (
+                {n["node_id"]: n for n in mesh.get(b, "/v1/nodes")["nodes"]}[a.node_id]["drain"]
+                == "drained"
+            ),
+        )
         pidfile = tmp_path / "pid"
         script = (
             f"import os,time; open({str(pidfile)!r},'w').write(str(os.getpid())); time.sleep(60)"
