@@ -1,10 +1,10 @@
 """A typed snapshot of the mesh, built from the agent API's JSON, and what the TUI derives from it.
 
 Everything here is plain data and pure functions (no Textual, no I/O): the views render a
-:class:`MeshSnapshot`; :func:`fitting_hosts` previews where a job would go (hard constraints only,
-best first) for the submit form and the migrate picker; :class:`History` keeps ~10 minutes of
-utilization per GPU for the sparklines, one value per time bucket so a repeated read of the same
-moment never adds a point.
+:class:`MeshSnapshot`; :func:`fitting_hosts` previews where a job would go (the agents' own
+policy, best first) for the submit form and the migrate picker; :class:`History` keeps ~10
+minutes of utilization per GPU for the sparklines, one value per time bucket so a repeated read
+of the same moment never adds a point.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from agent.jobspec import JobSpec
-from agent.placement import device_fits
+from agent.policy.preview import preview
 
 STALE_AFTER_S: Final = 90.0
 """Telemetry older than this is shown as stale (with its age): 1.5 times the agents' default
@@ -577,54 +577,30 @@ class Fit:
     queue: int
 
 
-def _labels_ok(spec: JobSpec, host: HostView) -> bool:
-    if any(host.labels.get(k) != v for k, v in spec.affinity.items()):
-        return False
-    return not any(host.labels.get(k) == v for k, v in spec.anti_affinity.items())
-
-
 def fitting_hosts(
     spec: JobSpec, snapshot: MeshSnapshot, *, exclude: frozenset[str] = frozenset()
 ) -> list[Fit]:
-    """Hosts where ``spec`` fits now by hard constraints, best first.
-
-    A host fits when it is alive, schedulable, matches the job's affinity and has
-    ``gpus_per_node`` free GPUs of one vendor that meet the per-GPU constraints. Best first: the
-    shortest queue, then the idlest offered GPUs, then the most free fitting GPUs, then the name.
-    """
-    want = spec.resources.gpus_per_node
+    """Hosts where ``spec`` would start now, best first, as the agents' policy ranks them
+    (:func:`agent.policy.preview.preview`): live agents only."""
+    hosts = [h for h in snapshot.hosts if h.state == "alive" and h.role == "agent"]
     busy = snapshot.busy_devices()
+    by_id = {h.node_id: h for h in hosts}
     fits: list[Fit] = []
-    for host in snapshot.hosts:
-        if host.node_id in exclude or host.state != "alive" or host.drain != "schedulable":
-            continue
-        if host.role != "agent" or not _labels_ok(spec, host):
-            continue
+    for cand in preview(spec, hosts, busy, now=snapshot.taken_at, exclude=exclude):
+        host = by_id[cand.node_id]
+        offered = set(cand.placement.devices[0])
         taken = busy.get(host.node_id, set())
-        by_vendor: dict[str, list[DeviceView]] = {}
-        for device in host.devices:
-            if device.key not in taken and device.backend != "cpu" and device_fits(spec, device):
-                by_vendor.setdefault(device.vendor, []).append(device)
-        best: list[DeviceView] = []
-        for group in by_vendor.values():
-            group = sorted(group, key=lambda d: (d.util_pct or 0.0, d.index))
-            if len(group) >= want and (not best or len(group) > len(best)):
-                best = group
-        if want > 0 and len(best) < want:
-            continue
-        offered = best[:want]
-        utils = [d.util_pct or 0.0 for d in offered]
+        utils = [d.util_pct or 0.0 for d in host.devices if d.key in offered]
         fits.append(
             Fit(
                 node_id=host.node_id,
                 hostname=host.hostname,
-                devices=tuple(d.key for d in offered),
-                free_gpus=len(best),
+                devices=cand.placement.devices[0],
+                free_gpus=sum(1 for d in host.devices if d.key not in taken and d.backend != "cpu"),
                 mean_util_pct=sum(utils) / len(utils) if utils else 0.0,
                 queue=host.queue,
             )
         )
-    fits.sort(key=lambda f: (f.queue, round(f.mean_util_pct), -f.free_gpus, f.hostname))
     return fits
 
 
