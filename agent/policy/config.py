@@ -61,7 +61,7 @@ class PolicyConfig:
     """A job starting on a fast device yields it to a running job on a slower one when the
     running job's speedup there is this many times the starter's."""
     heat_margin_c: float = 10.0
-    scan_per_group: int = 16
+    scan_per_group: int = 8
     """Nodes looked at in each group of interchangeable nodes (dataset holders always)."""
     alternates: int = 4
     """Candidates kept after the best one, tried in turn when a node declines."""

@@ -12,10 +12,11 @@ from agent.policy.index import ClusterIndex, DeviceKind
 from agent.policy.model import ThroughputModel
 from agent.policy.snapshot import Job, Snapshot
 
-ReqKey = tuple[object, ...]
+ReqKey = int
+"""A job's requirements (:func:`req_key`) interned as a small number: cheap to hash."""
 
 
-def req_key(job: Job) -> ReqKey:
+def req_key(job: Job) -> tuple[object, ...]:
     """Everything about a job that decides where it fits and what a device is worth to it."""
     return (
         job.job_class,
@@ -69,9 +70,27 @@ class Context:
     owner: str | None = None
     shapes: tuple[Shape, ...] = ()
     frag_cache: dict[tuple[tuple[float, ...], int | None], float] = field(default_factory=dict)
-    group_cache: dict[tuple[ReqKey, tuple[object, ...]], object] = field(default_factory=dict)
+    group_cache: dict[tuple[ReqKey, int, int], object] = field(default_factory=dict)
     kind_ok: dict[tuple[ReqKey, DeviceKind], str | None] = field(default_factory=dict)
+    """Why a kind of device cannot serve a requirement (kept across passes by the state)."""
+    req_keys: dict[str, tuple[Job, ReqKey]] = field(default_factory=dict)
+    """Each job's interned requirements, by job id (kept across passes by the state)."""
+    interned: dict[tuple[object, ...], ReqKey] = field(default_factory=dict)
     work_cache: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def key(self, job: Job) -> ReqKey:
+        """``req_key(job)`` interned, memoized by job id (a job's requirements never change)."""
+        held = self.req_keys.get(job.job_id)
+        if held is not None and held[0] is job:
+            return held[1]
+        full = req_key(job)
+        key = self.interned.get(full)
+        if key is None:
+            key = self.interned[full] = len(self.interned)
+        if len(self.req_keys) > 100_000:
+            self.req_keys.clear()
+        self.req_keys[job.job_id] = (job, key)
+        return key
 
     def work_ref_s(self, job: Job) -> tuple[float, float]:
         """p50/p90 of the job's work in reference seconds (its class's, as the model knows it)."""

@@ -29,9 +29,10 @@ from agent.policy.context import Context, workload_shapes
 from agent.policy.explain import behind_line, busy_line, never_reason
 from agent.policy.forecast import Forecast, _Duration, _Timeline, forecast, remaining_s
 from agent.policy.gangs import rank_gang
+from agent.policy.index import Group
 from agent.policy.model import ThroughputModel
 from agent.policy.moves import Move, moves_to_idle, swap_for
-from agent.policy.place import Candidate, rank, speed_spread
+from agent.policy.place import Candidate, kind_reason, rank, speed_spread
 from agent.policy.preempt import Preemption, preempt_for
 from agent.policy.queue import Reservation, queue_order
 from agent.policy.snapshot import Job, Placement, Running, Snapshot
@@ -122,6 +123,14 @@ def context(
     state.running.refresh(snapshot.running)
     ctx = Context(snapshot, state.index, model, config or PolicyConfig(), owner)
     ctx.shapes = workload_shapes(snapshot)
+    state.passes += 1
+    if len(state.kind_ok) > 100_000:
+        state.kind_ok.clear()
+    if state.passes % 256 == 0:
+        state.move_potential.clear()  # the model learns: look at speeds afresh now and then
+    ctx.kind_ok = state.kind_ok
+    ctx.req_keys = state.req_keys
+    ctx.interned = state.interned
     return ctx, state
 
 
@@ -149,12 +158,17 @@ def decide(
     reservation: Reservation | None = None
     blocked = False
     now = snapshot.now
+    idle = ctx.index.has_idle()
+    lowest = min(state.running.preemptible, default=None)
+    reserve_tried = False
     for i, job in enumerate(order):
         never = never_reason(job, ctx, state)
         if never is not None:
             waiting.append(Waiting(job.job_id, never, never_fits=True))
             continue
-        if blocked:
+        may_preempt = lowest is not None and job.priority > lowest
+        no_room = job.gpus_per_node > 0 and not idle and not may_preempt
+        if blocked or no_room:
             held.append((job, i))
             continue
         cands = rank_any(job, ctx)
@@ -170,6 +184,7 @@ def decide(
             best = cands[0]
             apply.take(ctx.index, job, best.placement)
             starts.append(_Start(job, best, tuple(cands[1:]), backfilled))
+            idle = ctx.index.has_idle()
             continue
         pre = _preempt(job, ctx, state, busy)
         if pre is not None:
@@ -180,8 +195,9 @@ def decide(
         held.append((job, i))
         if not cfg.backfill:
             blocked = True
-        elif reservation is None and _has_idle(ctx):
-            reservation = _reserve(job, ctx, starts)
+        elif not reserve_tried and idle:
+            reserve_tried = True
+            reservation = _reserve(job, ctx, state, starts)
     starts = _by_gain(starts, ctx, reservation)
     moves: list[Move] = []
     for s in starts:
@@ -202,9 +218,9 @@ def decide(
         s.alternates = ()
         s.after = (moved.job.job_id,)
         moves.append(move)
-    if _has_idle(ctx):
+    if ctx.index.has_idle():
         reserved = frozenset(reservation.node_ids) if reservation is not None else frozenset()
-        moves.extend(moves_to_idle(ctx, state.running.groups, busy, reserved))
+        moves.extend(moves_to_idle(ctx, state.running.groups, busy, reserved, state.move_potential))
     fc: dict[str, Forecast] = {}
     if forecasts:
         started = [(s.job, s.cand.model, now) for s in starts]
@@ -246,6 +262,8 @@ def _model_of(pre: Preemption, ctx: Context) -> str:
 def _preempt(job: Job, ctx: Context, state: PolicyState, busy: set[str]) -> Preemption | None:
     if not ctx.config.preemption or job.gpus_per_node == 0:
         return None
+    if not _may_preempt_any(job, state):
+        return None
     by_node: dict[str, list[Running]] = {}
     for node_id, runs in state.running.by_node.items():
         eligible = [
@@ -268,23 +286,47 @@ def _preempt(job: Job, ctx: Context, state: PolicyState, busy: set[str]) -> Pree
     return pre
 
 
-def _has_idle(ctx: Context) -> bool:
-    """Is any capacity left that some job could still take this pass?"""
-    return any(any(f > 0.0 for f in g.free_fractions) for g in ctx.index.groups.values()) or any(
-        not g.free_fractions and (g.cpu_free or 0) > 0 for g in ctx.index.groups.values()
-    )
+def _may_preempt_any(job: Job, state: PolicyState) -> bool:
+    return any(p < job.priority for p in state.running.preemptible)
 
 
-def _reserve(job: Job, ctx: Context, starts: Sequence[_Start]) -> Reservation | None:
-    """The first blocked job's reservation: where and when it should start (p50)."""
+RESERVE_SCAN = 64
+"""Nodes a reservation is looked for on: those with the most of the job's GPUs free already."""
+
+
+def _reserve(
+    job: Job, ctx: Context, state: PolicyState, starts: Sequence[_Start]
+) -> Reservation | None:
+    """The first blocked job's reservation: where and when it should start (p50), on the nodes
+    that already have the most of what it needs free (they need the fewest jobs to end)."""
     now = ctx.snapshot.now
+    key = ctx.key(job)
+    ranked: list[tuple[int, int, Group]] = []
+    for group in ctx.index.groups.values():
+        free = sum(
+            n for kind, n in group.whole_free.items() if kind_reason(job, key, kind, ctx) is None
+        )
+        if job.gpus_per_node == 0 or free or len(ranked) < RESERVE_SCAN:
+            ranked.append((-free, group.serial, group))
+    ranked.sort(key=lambda t: (t[0], t[1]))
+    nodes: list[str] = []
+    want = max(RESERVE_SCAN, 4 * job.nodes)
+    for _free, _serial, group in ranked:
+        for node_id in group.members:
+            nodes.append(node_id)
+            if len(nodes) >= want:
+                break
+        if len(nodes) >= want:
+            break
     ends: dict[str, float] = {}
-    for r in ctx.snapshot.running:
-        ends[r.job.job_id] = now + remaining_s(r, ctx)[0]
+    for node_id in nodes:
+        for job_id, r in state.running.by_node.get(node_id, {}).items():
+            if job_id not in ends:
+                ends[job_id] = now + remaining_s(r, ctx)[0]
     for s in starts:
         ends[s.job.job_id] = now + ctx.duration_s(s.job, s.cand.speed)[0]
     timeline = _Timeline(ctx, ends)
-    placed = timeline.place(job, _Duration(ctx, 0))
+    placed = timeline.place(job, _Duration(ctx, 0), nodes)
     if placed is None:
         return None
     start, _end, nodes = placed

@@ -74,8 +74,19 @@ def static_key(job: Job) -> tuple[object, ...]:
 
 def never_reason(job: Job, ctx: Context, state: PolicyState) -> str | None:
     """Why ``job`` can never run on this fleet (``None``: some node set could host it)."""
-    key = static_key(job)
     version = ctx.index.static_version
+    mine = state.never_by_job.get(job.job_id)
+    if mine is not None and mine[0] == version and mine[1] is job:
+        return mine[2]
+    answer = _never_reason(job, ctx, state, version)
+    if len(state.never_by_job) > 100_000:
+        state.never_by_job.clear()
+    state.never_by_job[job.job_id] = (version, job, answer)
+    return answer
+
+
+def _never_reason(job: Job, ctx: Context, state: PolicyState, version: int) -> str | None:
+    key = static_key(job)
     held = state.never.get(key)
     if held is not None and held[0] == version:
         return held[1]

@@ -15,8 +15,10 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from agent.policy.context import Context, req_key
-from agent.policy.filters import device_reason, static_fit
+from agent.policy.context import Context
+from agent.policy.filters import node_reason
+from agent.policy.index import SlotState
+from agent.policy.place import kind_reason
 from agent.policy.snapshot import Job, Running
 
 RATE_SD = 0.15
@@ -69,108 +71,148 @@ def remaining_s(r: Running, ctx: Context) -> tuple[float, float]:
 
 
 class _Timeline:
-    """When each device of each node is next free, under one set of durations."""
+    """When each device of each node is next free, under one set of durations (built lazily,
+    node by node, as jobs are laid out)."""
 
     def __init__(self, ctx: Context, ends: dict[str, float]) -> None:
         self.ctx = ctx
-        now = ctx.snapshot.now
-        self.free_at: dict[str, dict[str, float]] = {}
-        self.share_room: dict[str, dict[str, int]] = {}
+        self.ends = ends
+        self._times: dict[str, list[float]] = {}
+        self._room: dict[str, list[int]] = {}
         self.version: dict[str, int] = {}
-        for node_id, entry in ctx.index.entries.items():
-            times: dict[str, float] = {}
-            room: dict[str, int] = {}
-            for d in entry.node.devices:
-                if d.whole_job is not None:
-                    times[d.key] = ends.get(d.whole_job, now)
-                elif d.shares:
-                    times[d.key] = max(ends.get(s.job_id, now) for s in d.shares)
-                else:
-                    times[d.key] = now
-                room[d.key] = d.share_free_bytes
-            self.free_at[node_id] = times
-            self.share_room[node_id] = room
-            self.version[node_id] = 0
         self.heaps: dict[tuple[object, ...], list[tuple[float, float, str, int]]] = {}
+        self._usable_cache: dict[tuple[int, int], list[int]] = {}
+        self._durations: dict[tuple[object, ...], float] = {}
+
+    def _node(self, node_id: str) -> tuple[list[float], list[int], tuple[SlotState, ...]] | None:
+        index = self.ctx.index
+        entry = index.entries[node_id]
+        if entry.group is None:
+            return None
+        slots = entry.group.slots
+        times = self._times.get(node_id)
+        if times is None:
+            now = self.ctx.snapshot.now
+            ends = self.ends
+            times = []
+            room = []
+            for d in entry.ordered:
+                if d.whole_job is not None:
+                    times.append(ends.get(d.whole_job, now))
+                elif d.shares:
+                    times.append(max(ends.get(s.job_id, now) for s in d.shares))
+                else:
+                    times.append(now)
+                room.append(d.share_free_bytes)
+            self._times[node_id] = times
+            self._room[node_id] = room
+            self.version[node_id] = 0
+        return times, self._room[node_id], slots
+
+    def _usable(self, job: Job, slots: tuple[SlotState, ...]) -> list[int]:
+        key = self.ctx.key(job)
+        memo = (key, id(slots))
+        held = self._usable_cache.get(memo)
+        if held is None:
+            held = self._usable_cache[memo] = [
+                i
+                for i, slot in enumerate(slots)
+                if kind_reason(job, key, slot.kind, self.ctx) is None
+            ]
+        return held
 
     def option(self, job: Job, node_id: str, d_fn: _Duration) -> tuple[float, float] | None:
         """(start, end) of ``job`` on ``node_id`` on this timeline, or ``None``."""
-        entry = self.ctx.index.entries[node_id]
         now = self.ctx.snapshot.now
-        times = self.free_at[node_id]
-        best: tuple[float, float] | None = None
         if job.gpus_per_node == 0:
-            return now, now + d_fn(job, "cpu")
-        by_model: dict[str, list[float]] = {}
-        for d in entry.node.devices:
-            if device_reason(job, d) is not None:
-                continue
-            if job.is_share:
-                start = (
-                    now
-                    if self.share_room[node_id][d.key] >= job.share_bytes_on(d)
-                    else times[d.key]
-                )
-                by_model.setdefault(d.model, []).append(start)
-            else:
-                by_model.setdefault(d.model, []).append(times[d.key])
+            return now, now + self._duration(job, "cpu", d_fn)
+        data = self._node(node_id)
+        if data is None:
+            return None
+        times, room, slots = data
+        usable = self._usable(job, slots)
         want = 1 if job.is_share else job.gpus_per_node
+        if len(usable) < want:
+            return None
+        by_model: dict[str, list[float]] = {}
+        for i in usable:
+            kind = slots[i].kind
+            if job.is_share:
+                fraction = job.share_fraction or 0.0
+                need = job.share_mem_bytes or int(fraction * kind.mem_total_bytes)
+                start = now if room[i] >= need else times[i]
+            else:
+                start = times[i]
+            by_model.setdefault(kind.model, []).append(start)
+        best: tuple[float, float] | None = None
         for model, starts in by_model.items():
             if len(starts) < want:
                 continue
             starts.sort()
             start = max(now, starts[want - 1])
-            end = start + d_fn(job, model)
+            end = start + self._duration(job, model, d_fn)
             if best is None or end < best[1]:
                 best = (start, end)
         return best
 
+    def _duration(self, job: Job, model: str, d_fn: _Duration) -> float:
+        memo = (self.ctx.key(job), job.job_class, job.max_runtime_s, model, d_fn.q)
+        held = self._durations.get(memo)
+        if held is None:
+            held = self._durations[memo] = d_fn(job, model)
+        return held
+
     def take(self, job: Job, node_id: str, start: float, end: float) -> None:
         """Hold the devices ``job`` would use on ``node_id`` from ``start`` to ``end``."""
-        entry = self.ctx.index.entries[node_id]
-        times = self.free_at[node_id]
+        data = self._node(node_id)
+        if data is None:
+            return
+        times, room, slots = data
         want = 1 if job.is_share else job.gpus_per_node
-        usable = sorted(
-            (times[d.key], d.key, d)
-            for d in entry.node.devices
-            if device_reason(job, d) is None and times[d.key] <= start + 1e-6
-        )
+        usable = sorted((times[i], i) for i in self._usable(job, slots) if times[i] <= start + 1e-6)
         if job.is_share:
-            for _, key, d in usable[:1]:
-                self.share_room[node_id][key] -= job.share_bytes_on(d)
-                if self.share_room[node_id][key] < job.share_bytes_on(d):
-                    times[key] = max(times[key], end)
+            for _, i in usable[:1]:
+                mem = slots[i].kind.mem_total_bytes
+                need = job.share_mem_bytes or int((job.share_fraction or 0.0) * mem)
+                room[i] -= need
+                if room[i] < need:
+                    times[i] = max(times[i], end)
         else:
-            for _, key, _d in usable[:want]:
-                times[key] = end
-        self.version[node_id] += 1
+            for _, i in usable[:want]:
+                times[i] = end
+        self.version[node_id] = self.version.get(node_id, 0) + 1
 
-    def place(self, job: Job, d_fn: _Duration) -> tuple[float, float, tuple[str, ...]] | None:
-        """Earliest-ending place for ``job`` on this timeline; holds it. ``None``: nowhere."""
-        key = (*req_key(job), job.max_runtime_s, job.nodes)
+    def place(
+        self, job: Job, d_fn: _Duration, nodes: Iterable[str] | None = None
+    ) -> tuple[float, float, tuple[str, ...]] | None:
+        """Earliest-ending place for ``job`` on this timeline (among ``nodes``, default all);
+        holds it. ``None``: nowhere."""
+        key = (self.ctx.key(job), job.max_runtime_s, job.nodes)
         heap = self.heaps.get(key)
         if heap is None:
             heap = []
-            for node_id, entry in self.ctx.index.entries.items():
-                if static_fit(job, entry.node) is not None:
+            entries = self.ctx.index.entries
+            for node_id in entries if nodes is None else nodes:
+                entry = entries[node_id]
+                if entry.group is None or node_reason(job, entry.node) is not None:
                     continue
                 opt = self.option(job, node_id, d_fn)
                 if opt is not None:
-                    heap.append((opt[1], opt[0], node_id, self.version[node_id]))
+                    heap.append((opt[1], opt[0], node_id, self.version.get(node_id, 0)))
             heapq.heapify(heap)
             self.heaps[key] = heap
         picked: list[tuple[float, float, str]] = []
         while heap and len(picked) < job.nodes:
             end, start, node_id, version = heapq.heappop(heap)
-            if version != self.version[node_id]:
+            if version != self.version.get(node_id, 0):
                 opt = self.option(job, node_id, d_fn)
                 if opt is not None:
-                    heapq.heappush(heap, (opt[1], opt[0], node_id, self.version[node_id]))
+                    heapq.heappush(heap, (opt[1], opt[0], node_id, self.version.get(node_id, 0)))
                 continue
             picked.append((end, start, node_id))
         if len(picked) < job.nodes:
             for end, start, node_id in picked:
-                heapq.heappush(heap, (end, start, node_id, self.version[node_id]))
+                heapq.heappush(heap, (end, start, node_id, self.version.get(node_id, 0)))
             return None
         start = max(p[1] for p in picked)
         end = start + max(p[0] - p[1] for p in picked)
@@ -178,7 +220,7 @@ class _Timeline:
             self.take(job, node_id, start, end)
             opt = self.option(job, node_id, d_fn)
             if opt is not None:
-                heapq.heappush(heap, (opt[1], opt[0], node_id, self.version[node_id]))
+                heapq.heappush(heap, (opt[1], opt[0], node_id, self.version.get(node_id, 0)))
         return start, end, tuple(p[2] for p in picked)
 
 

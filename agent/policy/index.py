@@ -15,15 +15,16 @@ policy itself changed while deciding (a job placed in this pass). Pure data: no 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent.policy.snapshot import SCHEDULABLE, Device, Node
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class DeviceKind:
-    """What the device filters and the throughput model see of a device."""
+    """What the device filters and the throughput model see of a device. Interned by
+    :func:`kind_of`: one object per distinct kind, compared and hashed by identity (cheap)."""
 
     model: str
     vendor: str
@@ -34,10 +35,23 @@ class DeviceKind:
     healthy: bool
 
 
+_KINDS: dict[tuple[object, ...], DeviceKind] = {}
+
+
 def kind_of(d: Device) -> DeviceKind:
-    return DeviceKind(
-        d.model, d.vendor, d.backend, d.arch, d.compute_capability, d.mem_total_bytes, d.healthy
+    facts = (
+        d.model,
+        d.vendor,
+        d.backend,
+        d.arch,
+        d.compute_capability,
+        d.mem_total_bytes,
+        d.healthy,
     )
+    kind = _KINDS.get(facts)
+    if kind is None:
+        kind = _KINDS[facts] = DeviceKind(*facts)  # type: ignore[arg-type]
+    return kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +72,8 @@ class SlotState:
 class Group:
     """Nodes in one state: ``members`` (ids, in the order they joined)."""
 
+    serial: int
+    """Unique to this group for the index's life (a cheap key for callers' caches)."""
     signature: tuple[object, ...]
     slots: tuple[SlotState, ...]
     cpu_free: int | None
@@ -75,8 +91,8 @@ class Entry:
     node: Node
     ordered: tuple[Device, ...]
     """The node's devices in signature order: position i is ``Group.slots[i]``."""
-    signature: tuple[object, ...] | None
-    """``None`` for a node that takes no work (drained, cordoned)."""
+    group: Group | None
+    """The group it is in; ``None`` for a node that takes no work (drained, cordoned)."""
     static: tuple[object, ...]
     """What the hard filters read of it (changes bump ``ClusterIndex.static_version``)."""
 
@@ -125,23 +141,44 @@ class ClusterIndex:
         """Which nodes hold each dataset."""
         self.version = 0
         """Bumped by every change (callers key their caches on it)."""
+        self._source: Sequence[Node] | None = None
+        self._source_nodes: dict[str, Node] = {}
+        self._source_ids: dict[int, Node] = {}
+        self._serial = 0
+        self._touched: set[str] = set()
         self.static_version = 0
         """Bumped when what the hard filters read changes: a node comes, goes, drains, is
         relabelled (what can *never* fit is cached on it)."""
 
     # -- keeping it current ----------------------------------------------------------------------
 
-    def refresh(self, nodes: Iterable[Node]) -> None:
-        """Make the index hold exactly ``nodes``, re-indexing only those that changed."""
-        seen: set[str] = set()
-        for n in nodes:
-            seen.add(n.node_id)
-            held = self.entries.get(n.node_id)
-            if held is None or held.node is not n:
+    def refresh(self, nodes: Sequence[Node]) -> None:
+        """Make the index hold exactly ``nodes``, re-indexing only the node objects it has not
+        seen (snapshots are immutable: an unchanged node is the same object), and the nodes
+        :meth:`put` changed since the last refresh."""
+        if nodes is not self._source:
+            by_id = dict(zip(map(id, nodes), nodes, strict=True))
+            held = self._source_ids
+            gone = {held[k].node_id for k in held.keys() - by_id.keys()}
+            self._source = nodes
+            self._source_ids = by_id
+            self._source_nodes = {n.node_id: n for n in nodes}
+            for k in by_id.keys() - held.keys():
+                n = by_id[k]
+                gone.discard(n.node_id)
+                self._touched.discard(n.node_id)
                 self.put(n)
-        if len(seen) != len(self.entries):
-            for node_id in [k for k in self.entries if k not in seen]:
+            for node_id in gone:
+                self._touched.discard(node_id)
+                if node_id not in self._source_nodes:
+                    self.remove(node_id)
+        for node_id in self._touched:
+            n = self._source_nodes.get(node_id)
+            if n is None:
                 self.remove(node_id)
+            else:
+                self._put(n)
+        self._touched.clear()
 
     def remove(self, node_id: str, *, replaced: bool = False) -> None:
         entry = self.entries.pop(node_id, None)
@@ -159,15 +196,21 @@ class ClusterIndex:
             holders = self.datasets.get(name)
             if holders is not None:
                 holders.discard(node_id)
-        if entry.signature is not None:
-            group = self.groups[entry.signature]
+        group = entry.group
+        if group is not None:
             del group.members[node_id]
             self._count(group, -1)
             if not group.members:
-                del self.groups[entry.signature]
+                del self.groups[group.signature]
 
     def put(self, node: Node) -> None:
-        """Index ``node`` (replacing what was held for its id)."""
+        """Index ``node`` (replacing what was held for its id); a node that is not the one of
+        the last refresh is undone at the next."""
+        if self._source_nodes.get(node.node_id) is not node:
+            self._touched.add(node.node_id)
+        self._put(node)
+
+    def _put(self, node: Node) -> None:
         held = self.entries.get(node.node_id)
         static = static_key(node)
         if held is None or held.static != static:
@@ -195,7 +238,9 @@ class ClusterIndex:
                     whole[s.kind] += 1
                 if s.share_free_bytes > share.get(s.kind, 0):
                     share[s.kind] = s.share_free_bytes
+            self._serial += 1
             group = Group(
+                self._serial,
                 signature,
                 slots,
                 cpu_free,
@@ -208,7 +253,7 @@ class ClusterIndex:
             self.groups[signature] = group
         group.members[node.node_id] = None
         self._count(group, +1)
-        self.entries[node.node_id] = Entry(node, ordered, signature, static)
+        self.entries[node.node_id] = Entry(node, ordered, group, static)
 
     def _count(self, group: Group, step: int) -> None:
         for kind, n in group.whole_free.items():
@@ -230,6 +275,12 @@ class ClusterIndex:
     def kinds(self) -> list[DeviceKind]:
         """Every device kind in the index (schedulable or not)."""
         return list(self._kinds)
+
+    def has_idle(self) -> bool:
+        """Is any GPU capacity free on a schedulable node: a GPU, or part of one?"""
+        if any(hist.keys() - {0} for hist in self._whole_hist.values()):
+            return True
+        return any(hist.keys() - {0} for hist in self._share_hist.values())
 
     def max_whole_free(self, kind: DeviceKind) -> int:
         """The most idle devices of ``kind`` on one schedulable node."""

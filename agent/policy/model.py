@@ -150,6 +150,10 @@ class ThroughputModel:
         self._cache[key] = (version, estimate)
         return estimate
 
+    def class_version(self, job_class: str) -> int:
+        """Changes whenever what is known of ``job_class`` changes (for callers' caches)."""
+        return self._version.get(job_class, 0)
+
     def relative(
         self, job_class: str, kind: str, model: str, gpus: int = 1, *, consolidated: bool = True
     ) -> float:

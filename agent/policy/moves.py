@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent.policy import apply
-from agent.policy.context import Context, req_key
+from agent.policy.context import Context
 from agent.policy.filters import device_reason, node_reason
 from agent.policy.forecast import remaining_s
 from agent.policy.index import DeviceKind, kind_of
@@ -52,6 +52,10 @@ def _worth(rem_s: float, gain_s: float, ctx: Context) -> bool:
     return gain_s >= cfg.move_min_gain_s and gain_s >= cfg.move_min_gain_fraction * rem_s
 
 
+MOVE_SCAN = 128
+"""Running jobs looked at for moves in one pass, at most (those that would gain most first)."""
+
+
 def _members(group: dict[str, Running], limit: int = 32) -> list[Running]:
     out = []
     for r in group.values():
@@ -66,29 +70,53 @@ def moves_to_idle(
     groups: dict[RunKey, dict[str, Running]],
     busy: set[str],
     reserved: frozenset[str] = frozenset(),
+    potential: dict[tuple[object, ...], tuple[float, float]] | None = None,
 ) -> list[Move]:
     """Moves of running jobs onto capacity left idle (applied to the index as decided), never
-    onto ``reserved`` nodes (held for a job that waits)."""
+    onto ``reserved`` nodes (held for a job that waits). ``potential`` memoizes, across passes,
+    the best speed each group of running jobs could reach on the idle kinds of device."""
     cfg = ctx.config
     if not cfg.moves or cfg.max_moves <= 0:
         return []
-    kinds = [k for k in ctx.index.kinds() if ctx.index.max_whole_free(k) > 0]
-    if not kinds:
+    idle = {k: ctx.index.max_whole_free(k) for k in ctx.index.kinds()}
+    idle = {k: n for k, n in idle.items() if n > 0}
+    if not idle:
         return []
-    options: list[tuple[float, Running, float, float]] = []
-    for (job_class, kind, g, model), group in groups.items():
+    potential = {} if potential is None else potential
+    if len(potential) > 50_000:
+        potential.clear()
+    by_gpus: dict[int, tuple[DeviceKind, ...]] = {}
+    hopeful: list[tuple[float, float, float, dict[str, Running]]] = []
+    for run_key, group in groups.items():
+        job_class, kind, g, model = run_key
         if kind == "inference":
             continue
-        here = ctx.model.relative(job_class, kind, model, g)
-        best = here
-        sample = next(iter(group.values())).job
-        key = req_key(sample)
-        for k in kinds:
-            if ctx.index.max_whole_free(k) >= g and kind_reason(sample, key, k, ctx) is None:
-                best = max(best, ctx.model.relative(job_class, kind, k.model, g))
-        if best <= here * 1.05:
+        kinds = by_gpus.get(g)
+        if kinds is None:
+            kinds = by_gpus[g] = tuple(k for k, n in idle.items() if n >= g)
+        if not kinds:
             continue
-        for r in _members(group):
+        memo = (run_key, kinds)
+        held = potential.get(memo)
+        if held is None:
+            here = best = ctx.model.relative(job_class, kind, model, g)
+            sample = next(iter(group.values())).job
+            key = ctx.key(sample)
+            for k in kinds:
+                if kind_reason(sample, key, k, ctx) is None:
+                    best = max(best, ctx.model.relative(job_class, kind, k.model, g))
+            held = potential[memo] = (here, best)
+        here, best = held
+        if best > here * 1.05:
+            hopeful.append((best / here, here, best, group))
+    hopeful.sort(key=lambda h: -h[0])
+    options: list[tuple[float, Running, float, float]] = []
+    budget = MOVE_SCAN
+    for _ratio, here, best, group in hopeful:
+        if budget <= 0:
+            break
+        for r in _members(group, min(32, budget)):
+            budget -= 1
             if r.job.job_id in busy or not movable(r, ctx):
                 continue
             rem = remaining_s(r, ctx)[0]
@@ -134,7 +162,7 @@ def swap_for(
         return None
     fast = cand.model
     g = starter.gpus_per_node
-    key = req_key(starter)
+    key = ctx.key(starter)
     best: tuple[float, Running] | None = None
     for (job_class, kind, rg, slow), group in groups.items():
         if rg != g or slow == fast or kind == "inference":

@@ -13,7 +13,7 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from agent.policy.context import Context, ReqKey, req_key
+from agent.policy.context import Context, ReqKey
 from agent.policy.filters import device_reason, node_reason
 from agent.policy.fragmentation import node_fragmentation
 from agent.policy.index import DeviceKind, Group, kind_of
@@ -73,7 +73,7 @@ def could_fit_now(job: Job, ctx: Context) -> bool:
             return False
     if job.gpus_per_node == 0:
         return True
-    key = req_key(job)
+    key = ctx.key(job)
     for kind in index.kinds():
         if kind_reason(job, key, kind, ctx) is not None:
             continue
@@ -92,8 +92,8 @@ def _frag(ctx: Context, free: tuple[float, ...], cpu_free: int | None) -> float:
 
 def group_fit(job: Job, group: Group, ctx: Context, *, gpus: int | None = None) -> GroupFit | None:
     """The best way ``job`` (``gpus`` per node) sits on a node of ``group``, or ``None``."""
-    key = req_key(job)
-    memo = (key, group.signature) if gpus is None else ((*key, gpus), group.signature)
+    key = ctx.key(job)
+    memo = (key, group.serial, -1 if gpus is None else gpus)
     held = ctx.group_cache.get(memo, False)
     if held is not False:
         return held  # type: ignore[return-value]
@@ -266,7 +266,7 @@ def candidate_on(
 
 def best_speed(job: Job, ctx: Context) -> float:
     """The job's speed on the fastest kind of device in the fleet that it accepts."""
-    key = req_key(job)
+    key = ctx.key(job)
     best = 0.0
     gpus = max(job.gpus_per_node, 1)
     for kind in ctx.index.kinds():
@@ -277,7 +277,7 @@ def best_speed(job: Job, ctx: Context) -> float:
 
 def speed_spread(job: Job, ctx: Context) -> float:
     """How much the job cares which device it gets: log of fastest over slowest acceptable."""
-    key = req_key(job)
+    key = ctx.key(job)
     gpus = max(job.gpus_per_node, 1)
     speeds = [
         ctx.model.relative(job.job_class, job.kind, kind.model, gpus)

@@ -31,7 +31,7 @@ def _effective_tflops(m: AcceleratorModel) -> float | None:
     matrix = m.bf16_tflops or m.fp16_tflops
     if m.fp32_tflops:
         if matrix and matrix > m.fp32_tflops:
-            return m.fp32_tflops * (matrix / m.fp32_tflops) ** _TENSOR_DAMPING
+            return float(m.fp32_tflops * (matrix / m.fp32_tflops) ** _TENSOR_DAMPING)
         return m.fp32_tflops
     return matrix
 

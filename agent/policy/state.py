@@ -4,11 +4,13 @@ jobs grouped by node and by what they run on. Both are rebuilt incrementally fro
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from agent.policy.index import ClusterIndex
-from agent.policy.snapshot import Running
+from agent.policy.context import ReqKey
+from agent.policy.index import ClusterIndex, DeviceKind
+from agent.policy.snapshot import Job, Running
 
 RunKey = tuple[str, str, int, str]
 """A running job's class, kind, GPUs per node and device model."""
@@ -25,25 +27,36 @@ class RunningIndex:
         self.jobs: dict[str, Running] = {}
         self.by_node: dict[str, dict[str, Running]] = {}
         self.groups: dict[RunKey, dict[str, Running]] = {}
+        self._source: Sequence[Running] | None = None
+        self._by_id: dict[int, Running] = {}
+        self.preemptible: Counter[int] = Counter()
+        """Running preemptible jobs by priority (a job of a priority no higher than all of
+        them has nothing to preempt)."""
 
-    def refresh(self, running: Iterable[Running]) -> None:
-        seen: set[str] = set()
-        for r in running:
-            job_id = r.job.job_id
-            seen.add(job_id)
-            held = self.jobs.get(job_id)
-            if held is r:
-                continue
-            if held is not None:
-                self._remove(held)
+    def refresh(self, running: Sequence[Running]) -> None:
+        """Hold exactly ``running``: only objects not held before are indexed (by identity)."""
+        if running is self._source:
+            return
+        self._source = running
+        by_id = dict(zip(map(id, running), running, strict=True))
+        held = self._by_id
+        for k in held.keys() - by_id.keys():
+            r = held[k]
+            if self.jobs.get(r.job.job_id) is r:
+                self._remove(r)
+        for k in by_id.keys() - held.keys():
+            r = by_id[k]
+            old = self.jobs.get(r.job.job_id)
+            if old is not None:
+                self._remove(old)
             self._add(r)
-        if len(seen) != len(self.jobs):
-            for job_id in [k for k in self.jobs if k not in seen]:
-                self._remove(self.jobs[job_id])
+        self._by_id = by_id
 
     def _add(self, r: Running) -> None:
         job_id = r.job.job_id
         self.jobs[job_id] = r
+        if r.job.preemptible:
+            self.preemptible[r.job.priority] += 1
         for node_id in r.placement.node_ids:
             self.by_node.setdefault(node_id, {})[job_id] = r
         if not r.job.is_gang and not r.job.is_share and r.job.gpus_per_node > 0:
@@ -52,6 +65,10 @@ class RunningIndex:
     def _remove(self, r: Running) -> None:
         job_id = r.job.job_id
         del self.jobs[job_id]
+        if r.job.preemptible:
+            self.preemptible[r.job.priority] -= 1
+            if not self.preemptible[r.job.priority]:
+                del self.preemptible[r.job.priority]
         for node_id in r.placement.node_ids:
             on_node = self.by_node.get(node_id)
             if on_node is not None:
@@ -73,3 +90,11 @@ class PolicyState:
     running: RunningIndex = field(default_factory=RunningIndex)
     never: dict[tuple[object, ...], tuple[int, str | None]] = field(default_factory=dict)
     """Why a requirement can never fit, by requirement, at an index static version."""
+    never_by_job: dict[str, tuple[int, Job, str | None]] = field(default_factory=dict)
+    """The same by job id (a job's requirements never change)."""
+    kind_ok: dict[tuple[ReqKey, DeviceKind], str | None] = field(default_factory=dict)
+    req_keys: dict[str, tuple[Job, ReqKey]] = field(default_factory=dict)
+    interned: dict[tuple[object, ...], ReqKey] = field(default_factory=dict)
+    move_potential: dict[tuple[object, ...], tuple[float, float]] = field(default_factory=dict)
+    """A running group's speed and the best it could move to, by group and idle device kinds."""
+    passes: int = 0

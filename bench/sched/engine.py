@@ -26,7 +26,7 @@ import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 from agent.policy.fragmentation import Shape
 from agent.policy.model import ThroughputModel
@@ -198,7 +198,7 @@ class Simulation:
         self.jobs: dict[str, SimJob] = {}
         for tj in jobs:
             job_id = f"j{tj.index:06d}"
-            owner = max(owner_ids, key=lambda o, j=job_id: zlib.crc32(f"{o}/{j}".encode()))
+            owner = _owner_of(job_id, owner_ids)
             self.jobs[job_id] = SimJob(tj, _policy_job(job_id, tj, owner), owner)
         self.pending: dict[str, Job] = {}
         self._pending_tuple: tuple[Job, ...] | None = None
@@ -294,7 +294,7 @@ class Simulation:
         self._dirty.clear()
 
     def _visible(self, payload: object) -> None:
-        node_id, node, version = payload  # type: ignore[misc]
+        node_id, node, version = cast(tuple[str, Node, int], payload)
         if version == self._view_version[node_id]:
             self.view[node_id] = node
             self._view_tuple = None
@@ -425,7 +425,7 @@ class Simulation:
         self._push(self.now + self.config.grace_s, "start", (sj.job.job_id, start.placements))
 
     def _delayed_start(self, payload: object) -> None:
-        job_id, placements = payload  # type: ignore[misc]
+        job_id, placements = cast(tuple[str, tuple[Placement, ...]], payload)
         sj = self.jobs[job_id]
         sj.in_flight = False
         self._pending_tuple = None
@@ -558,7 +558,7 @@ class Simulation:
         self._running_tuple = None
 
     def _report(self, payload: object) -> None:
-        job_id, version = payload  # type: ignore[misc]
+        job_id, version = cast(tuple[str, int], payload)
         sj = self.jobs[job_id]
         if sj.version != version or sj.state != "running":
             return
@@ -568,7 +568,7 @@ class Simulation:
         self._set_running(sj)
 
     def _finish(self, payload: object) -> None:
-        job_id, version = payload  # type: ignore[misc]
+        job_id, version = cast(tuple[str, int], payload)
         sj = self.jobs[job_id]
         if sj.version != version or sj.state != "running" or sj.placement is None:
             return
@@ -605,7 +605,7 @@ class Simulation:
         self._push(self.now + self.config.grace_s, "release", (job_id, placement))
 
     def _delayed_release(self, payload: object) -> None:
-        job_id, placement = payload  # type: ignore[misc]
+        job_id, placement = cast(tuple[str, Placement], payload)
         sj = self.jobs[job_id]
         for other in self._release(sj, placement):
             self._rerate(self.jobs[other])
@@ -634,6 +634,11 @@ class Simulation:
 
     def finished(self) -> list[SimJob]:
         return [sj for sj in self.jobs.values() if sj.state == "done"]
+
+
+def _owner_of(job_id: str, owners: Sequence[str]) -> str:
+    """Rendezvous hashing: the owner that ranks first for this job."""
+    return max(owners, key=lambda o: zlib.crc32(f"{o}/{job_id}".encode()))
 
 
 def _policy_job(job_id: str, tj: TraceJob, owner: str) -> Job:

@@ -122,7 +122,9 @@ class GavelSim:
         a = coo_matrix((vals, (rows, cols)), shape=(r, nvar)).tocsr()
         c = np.zeros(nvar)
         c[-1] = -1.0
-        bounds = [(0.0, 1.0 if thr[i // m, i % m] > 0 else 0.0) for i in range(n * m)]
+        bounds: list[tuple[float, float | None]] = [
+            (0.0, 1.0 if thr[i // m, i % m] > 0 else 0.0) for i in range(n * m)
+        ]
         bounds.append((0.0, None))
         res = linprog(c, A_ub=a, b_ub=np.array(bounds_ub), bounds=bounds, method="highs")
         x = res.x[:-1].reshape(n, m) if res.x is not None else np.zeros((n, m))
