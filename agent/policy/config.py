@@ -24,8 +24,9 @@ class Weights:
     """A GPU within ``heat_margin_c`` of its slowdown temperature (at it: the whole weight)."""
     power: float = 0.2
     """A GPU drawing within 10% of its power limit."""
-    objective: float = 0.5
-    """Per unit of log performance per watt (``energy``) or per unit of cost (``cost``)."""
+    objective: float = 1.0
+    """Per unit of log watts (``energy``) or log cost per hour (``cost``), taken away: at 1.0,
+    with ``speed``, the score ranks by performance per watt or per unit of cost."""
     zone: float = 0.5
     """A gang spread over more than one zone."""
     rtt: float = 0.5

@@ -50,7 +50,7 @@ def kind_of(d: Device) -> DeviceKind:
     )
     kind = _KINDS.get(facts)
     if kind is None:
-        kind = _KINDS[facts] = DeviceKind(*facts)  # type: ignore[arg-type]
+        kind = _KINDS[facts] = DeviceKind(*facts)
     return kind
 
 
@@ -173,11 +173,11 @@ class ClusterIndex:
                 if node_id not in self._source_nodes:
                     self.remove(node_id)
         for node_id in self._touched:
-            n = self._source_nodes.get(node_id)
-            if n is None:
+            source = self._source_nodes.get(node_id)
+            if source is None:
                 self.remove(node_id)
             else:
-                self._put(n)
+                self._put(source)
         self._touched.clear()
 
     def remove(self, node_id: str, *, replaced: bool = False) -> None:

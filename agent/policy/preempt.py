@@ -78,7 +78,10 @@ def _on_node(
     """The cheapest victims on ``node`` that make room for (a member of) ``job``."""
     if static_fit(job, node) is not None:
         return None
-    fits = _devices_if_freed(job, node, set(), {})
+    room = (node.cpu_milli_free is None or node.cpu_milli_free >= job.cpu_milli) and (
+        node.host_mem_free_bytes is None or node.host_mem_free_bytes >= job.host_mem_bytes
+    )
+    fits = _devices_if_freed(job, node, set(), {}) if room else None
     if fits is not None:
         return 0.0, (), fits
     now = ctx.snapshot.now
@@ -89,8 +92,13 @@ def _on_node(
     freed: set[str] = set()
     share_freed: dict[str, int] = {}
     chosen: list[Running] = []
+    cpu_free, mem_free = node.cpu_milli_free, node.host_mem_free_bytes
     for r in eligible:
         chosen.append(r)
+        if cpu_free is not None:
+            cpu_free += r.job.cpu_milli
+        if mem_free is not None:
+            mem_free += r.job.host_mem_bytes
         for node_id, keys in zip(r.placement.node_ids, r.placement.devices, strict=True):
             if node_id != node.node_id:
                 continue
@@ -99,6 +107,10 @@ def _on_node(
                     share_freed[k] = share_freed.get(k, 0) + r.placement.share_mem_bytes
             else:
                 freed.update(keys)
+        if (cpu_free is not None and cpu_free < job.cpu_milli) or (
+            mem_free is not None and mem_free < job.host_mem_bytes
+        ):
+            continue
         fits = _devices_if_freed(job, node, freed, share_freed)
         if fits is not None:
             return sum(lost_gpu_s(v, now) for v in chosen), tuple(chosen), fits

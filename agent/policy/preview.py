@@ -9,7 +9,7 @@ from functools import cache
 from agent.jobspec import JobSpec
 from agent.policy.adapt import HostFacts, job_from_spec, node_from_host
 from agent.policy.config import PolicyConfig
-from agent.policy.decide import context, rank_any
+from agent.policy.decision import context, rank_any
 from agent.policy.model import ThroughputModel
 from agent.policy.place import Candidate
 from agent.policy.snapshot import Snapshot

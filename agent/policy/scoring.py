@@ -4,17 +4,19 @@ Device-level terms (the same on every node of a group of interchangeable nodes):
 
 - ``speed``: log of the job's expected speed there (the throughput model, with the slowdown of
   sharing a GPU). Between two jobs, the device goes to the one that gains most from it: that is
-  settled when a pass starts several jobs at once (:mod:`agent.policy.decide`), not here;
+  settled when a pass starts several jobs at once (:mod:`agent.policy.decision`), not here;
 - ``fragmentation``: the capacity the placement leaves unusable to the workload's shapes (FGD);
 - ``link``: a multi-GPU job's GPUs on one NVLink/xGMI domain;
-- ``energy``: with the ``energy`` objective, an inference job's performance per watt.
+- ``energy``: with the ``energy`` objective, an inference job's watts, so that with ``speed`` the
+  score is its performance per watt.
 
 Node-level terms:
 
 - ``data``: the time its datasets take to arrive (from the nearest holder by Vivaldi RTT, at the
   node's bandwidth), as a fraction of the job's expected run;
 - ``heat``, ``power``: a GPU close to its slowdown temperature or its power limit;
-- ``cost``: with the ``cost`` objective, performance per unit of the node's cost per hour;
+- ``cost``: with the ``cost`` objective, the node's cost per hour, so that with ``speed`` the score
+  is performance per unit of cost;
 - ``spread``: a small owner-specific tie-break, so two owners do not offer to the same node.
 """
 
@@ -60,12 +62,13 @@ def link_term(job: Job, fit: Fit, ctx: Context) -> float:
 
 
 def energy_term(job: Job, fit: Fit, ctx: Context) -> float:
+    """With ``speed``, log of performance per watt (at the default weights)."""
     if ctx.config.objective != "energy" or job.kind != "inference":
         return 0.0
     watts, ref = catalog_watts(fit.model), catalog_watts(REFERENCE_MODEL)
     if not watts or not ref:
         return 0.0
-    return ctx.config.weights.objective * math.log(max(fit.speed, 1e-6) * ref / watts)
+    return -ctx.config.weights.objective * math.log(watts / ref)
 
 
 GROUP_TERMS: Final[tuple[tuple[str, Callable[[Job, Fit, Context], float]], ...]] = (
@@ -130,9 +133,10 @@ def power_term(job: Job, node: Node, devices: Sequence[Device], fit: Fit, ctx: C
 
 
 def cost_term(job: Job, node: Node, devices: Sequence[Device], fit: Fit, ctx: Context) -> float:
+    """With ``speed``, log of performance per unit of cost (at the default weights)."""
     if ctx.config.objective != "cost" or not node.cost_per_hour:
         return 0.0
-    return ctx.config.weights.objective * math.log(max(fit.speed, 1e-6) / node.cost_per_hour)
+    return -ctx.config.weights.objective * math.log(node.cost_per_hour)
 
 
 def spread_term(job: Job, node: Node, devices: Sequence[Device], fit: Fit, ctx: Context) -> float:

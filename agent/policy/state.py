@@ -84,7 +84,7 @@ class RunningIndex:
 
 @dataclass
 class PolicyState:
-    """Keep one per decider and pass it to every :func:`agent.policy.decide.decide`."""
+    """Keep one per decider and pass it to every :func:`agent.policy.decision.decide`."""
 
     index: ClusterIndex = field(default_factory=ClusterIndex)
     running: RunningIndex = field(default_factory=RunningIndex)

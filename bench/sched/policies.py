@@ -1,6 +1,6 @@
 """The policies the simulated mesh runs, each through the functions the agents themselves call.
 
-- ``shoal``: :func:`agent.policy.decide.decide`, the whole Shoal policy; every owner decides on
+- ``shoal``: :func:`agent.policy.decision.decide`, the whole Shoal policy; every owner decides on
   the lagging view and acts on its own jobs.
 - ``fifo``: what :class:`agent.placement.FirstFit` does in the mesh: every owner, on its own,
   offers its jobs (priority, deadline, age) to the first node in id order that fits
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from agent.policy import apply
 from agent.policy.baselines import best_fit, first_fit
 from agent.policy.config import PolicyConfig
-from agent.policy.decide import context, decide
+from agent.policy.decision import context, decide
 from agent.policy.forecast import _Duration, _Timeline, remaining_s
 from agent.policy.place import could_fit_now
 from agent.policy.queue import Reservation, order_key, queue_order

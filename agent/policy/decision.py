@@ -329,8 +329,8 @@ def _reserve(
     placed = timeline.place(job, _Duration(ctx, 0), nodes)
     if placed is None:
         return None
-    start, _end, nodes = placed
-    return Reservation(job.job_id, nodes, start)
+    start, _end, chosen = placed
+    return Reservation(job.job_id, chosen, start)
 
 
 def _by_gain(starts: list[_Start], ctx: Context, reservation: Reservation | None) -> list[_Start]:
