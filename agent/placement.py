@@ -11,7 +11,7 @@ in one line. Both implementations turn the view into the policy's snapshot throu
   target first (:func:`agent.policy.baselines.first_fit`), the baseline ``python -m bench.sched``
   calls ``fifo``;
 - :class:`ShoalPlacement` (``placement = "shoal"``, the default): the Shoal policy's ranking
-  (:func:`agent.policy.decide.rank_any`: speed on each model, fragmentation, data, heat, cost,
+  (:func:`agent.policy.decision.rank_any`: speed on each model, fragmentation, data, heat, cost,
   spreading owners apart), and its "why waiting" line (never fits, or waits for busy capacity).
 
 What the live mesh does not do yet (its next step): gangs on several nodes (a gang is placed on
@@ -29,7 +29,7 @@ from agent.jobspec import JobSpec
 from agent.policy import adapt
 from agent.policy.baselines import first_fit
 from agent.policy.config import PolicyConfig
-from agent.policy.decide import context, rank_any
+from agent.policy.decision import context, rank_any
 from agent.policy.explain import busy_line, never_reason
 from agent.policy.model import ThroughputModel
 from agent.policy.snapshot import Snapshot
