@@ -38,6 +38,7 @@ from agent.mesh import GossipMesh
 from agent.metrics import AgentMetrics
 from agent.peers import JSON_CONTENT_TYPE
 from agent.reads import Reads
+from agent.wire.health import HealthDoc
 from gossip.transport import PATH as GOSSIP_PATH
 from gossip.transport import request_peer
 
@@ -188,11 +189,13 @@ def setup(app: web.Application, agent: AgentService) -> None:
 
     @_guarded
     async def jobs(request: web.Request) -> web.StreamResponse:
-        return web.json_response({"jobs": agent.reads.jobs()})
+        from agent.wire.documents import jobs_to_wire
+
+        return web.json_response(jobs_to_wire(agent.reads.jobs()))
 
     @_guarded
     async def job(request: web.Request) -> web.StreamResponse:
-        return web.json_response(agent.reads.job(request.match_info["job_id"]))
+        return web.json_response(agent.reads.job(request.match_info["job_id"]).to_wire())
 
     @_guarded
     async def logs(request: web.Request) -> web.StreamResponse:
@@ -202,13 +205,14 @@ def setup(app: web.Application, agent: AgentService) -> None:
 
     @_guarded
     async def nodes(request: web.Request) -> web.StreamResponse:
-        return web.json_response({"nodes": agent.reads.nodes()})
+        from agent.wire.documents import nodes_to_wire
+
+        return web.json_response(nodes_to_wire(agent.reads.nodes()))
 
     @_guarded
     async def events(request: web.Request) -> web.StreamResponse:
         since = int(request.query.get("since", "0"))
-        rows, nxt = agent.events.since(since)
-        return web.json_response({"events": rows, "next": nxt})
+        return web.json_response(agent.events.since(since).to_wire())
 
     @_guarded
     async def metrics(request: web.Request) -> web.StreamResponse:
@@ -224,7 +228,7 @@ def setup(app: web.Application, agent: AgentService) -> None:
             want = _query_int(request, "members", 0, 1 << 20)
             wait_s = _query_int(request, "wait_s", 0, MAX_HEALTH_WAIT_S)
             members = await agent.mesh.wait_members(want, float(wait_s))
-        return web.json_response({"ok": True, "node_id": agent.node_id, "members": members})
+        return web.json_response(HealthDoc(True, agent.node_id, members).to_wire())
 
     @_internal
     async def i_command(request: web.Request) -> web.StreamResponse:

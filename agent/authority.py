@@ -33,7 +33,7 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from agent.jobspec import JobSpec, check_job_id
+from agent.jobspec import JobSpec, UnknownFeatures, check_job_id
 from agent.ownership import rank
 from gossip import envelope
 from gossip.certtrust import CertTrust
@@ -46,6 +46,12 @@ SUBMIT_KIND = "submit"
 
 class SubmissionRefused(Exception):
     """A submission that grants no authority; the message says why in one line."""
+
+
+class FeaturesLacking(SubmissionRefused):
+    """An operator's valid submission of a job that uses job-spec features this agent does not
+    know: it cannot tell what the job means, so it neither runs nor owns it (the message names
+    the spec version the job needs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +83,8 @@ def read_submission(sealed: bytes, trust: CertTrust, now: float) -> Submission:
             raise ValueError("the body is not a JSON object")
         job_id = check_job_id(body["job_id"])
         spec = JobSpec.from_dict(body["spec"])
+    except UnknownFeatures as exc:
+        raise FeaturesLacking(str(exc)) from None
     except (ValueError, KeyError, TypeError) as exc:
         raise SubmissionRefused(f"submission body refused: {exc}") from None
     return Submission(sealed, job_id, spec, command.operator_id, command.issued_at)

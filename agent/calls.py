@@ -1,9 +1,11 @@
 """Calls between agents (``POST /v1/internal/<call>``), one table from call to handler.
 
 Each handler gets the JSON body and the caller's node id (from its certificate) and answers a
-JSON object. The job protocol's refusals become HTTP statuses here: no authority over the job
-(403, counted by call in ``shoal_internal_refused_total``), an offer that cannot run here
-(409), one whose process could not be launched (:data:`agent.owner.LAUNCH_FAILED`).
+JSON object; bodies and answers are the definitions of ``agent.wire.documents`` (a body that
+does not decode is refused with 400). The job protocol's refusals become HTTP statuses here: no
+authority over the job (403, counted by call in ``shoal_internal_refused_total``), an offer that
+cannot run here or a job that needs a spec version this agent does not read (409), one whose
+process could not be launched (:data:`agent.owner.LAUNCH_FAILED`).
 
 - ``replicate``: keep a copy of a job for its owner; ``adopt``: take a job over;
 - ``start``: an offer to run an attempt; ``stop``: stop and fence an attempt;
@@ -16,13 +18,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from agent.authority import SubmissionRefused
+from agent.authority import FeaturesLacking, SubmissionRefused
 from agent.context import AgentContext
 from agent.errors import ApiError
 from agent.metrics import AgentMetrics
 from agent.ownedjob import OwnerError, store_replica
 from agent.owner import LAUNCH_FAILED, Owner
 from agent.runner import Declined, LaunchFailed, NotAllowed, Runner
+from agent.wire.calls import AttemptResult, StartOffer, StatusRequest, StopRequest
 
 log = logging.getLogger("shoal.agent")
 
@@ -36,13 +39,24 @@ class Calls:
     ) -> None:
         self._ctx = ctx
         self._metrics = metrics
+
+        async def start(body: Body, caller: str) -> Body:
+            return (await runner.start(StartOffer.from_wire(body), caller)).to_wire()
+
+        async def stop(body: Body, caller: str) -> Body:
+            return (await runner.stop(StopRequest.from_wire(body), caller)).to_wire()
+
         self._calls: dict[str, Call] = {
             "replicate": self._replicate,
             "adopt": self._sync(owner.adopt_wire),
-            "start": runner.start,
-            "stop": runner.stop,
-            "status": self._sync(lambda body, caller: runner.status(str(body["job_id"]))),
-            "report": self._sync(lambda body, caller: owner.report(caller, body)),
+            "start": start,
+            "stop": stop,
+            "status": self._sync(
+                lambda body, caller: runner.status(StatusRequest.from_wire(body).job_id).to_wire()
+            ),
+            "report": self._sync(
+                lambda body, caller: owner.report(caller, AttemptResult.from_wire(body))
+            ),
         }
 
     @staticmethod
@@ -62,6 +76,8 @@ class Calls:
             raise ApiError(404, f"unknown internal call {op!r}")
         try:
             return await call(body, caller)
+        except FeaturesLacking as exc:
+            raise ApiError(409, str(exc)) from None
         except (NotAllowed, SubmissionRefused) as exc:
             self._refused(op, caller, exc)
             raise ApiError(403, str(exc)) from None

@@ -1,19 +1,29 @@
 """The operator's side of the agent API: signed commands and reads over mutual TLS.
 
 The CLI, the TUI and ``shoal demo`` all talk to the mesh through this one client, so every
-mutating action is an operator-signed command checked by the agent that executes it.
+mutating action is an operator-signed command checked by the agent that executes it. Every read is
+decoded with the wire contract (``agent.wire.documents``): ``node_docs``, ``job_docs``,
+``job_doc``, ``event_docs`` and ``health_doc`` return the typed documents; ``nodes``, ``jobs``,
+``job``, ``events`` and ``health`` the same documents as JSON objects, in their one shape (an
+answer that does not decode is an :class:`ApiError`).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 
+from agent import netwhy
 from agent.jobspec import JobSpec, new_job_id
+from agent.wire.codec import WireError
+from agent.wire.health import HealthDoc
+
+if TYPE_CHECKING:  # loaded by the reads that need them (an agent imports this client too)
+    from agent.wire.documents import EventsDoc, JobDoc, NodeDoc
 from gossip.certtrust import CertSigner
 from gossip.envelope import seal
 from gossip.identity import NodeIdentity
@@ -33,8 +43,14 @@ class ApiError(Exception):
 
 
 class AgentUnreachable(ApiError):
-    def __init__(self, address: str, why: str) -> None:
-        super().__init__(0, f"cannot reach the agent at {address}: {why}")
+    """No answer from the agent at ``address``: ``why`` says so in a word or two (``refused``,
+    ``timeout``), the message in a phrase (:mod:`agent.netwhy`)."""
+
+    def __init__(self, address: str, exc: BaseException | str) -> None:
+        long = exc if isinstance(exc, str) else netwhy.why(exc)
+        super().__init__(0, f"cannot reach the agent at {address}: {long}")
+        self.address = address
+        self.why = exc if isinstance(exc, str) else netwhy.short_why(exc)
 
 
 class ApiClient(PooledSession):
@@ -85,7 +101,7 @@ class ApiClient(PooledSession):
             ) as response:
                 return await self._answer(response)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise AgentUnreachable(self.address, _why(exc)) from None
+            raise AgentUnreachable(self.address, exc) from None
 
     async def get(
         self, path: str, params: Mapping[str, str] | None = None, *, extra_s: float = 0.0
@@ -100,7 +116,7 @@ class ApiClient(PooledSession):
             ) as response:
                 return await self._answer(response)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise AgentUnreachable(self.address, _why(exc)) from None
+            raise AgentUnreachable(self.address, exc) from None
 
     async def stream(
         self, path: str, params: Mapping[str, str] | None = None
@@ -116,7 +132,7 @@ class ApiClient(PooledSession):
                 async for raw in response.content:
                     yield raw.decode("utf-8", errors="replace").rstrip("\n")
         except (aiohttp.ClientError, OSError) as exc:
-            raise AgentUnreachable(self.address, _why(exc)) from None
+            raise AgentUnreachable(self.address, exc) from None
 
     # -- the API -----------------------------------------------------------------------------------
 
@@ -141,25 +157,49 @@ class ApiClient(PooledSession):
     async def undrain(self, node: str) -> dict[str, Any]:
         return await self.command("undrain", {"node": node})
 
-    async def jobs(self) -> list[dict[str, Any]]:
-        return list((await self.get("/v1/jobs")).get("jobs", []))
+    async def job_docs(self) -> list[JobDoc]:
+        from agent.wire.documents import jobs_from_wire
 
-    async def job(self, job_id: str) -> dict[str, Any]:
-        return await self.get(f"/v1/jobs/{job_id}")
+        return _decoded(jobs_from_wire, await self.get("/v1/jobs"))
 
-    async def nodes(self) -> list[dict[str, Any]]:
-        return list((await self.get("/v1/nodes")).get("nodes", []))
+    async def job_doc(self, job_id: str) -> JobDoc:
+        from agent.wire.documents import JobDoc
 
-    async def events(self, since: int = 0) -> dict[str, Any]:
-        return await self.get("/v1/events", {"since": str(since)})
+        return _decoded(JobDoc.from_wire, await self.get(f"/v1/jobs/{job_id}"))
 
-    async def health(self, members: int | None = None, wait_s: int = 0) -> dict[str, Any]:
+    async def node_docs(self) -> list[NodeDoc]:
+        from agent.wire.documents import nodes_from_wire
+
+        return _decoded(nodes_from_wire, await self.get("/v1/nodes"))
+
+    async def event_docs(self, since: int = 0) -> EventsDoc:
+        from agent.wire.documents import EventsDoc
+
+        path, params = "/v1/events", {"since": str(since)}
+        return _decoded(EventsDoc.from_wire, await self.get(path, params))
+
+    async def health_doc(self, members: int | None = None, wait_s: int = 0) -> HealthDoc:
         """``/healthz``; with ``members``, answered once the agent counts that many live
         members or after ``wait_s`` seconds, whichever comes first."""
         if members is None:
-            return await self.get("/healthz")
+            return _decoded(HealthDoc.from_wire, await self.get("/healthz"))
         params = {"members": str(members), "wait_s": str(wait_s)}
-        return await self.get("/healthz", params, extra_s=wait_s)
+        return _decoded(HealthDoc.from_wire, await self.get("/healthz", params, extra_s=wait_s))
+
+    async def jobs(self) -> list[dict[str, Any]]:
+        return [j.to_wire() for j in await self.job_docs()]
+
+    async def job(self, job_id: str) -> dict[str, Any]:
+        return (await self.job_doc(job_id)).to_wire()
+
+    async def nodes(self) -> list[dict[str, Any]]:
+        return [n.to_wire() for n in await self.node_docs()]
+
+    async def events(self, since: int = 0) -> dict[str, Any]:
+        return (await self.event_docs(since)).to_wire()
+
+    async def health(self, members: int | None = None, wait_s: int = 0) -> dict[str, Any]:
+        return (await self.health_doc(members, wait_s)).to_wire()
 
     def logs(
         self, job_id: str, lines: int = 100, follow: bool = False, attempt: int | None = None
@@ -170,6 +210,11 @@ class ApiClient(PooledSession):
         return self.stream(f"/v1/jobs/{job_id}/logs", params)
 
 
-def _why(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+D = TypeVar("D")
+
+
+def _decoded(decode: Callable[[Any], D], doc: dict[str, Any]) -> D:
+    try:
+        return decode(doc)
+    except WireError as exc:
+        raise ApiError(0, f"the agent answered a malformed document: {exc}") from None

@@ -16,10 +16,11 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from agent.authority import FeaturesLacking
 from agent.client import ENVELOPE_CONTENT_TYPE
 from agent.config import AgentConfig
 from agent.context import AgentContext
-from agent.jobspec import check_job_id
+from agent.jobspec import check_job_id, lacking_reason
 from agent.mesh import GossipMesh
 from agent.metrics import AgentMetrics
 from agent.ownedjob import OwnerError
@@ -146,7 +147,19 @@ class Commands:
     async def _submit(
         self, kind: str, body: dict[str, Any], data: bytes, forwarded: bool
     ) -> Answer:
-        sub = self._ctx.authority.submission(data)
+        try:
+            sub = self._ctx.authority.submission(data)
+        except FeaturesLacking as exc:
+            self._metrics.commands_rejected["features"] += 1
+            return 400, {"error": str(exc)}
+        needed = frozenset(sub.spec.features)
+        if needed and not any(
+            needed <= self._ctx.view.node(n).features for n in self._mesh.live_agents()
+        ):
+            # Accepted, it would wait for agents that do not exist: refused, with the reason.
+            self._metrics.commands_rejected["features"] += 1
+            reason = lacking_reason(sub.spec.features)
+            return 400, {"error": f"no agent of this mesh runs it: {reason}"}
         owner = self._job_owner(sub.job_id) or owner_of(sub.job_id, self._mesh.live_agents())
         if forwarded or owner in (None, self._ctx.node_id):
             return 200, await self._owner.submit(sub)

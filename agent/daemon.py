@@ -48,6 +48,7 @@ from agent.reads import Reads
 from agent.runner import Runner
 from agent.store import Store
 from agent.view import STATE_NAMES, ClusterView
+from agent.wire.records import EVENTS, NODE, NodeRecord
 from gossip import revocation
 from gossip.certtrust import CertTrust
 from gossip.events import Event, MemberDead, MemberLeft, RecordChanged
@@ -219,17 +220,15 @@ class Agent:
         if self.node.started:
             self.node.publish(kind, payload)
 
-    def _node_doc(self) -> dict[str, Any]:
+    def _node_doc(self) -> NodeRecord:
         runner = self.runner
-        return {
-            "drain": runner.drain.value,
-            "queue": self.owner.queue_length(),
-            "running": sorted(runner.runs),
-            "free": runner.free_devices(),
-            "progress": {
-                j: [f, eta] for j, (f, eta) in runner.progress.items() if j in runner.runs
-            },
-        }
+        return NodeRecord(
+            drain=runner.drain.value,
+            queue=self.owner.queue_length(),
+            running=tuple(sorted(runner.runs)),
+            free=tuple(runner.free_devices()),
+            progress={j: p for j, p in runner.progress.items() if j in runner.runs},
+        )
 
     # -- gossip events ---------------------------------------------------------------------------
 
@@ -238,9 +237,9 @@ class Agent:
             job_id = self.view.apply(event.origin, event.kind, event.payload, time.monotonic())
             if job_id is not None:
                 self.runner.on_job_record(job_id)
-            elif event.kind == "events":
-                self.events.merge(event.origin, self.view.events.get(event.origin, []))
-            elif event.kind == "node":
+            elif event.kind == EVENTS:
+                self.events.merge(event.origin, self.view.events.get(event.origin, ()))
+            elif event.kind == NODE:
                 self.owner.kick()
             return
         self.mesh.changed.set()  # a membership event: wake the /healthz watches
@@ -290,5 +289,6 @@ class Agent:
             "queue": self.owner.queue_length(),
             "gossip": self.node.stats(),
             "records_refused": self.view.refused,
+            "records_refused_kinds": self.view.refused_kinds,
             "placements": self.owner.offers,
         }

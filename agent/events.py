@@ -11,8 +11,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from agent.wire.records import EventsRecord, GossipedEvent
+
+if TYPE_CHECKING:
+    from agent.wire.documents import EventsDoc
 
 log = logging.getLogger("shoal.events")
 
@@ -66,39 +71,48 @@ class EventLog:
         if self.on_own is not None:
             self.on_own()
 
-    def merge(self, origin: str, rows: Iterable[Mapping[str, Any]]) -> None:
+    def merge(self, origin: str, rows: Iterable[GossipedEvent]) -> None:
         """Take in another node's gossiped events, each once."""
         if origin == self.node_id:
             return
         last = self._seen.get(origin, 0)
-        fresh = sorted(
-            (r for r in rows if isinstance(r.get("n"), int) and r["n"] > last),
-            key=lambda r: int(r["n"]),
-        )
-        for row in fresh:
+        for row in sorted((r for r in rows if r.n > last), key=lambda r: r.n):
             self._append(
                 {
-                    "at": row.get("at"),
-                    "kind": str(row.get("kind", "")),
+                    "at": row.at,
+                    "kind": row.kind,
                     "node": origin,
-                    "job_id": row.get("job_id"),
-                    "message": str(row.get("message", ""))[:MAX_MESSAGE_CHARS],
-                    "n": row["n"],
+                    "job_id": row.job_id,
+                    "message": row.message[:MAX_MESSAGE_CHARS],
+                    "n": row.n,
                 }
             )
-            self._seen[origin] = int(row["n"])
+            self._seen[origin] = row.n
 
-    def since(self, seq: int, limit: int = 500) -> tuple[list[dict[str, Any]], int]:
+    def since(self, seq: int, limit: int = 500) -> EventsDoc:
         """Events after ``seq`` (oldest first, at most ``limit``) and the ``next`` to ask for."""
+        from agent.wire.documents import EventDoc, EventsDoc  # loaded on the first read
+
         out = [
-            {k: e[k] for k in ("seq", "at", "kind", "node", "job_id", "message")}
+            EventDoc(e["seq"], e["at"], e["kind"], e["node"], e["job_id"], e["message"])
             for e in self._events
             if e["seq"] > seq
         ][:limit]
-        nxt = out[-1]["seq"] if out else max(seq, 0)
-        return out, nxt
+        return EventsDoc(events=tuple(out), next=out[-1].seq if out else max(seq, 0))
 
-    def gossip_payload(self) -> dict[str, Any]:
+    def gossip_record(self) -> EventsRecord:
         """Our recent events, for the ``events`` record (the record's origin names the node)."""
         oldest = self._clock() - GOSSIPED_FOR_S
-        return {"e": [row for row in self._own if row["at"] >= oldest]}
+        return EventsRecord(
+            events=tuple(
+                GossipedEvent(
+                    n=row["n"],
+                    at=row["at"],
+                    kind=row["kind"],
+                    job_id=row["job_id"],
+                    message=row["message"],
+                )
+                for row in self._own
+                if row["at"] >= oldest
+            )
+        )

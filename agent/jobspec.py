@@ -7,6 +7,13 @@ negative numbers with a one-line ``ValueError`` that names the field. A TOML job
 (``"2h"``) where a field holds bytes or seconds.
 
 The job id is not part of the spec: it is made at submission (``new_job_id``).
+
+Features: a spec lists the features it uses (``features``, computed from its fields, and the
+``spec_version`` that brings them; both left out when it uses none, so a plain spec reads the
+same to every version). An agent never runs a job whose meaning it does not fully understand: a
+feature it does not know refuses the spec with the version it needs (:class:`UnknownFeatures`),
+one it knows but does not run (:data:`SUPPORTED_FEATURES`) makes it decline the offer, and the
+owner places the job only on agents whose inventory lists the feature.
 """
 
 from __future__ import annotations
@@ -40,6 +47,46 @@ CHECKPOINT_SIGNALS: Final[tuple[str, ...]] = (
 OS; the executor maps them to numbers, falling back to SIGTERM's behaviour where one is missing)."""
 
 _JOB_ID_RE: Final = re.compile(r"[0-9a-f]{32}")
+
+SPEC_VERSION: Final = 2
+"""The job-spec version this code reads and writes: 1 is the spec before features."""
+FEATURES: Final[Mapping[str, int]] = {"gang": 2, "image": 2, "interconnect": 2}
+"""Every feature a spec can use, with the spec version that brought it: ``gang`` (more than one
+node), ``image`` (a container image), ``interconnect`` (a required link between the GPUs)."""
+SUPPORTED_FEATURES: Final[frozenset[str]] = frozenset()
+"""The features this agent runs, advertised in its inventory. Gang placement, container images
+and the interconnect filter are still to come: a job that uses one is placed on no agent of this
+version, and its reason says which feature it waits for."""
+
+
+class UnknownFeatures(ValueError):
+    """A spec that uses features this version does not know; the message names the version."""
+
+
+def _check_declared(data: Mapping[str, Any]) -> None:
+    """Refuse a spec that declares a feature this version does not know, naming the version."""
+    declared = data.get("features")
+    if declared is None:
+        return
+    if not isinstance(declared, list | tuple) or not all(isinstance(f, str) for f in declared):
+        raise ValueError("features: expected a list of strings")
+    unknown = sorted(f for f in declared if f not in FEATURES)
+    if unknown:
+        wanted = data.get("spec_version")
+        version = wanted if isinstance(wanted, int) and not isinstance(wanted, bool) else "newer"
+        raise UnknownFeatures(
+            f"the job needs job-spec version {version} (feature{'s' * (len(unknown) > 1)}"
+            f" {', '.join(unknown)}); this agent reads version {SPEC_VERSION}"
+        )
+
+
+def lacking_reason(features: tuple[str, ...]) -> str:
+    """Why an agent declines a job that uses ``features`` (known, not run here)."""
+    need = max(FEATURES[f] for f in features)
+    return (
+        f"the job needs feature{'s' * (len(features) > 1)} {', '.join(features)} (job-spec"
+        f" version {need}), which this agent (job-spec version {SPEC_VERSION}) does not run"
+    )
 
 
 def new_job_id() -> str:
@@ -129,8 +176,11 @@ def parse_duration(text: str) -> float:
 class Resources:
     """What a job needs from the hosts it runs on."""
 
-    gpus_per_node: int = 1
-    """GPUs on each node of the job; 0 for a CPU-only job."""
+    gpus_per_node: int = 0
+    """GPUs on each node of the job; 0 for a CPU-only job, which runs on any host. A job asks
+    for GPUs, as under Slurm or Kubernetes: without a count it gets none, unless it states what
+    each GPU must be (memory, a GPU backend, compute capability, architecture), which asks for
+    one (:meth:`from_dict`)."""
     nodes: int = 1
     """Nodes the job spans; more than one makes it a gang (all start or none)."""
     min_mem_per_gpu_bytes: int | None = None
@@ -167,11 +217,18 @@ class Resources:
         )
         if mem_bytes is not None and mem_bytes < 0:
             raise ValueError("resources.min_mem_per_gpu_bytes: must not be negative")
+        backends = cast(tuple[BackendName, ...], r.choices("backends", BACKENDS))
+        per_gpu = (
+            mem_bytes is not None
+            or any(b != "cpu" for b in backends)
+            or data.get("min_compute_capability") is not None
+            or bool(data.get("archs"))
+        )
         out = cls(
-            gpus_per_node=r.int_("gpus_per_node", 1),
+            gpus_per_node=r.int_("gpus_per_node", 1 if per_gpu else 0),
             nodes=r.int_("nodes", 1, least=1),
             min_mem_per_gpu_bytes=mem_bytes,
-            backends=cast(tuple[BackendName, ...], r.choices("backends", BACKENDS)),
+            backends=backends,
             min_compute_capability=_compute_capability(r.opt_str("min_compute_capability")),
             archs=r.str_tuple("archs"),
             interconnect=cast(InterconnectKind | None, r.opt_choice("interconnect", INTERCONNECTS)),
@@ -225,9 +282,27 @@ class JobSpec:
     def is_gang(self) -> bool:
         return self.resources.nodes > 1
 
+    @property
+    def features(self) -> tuple[str, ...]:
+        """The features this spec uses (:data:`FEATURES`), sorted."""
+        used = []
+        if self.resources.nodes > 1:
+            used.append("gang")
+        if self.image is not None:
+            used.append("image")
+        if self.resources.interconnect is not None:
+            used.append("interconnect")
+        return tuple(sorted(used))
+
+    @property
+    def lacking(self) -> tuple[str, ...]:
+        """The features this spec uses that this agent does not run."""
+        return tuple(f for f in self.features if f not in SUPPORTED_FEATURES)
+
     def to_dict(self) -> dict[str, Any]:
-        """The stable wire form: every field, JSON-able, keys in declaration order."""
-        return {
+        """The stable wire form: every field, JSON-able, keys in declaration order; then the
+        features it uses and their spec version, when it uses any."""
+        doc: dict[str, Any] = {
             "command": list(self.command),
             "env": dict(self.env),
             "workdir": self.workdir,
@@ -246,6 +321,11 @@ class JobSpec:
             "checkpoint_signal": self.checkpoint_signal,
             "retries": self.retries,
         }
+        features = self.features
+        if features:
+            doc["features"] = list(features)
+            doc["spec_version"] = max(FEATURES[f] for f in features)
+        return doc
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
@@ -278,7 +358,10 @@ class JobSpec:
 def _from_mapping(data: Mapping[str, Any], *, human: bool, now: float | None) -> JobSpec:
     if not isinstance(data, Mapping):
         raise ValueError(f"job spec must be a table/object, got {type(data).__name__}")
+    _check_declared(data)
     r = _Reader(data, "")
+    declared = r.str_tuple("features")
+    r.get("spec_version")
     command = r.str_tuple("command")
     if not command:
         raise ValueError("command: must be a non-empty list of strings")
@@ -325,6 +408,10 @@ def _from_mapping(data: Mapping[str, Any], *, human: bool, now: float | None) ->
         retries=r.int_("retries", 0),
     )
     r.done()
+    if "features" in data and tuple(sorted(declared)) != spec.features:
+        raise ValueError(
+            f"features: the spec declares {list(declared)} but uses {list(spec.features)}"
+        )
     return spec
 
 

@@ -19,9 +19,12 @@ Without a separate job user, ``<data_dir>`` and ``jobs/`` are 0700. The agent re
 job could have replaced (the progress file) only without following symlinks, without blocking on
 a FIFO, only when the job user owns it, and at most a few KiB of it.
 
-A job's environment starts clean, not from the agent's (which may hold secrets): ``PATH``,
-``LANG``, ``LANGUAGE``, ``LC_*``, ``TZ`` and ``TMPDIR`` as the agent has them, ``HOME``, ``USER``
-and ``LOGNAME`` of the job user; then the job's own ``env``; then Shoal's variables.
+A job's environment starts clean, not from the agent's (which may hold secrets): ``LANG``,
+``LANGUAGE``, ``LC_*``, ``TZ`` and ``TMPDIR`` as the agent has them; ``PATH`` as the agent has it
+when the job runs as the agent's own user, else the system's (:data:`SYSTEM_PATH`, as sudo's
+``secure_path``: the agent's may name folders the job user cannot enter, a root's pyenv shims
+say); ``HOME``, ``USER`` and ``LOGNAME`` of the job user; then the job's own ``env`` (which may set
+``PATH``); then Shoal's variables.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ _WINDOWS_PASSED: Final = frozenset(
     }
 )
 _DEFAULT_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
+SYSTEM_PATH: Final = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _READ_LIMIT_BYTES: Final = 4096
 
 
@@ -183,6 +187,8 @@ def base_env(user: JobUser, agent_env: Mapping[str, str]) -> dict[str, str]:
     if sys.platform == "win32":
         return {k: v for k, v in agent_env.items() if k.upper() in _WINDOWS_PASSED}
     env = {k: v for k, v in agent_env.items() if k in _PASSED or k.startswith("LC_")}
+    if user.switch:
+        env["PATH"] = SYSTEM_PATH
     env.setdefault("PATH", _DEFAULT_PATH)
     env["HOME"] = user.home
     env["USER"] = env["LOGNAME"] = user.name

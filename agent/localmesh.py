@@ -27,16 +27,19 @@ SEES_WAIT_S = 5
 """How long the agent holds one convergence watch (``/healthz?members=N``) before answering."""
 
 DEMO_PROFILES: tuple[str, ...] = (
-    "h100:4",
-    "mi300x:4",
-    "a100-80gb:4",
-    "arc-a770:2",
-    "l4:2",
-    "m2-ultra",
-    "rx-7900-xtx:2",
+    "linux-a100",
+    "linux-arm64-rx7900",
+    "macos-m2-ultra",
+    "windows-arc-a770",
     "h100:8",
+    "mi300x:8",
+    "l4:2",
+    "h100:4",
 )
-"""The heterogeneous mix the demo cycles through: NVIDIA, AMD, Intel and Apple hosts."""
+"""The mix the demo cycles through: the four reference hosts with their OS and CPU architecture
+(Linux x86-64 with 2x A100 in MIG mode, Linux arm64 with 4x RX 7900 XTX, macOS arm64 with an M2
+Ultra, Windows x86-64 with an Arc A770: ``probers.sim.REFERENCE_HOSTS``), then 8-GPU NVLink and
+xGMI baseboards and smaller NVIDIA hosts."""
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:

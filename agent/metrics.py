@@ -6,8 +6,9 @@ Gauges are computed at scrape time from what the agent holds: this node's device
 as this agent sees the mesh (``shoal_jobs``), members by state, jobs running here, and every
 gossip counter (``shoal_gossip_<name>_total``). Counters: commands accepted by kind and rejected by
 reason (``shoal_commands_accepted_total``, ``shoal_commands_rejected_total``), agent calls
-refused for want of authority (``shoal_internal_refused_total``), job records and submissions not
-believed (``shoal_records_refused_total``), API requests refused by route and status
+refused for want of authority (``shoal_internal_refused_total``), gossip records refused or not
+believed, by reason and by kind (``shoal_records_refused_total``,
+``shoal_records_refused_kinds_total``), API requests refused by route and status
 (``shoal_api_refused_total``), and the offers this agent made as an owner, by outcome
 (``shoal_placements_total``).
 
@@ -63,9 +64,15 @@ class _Snapshot:
             ("placements", "Offers of jobs to runners, by outcome", "outcome", snap["placements"]),
             (
                 "records_refused",
-                "Job records and submissions not believed",
+                "Gossip records refused (garbage, oversized, malformed) or not believed",
                 "reason",
                 snap["records_refused"],
+            ),
+            (
+                "records_refused_kinds",
+                "Gossip records refused or not believed, by record kind",
+                "kind",
+                snap["records_refused_kinds"],
             ),
         ):
             family = CounterMetricFamily(f"shoal_{name}", text, labels=[label])

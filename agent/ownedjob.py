@@ -1,14 +1,14 @@
 """A job as its owner keeps it, and its wire form between owner, replica and successor.
 
 ``OwnedJob`` is the owner's mutable working copy of a job (persisted as a ``JobRecord``, gossiped
-as ``job/<id>`` by :meth:`OwnedJob.to_json`). ``job_wire``/``job_from_wire`` carry it, with the
-operator's submission, in ``replicate`` and ``adopt`` calls; the receiving side runs the spec of
-the submission it verified, never one in the body (``agent.authority``).
+as ``job/<id>``: :meth:`OwnedJob.status`, an ``agent.wire.records.JobStatus``). ``job_wire`` and
+``job_from_wire`` carry it, with the operator's submission, in ``replicate`` and ``adopt`` calls
+(``agent.wire.documents.JobTransfer``); the receiving side runs the spec of the submission it
+verified, never one in the body (``agent.authority``).
 """
 
 from __future__ import annotations
 
-import base64
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +17,9 @@ from agent.authority import Authority
 from agent.jobspec import JobSpec, check_job_id
 from agent.jobstate import JobState
 from agent.store import JobRecord, Store
-from agent.view import job_gen
+from agent.wire.calls import JobTransfer, OwnerDetail
+from agent.wire.codec import WireError
+from agent.wire.records import AttemptEntry, JobStatus
 
 ATTEMPTS_KEPT = 20
 
@@ -49,10 +51,9 @@ class OwnedJob:
     again, the attempt keeps its number. Another node gets a new one: a runner fences an attempt
     that a job record (maybe an older one, still travelling) places on another node."""
     launch_failures: int = 0
-    attempts: list[dict[str, Any]] = field(default_factory=list)
-    """Where each attempt ran and how it ended (the last :data:`ATTEMPTS_KEPT`): ``attempt``,
-    ``node``, ``started_at``, then ``finished_at``, ``cause``, ``exit_code``."""
     """Offers that failed to launch the job (missing program, bad folder...)."""
+    attempts: list[AttemptEntry] = field(default_factory=list)
+    """Where each attempt ran and how it ended (the last :data:`ATTEMPTS_KEPT`)."""
     submission: bytes = b""
     """The operator's sealed submission (see ``agent.authority``)."""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -71,25 +72,28 @@ class OwnedJob:
             submission=self.submission,
         )
 
+    def owner_detail(self) -> OwnerDetail:
+        return OwnerDetail(
+            devices=self.devices,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+            exit_code=self.exit_code,
+            signal=self.signal,
+            reason=self.reason,
+            gen=self.gen,
+            failures=self.failures,
+            prefer=self.prefer,
+            avoid=self.avoid,
+            launch_failures=self.launch_failures,
+            attempts=tuple(self.attempts),
+        )
+
     def detail(self) -> dict[str, Any]:
-        return {
-            "devices": list(self.devices),
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "exit_code": self.exit_code,
-            "signal": self.signal,
-            "reason": self.reason,
-            "gen": self.gen,
-            "failures": self.failures,
-            "prefer": self.prefer,
-            "avoid": self.avoid,
-            "launch_failures": self.launch_failures,
-            "attempts": self.attempts,
-        }
+        return self.owner_detail().to_wire()
 
     @classmethod
     def from_record(cls, rec: JobRecord) -> OwnedJob:
-        d = dict(rec.detail)
+        d = OwnerDetail.from_wire(rec.detail)
         return cls(
             job_id=rec.job_id,
             spec=rec.spec,
@@ -98,65 +102,73 @@ class OwnedJob:
             owner=rec.owner,
             runner=rec.runner,
             submitted_at=rec.submitted_at,
-            devices=tuple(d.get("devices") or ()),
-            started_at=d.get("started_at"),
-            finished_at=d.get("finished_at"),
-            exit_code=d.get("exit_code"),
-            signal=d.get("signal"),
-            reason=d.get("reason"),
-            gen=int(d.get("gen") or 0),
-            failures=int(d.get("failures") or 0),
-            prefer=d.get("prefer"),
-            avoid=d.get("avoid"),
-            launch_failures=int(d.get("launch_failures") or 0),
-            attempts=[a for a in d.get("attempts") or () if isinstance(a, dict)],
+            devices=d.devices,
+            started_at=d.started_at,
+            finished_at=d.finished_at,
+            exit_code=d.exit_code,
+            signal=d.signal,
+            reason=d.reason,
+            gen=d.gen,
+            failures=d.failures,
+            prefer=d.prefer,
+            avoid=d.avoid,
+            launch_failures=d.launch_failures,
+            attempts=list(d.attempts),
             submission=rec.submission,
         )
 
     def merge_gossip(self, doc: dict[str, Any]) -> None:
         """Take the fresher facts of a gossiped record (a newer version by a former owner)."""
-        if job_gen(doc) <= self.gen:
+        status = JobStatus.from_wire(doc)
+        if status.gen <= self.gen:
             return
         try:
-            self.state = JobState(str(doc.get("state")))
+            self.state = JobState(status.state)
         except ValueError:
             return
-        self.attempt = int(doc.get("attempt") or 0)
-        self.runner = doc.get("runner")
-        self.devices = tuple(doc.get("devices") or ())
-        self.started_at = doc.get("started_at")
-        self.finished_at = doc.get("finished_at")
-        self.exit_code = doc.get("exit_code")
-        self.reason = doc.get("reason")
-        self.gen = job_gen(doc)
+        self.attempt = status.attempt
+        self.runner = status.runner
+        self.devices = status.devices
+        self.started_at = status.started_at
+        self.finished_at = status.finished_at
+        self.exit_code = status.exit_code
+        self.reason = status.reason
+        self.gen = status.gen
 
-    def to_json(self, *, with_spec: bool = True) -> dict[str, Any]:
-        return {
-            "job_id": self.job_id,
-            "state": self.state.value,
-            "attempt": self.attempt,
-            "owner": self.owner,
-            "runner": self.runner,
-            "devices": list(self.devices),
-            "spec": self.spec.to_dict() if with_spec else None,
-            "submitted_at": self.submitted_at,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "exit_code": self.exit_code,
-            "signal": self.signal,
-            "reason": self.reason,
-            "gen": self.gen,
-            "attempts": self.attempts,
-        }
+    def status(self) -> JobStatus:
+        """The job's record as gossiped (``job/<id>``) and handed on."""
+        return JobStatus(
+            job_id=self.job_id,
+            state=self.state.value,
+            attempt=self.attempt,
+            owner=self.owner,
+            runner=self.runner,
+            devices=self.devices,
+            submitted_at=self.submitted_at,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+            exit_code=self.exit_code,
+            signal=self.signal,
+            reason=self.reason,
+            gen=self.gen,
+            attempts=tuple(self.attempts),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The record with the spec: what the API shows of a job this agent owns."""
+        doc = self.status().to_wire()
+        doc["spec"] = self.spec.to_dict()
+        return doc
 
     def attempt_started(self, node: str, started_at: float) -> None:
-        self.attempts.append({"attempt": self.attempt, "node": node, "started_at": started_at})
+        self.attempts.append(AttemptEntry(self.attempt, node, started_at))
         del self.attempts[:-ATTEMPTS_KEPT]
 
     def attempt_ended(self, attempt: int, cause: str, exit_code: int | None, at: float) -> None:
-        for entry in reversed(self.attempts):
-            if entry.get("attempt") == attempt and "cause" not in entry:
-                entry.update(finished_at=at, cause=cause, exit_code=exit_code)
+        for i in range(len(self.attempts) - 1, -1, -1):
+            entry = self.attempts[i]
+            if entry.attempt == attempt and entry.cause is None:
+                self.attempts[i] = entry._replace(finished_at=at, cause=cause, exit_code=exit_code)
                 return
 
 
@@ -170,34 +182,29 @@ class OwnerError(Exception):
 
 def job_wire(job: OwnedJob) -> dict[str, Any]:
     """The body of a ``replicate`` or ``adopt`` call: the record, its details, the submission."""
-    return {
-        "record": job.to_json(with_spec=False),
-        "detail": job.detail(),
-        "submission": base64.b64encode(job.submission).decode("ascii"),
-    }
+    return JobTransfer(job.status(), job.owner_detail(), job.submission).to_wire()
 
 
 def job_from_wire(body: dict[str, Any], authority: Authority) -> OwnedJob:
     """An ``OwnedJob`` from a ``replicate``/``adopt`` body: ``ValueError`` when malformed,
     ``SubmissionRefused`` unless it carries its operator's submission (whose spec it runs)."""
-    rec = body.get("record")
-    detail = body.get("detail") or {}
-    if not isinstance(rec, dict) or not isinstance(detail, dict):
-        raise ValueError("record and detail must be objects")
-    sealed = base64.b64decode(str(body.get("submission", "")), validate=True)
-    job_id = check_job_id(rec["job_id"])
-    sub = authority.submission(sealed, job_id)
+    transfer = JobTransfer.from_wire(body)
+    rec = transfer.record
+    job_id = check_job_id(rec.job_id)
+    if rec.owner is None or rec.submitted_at is None:
+        raise WireError("record: owner and submitted_at are required")
+    sub = authority.submission(transfer.submission, job_id)
     return OwnedJob.from_record(
         JobRecord(
             job_id=job_id,
             spec=sub.spec,
-            state=JobState(rec["state"]),
-            attempt=int(rec["attempt"]),
-            owner=str(rec["owner"]),
-            runner=rec.get("runner"),
-            submitted_at=float(rec["submitted_at"]),
+            state=JobState(rec.state),
+            attempt=rec.attempt,
+            owner=rec.owner,
+            runner=rec.runner,
+            submitted_at=rec.submitted_at,
             updated_at=time.time(),
-            detail=detail,
+            detail=transfer.detail.to_wire(),
             submission=sub.sealed,
         )
     )
@@ -205,11 +212,16 @@ def job_from_wire(body: dict[str, Any], authority: Authority) -> OwnedJob:
 
 def store_replica(store: Store, body: dict[str, Any], caller: str, authority: Authority) -> None:
     """Keep a copy sent by the job's owner, unless we already hold a newer version. Refused
-    (``OwnerError`` 403) unless the caller may act as the job's owner and says it is."""
+    (``OwnerError`` 403) unless the caller says it is the owner and either it may act as one
+    here, or this agent is itself among the job's owners here (the copy is this agent's to keep
+    anyway: while a mesh forms, the owner may not rank where this agent's view puts it)."""
     job = job_from_wire(body, authority)
-    if job.owner != caller or not authority.may_own(job.job_id, caller):
+    rightful = authority.may_own(job.job_id, caller) or authority.may_own(
+        job.job_id, authority.node_id
+    )
+    if job.owner != caller or not rightful:
         raise OwnerError(403, f"{caller[:8]} may not replicate job {job.job_id}")
     held = store.get_job(job.job_id)
-    if held is not None and int(dict(held.detail).get("gen") or 0) > job.gen:
+    if held is not None and OwnerDetail.from_wire(held.detail).gen > job.gen:
         return
     store.put_job(job.record())

@@ -20,12 +20,12 @@ holds (or is handed the copy by the agent that holds it) and asks the runner whe
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import time
 from collections import Counter
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from agent.authority import Submission, SubmissionRefused
 from agent.context import AgentContext
@@ -40,7 +40,17 @@ from agent.ownedjob import OwnedJob, OwnerError, job_from_wire, job_wire
 from agent.ownership import rank, replica_of
 from agent.peers import PeerError, PeerRefused, PeerUnreachable
 from agent.placement import Candidate, Placement
-from agent.view import JOB_PREFIX, SUB_PREFIX, job_gen, pack
+from agent.view import JOB_PREFIX, SUB_PREFIX, job_gen
+from agent.wire.calls import (
+    AttemptResult,
+    StartAnswer,
+    StartOffer,
+    StatusAnswer,
+    StatusRequest,
+    StopAnswer,
+    StopRequest,
+)
+from agent.wire.codec import WireError
 
 log = logging.getLogger("shoal.owner")
 
@@ -139,7 +149,7 @@ class Owner:
             # that the job exists (its spec travels in it, not in each version of the record).
             self._subs_published.add(job.job_id)
             self._publish(SUB_PREFIX + job.job_id, job.submission)
-        self._publish(JOB_PREFIX + job.job_id, pack(job.to_json(with_spec=False)))
+        self._publish(JOB_PREFIX + job.job_id, job.status().encode())
         if replicate:
             self.spawn(self._replicate_quietly(job))
         self._on_change()
@@ -272,18 +282,20 @@ class Owner:
             addr = self._addr_of(runner)
             if addr is not None:
                 try:
-                    answer = await self.peers.call(
-                        addr,
-                        "stop",
-                        {"job_id": job_id, "attempt": attempt, "cause": cause},
-                        timeout_s=self._stop_grace_s + 10,
+                    answer = _answer(
+                        StopAnswer.from_wire,
+                        await self.peers.call(
+                            addr,
+                            "stop",
+                            StopRequest(job_id, attempt, cause).to_wire(),
+                            timeout_s=self._stop_grace_s + 10,
+                        ),
                     )
                 except PeerError as exc:
                     log.info("job %s: stop on %s: %s", job_id[:8], runner[:8], exc)
                 else:
-                    result = answer.get("exit")
-                    if isinstance(result, dict):
-                        self.report(runner, result)
+                    if answer.exit is not None:
+                        self.report(runner, answer.exit)
                     else:
                         self._confirmed_gone(job_id, runner, attempt, cause)
                     return
@@ -309,23 +321,23 @@ class Owner:
 
     # -- reports from runners --------------------------------------------------------------------
 
-    def report(self, runner: str, r: dict[str, Any]) -> dict[str, Any]:
+    def report(self, runner: str, r: AttemptResult) -> dict[str, Any]:
         """An attempt ended on ``runner``; stale reports (other attempt or runner) are dropped."""
-        job = self._owned(str(r.get("job_id")))
+        job = self._owned(r.job_id)
         job_id = job.job_id
-        attempt = r.get("attempt")
+        attempt = r.attempt
         if attempt != job.attempt or runner != job.runner or job.state not in LIVE:
             return {"ok": True, "stale": True}
-        cause = str(r.get("cause", "exit"))
-        code = r.get("exit_code")
-        job.attempt_ended(job.attempt, cause, code, r.get("finished_at", time.time()))
+        cause = r.cause
+        code = r.exit_code
+        job.attempt_ended(job.attempt, cause, code, _finished(r))
         if job.state == JobState.PLACING:
             self._move(job, JobEvent.STARTED)
-        job.exit_code, job.signal = code, r.get("signal")
-        job.started_at = r.get("started_at", job.started_at)
+        job.exit_code, job.signal = code, r.signal
+        job.started_at = r.started_at if r.started_at is not None else job.started_at
         if cause == "exit" and code == 0:
             self._move(job, JobEvent.EXITED_OK)
-            job.finished_at, job.reason = r.get("finished_at", time.time()), None
+            job.finished_at, job.reason = _finished(r), None
             self._save(job)
             self.events.add("succeeded", f"on {runner[:8]}, attempt {attempt}", job_id=job_id)
         elif cause in ("exit", "timeout"):
@@ -340,12 +352,12 @@ class Owner:
                 self.kick()
             else:
                 self._move(job, JobEvent.EXITED_ERROR)
-                job.finished_at, job.reason = r.get("finished_at", time.time()), why
+                job.finished_at, job.reason = _finished(r), why
                 self._save(job)
                 self.events.add("failed", f"{why} on {runner[:8]}", job_id=job_id)
         elif cause == "cancel":
             self._move(job, JobEvent.CANCEL)
-            job.finished_at = r.get("finished_at", time.time())
+            job.finished_at = _finished(r)
             self._save(job)
         else:
             if cause in ("drain", "shutdown"):
@@ -496,20 +508,23 @@ class Owner:
             return
         addr = self._addr_of(runner)
         try:
-            answer = await self.peers.call(addr or "", "status", {"job_id": job_id})
+            answer = _answer(
+                StatusAnswer.from_wire,
+                await self.peers.call(addr or "", "status", StatusRequest(job_id).to_wire()),
+            )
         except PeerError:
             self.spawn(self._stop_until_done(job_id, runner, attempt, "fenced"))
             return
         job = self.jobs.get(job_id)
         if job is None or job.attempt != attempt or job.state not in LIVE:
             return
-        if answer.get("running") and answer.get("attempt") == attempt:
+        if answer.running and answer.attempt == attempt:
             if job.state == JobState.PLACING:
                 self._move(job, JobEvent.STARTED)
                 self._save(job)
             return
-        result = answer.get("result")
-        if isinstance(result, dict) and result.get("attempt") == attempt:
+        result = answer.result
+        if result is not None and result.attempt == attempt:
             self.report(runner, result)
             return
         self.spawn(self._stop_until_done(job_id, runner, attempt, "fenced"))
@@ -615,15 +630,11 @@ class Owner:
                     continue
                 attempt = self._reserve(job, cand)
                 await self._replicate(job)
-            body = {
-                "job_id": job.job_id,
-                "attempt": attempt,
-                "devices": list(cand.devices),
-                "owner": self.node_id,
-                "submission": base64.b64encode(job.submission).decode("ascii"),
-            }
+            offer = StartOffer(job.job_id, attempt, self.node_id, cand.devices, job.submission)
             try:
-                answer = await self.peers.call(addr, "start", body)
+                answer = _answer(
+                    StartAnswer.from_wire, await self.peers.call(addr, "start", offer.to_wire())
+                )
             except PeerRefused as exc:
                 self.offers[_REFUSALS.get(exc.status, "declined")] += 1
                 declines.append(f"{cand.node_id[:8]}: {exc.reason}")
@@ -647,7 +658,7 @@ class Owner:
             self.offers["started"] += 1
             self._move(job, JobEvent.RESERVED)
             self._move(job, JobEvent.STARTED)
-            job.started_at = answer.get("started_at", time.time())
+            job.started_at = answer.started_at or time.time()
             job.attempt_started(cand.node_id, job.started_at)
             self._save(job)
             self.events.add(
@@ -673,3 +684,18 @@ class Owner:
 def _state(job: OwnedJob) -> JobState:
     """The job's state through a call: it changes across awaits (keeps mypy from narrowing)."""
     return job.state
+
+
+A = TypeVar("A")
+
+
+def _answer(decode: Callable[[Any], A], answer: dict[str, Any]) -> A:
+    """A peer's answer decoded; one that does not decode is as good as none (unreachable)."""
+    try:
+        return decode(answer)
+    except WireError as exc:
+        raise PeerUnreachable(f"malformed answer: {exc}") from None
+
+
+def _finished(r: AttemptResult) -> float:
+    return r.finished_at if r.finished_at is not None else time.time()

@@ -3,9 +3,10 @@ behind it.
 
 The owner asks a ``Placement`` for an ordered list of candidates (node and device keys) from its
 gossip view; it then offers the job to each in turn, and the node admits or declines against its
-real local state. When no node fits, :meth:`Placement.why_pending` says what the job waits for,
-in one line. Both implementations turn the view into the policy's snapshot through
-:mod:`agent.policy.adapt` and call the policy's own functions:
+real local state. Both apply the hard filters, first among them the job-spec features the node's
+agent runs. When no node fits, :meth:`Placement.why_pending` says what the job waits for, in one
+line. Both turn the view into the policy's snapshot through :mod:`agent.policy.adapt` and call
+the policy's own functions:
 
 - :class:`FirstFit` (``placement = "fifo"``): hard filters only, nodes in id order, a preferred
   target first (:func:`agent.policy.baselines.first_fit`), the baseline ``python -m bench.sched``
@@ -14,8 +15,9 @@ in one line. Both implementations turn the view into the policy's snapshot throu
   (:func:`agent.policy.decision.rank_any`: speed on each model, fragmentation, data, heat, cost,
   spreading owners apart), and its "why waiting" line (never fits, or waits for busy capacity).
 
-What the live mesh does not do yet (its next step): gangs on several nodes (a gang is placed on
-one node, as before), shares of a GPU, preemption, moves, and one queue order across owners.
+What the live mesh does not do yet (its next step): gangs (no agent runs the ``gang`` feature, so
+one is refused at submission), shares of a GPU, preemption, moves, and one queue order across
+owners.
 """
 
 from __future__ import annotations
@@ -25,14 +27,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from agent.jobspec import JobSpec
+from agent.jobspec import JobSpec, lacking_reason
 from agent.policy import adapt
 from agent.policy.baselines import first_fit
 from agent.policy.config import PolicyConfig
 from agent.policy.decision import context, rank_any
 from agent.policy.explain import busy_line, never_reason
 from agent.policy.model import ThroughputModel
-from agent.policy.snapshot import Snapshot
+from agent.policy.snapshot import Job, Snapshot
 from agent.policy.state import PolicyState
 from agent.view import NodeView
 
@@ -61,11 +63,11 @@ class Placement(Protocol):
         ...
 
 
-def _single_node(spec: JobSpec) -> JobSpec:
-    """The live mesh places a gang's first member only, on one node (as it always has)."""
-    if spec.resources.nodes == 1:
-        return spec
-    return replace(spec, resources=replace(spec.resources, nodes=1))
+def _job(spec: JobSpec, owner: str | None = None) -> Job:
+    """The job as the policy sees it, on one node: the live mesh places a gang's first member
+    only (no agent runs the ``gang`` feature yet, which the filters check)."""
+    job = adapt.job_from_spec("", spec, owner=owner)
+    return job if job.nodes == 1 else replace(job, nodes=1)
 
 
 class FirstFit:
@@ -79,7 +81,7 @@ class FirstFit:
         exclude: frozenset[str] = frozenset(),
         prefer: str | None = None,
     ) -> list[Candidate]:
-        job = adapt.job_from_spec("", _single_node(spec))
+        job = _job(spec)
         known = adapt.nodes_from_views(n for n in nodes if n.inventory is not None)
         return [
             Candidate(p.node_id, p.devices[0])
@@ -88,6 +90,8 @@ class FirstFit:
 
     def why_pending(self, spec: JobSpec) -> str:
         r = spec.resources
+        if spec.features:
+            return "waits for an agent that runs it: " + lacking_reason(spec.features)
         parts = [
             f"no schedulable node has {r.gpus_per_node} free GPU" + "s" * (r.gpus_per_node != 1)
         ]
@@ -135,7 +139,7 @@ class ShoalPlacement:
     ) -> list[Candidate]:
         snapshot = self._context(nodes)
         ctx, _ = context(snapshot, self.model, self.config, state=self._state, owner=self.owner)
-        job = adapt.job_from_spec("", _single_node(spec), owner=self.owner)
+        job = _job(spec, self.owner)
         ranked = rank_any(job, ctx, limit=self.config.alternates + 1, exclude=exclude)
         out = [Candidate(c.node_id, c.placement.devices[0]) for c in ranked]
         if prefer is not None:
@@ -146,7 +150,7 @@ class ShoalPlacement:
         ctx, state = context(
             self._snapshot, self.model, self.config, state=self._state, owner=self.owner
         )
-        job = adapt.job_from_spec("", _single_node(spec), owner=self.owner)
+        job = _job(spec, self.owner)
         return never_reason(job, ctx, state) or busy_line(job, 0, None, None)
 
 

@@ -1,8 +1,10 @@
 """What an agent says of itself in gossip, and how often: the records this node publishes.
 
-- ``inventory`` once at start: host facts (hostname, or the configured name), API address,
-  labels, static device facts, boot count. An inventory larger than one record loses devices
-  from its end (the wire-contract work splits it instead).
+- ``inventory`` once at start: host facts (hostname, or the configured name; OS, CPU
+  architecture), API address, labels, boot count, the job-spec features this agent runs, and
+  every device's static facts with its links and MIG instances. An inventory larger than one
+  record goes on in ``inventory/1``, ``inventory/2``... (``agent.wire.records.InventoryRecord``);
+  nothing is dropped.
 - ``telemetry``: on change beyond 5 utilization points, 1 GiB of memory or 3 degrees, at most
   once a second, and at least every ``telemetry_heartbeat_s``.
 - ``node``: drain state, queue, running jobs, free devices at once when they change; a change in
@@ -13,14 +15,19 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from agent.config import AgentConfig
 from agent.devices import HostDevices
 from agent.events import EventLog
-from agent.view import MAX_PAYLOAD_BYTES, pack, sample_to_wire, static_to_wire
+from agent.jobspec import SUPPORTED_FEATURES
+from agent.wire.codec import MAX_RECORD_BYTES, WireError
+from agent.wire.records import InventoryRecord, NodeRecord, TelemetryRecord
+from probers.records import DeviceStatic
+
+log = logging.getLogger("shoal.agent")
 
 GIB = 1024**3
 PROGRESS_EVERY_S = 2.0
@@ -29,7 +36,6 @@ what placement reads (drain, queue, running jobs, free devices) is republished a
 EVENTS_EVERY_S = 1.0
 """This node's recent events are republished at most this often (each event used to resend
 them all: a third of the gossip bytes of a mesh under load)."""
-_PLACEMENT_FIELDS = ("drain", "queue", "running", "free")
 
 
 class Publisher:
@@ -39,7 +45,7 @@ class Publisher:
         config: AgentConfig,
         devices: HostDevices,
         events: EventLog,
-        node_doc: Callable[[], dict[str, Any]],
+        node_doc: Callable[[], NodeRecord],
     ) -> None:
         """``node_doc``: the ``node`` record as it would be now (drain, queue, running, free,
         progress)."""
@@ -49,7 +55,7 @@ class Publisher:
         self._events = events
         self._node_doc = node_doc
         self._node_dirty = True
-        self._node_sent: dict[str, Any] = {}
+        self._node_sent: NodeRecord | None = None
         self._node_at = float("-inf")
         self._events_dirty = False
         self._events_at = float("-inf")
@@ -67,18 +73,22 @@ class Publisher:
         host = report.host
         if self._config.name:
             host = dataclasses.replace(host, hostname=self._config.name)
-        doc: dict[str, Any] = {
-            "host": host.to_json(),
-            "api": address,
-            "labels": self._config.all_labels(),
-            "devices": [static_to_wire(d.static) for d in report.devices],
-            "boot": boot,
-        }
-        payload = pack(doc)
-        while len(payload) > MAX_PAYLOAD_BYTES and doc["devices"]:
-            doc["devices"] = doc["devices"][:-1]
-            payload = pack(doc)
-        self._publish("inventory", payload)
+        record = InventoryRecord(
+            host=host,
+            api=address,
+            labels=self._config.all_labels(),
+            boot=boot,
+            devices=tuple(d.static for d in report.devices),
+            features=tuple(sorted(SUPPORTED_FEATURES)),
+        )
+        try:
+            records = record.encode()
+        except WireError as exc:  # a device alone larger than a record: say so, keep the rest
+            log.error("inventory not published whole: %s", exc)
+            self._events.add("inventory_too_large", str(exc))
+            records = record._replace(devices=_fitting(record)).encode()
+        for kind, payload in records:
+            self._publish(kind, payload)
 
     def telemetry(self, *, force: bool = False) -> None:
         now = time.monotonic()
@@ -104,8 +114,8 @@ class Publisher:
             return
         self._last_telemetry = current
         self._telemetry_at = now
-        rows = [sample_to_wire(d.sample) for d in devices]
-        self._publish("telemetry", pack({"at": time.time(), "s": rows}))
+        record = TelemetryRecord(at=time.time(), samples=tuple(d.sample for d in devices))
+        self._publish("telemetry", record.encode())
 
     def tick(self, now: float) -> None:
         """Called often (every 0.1 s): what is due of the node record and the events."""
@@ -117,19 +127,32 @@ class Publisher:
     def node(self, now: float) -> None:
         """The node record, when it says something new (see :data:`PROGRESS_EVERY_S`)."""
         doc = self._node_doc()
-        if all(doc[k] == self._node_sent.get(k) for k in _PLACEMENT_FIELDS):
-            if doc["progress"] == self._node_sent.get("progress"):
+        sent = self._node_sent
+        if sent is not None and doc.placement_view() == sent.placement_view():
+            if doc.progress == sent.progress:
                 self._node_dirty = False  # an owner's save that changed nothing others read
                 return
             if now - self._node_at < PROGRESS_EVERY_S:
                 return  # still dirty: the progress goes out when the interval is up
         self._node_dirty = False
         self._node_sent, self._node_at = doc, now
-        self._publish("node", pack(doc))
+        self._publish("node", doc.encode())
 
     def events(self, now: float) -> None:
         self._events_dirty = False
         self._events_at = now
-        payload = pack(self._events.gossip_payload())
-        if len(payload) <= MAX_PAYLOAD_BYTES:
+        payload = self._events.gossip_record().encode()
+        if len(payload) <= MAX_RECORD_BYTES:
             self._publish("events", payload)
+
+
+def _fitting(record: InventoryRecord) -> tuple[DeviceStatic, ...]:
+    """The devices that each fit in one record (what :meth:`InventoryRecord.encode` can carry)."""
+    kept = []
+    for device in record.devices:
+        try:
+            record._replace(devices=(device,)).encode()
+        except WireError:
+            continue
+        kept.append(device)
+    return tuple(kept)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -21,42 +22,33 @@ from agent.mesh import GossipMesh
 from agent.owner import Owner
 from agent.peers import PeerError
 from agent.runner import Runner
-from agent.view import STATE_NAMES, device_json
+from agent.view import STATE_NAMES
+from agent.wire.records import JobStatus
 from gossip.certtrust import CertTrust
 from gossip.node import GossipNode
+from probers.records import DeviceSample
+
+if TYPE_CHECKING:
+    from agent.wire.documents import JobDoc, NodeDoc
 
 _TEXT = {"Content-Type": "text/plain; charset=utf-8"}
 
 
-def job_json(doc: dict[str, Any], ctx: AgentContext) -> dict[str, Any]:
+def job_doc(record: Mapping[str, Any], ctx: AgentContext) -> JobDoc:
     """The API's document of a job from its record (``OwnedJob.to_json`` or a believed one)."""
-    job_id = str(doc.get("job_id"))
-    runner = doc.get("runner")
+    from agent.wire.documents import JobDoc  # loaded on the first read
+
+    status = JobStatus.from_wire(record)
     progress = eta = None
-    if runner is not None and doc.get("state") == "running":
-        status = ctx.view.node(str(runner)).status or {}
-        p = status.get("progress", {}).get(job_id)
-        if isinstance(p, list) and len(p) == 2:
-            progress, eta = p
-    elif doc.get("state") == "succeeded":
+    if status.runner is not None and status.state == "running":
+        node = ctx.view.nodes.get(status.runner)
+        pair = node.status.progress.get(status.job_id) if node and node.status else None
+        if pair is not None:
+            progress, eta = pair
+    elif status.state == "succeeded":
         progress, eta = 1.0, 0.0
-    return {
-        "job_id": job_id,
-        "state": doc.get("state"),
-        "attempt": doc.get("attempt"),
-        "owner": doc.get("owner"),
-        "runner": runner,
-        "devices": doc.get("devices", []),
-        "spec": doc.get("spec"),
-        "submitted_at": doc.get("submitted_at"),
-        "started_at": doc.get("started_at"),
-        "finished_at": doc.get("finished_at"),
-        "exit_code": doc.get("exit_code"),
-        "reason": doc.get("reason"),
-        "progress": progress,
-        "eta_s": eta,
-        "attempts": doc.get("attempts") or [],
-    }
+    spec = record.get("spec")
+    return JobDoc(status, spec if isinstance(spec, dict) else {}, progress, eta)
 
 
 class Reads:
@@ -76,48 +68,55 @@ class Reads:
         self._mesh = mesh
         self._trust = trust
 
-    def jobs(self) -> list[dict[str, Any]]:
+    def jobs(self) -> list[JobDoc]:
         docs = sorted(self._ctx.view.jobs.values(), key=lambda d: d.get("submitted_at") or 0.0)
-        return [job_json(d, self._ctx) for d in docs]
+        return [job_doc(d, self._ctx) for d in docs]
 
-    def job(self, job_id: str) -> dict[str, Any]:
+    def job(self, job_id: str) -> JobDoc:
         owned = self._owner.jobs.get(job_id)
         doc = owned.to_json() if owned is not None else self._ctx.view.jobs.get(job_id)
         if doc is None:
             raise ApiError(404, f"unknown job {job_id}")
-        return job_json(doc, self._ctx)
+        return job_doc(doc, self._ctx)
 
-    def nodes(self) -> list[dict[str, Any]]:
+    def nodes(self) -> list[NodeDoc]:
+        from agent.wire.documents import DeviceDoc, NodeDoc  # loaded on the first read
+
         now = time.monotonic()
         view = self._ctx.view
         out = []
         for m in sorted(self._node.members(), key=lambda m: m.node):
+            if self._trust.is_revoked(m.node):
+                continue  # not a member any more: every agent holds the revocation list
             node = view.nodes.get(m.node)
-            inv = (node.inventory if node else None) or {}
-            status = (node.status if node else None) or {}
-            devices = []
+            inv = node.inventory if node else None
+            status = node.status if node else None
+            devices: tuple[DeviceDoc, ...] = ()
             age = None
             if node is not None:
-                devices = [
-                    device_json(i, s, node.samples.get(s.key)) for i, s in enumerate(node.statics)
-                ]
+                devices = tuple(
+                    DeviceDoc(i, s, node.samples.get(s.key) or DeviceSample(key=s.key))
+                    for i, s in enumerate(node.statics)
+                )
                 if node.telemetry_received_at is not None:
                     age = now - node.telemetry_received_at
             out.append(
-                {
-                    "node_id": m.node,
-                    "addr": m.addr,
-                    "state": STATE_NAMES.get(m.state, "unknown"),
-                    "role": self._trust.role_of(m.node)
+                NodeDoc(
+                    node_id=m.node,
+                    addr=m.addr,
+                    state=STATE_NAMES.get(m.state, "unknown"),
+                    role=self._trust.role_of(m.node)
                     or ("agent" if m.node == self._ctx.node_id else None),
-                    "drain": status.get("drain") if status else None,
-                    "labels": inv.get("labels", {}),
-                    "host": inv.get("host"),
-                    "devices": devices,
-                    "telemetry_age_s": age,
-                    "running_jobs": status.get("running", []),
-                    "queue": status.get("queue", 0),
-                }
+                    drain=status.drain if status else None,
+                    labels=inv.labels if inv else {},
+                    host=inv.host if inv else None,
+                    devices=devices,
+                    telemetry_age_s=age,
+                    running_jobs=status.running if status else (),
+                    queue=status.queue if status else 0,
+                    wire_version=inv.version if inv else None,
+                    features=inv.features if inv else (),
+                )
             )
         return out
 

@@ -21,7 +21,6 @@ agent then leaves the mesh.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import os
@@ -32,7 +31,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent.authority import SubmissionRefused
+from agent.authority import FeaturesLacking, SubmissionRefused
 from agent.context import AgentContext
 from agent.executor import (
     ExecEvent,
@@ -43,7 +42,7 @@ from agent.executor import (
     ProgressChanged,
     StopCause,
 )
-from agent.jobspec import check_job_id
+from agent.jobspec import check_job_id, lacking_reason
 from agent.jobstate import (
     DrainEvent,
     IllegalTransition,
@@ -55,6 +54,14 @@ from agent.logfiles import TailReader
 from agent.ownership import owner_of
 from agent.peers import PeerError
 from agent.store import ResultRecord, RunRecord, process_alive, reconcile
+from agent.wire.calls import (
+    AttemptResult,
+    StartAnswer,
+    StartOffer,
+    StatusAnswer,
+    StopAnswer,
+    StopRequest,
+)
 from probers.records import DeviceStatic
 
 log = logging.getLogger("shoal.runner")
@@ -123,7 +130,7 @@ class Runner:
         self.drain = NodeDrainState(self.store.get_meta("drain") or NodeDrainState.SCHEDULABLE)
         self._drain_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._reports: dict[tuple[str, int], dict[str, Any]] = {}
+        self._reports: dict[tuple[str, int], AttemptResult] = {}
         self._closing = False
         self._log_tails = asyncio.Semaphore(LOG_TAILS_AT_ONCE)
 
@@ -147,21 +154,25 @@ class Runner:
 
     # -- offers ----------------------------------------------------------------------------------
 
-    async def start(self, body: dict[str, Any], caller: str) -> dict[str, Any]:
+    async def start(self, offer: StartOffer, caller: str) -> StartAnswer:
         """An offer from ``caller``: run the operator's submission it carries, if the caller may
         act as the job's owner here (``NotAllowed`` otherwise, ``Declined`` when it cannot run
-        here, ``LaunchFailed`` when its process could not start)."""
-        job_id = check_job_id(body["job_id"])
-        attempt = int(body["attempt"])
-        owner = str(body["owner"])
+        here, or the job needs a feature this agent lacks; ``LaunchFailed`` when its process
+        could not start)."""
+        job_id = check_job_id(offer.job_id)
+        attempt = offer.attempt
+        owner = offer.owner
         if owner != caller or not self.authority.may_own(job_id, caller):
             raise NotAllowed(f"{caller[:8]} may not start job {job_id}")
-        sealed = base64.b64decode(str(body.get("submission", "")), validate=True)
         try:
-            spec = self.authority.submission(sealed, job_id).spec
+            spec = self.authority.submission(offer.submission, job_id).spec
+        except FeaturesLacking as exc:
+            raise Declined(str(exc)) from None
         except SubmissionRefused as exc:
             raise NotAllowed(str(exc)) from None
-        keys = tuple(str(k) for k in body.get("devices", ()))
+        if spec.lacking:
+            raise Declined(lacking_reason(spec.lacking))
+        keys = offer.devices
         if self._closing:
             raise Declined("the agent is shutting down")
         if not accepts_work(self.drain):
@@ -215,41 +226,41 @@ class Runner:
             self._set_load(k, True)
         self._on_change()
         self.events.add("running", f"attempt {attempt} pid {started.pid}", job_id=job_id)
-        return {"ok": True, "started_at": started.started_at, "pid": started.pid}
+        return StartAnswer(ok=True, started_at=started.started_at, pid=started.pid)
 
-    async def stop(self, body: dict[str, Any], caller: str) -> dict[str, Any]:
+    async def stop(self, request: StopRequest, caller: str) -> StopAnswer:
         """Stop (and fence) an attempt; answers how it ended, or that it does not run here.
         Only the agent that started the attempt, or one that may own the job, may ask."""
-        job_id = check_job_id(body["job_id"])
-        attempt = int(body["attempt"])
-        cause = str(body.get("cause", "cancel"))
-        grace = body.get("grace_s")
+        job_id = check_job_id(request.job_id)
+        attempt = request.attempt
+        cause = request.cause
+        grace = request.grace_s
         run = self.runs.get(job_id)
         started_it = run is not None and run.owner == caller
         if not started_it and not self.authority.may_own(job_id, caller):
             raise NotAllowed(f"{caller[:8]} may not stop job {job_id}")
         self.fence[job_id] = max(self.fence.get(job_id, 0), attempt)
         if run is None or run.attempt > attempt:
-            return {"stopped": False}
+            return StopAnswer(stopped=False)
         stop_cause: StopCause = cause if cause in _STOP_CAUSES else "cancel"  # type: ignore[assignment]
         exited = await self.executor.stop(
             job_id,
             cause=stop_cause,
-            grace_s=float(grace) if isinstance(grace, int | float) else self._stop_grace_s,
+            grace_s=grace if grace is not None else self._stop_grace_s,
         )
         if exited is None:
-            return {"stopped": False}
-        return {"stopped": True, "exit": _exit_wire(exited)}
+            return StopAnswer(stopped=False)
+        return StopAnswer(stopped=True, exit=_exit_result(exited))
 
-    def status(self, job_id: str) -> dict[str, Any]:
+    def status(self, job_id: str) -> StatusAnswer:
         run = self.runs.get(job_id)
         results = self.store.results(job_id)
         last = results[-1] if results else None
-        return {
-            "running": run is not None,
-            "attempt": run.attempt if run else None,
-            "result": _result_wire(last) if last else None,
-        }
+        return StatusAnswer(
+            running=run is not None,
+            attempt=run.attempt if run else None,
+            result=_stored_result(last) if last else None,
+        )
 
     # -- executor events -------------------------------------------------------------------------
 
@@ -276,12 +287,12 @@ class Runner:
         self.events.add("exited", f"attempt {e.attempt} {e.cause} {how}", job_id=e.job_id)
         self._on_change()
         owner = run.owner if run is not None else None
-        self.queue_report(_exit_wire(e), owner)
+        self.queue_report(_exit_result(e), owner)
         if self.drain == NodeDrainState.DRAINING and not self.runs:
             self._set_drain(DrainEvent.DRAINED)
 
-    def queue_report(self, report: dict[str, Any], owner_hint: str | None) -> None:
-        key = (str(report["job_id"]), int(report["attempt"]))
+    def queue_report(self, report: AttemptResult, owner_hint: str | None) -> None:
+        key = (report.job_id, report.attempt)
         self._reports[key] = report
         self.spawn(self._deliver(key, owner_hint))
 
@@ -305,7 +316,7 @@ class Runner:
             addr = self._addr_of(owner) if owner else None
             if addr is not None:
                 try:
-                    await self.peers.call(addr, "report", report)
+                    await self.peers.call(addr, "report", report.to_wire())
                 except PeerError as exc:
                     log.info("report of %s to %s: %s", key[0][:8], (owner or "")[:8], exc)
                 else:
@@ -400,15 +411,15 @@ class Runner:
             self.fence[run.job_id] = max(self.fence.get(run.job_id, 0), run.attempt)
             self.events.add("lost", f"attempt {run.attempt} lost in a restart", job_id=run.job_id)
             self.queue_report(
-                {
-                    "job_id": run.job_id,
-                    "attempt": run.attempt,
-                    "exit_code": None,
-                    "signal": None,
-                    "cause": "lost",
-                    "started_at": run.started_at,
-                    "finished_at": time.time(),
-                },
+                AttemptResult(
+                    job_id=run.job_id,
+                    attempt=run.attempt,
+                    exit_code=None,
+                    signal=None,
+                    cause="lost",
+                    started_at=run.started_at,
+                    finished_at=time.time(),
+                ),
                 None,
             )
 
@@ -437,28 +448,28 @@ class Runner:
         return self.executor.follow(job_id, from_lines=lines)
 
 
-def _exit_wire(e: Exited) -> dict[str, Any]:
-    return {
-        "job_id": e.job_id,
-        "attempt": e.attempt,
-        "exit_code": e.exit_code,
-        "signal": e.signal,
-        "cause": e.cause,
-        "started_at": e.started_at,
-        "finished_at": e.finished_at,
-    }
+def _exit_result(e: Exited) -> AttemptResult:
+    return AttemptResult(
+        job_id=e.job_id,
+        attempt=e.attempt,
+        exit_code=e.exit_code,
+        signal=e.signal,
+        cause=e.cause,
+        started_at=e.started_at,
+        finished_at=e.finished_at,
+    )
 
 
-def _result_wire(r: ResultRecord) -> dict[str, Any]:
-    return {
-        "job_id": r.job_id,
-        "attempt": r.attempt,
-        "exit_code": r.exit_code,
-        "signal": r.signal,
-        "cause": r.cause,
-        "started_at": r.started_at,
-        "finished_at": r.finished_at,
-    }
+def _stored_result(r: ResultRecord) -> AttemptResult:
+    return AttemptResult(
+        job_id=r.job_id,
+        attempt=r.attempt,
+        exit_code=r.exit_code,
+        signal=r.signal,
+        cause=r.cause,
+        started_at=r.started_at,
+        finished_at=r.finished_at,
+    )
 
 
 def _kill_group(pid: int, pgid: int | None) -> None:

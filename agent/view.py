@@ -1,21 +1,20 @@
 """What an agent knows of the mesh: the gossip records it holds, decoded.
 
-Record kinds (msgpack maps, each at most 4 KiB, signed by the node that publishes them):
+Every record kind is defined, encoded and decoded in :mod:`agent.wire.records`; here they are
+taken in, by node and by job. A record that does not decode (garbage, a field of the wrong type,
+more than 4 KiB) is refused and counted, by reason and by kind (``shoal_records_refused_total``,
+``shoal_records_refused_kinds_total``), and the node keeps what it had.
 
-- ``inventory``: ``host`` (HostInfo JSON), ``api`` (address), ``labels``, ``devices`` (static
-  facts, :func:`static_to_wire`).
-- ``telemetry``: ``at`` (epoch s) and ``s``, one ``[key, util_pct, mem_used_bytes, temp_c,
-  power_mw, power_limit_mw, healthy]`` per device.
-- ``node``: ``drain`` state, ``queue`` (pending jobs it owns), ``running`` (job ids), ``free``
-  (device keys not given to a job).
-- ``events``: the publisher's latest events (see ``agent.events``).
+- ``inventory`` and its parts ``inventory/<n>``: the node's host and devices, believed once
+  every part of one set has arrived (:func:`agent.wire.records.assemble`).
+- ``telemetry``, ``node``, ``events``: the latest of each replaces the one before.
 - ``sub/<id>``: the operator's sealed submission of a job (``agent.authority``), published by
   each agent that owns the job. A job is believed to exist only once its submission verifies.
-- ``job/<id>``: a job as its owner sees it (``OwnedJob.to_json``, without the spec, which the
-  submission holds); several origins may hold one (an old owner's, the new owner's). Only the
-  records of origins that may own the job (``Authority.may_own``) and that name themselves as its
-  owner are believed; among them the highest ``gen`` wins. When no origin may own it right now
-  (a membership change in flight), the record believed last stays.
+- ``job/<id>``: a job as its owner sees it (:class:`agent.wire.records.JobStatus`, without the
+  spec, which the submission holds); several origins may hold one (an old owner's, the new
+  owner's). Only the records of origins that may own the job (``Authority.may_own``) and that
+  name themselves as its owner are believed; among them the highest ``gen`` wins. When no origin
+  may own it right now (a membership change in flight), the record believed last stays.
 """
 
 from __future__ import annotations
@@ -25,76 +24,34 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import msgpack
-
-from agent.authority import Submission, SubmissionRefused
+from agent.authority import FeaturesLacking, Submission, SubmissionRefused
+from agent.wire.codec import MAX_RECORD_BYTES, WireError, pack, unpack
+from agent.wire.records import (
+    EVENTS,
+    INVENTORY,
+    INVENTORY_PART_PREFIX,
+    JOB_PREFIX,
+    NODE,
+    SUB_PREFIX,
+    TELEMETRY,
+    EventsRecord,
+    GossipedEvent,
+    InventoryHead,
+    InventoryPart,
+    InventoryRecord,
+    JobStatus,
+    NodeRecord,
+    TelemetryRecord,
+    assemble,
+)
 from gossip.membership import MemberInfo
 from gossip.messages import MemberState
 from probers.records import DeviceSample, DeviceStatic
 
-MAX_PAYLOAD_BYTES = 4096
-JOB_PREFIX = "job/"
-SUB_PREFIX = "sub/"
+__all__ = ["JOB_PREFIX", "MAX_PAYLOAD_BYTES", "SUB_PREFIX", "pack"]
+
+MAX_PAYLOAD_BYTES = MAX_RECORD_BYTES
 _ENDED = frozenset({"succeeded", "failed", "cancelled"})
-
-_STATIC_FIELDS = (
-    "key",
-    "vendor",
-    "backend",
-    "name",
-    "source",
-    "vendor_index",
-    "uuid",
-    "pci_bus_id",
-    "arch",
-    "compute_capability",
-    "unified_memory",
-    "mem_total_bytes",
-    "temp_slowdown_c",
-)
-
-
-def pack(doc: Mapping[str, Any]) -> bytes:
-    data: bytes = msgpack.packb(dict(doc), use_bin_type=True)
-    return data
-
-
-def unpack(payload: bytes) -> dict[str, Any] | None:
-    try:
-        doc = msgpack.unpackb(payload, raw=False)
-    except Exception:  # msgpack raises several unrelated types on garbage
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def static_to_wire(s: DeviceStatic) -> dict[str, Any]:
-    return {name: getattr(s, name) for name in _STATIC_FIELDS}
-
-
-def static_from_wire(doc: Mapping[str, Any]) -> DeviceStatic | None:
-    try:
-        values: dict[str, Any] = {k: doc.get(k) for k in _STATIC_FIELDS if k in doc}
-        return DeviceStatic(**values)
-    except TypeError:
-        return None
-
-
-def sample_to_wire(s: DeviceSample) -> list[Any]:
-    return [s.key, s.util_pct, s.mem_used_bytes, s.temp_c, s.power_mw, s.power_limit_mw, s.healthy]
-
-
-def sample_from_wire(row: Any) -> DeviceSample | None:
-    if not isinstance(row, list) or len(row) != 7 or not isinstance(row[0], str):
-        return None
-    return DeviceSample(
-        key=row[0],
-        util_pct=row[1],
-        mem_used_bytes=row[2],
-        temp_c=row[3],
-        power_mw=row[4],
-        power_limit_mw=row[5],
-        healthy=bool(row[6]),
-    )
 
 
 @dataclass(slots=True)
@@ -102,31 +59,40 @@ class NodeView:
     """One node as gossip tells it (any part may be missing while the records travel)."""
 
     node_id: str
-    inventory: dict[str, Any] | None = None
-    statics: list[DeviceStatic] = field(default_factory=list)
+    inventory: InventoryRecord | None = None
     samples: dict[str, DeviceSample] = field(default_factory=dict)
     telemetry_received_at: float | None = None
-    status: dict[str, Any] | None = None
+    status: NodeRecord | None = None
+    inventory_head: InventoryHead | None = None
+    inventory_parts: dict[int, InventoryPart] = field(default_factory=dict)
+    """The parts of the inventory held so far (believed once all of one set are here)."""
+
+    @property
+    def statics(self) -> tuple[DeviceStatic, ...]:
+        return self.inventory.devices if self.inventory is not None else ()
 
     @property
     def drain(self) -> str:
-        return str((self.status or {}).get("drain", "schedulable"))
+        return self.status.drain if self.status is not None else "schedulable"
 
     @property
     def free(self) -> list[str]:
-        value = (self.status or {}).get("free")
-        if value is None:
+        if self.status is None or self.status.free is None:
             return [s.key for s in self.statics]
-        return [str(k) for k in value]
+        return list(self.status.free)
 
     @property
     def running(self) -> list[str]:
-        return [str(j) for j in (self.status or {}).get("running", [])]
+        return list(self.status.running) if self.status is not None else []
 
     @property
     def api(self) -> str | None:
-        value = (self.inventory or {}).get("api")
-        return value if isinstance(value, str) else None
+        return self.inventory.api if self.inventory is not None else None
+
+    @property
+    def features(self) -> frozenset[str]:
+        """The job-spec features this node's agent can run (none known: none)."""
+        return frozenset(self.inventory.features) if self.inventory is not None else frozenset()
 
 
 def job_gen(doc: Mapping[str, Any]) -> int:
@@ -149,12 +115,15 @@ class ClusterView:
         self.authority = authority
         self.nodes: dict[str, NodeView] = {}
         self.jobs: dict[str, dict[str, Any]] = {}
-        """The believed record of each job, with its spec from the submission."""
+        """The believed record of each job (``JobStatus.to_wire``), with its spec from the
+        submission."""
         self.submissions: dict[str, Submission] = {}
-        self.events: dict[str, list[dict[str, Any]]] = {}
+        self.events: dict[str, tuple[GossipedEvent, ...]] = {}
         self.refused: Counter[str] = Counter()
-        """Job records and submissions not believed, by reason."""
-        self._docs: dict[str, dict[str, dict[str, Any]]] = {}
+        """Records and submissions refused or not believed, by reason."""
+        self.refused_kinds: Counter[str] = Counter()
+        """The same, by record kind (``job`` and ``sub`` for every job's)."""
+        self._docs: dict[str, dict[str, JobStatus]] = {}
         """Every origin's latest record of each job."""
         self._open: set[str] = set()
         """Jobs whose believed record may change with membership (several origins' records, or
@@ -166,45 +135,71 @@ class ClusterView:
             view = self.nodes[node_id] = NodeView(node_id)
         return view
 
+    def _refuse(self, kind: str, reason: str) -> None:
+        self.refused[reason] += 1
+        self.refused_kinds[kind.split("/", 1)[0]] += 1
+
     def apply(self, origin: str, kind: str, payload: bytes, now: float) -> str | None:
         """Take one record in; returns the job id when it was a job record that changed."""
         if kind.startswith(SUB_PREFIX):
             return self._apply_submission(kind[len(SUB_PREFIX) :], payload)
-        doc = unpack(payload)
-        if doc is None:
-            self.refused["malformed"] += 1
+        if len(payload) > MAX_RECORD_BYTES:
+            self._refuse(kind, "oversized")
             return None
-        if kind.startswith(JOB_PREFIX):
-            job_id = kind[len(JOB_PREFIX) :]
-            if doc.get("owner") != origin:
-                self.refused["not_its_owner"] += 1
-                return None
-            if not self.authority.may_own(job_id, origin):
-                self.refused["not_an_owner"] += 1  # kept: it may be a view that lags behind
-            self._docs.setdefault(job_id, {})[origin] = doc
-            return job_id if self._believe(job_id) else None
-        view = self.node(origin)
-        if kind == "inventory":
-            view.inventory = doc
-            devices = doc.get("devices")
-            statics = (
-                [static_from_wire(d) for d in devices if isinstance(d, dict)]
-                if isinstance(devices, list)
-                else []
-            )
-            view.statics = [s for s in statics if s is not None]
-        elif kind == "telemetry":
-            rows = doc.get("s")
-            samples = [sample_from_wire(r) for r in rows] if isinstance(rows, list) else []
-            view.samples = {s.key: s for s in samples if s is not None}
-            view.telemetry_received_at = now
-        elif kind == "node":
-            view.status = doc
-        elif kind == "events":
-            rows = doc.get("e")
-            if isinstance(rows, list):
-                self.events[origin] = [r for r in rows if isinstance(r, dict)]
+        try:
+            doc = unpack(payload)
+            if kind.startswith(JOB_PREFIX):
+                return self._apply_job(origin, kind[len(JOB_PREFIX) :], JobStatus.from_wire(doc))
+            self._apply_node_record(origin, kind, doc, now)
+        except WireError:
+            self._refuse(kind, "malformed")
         return None
+
+    def _apply_node_record(
+        self, origin: str, kind: str, doc: Mapping[str, Any], now: float
+    ) -> None:
+        view = self.node(origin)
+        if kind == INVENTORY:
+            view.inventory_head = InventoryHead.decode(doc)
+            self._assemble(view)
+        elif kind.startswith(INVENTORY_PART_PREFIX):
+            part = InventoryPart.decode(doc)
+            if kind != f"{INVENTORY_PART_PREFIX}{part.part}":
+                raise WireError(f"part {part.part} published as {kind}")
+            view.inventory_parts[part.part] = part
+            self._assemble(view)
+        elif kind == TELEMETRY:
+            telemetry = TelemetryRecord.decode(doc)
+            view.samples = {s.key: s for s in telemetry.samples}
+            view.telemetry_received_at = now
+        elif kind == NODE:
+            view.status = NodeRecord.decode(doc)
+        elif kind == EVENTS:
+            self.events[origin] = EventsRecord.decode(doc).events
+
+    def _assemble(self, view: NodeView) -> None:
+        """Believe the node's inventory once every part of its set is held."""
+        head = view.inventory_head
+        if head is None:
+            return
+        inventory = assemble(head, view.inventory_parts)
+        if inventory is not None:
+            view.inventory = inventory
+            view.inventory_head = None  # the raw rows are no longer needed
+            view.inventory_parts.clear()
+
+    def _apply_job(self, origin: str, job_id: str, status: JobStatus) -> str | None:
+        kind = JOB_PREFIX + job_id
+        if status.job_id != job_id:
+            self._refuse(kind, "malformed")
+            return None
+        if status.owner != origin:
+            self._refuse(kind, "not_its_owner")
+            return None
+        if not self.authority.may_own(job_id, origin):
+            self._refuse(kind, "not_an_owner")  # kept: it may be a view that lags behind
+        self._docs.setdefault(job_id, {})[origin] = status
+        return job_id if self._believe(job_id) else None
 
     def _apply_submission(self, job_id: str, sealed: bytes) -> str | None:
         held = self.submissions.get(job_id)
@@ -212,8 +207,11 @@ class ClusterView:
             return None
         try:
             self.submissions[job_id] = self.authority.submission(sealed, job_id)
+        except FeaturesLacking:
+            self._refuse(SUB_PREFIX + job_id, "features")  # a newer spec: not listed here
+            return None
         except SubmissionRefused:
-            self.refused["submission"] += 1
+            self._refuse(SUB_PREFIX + job_id, "submission")
             return None
         return job_id if self._believe(job_id) else None
 
@@ -225,25 +223,23 @@ class ClusterView:
             self._open.add(job_id)
             return False
         entitled = [
-            (job_gen(doc), origin)
-            for origin, doc in docs.items()
+            (status.gen, origin)
+            for origin, status in docs.items()
             if self.authority.may_own(job_id, origin)
         ]
         if not entitled:
             self._open.add(job_id)
             return False
         gen, origin = max(entitled)
-        doc = docs[origin]
-        if len(docs) == 1 or (
-            doc.get("state") in _ENDED and gen >= max(job_gen(d) for d in docs.values())
-        ):
+        status = docs[origin]
+        if len(docs) == 1 or (status.state in _ENDED and gen >= max(d.gen for d in docs.values())):
             self._open.discard(job_id)  # nothing membership can change any more
         else:
             self._open.add(job_id)
         held = self.jobs.get(job_id)
-        if held is not None and held.get("gen") == doc.get("gen") and held.get("owner") == origin:
+        if held is not None and held.get("gen") == status.gen and held.get("owner") == origin:
             return False
-        believed = dict(doc)
+        believed = status.to_wire()
         believed["spec"] = sub.spec.to_dict()
         self.jobs[job_id] = believed
         return True
@@ -253,9 +249,9 @@ class ClusterView:
         published, at ``gen``, naming itself the owner (believed here or not)?"""
         docs = self._docs.get(job_id, {})
         mine = docs.get(origin)
-        if mine is None or job_gen(mine) != gen:
+        if mine is None or mine.gen != gen:
             return False
-        return all(job_gen(d) < gen for o, d in docs.items() if o != origin)
+        return all(d.gen < gen for o, d in docs.items() if o != origin)
 
     def membership_changed(self) -> list[str]:
         """Choose again where who may own a job can have changed; the jobs whose record did."""
@@ -280,28 +276,3 @@ STATE_NAMES = {
     MemberState.DEAD: "dead",
     MemberState.LEFT: "left",
 }
-
-
-def device_json(index: int, s: DeviceStatic, sample: DeviceSample | None) -> dict[str, Any]:
-    """The probe's device JSON (``shoal probe --json``) plus ``key``."""
-    d = sample or DeviceSample(key=s.key)
-    return {
-        "index": index,
-        "key": s.key,
-        "vendor": s.vendor,
-        "backend": s.backend,
-        "name": s.name,
-        "uuid": s.uuid,
-        "pci_bus_id": s.pci_bus_id,
-        "arch": s.arch,
-        "compute_capability": s.compute_capability,
-        "unified_memory": s.unified_memory,
-        "mem_total_bytes": s.mem_total_bytes,
-        "mem_used_bytes": d.mem_used_bytes,
-        "util_pct": d.util_pct,
-        "temp_c": d.temp_c,
-        "power_mw": d.power_mw,
-        "power_limit_mw": d.power_limit_mw,
-        "healthy": d.healthy,
-        "links": [],
-    }

@@ -24,7 +24,7 @@ from typing import Any
 
 import psutil
 
-from probers.records import DeviceSample, DeviceStatic, HostInfo
+from probers.records import DeviceSample, DeviceStatic, HostInfo, normal_arch
 
 KEY = "cpu:0"
 MIN_WINDOW_S = 0.1
@@ -152,7 +152,7 @@ def host_info() -> HostInfo:
     return HostInfo(
         hostname=socket.gethostname() or platform.node(),
         os=platform.system().lower(),
-        arch=platform.machine(),
+        arch=normal_arch(platform.machine()),
         cpu_count=psutil.cpu_count(logical=True) or os.cpu_count(),
         mem_total_bytes=mem_total,
     )

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from probers.base import Prober, ProberUnavailable
-from probers.records import Device, DeviceSample, DeviceStatic, HostInfo, ProbeReport
+from probers.records import Device, DeviceSample, DeviceStatic, HostInfo, ProbeReport, normal_arch
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +78,7 @@ def local_host_info() -> HostInfo:
         return HostInfo(
             hostname=socket.gethostname(),
             os=platform.system().lower(),
-            arch=platform.machine(),
+            arch=normal_arch(platform.machine()),
             cpu_count=None,
             mem_total_bytes=None,
         )
@@ -101,7 +101,9 @@ class HostProbe:
 
     @classmethod
     def from_options(cls, options: ProbeOptions) -> HostProbe:
-        return cls(build_probers(options))
+        probers = build_probers(options)
+        host_info = getattr(probers[0], "host_info", None) if options.sim is not None else None
+        return cls(probers, host=host_info() if host_info is not None else None)
 
     def open(self) -> None:
         """Run discovery on every candidate source and settle the host's device list."""

@@ -120,6 +120,16 @@ class Device:
         }
 
 
+_ARCH_NAMES = {"amd64": "x86_64", "x64": "x86_64", "aarch64": "arm64", "arm64": "arm64"}
+
+
+def normal_arch(machine: str) -> str:
+    """One name per CPU architecture whatever the OS says (Linux ``aarch64`` and macOS
+    ``arm64`` are ``arm64``; Windows ``AMD64`` is ``x86_64``); others lower-cased as given."""
+    lowered = machine.lower()
+    return _ARCH_NAMES.get(lowered, lowered)
+
+
 @dataclass(frozen=True, slots=True)
 class HostInfo:
     hostname: str

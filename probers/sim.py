@@ -15,6 +15,10 @@ The agent calls :meth:`SimProber.set_load` when it starts a job on a simulated d
 
 Apple devices report neither power nor temperature, as on a real Mac without root.
 Everything is deterministic for a given profile, seed and sequence of clock readings.
+
+Reference hosts (:data:`REFERENCE_HOSTS`) are whole simulated machines: their devices, the OS and
+CPU architecture of the host (:meth:`SimProber.host_info`), the source a real host of that kind
+is probed through (``source`` is ``sim:<source>``), and MIG instances where the real one has them.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from dataclasses import dataclass
 
 from probers.apple import APPLE_NO_THERMAL_NOTE
 from probers.catalog import AcceleratorModel, load_catalog, lookup
-from probers.records import DeviceSample, DeviceStatic, Link, LinkKind
+from probers.records import DeviceSample, DeviceStatic, HostInfo, Link, LinkKind, MigDevice
 
 PRESETS: dict[str, tuple[tuple[str, int], ...]] = {
     "demo": (("h100", 2), ("mi300x", 1), ("arc-a770", 1)),
@@ -41,6 +45,43 @@ PRESETS: dict[str, tuple[tuple[str, int], ...]] = {
     "workstation": (("rtx-4090", 1), ("arc-b580", 1)),
 }
 """Named hosts. ``demo`` mixes three vendors; same-model groups with a GPU fabric are linked."""
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceHost:
+    """A whole simulated machine: devices, OS, CPU, and the source its GPUs are probed through."""
+
+    groups: tuple[tuple[str, int], ...]
+    os: str
+    """As ``platform.system().lower()``: ``linux``, ``darwin``, ``windows``."""
+    arch: str
+    cpu_count: int
+    mem_total_bytes: int
+    source: str
+    """The prober a real host of this kind uses: ``nvml``, ``amdgpu-sysfs``, ``metal``..."""
+    mig_instances: int = 0
+    """MIG instances (1g.10gb) carved out of the first GPU, as NVML reports them."""
+
+
+REFERENCE_HOSTS: dict[str, ReferenceHost] = {
+    "linux-a100": ReferenceHost(
+        (("a100-80gb", 2),), "linux", "x86_64", 64, 512 * GIB, "nvml", mig_instances=7
+    ),
+    "linux-arm64-rx7900": ReferenceHost(
+        (("rx-7900-xtx", 4),), "linux", "arm64", 80, 256 * GIB, "amdgpu-sysfs"
+    ),
+    "macos-m2-ultra": ReferenceHost((("m2-ultra", 1),), "darwin", "arm64", 24, 192 * GIB, "metal"),
+    "windows-arc-a770": ReferenceHost(
+        (("arc-a770", 1),), "windows", "x86_64", 16, 64 * GIB, "level-zero"
+    ),
+}
+"""The reference fleet: Linux x86-64 with 2x A100 (NVML, the first GPU in MIG mode), Linux arm64
+with 4x RX 7900 XTX (amdgpu sysfs + KFD), macOS arm64 with an M2 Ultra (Metal), Windows x86-64
+with an Arc A770 (Level Zero)."""
+MIG_SLICE_BYTES = 9728 * 1024**2
+"""Memory of one A100 80GB 1g.10gb MIG instance, as NVML reports it."""
 
 MAX_DEVICES = 64
 
@@ -76,7 +117,7 @@ class _Thermal:
 
 
 def _profile_error(profile: str) -> ValueError:
-    presets = ", ".join(PRESETS)
+    presets = ", ".join([*PRESETS, *REFERENCE_HOSTS])
     models = ", ".join(load_catalog())
     return ValueError(
         f"unknown sim profile {profile!r}: use a preset ({presets}), a catalog model with an"
@@ -90,6 +131,8 @@ def parse_profile(profile: str) -> list[tuple[AcceleratorModel, int]]:
     text = profile.strip().lower()
     if text in PRESETS:
         return [(load_catalog()[key], count) for key, count in PRESETS[text]]
+    if text in REFERENCE_HOSTS:
+        return [(load_catalog()[key], count) for key, count in REFERENCE_HOSTS[text].groups]
     groups: list[tuple[AcceleratorModel, int]] = []
     for part in text.split(","):
         name, sep, count_text = part.strip().partition(":")
@@ -146,6 +189,7 @@ class SimProber:
         self._clock = clock
         self.host_id = host_id or _default_host_id(profile, seed)
         self._rng = random.Random(seed)
+        self.reference = REFERENCE_HOSTS.get(profile.strip().lower())
         groups = parse_profile(profile)
         self._models: dict[str, AcceleratorModel] = {}
         self._devices = tuple(self._build(groups))
@@ -205,12 +249,23 @@ class SimProber:
             mem_note = "simulated Metal recommended working set: 3/4 of unified memory"
         digest = hashlib.sha256(f"{self.host_id}:{index}".encode()).digest()
         device_uuid = str(uuid.UUID(bytes=digest[:16], version=4))
+        ref = self.reference
+        mig: tuple[MigDevice, ...] = ()
+        if ref is not None and index == 0 and model.vendor == "nvidia":
+            mig = tuple(
+                MigDevice(
+                    uuid=f"MIG-{uuid.UUID(bytes=digest[16:32], version=4).hex[:-2]}{n:02x}",
+                    name=f"{model.name} MIG 1g.10gb",
+                    mem_total_bytes=MIG_SLICE_BYTES,
+                )
+                for n in range(ref.mig_instances)
+            )
         return DeviceStatic(
             key=key,
             vendor=model.vendor,
             backend=model.backend,
             name=f"{model.name} (simulated)",
-            source=self.source,
+            source=self.source if ref is None else f"{self.source}:{ref.source}",
             vendor_index=vendor_index,
             uuid=f"GPU-{device_uuid}" if model.vendor == "nvidia" else None,
             pci_bus_id=None if model.form_factor == "soc" else _pci_bus_id(index),
@@ -222,11 +277,25 @@ class SimProber:
             compute_units=model.compute_units,
             temp_slowdown_c=_SLOWDOWN_C.get(model.vendor),
             links=links,
+            mig_devices=mig,
             driver_version=None,
         )
 
     def discover(self) -> Sequence[DeviceStatic]:
         return self._devices
+
+    def host_info(self) -> HostInfo | None:
+        """The simulated machine of a reference host; ``None``: the machine it runs on."""
+        ref = self.reference
+        if ref is None:
+            return None
+        return HostInfo(
+            hostname=socket.gethostname(),
+            os=ref.os,
+            arch=ref.arch,
+            cpu_count=ref.cpu_count,
+            mem_total_bytes=ref.mem_total_bytes,
+        )
 
     def close(self) -> None:
         self._loads.clear()

@@ -1,5 +1,9 @@
 """A typed snapshot of the mesh, built from the agent API's JSON, and what the TUI derives from it.
 
+The JSON is read with the wire contract's decoders (``agent.wire.documents``: the documents the
+agents and the simulated mesh write); a host, job or event that does not decode is left out and
+counted (:attr:`SnapshotBuilder.refused`), never a crash.
+
 Everything here is plain data and pure functions (no Textual, no I/O): the views render a
 :class:`MeshSnapshot`; :func:`fitting_hosts` previews where a job would go (the agents' own
 policy, best first) for the submit form and the migrate picker; :class:`History` keeps ~10
@@ -13,10 +17,22 @@ import re
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from agent.jobspec import JobSpec
 from agent.policy.preview import preview
+from agent.wire.codec import WireError
+from agent.wire.documents import (
+    STATIC_KEYS,
+    EventDoc,
+    JobDoc,
+    NodeDoc,
+    device_sample_from_json,
+    device_static_from_json,
+    links_from_json,
+    mig_from_json,
+)
+from probers.records import Link, MigDevice
 
 STALE_AFTER_S: Final = 90.0
 """Telemetry older than this is shown as stale (with its age): 1.5 times the agents' default
@@ -33,23 +49,9 @@ def _opt_int(value: Any) -> int | None:
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _opt_float(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def _opt_str(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
-_MAPPING: Final = (dict, Mapping)
-"""``isinstance`` against ``dict`` first: JSON objects are dicts, and the ABC check is slow."""
-
-
-@dataclass(frozen=True, slots=True)
-class LinkView:
-    peer: str
-    kind: str
-    bandwidth_mbps: int | None
+LinkView = Link
+"""A link from a GPU to a peer on its host: ``peer`` (device key), ``kind`` (``nvlink``,
+``xgmi``, ``pcie``), ``bandwidth_mbps``, ``detail``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,11 +79,25 @@ class DeviceView:
     raw: Mapping[str, Any] = field(repr=False, compare=False)
     row_key: str = ""
     """``node/device``: the GPU's stable key across the mesh (filled in when built)."""
+    source: str = "unknown"
+    """The prober that found it (``nvml``, ``amdgpu-sysfs``...; ``sim`` or ``sim:<source>``)."""
 
     @property
     def links(self) -> tuple[LinkView, ...]:
-        """Interconnect links, read from the raw JSON when asked (only lines on screen ask)."""
-        return _links_from_json(self.raw.get("links"))
+        """Interconnect links to the host's other GPUs (NVLink, xGMI, PCIe topology), decoded
+        from the raw document when asked (only lines on screen ask)."""
+        try:
+            return links_from_json(self.raw.get("links"))
+        except WireError:
+            return ()
+
+    @property
+    def mig(self) -> tuple[MigDevice, ...]:
+        """MIG instances carved out of this GPU (decoded when asked)."""
+        try:
+            return mig_from_json(self.raw.get("mig"))
+        except WireError:
+            return ()
 
     @property
     def mem_frac(self) -> float | None:
@@ -123,6 +139,17 @@ class HostView:
     running_jobs: tuple[str, ...]
     queue: int
     raw: Mapping[str, Any] = field(repr=False, compare=False)
+    wire_version: int | None = None
+    features: tuple[str, ...] = ()
+
+    @property
+    def platform(self) -> str:
+        """``linux/x86_64``, ``darwin/arm64``...; ``?`` for what is not known yet."""
+        return f"{self.os or '?'}/{self.arch or '?'}"
+
+    @property
+    def mig_count(self) -> int:
+        return sum(len(d.raw.get("mig") or ()) for d in self.devices)
 
     @property
     def stale(self) -> bool:
@@ -279,68 +306,37 @@ EMPTY_SNAPSHOT: Final = MeshSnapshot(taken_at=0.0, hosts=(), jobs=(), events=())
 # -- from the API's JSON -------------------------------------------------------------------------
 
 
-_STATIC_FIELDS: Final = (
-    "key",
-    "index",
-    "vendor",
-    "backend",
-    "name",
-    "arch",
-    "compute_capability",
-    "uuid",
-    "pci_bus_id",
-    "unified_memory",
-    "mem_total_bytes",
-    "temp_slowdown_c",
-    "power_limit_mw",
-)
-"""The fields of a GPU that do not change between reads (compared raw, parsed once)."""
-
-
-def _links_from_json(links: Any) -> tuple[LinkView, ...]:
-    return tuple(
-        LinkView(
-            peer=str(link.get("peer", "")),
-            kind=str(link.get("kind", "?")),
-            bandwidth_mbps=_opt_int(link.get("bandwidth_mbps")),
-        )
-        for link in links or ()
-        if isinstance(link, _MAPPING)
-    )
-
-
 def _static_from_json(data: Mapping[str, Any]) -> tuple[Any, ...]:
-    """:data:`_STATIC_FIELDS`, parsed, in that order."""
+    """A GPU's static facts (``agent.wire.documents.STATIC_KEYS``), decoded, as a tuple of plain
+    values (which the garbage collector stops tracking: a cache of 8,000 GPUs costs a full
+    collection nothing); links and MIG instances are decoded when a line asks for them."""
+    s = device_static_from_json(data)
     return (
-        str(data.get("key", "")),
-        _opt_int(data.get("index")) or 0,
-        str(data.get("vendor") or "?"),
-        str(data.get("backend") or "?"),
-        str(data.get("name") or "?"),
-        _opt_str(data.get("arch")),
-        _opt_str(data.get("compute_capability")),
-        _opt_str(data.get("uuid")),
-        _opt_str(data.get("pci_bus_id")),
-        bool(data.get("unified_memory")),
-        _opt_int(data.get("mem_total_bytes")),
-        _opt_float(data.get("temp_slowdown_c")),
-        _opt_int(data.get("power_limit_mw")),
+        s.key,
+        s.vendor,
+        s.backend,
+        s.name,
+        s.arch,
+        s.compute_capability,
+        s.uuid,
+        s.pci_bus_id,
+        s.unified_memory,
+        s.mem_total_bytes,
+        s.temp_slowdown_c,
+        s.source,
     )
-
-
-_Static = tuple[tuple[Any, ...], tuple[Any, ...]]
-"""A GPU's static fields as read (raw) and as parsed: tuples of plain values, which the garbage
-collector stops tracking, so a cache of 8,000 GPUs costs a full collection nothing."""
 
 
 def _device(
-    node_id: str, data: Mapping[str, Any], fields: tuple[Any, ...], row_key: str
+    node_id: str, data: Mapping[str, Any], static: tuple[Any, ...], row_key: str
 ) -> DeviceView:
-    key, index, vendor, backend, name, arch, cc, uuid, pci, unified, total, slowdown, cap = fields
+    key, vendor, backend, name, arch, cc, uuid, pci, unified, total, slowdown, source = static
+    sample = device_sample_from_json(data, key)
+    index = data.get("index")
     return DeviceView(
         node_id,
         key,
-        index,
+        index if isinstance(index, int) else 0,
         vendor,
         backend,
         name,
@@ -350,14 +346,15 @@ def _device(
         pci,
         unified,
         total,
-        _opt_int(data.get("mem_used_bytes")),
-        _opt_float(data.get("util_pct")),
-        _opt_float(data.get("temp_c")),
+        sample.mem_used_bytes,
+        sample.util_pct,
+        sample.temp_c,
         slowdown,
-        _opt_int(data.get("power_mw")),
-        cap,
+        sample.power_mw,
+        sample.power_limit_mw,
         data,
         row_key,
+        source,
     )
 
 
@@ -369,60 +366,70 @@ DeviceMaker = Callable[[str, Mapping[str, Any]], DeviceView]
 
 
 def host_from_json(data: Mapping[str, Any], device: DeviceMaker = device_from_json) -> HostView:
-    node_id = str(data.get("node_id", ""))
-    host = data.get("host") or {}
-    labels = data.get("labels") or {}
+    """A host from its ``/v1/nodes`` document; :class:`WireError` when it does not decode (a
+    device that does not is left out)."""
+    doc = NodeDoc.from_wire(data, devices=False)
+    node_id = doc.node_id
+    host = doc.host
+    devices = []
+    for d in data.get("devices") or ():
+        try:
+            devices.append(device(node_id, d))
+        except WireError:
+            continue
     return HostView(
         node_id=node_id,
-        addr=str(data.get("addr") or ""),
-        state=str(data.get("state") or "?"),
-        role=str(data.get("role") or "agent"),
-        drain=str(data.get("drain") or "schedulable"),
-        labels={str(k): str(v) for k, v in labels.items()},
-        hostname=_opt_str(host.get("hostname")) or node_id[:8],
-        os=_opt_str(host.get("os")),
-        arch=_opt_str(host.get("arch")),
-        cpu_count=_opt_int(host.get("cpu_count")),
-        mem_total_bytes=_opt_int(host.get("mem_total_bytes")),
-        devices=tuple(
-            device(node_id, d) for d in data.get("devices") or () if isinstance(d, _MAPPING)
-        ),
-        telemetry_age_s=_opt_float(data.get("telemetry_age_s")),
-        running_jobs=tuple(str(j) for j in data.get("running_jobs") or ()),
-        queue=_opt_int(data.get("queue")) or 0,
+        addr=doc.addr or "",
+        state=doc.state,
+        role=doc.role or "agent",
+        drain=doc.drain or "schedulable",
+        labels=doc.labels,
+        hostname=(host.hostname if host else "") or node_id[:8],
+        os=host.os if host else None,
+        arch=host.arch if host else None,
+        cpu_count=host.cpu_count if host else None,
+        mem_total_bytes=host.mem_total_bytes if host else None,
+        devices=tuple(devices),
+        telemetry_age_s=doc.telemetry_age_s,
+        running_jobs=doc.running_jobs,
+        queue=doc.queue,
         raw=data,
+        wire_version=doc.wire_version,
+        features=doc.features,
     )
 
 
 def job_from_json(data: Mapping[str, Any]) -> JobView:
-    progress = _opt_float(data.get("progress"))
+    doc = JobDoc.from_wire(data)
+    status, progress = doc.status, doc.progress
     return JobView(
-        job_id=str(data.get("job_id", "")),
-        state=str(data.get("state") or "?"),
-        attempt=_opt_int(data.get("attempt")) or 0,
-        owner=_opt_str(data.get("owner")),
-        runner=_opt_str(data.get("runner")),
-        devices=tuple(str(d) for d in data.get("devices") or ()),
-        spec=data.get("spec") or {},
-        submitted_at=_opt_float(data.get("submitted_at")),
-        started_at=_opt_float(data.get("started_at")),
-        finished_at=_opt_float(data.get("finished_at")),
-        exit_code=_opt_int(data.get("exit_code")),
-        reason=_opt_str(data.get("reason")),
+        job_id=status.job_id,
+        state=status.state,
+        attempt=status.attempt,
+        owner=status.owner,
+        runner=status.runner,
+        devices=status.devices,
+        spec=doc.spec,
+        submitted_at=status.submitted_at,
+        started_at=status.started_at,
+        finished_at=status.finished_at,
+        exit_code=status.exit_code,
+        reason=status.reason or None,
         progress=None if progress is None else min(1.0, max(0.0, progress)),
-        eta_s=_opt_float(data.get("eta_s")),
+        eta_s=doc.eta_s,
         raw=data,
     )
 
 
 def event_from_json(data: Mapping[str, Any]) -> EventView:
+    doc = EventDoc.from_wire(data)
     return EventView(
-        seq=_opt_int(data.get("seq")) or 0,
-        at=_opt_float(data.get("at")) or 0.0,
-        kind=str(data.get("kind") or "?"),
-        node=_opt_str(data.get("node")),
-        job_id=_opt_str(data.get("job_id")),
-        message=str(data.get("message") or ""),
+        seq=doc.seq,
+        at=doc.at or 0.0,
+        kind=doc.kind,
+        node=doc.node,
+        job_id=doc.job_id,
+        message=doc.message,
     )
 
 
@@ -439,6 +446,12 @@ def snapshot_from_json(
     return SnapshotBuilder().build(taken_at, nodes, jobs, events)
 
 
+_Static = tuple[tuple[Any, ...], tuple[Any, ...]]
+"""A GPU's static fields as read (raw) and as decoded."""
+
+T = TypeVar("T")
+
+
 class SnapshotBuilder:
     """Turns each read of the mesh into a snapshot, parsing a GPU's static fields once.
 
@@ -451,15 +464,33 @@ class SnapshotBuilder:
     def __init__(self) -> None:
         self._statics: dict[str, _Static] = {}
         self._last: dict[str, _Static] = {}
+        self.refused = 0
+        """Hosts, GPUs, jobs and events left out because they did not decode."""
 
     def device(self, node_id: str, data: Mapping[str, Any]) -> DeviceView:
+        if not isinstance(data, dict | Mapping):
+            self.refused += 1
+            raise WireError("device: expected an object")
         row_key = f"{node_id}/{data.get('key', '')}"
-        raw = tuple(map(data.get, _STATIC_FIELDS))
+        raw = tuple(map(data.get, STATIC_KEYS))
         static = self._last.get(row_key)
-        if static is None or static[0] != raw:
-            static = (raw, _static_from_json(data))
-        self._statics[row_key] = static
-        return _device(node_id, data, static[1], row_key)
+        try:
+            if static is None or static[0] != raw:
+                static = (raw, _static_from_json(data))
+            self._statics[row_key] = static
+            return _device(node_id, data, static[1], row_key)
+        except WireError:
+            self.refused += 1
+            raise
+
+    def _each(self, read: Callable[[Mapping[str, Any]], T], docs: Iterable[Any]) -> list[T]:
+        out = []
+        for doc in docs:
+            try:
+                out.append(read(doc))
+            except WireError:
+                self.refused += 1
+        return out
 
     def build(
         self,
@@ -471,19 +502,19 @@ class SnapshotBuilder:
         self._last, self._statics = self._statics, {}
         try:
             hosts = sorted(
-                (host_from_json(n, self.device) for n in nodes),
+                self._each(lambda n: host_from_json(n, self.device), nodes),
                 key=lambda h: (h.hostname, h.node_id),
             )
         finally:
             self._last = {}
         job_views = sorted(
-            (job_from_json(j) for j in jobs), key=lambda j: (-(j.submitted_at or 0.0), j.job_id)
+            self._each(job_from_json, jobs), key=lambda j: (-(j.submitted_at or 0.0), j.job_id)
         )
         return MeshSnapshot(
             taken_at=taken_at,
             hosts=tuple(hosts),
             jobs=tuple(job_views),
-            events=tuple(event_from_json(e) for e in events),
+            events=tuple(self._each(event_from_json, events)),
         )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import sys
 import tempfile
@@ -128,7 +129,7 @@ def live_jobs(python: str, script: Path) -> list[JobSpec]:
         job(4, ("cuda",), "training", "--model", "llama-8b"),
         job(2, ("rocm",), "training", "--model", "mistral-7b", "--lora"),
         job(1, ("cuda",), "inference", "--serve", "qwen-7b"),
-        job(2, ("xpu",), "batch", "--embed", "shard-3"),
+        job(1, ("xpu",), "batch", "--embed", "shard-3"),
         job(16, (), "training", "--model", "llama-70b"),  # fits nowhere: waits, with its reason
     ]
 
@@ -146,7 +147,12 @@ async def _live(outdir: Path, size: tuple[int, int], nodes: int) -> list[Path]:
         assert mesh.operator is not None
         script = Path(root) / "train.py"
         script.write_text(LIVE_STEPS, encoding="utf-8")
-        python = "python3" if shutil.which("python3") else sys.executable
+        # Jobs run as an unprivileged user when the agents run as root: let it read the script.
+        Path(root).chmod(0o755)
+        script.chmod(0o644)
+        # A system Python first: the job user may not reach one under root's home (pyenv).
+        system = [p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(p, 1)]
+        python = system[0] if system else "python3" if shutil.which("python3") else sys.executable
         client = mesh.client(0)
         try:
             for spec in live_jobs(python, script):

@@ -21,7 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from agent.client import ApiClient, ApiError
-from agent.jobspec import JobSpec, new_job_id
+from agent.jobspec import SUPPORTED_FEATURES, JobSpec, new_job_id
+from agent.wire.codec import WIRE_VERSION
+from agent.wire.documents import EventDoc, EventsDoc, JobDoc, NodeDoc, sample_json, static_json
+from agent.wire.records import JobStatus
+from probers.records import DeviceStatic, HostInfo
 from probers.sim import SimProber, parse_profile
 from tui.model import HISTORY_POINTS, HISTORY_STEP_S, fitting_hosts, snapshot_from_json
 
@@ -177,17 +181,15 @@ class _SimHost:
     hostname: str
     addr: str
     prober: SimProber
-    statics: list[dict[str, Any]]
-    os: str
-    arch: str
-    cpu_count: int
-    mem_total_bytes: int
+    statics: list[DeviceStatic]
+    host: HostInfo
     zone: str
     state: str = "alive"
     drain: str = "schedulable"
     drain_deadline: float | None = None
     age_s: float = 1.0
     frozen: list[dict[str, Any]] | None = None
+    static_json: list[dict[str, Any]] | None = None
     """The last devices seen, kept for a host that stopped reporting."""
     frozen_at: float | None = None
     """The clock reading ``frozen`` was sampled at: a second read at the same moment reuses it."""
@@ -250,7 +252,7 @@ class SimSource:
         )
         self.actions: list[tuple[str, dict[str, Any]]] = []
         """Every action received, in order: ``(kind, arguments)``."""
-        self._events: list[dict[str, Any]] = []
+        self._events: list[EventDoc] = []
         self._jobs: dict[str, _SimJob] = {}
         self._job_counter = 0
         self._hosts = [self._make_host(i, profiles[i % len(profiles)]) for i in range(hosts)]
@@ -287,32 +289,17 @@ class SimSource:
         hostname = f"{_PREFIX.get(model.vendor, 'gpu')}-{name_key}-{i:0{width}d}"
         node_id = sim_node_id(self.seed, i)
         prober = SimProber(profile, seed=self.seed * 100_003 + i, clock=self._mono, host_id=node_id)
-        statics: list[dict[str, Any]] = []
-        for index, d in enumerate(prober.discover()):
-            statics.append(
-                {
-                    "key": d.key,
-                    "index": index,
-                    "vendor": d.vendor,
-                    "backend": d.backend,
-                    "name": d.name,
-                    "uuid": d.uuid,
-                    "pci_bus_id": d.pci_bus_id,
-                    "arch": d.arch,
-                    "compute_capability": d.compute_capability,
-                    "unified_memory": d.unified_memory,
-                    "mem_total_bytes": d.mem_total_bytes,
-                    "temp_slowdown_c": d.temp_slowdown_c,
-                    "links": [
-                        {
-                            "peer": link.peer,
-                            "kind": link.kind,
-                            "bandwidth_mbps": link.bandwidth_mbps,
-                        }
-                        for link in d.links
-                    ],
-                }
-            )
+        statics = list(prober.discover())
+        ref = prober.host_info()
+        host = HostInfo(
+            hostname=hostname,
+            os=ref.os if ref else "darwin" if apple else "linux",
+            arch=ref.arch if ref else "arm64" if apple else "x86_64",
+            cpu_count=ref.cpu_count if ref else 24 if apple else (64 if len(statics) < 8 else 192),
+            mem_total_bytes=ref.mem_total_bytes
+            if ref
+            else (192 if apple else 512 if len(statics) < 8 else 2048) * 1024**3,
+        )
         return _SimHost(
             index=i,
             node_id=node_id,
@@ -320,10 +307,7 @@ class SimSource:
             addr=f"10.{i // 250}.{i % 250}.{10 + i % 7}:7946",
             prober=prober,
             statics=statics,
-            os="darwin" if apple else "linux",
-            arch="arm64" if apple else "x86_64",
-            cpu_count=24 if apple else (64 if len(statics) < 8 else 192),
-            mem_total_bytes=(192 if apple else 512 if len(statics) < 8 else 2048) * 1024**3,
+            host=host,
             zone=ZONES[(i // 2) % len(ZONES)],
             age_s=round(0.4 + (i % 5) * 0.6, 1),
         )
@@ -365,7 +349,7 @@ class SimSource:
             spec = _with_gpus(spec, gpus)
             job = self._new_job(spec, user=_OWNERS[i % len(_OWNERS)], at=now - 600 - 37 * i)
             job.duration_s = 1800.0 + 300.0 * (i % 9)
-            self._start(job, host, [d["key"] for d in host.statics[:gpus]], at=now - 240 - 41 * i)
+            self._start(job, host, [d.key for d in host.statics[:gpus]], at=now - 240 - 41 * i)
         # A job nothing can hold, a finished one and a failed one.
         big = _with_gpus(JobSpec(command=("python", "pretrain.py"), kind="training"), 16)
         pending = self._new_job(big, user="alice", at=now - 90)
@@ -396,7 +380,7 @@ class SimSource:
         job.started_at, job.reason = at, None
         util, mem_frac = _LOAD_BY_KIND.get(job.spec.kind, (70.0, 0.4))
         for key in keys:
-            total = next((d["mem_total_bytes"] for d in host.statics if d["key"] == key), None)
+            total = next((d.mem_total_bytes for d in host.statics if d.key == key), None)
             mem = int((total or 0) * mem_frac)
             host.prober.set_load(key, util, mem)
 
@@ -410,14 +394,7 @@ class SimSource:
 
     def _event(self, kind: str, node: str | None, job_id: str | None, message: str) -> None:
         self._events.append(
-            {
-                "seq": len(self._events) + 1,
-                "at": self.now(),
-                "kind": kind,
-                "node": node,
-                "job_id": job_id,
-                "message": message,
-            }
+            EventDoc(len(self._events) + 1, self.now(), kind, node, job_id, message)
         )
 
     # -- the passing of time -------------------------------------------------------------------
@@ -456,9 +433,9 @@ class SimSource:
             (j.runner, k): j for j in self._jobs.values() if j.state == "running" for k in j.devices
         }
         for host in self._hosts:
-            for d in host.statics:
-                job = busy.get((host.node_id, d["key"]))
-                phase = (host.index * 7 + d["index"]) % 11
+            for index, d in enumerate(host.statics):
+                job = busy.get((host.node_id, d.key))
+                phase = (host.index * 7 + index) % 11
                 values: list[float] = []
                 for p in range(HISTORY_POINTS):
                     at = now - (HISTORY_POINTS - 1 - p) * HISTORY_STEP_S
@@ -468,27 +445,20 @@ class SimSource:
                         values.append(round(min(100.0, max(0.0, base + wobble)), 1))
                     else:
                         values.append(round(abs(math.sin(p * 0.9 + phase)), 1))
-                out[f"{host.node_id}/{d['key']}"] = values
+                out[f"{host.node_id}/{d.key}"] = values
         return out
 
-    def _devices_json(self, host: _SimHost) -> list[dict[str, Any]]:
+    def _devices(self, host: _SimHost) -> list[dict[str, Any]]:
         now = self.now()
         if host.frozen is not None and (host.state != "alive" or host.frozen_at == now):
             return host.frozen
+        if host.static_json is None:  # made once, shared by every read, as a GPU's facts are
+            host.static_json = [static_json(i, d) for i, d in enumerate(host.statics)]
         samples = {s.key: s for s in host.prober.sample()}
-        devices: list[dict[str, Any]] = []
-        for d in host.statics:
-            s = samples[d["key"]]
-            devices.append(
-                {
-                    **d,
-                    "mem_used_bytes": s.mem_used_bytes,
-                    "util_pct": s.util_pct,
-                    "temp_c": s.temp_c,
-                    "power_mw": s.power_mw,
-                    "power_limit_mw": s.power_limit_mw,
-                }
-            )
+        devices = [
+            {**static, **sample_json(samples[d.key])}
+            for static, d in zip(host.static_json, host.statics, strict=True)
+        ]
         host.frozen, host.frozen_at = devices, now
         return devices
 
@@ -504,27 +474,23 @@ class SimSource:
                 queued[job.owner] = queued.get(job.owner, 0) + 1
         out: list[dict[str, Any]] = []
         for host in self._hosts:
-            out.append(
-                {
-                    "node_id": host.node_id,
-                    "addr": host.addr,
-                    "state": host.state,
-                    "role": "agent",
-                    "drain": host.drain,
-                    "labels": {"zone": host.zone, "os": host.os},
-                    "host": {
-                        "hostname": host.hostname,
-                        "os": host.os,
-                        "arch": host.arch,
-                        "cpu_count": host.cpu_count,
-                        "mem_total_bytes": host.mem_total_bytes,
-                    },
-                    "devices": self._devices_json(host),
-                    "telemetry_age_s": host.age_s,
-                    "running_jobs": running.get(host.node_id, []),
-                    "queue": queued.get(host.node_id, 0),
-                }
+            doc = NodeDoc(
+                node_id=host.node_id,
+                addr=host.addr,
+                state=host.state,
+                role="agent",
+                drain=host.drain,
+                labels={"zone": host.zone, "os": host.host.os},
+                host=host.host,
+                devices=(),
+                telemetry_age_s=host.age_s,
+                running_jobs=tuple(running.get(host.node_id, ())),
+                queue=queued.get(host.node_id, 0),
+                wire_version=WIRE_VERSION,
+                features=tuple(sorted(SUPPORTED_FEATURES)),
             )
+            # the devices' documents are kept between reads (their facts do not change)
+            out.append({**doc.to_wire(), "devices": self._devices(host)})
         return out
 
     def jobs_now(self) -> list[dict[str, Any]]:
@@ -535,24 +501,22 @@ class SimSource:
             eta = None
             if job.state == "running" and progress is not None and job.started_at is not None:
                 eta = max(0.0, job.duration_s * (1.0 - progress))
-            out.append(
-                {
-                    "job_id": job.job_id,
-                    "state": job.state,
-                    "attempt": job.attempt,
-                    "owner": job.owner,
-                    "runner": job.runner,
-                    "devices": list(job.devices),
-                    "spec": {**job.spec.to_dict(), "labels": {"user": job.user}},
-                    "submitted_at": job.submitted_at,
-                    "started_at": job.started_at,
-                    "finished_at": job.finished_at,
-                    "exit_code": job.exit_code,
-                    "reason": job.reason,
-                    "progress": None if progress is None else round(progress, 4),
-                    "eta_s": None if eta is None else round(eta),
-                }
+            status = JobStatus(
+                job_id=job.job_id,
+                state=job.state,
+                attempt=job.attempt,
+                owner=job.owner,
+                runner=job.runner,
+                devices=tuple(job.devices),
+                submitted_at=job.submitted_at,
+                started_at=job.started_at,
+                finished_at=job.finished_at,
+                exit_code=job.exit_code,
+                reason=job.reason,
             )
+            spec = {**job.spec.to_dict(), "labels": {"user": job.user}}
+            done = None if progress is None else round(progress, 4)
+            out.append(JobDoc(status, spec, done, None if eta is None else round(eta)).to_wire())
         return out
 
     async def nodes(self) -> list[dict[str, Any]]:
@@ -561,9 +525,12 @@ class SimSource:
     async def jobs(self) -> list[dict[str, Any]]:
         return self.jobs_now()
 
+    def events_now(self, since: int = 0) -> dict[str, Any]:
+        new = tuple(e for e in self._events if e.seq > since)
+        return EventsDoc(new, self._events[-1].seq if self._events else since).to_wire()
+
     async def events(self, since: int = 0) -> dict[str, Any]:
-        new = [e for e in self._events if e["seq"] > since]
-        return {"events": new, "next": self._events[-1]["seq"] if self._events else since}
+        return self.events_now(since)
 
     async def logs(self, job_id: str, lines: int = 100, follow: bool = False) -> AsyncIterator[str]:
         job = self._jobs.get(job_id)

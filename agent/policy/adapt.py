@@ -41,6 +41,8 @@ class NodeFacts(Protocol):
     def drain(self) -> str: ...
     @property
     def free(self) -> list[str]: ...
+    @property
+    def features(self) -> frozenset[str]: ...
 
 
 class HostDeviceFacts(Protocol):
@@ -83,6 +85,8 @@ class HostFacts(Protocol):
     def os(self) -> str | None: ...
     @property
     def devices(self) -> Sequence[HostDeviceFacts]: ...
+    @property
+    def features(self) -> Sequence[str]: ...
 
 
 def _field(doc: Any, name: str) -> Any:
@@ -172,6 +176,7 @@ def node_from_view(view: NodeFacts, holders: Mapping[str, str] | None = None) ->
         os=_os(view.inventory),
         datasets=datasets,
         cost_per_hour=cost,
+        features=view.features,
     )
 
 
@@ -210,6 +215,7 @@ def node_from_host(host: HostFacts, busy: Iterable[str]) -> Node:
         os=host.os,
         datasets=datasets,
         cost_per_hour=cost,
+        features=frozenset(host.features),
     )
 
 
@@ -250,6 +256,7 @@ def job_from_spec(
         deadline_action="refuse" if on_late == "refuse" else "queue",
         submitted_at=submitted_at,
         max_runtime_s=spec.max_runtime_s,
+        features=spec.features,
     )
 
 

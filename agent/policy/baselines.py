@@ -11,19 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agent.policy.filters import device_reason, linked_groups, node_reason
+from agent.policy.filters import device_reason, host_room, linked_groups, node_reason
 from agent.policy.snapshot import Device, Job, Node, Placement
 
 
 def pick(job: Job, node: Node) -> Placement | None:
     """The first free devices of ``node`` that fit ``job``, all of one vendor (first fit)."""
-    if node_reason(job, node) is not None:
-        return None
-    free_cpu = node.cpu_milli_free
-    if job.cpu_milli and free_cpu is not None and free_cpu < job.cpu_milli:
-        return None
-    free_mem = node.host_mem_free_bytes
-    if job.host_mem_bytes and free_mem is not None and free_mem < job.host_mem_bytes:
+    if node_reason(job, node) is not None or not host_room(job, node):
         return None
     if job.gpus_per_node == 0:
         return Placement((node.node_id,), ((),))

@@ -69,6 +69,7 @@ def static_key(job: Job) -> tuple[object, ...]:
         tuple(sorted(job.affinity.items())),
         tuple(sorted(job.anti_affinity.items())),
         job.max_cost_per_hour,
+        job.features,
     )
 
 

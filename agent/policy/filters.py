@@ -101,6 +101,15 @@ def drain_filter(job: Job, n: Node) -> str | None:
     return None if n.drain == SCHEDULABLE else f"a schedulable node ({n.node_id} is {n.drain})"
 
 
+def features_filter(job: Job, n: Node) -> str | None:
+    if n.features is None or not job.features:
+        return None
+    lacking = [f for f in job.features if f not in n.features]
+    if lacking:
+        return f"an agent that runs feature{'s' * (len(lacking) > 1)} {', '.join(lacking)}"
+    return None
+
+
 def os_filter(job: Job, n: Node) -> str | None:
     if job.os is not None and (n.os or "").lower() != job.os.lower():
         return f"OS {job.os}"
@@ -135,6 +144,7 @@ def host_filter(job: Job, n: Node) -> str | None:
 
 NODE_FILTERS: Final[tuple[Callable[[Job, Node], str | None], ...]] = (
     drain_filter,
+    features_filter,
     os_filter,
     affinity_filter,
     cost_filter,
@@ -149,6 +159,18 @@ def node_reason(job: Job, n: Node) -> str | None:
         if reason is not None:
             return reason
     return None
+
+
+def host_room(job: Job, n: Node, leaving: Job | None = None) -> bool:
+    """Whether ``n``'s free CPU and host memory take ``job`` now, once ``leaving`` (a job that
+    runs there and goes) has gone; a node that does not account them always has room."""
+    cpu, mem = n.cpu_milli_free, n.host_mem_free_bytes
+    if leaving is not None:
+        cpu = None if cpu is None else cpu + leaving.cpu_milli
+        mem = None if mem is None else mem + leaving.host_mem_bytes
+    if job.cpu_milli and cpu is not None and cpu < job.cpu_milli:
+        return False
+    return not (job.host_mem_bytes and mem is not None and mem < job.host_mem_bytes)
 
 
 def linked_groups(job: Job, devices: Sequence[Device]) -> list[list[Device]]:

@@ -105,6 +105,7 @@ def static_key(node: Node) -> tuple[object, ...]:
         node.cost_per_hour,
         node.cpu_milli_total,
         node.host_mem_total_bytes,
+        node.features,
         tuple((kind_of(d), d.link_domain, d.link_kind) for d in node.devices),
     )
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from agent.policy import apply
 from agent.policy.context import Context
-from agent.policy.filters import device_reason, node_reason
+from agent.policy.filters import device_reason, host_room, node_reason
 from agent.policy.forecast import remaining_s
 from agent.policy.index import DeviceKind, kind_of
 from agent.policy.place import Candidate, kind_reason, rank
@@ -177,7 +177,7 @@ def swap_for(
         for r in _members(group):
             if r.job.job_id in busy or not movable(r, ctx):
                 continue
-            if node_reason(r.job, target) is not None:
+            if node_reason(r.job, target) is not None or not host_room(r.job, target, starter):
                 continue
             rem = remaining_s(r, ctx)[0]
             gain = rem - (rem * r_here / r_there + cfg.move_cost_s)
@@ -188,6 +188,8 @@ def swap_for(
     gain, r = best
     source = ctx.index.node(r.placement.node_id)
     if source is None or node_reason(starter, source) is not None:
+        return None
+    if not host_room(starter, source, r.job):
         return None
     devices = {d.key: d for d in source.devices}
     for k in r.placement.devices[0]:

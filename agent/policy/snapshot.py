@@ -97,6 +97,9 @@ class Node:
     host_mem_used_bytes: int = 0
     network_gbps: float = 10.0
     """What a dataset transfer to this node can expect, in gigabits per second."""
+    features: frozenset[str] | None = None
+    """The job-spec features its agent runs (``gang``, ``image``...); ``None``: every one (the
+    simulator's nodes)."""
 
     @property
     def cpu_milli_free(self) -> int | None:
@@ -147,6 +150,8 @@ class Job:
     max_cost_per_hour: float | None = None
     cpu_milli: int = 0
     host_mem_bytes: int = 0
+    features: tuple[str, ...] = ()
+    """The job-spec features it uses: only a node whose agent runs them all may host it."""
 
     @property
     def is_share(self) -> bool:

@@ -22,6 +22,7 @@ import pytest
 from agent.containment import ContainmentChoice, SubreaperCage, open_cage
 from agent.executor import ExecutorConfig, Exited, Launch, ProcessExecutor, ProgressChanged
 from agent.jobspec import JobSpec, new_job_id
+from agent.jobuser import SYSTEM_PATH
 from agent.store import Store
 from gossip.identity import enroll_node, init_cluster
 from probers.records import DeviceStatic
@@ -235,6 +236,8 @@ async def test_a_job_as_nobody_gets_nobodys_home_and_name(open_root: Path) -> No
     env = _env_of(lines)
     assert env["HOME"] == pwd.getpwnam("nobody").pw_dir
     assert env["USER"] == env["LOGNAME"] == "nobody"
+    # The system's PATH, not the agent's (which may name folders nobody cannot enter).
+    assert env["PATH"] == SYSTEM_PATH
 
 
 def _env_of(lines: list[str]) -> dict[str, str]:

@@ -74,8 +74,10 @@ def test_a_job_that_fits_nowhere_stays_pending_with_its_reason(mesh: Mesh) -> No
     # every agent has 2 GPUs: the policy says the job can never fit, not that it waits
     mesh.wait(
         "a pending reason",
-        lambda: (mesh.job(mesh.agents[1], job_id).get("reason") or "")
-        == "never fits: no node has 4 matching GPUs on one node",
+        lambda: (
+            (mesh.job(mesh.agents[1], job_id).get("reason") or "")
+            == "never fits: no node has 4 matching GPUs on one node"
+        ),
     )
     assert mesh.job(mesh.agents[1], job_id)["state"] == "pending"
 
@@ -136,3 +138,13 @@ def test_unsigned_forged_and_replayed_commands_are_refused(mesh: Mesh) -> None:
     assert "shoal_gossip_messages_in_total " in metrics
     assert "# TYPE shoal_gossip_messages_in_total counter" in metrics  # it only grows
     assert "# TYPE shoal_gossip_transport_handshake_slowest_ms gauge" in metrics
+
+
+def test_a_spec_no_agent_runs_is_refused_at_submission(mesh: Mesh) -> None:
+    # A gang (two nodes) is a feature no agent of this version runs: refused, not left waiting.
+    job_id = new_job_id()
+    gang = spec(["true"], resources=Resources(gpus_per_node=1, nodes=2))
+    status, answer = mesh.command(mesh.agents[0], "submit", {"job_id": job_id, "spec": gang})
+    assert status == 400, answer
+    assert "no agent of this mesh runs it" in answer["error"] and "gang" in answer["error"]
+    assert job_id not in {j["job_id"] for j in mesh.get(mesh.agents[1], "/v1/jobs")["jobs"]}

@@ -13,7 +13,9 @@ from agent.jobspec import JobSpec, Resources
 from agent.ownership import owner_of, rank, replica_of
 from agent.placement import FirstFit
 from agent.view import NodeView
-from probers.records import DeviceStatic
+from agent.wire.documents import EventsDoc
+from agent.wire.records import GossipedEvent, InventoryRecord, NodeRecord
+from probers.records import DeviceStatic, HostInfo
 
 NODES = ["node-a", "node-b", "node-c", "node-d"]
 
@@ -42,27 +44,32 @@ def _dev(key: str, vendor: str, backend: str, mem_gib: int, cc: str | None = Non
     )
 
 
+def _inventory(*devices: DeviceStatic, features: tuple[str, ...] = ()) -> InventoryRecord:
+    host = HostInfo("h", "linux", "x86_64", None, None)
+    return InventoryRecord(host, None, {}, 1, devices, features=features)
+
+
 def test_first_fit_applies_the_hard_filters() -> None:
-    l4 = NodeView("n1", inventory={}, statics=[_dev("l4", "nvidia", "cuda", 24, "8.9")])
+    l4 = NodeView("n1", inventory=_inventory(_dev("l4", "nvidia", "cuda", 24, "8.9")))
     h100 = NodeView(
         "n2",
-        inventory={},
-        statics=[_dev("h0", "nvidia", "cuda", 80, "9.0"), _dev("h1", "nvidia", "cuda", 80, "9.0")],
-        status={"drain": "schedulable", "free": ["h1"]},
+        inventory=_inventory(
+            _dev("h0", "nvidia", "cuda", 80, "9.0"), _dev("h1", "nvidia", "cuda", 80, "9.0")
+        ),
+        status=NodeRecord(drain="schedulable", free=("h1",)),
     )
     mi = NodeView(
         "n3",
-        inventory={},
-        statics=[_dev("m0", "amd", "rocm", 192), _dev("m1", "amd", "rocm", 192)],
-        status={"drain": "cordoned"},
+        inventory=_inventory(_dev("m0", "amd", "rocm", 192), _dev("m1", "amd", "rocm", 192)),
+        status=NodeRecord(drain="cordoned"),
     )
     ff = FirstFit()
-    big = JobSpec(command=("x",), resources=Resources(min_mem_per_gpu_bytes=40 * 1024**3))
+    big = JobSpec(command=("x",), resources=Resources(1, min_mem_per_gpu_bytes=40 * 1024**3))
     assert [(c.node_id, c.devices) for c in ff.candidates(big, [l4, h100, mi])] == [("n2", ("h1",))]
     two = JobSpec(command=("x",), resources=Resources(gpus_per_node=2))
     assert ff.candidates(two, [l4, h100, mi]) == []  # n2 has one free, n3 is cordoned
     assert ff.why_pending(two) == "no schedulable node has 2 free GPUs"
-    cc = JobSpec(command=("x",), resources=Resources(min_compute_capability="9.0"))
+    cc = JobSpec(command=("x",), resources=Resources(1, min_compute_capability="9.0"))
     assert [c.node_id for c in ff.candidates(cc, [l4, h100])] == ["n2"]
     anyone = JobSpec(command=("x",))
     assert [c.node_id for c in ff.candidates(anyone, [l4, h100], prefer="n2")] == ["n2", "n1"]
@@ -95,16 +102,17 @@ def test_event_log_merges_gossiped_events_once() -> None:
     clock = iter(range(100, 200))
     log = EventLog("me", clock=lambda: float(next(clock)))
     log.add("started", "hello", job_id="j1")
-    log.merge("other", [{"n": 1, "kind": "x", "message": "a"}, {"n": 2, "kind": "y"}])
-    log.merge("other", [{"n": 2, "kind": "y"}, {"n": 3, "kind": "z"}])
-    rows, nxt = log.since(0)
-    assert [(r["seq"], r["node"], r["kind"]) for r in rows] == [
+    x, y, z = (GossipedEvent(n, None, kind, None, "") for n, kind in ((1, "x"), (2, "y"), (3, "z")))
+    log.merge("other", [x, y])
+    log.merge("other", [y, z])
+    rows, nxt = log.since(0).events, log.since(0).next
+    assert [(r.seq, r.node, r.kind) for r in rows] == [
         (1, "me", "started"),
         (2, "other", "x"),
         (3, "other", "y"),
         (4, "other", "z"),
     ]
-    assert nxt == 4 and log.since(4) == ([], 4)
+    assert nxt == 4 and log.since(4) == EventsDoc((), 4)
 
 
 def test_event_record_carries_recent_events_without_the_node_id() -> None:
@@ -113,12 +121,12 @@ def test_event_record_carries_recent_events_without_the_node_id() -> None:
     for i in range(GOSSIPED + 3):
         log.add("started", f"job {i}", job_id=f"j{i}")
         now[0] += 0.25
-    rows = log.gossip_payload()["e"]
+    rows = log.gossip_record().events
     # the latest GOSSIPED, oldest first, named by the record's origin rather than in each row
-    assert [r["n"] for r in rows] == list(range(4, GOSSIPED + 4))
-    assert all("node" not in r for r in rows)
+    assert [r.n for r in rows] == list(range(4, GOSSIPED + 4))
+    assert all("node" not in r.to_wire() for r in rows)
     now[0] = 1000.0 + 0.25 * 12 + GOSSIPED_FOR_S  # all but the last three aged out of the record
-    assert [r["n"] for r in log.gossip_payload()["e"]] == [13, 14, 15]
+    assert [r.n for r in log.gossip_record().events] == [13, 14, 15]
     peer = EventLog("peer")
     peer.merge("me", rows)
-    assert {r["node"] for r in peer.since(0)[0]} == {"me"}
+    assert {r.node for r in peer.since(0).events} == {"me"}

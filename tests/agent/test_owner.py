@@ -27,9 +27,10 @@ from agent.peers import PeerClient
 from agent.placement import FirstFit
 from agent.store import JobRecord, Store
 from agent.view import ClusterView, pack
+from agent.wire.records import InventoryRecord
 from gossip.identity import NodeIdentity
 from gossip.tls import server_context
-from probers.records import DeviceStatic
+from probers.records import DeviceStatic, HostInfo
 from tests.agent.authority_kit import FakeMesh, Kit
 
 SPEC = JobSpec(command=("true",), resources=Resources(gpus_per_node=1))
@@ -133,10 +134,13 @@ async def fx(tmp_path: Path) -> AsyncIterator[Fixture]:
     for r in runners.values():
         await r.serve()
         node = view.node(r.node_id)
-        node.inventory = {"api": r.addr}
-        node.statics = [
-            DeviceStatic(key="h0", vendor="nvidia", backend="cuda", name="H100", source="sim")
-        ]
+        node.inventory = InventoryRecord(
+            HostInfo(r.node_id, "linux", "x86_64", None, None),
+            r.addr,
+            {},
+            1,
+            (DeviceStatic(key="h0", vendor="nvidia", backend="cuda", name="H100", source="sim"),),
+        )
     servers = list(runners.values())
     fixture = Fixture(kit, me.node_id, store, view, peers, runners, calls, authority)
     try:
@@ -156,8 +160,7 @@ async def _settled(owner: Owner) -> None:
 
 
 def _events(owner: Owner) -> list[tuple[str, str]]:
-    rows, _ = owner.events.since(0)
-    return [(r["kind"], r["message"]) for r in rows]
+    return [(r.kind, r.message) for r in owner.events.since(0).events]
 
 
 async def test_resume_leaves_alone_the_jobs_submitted_since_the_start(fx: Fixture) -> None:
@@ -186,7 +189,7 @@ async def test_resume_takes_back_what_it_owned_before_a_restart(fx: Fixture) -> 
     fx.others.append(other.node_id)
     fx.authority = fx.kit.authority(fx.me, lambda: [fx.me, other.node_id], other)
     fx.view.authority = fx.authority
-    newer = before.jobs[taken].to_json(with_spec=False)
+    newer = before.jobs[taken].status().to_wire()
     newer.update(owner=other.node_id, gen=before.jobs[taken].gen + 5)
     fx.view.apply(other.node_id, "sub/" + taken, before.jobs[taken].submission, 0.0)
     assert fx.view.apply(other.node_id, "job/" + taken, pack(newer), 0.0) == taken

@@ -23,6 +23,7 @@ from agent.peers import PeerClient
 from agent.runner import Declined, LaunchFailed, NotAllowed, Runner
 from agent.store import Store
 from agent.view import ClusterView
+from agent.wire.calls import StartOffer, StopAnswer, StopRequest
 from gossip.certtrust import CertSigner
 from gossip.identity import NodeIdentity
 from probers.records import DeviceStatic
@@ -83,7 +84,7 @@ class Rig:
         }
 
     async def start(self, offer: dict[str, Any]) -> dict[str, Any]:
-        return await self.runner.start(offer, self.owner)
+        return (await self.runner.start(StartOffer.from_wire(offer), self.owner)).to_wire()
 
 
 @pytest.fixture
@@ -129,10 +130,8 @@ async def test_a_stop_that_lands_while_the_job_launches_ends_it(rig: Rig) -> Non
     start = asyncio.create_task(rig.start(offer))
     await asyncio.sleep(0)  # the launch is under way: the process is being spawned
     assert offer["job_id"] in runner.runs and not runner.executor.running()
-    answer = await runner.stop(
-        {"job_id": offer["job_id"], "attempt": 1, "cause": "fenced"}, rig.owner
-    )
-    assert answer == {"stopped": False}
+    answer = await runner.stop(StopRequest(offer["job_id"], 1, "fenced"), rig.owner)
+    assert answer == StopAnswer(stopped=False)
     with pytest.raises(Declined, match="stopped as it started"):
         await start
     # The owner took "not running" for an answer: nothing of that attempt may run on.
@@ -160,9 +159,11 @@ async def test_an_offer_runs_only_the_operators_submission_from_an_owner(rig: Ri
     # Another member of the mesh: a valid agent certificate, but no owner of these jobs.
     offer = rig.offer()
     with pytest.raises(NotAllowed, match="may not start"):
-        await runner.start(dict(offer, owner=member.node_id), member.node_id)
+        await runner.start(StartOffer.from_wire(dict(offer, owner=member.node_id)), member.node_id)
     with pytest.raises(NotAllowed, match="may not start"):
-        await runner.start(offer, member.node_id)  # claiming to be the owner is not enough
+        await runner.start(
+            StartOffer.from_wire(offer), member.node_id
+        )  # claiming to be the owner is not enough
     # The owner itself, with a submission an agent signed instead of an operator.
     forged = rig.offer()
     spec = JobSpec(command=("sh", "-c", "cat /etc/shadow"))
@@ -183,18 +184,29 @@ async def test_only_an_owner_or_the_starter_may_stop_a_job(rig: Rig) -> None:
     runner, member = rig.runner, rig.member
     offer = rig.offer()
     await rig.start(offer)
-    stop = {"job_id": offer["job_id"], "attempt": 1, "cause": "cancel", "grace_s": 0}
+    stop = StopRequest(offer["job_id"], 1, "cancel", 0.0)
     with pytest.raises(NotAllowed, match="may not stop"):
         await runner.stop(stop, member.node_id)
     # Nor may it fence attempts to come of a job it has no part in.
     with pytest.raises(NotAllowed):
-        await runner.stop(dict(stop, job_id=rig.job_id(), attempt=10**9), member.node_id)
+        await runner.stop(StopRequest(rig.job_id(), 10**9, "cancel", 0.0), member.node_id)
     assert list(runner.runs) == [offer["job_id"]] and runner.fence == {offer["job_id"]: 1}
     answer = await runner.stop(stop, rig.owner)
-    assert answer["stopped"] is True
+    assert answer.stopped is True
 
 
 async def test_a_launch_error_is_its_own_refusal(rig: Rig) -> None:
     with pytest.raises(LaunchFailed, match="no-such-program"):
         await rig.start(rig.offer(command=("no-such-program-here",)))
     assert rig.runner.runs == {}
+
+
+async def test_an_offer_of_a_job_that_needs_a_feature_this_agent_lacks_is_declined(
+    rig: Rig,
+) -> None:
+    offer = rig.offer()
+    gang = JobSpec(command=("true",), resources=Resources(gpus_per_node=1, nodes=2))
+    offer["submission"] = base64.b64encode(rig.kit.submission(offer["job_id"], gang)).decode()
+    with pytest.raises(Declined, match=r"needs feature gang \(job-spec version 2\)"):
+        await rig.start(offer)
+    assert rig.runner.runs == {} and rig.runner.executor.running() == ()

@@ -41,6 +41,7 @@ class _View:
         self.samples: dict[str, object] = {}
         self.drain = "schedulable"
         self.free = [f"{node_id}-{i}" for i in free]
+        self.features: frozenset[str] = frozenset()
 
 
 class _Host:
@@ -52,6 +53,7 @@ class _Host:
         self.labels = {"zone": "z"}
         self.os = "linux"
         self.devices = [_Dev(s) for s in view.statics]
+        self.features: tuple[str, ...] = ()
 
 
 class _Dev:

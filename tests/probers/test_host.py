@@ -111,3 +111,15 @@ def test_root_reads_only_files(tmp_path: Path) -> None:
     """Under --root no library or tool source is consulted, so an empty tree has only the CPU."""
     report = probe_once(ProbeOptions(root=tmp_path))
     assert [d.static.source for d in report.devices] == ["psutil"]
+
+
+def test_one_name_per_cpu_architecture() -> None:
+    from probers.records import normal_arch
+
+    assert [normal_arch(m) for m in ("x86_64", "AMD64", "aarch64", "arm64", "riscv64")] == [
+        "x86_64",
+        "x86_64",
+        "arm64",
+        "arm64",
+        "riscv64",
+    ]

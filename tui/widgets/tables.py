@@ -343,6 +343,7 @@ class HostsTable(MeshTable):
         Column("host", "Host", 14),
         Column("state", "State", 7),
         Column("drain", "Drain", 11),
+        Column("platform", "OS/arch", 14),
         Column("gpus", "GPU", 3, right=True),
         Column("util", "Util", 4, right=True),
         Column("mem", "GPU mem", 9),
@@ -367,7 +368,7 @@ class HostsTable(MeshTable):
         h: HostView = item
         first_gpu = h.devices[0].name if h.devices else ""
         return " ".join(
-            (h.hostname, h.node_id, h.state, h.drain, h.vendor, h.zone, h.os or "", first_gpu)
+            (h.hostname, h.node_id, h.state, h.drain, h.vendor, h.zone, h.platform, first_gpu)
         )
 
     def cells(self, item: Any, ctx: ViewContext) -> Sequence[Part]:
@@ -381,6 +382,7 @@ class HostsTable(MeshTable):
             (h.hostname, None),
             (h.state, p.of(state_level(h.state))),
             (h.drain, p.of(state_level(h.drain))),
+            (h.platform, p.muted),
             (str(len(h.devices)), None),
             _util_cell(h.util_pct, p),
             (mem_pair(h.mem_used_bytes, h.gpu_mem_total_bytes), p.of(mem_level)),

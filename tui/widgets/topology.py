@@ -351,9 +351,13 @@ class TopologyView(CursorKeys, ScrollView, can_focus=True):
             age = duration(host.telemetry_age_s) if host.telemetry_age_s is not None else "?"
             parts.append((f" stale {age} ", p.of("bad" if host.state == "dead" else "warn")))
         parts.append((f" {host.zone}", p.muted))
+        parts.append((f"  {host.platform}", p.muted))
         links = _links_summary(host)
         if links:
             parts.append((f"  {links}", p.muted))
+        mig = host.mig_count
+        if mig:
+            parts.append((f"  MIG {mig}", p.muted))
         jobs = len(host.running_jobs)
         if jobs:
             parts.append((f"  {jobs} job{'s' * (jobs != 1)}", p.muted))

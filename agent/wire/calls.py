@@ -1,0 +1,277 @@
+"""The bodies of the calls between agents (JSON, ``POST /v1/internal/<call>``), one definition each.
+
+:class:`JobTransfer` (``replicate``, ``adopt``), :class:`StartOffer` and :class:`StartAnswer`
+(``start``), :class:`StopRequest` and :class:`StopAnswer` (``stop``), :class:`StatusRequest` and
+:class:`StatusAnswer` (``status``), :class:`AttemptResult` (``report``, and inside the stop and
+status answers). A body that does not decode raises :class:`~agent.wire.codec.WireError` (the API
+answers 400).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any, NamedTuple
+
+from agent.wire import codec as c
+from agent.wire.codec import WireError
+from agent.wire.records import AttemptEntry, JobStatus
+
+
+def _b64_out(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _b64_in(value: Any, name: str) -> bytes:
+    try:
+        return base64.b64decode(c.or_default(c.text, "")(value, name), validate=True)
+    except binascii.Error:
+        raise WireError(f"{name}: not base64") from None
+
+
+class OwnerDetail(NamedTuple):
+    """What an owner keeps of a job beyond its record (persisted, and handed on with it)."""
+
+    devices: tuple[str, ...] = ()
+    started_at: float | None = None
+    finished_at: float | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    reason: str | None = None
+    gen: int = 0
+    failures: int = 0
+    prefer: str | None = None
+    avoid: str | None = None
+    launch_failures: int = 0
+    attempts: tuple[AttemptEntry, ...] = ()
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "devices": list(self.devices),
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "reason": self.reason,
+            "gen": self.gen,
+            "failures": self.failures,
+            "prefer": self.prefer,
+            "avoid": self.avoid,
+            "launch_failures": self.launch_failures,
+            "attempts": [a.to_wire() for a in self.attempts],
+        }
+
+    @classmethod
+    def from_wire(cls, value: Any, name: str = "detail") -> OwnerDetail:
+        d = c.obj({} if value is None else value, name)
+        p = name + "."
+        return cls(
+            devices=c.field(d, "devices", c.texts, p),
+            started_at=c.field(d, "started_at", c.opt_number, p),
+            finished_at=c.field(d, "finished_at", c.opt_number, p),
+            exit_code=c.field(d, "exit_code", c.opt_integer, p),
+            signal=c.field(d, "signal", c.opt_text, p),
+            reason=c.field(d, "reason", c.opt_text, p),
+            gen=c.field(d, "gen", c.or_default(c.integer, 0), p),
+            failures=c.field(d, "failures", c.or_default(c.integer, 0), p),
+            prefer=c.field(d, "prefer", c.opt_text, p),
+            avoid=c.field(d, "avoid", c.opt_text, p),
+            launch_failures=c.field(d, "launch_failures", c.or_default(c.integer, 0), p),
+            attempts=c.items(d.get("attempts"), p + "attempts", AttemptEntry.from_wire),
+        )
+
+
+class JobTransfer(NamedTuple):
+    """``replicate`` and ``adopt``: a job's record and details, with the operator's sealed
+    submission (the receiver runs the spec inside the submission it verified, never one here)."""
+
+    record: JobStatus
+    detail: OwnerDetail
+    submission: bytes
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "record": self.record.to_wire(),
+            "detail": self.detail.to_wire(),
+            "submission": _b64_out(self.submission),
+        }
+
+    @classmethod
+    def from_wire(cls, value: Any) -> JobTransfer:
+        d = c.obj(value, "body")
+        return cls(
+            record=JobStatus.from_wire(d.get("record"), "record"),
+            detail=OwnerDetail.from_wire(d.get("detail"), "detail"),
+            submission=_b64_in(d.get("submission"), "submission"),
+        )
+
+
+class StartOffer(NamedTuple):
+    """``start``: run attempt ``attempt`` of the job on ``devices``, for its owner ``owner``."""
+
+    job_id: str
+    attempt: int
+    owner: str
+    devices: tuple[str, ...]
+    submission: bytes
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+            "devices": list(self.devices),
+            "owner": self.owner,
+            "submission": _b64_out(self.submission),
+        }
+
+    @classmethod
+    def from_wire(cls, value: Any) -> StartOffer:
+        d = c.obj(value, "body")
+        return cls(
+            job_id=c.field(d, "job_id", c.text),
+            attempt=c.field(d, "attempt", c.integer),
+            owner=c.field(d, "owner", c.text),
+            devices=c.field(d, "devices", c.texts),
+            submission=_b64_in(d.get("submission"), "submission"),
+        )
+
+
+class StartAnswer(NamedTuple):
+    ok: bool
+    started_at: float | None
+    pid: int | None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"ok": self.ok, "started_at": self.started_at, "pid": self.pid}
+
+    @classmethod
+    def from_wire(cls, value: Any) -> StartAnswer:
+        d = c.obj(value, "answer")
+        return cls(
+            ok=c.field(d, "ok", c.or_default(c.flag, False)),
+            started_at=c.field(d, "started_at", c.opt_number),
+            pid=c.field(d, "pid", c.opt_integer),
+        )
+
+
+class AttemptResult(NamedTuple):
+    """How an attempt ended on its runner (``report``; inside stop and status answers)."""
+
+    job_id: str
+    attempt: int
+    exit_code: int | None
+    signal: str | None
+    cause: str
+    """``exit``, ``timeout``, ``lost`` or a stop cause (``cancel``, ``drain``, ``fenced``...)."""
+    started_at: float | None
+    finished_at: float | None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "cause": self.cause,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+        }
+
+    @classmethod
+    def from_wire(cls, value: Any, name: str = "result") -> AttemptResult:
+        d = c.obj(value, name)
+        p = name + "."
+        return cls(
+            job_id=c.field(d, "job_id", c.text, p),
+            attempt=c.field(d, "attempt", c.integer, p),
+            exit_code=c.field(d, "exit_code", c.opt_integer, p),
+            signal=c.field(d, "signal", c.opt_text, p),
+            cause=c.field(d, "cause", c.or_default(c.text, "exit"), p),
+            started_at=c.field(d, "started_at", c.opt_number, p),
+            finished_at=c.field(d, "finished_at", c.opt_number, p),
+        )
+
+
+class StopRequest(NamedTuple):
+    """``stop``: stop (and fence) attempt ``attempt``; ``grace_s`` ``None``: the runner's own."""
+
+    job_id: str
+    attempt: int
+    cause: str = "cancel"
+    grace_s: float | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+            "cause": self.cause,
+            "grace_s": self.grace_s,
+        }
+
+    @classmethod
+    def from_wire(cls, value: Any) -> StopRequest:
+        d = c.obj(value, "body")
+        return cls(
+            job_id=c.field(d, "job_id", c.text),
+            attempt=c.field(d, "attempt", c.integer),
+            cause=c.field(d, "cause", c.or_default(c.text, "cancel")),
+            grace_s=c.field(d, "grace_s", c.opt_number),
+        )
+
+
+class StopAnswer(NamedTuple):
+    """Whether the attempt was stopped here, and how it ended when it was."""
+
+    stopped: bool
+    exit: AttemptResult | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"stopped": self.stopped}
+        if self.exit is not None:
+            doc["exit"] = self.exit.to_wire()
+        return doc
+
+    @classmethod
+    def from_wire(cls, value: Any) -> StopAnswer:
+        d = c.obj(value, "answer")
+        result = d.get("exit")
+        return cls(
+            stopped=c.field(d, "stopped", c.or_default(c.flag, False)),
+            exit=None if result is None else AttemptResult.from_wire(result, "exit"),
+        )
+
+
+class StatusRequest(NamedTuple):
+    job_id: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"job_id": self.job_id}
+
+    @classmethod
+    def from_wire(cls, value: Any) -> StatusRequest:
+        return cls(job_id=c.field(c.obj(value, "body"), "job_id", c.text))
+
+
+class StatusAnswer(NamedTuple):
+    """What runs, or last ran, of a job on the answering runner."""
+
+    running: bool
+    attempt: int | None
+    result: AttemptResult | None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "running": self.running,
+            "attempt": self.attempt,
+            "result": None if self.result is None else self.result.to_wire(),
+        }
+
+    @classmethod
+    def from_wire(cls, value: Any) -> StatusAnswer:
+        d = c.obj(value, "answer")
+        result = d.get("result")
+        return cls(
+            running=c.field(d, "running", c.or_default(c.flag, False)),
+            attempt=c.field(d, "attempt", c.opt_integer),
+            result=None if result is None else AttemptResult.from_wire(result, "result"),
+        )
