@@ -54,7 +54,7 @@ class Fit:
         return not self.ever
 
 
-def _decode(doc: Mapping[str, Any]) -> tuple[NodeDoc, list[DeviceDoc]] | None:
+def decode_node(doc: Mapping[str, Any]) -> tuple[NodeDoc, list[DeviceDoc]] | None:
     try:
         node = NodeDoc.from_wire(doc, devices=False)
     except WireError:
@@ -68,13 +68,16 @@ def _decode(doc: Mapping[str, Any]) -> tuple[NodeDoc, list[DeviceDoc]] | None:
     return node, devices
 
 
-def _policy_node(doc: NodeDoc, devices: Sequence[DeviceDoc], busy: set[str]) -> Node:
-    """The node as the policy sees it; its agent's features are not checked here."""
+def policy_node(
+    doc: NodeDoc, devices: Sequence[DeviceDoc], holders: Mapping[str, str] | None = None
+) -> Node:
+    """The node as the policy sees it (``holders``: the job holding each busy device); its
+    agent's features are not checked here (the agent that takes the submission does)."""
+    holders = holders or {}
     return Node(
         node_id=doc.node_id,
         devices=tuple(
-            device_from_static(d.static, d.sample, BUSY if d.static.key in busy else None)
-            for d in devices
+            device_from_static(d.static, d.sample, holders.get(d.static.key)) for d in devices
         ),
         drain=doc.drain or SCHEDULABLE,
         labels=doc.labels,
@@ -107,7 +110,7 @@ def fit(
     live = 0
     best_count, best = 0, ""
     for raw in nodes:
-        decoded = _decode(raw)
+        decoded = decode_node(raw)
         if decoded is None:
             continue
         doc, devices = decoded
@@ -115,14 +118,14 @@ def fit(
             continue
         live += 1
         name = (doc.host.hostname if doc.host else "") or doc.node_id[:8]
-        idle = _policy_node(doc, devices, set())
+        idle = policy_node(doc, devices)
         count, model = _largest(job, idle, devices)
         if count > best_count:
             best_count, best = count, f"{count}x {model} on {name}"
-        if static_fit(job, dataclasses.replace(idle, drain=SCHEDULABLE)) is not None:
+        if static_fit(job, idle, drained_too=True) is not None:
             continue
         ever.append(name)
-        current = _policy_node(doc, devices, busy.get(doc.node_id, set()))
+        current = policy_node(doc, devices, dict.fromkeys(busy.get(doc.node_id, ()), BUSY))
         free = dataclasses.replace(current, devices=tuple(d for d in current.devices if d.is_free))
         if static_fit(job, free) is None:
             now.append(name)

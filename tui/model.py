@@ -5,10 +5,9 @@ agents and the simulated mesh write); a host, job or event that does not decode 
 counted (:attr:`SnapshotBuilder.refused`), never a crash.
 
 Everything here is plain data and pure functions (no Textual, no I/O): the views render a
-:class:`MeshSnapshot`; :func:`fitting_hosts` previews where a job would go (the agents' own
-policy, best first) for the submit form and the migrate picker; :class:`History` keeps ~10
-minutes of utilization per GPU for the sparklines, one value per time bucket so a repeated read
-of the same moment never adds a point.
+:class:`MeshSnapshot`; :class:`History` keeps ~10 minutes of utilization per GPU for the
+sparklines, one value per time bucket so a repeated read of the same moment never adds a point.
+Where a job would go is the agents' policy's answer, never the TUI's (:mod:`tui.preview`).
 """
 
 from __future__ import annotations
@@ -19,8 +18,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
-from agent.jobspec import JobSpec
-from agent.policy.preview import preview
 from agent.wire.codec import WireError
 from agent.wire.documents import (
     STATIC_KEYS,
@@ -290,6 +287,10 @@ class MeshSnapshot:
                     for key in job.devices:
                         holders[(job.runner, key)] = job.job_id
         return holders
+
+    def live_agents(self) -> list[HostView]:
+        """The hosts that may take a job: live agents (not operators, not suspect or dead)."""
+        return [h for h in self.hosts if h.state == "alive" and h.role == "agent"]
 
     def busy_devices(self) -> dict[str, set[str]]:
         """Device keys held by live jobs, by node."""
@@ -591,48 +592,6 @@ class History:
 
 
 _NO_BUCKET: Final = -(2**62)
-
-
-# -- where a job would go ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Fit:
-    """A host that passes a job's hard constraints, with the GPUs it would offer."""
-
-    node_id: str
-    hostname: str
-    devices: tuple[str, ...]
-    free_gpus: int
-    mean_util_pct: float
-    queue: int
-
-
-def fitting_hosts(
-    spec: JobSpec, snapshot: MeshSnapshot, *, exclude: frozenset[str] = frozenset()
-) -> list[Fit]:
-    """Hosts where ``spec`` would start now, best first, as the agents' policy ranks them
-    (:func:`agent.policy.preview.preview`): live agents only."""
-    hosts = [h for h in snapshot.hosts if h.state == "alive" and h.role == "agent"]
-    busy = snapshot.busy_devices()
-    by_id = {h.node_id: h for h in hosts}
-    fits: list[Fit] = []
-    for cand in preview(spec, hosts, busy, now=snapshot.taken_at, exclude=exclude):
-        host = by_id[cand.node_id]
-        offered = set(cand.placement.devices[0])
-        taken = busy.get(host.node_id, set())
-        utils = [d.util_pct or 0.0 for d in host.devices if d.key in offered]
-        fits.append(
-            Fit(
-                node_id=host.node_id,
-                hostname=host.hostname,
-                devices=cand.placement.devices[0],
-                free_gpus=sum(1 for d in host.devices if d.key not in taken and d.backend != "cpu"),
-                mean_util_pct=sum(utils) / len(utils) if utils else 0.0,
-                queue=host.queue,
-            )
-        )
-    return fits
 
 
 # -- filtering -----------------------------------------------------------------------------------

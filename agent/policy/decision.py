@@ -32,7 +32,7 @@ from agent.policy.gangs import rank_gang
 from agent.policy.index import Group
 from agent.policy.model import ThroughputModel
 from agent.policy.moves import Move, moves_to_idle, swap_for
-from agent.policy.place import Candidate, kind_reason, rank, speed_spread
+from agent.policy.place import Candidate, kind_reason, rank, score_words, speed_spread
 from agent.policy.preempt import Preemption, preempt_for
 from agent.policy.queue import Reservation, queue_order
 from agent.policy.snapshot import Job, Placement, Running, Snapshot
@@ -59,8 +59,7 @@ class Assignment:
 
     def why(self) -> str:
         """The score's largest parts, for the operator: ``speed +0.69, fragmentation -0.12``."""
-        parts = sorted((t for t in self.terms if abs(t[1]) >= 0.005), key=lambda t: -abs(t[1]))
-        return ", ".join(f"{name} {value:+.2f}" for name, value in parts[:4]) or "only fit"
+        return score_words(self.terms)
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,7 +94,7 @@ def _never_reason(job: Job, ctx: Context, state: PolicyState, version: int) -> s
     reasons: Counter[str] = Counter()
     hosts = 0
     for entry in ctx.index.entries.values():
-        reason = static_fit(job, entry.node)
+        reason = static_fit(job, entry.node, drained_too=True)
         if reason is None:
             hosts += 1
             if hosts >= job.nodes:

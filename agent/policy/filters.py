@@ -152,9 +152,12 @@ NODE_FILTERS: Final[tuple[Callable[[Job, Node], str | None], ...]] = (
 )
 
 
-def node_reason(job: Job, n: Node) -> str | None:
-    """Why node ``n`` can never host ``job`` whatever runs there, or ``None``."""
+def node_reason(job: Job, n: Node, *, drained_too: bool = False) -> str | None:
+    """Why node ``n`` cannot host ``job`` whatever runs there, or ``None``; ``drained_too``
+    asks of the node as if it took work (a cordon or a drain is lifted, a GPU is not added)."""
     for check in NODE_FILTERS:
+        if drained_too and check is drain_filter:
+            continue
         reason = check(job, n)
         if reason is not None:
             return reason
@@ -186,9 +189,10 @@ def linked_groups(job: Job, devices: Sequence[Device]) -> list[list[Device]]:
     return list(groups.values())
 
 
-def static_fit(job: Job, n: Node) -> str | None:
-    """Why ``n`` can never host (its part of) ``job`` even when idle, or ``None``."""
-    reason = node_reason(job, n)
+def static_fit(job: Job, n: Node, *, drained_too: bool = False) -> str | None:
+    """Why ``n`` cannot host (its part of) ``job`` even when idle, or ``None`` (``drained_too``:
+    even idle and schedulable, which is what "never fits" means)."""
+    reason = node_reason(job, n, drained_too=drained_too)
     if reason is not None:
         return reason
     if job.gpus_per_node == 0:

@@ -36,6 +36,15 @@ class Candidate:
     def node_id(self) -> str:
         return self.placement.node_id
 
+    def why(self) -> str:
+        return score_words(self.terms)
+
+
+def score_words(terms: tuple[tuple[str, float], ...]) -> str:
+    """A score's largest parts, for the operator: ``speed +0.69, fragmentation -0.12``."""
+    parts = sorted((t for t in terms if abs(t[1]) >= 0.005), key=lambda t: -abs(t[1]))
+    return ", ".join(f"{name} {value:+.2f}" for name, value in parts[:4]) or "only fit"
+
 
 @dataclass(frozen=True, slots=True)
 class GroupFit:

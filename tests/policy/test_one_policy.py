@@ -3,11 +3,14 @@ and on the same fleet they rank the same way."""
 
 from __future__ import annotations
 
+import agent.fit as submit_fit
 import agent.placement as placement
 import agent.policy.decision as policy_decide
+import agent.policy.filters as filters
 import agent.policy.preview as preview
 import bench.sched.policies as sim
-import tui.model as tui_model
+import tui.preview as tui_preview
+import tui.source as tui_sim
 from agent.jobspec import JobSpec, Resources
 from agent.policy import adapt, baselines
 from agent.policy.decision import context, rank_any
@@ -21,9 +24,12 @@ def test_the_agents_the_tui_and_the_simulator_import_the_same_functions() -> Non
     assert placement.rank_any is policy_decide.rank_any  # the owners' Shoal placement
     assert placement.context is policy_decide.context
     assert preview.rank_any is policy_decide.rank_any  # the TUI's preview
-    assert tui_model.preview is preview.preview  # tui.model.fitting_hosts calls it
+    assert tui_preview.preview is preview.preview  # the submit form and the migrate picker
+    assert tui_sim.offers is tui_preview.offers  # shoal tui --sim places and explains with it
     assert sim.decide is policy_decide.decide  # the simulator's shoal
     assert placement.first_fit is baselines.first_fit is sim.first_fit  # fifo, both sides
+    assert submit_fit.static_fit is filters.static_fit  # shoal submit's "never fits"
+    assert placement.never_reason is preview.never_reason  # the "why waiting" line
 
 
 class _View:
@@ -81,7 +87,8 @@ def test_owner_tui_and_simulator_rank_alike() -> None:
     by_owner = [c.node_id for c in owner.candidates(spec, views)]  # type: ignore[arg-type]
     hosts = [_Host(v) for v in views]
     busy = {v.node_id: {s.key for s in v.statics if s.key not in v.free} for v in views}
-    by_tui = [c.node_id for c in preview.preview(spec, hosts, busy)]  # type: ignore[arg-type]
+    answer = preview.preview(spec, hosts, busy)  # type: ignore[arg-type]
+    by_tui = [c.node_id for c in answer.candidates]
     nodes = tuple(adapt.node_from_view(v) for v in views)  # type: ignore[arg-type]
     ctx, _ = context(Snapshot(now=0.0, nodes=nodes), ThroughputModel())
     by_sim = [c.node_id for c in rank_any(adapt.job_from_spec("j", spec), ctx, limit=10)]
