@@ -46,6 +46,14 @@ class PolicyConfig:
     backfill: bool = True
     """EASY backfill: a job may start ahead of the first blocked one when it does not delay it."""
     preemption: bool = True
+    time_slice: tuple[float, ...] = (3600.0, 36_000.0)
+    """Least attained service among preemptible jobs of one priority (Tiresias's discretized
+    LAS): the GPU-seconds that end each service level. A job waits behind the jobs of its
+    priority at a lower level, and one at a lower level may take the GPUs of a preemptible job of
+    the same priority at a higher level (past ``min_run_s``). Empty: only a higher priority
+    preempts, and the queue orders by age after priority and deadline."""
+    preempt_tries: int = 8
+    """Jobs that look for victims in one pass, at most (the first that cannot start)."""
     min_run_s: float = 600.0
     """A job runs at least this long (since it started or last moved) before it may be preempted
     or moved: the guard against preemption loops."""

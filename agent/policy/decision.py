@@ -33,7 +33,7 @@ from agent.policy.index import Group
 from agent.policy.model import ThroughputModel
 from agent.policy.moves import Move, moves_to_idle, swap_for
 from agent.policy.place import Candidate, kind_reason, rank, score_words, speed_spread
-from agent.policy.preempt import Preemption, preempt_for
+from agent.policy.preempt import Preemption, may_preempt, preempt_for
 from agent.policy.queue import Reservation, queue_order
 from agent.policy.snapshot import Job, Placement, Running, Snapshot
 from agent.policy.state import PolicyState
@@ -148,7 +148,7 @@ def decide(
     out the lines of jobs that wait for busy capacity (a simulator has no one to tell)."""
     ctx, state = context(snapshot, model, config, state=state, owner=owner)
     cfg = ctx.config
-    order = queue_order(snapshot.pending)
+    order = queue_order(snapshot.pending, cfg.time_slice)
     busy: set[str] = set()
     starts: list[_Start] = []
     preemptions: list[Preemption] = []
@@ -159,13 +159,17 @@ def decide(
     now = snapshot.now
     idle = ctx.index.has_idle()
     lowest = min(state.running.preemptible, default=None)
+    slicing = bool(cfg.time_slice)
     reserve_tried = False
+    tries = 0
     for i, job in enumerate(order):
         never = never_reason(job, ctx, state)
         if never is not None:
             waiting.append(Waiting(job.job_id, never, never_fits=True))
             continue
-        may_preempt = lowest is not None and job.priority > lowest
+        may_preempt = lowest is not None and (
+            job.priority > lowest or (slicing and job.preemptible and job.priority >= lowest)
+        )
         no_room = job.gpus_per_node > 0 and not idle and not may_preempt
         if blocked or no_room:
             held.append((job, i))
@@ -185,7 +189,10 @@ def decide(
             starts.append(_Start(job, best, tuple(cands[1:]), backfilled))
             idle = ctx.index.has_idle()
             continue
-        pre = _preempt(job, ctx, state, busy)
+        pre = None
+        if tries < cfg.preempt_tries:
+            tries += 1
+            pre = _preempt(job, ctx, state, busy)
         if pre is not None:
             preemptions.append(pre)
             cand = Candidate(pre.placement, 0.0, (("preemption", 0.0),), 1.0, _model_of(pre, ctx))
@@ -261,14 +268,12 @@ def _model_of(pre: Preemption, ctx: Context) -> str:
 def _preempt(job: Job, ctx: Context, state: PolicyState, busy: set[str]) -> Preemption | None:
     if not ctx.config.preemption or job.gpus_per_node == 0:
         return None
-    if not _may_preempt_any(job, state):
+    if not _may_preempt_any(job, state, bool(ctx.config.time_slice)):
         return None
     by_node: dict[str, list[Running]] = {}
     for node_id, runs in state.running.by_node.items():
         eligible = [
-            r
-            for r in runs.values()
-            if r.job.job_id not in busy and r.job.preemptible and r.job.priority < job.priority
+            r for r in runs.values() if r.job.job_id not in busy and may_preempt(job, r, ctx)
         ]
         if eligible:
             by_node[node_id] = eligible
@@ -285,7 +290,9 @@ def _preempt(job: Job, ctx: Context, state: PolicyState, busy: set[str]) -> Pree
     return pre
 
 
-def _may_preempt_any(job: Job, state: PolicyState) -> bool:
+def _may_preempt_any(job: Job, state: PolicyState, slicing: bool) -> bool:
+    if slicing and job.preemptible:
+        return any(p <= job.priority for p in state.running.preemptible)
     return any(p < job.priority for p in state.running.preemptible)
 
 

@@ -1,6 +1,8 @@
 """Preemption: a job that cannot start may take GPUs from preemptible jobs of lower priority.
 
-Never from a job of equal or higher priority, never from one that is not preemptible, and never
+Never from a job of higher priority, never from one that is not preemptible, and never from one
+of equal priority but by time slicing (``PolicyConfig.time_slice``: a preemptible job that has
+had less service takes its turn from one that has had much more, as Tiresias does); and never
 from one that started (or was last moved) less than ``min_run_s`` ago: a job just started is not
 stopped again at once, which is what keeps two jobs from preempting each other in a loop. Of the
 sets of victims that would free enough on one node (on enough nodes, for a gang), the policy takes
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 from agent.policy.context import Context
 from agent.policy.filters import device_reason, linked_groups, static_fit
+from agent.policy.queue import level
 from agent.policy.snapshot import Device, Job, Node, Placement, Running
 
 
@@ -35,9 +38,26 @@ def lost_gpu_s(r: Running, now: float) -> float:
     return max(0.0, now - since) * max(gpus, 0.1)
 
 
+def attained_gpu_s(r: Running, now: float) -> float:
+    """The GPU-seconds a running job has had, over all its attempts."""
+    return r.job.attained_gpu_s + max(0.0, now - r.started_at) * max(r.job.gpus, 1)
+
+
+def outranks(job: Job, victim: Running, ctx: Context) -> bool:
+    """A higher priority; or, time slicing, the same priority and a lower service level (both
+    preemptible: a job that may not be stopped does not stop others for its turn either)."""
+    if job.priority != victim.job.priority:
+        return job.priority > victim.job.priority
+    levels = ctx.config.time_slice
+    if not levels or not job.preemptible:
+        return False
+    now = ctx.snapshot.now
+    return level(job.attained_gpu_s, levels) < level(attained_gpu_s(victim, now), levels)
+
+
 def may_preempt(job: Job, victim: Running, ctx: Context) -> bool:
-    """The rules: lower priority, preemptible, and past its minimum run time."""
-    if not victim.job.preemptible or victim.job.priority >= job.priority:
+    """The rules: it outranks the victim, which is preemptible and past its minimum run time."""
+    if not victim.job.preemptible or not outranks(job, victim, ctx):
         return False
     since = victim.moved_at if victim.moved_at is not None else victim.started_at
     return ctx.snapshot.now - since >= ctx.config.min_run_s

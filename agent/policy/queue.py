@@ -11,8 +11,9 @@ Lifka's scheduler for the IBM SP and Slurm's backfill).
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from agent.policy.snapshot import Job
@@ -23,9 +24,23 @@ def order_key(job: Job) -> tuple[float, float, float, str]:
     return (-job.priority, deadline, job.submitted_at, job.job_id)
 
 
-def queue_order(jobs: Iterable[Job]) -> list[Job]:
-    """Pending jobs in the order they get capacity."""
-    return sorted(jobs, key=order_key)
+def level(attained_gpu_s: float, levels: Sequence[float]) -> int:
+    """The service level of a job that has had ``attained_gpu_s`` (0: the least)."""
+    return bisect.bisect_right(levels, attained_gpu_s)
+
+
+def queue_order(jobs: Iterable[Job], levels: Sequence[float] = ()) -> list[Job]:
+    """Pending jobs in the order they get capacity; with ``levels`` (time slicing), a
+    preemptible job that has had more service waits behind the others of its priority."""
+    if not levels:
+        return sorted(jobs, key=order_key)
+
+    def key(job: Job) -> tuple[float, float, int, float, str]:
+        p, deadline, submitted, job_id = order_key(job)
+        served = level(job.attained_gpu_s, levels) if job.preemptible else 0
+        return (p, deadline, served, submitted, job_id)
+
+    return sorted(jobs, key=key)
 
 
 @dataclass(frozen=True, slots=True)

@@ -152,6 +152,8 @@ class Job:
     host_mem_bytes: int = 0
     features: tuple[str, ...] = ()
     """The job-spec features it uses: only a node whose agent runs them all may host it."""
+    attained_gpu_s: float = 0.0
+    """GPU-seconds it ran in earlier attempts (it was preempted and queued again)."""
 
     @property
     def is_share(self) -> bool:

@@ -25,7 +25,7 @@ import math
 import time
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, cast
 
 from agent.policy.fragmentation import Shape
@@ -595,6 +595,8 @@ class Simulation:
         sj.ref_s += self._ref_seconds(sj, ckpt_at)
         sj.done = steps
         sj.version += 1
+        ran_s = max(0.0, self.now - sj.attempt_start) * max(sj.job.gpus, 1)
+        sj.job = replace(sj.job, attained_gpu_s=sj.job.attained_gpu_s + ran_s)
         placement = sj.placement
         sj.placement = None
         self.running.pop(job_id, None)

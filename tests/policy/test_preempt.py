@@ -84,3 +84,40 @@ def test_preemption_can_be_turned_off() -> None:
         _with(snap, job("urgent", priority=5)), ThroughputModel(), PolicyConfig(preemption=False)
     )
     assert d.preemptions == ()
+
+
+def test_time_slicing_gives_a_fresh_job_its_turn_from_one_of_its_priority_served_far_more() -> None:
+    """Tiresias's discretized least attained service, among preemptible jobs of one priority."""
+    config = PolicyConfig(time_slice=(3600.0, 36_000.0))
+    served = running(job("served", preemptible=True), "n", ["n/0"], started_at=NOW - 7200.0)
+    n = holding(node("n", "v100", 1), served.job, [0])
+    fresh = job("fresh", preemptible=True)
+    d = decide(Snapshot(NOW, (n,), (fresh,), (served,)), ThroughputModel(), config)
+    assert [p.victims for p in d.preemptions] == [("served",)]  # 2 GPU-hours against none
+    # The same level (both under an hour of a GPU): it waits its turn.
+    recent = dataclasses.replace(served, started_at=NOW - 1800.0)
+    d = decide(Snapshot(NOW, (n,), (fresh,), (recent,)), ThroughputModel(), config)
+    assert d.preemptions == ()
+    # A job that may not be stopped does not stop others for its turn; nor without slicing.
+    firm = job("firm", preemptible=False)
+    assert (
+        decide(Snapshot(NOW, (n,), (firm,), (served,)), ThroughputModel(), config).preemptions == ()
+    )
+    off = PolicyConfig(time_slice=())
+    assert (
+        decide(Snapshot(NOW, (n,), (fresh,), (served,)), ThroughputModel(), off).preemptions == ()
+    )
+
+
+def test_time_slicing_queues_the_job_served_more_behind_the_others_of_its_priority() -> None:
+    from agent.policy.queue import queue_order
+
+    old = dataclasses.replace(job("old", preemptible=True), attained_gpu_s=7200.0)
+    new = dataclasses.replace(job("new", preemptible=True), submitted_at=50.0)
+    urgent = dataclasses.replace(job("urgent", priority=5), attained_gpu_s=1e6)
+    assert [j.job_id for j in queue_order([new, old, urgent], (3600.0,))] == [
+        "urgent",
+        "new",
+        "old",
+    ]
+    assert [j.job_id for j in queue_order([new, old, urgent])] == ["urgent", "old", "new"]
