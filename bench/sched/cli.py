@@ -28,7 +28,7 @@ from typing import Any
 from agent.policy.config import PolicyConfig
 from bench.sched.cluster import NodeSpec, nodes_from_openb, nodes_from_spec
 from bench.sched.engine import SimConfig, Simulation
-from bench.sched.metrics import JobRecord, ratios, summarize
+from bench.sched.metrics import JobRecord, pct, ratios, summarize
 from bench.sched.policies import BackfillCentral, BestFitCentral, FifoMesh, ShoalMesh
 from bench.sched.traces import TraceJob, gavel_synthetic, generic_csv, openb
 from bench.sched.truth import Truth
@@ -116,6 +116,8 @@ def run_policy(
         "moves": sim.moves,
         "owners": config.owners,
         "gossip_delay_s": config.gossip_delay_s,
+        "decision_cpu_ms_p50": pct(sim.decision_cpu_ms, 50),
+        "decision_cpu_ms_p99": pct(sim.decision_cpu_ms, 99),
     }
     out = summarize(
         name,
