@@ -48,10 +48,10 @@ class PolicyConfig:
     preemption: bool = True
     time_slice: tuple[float, ...] = (3600.0, 36_000.0, 360_000.0)
     """Least attained service among preemptible jobs of one priority (Tiresias's discretized
-    LAS): the GPU-seconds that end each service level (1, 10 and 100 GPU-hours). A job waits behind the jobs of its
-    priority at a lower level, and one at a lower level may take the GPUs of a preemptible job of
-    the same priority at a higher level (past ``min_run_s``). Empty: only a higher priority
-    preempts, and the queue orders by age after priority and deadline."""
+    LAS): the GPU-seconds that end each service level (1, 10 and 100 GPU-hours). A job waits
+    behind the jobs of its priority at a lower level, and one at a lower level may take the GPUs
+    of a preemptible job of the same priority at a higher level (past ``min_run_s``). Empty: only
+    a higher priority preempts, and the queue orders by age after priority and deadline."""
     preempt_tries: int = 8
     """Jobs that look for victims in one pass, at most (the first that cannot start)."""
     min_run_s: float = 600.0
