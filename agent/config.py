@@ -79,6 +79,9 @@ class AgentConfig:
     """Default grace for ``drain``: running jobs may finish within it, then they are requeued."""
     rpc_timeout_s: float = 5.0
     """Timeout of one agent-to-agent call."""
+    placement: str = "shoal"
+    """How this agent places the jobs it owns: ``shoal`` (the Shoal policy) or ``fifo`` (first
+    fit in node-id order, the baseline)."""
     job_user: str | None = None
     """The user jobs run as. Unset: when the agent runs as root, ``shoal-job`` if that user
     exists, else ``nobody``; an agent that is not root cannot switch users and runs jobs as its own
@@ -101,6 +104,7 @@ class AgentConfig:
         return out
 
 
+PLACEMENT_NAMES = ("shoal", "fifo")
 _PATHS = {"data_dir", "identity_dir", "datasets_dir"}
 _TUPLES = {"join", "datasets"}
 _FLOATS = {
@@ -152,6 +156,8 @@ def _coerce(name: str, value: Any, where: str) -> Any:
         return value
     if not isinstance(value, str):
         raise UserError(f"{where}: {name} must be a string")
+    if name == "placement" and value not in PLACEMENT_NAMES:
+        raise UserError(f"{where}: placement must be one of {', '.join(PLACEMENT_NAMES)}")
     return value
 
 

@@ -46,7 +46,7 @@ from agent.mesh import GossipMesh
 from agent.metrics import AgentMetrics
 from agent.owner import Owner
 from agent.peers import PeerClient
-from agent.placement import FirstFit, Placement
+from agent.placement import PLACEMENTS, Placement
 from agent.publisher import Publisher
 from agent.reads import Reads
 from agent.runner import Runner
@@ -136,7 +136,7 @@ class Agent:
             on_event=lambda e: self.runner.on_exec_event(e),
         )
         self.runner = Runner(self.ctx, self.executor, self.devices)
-        self.owner = Owner(self.ctx, placement or FirstFit())
+        self.owner = Owner(self.ctx, placement or PLACEMENTS[config.placement](self.node_id))
         self.publisher = Publisher(
             self.publish, config, self.devices, self.events, self._node_doc, self._coordinate
         )

@@ -1,53 +1,40 @@
 """Before a job is submitted: could any node of the mesh ever run it, and could one now?
 
-Read from the agent's own listings (``GET /v1/nodes`` and ``GET /v1/jobs``) with the agents'
-own per-GPU filter (:func:`agent.placement.device_fits`), so the answer is the placement's:
+Read from the agent's own listings (``GET /v1/nodes`` and ``GET /v1/jobs``, decoded by the wire
+contract) with the scheduling policy's own hard filters (:func:`agent.policy.filters.static_fit`
+on each node made into the policy's snapshot by :mod:`agent.policy.adapt`), so the answer is the
+placement's:
 
-- **never**: no node of the mesh (alive or suspect) has enough devices of one vendor that meet
-  the job's per-GPU constraints, counting every device it has, busy or not. ``shoal submit``
-  refuses such a job (nothing is submitted) unless told to let it wait for a host that can.
-- **not now**: some node has them, but none that takes new work has them free (in use by running
+- **never**: no node of the mesh (alive or suspect) could host the job even idle and schedulable:
+  not enough devices of one vendor that meet its per-GPU constraints, counting every device it
+  has, busy or not. ``shoal submit`` refuses such a job (nothing is submitted) unless told to let
+  it wait for a host that can.
+- **not now**: some node could, but none that takes new work has them free (in use by running
   jobs, or the node cordoned or draining): the job is submitted and waits.
 - **now**: a schedulable node has them free.
+
+Job-spec features (gangs, images) are the agents' to answer: the agent that takes the
+submission refuses one that no live agent runs, with its own reason.
 
 :func:`asks` says in words what a job asks for, as ``shoal submit`` prints it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from agent.jobspec import JobSpec
-from agent.placement import device_fits
+from agent.policy.adapt import BUSY, device_from_static, job_from_spec
+from agent.policy.filters import device_reason, static_fit
+from agent.policy.snapshot import SCHEDULABLE, Job, Node
+from agent.wire.codec import WireError
+from agent.wire.documents import DeviceDoc, NodeDoc
 
 LIVE_STATES = ("alive", "suspect")
 BUSY_JOB_STATES = ("placing", "running", "migrating")
-
-
-@dataclass(frozen=True, slots=True)
-class _Device:
-    """The facts :func:`device_fits` reads, from a device of ``GET /v1/nodes``."""
-
-    key: str
-    vendor: str
-    backend: str
-    mem_total_bytes: int | None
-    compute_capability: str | None
-    arch: str | None
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> _Device:
-        mem = doc.get("mem_total_bytes")
-        return cls(
-            key=str(doc.get("key", "")),
-            vendor=str(doc.get("vendor", "")),
-            backend=str(doc.get("backend", "")),
-            mem_total_bytes=int(mem) if mem is not None else None,
-            compute_capability=doc.get("compute_capability"),
-            arch=doc.get("arch"),
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,57 +54,82 @@ class Fit:
         return not self.ever
 
 
-def _hostname(node: Mapping[str, Any]) -> str:
-    host = node.get("host") or {}
-    return str(host.get("hostname") or str(node.get("node_id", ""))[:8])
+def decode_node(doc: Mapping[str, Any]) -> tuple[NodeDoc, list[DeviceDoc]] | None:
+    try:
+        node = NodeDoc.from_wire(doc, devices=False)
+    except WireError:
+        return None
+    devices = []
+    for d in doc.get("devices") or ():
+        try:
+            devices.append(DeviceDoc.from_wire(d))
+        except WireError:
+            continue  # a device that does not decode is left out, as the TUI does
+    return node, devices
 
 
-def _fitting(spec: JobSpec, node: Mapping[str, Any]) -> dict[str, list[_Device]]:
-    """The node's devices that meet the job's per-GPU constraints, by vendor."""
-    out: dict[str, list[_Device]] = {}
-    for doc in node.get("devices") or []:
-        device = _Device.from_json(doc)
-        if device.backend != "cpu" and device_fits(spec, device):
-            out.setdefault(device.vendor, []).append(device)
-    return out
+def policy_node(
+    doc: NodeDoc, devices: Sequence[DeviceDoc], holders: Mapping[str, str] | None = None
+) -> Node:
+    """The node as the policy sees it (``holders``: the job holding each busy device); its
+    agent's features are not checked here (the agent that takes the submission does)."""
+    holders = holders or {}
+    return Node(
+        node_id=doc.node_id,
+        devices=tuple(
+            device_from_static(d.static, d.sample, holders.get(d.static.key)) for d in devices
+        ),
+        drain=doc.drain or SCHEDULABLE,
+        labels=doc.labels,
+        os=doc.host.os if doc.host else None,
+    )
 
 
-def _names(devices: Sequence[_Device], docs: Sequence[Mapping[str, Any]]) -> str:
-    names = {str(d.get("key")): str(d.get("name", "?")) for d in docs}
-    return names.get(devices[0].key, "?").removesuffix(" (simulated)") if devices else "?"
+def _largest(job: Job, node: Node, devices: Sequence[DeviceDoc]) -> tuple[int, str]:
+    """The most devices of one vendor on ``node`` that meet the job's per-GPU constraints."""
+    names = {d.static.key: d.static.name.removesuffix(" (simulated)") for d in devices}
+    by_vendor: dict[str, list[str]] = {}
+    for d in node.devices:
+        if d.backend != "cpu" and device_reason(job, d) is None:
+            by_vendor.setdefault(d.vendor, []).append(d.key)
+    group = max(by_vendor.values(), key=len, default=[])
+    return len(group), (names.get(group[0], "?") if group else "?")
 
 
 def fit(
     spec: JobSpec, nodes: Sequence[Mapping[str, Any]], jobs: Sequence[Mapping[str, Any]]
 ) -> Fit:
     """Where ``spec`` fits among ``nodes``, ever and now (see the module's docstring)."""
-    want = spec.resources.gpus_per_node
+    job = dataclasses.replace(job_from_spec("", spec), nodes=1, features=())
     busy: dict[str, set[str]] = {}
-    for job in jobs:
-        if job.get("state") in BUSY_JOB_STATES and job.get("runner"):
-            busy.setdefault(str(job["runner"]), set()).update(map(str, job.get("devices") or []))
+    for j in jobs:
+        if j.get("state") in BUSY_JOB_STATES and j.get("runner"):
+            busy.setdefault(str(j["runner"]), set()).update(map(str, j.get("devices") or []))
     ever: list[str] = []
     now: list[str] = []
     live = 0
     best_count, best = 0, ""
-    for node in nodes:
-        if node.get("state") not in LIVE_STATES or node.get("role") not in ("agent", None):
+    for raw in nodes:
+        decoded = decode_node(raw)
+        if decoded is None:
+            continue
+        doc, devices = decoded
+        if doc.state not in LIVE_STATES or doc.role not in ("agent", None):
             continue
         live += 1
-        name = _hostname(node)
-        groups = _fitting(spec, node)
-        largest = max(groups.values(), key=len, default=[])
-        if largest and len(largest) > best_count:
-            best_count = len(largest)
-            best = f"{len(largest)}x {_names(largest, node.get('devices') or [])} on {name}"
-        if len(largest) < want:
+        name = (doc.host.hostname if doc.host else "") or doc.node_id[:8]
+        idle = policy_node(doc, devices)
+        count, model = _largest(job, idle, devices)
+        if count > best_count:
+            best_count, best = count, f"{count}x {model} on {name}"
+        if static_fit(job, idle, drained_too=True) is not None:
             continue
         ever.append(name)
-        used = busy.get(str(node.get("node_id")), set())
-        free = max((sum(d.key not in used for d in g) for g in groups.values()), default=0)
-        if node.get("drain") in ("schedulable", None) and free >= want:
+        current = policy_node(doc, devices, dict.fromkeys(busy.get(doc.node_id, ()), BUSY))
+        free = dataclasses.replace(current, devices=tuple(d for d in current.devices if d.is_free))
+        if static_fit(job, free) is None:
             now.append(name)
-    if want == 0:
+    if spec.resources.gpus_per_node == 0:
         best = f"{live} live agent{'s' * (live != 1)}"
     gangs = spec.resources.nodes
     return Fit(

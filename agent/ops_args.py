@@ -71,6 +71,12 @@ def submit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--priority", type=int, default=0, help="higher runs first")
     p.add_argument("--preemptible", action="store_true", help="may be preempted")
     p.add_argument("--deadline", metavar="DURATION", help="finish within, e.g. 2h")
+    p.add_argument(
+        "--on-late",
+        choices=("queue", "refuse"),
+        default=None,
+        help="a deadline the mesh cannot meet: queue with a warning (default) or refuse",
+    )
     p.add_argument("--max-runtime", metavar="DURATION", help="stop an attempt after")
     p.add_argument("--dataset", action="append", default=[], help="a dataset it reads")
     p.add_argument("--env", action="append", default=[], metavar="K=V")

@@ -1,24 +1,42 @@
-"""Where a job may run: the ``Placement`` seam and its first implementation, first fit.
+"""Where a job may run: the ``Placement`` seam the owner asks, with first fit and the Shoal policy
+behind it.
 
 The owner asks a ``Placement`` for an ordered list of candidates (node and device keys) from its
 gossip view; it then offers the job to each in turn, and the node admits or declines against its
-real local state. :class:`FirstFit` applies the hard filters only (the job-spec features the
-node's agent runs, drain state, accepted backend, free GPU count, memory per GPU, compute
-capability, architecture) and orders nodes by id, a
-preferred target first; the scheduler replaces it with a scoring policy behind the same seam.
-When no node fits, :meth:`Placement.why_pending` says what the job waits for, in one line.
+real local state. Both apply the hard filters, first among them the job-spec features the node's
+agent runs. When no node fits, :meth:`Placement.why_pending` says what the job waits for, in one
+line. Both turn the view into the policy's snapshot through :mod:`agent.policy.adapt` and call
+the policy's own functions:
+
+- :class:`FirstFit` (``placement = "fifo"``): hard filters only, nodes in id order, a preferred
+  target first (:func:`agent.policy.baselines.first_fit`), the baseline ``python -m bench.sched``
+  calls ``fifo``;
+- :class:`ShoalPlacement` (``placement = "shoal"``, the default): the Shoal policy's ranking
+  (:func:`agent.policy.decision.rank_any`: speed on each model, fragmentation, data, heat, cost,
+  spreading owners apart), and its "why waiting" line (never fits, or waits for busy capacity).
+
+What the live mesh does not do yet (its next step): gangs (no agent runs the ``gang`` feature, so
+one is refused at submission), shares of a GPU, preemption, moves, and one queue order across
+owners.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from agent.jobspec import JobSpec, lacking_reason
-from agent.jobstate import NodeDrainState
+from agent.policy import adapt
+from agent.policy.baselines import first_fit
+from agent.policy.config import PolicyConfig
+from agent.policy.decision import context, rank_any
+from agent.policy.explain import busy_line, never_reason
+from agent.policy.model import ThroughputModel
+from agent.policy.snapshot import Job, Snapshot
+from agent.policy.state import PolicyState
 from agent.view import NodeView
-from probers.records import DeviceStatic
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,63 +63,11 @@ class Placement(Protocol):
         ...
 
 
-def _cc_tuple(text: str | None) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    try:
-        return tuple(int(p) for p in text.split("."))
-    except ValueError:
-        return None
-
-
-class DeviceFacts(Protocol):
-    """What the per-GPU filters read: a :class:`DeviceStatic`, or the TUI's view of one."""
-
-    @property
-    def vendor(self) -> str: ...
-    @property
-    def backend(self) -> str: ...
-    @property
-    def mem_total_bytes(self) -> int | None: ...
-    @property
-    def compute_capability(self) -> str | None: ...
-    @property
-    def arch(self) -> str | None: ...
-
-
-def device_fits(spec: JobSpec, d: DeviceFacts) -> bool:
-    """Whether one device meets the job's per-GPU constraints (the agents and the TUI's preview)."""
-    r = spec.resources
-    if r.backends and d.backend not in r.backends:
-        return False
-    if r.min_mem_per_gpu_bytes is not None and (
-        d.mem_total_bytes is None or d.mem_total_bytes < r.min_mem_per_gpu_bytes
-    ):
-        return False
-    if r.min_compute_capability is not None:
-        want, have = _cc_tuple(r.min_compute_capability), _cc_tuple(d.compute_capability)
-        if d.vendor != "nvidia" or want is None or have is None or have < want:
-            return False
-    return not (r.archs and (d.arch or "").lower() not in {a.lower() for a in r.archs})
-
-
-def pick_devices(spec: JobSpec, statics: Sequence[DeviceStatic], free: Sequence[str]) -> list[str]:
-    """The first free devices that fit, all of one vendor; fewer than asked when none fit."""
-    want = spec.resources.gpus_per_node
-    if want == 0:
-        return []
-    free_set = set(free)
-    by_vendor: dict[str, list[str]] = {}
-    for d in statics:
-        if d.key in free_set and d.backend != "cpu" and device_fits(spec, d):
-            by_vendor.setdefault(d.vendor, []).append(d.key)
-    best: list[str] = []
-    for keys in by_vendor.values():
-        if len(keys) >= want:
-            return keys[:want]
-        if len(keys) > len(best):
-            best = keys
-    return best
+def _job(spec: JobSpec, owner: str | None = None) -> Job:
+    """The job as the policy sees it, on one node: the live mesh places a gang's first member
+    only (no agent runs the ``gang`` feature yet, which the filters check)."""
+    job = adapt.job_from_spec("", spec, owner=owner)
+    return job if job.nodes == 1 else replace(job, nodes=1)
 
 
 class FirstFit:
@@ -115,21 +81,12 @@ class FirstFit:
         exclude: frozenset[str] = frozenset(),
         prefer: str | None = None,
     ) -> list[Candidate]:
-        out: list[Candidate] = []
-        want = spec.resources.gpus_per_node
-        features = frozenset(spec.features)
-        for node in sorted(nodes, key=lambda n: (n.node_id != prefer, n.node_id)):
-            if node.node_id in exclude or node.inventory is None:
-                continue
-            if not features <= node.features:
-                continue
-            if node.drain != NodeDrainState.SCHEDULABLE:
-                continue
-            keys = pick_devices(spec, node.statics, node.free)
-            if len(keys) < want:
-                continue
-            out.append(Candidate(node.node_id, tuple(keys)))
-        return out
+        job = _job(spec)
+        known = adapt.nodes_from_views(n for n in nodes if n.inventory is not None)
+        return [
+            Candidate(p.node_id, p.devices[0])
+            for p in first_fit(job, known, exclude=exclude, prefer=prefer)
+        ]
 
     def why_pending(self, spec: JobSpec) -> str:
         r = spec.resources
@@ -147,3 +104,62 @@ class FirstFit:
         if r.archs:
             parts.append(f"and arch {'/'.join(r.archs)}")
         return " ".join(parts)
+
+
+class ShoalPlacement:
+    """The Shoal policy behind the owner's seam (see the module doc)."""
+
+    def __init__(
+        self,
+        model: ThroughputModel | None = None,
+        config: PolicyConfig | None = None,
+        *,
+        owner: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.model = model or ThroughputModel()
+        self.config = config or PolicyConfig()
+        self.owner = owner
+        self._clock = clock
+        self._state = PolicyState()
+        self._snapshot = Snapshot(now=0.0, nodes=())
+
+    def _context(self, nodes: Sequence[NodeView]) -> Snapshot:
+        views = [n for n in nodes if n.inventory is not None]
+        self._snapshot = Snapshot(
+            now=self._clock(),
+            nodes=adapt.nodes_from_views(views),
+            dataset_bytes=adapt.dataset_bytes(views),
+        )
+        return self._snapshot
+
+    def candidates(
+        self,
+        spec: JobSpec,
+        nodes: Sequence[NodeView],
+        *,
+        exclude: frozenset[str] = frozenset(),
+        prefer: str | None = None,
+    ) -> list[Candidate]:
+        snapshot = self._context(nodes)
+        ctx, _ = context(snapshot, self.model, self.config, state=self._state, owner=self.owner)
+        job = _job(spec, self.owner)
+        ranked = rank_any(job, ctx, limit=self.config.alternates + 1, exclude=exclude)
+        out = [Candidate(c.node_id, c.placement.devices[0]) for c in ranked]
+        if prefer is not None:
+            out.sort(key=lambda c: c.node_id != prefer)
+        return out
+
+    def why_pending(self, spec: JobSpec) -> str:
+        ctx, state = context(
+            self._snapshot, self.model, self.config, state=self._state, owner=self.owner
+        )
+        job = _job(spec, self.owner)
+        return never_reason(job, ctx, state) or busy_line(job, 0, None, None)
+
+
+PLACEMENTS: dict[str, Callable[[str | None], Placement]] = {
+    "fifo": lambda owner: FirstFit(),
+    "shoal": lambda owner: ShoalPlacement(owner=owner),
+}
+"""Placement by the name an agent's config gives (``placement = "fifo"``), for an owner."""

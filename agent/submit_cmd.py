@@ -4,12 +4,16 @@ A job asks for no GPU unless it says how many (``--gpus N``), or what each GPU m
 (``--mem``, ``--backend`` other than ``cpu``: then one). Before anything is signed the CLI reads
 the mesh (:mod:`agent.fit`): a job no node could ever run is refused in one line, exit 2, nothing
 submitted (``--anyway`` submits it to wait for such a host); one that fits but finds every such
-node busy is submitted and said to wait. The answer says what was asked for.
+node busy is submitted and said to wait. The answer says what was asked for. A job with a
+deadline is told its predicted end (:mod:`agent.when`, the policy's forecast); one whose deadline
+cannot be met is queued with that warning, or refused (exit 2, nothing submitted) when it says
+``--on-late refuse`` (its ``on_late`` label), unless ``--anyway``.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +22,9 @@ from agent.errors import UserError
 from agent.fit import Fit, asks, fit
 from agent.jobspec import JobSpec, new_job_id
 from agent.ops_cmd import print_json, run_with_client
+from agent.policy.submit import SubmissionCheck
 from agent.tables import hostnames, short
+from agent.when import when
 
 
 def spec_from_args(args: argparse.Namespace) -> JobSpec:
@@ -53,6 +59,8 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         "env": dict(_pairs(args.env, "--env")),
         "labels": dict(_pairs(args.label, "--label")),
     }
+    if args.on_late is not None:
+        data["labels"]["on_late"] = args.on_late
     if args.deadline is not None:
         data["deadline"] = args.deadline
     if args.max_runtime is not None:
@@ -104,16 +112,27 @@ def cmd_submit(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     job_id = new_job_id()
 
-    async def call(client: ApiClient) -> tuple[dict[str, Any], Fit, dict[str, str]]:
+    async def call(
+        client: ApiClient,
+    ) -> tuple[dict[str, Any], Fit, SubmissionCheck | None, dict[str, str]]:
         nodes, jobs = await client.nodes(), await client.jobs()
         where = fit(spec, nodes, jobs)
         if where.never and not args.anyway:
             raise UserError(never_line(spec, where))
-        return await client.submit(spec, job_id), where, hostnames(nodes)
+        late = None
+        if spec.deadline is not None and not where.never:
+            late = when(spec, nodes, jobs, time.time(), job_id)
+            if late.refuse and not args.anyway:
+                raise UserError(f"{late.line}; nothing submitted (--anyway submits it)")
+        return await client.submit(spec, job_id), where, late, hostnames(nodes)
 
-    answer, where, names = run_with_client(args, call)
+    answer, where, late, names = run_with_client(args, call)
     if args.json:
-        print_json({**answer, "asks": asks(spec), "fits_now": bool(where.now)})
+        extra: dict[str, Any] = {"asks": asks(spec), "fits_now": bool(where.now)}
+        if late is not None:
+            extra["deadline_met"] = late.deadline_met
+            extra["forecast"] = late.line
+        print_json({**answer, **extra})
         return 0
     copies = answer.get("replicas", "?")
     owner = str(answer.get("owner") or "")
@@ -122,6 +141,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         f"(owner {names.get(owner, short(owner))}, durable on {copies} agents)"
     )
     print(f"asks for {asks(spec)}")
+    if late is not None:
+        print(("deadline met: " if late.deadline_met else "") + late.line)
     if where.never:
         print("waits: no node of the mesh could run it yet (submitted with --anyway)")
     elif not where.now:

@@ -5,10 +5,9 @@ agents and the simulated mesh write); a host, job or event that does not decode 
 counted (:attr:`SnapshotBuilder.refused`), never a crash.
 
 Everything here is plain data and pure functions (no Textual, no I/O): the views render a
-:class:`MeshSnapshot`; :func:`fitting_hosts` previews where a job would go (hard constraints only,
-best first) for the submit form and the migrate picker; :class:`History` keeps ~10 minutes of
-utilization per GPU for the sparklines, one value per time bucket so a repeated read of the same
-moment never adds a point.
+:class:`MeshSnapshot`; :class:`History` keeps ~10 minutes of utilization per GPU for the
+sparklines, one value per time bucket so a repeated read of the same moment never adds a point.
+Where a job would go is the agents' policy's answer, never the TUI's (:mod:`tui.preview`).
 """
 
 from __future__ import annotations
@@ -19,8 +18,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
-from agent.jobspec import JobSpec
-from agent.placement import device_fits
 from agent.wire.codec import WireError
 from agent.wire.documents import (
     STATIC_KEYS,
@@ -290,6 +287,10 @@ class MeshSnapshot:
                     for key in job.devices:
                         holders[(job.runner, key)] = job.job_id
         return holders
+
+    def live_agents(self) -> list[HostView]:
+        """The hosts that may take a job: live agents (not operators, not suspect or dead)."""
+        return [h for h in self.hosts if h.state == "alive" and h.role == "agent"]
 
     def busy_devices(self) -> dict[str, set[str]]:
         """Device keys held by live jobs, by node."""
@@ -591,75 +592,6 @@ class History:
 
 
 _NO_BUCKET: Final = -(2**62)
-
-
-# -- where a job would go ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Fit:
-    """A host that passes a job's hard constraints, with the GPUs it would offer."""
-
-    node_id: str
-    hostname: str
-    devices: tuple[str, ...]
-    free_gpus: int
-    mean_util_pct: float
-    queue: int
-
-
-def _labels_ok(spec: JobSpec, host: HostView) -> bool:
-    if any(host.labels.get(k) != v for k, v in spec.affinity.items()):
-        return False
-    return not any(host.labels.get(k) == v for k, v in spec.anti_affinity.items())
-
-
-def fitting_hosts(
-    spec: JobSpec, snapshot: MeshSnapshot, *, exclude: frozenset[str] = frozenset()
-) -> list[Fit]:
-    """Hosts where ``spec`` fits now by hard constraints, best first.
-
-    A host fits when it is alive, schedulable, its agent runs the job-spec features the job uses,
-    matches the job's affinity and has
-    ``gpus_per_node`` free GPUs of one vendor that meet the per-GPU constraints. Best first: the
-    shortest queue, then the idlest offered GPUs, then the most free fitting GPUs, then the name.
-    """
-    want = spec.resources.gpus_per_node
-    busy = snapshot.busy_devices()
-    fits: list[Fit] = []
-    for host in snapshot.hosts:
-        if host.node_id in exclude or host.state != "alive" or host.drain != "schedulable":
-            continue
-        if host.role != "agent" or not _labels_ok(spec, host):
-            continue
-        if not set(spec.features) <= set(host.features):
-            continue  # its agent does not run a feature the job uses
-        taken = busy.get(host.node_id, set())
-        by_vendor: dict[str, list[DeviceView]] = {}
-        for device in host.devices:
-            if device.key not in taken and device.backend != "cpu" and device_fits(spec, device):
-                by_vendor.setdefault(device.vendor, []).append(device)
-        best: list[DeviceView] = []
-        for group in by_vendor.values():
-            group = sorted(group, key=lambda d: (d.util_pct or 0.0, d.index))
-            if len(group) >= want and (not best or len(group) > len(best)):
-                best = group
-        if want > 0 and len(best) < want:
-            continue
-        offered = best[:want]
-        utils = [d.util_pct or 0.0 for d in offered]
-        fits.append(
-            Fit(
-                node_id=host.node_id,
-                hostname=host.hostname,
-                devices=tuple(d.key for d in offered),
-                free_gpus=len(best),
-                mean_util_pct=sum(utils) / len(utils) if utils else 0.0,
-                queue=host.queue,
-            )
-        )
-    fits.sort(key=lambda f: (f.queue, round(f.mean_util_pct), -f.free_gpus, f.hostname))
-    return fits
 
 
 # -- filtering -----------------------------------------------------------------------------------

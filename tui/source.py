@@ -27,7 +27,8 @@ from agent.wire.documents import EventDoc, EventsDoc, JobDoc, NodeDoc, sample_js
 from agent.wire.records import JobStatus
 from probers.records import DeviceStatic, HostInfo
 from probers.sim import SimProber, parse_profile
-from tui.model import HISTORY_POINTS, HISTORY_STEP_S, fitting_hosts, snapshot_from_json
+from tui.model import HISTORY_POINTS, HISTORY_STEP_S, snapshot_from_json
+from tui.preview import offers
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,7 +354,7 @@ class SimSource:
         # A job nothing can hold, a finished one and a failed one.
         big = _with_gpus(JobSpec(command=("python", "pretrain.py"), kind="training"), 16)
         pending = self._new_job(big, user="alice", at=now - 90)
-        pending.reason = _why_pending(big)
+        pending.reason = self._fits(big)[1]
         done = self._new_job(
             _with_gpus(JobSpec(command=("python", "eval.py")), 1), user="bob", at=now - 3000
         )
@@ -584,14 +585,16 @@ class SimSource:
 
     def _fits(
         self, spec: JobSpec, exclude: frozenset[str] = frozenset()
-    ) -> list[tuple[str, tuple[str, ...]]]:
+    ) -> tuple[list[tuple[str, tuple[str, ...]]], str]:
+        """Where the agents' policy would start ``spec`` now, best first; else why it waits."""
         snapshot = snapshot_from_json(self.now(), self.nodes_now(), self.jobs_now())
-        return [(f.node_id, f.devices) for f in fitting_hosts(spec, snapshot, exclude=exclude)]
+        rows, answer = offers(spec, snapshot, exclude=exclude)
+        return [(f.node_id, f.devices) for f in rows], answer.line
 
     def _move(self, job: _SimJob, target: str | None, *, reason: str) -> bool:
         """Restart a running job elsewhere (``target`` or the best fit); False when none fits."""
         source = job.runner
-        fits = self._fits(job.spec, exclude=frozenset({source or ""}))
+        fits, _ = self._fits(job.spec, exclude=frozenset({source or ""}))
         if target is not None:
             fits = [f for f in fits if f[0] == target]
         if not fits:
@@ -619,13 +622,13 @@ class SimSource:
         job_id = job_id or new_job_id()
         await self._act("submit", job_id=job_id, spec=spec.to_dict())
         job = self._new_job(spec, user=self.identity.role, at=self.now(), job_id=job_id)
-        fits = self._fits(spec)
+        fits, why = self._fits(spec)
         if fits:
             node, keys = fits[0]
             self._start(job, self._by_id[node], list(keys), at=self.now())
             self._event("job", node, job_id, f"submitted, running on {self._hostname(node)}")
         else:
-            job.reason = _why_pending(spec)
+            job.reason = why
             self._event("job", None, job_id, f"submitted, pending: {job.reason}")
         return {"job_id": job_id, "state": job.state, "runner": job.runner}
 
@@ -693,13 +696,3 @@ def _with_gpus(spec: JobSpec, gpus: int) -> JobSpec:
     from dataclasses import replace
 
     return replace(spec, resources=replace(spec.resources, gpus_per_node=gpus))
-
-
-def _why_pending(spec: JobSpec) -> str:
-    r = spec.resources
-    text = f"no schedulable node has {r.gpus_per_node} free GPU" + "s" * (r.gpus_per_node != 1)
-    if r.min_mem_per_gpu_bytes is not None:
-        text += f" with >= {r.min_mem_per_gpu_bytes / 1024**3:g} GiB"
-    if r.backends:
-        text += f" and backend {'/'.join(r.backends)}"
-    return text

@@ -132,6 +132,20 @@ def test_submit_says_what_it_asks_for_and_refuses_what_can_never_run(mesh: Mesh)
     out = ok(fleet_shoal(mesh, "submit", "--gpus", "4", "--anyway", "--", "true"))
     assert "waits: no node of the mesh could run it yet (submitted with --anyway)" in out
 
+    # A deadline is answered at submission: met, missed and queued, or missed and refused.
+    out = ok(fleet_shoal(mesh, "submit", "--deadline", "30d", "--max-runtime", "10m", "--", "true"))
+    assert "deadline met: starts now, ends in ~10 min (p50)" in out
+    out = ok(fleet_shoal(mesh, "submit", "--deadline", "1s", "--", "true"))
+    assert "deadline cannot be met: predicted end" in out and "; queued with a warning" in out
+    before = ok(fleet_shoal(mesh, "jobs", "--json"))
+    late = ("submit", "--deadline", "1s", "--on-late", "refuse", "--", "true")
+    refused = fleet_shoal(mesh, *late)
+    assert refused.returncode == 2
+    error = one_line_error(refused)
+    assert error.startswith("shoal: deadline cannot be met: predicted end ~")
+    assert error.endswith("; refused; nothing submitted (--anyway submits it)")
+    assert ok(fleet_shoal(mesh, "jobs", "--json")).count('"job_id"') == before.count('"job_id"')
+
 
 def test_logs_follow_waits_for_a_pending_job_then_streams_it(mesh: Mesh) -> None:
     save_fleet(mesh.cluster_dir, Fleet(tuple(FleetAgent(a.address) for a in mesh.agents)))
@@ -166,7 +180,7 @@ def test_a_job_that_ends_before_it_ever_ran_ends_the_wait(mesh: Mesh) -> None:
     follower = follow(mesh, job_id)
     try:
         assert follower.stderr is not None
-        assert "waits: pending: no schedulable node has 8 free GPUs" in follower.stderr.readline()
+        assert "waits: pending: never fits: no node has 8" in follower.stderr.readline()
         ok(fleet_shoal(mesh, "cancel", job_id))
         _, err_text = follower.communicate(timeout=DEADLINE_S)
         assert follower.returncode == 0

@@ -71,9 +71,13 @@ def test_a_job_that_fits_nowhere_stays_pending_with_its_reason(mesh: Mesh) -> No
     body = {"job_id": job_id, "spec": spec(["true"], gpus=4)}
     status, _ = mesh.command(mesh.agents[0], "submit", body)
     assert status == 200
+    # every agent has 2 GPUs: the policy says the job can never fit, not that it waits
     mesh.wait(
         "a pending reason",
-        lambda: "4 free GPUs" in (mesh.job(mesh.agents[1], job_id).get("reason") or ""),
+        lambda: (
+            (mesh.job(mesh.agents[1], job_id).get("reason") or "")
+            == "never fits: no node has 4 matching GPUs on one node"
+        ),
     )
     assert mesh.job(mesh.agents[1], job_id)["state"] == "pending"
 

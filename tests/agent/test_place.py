@@ -144,3 +144,16 @@ def test_agents_gossip_datasets_with_sizes_as_they_change_and_their_coordinates(
         assert all(0.0 < r < 1.0 for r in rtts())  # type: ignore[operator]
     finally:
         mesh.stop_all()
+
+
+def test_the_policy_reads_datasets_and_coordinates_from_the_place_record() -> None:
+    from agent.policy import adapt
+    from agent.view import NodeView
+
+    coord = Coordinate((0.001,) + (0.0,) * 7, 0.2, 0.0, 0.0001)
+    holder = NodeView("a", place=PlaceRecord({"imagenet": 150 * 2**30}, coord))
+    other = NodeView("b", place=PlaceRecord({"imagenet": 2**30}))
+    node = adapt.node_from_view(holder)
+    assert node.datasets == frozenset({"imagenet"}) and node.coord == coord
+    assert adapt.node_from_view(NodeView("c")).coord is None
+    assert adapt.dataset_bytes([holder, other]) == {"imagenet": 150 * 2**30}

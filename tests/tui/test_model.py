@@ -13,7 +13,8 @@ from rich.style import Style
 from agent.jobspec import JobSpec, Resources
 from tui import model
 from tui.collector import NO_AUTOMATIC_FULL, QuietCollector
-from tui.model import History, RowFilter, SnapshotBuilder, fitting_hosts, snapshot_from_json
+from tui.model import History, RowFilter, SnapshotBuilder, snapshot_from_json
+from tui.preview import offers
 from tui.source import SimSource
 from tui.widgets.render import Glyphs, line_strip, load_level, oneline, temp_level
 
@@ -43,7 +44,7 @@ def test_reads_at_one_moment_are_identical() -> None:
     assert source.nodes_now() == source.nodes_now()
 
 
-def test_fitting_hosts_applies_hard_constraints_best_first() -> None:
+def test_the_preview_applies_hard_constraints_and_says_why_not() -> None:
     source = SimSource(12, seed=0)
     snap = _snapshot(source)
     spec = JobSpec(
@@ -52,12 +53,20 @@ def test_fitting_hosts_applies_hard_constraints_best_first() -> None:
             gpus_per_node=2, min_mem_per_gpu_bytes=80 * 1024**3, backends=("cuda",)
         ),
     )
-    fits = [f.hostname for f in fitting_hosts(spec, snap)]
-    # H100 and A100-80GB hosts have 80 GiB GPUs; nv-h100-000 and nv-a100-010 are full.
-    assert fits == ["nv-h100-008", "nv-a100-002"]
+    rows, _ = offers(spec, snap)
+    # H100 and A100-80GB hosts have 80 GiB GPUs; nv-h100-000 and nv-a100-010 are full; the
+    # H100 is the faster of the two for any job.
+    assert [f.hostname for f in rows] == ["nv-h100-008", "nv-a100-002"]
+    assert all(len(f.devices) == 2 and f.why.startswith("speed") for f in rows)
     rocm = JobSpec(command=("x",), resources=Resources(gpus_per_node=8, backends=("rocm",)))
     # amd-mi300x-001 runs a 4-GPU job and amd-mi300x-009 a 1-GPU job: no host has 8 free.
-    assert fitting_hosts(rocm, snap) == []
+    rows, answer = offers(rocm, snap)
+    assert rows == [] and not answer.never_fits
+    assert answer.line == "waiting: no node has 8 free GPUs (backend rocm) now"
+    huge = JobSpec(command=("x",), resources=Resources(gpus_per_node=16))
+    rows, answer = offers(huge, snap)
+    assert rows == [] and answer.never_fits
+    assert answer.line == "never fits: no node has 16 matching GPUs on one node"
 
 
 def test_row_filter_regex_and_inversion() -> None:
@@ -111,8 +120,8 @@ def test_builder_parses_static_fields_once_and_notices_a_change(
         parsed.append(str(data["key"]))
         return parse(data)
 
+    source = SimSource(2, seed=0, profiles=("h100:2",))  # its own reads are not counted
     monkeypatch.setattr(model, "_static_from_json", counting)
-    source = SimSource(2, seed=0, profiles=("h100:2",))
     builder = SnapshotBuilder()
     first = builder.build(source.now(), source.nodes_now(), source.jobs_now())
     assert len(parsed) == 4  # two hosts, two GPUs each

@@ -20,7 +20,8 @@ from agent.jobspec import JobSpec
 from gossip.transport import split_address
 from tui.context import ShoalContext
 from tui.messages import CancelJob, CordonHost, DrainHost, MigrateJob, SubmitJob, UndrainHost
-from tui.model import NO_FILTER, RowFilter, fitting_hosts
+from tui.model import NO_FILTER, RowFilter
+from tui.preview import offers
 from tui.screens.addhost import AddHostScreen, AddHostSettings
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.describe import DescribeScreen, describe, json_body
@@ -397,7 +398,7 @@ class MainScreen(Screen[None]):
         except ValueError as exc:
             self.notify(f"cannot read this job's spec: {exc}", severity="error")
             return
-        fits = fitting_hosts(spec, self.shoal.snapshot, exclude=frozenset({job.runner}))
+        fits, _ = offers(spec, self.shoal.snapshot, exclude=frozenset({job.runner}))
         current = self.shoal.snapshot.hostname(job.runner)
 
         def done(target: str | None) -> None:

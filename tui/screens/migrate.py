@@ -1,4 +1,5 @@
-"""Migrate a job: pick one of the hosts it fits on now (best first)."""
+"""Migrate a job: pick one of the hosts it could start on now, best first as the policy ranks
+them."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, OptionList, Static
 from textual.widgets.option_list import Option
 
-from tui.model import Fit, JobView
+from tui.model import JobView
+from tui.preview import Offer
 from tui.widgets.render import clip
 
 ANY_HOST = "*"
@@ -24,7 +26,7 @@ class MigrateScreen(ModalScreen[str | None]):
         Binding("escape", "cancel", "Cancel", id="dialog.cancel"),
     ]
 
-    def __init__(self, job: JobView, fits: list[Fit], current: str) -> None:
+    def __init__(self, job: JobView, fits: list[Offer], current: str) -> None:
         super().__init__()
         self.job = job
         self.fits = fits

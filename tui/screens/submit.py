@@ -14,7 +14,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
 from agent.jobspec import BACKENDS, JOB_KINDS, JobSpec
-from tui.model import MeshSnapshot, fitting_hosts
+from tui.model import MeshSnapshot
+from tui.preview import offers
 from tui.widgets.render import clip
 
 FIELDS: tuple[tuple[str, str, str], ...] = (
@@ -141,9 +142,14 @@ class SubmitScreen(ModalScreen[JobSpec | None]):
             return
         preview.set_class(False, "invalid")
         self.spec = spec
-        fits = fitting_hosts(spec, self._snapshot())
+        fits, answer = offers(spec, self._snapshot())
         if not fits:
-            preview.update("Would wait: no host fits it now (it stays pending until one does).")
+            if answer.never_fits:
+                line = answer.line[:1].upper() + answer.line[1:]
+                preview.update(f"{line}: it would wait for a host that can run it.")
+            else:
+                line = answer.line.removeprefix("waiting: ")
+                preview.update(f"Would wait: no host fits it now ({line}).")
             return
         lines = [f"Would go to {fits[0].hostname} — {len(fits)} host(s) fit now, best first:"]
         for fit in fits[:4]:

@@ -1,0 +1,110 @@
+"""One decision pass's working state: the snapshot, the index, the model and their caches."""
+
+from __future__ import annotations
+
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+
+from agent.policy.config import PolicyConfig
+from agent.policy.fragmentation import Shape, normalize
+from agent.policy.index import ClusterIndex, DeviceKind
+from agent.policy.model import ThroughputModel
+from agent.policy.snapshot import Job, Snapshot
+
+ReqKey = int
+"""A job's requirements (:func:`req_key`) interned as a small number: cheap to hash."""
+
+
+def req_key(job: Job) -> tuple[object, ...]:
+    """Everything about a job that decides where it fits and what a device is worth to it."""
+    return (
+        job.job_class,
+        job.kind,
+        job.gpus_per_node,
+        job.share_mem_bytes,
+        job.share_fraction,
+        job.min_mem_per_gpu_bytes,
+        job.backends,
+        job.min_compute_capability,
+        job.archs,
+        job.models,
+        job.interconnect,
+        job.cpu_milli,
+        job.host_mem_bytes,
+    )
+
+
+def shape_of(job: Job) -> Shape:
+    if job.is_share:
+        fraction = job.share_fraction if job.share_fraction is not None else 0.5
+        return Shape(1, min(fraction, 0.999), job.cpu_milli)
+    return Shape(job.gpus_per_node, 1.0, job.cpu_milli)
+
+
+def workload_shapes(snapshot: Snapshot) -> tuple[Shape, ...]:
+    """The shapes fragmentation is measured against: the snapshot's, else the jobs in it."""
+    if snapshot.shapes:
+        return normalize(snapshot.shapes)
+    counts: Counter[Shape] = Counter()
+    for job in snapshot.pending:
+        counts[shape_of(job)] += 1
+    for r in snapshot.running:
+        counts[shape_of(r.job)] += 1
+    if not counts:
+        return normalize([Shape(1)])
+    return normalize([Shape(s.gpus, s.fraction, s.cpu_milli, n) for s, n in counts.items()])
+
+
+def spread_hash(owner: str | None, node_id: str) -> float:
+    """A number in [0, 1) that differs between owners for one node, stable across runs."""
+    return (zlib.crc32(f"{owner or ''}/{node_id}".encode()) & 0xFFFF) / 65536.0
+
+
+@dataclass(slots=True)
+class Context:
+    snapshot: Snapshot
+    index: ClusterIndex
+    model: ThroughputModel
+    config: PolicyConfig
+    owner: str | None = None
+    shapes: tuple[Shape, ...] = ()
+    frag_cache: dict[tuple[tuple[float, ...], int | None], float] = field(default_factory=dict)
+    group_cache: dict[tuple[ReqKey, int, int], object] = field(default_factory=dict)
+    kind_ok: dict[tuple[ReqKey, DeviceKind], str | None] = field(default_factory=dict)
+    """Why a kind of device cannot serve a requirement (kept across passes by the state)."""
+    req_keys: dict[str, tuple[Job, ReqKey]] = field(default_factory=dict)
+    """Each job's interned requirements, by job id (kept across passes by the state)."""
+    interned: dict[tuple[object, ...], ReqKey] = field(default_factory=dict)
+    work_cache: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def key(self, job: Job) -> ReqKey:
+        """``req_key(job)`` interned, memoized by job id (a job's requirements never change)."""
+        held = self.req_keys.get(job.job_id)
+        if held is not None and held[0] is job:
+            return held[1]
+        full = req_key(job)
+        key = self.interned.get(full)
+        if key is None:
+            key = self.interned[full] = len(self.interned)
+        if len(self.req_keys) > 100_000:
+            self.req_keys.clear()
+        self.req_keys[job.job_id] = (job, key)
+        return key
+
+    def work_ref_s(self, job: Job) -> tuple[float, float]:
+        """p50/p90 of the job's work in reference seconds (its class's, as the model knows it)."""
+        held = self.work_cache.get(job.job_class)
+        if held is None:
+            held = self.work_cache[job.job_class] = self.model.work_ref_s(job.job_class)
+        return held
+
+    def duration_s(self, job: Job, speed: float) -> tuple[float, float]:
+        """p50/p90 of how long the job runs at ``speed`` (reference seconds per second), never
+        past its runtime limit."""
+        p50, p90 = self.work_ref_s(job)
+        speed = max(speed, 1e-6)
+        d50, d90 = p50 / speed, p90 / speed
+        if job.max_runtime_s is not None:
+            return min(d50, job.max_runtime_s), min(d90, job.max_runtime_s)
+        return d50, d90

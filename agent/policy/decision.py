@@ -1,0 +1,395 @@
+"""One decision pass: from a snapshot and ``now`` to every decision and every explanation.
+
+1. The pending jobs in queue order (:mod:`agent.policy.queue`). Each takes its best candidate
+   (:mod:`agent.policy.place`, :mod:`agent.policy.gangs`) if it has one; else a preemption if the
+   rules allow one (:mod:`agent.policy.preempt`); else it waits, and the first job that waits gets
+   a reservation that later jobs may only backfill around.
+2. The jobs starting in this pass are placed again in order of how much they care which device
+   they get (the spread of their speeds over the fleet's models), so the job that gains most from
+   a fast device gets it rather than whoever came first; if that leaves any of them without room,
+   the first placement stands.
+3. A starter on a fast device yields it to a running job that gains far more there, taking that
+   job's devices instead (a swap); then running jobs move onto capacity still idle where they end
+   sooner by enough (:mod:`agent.policy.moves`).
+4. Every job left waiting gets its line (:mod:`agent.policy.explain`); with ``forecasts``, every
+   pending and running job its predicted start and end (:mod:`agent.policy.forecast`).
+
+Owners call this with the mesh's whole queue, so every owner sorts the same jobs the same way,
+and act on the decisions about the jobs they own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from agent.policy import apply
+from agent.policy.config import PolicyConfig
+from agent.policy.context import Context, workload_shapes
+from agent.policy.explain import behind_line, busy_line, never_reason
+from agent.policy.forecast import Forecast, _Duration, _Timeline, forecast, remaining_s
+from agent.policy.gangs import rank_gang
+from agent.policy.index import Group
+from agent.policy.model import ThroughputModel
+from agent.policy.moves import Move, moves_to_idle, swap_for
+from agent.policy.place import Candidate, kind_reason, rank, score_words, speed_spread
+from agent.policy.preempt import Preemption, may_preempt, preempt_for
+from agent.policy.queue import Reservation, queue_order
+from agent.policy.snapshot import Job, Placement, Running, Snapshot
+from agent.policy.state import PolicyState
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """Start ``job_id`` on ``placement`` now."""
+
+    job_id: str
+    placement: Placement
+    model: str
+    speed: float
+    """Reference seconds of work per second there."""
+    score: float
+    terms: tuple[tuple[str, float], ...]
+    alternates: tuple[Placement, ...] = ()
+    """Where to offer it next, in turn, if the node declines."""
+    backfilled: bool = False
+    """It starts ahead of a job holding a reservation."""
+    after: tuple[str, ...] = ()
+    """Jobs that must stop (or move) first: preemption victims, or a swapped job."""
+
+    def why(self) -> str:
+        """The score's largest parts, for the operator: ``speed +0.69, fragmentation -0.12``."""
+        return score_words(self.terms)
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A job left waiting, and why, in one line."""
+
+    job_id: str
+    line: str
+    never_fits: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Decisions:
+    """What one pass decided (see the module doc)."""
+
+    now: float
+    assignments: tuple[Assignment, ...] = ()
+    preemptions: tuple[Preemption, ...] = ()
+    moves: tuple[Move, ...] = ()
+    reservations: tuple[Reservation, ...] = ()
+    waiting: tuple[Waiting, ...] = ()
+    forecasts: Mapping[str, Forecast] = field(default_factory=dict)
+
+    def assignment(self, job_id: str) -> Assignment | None:
+        return next((a for a in self.assignments if a.job_id == job_id), None)
+
+    def waiting_line(self, job_id: str) -> str | None:
+        return next((w.line for w in self.waiting if w.job_id == job_id), None)
+
+
+@dataclass(slots=True)
+class _Start:
+    job: Job
+    cand: Candidate
+    alternates: tuple[Candidate, ...]
+    backfilled: bool = False
+    after: tuple[str, ...] = ()
+
+
+def rank_any(
+    job: Job, ctx: Context, *, limit: int | None = None, exclude: frozenset[str] = frozenset()
+) -> list[Candidate]:
+    """Candidates for a job of any shape: one node, a share, or a gang set."""
+    if job.is_gang:
+        return rank_gang(job, ctx, limit=limit, exclude=exclude)
+    return rank(job, ctx, limit=limit, exclude=exclude)
+
+
+def context(
+    snapshot: Snapshot,
+    model: ThroughputModel,
+    config: PolicyConfig | None = None,
+    *,
+    state: PolicyState | None = None,
+    owner: str | None = None,
+) -> tuple[Context, PolicyState]:
+    """A pass's context over ``snapshot`` (refreshing ``state`` from it)."""
+    state = state or PolicyState()
+    state.index.refresh(snapshot.nodes)
+    state.running.refresh(snapshot.running)
+    ctx = Context(snapshot, state.index, model, config or PolicyConfig(), owner)
+    ctx.shapes = workload_shapes(snapshot)
+    state.passes += 1
+    if len(state.kind_ok) > 100_000:
+        state.kind_ok.clear()
+    if state.passes % 256 == 0:
+        state.move_potential.clear()  # the model learns: look at speeds afresh now and then
+    ctx.kind_ok = state.kind_ok
+    ctx.req_keys = state.req_keys
+    ctx.interned = state.interned
+    return ctx, state
+
+
+def decide(
+    snapshot: Snapshot,
+    model: ThroughputModel,
+    config: PolicyConfig | None = None,
+    *,
+    state: PolicyState | None = None,
+    owner: str | None = None,
+    forecasts: bool = False,
+    explain: bool = True,
+) -> Decisions:
+    """Every decision for ``snapshot`` (see the module doc). Keep one ``state`` per decider
+    across calls: it makes a pass cost what changed, not what exists. ``explain=False`` leaves
+    out the lines of jobs that wait for busy capacity (a simulator has no one to tell)."""
+    ctx, state = context(snapshot, model, config, state=state, owner=owner)
+    cfg = ctx.config
+    order = queue_order(snapshot.pending, cfg.time_slice)
+    busy: set[str] = set()
+    starts: list[_Start] = []
+    preemptions: list[Preemption] = []
+    waiting: list[Waiting] = []
+    held: list[tuple[Job, int]] = []
+    reservation: Reservation | None = None
+    blocked = False
+    now = snapshot.now
+    idle = ctx.index.has_idle()
+    lowest = min(state.running.preemptible, default=None)
+    slicing = bool(cfg.time_slice)
+    reserve_tried = False
+    tries = 0
+    for i, job in enumerate(order):
+        never = never_reason(job, ctx, state)
+        if never is not None:
+            waiting.append(Waiting(job.job_id, never, never_fits=True))
+            continue
+        may_preempt = lowest is not None and (
+            job.priority > lowest or (slicing and job.preemptible and job.priority >= lowest)
+        )
+        no_room = job.gpus_per_node > 0 and not idle and not may_preempt
+        if blocked or no_room:
+            held.append((job, i))
+            continue
+        cands = rank_any(job, ctx)
+        backfilled = False
+        if reservation is not None and cands:
+            cands = [
+                c
+                for c in cands
+                if reservation.allows(c.placement.node_ids, now + ctx.duration_s(job, c.speed)[1])
+            ]
+            backfilled = True
+        if cands:
+            best = cands[0]
+            apply.take(ctx.index, job, best.placement)
+            starts.append(_Start(job, best, tuple(cands[1:]), backfilled))
+            idle = ctx.index.has_idle()
+            continue
+        pre = None
+        if tries < cfg.preempt_tries:
+            tries += 1
+            pre = _preempt(job, ctx, state, busy)
+        if pre is not None:
+            preemptions.append(pre)
+            cand = Candidate(pre.placement, 0.0, (("preemption", 0.0),), 1.0, _model_of(pre, ctx))
+            starts.append(_Start(job, cand, (), after=pre.victims))
+            continue
+        held.append((job, i))
+        if not cfg.backfill:
+            blocked = True
+        elif not reserve_tried and idle:
+            reserve_tried = True
+            reservation = _reserve(job, ctx, state, starts)
+    starts = _by_gain(starts, ctx, reservation)
+    moves: list[Move] = []
+    for s in starts:
+        if s.after or s.job.is_gang:
+            continue
+        swapped = swap_for(s.job, s.cand, ctx, state.running.groups, busy)
+        if swapped is None:
+            continue
+        move, moved = swapped
+        apply.release(ctx.index, s.job, s.cand.placement)
+        apply.release(ctx.index, moved.job, moved.placement)
+        apply.take(ctx.index, moved.job, s.cand.placement)
+        apply.take(ctx.index, s.job, moved.placement)
+        speed = ctx.model.relative(
+            s.job.job_class, s.job.kind, moved.device_model, s.job.gpus_per_node
+        )
+        s.cand = Candidate(moved.placement, s.cand.score, s.cand.terms, speed, moved.device_model)
+        s.alternates = ()
+        s.after = (moved.job.job_id,)
+        moves.append(move)
+    if ctx.index.has_idle():
+        reserved = frozenset(reservation.node_ids) if reservation is not None else frozenset()
+        moves.extend(moves_to_idle(ctx, state.running.groups, busy, reserved, state.move_potential))
+    fc: dict[str, Forecast] = {}
+    if forecasts:
+        started = [(s.job, s.cand.model, now) for s in starts]
+        fc = forecast(ctx, order, started)
+    if explain:
+        waiting.extend(_explain(held, reservation, fc, ctx))
+    return Decisions(
+        now,
+        tuple(
+            Assignment(
+                s.job.job_id,
+                s.cand.placement,
+                s.cand.model,
+                s.cand.speed,
+                s.cand.score,
+                s.cand.terms,
+                tuple(c.placement for c in s.alternates),
+                s.backfilled,
+                s.after,
+            )
+            for s in starts
+        ),
+        tuple(preemptions),
+        tuple(moves),
+        (reservation,) if reservation is not None else (),
+        tuple(waiting),
+        fc,
+    )
+
+
+def _model_of(pre: Preemption, ctx: Context) -> str:
+    node = ctx.index.node(pre.placement.node_id)
+    if node is None:
+        return ""
+    keys = set(pre.placement.devices[0])
+    return next((d.model for d in node.devices if d.key in keys), "")
+
+
+def _preempt(job: Job, ctx: Context, state: PolicyState, busy: set[str]) -> Preemption | None:
+    if not ctx.config.preemption or job.gpus_per_node == 0:
+        return None
+    if not _may_preempt_any(job, state, bool(ctx.config.time_slice)):
+        return None
+    by_node: dict[str, list[Running]] = {}
+    for node_id, runs in state.running.by_node.items():
+        eligible = [
+            r for r in runs.values() if r.job.job_id not in busy and may_preempt(job, r, ctx)
+        ]
+        if eligible:
+            by_node[node_id] = eligible
+    if not by_node:
+        return None
+    pre = preempt_for(job, ctx, by_node)
+    if pre is None:
+        return None
+    for victim_id in pre.victims:
+        victim = state.running.jobs[victim_id]
+        apply.release(ctx.index, victim.job, victim.placement)
+        busy.add(victim_id)
+    apply.take(ctx.index, job, pre.placement)
+    return pre
+
+
+def _may_preempt_any(job: Job, state: PolicyState, slicing: bool) -> bool:
+    if slicing and job.preemptible:
+        return any(p <= job.priority for p in state.running.preemptible)
+    return any(p < job.priority for p in state.running.preemptible)
+
+
+RESERVE_SCAN = 64
+"""Nodes a reservation is looked for on: those with the most of the job's GPUs free already."""
+
+
+def _reserve(
+    job: Job, ctx: Context, state: PolicyState, starts: Sequence[_Start]
+) -> Reservation | None:
+    """The first blocked job's reservation: where and when it should start (p50), on the nodes
+    that already have the most of what it needs free (they need the fewest jobs to end)."""
+    now = ctx.snapshot.now
+    key = ctx.key(job)
+    ranked: list[tuple[int, int, Group]] = []
+    for group in ctx.index.groups.values():
+        free = sum(
+            n for kind, n in group.whole_free.items() if kind_reason(job, key, kind, ctx) is None
+        )
+        if job.gpus_per_node == 0 or free or len(ranked) < RESERVE_SCAN:
+            ranked.append((-free, group.serial, group))
+    ranked.sort(key=lambda t: (t[0], t[1]))
+    nodes: list[str] = []
+    want = max(RESERVE_SCAN, 4 * job.nodes)
+    for _free, _serial, group in ranked:
+        for node_id in group.members:
+            nodes.append(node_id)
+            if len(nodes) >= want:
+                break
+        if len(nodes) >= want:
+            break
+    ends: dict[str, float] = {}
+    for node_id in nodes:
+        for job_id, r in state.running.by_node.get(node_id, {}).items():
+            if job_id not in ends:
+                ends[job_id] = now + remaining_s(r, ctx)[0]
+    for s in starts:
+        ends[s.job.job_id] = now + ctx.duration_s(s.job, s.cand.speed)[0]
+    timeline = _Timeline(ctx, ends)
+    placed = timeline.place(job, _Duration(ctx, 0), nodes)
+    if placed is None:
+        return None
+    start, _end, chosen = placed
+    return Reservation(job.job_id, chosen, start)
+
+
+def _by_gain(starts: list[_Start], ctx: Context, reservation: Reservation | None) -> list[_Start]:
+    """Place this pass's plain starters again, those that care most which device first."""
+    plain = [s for s in starts if not s.after and not s.job.is_gang]
+    if len(plain) < 2 or len(plain) > ctx.config.batch_limit:
+        return starts
+    spreads = {s.job.job_id: speed_spread(s.job, ctx) for s in plain}
+    if max(spreads.values()) - min(spreads.values()) < 0.05:
+        return starts
+    for s in plain:
+        apply.release(ctx.index, s.job, s.cand.placement)
+    ordered = sorted(plain, key=lambda s: -spreads[s.job.job_id])  # stable: queue order on ties
+    now = ctx.snapshot.now
+    again: list[tuple[_Start, Candidate, tuple[Candidate, ...]]] = []
+    for s in ordered:
+        cands = rank(s.job, ctx)
+        if reservation is not None and s.backfilled:
+            cands = [
+                c
+                for c in cands
+                if reservation.allows(c.placement.node_ids, now + ctx.duration_s(s.job, c.speed)[1])
+            ]
+        if not cands:
+            for _s, c, _alts in again:
+                apply.release(ctx.index, _s.job, c.placement)
+            for first in plain:
+                apply.take(ctx.index, first.job, first.cand.placement)
+            return starts
+        apply.take(ctx.index, s.job, cands[0].placement)
+        again.append((s, cands[0], tuple(cands[1:])))
+    for s, cand, alts in again:
+        s.cand, s.alternates = cand, alts
+    return starts
+
+
+def _explain(
+    held: Sequence[tuple[Job, int]],
+    reservation: Reservation | None,
+    fc: Mapping[str, Forecast],
+    ctx: Context,
+) -> list[Waiting]:
+    now = ctx.snapshot.now
+    out: list[Waiting] = []
+    for job, ahead in held:
+        f = fc.get(job.job_id)
+        if reservation is not None and job.job_id == reservation.job_id:
+            line = busy_line(job, ahead, reservation.node_ids[0], reservation.start_at - now)
+        elif f is not None and f.node_id is not None and f.start_p50 < float("inf"):
+            line = busy_line(job, ahead, f.node_id, f.start_p50 - now)
+        elif reservation is not None and rank_any(job, ctx, limit=1):
+            line = behind_line(job, reservation.job_id, reservation.start_at - now)
+        else:
+            line = busy_line(job, ahead, None, None)
+        out.append(Waiting(job.job_id, line))
+    return out

@@ -1,0 +1,167 @@
+"""Score terms: what a place is worth to a job, one small function each, added with weights.
+
+Device-level terms (the same on every node of a group of interchangeable nodes):
+
+- ``speed``: log of the job's expected speed there (the throughput model, with the slowdown of
+  sharing a GPU). Between two jobs, the device goes to the one that gains most from it: that is
+  settled when a pass starts several jobs at once (:mod:`agent.policy.decision`), not here;
+- ``fragmentation``: the capacity the placement leaves unusable to the workload's shapes (FGD);
+- ``link``: a multi-GPU job's GPUs on one NVLink/xGMI domain;
+- ``energy``: with the ``energy`` objective, an inference job's watts, so that with ``speed`` the
+  score is its performance per watt.
+
+Node-level terms:
+
+- ``data``: the time its datasets take to arrive (from the nearest holder by Vivaldi RTT, at the
+  node's bandwidth), as a fraction of the job's expected run;
+- ``heat``, ``power``: a GPU close to its slowdown temperature or its power limit;
+- ``cost``: with the ``cost`` objective, the node's cost per hour, so that with ``speed`` the score
+  is performance per unit of cost;
+- ``spread``: a small owner-specific tie-break, so two owners do not offer to the same node.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from agent.policy.context import Context, spread_hash
+from agent.policy.prior import REFERENCE_MODEL, catalog_watts
+from agent.policy.snapshot import Device, Job, Node
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """How a job would sit on the devices of one group of nodes."""
+
+    positions: tuple[int, ...]
+    """Device positions in the group's signature order."""
+    model: str
+    speed: float
+    """Reference seconds of work done per second there (sharing slowdown included)."""
+    frag_delta: float
+    """Fragmentation added, in GPUs (negative: the placement removes some)."""
+    linked: bool = False
+    share_bytes: int = 0
+
+
+def speed_term(job: Job, fit: Fit, ctx: Context) -> float:
+    return ctx.config.weights.speed * math.log(max(fit.speed, 1e-6))
+
+
+def fragmentation_term(job: Job, fit: Fit, ctx: Context) -> float:
+    return -ctx.config.weights.fragmentation * fit.frag_delta
+
+
+def link_term(job: Job, fit: Fit, ctx: Context) -> float:
+    if fit.linked and job.gpus_per_node > 1 and job.interconnect is None:
+        return ctx.config.weights.link
+    return 0.0
+
+
+def energy_term(job: Job, fit: Fit, ctx: Context) -> float:
+    """With ``speed``, log of performance per watt (at the default weights)."""
+    if ctx.config.objective != "energy" or job.kind != "inference":
+        return 0.0
+    watts, ref = catalog_watts(fit.model), catalog_watts(REFERENCE_MODEL)
+    if not watts or not ref:
+        return 0.0
+    return -ctx.config.weights.objective * math.log(watts / ref)
+
+
+GROUP_TERMS: Final[tuple[tuple[str, Callable[[Job, Fit, Context], float]], ...]] = (
+    ("speed", speed_term),
+    ("fragmentation", fragmentation_term),
+    ("link", link_term),
+    ("energy", energy_term),
+)
+
+
+def transfer_s(job: Job, node: Node, ctx: Context) -> float:
+    """Seconds for the datasets the node lacks to arrive from their nearest holders."""
+    total = 0.0
+    for name in job.datasets:
+        if name in node.datasets:
+            continue
+        size = ctx.snapshot.dataset_bytes.get(name, 0)
+        rtt = 0.0
+        holders = ctx.index.datasets.get(name)
+        if holders and node.coord is not None:
+            best = math.inf
+            for i, holder_id in enumerate(holders):
+                if i >= 32:
+                    break
+                holder = ctx.index.node(holder_id)
+                if holder is not None and holder.coord is not None:
+                    best = min(best, node.coord.distance_s(holder.coord))
+            rtt = 0.0 if best == math.inf else best
+        elif not holders:
+            continue  # held by no node: it comes from outside the mesh wherever the job runs
+        total += size / (node.network_gbps * 1e9 / 8) + rtt
+    return total
+
+
+def data_term(job: Job, node: Node, devices: Sequence[Device], fit: Fit, ctx: Context) -> float:
+    if not job.datasets:
+        return 0.0
+    moving = transfer_s(job, node, ctx)
+    if moving <= 0:
+        return 0.0
+    run_s = ctx.duration_s(job, fit.speed)[0]
+    return -ctx.config.weights.data * min(1.0, moving / max(run_s, 60.0))
+
+
+def heat_term(job: Job, node: Node, devices: Sequence[Device], fit: Fit, ctx: Context) -> float:
+    margin = ctx.config.heat_margin_c
+    worst = 0.0
+    for d in devices:
+        if d.temp_c is None or d.temp_slowdown_c is None:
+            continue
+        worst = max(worst, (d.temp_c - (d.temp_slowdown_c - margin)) / margin)
+    return -ctx.config.weights.heat * min(1.0, worst)
+
+
+def power_term(job: Job, node: Node, devices: Sequence[Device], fit: Fit, ctx: Context) -> float:
+    worst = 0.0
+    for d in devices:
+        if d.power_mw is None or not d.power_limit_mw:
+            continue
+        worst = max(worst, (d.power_mw / d.power_limit_mw - 0.9) / 0.1)
+    return -ctx.config.weights.power * min(1.0, worst)
+
+
+def cost_term(job: Job, node: Node, devices: Sequence[Device], fit: Fit, ctx: Context) -> float:
+    """With ``speed``, log of performance per unit of cost (at the default weights)."""
+    if ctx.config.objective != "cost" or not node.cost_per_hour:
+        return 0.0
+    return -ctx.config.weights.objective * math.log(node.cost_per_hour)
+
+
+def spread_term(job: Job, node: Node, devices: Sequence[Device], fit: Fit, ctx: Context) -> float:
+    return ctx.config.weights.spread * spread_hash(ctx.owner, node.node_id)
+
+
+NODE_TERMS: Final[
+    tuple[tuple[str, Callable[[Job, Node, Sequence[Device], Fit, Context], float]], ...]
+] = (
+    ("data", data_term),
+    ("heat", heat_term),
+    ("power", power_term),
+    ("cost", cost_term),
+    ("spread", spread_term),
+)
+
+NODE_TERMS_MAX: Final = 0.011
+"""The most the node-level terms can add (``spread``); the rest only take away."""
+
+
+def group_terms(job: Job, fit: Fit, ctx: Context) -> tuple[tuple[str, float], ...]:
+    return tuple((name, term(job, fit, ctx)) for name, term in GROUP_TERMS)
+
+
+def node_terms(
+    job: Job, node: Node, devices: Sequence[Device], fit: Fit, ctx: Context
+) -> tuple[tuple[str, float], ...]:
+    return tuple((name, term(job, node, devices, fit, ctx)) for name, term in NODE_TERMS)

@@ -1,0 +1,89 @@
+"""At submission: when would the job end, and does that meet its deadline?
+
+The mesh's listings (``GET /v1/nodes`` and ``GET /v1/jobs``) made into the policy's snapshot (its
+nodes with the devices running jobs hold, the jobs that run and the jobs that wait), then the
+policy's own answer (:func:`agent.policy.submit.check_submission`): the predicted start and end
+(p50 and p90) and, for a job with a deadline it cannot meet, the line the operator is told. The
+spec's ``on_late`` label says what then happens to it: ``queue`` (the default: submitted, with
+a warning) or ``refuse`` (``shoal submit`` refuses it, exit 2, unless ``--anyway``).
+
+The prediction uses what this process knows: the catalog's speeds and Gavel's matrix, and work
+from the job's ``max_runtime_s`` when it has one (else the model's prior for a job of its kind).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agent.fit import BUSY_JOB_STATES, LIVE_STATES, decode_node, policy_node
+from agent.jobspec import JobSpec
+from agent.policy.adapt import job_from_spec
+from agent.policy.model import ThroughputModel
+from agent.policy.snapshot import Job, Node, Placement, Running, Snapshot
+from agent.policy.submit import SubmissionCheck, check_submission
+from agent.wire.codec import WireError
+from agent.wire.documents import JobDoc
+
+
+def _jobs(
+    jobs: Sequence[Mapping[str, Any]],
+) -> tuple[list[tuple[JobDoc, Job]], dict[str, dict[str, str]]]:
+    """Live jobs as the policy sees them, and who holds which device (by node)."""
+    out: list[tuple[JobDoc, Job]] = []
+    holders: dict[str, dict[str, str]] = {}
+    for raw in jobs:
+        try:
+            doc = JobDoc.from_wire(raw)
+            spec = JobSpec.from_dict(doc.spec)
+        except (WireError, ValueError):
+            continue  # a job this version cannot read is not counted
+        s = doc.status
+        if s.state not in (*BUSY_JOB_STATES, "pending"):
+            continue
+        out.append((doc, job_from_spec(s.job_id, spec, submitted_at=s.submitted_at or 0.0)))
+        if s.state in BUSY_JOB_STATES and s.runner:
+            held = holders.setdefault(s.runner, {})
+            held.update((key, s.job_id) for key in s.devices)
+    return out, holders
+
+
+def snapshot_of(
+    nodes: Sequence[Mapping[str, Any]], jobs: Sequence[Mapping[str, Any]], now: float
+) -> Snapshot:
+    """The policy's snapshot of the mesh as the listings show it at ``now``."""
+    live, holders = _jobs(jobs)
+    policy_nodes: list[Node] = []
+    for raw in nodes:
+        decoded = decode_node(raw)
+        if decoded is None:
+            continue
+        node, devices = decoded
+        if node.state in LIVE_STATES and node.role in ("agent", None):
+            policy_nodes.append(policy_node(node, devices, holders.get(node.node_id, {})))
+    running: list[Running] = []
+    pending: list[Job] = []
+    for doc, job in live:
+        s = doc.status
+        if s.state == "pending":
+            pending.append(job)
+        elif s.runner:
+            placement = Placement((s.runner,), (tuple(s.devices),))
+            started = s.started_at if s.started_at is not None else now
+            running.append(Running(job, placement, started, progress=doc.progress, progress_at=now))
+    return Snapshot(
+        now=now, nodes=tuple(policy_nodes), pending=tuple(pending), running=tuple(running)
+    )
+
+
+def when(
+    spec: JobSpec,
+    nodes: Sequence[Mapping[str, Any]],
+    jobs: Sequence[Mapping[str, Any]],
+    now: float,
+    job_id: str = "submitted",
+) -> SubmissionCheck:
+    """The policy's answer for ``spec`` submitted into the mesh the listings show."""
+    snapshot = snapshot_of(nodes, jobs, now)
+    job = job_from_spec(job_id, spec, submitted_at=now)
+    return check_submission(job, snapshot, ThroughputModel())

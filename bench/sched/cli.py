@@ -1,0 +1,249 @@
+"""Scheduling benchmark: Shoal's policy against first fit, EASY backfill and Gavel, side by side.
+
+``python -m bench.sched --trace T --policy P [--cluster SPEC] [--gpus-per-node G] [--load X]
+[--seed K] --json``
+
+- ``--trace gavel-synthetic``: Gavel's job distribution (Philly durations and GPU counts, 26
+  models) with Poisson arrivals at ``--load`` jobs per hour (a comma-separated list sweeps);
+- ``--trace PATH`` to an openb pod list, with ``--nodes`` the node list: FGD's experiment (pods in
+  a seeded order until they ask for ``--fill`` times the GPUs, none ever ending);
+- ``--trace PATH`` to a CSV ``submit_time,duration_s,num_gpus[,gpu_type][,model]``.
+
+``--policy all`` runs every policy that applies, on the same jobs. Mesh policies (``shoal``,
+``fifo``) run with ``--owners`` owners deciding from a view ``--gossip-delay`` seconds old;
+central ones (``backfill``, ``gavel``, ``bestfit``) see the present. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agent.policy.config import PolicyConfig
+from bench.sched.cluster import NodeSpec, nodes_from_openb, nodes_from_spec
+from bench.sched.engine import SimConfig, Simulation
+from bench.sched.metrics import JobRecord, pct, ratios, summarize
+from bench.sched.policies import BackfillCentral, BestFitCentral, FifoMesh, ShoalMesh
+from bench.sched.traces import TraceJob, gavel_synthetic, generic_csv, openb
+from bench.sched.truth import Truth
+
+DEFAULT_CLUSTER = "v100:36,p100:36,k80:36"
+TIME_POLICIES = ("fifo", "backfill", "gavel", "shoal")
+FILL_POLICIES = ("fifo", "bestfit", "shoal")
+
+
+def _is_openb(path: Path) -> bool:
+    with path.open(newline="") as f:
+        header = next(csv.reader(f), [])
+    return "gpu_milli" in header
+
+
+def _mesh_policy(name: str) -> Any:
+    table = {
+        "shoal": lambda: ShoalMesh(PolicyConfig()),
+        "fifo": FifoMesh,
+        "backfill": BackfillCentral,
+        "bestfit": BestFitCentral,
+    }
+    return table[name]()
+
+
+def run_policy(
+    name: str,
+    nodes: Sequence[NodeSpec],
+    jobs: Sequence[TraceJob],
+    truth: Truth,
+    sim_config: SimConfig,
+    measure: tuple[int, int],
+    wall_limit_s: float | None,
+) -> dict[str, Any]:
+    started = time.perf_counter()
+    total = sum(n.gpus for n in nodes)
+    measured = set(range(*measure))
+    if name == "gavel":
+        try:
+            import scipy  # noqa: F401
+        except ImportError:
+            return {"policy": name, "error": "needs SciPy (pip install scipy)"}
+        from bench.sched.gavel_sim import GavelSim
+
+        g = GavelSim(nodes, jobs, truth, measure=measure)
+        g.run(wall_limit_s=wall_limit_s)
+        records = [
+            JobRecord(j.trace.index, j.trace.arrival_s, j.first_start, j.finish, j.trace.deadline_s)
+            for j in g.jobs
+        ]
+        out = summarize(
+            name,
+            records,
+            measured,
+            total_gpus=total,
+            busy_area=g.busy_area,
+            idle_waiting_area=g.idle_waiting_area,
+            waiting_time=g.waiting_time,
+            decision_ms=g.decision_ms,
+            extra={"rounds": len(g.decision_ms)},
+        )
+        out["wall_s"] = time.perf_counter() - started
+        return out
+    policy = _mesh_policy(name)
+    config = sim_config
+    if policy.central:
+        from dataclasses import replace
+
+        config = replace(sim_config, gossip_delay_s=0.0, owners=1)
+    sim = Simulation(nodes, jobs, policy, truth, config, measure=measure)
+    sim.run(wall_limit_s=wall_limit_s)
+    records = [
+        JobRecord(
+            sj.trace.index,
+            sj.trace.arrival_s,
+            sj.first_start,
+            sj.finish_at if sj.state == "done" else None,
+            sj.trace.deadline_s,
+        )
+        for sj in sim.jobs.values()
+    ]
+    extra: dict[str, Any] = {
+        "declines": sim.declines,
+        "preemptions": sim.preemptions,
+        "moves": sim.moves,
+        "owners": config.owners,
+        "gossip_delay_s": config.gossip_delay_s,
+        "decision_cpu_ms_p50": pct(sim.decision_cpu_ms, 50),
+        "decision_cpu_ms_p99": pct(sim.decision_cpu_ms, 99),
+    }
+    out = summarize(
+        name,
+        records,
+        measured,
+        total_gpus=total,
+        busy_area=sim.busy_area,
+        idle_waiting_area=sim.idle_waiting_area,
+        waiting_time=sim.waiting_time,
+        decision_ms=sim.decision_ms,
+        tick_ms=sim.tick_ms,
+        extra=extra,
+    )
+    if sim_config.fill:
+        out.update(_fill_figures(sim, total))
+    out["wall_s"] = time.perf_counter() - started
+    return out
+
+
+def _fill_figures(sim: Simulation, total: int) -> dict[str, Any]:
+    """FGD's figures: GPUs left unallocated once the pods that arrived ask for 100% of the
+    cluster's GPUs, and at the end (``--fill``)."""
+    at_100 = None
+    for arrived, alloc in sim.fill_points:
+        if arrived >= total and at_100 is None:
+            at_100 = 1.0 - alloc / total
+    end = 1.0 - sim.alloc_gpus / total
+    return {
+        "unallocated_gpu_fraction": end,
+        "unallocated_gpu_fraction_at_100": at_100,
+        "allocated_gpus": sim.alloc_gpus,
+        "pods_arrived": len(sim.jobs),
+        "pods_failed": sim.dropped,
+        "avg_jct_s": None,
+        "p50_jct_s": None,
+        "p99_jct_s": None,
+        "makespan_s": None,
+        "utilization": sim.alloc_gpus / total,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.sched", description=__doc__.split("\n")[0])
+    ap.add_argument("--trace", default="gavel-synthetic")
+    ap.add_argument("--policy", default="all")
+    ap.add_argument("--cluster", default=DEFAULT_CLUSTER, help="TYPE:GPUS,... (not for openb)")
+    ap.add_argument("--gpus-per-node", type=int, default=8)
+    ap.add_argument("--nodes", type=Path, default=None, help="openb node list")
+    ap.add_argument("--load", default="4", help="jobs/hour (gavel-synthetic); a list sweeps: 2,4,6")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--jobs", type=int, default=1000, help="jobs in the synthetic trace")
+    ap.add_argument("--window", default="0.5:0.75", help="fraction of jobs measured for JCT, LO:HI")
+    ap.add_argument("--single-gpu", action="store_true", help="Gavel's continuous-single trace")
+    ap.add_argument("--priorities", action="store_true", help="20%% of jobs at priority 1")
+    ap.add_argument("--owners", type=int, default=16)
+    ap.add_argument("--gossip-delay", type=float, default=2.0)
+    ap.add_argument("--fill", type=float, default=1.3, help="openb: GPUs asked / cluster's")
+    ap.add_argument("--truth-noise", type=float, default=0.0)
+    ap.add_argument("--wall-limit", type=float, default=None, help="seconds per policy run")
+    ap.add_argument("--json", action="store_true", help="print one JSON object (the default)")
+    a = ap.parse_args(argv)
+
+    path = None if a.trace == "gavel-synthetic" else Path(a.trace)
+    fill = path is not None and _is_openb(path)
+    names = (
+        (FILL_POLICIES if fill else TIME_POLICIES)
+        if a.policy == "all"
+        else tuple(p.strip() for p in a.policy.split(","))
+    )
+    truth = Truth(a.truth_noise, a.seed)
+    if fill:
+        if a.nodes is None:
+            ap.error("an openb pod list needs --nodes (the node list)")
+        nodes = nodes_from_openb(a.nodes)
+    else:
+        nodes = nodes_from_spec(a.cluster, a.gpus_per_node)
+    total = sum(n.gpus for n in nodes)
+    loads = [float(x) for x in a.load.split(",")]
+    sim_config = SimConfig(owners=a.owners, gossip_delay_s=a.gossip_delay, fill=fill)
+    runs: list[dict[str, Any]] = []
+    for load in loads if not fill and path is None else [loads[0]]:
+        if path is None:
+            jobs = gavel_synthetic(
+                a.jobs,
+                load,
+                a.seed,
+                multi_gpu=not a.single_gpu,
+                gpus_per_node=a.gpus_per_node,
+                priorities=a.priorities,
+            )
+        elif fill:
+            jobs = openb(path, a.seed, fill=a.fill, capacity_gpus=total, interval_s=1.0 / load)
+        else:
+            types = [n.model for n in nodes]
+            jobs = generic_csv(path, a.seed, truth, sorted(set(types)), a.gpus_per_node)
+            if load != 1.0:
+                from dataclasses import replace
+
+                jobs = [replace(j, arrival_s=j.arrival_s / load) for j in jobs]
+        lo, hi = (float(x) for x in a.window.split(":"))
+        measure = (int(lo * len(jobs)), max(int(hi * len(jobs)), int(lo * len(jobs)) + 1))
+        if fill:
+            measure = (0, len(jobs))
+        results = [
+            run_policy(name, nodes, jobs, truth, sim_config, measure, a.wall_limit)
+            for name in names
+        ]
+        runs.append(
+            {
+                "load": load,
+                "jobs_in_trace": len(jobs),
+                "results": results,
+                "ratios": ratios(results),
+            }
+        )
+    doc = {
+        "trace": a.trace,
+        "cluster": a.cluster if not fill else str(a.nodes),
+        "nodes": len(nodes),
+        "gpus": total,
+        "gpus_per_node": a.gpus_per_node,
+        "seed": a.seed,
+        "owners": a.owners,
+        "gossip_delay_s": a.gossip_delay,
+        "runs": runs,
+    }
+    json.dump(doc, sys.stdout)
+    sys.stdout.write("\n")
+    return 0

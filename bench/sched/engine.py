@@ -1,0 +1,667 @@
+"""The simulated mesh: nodes, owners, a lagging gossip view, and jobs that run at their true speed.
+
+What the live mesh does, in simulated time:
+
+- every job has an owner (rendezvous hashing over ``owners`` agent ids); owners decide from a view
+  of the nodes that lags by ``gossip_delay_s`` (a node's change is seen that much later);
+- an owner offers a job to the node its policy chose; the node admits it against its real state
+  or declines (someone else took the devices meanwhile), and the owner tries the next candidate;
+- a running job reports its progress (fraction done and rate) ``report_s`` after it starts, so
+  from then on its owner can tell when it ends; before that, only its class's history says;
+- jobs checkpoint every ``checkpoint_s``; a job stopped to preempt or move it loses the work
+  since its last checkpoint, stops within ``grace_s``, and a moved job restarts ``move_cost_s``
+  later;
+- jobs that share a GPU slow each other down by Gavel's space-sharing figures.
+
+Policies plug in through :class:`MeshPolicy`: given a snapshot, say what starts where (in order of
+preference), what is preempted, what moves. ``fill`` mode is FGD's experiment: jobs never end,
+and a job that cannot be placed when it arrives is dropped.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol, cast
+
+from agent.policy.fragmentation import Shape
+from agent.policy.model import ThroughputModel
+from agent.policy.snapshot import Device, Job, Node, Placement, Running, Share, Snapshot
+from bench.sched.cluster import NodeSpec
+from bench.sched.traces import TraceJob
+from bench.sched.truth import Truth
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    job_id: str
+    placements: tuple[Placement, ...]
+    """The best first, then the alternates tried in turn if a node declines."""
+    after: tuple[str, ...] = ()
+    """Jobs that stop first (the start waits ``grace_s`` for them)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MoveOrder:
+    job_id: str
+    placement: Placement
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    starts: tuple[Start, ...] = ()
+    moves: tuple[MoveOrder, ...] = ()
+    stops: tuple[str, ...] = ()
+    """Preemption victims."""
+    assigned_ms: float = 0.0
+
+
+class MeshPolicy(Protocol):
+    name: str
+
+    def plan(self, snapshot: Snapshot, sim: Simulation) -> Plan: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    owners: int = 16
+    gossip_delay_s: float = 2.0
+    report_s: float = 60.0
+    checkpoint_s: float = 1800.0
+    grace_s: float = 30.0
+    move_cost_s: float = 60.0
+    retry_s: float = 1.0
+    review_s: float = 600.0
+    """While jobs run, owners look again at least this often (moves need no event)."""
+    fill: bool = False
+
+
+@dataclass(slots=True)
+class SimDevice:
+    key: str
+    model: str
+    mem_bytes: int
+    whole: str | None = None
+    shares: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+    def share_free(self) -> int:
+        if self.whole is not None:
+            return 0
+        return self.mem_bytes - sum(b for b, _ in self.shares.values())
+
+
+@dataclass(slots=True)
+class SimNode:
+    spec: NodeSpec
+    devices: dict[str, SimDevice]
+    cpu_used: int = 0
+    mem_used: int = 0
+
+    def to_policy(self) -> Node:
+        s = self.spec
+        return Node(
+            node_id=s.node_id,
+            devices=tuple(
+                Device(
+                    key=d.key,
+                    model=d.model,
+                    mem_total_bytes=d.mem_bytes,
+                    whole_job=d.whole,
+                    shares=tuple(Share(j, b, c) for j, (b, c) in d.shares.items()),
+                    link_domain="0",
+                    link_kind="nvlink",
+                )
+                for d in self.devices.values()
+            ),
+            zone=s.zone,
+            cpu_milli_total=s.cpu_milli,
+            cpu_milli_used=self.cpu_used,
+            host_mem_total_bytes=s.host_mem_bytes,
+            host_mem_used_bytes=self.mem_used,
+        )
+
+
+@dataclass(slots=True)
+class SimJob:
+    trace: TraceJob
+    job: Job
+    owner: str
+    state: str = "pending"
+    placement: Placement | None = None
+    model: str = ""
+    rate: float = 0.0
+    """Steps per second now."""
+    seg_start: float = 0.0
+    """When the current run segment started making progress."""
+    done: float = 0.0
+    """Steps done at ``seg_start``."""
+    attempt_start: float = 0.0
+    first_start: float | None = None
+    finish_at: float | None = None
+    version: int = 0
+    moved_at: float | None = None
+    reported: bool = False
+    ref_s: float = 0.0
+    """Reference seconds of work done in earlier segments (what the model learns from)."""
+    running: Running | None = None
+    in_flight: bool = False
+
+    def steps_at(self, t: float) -> float:
+        if t <= self.seg_start:
+            return self.done
+        return self.done + self.rate * (t - self.seg_start)
+
+    def checkpoint_at(self, t: float, every_s: float) -> tuple[float, float]:
+        """(time, steps) of the last checkpoint before ``t`` in this segment."""
+        if t <= self.seg_start:
+            return self.seg_start, self.done
+        k = math.floor((t - self.seg_start) / every_s)
+        at = self.seg_start + k * every_s
+        return at, self.steps_at(at)
+
+
+class Simulation:
+    """One run of one mesh policy over one trace (see the module doc)."""
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeSpec],
+        jobs: Sequence[TraceJob],
+        policy: MeshPolicy,
+        truth: Truth,
+        config: SimConfig,
+        *,
+        measure: tuple[int, int] | None = None,
+    ) -> None:
+        self.config = config
+        self.truth = truth
+        self.policy = policy
+        self.model = ThroughputModel()
+        self.now = 0.0
+        self.nodes: dict[str, SimNode] = {}
+        for spec in nodes:
+            devices = {
+                f"{spec.node_id}/{i}": SimDevice(f"{spec.node_id}/{i}", spec.model, spec.mem_bytes)
+                for i in range(spec.gpus)
+            }
+            self.nodes[spec.node_id] = SimNode(spec, devices)
+        self.total_gpus = sum(s.gpus for s in nodes)
+        self.view: dict[str, Node] = {n: s.to_policy() for n, s in self.nodes.items()}
+        self._view_tuple: tuple[Node, ...] | None = None
+        self._view_version: dict[str, int] = dict.fromkeys(self.nodes, 0)
+        self._dirty: set[str] = set()
+        owner_ids = [f"owner-{i:04d}" for i in range(max(1, config.owners))]
+        self.jobs: dict[str, SimJob] = {}
+        for tj in jobs:
+            job_id = f"j{tj.index:06d}"
+            owner = _owner_of(job_id, owner_ids)
+            self.jobs[job_id] = SimJob(tj, _policy_job(job_id, tj, owner), owner)
+        self.pending: dict[str, Job] = {}
+        self._pending_tuple: tuple[Job, ...] | None = None
+        self.running: dict[str, Running] = {}
+        self._running_tuple: tuple[Running, ...] | None = None
+        self._events: list[tuple[float, int, str, object]] = []
+        self._seq = 0
+        self._ticks: set[float] = set()
+        self._review_pending = False
+        for job_id, sj in self.jobs.items():
+            self._push(sj.trace.arrival_s, "arrive", job_id)
+        lo, hi = measure if measure is not None else (0, len(jobs))
+        self.measured = {f"j{i:06d}" for i in range(lo, hi)}
+        self.left_to_measure = len(self.measured)
+        self.shape_counts: dict[Shape, float] = {}
+        self._shapes: tuple[Shape, ...] = ()
+        # metrics
+        self.alloc_gpus = 0.0
+        self._area_at = 0.0
+        self.busy_area = 0.0
+        self.idle_waiting_area = 0.0
+        self.waiting_time = 0.0
+        self.decision_ms: list[float] = []
+        """Wall-clock milliseconds of each pass that decided something."""
+        self.decision_cpu_ms: list[float] = []
+        """The same passes in this process's CPU time (what a busy machine does not inflate)."""
+        self.tick_ms: list[float] = []
+        self.declines = 0
+        self.preemptions = 0
+        self.moves = 0
+        self.dropped = 0
+        self.arrived_gpus = 0.0
+        self.fill_points: list[tuple[float, float]] = []
+        self.last_finish = 0.0
+
+    # -- events ----------------------------------------------------------------------------------
+
+    def _push(self, t: float, kind: str, payload: object) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (t, self._seq, kind, payload))
+
+    def _tick_at(self, t: float) -> None:
+        if t not in self._ticks:
+            self._ticks.add(t)
+            self._push(t, "tick", None)
+
+    def run(self, *, wall_limit_s: float | None = None) -> None:
+        started = time.perf_counter()
+        handlers = {
+            "arrive": self._arrive,
+            "finish": self._finish,
+            "visible": self._visible,
+            "report": self._report,
+            "start": self._delayed_start,
+            "release": self._delayed_release,
+            "review": self._review,
+        }
+        while self._events:
+            t, _seq, kind, payload = heapq.heappop(self._events)
+            self._advance(t)
+            if kind == "tick":
+                self._ticks.discard(t)
+                if self._events and self._events[0][0] == t:
+                    self._tick_at(t)  # after everything else that happens at this time
+                    continue
+                self._tick()
+            else:
+                handlers[kind](payload)
+            self._flush()
+            if wall_limit_s is not None and time.perf_counter() - started > wall_limit_s:
+                break
+
+    def _advance(self, t: float) -> None:
+        dt = t - self._area_at
+        if dt > 0:
+            self.busy_area += self.alloc_gpus * dt
+            if self.pending:
+                self.idle_waiting_area += (self.total_gpus - self.alloc_gpus) * dt
+                self.waiting_time += dt
+            self._area_at = t
+        self.now = t
+
+    def _flush(self) -> None:
+        """Publish the nodes that changed: their record reaches the view after the delay."""
+        for node_id in self._dirty:
+            self._view_version[node_id] += 1
+            node = self.nodes[node_id].to_policy()
+            version = self._view_version[node_id]
+            if self.config.gossip_delay_s <= 0:
+                self.view[node_id] = node
+                self._view_tuple = None
+            else:
+                self._push(
+                    self.now + self.config.gossip_delay_s, "visible", (node_id, node, version)
+                )
+        self._dirty.clear()
+
+    def _visible(self, payload: object) -> None:
+        node_id, node, version = cast(tuple[str, Node, int], payload)
+        if version == self._view_version[node_id]:
+            self.view[node_id] = node
+            self._view_tuple = None
+            self._tick_at(self.now)
+
+    # -- jobs ------------------------------------------------------------------------------------
+
+    def _arrive(self, payload: object) -> None:
+        sj = self.jobs[str(payload)]
+        tj = sj.trace
+        shape = Shape(tj.gpus, tj.fraction if tj.fraction is not None else 1.0, tj.cpu_milli)
+        self.shape_counts[shape] = self.shape_counts.get(shape, 0.0) + 1.0
+        self._shapes = ()
+        self.arrived_gpus += tj.fraction if tj.fraction is not None else tj.gpus * tj.nodes
+        self._set_pending(sj)
+        self._tick_at(self.now)
+
+    def _set_pending(self, sj: SimJob) -> None:
+        sj.state = "pending"
+        self.pending[sj.job.job_id] = sj.job
+        self._pending_tuple = None
+
+    def shapes(self) -> tuple[Shape, ...]:
+        if not self._shapes:
+            top = sorted(self.shape_counts.items(), key=lambda kv: -kv[1])[:24]
+            self._shapes = tuple(Shape(s.gpus, s.fraction, s.cpu_milli, w) for s, w in top)
+        return self._shapes
+
+    def snapshot(self) -> Snapshot:
+        if self._view_tuple is None:
+            self._view_tuple = tuple(self.view.values())
+        if self._pending_tuple is None:
+            self._pending_tuple = tuple(
+                j for j in self.pending.values() if not self.jobs[j.job_id].in_flight
+            )
+        if self._running_tuple is None:
+            self._running_tuple = tuple(self.running.values())
+        return Snapshot(
+            now=self.now,
+            nodes=self._view_tuple,
+            pending=self._pending_tuple,
+            running=self._running_tuple,
+            shapes=self.shapes(),
+        )
+
+    def _review(self, payload: object) -> None:
+        self._review_pending = False
+        if self.running:
+            self._tick(review=True)
+
+    def _tick(self, *, review: bool = False) -> None:
+        if self.running and not self._review_pending and not self.config.fill:
+            self._review_pending = True
+            self._push(self.now + self.config.review_s, "review", None)
+        if not self.pending and not self.config.fill and not review:
+            return
+        snap = self.snapshot()
+        t0, c0 = time.perf_counter(), time.process_time()
+        plan = self.policy.plan(snap, self)
+        elapsed_ms = (time.perf_counter() - t0) * 1000.0
+        cpu_ms = (time.process_time() - c0) * 1000.0
+        self.tick_ms.append(elapsed_ms)
+        if plan.starts or plan.moves:
+            self.decision_ms.append(elapsed_ms)
+            self.decision_cpu_ms.append(cpu_ms)
+        for victim in plan.stops:
+            self._stop(victim, preempted=True)
+        for move in plan.moves:
+            self._move(move)
+        declined: set[str] = set()
+        for start in plan.starts:
+            sj = self.jobs[start.job_id]
+            if sj.state != "pending" or sj.in_flight:
+                continue
+            if start.after:
+                self._hold_for(sj, start)
+                continue
+            if not self._offer(sj, start.placements):
+                declined.add(start.job_id)
+        if self.config.fill:
+            for job_id in list(self.pending):
+                sj = self.jobs[job_id]
+                if not sj.in_flight and sj.state == "pending" and job_id not in declined:
+                    self.dropped += 1
+                    sj.state = "failed"
+                    del self.pending[job_id]
+                    self._pending_tuple = None
+            self.fill_points.append((self.arrived_gpus, self.alloc_gpus))
+        if declined:
+            self._tick_at(self.now + self.config.retry_s)
+
+    def _admits(self, sj: SimJob, placement: Placement) -> bool:
+        job = sj.job
+        for node_id, keys in zip(placement.node_ids, placement.devices, strict=True):
+            node = self.nodes.get(node_id)
+            if node is None:
+                return False
+            s = node.spec
+            if s.cpu_milli is not None and node.cpu_used + job.cpu_milli > s.cpu_milli:
+                return False
+            if (
+                s.host_mem_bytes is not None
+                and node.mem_used + job.host_mem_bytes > s.host_mem_bytes
+            ):
+                return False
+            for key in keys:
+                d = node.devices.get(key)
+                if d is None:
+                    return False
+                if placement.share_mem_bytes:
+                    if d.share_free() < placement.share_mem_bytes:
+                        return False
+                elif d.whole is not None or d.shares:
+                    return False
+        return True
+
+    def _offer(self, sj: SimJob, placements: Sequence[Placement]) -> bool:
+        """Offer in turn until a node admits; False if every one declined."""
+        for placement in placements:
+            if self._admits(sj, placement):
+                self._start(sj, placement)
+                return True
+            self.declines += 1
+        return False
+
+    def _hold_for(self, sj: SimJob, start: Start) -> None:
+        """A start that waits for jobs to stop: it goes ahead after the grace period."""
+        sj.in_flight = True
+        self._pending_tuple = None
+        self._push(self.now + self.config.grace_s, "start", (sj.job.job_id, start.placements))
+
+    def _delayed_start(self, payload: object) -> None:
+        job_id, placements = cast(tuple[str, tuple[Placement, ...]], payload)
+        sj = self.jobs[job_id]
+        sj.in_flight = False
+        self._pending_tuple = None
+        if sj.state != "pending" or not self._offer(sj, placements):
+            self._tick_at(self.now)
+
+    def _take(self, sj: SimJob, placement: Placement) -> None:
+        job = sj.job
+        for node_id, keys in zip(placement.node_ids, placement.devices, strict=True):
+            node = self.nodes[node_id]
+            node.cpu_used += job.cpu_milli
+            node.mem_used += job.host_mem_bytes
+            for key in keys:
+                d = node.devices[key]
+                if placement.share_mem_bytes:
+                    d.shares[job.job_id] = (placement.share_mem_bytes, job.job_class)
+                    self.alloc_gpus += placement.share_mem_bytes / d.mem_bytes
+                else:
+                    d.whole = job.job_id
+                    self.alloc_gpus += 1.0
+            self._dirty.add(node_id)
+
+    def _release(self, sj: SimJob, placement: Placement) -> list[str]:
+        """Free what ``sj`` held; the jobs whose GPU it shared (their speed changes)."""
+        job = sj.job
+        neighbours: list[str] = []
+        for node_id, keys in zip(placement.node_ids, placement.devices, strict=True):
+            node = self.nodes[node_id]
+            node.cpu_used -= job.cpu_milli
+            node.mem_used -= job.host_mem_bytes
+            for key in keys:
+                d = node.devices[key]
+                if placement.share_mem_bytes:
+                    if d.shares.pop(job.job_id, None) is not None:
+                        self.alloc_gpus -= placement.share_mem_bytes / d.mem_bytes
+                    neighbours.extend(d.shares)
+                elif d.whole == job.job_id:
+                    d.whole = None
+                    self.alloc_gpus -= 1.0
+            self._dirty.add(node_id)
+        return neighbours
+
+    def _rate(self, sj: SimJob, placement: Placement) -> tuple[float, str]:
+        tj = sj.trace
+        node = self.nodes[placement.node_ids[0]]
+        first = node.devices[placement.devices[0][0]] if placement.devices[0] else None
+        model = first.model if first is not None else "cpu"
+        if math.isinf(tj.work):
+            return 0.0, model
+        gpus = max(tj.gpus * tj.nodes, 1)
+        rate = self.truth.rate(tj.job_class, model, gpus, len(placement.node_ids) == 1)
+        if placement.share_mem_bytes and first is not None:
+            others = [c for j, (_b, c) in first.shares.items() if j != sj.job.job_id]
+            rate *= self.truth.share_factor(tj.job_class, others, model)
+        return rate, model
+
+    def _start(self, sj: SimJob, placement: Placement, *, resume_at: float | None = None) -> None:
+        now = self.now
+        self._take(sj, placement)
+        sj.state = "running"
+        sj.placement = placement
+        self.pending.pop(sj.job.job_id, None)
+        self._pending_tuple = None
+        if sj.first_start is None:
+            sj.first_start = now
+        sj.attempt_start = now
+        sj.seg_start = now if resume_at is None else resume_at
+        sj.rate, sj.model = self._rate(sj, placement)
+        sj.reported = False
+        self._schedule_finish(sj)
+        self._set_running(sj)
+        if not math.isinf(sj.trace.work):
+            self._push(sj.seg_start + self.config.report_s, "report", (sj.job.job_id, sj.version))
+        if placement.share_mem_bytes:
+            self._reshare(placement, skip=sj.job.job_id)
+
+    def _reshare(self, placement: Placement, skip: str | None = None) -> None:
+        node = self.nodes[placement.node_ids[0]]
+        for key in placement.devices[0]:
+            for other in list(node.devices[key].shares):
+                if other != skip:
+                    self._rerate(self.jobs[other])
+
+    def _rerate(self, sj: SimJob) -> None:
+        if sj.state != "running" or sj.placement is None:
+            return
+        t = max(self.now, sj.seg_start)
+        sj.done = sj.steps_at(t)
+        sj.ref_s += self._ref_seconds(sj, t)
+        sj.seg_start = t
+        sj.rate, sj.model = self._rate(sj, sj.placement)
+        self._schedule_finish(sj)
+        self._set_running(sj)
+
+    def _ref_seconds(self, sj: SimJob, until: float) -> float:
+        elapsed = max(0.0, until - sj.seg_start)
+        j = sj.job
+        return elapsed * self.model.relative(
+            j.job_class, j.kind, sj.model, max(j.gpus, 1), consolidated=not j.is_gang
+        )
+
+    def _schedule_finish(self, sj: SimJob) -> None:
+        sj.version += 1
+        if sj.rate <= 0 or math.isinf(sj.trace.work):
+            sj.finish_at = None
+            return
+        sj.finish_at = sj.seg_start + max(0.0, sj.trace.work - sj.done) / sj.rate
+        self._push(sj.finish_at, "finish", (sj.job.job_id, sj.version))
+
+    def _set_running(self, sj: SimJob) -> None:
+        assert sj.placement is not None
+        progress = rate = at = None
+        if sj.reported and not math.isinf(sj.trace.work):
+            at = sj.seg_start
+            progress = sj.done / sj.trace.work
+            rate = sj.rate / sj.trace.work
+        ckpt_at, _ = sj.checkpoint_at(self.now, self.config.checkpoint_s)
+        sj.running = Running(
+            job=sj.job,
+            placement=sj.placement,
+            started_at=sj.attempt_start,
+            device_model=sj.model,
+            progress=progress,
+            progress_at=at,
+            rate_per_s=rate,
+            last_checkpoint_at=ckpt_at,
+            moved_at=sj.moved_at,
+        )
+        self.running[sj.job.job_id] = sj.running
+        self._running_tuple = None
+
+    def _report(self, payload: object) -> None:
+        job_id, version = cast(tuple[str, int], payload)
+        sj = self.jobs[job_id]
+        if sj.version != version or sj.state != "running":
+            return
+        sj.reported = True
+        j = sj.job
+        self.model.observe(j.job_class, sj.model, max(j.gpus, 1), sj.rate, self.now)
+        self._set_running(sj)
+
+    def _finish(self, payload: object) -> None:
+        job_id, version = cast(tuple[str, int], payload)
+        sj = self.jobs[job_id]
+        if sj.version != version or sj.state != "running" or sj.placement is None:
+            return
+        sj.ref_s += self._ref_seconds(sj, self.now)
+        neighbours = self._release(sj, sj.placement)
+        sj.state = "done"
+        self.running.pop(job_id, None)
+        self._running_tuple = None
+        j = sj.job
+        self.model.observe_work(j.job_class, sj.ref_s, self.now)
+        self.last_finish = max(self.last_finish, self.now)
+        if job_id in self.measured:
+            self.left_to_measure -= 1
+        for other in neighbours:
+            self._rerate(self.jobs[other])
+        self._tick_at(self.now + self.config.gossip_delay_s)
+
+    def _stop(self, job_id: str, *, preempted: bool) -> None:
+        """Stop a running job (checkpoint signal, grace period) and queue it again."""
+        sj = self.jobs.get(job_id)
+        if sj is None or sj.state != "running" or sj.placement is None:
+            return
+        ckpt_at, steps = sj.checkpoint_at(self.now, self.config.checkpoint_s)
+        sj.ref_s += self._ref_seconds(sj, ckpt_at)
+        sj.done = steps
+        sj.version += 1
+        ran_s = max(0.0, self.now - sj.attempt_start) * max(sj.job.gpus, 1)
+        sj.job = replace(sj.job, attained_gpu_s=sj.job.attained_gpu_s + ran_s)
+        placement = sj.placement
+        sj.placement = None
+        self.running.pop(job_id, None)
+        self._running_tuple = None
+        self.preemptions += int(preempted)
+        self._set_pending(sj)
+        sj.in_flight = True  # it is stopping: not placed again until it has
+        self._push(self.now + self.config.grace_s, "release", (job_id, placement))
+
+    def _delayed_release(self, payload: object) -> None:
+        job_id, placement = cast(tuple[str, Placement], payload)
+        sj = self.jobs[job_id]
+        for other in self._release(sj, placement):
+            self._rerate(self.jobs[other])
+        if sj.state == "pending":
+            sj.in_flight = False
+            self._pending_tuple = None
+        self._tick_at(self.now)
+
+    def _move(self, move: MoveOrder) -> None:
+        sj = self.jobs.get(move.job_id)
+        if sj is None or sj.state != "running" or sj.placement is None:
+            return
+        if not self._admits(sj, move.placement):
+            self.declines += 1
+            return
+        ckpt_at, steps = sj.checkpoint_at(self.now, self.config.checkpoint_s)
+        sj.ref_s += self._ref_seconds(sj, ckpt_at)
+        old = sj.placement
+        sj.done = steps
+        self.moves += 1
+        sj.moved_at = self.now
+        self._push(self.now + self.config.grace_s, "release", (sj.job.job_id, old))
+        self._start(sj, move.placement, resume_at=self.now + self.config.move_cost_s)
+
+    # -- results ---------------------------------------------------------------------------------
+
+    def finished(self) -> list[SimJob]:
+        return [sj for sj in self.jobs.values() if sj.state == "done"]
+
+
+def _owner_of(job_id: str, owners: Sequence[str]) -> str:
+    """Rendezvous hashing: the owner that ranks first for this job."""
+    return max(owners, key=lambda o: zlib.crc32(f"{o}/{job_id}".encode()))
+
+
+def _policy_job(job_id: str, tj: TraceJob, owner: str) -> Job:
+    return Job(
+        job_id=job_id,
+        job_class=tj.job_class,
+        kind=tj.kind,  # type: ignore[arg-type]
+        owner=owner,
+        gpus_per_node=tj.gpus,
+        nodes=tj.nodes,
+        share_fraction=tj.fraction,
+        models=tj.models,
+        priority=tj.priority,
+        preemptible=tj.preemptible,
+        deadline=tj.deadline_s,
+        submitted_at=tj.arrival_s,
+        cpu_milli=tj.cpu_milli,
+        host_mem_bytes=tj.host_mem_bytes,
+    )

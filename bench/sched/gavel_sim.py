@@ -1,0 +1,249 @@
+"""The ``gavel`` baseline: Gavel's heterogeneity-aware max-min fairness with its round-based
+mechanism (Narayanan et al., OSDI 2020), written from the paper and the description of its
+``max_min_fairness_perf`` policy and scheduler (stanford-futuredata/gavel), not copied.
+
+Central, with a fresh view and oracle throughputs (the generous reading of a baseline):
+
+- when the set of active jobs changes, an LP gives each job ``x[j][t]``, the fraction of time it
+  should spend on each GPU type, maximizing the least throughput any job gets relative to its
+  throughput under an equal split of every type (scale factors weighed as Gavel does);
+- every round (360 s) the jobs furthest behind their allocation (``x`` over the share of time
+  received since the last change) run, greedily, as long as their GPUs are free; a job whose
+  GPUs fit on one node runs consolidated, else spread over nodes at Gavel's lower figure;
+- a job that ends within a round leaves its GPUs idle until the round ends; preemption between
+  rounds costs nothing (Gavel's simulator charges nothing either).
+
+Needs SciPy (the LP); ``bench.sched`` reports the policy as unavailable without it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from bench.sched.cluster import NodeSpec
+from bench.sched.traces import TraceJob
+from bench.sched.truth import Truth
+
+ROUND_S = 360.0
+
+
+@dataclass(slots=True)
+class _Job:
+    trace: TraceJob
+    remaining: float
+    scale: int
+    first_start: float | None = None
+    finish: float | None = None
+    time_on: dict[str, float] = field(default_factory=dict)
+    last_nodes: tuple[str, ...] = ()
+    last_type: str | None = None
+
+
+class GavelSim:
+    name = "gavel"
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeSpec],
+        jobs: Sequence[TraceJob],
+        truth: Truth,
+        *,
+        measure: tuple[int, int] | None = None,
+        round_s: float = ROUND_S,
+    ) -> None:
+        self.truth = truth
+        self.round_s = round_s
+        self.types: dict[str, list[NodeSpec]] = {}
+        for spec in nodes:
+            self.types.setdefault(spec.model, []).append(spec)
+        self.capacity = {t: sum(n.gpus for n in ns) for t, ns in self.types.items()}
+        self.total_gpus = sum(self.capacity.values())
+        self.jobs = [_Job(tj, tj.work, max(1, tj.gpus * tj.nodes)) for tj in jobs]
+        lo, hi = measure if measure is not None else (0, len(jobs))
+        self.measured = set(range(lo, hi))
+        self.busy_area = 0.0
+        self.idle_waiting_area = 0.0
+        self.waiting_time = 0.0
+        self.decision_ms: list[float] = []
+        self.last_finish = 0.0
+        self.now = 0.0
+
+    def _rate(self, j: _Job, t: str, consolidated: bool = True) -> float:
+        tj = j.trace
+        if tj.models and t not in tj.models:
+            return 0.0
+        return self.truth.rate(tj.job_class, t, j.scale, consolidated)
+
+    def _allocation(self, active: Sequence[_Job]) -> dict[int, dict[str, float]]:
+        import numpy as np
+        from scipy.optimize import linprog
+        from scipy.sparse import coo_matrix
+
+        types = sorted(self.types)
+        n, m = len(active), len(types)
+        thr = np.array([[self._rate(j, t) for t in types] for j in active])
+        scale = np.array([float(j.scale) for j in active])
+        share = np.array([self.capacity[t] / n for t in types])
+        if share.sum() > 1.0:
+            share = share / share.sum()
+        proportional = (thr * share).sum(axis=1)
+        proportional[proportional <= 0] = 1.0
+        weight = thr * (scale / proportional)[:, None]
+        nvar = n * m + 1
+        rows, cols, vals, bounds_ub = [], [], [], []
+        r = 0
+        for i in range(n):  # z - sum_t w[i,t] x[i,t] <= 0
+            for k in range(m):
+                rows.append(r)
+                cols.append(i * m + k)
+                vals.append(-weight[i, k])
+            rows.append(r)
+            cols.append(n * m)
+            vals.append(1.0)
+            bounds_ub.append(0.0)
+            r += 1
+        for i in range(n):  # sum_t x[i,t] <= 1
+            for k in range(m):
+                rows.append(r)
+                cols.append(i * m + k)
+                vals.append(1.0)
+            bounds_ub.append(1.0)
+            r += 1
+        for k, t in enumerate(types):  # sum_i scale_i x[i,t] <= N_t
+            for i in range(n):
+                rows.append(r)
+                cols.append(i * m + k)
+                vals.append(scale[i])
+            bounds_ub.append(float(self.capacity[t]))
+            r += 1
+        a = coo_matrix((vals, (rows, cols)), shape=(r, nvar)).tocsr()
+        c = np.zeros(nvar)
+        c[-1] = -1.0
+        bounds: list[tuple[float, float | None]] = [
+            (0.0, 1.0 if thr[i // m, i % m] > 0 else 0.0) for i in range(n * m)
+        ]
+        bounds.append((0.0, None))
+        res = linprog(c, A_ub=a, b_ub=np.array(bounds_ub), bounds=bounds, method="highs")
+        x = res.x[:-1].reshape(n, m) if res.x is not None else np.zeros((n, m))
+        return {
+            id(j): {t: float(max(0.0, x[i, k])) for k, t in enumerate(types)}
+            for i, j in enumerate(active)
+        }
+
+    def _place(self, order: list[tuple[_Job, str]]) -> dict[int, tuple[tuple[str, ...], bool]]:
+        """Nodes for each scheduled job: its previous ones if free, else one node that fits
+        (the fullest), else spread over the freest."""
+        free = {n.node_id: n.gpus for ns in self.types.values() for n in ns}
+        by_type = {t: [n.node_id for n in ns] for t, ns in self.types.items()}
+        out: dict[int, tuple[tuple[str, ...], bool]] = {}
+        pending: list[tuple[_Job, str]] = []
+        for j, t in sorted(order, key=lambda e: -e[0].scale):
+            if j.last_type == t and j.last_nodes and len(j.last_nodes) == 1:
+                node = j.last_nodes[0]
+                if free[node] >= j.scale:
+                    free[node] -= j.scale
+                    out[id(j)] = ((node,), True)
+                    continue
+            pending.append((j, t))
+        for j, t in pending:
+            fits = [n for n in by_type[t] if free[n] >= j.scale]
+            if fits:
+                node = min(fits, key=lambda n: (free[n], n))
+                free[node] -= j.scale
+                out[id(j)] = ((node,), True)
+                continue
+            need, used = j.scale, []
+            for node in sorted(by_type[t], key=lambda n: -free[n]):
+                if need <= 0:
+                    break
+                take = min(free[node], need)
+                if take > 0:
+                    free[node] -= take
+                    need -= take
+                    used.append(node)
+            out[id(j)] = (tuple(used), False)
+        return out
+
+    def run(self, *, wall_limit_s: float | None = None) -> None:
+        started = time.perf_counter()
+        arrivals = sorted(self.jobs, key=lambda j: j.trace.arrival_s)
+        nxt = 0
+        active: list[_Job] = []
+        alloc: dict[int, dict[str, float]] = {}
+        changed = True
+        worker_time = dict.fromkeys(self.types, 0.0)
+        left = len(self.measured)
+        t = 0.0
+        while nxt < len(arrivals) or active:
+            while nxt < len(arrivals) and arrivals[nxt].trace.arrival_s <= t:
+                active.append(arrivals[nxt])
+                nxt += 1
+                changed = True
+            if not active:
+                t = max(t, math.ceil(arrivals[nxt].trace.arrival_s / self.round_s) * self.round_s)
+                continue
+            t0 = time.perf_counter()
+            if changed:
+                alloc = self._allocation(active)
+                changed = False
+                for w in worker_time:
+                    worker_time[w] = 0.0
+                    for j in active:
+                        j.time_on[w] = self.round_s / 2.0
+                        worker_time[w] += j.time_on[w]
+            entries = []
+            for w in sorted(self.types):
+                for j in active:
+                    if self._rate(j, w) <= 0:
+                        continue
+                    a = alloc[id(j)][w]
+                    frac = j.time_on.get(w, 0.0) / worker_time[w] if worker_time[w] > 0 else 0.0
+                    priority = a * 1e9 if frac <= 0 else a / frac
+                    entries.append((priority, a, -j.trace.index, w, j))
+            entries.sort(key=lambda e: (e[0], e[1], e[2]), reverse=True)
+            left_gpus = dict(self.capacity)
+            scheduled: list[tuple[_Job, str]] = []
+            seen: set[int] = set()
+            for _p, _a, _i, w, j in entries:
+                if id(j) in seen or j.scale > left_gpus[w]:
+                    continue
+                left_gpus[w] -= j.scale
+                seen.add(id(j))
+                scheduled.append((j, w))
+            placed = self._place(scheduled)
+            self.decision_ms.append((time.perf_counter() - t0) * 1000.0)
+            busy = 0.0
+            for j, w in scheduled:
+                nodes, consolidated = placed[id(j)]
+                rate = self._rate(j, w, consolidated)
+                if j.first_start is None:
+                    j.first_start = t
+                run_s = min(self.round_s, j.remaining / rate) if rate > 0 else self.round_s
+                j.remaining -= rate * run_s
+                j.time_on[w] = j.time_on.get(w, 0.0) + run_s
+                worker_time[w] += run_s
+                j.last_nodes, j.last_type = nodes, w
+                busy += run_s * j.scale
+                if j.remaining <= 1e-9 * max(1.0, j.trace.work):
+                    j.finish = t + run_s
+                    self.last_finish = max(self.last_finish, j.finish)
+                    if j.trace.index in self.measured:
+                        left -= 1
+            self.busy_area += busy
+            waiting = len(scheduled) < len(active)
+            if waiting:
+                self.idle_waiting_area += self.total_gpus * self.round_s - busy
+                self.waiting_time += self.round_s
+            done = [j for j in active if j.finish is not None]
+            if done:
+                active = [j for j in active if j.finish is None]
+                changed = True
+            t += self.round_s
+            self.now = t
+            if left <= 0 and nxt >= len(arrivals) and not active:
+                break
+            if wall_limit_s is not None and time.perf_counter() - started > wall_limit_s:
+                break

@@ -1,0 +1,156 @@
+"""The policies the simulated mesh runs, each through the functions the agents themselves call.
+
+- ``shoal``: :func:`agent.policy.decision.decide`, the whole Shoal policy; every owner decides on
+  the lagging view and acts on its own jobs.
+- ``fifo``: what :class:`agent.placement.FirstFit` does in the mesh: every owner, on its own,
+  offers its jobs (priority, deadline, age) to the first node in id order that fits
+  (:func:`agent.policy.baselines.first_fit`), heterogeneity-agnostic, no reservations.
+- ``backfill``: EASY backfill with first-fit placement, central (a fresh view): jobs in queue
+  order, the first that waits holds a reservation that later jobs may only backfill around.
+- ``bestfit`` (openb): FGD's BestFit baseline, central (:func:`agent.policy.baselines.best_fit`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from agent.policy import apply
+from agent.policy.baselines import best_fit, first_fit
+from agent.policy.config import PolicyConfig
+from agent.policy.decision import context, decide
+from agent.policy.forecast import _Duration, _Timeline, remaining_s
+from agent.policy.place import could_fit_now
+from agent.policy.queue import Reservation, order_key, queue_order
+from agent.policy.snapshot import Job, Node, Placement, Snapshot
+from agent.policy.state import PolicyState
+from bench.sched.engine import MoveOrder, Plan, Simulation, Start
+
+
+class ShoalMesh:
+    name = "shoal"
+    central = False
+
+    def __init__(self, config: PolicyConfig | None = None) -> None:
+        self.config = config or PolicyConfig()
+        self.state = PolicyState()
+
+    def plan(self, snapshot: Snapshot, sim: Simulation) -> Plan:
+        d = decide(snapshot, sim.model, self.config, state=self.state, explain=False)
+        return Plan(
+            starts=tuple(
+                Start(a.job_id, (a.placement, *a.alternates), a.after) for a in d.assignments
+            ),
+            moves=tuple(MoveOrder(m.job_id, m.placement) for m in d.moves),
+            stops=tuple(v for p in d.preemptions for v in p.victims),
+        )
+
+
+def _clashes(placement: Placement, offered: set[tuple[str, str]]) -> bool:
+    return (
+        any(
+            (node_id, key) in offered
+            for node_id, keys in zip(placement.node_ids, placement.devices, strict=True)
+            for key in keys
+        )
+        and not placement.share_mem_bytes
+    )
+
+
+class FifoMesh:
+    name = "fifo"
+    central = False
+
+    def __init__(self) -> None:
+        self.state = PolicyState()
+        self._sorted: tuple[Node, ...] = ()
+        self._source: tuple[Node, ...] | None = None
+
+    def plan(self, snapshot: Snapshot, sim: Simulation) -> Plan:
+        ctx, _ = context(snapshot, sim.model, state=self.state)
+        if self._source is not snapshot.nodes:
+            self._source = snapshot.nodes
+            self._sorted = tuple(sorted(snapshot.nodes, key=lambda n: n.node_id))
+        by_owner: dict[str, list[Job]] = {}
+        for job in snapshot.pending:
+            by_owner.setdefault(job.owner or "", []).append(job)
+        starts: list[Start] = []
+        for owner in sorted(by_owner):
+            offered: set[tuple[str, str]] = set()
+            for job in sorted(by_owner[owner], key=order_key):
+                if not could_fit_now(job, ctx):
+                    continue
+                cands = [
+                    p for p in first_fit(job, self._sorted, limit=6) if not _clashes(p, offered)
+                ]
+                if not cands:
+                    continue
+                starts.append(Start(job.job_id, tuple(cands[:4])))
+                for node_id, keys in zip(cands[0].node_ids, cands[0].devices, strict=True):
+                    offered.update((node_id, k) for k in keys)
+        return Plan(starts=tuple(starts))
+
+
+class BackfillCentral:
+    name = "backfill"
+    central = True
+
+    def __init__(self) -> None:
+        self.state = PolicyState()
+
+    def plan(self, snapshot: Snapshot, sim: Simulation) -> Plan:
+        ctx, _ = context(snapshot, sim.model, state=self.state)
+        now = snapshot.now
+        reservation: Reservation | None = None
+        starts: list[Start] = []
+        started: list[tuple[Job, float]] = []
+        for job in queue_order(snapshot.pending):
+            if not could_fit_now(job, ctx):
+                if reservation is None:
+                    reservation = self._reserve(job, ctx, started)
+                continue
+            nodes = ctx.index.nodes()
+            cands = first_fit(job, sorted(nodes, key=lambda n: n.node_id), limit=4)
+            if reservation is not None:
+                end90 = now + ctx.duration_s(job, 1.0)[1]
+                cands = [c for c in cands if reservation.allows(c.node_ids, end90)]
+            if not cands:
+                if reservation is None:
+                    reservation = self._reserve(job, ctx, started)
+                continue
+            apply.take(ctx.index, job, cands[0])
+            starts.append(Start(job.job_id, tuple(cands)))
+            started.append((job, now + ctx.duration_s(job, 1.0)[0]))
+        return Plan(starts=tuple(starts))
+
+    @staticmethod
+    def _reserve(job: Job, ctx: object, started: Sequence[tuple[Job, float]]) -> Reservation | None:
+        from agent.policy.context import Context
+
+        assert isinstance(ctx, Context)
+        now = ctx.snapshot.now
+        ends = {r.job.job_id: now + remaining_s(r, ctx)[0] for r in ctx.snapshot.running}
+        ends.update((j.job_id, end) for j, end in started)
+        placed = _Timeline(ctx, ends).place(job, _Duration(ctx, 0))
+        if placed is None:
+            return None
+        return Reservation(job.job_id, placed[2], placed[0])
+
+
+class BestFitCentral:
+    name = "bestfit"
+    central = True
+
+    def __init__(self) -> None:
+        self.state = PolicyState()
+
+    def plan(self, snapshot: Snapshot, sim: Simulation) -> Plan:
+        ctx, _ = context(snapshot, sim.model, state=self.state)
+        starts: list[Start] = []
+        for job in queue_order(snapshot.pending):
+            if not could_fit_now(job, ctx):
+                continue
+            cands = best_fit(job, ctx.index.nodes())
+            if cands:
+                apply.take(ctx.index, job, cands[0])
+                starts.append(Start(job.job_id, tuple(cands[:4])))
+        return Plan(starts=tuple(starts))

@@ -1,0 +1,77 @@
+"""Each ``python -m bench.sched`` command runs on a tiny size and emits the fields BENCHMARKS.md
+lists (no timed asserts: those figures are the benchmark's, not the test suite's)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.sched.cli import main
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FIELDS = (
+    "policy", "jobs", "avg_jct_s", "p50_jct_s", "p99_jct_s", "makespan_s", "utilization",
+    "queue_delay_p50_s", "queue_delay_p99_s", "deadline_miss_rate", "unallocated_gpu_fraction",
+    "decision_ms_p50", "decision_ms_p99",
+)  # fmt: skip
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    assert main([*args, "--json"]) == 0
+    doc: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return doc
+
+
+def _fields(result: dict[str, Any]) -> None:
+    assert "error" not in result, result
+    for key in FIELDS:
+        assert key in result, key
+
+
+def test_gavel_synthetic_sweep_every_policy_side_by_side(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    doc = _run(
+        capsys, "--trace", "gavel-synthetic", "--cluster", "v100:8,p100:8,k80:8",
+        "--load", "2,8", "--jobs", "40", "--policy", "all", "--seed", "3",
+    )  # fmt: skip
+    assert [r["load"] for r in doc["runs"]] == [2.0, 8.0]
+    for run in doc["runs"]:
+        assert [r["policy"] for r in run["results"]] == ["fifo", "backfill", "gavel", "shoal"]
+        for result in run["results"]:
+            _fields(result)
+            assert result["jobs"] > 0 and result["avg_jct_s"] > 0
+        assert "avg_jct_gavel_over_shoal" in run["ratios"]
+        assert "makespan_lower_than_gavel" in run["ratios"]
+
+
+@pytest.mark.parametrize("pods", ["default", "gpuspec33", "multigpu50"])
+def test_openb_pod_lists_against_best_fit(capsys: pytest.CaptureFixture[str], pods: str) -> None:
+    doc = _run(
+        capsys,
+        "--trace", str(FIXTURES / "openb" / f"openb_pod_list_{pods}.csv"),
+        "--nodes", str(FIXTURES / "openb" / "openb_node_list_gpu_node.csv"),
+        "--policy", "all",
+    )  # fmt: skip
+    (run,) = doc["runs"]
+    assert [r["policy"] for r in run["results"]] == ["fifo", "bestfit", "shoal"]
+    for result in run["results"]:
+        _fields(result)
+        assert 0.0 <= result["unallocated_gpu_fraction"] <= 1.0
+        assert result["pods_arrived"] > 0
+    assert "unallocated_fewer_than_bestfit" in run["ratios"]
+
+
+def test_a_generic_jobs_csv(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = _run(
+        capsys, "--trace", str(FIXTURES / "sched" / "jobs.csv"), "--policy", "fifo,shoal",
+        "--cluster", "v100:8,k80:8", "--window", "0:1",
+    )  # fmt: skip
+    (run,) = doc["runs"]
+    for result in run["results"]:
+        _fields(result)
+        assert result["jobs"] == 6
+        assert result["makespan_s"] is not None
