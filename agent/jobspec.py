@@ -276,7 +276,9 @@ class JobSpec:
     anti_affinity: Mapping[str, str] = field(default_factory=dict)
     """Node labels the runner must not carry, any one."""
     checkpoint_dir: str | None = None
-    """Where the job keeps checkpoints; moved with it on migration. ``None``: Shoal picks one."""
+    """A checkpoint folder the operator manages (shared storage, the same path on every node):
+    ``SHOAL_CHECKPOINT_DIR`` points at it and Shoal does not copy it. ``None``: Shoal's own folder,
+    copied to the job's owner and moved with the job on migration, drain and restart."""
     checkpoint_signal: str = "SIGTERM"
     """Sent to the job's process group before it is stopped (cancel, preemption, migration)."""
     retries: int = 0

@@ -81,7 +81,12 @@ def submit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", action="append", default=[], help="a dataset it reads")
     p.add_argument("--env", action="append", default=[], metavar="K=V")
     p.add_argument("--label", action="append", default=[], metavar="K=V")
-    p.add_argument("--checkpoint-dir", metavar="DIR")
+    p.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="a checkpoint folder you manage on shared storage (not copied); default: Shoal's "
+        "own, moved with the job",
+    )
     p.add_argument("--retries", type=int, default=0, help="further attempts on failure")
     p.add_argument(
         "--anyway",
