@@ -222,6 +222,27 @@ _TEXT_ANSWER = {
 }
 _BINARY: Final = {"schema": {"type": "string", "format": "binary"}}
 _MSGPACK: Final = {"application/msgpack": _BINARY}
+_FRAME: Final = {"application/octet-stream": _BINARY}
+_FRAME_ANSWER = {"description": "the chunk's frame (`agent.transfer.Frame`)", "content": _FRAME}
+
+
+def _json_doc(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"type": "object"}}},
+    }
+
+
+def _needed(name: str, description: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": True,
+        "description": description,
+        "schema": {"type": "string", "pattern": "^[0-9]+$"},
+    }
+
+
 _SEALED_BODY = {
     "required": True,
     "description": "an operator-signed command (`gossip.envelope.seal`: msgpack)",
@@ -310,6 +331,49 @@ PATHS: Final[dict[str, Any]] = {
             "summary": "The log this agent holds of a job it runs or ran (role agent)",
             "parameters": [_JOB_ID, *_LOG_QUERY],
             "responses": {"200": _TEXT_ANSWER, **_answers(None, 400, 404)},
+        }
+    },
+    "/v1/internal/checkpoint/{job_id}": {
+        "get": {
+            "summary": "The manifest of a job's checkpoint (files, sizes, SHA-256) as this agent "
+            "holds it for an attempt (role agent; the job's owners and its attempt's starter)",
+            "parameters": [_JOB_ID, _needed("attempt", "the attempt that wrote it")],
+            "responses": {"200": _json_doc("the manifest"), **_answers(None, 400, 403, 404)},
+        }
+    },
+    "/v1/internal/checkpoint/{job_id}/chunk": {
+        "get": {
+            "summary": "One checksummed chunk of a checkpoint's file (role agent)",
+            "parameters": [
+                _JOB_ID,
+                _needed("attempt", "the attempt that wrote it"),
+                _needed("file", "the file's index in the manifest"),
+                _needed("offset", "bytes into the file"),
+                _needed("length", "bytes wanted (at most the chunk limit)"),
+            ],
+            "responses": {"200": _FRAME_ANSWER, **_answers(None, 400, 403, 404)},
+        },
+        "post": {
+            "summary": "A chunk of a checkpoint pushed to this agent (role agent, the job's "
+            "owners)",
+            "parameters": [_JOB_ID],
+            "requestBody": {"required": True, "content": _FRAME},
+            "responses": {
+                "200": _json_doc("whether the copy is whole"),
+                **_answers(None, 400, 403, 415),
+            },
+        },
+    },
+    "/v1/internal/checkpoint/{job_id}/offer": {
+        "post": {
+            "summary": "A checkpoint's manifest offered to this agent; answers the bytes of "
+            "each file it already holds, to resume from (role agent, the job's owners)",
+            "parameters": [_JOB_ID],
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            },
+            "responses": {"200": _json_doc("the offsets held"), **_answers(None, 400, 403, 415)},
         }
     },
     "/v1/internal/{op}": {

@@ -48,7 +48,10 @@ async def test_every_route_is_described_and_every_description_is_a_route(tmp_pat
 
     def setup(app: Any) -> None:
         apps.append(app)
-        api.setup(app, SimpleNamespace(metrics=SimpleNamespace(api_refused=Counter())))  # type: ignore[arg-type]
+        api.setup(
+            app,
+            SimpleNamespace(metrics=SimpleNamespace(api_refused=Counter()), checkpoints=None),
+        )  # type: ignore[arg-type]
 
     async def echo(data: bytes, peer: Any) -> bytes:
         return data
