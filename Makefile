@@ -6,14 +6,16 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint pytest screenshots bench clean
+.PHONY: install demo test lint pytest screenshots bench clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "shoal needs Python 3.11 or newer on PATH" >&2; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q --upgrade pip 'setuptools>=77'
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
+
+install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/shoal demo

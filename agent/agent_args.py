@@ -24,6 +24,18 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", metavar="NAME", help="how operators see this host")
     parser.add_argument("--zone", metavar="ZONE", help="failure domain / rack label")
     parser.add_argument(
+        "--datasets-dir",
+        type=Path,
+        metavar="DIR",
+        help="a folder whose entries are datasets this host holds (gossiped with their sizes)",
+    )
+    parser.add_argument(
+        "--datasets-rescan-s",
+        type=float,
+        metavar="S",
+        help="how often the datasets folder is scanned again (default 60)",
+    )
+    parser.add_argument(
         "--job-user",
         metavar="USER",
         help='user jobs run as (root agents: default shoal-job, else nobody; "" the agent\'s own)',

@@ -39,6 +39,8 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         sim_seed=args.sim_seed,
         name=args.name,
         zone=args.zone,
+        datasets_dir=args.datasets_dir,
+        datasets_rescan_s=args.datasets_rescan_s,
         job_user=args.job_user,
         labels=labels,
     )

@@ -20,16 +20,49 @@ DEFAULT_PLATFORMS = ("manylinux2014_x86_64", "manylinux2014_aarch64")
 DEFAULT_PYTHON_VERSION = "3.11"
 
 
+HOSTS_FILE_HELP = """\
+A first fleet, from the folder of 'shoal init':
+  shoal bootstrap --accept-new root@10.0.0.1 root@10.0.0.2 root@10.0.0.3
+Every host's agent joins through the others (and the fleet set up before, from fleet.toml in the
+cluster folder, or --join); the run succeeds once every host sees every other. The fleet's
+addresses are then kept in fleet.toml, so 'shoal submit', 'shoal nodes'... need no --agent.
+Shoal run from a checkout ships its own wheel and dependencies (no index needed).
+
+--hosts-file FILE: one [[host]] table per host; every key but address is optional:
+  [[host]]
+  address = "root@gpu-01.lab:22"   # user@host[:port], as on the command line
+  listen = "0.0.0.0:7946"          # the agent's HOST:PORT (default 0.0.0.0:7946)
+  advertise = "10.0.0.21"          # what peers dial (default: the address SSH reached)
+  labels = { team = "vision" }     # free-form labels, shown and used for affinity
+  zone = "rack-a"                  # failure domain
+  python = "/usr/bin/python3.12"   # the interpreter to build the venv from (3.11+)
+  remote_dir = "/srv/shoal"        # where Shoal lives there (default ~/.local/share/shoal,
+                                   #   /opt/shoal for root)
+  sim = "h100:2"                   # simulated GPUs instead of probing (demos, tests)
+  sim_seed = 3
+"""
+
+
 def add_bootstrap_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = HOSTS_FILE_HELP
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("hosts", nargs="*", metavar="user@host[:port]", help="hosts to set up")
-    parser.add_argument("--hosts-file", type=Path, metavar="FILE", help="a TOML file of [[host]]")
+    parser.add_argument(
+        "--hosts-file", type=Path, metavar="FILE", help="a TOML file of [[host]] (below)"
+    )
     parser.add_argument(
         "--join",
         action="append",
         default=[],
         metavar="HOST:PORT",
         help="an agent already in the mesh: the new agents join through it and bootstrap "
-        "confirms the join there (repeatable)",
+        "confirms the join there (repeatable; default: the agents of fleet.toml, if any)",
+    )
+    parser.add_argument(
+        "--accept-new",
+        action="store_true",
+        help="trust the key of a host known_hosts has no key for, and record it (as ssh's "
+        "StrictHostKeyChecking=accept-new); a changed key is still refused",
     )
     parser.add_argument(
         "--identity",
@@ -42,9 +75,12 @@ def add_bootstrap_arguments(parser: argparse.ArgumentParser) -> None:
         "--wheelhouse",
         type=Path,
         metavar="DIR",
-        help="install from these wheels (uploaded; pip --no-index) instead of the package index",
+        help="install from these wheels (uploaded; pip --no-index); default: Shoal run from a "
+        "checkout ships its own wheel and dependencies, an installed Shoal comes from the index",
     )
-    parser.add_argument("--index-url", metavar="URL", help="the package index to install from")
+    parser.add_argument(
+        "--index-url", metavar="URL", help="install from this package index (even from a checkout)"
+    )
     parser.add_argument(
         "--shoal-version",
         metavar="VERSION",

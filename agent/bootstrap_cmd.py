@@ -2,8 +2,9 @@
 
 ::
 
-    shoal bootstrap [--join HOST:PORT] [--identity DIR] [--wheelhouse DIR] [--jobs N]
-                    [--hosts-file FILE.toml] [--uninstall] [--upgrade] user@host[:port] ...
+    shoal bootstrap [--accept-new] [--join HOST:PORT] [--identity DIR] [--wheelhouse DIR]
+                    [--jobs N] [--hosts-file FILE.toml] [--uninstall] [--upgrade]
+                    user@host[:port] ...
     shoal bootstrap --build-wheelhouse DIR [--platform TAG ...]
 """
 
@@ -17,15 +18,25 @@ from datetime import timedelta
 
 from rich.console import Console
 
-from agent.bootstrap.display import ProgressDisplay, failure_lines, summary_table
+from agent.bootstrap.display import (
+    ProgressDisplay,
+    failure_lines,
+    note_lines,
+    summary_table,
+    warning_lines,
+)
+from agent.bootstrap.fleetrun import run_hosts
 from agent.bootstrap.hosts import HostSpec, load_hosts_file, parse_target
 from agent.bootstrap.install import InstallSource
-from agent.bootstrap.runner import BootstrapOptions, HostResult, Reporter, run_hosts
+from agent.bootstrap.runner import BootstrapOptions, HostResult, Reporter
+from agent.bootstrap.shipping import LocalBuild, build_checkout_wheel
 from agent.bootstrap.ssh import BootstrapError, SshOptions, default_known_hosts
-from agent.bootstrap.wheelhouse import build_wheelhouse, local_version
+from agent.bootstrap.wheelhouse import build_wheelhouse, local_version, project_root
 from agent.bootstrap_args import DEFAULT_JOBS, DEFAULT_PLATFORMS
 from agent.errors import UserError
+from agent.fleet import fleet_path, load_fleet
 from agent.paths import default_cluster_dir
+from agent.tables import console
 from gossip.identity import IdentityError, load_cluster
 
 
@@ -42,6 +53,37 @@ def collect_hosts(args: argparse.Namespace) -> list[HostSpec]:
     return specs
 
 
+def _source(args: argparse.Namespace) -> InstallSource:
+    """Where Shoal comes from: ``--wheelhouse``; else, for Shoal run from a checkout (which the
+    index does not have), this checkout's own build, shipped with its dependencies; else (or
+    with ``--index-url`` or another ``--shoal-version``) the package index."""
+    if args.wheelhouse is not None and not args.wheelhouse.is_dir():
+        raise UserError(f"--wheelhouse {args.wheelhouse}: not a folder")
+    version = args.shoal_version or local_version()
+    local_build = None
+    checkout = project_root()
+    if (
+        args.wheelhouse is None
+        and args.index_url is None
+        and version == local_version()
+        and checkout is not None
+    ):
+        local_build = LocalBuild(build_checkout_wheel(checkout, version), checkout)
+    source = InstallSource(
+        version=version,
+        wheelhouse=args.wheelhouse,
+        inherit_site_packages=args.system_site_packages,
+        index_url=args.index_url,
+        local_build=local_build,
+    )
+    if args.wheelhouse is not None:
+        try:
+            source.build_digest()  # a wheelhouse without the wanted wheel fails here, once
+        except BootstrapError as exc:
+            raise UserError(str(exc)) from None
+    return source
+
+
 def options_from_args(args: argparse.Namespace) -> BootstrapOptions:
     directory = args.identity or default_cluster_dir()
     try:
@@ -51,27 +93,17 @@ def options_from_args(args: argparse.Namespace) -> BootstrapOptions:
             f"cannot load the cluster from {directory} ({exc}); run 'shoal init' or pass "
             "--identity DIR"
         ) from None
-    if args.wheelhouse is not None and not args.wheelhouse.is_dir():
-        raise UserError(f"--wheelhouse {args.wheelhouse}: not a folder")
-    source = InstallSource(
-        version=args.shoal_version or local_version(),
-        wheelhouse=args.wheelhouse,
-        inherit_site_packages=args.system_site_packages,
-        index_url=args.index_url,
-    )
-    if args.wheelhouse is not None:
-        try:
-            source.build_digest()  # a wheelhouse without the wanted wheel fails here, once
-        except BootstrapError as exc:
-            raise UserError(str(exc)) from None
+    join = tuple(args.join) or tuple(load_fleet(directory).addresses)
     return BootstrapOptions(
         cluster=cluster,
-        source=source,
+        source=_source(args),
         ssh=SshOptions(
             known_hosts=args.known_hosts or default_known_hosts(),
             client_keys=tuple(args.ssh_key),
+            accept_new=args.accept_new,
         ),
-        join=tuple(args.join),
+        join=join,
+        fleet_dir=directory,
         remote_dir=args.remote_dir,
         python=args.python,
         service=args.service,
@@ -99,7 +131,7 @@ class BootstrapPlan:
         return [s.name for s in self.specs]
 
     async def run(self, reporter: Reporter) -> list[HostResult]:
-        """Every host through :func:`~agent.bootstrap.runner.run_hosts`; one result per host."""
+        """Every host through :func:`~agent.bootstrap.fleetrun.run_hosts`; one per host."""
         return await run_hosts(
             self.specs,
             self.options,
@@ -130,6 +162,20 @@ def plan_bootstrap(args: argparse.Namespace) -> BootstrapPlan:
     )
 
 
+def _announce(plan: BootstrapPlan, console: Console) -> None:
+    """Say where Shoal comes from when it is not the obvious place (the package index)."""
+    build = plan.options.source.local_build
+    if build is not None and not plan.uninstall:
+        console.print(
+            f"shoal {plan.options.source.version} runs from the checkout {build.checkout}, which "
+            f"the package index does not have: each host gets this checkout's wheel "
+            f"({build.wheel.name}) and its dependencies (--index-url or --wheelhouse to choose "
+            "otherwise)",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
 def bootstrap(
     args: argparse.Namespace, reporter: Reporter | None = None, console: Console | None = None
 ) -> list[HostResult]:
@@ -137,7 +183,9 @@ def bootstrap(
     plan = plan_bootstrap(args)
     if reporter is not None:
         return asyncio.run(plan.run(reporter))
-    with ProgressDisplay(console or Console(stderr=True), plan.hosts) as display:
+    err = console or Console(stderr=True)
+    _announce(plan, err)
+    with ProgressDisplay(err, plan.hosts) as display:
         return asyncio.run(plan.run(display))
 
 
@@ -149,9 +197,20 @@ def run_bootstrap(args: argparse.Namespace) -> int:
         )
         print(f"{len(wheels)} wheels in {args.build_wheelhouse}")
         return 0
-    console = Console()
     results = bootstrap(args, console=Console(stderr=True))
-    console.print(summary_table(results))
+    out = console()
+    out.print(summary_table(results, out.width))
+    for line in note_lines(results):
+        print(line)
+    for line in warning_lines(results):
+        print(line, file=sys.stderr)
     for line in failure_lines(results):
         print(line, file=sys.stderr)
+    directory = args.identity or default_cluster_dir()
+    if any(r.ok for r in results) and not args.no_wait:
+        count = len(load_fleet(directory).agents)
+        print(
+            f"fleet: {count} agent{'s' * (count != 1)} in {fleet_path(directory)}; shoal "
+            "commands talk to the first that answers unless --agent or $SHOAL_AGENT names one"
+        )
     return 0 if all(r.ok for r in results) else 1

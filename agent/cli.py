@@ -144,7 +144,7 @@ COMMANDS: tuple[Command, ...] = (
         "submit",
         "submit a job: shoal submit [options] -- COMMAND ...",
         ops_args.submit_arguments,
-        f"{OPS}:cmd_submit",
+        "agent.submit_cmd:cmd_submit",
     ),
     Command("jobs", "list the mesh's jobs", ops_args.listing_arguments, f"{OPS}:cmd_jobs"),
     Command(
@@ -159,7 +159,12 @@ COMMANDS: tuple[Command, ...] = (
         ops_args.events_arguments,
         "agent.events_cmd:cmd_events",
     ),
-    Command("logs", "show a job's output", ops_args.logs_arguments, f"{OPS}:cmd_logs"),
+    Command(
+        "logs",
+        "show a job's output (-f: wait for it to start, then follow it)",
+        ops_args.logs_arguments,
+        "agent.logs_cmd:cmd_logs",
+    ),
     Command("cancel", "cancel a job", ops_args.cancel_arguments, f"{OPS}:cmd_cancel"),
     Command(
         "migrate",

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 
+from agent import netwhy
 from agent.jobspec import JobSpec, new_job_id
 from agent.wire.codec import WireError
 from agent.wire.health import HealthDoc
@@ -42,8 +43,14 @@ class ApiError(Exception):
 
 
 class AgentUnreachable(ApiError):
-    def __init__(self, address: str, why: str) -> None:
-        super().__init__(0, f"cannot reach the agent at {address}: {why}")
+    """No answer from the agent at ``address``: ``why`` says so in a word or two (``refused``,
+    ``timeout``), the message in a phrase (:mod:`agent.netwhy`)."""
+
+    def __init__(self, address: str, exc: BaseException | str) -> None:
+        long = exc if isinstance(exc, str) else netwhy.why(exc)
+        super().__init__(0, f"cannot reach the agent at {address}: {long}")
+        self.address = address
+        self.why = exc if isinstance(exc, str) else netwhy.short_why(exc)
 
 
 class ApiClient(PooledSession):
@@ -94,7 +101,7 @@ class ApiClient(PooledSession):
             ) as response:
                 return await self._answer(response)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise AgentUnreachable(self.address, _why(exc)) from None
+            raise AgentUnreachable(self.address, exc) from None
 
     async def get(
         self, path: str, params: Mapping[str, str] | None = None, *, extra_s: float = 0.0
@@ -109,7 +116,7 @@ class ApiClient(PooledSession):
             ) as response:
                 return await self._answer(response)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise AgentUnreachable(self.address, _why(exc)) from None
+            raise AgentUnreachable(self.address, exc) from None
 
     async def stream(
         self, path: str, params: Mapping[str, str] | None = None
@@ -125,7 +132,7 @@ class ApiClient(PooledSession):
                 async for raw in response.content:
                     yield raw.decode("utf-8", errors="replace").rstrip("\n")
         except (aiohttp.ClientError, OSError) as exc:
-            raise AgentUnreachable(self.address, _why(exc)) from None
+            raise AgentUnreachable(self.address, exc) from None
 
     # -- the API -----------------------------------------------------------------------------------
 
@@ -211,8 +218,3 @@ def _decoded(decode: Callable[[Any], D], doc: dict[str, Any]) -> D:
         return decode(doc)
     except WireError as exc:
         raise ApiError(0, f"the agent answered a malformed document: {exc}") from None
-
-
-def _why(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -12,6 +12,7 @@ Example::
     data_dir = "/var/lib/shoal"
     zone = "rack-a"
     datasets = ["imagenet"]
+    datasets_dir = "/data/datasets"
     cost_per_hour = 2.5
     job_user = "shoal-job"
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import UserError
+from agent.wire.place import dataset_name_problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +56,13 @@ class AgentConfig:
     zone: str | None = None
     """Failure domain or rack; gossiped as the ``zone`` label."""
     datasets: tuple[str, ...] = ()
-    """Datasets cached on this host (data gravity); gossiped as the ``datasets`` label."""
+    """Datasets cached on this host (data gravity); gossiped as the ``datasets`` label and, with
+    those under ``datasets_dir``, in the ``place`` record."""
+    datasets_dir: Path | None = None
+    """A folder whose every entry is a dataset this host holds, measured and gossiped with its
+    size; scanned again every ``datasets_rescan_s`` (datasets may come and go)."""
+    datasets_rescan_s: float = 60.0
+    """How often ``datasets_dir`` is scanned again."""
     cost_per_hour: float | None = None
     """What an hour of this host costs; gossiped as the ``cost_per_hour`` label."""
     probe_interval_s: float = 1.0
@@ -91,7 +99,7 @@ class AgentConfig:
         return out
 
 
-_PATHS = {"data_dir", "identity_dir"}
+_PATHS = {"data_dir", "identity_dir", "datasets_dir"}
 _TUPLES = {"join", "datasets"}
 _FLOATS = {
     "cost_per_hour",
@@ -100,6 +108,7 @@ _FLOATS = {
     "stop_grace_s",
     "drain_grace_s",
     "rpc_timeout_s",
+    "datasets_rescan_s",
 }
 
 
@@ -111,6 +120,10 @@ def _coerce(name: str, value: Any, where: str) -> Any:
     if name in _TUPLES:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise UserError(f"{where}: {name} must be a list of strings")
+        if name == "datasets":
+            for dataset in value:
+                if (problem := dataset_name_problem(dataset)) is not None:
+                    raise UserError(f"{where}: {problem}")
         return tuple(value)
     if name in _FLOATS:
         if isinstance(value, bool) or not isinstance(value, int | float):

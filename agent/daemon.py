@@ -10,7 +10,7 @@ Startup: load the identity (role ``agent``) and the revocation list kept from be
 store (count a boot, refuse another node's file, restore the replay memory), open the probe,
 reconcile processes recorded before a restart (survivors are killed, all reported lost to their
 owners), start the gossip member with the API on its listener, publish the inventory, then run
-three loops: telemetry (sample every ``probe_interval_s``, publish per ``agent.publisher``), the
+loops: telemetry (sample every ``probe_interval_s``, publish per ``agent.publisher``), the
 owner's placement loop, and a sweep (the node record and events when due, takeovers, handovers,
 replicas). Owned jobs from the store resume a few seconds after joining, once gossip had a
 chance to tell whether another agent took them over meanwhile.
@@ -35,6 +35,7 @@ from agent.calls import Calls
 from agent.commands import Commands
 from agent.config import AgentConfig
 from agent.context import AgentContext
+from agent.datasets import scan_datasets
 from agent.devices import HostDevices
 from agent.events import EventLog
 from agent.executor import ExecutorConfig, ProcessExecutor
@@ -57,6 +58,7 @@ from gossip.node import GossipNode
 from gossip.replay import ReplayGuard
 from gossip.revocation import REVOCATIONS_FILE, RevocationError, RevocationList
 from gossip.transport import split_address
+from gossip.vivaldi import Coordinate, VivaldiConfig
 
 log = logging.getLogger("shoal.agent")
 
@@ -131,7 +133,9 @@ class Agent:
         )
         self.runner = Runner(self.ctx, self.executor, self.devices)
         self.owner = Owner(self.ctx, placement or FirstFit())
-        self.publisher = Publisher(self.publish, config, self.devices, self.events, self._node_doc)
+        self.publisher = Publisher(
+            self.publish, config, self.devices, self.events, self._node_doc, self._coordinate
+        )
         self.metrics = AgentMetrics(self._metrics_snapshot)
         self.commands = Commands(
             self.ctx,
@@ -195,6 +199,8 @@ class Agent:
             asyncio.create_task(self._sweep_loop(), name="sweep"),
             asyncio.create_task(self._resume_later(), name="resume"),
         ]
+        if self.config.datasets_dir is not None:
+            self._tasks.append(asyncio.create_task(self._datasets_loop(), name="datasets"))
         devices = len(self.devices.report.devices)
         self.events.add(
             "agent_started", f"boot {self.boot} at {self.node.address} with {devices} device(s)"
@@ -268,6 +274,21 @@ class Agent:
             if now - swept >= SWEEP_S:
                 swept = now
                 self.owner.sweep()
+
+    async def _datasets_loop(self) -> None:
+        config = self.config
+        while True:
+            held = await asyncio.to_thread(scan_datasets, config.datasets_dir, config.datasets)
+            self.publisher.datasets_scanned(held)
+            await asyncio.sleep(config.datasets_rescan_s)
+
+    def _coordinate(self) -> Coordinate | None:
+        """This node's network coordinate once it has measured a round trip (before that it
+        is the origin with the largest error, which says nothing)."""
+        if not self.node.started:
+            return None
+        coord = self.node.peer.coordinate
+        return coord if coord.error < VivaldiConfig().error_max else None
 
     async def _resume_later(self) -> None:
         await asyncio.sleep(RESUME_AFTER_S)

@@ -176,8 +176,11 @@ def parse_duration(text: str) -> float:
 class Resources:
     """What a job needs from the hosts it runs on."""
 
-    gpus_per_node: int = 1
-    """GPUs on each node of the job; 0 for a CPU-only job."""
+    gpus_per_node: int = 0
+    """GPUs on each node of the job; 0 for a CPU-only job, which runs on any host. A job asks
+    for GPUs, as under Slurm or Kubernetes: without a count it gets none, unless it states what
+    each GPU must be (memory, a GPU backend, compute capability, architecture), which asks for
+    one (:meth:`from_dict`)."""
     nodes: int = 1
     """Nodes the job spans; more than one makes it a gang (all start or none)."""
     min_mem_per_gpu_bytes: int | None = None
@@ -214,11 +217,18 @@ class Resources:
         )
         if mem_bytes is not None and mem_bytes < 0:
             raise ValueError("resources.min_mem_per_gpu_bytes: must not be negative")
+        backends = cast(tuple[BackendName, ...], r.choices("backends", BACKENDS))
+        per_gpu = (
+            mem_bytes is not None
+            or any(b != "cpu" for b in backends)
+            or data.get("min_compute_capability") is not None
+            or bool(data.get("archs"))
+        )
         out = cls(
-            gpus_per_node=r.int_("gpus_per_node", 1),
+            gpus_per_node=r.int_("gpus_per_node", 1 if per_gpu else 0),
             nodes=r.int_("nodes", 1, least=1),
             min_mem_per_gpu_bytes=mem_bytes,
-            backends=cast(tuple[BackendName, ...], r.choices("backends", BACKENDS)),
+            backends=backends,
             min_compute_capability=_compute_capability(r.opt_str("min_compute_capability")),
             archs=r.str_tuple("archs"),
             interconnect=cast(InterconnectKind | None, r.opt_choice("interconnect", INTERCONNECTS)),

@@ -72,6 +72,11 @@ class AgentProcess:
         return self.directory / "agent.log"
 
     @property
+    def datasets_dir(self) -> Path:
+        """The datasets this simulated host holds: one entry per dataset."""
+        return self.directory / "datasets"
+
+    @property
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
@@ -121,6 +126,8 @@ class LocalMesh:
             str(agent.directory),
             "--identity",
             str(agent.directory / "identity"),
+            "--datasets-dir",
+            str(agent.datasets_dir),
         ]
         model = agent.profile.split(":")[0].split(",")[0]
         argv += ["--sim", agent.profile, "--sim-seed", str(agent.index)]
@@ -130,7 +137,7 @@ class LocalMesh:
 
     def start_agent(self, agent: AgentProcess) -> None:
         """Start (or restart) one agent; its log is appended to."""
-        agent.directory.mkdir(parents=True, exist_ok=True)
+        agent.datasets_dir.mkdir(parents=True, exist_ok=True)
         with agent.log_path.open("ab") as log:
             agent.log_offset = log.tell()
             agent.process = subprocess.Popen(

@@ -54,7 +54,14 @@ def submit_arguments(p: argparse.ArgumentParser) -> None:
     add_agent_and_identity_arguments(p)
     add_json_argument(p, "the agent's answer as JSON")
     p.add_argument("--file", type=Path, metavar="JOB.toml", help="a TOML job file")
-    p.add_argument("--gpus", type=int, default=1, help="GPUs per node (0: CPU only)")
+    p.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        metavar="N",
+        help="GPUs per node (default: none, the job runs on any host; 1 when --mem or a GPU "
+        "--backend says what each GPU must be)",
+    )
     p.add_argument("--nodes", type=int, default=1, help="nodes for a gang job")
     p.add_argument("--mem", metavar="SIZE", help="least memory per GPU, e.g. 40GiB")
     p.add_argument("--backend", metavar="LIST", help="accepted backends, e.g. cuda,rocm")
@@ -70,6 +77,11 @@ def submit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--label", action="append", default=[], metavar="K=V")
     p.add_argument("--checkpoint-dir", metavar="DIR")
     p.add_argument("--retries", type=int, default=0, help="further attempts on failure")
+    p.add_argument(
+        "--anyway",
+        action="store_true",
+        help="submit even when no node of the mesh could run it (it waits for such a host)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
 
 

@@ -14,44 +14,59 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from agent.client import ApiClient, ApiError
 from agent.errors import UserError
-from agent.jobspec import JobSpec, new_job_id
+from agent.failover import first_answering
+from agent.fleet import fleet_path, load_fleet
 from agent.ops_args import AGENT_ENV
 from agent.paths import default_cluster_dir
 from agent.resolve import NODE_ID_RE, check_migration_target, pick_job, pick_node
 from agent.tables import console, hostnames, jobs_table, nodes_table, short
-from gossip.identity import IdentityError, load_identity
+from gossip.identity import IdentityError, NodeIdentity, load_identity
 
 # -- connection ------------------------------------------------------------------------------------
 
 
-def client_for(args: argparse.Namespace) -> ApiClient:
-    """A client to ``--agent`` as the operator of ``--identity`` (one-line errors)."""
-    if not args.agent:
-        raise UserError(f"no agent to talk to: pass --agent HOST:PORT or set ${AGENT_ENV}")
+def operator_identity(args: argparse.Namespace) -> tuple[NodeIdentity, Path]:
+    """The operator identity of ``--identity`` (default: the ``shoal init`` folder) and that
+    folder (one-line errors)."""
     directory = args.identity or default_cluster_dir()
     if not (directory / "node.key").exists():
         raise UserError(
             f"no operator identity in {directory}: run 'shoal init' first or pass --identity DIR"
         )
     try:
-        identity = load_identity(directory)
+        return load_identity(directory), directory
     except IdentityError as exc:
         raise UserError(f"cannot load your identity from {directory}: {exc}") from None
-    try:
-        return ApiClient(identity, args.agent)
-    except ValueError as exc:
-        raise UserError(f"--agent: {exc}") from None
+
+
+async def connect(args: argparse.Namespace) -> ApiClient:
+    """A client, as the operator, to ``--agent`` (or ``$SHOAL_AGENT``); without either, to the
+    first agent of the fleet (``fleet.toml`` in the cluster folder) that answers."""
+    identity, directory = operator_identity(args)
+    if args.agent:
+        try:
+            return ApiClient(identity, args.agent)
+        except ValueError as exc:
+            raise UserError(f"--agent: {exc}") from None
+    fleet = load_fleet(directory)
+    if not fleet.agents:
+        raise UserError(
+            f"no agent to talk to: pass --agent HOST:PORT, set ${AGENT_ENV}, or set up hosts "
+            f"with 'shoal bootstrap' (it remembers them in {fleet_path(directory)})"
+        )
+    return await first_answering(identity, fleet.addresses)
 
 
 def run_with_client(args: argparse.Namespace, call: Callable[[ApiClient], Awaitable[Any]]) -> Any:
     """``call(client)`` in a fresh event loop; an agent's refusal becomes a one-line UserError."""
 
     async def go() -> Any:
-        async with client_for(args) as client:
+        async with await connect(args) as client:
             return await call(client)
 
     try:
@@ -80,73 +95,6 @@ def print_json_line(value: Any) -> None:
 
 
 # -- commands --------------------------------------------------------------------------------------
-
-
-def _spec_from_args(args: argparse.Namespace) -> JobSpec:
-    if args.file is not None:
-        try:
-            text = args.file.read_text()
-        except OSError as exc:
-            raise UserError(f"--file {args.file}: {exc.strerror or exc}") from None
-        if args.command:
-            raise UserError("give the command either in --file or after --, not both")
-        return JobSpec.from_toml(text)
-    command = list(args.command)
-    if command[:1] == ["--"]:
-        command = command[1:]
-    if not command:
-        raise UserError("no command to run: shoal submit [options] -- COMMAND [ARGS...]")
-    resources: dict[str, Any] = {"gpus_per_node": args.gpus, "nodes": args.nodes}
-    if args.mem is not None:
-        resources["min_mem_per_gpu_bytes"] = args.mem
-    if args.backend:
-        resources["backends"] = [b.strip() for b in args.backend.split(",") if b.strip()]
-    data: dict[str, Any] = {
-        "command": command,
-        "resources": resources,
-        "kind": args.kind,
-        "priority": args.priority,
-        "preemptible": args.preemptible,
-        "datasets": args.dataset,
-        "retries": args.retries,
-        "env": dict(_pairs(args.env, "--env")),
-        "labels": dict(_pairs(args.label, "--label")),
-    }
-    if args.deadline is not None:
-        data["deadline"] = args.deadline
-    if args.max_runtime is not None:
-        data["max_runtime_s"] = args.max_runtime
-    if args.checkpoint_dir is not None:
-        data["checkpoint_dir"] = args.checkpoint_dir
-    return JobSpec.from_human(data)
-
-
-def _pairs(values: Sequence[str], flag: str) -> list[tuple[str, str]]:
-    out = []
-    for value in values:
-        key, sep, val = value.partition("=")
-        if not sep or not key:
-            raise UserError(f"{flag} {value!r}: expected KEY=VALUE")
-        out.append((key, val))
-    return out
-
-
-def cmd_submit(args: argparse.Namespace) -> int:
-    try:
-        spec = _spec_from_args(args)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    job_id = new_job_id()
-    answer = run_with_client(args, lambda c: c.submit(spec, job_id))
-    if args.json:
-        print_json(answer)
-    else:
-        copies = answer.get("replicas", "?")
-        print(
-            f"submitted {answer.get('job_id', job_id)} "
-            f"(owner {short(answer.get('owner'))}, durable on {copies} agents)"
-        )
-    return 0
 
 
 async def _jobs_and_nodes(client: ApiClient) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -183,55 +131,6 @@ async def resolve_job(client: ApiClient, text: str) -> Mapping[str, Any]:
 async def resolve_node(client: ApiClient, text: str) -> Mapping[str, Any]:
     """The node ``text`` names, as ``GET /v1/nodes`` lists it (see :mod:`agent.resolve`)."""
     return pick_node(await client.nodes(), text)
-
-
-def cmd_logs(args: argparse.Namespace) -> int:
-    """Every attempt's log under a header naming its node and how it ended (or one attempt's,
-    with ``--attempt``); ``-f`` follows the current attempt."""
-
-    async def call(client: ApiClient) -> None:
-        job = await resolve_job(client, args.job)
-        job_id = str(job["job_id"])
-        attempts = [a for a in (await client.job(job_id)).get("attempts") or []]
-        if args.attempt is not None:
-            if not any(a.get("attempt") == args.attempt for a in attempts):
-                raise UserError(f"job {short(job_id)} has no attempt {args.attempt} on record")
-            attempts = [a for a in attempts if a.get("attempt") == args.attempt]
-        if not attempts:  # not started yet, or a job from before attempts were recorded
-            await _print_log(client, job_id, args, None, None)
-            return
-        names = hostnames((await client.nodes()) if not args.json else [])
-        for i, entry in enumerate(attempts):
-            last = i == len(attempts) - 1
-            await _print_log(client, job_id, args, entry, names, follow=args.follow and last)
-
-    return run_following(args, call)
-
-
-async def _print_log(
-    client: ApiClient,
-    job_id: str,
-    args: argparse.Namespace,
-    entry: Mapping[str, Any] | None,
-    names: Mapping[str, str] | None,
-    *,
-    follow: bool = False,
-) -> None:
-    attempt = None if entry is None else int(entry["attempt"])
-    if entry is not None and not args.json:
-        node = str(entry.get("node") or "")
-        how = entry.get("cause") or "running"
-        if entry.get("cause") == "exit":
-            how = f"exit {entry.get('exit_code')}"
-        where = (names or {}).get(node, short(node))
-        print(f"=== attempt {attempt} on {where} ({how}) ===", flush=True)
-    async for line in client.logs(job_id, lines=args.lines, follow=follow, attempt=attempt):
-        if args.json:
-            print_json_line(
-                {"line": line} if attempt is None else {"attempt": attempt, "line": line}
-            )
-        else:
-            print(line, flush=True)
 
 
 def _show(args: argparse.Namespace, answer: Mapping[str, Any], text: str) -> int:

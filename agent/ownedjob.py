@@ -212,9 +212,14 @@ def job_from_wire(body: dict[str, Any], authority: Authority) -> OwnedJob:
 
 def store_replica(store: Store, body: dict[str, Any], caller: str, authority: Authority) -> None:
     """Keep a copy sent by the job's owner, unless we already hold a newer version. Refused
-    (``OwnerError`` 403) unless the caller may act as the job's owner and says it is."""
+    (``OwnerError`` 403) unless the caller says it is the owner and either it may act as one
+    here, or this agent is itself among the job's owners here (the copy is this agent's to keep
+    anyway: while a mesh forms, the owner may not rank where this agent's view puts it)."""
     job = job_from_wire(body, authority)
-    if job.owner != caller or not authority.may_own(job.job_id, caller):
+    rightful = authority.may_own(job.job_id, caller) or authority.may_own(
+        job.job_id, authority.node_id
+    )
+    if job.owner != caller or not rightful:
         raise OwnerError(403, f"{caller[:8]} may not replicate job {job.job_id}")
     held = store.get_job(job.job_id)
     if held is not None and OwnerDetail.from_wire(held.detail).gen > job.gen:

@@ -18,3 +18,9 @@ def config_home() -> Path:
 def default_cluster_dir() -> Path:
     """The operator's cluster directory: the CA and the operator's own identity."""
     return config_home() / "cluster"
+
+
+def cache_home() -> Path:
+    """``$XDG_CACHE_HOME/shoal``, else ``~/.cache/shoal``: what can be made again (wheels)."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "shoal"

@@ -10,6 +10,9 @@
 - ``node``: drain state, queue, running jobs, free devices at once when they change; a change in
   the running jobs' progress alone at most every :data:`PROGRESS_EVERY_S`.
 - ``events``: this node's recent events at most every :data:`EVENTS_EVERY_S`.
+- ``place``: the datasets this node holds with their sizes (at once when a scan finds a change)
+  and its network coordinate (once it has measured a round trip; again when it moved more than
+  :data:`COORD_MOVED_S`, at most every :data:`PLACE_EVERY_S`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from agent.devices import HostDevices
 from agent.events import EventLog
 from agent.jobspec import SUPPORTED_FEATURES
 from agent.wire.codec import MAX_RECORD_BYTES, WireError
+from agent.wire.place import PLACE, PlaceRecord, coord_moved_s
 from agent.wire.records import InventoryRecord, NodeRecord, TelemetryRecord
+from gossip.vivaldi import Coordinate
 from probers.records import DeviceStatic
 
 log = logging.getLogger("shoal.agent")
@@ -36,6 +41,10 @@ what placement reads (drain, queue, running jobs, free devices) is republished a
 EVENTS_EVERY_S = 1.0
 """This node's recent events are republished at most this often (each event used to resend
 them all: a third of the gossip bytes of a mesh under load)."""
+PLACE_EVERY_S = 30.0
+"""A moved coordinate alone republishes the ``place`` record at most this often."""
+COORD_MOVED_S = 0.001
+"""How far (in RTT) a coordinate must move before it is worth telling everyone."""
 
 
 class Publisher:
@@ -46,9 +55,10 @@ class Publisher:
         devices: HostDevices,
         events: EventLog,
         node_doc: Callable[[], NodeRecord],
+        coordinate: Callable[[], Coordinate | None] = lambda: None,
     ) -> None:
         """``node_doc``: the ``node`` record as it would be now (drain, queue, running, free,
-        progress)."""
+        progress); ``coordinate``: this node's network coordinate, ``None`` while unmeasured."""
         self._publish = publish
         self._config = config
         self._devices = devices
@@ -61,12 +71,23 @@ class Publisher:
         self._events_at = float("-inf")
         self._last_telemetry: dict[str, tuple[float, float, float]] = {}
         self._telemetry_at = float("-inf")
+        self._coordinate = coordinate
+        self._datasets: dict[str, int] = dict.fromkeys(config.datasets, 0)
+        self._place_sent: PlaceRecord | None = None
+        self._place_at = float("-inf")
+        self._place_dirty = True
 
     def node_changed(self) -> None:
         self._node_dirty = True
 
     def events_changed(self) -> None:
         self._events_dirty = True
+
+    def datasets_scanned(self, held: dict[str, int]) -> None:
+        """What a scan of the datasets found; published at the next tick if it changed."""
+        if held != self._datasets:
+            self._datasets = held
+            self._place_dirty = True
 
     def inventory(self, address: str, boot: int) -> None:
         report = self._devices.report
@@ -123,6 +144,37 @@ class Publisher:
             self.node(now)
         if self._events_dirty and now - self._events_at >= EVENTS_EVERY_S:
             self.events(now)
+        sent = self._place_sent
+        unsaid = sent is None or sent.coord is None  # a first measured coordinate goes at once
+        if (
+            self._place_dirty
+            or now - self._place_at >= PLACE_EVERY_S
+            or (unsaid and self._coordinate() is not None)
+        ):
+            self.place(now)
+
+    def place(self, now: float) -> None:
+        """The ``place`` record, when its datasets changed or its coordinate moved."""
+        coord = self._coordinate()
+        sent = self._place_sent
+        if (
+            not self._place_dirty
+            and sent is not None
+            and coord_moved_s(sent.coord, coord) < COORD_MOVED_S
+        ):
+            self._place_at = now
+            return
+        self._place_dirty = False
+        self._place_at = now
+        record = PlaceRecord(datasets=dict(self._datasets), coord=coord)
+        if sent is None and not record.datasets and coord is None:
+            return  # nothing to say yet: no record until a dataset or a measured round trip
+        payload, left_out = record.encode()
+        if left_out and (sent is None or sent.datasets != record.datasets):
+            log.warning("place record: %d dataset(s) do not fit and are not gossiped", left_out)
+            self._events.add("datasets_not_gossiped", f"{left_out} dataset(s) do not fit")
+        self._place_sent = record
+        self._publish(PLACE, payload)
 
     def node(self, now: float) -> None:
         """The node record, when it says something new (see :data:`PROGRESS_EVERY_S`)."""

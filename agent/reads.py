@@ -86,6 +86,8 @@ class Reads:
         view = self._ctx.view
         out = []
         for m in sorted(self._node.members(), key=lambda m: m.node):
+            if self._trust.is_revoked(m.node):
+                continue  # not a member any more: every agent holds the revocation list
             node = view.nodes.get(m.node)
             inv = node.inventory if node else None
             status = node.status if node else None
@@ -114,6 +116,8 @@ class Reads:
                     queue=status.queue if status else 0,
                     wire_version=inv.version if inv else None,
                     features=inv.features if inv else (),
+                    datasets=node.datasets if node is not None else {},
+                    rtt_s=view.rtt_s(self._ctx.node_id, m.node),
                 )
             )
         return out

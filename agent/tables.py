@@ -122,7 +122,7 @@ def _fit(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(0, width - 1)] + "…"
 
 
-def _table(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int) -> Table:
+def fitted_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int) -> Table:
     """A table of one-line cells that fits ``width``: cells are cut with an ellipsis."""
     from rich import box
     from rich.table import Table
@@ -181,7 +181,7 @@ def jobs_table(
     jobs: Sequence[Mapping[str, Any]], names: Mapping[str, str], now: float, width: int
 ) -> Table:
     """One row per job, ``width`` columns wide; ``names`` maps node ids to host names."""
-    return _table(JOB_COLUMNS, [job_row(job, names, now) for job in jobs], width)
+    return fitted_table(JOB_COLUMNS, [job_row(job, names, now) for job in jobs], width)
 
 
 def is_stale(node: Mapping[str, Any]) -> bool:
@@ -191,15 +191,23 @@ def is_stale(node: Mapping[str, Any]) -> bool:
 
 
 def _gpu_names(devices: Sequence[Mapping[str, Any]]) -> str:
+    """``2x NVIDIA H100``; a host with no GPU shows ``CPU only`` (its CPU is no GPU)."""
     names: dict[str, int] = {}
     for device in devices:
+        if device.get("backend") == "cpu":
+            continue
         name = str(device.get("name", "?")).removesuffix(" (simulated)")
         names[name] = names.get(name, 0) + 1
-    return ", ".join(f"{n}x {name}" for name, n in names.items()) or "-"
+    if names:
+        return ", ".join(f"{n}x {name}" for name, n in names.items())
+    return "CPU only" if devices else "-"
 
 
 def _readings(devices: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
-    """Mean utilization and the share of memory in use over the node's devices."""
+    """Mean utilization and the share of memory in use over the node's GPUs (over its CPU and
+    RAM on a host without GPUs)."""
+    gpus = [d for d in devices if d.get("backend") != "cpu"]
+    devices = gpus or devices
     utils = [float(d["util_pct"]) for d in devices if d.get("util_pct") is not None]
     mem = [
         (int(d["mem_used_bytes"]), int(d["mem_total_bytes"]))
@@ -224,13 +232,21 @@ NODE_COLUMNS: tuple[Column, ...] = (
 
 
 def node_row(node: Mapping[str, Any]) -> list[str]:
+    """One node; one that is not alive shows no readings (``stale`` while it may come back,
+    ``-`` once it has left), and no jobs."""
     devices = node.get("devices") or []
-    util, mem = ("stale", "-") if devices and is_stale(node) else _readings(devices)
-    alive = node.get("state") == "alive"
+    state = str(node.get("state", "?"))
+    if state == "left":
+        util, mem = "-", "-"
+    elif devices and is_stale(node):
+        util, mem = "stale", "-"
+    else:
+        util, mem = _readings(devices)
+    alive = state == "alive"
     return [
         str((node.get("host") or {}).get("hostname") or "-"),
         short(node.get("node_id")),
-        str(node.get("state", "?")),
+        state,
         str(node.get("drain") or "-"),
         util,
         mem,
@@ -241,7 +257,7 @@ def node_row(node: Mapping[str, Any]) -> list[str]:
 
 def nodes_table(nodes: Sequence[Mapping[str, Any]], width: int) -> Table:
     """One row per node, ``width`` columns wide; stale readings shown as ``stale``."""
-    return _table(NODE_COLUMNS, [node_row(node) for node in nodes], width)
+    return fitted_table(NODE_COLUMNS, [node_row(node) for node in nodes], width)
 
 
 def hostnames(nodes: Sequence[Mapping[str, Any]]) -> dict[str, str]:

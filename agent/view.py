@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from agent.authority import FeaturesLacking, Submission, SubmissionRefused
 from agent.wire.codec import MAX_RECORD_BYTES, WireError, pack, unpack
+from agent.wire.place import PLACE, PlaceRecord
 from agent.wire.records import (
     EVENTS,
     INVENTORY,
@@ -66,6 +67,17 @@ class NodeView:
     inventory_head: InventoryHead | None = None
     inventory_parts: dict[int, InventoryPart] = field(default_factory=dict)
     """The parts of the inventory held so far (believed once all of one set are here)."""
+    place: PlaceRecord | None = None
+    """Its datasets with their sizes and its network coordinate (``None`` until published)."""
+
+    @property
+    def datasets(self) -> Mapping[str, int]:
+        """Dataset -> bytes it holds: its ``place`` record, else the names its inventory's
+        ``datasets`` label gives (an agent that predates the record; sizes not known: 0)."""
+        if self.place is not None:
+            return self.place.datasets
+        labels = self.inventory.labels if self.inventory is not None else {}
+        return dict.fromkeys((d for d in labels.get("datasets", "").split(",") if d), 0)
 
     @property
     def statics(self) -> tuple[DeviceStatic, ...]:
@@ -129,6 +141,16 @@ class ClusterView:
         """Jobs whose believed record may change with membership (several origins' records, or
         a record not believed yet)."""
 
+    def rtt_s(self, a: str, b: str) -> float | None:
+        """The estimated round trip between nodes ``a`` and ``b`` from the coordinates they
+        gossip; ``None`` while either has not published one."""
+        if a == b:
+            return 0.0
+        pa, pb = self.nodes.get(a), self.nodes.get(b)
+        if pa is None or pb is None or pa.place is None or pb.place is None:
+            return None
+        return pa.place.rtt_s(pb.place)
+
     def node(self, node_id: str) -> NodeView:
         view = self.nodes.get(node_id)
         if view is None:
@@ -176,6 +198,8 @@ class ClusterView:
             view.status = NodeRecord.decode(doc)
         elif kind == EVENTS:
             self.events[origin] = EventsRecord.decode(doc).events
+        elif kind == PLACE:
+            view.place = PlaceRecord.decode(doc)
 
     def _assemble(self, view: NodeView) -> None:
         """Believe the node's inventory once every part of its set is held."""

@@ -112,6 +112,33 @@ def _identity(directory: Path | None) -> Any:
         raise UserError(f"cannot load your identity from {directory}: {exc}") from None
 
 
+def _fleet_agent(identity_dir: Path | None) -> str:
+    """The first agent of the fleet (``fleet.toml`` of the cluster folder) that answers."""
+    import asyncio
+
+    from agent.client import ApiError
+    from agent.failover import first_answering
+    from agent.fleet import fleet_path, load_fleet
+
+    directory = identity_dir or default_cluster_dir()
+    fleet = load_fleet(directory)
+    if not fleet.agents:
+        raise UserError(
+            f"no agent to join: pass --join HOST:PORT, set ${AGENT_ENV}, --sim N, or set up "
+            f"hosts with 'shoal bootstrap' (it remembers them in {fleet_path(directory)})"
+        )
+    identity = _identity(directory)
+
+    async def pick() -> str:
+        async with await first_answering(identity, fleet.addresses) as client:
+            return client.address
+
+    try:
+        return asyncio.run(pick())
+    except ApiError as exc:
+        raise UserError(str(exc)) from None
+
+
 def api_source(address: str, identity_dir: Path | None) -> Any:
     """An :class:`tui.source.ApiSource` for the agent at ``address`` as the operator identity."""
     from agent.client import ApiClient
@@ -173,9 +200,8 @@ def run_tui(args: argparse.Namespace) -> int:
             raise UserError("--sim needs at least one host")
         source: Any = SimSource(args.sim, live=True, latency_s=0.3)
     else:
-        if not args.agent:
-            raise UserError(f"no agent to join: pass --join HOST:PORT, set ${AGENT_ENV} or --sim N")
-        source = api_source(args.agent, args.identity)
+        address = args.agent or _fleet_agent(args.identity)
+        source = api_source(address, args.identity)
         identity_dir = args.identity or default_cluster_dir()
     return _run(
         source,

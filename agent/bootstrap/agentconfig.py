@@ -13,14 +13,17 @@ from agent.bootstrap.layout import RemoteLayout
 HEADER = "# Written by shoal bootstrap; rerunning it rewrites this file.\n"
 
 
-def agent_config(spec: HostSpec, layout: RemoteLayout, join: Sequence[str]) -> dict[str, Any]:
-    """The ``[agent]`` table for this host."""
+def agent_config(
+    spec: HostSpec, layout: RemoteLayout, join: Sequence[str], peer_ip: str | None = None
+) -> dict[str, Any]:
+    """The ``[agent]`` table for this host; ``join`` its seeds, ``peer_ip`` the address SSH
+    reached it at."""
     table: dict[str, Any] = {
         "listen": spec.listen or f"0.0.0.0:{DEFAULT_AGENT_PORT}",
         "data_dir": layout.data_dir,
         "identity_dir": layout.identity_dir,
     }
-    advertise = spec.advertise or _advertise_default(spec)
+    advertise = advertised_host(spec, peer_ip)
     if advertise:
         table["advertise"] = advertise
     if join:
@@ -36,25 +39,32 @@ def agent_config(spec: HostSpec, layout: RemoteLayout, join: Sequence[str]) -> d
     return {"agent": table}
 
 
-def _advertise_default(spec: HostSpec) -> str | None:
-    """Peers reach the agent by the name the operator used for SSH, unless listen names a host."""
-    listen_host = (spec.listen or "").rpartition(":")[0].strip("[]")
+def _listen(spec: HostSpec) -> tuple[str, str]:
+    host, _, port = (spec.listen or f"0.0.0.0:{DEFAULT_AGENT_PORT}").rpartition(":")
+    return host.strip("[]"), port
+
+
+def advertised_host(spec: HostSpec, peer_ip: str | None) -> str | None:
+    """What peers dial to reach the agent, when it differs from the listen host: the hosts
+    file's ``advertise``; else, for an agent listening on every interface, the address SSH
+    connected to, resolved (an ``~/.ssh/config`` alias or a name only the operator's machine
+    resolves would strand the node); None when ``listen`` names the host itself."""
+    if spec.advertise:
+        return spec.advertise
+    listen_host, _ = _listen(spec)
     if listen_host and listen_host not in ("0.0.0.0", "::"):
         return None
-    return spec.host
+    return peer_ip or spec.host
 
 
-def render_config(spec: HostSpec, layout: RemoteLayout, join: Sequence[str]) -> bytes:
-    return (HEADER + tomli_w.dumps(agent_config(spec, layout, join))).encode("utf-8")
+def render_config(
+    spec: HostSpec, layout: RemoteLayout, join: Sequence[str], peer_ip: str | None = None
+) -> bytes:
+    return (HEADER + tomli_w.dumps(agent_config(spec, layout, join, peer_ip))).encode("utf-8")
 
 
-def agent_address(spec: HostSpec) -> str:
-    """``HOST:PORT`` where the operator can reach this agent's API."""
-    listen = spec.listen or f"0.0.0.0:{DEFAULT_AGENT_PORT}"
-    host, _, port = listen.rpartition(":")
-    host = host.strip("[]")
-    if spec.advertise:
-        host = spec.advertise
-    elif host in ("", "0.0.0.0", "::"):
-        host = spec.host
+def agent_address(spec: HostSpec, peer_ip: str | None = None) -> str:
+    """``HOST:PORT`` where peers and the operator reach this agent's API."""
+    listen_host, port = _listen(spec)
+    host = advertised_host(spec, peer_ip) or listen_host
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from types import TracebackType
 
-from rich import box
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from agent.bootstrap.runner import HostResult
+from agent.tables import Column, fitted_table
 
 
 class ProgressDisplay:
@@ -52,24 +52,49 @@ class ProgressDisplay:
         self._progress.stop()
 
 
-def summary_table(results: Sequence[HostResult]) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, title="shoal bootstrap", title_justify="left")
-    for column in ("host", "result", "node", "os/arch", "python", "GPU drivers", "GPUs in mesh"):
-        table.add_column(column)
-    table.add_column("details", overflow="fold")
-    for r in results:
-        style = "green" if r.ok else "red"
-        table.add_row(
-            r.host,
-            f"[{style}]{r.action}",
-            r.node_id[:12] if r.node_id else "-",
-            f"{r.os}/{r.arch}" if r.os else "-",
-            (r.python or "-").split(" ")[0],
-            r.gpu_drivers or "-",
-            r.gpus or "-",
-            r.message,
+SUMMARY_COLUMNS: tuple[Column, ...] = (
+    ("Host", "left", 22),
+    ("Result", "left", 11),
+    ("Node", "left", 8),
+    ("Service", "left", 14),
+    ("GPUs in mesh", "left", 20),
+    ("Details", "left", None),
+)
+
+
+def summary_row(r: HostResult) -> list[str]:
+    system = ", ".join(
+        part
+        for part in (
+            f"{r.os}/{r.arch}" if r.os else "",
+            f"Python {r.python.split(' ')[0]}" if r.python else "",
         )
-    return table
+        if part
+    )
+    return [
+        r.host,
+        r.action,
+        r.node_id[:8] if r.node_id else "-",
+        r.service or "-",
+        r.gpus or "-",
+        f"{r.message} ({system})" if system and r.ok else r.message,
+    ]
+
+
+def summary_table(results: Sequence[HostResult], width: int) -> Table:
+    """One line per host, ``width`` columns wide (a long detail is cut: failures, notes and
+    warnings follow the table in full)."""
+    return fitted_table(SUMMARY_COLUMNS, [summary_row(r) for r in results], width)
+
+
+def note_lines(results: Sequence[HostResult]) -> list[str]:
+    """``host X: <note>`` for what was done that the operator should know (a key trusted)."""
+    return [f"host {r.host}: {note}" for r in results for note in r.notes]
+
+
+def warning_lines(results: Sequence[HostResult]) -> list[str]:
+    """``host X: warning: <what>`` for what the operator should act on."""
+    return [f"host {r.host}: warning: {w}" for r in results for w in r.warnings]
 
 
 def failure_lines(results: Sequence[HostResult]) -> list[str]:

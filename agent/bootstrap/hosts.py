@@ -7,7 +7,7 @@ Hosts file::
     labels = { team = "vision" }
     zone = "rack-a"
     listen = "0.0.0.0:7946"        # the agent's listen address on that host
-    advertise = "10.0.0.21"        # what peers dial, when it differs from the SSH host name
+    advertise = "10.0.0.21"        # what peers dial (default: the address SSH connected to)
     sim = "h100:2"                 # simulate GPUs (tests and demos)
     sim_seed = 3
     python = "/usr/bin/python3.12" # the interpreter to build the venv from

@@ -16,13 +16,18 @@ from __future__ import annotations
 import hashlib
 import shlex
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import tomli_w
 
 from agent.bootstrap.layout import RemoteLayout
-from agent.bootstrap.ssh import BootstrapError, Remote
+from agent.bootstrap.ssh import BootstrapError, Remote, RemoteCommandFailed
+
+if TYPE_CHECKING:
+    from agent.bootstrap.shipping import HostPlatform, LocalBuild
 
 PIP_TIMEOUT_S = 900.0
 
@@ -38,17 +43,36 @@ _SWAP_CODE = (
 
 @dataclass(frozen=True, slots=True)
 class InstallSource:
-    """Where Shoal comes from: the index (``wheelhouse`` None) or a local wheelhouse folder."""
+    """Where Shoal comes from: a wheelhouse folder, this checkout's own build (``local_build``,
+    shipped with its dependencies: :mod:`agent.bootstrap.shipping`), or the package index."""
 
     version: str
     wheelhouse: Path | None = None
     inherit_site_packages: bool = False
     index_url: str | None = None
+    local_build: LocalBuild | None = None
+
+    @property
+    def where(self) -> str:
+        """Where the wheels come from, as the progress line says it."""
+        if self.wheelhouse is not None:
+            return "the wheelhouse"
+        if self.local_build is not None:
+            return "this checkout (its wheel and dependencies, shipped)"
+        return "the package index"
 
     def wheels(self) -> list[Path]:
         if self.wheelhouse is None:
-            return []
+            return [self.local_build.wheel] if self.local_build is not None else []
         return sorted(p for p in self.wheelhouse.iterdir() if p.name.endswith(".whl"))
+
+    async def wheels_for(self, target: HostPlatform) -> list[Path]:
+        """The wheels to upload to a host of ``target`` (none: pip uses the index)."""
+        if self.local_build is not None:
+            if self.inherit_site_packages:
+                return [self.local_build.wheel]  # --no-deps: the inherited site has the rest
+            return await self.local_build.wheels_for(target)
+        return self.wheels()
 
     def shoal_wheel(self) -> Path | None:
         prefix = f"shoal-{self.version}-"
@@ -56,7 +80,7 @@ class InstallSource:
 
     def build_digest(self) -> str:
         """Identifies the build: the SHA-256 of the Shoal wheel, or ``index`` for index installs."""
-        if self.wheelhouse is None:
+        if self.wheelhouse is None and self.local_build is None:
             return "index"
         wheel = self.shoal_wheel()
         if wheel is None:
@@ -130,7 +154,15 @@ async def create_venv(
     path = f"{layout.venvs}/{name}"
     q = shlex.quote
     flags = " --system-site-packages" if source.inherit_site_packages else ""
-    await remote.run(f"mkdir -p {q(layout.venvs)} && {q(python)} -m venv{flags} {q(path)}")
+    try:
+        await remote.run(f"mkdir -p {q(layout.venvs)} && {q(python)} -m venv{flags} {q(path)}")
+    except RemoteCommandFailed as exc:
+        if "ensurepip" not in str(exc) and "venv" not in str(exc):
+            raise
+        raise BootstrapError(
+            f"{python} cannot make a venv ({exc}); on Debian and Ubuntu install the "
+            "python3.X-venv package of that Python"
+        ) from None
     if source.inherit_site_packages:
         sites = await remote.run(f"{q(python)} -c {q(_SITE_CODE)}")
         purelib = await remote.run(f"{q(path)}/bin/python -c {q(_PURELIB_CODE)}")
@@ -140,9 +172,14 @@ async def create_venv(
 
 
 async def install_shoal(
-    remote: Remote, layout: RemoteLayout, venv: str, source: InstallSource
+    remote: Remote,
+    layout: RemoteLayout,
+    venv: str,
+    source: InstallSource,
+    wheels: Sequence[Path] = (),
 ) -> None:
-    """pip-install this exact version into ``venv`` and check that it imports."""
+    """pip-install this exact version into ``venv`` (from ``wheels``, uploaded, or else from
+    the package index) and check that it imports."""
     q = shlex.quote
     pip = f"{q(venv)}/bin/python -m pip install --disable-pip-version-check --no-input -q"
     if source.inherit_site_packages:
@@ -150,15 +187,25 @@ async def install_shoal(
         pip += " --no-deps --ignore-installed"
     requirement = q(f"shoal=={source.version}")
     upload = ""
-    if source.wheelhouse is not None:
+    if wheels:
         upload = f"{layout.uploads}/{Path(venv).name}"
         await remote.run(f"mkdir -p {q(upload)}")
-        await remote.put_files([(w, f"{upload}/{w.name}") for w in source.wheels()])
+        await remote.put_files([(w, f"{upload}/{w.name}") for w in wheels])
         pip += f" --no-index --find-links {q(upload)}"
-    elif source.index_url:
-        pip += f" --index-url {q(source.index_url)}"
+    else:
+        pip += " --retries 1 --timeout 15"
+        if source.index_url:
+            pip += f" --index-url {q(source.index_url)}"
     try:
         await remote.run(f"{pip} {requirement}", timeout_s=PIP_TIMEOUT_S)
+    except RemoteCommandFailed as exc:
+        if upload:
+            raise
+        raise BootstrapError(
+            f"pip could not install shoal=={source.version} from the package index ({exc}); "
+            "for hosts that cannot reach it, build a wheelhouse (shoal bootstrap "
+            "--build-wheelhouse DIR) and pass --wheelhouse DIR"
+        ) from None
     finally:
         if upload:
             await remote.run(f"rm -rf {q(upload)}", check=False)

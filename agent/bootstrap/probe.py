@@ -162,14 +162,43 @@ def _version(text: str) -> tuple[int, int, int] | None:
     return int(parts[0]), int(parts[1]), int(parts[2])
 
 
-def require_python(facts: HostFacts, host: str) -> PythonFound:
-    """The interpreter to build the venv from, or NoPython with the one line to show."""
-    found = facts.python
-    if found is not None:
-        return found
+PYTHON_HINT = (
+    "install Python 3.11 or newer (e.g. apt-get install python3.11 python3.11-venv, "
+    "dnf install python3.11, brew install python@3.12) and pass --python PATH unless it is on PATH"
+)
+
+
+def require_python(
+    facts: HostFacts,
+    host: str,
+    wanted: str | None = None,
+    prefer: tuple[int, int] | None = None,
+) -> PythonFound:
+    """The interpreter to build the venv from, or NoPython with the one line to show.
+
+    ``wanted`` is the one interpreter asked for (``--python`` or the hosts file); ``prefer`` a
+    version to choose among several usable ones (the operator's own, whose wheels can ship).
+    """
+    usable = [p for p in facts.pythons if p.usable]
+    if prefer is not None:
+        same = [p for p in usable if p.version[:2] == prefer]
+        if same:
+            return same[0]
+    if usable:
+        return usable[0]
     if facts.pythons:
         best = max(facts.pythons, key=lambda p: p.version)
         raise NoPython(
-            f"host {host}: Python 3.11+ not found (found {best.version_text} at {best.path})"
+            f"host {host}: Python 3.11+ not found (found {best.version_text} at {best.path}); "
+            + PYTHON_HINT
         )
-    raise NoPython(f"host {host}: Python 3.11+ not found (no python3 on PATH)")
+    if wanted is not None:
+        raise NoPython(
+            f"host {host}: the interpreter {wanted} does not exist there or does not run; "
+            "pass --python with the path of Python 3.11 or newer on that host"
+        )
+    tried = ", ".join(PYTHON_CANDIDATES[:-2])
+    raise NoPython(
+        f"host {host}: Python 3.11+ not found (none of {tried}, python3 or python on PATH); "
+        + PYTHON_HINT
+    )

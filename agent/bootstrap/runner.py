@@ -1,7 +1,9 @@
-"""One host end to end, and many hosts in parallel.
+"""One host end to end (many hosts at once: :mod:`agent.bootstrap.fleetrun`).
 
-:func:`bootstrap_host` converges a host on "this Shoal build, certified by this cluster, running
-with this config, alive in the mesh": it installs what is missing or different, leaves alone what
+:func:`connect_host` reaches the host over SSH (the address it connected to is what the agent
+advertises, see :mod:`agent.bootstrap.wiring`); :func:`bootstrap_host` then converges it on
+"this Shoal build, certified by this cluster, running with this config (its seeds among the
+fleet), alive in the mesh": it installs what is missing or different, leaves alone what
 is already right (a rerun changes nothing and restarts nothing), and on any failure undoes what
 this run did, in reverse, so the host is as it was. :func:`uninstall_host` removes it all and
 revokes the node. Upgrades of running nodes go one host at a time (``upgrade_slots``) and drain
@@ -12,18 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import shlex
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, Protocol
 
 from cryptography import x509
 
 from agent.bootstrap import install, mesh
-from agent.bootstrap.agentconfig import agent_address, render_config
+from agent.bootstrap.agentconfig import advertised_host, render_config
 from agent.bootstrap.certify import KeyReport, needs_certificate, sign_node
 from agent.bootstrap.hosts import HostSpec
 from agent.bootstrap.install import InstallRecord, InstallSource
@@ -37,8 +41,10 @@ from agent.bootstrap.probe import (
     require_python,
 )
 from agent.bootstrap.service import Service, choose_kind, service_kind
-from agent.bootstrap.ssh import BootstrapError, Remote, SshOptions, connect
+from agent.bootstrap.shipping import HostPlatform, local_platform
+from agent.bootstrap.ssh import BootstrapError, Remote, SshOptions, UnknownHostKey, connect
 from agent.client import ApiClient, ApiError
+from agent.failover import first_answering
 from agent.revocations import publish, revoke_nodes
 from gossip.identity import (
     CA_CERT,
@@ -82,6 +88,9 @@ class BootstrapOptions:
     source: InstallSource
     ssh: SshOptions
     join: tuple[str, ...] = ()
+    """Agents of the mesh already running (``--join``, else the fleet file's)."""
+    fleet_dir: Path | None = None
+    """The cluster folder whose ``fleet.toml`` remembers the agents set up (None: not written)."""
     remote_dir: str | None = None
     python: str | None = None
     service: str = "auto"
@@ -110,23 +119,67 @@ class HostResult:
     service: str | None = None
     base: str | None = None
     changes: tuple[str, ...] = ()
+    address: str | None = None
+    """Where the agent's API answers (``HOST:PORT``), as peers and the operator reach it."""
+    notes: tuple[str, ...] = ()
+    """Things done that the operator should know of (a host key trusted on first sight)."""
+    warnings: tuple[str, ...] = ()
+    """Things left that the operator should act on (an agent that will not survive a reboot)."""
+    new_host_key: str | None = None
+    """The fingerprint of a host key known_hosts has no entry for, which stopped this host (the
+    TUI offers to trust it: ``--accept-new``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostWiring:
+    """Where one host sits in the mesh, decided once every host of the run is reached
+    (:func:`agent.bootstrap.wiring.plan_wiring`)."""
+
+    address: str
+    """Where its API answers (``HOST:PORT``)."""
+    seeds: tuple[str, ...] = ()
+    """Its config's ``join``: agents of the existing mesh and other hosts of this run."""
+    existing: tuple[str, ...] = ()
+    """Agents of the mesh that run already (not of this run): the join is confirmed there."""
+    others: tuple[str, ...] = ()
+    """The other hosts of this run."""
+
+    @property
+    def mesh(self) -> tuple[str, ...]:
+        """Agents to send commands through (drain, revoke), this host's own last."""
+        return (*self.existing, *self.others, self.address)
 
 
 @dataclass
-class _Run:
-    """One host's run: the undo stack and what was learned so far."""
+class HostRun:
+    """One host's run: its connection, the undo stack and what was learned so far."""
 
     spec: HostSpec
     reporter: Reporter
+    remote: Remote | None = None
     undo: list[tuple[str, Callable[[], Awaitable[None]]]] = field(default_factory=list)
     facts: HostFacts | None = None
     python: str | None = None
     layout: RemoteLayout | None = None
     kind: str | None = None
     node_id: str | None = None
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def peer_ip(self) -> str | None:
+        return self.remote.peer_ip if self.remote is not None else None
 
     def step(self, text: str) -> None:
         self.reporter.step(self.spec.name, text)
+
+    def close(self) -> None:
+        if self.remote is not None:
+            self.remote.close()
 
     async def rollback(self) -> None:
         for what, action in reversed(self.undo):
@@ -148,6 +201,7 @@ class _Run:
             python=self.python,
             gpu_drivers=facts.gpu_summary() if facts else None,
             base=self.layout.base if self.layout else None,
+            notes=tuple(self.notes),
         )
 
 
@@ -155,7 +209,8 @@ def _q(text: str) -> str:
     return shlex.quote(text)
 
 
-async def _probe(remote: Remote, run: _Run, options: BootstrapOptions) -> HostFacts:
+async def _probe(remote: Remote, run: HostRun, options: BootstrapOptions) -> HostFacts:
+    """What the host has; the interpreter asked for (``--python``) is the only one tried."""
     run.step("probing")
     wanted = run.spec.python or options.python
     pythons = (wanted,) if wanted else PYTHON_CANDIDATES
@@ -167,46 +222,83 @@ async def _probe(remote: Remote, run: _Run, options: BootstrapOptions) -> HostFa
     return facts
 
 
-def _operator_client(options: BootstrapOptions, address: str) -> ApiClient:
-    return ApiClient(options.cluster.operator, address, timeout_s=5.0)
+async def _mesh_client(options: BootstrapOptions, addresses: Sequence[str]) -> ApiClient:
+    """The first of ``addresses`` that answers, as the operator."""
+    return await first_answering(options.cluster.operator, addresses, what="the mesh")
 
 
-async def _confirm(run: _Run, options: BootstrapOptions, node_id: str) -> dict[str, Any]:
-    """Wait until the node is alive in the mesh (through the seed, else through itself)."""
-    address = options.join[0] if options.join else agent_address(run.spec)
-    run.step(f"waiting for the node in the mesh (via {address})")
-    async with _operator_client(options, address) as client:
-        node = await mesh.wait_alive(client, node_id, options.join_timeout_s)
-    if node is None:
-        raise BootstrapError(
-            f"the agent did not join the mesh within {options.join_timeout_s:.0f} s "
-            f"(via {address}); see {run.layout.log if run.layout else 'its log'} on the host"
-        )
-    return node
+async def _log_tail(remote: Remote, service: Service) -> str:
+    """The agent log's last line on the host, for a failure message ('' when none)."""
+    result = await remote.run(service.log_tail_script(), check=False, timeout_s=20)
+    lines = [line.strip() for line in str(result.stdout or "").splitlines() if line.strip()]
+    return lines[-1][-300:] if lines else ""
 
 
-async def _node_in_mesh(options: BootstrapOptions, node_id: str) -> bool:
-    if not options.join:
-        return False
-    async with _operator_client(options, options.join[0]) as client:
+async def _confirm(
+    run: HostRun, options: BootstrapOptions, wiring: HostWiring, node_id: str
+) -> dict[str, Any]:
+    """Wait until the node is alive in the mesh: as an agent of the existing mesh sees it, or
+    (a new fleet, or none of those answers) as the node itself does; every host of the run is
+    then checked to see every other (:func:`agent.bootstrap.wiring.confirm_one_mesh`)."""
+    via = (*wiring.existing, wiring.address)
+    run.step(f"waiting for the node in the mesh (via {', '.join(via[:2])})")
+    node, where = await mesh.wait_alive_via(
+        options.cluster.operator, via, node_id, options.join_timeout_s
+    )
+    if node is not None:
+        if wiring.existing and where == wiring.address:
+            run.notes.append(
+                "no agent of the existing mesh answered (--join, fleet.toml): its join was "
+                "confirmed through the node itself"
+            )
+        return node
+    why = f"the agent did not join the mesh within {options.join_timeout_s:.0f} s ({where})"
+    if run.remote is not None and run.kind is not None and run.layout is not None and run.facts:
+        service = Service(service_kind(run.kind) or "process", run.layout, run.facts)
+        running = await service.is_running(run.remote)
+        last = await _log_tail(run.remote, service)
+        why += "; its service is " + ("running" if running else "not running")
+        why += f"; its log ends: {last}" if last else f"; see {run.layout.log} on the host"
+    raise BootstrapError(why)
+
+
+async def _node_in_mesh(options: BootstrapOptions, wiring: HostWiring, node_id: str) -> bool:
+    async with await _mesh_client(options, wiring.mesh) as client:
         node = await mesh.find_node(client, node_id)
     return node is not None and node.get("state") == "alive"
 
 
-async def bootstrap_host(
-    spec: HostSpec,
-    options: BootstrapOptions,
-    reporter: Reporter,
-    upgrade_slots: asyncio.Semaphore,
-) -> HostResult:
-    run = _Run(spec=spec, reporter=reporter)
+async def connect_host(
+    spec: HostSpec, options: BootstrapOptions, reporter: Reporter
+) -> HostRun | HostResult:
+    """The host reached over SSH (its key checked or, with ``--accept-new``, trusted on first
+    sight and recorded), or the one-line result of why not."""
+    run = HostRun(spec=spec, reporter=reporter)
     run.step("connecting")
     try:
-        remote = await connect(spec, options.ssh)
+        run.remote = await connect(spec, options.ssh)
+    except UnknownHostKey as exc:
+        unknown = None if exc.changed else exc.fingerprint
+        return dataclasses.replace(run.failed(str(exc)), new_host_key=unknown)
     except BootstrapError as exc:
         return run.failed(str(exc))
+    if run.remote.new_host_key:
+        run.notes.append(
+            f"trusted its new host key {run.remote.new_host_key} (added to "
+            f"{options.ssh.known_hosts})"
+        )
+    return run
+
+
+async def bootstrap_host(
+    run: HostRun,
+    options: BootstrapOptions,
+    wiring: HostWiring,
+    upgrade_slots: asyncio.Semaphore,
+) -> HostResult:
+    """Converge a connected host (see the module's docstring); the connection is closed after."""
     try:
-        return await _bootstrap(remote, run, options, upgrade_slots)
+        return await _bootstrap(run, options, wiring, upgrade_slots)
     except (BootstrapError, NoPython, IdentityError, ApiError) as exc:
         await run.rollback()
         return run.failed(str(exc))
@@ -215,20 +307,30 @@ async def bootstrap_host(
             await asyncio.shield(run.rollback())
         raise
     finally:
-        remote.close()
+        run.close()
 
 
 async def _bootstrap(
-    remote: Remote, run: _Run, options: BootstrapOptions, upgrade_slots: asyncio.Semaphore
+    run: HostRun,
+    options: BootstrapOptions,
+    wiring: HostWiring,
+    upgrade_slots: asyncio.Semaphore,
 ) -> HostResult:
+    remote = run.remote
+    assert remote is not None, "connect_host first"
     facts = await _probe(remote, run, options)
-    python = require_python(facts, run.spec.name)
+    source = options.source
+    python = require_python(
+        facts,
+        run.spec.name,
+        wanted=run.spec.python or options.python,
+        prefer=local_platform().python if source.local_build is not None else None,
+    )
     run.python = f"{python.version_text} ({python.path})"
     layout = RemoteLayout.for_host(
         run.spec.remote_dir or options.remote_dir, facts.home, facts.is_root
     )
     run.layout = layout
-    source = options.source
     changes: list[str] = []
 
     base_exists = (await remote.run(f"test -d {_q(layout.base)}", check=False)).exit_status == 0
@@ -258,10 +360,13 @@ async def _bootstrap(
         name = install.venv_name(source, str(int(time.time())))
         venv_path = f"{layout.venvs}/{name}"
         run.undo.append((f"remove {venv_path}", lambda: _rm(remote, venv_path)))
+        target = HostPlatform(facts.os, facts.arch, (python.version[0], python.version[1]))
+        if source.local_build is not None:
+            run.step(f"preparing wheels for {target}")
+        wheels = await source.wheels_for(target)
         new_venv = await install.create_venv(remote, layout, python.path, name, source)
-        where = "wheelhouse" if source.wheelhouse else "index"
-        run.step(f"installing shoal {source.version} from the {where}")
-        await install.install_shoal(remote, layout, new_venv, source)
+        run.step(f"installing shoal {source.version} from {source.where}")
+        await install.install_shoal(remote, layout, new_venv, source, wheels)
         changes.append(
             f"shoal {installed} -> {source.version}" if installed else f"shoal {source.version}"
         )
@@ -284,7 +389,8 @@ async def _bootstrap(
     now = datetime.now(UTC)
     if needs_certificate(report, options.cluster, now):
         run.step("signing the certificate")
-        names = sorted({run.spec.host, *([run.spec.advertise] if run.spec.advertise else [])})
+        advertised = advertised_host(run.spec, run.peer_ip)
+        names = sorted({run.spec.host, *([advertised] if advertised else [])})
         signed = sign_node(options.cluster, report, names, options.cert_valid_for, now)
         for name, data in ((CA_CERT, signed.ca_crt_pem), (NODE_CERT, signed.node_crt_pem)):
             path = f"{layout.identity_dir}/{name}"
@@ -292,7 +398,7 @@ async def _bootstrap(
         changes.append("certificate")
 
     # -- config and service ------------------------------------------------------------------
-    config = render_config(run.spec, layout, options.join)
+    config = render_config(run.spec, layout, wiring.seeds, run.peer_ip)
     if await remote.read_file(layout.config) != config:
         run.step("writing agent.toml")
         await _replace_file(remote, run, layout.config, config, "restore agent.toml")
@@ -307,6 +413,7 @@ async def _bootstrap(
                 remote,
                 run,
                 options,
+                wiring,
                 layout,
                 service,
                 old_service,
@@ -317,7 +424,7 @@ async def _bootstrap(
                 changes,
             )
     elif options.wait and run.node_id:
-        node = await _confirm(run, options, run.node_id)
+        node = await _confirm(run, options, wiring, run.node_id)
 
     await install.write_record(
         remote,
@@ -339,6 +446,12 @@ async def _bootstrap(
     message = ", ".join(changes) if changes else "nothing to change"
     if node is None and not options.wait:
         message += "; not waiting for the mesh"
+    if kind == "process":
+        run.warnings.append(
+            "no systemd or launchd: the agent runs as a supervised process, which will not "
+            "start again after a reboot (rerun shoal bootstrap then, or add it to the host's "
+            "boot scripts)"
+        )
     return HostResult(
         host=run.spec.name,
         ok=True,
@@ -353,6 +466,9 @@ async def _bootstrap(
         service=kind,
         base=layout.base,
         changes=tuple(changes),
+        address=wiring.address,
+        notes=tuple(run.notes),
+        warnings=tuple(run.warnings),
     )
 
 
@@ -369,8 +485,9 @@ _NO_LIMIT = _Unlimited()
 
 async def _switch_and_start(
     remote: Remote,
-    run: _Run,
+    run: HostRun,
     options: BootstrapOptions,
+    wiring: HostWiring,
     layout: RemoteLayout,
     service: Service,
     old_service: Service | None,
@@ -382,9 +499,9 @@ async def _switch_and_start(
 ) -> dict[str, Any] | None:
     drained = False
     node_id = run.node_id
-    if running_before and node_id and await _node_in_mesh(options, node_id):
+    if running_before and node_id and await _node_in_mesh(options, wiring, node_id):
         run.step("draining")
-        async with _operator_client(options, options.join[0]) as client:
+        async with await _mesh_client(options, wiring.mesh) as client:
             drained = await mesh.drain(
                 client, node_id, options.drain_grace_s, options.drain_timeout_s
             )
@@ -394,7 +511,7 @@ async def _switch_and_start(
             )
 
         async def undo_drain() -> None:
-            async with _operator_client(options, options.join[0]) as c:
+            async with await _mesh_client(options, wiring.mesh) as c:
                 with contextlib.suppress(ApiError):
                     await mesh.undrain(c, node_id)
 
@@ -431,10 +548,10 @@ async def _switch_and_start(
     await service.start(remote)
     node: dict[str, Any] | None = None
     if options.wait and node_id:
-        node = await _confirm(run, options, node_id)
+        node = await _confirm(run, options, wiring, node_id)
     if drained and node_id:
         run.step("undraining")
-        async with _operator_client(options, options.join[0]) as client:
+        async with await _mesh_client(options, wiring.mesh) as client:
             await mesh.undrain(client, node_id)
     return node
 
@@ -449,7 +566,7 @@ async def _rm(remote: Remote, path: str) -> None:
     await remote.run(f"rm -rf {_q(path)}", check=False)
 
 
-async def _replace_file(remote: Remote, run: _Run, path: str, data: bytes, what: str) -> None:
+async def _replace_file(remote: Remote, run: HostRun, path: str, data: bytes, what: str) -> None:
     old = await remote.read_file(path)
 
     async def restore() -> None:
@@ -475,24 +592,20 @@ async def _prune_venvs(remote: Remote, layout: RemoteLayout, keep: str) -> None:
 # -- uninstall ---------------------------------------------------------------------------------
 
 
-async def uninstall_host(
-    spec: HostSpec, options: BootstrapOptions, reporter: Reporter
-) -> HostResult:
-    run = _Run(spec=spec, reporter=reporter)
-    run.step("connecting")
+async def uninstall_host(run: HostRun, options: BootstrapOptions, wiring: HostWiring) -> HostResult:
+    """Stop and remove Shoal on a connected host and revoke its node; the connection is closed
+    after."""
     try:
-        remote = await connect(spec, options.ssh)
-    except BootstrapError as exc:
-        return run.failed(str(exc))
-    try:
-        return await _uninstall(remote, run, options)
+        return await _uninstall(run, options, wiring)
     except (BootstrapError, IdentityError, ApiError) as exc:
         return run.failed(str(exc))
     finally:
-        remote.close()
+        run.close()
 
 
-async def _uninstall(remote: Remote, run: _Run, options: BootstrapOptions) -> HostResult:
+async def _uninstall(run: HostRun, options: BootstrapOptions, wiring: HostWiring) -> HostResult:
+    remote = run.remote
+    assert remote is not None, "connect_host first"
     facts = await _probe(remote, run, options)
     layout = RemoteLayout.for_host(
         run.spec.remote_dir or options.remote_dir, facts.home, facts.is_root
@@ -515,11 +628,11 @@ async def _uninstall(remote: Remote, run: _Run, options: BootstrapOptions) -> Ho
             message=f"no Shoal under {layout.base}",
             base=layout.base,
         )
-    if node_id and options.join:
+    if node_id:
         with contextlib.suppress(ApiError, BootstrapError):
-            if await _node_in_mesh(options, node_id):
+            if await _node_in_mesh(options, wiring, node_id):
                 run.step("draining")
-                async with _operator_client(options, options.join[0]) as client:
+                async with await _mesh_client(options, wiring.mesh) as client:
                     await mesh.drain(
                         client, node_id, options.drain_grace_s, options.drain_timeout_s
                     )
@@ -538,11 +651,16 @@ async def _uninstall(remote: Remote, run: _Run, options: BootstrapOptions) -> Ho
         run.step("revoking the certificate")
         signed = revoke_nodes(options.cluster, {node_id})
         message += f"; node {node_id[:12]} revoked (list v{signed.version})"
-        if options.join:
-            async with _operator_client(options, options.join[0]) as client:
-                why = await publish(client, signed)
-            if why is not None:
-                message += f"; not yet published to the mesh: {why}"
+        others = (*wiring.existing, *wiring.others)
+        why: str | None = "no other agent of the mesh is known"
+        if others:
+            try:
+                async with await _mesh_client(options, others) as client:
+                    why = await publish(client, signed)
+            except ApiError as exc:
+                why = str(exc)
+        if why is not None:
+            message += f"; not yet published to the mesh: {why}"
     return HostResult(
         host=run.spec.name,
         ok=True,
@@ -552,36 +670,9 @@ async def _uninstall(remote: Remote, run: _Run, options: BootstrapOptions) -> Ho
         os=facts.os,
         arch=facts.arch,
         base=layout.base,
+        address=wiring.address,
     )
 
 
 async def _exists(remote: Remote, path: str) -> bool:
     return (await remote.run(f"test -e {_q(path)}", check=False)).exit_status == 0
-
-
-# -- many hosts ----------------------------------------------------------------------------------
-
-
-async def run_hosts(
-    specs: Sequence[HostSpec],
-    options: BootstrapOptions,
-    reporter: Reporter,
-    *,
-    jobs: int,
-    upgrade_jobs: int = 1,
-    uninstall: bool = False,
-) -> list[HostResult]:
-    """Every host, at most ``jobs`` at once; upgrades of running nodes ``upgrade_jobs`` at once."""
-    slots = asyncio.Semaphore(max(1, jobs))
-    upgrade_slots = asyncio.Semaphore(max(1, upgrade_jobs))
-
-    async def one(spec: HostSpec) -> HostResult:
-        async with slots:
-            if uninstall:
-                result = await uninstall_host(spec, options, reporter)
-            else:
-                result = await bootstrap_host(spec, options, reporter, upgrade_slots)
-            reporter.step(spec.name, "done" if result.ok else "failed")
-            return result
-
-    return list(await asyncio.gather(*(one(s) for s in specs)))

@@ -194,6 +194,22 @@ class Service:
         pf = shlex.quote(self.layout.pidfile)
         return f'[ -s {pf} ] && kill -0 "$(cat {pf})" 2>/dev/null'
 
+    def log_tail_script(self, lines: int = 20) -> str:
+        """Print the agent log's last lines (the journal for a systemd unit)."""
+        if self.kind in ("systemd-system", "systemd-user"):
+            scope = " --user" if self.kind == "systemd-user" else ""
+            runtime = f"{_USER_RUNTIME} " if self.kind == "systemd-user" else ""
+            return (
+                f"{runtime}journalctl{scope} -u {UNIT_NAME} -n {lines} --no-pager -o cat "
+                "2>/dev/null; true"
+            )
+        return f"tail -n {lines} {shlex.quote(self.layout.log)} 2>/dev/null; true"
+
+    @property
+    def persistent(self) -> bool:
+        """Whether the service manager starts the agent again after a reboot."""
+        return self.kind != "process"
+
     def remove_script(self) -> str:
         """Stop, disable and delete the unit (the supervised process only needs stopping)."""
         path = self.unit_path

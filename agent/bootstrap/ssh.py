@@ -1,5 +1,10 @@
 """SSH connections for bootstrap: host keys checked against known_hosts, never accepted blindly.
 
+With ``accept_new`` (``--accept-new``, as OpenSSH's ``StrictHostKeyChecking=accept-new``) a host
+that known_hosts has no key for at all is trusted on first sight: its key is added to known_hosts
+and its fingerprint reported (:attr:`Remote.new_host_key`). A key that differs from a recorded one
+is refused exactly as without it.
+
 Authentication is whatever the operator's SSH setup offers (keys in ``~/.ssh``, an ssh-agent,
 ``~/.ssh/config``) plus any key files named with ``--ssh-key``. Every remote command runs under
 ``sh -c`` so the remote login shell (bash, zsh, fish...) does not matter.
@@ -7,6 +12,7 @@ Authentication is whatever the operator's SSH setup offers (keys in ``~/.ssh``, 
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,6 +22,7 @@ from typing import Any
 import asyncssh
 
 from agent.bootstrap.hosts import DEFAULT_SSH_PORT, HostSpec
+from agent.netwhy import why
 
 CONNECT_TIMEOUT_S = 20.0
 
@@ -35,11 +42,12 @@ class BootstrapError(Exception):
 
 
 class UnknownHostKey(BootstrapError):
-    """The host's key is not in known_hosts (or differs from the one recorded there)."""
+    """The host's key is not in known_hosts (``changed``: differs from the one recorded there)."""
 
-    def __init__(self, message: str, fingerprint: str) -> None:
+    def __init__(self, message: str, fingerprint: str, *, changed: bool = False) -> None:
         super().__init__(message)
         self.fingerprint = fingerprint
+        self.changed = changed
 
 
 class RemoteCommandFailed(BootstrapError):
@@ -53,6 +61,8 @@ class SshOptions:
     known_hosts: Path
     client_keys: tuple[Path, ...] = ()
     connect_timeout_s: float = CONNECT_TIMEOUT_S
+    accept_new: bool = False
+    """Trust (and record) the key of a host known_hosts has no key for."""
 
 
 def default_known_hosts() -> Path:
@@ -72,14 +82,20 @@ def keyscan_command(host: str, port: int, algorithm: str, known_hosts: Path) -> 
 
 
 class _Client(asyncssh.SSHClient):
-    """Remembers the host key that known_hosts did not vouch for, so we can show its fingerprint."""
+    """Remembers the host key that known_hosts did not vouch for, so we can show its fingerprint;
+    accepts it when ``accept`` says so (a host never seen before, under ``--accept-new``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, accept: bool) -> None:
+        self.accept = accept
         self.refused_key: asyncssh.SSHKey | None = None
+        self.accepted_key: asyncssh.SSHKey | None = None
 
     def validate_host_public_key(
         self, host: str, addr: str, port: int, key: asyncssh.SSHKey
     ) -> bool:
+        if self.accept:
+            self.accepted_key = key
+            return True
         self.refused_key = key
         return False
 
@@ -103,9 +119,22 @@ def _recorded(known: asyncssh.SSHKnownHosts, host: str, port: int) -> bool:
 class Remote:
     """One authenticated connection to one host."""
 
-    def __init__(self, spec: HostSpec, conn: asyncssh.SSHClientConnection) -> None:
+    def __init__(
+        self,
+        spec: HostSpec,
+        conn: asyncssh.SSHClientConnection,
+        new_host_key: str | None = None,
+    ) -> None:
         self.spec = spec
         self.conn = conn
+        self.new_host_key = new_host_key
+        """``ssh-ed25519 SHA256:...`` when this connection trusted the host's key on first sight."""
+
+    @property
+    def peer_ip(self) -> str | None:
+        """The address this connection reached, as resolved (not an alias or a name)."""
+        peer = self.conn.get_extra_info("peername")
+        return str(peer[0]) if isinstance(peer, tuple) and peer else None
 
     async def run(
         self, script: str, *, check: bool = True, input: str | None = None, timeout_s: float = 600
@@ -118,7 +147,7 @@ class Remote:
         except asyncssh.TimeoutError:
             raise RemoteCommandFailed(f"a remote command ran past {timeout_s:.0f} s") from None
         except (asyncssh.Error, OSError) as exc:
-            raise BootstrapError(f"SSH connection lost: {exc}") from None
+            raise BootstrapError(f"SSH connection lost: {why(exc)}") from None
         if check and result.exit_status != 0:
             raise RemoteCommandFailed(_last_line(result) or f"exit status {result.exit_status}")
         return result
@@ -172,7 +201,7 @@ def _last_line(result: asyncssh.SSHCompletedProcess) -> str:
 async def connect(spec: HostSpec, options: SshOptions) -> Remote:
     """Connect and authenticate; an unknown or changed host key raises UnknownHostKey."""
     known = _load_known_hosts(options.known_hosts)
-    client = _Client()
+    client = _Client(accept=options.accept_new and not _recorded(known, spec.host, spec.port))
     kwargs: dict[str, Any] = {}
     if options.client_keys:
         kwargs["client_keys"] = [str(p) for p in options.client_keys]
@@ -199,11 +228,12 @@ async def connect(spec: HostSpec, options: SshOptions) -> Remote:
                 f"with: ssh-keygen -R {shlex.quote(_known_name(spec))} "
                 f"-f {shlex.quote(str(options.known_hosts))}",
                 fingerprint,
+                changed=True,
             ) from None
         command = keyscan_command(spec.host, spec.port, key.get_algorithm(), options.known_hosts)
         raise UnknownHostKey(
             f"unknown host key {key.get_algorithm()} {fingerprint}; check it, then trust it "
-            f"with: {command}",
+            f"with: {command} (or rerun with --accept-new)",
             fingerprint,
         ) from None
     except asyncssh.PermissionDenied:
@@ -212,8 +242,32 @@ async def connect(spec: HostSpec, options: SshOptions) -> Remote:
             "--ssh-key FILE)"
         ) from None
     except (asyncssh.Error, OSError, TimeoutError) as exc:
-        raise BootstrapError(f"cannot connect over SSH: {exc or type(exc).__name__}") from None
-    return Remote(spec, conn)
+        raise BootstrapError(f"cannot connect over SSH: {why(exc)}") from None
+    new_key = client.accepted_key
+    if new_key is None:
+        return Remote(spec, conn)
+    try:
+        record_host_key(options.known_hosts, spec, new_key)
+    except OSError as exc:
+        conn.close()
+        raise BootstrapError(
+            f"cannot add the host's key to {options.known_hosts}: {exc.strerror or exc}"
+        ) from None
+    return Remote(spec, conn, f"{new_key.get_algorithm()} {new_key.get_fingerprint('sha256')}")
+
+
+def known_hosts_line(spec: HostSpec, key: asyncssh.SSHKey) -> str:
+    """The known_hosts line for ``key`` of this host (``[host]:port`` off port 22)."""
+    public = key.export_public_key("openssh").decode().split()
+    return f"{_known_name(spec)} {public[0]} {public[1]}\n"
+
+
+def record_host_key(known_hosts: Path, spec: HostSpec, key: asyncssh.SSHKey) -> None:
+    """Append the host's key to known_hosts (made, 0600, in a 0700 folder, when missing)."""
+    known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(known_hosts, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "a", encoding="utf-8") as f:
+        f.write(known_hosts_line(spec, key))
 
 
 def _known_name(spec: HostSpec) -> str:

@@ -2,9 +2,12 @@
 
     python -m agent.bootstrap.supervise --pidfile FILE -- COMMAND...
 
-Detaches into its own session, records its pid, runs COMMAND and restarts it when it exits
-(back-off from 1 s doubling to 30 s; reset after a minute of healthy running). SIGTERM or SIGINT
-stops the command (SIGTERM, then SIGKILL after the grace) and the supervisor, removing the pidfile.
+Detaches into its own session, records its pid, runs COMMAND and restarts it when it fails
+(back-off from 1 s doubling to 30 s; reset after a minute of healthy running). A command that
+exits 0 meant to stop (an agent that left, or learned it is revoked): the supervisor ends too,
+as systemd's ``Restart=on-failure`` and launchd's ``KeepAlive.SuccessfulExit = false`` do.
+SIGTERM or SIGINT stops the command (SIGTERM, then SIGKILL after the grace) and the supervisor,
+removing the pidfile.
 A second supervisor on the same pidfile refuses to start while the first is alive.
 """
 
@@ -96,6 +99,9 @@ class Supervisor:
                     break
                 ran_s = time.monotonic() - started
                 code = self.child.returncode
+                if code == 0:
+                    print("supervise: agent exited with status 0; not restarting", file=sys.stderr)
+                    break
                 backoff = BACKOFF_MIN_S if ran_s > HEALTHY_AFTER_S else backoff
                 print(
                     f"supervise: agent exited with status {code} after {ran_s:.0f} s; "

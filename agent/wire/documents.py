@@ -219,6 +219,10 @@ class NodeDoc(NamedTuple):
     """The wire version its agent writes (from its inventory)."""
     features: tuple[str, ...] = ()
     """The job-spec features its agent can run."""
+    datasets: Mapping[str, int] = EMPTY_MAP
+    """Dataset -> bytes the node holds (0: size not known)."""
+    rtt_s: float | None = None
+    """The estimated round trip from the answering agent to it (network coordinates)."""
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -235,6 +239,8 @@ class NodeDoc(NamedTuple):
             "queue": self.queue,
             "wire_version": self.wire_version,
             "features": list(self.features),
+            "datasets": dict(self.datasets),
+            "rtt_s": self.rtt_s,
         }
 
     @classmethod
@@ -259,7 +265,14 @@ class NodeDoc(NamedTuple):
             queue=c.field(d, "queue", c.or_default(c.integer, 0), p),
             wire_version=c.field(d, "wire_version", c.opt_integer, p),
             features=c.field(d, "features", c.texts, p),
+            datasets=c.field(d, "datasets", _sizes, p),
+            rtt_s=c.field(d, "rtt_s", c.opt_number, p),
         )
+
+
+def _sizes(value: Any, name: str) -> dict[str, int]:
+    """An object of byte counts; missing is empty."""
+    return {k: c.integer(v, f"{name}.{k}") for k, v in c.obj(value or {}, name).items()}
 
 
 def nodes_to_wire(nodes: list[NodeDoc]) -> dict[str, Any]:

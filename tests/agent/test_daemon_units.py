@@ -64,12 +64,12 @@ def test_first_fit_applies_the_hard_filters() -> None:
         status=NodeRecord(drain="cordoned"),
     )
     ff = FirstFit()
-    big = JobSpec(command=("x",), resources=Resources(min_mem_per_gpu_bytes=40 * 1024**3))
+    big = JobSpec(command=("x",), resources=Resources(1, min_mem_per_gpu_bytes=40 * 1024**3))
     assert [(c.node_id, c.devices) for c in ff.candidates(big, [l4, h100, mi])] == [("n2", ("h1",))]
     two = JobSpec(command=("x",), resources=Resources(gpus_per_node=2))
     assert ff.candidates(two, [l4, h100, mi]) == []  # n2 has one free, n3 is cordoned
     assert ff.why_pending(two) == "no schedulable node has 2 free GPUs"
-    cc = JobSpec(command=("x",), resources=Resources(min_compute_capability="9.0"))
+    cc = JobSpec(command=("x",), resources=Resources(1, min_compute_capability="9.0"))
     assert [c.node_id for c in ff.candidates(cc, [l4, h100])] == ["n2"]
     anyone = JobSpec(command=("x",))
     assert [c.node_id for c in ff.candidates(anyone, [l4, h100], prefer="n2")] == ["n2", "n1"]

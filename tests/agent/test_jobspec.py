@@ -130,10 +130,20 @@ def test_minimal_toml_takes_the_defaults() -> None:
     spec = JobSpec.from_toml('command = ["sleep", "1"]')
     assert spec == JobSpec(command=("sleep", "1"))
     assert spec.kind == "batch"
-    assert spec.resources.gpus_per_node == 1
+    assert spec.resources.gpus_per_node == 0  # no GPU unless the job asks for one
     assert spec.resources.nodes == 1
     assert not spec.is_gang
     assert spec.checkpoint_signal == "SIGTERM"
+
+
+def test_a_job_that_says_what_each_gpu_must_be_asks_for_one() -> None:
+    for extra in ('min_mem_per_gpu_bytes = "40GiB"', 'backends = ["cuda"]', 'archs = ["hopper"]'):
+        spec = JobSpec.from_toml(f'command = ["x"]\n[resources]\n{extra}')
+        assert spec.resources.gpus_per_node == 1, extra
+    cpu = JobSpec.from_toml('command = ["x"]\n[resources]\nbackends = ["cpu"]')
+    assert cpu.resources.gpus_per_node == 0
+    two = JobSpec.from_toml('command = ["x"]\n[resources]\ngpus_per_node = 2\nbackends = ["rocm"]')
+    assert two.resources.gpus_per_node == 2
 
 
 def test_toml_deadline_as_offset_datetime() -> None:

@@ -90,10 +90,11 @@ def test_a_revoked_agent_stops_its_jobs_takes_nothing_over_and_exits(tmp_path: P
             before["runner"],
             before["attempt"],
         )
-        # Every agent kept the list.
-        for a in mesh.agents[:3]:
+        # Every agent kept the list, and lists the node no more (not with its last readings).
+        for i, a in enumerate(mesh.agents[:3]):
             kept = revocation.load(a.directory / REVOCATIONS_FILE)
             assert kept is not None and victim.node_id in kept.node_ids
+            assert victim.node_id not in members(mesh, i)
         # Started again, it refuses to run.
         mesh.local.start_agent(victim)
         assert victim.process is not None

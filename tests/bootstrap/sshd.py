@@ -74,14 +74,8 @@ class SshServer:
                 self.process.wait(timeout=10)
 
 
-def start_sshd(directory: Path, client_pub: Path) -> SshServer:
-    directory.mkdir(parents=True)
-    keygen(directory / "host_ed25519")
-    authorized = directory / "authorized_keys"
-    shutil.copy(client_pub, authorized)
-    port = free_port()
-    config = directory / "sshd_config"
-    sftp = next(
+def sftp_server() -> str:
+    return next(
         (
             p
             for p in ("/usr/lib/openssh/sftp-server", "/usr/libexec/sftp-server")
@@ -89,9 +83,15 @@ def start_sshd(directory: Path, client_pub: Path) -> SshServer:
         ),
         "internal-sftp",
     )
+
+
+def write_config(directory: Path, address: str, port: int, authorized: Path) -> Path:
+    """An sshd config for ``directory`` (its host key and pidfile there): key logins only,
+    for the keys of ``authorized``; root may log in with a key."""
+    config = directory / "sshd_config"
     config.write_text(
         f"Port {port}\n"
-        "ListenAddress 127.0.0.1\n"
+        f"ListenAddress {address}\n"
         f"HostKey {directory / 'host_ed25519'}\n"
         f"PidFile {directory / 'sshd.pid'}\n"
         f"AuthorizedKeysFile {authorized}\n"
@@ -101,9 +101,19 @@ def start_sshd(directory: Path, client_pub: Path) -> SshServer:
         "PermitRootLogin prohibit-password\n"
         "StrictModes no\n"
         "UsePAM no\n"
-        f"Subsystem sftp {sftp}\n"
+        f"Subsystem sftp {sftp_server()}\n"
         "LogLevel ERROR\n"
     )
+    return config
+
+
+def start_sshd(directory: Path, client_pub: Path) -> SshServer:
+    directory.mkdir(parents=True)
+    keygen(directory / "host_ed25519")
+    authorized = directory / "authorized_keys"
+    shutil.copy(client_pub, authorized)
+    port = free_port()
+    config = write_config(directory, "127.0.0.1", port, authorized)
     if os.geteuid() == 0:
         # What Debian's ssh.service does before starting sshd (privilege separation).
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)

@@ -11,6 +11,7 @@ import pytest
 from cryptography import x509
 
 from agent.bootstrap_cmd import run_bootstrap
+from agent.fleet import load_fleet
 from agent.revocations import load_revocations
 from gossip.identity import certificate_node_id
 from tests.bootstrap.conftest import Fleet
@@ -95,6 +96,8 @@ def test_rerun_changes_nothing_then_upgrade_then_uninstall(
     pid = fleet.supervisor_pid(0)
     venv = os.readlink(remote / "venv")
     cert = (remote / "identity" / "node.crt").read_bytes()
+    # The CLI remembers it in the fleet file, and forgets it once uninstalled.
+    assert first.node_id in {a.node_id for a in load_fleet(fleet.cluster_dir).agents}
 
     # Rerun: nothing reinstalled, re-signed, rewritten or restarted.
     [again] = fleet.bootstrap("--hosts-file", hosts)
@@ -137,6 +140,7 @@ def test_rerun_changes_nothing_then_upgrade_then_uninstall(
     assert revoked.version == 1
     assert revoked.node_ids == frozenset({str(first.node_id)})
     assert revoked.signer_id == fleet.mesh.operator.node_id  # type: ignore[union-attr]
+    assert first.node_id not in {a.node_id for a in load_fleet(fleet.cluster_dir).agents}
 
 
 def test_unknown_host_key_is_refused_with_its_fingerprint(
@@ -150,8 +154,35 @@ def test_unknown_host_key_is_refused_with_its_fingerprint(
     assert err_lines[-1] == (
         f"host {server.address}: unknown host key ssh-ed25519 {server.fingerprint()}; check it, "
         f"then trust it with: ssh-keyscan -p {server.port} -t ed25519 127.0.0.1 >> "
-        f"{fleet.known_hosts}"
+        f"{fleet.known_hosts} (or rerun with --accept-new)"
     )
+    assert not fleet.remote_dir(0).exists()
+
+
+def test_accept_new_trusts_a_host_never_seen_and_records_its_key(fleet: Fleet) -> None:
+    [server] = fleet.add_hosts(1, trust=False)
+    fleet.known_hosts.write_text("")
+    [result] = fleet.bootstrap("--hosts-file", str(fleet.hosts_file([0])), "--accept-new")
+    assert result.ok, result.message
+    assert result.notes == (
+        f"trusted its new host key ssh-ed25519 {server.fingerprint()} (added to "
+        f"{fleet.known_hosts})",
+    )
+    assert fleet.known_hosts.read_text() == server.known_hosts_line()
+    # Known now: a rerun trusts nothing new, with or without the flag.
+    [again] = fleet.bootstrap("--hosts-file", str(fleet.hosts_file([0])), "--accept-new")
+    assert again.ok and again.notes == ()
+
+
+def test_accept_new_still_refuses_a_changed_key(fleet: Fleet) -> None:
+    [server] = fleet.add_hosts(1, trust=False)
+    other = fleet.add_hosts(1, trust=False)[0]
+    recorded = other.known_hosts_line().replace(f":{other.port} ", f":{server.port} ")
+    fleet.known_hosts.write_text(recorded)
+    [result] = fleet.bootstrap("--hosts-file", str(fleet.hosts_file([0])), "--accept-new")
+    assert not result.ok
+    assert "host key CHANGED" in result.message and server.fingerprint() in result.message
+    assert fleet.known_hosts.read_text() == recorded
     assert not fleet.remote_dir(0).exists()
 
 
@@ -176,8 +207,9 @@ def test_host_without_python_311_gets_one_clear_line(fleet: Fleet) -> None:
     fake.chmod(0o755)
     [result] = fleet.bootstrap("--hosts-file", str(fleet.hosts_file([0], python=str(fake))))
     assert not result.ok
-    assert result.message == (
-        f"host {fleet.servers[0].address}: Python 3.11+ not found (found 3.9.18 at {fake})"
+    assert result.message.startswith(
+        f"host {fleet.servers[0].address}: Python 3.11+ not found (found 3.9.18 at {fake}); "
+        "install Python 3.11 or newer"
     )
     assert not fleet.remote_dir(0).exists()
 

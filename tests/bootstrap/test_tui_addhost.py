@@ -37,25 +37,9 @@ def processes_under(directory: Path) -> list[int]:
     return found
 
 
-async def open_filled(
-    pilot: Pilot[None], app: ShoalApp, fleet: Fleet, hosts_file: Path
-) -> AddHostScreen:
-    """``a``, then the form filled in for the hosts of ``hosts_file`` and sent."""
-    await pilot.press("a")
-    form = app.screen
-    assert isinstance(form, AddHostScreen)
-    form.query_one("#a-hosts_file", Input).value = str(hosts_file)
-    form.query_one("#a-ssh_key", Input).value = str(fleet.client_key)
-    form.query_one("#a-wheelhouse", Input).value = str(fleet.wheelhouse)
-    await pilot.press("ctrl+s")
-    return form
-
-
-async def test_the_tui_adds_a_host_over_ssh_and_shows_it_in_the_hosts_view(fleet: Fleet) -> None:
-    [trusted] = fleet.add_hosts(1)
-    [stranger] = fleet.add_hosts(1, trust=False)
-    hosts_file = fleet.hosts_file([0])  # loopback listen port, simulated L4s, its own remote dir
-    app = ShoalApp(
+def addhost_app(fleet: Fleet) -> ShoalApp:
+    """The TUI on the fleet's mesh, able to add hosts."""
+    return ShoalApp(
         api_source(fleet.seed, fleet.cluster_dir),
         refresh_s=0.5,
         quiet_gc=False,
@@ -72,6 +56,28 @@ async def test_the_tui_adds_a_host_over_ssh_and_shows_it_in_the_hosts_view(fleet
             "45",
         ),
     )
+
+
+async def open_filled(
+    pilot: Pilot[None], app: ShoalApp, fleet: Fleet, hosts_file: Path
+) -> AddHostScreen:
+    """``a``, then the form filled in for the hosts of ``hosts_file`` and sent."""
+    await pilot.press("a")
+    form = app.screen
+    assert isinstance(form, AddHostScreen)
+    form.query_one("#a-targets", Input).value = ""  # the form keeps what was typed before
+    form.query_one("#a-hosts_file", Input).value = str(hosts_file)
+    form.query_one("#a-ssh_key", Input).value = str(fleet.client_key)
+    form.query_one("#a-wheelhouse", Input).value = str(fleet.wheelhouse)
+    await pilot.press("ctrl+s")
+    return form
+
+
+async def test_the_tui_adds_a_host_over_ssh_and_shows_it_in_the_hosts_view(fleet: Fleet) -> None:
+    [trusted] = fleet.add_hosts(1)
+    [stranger] = fleet.add_hosts(1, trust=False)
+    hosts_file = fleet.hosts_file([0])  # loopback listen port, simulated L4s, its own remote dir
+    app = addhost_app(fleet)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, "the two agents", lambda: len(app.snapshot.hosts) == 2)
         await command(pilot, "hosts")
@@ -90,7 +96,7 @@ async def test_the_tui_adds_a_host_over_ssh_and_shows_it_in_the_hosts_view(fleet
         line = (
             f"host {stranger.address}: unknown host key ssh-ed25519 {stranger.fingerprint()}; "
             f"check it, then trust it with: ssh-keyscan -p {stranger.port} -t ed25519 127.0.0.1 "
-            f">> {fleet.known_hosts}"
+            f">> {fleet.known_hosts} (or rerun with --accept-new)"
         )
         assert form.summary[1:] == [line]
         assert line in str(form.query_one("#addhost-summary").render())
@@ -136,3 +142,47 @@ async def test_the_tui_adds_a_host_over_ssh_and_shows_it_in_the_hosts_view(fleet
         async with fleet.mesh.client(1) as client:
             node = next(n for n in await client.nodes() if n["node_id"] == node_id)
         assert node["state"] == "alive" and node["labels"] == {"rack": "r0"}
+
+
+async def test_the_form_keeps_what_was_typed_and_trusts_new_host_keys_on_request(
+    fleet: Fleet,
+) -> None:
+    [stranger] = fleet.add_hosts(1, trust=False)
+    hosts_file = fleet.hosts_file([0])  # the stranger, with its own remote dir
+    app = addhost_app(fleet)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, "the two agents", lambda: len(app.snapshot.hosts) == 2)
+        # What was typed survives closing the form.
+        await pilot.press("a")
+        form = app.screen
+        assert isinstance(form, AddHostScreen)
+        form.query_one("#a-hosts_file", Input).value = str(hosts_file)
+        form.query_one("#a-ssh_key", Input).value = str(fleet.client_key)
+        form.query_one("#a-wheelhouse", Input).value = str(fleet.wheelhouse)
+        await pilot.press("escape")
+        await pilot.press("a")
+        form = app.screen
+        assert isinstance(form, AddHostScreen)
+        assert form.form_values()["hosts_file"] == str(hosts_file)
+        assert form.form_values()["ssh_key"] == str(fleet.client_key)
+
+        # A key known_hosts does not know: refused, its fingerprint shown, trusted with t.
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, "the refusal", lambda: form.phase == "done", 30)
+        assert [r.new_host_key for r in form.untrusted] == [stranger.fingerprint()]
+        summary = str(form.query_one("#addhost-summary").render())
+        assert f"{stranger.address}  {stranger.fingerprint()}" in summary
+        assert form.query_one("#trust").display
+        await pilot.press("t")
+        await wait_for(pilot, "the host to be set up", lambda: form.phase == "done", 90)
+        [result] = form.results or []
+        assert result.ok, result.message
+        assert result.notes and stranger.fingerprint() in result.notes[0]
+        assert stranger.known_hosts_line() in fleet.known_hosts.read_text()
+        assert not form.query_one("#trust").display
+        await pilot.press("escape")
+        # Set up: the next form starts afresh.
+        await pilot.press("a")
+        form = app.screen
+        assert isinstance(form, AddHostScreen)
+        assert form.form_values()["hosts_file"] == ""

@@ -110,12 +110,31 @@ def test_no_python_message_names_the_best_interpreter_found() -> None:
     facts = parse_probe("os=Linux\npython=3.9.18 /usr/bin/python3\npython=3.8.10 /usr/bin/python\n")
     with pytest.raises(NoPython) as info:
         require_python(facts, "root@old")
-    assert (
-        str(info.value)
-        == "host root@old: Python 3.11+ not found (found 3.9.18 at /usr/bin/python3)"
+    assert str(info.value) == (
+        "host root@old: Python 3.11+ not found (found 3.9.18 at /usr/bin/python3); install "
+        "Python 3.11 or newer (e.g. apt-get install python3.11 python3.11-venv, dnf install "
+        "python3.11, brew install python@3.12) and pass --python PATH unless it is on PATH"
     )
-    with pytest.raises(NoPython, match=r"\(no python3 on PATH\)$"):
+    with pytest.raises(NoPython, match=r"none of python3\.14, .*, python3 or python on PATH\); "):
         require_python(parse_probe("os=Linux\n"), "h")
+
+
+def test_an_interpreter_asked_for_that_is_not_there_is_named() -> None:
+    with pytest.raises(NoPython) as info:
+        require_python(parse_probe("os=Linux\n"), "h", wanted="/usr/bin/python3.99")
+    assert str(info.value) == (
+        "host h: the interpreter /usr/bin/python3.99 does not exist there or does not run; "
+        "pass --python with the path of Python 3.11 or newer on that host"
+    )
+
+
+def test_the_operators_python_is_preferred_when_its_wheels_ship() -> None:
+    facts = parse_probe(
+        "os=Linux\npython=3.13.1 /usr/bin/python3.13\npython=3.11.2 /usr/bin/python3.11\n"
+    )
+    assert require_python(facts, "h").path == "/usr/bin/python3.13"
+    assert require_python(facts, "h", prefer=(3, 11)).path == "/usr/bin/python3.11"
+    assert require_python(facts, "h", prefer=(3, 12)).path == "/usr/bin/python3.13"
 
 
 def test_service_kind_choice() -> None:
@@ -176,11 +195,12 @@ def test_launchd_plist() -> None:
 
 def test_agent_config_toml() -> None:
     spec = HostSpec(host="gpu-01", user="root", labels={"b": "2", "a": "1"}, zone="z1", sim_seed=7)
-    doc = tomllib.loads(render_config(spec, RemoteLayout("/opt/shoal"), ["10.0.0.1:7946"]).decode())
+    layout = RemoteLayout("/opt/shoal")
+    doc = tomllib.loads(render_config(spec, layout, ["10.0.0.1:7946"], "10.0.0.21").decode())
     assert doc == {
         "agent": {
             "listen": "0.0.0.0:7946",
-            "advertise": "gpu-01",
+            "advertise": "10.0.0.21",  # the address SSH reached, not the name typed
             "data_dir": "/opt/shoal/data",
             "identity_dir": "/opt/shoal/identity",
             "join": ["10.0.0.1:7946"],
@@ -189,7 +209,10 @@ def test_agent_config_toml() -> None:
             "labels": {"a": "1", "b": "2"},
         }
     }
+    assert agent_address(spec, "10.0.0.21") == "10.0.0.21:7946"
     assert agent_address(spec) == "gpu-01:7946"
+    told = HostSpec(host="gpu-01", advertise="gpu-01.lab")
+    assert agent_address(told, "10.0.0.21") == "gpu-01.lab:7946"  # the hosts file wins
     pinned = HostSpec(host="gpu-01", listen="127.0.0.1:9000")
     assert (
         "advertise"
@@ -237,3 +260,31 @@ def test_failure_lines_are_one_line_per_host() -> None:
         "host a@h1: cannot connect over SSH: refused",
         "host a@h2: Python 3.11+ not found (no python3)",
     ]
+
+
+def test_bootstrap_help_documents_every_key_of_the_hosts_file() -> None:
+    from agent.bootstrap.hosts import _KEYS
+    from tests.shoal_cli import shoal
+
+    done = shoal("bootstrap", "--help")
+    assert done.returncode == 0
+    assert "[[host]]" in done.stdout and "--accept-new" in done.stdout
+    for key in _KEYS:
+        assert f"\n  {key} = " in done.stdout, key
+
+
+async def test_an_index_that_cannot_be_reached_points_to_a_wheelhouse() -> None:
+    from agent.bootstrap.install import InstallSource, install_shoal
+    from agent.bootstrap.ssh import BootstrapError, RemoteCommandFailed
+
+    class Remote:
+        async def run(self, script: str, **kwargs: object) -> object:
+            raise RemoteCommandFailed("ERROR: No matching distribution found for shoal==0.1.0")
+
+    with pytest.raises(BootstrapError) as info:
+        await install_shoal(Remote(), RemoteLayout("/x"), "/x/venvs/v", InstallSource("0.1.0"))  # type: ignore[arg-type]
+    assert str(info.value) == (
+        "pip could not install shoal==0.1.0 from the package index (ERROR: No matching "
+        "distribution found for shoal==0.1.0); for hosts that cannot reach it, build a "
+        "wheelhouse (shoal bootstrap --build-wheelhouse DIR) and pass --wheelhouse DIR"
+    )

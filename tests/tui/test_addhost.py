@@ -230,6 +230,7 @@ async def test_a_host_that_refuses_ssh_fails_in_one_line(cluster: Path, tmp_path
         assert form.summary[1].startswith(line) and form.summary[1] == f"host {target}: " + (
             result.message
         )
+        assert form.summary[1].endswith("connection refused: nothing listens there")
         outcome = app.outcomes[-1]
         assert (outcome.kind, outcome.ok, outcome.label) == ("bootstrap", False, f"add {target}")
         assert outcome.detail == form.summary[1]

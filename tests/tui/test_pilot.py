@@ -34,7 +34,10 @@ async def test_header_shows_mesh_identity_and_connection() -> None:
         assert "sim-mesh" in text
         assert source.identity.node_id[:10] in text
         assert "operator" in text and "connected" in text
-        assert "10/12 hosts" in text and "53 GPUs" in text
+        assert "10/12 hosts" in text
+        live = sum(len(h.devices) for h in app.snapshot.hosts if h.state == "alive")
+        assert live < sum(len(h.devices) for h in app.snapshot.hosts)
+        assert f"  {live} GPUs" in text  # of the live hosts only: no frozen, departed GPUs
 
 
 async def test_drain_a_host_with_a_grace_period() -> None:

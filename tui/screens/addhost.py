@@ -9,6 +9,11 @@ command's own parser reads (:func:`agent.bootstrap_args.parse_bootstrap_args`): 
 steps to this screen; the summary lines of failed hosts are the command's own. Closing the screen
 while hosts are being set up stops the run: each host undoes what this run did there, as after a
 failure, and the outcome is announced when that is finished.
+
+Host keys: "Trust new host keys" is ``--accept-new``. A run that met hosts whose keys known_hosts
+does not know shows their fingerprints and offers to trust them and run again (``t``). What was
+typed is kept when the form is closed before the hosts were all set up, and is there again the
+next time it opens.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import Button, DataTable, Input, Label, Static
+from textual.widgets import Button, Checkbox, DataTable, Input, Label, Static
 
 from agent.bootstrap.display import failure_lines
 from agent.bootstrap.hosts import parse_target
@@ -52,6 +57,8 @@ EXPLAIN = (
     "Runs shoal bootstrap on each host: checks its host key, installs Shoal, signs the node's "
     "certificate with your CA, starts the agent, waits for it in the mesh. A failure is undone."
 )
+FIELDS_ROWS = 3 * len(FIELDS) + 3
+"""Rows the fields take, the trust box included."""
 CHROME_ROWS = 10
 """Rows of the dialog around its body: border, padding, title, buttons."""
 EXPLAIN_MIN_HEIGHT = 32
@@ -61,6 +68,10 @@ _RUNS: set[asyncio.Task[list[HostResult] | None]] = set()
 """Runs still going, held so that a closed screen's run is not garbage-collected mid-way."""
 REFUSED_EXTRA = ("--uninstall", "--build-wheelhouse", "--identity")
 """Flags of ``shoal bootstrap`` that have no place in ``[bootstrap] args``."""
+ACCEPT_NEW = "accept_new"
+ACCEPT_NEW_LABEL = "Trust new host keys (record the key of a host never seen; refuse a changed one)"
+_DRAFTS: dict[Path, dict[str, str]] = {}
+"""What was typed in a form closed before its hosts were all set up, by cluster folder."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +124,8 @@ def form_words(values: Mapping[str, str], settings: AddHostSettings) -> list[str
     if not joins:
         raise UserError("join: name an agent of this mesh (HOST:PORT) for the new hosts to join")
     words = [*settings.extra_args, "--identity", str(settings.identity_dir)]
+    if values.get(ACCEPT_NEW) == "yes":
+        words.append("--accept-new")
     for join in joins:
         try:
             split_address(join)
@@ -137,7 +150,7 @@ def result_line(result: HostResult) -> str:
     """One line per host: the command's own failure line, or what was done and where it runs."""
     if not result.ok:
         return failure_lines([result])[0]
-    parts = [f"{result.host}: {result.action} ({result.message})"]
+    parts = [f"{result.host}: {result.action} ({result.message})", *result.notes]
     if result.node_id:
         parts.append(f"node {result.node_id[:12]}")
     if result.gpus:
@@ -174,6 +187,7 @@ class AddHostScreen(ModalScreen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "close", "Close", id="dialog.cancel"),
         Binding("ctrl+s", "submit", "Add", id="addhost.confirm", priority=True),
+        Binding("t", "trust", "Trust keys", id="addhost.trust", show=False),
     ]
 
     def __init__(self, settings: AddHostSettings, targets: str = "") -> None:
@@ -198,17 +212,21 @@ class AddHostScreen(ModalScreen[None]):
             yield Label("Add hosts over SSH", classes="title")
             yield Static(EXPLAIN, classes="explain", id="addhost-explain")
             with VerticalScroll(id="addhost-fields"):
+                draft = self._draft()
                 for key, label, placeholder in FIELDS:
-                    value = {"targets": self.initial_targets, "join": self.settings.join}
                     with Horizontal(classes="field"):
                         yield Label(f"{label:<15}")
-                        yield Input(value.get(key, ""), placeholder=placeholder, id=f"a-{key}")
+                        yield Input(draft.get(key, ""), placeholder=placeholder, id=f"a-{key}")
+                yield Checkbox(
+                    ACCEPT_NEW_LABEL, draft.get(ACCEPT_NEW) == "yes", id=f"a-{ACCEPT_NEW}"
+                )
             yield Static("", id="addhost-error", classes="error")
             with VerticalScroll(id="addhost-run"):
                 yield DataTable(id="addhost-progress", cursor_type="none", show_cursor=False)
                 yield Static("", id="addhost-summary")
             with Horizontal(classes="buttons"):
                 yield Button("Add (ctrl+s)", variant="primary", id="yes")
+                yield Button("Trust and run again (t)", variant="warning", id="trust")
                 yield Button("Cancel (esc)", id="no")
 
     def on_mount(self) -> None:
@@ -230,13 +248,30 @@ class AddHostScreen(ModalScreen[None]):
         room = int(height * 0.9) - CHROME_ROWS - 1  # the error line
         if explain:
             room -= 3
-        self.query_one("#addhost-fields").styles.max_height = max(3, min(15, room))
+        self.query_one("#addhost-fields").styles.max_height = max(3, min(FIELDS_ROWS, room))
         self.query_one("#addhost-run").styles.max_height = max(4, room)
 
     # -- the form ----------------------------------------------------------------------------
 
+    def _draft(self) -> dict[str, str]:
+        """What the form opens with: what was typed last time (kept when it was closed before
+        its hosts were all set up), the targets it was opened for, the agent the TUI talks to."""
+        draft = dict(_DRAFTS.get(self.settings.identity_dir, {}))
+        if self.initial_targets:
+            draft["targets"] = self.initial_targets
+        if not draft.get("join"):
+            draft["join"] = self.settings.join
+        return draft
+
     def form_values(self) -> dict[str, str]:
-        return {key: self.query_one(f"#a-{key}", Input).value for key, _, _ in FIELDS}
+        values = {key: self.query_one(f"#a-{key}", Input).value for key, _, _ in FIELDS}
+        values[ACCEPT_NEW] = "yes" if self.query_one(f"#a-{ACCEPT_NEW}", Checkbox).value else ""
+        return values
+
+    @property
+    def untrusted(self) -> list[HostResult]:
+        """Hosts the last run stopped at for a key known_hosts does not know."""
+        return [r for r in self.results or [] if r.new_host_key]
 
     @property
     def error(self) -> str:
@@ -261,6 +296,8 @@ class AddHostScreen(ModalScreen[None]):
         event.stop()
         if event.button.id == "yes":
             self.action_submit()
+        elif event.button.id == "trust":
+            self.action_trust()
         else:
             self.action_close()
 
@@ -276,7 +313,21 @@ class AddHostScreen(ModalScreen[None]):
         self._set_phase("checking")
         self.run_bootstrap(args)
 
+    def action_trust(self) -> None:
+        """Trust the new host keys the last run met (their fingerprints are shown) and run the
+        same form again with ``--accept-new``; the hosts already set up are left as they are."""
+        if self.phase != "done" or not self.untrusted:
+            return
+        self.query_one(f"#a-{ACCEPT_NEW}", Checkbox).value = True
+        self._set_phase("form")
+        self.action_submit()
+
     def action_close(self) -> None:
+        done = self.results is not None and all(r.ok for r in self.results)
+        if done:
+            _DRAFTS.pop(self.settings.identity_dir, None)
+        else:
+            _DRAFTS[self.settings.identity_dir] = self.form_values()
         self.stop()
         self.dismiss(None)
 
@@ -285,7 +336,9 @@ class AddHostScreen(ModalScreen[None]):
         form = phase == "form"
         for key, _, _ in FIELDS:
             self.query_one(f"#a-{key}", Input).disabled = not form
+        self.query_one(f"#a-{ACCEPT_NEW}", Checkbox).disabled = not form
         self.query_one("#addhost-fields").display = phase in ("form", "checking")
+        self.query_one("#trust", Button).display = phase == "done" and bool(self.untrusted)
         self.query_one("#addhost-run").display = phase in ("running", "done")
         self.query_one("#addhost-summary").display = phase == "done"
         self._fit_height()
@@ -400,6 +453,11 @@ class AddHostScreen(ModalScreen[None]):
             for result, line in zip(results, self.summary[1:], strict=True):
                 text.append("\n")
                 text.append(line, style=palette.ok if result.ok else palette.bad)
+            untrusted = [r for r in results if r.new_host_key]
+            if untrusted:
+                text.append("\n\nNew host keys (compare with the hosts' own, then t to trust):")
+                for r in untrusted:
+                    text.append(f"\n  {r.host}  {r.new_host_key}", style=palette.warn)
         self.query_one("#addhost-summary", Static).update(text)
         self._set_phase("done")
 

@@ -57,7 +57,9 @@ class MeshHeader(Widget):
         if s is not None:
             hosts = len(s.hosts)
             alive = sum(1 for h in s.hosts if h.state == "alive")
-            gpus = sum(len(h.devices) for h in s.hosts)
+            gpus = sum(  # of live hosts, and a host's CPU is no GPU
+                1 for h in s.hosts if h.state == "alive" for d in h.devices if d.backend != "cpu"
+            )
             running = sum(1 for j in s.jobs if j.state == "running")
             pending = sum(1 for j in s.jobs if j.state == "pending")
             second.append(f"  {alive}/{hosts} hosts  {gpus} GPUs  {running} running")

@@ -1,0 +1,100 @@
+"""``shoal logs [-f] [--attempt N] JOB``: a job's output, every attempt under a header naming its
+node and how it ended.
+
+``-f`` on a job that has not started yet waits for it: it says on stderr why the job waits (and
+again whenever the reason changes), then streams its output once it runs. A job that ends without
+ever running (cancelled, failed to place) ends the wait with its reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from agent.client import ApiClient
+from agent.errors import UserError
+from agent.ops_cmd import print_json_line, resolve_job, run_following
+from agent.tables import hostnames, one_line, short
+
+WAIT_POLL_S = 0.5
+WAITING_STATES = ("pending", "placing")
+
+
+def _reason(job: Mapping[str, Any]) -> str:
+    state = str(job.get("state") or "?")
+    why = job.get("reason")
+    if state == "placing":
+        return "placing: a node was chosen, the job is starting"
+    return f"{state}: {one_line(str(why))}" if why else state
+
+
+async def wait_until_started(client: ApiClient, job_id: str) -> dict[str, Any] | None:
+    """Poll the job until it has left ``pending`` and ``placing``, saying on stderr why it waits
+    (each new reason once); the job then, or None when it ended without running."""
+    shown: str | None = None
+    while True:
+        job = await client.job(job_id)
+        state = job.get("state")
+        if state not in WAITING_STATES:
+            if not job.get("attempts") and state != "running":
+                print(f"job {short(job_id)} ended {_reason(job)} without running", file=sys.stderr)
+                return None
+            return job
+        reason = _reason(job)
+        if reason != shown:
+            print(f"[shoal] job {short(job_id)} waits: {reason}", file=sys.stderr, flush=True)
+            shown = reason
+        await asyncio.sleep(WAIT_POLL_S)
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """Every attempt's log under a header naming its node and how it ended (or one attempt's,
+    with ``--attempt``); ``-f`` waits for the job to start, then follows the current attempt."""
+
+    async def call(client: ApiClient) -> None:
+        job_id = str((await resolve_job(client, args.job))["job_id"])
+        if args.follow and args.attempt is None and not await wait_until_started(client, job_id):
+            return
+        attempts = [a for a in (await client.job(job_id)).get("attempts") or []]
+        if args.attempt is not None:
+            if not any(a.get("attempt") == args.attempt for a in attempts):
+                raise UserError(f"job {short(job_id)} has no attempt {args.attempt} on record")
+            attempts = [a for a in attempts if a.get("attempt") == args.attempt]
+        if not attempts:  # not started yet, or a job from before attempts were recorded
+            await _print_log(client, job_id, args, None, None)
+            return
+        names = hostnames((await client.nodes()) if not args.json else [])
+        for i, entry in enumerate(attempts):
+            last = i == len(attempts) - 1
+            await _print_log(client, job_id, args, entry, names, follow=args.follow and last)
+
+    return run_following(args, call)
+
+
+async def _print_log(
+    client: ApiClient,
+    job_id: str,
+    args: argparse.Namespace,
+    entry: Mapping[str, Any] | None,
+    names: Mapping[str, str] | None,
+    *,
+    follow: bool = False,
+) -> None:
+    attempt = None if entry is None else int(entry["attempt"])
+    if entry is not None and not args.json:
+        node = str(entry.get("node") or "")
+        how = entry.get("cause") or "running"
+        if entry.get("cause") == "exit":
+            how = f"exit {entry.get('exit_code')}"
+        where = (names or {}).get(node, short(node))
+        print(f"=== attempt {attempt} on {where} ({how}) ===", flush=True)
+    async for line in client.logs(job_id, lines=args.lines, follow=follow, attempt=attempt):
+        if args.json:
+            print_json_line(
+                {"line": line} if attempt is None else {"attempt": attempt, "line": line}
+            )
+        else:
+            print(line, flush=True)
