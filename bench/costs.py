@@ -64,6 +64,11 @@ class _Counter:
     def node_at(self, addr: str) -> str | None:
         return None
 
+    async def stream_call(
+        self, peer: object, path: str, content_type: str, body: bytes
+    ) -> tuple[int, bytes]:
+        return 404, b""
+
     def post(self, addr: str, body: bytes) -> None:
         raise AssertionError("no POST expected")
 

@@ -24,7 +24,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -63,6 +63,10 @@ from gossip.transport import (
 )
 
 log = logging.getLogger(__name__)
+
+CallHandler = Callable[[PeerIdentity, str, str, bytes], Awaitable[tuple[int, bytes]]]
+"""Answers a call a peer made over a stream: (caller, path, content type, body) -> (status,
+answer body)."""
 
 MAX_IN_FLIGHT = 256
 SEND_TIMEOUT_S = 3.0
@@ -157,6 +161,7 @@ class GossipNode:
         caller to keep it and to see whether it names this node."""
         self.identity = identity
         self._on_revocations_changed = on_revocations
+        self._call_handler: CallHandler | None = None
         self._trust = trust
         self._signer = CertSigner(identity)
         self._host = host
@@ -265,6 +270,18 @@ class GossipNode:
         :meth:`GossipClient.session`); None once stopped."""
         return None if self._stopped else self._client.session()
 
+    async def call(
+        self, addr: str, path: str, content_type: str, body: bytes, timeout_s: float
+    ) -> tuple[int, bytes]:
+        """Call ``path`` on the member at ``addr`` over the gossip stream between the two
+        (:meth:`gossip.streams.StreamPool.call`): (status, answer body). Raises
+        :class:`gossip.streams.CallFailed` (``legacy``: the peer has no streams, use HTTP)."""
+        return await self._streams.call(addr, path, content_type, body, timeout_s)
+
+    def serve_calls(self, handler: CallHandler) -> None:
+        """Answer the calls peers make over streams with ``handler`` (else they get 404)."""
+        self._call_handler = handler
+
     def subscribe(self, callback: Callable[[Event], None]) -> None:
         """Call ``callback`` with every membership and record event, in order."""
         self._subscribers.append(callback)
@@ -357,6 +374,13 @@ class GossipNode:
 
     async def _accept_stream(self, peer: PeerIdentity, ws: web.WebSocketResponse) -> None:
         await self._streams.serve(peer, ws)
+
+    async def stream_call(
+        self, peer: PeerIdentity, path: str, content_type: str, body: bytes
+    ) -> tuple[int, bytes]:
+        if self._call_handler is None or self._stopped:
+            return 404, b'{"error": "no calls served here"}'
+        return await self._call_handler(peer, path, content_type, body)
 
     def stream_frame(self, node_id: str, role: Role, body: bytes) -> None:
         """A message on a stream (either direction); answers go on streams too."""

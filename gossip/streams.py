@@ -27,6 +27,18 @@ that address is dialed again: a resumed TLS 1.3 handshake skips the certificate 
 their verification (see :class:`gossip.tls.ResumingContext`); both ends still check the peer's
 certificate (node id, validity, revocation) as after a full handshake.
 
+**Calls.** A stream also carries calls between the two members (the agents' forwarded commands
+and job-protocol calls): :meth:`StreamPool.call` queues a request ``[0, id, path, content type,
+body]`` (a five-element msgpack array, never mistaken for a gossip body, which has two) on the
+stream that serves the address, and the answer ``[1, id, status, "", body]`` comes back on the
+same stream; the serving side hands each request to :meth:`StreamDelegate.stream_call` with the
+caller's authenticated identity. Requests and answers pass the same gate as gossip (revocation,
+token bucket, size). A stream with a call in flight, either way, is neither the LRU's victim
+nor closed as a duplicate until the call ends; a stream that ends fails its callers' calls
+(:class:`CallFailed`: the outcome is unknown, as for an HTTP request that got no answer). So a
+call costs two messages on a warm, already authenticated stream instead of a request on a
+connection that may need its own TLS handshake.
+
 **Old peers.** A peer that answers the upgrade 404 predates streams: it is sent POSTs (through
 the delegate) for ``legacy_s``, so a mesh upgrades one member at a time. A peer that refuses the
 upgrade as revoked shows its list on a POST, as before (:class:`gossip.transport.RevokedByPeer`).
@@ -44,6 +56,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import aiohttp
+import msgpack
 from aiohttp import web
 from cryptography import x509
 
@@ -63,6 +76,30 @@ from gossip.transport import (
 )
 
 log = logging.getLogger(__name__)
+
+CALL_REQUEST, CALL_ANSWER = 0, 1
+_CALL_MARK = b"\x95"
+"""A call frame is a five-element msgpack array; a gossip body is a two-element one."""
+
+
+class CallFailed(Exception):
+    """A call over a stream got no answer (the stream could not be opened, ended, or its queue
+    was full): the peer may or may not have acted. ``legacy``: the peer predates streams, so the
+    caller may use HTTP instead (nothing was sent)."""
+
+    def __init__(self, reason: str, *, legacy: bool = False) -> None:
+        super().__init__(reason)
+        self.legacy = legacy
+
+
+def call_frame(kind: int, call_id: int, head: str | int, content_type: str, body: bytes) -> bytes:
+    frame: bytes = msgpack.packb([kind, call_id, head, content_type, body], use_bin_type=True)
+    return frame
+
+
+def _is_call(body: bytes) -> bool:
+    return body[:1] == _CALL_MARK
+
 
 WebSocket = aiohttp.ClientWebSocketResponse | web.WebSocketResponse
 
@@ -113,6 +150,11 @@ class StreamStats:
     """Messages never written: their stream's queue was full, or it failed or closed first."""
     posted: int = 0
     """Messages sent as POSTs, to peers that predate streams."""
+    calls_sent: int = 0
+    calls_failed: int = 0
+    """Calls that got no answer (stream gone, queue full, dial failed, timed out)."""
+    calls_served: int = 0
+    calls_malformed: int = 0
 
     def snapshot(self) -> dict[str, int]:
         return asdict(self)
@@ -135,17 +177,24 @@ class StreamDelegate(Protocol):
     def undelivered(self, addr: str, bodies: Sequence[bytes]) -> None:
         """No stream could be opened to ``addr``: these messages were not sent."""
 
+    async def stream_call(
+        self, peer: PeerIdentity, path: str, content_type: str, body: bytes
+    ) -> tuple[int, bytes]:
+        """Answer a call from authenticated ``peer``: (status, answer body)."""
+
 
 class _Stream:
     """One WebSocket to or from a peer, with its queue of messages to write."""
 
     __slots__ = (
         "addr",
+        "calls",
         "closing",
         "outbound",
         "peer",
         "queue",
         "queued_bytes",
+        "serving",
         "session_saved",
         "task",
         "writer",
@@ -164,6 +213,14 @@ class _Stream:
         self.task: asyncio.Task[None] | None = None
         self.closing = False
         self.session_saved = False
+        self.calls: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
+        """This member's calls waiting for their answer on this stream."""
+        self.serving = 0
+        """The peer's calls this member is answering on this stream."""
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.queue) or self.writer is not None or bool(self.calls) or self.serving > 0
 
 
 class StreamPool:
@@ -203,6 +260,7 @@ class StreamPool:
         self._http: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._next_call = 0
         self.stats = StreamStats()
 
     @property
@@ -239,19 +297,108 @@ class StreamPool:
         node = self._delegate.node_at(addr)
         return self._in.get(node) if node is not None else None
 
-    def _push(self, stream: _Stream, body: bytes) -> None:
+    def _push(self, stream: _Stream, body: bytes) -> bool:
         limits = self._limits
         if (
             len(stream.queue) >= limits.max_queued_frames
             or stream.queued_bytes + len(body) > limits.max_queued_bytes
         ):
             self.stats.frames_dropped += 1
-            return
+            return False
         stream.queue.append(body)
         stream.queued_bytes += len(body)
         self._touch(stream)
         if stream.ws is not None and stream.writer is None:
             stream.writer = self._spawn(self._write(stream, stream.ws))
+        return True
+
+    # -- calls -----------------------------------------------------------------------------------
+
+    async def call(
+        self, addr: str, path: str, content_type: str, body: bytes, timeout_s: float
+    ) -> tuple[int, bytes]:
+        """Call ``path`` on the member at ``addr`` over its stream: (status, answer body).
+        Raises :class:`CallFailed` when no answer came within ``timeout_s``."""
+        if self._closed:
+            raise CallFailed("closed")
+        stream = self._route(addr)
+        if stream is None:
+            until = self._legacy.get(addr)
+            if until is not None and until > self._clock():
+                raise CallFailed("the peer predates streams", legacy=True)
+            stream = self._dial(addr)
+        self._next_call += 1
+        call_id = self._next_call
+        future: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+        stream.calls[call_id] = future
+        self.stats.calls_sent += 1
+        try:
+            if not self._push(stream, call_frame(CALL_REQUEST, call_id, path, content_type, body)):
+                raise CallFailed(f"the stream to {addr} is full")
+            async with asyncio.timeout(timeout_s):
+                return await future
+        except TimeoutError:
+            self.stats.calls_failed += 1
+            raise CallFailed(f"no answer from {addr} within {timeout_s:.1f} s") from None
+        except CallFailed:
+            self.stats.calls_failed += 1
+            raise
+        finally:
+            stream.calls.pop(call_id, None)
+            self._idle(stream)
+
+    def _fail_calls(self, stream: _Stream, reason: str, *, legacy: bool = False) -> None:
+        for future in stream.calls.values():
+            if not future.done():
+                future.set_exception(CallFailed(reason, legacy=legacy))
+
+    def _on_call(self, stream: _Stream, peer: PeerIdentity, body: bytes) -> None:
+        """A call frame came: an answer to one of ours, or a request to serve."""
+        try:
+            kind, call_id, head, content_type, data = msgpack.unpackb(
+                body, raw=False, max_bin_len=self._max_message_bytes, max_str_len=512
+            )
+            if not isinstance(call_id, int) or not isinstance(data, bytes):
+                raise ValueError("bad call frame")
+        except Exception:
+            self.stats.calls_malformed += 1
+            return
+        if kind == CALL_ANSWER and isinstance(head, int):
+            future = stream.calls.get(call_id)
+            if future is not None and not future.done():
+                future.set_result((head, data))
+        elif kind == CALL_REQUEST and isinstance(head, str) and isinstance(content_type, str):
+            stream.serving += 1
+            self._spawn(self._serve_call(stream, peer, call_id, head, content_type, data))
+        else:
+            self.stats.calls_malformed += 1
+
+    async def _serve_call(
+        self,
+        stream: _Stream,
+        peer: PeerIdentity,
+        call_id: int,
+        path: str,
+        content_type: str,
+        body: bytes,
+    ) -> None:
+        try:
+            try:
+                status, answer = await self._delegate.stream_call(peer, path, content_type, body)
+            except Exception:
+                log.exception("stream call %s from %s failed", path, peer.node_id)
+                status, answer = 500, b'{"error": "internal error"}'
+            self.stats.calls_served += 1
+            if stream.ws is not None and not stream.ws.closed:
+                self._push(stream, call_frame(CALL_ANSWER, call_id, status, "", answer))
+        finally:
+            stream.serving -= 1
+            self._idle(stream)
+
+    def _idle(self, stream: _Stream) -> None:
+        """A retired stream whose last call ended closes now."""
+        if stream.closing and not stream.busy and stream.ws is not None and not stream.ws.closed:
+            self._spawn(self._close_ws(stream))
 
     async def _write(self, stream: _Stream, ws: WebSocket) -> None:
         """Write the stream's queue; a write that cannot drain in time closes the stream."""
@@ -272,7 +419,7 @@ class StreamPool:
             self._abort(stream)  # the connection went away under the write
         finally:
             stream.writer = None
-        if stream.closing and not stream.queue:
+        if stream.closing and not stream.busy:
             await self._close_ws(stream)
 
     # -- dialing ---------------------------------------------------------------------------------
@@ -361,10 +508,13 @@ class StreamPool:
         """The peer answered the upgrade with an error: it predates streams (404, 405), or it
         refuses this member (403: a revoked one is shown its list on a POST)."""
         self._forget(stream)
+        legacy = exc.status in (404, 405)
+        if legacy:
+            self._fail_calls(stream, "the peer predates streams", legacy=True)
         bodies = self._take_queue(stream)
         headers: Any = exc.headers or {}
         content_type = str(headers.get("Content-Type", ""))
-        if exc.status in (404, 405):
+        if legacy:
             self._legacy[stream.addr] = self._clock() + self._limits.legacy_s
             for body in bodies:
                 self.stats.posted += 1
@@ -423,7 +573,10 @@ class StreamPool:
             self._touch(stream)
             if stream.outbound and not stream.session_saved:
                 self._save_session(stream, ws)
-            gate.handled(peer, deliver, body)
+            if _is_call(body):
+                self._on_call(stream, peer, body)
+            else:
+                gate.handled(peer, deliver, body)
 
     def _save_session(self, stream: _Stream, ws: WebSocket) -> None:
         """Keep the dialed stream's TLS session for the next dial to that address (its ticket
@@ -447,7 +600,7 @@ class StreamPool:
         for old in self._lru:  # the least recently used first
             if len(self._lru) <= self._limits.max_streams:
                 break
-            if old is not stream and old.ws is not None and not old.queue and not old.writer:
+            if old is not stream and old.ws is not None and not old.busy:
                 self.stats.closed_lru += 1
                 self._retire(old)
                 break
@@ -488,7 +641,8 @@ class StreamPool:
             if stream.task is not None:
                 stream.task.cancel()  # still dialing
             self.stats.frames_dropped += len(self._take_queue(stream))
-        elif stream.writer is None:
+            self._fail_calls(stream, "the stream was closed while opening")
+        elif not stream.busy:  # else its last write or call closes it (``_idle``)
             self._spawn(self._close_ws(stream))
 
     def _abort(self, stream: _Stream) -> None:
@@ -520,11 +674,14 @@ class StreamPool:
         if stream.writer is not None:
             stream.writer.cancel()
         self.stats.frames_dropped += len(self._take_queue(stream))
+        self._fail_calls(stream, "the stream ended")
 
     def _take_queue(self, stream: _Stream) -> list[bytes]:
-        bodies = list(stream.queue)
+        """Empty the stream's queue: the gossip bodies it held (its calls fail)."""
+        bodies = [body for body in stream.queue if not _is_call(body)]
         stream.queue.clear()
         stream.queued_bytes = 0
+        self._fail_calls(stream, f"no stream to {stream.addr or 'the peer'}")
         return bodies
 
     def forget_node(self, node: str) -> None:
