@@ -39,6 +39,8 @@ from agent.metrics import AgentMetrics
 from agent.peers import JSON_CONTENT_TYPE
 from agent.reads import Reads
 from agent.wire.health import HealthDoc
+from gossip.node import CallHandler
+from gossip.tls import PeerIdentity
 from gossip.transport import PATH as GOSSIP_PATH
 from gossip.transport import request_peer
 
@@ -142,13 +144,63 @@ def _internal(fn: Handler) -> Handler:
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
     _require_content_type(request, JSON_CONTENT_TYPE)
+    return _json_object(await request.read())
+
+
+def _json_object(data: bytes) -> dict[str, Any]:
     try:
-        body = json.loads(await request.read())
+        body = json.loads(data)
     except ValueError:
         raise ApiError(400, "body is not JSON") from None
     if not isinstance(body, dict):
         raise ApiError(400, "body must be a JSON object")
     return body
+
+
+INTERNAL_PREFIX = "/v1/internal/"
+
+
+def stream_calls(agent: AgentService) -> CallHandler:
+    """The internal POST routes (``command`` and the job protocol's calls) for calls that come
+    over a gossip stream (:meth:`gossip.node.GossipNode.serve_calls`): the same role check,
+    content types, handlers, error answers and refusal counters as over HTTP. The log stream
+    (``GET``) stays on HTTP."""
+
+    async def answer(
+        peer: PeerIdentity, path: str, content_type: str, data: bytes
+    ) -> tuple[int, dict[str, Any]]:
+        op = path.removeprefix(INTERNAL_PREFIX)
+        if not path.startswith(INTERNAL_PREFIX) or not op or "/" in op:
+            return 404, {"error": f"no such call {path[:80]!r}"}
+        if peer.role != "agent":
+            return 403, {"error": "agent role required"}
+        try:
+            if op == "command":
+                if content_type != ENVELOPE_CONTENT_TYPE:
+                    raise ApiError(415, f"content type must be {ENVELOPE_CONTENT_TYPE}")
+                return await agent.commands.execute(data, forwarded=True)
+            if content_type != JSON_CONTENT_TYPE:
+                raise ApiError(415, f"content type must be {JSON_CONTENT_TYPE}")
+            return 200, await agent.calls.handle(op, _json_object(data), peer.node_id)
+        except ApiError as exc:
+            return exc.status, {"error": " ".join(str(exc).split())[:300]}
+        except (KeyError, ValueError, TypeError) as exc:
+            return 400, {"error": f"malformed request: {exc}"[:300]}
+        except Exception as exc:
+            log.exception("stream call %s failed", path)
+            return 500, {"error": f"internal error: {type(exc).__name__}"}
+
+    async def handle(
+        peer: PeerIdentity, path: str, content_type: str, data: bytes
+    ) -> tuple[int, bytes]:
+        status, body = await answer(peer, path, content_type, data)
+        if status >= 400:
+            command = path.endswith("/command")
+            route = f"{INTERNAL_PREFIX}command" if command else f"{INTERNAL_PREFIX}{{op}}"
+            agent.metrics.api_refused[(route, str(status))] += 1
+        return status, json.dumps(body, separators=(",", ":")).encode()
+
+    return handle
 
 
 MAX_HEALTH_WAIT_S = 60
