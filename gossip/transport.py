@@ -49,6 +49,7 @@ from cryptography import x509
 from gossip import revocation
 from gossip.certtrust import Admission, CertTrust
 from gossip.identity import IdentityError, NodeIdentity, Role
+from gossip.revocation import RevocationList
 from gossip.tls import PeerIdentity, client_context, peer_identity, server_context
 
 log = logging.getLogger(__name__)
@@ -240,6 +241,11 @@ class TokenBuckets:
         return allowed
 
 
+ADMISSION_FRESH_S = 1.0
+"""How long a stream peer's admission (validity, revocation) is taken as checked."""
+MAX_FRESH_ADMISSIONS = 4096
+
+
 class FrameGate:
     """The checks every stream message passes, in either direction, with the server's counters:
     the peer's certificate still admitted (revocation, expiry: ``revoked``, ``bad_cert``; the
@@ -261,14 +267,34 @@ class FrameGate:
         self._trust = trust
         self._clock = clock
         self._wall_clock = wall_clock
+        self._fresh: dict[str, tuple[float, RevocationList, bytes]] = {}
+        """Peers admitted lately: (until, under which revocation list, their certificate)."""
 
     def admitted(self, peer: PeerIdentity) -> bool:
-        """Is the peer's certificate good now? Counts the refusal when not."""
-        if self._trust is None:
+        """Is the peer's certificate good now? Counts the refusal when not. An admission holds
+        for ``ADMISSION_FRESH_S`` while the revocation list stays the same one (a newer list
+        checks every peer again at its next message), so a busy stream does not check its
+        certificate per message."""
+        trust = self._trust
+        if trust is None:
             return True
-        admission = self._trust.check(peer.node_id, peer.certificate_der, self._wall_clock())
+        now = self._wall_clock()
+        revocations = trust.revocations
+        fresh = self._fresh.get(peer.node_id)
+        if (
+            fresh is not None
+            and now < fresh[0]
+            and fresh[1] is revocations
+            and fresh[2] == peer.certificate_der
+        ):
+            return True
+        admission = trust.check(peer.node_id, peer.certificate_der, now)
         if admission is Admission.ADMITTED:
+            self._fresh[peer.node_id] = (now + ADMISSION_FRESH_S, revocations, peer.certificate_der)
+            if len(self._fresh) > MAX_FRESH_ADMISSIONS:
+                self._fresh.pop(next(iter(self._fresh)))
             return True
+        self._fresh.pop(peer.node_id, None)
         if admission is Admission.REVOKED:
             self.stats.revoked += 1
         else:
