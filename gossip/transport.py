@@ -546,14 +546,16 @@ class GossipServer:
         self._peers: dict[bytes, OrderedDict[_Established, None]] = {}
         """Established connections by the peer's certificate, oldest first."""
         self._app_setup = app_setup
+        self._bound_port: int | None = None
 
     @property
     def port(self) -> int:
         """The bound port (useful with ``port=0``)."""
         if not self._listeners:
             raise RuntimeError("server not started")
-        bound: int = self._listeners[0].getsockname()[1]
-        return bound
+        if self._bound_port is None:  # asked for every message sent: one system call, once
+            self._bound_port = int(self._listeners[0].getsockname()[1])
+        return self._bound_port
 
     @property
     def address(self) -> str:
@@ -592,6 +594,7 @@ class GossipServer:
             await self._runner.cleanup()
         self._runner = None
         self._listeners = []
+        self._bound_port = None
         self._acceptors = []
 
     async def __aenter__(self) -> GossipServer:
