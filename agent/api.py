@@ -2,12 +2,14 @@
 
 Operator-facing (see the HTTP contract in ``agent/client.py``): ``POST /v1/commands`` (a sealed
 command), ``GET /v1/jobs``, ``/v1/jobs/{id}``, ``/v1/jobs/{id}/logs``, ``/v1/nodes``,
-``/v1/events``, ``/metrics``, ``/healthz``. Errors are ``{"error": "<one line>"}`` with a 4xx/5xx.
+``/v1/events``, ``/metrics``, ``/healthz``, and ``/v1/openapi.json``, which describes them all
+(:mod:`agent.openapi`). Errors are ``{"error": "<one line>"}`` with a 4xx/5xx.
 
 Agent-to-agent, role ``agent`` only (403 otherwise), all JSON POSTs under ``/v1/internal/``:
 ``command`` (a forwarded sealed command, executed here without forwarding again), the calls of
 the job protocol (``agent.calls``: ``replicate``, ``adopt``, ``start``, ``stop``, ``status``,
-``report``), and ``GET /v1/internal/logs/{id}`` (the runner's log, proxied by the API).
+``report``, ``checkpointed``), ``GET /v1/internal/logs/{id}`` (the runner's log, proxied by the
+API), and the checkpoint transfers under ``/v1/internal/checkpoint/{id}`` (``agent.ckptmove``).
 
 Refusals: a sealed command must come as ``application/octet-stream`` and an internal JSON call as
 ``application/json`` (415 otherwise); ``lines`` of a log request is at most
@@ -29,6 +31,9 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from agent.calls import Calls
+from agent.ckptmove import PATH as CHECKPOINT_PATH
+from agent.ckptmove import Checkpoints
+from agent.ckptmove import Routes as CheckpointRoutes
 from agent.client import ENVELOPE_CONTENT_TYPE
 from agent.commands import Commands
 from agent.errors import ApiError
@@ -36,8 +41,10 @@ from agent.events import EventLog
 from agent.logfiles import MAX_TAIL_LINES
 from agent.mesh import GossipMesh
 from agent.metrics import AgentMetrics
-from agent.peers import JSON_CONTENT_TYPE
+from agent.parsing import json_loads
+from agent.peers import JSON_CONTENT_TYPE, stream_call_op
 from agent.reads import Reads
+from agent.store import StoreFull
 from agent.wire.health import HealthDoc
 from gossip.node import CallHandler
 from gossip.tls import PeerIdentity
@@ -73,6 +80,13 @@ class AgentService(Protocol):
     @property
     def reads(self) -> Reads: ...
 
+    @property
+    def checkpoints(self) -> Checkpoints: ...
+
+
+INSUFFICIENT_STORAGE = 507
+"""The answer when this agent's store cannot be written (its disk is full)."""
+
 
 def error(status: int, message: str) -> web.Response:
     text = " ".join(str(message).split())[:300]
@@ -85,6 +99,8 @@ def _guarded(fn: Handler) -> Handler:
             return await fn(request)
         except ApiError as exc:
             return error(exc.status, str(exc))
+        except StoreFull as exc:  # nothing of the request was kept: the caller may retry
+            return error(INSUFFICIENT_STORAGE, f"this agent's data folder is full: {exc}")
         except (KeyError, ValueError, TypeError) as exc:
             return error(400, f"malformed request: {exc}")
         except web.HTTPException:
@@ -149,7 +165,7 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
 
 def _json_object(data: bytes) -> dict[str, Any]:
     try:
-        body = json.loads(data)
+        body = json_loads(data)
     except ValueError:
         raise ApiError(400, "body is not JSON") from None
     if not isinstance(body, dict):
@@ -169,8 +185,8 @@ def stream_calls(agent: AgentService) -> CallHandler:
     async def answer(
         peer: PeerIdentity, path: str, content_type: str, data: bytes
     ) -> tuple[int, dict[str, Any]]:
-        op = path.removeprefix(INTERNAL_PREFIX)
-        if not path.startswith(INTERNAL_PREFIX) or not op or "/" in op:
+        op = stream_call_op(path)
+        if op is None:
             return 404, {"error": f"no such call {path[:80]!r}"}
         if peer.role != "agent":
             return 403, {"error": "agent role required"}
@@ -184,6 +200,8 @@ def stream_calls(agent: AgentService) -> CallHandler:
             return 200, await agent.calls.handle(op, _json_object(data), peer.node_id)
         except ApiError as exc:
             return exc.status, {"error": " ".join(str(exc).split())[:300]}
+        except StoreFull as exc:  # nothing of the request was kept: the caller may retry
+            return INSUFFICIENT_STORAGE, {"error": f"this agent's data folder is full: {exc}"}
         except (KeyError, ValueError, TypeError) as exc:
             return 400, {"error": f"malformed request: {exc}"[:300]}
         except Exception as exc:
@@ -282,6 +300,12 @@ def setup(app: web.Application, agent: AgentService) -> None:
             members = await agent.mesh.wait_members(want, float(wait_s))
         return web.json_response(HealthDoc(True, agent.node_id, members).to_wire())
 
+    @_guarded
+    async def openapi(request: web.Request) -> web.StreamResponse:
+        from agent import openapi
+
+        return web.json_response(openapi.document())
+
     @_internal
     async def i_command(request: web.Request) -> web.StreamResponse:
         data = await _sealed_body(request)
@@ -302,6 +326,14 @@ def setup(app: web.Application, agent: AgentService) -> None:
         job_id = request.match_info["job_id"]
         return await agent.reads.local_logs(request, job_id, lines, follow, attempt)
 
+    ckpt = CheckpointRoutes(agent.checkpoints)
+
+    def _ckpt(fn: Callable[[web.Request, str], Awaitable[web.StreamResponse]]) -> Handler:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            return await fn(request, request_peer(request).node_id)
+
+        return _internal(handler)
+
     app.router.add_post("/v1/commands", commands)
     app.router.add_get("/v1/jobs", jobs)
     app.router.add_get("/v1/jobs/{job_id}", job)
@@ -310,6 +342,11 @@ def setup(app: web.Application, agent: AgentService) -> None:
     app.router.add_get("/v1/events", events)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/v1/openapi.json", openapi)
     app.router.add_post("/v1/internal/command", i_command)
     app.router.add_get("/v1/internal/logs/{job_id}", i_logs)
+    app.router.add_get(f"{CHECKPOINT_PATH}/{{job_id}}", _ckpt(ckpt.manifest))
+    app.router.add_get(f"{CHECKPOINT_PATH}/{{job_id}}/chunk", _ckpt(ckpt.chunk))
+    app.router.add_post(f"{CHECKPOINT_PATH}/{{job_id}}/offer", _ckpt(ckpt.offer))
+    app.router.add_post(f"{CHECKPOINT_PATH}/{{job_id}}/chunk", _ckpt(ckpt.put))
     app.router.add_post("/v1/internal/{op}", i_op)

@@ -29,12 +29,12 @@ it and attributed to it).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from agent.jobspec import JobSpec, UnknownFeatures, check_job_id
 from agent.ownership import rank
+from agent.parsing import json_loads
 from gossip import envelope
 from gossip.certtrust import CertTrust
 
@@ -78,7 +78,7 @@ def read_submission(sealed: bytes, trust: CertTrust, now: float) -> Submission:
     if command.kind != SUBMIT_KIND:
         raise SubmissionRefused(f"a {command.kind!r} command is not a submission")
     try:
-        body = json.loads(command.body)
+        body = json_loads(command.body)
         if not isinstance(body, dict):
             raise ValueError("the body is not a JSON object")
         job_id = check_job_id(body["job_id"])

@@ -9,7 +9,9 @@ process could not be launched (:data:`agent.owner.LAUNCH_FAILED`).
 
 - ``replicate``: keep a copy of a job for its owner; ``adopt``: take a job over;
 - ``start``: an offer to run an attempt; ``stop``: stop and fence an attempt;
-- ``status``: what runs or ran here of a job; ``report``: an attempt ended (to the owner).
+- ``status``: what runs or ran here of a job; ``report``: an attempt ended (to the owner);
+- ``checkpointed``: the job's checkpoint changed on its runner (to the owner, which pulls it:
+  ``agent.ckptmove``, whose routes are beside these).
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ from agent.metrics import AgentMetrics
 from agent.ownedjob import OwnerError, store_replica
 from agent.owner import LAUNCH_FAILED, Owner
 from agent.runner import Declined, LaunchFailed, NotAllowed, Runner
-from agent.wire.calls import AttemptResult, StartOffer, StatusRequest, StopRequest
+from agent.wire.calls import (
+    AttemptResult,
+    CheckpointNote,
+    StartOffer,
+    StatusRequest,
+    StopRequest,
+)
 
 log = logging.getLogger("shoal.agent")
 
@@ -56,6 +64,9 @@ class Calls:
             ),
             "report": self._sync(
                 lambda body, caller: owner.report(caller, AttemptResult.from_wire(body))
+            ),
+            "checkpointed": self._sync(
+                lambda body, caller: owner.checkpointed(caller, CheckpointNote.from_wire(body))
             ),
         }
 

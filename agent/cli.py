@@ -168,7 +168,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("cancel", "cancel a job", ops_args.cancel_arguments, f"{OPS}:cmd_cancel"),
     Command(
         "migrate",
-        "stop a job and restart it elsewhere",
+        "checkpoint a job and restart it elsewhere from its checkpoint",
         ops_args.migrate_arguments,
         f"{OPS}:cmd_migrate",
     ),

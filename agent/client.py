@@ -10,6 +10,7 @@ answer that does not decode is an :class:`ApiError`).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -19,6 +20,7 @@ import aiohttp
 
 from agent import netwhy
 from agent.jobspec import JobSpec, new_job_id
+from agent.parsing import json_loads
 from agent.wire.codec import WireError
 from agent.wire.health import HealthDoc
 
@@ -80,8 +82,8 @@ class ApiClient(PooledSession):
     async def _answer(self, response: aiohttp.ClientResponse) -> dict[str, Any]:
         text = await response.text()
         try:
-            doc = json.loads(text) if text else {}
-        except json.JSONDecodeError:
+            doc = json_loads(text) if text else {}
+        except ValueError:
             doc = {"error": text.strip().splitlines()[0] if text.strip() else response.reason}
         if response.status >= 400:
             message = doc.get("error") if isinstance(doc, dict) else None
@@ -121,17 +123,20 @@ class ApiClient(PooledSession):
     async def stream(
         self, path: str, params: Mapping[str, str] | None = None
     ) -> AsyncIterator[str]:
-        """Text lines as the agent sends them (no overall timeout: ``follow`` can be long)."""
+        """Text lines as the agent sends them (no overall timeout: ``follow`` can be long; but
+        an agent that accepts and never answers is given up on after this client's timeout)."""
         session = self._pooled()
+        head_s = self._timeout.total
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=head_s)
         try:
-            async with session.get(
-                self._base + path, params=params, timeout=aiohttp.ClientTimeout(total=None)
-            ) as response:
+            async with asyncio.timeout(head_s):
+                response = await session.get(self._base + path, params=params, timeout=timeout)
+            async with response:
                 if response.status >= 400:
                     await self._answer(response)
                 async for raw in response.content:
                     yield raw.decode("utf-8", errors="replace").rstrip("\n")
-        except (aiohttp.ClientError, OSError) as exc:
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise AgentUnreachable(self.address, exc) from None
 
     # -- the API -----------------------------------------------------------------------------------

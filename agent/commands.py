@@ -10,13 +10,12 @@ drain), which checks them again itself. A forwarded command is never forwarded f
 from __future__ import annotations
 
 import base64
-import json
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from agent.authority import FeaturesLacking
+from agent.authority import FeaturesLacking, SubmissionRefused
 from agent.client import ENVELOPE_CONTENT_TYPE
 from agent.config import AgentConfig
 from agent.context import AgentContext
@@ -26,6 +25,7 @@ from agent.metrics import AgentMetrics
 from agent.ownedjob import OwnerError
 from agent.owner import Owner
 from agent.ownership import owner_of
+from agent.parsing import json_loads
 from agent.peers import PeerUnreachable
 from agent.runner import Runner
 from gossip import envelope, revocation
@@ -103,7 +103,7 @@ class Commands:
             self._metrics.commands_rejected["unknown_kind"] += 1
             return 400, {"error": f"unknown command kind {command.kind!r}"}
         try:
-            body = json.loads(command.body)
+            body = json_loads(command.body)
             if not isinstance(body, dict):
                 raise ValueError("the command body must be a JSON object")
             status, answer = await handler(command.kind, body, data, forwarded)
@@ -151,6 +151,9 @@ class Commands:
             sub = self._ctx.authority.submission(data)
         except FeaturesLacking as exc:
             self._metrics.commands_rejected["features"] += 1
+            return 400, {"error": str(exc)}
+        except SubmissionRefused as exc:  # signed by an operator, but not a job (a bad spec)
+            self._metrics.commands_rejected["bad_body"] += 1
             return 400, {"error": str(exc)}
         needed = frozenset(sub.spec.features)
         if needed and not any(

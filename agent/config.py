@@ -22,12 +22,14 @@ Example::
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from agent.errors import UserError
+from agent.parsing import toml_loads
 from agent.wire.place import dataset_name_problem
 
 
@@ -110,6 +112,7 @@ _FLOATS = {
     "rpc_timeout_s",
     "datasets_rescan_s",
 }
+_POSITIVE = {"probe_interval_s", "telemetry_heartbeat_s", "rpc_timeout_s", "datasets_rescan_s"}
 
 
 def _coerce(name: str, value: Any, where: str) -> Any:
@@ -126,8 +129,16 @@ def _coerce(name: str, value: Any, where: str) -> Any:
                     raise UserError(f"{where}: {problem}")
         return tuple(value)
     if name in _FLOATS:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise UserError(f"{where}: {name} must be a number")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
+            raise UserError(f"{where}: {name} must be a finite number")
+        if name in _POSITIVE and value <= 0:
+            raise UserError(f"{where}: {name} must be more than 0")
+        if value < 0:
+            raise UserError(f"{where}: {name} must not be negative")
         return float(value)
     if name == "labels":
         if not isinstance(value, dict) or not all(
@@ -161,9 +172,11 @@ def config_from_mapping(doc: dict[str, Any], where: str = "config") -> AgentConf
 def load_config(path: Path) -> AgentConfig:
     """Read a TOML config file; every problem is one :class:`UserError` line."""
     try:
-        doc = tomllib.loads(path.read_text("utf-8"))
+        doc = toml_loads(path.read_text("utf-8"))
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{path}: not valid TOML: {exc}") from None
     return config_from_mapping(doc, str(path))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections import Counter
 from typing import Any
@@ -32,6 +33,8 @@ from typing import Any
 from agent import api
 from agent.authority import Authority
 from agent.calls import Calls
+from agent.ckptfiles import Vault
+from agent.ckptmove import Checkpoints
 from agent.commands import Commands
 from agent.config import AgentConfig
 from agent.context import AgentContext
@@ -48,6 +51,7 @@ from agent.publisher import Publisher
 from agent.reads import Reads
 from agent.runner import Runner
 from agent.store import Store
+from agent.transfer import TransferLimits
 from agent.view import STATE_NAMES, ClusterView
 from agent.wire.records import EVENTS, NODE, NodeRecord
 from gossip import revocation
@@ -149,6 +153,14 @@ class Agent:
             node=self.node,
             mesh=self.mesh,
         )
+        self.checkpoints = Checkpoints(
+            self.ctx,
+            Vault(config.data_dir, TransferLimits()),
+            self.runner,
+            None if sys.platform == "win32" else self.executor.user.uid,
+            self.metrics.internal_refused,
+        )
+        self.runner.checkpoints = self.owner.checkpoints = self.checkpoints
         self.calls = Calls(self.ctx, self.owner, self.runner, self.metrics)
         self.reads = Reads(self.ctx, self.owner, self.runner, self.node, self.mesh, self.trust)
         self.node.subscribe(self._on_gossip)
@@ -200,6 +212,7 @@ class Agent:
             asyncio.create_task(self._telemetry_loop(), name="telemetry"),
             asyncio.create_task(self._sweep_loop(), name="sweep"),
             asyncio.create_task(self._resume_later(), name="resume"),
+            asyncio.create_task(self.runner.watch_checkpoints(), name="checkpoints"),
         ]
         if self.config.datasets_dir is not None:
             self._tasks.append(asyncio.create_task(self._datasets_loop(), name="datasets"))
@@ -314,4 +327,5 @@ class Agent:
             "records_refused": self.view.refused,
             "records_refused_kinds": self.view.refused_kinds,
             "placements": self.owner.offers,
+            "checkpoint": self.checkpoints.counts,
         }

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -100,6 +101,11 @@ class LaunchError(Exception):
     """The job's process could not be started (command not found, bad working directory...)."""
 
 
+class NoRoom(LaunchError):
+    """The job's folder or log could not be written here (the disk is full): the job itself
+    is not at fault, and may well start elsewhere."""
+
+
 # -- configuration and launch description --------------------------------------------------------
 
 
@@ -162,8 +168,10 @@ class Launch:
         attempt: int,
         devices: Sequence[DeviceStatic] = (),
         gang: GangRank | None = None,
+        resume: bool = False,
     ) -> Launch:
-        """The launch for ``spec``: its env (less any name Shoal reserves), then Shoal's."""
+        """The launch for ``spec``: its env (less any name Shoal reserves), then Shoal's
+        (``resume``: ``SHOAL_RESUME=1``, the checkpoint folder holds an earlier attempt's)."""
         if spec.image is not None:
             raise LaunchError("container images are not supported by the process executor yet")
         env = {k: v for k, v in spec.env.items() if reserved_env(k) is None}
@@ -174,6 +182,7 @@ class Launch:
                 attempt=attempt,
                 checkpoint_dir=spec.checkpoint_dir,
                 gang=gang,
+                resume=resume,
             )
         )
         return cls(
@@ -270,6 +279,8 @@ class _Run:
         self.pgid: int | None = None
         self.partial = b""
         """The output's last incomplete line (bounded), kept to spot progress lines."""
+        self.lost_output = 0
+        """Bytes of output the log could not take (a full disk)."""
         self.progress_stamp: tuple[int, int] | None = None
         self.tracker = ProgressTracker()
         self.last_progress_event = float("-inf")
@@ -327,20 +338,27 @@ class ProcessExecutor:
 
     async def _start(self, launch: Launch) -> Started:
         job_dir = self.job_dir(launch.job_id)
-        prepare_job_folder(job_dir, self.user)
         progress_file = job_dir / "progress"
-        progress_file.unlink(missing_ok=True)
+        try:
+            prepare_job_folder(job_dir, self.user)
+            progress_file.unlink(missing_ok=True)
+            if "SHOAL_CHECKPOINT_DIR" not in launch.env:
+                prepare_job_folder(job_dir / "checkpoint", self.user)
+            out = RotatingLog(
+                job_dir / LOG_NAME, self.config.log_max_bytes, self.config.log_backups
+            )
+            out.write(_marker(f"attempt {launch.attempt} starting: {' '.join(launch.argv)}"))
+        except OSError as exc:
+            error = NoRoom if exc.errno in (errno.ENOSPC, errno.EDQUOT) else LaunchError
+            why = exc.strerror or str(exc)
+            raise error(f"cannot prepare the job's folder {job_dir}: {why}") from None
         env = base_env(self.user, os.environ)
         env.update(launch.env)
         # The marker the subreaper tells a job's orphans by (agent.containment), never the job's.
         env["SHOAL_JOB_ID"], env["SHOAL_ATTEMPT"] = launch.job_id, str(launch.attempt)
         env[PROGRESS_FILE_ENV] = str(progress_file)
         if "SHOAL_CHECKPOINT_DIR" not in launch.env:
-            checkpoint_dir = job_dir / "checkpoint"
-            prepare_job_folder(checkpoint_dir, self.user)
-            env["SHOAL_CHECKPOINT_DIR"] = str(checkpoint_dir)
-        out = RotatingLog(job_dir / LOG_NAME, self.config.log_max_bytes, self.config.log_backups)
-        out.write(_marker(f"attempt {launch.attempt} starting: {' '.join(launch.argv)}"))
+            env["SHOAL_CHECKPOINT_DIR"] = str(job_dir / "checkpoint")
         run = _Run(launch, out, progress_file)
         protocol = _JobProtocol(lambda data: self._on_output(run, data))
         key = attempt_key(launch.job_id, launch.attempt)
@@ -522,7 +540,12 @@ class ProcessExecutor:
         """Copy the job's output to its log, watching for progress lines."""
         if run.out.closed:
             return  # a straggler after the attempt was closed
-        run.out.write(chunk)
+        try:
+            run.out.write(chunk)
+        except OSError as exc:  # the disk is full: this output is lost, the job runs on
+            if not run.lost_output:
+                log.warning("job %s: output not logged: %s", run.launch.job_id[:8], exc)
+            run.lost_output += len(chunk)
         prefix = PROGRESS_PREFIX.encode()
         if prefix not in chunk and prefix[:1] not in run.partial:
             run.partial = chunk.rpartition(b"\n")[2][-_READ_CHUNK:]

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import UserError
+from agent.parsing import toml_loads
 
 FLEET_FILE = "fleet.toml"
 HEADER = (
@@ -87,11 +88,13 @@ def load_fleet(cluster_dir: Path) -> Fleet:
     """The fleet of ``cluster_dir``; empty when it has none yet. A broken file is a UserError."""
     path = fleet_path(cluster_dir)
     try:
-        doc = tomllib.loads(path.read_text("utf-8"))
+        doc = toml_loads(path.read_text("utf-8"))
     except FileNotFoundError:
         return Fleet()
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{path}: not valid TOML: {exc}") from None
     entries = doc.get("agent", [])

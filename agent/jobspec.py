@@ -19,14 +19,18 @@ owner places the job only on agents whose inventory lists the feature.
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import re
 import tomllib
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any, Final, Literal, cast, get_args
 
+from agent.parsing import toml_loads
 from agent.pinning import reserved_env
+from agent.wire.place import dataset_name_problem
 
 JobKind = Literal["training", "inference", "batch"]
 BackendName = Literal["cuda", "rocm", "xpu", "metal", "cpu"]
@@ -163,10 +167,14 @@ def parse_duration(text: str) -> float:
         raise ValueError(f"not a duration: {text!r} (expected e.g. 2h, 90m, 1h30m)")
     compact = text.strip().replace(" ", "").lower()
     if re.fullmatch(r"\d+(?:\.\d+)?|\.\d+", compact):
-        return float(compact)
-    if not compact or _DURATION_PART_RE.sub("", compact) != "":
+        seconds = float(compact)
+    elif not compact or _DURATION_PART_RE.sub("", compact) != "":
         raise ValueError(f"not a duration: {text!r} (expected e.g. 2h, 90m, 1h30m, 45s)")
-    return sum(float(n) * _DURATION_UNITS[u] for n, u in _DURATION_PART_RE.findall(compact))
+    else:
+        seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in _DURATION_PART_RE.findall(compact))
+    if not math.isfinite(seconds):
+        raise ValueError(f"not a duration: {text[:20]!r}... is too long")
+    return seconds
 
 
 # -- the spec ------------------------------------------------------------------------------------
@@ -346,7 +354,7 @@ class JobSpec:
         date-time with an offset, or a duration from ``now`` (``deadline = "6h"``).
         """
         try:
-            data = tomllib.loads(text)
+            data = toml_loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"job file is not valid TOML: {exc}") from None
         return _from_mapping(data, human=True, now=now)
@@ -385,13 +393,15 @@ def _from_mapping(data: Mapping[str, Any], *, human: bool, now: float | None) ->
         )
     env = r.str_map("env")
     for name in env:
+        if not name or "=" in name:
+            raise ValueError(f"env: {name!r} is not a variable name")
         reason = reserved_env(name)
         if reason is not None:
             raise ValueError(reason)
     spec = JobSpec(
         command=command,
         env=env,
-        workdir=r.opt_str("workdir"),
+        workdir=r.path("workdir"),
         image=r.opt_str("image"),
         resources=Resources.from_dict(resources_raw, human=human),
         kind=cast(JobKind, r.choice("kind", JOB_KINDS, "batch")),
@@ -399,11 +409,11 @@ def _from_mapping(data: Mapping[str, Any], *, human: bool, now: float | None) ->
         preemptible=r.bool_("preemptible", False),
         deadline=deadline,
         max_runtime_s=max_runtime_s,
-        datasets=r.str_tuple("datasets"),
+        datasets=r.datasets("datasets"),
         labels=r.str_map("labels"),
         affinity=r.str_map("affinity"),
         anti_affinity=r.str_map("anti_affinity"),
-        checkpoint_dir=r.opt_str("checkpoint_dir"),
+        checkpoint_dir=r.path("checkpoint_dir"),
         checkpoint_signal=signal_name,
         retries=r.int_("retries", 0),
     )
@@ -502,6 +512,8 @@ class _Reader:
             return None
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self._type_error(key, "a number", value)
+        if not math.isfinite(value):
+            raise ValueError(f"{self.name(key)}: must be a finite number, not {value}")
         return float(value)
 
     def bool_(self, key: str, default: bool) -> bool:
@@ -510,23 +522,33 @@ class _Reader:
             raise self._type_error(key, "true or false", value)
         return value
 
+    def _text(self, key: str, value: str) -> str:
+        """``value``, refused when no argv, path, environment or UTF-8 record can carry it."""
+        if "\x00" in value:
+            raise ValueError(f"{self.name(key)}: a NUL character is not allowed")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{self.name(key)}: not valid Unicode (a lone surrogate)") from None
+        return value
+
     def str_(self, key: str, default: str) -> str:
         value = self.get(key, default)
         if not isinstance(value, str):
             raise self._type_error(key, "a string", value)
-        return value
+        return self._text(key, value)
 
     def opt_str(self, key: str) -> str | None:
         value = self.get(key)
         if value is not None and not isinstance(value, str):
             raise self._type_error(key, "a string", value)
-        return value
+        return None if value is None else self._text(key, value)
 
     def str_tuple(self, key: str) -> tuple[str, ...]:
         value = self.get(key, ())
         if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
             raise ValueError(f"{self.name(key)}: expected a list of strings")
-        return tuple(value)
+        return tuple(self._text(key, v) for v in value)
 
     def str_map(self, key: str) -> dict[str, str]:
         value = self.get(key, {})
@@ -534,7 +556,31 @@ class _Reader:
             isinstance(k, str) and isinstance(v, str) for k, v in value.items()
         ):
             raise ValueError(f"{self.name(key)}: expected a table of strings")
-        return dict(value)
+        return {self._text(key, k): self._text(key, v) for k, v in value.items()}
+
+    def path(self, key: str) -> str | None:
+        """An absolute path on the runner (POSIX, or Windows with its drive) with no ``..`` in
+        it, or ``None``: a relative one would depend on where the agent was started."""
+        value = self.opt_str(key)
+        if value is None:
+            return None
+        posix, windows = PurePosixPath(value), PureWindowsPath(value)
+        if not (posix.is_absolute() or windows.is_absolute()) or ".." in (
+            *posix.parts,
+            *windows.parts,
+        ):
+            raise ValueError(
+                f"{self.name(key)}: must be an absolute path without '..', not {value[:80]!r}"
+            )
+        return value
+
+    def datasets(self, key: str) -> tuple[str, ...]:
+        """Dataset names, each one path component (``agent.wire.place.dataset_name_problem``)."""
+        values = self.str_tuple(key)
+        for value in values:
+            if (problem := dataset_name_problem(value)) is not None:
+                raise ValueError(f"{self.name(key)}: {problem}")
+        return values
 
     def choice(self, key: str, allowed: tuple[str, ...], default: str) -> str:
         value = self.str_(key, default)

@@ -9,8 +9,10 @@ reason (``shoal_commands_accepted_total``, ``shoal_commands_rejected_total``), a
 refused for want of authority (``shoal_internal_refused_total``), gossip records refused or not
 believed, by reason and by kind (``shoal_records_refused_total``,
 ``shoal_records_refused_kinds_total``), API requests refused by route and status
-(``shoal_api_refused_total``), and the offers this agent made as an owner, by outcome
-(``shoal_placements_total``).
+(``shoal_api_refused_total``), the offers this agent made as an owner, by outcome
+(``shoal_placements_total``), and checkpoint transfers by what happened (``pulled``,
+``pushed``, ``resumed``, ``failed``, ``refused``, ``refused_not_owner``:
+``shoal_checkpoint_total``).
 
 The counters are plain ``collections.Counter`` objects and everything is turned into Prometheus
 families at scrape time, so ``prometheus_client`` (and the HTTP server modules it brings, ~1 MB
@@ -62,6 +64,12 @@ class _Snapshot:
                 m.internal_refused,
             ),
             ("placements", "Offers of jobs to runners, by outcome", "outcome", snap["placements"]),
+            (
+                "checkpoint",
+                "Checkpoint transfers (pulled, pushed, resumed, failed) and refusals",
+                "what",
+                snap.get("checkpoint", {}),
+            ),
             (
                 "records_refused",
                 "Gossip records refused (garbage, oversized, malformed) or not believed",

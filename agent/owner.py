@@ -13,6 +13,12 @@ One agent owns each job (``agent.ownership``). The owner:
   attempts never run at once;
 - publishes ``job/<id>`` records (a ``gen`` counter orders versions across successive owners).
 
+Checkpoints (``agent.ckptmove``): when a runner says a job's checkpoint changed, the owner pulls a
+copy into its vault (and, when it is itself the runner, pushes that copy on to the job's replica,
+so a copy outlives the node). Before each new attempt it pulls what the last attempt left, if its
+node is alive, then pushes the newest copy it holds to the chosen node and names it in the offer:
+the attempt resumes from it (``SHOAL_RESUME=1``). With no copy, the attempt starts afresh.
+
 When an owner is gone, the next agent in the job's rendezvous order takes over from the copy it
 holds (or is handed the copy by the agent that holds it) and asks the runner where things stand.
 """
@@ -25,7 +31,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent.authority import Submission, SubmissionRefused
 from agent.context import AgentContext
@@ -40,9 +46,13 @@ from agent.ownedjob import OwnedJob, OwnerError, job_from_wire, job_wire
 from agent.ownership import rank, replica_of
 from agent.peers import PeerError, PeerRefused, PeerUnreachable
 from agent.placement import Candidate, Placement
+from agent.store import StoreFull
+from agent.transfer import TransferError
 from agent.view import JOB_PREFIX, SUB_PREFIX, job_gen
 from agent.wire.calls import (
     AttemptResult,
+    CheckpointNote,
+    ResumeFrom,
     StartAnswer,
     StartOffer,
     StatusAnswer,
@@ -51,6 +61,9 @@ from agent.wire.calls import (
     StopRequest,
 )
 from agent.wire.codec import WireError
+
+if TYPE_CHECKING:
+    from agent.ckptmove import Checkpoints
 
 log = logging.getLogger("shoal.owner")
 
@@ -63,6 +76,9 @@ MAX_LAUNCH_FAILURES = 3
 LAUNCH_FAILED = 422
 """The status a runner answers an offer with when the job's process could not be started."""
 _REFUSALS = {LAUNCH_FAILED: "launch_failed", 403: "not_allowed"}
+RESTORE_TIMEOUT_S = 120.0
+"""How long an offer that resumes from a checkpoint may take to answer (the runner copies the
+checkpoint into the job's folder first)."""
 UNHEARD_OWNER_GRACE_S = 10.0
 """A stored job whose owner is not live, yet not known dead or left either, is taken over only
 once its copy is this old: a replica can arrive from an owner this agent has not heard of yet."""
@@ -96,6 +112,12 @@ class Owner:
         self._handing: set[str] = set()
         """Jobs being handed to a higher-ranked owner (no placement meanwhile)."""
         self._loop_task: asyncio.Task[None] | None = None
+        self.checkpoints: Checkpoints | None = None
+        """Set by the agent once made: moves checkpoints (``agent.ckptmove``)."""
+        self._collecting: dict[str, bool] = {}
+        """Jobs whose checkpoint is being pulled; True: pull again once done (it changed)."""
+        self._collected: set[tuple[str, str, int]] = set()
+        """(job, node, attempt) pulled once the attempt had ended: nothing newer can come."""
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -112,6 +134,7 @@ class Owner:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_store_full_is_a_warning)
 
     def kick(self) -> None:
         self._kick.set()
@@ -150,6 +173,8 @@ class Owner:
             self._subs_published.add(job.job_id)
             self._publish(SUB_PREFIX + job.job_id, job.submission)
         self._publish(JOB_PREFIX + job.job_id, job.status().encode())
+        if is_terminal(job.state) and self.checkpoints is not None:
+            self.checkpoints.forget(job.job_id)
         if replicate:
             self.spawn(self._replicate_quietly(job))
         self._on_change()
@@ -366,6 +391,74 @@ class Owner:
             self._requeue(job, f"attempt {attempt} stopped on {runner[:8]} ({cause})")
         return {"ok": True}
 
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def checkpointed(self, runner: str, note: CheckpointNote) -> dict[str, Any]:
+        """The runner of the current attempt says the job's checkpoint changed: pull a copy."""
+        job = self._owned(note.job_id)
+        if runner != job.runner or note.attempt != job.attempt or job.state not in LIVE:
+            return {"ok": True, "stale": True}
+        if job.job_id in self._collecting:
+            self._collecting[job.job_id] = True
+        else:
+            self._collecting[job.job_id] = False
+            self.spawn(self._collect_while_running(job.job_id, runner, note.attempt))
+        return {"ok": True}
+
+    async def _collect_while_running(self, job_id: str, runner: str, attempt: int) -> None:
+        try:
+            while True:
+                self._collecting[job_id] = False
+                await self._collect(job_id, runner, attempt)
+                if not self._collecting.get(job_id):
+                    return
+        finally:
+            self._collecting.pop(job_id, None)
+
+    async def _collect(self, job_id: str, node: str, attempt: int) -> None:
+        """Pull the checkpoint ``attempt`` left on ``node``; when that is this very node, push
+        the copy to the replica, where it outlives the node."""
+        cp = self.checkpoints
+        if cp is None:
+            return
+        try:
+            got = await cp.pull(job_id, node, attempt)
+        except (PeerError, TransferError, OSError) as exc:
+            log.info("job %s: checkpoint pull from %s: %s", job_id[:8], node[:8], exc)
+            return
+        if got is None or node != self.node_id:
+            return
+        replica = replica_of(job_id, self._live(), self.node_id)
+        if replica is not None:
+            await self._hand_copy(job_id, replica)
+
+    async def _collect_last(self, job: OwnedJob) -> None:
+        """Before a new attempt: pull what the last attempt left, if its node is alive."""
+        last = job.attempts[-1] if job.attempts else None
+        if last is None or last.node is None or last.node not in self._live():
+            return
+        key = (job.job_id, last.node, last.attempt)
+        if key in self._collected:
+            return
+        await self._collect(job.job_id, last.node, last.attempt)
+        self._collected.add(key)
+        if len(self._collected) > 10_000:
+            self._collected.clear()
+
+    async def _hand_copy(self, job_id: str, node: str) -> None:
+        assert self.checkpoints is not None
+        try:
+            await self.checkpoints.push(job_id, node)
+        except (PeerError, TransferError, OSError) as exc:
+            log.info("job %s: checkpoint copy to %s: %s", job_id[:8], node[:8], exc)
+
+    async def _push_checkpoint(self, job: OwnedJob, node: str) -> ResumeFrom | None:
+        """The newest copy held, sent to ``node`` ahead of the offer; what the offer names."""
+        if self.checkpoints is None:
+            return None
+        ref = await self.checkpoints.push(job.job_id, node)
+        return None if ref is None else ResumeFrom(ref.attempt, ref.digest)
+
     # -- membership ------------------------------------------------------------------------------
 
     def member_gone(self, node: str) -> None:
@@ -448,6 +541,8 @@ class Owner:
             self._replicated_to.pop(job.job_id, None)
             self.events.add("handed_over", f"to {node[:8]}, first in its order", job_id=job.job_id)
             self._on_change()
+            if self.checkpoints is not None:  # the new owner starts with the copy we hold
+                self.spawn(self._hand_copy(job.job_id, node))
         finally:
             self._handing.discard(job.job_id)
             runner = job.runner
@@ -609,6 +704,10 @@ class Owner:
         except SubmissionRefused as exc:
             self._give_up(job, str(exc))
             return
+        if reserved is None:
+            await self._collect_last(job)
+            if job.state != JobState.PENDING:
+                return
         if candidates is None:
             candidates = self._candidates(job)
         declines: list[str] = []
@@ -630,10 +729,26 @@ class Owner:
                     continue
                 attempt = self._reserve(job, cand)
                 await self._replicate(job)
-            offer = StartOffer(job.job_id, attempt, self.node_id, cand.devices, job.submission)
             try:
+                resume = await self._push_checkpoint(job, cand.node_id)
+            except (PeerError, TransferError, OSError) as exc:
+                declines.append(f"{cand.node_id[:8]}: checkpoint not sent ({exc})")
+                if job.attempt == attempt and _state(job) == JobState.PLACING:
+                    self._move(job, JobEvent.DECLINED)
+                    job.runner, job.devices = None, ()
+                    job.refused_by = cand.node_id
+                continue
+            if job.attempt != attempt or _state(job) != JobState.PLACING:
+                return  # cancelled meanwhile
+            offer = StartOffer(
+                job.job_id, attempt, self.node_id, cand.devices, job.submission, resume
+            )
+            try:
+                # A resumed attempt's checkpoint is copied into its folder before it starts.
+                timeout_s = None if resume is None else RESTORE_TIMEOUT_S
                 answer = _answer(
-                    StartAnswer.from_wire, await self.peers.call(addr, "start", offer.to_wire())
+                    StartAnswer.from_wire,
+                    await self.peers.call(addr, "start", offer.to_wire(), timeout_s=timeout_s),
                 )
             except PeerRefused as exc:
                 self.offers[_REFUSALS.get(exc.status, "declined")] += 1
@@ -699,3 +814,16 @@ def _answer(decode: Callable[[Any], A], answer: dict[str, Any]) -> A:
 
 def _finished(r: AttemptResult) -> float:
     return r.finished_at if r.finished_at is not None else time.time()
+
+
+def _store_full_is_a_warning(task: asyncio.Task[Any]) -> None:
+    """A step of a job's work that stopped because the data folder is full: one line, not a
+    traceback. Nothing of the step was stored; the job's durable state is its last saved one,
+    here and on its replica, and the owner takes it up from there (at the latest on restart)."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if isinstance(exc, StoreFull):
+        log.warning("a step of a job's work stopped: %s", exc)
+    elif exc is not None:  # retrieved here, so said here, as asyncio would have
+        log.error("a step of a job's work failed", exc_info=exc)

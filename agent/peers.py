@@ -11,18 +11,32 @@ unknown); a 4xx raises :class:`PeerRefused` (the peer answered no).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 import aiohttp
 
+from agent.parsing import json_loads
 from gossip.identity import NodeIdentity
 from gossip.streams import CallFailed
 from gossip.tls import client_context
 from gossip.transport import PooledSession, split_address
 
 INTERNAL = "/v1/internal"
+
+
+def stream_call_op(path: str) -> str | None:
+    """The call a path names when it may ride a gossip stream: ``/v1/internal/<op>``, one
+    segment (a forwarded command, the job protocol's calls); None for anything else (the
+    checkpoint transfer's routes, log streams), which stays on HTTP."""
+    op = path.removeprefix(f"{INTERNAL}/")
+    if op == path or not op or "/" in op or "?" in op:
+        return None
+    return op
+
+
 JSON_CONTENT_TYPE = "application/json"
 """What every ``/v1/internal/<op>`` call sends (the server refuses anything else, 415)."""
 
@@ -54,7 +68,7 @@ class StreamCalls(Protocol):
 
 def _json_answer(text: str) -> dict[str, Any]:
     try:
-        answer = json.loads(text)
+        answer = json_loads(text)
     except ValueError:
         return {"error": text.strip()[:200]}
     if not isinstance(answer, dict):
@@ -123,7 +137,7 @@ class PeerClient(PooledSession):
         ``warm``: ride the shared connections even with a longer ``timeout_s``, for a call that
         is quick but for rare bad cases (a forwarded command): a fresh connection would cost
         it a TLS handshake, and it seldom goes to the same peer twice in a row."""
-        if self._streams is not None and path.startswith(f"{INTERNAL}/"):
+        if self._streams is not None and stream_call_op(path) is not None:
             try:
                 status, raw = await self._streams.call(
                     addr, path, content_type, data, timeout_s or self.timeout_s
@@ -147,13 +161,57 @@ class PeerClient(PooledSession):
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise PeerUnreachable(f"{addr}: {exc!r}") from exc
 
-    async def stream(
-        self, addr: str, path: str, *, timeout_s: float | None = None
-    ) -> AsyncIterator[bytes]:
-        """GET ``path`` and yield the body's chunks as they come (no total timeout)."""
-        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self.timeout_s)
+    async def fetch(
+        self, addr: str, path: str, *, max_bytes: int, timeout_s: float | None = None
+    ) -> bytes:
+        """GET ``path`` and return its body (at most ``max_bytes``); a 4xx raises
+        :class:`PeerRefused`, anything else that is not 200 :class:`PeerUnreachable`."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout_s)
         try:
             async with self._pooled().get(self.url(addr, path), timeout=timeout) as response:
+                if response.status != 200:
+                    text = (await response.content.read(4096)).decode("utf-8", "replace")
+                    try:
+                        reason = str(json.loads(text).get("error", text))
+                    except (ValueError, AttributeError):
+                        reason = text.strip()[:200]
+                    if 400 <= response.status < 500:
+                        raise PeerRefused(response.status, reason)
+                    raise PeerUnreachable(f"{addr} {path}: {response.status} {reason}")
+                blocks: list[bytes] = []
+                size = 0
+                async for block in response.content.iter_chunked(1 << 16):
+                    size += len(block)
+                    if size > max_bytes:
+                        raise PeerUnreachable(f"{addr} {path}: answer over {max_bytes} bytes")
+                    blocks.append(block)
+                body = b"".join(blocks)
+                if response.content_length is not None and len(body) != response.content_length:
+                    raise PeerUnreachable(f"{addr} {path}: answer cut short")
+                return body
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise PeerUnreachable(f"{addr}: {exc!r}") from exc
+
+    async def stream(
+        self,
+        addr: str,
+        path: str,
+        *,
+        timeout_s: float | None = None,
+        quiet_s: float | None = None,
+    ) -> AsyncIterator[bytes]:
+        """GET ``path`` and yield the body's chunks as they come (no total timeout).
+
+        A peer that accepts and never answers stalls no one: the connection, and the answer's
+        head, must come within this client's ``timeout_s``; then, with ``quiet_s``, the peer may
+        send nothing for at most that long (``None``: a followed log, quiet while its job is)."""
+        timeout = aiohttp.ClientTimeout(
+            total=timeout_s, sock_connect=self.timeout_s, sock_read=quiet_s
+        )
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                response = await self._pooled().get(self.url(addr, path), timeout=timeout)
+            async with response:
                 if response.status != 200:
                     text = await response.text()
                     raise PeerRefused(response.status, text.strip()[:200])

@@ -138,8 +138,10 @@ def job_env(
     attempt: int,
     checkpoint_dir: str | None = None,
     gang: GangRank | None = None,
+    resume: bool = False,
 ) -> dict[str, str]:
     """Every variable Shoal sets for one attempt of a job; these override the job's own ``env``.
+    ``resume``: the attempt starts from a checkpoint an earlier one wrote (``SHOAL_RESUME=1``).
 
     Vendors the job was given no device of are hidden (:data:`HIDE_ALL`).
     """
@@ -155,6 +157,8 @@ def job_env(
     env["SHOAL_ATTEMPT"] = str(attempt)
     if checkpoint_dir is not None:
         env["SHOAL_CHECKPOINT_DIR"] = checkpoint_dir
+    if resume:
+        env["SHOAL_RESUME"] = "1"
     if gang is not None:
         env["RANK"] = str(gang.rank)
         env["WORLD_SIZE"] = str(gang.world_size)

@@ -138,6 +138,9 @@ class Reads:
         owned = self._owner.jobs.get(job_id)
         doc = owned.to_json() if owned is not None else self._ctx.view.jobs.get(job_id)
         if doc is None:
+            if attempt is None and self._last_runner(job_id) == self._ctx.node_id:
+                # It runs (or ran) here, and gossip has not brought its record yet.
+                return await self.local_logs(request, job_id, lines, follow, attempt)
             raise ApiError(404, f"unknown job {job_id}")
         if attempt is None:
             runner = doc.get("runner") or self._last_runner(job_id)
@@ -157,7 +160,8 @@ class Reads:
         if attempt is not None:
             path += f"&attempt={attempt}"
         try:
-            async for chunk in self._ctx.peers.stream(addr, path):
+            quiet_s = None if follow else self._ctx.peers.timeout_s
+            async for chunk in self._ctx.peers.stream(addr, path, quiet_s=quiet_s):
                 await response.write(chunk)
         except PeerError as exc:
             await response.write(f"[shoal] log stream ended: {exc}\n".encode())

@@ -13,6 +13,11 @@ Drain: cordoned and draining nodes accept nothing new; a draining node lets its 
 the grace period, then stops the rest (cause ``drain``; their owners requeue them elsewhere) and
 becomes drained. The state is persisted and gossiped in the ``node`` record.
 
+Checkpoints: an attempt starts from the checkpoint its offer names (restored from the copy the
+owner pushed here, with ``SHOAL_RESUME=1``) or from an empty folder, never from what an earlier
+attempt left on this node. While a job runs, a change in its checkpoint folder is told to its
+owner (``checkpointed``), which pulls a copy (``agent.ckptmove``).
+
 Shutdown (SIGTERM): offers are declined from then on; running jobs are stopped with their
 checkpoint signal (cause ``shutdown``) and reported, so their owners requeue them elsewhere; the
 agent then leaves the mesh.
@@ -29,15 +34,18 @@ import sys
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.authority import FeaturesLacking, SubmissionRefused
+from agent.ckptfiles import clear_folder
 from agent.context import AgentContext
 from agent.executor import (
     ExecEvent,
     Exited,
     Launch,
     LaunchError,
+    NoRoom,
     ProcessExecutor,
     ProgressChanged,
     StopCause,
@@ -50,12 +58,15 @@ from agent.jobstate import (
     accepts_work,
     drain_transition,
 )
+from agent.jobuser import prepare_job_folder
 from agent.logfiles import TailReader
 from agent.ownership import owner_of
-from agent.peers import PeerError
-from agent.store import ResultRecord, RunRecord, process_alive, reconcile
+from agent.peers import PeerError, PeerRefused
+from agent.store import ResultRecord, RunRecord, StoreFull, process_alive, reconcile
+from agent.transfer import TransferError
 from agent.wire.calls import (
     AttemptResult,
+    CheckpointNote,
     StartAnswer,
     StartOffer,
     StatusAnswer,
@@ -64,9 +75,15 @@ from agent.wire.calls import (
 )
 from probers.records import DeviceStatic
 
+if TYPE_CHECKING:
+    from agent.ckptmove import Checkpoints
+
 log = logging.getLogger("shoal.runner")
 
 REPORT_GIVE_UP_S = 300.0
+CHECKPOINT_SCAN_S = 1.0
+"""How often the checkpoint folders of running jobs are looked at (names, sizes, times)."""
+_ENDED: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 _STOP_CAUSES: frozenset[str] = frozenset(
     {"cancel", "preempt", "migrate", "drain", "fenced", "shutdown"}
 )
@@ -133,6 +150,9 @@ class Runner:
         self._reports: dict[tuple[str, int], AttemptResult] = {}
         self._closing = False
         self._log_tails = asyncio.Semaphore(LOG_TAILS_AT_ONCE)
+        self.checkpoints: Checkpoints | None = None
+        """Set by the agent once made (it reads the jobs run here through this runner)."""
+        self._ckpt_stamps: dict[tuple[str, int], object] = {}
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -195,10 +215,20 @@ class Runner:
         run = LocalRun(job_id, attempt, owner, keys)
         self.runs[job_id] = run
         try:
+            resumed = await self._prepare_checkpoint(offer, spec.checkpoint_dir is None)
+        except (TransferError, OSError, ValueError) as exc:
+            self.runs.pop(job_id, None)
+            self._on_change()
+            raise Declined(f"checkpoint: {exc}") from None
+        try:
             launch = Launch.from_spec(
-                job_id, spec, attempt=attempt, devices=[statics[k] for k in keys]
+                job_id, spec, attempt=attempt, devices=[statics[k] for k in keys], resume=resumed
             )
             started = await self.executor.start(launch)
+        except NoRoom as exc:  # not the job's fault: declined, it may start elsewhere
+            self.runs.pop(job_id, None)
+            self._on_change()
+            raise Declined(str(exc)) from None
         except (LaunchError, ValueError) as exc:
             self.runs.pop(job_id, None)
             self._on_change()
@@ -212,21 +242,91 @@ class Runner:
             )
             raise Declined(f"attempt {attempt} was stopped as it started")
         self.fence[job_id] = attempt
-        self.store.record_run(
-            RunRecord(
-                job_id,
-                attempt,
-                started.pid,
-                started.pgid,
-                started.started_at,
-                str(started.log_path),
+        try:
+            self.store.record_run(
+                RunRecord(
+                    job_id,
+                    attempt,
+                    started.pid,
+                    started.pgid,
+                    started.started_at,
+                    str(started.log_path),
+                )
             )
-        )
+        except StoreFull as exc:
+            # A run this agent could not remember would outlive a restart unknown: not started.
+            await self.executor.stop(job_id, cause="fenced", grace_s=0)
+            raise Declined(f"cannot record the run here: {exc}") from None
         for k in keys:
             self._set_load(k, True)
         self._on_change()
         self.events.add("running", f"attempt {attempt} pid {started.pid}", job_id=job_id)
+        if resumed and offer.resume is not None:
+            self.events.add(
+                "resumed",
+                f"attempt {attempt} from the checkpoint of attempt {offer.resume.attempt}",
+                job_id=job_id,
+            )
         return StartAnswer(ok=True, started_at=started.started_at, pid=started.pid)
+
+    async def _prepare_checkpoint(self, offer: StartOffer, ours: bool) -> bool:
+        """Put the checkpoint the offer names in the job's folder, or empty it: what an earlier
+        attempt left here is never resumed. ``ours``: Shoal's folder (a spec's own
+        ``checkpoint_dir`` is left alone). Whether the attempt resumes."""
+        if not ours:
+            return False
+        job_dir = self.executor.job_dir(offer.job_id)
+        user = self.executor.user
+        prepare_job_folder(job_dir, user)
+        dest = self.checkpoint_folder(offer.job_id)
+        if offer.resume is None or self.checkpoints is None:
+            await asyncio.to_thread(clear_folder, dest, user)
+            return False
+        vault = self.checkpoints.vault
+        await asyncio.to_thread(vault.restore, offer.job_id, offer.resume.digest, dest, user)
+        return True
+
+    # -- checkpoints (agent.ckptmove.LocalJobs) --------------------------------------------------
+
+    def checkpoint_folder(self, job_id: str) -> Path:
+        return self.executor.job_dir(job_id) / "checkpoint"
+
+    def last_attempt(self, job_id: str) -> tuple[int, str | None] | None:
+        run = self.runs.get(job_id)
+        if run is not None:
+            return run.attempt, run.owner
+        results = self.store.results(job_id)
+        return (results[-1].attempt, None) if results else None
+
+    async def watch_checkpoints(self) -> None:
+        """Tell each running job's owner when its checkpoint folder changed."""
+        while True:
+            await asyncio.sleep(CHECKPOINT_SCAN_S)
+            if self.checkpoints is None:
+                continue
+            reader = self.checkpoints.reader
+            for job_id, run in list(self.runs.items()):
+                folder = self.checkpoint_folder(job_id)
+                stamp = await asyncio.to_thread(reader.stamp, folder)
+                key = (job_id, run.attempt)
+                if not stamp or self._ckpt_stamps.get(key) == stamp:
+                    continue
+                self._ckpt_stamps[key] = stamp
+                self.spawn(self._tell_checkpointed(job_id, run))
+            for key in [k for k in self._ckpt_stamps if k[0] not in self.runs]:
+                del self._ckpt_stamps[key]
+
+    async def _tell_checkpointed(self, job_id: str, run: LocalRun) -> None:
+        owner = self.owner_for(job_id, run.owner)
+        addr = self._addr_of(owner) if owner else None
+        if addr is None:
+            return
+        try:
+            await self.peers.call(
+                addr, "checkpointed", CheckpointNote(job_id, run.attempt).to_wire()
+            )
+        except PeerError as exc:
+            log.info("checkpoint of %s told to %s: %s", job_id[:8], (owner or "")[:8], exc)
 
     async def stop(self, request: StopRequest, caller: str) -> StopAnswer:
         """Stop (and fence) an attempt; answers how it ended, or that it does not run here.
@@ -305,18 +405,41 @@ class Runner:
             return hint
         return owner_of(job_id, live)
 
+    def moved_on(self, job_id: str, attempt: int) -> bool:
+        """Whether the job's record, as gossip brings it, is past ``attempt``: ended, or at a
+        later attempt. The owner has then no use for a report of it (it would answer "stale")."""
+        doc = self.view.jobs.get(job_id)
+        if doc is None:
+            return False
+        newer = isinstance(doc.get("attempt"), int) and doc["attempt"] > attempt
+        return newer or doc.get("state") in ("succeeded", "failed", "cancelled")
+
     async def _deliver(self, key: tuple[str, int], hint: str | None) -> None:
+        """Tell the job's owner how an attempt ended, until it has heard, or has moved on.
+
+        After a restart, the runner's view of the mesh is still forming: the owner it finds
+        (by rendezvous over the members it knows so far) may not be the job's, and answers
+        404 "not owned". That is the expected answer of a guess, said at debug level; the
+        report waits for the view to name the owner. Nothing depends on such a report being
+        heard: an owner that misses it learns the attempt's end from its own status check."""
         deadline = time.monotonic() + REPORT_GIVE_UP_S
         delay = 0.2
         while time.monotonic() < deadline:
             report = self._reports.get(key)
             if report is None:
                 return
+            if self.moved_on(*key):
+                self._reports.pop(key, None)
+                log.debug("report of %s attempt %d: the owner has moved on", key[0][:8], key[1])
+                return
             owner = self.owner_for(key[0], hint)
             addr = self._addr_of(owner) if owner else None
             if addr is not None:
                 try:
                     await self.peers.call(addr, "report", report.to_wire())
+                except PeerRefused as exc:
+                    level = logging.DEBUG if exc.status == 404 else logging.INFO
+                    log.log(level, "report of %s to %s: %s", key[0][:8], (owner or "")[:8], exc)
                 except PeerError as exc:
                     log.info("report of %s to %s: %s", key[0][:8], (owner or "")[:8], exc)
                 else:
@@ -331,6 +454,9 @@ class Runner:
     def on_job_record(self, job_id: str) -> None:
         run = self.runs.get(job_id)
         doc = self.view.jobs.get(job_id)
+        ended = doc is not None and run is None and doc.get("state") in _ENDED
+        if ended and self.checkpoints is not None:
+            self.checkpoints.forget(job_id)  # no attempt will resume from a copy now
         if run is None or doc is None:
             return
         attempt = doc.get("attempt")

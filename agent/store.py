@@ -85,6 +85,16 @@ class StoreError(Exception):
     """The store file cannot be used (newer schema, not a database...)."""
 
 
+class StoreFull(StoreError):
+    """A write that did not happen: the data folder's disk is full (or failed to write).
+    Nothing of it was kept (the transaction rolled back); what was stored before stays."""
+
+
+def _unwritable(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF  # the primary code of an extended one
+    return code in (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR) or "disk is full" in str(exc)
+
+
 @dataclass(frozen=True, slots=True)
 class JobRecord:
     """A job as its owner (or a replica of the owner) keeps it."""
@@ -169,14 +179,21 @@ class Store:
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One transaction; a full disk is :class:`StoreFull`, and leaves nothing half done."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    with contextlib.suppress(sqlite3.Error):  # none open: COMMIT ended it
+                        self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.OperationalError as exc:
+                if _unwritable(exc):
+                    raise StoreFull(f"cannot write to {self.path}: {exc}") from None
                 raise
-            self._db.execute("COMMIT")
 
     def _migrate(self) -> None:
         with self._tx() as db:

@@ -179,7 +179,7 @@ def parse_system_profiler(text: str) -> list[DisplayGpu]:
     """The GPUs in ``system_profiler SPDisplaysDataType -json`` output; ``[]`` if unreadable."""
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply
         return []
     items = data.get("SPDisplaysDataType") if isinstance(data, dict) else None
     if not isinstance(items, list):
@@ -192,7 +192,8 @@ def parse_system_profiler(text: str) -> list[DisplayGpu]:
         if not isinstance(model, str) or not model:
             continue
         cores = item.get("sppci_cores")
-        core_count = int(cores) if isinstance(cores, str | int) and str(cores).isdigit() else None
+        digits = str(cores) if isinstance(cores, str | int) else ""
+        core_count = int(digits) if digits.isascii() and digits.isdigit() else None
         family = _strip_prefix(item.get("spdisplays_metalfamily"), "spdisplays_", "mtlgpufamily")
         if family is None:
             family = _strip_prefix(item.get("spdisplays_mtlgpufamilysupport"), "spdisplays_")

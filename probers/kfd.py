@@ -34,7 +34,7 @@ def parse_properties(text: str | None) -> dict[str, int]:
     values: dict[str, int] = {}
     for line in (text or "").splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit():
+        if len(parts) == 2 and parts[1].isascii() and parts[1].isdigit():
             values[parts[0]] = int(parts[1])
     return values
 

@@ -90,7 +90,7 @@ def _int(value: Any) -> int | None:
         return None
     try:
         return int(text, 16) if text.lower().startswith("0x") else int(float(text))
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: "inf"
         return None
 
 
@@ -105,7 +105,10 @@ def _float(value: Any) -> float | None:
 
 
 def _json_object(text: str) -> dict[str, Any]:
-    data = json.loads(text)
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise ValueError("xpu-smi output is nested too deeply") from None
     if not isinstance(data, dict):
         raise ValueError("xpu-smi output is not a JSON object")
     return data
@@ -114,6 +117,8 @@ def _json_object(text: str) -> dict[str, Any]:
 def parse_discovery(text: str) -> list[XpuDevice]:
     """The devices of ``xpu-smi discovery -j``, in the tool's order."""
     entries = _json_object(text).get("device_list") or []
+    if not isinstance(entries, list):
+        raise ValueError("xpu-smi device_list is not a list")
     devices: list[XpuDevice] = []
     for entry in entries:
         if not isinstance(entry, dict):
@@ -163,12 +168,15 @@ def parse_dump(text: str) -> list[XpuDumpRow]:
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         return []
-    reader = csv.reader(io.StringIO("\n".join(lines)), skipinitialspace=True)
-    header = [_DUMP_COLUMNS.get(name.strip().lower(), "") for name in next(reader)]
+    try:  # csv.Error: a NUL, a field past the csv module's size limit
+        table = list(csv.reader(io.StringIO("\n".join(lines)), skipinitialspace=True))
+    except csv.Error as exc:
+        raise ValueError(f"xpu-smi dump output is not CSV: {exc}") from None
+    header = [_DUMP_COLUMNS.get(name.strip().lower(), "") for name in table[0]]
     if "device_id" not in header:
         raise ValueError("xpu-smi dump output has no DeviceId column")
     rows: list[XpuDumpRow] = []
-    for cells in reader:
+    for cells in table[1:]:
         row = {name: cell.strip() for name, cell in zip(header, cells, strict=False) if name}
         device_id = _int(row.get("device_id"))
         if device_id is None:

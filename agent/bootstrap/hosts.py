@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import UserError
+from agent.parsing import toml_loads
 
 DEFAULT_SSH_PORT = 22
 DEFAULT_AGENT_PORT = 7946
@@ -78,11 +79,13 @@ def parse_target(text: str) -> HostSpec:
         host = rest
     if not host:
         raise UserError(f"{text!r}: no host name")
+    if any(ch.isspace() or not ch.isprintable() for ch in host):
+        raise UserError(f"{text!r}: a host name has no spaces or control characters")
     return HostSpec(host=host, user=user, port=port)
 
 
 def _port(raw: str, text: str) -> int:
-    if not raw.isdigit() or not 0 < int(raw) < 65536:
+    if not (raw.isascii() and raw.isdigit()) or not 0 < int(raw) < 65536:
         raise UserError(f"{text!r}: port must be a number from 1 to 65535")
     return int(raw)
 
@@ -125,7 +128,7 @@ def _host_from_table(doc: dict[str, Any], where: str) -> HostSpec:
 
 def parse_hosts_file(text: str, where: str = "hosts file") -> list[HostSpec]:
     try:
-        doc = tomllib.loads(text)
+        doc = toml_loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{where}: {exc}") from None
     extra = sorted(set(doc) - {"host"})
@@ -142,4 +145,6 @@ def load_hosts_file(path: Path) -> list[HostSpec]:
         text = path.read_text("utf-8")
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     return parse_hosts_file(text, str(path))

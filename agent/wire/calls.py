@@ -10,7 +10,6 @@ answers 400).
 from __future__ import annotations
 
 import base64
-import binascii
 from typing import Any, NamedTuple
 
 from agent.wire import codec as c
@@ -23,9 +22,10 @@ def _b64_out(data: bytes) -> str:
 
 
 def _b64_in(value: Any, name: str) -> bytes:
+    text = c.or_default(c.text, "")(value, name)
     try:
-        return base64.b64decode(c.or_default(c.text, "")(value, name), validate=True)
-    except binascii.Error:
+        return base64.b64decode(text, validate=True)
+    except ValueError:  # binascii.Error, and the one for a string that is not ASCII
         raise WireError(f"{name}: not base64") from None
 
 
@@ -106,33 +106,60 @@ class JobTransfer(NamedTuple):
         )
 
 
+class ResumeFrom(NamedTuple):
+    """The checkpoint an attempt starts from: the one attempt ``attempt`` wrote, whose content
+    is ``digest`` (``agent.transfer.Manifest.digest``); the runner holds it already, pushed by
+    the owner before the offer."""
+
+    attempt: int
+    digest: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "digest": self.digest}
+
+    @classmethod
+    def from_wire(cls, value: Any, name: str = "resume") -> ResumeFrom:
+        d = c.obj(value, name)
+        p = name + "."
+        return cls(
+            attempt=c.field(d, "attempt", c.integer, p), digest=c.field(d, "digest", c.text, p)
+        )
+
+
 class StartOffer(NamedTuple):
-    """``start``: run attempt ``attempt`` of the job on ``devices``, for its owner ``owner``."""
+    """``start``: run attempt ``attempt`` of the job on ``devices``, for its owner ``owner``;
+    ``resume``: from that checkpoint (``None``: from an empty checkpoint folder)."""
 
     job_id: str
     attempt: int
     owner: str
     devices: tuple[str, ...]
     submission: bytes
+    resume: ResumeFrom | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        doc = {
             "job_id": self.job_id,
             "attempt": self.attempt,
             "devices": list(self.devices),
             "owner": self.owner,
             "submission": _b64_out(self.submission),
         }
+        if self.resume is not None:
+            doc["resume"] = self.resume.to_wire()
+        return doc
 
     @classmethod
     def from_wire(cls, value: Any) -> StartOffer:
         d = c.obj(value, "body")
+        resume = d.get("resume")
         return cls(
             job_id=c.field(d, "job_id", c.text),
             attempt=c.field(d, "attempt", c.integer),
             owner=c.field(d, "owner", c.text),
             devices=c.field(d, "devices", c.texts),
             submission=_b64_in(d.get("submission"), "submission"),
+            resume=None if resume is None else ResumeFrom.from_wire(resume),
         )
 
 
@@ -239,6 +266,21 @@ class StopAnswer(NamedTuple):
             stopped=c.field(d, "stopped", c.or_default(c.flag, False)),
             exit=None if result is None else AttemptResult.from_wire(result, "exit"),
         )
+
+
+class CheckpointNote(NamedTuple):
+    """``checkpointed``: the runner of attempt ``attempt`` saw its checkpoint folder change."""
+
+    job_id: str
+    attempt: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "attempt": self.attempt}
+
+    @classmethod
+    def from_wire(cls, value: Any) -> CheckpointNote:
+        d = c.obj(value, "body")
+        return cls(job_id=c.field(d, "job_id", c.text), attempt=c.field(d, "attempt", c.integer))
 
 
 class StatusRequest(NamedTuple):

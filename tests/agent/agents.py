@@ -15,7 +15,8 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -199,6 +200,17 @@ class Mesh:
 
     def node_index(self, node_id: str) -> int:
         return next(a.index for a in self.agents if a.node_id == node_id)
+
+
+@contextmanager
+def started(root: Path, sims: Sequence[str], **kw: Any) -> Iterator[Mesh]:
+    """A :class:`Mesh` of ``sims``, started and converged, stopped at the end."""
+    m = Mesh(root, sims, **kw)
+    m.start_all()
+    try:
+        yield m
+    finally:
+        m.stop_all()
 
 
 def spec(argv: Sequence[str], *, gpus: int = 1, **extra: Any) -> dict[str, Any]:

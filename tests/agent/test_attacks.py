@@ -16,19 +16,20 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agent.jobspec import JobSpec, new_job_id
+from agent.jobspec import JobSpec, Resources, new_job_id
 from agent.localmesh import AgentProcess
 from agent.ownership import rank
 from agent.view import pack
 from gossip import envelope
 from gossip.certtrust import CertSigner
 from gossip.codec import signing_bytes
-from gossip.identity import NodeIdentity, load_identity
+from gossip.identity import NodeIdentity, enroll_node, init_cluster, load_ca, load_identity
 from gossip.messages import Dead, Record
 from gossip.node import frame
 from gossip.tls import client_context
@@ -75,12 +76,14 @@ class Intruder:
         signed = Dead(node_id, incarnation, self.node_id, self.signer.sign(signing_bytes(unsigned)))
         return self.post(a, PATH, frame(self.agent.address, signed, 1 << 20), CONTENT_TYPE)
 
-    def gossip_record(self, a: AgentProcess, kind: str, payload: bytes) -> int:
-        """A record under the stolen identity's origin, signed with its key, sent to ``a``."""
-        unsigned = Record(self.node_id, kind, 2**40, 1, payload, b"")
-        signed = Record(
-            self.node_id, kind, 2**40, 1, payload, self.signer.sign(signing_bytes(unsigned))
-        )
+    def gossip_record(
+        self, a: AgentProcess, kind: str, payload: bytes, origin: str | None = None
+    ) -> int:
+        """A record under the stolen identity's origin (or ``origin``: a forgery), signed with
+        its key, sent to ``a``."""
+        origin = origin or self.node_id
+        unsigned = Record(origin, kind, 2**40, 1, payload, b"")
+        signed = Record(origin, kind, 2**40, 1, payload, self.signer.sign(signing_bytes(unsigned)))
         return self.post(a, PATH, frame(self.agent.address, signed, 1 << 20), CONTENT_TYPE)
 
 
@@ -291,3 +294,135 @@ def test_a_captured_command_is_refused_after_the_agent_restarts(tmp_path: Path) 
         assert metric(mesh, a, "shoal_commands_rejected_total", reason="replayed") == 1
     finally:
         mesh.stop_all()
+
+
+# -- more lying members, outsiders and hostile specs ---------------------------------------------
+
+
+def test_a_member_cannot_forge_another_members_records(mesh: Mesh, intruder: Intruder) -> None:
+    victim, witness = mesh.agents[1], mesh.agents[2]
+    before = metric(mesh, witness, "shoal_gossip_rejected_signature_total")
+    drained = pack({"v": 2, "drain": "drained", "queue": 0, "running": []})
+    assert intruder.gossip_record(witness, "node", drained, origin=victim.node_id) in (200, 204)
+    time.sleep(1.0)
+    nodes = {n["node_id"]: n for n in mesh.get(witness, "/v1/nodes")["nodes"]}
+    assert nodes[victim.node_id]["drain"] == "schedulable"
+    assert metric(mesh, witness, "shoal_gossip_rejected_signature_total") > before
+
+
+def test_a_members_progress_for_a_job_it_does_not_run_is_not_shown(
+    mesh: Mesh, intruder: Intruder
+) -> None:
+    # A job only agent 1 can run (the one ROCm GPU), beyond the intruder's reach.
+    job_id = job_out_of_reach(mesh, intruder)
+    rocm = Resources(gpus_per_node=1, backends=("rocm",))
+    body = {"job_id": job_id, "spec": spec(SLEEPER, resources=rocm)}
+    assert mesh.command(mesh.agents[0], "submit", body)[0] == 200
+    mesh.wait("the job running", lambda: mesh.job(mesh.agents[0], job_id)["state"] == "running")
+    assert mesh.job(mesh.agents[0], job_id)["runner"] == mesh.agents[1].node_id
+    lie = {"v": 2, "drain": "schedulable", "queue": 0, "running": [job_id]}
+    lie["progress"] = {job_id: [0.99, 1.0]}
+    for a in mesh.agents:
+        if a is not intruder.agent:
+            assert intruder.gossip_record(a, "node", pack(lie)) in (200, 204)
+    time.sleep(1.0)
+    for a in mesh.agents:
+        if a is not intruder.agent:
+            shown = mesh.job(a, job_id)
+            assert shown["state"] == "running" and shown["progress"] != 0.99, shown
+    assert mesh.command(mesh.agents[0], "cancel", {"job_id": job_id})[0] == 200
+
+
+def test_a_captured_command_replayed_to_every_other_agent_is_refused(mesh: Mesh) -> None:
+    job_id = new_job_id()
+    sealed = mesh.seal("submit", {"job_id": job_id, "spec": spec(["true"], gpus=0)})
+    assert mesh.command(mesh.agents[0], "submit", {}, sealed=sealed)[0] == 200
+    replayed = sum(
+        metric(mesh, a, "shoal_commands_rejected_total", reason="replayed") for a in mesh.agents
+    )
+    for a in mesh.agents[1:]:
+        status, answer = mesh.command(a, "submit", {}, sealed=sealed)
+        assert status == 409 and "replayed" in answer["error"], (a.index, answer)
+    after = sum(
+        metric(mesh, a, "shoal_commands_rejected_total", reason="replayed") for a in mesh.agents
+    )
+    assert after >= replayed + len(mesh.agents) - 1
+    attempts = mesh.job(mesh.agents[0], job_id)["attempts"]
+    assert len(attempts) <= 1  # the job was not started again
+
+
+def _tls(cafile: Path, cert: NodeIdentity | None) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(cafile))
+    context.check_hostname = False
+    if cert is not None:
+        context = client_context(cert, cert.ca_certificate)
+    return context
+
+
+def _refused_by_the_listener(a: AgentProcess, context: ssl.SSLContext, path: str) -> None:
+    """Refused at the handshake, or before any route (an HTTPError is a URLError)."""
+    req = urllib.request.Request(f"https://{a.address}{path}")
+    with (
+        pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)),
+        urllib.request.urlopen(req, context=context, timeout=10) as resp,
+    ):
+        resp.read()
+
+
+def test_an_outsider_an_expired_member_and_another_clusters_operator_are_refused(
+    mesh: Mesh, tmp_path: Path
+) -> None:
+    victim = mesh.agents[0]
+    job_id, _ = submit_sleeper(mesh, Intruder(mesh, 3))
+    logs = f"/v1/jobs/{job_id}/logs"
+    reasons = ("handshake_failed", "no_client_cert", "bad_cert")
+
+    def refused() -> float:
+        return sum(metric(mesh, victim, f"shoal_gossip_transport_{r}_total") for r in reasons)
+
+    before = refused()
+    # No certificate at all.
+    _refused_by_the_listener(victim, _tls(mesh.cluster_dir / "ca.crt", None), logs)
+    # A certificate of this cluster's CA, expired yesterday.
+    ca = load_ca(mesh.cluster_dir)
+    long_ago = datetime.now(UTC) - timedelta(days=3)
+    expired = enroll_node(ca, tmp_path / "old", "operator", [], timedelta(days=1), long_ago)
+    _refused_by_the_listener(victim, _tls(mesh.cluster_dir / "ca.crt", expired), logs)
+    # Another cluster's operator asking for this cluster's job's log.
+    other = init_cluster(tmp_path / "other", "other", "operator", datetime.now(UTC)).operator
+    _refused_by_the_listener(victim, _tls(mesh.cluster_dir / "ca.crt", other), logs)
+    assert refused() == before + 3
+    # Nothing else disturbed: the job runs on, its own operator reads its log.
+    assert mesh.job(victim, job_id)["state"] == "running"
+    assert mesh.request(victim, "GET", logs)[0] == 200
+    assert mesh.command(victim, "cancel", {"job_id": job_id})[0] == 200
+
+
+def test_a_spec_that_reaches_outside_its_folder_is_refused_and_counted(mesh: Mesh) -> None:
+    a = mesh.agents[0]
+    before = metric(mesh, a, "shoal_commands_rejected_total", reason="bad_body")
+    hostile = [
+        {"workdir": "../../identity"},
+        {"workdir": "/srv/jobs/../../etc"},
+        {"checkpoint_dir": "checkpoints"},
+        {"checkpoint_dir": "/tmp/../root/.ssh"},
+        {"datasets": ["../../etc/passwd"]},
+        {"datasets": ["/etc"]},
+    ]
+    ids = []
+    for extra in hostile:
+        job_id = new_job_id()
+        ids.append(job_id)
+        body = {"job_id": job_id, "spec": spec(["true"], gpus=0, **extra)}
+        status, answer = mesh.command(a, "submit", body)
+        assert status == 400, (extra, answer)
+    assert metric(mesh, a, "shoal_commands_rejected_total", reason="bad_body") == before + len(
+        hostile
+    )
+    listed = {j["job_id"] for j in mesh.get(a, "/v1/jobs")["jobs"]}
+    assert not listed & set(ids)
+    # A log request whose job id is a path reads no file.
+    for job_id in ("..%2F..%2Fidentity%2Fnode.key", "..", "a" * 31 + "%00"):
+        status, body = mesh.request(a, "GET", f"/v1/jobs/{job_id}/logs")
+        assert status in (400, 404), (job_id, body)
+        assert b"PRIVATE KEY" not in body

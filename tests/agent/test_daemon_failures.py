@@ -81,6 +81,8 @@ def test_kill_of_a_runner_requeues_elsewhere_never_twice_at_once(tmp_path: Path)
         body = {"job_id": job_id, "spec": spec([sys.executable, "-c", TICKER, str(ticks)])}
         assert mesh.command(mesh.agents[0], "submit", body)[0] == 200
         mesh.wait("running", lambda: mesh.job(mesh.agents[0], job_id)["state"] == "running")
+        # Running, and ticking: on a busy machine the job's interpreter takes a while to start.
+        mesh.wait("attempt 1 ticking", lambda: 1 in tick_spans(ticks))
         first = mesh.job(mesh.agents[0], job_id)["runner"]
         mesh.kill(mesh.node_index(first))
         survivor = next(x for x in mesh.agents if x.running)
@@ -134,6 +136,15 @@ def test_a_restarted_agent_reconciles_from_its_store(tmp_path: Path) -> None:
         assert mesh.command(a, "submit", body)[0] == 200
         mesh.command(a, "drain", {"node": a.node_id, "grace_s": 0})
         mesh.wait("done", lambda: mesh.job(a, done)["state"] == "succeeded")
+        # b, which may own the next job, must know a takes no work, or it may offer it there
+        # first (declined: attempt 2 would then be b's).
+        mesh.wait(
+            "b to see a drained",
+            lambda: (
+                {n["node_id"]: n for n in mesh.get(b, "/v1/nodes")["nodes"]}[a.node_id]["drain"]
+                == "drained"
+            ),
+        )
         pidfile = tmp_path / "pid"
         script = (
             f"import os,time; open({str(pidfile)!r},'w').write(str(os.getpid())); time.sleep(60)"

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
+import json
 import os
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from agent.ckptfiles import Vault
+from agent.ckptmove import Checkpoints
 from agent.context import AgentContext
 from agent.events import EventLog
 from agent.executor import ExecutorConfig, ProcessExecutor
@@ -22,8 +27,9 @@ from agent.ownership import rank
 from agent.peers import PeerClient
 from agent.runner import Declined, LaunchFailed, NotAllowed, Runner
 from agent.store import Store
+from agent.transfer import FileEntry, Frame, Manifest, TransferLimits
 from agent.view import ClusterView
-from agent.wire.calls import StartOffer, StopAnswer, StopRequest
+from agent.wire.calls import AttemptResult, StartOffer, StopAnswer, StopRequest
 from gossip.certtrust import CertSigner
 from gossip.identity import NodeIdentity
 from probers.records import DeviceStatic
@@ -210,3 +216,62 @@ async def test_an_offer_of_a_job_that_needs_a_feature_this_agent_lacks_is_declin
     with pytest.raises(Declined, match=r"needs feature gang \(job-spec version 2\)"):
         await rig.start(offer)
     assert rig.runner.runs == {} and rig.runner.executor.running() == ()
+
+
+async def test_a_report_the_owner_has_moved_past_is_dropped(rig: Rig) -> None:
+    """After a restart, an attempt lost in it is reported to an owner the view may not know
+    yet; once gossip shows the job past that attempt, the report has no one to tell."""
+    runner, job_id = rig.runner, new_job_id()
+    record = {"job_id": job_id, "state": "running", "attempt": 1, "owner": rig.owner}
+    runner.view.jobs[job_id] = record
+    lost = AttemptResult(job_id, 1, None, None, "lost", 1.0, 2.0)
+    runner.queue_report(lost, None)
+    await asyncio.sleep(0.5)  # no owner address in this rig: the report waits, retrying
+    assert (job_id, 1) in runner._reports
+    runner.view.jobs[job_id] = {**record, "attempt": 2, "runner": rig.member.node_id}
+    async with asyncio.timeout(10):
+        while (job_id, 1) in runner._reports:
+            await asyncio.sleep(0.05)
+
+
+async def test_an_attempt_starts_from_the_checkpoint_its_offer_names_or_from_nothing(
+    rig: Rig,
+) -> None:
+    runner, tmp_path = rig.runner, rig.tmp_path
+    checkpoints = Checkpoints(
+        runner.ctx, Vault(tmp_path, TransferLimits()), runner, os.geteuid(), Counter()
+    )
+    runner.checkpoints = checkpoints
+    out = tmp_path / "seen"
+    look = (
+        "import json, os; d = os.environ['SHOAL_CHECKPOINT_DIR']; "
+        "seen = [sorted(os.listdir(d)), os.environ.get('SHOAL_RESUME')]; "
+        f"json.dump(seen, open({str(out)!r}, 'w'))"
+    )
+
+    async def run(offer: dict[str, Any]) -> list[Any]:
+        await rig.start(offer)
+        await runner.executor.wait(offer["job_id"])
+        seen: list[Any] = json.loads(out.read_text())
+        return seen
+
+    # What an earlier attempt left on this node is cleared, never resumed.
+    offer = rig.offer(attempt=3, command=(sys.executable, "-c", look))
+    folder = runner.checkpoint_folder(offer["job_id"])
+    folder.mkdir(parents=True)
+    (folder / "step").write_text("1")
+    assert await run(offer) == [[], None]
+    # The copy the owner pushed here is put in the folder, with SHOAL_RESUME=1.
+    data = b"step 40"
+    job_id = offer["job_id"]
+    held = Manifest(job_id, 4, (FileEntry("step", len(data), hashlib.sha256(data).hexdigest()),))
+    checkpoints.vault.begin(held)
+    assert checkpoints.vault.put(job_id, Frame(0, 0, data))
+    offer = {**offer, "attempt": 5, "resume": {"attempt": 4, "digest": held.digest}}
+    assert await run(offer) == [["step"], "1"]
+    assert (folder / "step").read_bytes() == data
+    # A checkpoint it does not hold: the offer is declined, not started afresh.
+    offer = {**offer, "attempt": 6, "resume": {"attempt": 4, "digest": "0" * 64}}
+    with pytest.raises(Declined, match="not held"):
+        await rig.start(offer)
+    assert job_id not in runner.runs

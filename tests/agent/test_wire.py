@@ -18,8 +18,10 @@ from agent.placement import FirstFit
 from agent.view import ClusterView, NodeView
 from agent.wire.calls import (
     AttemptResult,
+    CheckpointNote,
     JobTransfer,
     OwnerDetail,
+    ResumeFrom,
     StartOffer,
     StatusAnswer,
     StopAnswer,
@@ -288,6 +290,8 @@ def test_api_documents_and_call_bodies_round_trip_and_ignore_unknown_fields() ->
         HealthDoc(True, NODE, 3),
         JobTransfer(status, OwnerDetail(gen=3), b"sealed"),
         StartOffer("j" * 32, 1, NODE, ("k",), b"sealed"),
+        StartOffer("j" * 32, 2, NODE, ("k",), b"sealed", ResumeFrom(1, "d" * 64)),
+        CheckpointNote("j" * 32, 2),
         StopRequest("j" * 32, 1, "drain", 5.0),
         StopAnswer(True, AttemptResult("j" * 32, 1, 0, None, "exit", 1.0, 2.0)),
         StatusAnswer(False, None, None),

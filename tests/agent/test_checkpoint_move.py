@@ -1,0 +1,265 @@
+"""Real agents on loopback: a job moves with its checkpoint (migrate, drain, a dead runner), never
+resumes a stale one, and only its owners may move it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.jobspec import new_job_id
+from agent.ownership import rank
+from agent.transfer import FileEntry, Frame, Manifest
+from gossip.identity import load_identity
+from tests.agent.agents import Mesh, spec
+from tests.agent.test_attacks import metric
+from tests.shoal_cli import shoal
+
+pytestmark = pytest.mark.slow
+
+TRAINER = """
+import os, signal, sys, time
+ck = os.environ["SHOAL_CHECKPOINT_DIR"]
+resume = os.environ.get("SHOAL_RESUME")
+step = int(open(os.path.join(ck, "step")).read()) if resume == "1" else 0
+with open(sys.argv[1], "a") as f:
+    f.write(f"{os.environ['SHOAL_ATTEMPT']} {resume} {step}\\n")
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+
+def save():
+    blob = os.path.join(ck, "blob")
+    if not os.path.exists(blob):  # the "weights": written once, over several chunks
+        with open(blob + ".tmp", "wb") as f:
+            f.write(os.urandom(1_300_000))
+        os.rename(blob + ".tmp", blob)
+    with open(os.path.join(ck, "step.tmp"), "w") as f:
+        f.write(str(step))
+    os.rename(os.path.join(ck, "step.tmp"), os.path.join(ck, "step"))
+
+while not stop:
+    step += 1
+    time.sleep(0.05)
+    if step % 20 == 0:
+        save()
+save()
+"""
+
+
+def starts(path: Path) -> dict[int, tuple[str, int]]:
+    """Each attempt's start, from the trainer's file: attempt -> (SHOAL_RESUME, first step)."""
+    out: dict[int, tuple[str, int]] = {}
+    for line in path.read_text().splitlines():
+        attempt, resume, step = line.split()
+        out[int(attempt)] = (resume, int(step))
+    return out
+
+
+def ckpt_dir(mesh: Mesh, node_id: str, job_id: str) -> Path:
+    return mesh.agents[mesh.node_index(node_id)].directory / "jobs" / job_id / "checkpoint"
+
+
+def saved_step(folder: Path) -> int:
+    try:
+        return int((folder / "step").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+def vault_copy(mesh: Mesh, i: int, job_id: str) -> tuple[int, int]:
+    """The attempt and step of the checkpoint copy agent ``i`` holds ((0, 0): none)."""
+    base = mesh.agents[i].directory / "checkpoints" / job_id
+    try:
+        attempt = json.loads((base / "current.json").read_text())["attempt"]
+    except (OSError, ValueError):
+        return 0, 0
+    return attempt, saved_step(base / "current")
+
+
+def total(mesh: Mesh, what: str) -> float:
+    return sum(
+        metric(mesh, a, "shoal_checkpoint_total", what=what) for a in mesh.agents if a.running
+    )
+
+
+def start_trainer(mesh: Mesh, log: Path) -> tuple[str, str]:
+    """Submit the trainer; once it has saved a checkpoint, its job id and the node it runs on."""
+    a = mesh.agents[0]
+    job_id = new_job_id()
+    body = {"job_id": job_id, "spec": spec([sys.executable, "-c", TRAINER, str(log)], gpus=0)}
+    assert mesh.command(a, "submit", body)[0] == 200
+    mesh.wait("running", lambda: mesh.job(a, job_id)["state"] == "running")
+    first: str = mesh.job(a, job_id)["runner"]
+    mesh.wait("a checkpoint", lambda: saved_step(ckpt_dir(mesh, first, job_id)) >= 20)
+    return job_id, first
+
+
+def test_migrate_moves_the_checkpoint_through_a_cut_and_never_resumes_a_stale_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every agent cuts the connection of the second chunk it serves or receives, once.
+    monkeypatch.setenv("SHOAL_TEST_DROP_CHUNK_AT", "2")
+    mesh = Mesh(tmp_path, ["h100:1", "h100:1", "h100:1"])
+    mesh.start_all()
+    try:
+        a = mesh.agents[0]
+        flags = ["--agent", a.address, "--identity", str(mesh.cluster_dir)]
+        log = tmp_path / "starts"
+        job_id, first = start_trainer(mesh, log)
+        source = ckpt_dir(mesh, first, job_id)
+        # The target is neither the runner nor the owner, and last in the job's order: the
+        # checkpoint reaches it only through the owner's push for the migration.
+        owner = mesh.job(a, job_id)["owner"]
+        order = rank(job_id, [x.node_id for x in mesh.agents])
+        target = next(
+            mesh.agents[mesh.node_index(n)] for n in reversed(order) if n not in (first, owner)
+        )
+
+        done = shoal("migrate", job_id[:8], "--to", target.node_id, *flags)
+        assert done.returncode == 0, done.stderr
+        mesh.wait(
+            "attempt 2 on the target",
+            lambda: (j := mesh.job(a, job_id))["attempt"] == 2 and j["state"] == "running",
+        )
+        assert mesh.job(a, job_id)["runner"] == target.node_id
+        mesh.wait("attempt 2 started", lambda: 2 in starts(log))
+        left = saved_step(source)  # what attempt 1 saved as it stopped
+        assert starts(log)[2] == ("1", left) and left > 0
+        there = ckpt_dir(mesh, target.node_id, job_id)
+        assert (there / "blob").read_bytes() == (source / "blob").read_bytes()
+        # The cut connections were resumed, not started over or given up.
+        # That push was cut mid-stream (the target dropped its second chunk) and resumed.
+        assert metric(mesh, target, "shoal_checkpoint_total", what="dropped") == 1
+        assert total(mesh, "resumed") >= 1
+        assert total(mesh, "failed") == 0
+
+        # Back to the first node, which still holds attempt 1's folder: attempt 3 resumes from
+        # what attempt 2 saved, never from that stale one.
+        mesh.wait("a newer checkpoint on the target", lambda: saved_step(there) >= left + 20)
+        done = shoal("migrate", job_id[:8], "--to", first, *flags)
+        assert done.returncode == 0, done.stderr
+        mesh.wait("attempt 3 started", lambda: 3 in starts(log))
+        resumed, step = starts(log)[3]
+        assert resumed == "1" and step == saved_step(there) >= left + 20
+        assert mesh.job(a, job_id)["runner"] == first
+        # The stale folder was replaced (attempt 3 saves on from there), not resumed.
+        assert saved_step(source) >= step > left
+    finally:
+        mesh.stop_all()
+
+
+def test_drain_and_a_dead_runner_move_the_job_with_its_checkpoint(tmp_path: Path) -> None:
+    mesh = Mesh(tmp_path, ["h100:1", "h100:1", "h100:1"])
+    mesh.start_all()
+    try:
+        a = mesh.agents[0]
+        log = tmp_path / "starts"
+        job_id, first = start_trainer(mesh, log)
+
+        status, _ = mesh.command(a, "drain", {"node": first, "grace_s": 0})
+        assert status == 200
+        mesh.wait("attempt 2 started", lambda: 2 in starts(log))
+        left = saved_step(ckpt_dir(mesh, first, job_id))
+        assert starts(log)[2] == ("1", left) and left > 0
+        second = mesh.job(a, job_id)["runner"]
+        assert second != first
+
+        # Attempt 2 checkpoints again; a copy of it lands on an agent other than its runner
+        # (its owner, or its replica when the owner runs it). Then its node dies.
+        survivors = [x.index for x in mesh.agents if x.node_id != second]
+        mesh.wait(
+            "a copy of attempt 2's checkpoint off its node",
+            lambda: any(
+                vault_copy(mesh, i, job_id)[0] == 2 and vault_copy(mesh, i, job_id)[1] > left
+                for i in survivors
+            ),
+        )
+        copied = max(vault_copy(mesh, i, job_id)[1] for i in survivors)
+        assert mesh.command(a, "undrain", {"node": first})[0] == 200
+        mesh.kill(mesh.node_index(second))
+        alive = mesh.agents[survivors[0]]
+        mesh.wait("attempt 3 started", lambda: 3 in starts(log), deadline_s=60)
+        resumed, step = starts(log)[3]
+        assert resumed == "1" and step >= copied > left
+        assert mesh.job(alive, job_id)["runner"] != second
+    finally:
+        mesh.stop_all()
+
+
+def test_only_an_owner_may_move_a_checkpoint_and_a_lying_manifest_is_refused(
+    tmp_path: Path,
+) -> None:
+    mesh = Mesh(tmp_path, ["h100:1", "h100:1", "h100:1"])
+    mesh.start_all()
+    try:
+        job_id = new_job_id()
+        order = rank(job_id, [x.node_id for x in mesh.agents])
+        receiver = mesh.agents[mesh.node_index(order[0])]
+        owner = load_identity(mesh.agents[mesh.node_index(order[1])].directory / "identity")
+        outsider = load_identity(mesh.agents[mesh.node_index(order[2])].directory / "identity")
+        base = f"/v1/internal/checkpoint/{job_id}"
+        blob = b"weights!"
+        honest = Manifest(job_id, 1, (FileEntry("w", 8, hashlib.sha256(blob).hexdigest()),))
+        doc = json.dumps(honest.to_wire()).encode()
+
+        # Not an owner of the job: refused, whatever it asks, and counted.
+        for method, path, data, ctype in (
+            ("POST", f"{base}/offer", doc, "application/json"),
+            ("POST", f"{base}/chunk", Frame(0, 0, blob).encode(), "application/octet-stream"),
+            ("GET", f"{base}?attempt=1", None, "application/json"),
+        ):
+            status, answer = mesh.request(receiver, method, path, data, ctype, identity=outsider)
+            assert status == 403, (path, answer)
+        assert metric(mesh, receiver, "shoal_internal_refused_total", call="checkpoint") == 3
+        # The operator is no agent at all.
+        assert mesh.request(receiver, "POST", f"{base}/offer", doc)[0] == 403
+
+        # An owner whose manifest lies: a digest that does not match its files...
+        lying = {**honest.to_wire(), "digest": "0" * 64}
+        status, answer = mesh.request(
+            receiver, "POST", f"{base}/offer", json.dumps(lying).encode(), identity=owner
+        )
+        assert status == 400 and "digest" in json.loads(answer)["error"]
+        # ... or a checksum the bytes do not have: each chunk intact, the file not the one
+        # the manifest names. Nothing of it is kept.
+        status, answer = mesh.request(receiver, "POST", f"{base}/offer", doc, identity=owner)
+        assert status == 200 and json.loads(answer)["offsets"] == [0]
+        status, answer = mesh.request(
+            receiver,
+            "POST",
+            f"{base}/chunk",
+            Frame(0, 0, b"WEIGHTS!").encode(),
+            "application/octet-stream",
+            identity=owner,
+        )
+        assert status == 400 and "checksum" in json.loads(answer)["error"], answer
+        held = receiver.directory / "checkpoints" / job_id
+        assert not (held / "current.json").exists() and not (held / "current").exists()
+        # More bytes than the manifest says are refused before they are written.
+        mesh.request(receiver, "POST", f"{base}/offer", doc, identity=owner)
+        status, answer = mesh.request(
+            receiver,
+            "POST",
+            f"{base}/chunk",
+            Frame(0, 0, blob + b"more").encode(),
+            "application/octet-stream",
+            identity=owner,
+        )
+        assert status == 400 and "past the end" in json.loads(answer)["error"]
+        # The honest copy is taken.
+        status, answer = mesh.request(
+            receiver,
+            "POST",
+            f"{base}/chunk",
+            Frame(0, 0, blob).encode(),
+            "application/octet-stream",
+            identity=owner,
+        )
+        assert status == 200 and json.loads(answer)["complete"] is True
+        assert (held / "current" / "w").read_bytes() == blob
+        assert metric(mesh, receiver, "shoal_checkpoint_total", what="refused") == 3
+    finally:
+        mesh.stop_all()
