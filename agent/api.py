@@ -21,6 +21,7 @@ counters.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -41,10 +42,12 @@ from agent.logfiles import MAX_TAIL_LINES
 from agent.mesh import GossipMesh
 from agent.metrics import AgentMetrics
 from agent.parsing import json_loads
-from agent.peers import JSON_CONTENT_TYPE
+from agent.peers import JSON_CONTENT_TYPE, stream_call_op
 from agent.reads import Reads
 from agent.store import StoreFull
 from agent.wire.health import HealthDoc
+from gossip.node import CallHandler
+from gossip.tls import PeerIdentity
 from gossip.transport import PATH as GOSSIP_PATH
 from gossip.transport import request_peer
 
@@ -157,13 +160,65 @@ def _internal(fn: Handler) -> Handler:
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
     _require_content_type(request, JSON_CONTENT_TYPE)
+    return _json_object(await request.read())
+
+
+def _json_object(data: bytes) -> dict[str, Any]:
     try:
-        body = json_loads(await request.read())
+        body = json_loads(data)
     except ValueError:
         raise ApiError(400, "body is not JSON") from None
     if not isinstance(body, dict):
         raise ApiError(400, "body must be a JSON object")
     return body
+
+
+INTERNAL_PREFIX = "/v1/internal/"
+
+
+def stream_calls(agent: AgentService) -> CallHandler:
+    """The internal POST routes (``command`` and the job protocol's calls) for calls that come
+    over a gossip stream (:meth:`gossip.node.GossipNode.serve_calls`): the same role check,
+    content types, handlers, error answers and refusal counters as over HTTP. The log stream
+    (``GET``) stays on HTTP."""
+
+    async def answer(
+        peer: PeerIdentity, path: str, content_type: str, data: bytes
+    ) -> tuple[int, dict[str, Any]]:
+        op = stream_call_op(path)
+        if op is None:
+            return 404, {"error": f"no such call {path[:80]!r}"}
+        if peer.role != "agent":
+            return 403, {"error": "agent role required"}
+        try:
+            if op == "command":
+                if content_type != ENVELOPE_CONTENT_TYPE:
+                    raise ApiError(415, f"content type must be {ENVELOPE_CONTENT_TYPE}")
+                return await agent.commands.execute(data, forwarded=True)
+            if content_type != JSON_CONTENT_TYPE:
+                raise ApiError(415, f"content type must be {JSON_CONTENT_TYPE}")
+            return 200, await agent.calls.handle(op, _json_object(data), peer.node_id)
+        except ApiError as exc:
+            return exc.status, {"error": " ".join(str(exc).split())[:300]}
+        except StoreFull as exc:  # nothing of the request was kept: the caller may retry
+            return INSUFFICIENT_STORAGE, {"error": f"this agent's data folder is full: {exc}"}
+        except (KeyError, ValueError, TypeError) as exc:
+            return 400, {"error": f"malformed request: {exc}"[:300]}
+        except Exception as exc:
+            log.exception("stream call %s failed", path)
+            return 500, {"error": f"internal error: {type(exc).__name__}"}
+
+    async def handle(
+        peer: PeerIdentity, path: str, content_type: str, data: bytes
+    ) -> tuple[int, bytes]:
+        status, body = await answer(peer, path, content_type, data)
+        if status >= 400:
+            command = path.endswith("/command")
+            route = f"{INTERNAL_PREFIX}command" if command else f"{INTERNAL_PREFIX}{{op}}"
+            agent.metrics.api_refused[(route, str(status))] += 1
+        return status, json.dumps(body, separators=(",", ":")).encode()
+
+    return handle
 
 
 MAX_HEALTH_WAIT_S = 60

@@ -115,6 +115,7 @@ class Agent:
             self.identity,
             timeout_s=config.rpc_timeout_s,
             shared=lambda: self.node.client_session(),
+            streams=self.node,
         )
         self.devices = HostDevices(config.sim, config.sim_seed)
         self.ctx = AgentContext(
@@ -163,6 +164,7 @@ class Agent:
         self.calls = Calls(self.ctx, self.owner, self.runner, self.metrics)
         self.reads = Reads(self.ctx, self.owner, self.runner, self.node, self.mesh, self.trust)
         self.node.subscribe(self._on_gossip)
+        self.node.serve_calls(api.stream_calls(self))
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
 

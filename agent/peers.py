@@ -1,7 +1,10 @@
 """Agent-to-agent calls under ``/v1/internal/...``, over the same mutual-TLS channel as gossip.
 
 Every call is a JSON POST answered with JSON (a forwarded command is the sealed bytes as they
-came). The server side requires the caller's certificate to carry the ``agent`` role. A call that
+came). Where the agent's gossip node has streams, a call rides the stream between the two agents
+(:meth:`gossip.node.GossipNode.call`: no connection to open, no TLS handshake, no HTTP parsing)
+and reaches the same handler with the same checks; a peer that predates streams is called over
+HTTP. The server side requires the caller's certificate to carry the ``agent`` role. A call that
 cannot reach the peer, times out or gets a 5xx raises :class:`PeerUnreachable` (the outcome is
 unknown); a 4xx raises :class:`PeerRefused` (the peer answered no).
 """
@@ -11,16 +14,29 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
 from agent.parsing import json_loads
 from gossip.identity import NodeIdentity
+from gossip.streams import CallFailed
 from gossip.tls import client_context
 from gossip.transport import PooledSession, split_address
 
 INTERNAL = "/v1/internal"
+
+
+def stream_call_op(path: str) -> str | None:
+    """The call a path names when it may ride a gossip stream: ``/v1/internal/<op>``, one
+    segment (a forwarded command, the job protocol's calls); None for anything else (the
+    checkpoint transfer's routes, log streams), which stays on HTTP."""
+    op = path.removeprefix(f"{INTERNAL}/")
+    if op == path or not op or "/" in op or "?" in op:
+        return None
+    return op
+
+
 JSON_CONTENT_TYPE = "application/json"
 """What every ``/v1/internal/<op>`` call sends (the server refuses anything else, 415)."""
 
@@ -42,6 +58,24 @@ class PeerRefused(PeerError):
         self.reason = reason
 
 
+class StreamCalls(Protocol):
+    """Calls over the gossip streams (``gossip.node.GossipNode`` provides it)."""
+
+    async def call(
+        self, addr: str, path: str, content_type: str, body: bytes, timeout_s: float
+    ) -> tuple[int, bytes]: ...
+
+
+def _json_answer(text: str) -> dict[str, Any]:
+    try:
+        answer = json_loads(text)
+    except ValueError:
+        return {"error": text.strip()[:200]}
+    if not isinstance(answer, dict):
+        return {"error": "answer is not a JSON object"}
+    return answer
+
+
 class PeerClient(PooledSession):
     """A pooled HTTPS client presenting this agent's certificate."""
 
@@ -51,10 +85,13 @@ class PeerClient(PooledSession):
         *,
         timeout_s: float = 5.0,
         shared: Callable[[], aiohttp.ClientSession | None] | None = None,
+        streams: StreamCalls | None = None,
     ) -> None:
         """``shared``: a pooled session presenting the same certificate (the gossip client's),
         for calls that end within ``timeout_s``; longer calls and streams get their own, so they
-        never hold the connections that gossip and probes need."""
+        never hold the connections that gossip and probes need. ``streams``: where the internal
+        calls go first (see the module docstring)."""
+        self._streams = streams
         self._identity = identity
         self._shared = shared
         self._ssl = client_context(identity, identity.ca_certificate)
@@ -100,6 +137,16 @@ class PeerClient(PooledSession):
         ``warm``: ride the shared connections even with a longer ``timeout_s``, for a call that
         is quick but for rare bad cases (a forwarded command): a fresh connection would cost
         it a TLS handshake, and it seldom goes to the same peer twice in a row."""
+        if self._streams is not None and stream_call_op(path) is not None:
+            try:
+                status, raw = await self._streams.call(
+                    addr, path, content_type, data, timeout_s or self.timeout_s
+                )
+            except CallFailed as exc:
+                if not exc.legacy:
+                    raise PeerUnreachable(f"{addr}: {exc}") from exc
+            else:
+                return status, _json_answer(raw.decode("utf-8", "replace"))
         timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout_s)
         short = warm or timeout_s is None or timeout_s <= self.timeout_s
         session = (self._shared() if short and self._shared is not None else None) or self._pooled()
@@ -110,14 +157,7 @@ class PeerClient(PooledSession):
                 headers={"Content-Type": content_type},
                 timeout=timeout,
             ) as response:
-                text = await response.text()
-                try:
-                    answer = json_loads(text)
-                except ValueError:
-                    answer = {"error": text.strip()[:200]}
-                if not isinstance(answer, dict):
-                    answer = {"error": "answer is not a JSON object"}
-                return response.status, answer
+                return response.status, _json_answer(await response.text())
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise PeerUnreachable(f"{addr}: {exc!r}") from exc
 

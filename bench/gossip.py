@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from gossip.config import GossipConfig
 from gossip.events import Event, MemberDead, RecordChanged
 from gossip.messages import MemberState
-from gossip.sim import Simulation, few_collections
+from gossip.sim import Simulation, StreamModel, few_collections
 
 _KIND = "bench"
 
@@ -106,6 +106,22 @@ class _FullView:
         return not self._missing
 
 
+def _stream_counts(
+    model: StreamModel | None, live: list[str], handshakes0: int, seconds: float
+) -> dict[str, object]:
+    """With ``--streams B``: the streams each live node holds at the end, and the handshakes
+    per node per second over the measured window (each handshake has two ends)."""
+    if model is None:
+        return {}
+    held = model.open_counts(live)
+    return {
+        "stream_bound": model.bound,
+        "open_streams_mean": sum(held) / max(1, len(held)),
+        "open_streams_max": max(held, default=0),
+        "handshakes_per_node_per_s": 2 * (model.handshakes - handshakes0) / len(live) / seconds,
+    }
+
+
 def run(
     nodes: int,
     loss: float,
@@ -117,10 +133,12 @@ def run(
     warmup_s: float = 5.0,
     progress_every_s: float | None = None,
     partition_s: float | None = None,
+    streams: int = 0,
 ) -> dict[str, object]:
     t_wall = time.perf_counter()
     tr = _Tracker()
-    sim = Simulation(n=nodes, seed=seed, loss=loss, on_event=tr.on_event)
+    model = StreamModel(streams) if streams else None
+    sim = Simulation(n=nodes, seed=seed, loss=loss, on_event=tr.on_event, streams=model)
     setup_s = time.perf_counter() - t_wall
     rng = sim.rng
     ids = sorted(sim.nodes)
@@ -133,6 +151,8 @@ def run(
     sim.run_until(warmup_s)
     bytes0 = sim.net.bytes
     rbytes0 = sim.net.record_bytes
+    sent0 = sim.net.sent
+    handshakes0 = model.handshakes if model is not None else 0
     next_pub, next_crash = warmup_s, warmup_s + 1.0
     end = warmup_s + seconds
     quiet_after = end - 15.0  # leave time for the last changes to finish spreading
@@ -226,6 +246,8 @@ def run(
         "bytes_per_node_per_s": total / nodes / seconds,
         "membership_bytes_per_node_per_s": (total - records) / nodes / seconds,
         "messages": sim.net.sent,
+        "messages_out_per_node_per_s": (sim.net.sent - sent0) / nodes / seconds,
+        **_stream_counts(model, live, handshakes0, seconds),
         "setup_s": setup_s,
         "wall_s": time.perf_counter() - t_wall,
     }
@@ -246,6 +268,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--progress-every", type=float, default=None, help="simulated s between stderr lines"
     )
+    ap.add_argument(
+        "--streams",
+        type=int,
+        default=0,
+        metavar="B",
+        help="count streams (at most B per node) and their handshakes, as the real transport",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object (the default)")
     a = ap.parse_args(argv)
     with few_collections():
@@ -259,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             a.crash_every,
             progress_every_s=a.progress_every,
             partition_s=a.partition_s,
+            streams=a.streams,
         )
     json.dump(result, sys.stdout)
     sys.stdout.write("\n")

@@ -17,11 +17,15 @@ import signal
 import sys
 from pathlib import Path
 
-from gossip.certtrust import CertTrust
-from gossip.events import Event
-from gossip.identity import IdentityError, load_identity
-from gossip.node import GossipNode
-from gossip.transport import split_address
+from gossip.tls import import_aiohttp_without_system_cas, shrink_tls_read_buffers
+
+import_aiohttp_without_system_cas()  # before anything imports aiohttp: no system CA bundle
+
+from gossip.certtrust import CertTrust  # noqa: E402
+from gossip.events import Event  # noqa: E402
+from gossip.identity import IdentityError, load_identity  # noqa: E402
+from gossip.node import GossipNode  # noqa: E402
+from gossip.transport import split_address  # noqa: E402
 
 
 def _emit(obj: dict[str, object]) -> None:
@@ -44,11 +48,13 @@ def _view(node: GossipNode) -> dict[str, object]:
         "event": "view",
         "node": node.node_id,
         "members": {m.node: m.state.name.lower() for m in node.members()},
+        "streams_open": node.open_streams,
         "stats": node.stats(),
     }
 
 
 async def _run(args: argparse.Namespace) -> int:
+    shrink_tls_read_buffers()
     identity = load_identity(args.identity)
     trust = CertTrust(identity.ca_certificate)
     host, port = split_address(args.listen, allow_any_port=True)

@@ -63,6 +63,13 @@ class GossipConfig:
     loop_lag_threshold_s: float = 0.1
     """An event-loop lag report above this counts as a health strike (awareness +1)."""
 
+    start_health_score: int = 0
+    """Lifeguard local health at boot (capped at ``awareness_max_multiplier - 1``). Above 0 a
+    node starts doubting itself (its probe timeouts and interval scaled by ``score + 1``) until
+    its probes succeed, each success taking one off: a process that starts with many others on
+    busy cores accuses nobody for being slow while it is itself still catching up. 0 here (the
+    simulator starts warm); the asyncio adapter starts real processes at the top."""
+
     gossip_interval_s: float = 0.2
     """Gossip round period (memberlist LAN default). Rounds only run while there is news."""
 

@@ -2,44 +2,57 @@
 
 The core decides everything; this module only moves bytes and time:
 
-- a timer task calls ``handle_timer`` when the core's timer is due and flushes what it wants sent;
-- the HTTPS handler decodes each body, hands it to ``receive`` and flushes again;
-- sends are fire-and-forget with a bound on how many are in flight, so a dead or slow peer costs
-  a timeout, never a stall (the protocol already treats a lost message as a lost datagram);
-- a loop-lag monitor feeds Lifeguard's local health: an overloaded host slows its own probing
-  instead of accusing healthy peers.
+- one timer handle (no task, no polling) calls ``handle_timer`` when the core's timer is due,
+  flushes what it wants sent, and is moved whenever an input changes when the core is next due;
+- every message goes on its peer's long-lived stream (:mod:`gossip.streams`: one WebSocket per
+  pair of members, bounded in number, queue and time), so a dead or slow peer costs its own
+  messages, never a stall (the protocol already treats a lost message as a lost datagram);
+- each message that comes in, on a stream or as a ``POST /v1/gossip`` (from a member that
+  predates streams, or a tool), is decoded, handed to ``receive``, and what the core answers is
+  flushed; a POST gets the first answer for its sender in its response;
+- how late each timer fires (the event loop's lag) feeds Lifeguard's local health: an
+  overloaded host slows its own probing instead of accusing healthy peers.
 
-Each body is a small frame ``[sender address, encoded message]``: HTTP gives the receiver only an
-ephemeral source port, and the core answers to the address peers listen on. The sender's identity
-is the node id from its TLS certificate; where the core already knows that node, its signed
-address wins over the one in the frame.
+Each body is a small frame ``[sender address, encoded message]``: the core answers to the address
+peers listen on. The sender's identity is the node id from its TLS certificate; where the core
+already knows that node, its signed address wins over the one in the frame.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 import aiohttp
 import msgpack
+from aiohttp import web
 
 from gossip import revocation
+from gossip.addrbook import AddressBook
 from gossip.certtrust import CertSigner, CertTrust
 from gossip.codec import DecodeError, decode, encode
 from gossip.config import GossipConfig
-from gossip.events import Event, RecordChanged
+from gossip.events import (
+    Event,
+    MemberDead,
+    MemberJoined,
+    MemberLeft,
+    MemberUpdated,
+    RecordChanged,
+)
 from gossip.identity import NodeIdentity, Role
 from gossip.membership import MemberInfo
 from gossip.messages import MemberState, Message
 from gossip.peer import Peer
 from gossip.records import StoredRecord
 from gossip.revocation import RevocationError, RevocationList
+from gossip.streams import StreamLimits, StreamPool
+from gossip.tls import PeerIdentity
 from gossip.transport import (
     AppSetup,
     GossipClient,
@@ -51,7 +64,10 @@ from gossip.transport import (
 
 log = logging.getLogger(__name__)
 
-LOOP_LAG_PERIOD_S = 0.1
+CallHandler = Callable[[PeerIdentity, str, str, bytes], Awaitable[tuple[int, bytes]]]
+"""Answers a call a peer made over a stream: (caller, path, content type, body) -> (status,
+answer body)."""
+
 MAX_IN_FLIGHT = 256
 SEND_TIMEOUT_S = 3.0
 SEED_RETRY_S = (0.1, 0.2, 0.4, 0.8)
@@ -105,6 +121,14 @@ def unframe(body: bytes, max_bytes: int) -> tuple[str, Message]:
     return outer[0], decode(outer[1], max_bytes)
 
 
+START_HEALTH_SCORE = 3
+"""A real member starts doubting itself (see ``GossipConfig.start_health_score``): probing every
+2 s with 1 s to answer, back to every 0.5 s after three probes answered (~4.5 s). 32 members
+started at once on two cores otherwise raised suspicions against each other while every
+process was still importing, handshaking and exchanging its first views; a loop that still lags
+after that raises the score again (``report_loop_lag``). Higher starts held detection back for
+~17 s after a start."""
+
 TCP_MEMBERSHIP_BUDGET_BYTES = 8192
 TCP_RECORDS_BUDGET_BYTES = 32768
 """Piggyback budgets over HTTPS. The core's defaults fit a datagram; here a message is a request
@@ -130,12 +154,14 @@ class GossipNode:
         wall_clock: Callable[[], float] = time.time,
         app_setup: AppSetup | None = None,
         on_revocations: Callable[[RevocationList], None] | None = None,
+        stream_limits: StreamLimits | None = None,
     ) -> None:
         """``on_revocations``: called with the revocation list whenever a newer one is applied
         (from an operator's command, from gossip, or shown by a peer that refused us), for the
         caller to keep it and to see whether it names this node."""
         self.identity = identity
         self._on_revocations_changed = on_revocations
+        self._call_handler: CallHandler | None = None
         self._trust = trust
         self._signer = CertSigner(identity)
         self._host = host
@@ -154,12 +180,26 @@ class GossipNode:
             port,
             trust=trust,
             app_setup=app_setup,
+            stream_acceptor=self._accept_stream,
         )
         self._client = GossipClient(identity, identity.ca_certificate, trust=trust)
+        """POSTs: to members that predate streams, and to hear a refusal's revocation list."""
+        self._streams = StreamPool(
+            identity,
+            identity.ca_certificate,
+            self._server.gate,
+            self,
+            trust=trust,
+            limits=stream_limits or StreamLimits(),
+            clock=clock,
+            wall_clock=wall_clock,
+        )
+        self._book = AddressBook()
+        self._seed_retries: dict[str, int] = {}
         self._peer: Peer | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_due = 0.0
         self._sends: set[asyncio.Task[None]] = set()
-        self._wake = asyncio.Event()
         self._subscribers: list[Callable[[Event], None]] = []
         self._stopped = False
         self.send_failures = 0
@@ -197,15 +237,13 @@ class GossipNode:
             boot_incarnation=int(self._wall_clock()),
             membership_budget_bytes=TCP_MEMBERSHIP_BUDGET_BYTES,
             records_budget_bytes=TCP_RECORDS_BUDGET_BYTES,
+            start_health_score=START_HEALTH_SCORE,
         )
         config = replace(base, node_id=self.node_id, addr=self.address)
         trust = _WallClockTrust(self._trust, self._wall_clock)
         self._peer = Peer(config, self._signer, trust, self._seeds, self._clock(), self._rng)
         self._flush()
-        self._tasks = [
-            asyncio.create_task(self._timer_loop(), name="gossip-timers"),
-            asyncio.create_task(self._lag_loop(), name="gossip-loop-lag"),
-        ]
+        self._arm()
 
     async def stop(self, *, leave: bool = True, leave_timeout_s: float = 1.0) -> None:
         """Leave gracefully (tell peers, briefly wait for the sends), then close everything."""
@@ -214,14 +252,15 @@ class GossipNode:
             self._flush()
             if self._sends:
                 await asyncio.wait(set(self._sends), timeout=leave_timeout_s)
-        for task in self._tasks:
-            task.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         for task in list(self._sends):
             task.cancel()
-        await asyncio.gather(*self._tasks, *self._sends, return_exceptions=True)
-        self._tasks = []
-        await self._server.stop()
+        await asyncio.gather(*self._sends, return_exceptions=True)
         self._stopped = True
+        await self._streams.close()  # writes what is queued (the leave), then closes
+        await self._server.stop()
         await self._client.close()
 
     # -- what the agent uses ---------------------------------------------------------------------
@@ -230,6 +269,18 @@ class GossipNode:
         """The gossip client's pooled session, for other short calls to peers (see
         :meth:`GossipClient.session`); None once stopped."""
         return None if self._stopped else self._client.session()
+
+    async def call(
+        self, addr: str, path: str, content_type: str, body: bytes, timeout_s: float
+    ) -> tuple[int, bytes]:
+        """Call ``path`` on the member at ``addr`` over the gossip stream between the two
+        (:meth:`gossip.streams.StreamPool.call`): (status, answer body). Raises
+        :class:`gossip.streams.CallFailed` (``legacy``: the peer has no streams, use HTTP)."""
+        return await self._streams.call(addr, path, content_type, body, timeout_s)
+
+    def serve_calls(self, handler: CallHandler) -> None:
+        """Answer the calls peers make over streams with ``handler`` (else they get 404)."""
+        self._call_handler = handler
 
     def subscribe(self, callback: Callable[[Event], None]) -> None:
         """Call ``callback`` with every membership and record event, in order."""
@@ -247,7 +298,7 @@ class GossipNode:
     def publish(self, kind: str, payload: bytes) -> None:
         self.peer.publish(kind, payload, self._clock())
         self._dispatch()
-        self._wake.set()
+        self._arm()
 
     def revoke(self, revocations: RevocationList) -> bool:
         """Apply an operator-signed revocation list and gossip it; True if it was newer.
@@ -263,6 +314,7 @@ class GossipNode:
         list spreads it, so it outlives any one publisher), and tell the caller."""
         changed = self._trust.apply_revocations(revocations, self._wall_clock())
         if changed:
+            self._streams.close_revoked()
             if self._peer is not None:
                 self.publish(REVOCATIONS_KIND, revocation.encode(self._trust.revocations))
             if self._on_revocations_changed is not None:
@@ -281,10 +333,16 @@ class GossipNode:
     def rtt_estimate_s(self, a: str, b: str) -> float | None:
         return self.peer.rtt_estimate(a, b)
 
+    @property
+    def open_streams(self) -> int:
+        """Streams held now, both directions together (a gauge; ``stats`` holds counters)."""
+        return self._streams.open_streams
+
     def stats(self) -> dict[str, Any]:
         snapshot: dict[str, Any] = dict(self.peer.stats.as_dict())
         snapshot.update(
             {f"transport_{k}": v for k, v in self._server.stats.snapshot().items()},
+            **{f"stream_{k}": v for k, v in self._streams.stats.snapshot().items()},
             send_failures=self.send_failures,
             sends_dropped=self.sends_dropped,
             revocations_rejected=self.revocations_rejected,
@@ -294,6 +352,11 @@ class GossipNode:
     # -- the adapter -----------------------------------------------------------------------------
 
     async def _on_body(self, node_id: str, role: Role, body: bytes) -> bytes | None:
+        """A POST: the first answer for its sender goes back in the response."""
+        src, message = self._unframe(node_id, body)
+        return self._deliver(src, message, len(body), answering=True)
+
+    def _unframe(self, node_id: str, body: bytes) -> tuple[str, Message]:
         peer = self.peer
         try:
             claimed_addr, message = unframe(body, peer.config.max_message_bytes)
@@ -301,8 +364,66 @@ class GossipNode:
             peer.stats.rejected_malformed += 1
             raise HandlerRejected(str(exc)) from None
         known = peer.member(node_id)
-        src = known.addr if known is not None and known.addr else claimed_addr
-        return self._deliver(src, message, len(body), answering=True)
+        if known is not None and known.addr:
+            return known.addr, message
+        if claimed_addr not in self._seeds:
+            self._book.hint(node_id, claimed_addr)  # answer it where it says, on its stream
+        return claimed_addr, message
+
+    # -- the stream pool's delegate (gossip.streams.StreamDelegate) ------------------------------
+
+    async def _accept_stream(self, peer: PeerIdentity, ws: web.WebSocketResponse) -> None:
+        await self._streams.serve(peer, ws)
+
+    async def stream_call(
+        self, peer: PeerIdentity, path: str, content_type: str, body: bytes
+    ) -> tuple[int, bytes]:
+        if self._call_handler is None or self._stopped:
+            return 404, b'{"error": "no calls served here"}'
+        return await self._call_handler(peer, path, content_type, body)
+
+    def stream_frame(self, node_id: str, role: Role, body: bytes) -> None:
+        """A message on a stream (either direction); answers go on streams too."""
+        if self._peer is None or self._stopped:
+            return
+        src, message = self._unframe(node_id, body)
+        self._deliver(src, message, len(body), answering=False)
+
+    def node_at(self, addr: str) -> str | None:
+        node = self._book.node_at(addr)
+        if node is None or self._peer is None or not self._book.is_member(node):
+            return node  # none, or a hint (see gossip.addrbook)
+        info = self._peer.member(node)
+        if info is None or info.addr != addr:  # reaped, or moved: the book lags behind
+            self._book.forget(node)
+            return None
+        return node
+
+    def post(self, addr: str, body: bytes) -> None:
+        self._spawn_send(addr, body)
+
+    def undelivered(self, addr: str, bodies: Sequence[bytes]) -> None:
+        self.send_failures += len(bodies)
+        retry = self._seed_retries.get(addr, 0)
+        if addr in self._seeds and retry < len(SEED_RETRY_S) and self._alone():
+            self._seed_retries[addr] = retry + 1
+            delay_s = SEED_RETRY_S[retry] * (0.5 + self._rng.random())  # jittered: no herd
+            loop = asyncio.get_running_loop()
+            for body in bodies:
+                loop.call_later(delay_s, self._resend, addr, body)
+
+    def _learn_address(self, node: str, addr: str) -> None:
+        self._seed_retries.clear()
+        book = self._book
+        book.learn(node, addr)
+        if len(book) > 2 * self.peer.live_count() + 64:  # reaped members linger: start over
+            self._book = book = AddressBook()
+            for m in self.peer.members():
+                book.learn(m.node, m.addr)
+
+    def _resend(self, addr: str, body: bytes) -> None:
+        if not self._stopped:
+            self._streams.send(addr, body)
 
     def _deliver(self, src: str, message: Message, size: int, *, answering: bool) -> bytes | None:
         """Hand a message from ``src`` to the core and send what it has to send. ``answering``
@@ -310,25 +431,23 @@ class GossipNode:
         self.peer.count_bytes(inbound=size)
         self.peer.receive(src, message, self._clock())
         reply = self._flush(reply_to=src if answering else None)
-        self._wake.set()
+        self._arm()
         return reply
 
     def _flush(self, reply_to: str | None = None) -> bytes | None:
-        """Send what the core has to send. With ``reply_to`` (the sender of the request being
-        answered), the first message for it is returned to go back in the HTTP response (an
-        ack to a ping, a push-pull answer): half the requests, and a round trip less."""
+        """Send what the core has to send, each on its peer's stream. With ``reply_to`` (the
+        sender of a POST being answered), the first message for it is returned to go back in
+        the HTTP response (an ack to a ping, a push-pull answer). Events are dispatched first:
+        the address book must know a member that just joined before it is answered."""
+        self._dispatch()
         reply: bytes | None = None
         for addr, message in self.peer.messages_to_send():
             if reply is None and addr == reply_to:
                 reply = self._encode(addr, message)
                 continue
-            if len(self._sends) >= MAX_IN_FLIGHT:
-                self.sends_dropped += 1
-                continue
             body = self._encode(addr, message)
             if body is not None:
-                self._spawn_send(addr, body)
-        self._dispatch()
+                self._streams.send(addr, body)
         return reply
 
     def _encode(self, addr: str, message: Message) -> bytes | None:
@@ -394,7 +513,11 @@ class GossipNode:
 
     def _dispatch(self) -> None:
         for event in self.peer.events():
-            if isinstance(event, RecordChanged) and event.kind == REVOCATIONS_KIND:
+            if isinstance(event, MemberJoined | MemberUpdated):
+                self._learn_address(event.node, event.addr)
+            elif isinstance(event, MemberDead | MemberLeft):
+                self._streams.forget_node(event.node)
+            elif isinstance(event, RecordChanged) and event.kind == REVOCATIONS_KIND:
                 self._on_revocations(event)
             for callback in self._subscribers:
                 try:
@@ -402,25 +525,28 @@ class GossipNode:
                 except Exception:
                     log.exception("gossip event subscriber failed")
 
-    async def _timer_loop(self) -> None:
-        peer = self.peer
-        while True:
-            due = peer.get_timer()
-            delay = 1.0 if due is None else max(0.0, due - self._clock())
-            if delay > 0:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):  # wait_for (3.11) can lose a cancel
-                        await self._wake.wait()
-            self._wake.clear()
-            now = self._clock()
-            due = peer.get_timer()
-            if due is not None and now >= due:
-                peer.handle_timer(now)
-            self._flush()
+    def _arm(self) -> None:
+        """Schedule the core's next timer (moving the one scheduled, if the core moved it)."""
+        if self._stopped or self._peer is None:
+            return
+        due = self._peer.get_timer()
+        if due is None:
+            due = self._clock() + 1.0
+        if self._timer is not None:
+            if due == self._timer_due:
+                return
+            self._timer.cancel()
+        self._timer_due = due
+        delay_s = max(0.0, due - self._clock())
+        self._timer = asyncio.get_running_loop().call_later(delay_s, self._on_timer)
 
-    async def _lag_loop(self) -> None:
-        while True:
-            started = self._clock()
-            await asyncio.sleep(LOOP_LAG_PERIOD_S)
-            lag_s = self._clock() - started - LOOP_LAG_PERIOD_S
-            self.peer.report_loop_lag(max(0.0, lag_s))
+    def _on_timer(self) -> None:
+        self._timer = None
+        peer = self.peer
+        now = self._clock()
+        peer.report_loop_lag(max(0.0, now - self._timer_due))  # how late the loop ran it
+        due = peer.get_timer()
+        if due is not None and now >= due:
+            peer.handle_timer(now)
+        self._flush()
+        self._arm()

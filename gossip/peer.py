@@ -205,6 +205,7 @@ class Peer:
         self._pending, self._rpending = self._queue.pending, self._rqueue.pending  # (emptiness)
         self._records = RecordStore()
         self._awareness = Awareness(config.awareness_max_multiplier)
+        self._awareness.apply_delta(config.start_health_score)
         self._vivaldi = VivaldiClient(VivaldiConfig(), rng)
         jitter = rng.random()
         self._next_probe = now + jitter * config.probe_interval_s
@@ -221,6 +222,10 @@ class Peer:
         for seed in self._seeds:
             if seed != config.addr:
                 self._send(seed, self._push_pull(0, (alive,)))
+        if self._seeds:
+            # A cold join also gossips its own Alive (memberlist does): once the seed's answer
+            # names the members, they hear of the newcomer from it as well as from the seed.
+            self._broadcast(self.node_id, alive, _ALIVE, now)
 
     # -- public API ------------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ import heapq
 import hmac
 import itertools
 import random
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -140,6 +141,51 @@ class NetStats:
     record_bytes: int = 0
 
 
+class StreamModel:
+    """Counts what the real transport's streams would cost: one stream per pair of nodes that
+    talk, both directions on it, at most ``bound`` per node, least recently used closed first
+    (as :class:`gossip.streams.StreamPool` holds them). A message between two nodes without a
+    stream opens one: a handshake. A message to a node that is down opens nothing."""
+
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self.lru: dict[str, OrderedDict[str, None]] = {}
+        self.handshakes = 0
+        self.closed_lru = 0
+
+    def use(self, a: str, b: str) -> None:
+        lru = self.lru
+        la = lru.get(a)
+        if la is None:
+            la = lru[a] = OrderedDict()
+        if b in la:
+            la.move_to_end(b)
+            lb = lru[b]
+            lb.move_to_end(a)
+            return
+        lb2 = lru.get(b)
+        if lb2 is None:
+            lb2 = lru[b] = OrderedDict()
+        lb = lb2
+        self.handshakes += 1
+        la[b] = None
+        lb[a] = None
+        for x, lx in ((a, la), (b, lb)):
+            while len(lx) > self.bound:
+                old = next(iter(lx))
+                del lx[old]
+                lru[old].pop(x, None)
+                self.closed_lru += 1
+
+    def close(self, a: str) -> None:
+        """``a`` went down: its peers see its streams end."""
+        for b in self.lru.pop(a, {}):
+            self.lru[b].pop(a, None)
+
+    def open_counts(self, ids: Iterable[str]) -> list[int]:
+        return [len(self.lru.get(i, ())) for i in ids]
+
+
 _TIMER, _MSG, _RELIABLE = 0, 1, 2
 _Entry = tuple[float, int, int, str, str, Message | None, int]
 """(time, sequence, kind, destination, source, message, bytes the destination counts in on
@@ -219,6 +265,9 @@ class Simulation:
     config: Callable[[GossipConfig], GossipConfig] | None = None
     trust_factory: Callable[[str], tuple[Signer, Trust]] | None = None
     on_event: Callable[[str, Event], None] | None = None
+    streams: StreamModel | None = None
+    """Count streams and their handshakes as the real transport would hold them (slower: every
+    message goes through the model)."""
     now: float = 0.0
     net: NetStats = field(default_factory=NetStats)
     nodes: dict[str, SimNode] = field(default_factory=dict)
@@ -271,6 +320,8 @@ class Simulation:
     def crash(self, nid: str) -> None:
         """Stop ``nid`` silently (kill -9): it neither sends nor receives."""
         self.nodes[nid].up = False
+        if self.streams is not None:
+            self.streams.close(nid)
 
     def restart(self, nid: str, seeds: Iterable[str]) -> None:
         """Boot a fresh core for ``nid`` (a later boot time, so a higher incarnation)."""
@@ -324,7 +375,12 @@ class Simulation:
         timer, reliable, seq = _TIMER, _RELIABLE, self._seq
         rnd, loss = self.rng.random, self.loss
         delay_min, span = self.delay_min_s, self.delay_max_s - self.delay_min_s
-        inline = self.measure_bytes and not self.codec_roundtrip and not self.duplicate
+        inline = (
+            self.measure_bytes
+            and not self.codec_roundtrip
+            and not self.duplicate
+            and self.streams is None
+        )
         sent = dropped = in_bytes = in_records = 0
         try:
             while True:
@@ -460,6 +516,7 @@ class Simulation:
         seq = self._seq
         sent_bytes = dropped = delivered = in_bytes = in_records = 0
         size = records = 0
+        streams = self.streams
         for addr, msg in out:
             if roundtrip:
                 msg, size, records = self._sized(node, msg)
@@ -470,6 +527,8 @@ class Simulation:
                     size, records = wire_size(msg), 0
                 sent_bytes += size
             dst = nodes.get(addr)
+            if streams is not None and dst is not None and dst.up:
+                streams.use(src, addr)
             if dst is None or (group and group.get(addr, 0) != g_src) or rnd() < loss:
                 dropped += 1
                 continue
@@ -510,6 +569,8 @@ class Simulation:
             if dst is None or not dst.up or (group and group.get(addr, 0) != g_src):
                 net.dropped += 1  # refused or timed out: the sender just hears nothing
                 continue
+            if self.streams is not None:
+                self.streams.use(src, addr)
             delay = self.delay_min_s + rnd() * span
             rto = self.rto_s
             while rnd() < self.loss:  # each lost segment waits out one more, doubled, RTO

@@ -9,9 +9,12 @@ Ed25519 certificates work for TLS 1.3 in OpenSSL >= 1.1.1 (the build here is Ope
 from __future__ import annotations
 
 import asyncio.sslproto
+import contextlib
 import functools
 import ssl
 import sys
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from cryptography import x509
@@ -80,8 +83,56 @@ class PeerIdentity:
     certificate_der: bytes
 
 
+_RESUME: ContextVar[ssl.SSLSession | None] = ContextVar("shoal_tls_resume", default=None)
+
+
+class ResumingContext(ssl.SSLContext):
+    """A client context that offers the TLS session :func:`resuming` names, if any.
+
+    asyncio builds each connection's ``SSLObject`` through ``wrap_bio`` without a session
+    argument, inside the task that opens the connection; the session travels there in a context
+    variable. A resumed TLS 1.3 handshake skips both certificate signatures and their checks
+    (the session was made by a full, mutually verified handshake with the same server process,
+    whose ticket only it can open); the peer's certificate is still there to read afterwards,
+    and both ends check its node id, validity and revocation at the application layer as after
+    a full handshake."""
+
+    def wrap_bio(
+        self,
+        incoming: ssl.MemoryBIO,
+        outgoing: ssl.MemoryBIO,
+        server_side: bool = False,
+        server_hostname: str | bytes | None = None,
+        session: ssl.SSLSession | None = None,
+    ) -> ssl.SSLObject:
+        return super().wrap_bio(
+            incoming,
+            outgoing,
+            server_side=server_side,
+            server_hostname=server_hostname,
+            session=session or _RESUME.get(),
+        )
+
+
+@contextlib.contextmanager
+def resuming(session: ssl.SSLSession | None) -> Iterator[None]:
+    """Connections opened by this task inside the block offer ``session`` (None: none)."""
+    token = _RESUME.set(session)
+    try:
+        yield
+    finally:
+        _RESUME.reset(token)
+
+
+SERVER_TICKETS = 1
+"""TLS 1.3 session tickets a server sends after each full handshake: one, for the gossip
+streams, which resume their session when they reconnect (see :class:`ResumingContext`)."""
+
+
 def _context(purpose: int, identity: NodeIdentity, ca: x509.Certificate) -> ssl.SSLContext:
-    ctx = ssl.SSLContext(purpose)
+    ctx = (
+        ResumingContext(purpose) if purpose == ssl.PROTOCOL_TLS_CLIENT else ssl.SSLContext(purpose)
+    )
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_REQUIRED
@@ -89,9 +140,7 @@ def _context(purpose: int, identity: NodeIdentity, ca: x509.Certificate) -> ssl.
     ctx.load_cert_chain(certfile=identity.cert_path, keyfile=identity.key_path)
     ctx.load_verify_locations(cadata=ca.public_bytes(serialization.Encoding.PEM).decode("ascii"))
     if purpose == ssl.PROTOCOL_TLS_SERVER:
-        # No session tickets: aiohttp's clients never resume a session, so the two tickets
-        # TLS 1.3 sends by default were work and bytes on every connection for nothing.
-        ctx.num_tickets = 0
+        ctx.num_tickets = SERVER_TICKETS  # TLS 1.3's default is two; a stream uses one
     return ctx
 
 

@@ -49,19 +49,27 @@ from cryptography import x509
 from gossip import revocation
 from gossip.certtrust import Admission, CertTrust
 from gossip.identity import IdentityError, NodeIdentity, Role
+from gossip.revocation import RevocationList
 from gossip.tls import PeerIdentity, client_context, peer_identity, server_context
 
 log = logging.getLogger(__name__)
 
 PATH = "/v1/gossip"
+STREAM_PATH = "/v1/gossip/stream"
+"""A WebSocket upgrade (``GET``): one long-lived stream per pair of members, each binary message
+one body as ``PATH`` takes it, in either direction (see :mod:`gossip.streams`)."""
 CONTENT_TYPE = "application/msgpack"
 PROTOCOL_HEADER = "Shoal-Protocol"
 PROTOCOL_VERSION = "1"
 REVOCATIONS_CONTENT_TYPE = "application/x-shoal-revocations"
 """A 403 "revoked" answer's body: the revocation list that revokes the caller."""
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+STREAM_CLOSE_TIMEOUT_S = 2.0
+"""How long a stream's closing waits for the other side's close frame."""
 
 Handler = Callable[[str, Role, bytes], Awaitable[bytes | None]]
+StreamAcceptor = Callable[[PeerIdentity, web.WebSocketResponse], Awaitable[None]]
+"""Runs an accepted stream (its peer already checked) until it closes."""
 AppSetup = Callable[[web.Application], None]
 """Adds the application's own routes (the agent's API) to the same mutual-TLS listener."""
 PEER_KEY = web.RequestKey("shoal.peer", PeerIdentity)
@@ -104,6 +112,10 @@ class HandlerRejected(Exception):
     """Raised by a server handler to refuse a body (answered 400, counted)."""
 
 
+class CloseStream(Exception):
+    """A stream message says the stream ends (closed, refused, or its peer not admitted)."""
+
+
 @dataclass(slots=True)
 class TransportStats:
     """Counters of what the server accepted and refused (mutable; read with ``snapshot``)."""
@@ -130,6 +142,11 @@ class TransportStats:
     """Established connections closed because their peer held more than its share."""
     handshake_slowest_ms: int = 0
     """The longest a successful handshake took, from accept to its end (a gauge)."""
+    streams_accepted: int = 0
+    """Stream upgrades accepted (each then counts its frames as ``accepted`` or refused)."""
+    frames_malformed: int = 0
+    """Stream messages that were not one binary body (text, a protocol error): the stream is
+    closed."""
 
     def snapshot(self) -> dict[str, int]:
         return asdict(self)
@@ -222,6 +239,103 @@ class TokenBuckets:
         while len(self._buckets) > self._limit.max_peers:
             self._buckets.popitem(last=False)
         return allowed
+
+
+ADMISSION_FRESH_S = 1.0
+"""How long a stream peer's admission (validity, revocation) is taken as checked."""
+MAX_FRESH_ADMISSIONS = 4096
+
+
+class FrameGate:
+    """The checks every stream message passes, in either direction, with the server's counters:
+    the peer's certificate still admitted (revocation, expiry: ``revoked``, ``bad_cert``; the
+    stream is closed), its token bucket (``rate_limited``: the message is dropped), one binary
+    message within the size limit (``oversized``, ``frames_malformed``: the stream is closed),
+    then the handler (``accepted``, ``handler_rejected``, ``handler_failed``)."""
+
+    def __init__(
+        self,
+        stats: TransportStats,
+        buckets: TokenBuckets,
+        trust: CertTrust | None,
+        *,
+        clock: Callable[[], float],
+        wall_clock: Callable[[], float],
+    ) -> None:
+        self.stats = stats
+        self._buckets = buckets
+        self._trust = trust
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._fresh: dict[str, tuple[float, RevocationList, bytes]] = {}
+        """Peers admitted lately: (until, under which revocation list, their certificate)."""
+
+    def admitted(self, peer: PeerIdentity) -> bool:
+        """Is the peer's certificate good now? Counts the refusal when not. An admission holds
+        for ``ADMISSION_FRESH_S`` while the revocation list stays the same one (a newer list
+        checks every peer again at its next message), so a busy stream does not check its
+        certificate per message."""
+        trust = self._trust
+        if trust is None:
+            return True
+        now = self._wall_clock()
+        revocations = trust.revocations
+        fresh = self._fresh.get(peer.node_id)
+        if (
+            fresh is not None
+            and now < fresh[0]
+            and fresh[1] is revocations
+            and fresh[2] == peer.certificate_der
+        ):
+            return True
+        admission = trust.check(peer.node_id, peer.certificate_der, now)
+        if admission is Admission.ADMITTED:
+            self._fresh[peer.node_id] = (now + ADMISSION_FRESH_S, revocations, peer.certificate_der)
+            if len(self._fresh) > MAX_FRESH_ADMISSIONS:
+                self._fresh.pop(next(iter(self._fresh)))
+            return True
+        self._fresh.pop(peer.node_id, None)
+        if admission is Admission.REVOKED:
+            self.stats.revoked += 1
+        else:
+            self.stats.bad_cert += 1
+        return False
+
+    def frame(self, peer: PeerIdentity, message: aiohttp.WSMessage) -> bytes | None:
+        """The body of one stream message, or None to drop it; raises :class:`CloseStream`
+        when the stream must end (closed by the peer, refused, or the peer no longer admitted)."""
+        if message.type is not aiohttp.WSMsgType.BINARY:
+            if message.type is aiohttp.WSMsgType.ERROR:
+                error = message.data
+                too_big = aiohttp.WSCloseCode.MESSAGE_TOO_BIG
+                if isinstance(error, aiohttp.WebSocketError) and error.code == too_big:
+                    self.stats.oversized += 1
+                else:
+                    self.stats.frames_malformed += 1
+            elif message.type is aiohttp.WSMsgType.TEXT:
+                self.stats.frames_malformed += 1
+            raise CloseStream(message.type.name)  # closing, closed, or refused
+        if not self.admitted(peer):
+            raise CloseStream("certificate no longer admitted")
+        if not self._buckets.take(peer.node_id, self._clock()):
+            self.stats.rate_limited += 1
+            return None
+        data: bytes = message.data
+        return data
+
+    def handled(
+        self, peer: PeerIdentity, deliver: Callable[[str, Role, bytes], None], body: bytes
+    ) -> None:
+        try:
+            deliver(peer.node_id, peer.role, body)
+        except HandlerRejected:
+            self.stats.handler_rejected += 1
+            return
+        except Exception:
+            self.stats.handler_failed += 1
+            log.exception("gossip handler failed for a stream message from %s", peer.node_id)
+            return
+        self.stats.accepted += 1
 
 
 def is_loopback(host: str) -> bool:
@@ -405,7 +519,10 @@ class GossipServer:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         app_setup: AppSetup | None = None,
+        stream_acceptor: StreamAcceptor | None = None,
     ) -> None:
+        """``stream_acceptor``: serve ``STREAM_PATH`` upgrades with it (else that path is 404,
+        as on a server that predates streams)."""
         self._ssl = server_context(identity, ca)
         self._handler = handler
         self._host = host
@@ -417,6 +534,8 @@ class GossipServer:
         self._clock = clock
         self._wall_clock = wall_clock
         self.stats = TransportStats()
+        self.gate = FrameGate(self.stats, self._buckets, trust, clock=clock, wall_clock=wall_clock)
+        self._stream_acceptor = stream_acceptor
         self._runner: web.AppRunner | None = None
         self._listeners: list[socket.socket] = []
         self._acceptors: list[asyncio.Task[None]] = []
@@ -427,14 +546,16 @@ class GossipServer:
         self._peers: dict[bytes, OrderedDict[_Established, None]] = {}
         """Established connections by the peer's certificate, oldest first."""
         self._app_setup = app_setup
+        self._bound_port: int | None = None
 
     @property
     def port(self) -> int:
         """The bound port (useful with ``port=0``)."""
         if not self._listeners:
             raise RuntimeError("server not started")
-        bound: int = self._listeners[0].getsockname()[1]
-        return bound
+        if self._bound_port is None:  # asked for every message sent: one system call, once
+            self._bound_port = int(self._listeners[0].getsockname()[1])
+        return self._bound_port
 
     @property
     def address(self) -> str:
@@ -446,6 +567,8 @@ class GossipServer:
             client_max_size=self._max_body_bytes, middlewares=[self._authenticate]
         )
         app.router.add_post(PATH, self._handle)
+        if self._stream_acceptor is not None:
+            app.router.add_get(STREAM_PATH, self._handle_stream)
         if self._app_setup is not None:
             self._app_setup(app)
         self._runner = web.AppRunner(
@@ -471,6 +594,7 @@ class GossipServer:
             await self._runner.cleanup()
         self._runner = None
         self._listeners = []
+        self._bound_port = None
         self._acceptors = []
 
     async def __aenter__(self) -> GossipServer:
@@ -687,7 +811,7 @@ class GossipServer:
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         """Application routes get the same identity check as gossip, and the peer to act on."""
-        if request.path == PATH:
+        if request.path in (PATH, STREAM_PATH):
             return await handler(request)
         peer = self._peer(request)
         if isinstance(peer, web.Response):
@@ -700,7 +824,9 @@ class GossipServer:
         request[PEER_KEY] = peer
         return await handler(request)
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
+    def _admit_gossip(self, request: web.Request) -> PeerIdentity | web.Response:
+        """What a gossip POST and a stream upgrade both pass: identity and revocation (a revoked
+        peer is shown the list), the peer's token bucket, the protocol header."""
         peer = self._peer(request)
         if isinstance(peer, web.Response):
             return peer
@@ -712,6 +838,12 @@ class GossipServer:
         if request.headers.get(PROTOCOL_HEADER) != PROTOCOL_VERSION:
             self.stats.unknown_protocol_version += 1
             return self._refuse(400, f"{PROTOCOL_HEADER} must be {PROTOCOL_VERSION}", close=True)
+        return peer
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        peer = self._admit_gossip(request)
+        if isinstance(peer, web.Response):
+            return peer
         if request.content_type != CONTENT_TYPE:
             self.stats.wrong_content_type += 1
             return self._refuse(415, f"content type must be {CONTENT_TYPE}", close=True)
@@ -738,6 +870,29 @@ class GossipServer:
         if answer is None:
             return web.Response(status=204, headers=headers)
         return web.Response(body=answer, content_type=CONTENT_TYPE, headers=headers)
+
+    async def _handle_stream(self, request: web.Request) -> web.StreamResponse:
+        """A stream upgrade passes the checks a POST does (identity and revocation, with the
+        list shown to a revoked peer; the token bucket; the protocol header), then runs until
+        either side closes it; each of its messages then passes :class:`FrameGate`."""
+        peer = self._admit_gossip(request)
+        if isinstance(peer, web.Response):
+            return peer
+        ws = web.WebSocketResponse(
+            max_msg_size=self._max_body_bytes,
+            compress=False,
+            autoping=True,
+            heartbeat=None,
+            timeout=STREAM_CLOSE_TIMEOUT_S,
+        )
+        if not ws.can_prepare(request).ok:
+            self.stats.frames_malformed += 1
+            return self._refuse(400, "not a WebSocket upgrade", close=True)
+        assert self._stream_acceptor is not None
+        await ws.prepare(request)
+        self.stats.streams_accepted += 1
+        await self._stream_acceptor(peer, ws)
+        return ws
 
 
 _PeerCheck = Callable[[asyncio.Transport | None], None]

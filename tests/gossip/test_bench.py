@@ -31,3 +31,46 @@ def test_bench_partition_reports_heal(capsys: pytest.CaptureFixture[str]) -> Non
     assert out["partition_deaths"] > 0  # the halves did declare each other dead
     assert out["heal_s"] is not None and out["heal_s"] < 30.0
     assert out["false_deaths"] == 0
+
+
+def test_bench_counts_streams_and_handshakes(capsys: pytest.CaptureFixture[str]) -> None:
+    """The stream model changes nothing the simulation does, only what it counts."""
+    args = ["--nodes", "12", "--seconds", "20", "--seed", "2"]
+    assert main(args) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*args, "--streams", "4"]) == 0
+    counted = json.loads(capsys.readouterr().out)
+    for key in ("messages", "bytes_per_node_per_s", "detect_s_p50", "dissemination_s_p99"):
+        assert counted[key] == plain[key]
+    assert counted["stream_bound"] == 4
+    assert 0 < counted["open_streams_mean"] <= counted["open_streams_max"] <= 4
+    assert counted["handshakes_per_node_per_s"] > 0  # 4 streams for 11 peers: they churn
+    assert "handshakes_per_node_per_s" not in plain
+
+
+def test_member_processes_bench_emits_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.members import main as members
+
+    args = ["--members", "3", "--idle-s", "1", "--settle-s", "1", "--kills", "1"]
+    assert members([*args, "--starve-s", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in (
+        "members", "converged_s", "idle_cpu_pct_mean", "idle_rss_mb_max", "start_false_deaths",
+        "detect_s_median", "detect_s_max", "rejoin_s", "starve_false_deaths", "false_deaths",
+        "load_avg_start",
+    ):  # fmt: skip
+        assert key in out
+    assert out["members"] == 3 and len(out["detect_s"]) == 1
+
+
+def test_transport_costs_bench_emits_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.costs import main as costs
+
+    assert costs(["--handshakes", "3", "--messages", "60", "--seconds", "0.5"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in (
+        "handshake_full_ms", "handshake_resumed_ms", "frame_us", "gossip_message_us",
+        "sign_us", "verify_us", "stream_kb", "member_bytes",
+    ):  # fmt: skip
+        assert out[key] > 0
+    assert out["resumed_dials"] >= 3

@@ -1,0 +1,139 @@
+"""Gossip streams between real members on loopback (mutual TLS): one stream per pair carries
+gossip and calls both ways; a member without streams is sent POSTs; a call gets no answer from
+a member that is gone."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from gossip.certtrust import CertTrust
+from gossip.identity import NodeIdentity, enroll_node, init_cluster
+from gossip.messages import MemberState
+from gossip.node import GossipNode
+from gossip.streams import CallFailed
+from gossip.tls import PeerIdentity
+from gossip.transport import GossipServer
+
+NOW = datetime.now(UTC)
+DAY = timedelta(days=1)
+
+
+async def eventually(predicate: Callable[[], bool], tries: int = 1500) -> None:
+    for _ in range(tries):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+@pytest.fixture
+def ids(tmp_path: Path) -> list[NodeIdentity]:
+    ca = init_cluster(tmp_path / "c", "streams", "op", NOW).ca
+    return [enroll_node(ca, tmp_path / f"n{i}", "agent", ["127.0.0.1"], DAY, NOW) for i in range(3)]
+
+
+def _node(identity: NodeIdentity, seeds: list[str] | None = None) -> GossipNode:
+    return GossipNode(
+        identity, CertTrust(identity.ca_certificate), host="127.0.0.1", port=0, seeds=seeds or []
+    )
+
+
+def _sees(node: GossipNode, other: GossipNode) -> bool:
+    member = node.peer.member(other.node_id)
+    return member is not None and member.state is MemberState.ALIVE
+
+
+@pytest.fixture
+async def pair(ids: list[NodeIdentity]) -> AsyncIterator[tuple[GossipNode, GossipNode]]:
+    a = _node(ids[0])
+    await a.start()
+    b = _node(ids[1], [a.address])
+    await b.start()
+    try:
+        await eventually(lambda: _sees(a, b) and _sees(b, a))
+        yield a, b
+    finally:
+        await b.stop(leave=False)
+        await a.stop(leave=False)
+
+
+async def test_a_pair_talks_on_streams_not_posts(pair: tuple[GossipNode, GossipNode]) -> None:
+    a, b = pair
+    sent = a.stats()["stream_frames_sent"]
+    await eventually(lambda: a.stats()["stream_frames_sent"] > sent + 4)  # probes and acks
+    for node in (a, b):
+        stats = node.stats()
+        assert stats["stream_posted"] == 0
+        assert node.open_streams <= 2  # one each way at most; a duplicate gives way
+        assert stats["transport_accepted"] > 0  # every stream message passed the gate
+
+
+async def test_a_call_reaches_the_handler_with_the_callers_identity_and_comes_back(
+    pair: tuple[GossipNode, GossipNode],
+) -> None:
+    a, b = pair
+    seen: list[tuple[str, str, str, str, bytes]] = []
+
+    async def handler(
+        peer: PeerIdentity, path: str, content_type: str, body: bytes
+    ) -> tuple[int, bytes]:
+        seen.append((peer.node_id, peer.role, path, content_type, body))
+        return 201, b"answer:" + body
+
+    b.serve_calls(handler)
+    answers = await asyncio.gather(
+        *(a.call(b.address, "/v1/x", "text/plain", b"%d" % i, 5.0) for i in range(20))
+    )
+    assert answers == [(201, b"answer:%d" % i) for i in range(20)]
+    assert {s[:4] for s in seen} == {(a.node_id, "agent", "/v1/x", "text/plain")}
+    # and the other way, on the same pair's stream, to a member that serves no calls
+    assert await b.call(a.address, "/v1/y", "text/plain", b"", 5.0) == (
+        404,
+        b'{"error": "no calls served here"}',
+    )
+    assert a.stats()["stream_calls_sent"] == 20
+    assert b.stats()["stream_calls_served"] == 20
+
+
+async def test_a_call_to_a_member_that_is_gone_fails_without_waiting_for_its_timeout(
+    pair: tuple[GossipNode, GossipNode],
+) -> None:
+    a, b = pair
+    addr = b.address
+    await b.stop(leave=False)
+    with pytest.raises(CallFailed) as failed:
+        await a.call(addr, "/v1/x", "text/plain", b"", 60.0)
+    assert not failed.value.legacy
+
+
+async def test_a_member_without_streams_is_sent_posts_and_calls_fall_back(
+    ids: list[NodeIdentity],
+) -> None:
+    """A server that predates streams answers the upgrade 404: gossip goes to it as POSTs, and
+    a call says it may go over HTTP (nothing was sent)."""
+    got: list[tuple[str, bytes]] = []
+
+    async def on_post(node_id: str, role: str, body: bytes) -> bytes | None:
+        got.append((node_id, body))
+        return None
+
+    old = GossipServer(ids[1], ids[1].ca_certificate, on_post, "127.0.0.1", 0)
+    await old.start()
+    a = _node(ids[0])
+    await a.start()
+    try:
+        a._streams.send(old.address, b"a gossip body")
+        await eventually(lambda: len(got) == 1)
+        assert got == [(a.node_id, b"a gossip body")]
+        assert a.stats()["stream_posted"] == 1
+        with pytest.raises(CallFailed) as failed:
+            await a.call(old.address, "/v1/x", "text/plain", b"", 5.0)
+        assert failed.value.legacy
+    finally:
+        await a.stop(leave=False)
+        await old.stop()
