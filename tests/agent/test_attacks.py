@@ -347,6 +347,7 @@ def test_a_captured_command_replayed_to_every_other_agent_is_refused(mesh: Mesh)
         metric(mesh, a, "shoal_commands_rejected_total", reason="replayed") for a in mesh.agents
     )
     assert after >= replayed + len(mesh.agents) - 1
+    mesh.wait("the job known", lambda: "attempts" in mesh.job(mesh.agents[0], job_id))
     attempts = mesh.job(mesh.agents[0], job_id)["attempts"]
     assert len(attempts) <= 1  # the job was not started again
 
