@@ -45,7 +45,7 @@ from agent.parsing import json_loads
 from agent.peers import JSON_CONTENT_TYPE, stream_call_op
 from agent.reads import Reads
 from agent.store import StoreFull
-from agent.wire.health import HealthDoc
+from agent.wire.health import MAX_HEALTH_WAIT_S, HealthDoc
 from gossip.node import CallHandler
 from gossip.tls import PeerIdentity
 from gossip.transport import PATH as GOSSIP_PATH
@@ -219,10 +219,6 @@ def stream_calls(agent: AgentService) -> CallHandler:
         return status, json.dumps(body, separators=(",", ":")).encode()
 
     return handle
-
-
-MAX_HEALTH_WAIT_S = 60
-"""The longest ``/healthz?members=N&wait_s=S`` holds a request open."""
 
 
 def _query_int(request: web.Request, name: str, low: int, high: int, default: int = 0) -> int:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import importlib.metadata
 from typing import Any, Final
 
-from agent.api import MAX_HEALTH_WAIT_S
 from agent.logfiles import MAX_TAIL_LINES
+from agent.wire.health import MAX_HEALTH_WAIT_S
 
 PATH: Final = "/v1/openapi.json"
 INTERNAL_CALLS: Final = ("replicate", "adopt", "start", "stop", "status", "report")

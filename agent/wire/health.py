@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from agent.wire import codec as c
+
+MAX_HEALTH_WAIT_S: Final = 60
+"""The longest ``GET /healthz?members=N&wait_s=S`` waits for the members."""
 
 
 class HealthDoc(NamedTuple):
