@@ -36,6 +36,10 @@ COMMANDS_PATH = "/v1/commands"
 ENVELOPE_CONTENT_TYPE = "application/octet-stream"
 
 
+SUBMIT_RETRY_WAITS_S = (0.5, 1.0, 2.0)
+"""Pauses before a submission answered 503 (held, not yet replicated) is sent again."""
+
+
 class ApiError(Exception):
     """The agent refused or failed a request; ``str()`` is its one-line reason."""
 
@@ -142,10 +146,20 @@ class ApiClient(PooledSession):
     # -- the API -----------------------------------------------------------------------------------
 
     async def submit(self, spec: JobSpec, job_id: str | None = None) -> dict[str, Any]:
-        """Submit a job; answered once it is durable on its owner and a replica."""
-        return await self.command(
-            "submit", {"job_id": job_id or new_job_id(), "spec": spec.to_dict()}
-        )
+        """Submit a job; answered once it is durable on its owner and a replica.
+
+        The owner answers 503 when it holds the job but no replica could store it yet: the
+        job is sent again under the same id (a new command each time), which the owner takes
+        as the same job, so a retry never makes a second one (:data:`SUBMIT_RETRY_WAITS_S`)."""
+        body = {"job_id": job_id or new_job_id(), "spec": spec.to_dict()}
+        for wait_s in SUBMIT_RETRY_WAITS_S:
+            try:
+                return await self.command("submit", body)
+            except ApiError as exc:
+                if exc.status != 503:
+                    raise
+            await asyncio.sleep(wait_s)
+        return await self.command("submit", body)
 
     async def cancel(self, job_id: str) -> dict[str, Any]:
         return await self.command("cancel", {"job_id": job_id})
