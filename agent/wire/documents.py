@@ -272,7 +272,9 @@ class NodeDoc(NamedTuple):
 
 def _sizes(value: Any, name: str) -> dict[str, int]:
     """An object of byte counts; missing is empty."""
-    return {k: c.integer(v, f"{name}.{k}") for k, v in c.obj(value or {}, name).items()}
+    if value is None:
+        return {}
+    return {k: c.integer(v, f"{name}.{k}") for k, v in c.obj(value, name).items()}
 
 
 def nodes_to_wire(nodes: list[NodeDoc]) -> dict[str, Any]:
