@@ -24,6 +24,7 @@ exits (see ``revoked``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 import time
@@ -68,6 +69,8 @@ log = logging.getLogger("shoal.agent")
 
 RESUME_AFTER_S = 3.0
 SWEEP_S = 1.0
+TICK_SPACING_S = 0.05
+"""Changes that come closer together than this are published together (one record, not many)."""
 
 
 class Agent:
@@ -281,10 +284,22 @@ class Agent:
             self.publisher.telemetry()
 
     async def _sweep_loop(self) -> None:
-        swept = 0.0
+        """Publish what is due as soon as it is (changes closer than ``TICK_SPACING_S`` go out
+        together) and sweep the stored jobs every ``SWEEP_S``; asleep in between, so an idle
+        agent wakes about once a second, not ten times."""
+        wake = asyncio.Event()
+        self.publisher.wake = wake.set
+        swept = ticked = time.monotonic()
         while True:
-            await asyncio.sleep(0.1)
             now = time.monotonic()
+            wait_s = min(self.publisher.due_in_s(now), swept + SWEEP_S - now)
+            if wait_s > 0:
+                wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait_s):
+                        await wake.wait()
+            await asyncio.sleep(max(0.0, ticked + TICK_SPACING_S - time.monotonic()))
+            now = ticked = time.monotonic()
             self.publisher.tick(now)
             if now - swept >= SWEEP_S:
                 swept = now

@@ -68,6 +68,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("shoal.owner")
 
 LIVE = (JobState.PLACING, JobState.RUNNING, JobState.MIGRATING)
+_UNENDED = tuple(s for s in JobState if not is_terminal(s))
 HANDOVER_SETTLE_S = 5.0
 """An agent that ranks before the owner in a job's order is handed the job once it has been
 live this long here (not while a mesh forms or a member flaps)."""
@@ -475,8 +476,8 @@ class Owner:
         """Adopt or hand over every stored job whose owner is gone; re-replicate ours."""
         live = self._live()
         live_set = set(live)
-        for rec in self.store.jobs():
-            if is_terminal(rec.state) or rec.owner in live_set or rec.job_id in self.jobs:
+        for rec in self.store.jobs(states=_UNENDED):
+            if rec.owner in live_set or rec.job_id in self.jobs:
                 continue
             doc = self.view.jobs.get(rec.job_id)
             if doc is not None:
