@@ -20,6 +20,7 @@ the node it describes, with ``v`` its :data:`~agent.wire.codec.WIRE_VERSION`:
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, NamedTuple, cast
 
@@ -312,7 +313,8 @@ def _opt_int_out(value: int | float | None) -> int | None:
 
 
 def _opt_float_out(value: float | None) -> float | None:
-    return None if value is None else float(value)
+    """A reading as sent: one that is not a finite number (a driver's NaN) is not known."""
+    return None if value is None or not math.isfinite(value) else float(value)
 
 
 class TelemetryRecord(NamedTuple):

@@ -344,6 +344,21 @@ def test_garbage_and_oversized_records_of_every_kind_are_refused_and_counted(
     assert node.inventory is None and node.status is None and node.samples == {}
 
 
+def test_a_reading_that_is_not_a_number_goes_out_unknown_and_one_received_is_refused(
+    tmp_path: Path,
+) -> None:
+    nan = float("nan")
+    sample = DeviceSample("gpu0", util_pct=nan, temp_c=float("inf"), healthy=True)
+    sent = TelemetryRecord(1.0, (sample,)).decode(unpack(TelemetryRecord(1.0, (sample,)).encode()))
+    assert sent.samples[0].util_pct is None and sent.samples[0].temp_c is None
+    view = _view(tmp_path)
+    row = ["gpu0", nan, 0, 40.0, None, None, True]
+    forged = pack({"v": WIRE_VERSION, "at": 1.0, "s": [row]})
+    assert view.apply(NODE, "telemetry", forged, 0.0) is None
+    assert view.refused_kinds == {"telemetry": 1}
+    assert view.node(NODE).samples == {}  # nothing that is not JSON reaches /v1/nodes
+
+
 # -- a rolling upgrade ---------------------------------------------------------------------------
 
 
