@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent.authority import Submission, SubmissionRefused
 from agent.context import AgentContext
+from agent.gang import Gangs
 from agent.jobstate import (
     IllegalTransition,
     JobEvent,
@@ -118,6 +119,8 @@ class Owner:
         """Jobs whose checkpoint is being pulled; True: pull again once done (it changed)."""
         self._collected: set[tuple[str, str, int]] = set()
         """(job, node, attempt) pulled once the attempt had ended: nothing newer can come."""
+        self.gangs = Gangs(self)
+        """The jobs on several nodes (``agent.gang``)."""
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -236,7 +239,7 @@ class Owner:
             self.events.add("submitted", f"owner {self.node_id[:8]}", job_id=job_id)
             # The first placement is chosen now, so the replica's copy of the submission is
             # also the write-ahead of attempt 1: one round trip fewer before the job runs.
-            candidates = self._candidates(job)
+            candidates = [] if job.spec.is_gang else self._candidates(job)
             if candidates and self._addr_of(candidates[0].node_id) is not None:
                 self._placing.add(job_id)
                 self._reserve(job, candidates[0])
@@ -277,7 +280,9 @@ class Owner:
         job.reason = "cancelled by an operator"
         self._save(job)
         self.events.add("cancelled", f"attempt {attempt}", job_id=job_id)
-        if was_live and runner is not None:
+        if was_live and job.members:
+            self.gangs.stop_all(job, attempt, "cancel")
+        elif was_live and runner is not None:
             self.spawn(self._stop_until_done(job_id, runner, attempt, "cancel"))
         return {"job_id": job_id, "state": job.state.value}
 
@@ -285,6 +290,8 @@ class Owner:
         job = self._owned(job_id)
         if job.state != JobState.RUNNING or job.runner is None:
             raise OwnerError(409, f"job {job_id} is {job.state.value}, not running")
+        if job.members:
+            raise OwnerError(409, f"job {job_id} is a gang: a gang is not migrated")
         if target is not None and target == job.runner:
             raise OwnerError(400, "the migration target is the node the job runs on")
         if target is not None and target not in self._live():
@@ -329,6 +336,9 @@ class Owner:
     def _confirmed_gone(self, job_id: str, runner: str, attempt: int, cause: str) -> None:
         """The runner says the attempt does not run (and will not start): requeue if live."""
         job = self.jobs.get(job_id)
+        if job is not None and job.members:
+            self.gangs.confirmed_gone(job, runner, attempt, cause)
+            return
         if job is None or job.attempt != attempt or job.runner != runner:
             return
         if job.state in LIVE:
@@ -349,13 +359,21 @@ class Owner:
     def report(self, runner: str, r: AttemptResult) -> dict[str, Any]:
         """An attempt ended on ``runner``; stale reports (other attempt or runner) are dropped."""
         job = self._owned(r.job_id)
+        if job.members:
+            return self.gangs.report(job, runner, r)
+        if r.attempt != job.attempt or runner != job.runner or job.state not in LIVE:
+            return {"ok": True, "stale": True}
+        job.attempt_ended(job.attempt, r.cause, r.exit_code, _finished(r))
+        self._conclude(job, runner, r)
+        return {"ok": True}
+
+    def _conclude(self, job: OwnedJob, runner: str, r: AttemptResult) -> None:
+        """The current attempt ended with ``r`` (on ``runner``; a gang's deciding member):
+        succeeded, retried, failed, cancelled or requeued."""
         job_id = job.job_id
         attempt = r.attempt
-        if attempt != job.attempt or runner != job.runner or job.state not in LIVE:
-            return {"ok": True, "stale": True}
         cause = r.cause
         code = r.exit_code
-        job.attempt_ended(job.attempt, cause, code, _finished(r))
         if job.state == JobState.PLACING:
             self._move(job, JobEvent.STARTED)
         job.exit_code, job.signal = code, r.signal
@@ -389,14 +407,14 @@ class Owner:
                 # The report can beat the gossip that says so: do not offer it straight back.
                 job.avoid = runner
             self._requeue(job, f"attempt {attempt} stopped on {runner[:8]} ({cause})")
-        return {"ok": True}
 
     # -- checkpoints -----------------------------------------------------------------------------
 
     def checkpointed(self, runner: str, note: CheckpointNote) -> dict[str, Any]:
         """The runner of the current attempt says the job's checkpoint changed: pull a copy."""
         job = self._owned(note.job_id)
-        if runner != job.runner or note.attempt != job.attempt or job.state not in LIVE:
+        stale = runner != job.runner or note.attempt != job.attempt or job.state not in LIVE
+        if stale or job.members:  # a gang's members keep their checkpoints (``agent.gang``)
             return {"ok": True, "stale": True}
         if job.job_id in self._collecting:
             self._collecting[job.job_id] = True
@@ -464,7 +482,9 @@ class Owner:
     def member_gone(self, node: str) -> None:
         """A node died or left: requeue what ran there; take over what it owned."""
         for job in list(self.jobs.values()):
-            if job.runner == node and job.state in LIVE and job.job_id not in self._handing:
+            if job.members and any(m.node == node for m in job.members):
+                self.gangs.member_gone(job, node)
+            elif job.runner == node and job.state in LIVE and job.job_id not in self._handing:
                 self._move(job, JobEvent.RUNNER_DEAD)
                 job.attempt_ended(job.attempt, "lost", None, time.time())
                 self.events.add("lost", f"runner {node[:8]} is gone", job_id=job.job_id)
@@ -595,6 +615,10 @@ class Owner:
 
     async def _check_runner(self, job_id: str, runner: str, attempt: int) -> None:
         """After a takeover: is the attempt still running there, done, or never started?"""
+        held = self.jobs.get(job_id)
+        if held is not None and held.members and held.attempt == attempt:
+            await self.gangs.check(held)
+            return
         if runner not in self._live():
             job = self.jobs.get(job_id)
             if job is not None and job.attempt == attempt and job.state in LIVE:
@@ -659,7 +683,10 @@ class Owner:
         reserved: int | None = None,
     ) -> None:
         try:
-            await self._place_once(job, candidates, reserved)
+            if job.spec.is_gang:
+                await self.gangs.place(job)
+            else:
+                await self._place_once(job, candidates, reserved)
         finally:
             self._placing.discard(job.job_id)
 
