@@ -267,7 +267,8 @@ def setup(app: web.Application, agent: AgentService) -> None:
     async def logs(request: web.Request) -> web.StreamResponse:
         lines, follow, attempt = _log_query(request)
         job_id = request.match_info["job_id"]
-        return await agent.reads.logs(request, job_id, lines, follow, attempt)
+        node = request.query.get("node") or None
+        return await agent.reads.logs(request, job_id, lines, follow, attempt, node)
 
     @_guarded
     async def nodes(request: web.Request) -> web.StreamResponse:

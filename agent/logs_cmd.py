@@ -84,17 +84,23 @@ async def _print_log(
     follow: bool = False,
 ) -> None:
     attempt = None if entry is None else int(entry["attempt"])
+    rank = None if entry is None else entry.get("rank")
+    node = None if entry is None else str(entry.get("node") or "")
     if entry is not None and not args.json:
-        node = str(entry.get("node") or "")
         how = entry.get("cause") or "running"
         if entry.get("cause") == "exit":
             how = f"exit {entry.get('exit_code')}"
-        where = (names or {}).get(node, short(node))
-        print(f"=== attempt {attempt} on {where} ({how}) ===", flush=True)
-    async for line in client.logs(job_id, lines=args.lines, follow=follow, attempt=attempt):
+        where = (names or {}).get(node or "", short(node))
+        of = "" if rank is None else f" rank {rank}"
+        print(f"=== attempt {attempt}{of} on {where} ({how}) ===", flush=True)
+    member = node if rank is not None else None  # a gang's member: its node's part
+    lines = client.logs(job_id, lines=args.lines, follow=follow, attempt=attempt, node=member)
+    async for line in lines:
         if args.json:
-            print_json_line(
-                {"line": line} if attempt is None else {"attempt": attempt, "line": line}
-            )
+            doc: dict[str, Any] = {} if attempt is None else {"attempt": attempt}
+            if rank is not None:
+                doc["rank"] = rank
+            doc["line"] = line
+            print_json_line(doc)
         else:
             print(line, flush=True)

@@ -229,6 +229,13 @@ _LOG_QUERY = [
     },
     _query("attempt", 1, 1 << 31, "one attempt's log (default: as the runner holds it)"),
 ]
+_NODE_QUERY = {
+    "name": "node",
+    "in": "query",
+    "required": False,
+    "description": "with `attempt`: that attempt's log on this node (a gang's member)",
+    "schema": {"type": "string"},
+}
 _TEXT_ANSWER = {
     "description": "the log's lines",
     "content": {"text/plain": {"schema": {"type": "string"}}},
@@ -290,7 +297,7 @@ PATHS: Final[dict[str, Any]] = {
     "/v1/jobs/{job_id}/logs": {
         "get": {
             "summary": "A job's log, from the agent that runs or ran it (at most 4 MiB)",
-            "parameters": [_JOB_ID, *_LOG_QUERY],
+            "parameters": [_JOB_ID, *_LOG_QUERY, _NODE_QUERY],
             "responses": {"200": _TEXT_ANSWER, **_answers(None, 400, 404, 503)},
         }
     },

@@ -163,11 +163,15 @@ def job_row(job: Mapping[str, Any], names: Mapping[str, str], now: float) -> lis
         gpus += f"x{resources['nodes']}"
     progress = job.get("progress")
     runner = job.get("runner")
+    where = names.get(runner or "", short(runner))
+    members = job.get("members") or ()
+    if members:  # a gang: one row, its members in the job's detail
+        where = f"{len(members)} nodes"
     why = job.get("reason") if job.get("state") == "pending" else None
     return [
         short(job.get("job_id")),
         str(job.get("state", "?")),
-        names.get(runner or "", short(runner)),
+        where,
         gpus,
         str(spec.get("priority", "-")),
         relative(spec.get("deadline"), now),
