@@ -161,6 +161,35 @@ def test_a_killed_member_requeues_the_whole_gang_never_two_attempts_at_once(
         mesh.stop_all()
 
 
+def test_an_owner_that_takes_a_running_gang_over_checks_every_member(tmp_path: Path) -> None:
+    # The owner has one small GPU: the gang (two GPUs on each of two nodes) runs elsewhere.
+    mesh = Mesh(tmp_path, ["l4:1", "h100:2", "h100:2"])
+    mesh.start_all()
+    try:
+        live = [a.node_id for a in mesh.agents]
+        job_id = _job_owned_by(live, live[0])
+        out = tmp_path / "meet"
+        submit(mesh, job_id, gang_spec(out, ticks_s=15.0))
+        watcher = mesh.agents[1]
+        mesh.wait("both ranks met", lambda: sorted(meetings(out, 1)) == [0, 1], 45)
+        mesh.kill(0)
+        mesh.wait(
+            "the gang to succeed under its new owner",
+            lambda: (
+                (j := mesh.job(watcher, job_id))["state"] == "succeeded" and j["owner"] != live[0]
+            ),
+            50,
+        )
+        job = mesh.job(watcher, job_id)
+        assert job["attempt"] == 1  # the new owner found both members running, and kept them
+        assert sorted(e["cause"] for e in job["attempts"]) == ["exit", "exit"]
+        assert {m["node"] for m in job["members"]} == set(live[1:])
+        adopted = [e for e in mesh.events(watcher) if e.get("job_id") == job_id]
+        assert "adopted" in {e["kind"] for e in adopted}
+    finally:
+        mesh.stop_all()
+
+
 def _job_owned_by(live: list[str], node: str) -> str:
     while True:
         job_id = new_job_id()
