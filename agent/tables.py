@@ -181,6 +181,36 @@ def job_row(job: Mapping[str, Any], names: Mapping[str, str], now: float) -> lis
     ]
 
 
+def job_detail(
+    job: Mapping[str, Any], names: Mapping[str, str], now: float
+) -> list[tuple[str, str]]:
+    """One job as label and value lines (``shoal jobs JOB``): a gang lists each member."""
+
+    def host(node: Any) -> str:
+        return names.get(str(node or ""), short(node))
+
+    spec = job.get("spec") or {}
+    rows = [
+        ("Job", str(job.get("job_id"))),
+        ("State", f"{job.get('state', '?')} (attempt {job.get('attempt', 0)})"),
+        ("Owner", host(job.get("owner"))),
+        ("Command", command_line(spec)),
+    ]
+    members = job.get("members") or ()
+    if members:
+        for i, m in enumerate(members):
+            devices = ",".join(m.get("devices") or ()) or "-"
+            line = f"rank {m.get('rank')}  {host(m.get('node'))}  {devices}"
+            rows.append(("Members" if i == 0 else "", line))
+    else:
+        rows.append(("Node", host(job.get("runner"))))
+    if job.get("started_at") is not None:
+        rows.append(("Started", relative(job["started_at"], now)))
+    if job.get("reason"):
+        rows.append(("Why", one_line(str(job["reason"]))))
+    return rows
+
+
 def jobs_table(
     jobs: Sequence[Mapping[str, Any]], names: Mapping[str, str], now: float, width: int
 ) -> Table:

@@ -16,6 +16,7 @@ from agent.jobspec import Resources, new_job_id
 from agent.ownership import owner_of
 from gossip.identity import NodeIdentity, load_identity
 from tests.agent.agents import Mesh, spec
+from tests.shoal_cli import shoal
 
 pytestmark = pytest.mark.slow
 
@@ -119,6 +120,24 @@ def test_a_two_node_gang_meets_at_rank_zero_and_succeeds(tmp_path: Path) -> None
             )
             assert status == 200, body
             assert f"rank {m['rank']} of 2 agreed on {met[0]['value']}" in body.decode()
+        # The operator's view: one row, the members in the detail, a log header per rank.
+        flags = ["--agent", a.address, "--identity", str(mesh.cluster_dir)]
+        done = shoal("logs", job_id[:8], *flags)
+        assert done.returncode == 0, done.stderr
+        headers = [line for line in done.stdout.splitlines() if line.startswith("=== attempt")]
+        assert [h.split()[2:5] for h in headers] == [["1", "rank", "0"], ["1", "rank", "1"]]
+        assert all(h.endswith("(exit 0) ===") for h in headers)
+        below = done.stdout.split(headers[1])
+        assert "rank 0 of 2 agreed" in below[0] and "rank 1 of 2 agreed" in below[1]
+        table = shoal("jobs", *flags)
+        row = next(line for line in table.stdout.splitlines() if line.startswith(job_id[:8]))
+        assert "2 nodes" in row and "2x2" in row
+        detail = shoal("jobs", job_id[:8], *flags).stdout
+        lines = [line for line in detail.splitlines() if line[10:15] == "rank "]
+        assert lines[0].startswith("Members   rank 0  ")
+        assert lines[1].startswith(" " * 10 + "rank 1  ")
+        for line, m in zip(lines, members, strict=True):
+            assert line.endswith(",".join(m["devices"]))
     finally:
         mesh.stop_all()
 
