@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agent.jobstate import JobEvent, JobState
+from agent.ownedjob import ATTEMPTS_KEPT
 from agent.peers import PeerError, PeerRefused, PeerUnreachable
 from agent.wire.calls import (
     AttemptResult,
@@ -54,7 +55,7 @@ from agent.wire.calls import (
     StatusAnswer,
     StatusRequest,
 )
-from agent.wire.codec import WireError
+from agent.wire.codec import MAX_RECORD_BYTES, WireError
 from agent.wire.records import AttemptEntry, GangMember
 
 if TYPE_CHECKING:
@@ -141,6 +142,13 @@ class GangAttempt:
         )
 
 
+def fits_a_record(job: OwnedJob, members: tuple[GangMember, ...]) -> bool:
+    """Whether the job's gossiped record can name every member (its attempts may be left out,
+    the members cannot: every runner fences by them)."""
+    bare = job.status()._replace(members=members, attempts=(), reason="x" * 200)
+    return len(bare.encode()) <= MAX_RECORD_BYTES
+
+
 def backoff_s(refusals: int, rng: random.Random) -> float:
     """How long a gang waits after its ``refusals``-th refused placement in a row."""
     doubled = BASE_BACKOFF_S * float(2 ** max(refusals - 1, 0))
@@ -200,6 +208,9 @@ class Gangs:
                 o._save(job, replicate=False)
             return
         members = tuple(GangMember(r, c.node_id, c.devices) for r, c in enumerate(sets[0]))
+        if not fits_a_record(job, members):
+            o._give_up(job, f"its {len(members)} members do not fit in one job record")
+            return
         addrs = {m.node: o._addr_of(m.node) for m in members}
         if any(a is None for a in addrs.values()) or job.state != JobState.PENDING:
             return
@@ -300,6 +311,7 @@ class Gangs:
         a.committing = True
         attempt = a.attempt
         job.attempts.extend(AttemptEntry(attempt, m.node, None, rank=m.rank) for m in a.members)
+        del job.attempts[:-ATTEMPTS_KEPT]
         body = GangCommit(job.job_id, attempt, master[0], master[1]).to_wire()
 
         async def one(m: GangMember) -> float | None:

@@ -18,7 +18,7 @@ from agent.jobspec import JobSpec, check_job_id
 from agent.jobstate import JobState
 from agent.store import JobRecord, Store
 from agent.wire.calls import JobTransfer, OwnerDetail
-from agent.wire.codec import WireError
+from agent.wire.codec import MAX_RECORD_BYTES, WireError
 from agent.wire.records import AttemptEntry, GangMember, JobStatus
 
 ATTEMPTS_KEPT = 20
@@ -177,6 +177,20 @@ class OwnedJob:
             if entry.attempt == attempt and entry.cause is None:
                 self.attempts[i] = entry._replace(finished_at=at, cause=cause, exit_code=exit_code)
                 return
+
+
+def gossip_payload(status: JobStatus) -> bytes:
+    """The ``job/<id>`` record as gossiped: the oldest attempts left out until it fits one
+    record (a gang's members take room; the owner's own copy keeps them all). ``ValueError``
+    when even the record with no attempts is too large."""
+    payload = status.encode()
+    attempts = status.attempts
+    while len(payload) > MAX_RECORD_BYTES and attempts:
+        attempts = attempts[1:]
+        payload = status._replace(attempts=attempts).encode()
+    if len(payload) > MAX_RECORD_BYTES:
+        raise ValueError(f"the job's record takes {len(payload)} bytes, over one record's limit")
+    return payload
 
 
 class OwnerError(Exception):

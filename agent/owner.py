@@ -43,7 +43,7 @@ from agent.jobstate import (
     is_terminal,
     transition,
 )
-from agent.ownedjob import OwnedJob, OwnerError, job_from_wire, job_wire
+from agent.ownedjob import OwnedJob, OwnerError, gossip_payload, job_from_wire, job_wire
 from agent.ownership import rank, replica_of
 from agent.peers import PeerError, PeerRefused, PeerUnreachable
 from agent.placement import Candidate, Placement
@@ -175,7 +175,7 @@ class Owner:
             # that the job exists (its spec travels in it, not in each version of the record).
             self._subs_published.add(job.job_id)
             self._publish(SUB_PREFIX + job.job_id, job.submission)
-        self._publish(JOB_PREFIX + job.job_id, job.status().encode())
+        self._publish(JOB_PREFIX + job.job_id, gossip_payload(job.status()))
         if is_terminal(job.state) and self.checkpoints is not None:
             self.checkpoints.forget(job.job_id)
         if replicate:

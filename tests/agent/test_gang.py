@@ -11,12 +11,17 @@ from agent.gang import (
     GangAttempt,
     Step,
     backoff_s,
+    fits_a_record,
     prepare_order,
 )
 from agent.gangdesk import free_port, host_of
+from agent.jobspec import JobSpec
+from agent.jobstate import JobState
+from agent.ownedjob import OwnedJob, gossip_payload
 from agent.reservations import Hold, HoldRefused, Reservations
 from agent.wire.calls import AttemptResult
-from agent.wire.records import GangMember
+from agent.wire.codec import MAX_RECORD_BYTES, unpack
+from agent.wire.records import AttemptEntry, GangMember, JobStatus
 
 JOB = "a" * 32
 OTHER = "b" * 32
@@ -150,3 +155,39 @@ def test_rank_zero_names_its_own_host_and_a_port_free_there() -> None:
     assert host_of("[::1]:7946") == "::1"
     port = free_port("127.0.0.1")
     assert 0 < port < 65536
+
+
+def _members(n: int, gpus: int) -> tuple[GangMember, ...]:
+    """``n`` members of ``gpus`` devices each, named as NVIDIA devices are (by UUID)."""
+    uuid = "GPU-" + "f" * 35
+    keys = tuple(f"{uuid}{g}" for g in range(gpus))
+    return tuple(GangMember(r, f"{r:032d}", keys) for r in range(n))
+
+
+def test_a_gossiped_record_leaves_out_the_oldest_attempts_never_a_member() -> None:
+    members = _members(4, 8)
+    attempts = tuple(
+        AttemptEntry(i // 4 + 1, f"{i % 4:032d}", 1.0, 2.0, "exit", 0, i % 4) for i in range(20)
+    )
+    status = JobStatus(
+        "j" * 32,
+        "running",
+        5,
+        "o" * 32,
+        members[0].node,
+        members[0].devices,
+        attempts=attempts,
+        members=members,
+    )
+    assert len(status.encode()) > MAX_RECORD_BYTES
+    got = JobStatus.from_wire(unpack(gossip_payload(status)))
+    assert got.members == members
+    assert 0 < len(got.attempts) < 20 and got.attempts == attempts[-len(got.attempts) :]
+    with pytest.raises(ValueError, match="over one record's limit"):
+        gossip_payload(status._replace(members=_members(12, 8)))
+
+
+def test_a_gang_too_large_for_a_record_is_known_before_it_is_placed() -> None:
+    job = OwnedJob("j" * 32, JobSpec(command=("x",)), JobState.PENDING, 0, "o" * 32, None, 1.0)
+    assert fits_a_record(job, _members(4, 8))
+    assert not fits_a_record(job, _members(12, 8))
