@@ -19,6 +19,10 @@ so a copy outlives the node). Before each new attempt it pulls what the last att
 node is alive, then pushes the newest copy it holds to the chosen node and names it in the offer:
 the attempt resumes from it (``SHOAL_RESUME=1``). With no copy, the attempt starts afresh.
 
+A gang (a job on several nodes) is placed, followed and ended as a whole by ``agent.gang``; the
+hooks here hand it the gang's placement, its members' reports and deaths, and the takeover
+check of every member.
+
 When an owner is gone, the next agent in the job's rendezvous order takes over from the copy it
 holds (or is handed the copy by the agent that holds it) and asks the runner where things stand.
 """

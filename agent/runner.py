@@ -9,6 +9,13 @@ the owner raises it, so an offer that arrives late cannot start a copy the owner
 on; a gossiped job record naming a newer attempt, another runner, or a cancellation stops the
 local copy (cause ``fenced`` or ``cancel``).
 
+Gangs: a gang's member is held here between the owner's prepare and commit
+(:class:`agent.reservations.Reservations`, run by ``agent.gangdesk``): its devices count as busy
+for every other offer and in the free devices this node gossips until the commit starts it
+(through :meth:`Runner.launch`, as an offer does), an abort or a ``stop`` frees them, or the hold
+runs out. A started member is an ordinary run here; a gossiped record fences it unless it names
+this node among the attempt's ``members``.
+
 Drain: cordoned and draining nodes accept nothing new; a draining node lets its jobs finish within
 the grace period, then stops the rest (cause ``drain``; their owners requeue them elsewhere) and
 becomes drained. The state is persisted and gossiped in the ``node`` record.

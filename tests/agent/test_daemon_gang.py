@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -205,6 +206,41 @@ def test_an_owner_that_takes_a_running_gang_over_checks_every_member(tmp_path: P
         assert {m["node"] for m in job["members"]} == set(live[1:])
         adopted = [e for e in mesh.events(watcher) if e.get("job_id") == job_id]
         assert "adopted" in {e["kind"] for e in adopted}
+    finally:
+        mesh.stop_all()
+
+
+FAIL_ONE = """
+import os, sys, time
+if os.environ["RANK"] == "1":
+    print("rank 1 gives up", flush=True)
+    sys.exit(3)
+open(sys.argv[1], "w").write(str(os.getpid()))
+time.sleep(60)
+open(sys.argv[1] + ".end", "w").write("ran on")
+"""
+
+
+def test_a_failing_member_stops_the_others_and_fails_the_gang(tmp_path: Path) -> None:
+    mesh = Mesh(tmp_path, ["h100:1", "h100:1"])
+    mesh.start_all()
+    try:
+        a = mesh.agents[0]
+        job_id = new_job_id()
+        pidfile = tmp_path / "rank0"
+        argv = [sys.executable, "-c", FAIL_ONE, str(pidfile)]
+        submit(mesh, job_id, spec(argv, resources=Resources(gpus_per_node=1, nodes=2)))
+        mesh.wait("failed", lambda: mesh.job(a, job_id)["state"] == "failed", 45)
+        job = mesh.job(a, job_id)
+        assert job["reason"] == "exited with 3" and job["exit_code"] == 3
+        ends = {e["rank"]: (e["cause"], e["exit_code"]) for e in job["attempts"]}
+        assert ends[1] == ("exit", 3)
+        assert ends[0][0] == "fenced"  # stopped for it
+        assert not (tmp_path / "rank0.end").exists()
+        if pidfile.exists():  # rank 0 had started: it is gone, not left running
+            pid = int(pidfile.read_text())
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
     finally:
         mesh.stop_all()
 
