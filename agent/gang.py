@@ -407,6 +407,8 @@ class Gangs:
         o = self.o
         node, r = a.outcome()
         self.attempts.pop(job.job_id, None)
+        self._refusals.pop(job.job_id, None)
+        self._not_before.pop(job.job_id, None)
         if r.cause == "lost":
             o._move(job, JobEvent.RUNNER_DEAD)
             o.events.add("lost", f"member {node[:8]} is gone", job_id=job.job_id)
@@ -458,11 +460,6 @@ class Gangs:
         """Stop (and fence) every member of ``attempt`` (a cancel: nothing is requeued)."""
         for m in job.members:
             self.o.spawn(self.o._stop_until_done(job.job_id, m.node, attempt, cause))
-
-    def forget(self, job_id: str) -> None:
-        self.attempts.pop(job_id, None)
-        self._refusals.pop(job_id, None)
-        self._not_before.pop(job_id, None)
 
 
 def _result(job_id: str, attempt: int, cause: str) -> AttemptResult:

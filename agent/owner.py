@@ -486,9 +486,11 @@ class Owner:
     def member_gone(self, node: str) -> None:
         """A node died or left: requeue what ran there; take over what it owned."""
         for job in list(self.jobs.values()):
+            if job.job_id in self._handing:
+                continue  # its next owner checks where it runs; if it stays, _give does
             if job.members and any(m.node == node for m in job.members):
                 self.gangs.member_gone(job, node)
-            elif job.runner == node and job.state in LIVE and job.job_id not in self._handing:
+            elif job.runner == node and job.state in LIVE:
                 self._move(job, JobEvent.RUNNER_DEAD)
                 job.attempt_ended(job.attempt, "lost", None, time.time())
                 self.events.add("lost", f"runner {node[:8]} is gone", job_id=job.job_id)
@@ -569,10 +571,12 @@ class Owner:
                 self.spawn(self._hand_copy(job.job_id, node))
         finally:
             self._handing.discard(job.job_id)
-            runner = job.runner
             still_ours = self.jobs.get(job.job_id) is job and job.state in LIVE
-            if still_ours and runner is not None and runner not in self._live():
-                self.member_gone(runner)  # it died while we were handing the job over
+            ran_on = [m.node for m in job.members] if job.members else [job.runner]
+            live = set(self._live())
+            for runner in ran_on:
+                if still_ours and runner is not None and runner not in live:
+                    self.member_gone(runner)  # it died while we were handing the job over
 
     def adopt_wire(self, body: dict[str, Any], caller: str) -> dict[str, Any]:
         """Take a job over, handed by its owner or by the holder of a copy of a gone owner's
