@@ -130,6 +130,10 @@ def test_a_two_node_gang_meets_at_rank_zero_and_succeeds(tmp_path: Path) -> None
         assert all(h.endswith("(exit 0) ===") for h in headers)
         below = done.stdout.split(headers[1])
         assert "rank 0 of 2 agreed" in below[0] and "rank 1 of 2 agreed" in below[1]
+        followed = shoal("logs", "-f", job_id[:8], *flags)
+        assert followed.returncode == 0, followed.stderr
+        assert f"[rank 0] rank 0 of 2 agreed on {met[0]['value']}" in followed.stdout
+        assert f"[rank 1] rank 1 of 2 agreed on {met[0]['value']}" in followed.stdout
         table = shoal("jobs", *flags)
         row = next(line for line in table.stdout.splitlines() if line.startswith(job_id[:8]))
         assert "2 nodes" in row and "2x2" in row
