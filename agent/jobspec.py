@@ -57,10 +57,11 @@ SPEC_VERSION: Final = 2
 FEATURES: Final[Mapping[str, int]] = {"gang": 2, "image": 2, "interconnect": 2}
 """Every feature a spec can use, with the spec version that brought it: ``gang`` (more than one
 node), ``image`` (a container image), ``interconnect`` (a required link between the GPUs)."""
-SUPPORTED_FEATURES: Final[frozenset[str]] = frozenset()
-"""The features this agent runs, advertised in its inventory. Gang placement, container images
-and the interconnect filter are still to come: a job that uses one is placed on no agent of this
-version, and its reason says which feature it waits for."""
+SUPPORTED_FEATURES: Final[frozenset[str]] = frozenset({"gang"})
+"""The features this agent runs, advertised in its inventory: ``gang`` (all members start or
+none: ``agent.gang``). Container images and the interconnect filter are still to come: a job
+that uses one is placed on no agent of this version, and its reason says which feature it waits
+for."""
 
 
 class UnknownFeatures(ValueError):
@@ -190,7 +191,11 @@ class Resources:
     each GPU must be (memory, a GPU backend, compute capability, architecture), which asks for
     one (:meth:`from_dict`)."""
     nodes: int = 1
-    """Nodes the job spans; more than one makes it a gang (all start or none)."""
+    """Nodes the job spans; more than one makes it a gang (feature ``gang``): one member per
+    node, each with ``gpus_per_node`` GPUs, placed all together or not at all, started with
+    ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE``/``NODE_RANK``/``NNODES``/
+    ``MASTER_ADDR``/``MASTER_PORT`` (one process per member: ``agent.pinning``), and ended or
+    requeued as a whole when any member ends (``agent.gang``)."""
     min_mem_per_gpu_bytes: int | None = None
     """Least memory each GPU must have; ``None`` accepts any."""
     backends: tuple[BackendName, ...] = ()

@@ -100,6 +100,16 @@ def listing_arguments(p: argparse.ArgumentParser) -> None:
     add_connection_arguments(p)
 
 
+def jobs_arguments(p: argparse.ArgumentParser) -> None:
+    add_connection_arguments(p)
+    p.add_argument(
+        "job",
+        metavar="JOB",
+        nargs="?",
+        help=JOB_HELP + "; shows that job in detail (a gang: its members)",
+    )
+
+
 def events_arguments(p: argparse.ArgumentParser) -> None:
     add_agent_and_identity_arguments(p)
     add_json_argument(p, "one JSON object per event (JSON lines)")

@@ -19,6 +19,10 @@ so a copy outlives the node). Before each new attempt it pulls what the last att
 node is alive, then pushes the newest copy it holds to the chosen node and names it in the offer:
 the attempt resumes from it (``SHOAL_RESUME=1``). With no copy, the attempt starts afresh.
 
+A gang (a job on several nodes) is placed, followed and ended as a whole by ``agent.gang``; the
+hooks here hand it the gang's placement, its members' reports and deaths, and the takeover
+check of every member.
+
 When an owner is gone, the next agent in the job's rendezvous order takes over from the copy it
 holds (or is handed the copy by the agent that holds it) and asks the runner where things stand.
 """
@@ -35,6 +39,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent.authority import Submission, SubmissionRefused
 from agent.context import AgentContext
+from agent.gang import Gangs
 from agent.jobstate import (
     IllegalTransition,
     JobEvent,
@@ -42,7 +47,7 @@ from agent.jobstate import (
     is_terminal,
     transition,
 )
-from agent.ownedjob import OwnedJob, OwnerError, job_from_wire, job_wire
+from agent.ownedjob import OwnedJob, OwnerError, gossip_payload, job_from_wire, job_wire
 from agent.ownership import rank, replica_of
 from agent.peers import PeerError, PeerRefused, PeerUnreachable
 from agent.placement import Candidate, Placement
@@ -119,6 +124,8 @@ class Owner:
         """Jobs whose checkpoint is being pulled; True: pull again once done (it changed)."""
         self._collected: set[tuple[str, str, int]] = set()
         """(job, node, attempt) pulled once the attempt had ended: nothing newer can come."""
+        self.gangs = Gangs(self)
+        """The jobs on several nodes (``agent.gang``)."""
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -173,7 +180,7 @@ class Owner:
             # that the job exists (its spec travels in it, not in each version of the record).
             self._subs_published.add(job.job_id)
             self._publish(SUB_PREFIX + job.job_id, job.submission)
-        self._publish(JOB_PREFIX + job.job_id, job.status().encode())
+        self._publish(JOB_PREFIX + job.job_id, gossip_payload(job.status()))
         if is_terminal(job.state) and self.checkpoints is not None:
             self.checkpoints.forget(job.job_id)
         if replicate:
@@ -237,7 +244,7 @@ class Owner:
             self.events.add("submitted", f"owner {self.node_id[:8]}", job_id=job_id)
             # The first placement is chosen now, so the replica's copy of the submission is
             # also the write-ahead of attempt 1: one round trip fewer before the job runs.
-            candidates = self._candidates(job)
+            candidates = [] if job.spec.is_gang else self._candidates(job)
             if candidates and self._addr_of(candidates[0].node_id) is not None:
                 self._placing.add(job_id)
                 self._reserve(job, candidates[0])
@@ -278,7 +285,9 @@ class Owner:
         job.reason = "cancelled by an operator"
         self._save(job)
         self.events.add("cancelled", f"attempt {attempt}", job_id=job_id)
-        if was_live and runner is not None:
+        if was_live and job.members:
+            self.gangs.stop_all(job, attempt, "cancel")
+        elif was_live and runner is not None:
             self.spawn(self._stop_until_done(job_id, runner, attempt, "cancel"))
         return {"job_id": job_id, "state": job.state.value}
 
@@ -286,6 +295,8 @@ class Owner:
         job = self._owned(job_id)
         if job.state != JobState.RUNNING or job.runner is None:
             raise OwnerError(409, f"job {job_id} is {job.state.value}, not running")
+        if job.members:
+            raise OwnerError(409, f"job {job_id} is a gang: a gang is not migrated")
         if target is not None and target == job.runner:
             raise OwnerError(400, "the migration target is the node the job runs on")
         if target is not None and target not in self._live():
@@ -330,6 +341,9 @@ class Owner:
     def _confirmed_gone(self, job_id: str, runner: str, attempt: int, cause: str) -> None:
         """The runner says the attempt does not run (and will not start): requeue if live."""
         job = self.jobs.get(job_id)
+        if job is not None and job.members:
+            self.gangs.confirmed_gone(job, runner, attempt, cause)
+            return
         if job is None or job.attempt != attempt or job.runner != runner:
             return
         if job.state in LIVE:
@@ -350,13 +364,21 @@ class Owner:
     def report(self, runner: str, r: AttemptResult) -> dict[str, Any]:
         """An attempt ended on ``runner``; stale reports (other attempt or runner) are dropped."""
         job = self._owned(r.job_id)
+        if job.members:
+            return self.gangs.report(job, runner, r)
+        if r.attempt != job.attempt or runner != job.runner or job.state not in LIVE:
+            return {"ok": True, "stale": True}
+        job.attempt_ended(job.attempt, r.cause, r.exit_code, _finished(r))
+        self._conclude(job, runner, r)
+        return {"ok": True}
+
+    def _conclude(self, job: OwnedJob, runner: str, r: AttemptResult) -> None:
+        """The current attempt ended with ``r`` (on ``runner``; a gang's deciding member):
+        succeeded, retried, failed, cancelled or requeued."""
         job_id = job.job_id
         attempt = r.attempt
-        if attempt != job.attempt or runner != job.runner or job.state not in LIVE:
-            return {"ok": True, "stale": True}
         cause = r.cause
         code = r.exit_code
-        job.attempt_ended(job.attempt, cause, code, _finished(r))
         if job.state == JobState.PLACING:
             self._move(job, JobEvent.STARTED)
         job.exit_code, job.signal = code, r.signal
@@ -390,14 +412,14 @@ class Owner:
                 # The report can beat the gossip that says so: do not offer it straight back.
                 job.avoid = runner
             self._requeue(job, f"attempt {attempt} stopped on {runner[:8]} ({cause})")
-        return {"ok": True}
 
     # -- checkpoints -----------------------------------------------------------------------------
 
     def checkpointed(self, runner: str, note: CheckpointNote) -> dict[str, Any]:
         """The runner of the current attempt says the job's checkpoint changed: pull a copy."""
         job = self._owned(note.job_id)
-        if runner != job.runner or note.attempt != job.attempt or job.state not in LIVE:
+        stale = runner != job.runner or note.attempt != job.attempt or job.state not in LIVE
+        if stale or job.members:  # a gang's members keep their checkpoints (``agent.gang``)
             return {"ok": True, "stale": True}
         if job.job_id in self._collecting:
             self._collecting[job.job_id] = True
@@ -465,7 +487,11 @@ class Owner:
     def member_gone(self, node: str) -> None:
         """A node died or left: requeue what ran there; take over what it owned."""
         for job in list(self.jobs.values()):
-            if job.runner == node and job.state in LIVE and job.job_id not in self._handing:
+            if job.job_id in self._handing:
+                continue  # its next owner checks where it runs; if it stays, _give does
+            if job.members and any(m.node == node for m in job.members):
+                self.gangs.member_gone(job, node)
+            elif job.runner == node and job.state in LIVE:
                 self._move(job, JobEvent.RUNNER_DEAD)
                 job.attempt_ended(job.attempt, "lost", None, time.time())
                 self.events.add("lost", f"runner {node[:8]} is gone", job_id=job.job_id)
@@ -546,10 +572,12 @@ class Owner:
                 self.spawn(self._hand_copy(job.job_id, node))
         finally:
             self._handing.discard(job.job_id)
-            runner = job.runner
             still_ours = self.jobs.get(job.job_id) is job and job.state in LIVE
-            if still_ours and runner is not None and runner not in self._live():
-                self.member_gone(runner)  # it died while we were handing the job over
+            ran_on = [m.node for m in job.members] if job.members else [job.runner]
+            live = set(self._live())
+            for runner in ran_on:
+                if still_ours and runner is not None and runner not in live:
+                    self.member_gone(runner)  # it died while we were handing the job over
 
     def adopt_wire(self, body: dict[str, Any], caller: str) -> dict[str, Any]:
         """Take a job over, handed by its owner or by the holder of a copy of a gone owner's
@@ -596,6 +624,10 @@ class Owner:
 
     async def _check_runner(self, job_id: str, runner: str, attempt: int) -> None:
         """After a takeover: is the attempt still running there, done, or never started?"""
+        held = self.jobs.get(job_id)
+        if held is not None and held.members and held.attempt == attempt:
+            await self.gangs.check(held)
+            return
         if runner not in self._live():
             job = self.jobs.get(job_id)
             if job is not None and job.attempt == attempt and job.state in LIVE:
@@ -660,7 +692,10 @@ class Owner:
         reserved: int | None = None,
     ) -> None:
         try:
-            await self._place_once(job, candidates, reserved)
+            if job.spec.is_gang:
+                await self.gangs.place(job)
+            else:
+                await self._place_once(job, candidates, reserved)
         finally:
             self._placing.discard(job.job_id)
 

@@ -37,7 +37,13 @@ A vendor the job was given nothing of is hidden where a value for "no device" ex
 index means) are reserved but left unset: the job cannot set them, the runtimes' defaults apply.
 
 Every job also gets ``SHOAL_DEVICES`` (the device keys, for tools and the simulator), and the gang
-variables when it is one rank of a gang.
+variables when it is one rank of a gang: Shoal runs one process per member node, so ``RANK`` and
+``NODE_RANK`` are the node's rank, ``WORLD_SIZE`` and ``NNODES`` the number of members,
+``LOCAL_RANK=0``, ``LOCAL_WORLD_SIZE=1``, and ``MASTER_ADDR``/``MASTER_PORT`` where rank 0 listens
+(what ``torch.distributed``'s ``env://`` reads). A member that wants one process per GPU runs
+``torchrun --nnodes=$NNODES --node_rank=$NODE_RANK --nproc_per_node=<gpus>
+--master_addr=$MASTER_ADDR --master_port=$MASTER_PORT``, which sets these again for its children.
+They override a job's own ``env``.
 """
 
 from __future__ import annotations
@@ -92,6 +98,26 @@ class GangRank:
     local_rank: int
     master_addr: str
     master_port: int
+    local_world_size: int = 1
+    node_rank: int = 0
+    nnodes: int = 1
+
+    @classmethod
+    def one_per_node(
+        cls, node_rank: int, nnodes: int, master_addr: str, master_port: int
+    ) -> GangRank:
+        """The member on node ``node_rank`` of ``nnodes``, one process per node (how Shoal runs
+        a gang): its rank is its node's, and it is the only process there."""
+        return cls(
+            rank=node_rank,
+            world_size=nnodes,
+            local_rank=0,
+            master_addr=master_addr,
+            master_port=master_port,
+            local_world_size=1,
+            node_rank=node_rank,
+            nnodes=nnodes,
+        )
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -104,6 +130,10 @@ class GangRank:
             raise ValueError(f"master_port {self.master_port} is not a TCP port")
         if not self.master_addr:
             raise ValueError("master_addr must not be empty")
+        if not 0 <= self.local_rank < self.local_world_size:
+            raise ValueError(f"local_rank {self.local_rank} is outside 0..local_world_size-1")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank {self.node_rank} is outside 0..{self.nnodes - 1}")
 
 
 def device_env(devices: Sequence[DeviceStatic]) -> dict[str, str]:
@@ -163,6 +193,9 @@ def job_env(
         env["RANK"] = str(gang.rank)
         env["WORLD_SIZE"] = str(gang.world_size)
         env["LOCAL_RANK"] = str(gang.local_rank)
+        env["LOCAL_WORLD_SIZE"] = str(gang.local_world_size)
+        env["NODE_RANK"] = str(gang.node_rank)
+        env["NNODES"] = str(gang.nnodes)
         env["MASTER_ADDR"] = gang.master_addr
         env["MASTER_PORT"] = str(gang.master_port)
     return env

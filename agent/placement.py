@@ -15,16 +15,21 @@ the policy's own functions:
   (:func:`agent.policy.decision.rank_any`: speed on each model, fragmentation, data, heat, cost,
   spreading owners apart), and its "why waiting" line (never fits, or waits for busy capacity).
 
-What the live mesh does not do yet (its next step): gangs (no agent runs the ``gang`` feature, so
-one is refused at submission), shares of a GPU, preemption, moves, and one queue order across
-owners.
+Gangs (``resources.nodes > 1``): :meth:`Placement.gang_candidates` gives whole sets of members,
+best first, from the same functions (``first_fit`` takes the first nodes that fit; the Shoal
+policy's :func:`agent.policy.gangs.rank_gang` the best set of alike, close nodes). The policy never
+returns part of a gang; the owner then prepares every member and commits all or none
+(``agent.gang``).
+
+What the live mesh does not do yet (its next step): shares of a GPU, preemption, moves, and one
+queue order across owners.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 from agent.jobspec import JobSpec, lacking_reason
@@ -35,6 +40,7 @@ from agent.policy.decision import context, rank_any
 from agent.policy.explain import busy_line, never_reason
 from agent.policy.model import ThroughputModel
 from agent.policy.snapshot import Job, Snapshot
+from agent.policy.snapshot import Placement as PolicyPlacement
 from agent.policy.state import PolicyState
 from agent.view import NodeView
 
@@ -46,7 +52,21 @@ class Candidate:
     """Device keys offered to the job on that node (empty for a CPU-only job)."""
 
 
+GangSet = tuple[Candidate, ...]
+"""A whole gang: one member per node, rank 0 first."""
+
+
 class Placement(Protocol):
+    def gang_candidates(
+        self,
+        spec: JobSpec,
+        nodes: Sequence[NodeView],
+        *,
+        exclude: frozenset[str] = frozenset(),
+    ) -> list[GangSet]:
+        """Whole member sets for a gang, best first (never part of one)."""
+        ...
+
     def candidates(
         self,
         spec: JobSpec,
@@ -64,14 +84,30 @@ class Placement(Protocol):
 
 
 def _job(spec: JobSpec, owner: str | None = None) -> Job:
-    """The job as the policy sees it, on one node: the live mesh places a gang's first member
-    only (no agent runs the ``gang`` feature yet, which the filters check)."""
-    job = adapt.job_from_spec("", spec, owner=owner)
-    return job if job.nodes == 1 else replace(job, nodes=1)
+    """The job as the policy sees it (a gang with all its nodes)."""
+    return adapt.job_from_spec("", spec, owner=owner)
+
+
+def _sets(placements: Sequence[PolicyPlacement]) -> list[GangSet]:
+    return [
+        tuple(Candidate(n, d) for n, d in zip(p.node_ids, p.devices, strict=True))
+        for p in placements
+        if p.node_ids
+    ]
 
 
 class FirstFit:
     """Hard constraints only; nodes in id order, ``prefer`` first."""
+
+    def gang_candidates(
+        self,
+        spec: JobSpec,
+        nodes: Sequence[NodeView],
+        *,
+        exclude: frozenset[str] = frozenset(),
+    ) -> list[GangSet]:
+        known = adapt.nodes_from_views(n for n in nodes if n.inventory is not None)
+        return _sets(first_fit(_job(spec), known, exclude=exclude))
 
     def candidates(
         self,
@@ -92,9 +128,11 @@ class FirstFit:
         r = spec.resources
         if spec.features:
             return "waits for an agent that runs it: " + lacking_reason(spec.features)
-        parts = [
-            f"no schedulable node has {r.gpus_per_node} free GPU" + "s" * (r.gpus_per_node != 1)
-        ]
+        gpus = f"{r.gpus_per_node} free GPU" + "s" * (r.gpus_per_node != 1)
+        if r.nodes > 1:
+            parts = [f"no {r.nodes} schedulable nodes have {gpus} each"]
+        else:
+            parts = [f"no schedulable node has {gpus}"]
         if r.min_mem_per_gpu_bytes is not None:
             parts.append(f"with >= {r.min_mem_per_gpu_bytes / 1024**3:g} GiB")
         if r.backends:
@@ -132,6 +170,19 @@ class ShoalPlacement:
             dataset_bytes=adapt.dataset_bytes(views),
         )
         return self._snapshot
+
+    def gang_candidates(
+        self,
+        spec: JobSpec,
+        nodes: Sequence[NodeView],
+        *,
+        exclude: frozenset[str] = frozenset(),
+    ) -> list[GangSet]:
+        snapshot = self._context(nodes)
+        ctx, _ = context(snapshot, self.model, self.config, state=self._state, owner=self.owner)
+        job = _job(spec, self.owner)
+        ranked = rank_any(job, ctx, limit=self.config.alternates + 1, exclude=exclude)
+        return _sets([c.placement for c in ranked])
 
     def candidates(
         self,

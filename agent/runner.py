@@ -9,6 +9,13 @@ the owner raises it, so an offer that arrives late cannot start a copy the owner
 on; a gossiped job record naming a newer attempt, another runner, or a cancellation stops the
 local copy (cause ``fenced`` or ``cancel``).
 
+Gangs: a gang's member is held here between the owner's prepare and commit
+(:class:`agent.reservations.Reservations`, run by ``agent.gangdesk``): its devices count as busy
+for every other offer and in the free devices this node gossips until the commit starts it
+(through :meth:`Runner.launch`, as an offer does), an abort or a ``stop`` frees them, or the hold
+runs out. A started member is an ordinary run here; a gossiped record fences it unless it names
+this node among the attempt's ``members``.
+
 Drain: cordoned and draining nodes accept nothing new; a draining node lets its jobs finish within
 the grace period, then stops the rest (cause ``drain``; their owners requeue them elsewhere) and
 becomes drained. The state is persisted and gossiped in the ``node`` record.
@@ -50,7 +57,7 @@ from agent.executor import (
     ProgressChanged,
     StopCause,
 )
-from agent.jobspec import check_job_id, lacking_reason
+from agent.jobspec import JobSpec, check_job_id, lacking_reason
 from agent.jobstate import (
     DrainEvent,
     IllegalTransition,
@@ -62,11 +69,14 @@ from agent.jobuser import prepare_job_folder
 from agent.logfiles import TailReader
 from agent.ownership import owner_of
 from agent.peers import PeerError, PeerRefused
+from agent.pinning import GangRank
+from agent.reservations import Reservations
 from agent.store import ResultRecord, RunRecord, StoreFull, process_alive, reconcile
 from agent.transfer import TransferError
 from agent.wire.calls import (
     AttemptResult,
     CheckpointNote,
+    ResumeFrom,
     StartAnswer,
     StartOffer,
     StatusAnswer,
@@ -153,6 +163,8 @@ class Runner:
         self.checkpoints: Checkpoints | None = None
         """Set by the agent once made (it reads the jobs run here through this runner)."""
         self._ckpt_stamps: dict[tuple[str, int], object] = {}
+        self.holds = Reservations()
+        """Devices held for gangs between prepare and commit (``agent.gangdesk``)."""
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -168,8 +180,10 @@ class Runner:
 
     # -- what we publish -------------------------------------------------------------------------
 
-    def free_devices(self) -> list[str]:
+    def free_devices(self, *, but: str | None = None) -> list[str]:
+        """Devices no job runs on and no gang holds (but job ``but``'s own hold)."""
         used = {k for r in self.runs.values() for k in r.devices}
+        used |= self.holds.devices(time.monotonic(), but=but)
         return [s.key for s in self._statics() if s.key not in used]
 
     # -- offers ----------------------------------------------------------------------------------
@@ -182,17 +196,35 @@ class Runner:
         job_id = check_job_id(offer.job_id)
         attempt = offer.attempt
         owner = offer.owner
+        spec = self.authorised_spec(job_id, owner, caller, offer.submission, "start")
+        if spec.is_gang:
+            raise Declined("a gang starts through gang_prepare and gang_commit, not start")
+        await self.admit(job_id, attempt, offer.devices)
+        return await self.launch(job_id, attempt, owner, spec, offer.devices, offer.resume)
+
+    def authorised_spec(
+        self, job_id: str, owner: str, caller: str, submission: bytes, verb: str
+    ) -> JobSpec:
+        """The spec of the operator's ``submission`` for ``job_id``, when ``caller`` says it is
+        the job's owner and may be (``NotAllowed`` otherwise, or for a submission that is not an
+        operator's; ``Declined`` when the job needs a feature this agent does not run)."""
         if owner != caller or not self.authority.may_own(job_id, caller):
-            raise NotAllowed(f"{caller[:8]} may not start job {job_id}")
+            raise NotAllowed(f"{caller[:8]} may not {verb} job {job_id}")
         try:
-            spec = self.authority.submission(offer.submission, job_id).spec
+            spec = self.authority.submission(submission, job_id).spec
         except FeaturesLacking as exc:
             raise Declined(str(exc)) from None
         except SubmissionRefused as exc:
             raise NotAllowed(str(exc)) from None
         if spec.lacking:
             raise Declined(lacking_reason(spec.lacking))
-        keys = offer.devices
+        return spec
+
+    async def admit(self, job_id: str, attempt: int, keys: tuple[str, ...]) -> None:
+        """``Declined`` unless attempt ``attempt`` may start here now on ``keys``: the agent
+        runs, the node takes work, the attempt is not fenced, no newer one runs, and the
+        devices are here and free (a hold of the job itself does not count: it is its own).
+        An older attempt of the job that still runs here is stopped (fenced)."""
         if self._closing:
             raise Declined("the agent is shutting down")
         if not accepts_work(self.drain):
@@ -204,25 +236,43 @@ class Runner:
             if held.attempt >= attempt:
                 raise Declined(f"attempt {held.attempt} already runs here")
             await self.executor.stop(job_id, cause="fenced", grace_s=self._stop_grace_s)
-        statics = {s.key: s for s in self._statics()}
-        free = set(self.free_devices())
+        statics = {s.key for s in self._statics()}
+        free = set(self.free_devices(but=job_id))
         missing = [k for k in keys if k not in statics]
         if missing:
             raise Declined(f"no device {missing[0]} here")
         busy = [k for k in keys if k not in free]
         if busy:
             raise Declined(f"device {busy[0]} is in use")
+
+    async def launch(
+        self,
+        job_id: str,
+        attempt: int,
+        owner: str,
+        spec: JobSpec,
+        keys: tuple[str, ...],
+        resume: ResumeFrom | None = None,
+        gang: GangRank | None = None,
+    ) -> StartAnswer:
+        """Start an admitted attempt (``Declined``, ``LaunchFailed`` when it could not)."""
+        statics = {s.key: s for s in self._statics()}
         run = LocalRun(job_id, attempt, owner, keys)
         self.runs[job_id] = run
         try:
-            resumed = await self._prepare_checkpoint(offer, spec.checkpoint_dir is None)
+            resumed = await self._prepare_checkpoint(job_id, resume, spec.checkpoint_dir is None)
         except (TransferError, OSError, ValueError) as exc:
             self.runs.pop(job_id, None)
             self._on_change()
             raise Declined(f"checkpoint: {exc}") from None
         try:
             launch = Launch.from_spec(
-                job_id, spec, attempt=attempt, devices=[statics[k] for k in keys], resume=resumed
+                job_id,
+                spec,
+                attempt=attempt,
+                devices=[statics[k] for k in keys],
+                gang=gang,
+                resume=resumed,
             )
             started = await self.executor.start(launch)
         except NoRoom as exc:  # not the job's fault: declined, it may start elsewhere
@@ -261,29 +311,29 @@ class Runner:
             self._set_load(k, True)
         self._on_change()
         self.events.add("running", f"attempt {attempt} pid {started.pid}", job_id=job_id)
-        if resumed and offer.resume is not None:
+        if resumed and resume is not None:
             self.events.add(
                 "resumed",
-                f"attempt {attempt} from the checkpoint of attempt {offer.resume.attempt}",
+                f"attempt {attempt} from the checkpoint of attempt {resume.attempt}",
                 job_id=job_id,
             )
         return StartAnswer(ok=True, started_at=started.started_at, pid=started.pid)
 
-    async def _prepare_checkpoint(self, offer: StartOffer, ours: bool) -> bool:
+    async def _prepare_checkpoint(self, job_id: str, resume: ResumeFrom | None, ours: bool) -> bool:
         """Put the checkpoint the offer names in the job's folder, or empty it: what an earlier
         attempt left here is never resumed. ``ours``: Shoal's folder (a spec's own
         ``checkpoint_dir`` is left alone). Whether the attempt resumes."""
         if not ours:
             return False
-        job_dir = self.executor.job_dir(offer.job_id)
+        job_dir = self.executor.job_dir(job_id)
         user = self.executor.user
         prepare_job_folder(job_dir, user)
-        dest = self.checkpoint_folder(offer.job_id)
-        if offer.resume is None or self.checkpoints is None:
+        dest = self.checkpoint_folder(job_id)
+        if resume is None or self.checkpoints is None:
             await asyncio.to_thread(clear_folder, dest, user)
             return False
         vault = self.checkpoints.vault
-        await asyncio.to_thread(vault.restore, offer.job_id, offer.resume.digest, dest, user)
+        await asyncio.to_thread(vault.restore, job_id, resume.digest, dest, user)
         return True
 
     # -- checkpoints (agent.ckptmove.LocalJobs) --------------------------------------------------
@@ -340,6 +390,8 @@ class Runner:
         if not started_it and not self.authority.may_own(job_id, caller):
             raise NotAllowed(f"{caller[:8]} may not stop job {job_id}")
         self.fence[job_id] = max(self.fence.get(job_id, 0), attempt)
+        if self.holds.release(job_id, attempt) is not None:
+            self._on_change()
         if run is None or run.attempt > attempt:
             return StopAnswer(stopped=False)
         stop_cause: StopCause = cause if cause in _STOP_CAUSES else "cancel"  # type: ignore[assignment]
@@ -466,7 +518,7 @@ class Runner:
         cause: StopCause | None = None
         if attempt > run.attempt or (
             attempt == run.attempt
-            and doc.get("runner") not in (None, self.node_id)
+            and not _placed_here(doc, self.node_id)
             and state in ("placing", "running")
         ):
             cause = "fenced"
@@ -572,6 +624,15 @@ class Runner:
 
     def follow(self, job_id: str, lines: int) -> AsyncIterator[str]:
         return self.executor.follow(job_id, from_lines=lines)
+
+
+def _placed_here(doc: dict[str, Any], node_id: str) -> bool:
+    """Whether a gossiped job record places its attempt on ``node_id`` (its runner, or one of
+    a gang's members), or names no node at all."""
+    members = doc.get("members")
+    if isinstance(members, list) and members:
+        return any(isinstance(m, dict) and m.get("node") == node_id for m in members)
+    return doc.get("runner") in (None, node_id)
 
 
 def _exit_result(e: Exited) -> AttemptResult:

@@ -163,11 +163,15 @@ def job_row(job: Mapping[str, Any], names: Mapping[str, str], now: float) -> lis
         gpus += f"x{resources['nodes']}"
     progress = job.get("progress")
     runner = job.get("runner")
+    where = names.get(runner or "", short(runner))
+    members = job.get("members") or ()
+    if members:  # a gang: one row, its members in the job's detail
+        where = f"{len(members)} nodes"
     why = job.get("reason") if job.get("state") == "pending" else None
     return [
         short(job.get("job_id")),
         str(job.get("state", "?")),
-        names.get(runner or "", short(runner)),
+        where,
         gpus,
         str(spec.get("priority", "-")),
         relative(spec.get("deadline"), now),
@@ -175,6 +179,36 @@ def job_row(job: Mapping[str, Any], names: Mapping[str, str], now: float) -> lis
         eta(job),
         one_line(str(why)) if why else command_line(spec),
     ]
+
+
+def job_detail(
+    job: Mapping[str, Any], names: Mapping[str, str], now: float
+) -> list[tuple[str, str]]:
+    """One job as label and value lines (``shoal jobs JOB``): a gang lists each member."""
+
+    def host(node: Any) -> str:
+        return names.get(str(node or ""), short(node))
+
+    spec = job.get("spec") or {}
+    rows = [
+        ("Job", str(job.get("job_id"))),
+        ("State", f"{job.get('state', '?')} (attempt {job.get('attempt', 0)})"),
+        ("Owner", host(job.get("owner"))),
+        ("Command", command_line(spec)),
+    ]
+    members = job.get("members") or ()
+    if members:
+        for i, m in enumerate(members):
+            devices = ",".join(m.get("devices") or ()) or "-"
+            line = f"rank {m.get('rank')}  {host(m.get('node'))}  {devices}"
+            rows.append(("Members" if i == 0 else "", line))
+    else:
+        rows.append(("Node", host(job.get("runner"))))
+    if job.get("started_at") is not None:
+        rows.append(("Started", relative(job["started_at"], now)))
+    if job.get("reason"):
+        rows.append(("Why", one_line(str(job["reason"]))))
+    return rows
 
 
 def jobs_table(

@@ -3,7 +3,10 @@
 :class:`JobTransfer` (``replicate``, ``adopt``), :class:`StartOffer` and :class:`StartAnswer`
 (``start``), :class:`StopRequest` and :class:`StopAnswer` (``stop``), :class:`StatusRequest` and
 :class:`StatusAnswer` (``status``), :class:`AttemptResult` (``report``, and inside the stop and
-status answers). A body that does not decode raises :class:`~agent.wire.codec.WireError` (the API
+status answers), and a gang's two-phase start (``agent.gang``, ``agent.gangdesk``):
+:class:`GangPrepare` and :class:`GangPrepared` (``gang_prepare``), :class:`GangCommit` and
+:class:`StartAnswer` (``gang_commit``), :class:`GangAbort` and :class:`GangAborted`
+(``gang_abort``). A body that does not decode raises :class:`~agent.wire.codec.WireError` (the API
 answers 400).
 """
 
@@ -14,7 +17,13 @@ from typing import Any, NamedTuple
 
 from agent.wire import codec as c
 from agent.wire.codec import WireError
-from agent.wire.records import AttemptEntry, JobStatus
+from agent.wire.records import (
+    AttemptEntry,
+    GangMember,
+    JobStatus,
+    members_from_wire,
+    members_to_wire,
+)
 
 
 def _b64_out(data: bytes) -> str:
@@ -44,8 +53,13 @@ class OwnerDetail(NamedTuple):
     avoid: str | None = None
     launch_failures: int = 0
     attempts: tuple[AttemptEntry, ...] = ()
+    members: tuple[GangMember, ...] = ()
+    """A gang's current (or last) attempt, every member (empty for a one-node job)."""
 
     def to_wire(self) -> dict[str, Any]:
+        return members_to_wire(self._fields_to_wire(), self.members)
+
+    def _fields_to_wire(self) -> dict[str, Any]:
         return {
             "devices": list(self.devices),
             "started_at": self.started_at,
@@ -78,6 +92,7 @@ class OwnerDetail(NamedTuple):
             avoid=c.field(d, "avoid", c.opt_text, p),
             launch_failures=c.field(d, "launch_failures", c.or_default(c.integer, 0), p),
             attempts=c.items(d.get("attempts"), p + "attempts", AttemptEntry.from_wire),
+            members=members_from_wire(d.get("members"), p + "members"),
         )
 
 
@@ -317,3 +332,131 @@ class StatusAnswer(NamedTuple):
             attempt=c.field(d, "attempt", c.opt_integer),
             result=None if result is None else AttemptResult.from_wire(result, "result"),
         )
+
+
+class GangPrepare(NamedTuple):
+    """``gang_prepare``: hold the devices the node's member of ``members`` names, for attempt
+    ``attempt`` of a gang, for ``ttl_s`` (counted busy for every other offer meanwhile), until a
+    ``gang_commit`` starts the member or a ``gang_abort`` (or the time running out) frees them.
+    Carries the operator's submission, as a ``start`` does; ``owner`` is the caller."""
+
+    job_id: str
+    attempt: int
+    owner: str
+    members: tuple[GangMember, ...]
+    submission: bytes
+    ttl_s: float
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+            "owner": self.owner,
+            "members": [m.to_wire() for m in self.members],
+            "submission": _b64_out(self.submission),
+            "ttl_s": self.ttl_s,
+        }
+
+    @classmethod
+    def from_wire(cls, value: Any) -> GangPrepare:
+        d = c.obj(value, "body")
+        members = members_from_wire(d.get("members"), "members")
+        if len(members) < 2:
+            raise WireError("members: a gang has at least two")
+        ttl_s = c.field(d, "ttl_s", c.number)
+        if not 0 < ttl_s <= 600:
+            raise WireError("ttl_s: expected more than 0 and at most 600 seconds")
+        return cls(
+            job_id=c.field(d, "job_id", c.text),
+            attempt=c.field(d, "attempt", c.integer),
+            owner=c.field(d, "owner", c.text),
+            members=members,
+            submission=_b64_in(d.get("submission"), "submission"),
+            ttl_s=ttl_s,
+        )
+
+
+class GangPrepared(NamedTuple):
+    """The devices are held. Rank 0's runner also names where the members meet: its advertised
+    host and a port it found free (``MASTER_ADDR``/``MASTER_PORT``); other ranks answer none."""
+
+    held: bool
+    master_addr: str | None = None
+    master_port: int | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "held": self.held,
+            "master_addr": self.master_addr,
+            "master_port": self.master_port,
+        }
+
+    @classmethod
+    def from_wire(cls, value: Any) -> GangPrepared:
+        d = c.obj(value, "answer")
+        return cls(
+            held=c.field(d, "held", c.or_default(c.flag, False)),
+            master_addr=c.field(d, "master_addr", c.opt_text),
+            master_port=c.field(d, "master_port", c.opt_integer),
+        )
+
+
+class GangCommit(NamedTuple):
+    """``gang_commit``: start the member held for attempt ``attempt``, meeting the others at
+    ``master_addr:master_port`` (answered with a :class:`StartAnswer`)."""
+
+    job_id: str
+    attempt: int
+    master_addr: str
+    master_port: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+            "master_addr": self.master_addr,
+            "master_port": self.master_port,
+        }
+
+    @classmethod
+    def from_wire(cls, value: Any) -> GangCommit:
+        d = c.obj(value, "body")
+        port = c.field(d, "master_port", c.integer)
+        if not 0 < port < 65536:
+            raise WireError("master_port: not a TCP port")
+        return cls(
+            job_id=c.field(d, "job_id", c.text),
+            attempt=c.field(d, "attempt", c.integer),
+            master_addr=c.field(d, "master_addr", c.text),
+            master_port=port,
+        )
+
+
+class GangAbort(NamedTuple):
+    """``gang_abort``: free what attempt ``attempt`` holds here and fence it (no later prepare
+    or commit of it, or of an older attempt, is taken)."""
+
+    job_id: str
+    attempt: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "attempt": self.attempt}
+
+    @classmethod
+    def from_wire(cls, value: Any) -> GangAbort:
+        d = c.obj(value, "body")
+        return cls(job_id=c.field(d, "job_id", c.text), attempt=c.field(d, "attempt", c.integer))
+
+
+class GangAborted(NamedTuple):
+    """Whether a hold was freed (``False``: there was none, it had run out, or had started)."""
+
+    released: bool
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"released": self.released}
+
+    @classmethod
+    def from_wire(cls, value: Any) -> GangAborted:
+        d = c.obj(value, "answer")
+        return cls(released=c.field(d, "released", c.or_default(c.flag, False)))

@@ -472,9 +472,11 @@ class AttemptEntry(NamedTuple):
     cause: str | None = None
     """``None`` while it runs; then ``exit``, ``timeout``, ``lost`` or a stop cause."""
     exit_code: int | None = None
+    rank: int | None = None
+    """A gang's member: its rank (one entry per member of the attempt); ``None`` for one node."""
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "attempt": self.attempt,
             "node": self.node,
             "started_at": self.started_at,
@@ -482,6 +484,9 @@ class AttemptEntry(NamedTuple):
             "cause": self.cause,
             "exit_code": self.exit_code,
         }
+        if self.rank is not None:
+            doc["rank"] = self.rank
+        return doc
 
     @classmethod
     def from_wire(cls, value: Any, name: str = "attempt") -> AttemptEntry:
@@ -494,7 +499,46 @@ class AttemptEntry(NamedTuple):
             finished_at=c.field(d, "finished_at", c.opt_number, p),
             cause=c.field(d, "cause", c.opt_text, p),
             exit_code=c.field(d, "exit_code", c.opt_integer, p),
+            rank=c.field(d, "rank", c.opt_integer, p),
         )
+
+
+class GangMember(NamedTuple):
+    """One member of a gang's attempt: rank ``rank`` runs on ``node`` with ``devices``."""
+
+    rank: int
+    node: str
+    devices: tuple[str, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"rank": self.rank, "node": self.node, "devices": list(self.devices)}
+
+    @classmethod
+    def from_wire(cls, value: Any, name: str = "member") -> GangMember:
+        d = c.obj(value, name)
+        p = name + "."
+        return cls(
+            rank=c.field(d, "rank", c.integer, p),
+            node=c.field(d, "node", c.text, p),
+            devices=c.field(d, "devices", c.texts, p),
+        )
+
+
+def members_from_wire(value: Any, name: str = "members") -> tuple[GangMember, ...]:
+    """A gang's members, ranks ``0..n-1`` in order on distinct nodes (absent: none)."""
+    members = c.items(value, name, GangMember.from_wire)
+    if [m.rank for m in members] != list(range(len(members))):
+        raise WireError(f"{name}: ranks must run 0..{len(members) - 1} in order")
+    if len({m.node for m in members}) != len(members):
+        raise WireError(f"{name}: a node appears twice")
+    return members
+
+
+def members_to_wire(doc: dict[str, Any], members: Sequence[GangMember]) -> dict[str, Any]:
+    """``doc`` with ``members`` added when there are any (a one-node job's stays as it was)."""
+    if members:
+        doc["members"] = [m.to_wire() for m in members]
+    return doc
 
 
 class JobStatus(NamedTuple):
@@ -517,8 +561,14 @@ class JobStatus(NamedTuple):
     """Orders the versions of the record across successive owners (highest wins)."""
     attempts: tuple[AttemptEntry, ...] = ()
     """Where each attempt ran and how it ended (the last 20)."""
+    members: tuple[GangMember, ...] = ()
+    """A gang's current (or last) attempt: every member, rank 0 first (``runner`` and
+    ``devices`` are rank 0's); empty for a one-node job, and then left out of the wire."""
 
     def to_wire(self) -> dict[str, Any]:
+        return members_to_wire(self._fields_to_wire(), self.members)
+
+    def _fields_to_wire(self) -> dict[str, Any]:
         return {
             "v": WIRE_VERSION,
             "job_id": self.job_id,
@@ -559,4 +609,5 @@ class JobStatus(NamedTuple):
             reason=c.field(d, "reason", c.opt_text, p),
             gen=c.field(d, "gen", c.or_default(c.integer, 0), p),
             attempts=c.items(d.get("attempts"), p + "attempts", AttemptEntry.from_wire),
+            members=members_from_wire(d.get("members"), p + "members"),
         )

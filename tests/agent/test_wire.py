@@ -19,6 +19,11 @@ from agent.view import ClusterView, NodeView
 from agent.wire.calls import (
     AttemptResult,
     CheckpointNote,
+    GangAbort,
+    GangAborted,
+    GangCommit,
+    GangPrepare,
+    GangPrepared,
     JobTransfer,
     OwnerDetail,
     ResumeFrom,
@@ -33,6 +38,7 @@ from agent.wire.health import HealthDoc
 from agent.wire.records import (
     AttemptEntry,
     EventsRecord,
+    GangMember,
     GossipedEvent,
     InventoryRecord,
     JobStatus,
@@ -249,9 +255,15 @@ def test_telemetry_round_trips(at: float | None, samples: tuple[DeviceSample, ..
                 finished_at=_opt_float,
                 cause=st.none() | _text,
                 exit_code=st.none() | st.integers(min_value=-255, max_value=255),
+                rank=st.none() | st.integers(min_value=0, max_value=64),
             ),
             max_size=3,
         ).map(tuple),
+        members=st.lists(
+            st.tuples(_text, st.lists(_text, max_size=3).map(tuple)),
+            max_size=4,
+            unique_by=lambda m: m[0],
+        ).map(lambda ms: tuple(GangMember(r, n, d) for r, (n, d) in enumerate(ms))),
     ),
 )
 def test_node_events_and_job_records_round_trip(
@@ -295,6 +307,15 @@ def test_api_documents_and_call_bodies_round_trip_and_ignore_unknown_fields() ->
         StopRequest("j" * 32, 1, "drain", 5.0),
         StopAnswer(True, AttemptResult("j" * 32, 1, 0, None, "exit", 1.0, 2.0)),
         StatusAnswer(False, None, None),
+        GangPrepare("j" * 32, 3, NODE, MEMBERS, b"sealed", 30.0),
+        GangPrepared(True, "10.0.0.7", 29500),
+        GangPrepared(True),
+        GangCommit("j" * 32, 3, "10.0.0.7", 29500),
+        GangAbort("j" * 32, 3),
+        GangAborted(False),
+        status._replace(members=MEMBERS, attempts=(AttemptEntry(3, NODE, 1.0, rank=1),)),
+        OwnerDetail(gen=4, members=MEMBERS),
+        JobDoc(status._replace(members=MEMBERS), {}, None, None),
     ]
     for doc in docs:
         wire = doc.to_wire()
@@ -469,7 +490,63 @@ def test_an_owner_offers_a_job_only_to_agents_that_run_its_features() -> None:
     d = DeviceStatic(key="h0", vendor="nvidia", backend="cuda", name="H100", source="sim")
     older = NodeView("older", inventory=_inventory((d,)))
     newer = NodeView("newer", inventory=_inventory((d,), features=("gang",)))
+    newest = NodeView("newest", inventory=_inventory((d,), features=("gang",)))
     gang = JobSpec(command=("x",), resources=Resources(nodes=2))
-    assert [c.node_id for c in FirstFit().candidates(gang, [older, newer])] == ["newer"]
-    assert FirstFit().candidates(gang, [older]) == []
+    sets = FirstFit().gang_candidates(gang, [older, newer, newest])
+    assert [[c.node_id for c in s] for s in sets] == [["newer", "newest"]]
+    assert FirstFit().gang_candidates(gang, [older, newer]) == []
     assert "needs feature gang (job-spec version 2)" in FirstFit().why_pending(gang)
+
+
+MEMBERS = (GangMember(0, "a" * 64, ("nvidia:0", "nvidia:1")), GangMember(1, "b" * 64, ("k",)))
+
+
+def test_a_one_node_job_has_no_members_field_and_a_gang_lists_them_by_rank() -> None:
+    plain = JobStatus("j" * 32, "running", 1, NODE, NODE, ("k",))
+    assert "members" not in plain.to_wire()
+    assert "rank" not in AttemptEntry(1, NODE, 1.0).to_wire()
+    gang = plain._replace(members=MEMBERS)
+    assert gang.to_wire()["members"] == [
+        {"rank": 0, "node": "a" * 64, "devices": ["nvidia:0", "nvidia:1"]},
+        {"rank": 1, "node": "b" * 64, "devices": ["k"]},
+    ]
+    assert JobStatus.from_wire(unpack(gang.encode())) == gang
+
+
+@pytest.mark.parametrize(
+    ("members", "message"),
+    [
+        ([{"rank": 1, "node": "a", "devices": []}], "ranks must run 0..0 in order"),
+        (
+            [{"rank": 0, "node": "a", "devices": []}, {"rank": 1, "node": "a", "devices": []}],
+            "a node appears twice",
+        ),
+        ([{"rank": 0, "devices": []}], "members\\[0\\].node"),
+        ({"rank": 0}, "members: expected a list"),
+    ],
+)
+def test_malformed_members_are_refused_naming_the_field(members: Any, message: str) -> None:
+    doc = {**JobStatus("j" * 32, "running").to_wire(), "members": members}
+    with pytest.raises(WireError, match=message):
+        JobStatus.from_wire(doc)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"members": [MEMBERS[0].to_wire()]}, "a gang has at least two"),
+        ({"ttl_s": 0}, "ttl_s"),
+        ({"ttl_s": 3600}, "ttl_s"),
+        ({"submission": "not base64!"}, "submission: not base64"),
+    ],
+)
+def test_a_malformed_prepare_is_refused(change: dict[str, Any], message: str) -> None:
+    body = {**GangPrepare("j" * 32, 1, NODE, MEMBERS, b"s", 30.0).to_wire(), **change}
+    with pytest.raises(WireError, match=message):
+        GangPrepare.from_wire(body)
+
+
+def test_a_commit_names_a_tcp_port() -> None:
+    body = {**GangCommit("j" * 32, 1, "h", 1).to_wire(), "master_port": 70000}
+    with pytest.raises(WireError, match="master_port: not a TCP port"):
+        GangCommit.from_wire(body)
