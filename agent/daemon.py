@@ -31,6 +31,7 @@ from collections import Counter
 from typing import Any
 
 from agent import api
+from agent.admission import NodeFacts
 from agent.authority import Authority
 from agent.calls import Calls
 from agent.ckptfiles import Vault
@@ -136,7 +137,12 @@ class Agent:
             ),
             on_event=lambda e: self.runner.on_exec_event(e),
         )
-        self.runner = Runner(self.ctx, self.executor, self.devices)
+        self.runner = Runner(
+            self.ctx,
+            self.executor,
+            self.devices,
+            NodeFacts(os=self.devices.report.host.os, labels=config.all_labels()),
+        )
         self.owner = Owner(self.ctx, placement or PLACEMENTS[config.placement](self.node_id))
         self.publisher = Publisher(
             self.publish, config, self.devices, self.events, self._node_doc, self._coordinate

@@ -52,15 +52,17 @@ OS; the executor maps them to numbers, falling back to SIGTERM's behaviour where
 
 _JOB_ID_RE: Final = re.compile(r"[0-9a-f]{32}")
 
-SPEC_VERSION: Final = 2
+SPEC_VERSION: Final = 3
 """The job-spec version this code reads and writes: 1 is the spec before features."""
-FEATURES: Final[Mapping[str, int]] = {"gang": 2, "image": 2, "interconnect": 2}
+FEATURES: Final[Mapping[str, int]] = {"gang": 2, "image": 2, "interconnect": 2, "os": 3}
 """Every feature a spec can use, with the spec version that brought it: ``gang`` (more than one
-node), ``image`` (a container image), ``interconnect`` (a required link between the GPUs)."""
-SUPPORTED_FEATURES: Final[frozenset[str]] = frozenset()
-"""The features this agent runs, advertised in its inventory. Gang placement, container images
-and the interconnect filter are still to come: a job that uses one is placed on no agent of this
-version, and its reason says which feature it waits for."""
+node), ``image`` (a container image), ``interconnect`` (a required link between the GPUs),
+``os`` (a required operating system)."""
+SUPPORTED_FEATURES: Final[frozenset[str]] = frozenset({"interconnect", "os"})
+"""The features this agent runs, advertised in its inventory. The runner checks both against its
+own node before it admits an offer (``agent.admission``): the link between the devices offered,
+and its OS. Gang placement and container images are still to come: a job that uses one is placed
+on no agent of this version, and its reason says which feature it waits for."""
 
 
 class UnknownFeatures(ValueError):
@@ -200,7 +202,13 @@ class Resources:
     archs: tuple[str, ...] = ()
     """Accepted architectures (``"hopper"``, ``"gfx942"``); empty accepts any."""
     interconnect: InterconnectKind | None = None
-    """Required link between the job's GPUs on a node; ``None`` accepts any."""
+    """Required link between the job's GPUs on a node (every GPU it is given linked to the others
+    by it: ``nvlink``, ``xgmi``; ``pcie`` is every GPU's); ``None`` accepts any. The owner places
+    the job only where such a group is free, and the runner declines an offer of GPUs that its
+    own inventory does not show so linked."""
+    os: str | None = None
+    """Required operating system of the node, as ``platform.system().lower()`` names it
+    (``linux``, ``darwin``, ``windows``); ``None`` accepts any."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -211,7 +219,7 @@ class Resources:
             "min_compute_capability": self.min_compute_capability,
             "archs": list(self.archs),
             "interconnect": self.interconnect,
-        }
+        } | ({} if self.os is None else {"os": self.os})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, human: bool = False) -> Resources:
@@ -240,6 +248,7 @@ class Resources:
             min_compute_capability=_compute_capability(r.opt_str("min_compute_capability")),
             archs=r.str_tuple("archs"),
             interconnect=cast(InterconnectKind | None, r.opt_choice("interconnect", INTERCONNECTS)),
+            os=_os_name(r.opt_str("os")),
         )
         r.done()
         return out
@@ -302,6 +311,8 @@ class JobSpec:
             used.append("image")
         if self.resources.interconnect is not None:
             used.append("interconnect")
+        if self.resources.os is not None:
+            used.append("os")
         return tuple(sorted(used))
 
     @property
@@ -457,6 +468,12 @@ def _duration_field(text: str, name: str) -> float:
         return parse_duration(text)
     except ValueError as exc:
         raise ValueError(f"{name}: {exc}") from None
+
+
+def _os_name(value: str | None) -> str | None:
+    if value is not None and not re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", value.lower()):
+        raise ValueError(f"resources.os: expected an OS name such as linux, got {value[:40]!r}")
+    return None if value is None else value.lower()
 
 
 def _compute_capability(value: str | None) -> str | None:

@@ -90,8 +90,8 @@ class FirstFit:
 
     def why_pending(self, spec: JobSpec) -> str:
         r = spec.resources
-        if spec.features:
-            return "waits for an agent that runs it: " + lacking_reason(spec.features)
+        if spec.lacking:
+            return "waits for an agent that runs it: " + lacking_reason(spec.lacking)
         parts = [
             f"no schedulable node has {r.gpus_per_node} free GPU" + "s" * (r.gpus_per_node != 1)
         ]
@@ -103,6 +103,12 @@ class FirstFit:
             parts.append(f"and compute capability >= {r.min_compute_capability}")
         if r.archs:
             parts.append(f"and arch {'/'.join(r.archs)}")
+        if r.interconnect is not None and r.gpus_per_node > 1:
+            parts.append(f"linked by {r.interconnect}")
+        if r.os is not None:
+            parts.append(f"on OS {r.os}")
+        if spec.affinity or spec.anti_affinity:
+            parts.append("with the labels it asks for")
         return " ".join(parts)
 
 

@@ -1,7 +1,8 @@
 """The runner side of the job protocol: admit, start, stop, fence, drain, report, reconcile.
 
 A runner admits an offer against its real local state (drain state, devices free here, no newer
-attempt fenced) and starts it at once through the executor. It reports every ended attempt to the
+attempt fenced, and the spec's hard filters against its own inventory: ``agent.admission``) and
+starts it at once through the executor. It reports every ended attempt to the
 job's current owner (retried, re-resolving the owner each time) and records it in its store.
 
 Fencing: ``fence[job]`` is the highest attempt this node must not start (again). A ``stop`` from
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from agent.admission import NodeFacts, local_node, offer_problem
 from agent.authority import FeaturesLacking, SubmissionRefused
 from agent.ckptfiles import clear_folder
 from agent.context import AgentContext
@@ -126,8 +128,16 @@ class LocalDevices(Protocol):
 
 
 class Runner:
-    def __init__(self, ctx: AgentContext, executor: ProcessExecutor, devices: LocalDevices) -> None:
+    def __init__(
+        self,
+        ctx: AgentContext,
+        executor: ProcessExecutor,
+        devices: LocalDevices,
+        facts: NodeFacts | None = None,
+    ) -> None:
+        """``facts``: this node's OS and labels, which an offer's spec is checked against."""
         self.ctx = ctx
+        self.facts = facts or NodeFacts()
         self.node_id = ctx.node_id
         self.store = ctx.store
         self.view = ctx.view
@@ -209,6 +219,11 @@ class Runner:
         missing = [k for k in keys if k not in statics]
         if missing:
             raise Declined(f"no device {missing[0]} here")
+        problem = offer_problem(
+            spec, local_node(self.node_id, self.facts, list(statics.values())), keys
+        )
+        if problem is not None:
+            raise Declined(problem)
         busy = [k for k in keys if k not in free]
         if busy:
             raise Declined(f"device {busy[0]} is in use")

@@ -126,18 +126,53 @@ def _place_facts(labels: Mapping[str, str]) -> tuple[str | None, frozenset[str],
     return zone, datasets, cost
 
 
+_FABRICS = ("nvlink", "xgmi")
+
+
 def _link(static: DeviceStatic) -> tuple[str | None, str | None]:
     kinds = {link.kind for link in getattr(static, "links", ())}
-    for kind in ("nvlink", "xgmi"):
+    for kind in _FABRICS:
         if kind in kinds:
             return kind, kind
     return None, ("pcie" if kinds else None)
 
 
+def link_domains(statics: Sequence[DeviceStatic]) -> dict[str, str]:
+    """Device key -> its link domain among ``statics`` (one host's devices): the devices joined
+    by NVLink or xGMI links to one another, directly or through their peers, named by the
+    fabric and the first key of the group (``nvlink:<key>``). A device with no such link to a
+    device of the host has none."""
+    keys = {s.key for s in statics}
+    parent = {k: k for k in keys}
+
+    def root(k: str) -> str:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    fabric: dict[str, str] = {}
+    for s in statics:
+        for link in getattr(s, "links", ()):
+            if link.kind in _FABRICS and link.peer in keys and link.peer != s.key:
+                fabric[s.key] = fabric.get(s.key) or link.kind
+                a, b = root(s.key), root(link.peer)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    return {k: f"{kind}:{root(k)}" for k, kind in fabric.items()}
+
+
 def device_from_static(
-    static: DeviceStatic, sample: DeviceSample | None, holder: str | None
+    static: DeviceStatic,
+    sample: DeviceSample | None,
+    holder: str | None,
+    domain_of: Mapping[str, str] | None = None,
 ) -> Device:
+    """One device; ``domain_of`` (:func:`link_domains` of its host) splits its fabric into the
+    groups really linked, else every device of one fabric on a host is taken as one group."""
     domain, kind = _link(static)
+    if domain_of is not None:
+        domain = domain_of.get(static.key)
     return Device(
         key=static.key,
         model="cpu" if static.backend == "cpu" else catalog_key(static.name),
@@ -161,11 +196,13 @@ def node_from_view(view: NodeFacts, holders: Mapping[str, str] | None = None) ->
     """An agent's view of one node; ``holders`` maps device keys to the jobs holding them."""
     free = set(view.free)
     holders = holders or {}
+    domains = link_domains(view.statics)
     devices = tuple(
         device_from_static(
             s,
             view.samples.get(s.key),
             None if s.key in free else holders.get(s.key, BUSY),
+            domains,
         )
         for s in view.statics
     )
@@ -261,6 +298,7 @@ def job_from_spec(
         min_compute_capability=r.min_compute_capability,
         archs=tuple(r.archs),
         interconnect=r.interconnect,
+        os=r.os,
         affinity=dict(spec.affinity),
         anti_affinity=dict(spec.anti_affinity),
         datasets=tuple(spec.datasets),

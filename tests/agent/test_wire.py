@@ -433,6 +433,12 @@ def test_a_spec_lists_the_features_it_uses_and_a_plain_one_stays_as_it_was() -> 
     wire = gang.to_dict()
     assert wire["features"] == ["gang", "interconnect"] and wire["spec_version"] == 2
     assert JobSpec.from_dict(wire) == gang
+    on_linux = JobSpec(command=("true",), resources=Resources(os="linux"))
+    wire = on_linux.to_dict()
+    assert JobSpec.from_dict({**wire, "resources": {"os": "Linux"}}) == on_linux
+    assert wire["features"] == ["os"] and wire["spec_version"] == 3
+    assert JobSpec.from_dict(wire) == on_linux
+    assert "os" not in plain.to_dict()["resources"]  # a version 2 agent still reads a plain spec
 
 
 def test_a_spec_with_an_unknown_feature_is_refused_naming_the_version_it_needs() -> None:
@@ -442,7 +448,7 @@ def test_a_spec_with_an_unknown_feature_is_refused_naming_the_version_it_needs()
     newer = {**wire, "features": ["teleport"], "spec_version": 7}
     with pytest.raises(
         UnknownFeatures,
-        match=r"needs job-spec version 7 \(feature teleport\); this agent reads version 2",
+        match=r"needs job-spec version 7 \(feature teleport\); this agent reads version 3",
     ):
         JobSpec.from_dict(newer)
     lying = {**JobSpec(command=("true",)).to_dict(), "features": ["gang"]}
