@@ -255,6 +255,7 @@ class Agent:
             running=tuple(sorted(runner.runs)),
             free=tuple(runner.free_devices()),
             progress={j: p for j, p in runner.progress.items() if j in runner.runs},
+            shares=runner.shares(),
         )
 
     # -- gossip events ---------------------------------------------------------------------------

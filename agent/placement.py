@@ -15,9 +15,12 @@ the policy's own functions:
   (:func:`agent.policy.decision.rank_any`: speed on each model, fragmentation, data, heat, cost,
   spreading owners apart), and its "why waiting" line (never fits, or waits for busy capacity).
 
+Shares of a GPU are placed by the same model as whole ones: the node record lists the memory
+each share holds on its device (``agent.wire.records.NodeRecord.shares``), which the adapter
+turns into the policy's ``Device.shares``.
+
 What the live mesh does not do yet (its next step): gangs (no agent runs the ``gang`` feature, so
-one is refused at submission), shares of a GPU, preemption, moves, and one queue order across
-owners.
+one is refused at submission), preemption, moves, and one queue order across owners.
 """
 
 from __future__ import annotations
@@ -95,6 +98,10 @@ class FirstFit:
         parts = [
             f"no schedulable node has {r.gpus_per_node} free GPU" + "s" * (r.gpus_per_node != 1)
         ]
+        if r.share_fraction is not None:
+            parts = [f"no schedulable node has a {r.share_fraction:g} share of a GPU free"]
+        elif r.share_mem_bytes is not None:
+            parts = [f"no schedulable node has {r.share_mem_bytes / 1024**3:g} GiB of a GPU free"]
         if r.min_mem_per_gpu_bytes is not None:
             parts.append(f"with >= {r.min_mem_per_gpu_bytes / 1024**3:g} GiB")
         if r.backends:

@@ -1,9 +1,10 @@
 """The runner side of the job protocol: admit, start, stop, fence, drain, report, reconcile.
 
 A runner admits an offer against its real local state (drain state, devices free here, no newer
-attempt fenced, and the spec's hard filters against its own inventory: ``agent.admission``) and
-starts it at once through the executor. It reports every ended attempt to the
-job's current owner (retried, re-resolving the owner each time) and records it in its store.
+attempt fenced, the spec's hard filters against its own inventory, and room for a share of a GPU
+in its device's memory: ``agent.admission``) and starts it at once through the executor. It
+reports every ended attempt to the job's current owner (retried, re-resolving the owner each
+time) and records it in its store.
 
 Fencing: ``fence[job]`` is the highest attempt this node must not start (again). A ``stop`` from
 the owner raises it, so an offer that arrives late cannot start a copy the owner already gave up
@@ -33,12 +34,12 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agent.admission import NodeFacts, local_node, offer_problem
+from agent.admission import NodeFacts, NotAdmitted, admit, local_node
 from agent.authority import FeaturesLacking, SubmissionRefused
 from agent.ckptfiles import clear_folder
 from agent.context import AgentContext
@@ -109,6 +110,8 @@ class LocalRun:
     attempt: int
     owner: str
     devices: tuple[str, ...]
+    share_bytes: int = 0
+    """The memory it holds of its one device when it is a share of a GPU; 0: devices whole."""
 
 
 LOG_TAILS_AT_ONCE = 2
@@ -122,8 +125,9 @@ class LocalDevices(Protocol):
         """The accelerators a job may be given (not the CPU)."""
         ...
 
-    def set_load(self, key: str, on: bool) -> None:
-        """A job started (``on``) or ended on the device; a simulated device shows the load."""
+    def set_load(self, key: str, jobs: Sequence[int]) -> None:
+        """What runs on the device now: the memory each job holds of it (0: a job given the
+        whole device); empty when idle. A simulated device shows the combined load."""
         ...
 
 
@@ -182,6 +186,23 @@ class Runner:
         used = {k for r in self.runs.values() for k in r.devices}
         return [s.key for s in self._statics() if s.key not in used]
 
+    def held(self) -> dict[str, dict[str, int]]:
+        """Device key -> {job -> bytes of its share, or 0 for a device given whole}."""
+        out: dict[str, dict[str, int]] = {}
+        for run in self.runs.values():
+            for k in run.devices:
+                out.setdefault(k, {})[run.job_id] = run.share_bytes
+        return out
+
+    def shares(self) -> dict[str, dict[str, int]]:
+        """The devices shared by jobs that each hold part of one: key -> {job -> bytes}."""
+        return {k: jobs for k, jobs in self.held().items() if all(jobs.values())}
+
+    def _show_load(self, keys: Sequence[str]) -> None:
+        held = self.held()
+        for k in keys:
+            self._set_load(k, list(held.get(k, {}).values()))
+
     # -- offers ----------------------------------------------------------------------------------
 
     async def start(self, offer: StartOffer, caller: str) -> StartAnswer:
@@ -215,19 +236,15 @@ class Runner:
                 raise Declined(f"attempt {held.attempt} already runs here")
             await self.executor.stop(job_id, cause="fenced", grace_s=self._stop_grace_s)
         statics = {s.key: s for s in self._statics()}
-        free = set(self.free_devices())
         missing = [k for k in keys if k not in statics]
         if missing:
             raise Declined(f"no device {missing[0]} here")
-        problem = offer_problem(
-            spec, local_node(self.node_id, self.facts, list(statics.values())), keys
-        )
-        if problem is not None:
-            raise Declined(problem)
-        busy = [k for k in keys if k not in free]
-        if busy:
-            raise Declined(f"device {busy[0]} is in use")
-        run = LocalRun(job_id, attempt, owner, keys)
+        here = local_node(self.node_id, self.facts, list(statics.values()), self.held())
+        try:
+            share_bytes = admit(spec, here, keys)
+        except NotAdmitted as exc:
+            raise Declined(str(exc)) from None
+        run = LocalRun(job_id, attempt, owner, keys, share_bytes)
         self.runs[job_id] = run
         try:
             resumed = await self._prepare_checkpoint(offer, spec.checkpoint_dir is None)
@@ -237,7 +254,12 @@ class Runner:
             raise Declined(f"checkpoint: {exc}") from None
         try:
             launch = Launch.from_spec(
-                job_id, spec, attempt=attempt, devices=[statics[k] for k in keys], resume=resumed
+                job_id,
+                spec,
+                attempt=attempt,
+                devices=[statics[k] for k in keys],
+                resume=resumed,
+                share_bytes=share_bytes,
             )
             started = await self.executor.start(launch)
         except NoRoom as exc:  # not the job's fault: declined, it may start elsewhere
@@ -272,8 +294,7 @@ class Runner:
             # A run this agent could not remember would outlive a restart unknown: not started.
             await self.executor.stop(job_id, cause="fenced", grace_s=0)
             raise Declined(f"cannot record the run here: {exc}") from None
-        for k in keys:
-            self._set_load(k, True)
+        self._show_load(keys)
         self._on_change()
         self.events.add("running", f"attempt {attempt} pid {started.pid}", job_id=job_id)
         if resumed and offer.resume is not None:
@@ -391,8 +412,7 @@ class Runner:
         run = self.runs.get(e.job_id)
         if run is not None and run.attempt == e.attempt:
             del self.runs[e.job_id]
-            for k in run.devices:
-                self._set_load(k, False)
+            self._show_load(run.devices)
         self.store.finish_run(
             ResultRecord(
                 e.job_id, e.attempt, e.exit_code, e.signal, e.cause, e.started_at, e.finished_at

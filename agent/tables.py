@@ -159,6 +159,10 @@ def job_row(job: Mapping[str, Any], names: Mapping[str, str], now: float) -> lis
     spec = job.get("spec") or {}
     resources = spec.get("resources") or {}
     gpus = f"{resources.get('gpus_per_node', '?')}"
+    if isinstance(resources.get("share_fraction"), int | float):
+        gpus = f"{resources['share_fraction']:g}"
+    elif isinstance(resources.get("share_mem_bytes"), int):
+        gpus = f"{resources['share_mem_bytes'] / 1024**3:.3g}G"
     if resources.get("nodes", 1) != 1:
         gpus += f"x{resources['nodes']}"
     progress = job.get("progress")
@@ -251,8 +255,18 @@ def node_row(node: Mapping[str, Any]) -> list[str]:
         util,
         mem,
         str(len(node.get("running_jobs") or [])) if alive else "-",
-        _gpu_names(devices),
+        (_shared(node) if alive else "") + _gpu_names(devices),
     ]
+
+
+def _shared(node: Mapping[str, Any]) -> str:
+    """``1 shared (2 jobs); ``: how many GPUs run shares of one GPU, and how many jobs; first,
+    so a narrow column still shows it."""
+    shares = node.get("shares") or {}
+    if not isinstance(shares, Mapping) or not shares:
+        return ""
+    jobs = sum(len(held) for held in shares.values() if isinstance(held, Mapping))
+    return f"{len(shares)} shared ({jobs} job{'s' * (jobs != 1)}); "
 
 
 def nodes_table(nodes: Sequence[Mapping[str, Any]], width: int) -> Table:

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from agent.jobspec import JobSpec
 from agent.policy.prior import catalog_key
-from agent.policy.snapshot import SCHEDULABLE, Device, Job, Node
+from agent.policy.snapshot import SCHEDULABLE, Device, Job, Node, Share
 from probers.records import DeviceSample, DeviceStatic
 
 BUSY = "(busy)"
@@ -47,6 +47,8 @@ class NodeFacts(Protocol):
     def datasets(self) -> Mapping[str, int]: ...
     @property
     def place(self) -> Any: ...
+    @property
+    def shares(self) -> Mapping[str, Mapping[str, int]]: ...
 
 
 class HostDeviceFacts(Protocol):
@@ -167,9 +169,11 @@ def device_from_static(
     sample: DeviceSample | None,
     holder: str | None,
     domain_of: Mapping[str, str] | None = None,
+    shares: Mapping[str, int] | None = None,
 ) -> Device:
     """One device; ``domain_of`` (:func:`link_domains` of its host) splits its fabric into the
-    groups really linked, else every device of one fabric on a host is taken as one group."""
+    groups really linked, else every device of one fabric on a host is taken as one group;
+    ``shares``: job -> bytes of the shares of it that run (then ``holder`` is ``None``)."""
     domain, kind = _link(static)
     if domain_of is not None:
         domain = domain_of.get(static.key)
@@ -182,6 +186,7 @@ def device_from_static(
         compute_capability=static.compute_capability,
         mem_total_bytes=static.mem_total_bytes or 0,
         whole_job=holder,
+        shares=tuple(Share(j, b) for j, b in sorted((shares or {}).items())),
         link_domain=domain,
         link_kind=kind,
         temp_c=sample.temp_c if sample else None,
@@ -197,12 +202,14 @@ def node_from_view(view: NodeFacts, holders: Mapping[str, str] | None = None) ->
     free = set(view.free)
     holders = holders or {}
     domains = link_domains(view.statics)
+    shared = view.shares
     devices = tuple(
         device_from_static(
             s,
             view.samples.get(s.key),
-            None if s.key in free else holders.get(s.key, BUSY),
+            None if s.key in free or s.key in shared else holders.get(s.key, BUSY),
             domains,
+            shared.get(s.key),
         )
         for s in view.statics
     )
@@ -294,6 +301,8 @@ def job_from_spec(
         gpus_per_node=r.gpus_per_node,
         nodes=r.nodes,
         min_mem_per_gpu_bytes=r.min_mem_per_gpu_bytes,
+        share_mem_bytes=r.share_mem_bytes,
+        share_fraction=r.share_fraction,
         backends=tuple(r.backends),
         min_compute_capability=r.min_compute_capability,
         archs=tuple(r.archs),

@@ -11,7 +11,8 @@ the node it describes, with ``v`` its :data:`~agent.wire.codec.WIRE_VERSION`:
 - ``telemetry``: :class:`TelemetryRecord`, one row per device (``[key, util_pct,
   mem_used_bytes, temp_c, power_mw, power_limit_mw, healthy]``; a reader ignores further
   elements, a version 1 reader refuses rows of another length, so rows keep these seven).
-- ``node``: :class:`NodeRecord`, drain state, queue, running jobs, free devices, progress.
+- ``node``: :class:`NodeRecord`, drain state, queue, running jobs, free devices, progress, and the
+  memory each share of a GPU holds on its device.
 - ``events``: :class:`EventsRecord`, the publisher's recent events.
 - ``job/<id>``: :class:`JobStatus`, a job as its owner sees it (the spec travels in the
   operator's sealed ``sub/<id>``, never here).
@@ -371,10 +372,16 @@ class NodeRecord(NamedTuple):
     """Device keys no job holds; ``None`` (not said): every device."""
     progress: Mapping[str, tuple[float, float | None]] = EMPTY_MAP
     """Running job -> (fraction done, seconds left or ``None``)."""
+    shares: Mapping[str, Mapping[str, int]] = EMPTY_MAP
+    """Device key -> {job -> bytes of its memory the job holds}, for the devices that run shares
+    of a GPU (never a device given whole). Such a device is not ``free``, so a reader that does
+    not know this field takes it as busy."""
 
-    def placement_view(self) -> tuple[str, int, tuple[str, ...], tuple[str, ...] | None]:
+    def placement_view(
+        self,
+    ) -> tuple[str, int, tuple[str, ...], tuple[str, ...] | None, Mapping[str, Mapping[str, int]]]:
         """What placement reads: a change here is published at once."""
-        return (self.drain, self.queue, self.running, self.free)
+        return (self.drain, self.queue, self.running, self.free, self.shares)
 
     def encode(self) -> bytes:
         return c.pack(
@@ -385,6 +392,7 @@ class NodeRecord(NamedTuple):
                 "running": list(self.running),
                 "free": None if self.free is None else list(self.free),
                 "progress": {j: [f, eta] for j, (f, eta) in self.progress.items()},
+                "shares": {k: dict(jobs) for k, jobs in self.shares.items()},
             }
         )
 
@@ -397,7 +405,21 @@ class NodeRecord(NamedTuple):
             running=c.field(doc, "running", c.texts),
             free=None if free is None else c.texts(free, "free"),
             progress=_progress_from_wire(doc.get("progress")),
+            shares=shares_from_wire(doc.get("shares")),
         )
+
+
+def shares_from_wire(value: Any, name: str = "shares") -> dict[str, dict[str, int]]:
+    """Device key -> {job -> bytes}; missing is none."""
+    if value is None:
+        return {}
+    out: dict[str, dict[str, int]] = {}
+    for key, jobs in c.obj(value, name).items():
+        where = f"{name}.{key}"
+        out[c.text(key, where)] = {
+            c.text(j, where): c.integer(b, f"{where}.{j}") for j, b in c.obj(jobs, where).items()
+        }
+    return out
 
 
 def _progress_from_wire(value: Any) -> dict[str, tuple[float, float | None]]:

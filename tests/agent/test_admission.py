@@ -7,8 +7,6 @@ The mesh: an 8x H100 host whose GPUs are joined by NVLink (rack-a), a host with 
 
 from __future__ import annotations
 
-import base64
-import json
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -18,9 +16,7 @@ import pytest
 from agent.admission import NodeFacts, local_node, offer_problem
 from agent.jobspec import JobSpec, Resources, new_job_id
 from agent.localmesh import AgentProcess
-from agent.ownership import rank
 from agent.policy.adapt import link_domains
-from gossip.identity import load_identity
 from probers.records import DeviceStatic, Link
 from tests.agent.agents import Mesh, spec
 
@@ -102,28 +98,6 @@ def test_a_job_nothing_satisfies_waits_with_its_reason(
     assert mesh.command(mesh.agents[0], "cancel", {"job_id": job_id})[0] == 200
 
 
-def offer_from(mesh: Mesh, caller: int, to: int, job: JobSpec, keys: list[str]) -> tuple[int, str]:
-    """An offer of an operator's genuine submission, made by agent ``caller`` as the job's owner
-    (a job id whose order puts it first), straight to agent ``to``: what an owner with a wrong
-    view of the mesh would send."""
-    live = [a.node_id for a in mesh.agents]
-    me = mesh.agents[caller]
-    job_id = next(j for j in iter(new_job_id, "") if rank(j, live)[0] == me.node_id)
-    sealed = mesh.seal("submit", {"job_id": job_id, "spec": job.to_dict()})
-    offer = {
-        "job_id": job_id,
-        "attempt": 1,
-        "owner": me.node_id,
-        "devices": keys,
-        "submission": base64.b64encode(sealed).decode(),
-    }
-    identity = load_identity(me.directory / "identity")
-    status, body = mesh.request(
-        mesh.agents[to], "POST", "/v1/internal/start", json.dumps(offer).encode(), identity=identity
-    )
-    return status, json.loads(body).get("error", "")
-
-
 def test_a_runner_declines_an_offer_its_own_node_does_not_meet(mesh: Mesh) -> None:
     pcie = mesh.agents[PCIE]
     keys = device_keys(mesh, pcie)
@@ -137,10 +111,10 @@ def test_a_runner_declines_an_offer_its_own_node_does_not_meet(mesh: Mesh) -> No
     ]
     for resources, extra, offered, reason in cases:
         job = JobSpec(command=tuple(SLEEPER), resources=resources, **extra)
-        status, error = offer_from(mesh, NVLINK, PCIE, job, offered)
+        status, error = mesh.offer(NVLINK, PCIE, job, offered)
         assert (status, reason in error) == (409, True), (status, error)
     # The same offer of a job the node does meet is taken: the refusals were the filters'.
-    status, _ = offer_from(mesh, NVLINK, PCIE, JobSpec(command=("true",)), [])
+    status, _ = mesh.offer(NVLINK, PCIE, JobSpec(command=("true",)), [])
     assert status == 200
     assert {j["job_id"] for j in mesh.get(pcie, "/v1/jobs")["jobs"]} >= before
 

@@ -10,7 +10,7 @@ import json
 import os
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,7 @@ class FakeDevices:
     def statics(self) -> list[DeviceStatic]:
         return self.gpus
 
-    def set_load(self, key: str, on: bool) -> None:
+    def set_load(self, key: str, jobs: Sequence[int]) -> None:
         pass
 
 

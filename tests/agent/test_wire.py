@@ -213,6 +213,11 @@ def test_telemetry_round_trips(at: float | None, samples: tuple[DeviceSample, ..
         progress=st.dictionaries(
             _text, st.tuples(st.floats(0, 1), st.none() | st.floats(0, 1e6)), max_size=3
         ),
+        shares=st.dictionaries(
+            _text,
+            st.dictionaries(_text, st.integers(min_value=1, max_value=2**50), max_size=3),
+            max_size=3,
+        ),
     ),
     events=st.lists(
         st.builds(
