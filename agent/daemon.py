@@ -334,5 +334,6 @@ class Agent:
             "records_refused": self.view.refused,
             "records_refused_kinds": self.view.refused_kinds,
             "placements": self.owner.offers,
+            "deadline_misses": self.owner.deadline_misses,
             "checkpoint": self.checkpoints.counts,
         }

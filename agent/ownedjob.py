@@ -57,6 +57,16 @@ class OwnedJob:
     submission: bytes = b""
     """The operator's sealed submission (see ``agent.authority``)."""
     extra: dict[str, Any] = field(default_factory=dict)
+    deadline_missed_s: float | None = None
+    """How late it was when this or an earlier owner said it missed its deadline."""
+
+    @property
+    def deadline(self) -> float | None:
+        return self.spec.deadline
+
+    @property
+    def state_name(self) -> str:
+        return self.state.value
 
     def record(self) -> JobRecord:
         return JobRecord(
@@ -86,6 +96,7 @@ class OwnedJob:
             avoid=self.avoid,
             launch_failures=self.launch_failures,
             attempts=tuple(self.attempts),
+            deadline_missed_s=self.deadline_missed_s,
         )
 
     def detail(self) -> dict[str, Any]:
@@ -115,6 +126,7 @@ class OwnedJob:
             launch_failures=d.launch_failures,
             attempts=list(d.attempts),
             submission=rec.submission,
+            deadline_missed_s=d.deadline_missed_s,
         )
 
     def merge_gossip(self, doc: dict[str, Any]) -> None:
@@ -134,6 +146,8 @@ class OwnedJob:
         self.exit_code = status.exit_code
         self.reason = status.reason
         self.gen = status.gen
+        if status.deadline_missed_s is not None:
+            self.deadline_missed_s = status.deadline_missed_s
 
     def status(self) -> JobStatus:
         """The job's record as gossiped (``job/<id>``) and handed on."""
@@ -152,6 +166,7 @@ class OwnedJob:
             reason=self.reason,
             gen=self.gen,
             attempts=tuple(self.attempts),
+            deadline_missed_s=self.deadline_missed_s,
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -16,6 +16,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
+from agent.deadlines import lateness_s
+
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
@@ -77,6 +79,23 @@ def relative(at: float | None, now: float) -> str:
     if abs(delta) < 1:
         return "now"
     return f"in {span(delta)}" if delta > 0 else f"{span(delta)} ago"
+
+
+def deadline_cell(job: Mapping[str, Any], spec: Mapping[str, Any], now: float) -> str:
+    """``missed`` once the deadline has passed before the job ended (its owner said so, or it
+    has passed since), else when it is (``in 2h``)."""
+    raw = spec.get("deadline")
+    deadline = float(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) else None
+    finished = job.get("finished_at")
+    late = lateness_s(
+        deadline,
+        str(job.get("state")),
+        float(finished) if isinstance(finished, int | float) else None,
+        now,
+    )
+    if job.get("deadline_missed_s") is not None or late is not None:
+        return "missed"
+    return relative(deadline, now)
 
 
 def eta(job: Mapping[str, Any]) -> str:
@@ -174,7 +193,7 @@ def job_row(job: Mapping[str, Any], names: Mapping[str, str], now: float) -> lis
         names.get(runner or "", short(runner)),
         gpus,
         str(spec.get("priority", "-")),
-        relative(spec.get("deadline"), now),
+        deadline_cell(job, spec, now),
         "-" if progress is None else f"{100 * float(progress):.0f}%",
         eta(job),
         one_line(str(why)) if why else command_line(spec),

@@ -44,6 +44,9 @@ class OwnerDetail(NamedTuple):
     avoid: str | None = None
     launch_failures: int = 0
     attempts: tuple[AttemptEntry, ...] = ()
+    deadline_missed_s: float | None = None
+    """How late the job was when its owner said it missed its deadline (``agent.deadlines``);
+    ``None`` until then."""
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -59,6 +62,7 @@ class OwnerDetail(NamedTuple):
             "avoid": self.avoid,
             "launch_failures": self.launch_failures,
             "attempts": [a.to_wire() for a in self.attempts],
+            "deadline_missed_s": self.deadline_missed_s,
         }
 
     @classmethod
@@ -78,6 +82,7 @@ class OwnerDetail(NamedTuple):
             avoid=c.field(d, "avoid", c.opt_text, p),
             launch_failures=c.field(d, "launch_failures", c.or_default(c.integer, 0), p),
             attempts=c.items(d.get("attempts"), p + "attempts", AttemptEntry.from_wire),
+            deadline_missed_s=c.field(d, "deadline_missed_s", c.opt_number, p),
         )
 
 

@@ -537,6 +537,9 @@ class JobStatus(NamedTuple):
     """Orders the versions of the record across successive owners (highest wins)."""
     attempts: tuple[AttemptEntry, ...] = ()
     """Where each attempt ran and how it ended (the last 20)."""
+    deadline_missed_s: float | None = None
+    """How late the job was when its owner said it missed its deadline; ``None``: not missed
+    (or not yet said)."""
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -555,6 +558,7 @@ class JobStatus(NamedTuple):
             "reason": self.reason,
             "gen": self.gen,
             "attempts": [a.to_wire() for a in self.attempts],
+            "deadline_missed_s": self.deadline_missed_s,
         }
 
     def encode(self) -> bytes:
@@ -579,4 +583,5 @@ class JobStatus(NamedTuple):
             reason=c.field(d, "reason", c.opt_text, p),
             gen=c.field(d, "gen", c.or_default(c.integer, 0), p),
             attempts=c.items(d.get("attempts"), p + "attempts", AttemptEntry.from_wire),
+            deadline_missed_s=c.field(d, "deadline_missed_s", c.opt_number, p),
         )

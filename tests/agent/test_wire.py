@@ -257,6 +257,7 @@ def test_telemetry_round_trips(at: float | None, samples: tuple[DeviceSample, ..
             ),
             max_size=3,
         ).map(tuple),
+        deadline_missed_s=_opt_float,
     ),
 )
 def test_node_events_and_job_records_round_trip(
