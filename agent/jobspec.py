@@ -305,7 +305,9 @@ class JobSpec:
     """Higher runs first and may preempt lower preemptible jobs."""
     preemptible: bool = False
     deadline: float | None = None
-    """Absolute time (epoch seconds) the job should end by; orders the queue within a priority."""
+    """Absolute time (epoch seconds) the job should end by; orders the queue within a priority.
+    One that passes before the job ends is said once by its owner (``agent.deadlines``: an event
+    ``deadline_missed``, a counter) and shown as ``missed`` by ``shoal jobs``."""
     max_runtime_s: float | None = None
     """Wall-clock limit of one attempt; the executor stops the job when it is reached."""
     datasets: tuple[str, ...] = ()
