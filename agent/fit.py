@@ -71,9 +71,10 @@ def decode_node(doc: Mapping[str, Any]) -> tuple[NodeDoc, list[DeviceDoc]] | Non
 def policy_node(
     doc: NodeDoc, devices: Sequence[DeviceDoc], holders: Mapping[str, str] | None = None
 ) -> Node:
-    """The node as the policy sees it (``holders``: the job holding each busy device, and then
-    the shares of a GPU its node record lists); its agent's features are not checked here (the
-    agent that takes the submission does)."""
+    """The node as the policy sees it: idle, or with ``holders`` (the job holding each busy
+    device) as it is now, with the shares of a GPU its node record lists; its agent's features
+    are not checked here (the agent that takes the submission does)."""
+    shares = doc.shares if holders is not None else {}
     holders = holders or {}
     return Node(
         node_id=doc.node_id,
@@ -81,8 +82,8 @@ def policy_node(
             device_from_static(
                 d.static,
                 d.sample,
-                None if d.static.key in doc.shares else holders.get(d.static.key),
-                shares=doc.shares.get(d.static.key) if holders else None,
+                None if d.static.key in shares else holders.get(d.static.key),
+                shares=shares.get(d.static.key),
             )
             for d in devices
         ),

@@ -55,13 +55,18 @@ def test_two_half_gpu_jobs_share_one_gpu_and_a_third_waits(mesh: Mesh, tmp_path:
     argv = ["--gpus", "0.5", "--backend", "cuda", "--kind", "inference"]
     done = shoal("submit", *op.flags, "--json", *argv, "--", *sleeper(tmp_path / "first.json"))
     assert done.returncode == 0, done.stderr
-    first = json.loads(done.stdout)["job_id"]
+    answer = json.loads(done.stdout)
+    first = answer["job_id"]
+    assert (answer["asks"], answer["fits_now"]) == ("a 0.5 share of one GPU (cuda)", True)
+    mesh.wait("the first share running and listed", lambda: node_doc(mesh, L4)["shares"] != {})
     job_file = tmp_path / "second.toml"
     job_file.write_text(
         f"command = {json.dumps(sleeper(tmp_path / 'second.json'))}\n"
         'kind = "inference"\n[resources]\ngpus = 0.5\nbackends = ["cuda"]\n'
     )
-    second = json.loads(op.ok("submit", "--json", "--file", str(job_file)))["job_id"]
+    answer = json.loads(op.ok("submit", "--json", "--file", str(job_file)))
+    second = answer["job_id"]
+    assert answer["fits_now"], answer  # the CLI reads the shares: the other half is free
     mesh.wait(
         "both shares running", lambda: all(op.job(j)["state"] == "running" for j in (first, second))
     )
