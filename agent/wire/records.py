@@ -392,21 +392,52 @@ class NodeRecord(NamedTuple):
                 "running": list(self.running),
                 "free": None if self.free is None else list(self.free),
                 "progress": {j: [f, eta] for j, (f, eta) in self.progress.items()},
-                "shares": {k: dict(jobs) for k, jobs in self.shares.items()},
+                "shares": _shares_to_rows(self.shares, self.running),
             }
         )
 
     @classmethod
     def decode(cls, doc: Mapping[str, Any]) -> NodeRecord:
         free = doc.get("free")
+        running = c.field(doc, "running", c.texts)
         return cls(
             drain=c.field(doc, "drain", c.or_default(c.text, "schedulable")),
             queue=c.field(doc, "queue", c.or_default(c.integer, 0)),
-            running=c.field(doc, "running", c.texts),
+            running=running,
             free=None if free is None else c.texts(free, "free"),
             progress=_progress_from_wire(doc.get("progress")),
-            shares=shares_from_wire(doc.get("shares")),
+            shares=_shares_from_rows(doc.get("shares"), running),
         )
+
+
+def _shares_to_rows(
+    shares: Mapping[str, Mapping[str, int]], running: Sequence[str]
+) -> dict[str, list[list[Any]]]:
+    """``{device: [[job, bytes], ...]}``, a job named by its place in ``running`` where it is
+    there (a few bytes instead of its 32-character id: a node record is at most 4 KiB)."""
+    index_of = {j: i for i, j in enumerate(running)}
+    return {k: [[index_of.get(j, j), b] for j, b in jobs.items()] for k, jobs in shares.items()}
+
+
+def _shares_from_rows(value: Any, running: Sequence[str]) -> dict[str, dict[str, int]]:
+    if value is None:
+        return {}
+    out: dict[str, dict[str, int]] = {}
+    for key, rows in c.obj(value, "shares").items():
+        where = f"shares.{key}"
+        if not isinstance(rows, list | tuple):
+            raise WireError(f"{where}: expected a list")
+        held: dict[str, int] = {}
+        for n, row in enumerate(rows):
+            pair = _row(row, f"{where}[{n}]", 2)
+            job = pair[0]
+            if isinstance(job, int) and not isinstance(job, bool):
+                if not 0 <= job < len(running):
+                    raise WireError(f"{where}[{n}]: no running job {job}")
+                job = running[job]
+            held[c.text(job, f"{where}[{n}]")] = c.integer(pair[1], f"{where}[{n}]")
+        out[c.text(key, where)] = held
+    return out
 
 
 def shares_from_wire(value: Any, name: str = "shares") -> dict[str, dict[str, int]]:

@@ -470,3 +470,13 @@ def test_an_owner_offers_a_job_only_to_agents_that_run_its_features() -> None:
     assert [c.node_id for c in FirstFit().candidates(gang, [older, newer])] == ["newer"]
     assert FirstFit().candidates(gang, [older]) == []
     assert "needs feature gang (job-spec version 2)" in FirstFit().why_pending(gang)
+
+
+def test_a_node_record_names_a_shared_devices_jobs_by_their_place_in_running() -> None:
+    a, b = "a" * 32, "b" * 32
+    record = NodeRecord(running=(a, b), free=(), shares={"k0": {b: 5 << 30, a: 1 << 30}})
+    doc = unpack(record.encode())
+    assert doc["shares"] == {"k0": [[1, 5 << 30], [0, 1 << 30]]}  # a few bytes, not two ids
+    assert NodeRecord.decode(doc) == record
+    with pytest.raises(WireError, match="no running job 2"):
+        NodeRecord.decode({**doc, "shares": {"k0": [[2, 1]]}})
