@@ -96,6 +96,8 @@ def test_two_half_gpu_jobs_share_one_gpu_and_a_third_waits(mesh: Mesh, tmp_path:
     assert node_doc(mesh, MI300X)["shares"] == {}
     listing = op.ok("nodes")
     assert "1 shared (2 jobs); 1x" in listing, listing
+    rows = {line[:8]: line.split() for line in op.ok("jobs").splitlines()[2:]}
+    assert rows[first[:8]][3] == rows[second[:8]][3] == "0.5", rows  # the GPUs column
 
     def loaded() -> bool:
         d = next(d for d in node_doc(mesh, L4)["devices"] if d["key"] == key)
