@@ -32,6 +32,7 @@ from collections import Counter
 from typing import Any
 
 from agent import api
+from agent.admission import NodeFacts
 from agent.authority import Authority
 from agent.calls import Calls
 from agent.ckptfiles import Vault
@@ -139,7 +140,12 @@ class Agent:
             ),
             on_event=lambda e: self.runner.on_exec_event(e),
         )
-        self.runner = Runner(self.ctx, self.executor, self.devices)
+        self.runner = Runner(
+            self.ctx,
+            self.executor,
+            self.devices,
+            NodeFacts(os=self.devices.report.host.os, labels=config.all_labels()),
+        )
         self.owner = Owner(self.ctx, placement or PLACEMENTS[config.placement](self.node_id))
         self.publisher = Publisher(
             self.publish, config, self.devices, self.events, self._node_doc, self._coordinate
@@ -252,6 +258,7 @@ class Agent:
             running=tuple(sorted(runner.runs)),
             free=tuple(runner.free_devices()),
             progress={j: p for j, p in runner.progress.items() if j in runner.runs},
+            shares=runner.shares(),
         )
 
     # -- gossip events ---------------------------------------------------------------------------
@@ -342,5 +349,6 @@ class Agent:
             "records_refused": self.view.refused,
             "records_refused_kinds": self.view.refused_kinds,
             "placements": self.owner.offers,
+            "deadline_misses": self.owner.deadline_misses,
             "checkpoint": self.checkpoints.counts,
         }

@@ -81,7 +81,7 @@ class GangDesk:
                 f"the member has {len(member.devices)} devices, the job needs"
                 f" {spec.resources.gpus_per_node} per node"
             )
-        await r.admit(job_id, req.attempt, member.devices)
+        await r.admit(job_id, req.attempt, spec, member.devices)
         master_addr = master_port = None
         if member.rank == 0:
             addr = r.ctx.mesh.addr_of(self.node_id)

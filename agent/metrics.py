@@ -10,8 +10,9 @@ refused for want of authority (``shoal_internal_refused_total``), gossip records
 believed, by reason and by kind (``shoal_records_refused_total``,
 ``shoal_records_refused_kinds_total``), API requests refused by route and status
 (``shoal_api_refused_total``), the offers this agent made as an owner, by outcome
-(``shoal_placements_total``), and checkpoint transfers by what happened (``pulled``,
-``pushed``, ``resumed``, ``failed``, ``refused``, ``refused_not_owner``:
+(``shoal_placements_total``), jobs it owns whose deadline passed before they ended
+(``shoal_deadline_misses_total``, ``agent.deadlines``), and checkpoint transfers by what happened
+(``pulled``, ``pushed``, ``resumed``, ``failed``, ``refused``, ``refused_not_owner``:
 ``shoal_checkpoint_total``).
 
 The counters are plain ``collections.Counter`` objects and everything is turned into Prometheus
@@ -87,6 +88,11 @@ class _Snapshot:
             for key, count in sorted(counts.items()):
                 family.add_metric([key], count)
             yield family
+        yield CounterMetricFamily(
+            "shoal_deadline_misses",
+            "Jobs this agent owns whose deadline passed before they ended (each said once)",
+            value=snap.get("deadline_misses", 0),
+        )
         node: str = snap["node"]
         devices: list[Device] = snap["devices"]
         gauges = {

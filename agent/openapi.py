@@ -110,6 +110,12 @@ SCHEMAS: Final[dict[str, Any]] = {
             "queue": _INT,
             "wire_version": _OPT_INT,
             "features": _STRS,
+            "shares": {
+                "type": "object",
+                "description": "device key -> {job id -> bytes of its memory the job holds}: the"
+                " devices that run shares of one GPU",
+                "additionalProperties": {"type": "object", "additionalProperties": _INT},
+            },
         },
     ),
     "Nodes": _obj({"nodes": _array(_ref("Node"))}),
@@ -144,6 +150,10 @@ SCHEMAS: Final[dict[str, Any]] = {
             "spec": {"type": "object", "description": "the job spec as the operator signed it"},
             "progress": _OPT_NUM,
             "eta_s": _OPT_NUM,
+            "deadline_missed_s": {
+                **_OPT_NUM,
+                "description": "how late the job was when its owner said it missed its deadline",
+            },
         },
     ),
     "Jobs": _obj({"jobs": _array(_ref("Job"))}),

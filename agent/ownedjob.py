@@ -60,6 +60,16 @@ class OwnedJob:
     """A gang's current attempt, every member, rank 0 first (``runner`` and ``devices`` are
     rank 0's); empty for a one-node job, and for a gang between attempts."""
     extra: dict[str, Any] = field(default_factory=dict)
+    deadline_missed_s: float | None = None
+    """How late it was when this or an earlier owner said it missed its deadline."""
+
+    @property
+    def deadline(self) -> float | None:
+        return self.spec.deadline
+
+    @property
+    def state_name(self) -> str:
+        return self.state.value
 
     def record(self) -> JobRecord:
         return JobRecord(
@@ -90,6 +100,7 @@ class OwnedJob:
             launch_failures=self.launch_failures,
             attempts=tuple(self.attempts),
             members=self.members,
+            deadline_missed_s=self.deadline_missed_s,
         )
 
     def detail(self) -> dict[str, Any]:
@@ -120,6 +131,7 @@ class OwnedJob:
             attempts=list(d.attempts),
             submission=rec.submission,
             members=d.members,
+            deadline_missed_s=d.deadline_missed_s,
         )
 
     def merge_gossip(self, doc: dict[str, Any]) -> None:
@@ -140,6 +152,8 @@ class OwnedJob:
         self.reason = status.reason
         self.gen = status.gen
         self.members = status.members
+        if status.deadline_missed_s is not None:
+            self.deadline_missed_s = status.deadline_missed_s
 
     def status(self) -> JobStatus:
         """The job's record as gossiped (``job/<id>``) and handed on."""
@@ -159,6 +173,7 @@ class OwnedJob:
             gen=self.gen,
             attempts=tuple(self.attempts),
             members=self.members,
+            deadline_missed_s=self.deadline_missed_s,
         )
 
     def to_json(self) -> dict[str, Any]:

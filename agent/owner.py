@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent.authority import Submission, SubmissionRefused
 from agent.context import AgentContext
+from agent.deadlines import missed_line, newly_missed
 from agent.gang import Gangs
 from agent.jobstate import (
     IllegalTransition,
@@ -112,6 +113,8 @@ class Owner:
         self._kick = asyncio.Event()
         self._replicated_to: dict[str, str] = {}
         self._subs_published: set[str] = set()
+        self.deadline_misses = 0
+        """Jobs of this owner whose deadline passed before they ended, said (once each)."""
         self.offers: Counter[str] = Counter()
         """Offers made to runners, by outcome (``shoal_placements_total``): started, declined,
         launch_failed, not_allowed, unanswered."""
@@ -665,6 +668,8 @@ class Owner:
                 async with asyncio.timeout(1.0):  # wait_for (3.11) loses a cancel racing a kick
                     await self._kick.wait()
             self._kick.clear()
+            for missed, late_s in list(newly_missed(self.jobs.values(), time.time())):
+                self._missed_deadline(missed, late_s)
             pending = sorted(
                 (j for j in self.jobs.values() if j.state == JobState.PENDING),
                 key=lambda j: (-j.spec.priority, j.spec.deadline or float("inf"), j.submitted_at),
@@ -819,6 +824,13 @@ class Owner:
         if job.state == JobState.PENDING:
             job.reason = "declined by " + "; ".join(declines) if declines else job.reason
             self._save(job, replicate=False)
+
+    def _missed_deadline(self, job: OwnedJob, late_s: float) -> None:
+        job.deadline_missed_s = late_s
+        self.deadline_misses += 1
+        self._save(job)
+        line = missed_line(late_s, job.state.value)
+        self.events.add("deadline_missed", line, job_id=job.job_id)
 
     def _give_up(self, job: OwnedJob, reason: str) -> None:
         """A pending job that can never run: failed, with the reason."""

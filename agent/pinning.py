@@ -43,7 +43,8 @@ variables when it is one rank of a gang: Shoal runs one process per member node,
 (what ``torch.distributed``'s ``env://`` reads). A member that wants one process per GPU runs
 ``torchrun --nnodes=$NNODES --node_rank=$NODE_RANK --nproc_per_node=<gpus>
 --master_addr=$MASTER_ADDR --master_port=$MASTER_PORT``, which sets these again for its children.
-They override a job's own ``env``.
+They override a job's own ``env``. A share of one GPU is pinned to its device like any other
+grant (other shares see the same device) and gets its memory hints (:func:`share_env`).
 """
 
 from __future__ import annotations
@@ -161,6 +162,21 @@ def device_env(devices: Sequence[DeviceStatic]) -> dict[str, str]:
     return env
 
 
+def share_env(devices: Sequence[DeviceStatic], share_bytes: int) -> dict[str, str]:
+    """The hints a share of a GPU gets: ``SHOAL_GPU_MEM_BYTES`` (the memory it holds) and
+    ``SHOAL_GPU_SHARE`` (that as a fraction of the device's memory, for
+    ``torch.cuda.set_per_process_memory_fraction`` and the like). Nothing enforces them: the
+    runtimes have no variable that caps a process's memory, so a job that exceeds its share
+    takes memory from its neighbours."""
+    if len(devices) != 1:
+        raise ValueError(f"a share of a GPU is of one device, not {len(devices)}")
+    env = {"SHOAL_GPU_MEM_BYTES": str(share_bytes)}
+    total = devices[0].mem_total_bytes
+    if total:
+        env["SHOAL_GPU_SHARE"] = f"{min(1.0, share_bytes / total):.4g}"
+    return env
+
+
 def job_env(
     devices: Sequence[DeviceStatic],
     *,
@@ -169,9 +185,12 @@ def job_env(
     checkpoint_dir: str | None = None,
     gang: GangRank | None = None,
     resume: bool = False,
+    share_bytes: int = 0,
 ) -> dict[str, str]:
     """Every variable Shoal sets for one attempt of a job; these override the job's own ``env``.
     ``resume``: the attempt starts from a checkpoint an earlier one wrote (``SHOAL_RESUME=1``).
+    ``share_bytes``: the job holds that much of its one device's memory, a share of a GPU that
+    other jobs may run on too (:func:`share_env`).
 
     Vendors the job was given no device of are hidden (:data:`HIDE_ALL`).
     """
@@ -183,6 +202,8 @@ def job_env(
         if vendor not in granted:
             env.update(hide)
     env.update(device_env(devices))
+    if share_bytes:
+        env.update(share_env(devices, share_bytes))
     env["SHOAL_JOB_ID"] = job_id
     env["SHOAL_ATTEMPT"] = str(attempt)
     if checkpoint_dir is not None:

@@ -21,8 +21,11 @@ policy's :func:`agent.policy.gangs.rank_gang` the best set of alike, close nodes
 returns part of a gang; the owner then prepares every member and commits all or none
 (``agent.gang``).
 
-What the live mesh does not do yet (its next step): shares of a GPU, preemption, moves, and one
-queue order across owners.
+Shares of a GPU are placed by the same model as whole ones: the node record lists the memory
+each share holds on its device (``agent.wire.records.NodeRecord.shares``), which the adapter
+turns into the policy's ``Device.shares``.
+
+What the live mesh does not do yet (its next step): moves, and one queue order across owners.
 """
 
 from __future__ import annotations
@@ -126,10 +129,14 @@ class FirstFit:
 
     def why_pending(self, spec: JobSpec) -> str:
         r = spec.resources
-        if spec.features:
-            return "waits for an agent that runs it: " + lacking_reason(spec.features)
+        if spec.lacking:
+            return "waits for an agent that runs it: " + lacking_reason(spec.lacking)
         gpus = f"{r.gpus_per_node} free GPU" + "s" * (r.gpus_per_node != 1)
-        if r.nodes > 1:
+        if r.share_fraction is not None:
+            parts = [f"no schedulable node has a {r.share_fraction:g} share of a GPU free"]
+        elif r.share_mem_bytes is not None:
+            parts = [f"no schedulable node has {r.share_mem_bytes / 1024**3:g} GiB of a GPU free"]
+        elif r.nodes > 1:
             parts = [f"no {r.nodes} schedulable nodes have {gpus} each"]
         else:
             parts = [f"no schedulable node has {gpus}"]
@@ -141,6 +148,12 @@ class FirstFit:
             parts.append(f"and compute capability >= {r.min_compute_capability}")
         if r.archs:
             parts.append(f"and arch {'/'.join(r.archs)}")
+        if r.interconnect is not None and r.gpus_per_node > 1:
+            parts.append(f"linked by {r.interconnect}")
+        if r.os is not None:
+            parts.append(f"on OS {r.os}")
+        if spec.affinity or spec.anti_affinity:
+            parts.append("with the labels it asks for")
         return " ".join(parts)
 
 

@@ -118,6 +118,7 @@ class Reads:
                     features=inv.features if inv else (),
                     datasets=node.datasets if node is not None else {},
                     rtt_s=view.rtt_s(self._ctx.node_id, m.node),
+                    shares=status.shares if status else {},
                 )
             )
         return out

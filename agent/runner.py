@@ -1,8 +1,10 @@
 """The runner side of the job protocol: admit, start, stop, fence, drain, report, reconcile.
 
 A runner admits an offer against its real local state (drain state, devices free here, no newer
-attempt fenced) and starts it at once through the executor. It reports every ended attempt to the
-job's current owner (retried, re-resolving the owner each time) and records it in its store.
+attempt fenced, the spec's hard filters against its own inventory, and room for a share of a GPU
+in its device's memory: ``agent.admission``) and starts it at once through the executor. It
+reports every ended attempt to the job's current owner (retried, re-resolving the owner each
+time) and records it in its store.
 
 Fencing: ``fence[job]`` is the highest attempt this node must not start (again). A ``stop`` from
 the owner raises it, so an offer that arrives late cannot start a copy the owner already gave up
@@ -39,11 +41,12 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from agent.admission import NodeFacts, NotAdmitted, admit, local_node
 from agent.authority import FeaturesLacking, SubmissionRefused
 from agent.ckptfiles import clear_folder
 from agent.context import AgentContext
@@ -117,6 +120,8 @@ class LocalRun:
     attempt: int
     owner: str
     devices: tuple[str, ...]
+    share_bytes: int = 0
+    """The memory it holds of its one device when it is a share of a GPU; 0: devices whole."""
 
 
 LOG_TAILS_AT_ONCE = 2
@@ -130,14 +135,23 @@ class LocalDevices(Protocol):
         """The accelerators a job may be given (not the CPU)."""
         ...
 
-    def set_load(self, key: str, on: bool) -> None:
-        """A job started (``on``) or ended on the device; a simulated device shows the load."""
+    def set_load(self, key: str, jobs: Sequence[int]) -> None:
+        """What runs on the device now: the memory each job holds of it (0: a job given the
+        whole device); empty when idle. A simulated device shows the combined load."""
         ...
 
 
 class Runner:
-    def __init__(self, ctx: AgentContext, executor: ProcessExecutor, devices: LocalDevices) -> None:
+    def __init__(
+        self,
+        ctx: AgentContext,
+        executor: ProcessExecutor,
+        devices: LocalDevices,
+        facts: NodeFacts | None = None,
+    ) -> None:
+        """``facts``: this node's OS and labels, which an offer's spec is checked against."""
         self.ctx = ctx
+        self.facts = facts or NodeFacts()
         self.node_id = ctx.node_id
         self.store = ctx.store
         self.view = ctx.view
@@ -186,6 +200,23 @@ class Runner:
         used |= self.holds.devices(time.monotonic(), but=but)
         return [s.key for s in self._statics() if s.key not in used]
 
+    def held(self) -> dict[str, dict[str, int]]:
+        """Device key -> {job -> bytes of its share, or 0 for a device given whole}."""
+        out: dict[str, dict[str, int]] = {}
+        for run in self.runs.values():
+            for k in run.devices:
+                out.setdefault(k, {})[run.job_id] = run.share_bytes
+        return out
+
+    def shares(self) -> dict[str, dict[str, int]]:
+        """The devices shared by jobs that each hold part of one: key -> {job -> bytes}."""
+        return {k: jobs for k, jobs in self.held().items() if all(jobs.values())}
+
+    def _show_load(self, keys: Sequence[str]) -> None:
+        held = self.held()
+        for k in keys:
+            self._set_load(k, list(held.get(k, {}).values()))
+
     # -- offers ----------------------------------------------------------------------------------
 
     async def start(self, offer: StartOffer, caller: str) -> StartAnswer:
@@ -199,8 +230,10 @@ class Runner:
         spec = self.authorised_spec(job_id, owner, caller, offer.submission, "start")
         if spec.is_gang:
             raise Declined("a gang starts through gang_prepare and gang_commit, not start")
-        await self.admit(job_id, attempt, offer.devices)
-        return await self.launch(job_id, attempt, owner, spec, offer.devices, offer.resume)
+        share_bytes = await self.admit(job_id, attempt, spec, offer.devices)
+        return await self.launch(
+            job_id, attempt, owner, spec, offer.devices, offer.resume, share_bytes=share_bytes
+        )
 
     def authorised_spec(
         self, job_id: str, owner: str, caller: str, submission: bytes, verb: str
@@ -220,11 +253,13 @@ class Runner:
             raise Declined(lacking_reason(spec.lacking))
         return spec
 
-    async def admit(self, job_id: str, attempt: int, keys: tuple[str, ...]) -> None:
+    async def admit(self, job_id: str, attempt: int, spec: JobSpec, keys: tuple[str, ...]) -> int:
         """``Declined`` unless attempt ``attempt`` may start here now on ``keys``: the agent
-        runs, the node takes work, the attempt is not fenced, no newer one runs, and the
-        devices are here and free (a hold of the job itself does not count: it is its own).
-        An older attempt of the job that still runs here is stopped (fenced)."""
+        runs, the node takes work, the attempt is not fenced, no newer one runs, the devices
+        are here, free (a hold of the job itself does not count: it is its own) and meet the
+        spec's hard filters (``agent.admission``). An older attempt of the job that still runs
+        here is stopped (fenced). The memory the job holds of its device when it is a share
+        (0: devices given whole)."""
         if self._closing:
             raise Declined("the agent is shutting down")
         if not accepts_work(self.drain):
@@ -236,14 +271,16 @@ class Runner:
             if held.attempt >= attempt:
                 raise Declined(f"attempt {held.attempt} already runs here")
             await self.executor.stop(job_id, cause="fenced", grace_s=self._stop_grace_s)
-        statics = {s.key for s in self._statics()}
-        free = set(self.free_devices(but=job_id))
-        missing = [k for k in keys if k not in statics]
-        if missing:
-            raise Declined(f"no device {missing[0]} here")
-        busy = [k for k in keys if k not in free]
-        if busy:
-            raise Declined(f"device {busy[0]} is in use")
+        statics = {s.key: s for s in self._statics()}
+        holds = self.holds.devices(time.monotonic(), but=job_id)
+        in_hold = [k for k in keys if k in holds]
+        if in_hold:
+            raise Declined(f"device {in_hold[0]} is in use (held for a gang)")
+        here = local_node(self.node_id, self.facts, list(statics.values()), self.held())
+        try:
+            return admit(spec, here, keys)
+        except NotAdmitted as exc:
+            raise Declined(str(exc)) from None
 
     async def launch(
         self,
@@ -254,10 +291,12 @@ class Runner:
         keys: tuple[str, ...],
         resume: ResumeFrom | None = None,
         gang: GangRank | None = None,
+        share_bytes: int = 0,
     ) -> StartAnswer:
-        """Start an admitted attempt (``Declined``, ``LaunchFailed`` when it could not)."""
+        """Start an admitted attempt (``Declined``, ``LaunchFailed`` when it could not);
+        ``share_bytes``: what :meth:`admit` said the job holds of its device when it shares it."""
         statics = {s.key: s for s in self._statics()}
-        run = LocalRun(job_id, attempt, owner, keys)
+        run = LocalRun(job_id, attempt, owner, keys, share_bytes)
         self.runs[job_id] = run
         try:
             resumed = await self._prepare_checkpoint(job_id, resume, spec.checkpoint_dir is None)
@@ -273,6 +312,7 @@ class Runner:
                 devices=[statics[k] for k in keys],
                 gang=gang,
                 resume=resumed,
+                share_bytes=share_bytes,
             )
             started = await self.executor.start(launch)
         except NoRoom as exc:  # not the job's fault: declined, it may start elsewhere
@@ -307,8 +347,7 @@ class Runner:
             # A run this agent could not remember would outlive a restart unknown: not started.
             await self.executor.stop(job_id, cause="fenced", grace_s=0)
             raise Declined(f"cannot record the run here: {exc}") from None
-        for k in keys:
-            self._set_load(k, True)
+        self._show_load(keys)
         self._on_change()
         self.events.add("running", f"attempt {attempt} pid {started.pid}", job_id=job_id)
         if resumed and resume is not None:
@@ -428,8 +467,7 @@ class Runner:
         run = self.runs.get(e.job_id)
         if run is not None and run.attempt == e.attempt:
             del self.runs[e.job_id]
-            for k in run.devices:
-                self._set_load(k, False)
+            self._show_load(run.devices)
         self.store.finish_run(
             ResultRecord(
                 e.job_id, e.attempt, e.exit_code, e.signal, e.cause, e.started_at, e.finished_at

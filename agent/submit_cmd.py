@@ -46,6 +46,8 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         resources["gpus_per_node"] = args.gpus
     if args.mem is not None:
         resources["min_mem_per_gpu_bytes"] = args.mem
+    if args.gpu_mem is not None:
+        resources["share_mem_bytes"] = args.gpu_mem
     if args.backend:
         resources["backends"] = [b.strip() for b in args.backend.split(",") if b.strip()]
     data: dict[str, Any] = {

@@ -16,6 +16,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
+from agent.deadlines import lateness_s
+
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
@@ -77,6 +79,23 @@ def relative(at: float | None, now: float) -> str:
     if abs(delta) < 1:
         return "now"
     return f"in {span(delta)}" if delta > 0 else f"{span(delta)} ago"
+
+
+def deadline_cell(job: Mapping[str, Any], spec: Mapping[str, Any], now: float) -> str:
+    """``missed`` once the deadline has passed before the job ended (its owner said so, or it
+    has passed since), else when it is (``in 2h``)."""
+    raw = spec.get("deadline")
+    deadline = float(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) else None
+    finished = job.get("finished_at")
+    late = lateness_s(
+        deadline,
+        str(job.get("state")),
+        float(finished) if isinstance(finished, int | float) else None,
+        now,
+    )
+    if job.get("deadline_missed_s") is not None or late is not None:
+        return "missed"
+    return relative(deadline, now)
 
 
 def eta(job: Mapping[str, Any]) -> str:
@@ -159,6 +178,10 @@ def job_row(job: Mapping[str, Any], names: Mapping[str, str], now: float) -> lis
     spec = job.get("spec") or {}
     resources = spec.get("resources") or {}
     gpus = f"{resources.get('gpus_per_node', '?')}"
+    if isinstance(resources.get("share_fraction"), int | float):
+        gpus = f"{resources['share_fraction']:g}"
+    elif isinstance(resources.get("share_mem_bytes"), int):
+        gpus = f"{resources['share_mem_bytes'] / 1024**3:.3g}G"
     if resources.get("nodes", 1) != 1:
         gpus += f"x{resources['nodes']}"
     progress = job.get("progress")
@@ -174,7 +197,7 @@ def job_row(job: Mapping[str, Any], names: Mapping[str, str], now: float) -> lis
         where,
         gpus,
         str(spec.get("priority", "-")),
-        relative(spec.get("deadline"), now),
+        deadline_cell(job, spec, now),
         "-" if progress is None else f"{100 * float(progress):.0f}%",
         eta(job),
         one_line(str(why)) if why else command_line(spec),
@@ -285,8 +308,18 @@ def node_row(node: Mapping[str, Any]) -> list[str]:
         util,
         mem,
         str(len(node.get("running_jobs") or [])) if alive else "-",
-        _gpu_names(devices),
+        (_shared(node) if alive else "") + _gpu_names(devices),
     ]
+
+
+def _shared(node: Mapping[str, Any]) -> str:
+    """``1 shared (2 jobs); ``: how many GPUs run shares of one GPU, and how many jobs; first,
+    so a narrow column still shows it."""
+    shares = node.get("shares") or {}
+    if not isinstance(shares, Mapping) or not shares:
+        return ""
+    jobs = sum(len(held) for held in shares.values() if isinstance(held, Mapping))
+    return f"{len(shares)} shared ({jobs} job{'s' * (jobs != 1)}); "
 
 
 def nodes_table(nodes: Sequence[Mapping[str, Any]], width: int) -> Table:

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from agent.jobspec import JobSpec
 from agent.policy.prior import catalog_key
-from agent.policy.snapshot import SCHEDULABLE, Device, Job, Node
+from agent.policy.snapshot import SCHEDULABLE, Device, Job, Node, Share
 from probers.records import DeviceSample, DeviceStatic
 
 BUSY = "(busy)"
@@ -47,6 +47,8 @@ class NodeFacts(Protocol):
     def datasets(self) -> Mapping[str, int]: ...
     @property
     def place(self) -> Any: ...
+    @property
+    def shares(self) -> Mapping[str, Mapping[str, int]]: ...
 
 
 class HostDeviceFacts(Protocol):
@@ -126,18 +128,55 @@ def _place_facts(labels: Mapping[str, str]) -> tuple[str | None, frozenset[str],
     return zone, datasets, cost
 
 
+_FABRICS = ("nvlink", "xgmi")
+
+
 def _link(static: DeviceStatic) -> tuple[str | None, str | None]:
     kinds = {link.kind for link in getattr(static, "links", ())}
-    for kind in ("nvlink", "xgmi"):
+    for kind in _FABRICS:
         if kind in kinds:
             return kind, kind
     return None, ("pcie" if kinds else None)
 
 
+def link_domains(statics: Sequence[DeviceStatic]) -> dict[str, str]:
+    """Device key -> its link domain among ``statics`` (one host's devices): the devices joined
+    by NVLink or xGMI links to one another, directly or through their peers, named by the
+    fabric and the first key of the group (``nvlink:<key>``). A device with no such link to a
+    device of the host has none."""
+    keys = {s.key for s in statics}
+    parent = {k: k for k in keys}
+
+    def root(k: str) -> str:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    fabric: dict[str, str] = {}
+    for s in statics:
+        for link in getattr(s, "links", ()):
+            if link.kind in _FABRICS and link.peer in keys and link.peer != s.key:
+                fabric[s.key] = fabric.get(s.key) or link.kind
+                a, b = root(s.key), root(link.peer)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    return {k: f"{kind}:{root(k)}" for k, kind in fabric.items()}
+
+
 def device_from_static(
-    static: DeviceStatic, sample: DeviceSample | None, holder: str | None
+    static: DeviceStatic,
+    sample: DeviceSample | None,
+    holder: str | None,
+    domain_of: Mapping[str, str] | None = None,
+    shares: Mapping[str, int] | None = None,
 ) -> Device:
+    """One device; ``domain_of`` (:func:`link_domains` of its host) splits its fabric into the
+    groups really linked, else every device of one fabric on a host is taken as one group;
+    ``shares``: job -> bytes of the shares of it that run (then ``holder`` is ``None``)."""
     domain, kind = _link(static)
+    if domain_of is not None:
+        domain = domain_of.get(static.key)
     return Device(
         key=static.key,
         model="cpu" if static.backend == "cpu" else catalog_key(static.name),
@@ -147,6 +186,7 @@ def device_from_static(
         compute_capability=static.compute_capability,
         mem_total_bytes=static.mem_total_bytes or 0,
         whole_job=holder,
+        shares=tuple(Share(j, b) for j, b in sorted((shares or {}).items())),
         link_domain=domain,
         link_kind=kind,
         temp_c=sample.temp_c if sample else None,
@@ -161,11 +201,15 @@ def node_from_view(view: NodeFacts, holders: Mapping[str, str] | None = None) ->
     """An agent's view of one node; ``holders`` maps device keys to the jobs holding them."""
     free = set(view.free)
     holders = holders or {}
+    domains = link_domains(view.statics)
+    shared = view.shares
     devices = tuple(
         device_from_static(
             s,
             view.samples.get(s.key),
-            None if s.key in free else holders.get(s.key, BUSY),
+            None if s.key in free or s.key in shared else holders.get(s.key, BUSY),
+            domains,
+            shared.get(s.key),
         )
         for s in view.statics
     )
@@ -257,10 +301,13 @@ def job_from_spec(
         gpus_per_node=r.gpus_per_node,
         nodes=r.nodes,
         min_mem_per_gpu_bytes=r.min_mem_per_gpu_bytes,
+        share_mem_bytes=r.share_mem_bytes,
+        share_fraction=r.share_fraction,
         backends=tuple(r.backends),
         min_compute_capability=r.min_compute_capability,
         archs=tuple(r.archs),
         interconnect=r.interconnect,
+        os=r.os,
         affinity=dict(spec.affinity),
         anti_affinity=dict(spec.anti_affinity),
         datasets=tuple(spec.datasets),

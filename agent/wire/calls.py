@@ -55,6 +55,9 @@ class OwnerDetail(NamedTuple):
     attempts: tuple[AttemptEntry, ...] = ()
     members: tuple[GangMember, ...] = ()
     """A gang's current (or last) attempt, every member (empty for a one-node job)."""
+    deadline_missed_s: float | None = None
+    """How late the job was when its owner said it missed its deadline (``agent.deadlines``);
+    ``None`` until then."""
 
     def to_wire(self) -> dict[str, Any]:
         return members_to_wire(self._fields_to_wire(), self.members)
@@ -73,6 +76,7 @@ class OwnerDetail(NamedTuple):
             "avoid": self.avoid,
             "launch_failures": self.launch_failures,
             "attempts": [a.to_wire() for a in self.attempts],
+            "deadline_missed_s": self.deadline_missed_s,
         }
 
     @classmethod
@@ -93,6 +97,7 @@ class OwnerDetail(NamedTuple):
             launch_failures=c.field(d, "launch_failures", c.or_default(c.integer, 0), p),
             attempts=c.items(d.get("attempts"), p + "attempts", AttemptEntry.from_wire),
             members=members_from_wire(d.get("members"), p + "members"),
+            deadline_missed_s=c.field(d, "deadline_missed_s", c.opt_number, p),
         )
 
 

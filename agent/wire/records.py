@@ -11,7 +11,8 @@ the node it describes, with ``v`` its :data:`~agent.wire.codec.WIRE_VERSION`:
 - ``telemetry``: :class:`TelemetryRecord`, one row per device (``[key, util_pct,
   mem_used_bytes, temp_c, power_mw, power_limit_mw, healthy]``; a reader ignores further
   elements, a version 1 reader refuses rows of another length, so rows keep these seven).
-- ``node``: :class:`NodeRecord`, drain state, queue, running jobs, free devices, progress.
+- ``node``: :class:`NodeRecord`, drain state, queue, running jobs, free devices, progress, and the
+  memory each share of a GPU holds on its device.
 - ``events``: :class:`EventsRecord`, the publisher's recent events.
 - ``job/<id>``: :class:`JobStatus`, a job as its owner sees it (the spec travels in the
   operator's sealed ``sub/<id>``, never here).
@@ -373,10 +374,16 @@ class NodeRecord(NamedTuple):
     """Device keys no job holds; ``None`` (not said): every device."""
     progress: Mapping[str, tuple[float, float | None]] = EMPTY_MAP
     """Running job -> (fraction done, seconds left or ``None``)."""
+    shares: Mapping[str, Mapping[str, int]] = EMPTY_MAP
+    """Device key -> {job -> bytes of its memory the job holds}, for the devices that run shares
+    of a GPU (never a device given whole). Such a device is not ``free``, so a reader that does
+    not know this field takes it as busy."""
 
-    def placement_view(self) -> tuple[str, int, tuple[str, ...], tuple[str, ...] | None]:
+    def placement_view(
+        self,
+    ) -> tuple[str, int, tuple[str, ...], tuple[str, ...] | None, Mapping[str, Mapping[str, int]]]:
         """What placement reads: a change here is published at once."""
-        return (self.drain, self.queue, self.running, self.free)
+        return (self.drain, self.queue, self.running, self.free, self.shares)
 
     def encode(self) -> bytes:
         return c.pack(
@@ -387,19 +394,65 @@ class NodeRecord(NamedTuple):
                 "running": list(self.running),
                 "free": None if self.free is None else list(self.free),
                 "progress": {j: [f, eta] for j, (f, eta) in self.progress.items()},
+                "shares": _shares_to_rows(self.shares, self.running),
             }
         )
 
     @classmethod
     def decode(cls, doc: Mapping[str, Any]) -> NodeRecord:
         free = doc.get("free")
+        running = c.field(doc, "running", c.texts)
         return cls(
             drain=c.field(doc, "drain", c.or_default(c.text, "schedulable")),
             queue=c.field(doc, "queue", c.or_default(c.integer, 0)),
-            running=c.field(doc, "running", c.texts),
+            running=running,
             free=None if free is None else c.texts(free, "free"),
             progress=_progress_from_wire(doc.get("progress")),
+            shares=_shares_from_rows(doc.get("shares"), running),
         )
+
+
+def _shares_to_rows(
+    shares: Mapping[str, Mapping[str, int]], running: Sequence[str]
+) -> dict[str, list[list[Any]]]:
+    """``{device: [[job, bytes], ...]}``, a job named by its place in ``running`` where it is
+    there (a few bytes instead of its 32-character id: a node record is at most 4 KiB)."""
+    index_of = {j: i for i, j in enumerate(running)}
+    return {k: [[index_of.get(j, j), b] for j, b in jobs.items()] for k, jobs in shares.items()}
+
+
+def _shares_from_rows(value: Any, running: Sequence[str]) -> dict[str, dict[str, int]]:
+    if value is None:
+        return {}
+    out: dict[str, dict[str, int]] = {}
+    for key, rows in c.obj(value, "shares").items():
+        where = f"shares.{key}"
+        if not isinstance(rows, list | tuple):
+            raise WireError(f"{where}: expected a list")
+        held: dict[str, int] = {}
+        for n, row in enumerate(rows):
+            pair = _row(row, f"{where}[{n}]", 2)
+            job = pair[0]
+            if isinstance(job, int) and not isinstance(job, bool):
+                if not 0 <= job < len(running):
+                    raise WireError(f"{where}[{n}]: no running job {job}")
+                job = running[job]
+            held[c.text(job, f"{where}[{n}]")] = c.integer(pair[1], f"{where}[{n}]")
+        out[c.text(key, where)] = held
+    return out
+
+
+def shares_from_wire(value: Any, name: str = "shares") -> dict[str, dict[str, int]]:
+    """Device key -> {job -> bytes}; missing is none."""
+    if value is None:
+        return {}
+    out: dict[str, dict[str, int]] = {}
+    for key, jobs in c.obj(value, name).items():
+        where = f"{name}.{key}"
+        out[c.text(key, where)] = {
+            c.text(j, where): c.integer(b, f"{where}.{j}") for j, b in c.obj(jobs, where).items()
+        }
+    return out
 
 
 def _progress_from_wire(value: Any) -> dict[str, tuple[float, float | None]]:
@@ -564,6 +617,9 @@ class JobStatus(NamedTuple):
     members: tuple[GangMember, ...] = ()
     """A gang's current (or last) attempt: every member, rank 0 first (``runner`` and
     ``devices`` are rank 0's); empty for a one-node job, and then left out of the wire."""
+    deadline_missed_s: float | None = None
+    """How late the job was when its owner said it missed its deadline; ``None``: not missed
+    (or not yet said)."""
 
     def to_wire(self) -> dict[str, Any]:
         return members_to_wire(self._fields_to_wire(), self.members)
@@ -585,6 +641,7 @@ class JobStatus(NamedTuple):
             "reason": self.reason,
             "gen": self.gen,
             "attempts": [a.to_wire() for a in self.attempts],
+            "deadline_missed_s": self.deadline_missed_s,
         }
 
     def encode(self) -> bytes:
@@ -610,4 +667,5 @@ class JobStatus(NamedTuple):
             gen=c.field(d, "gen", c.or_default(c.integer, 0), p),
             attempts=c.items(d.get("attempts"), p + "attempts", AttemptEntry.from_wire),
             members=members_from_wire(d.get("members"), p + "members"),
+            deadline_missed_s=c.field(d, "deadline_missed_s", c.opt_number, p),
         )

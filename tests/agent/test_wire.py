@@ -219,6 +219,11 @@ def test_telemetry_round_trips(at: float | None, samples: tuple[DeviceSample, ..
         progress=st.dictionaries(
             _text, st.tuples(st.floats(0, 1), st.none() | st.floats(0, 1e6)), max_size=3
         ),
+        shares=st.dictionaries(
+            _text,
+            st.dictionaries(_text, st.integers(min_value=1, max_value=2**50), max_size=3),
+            max_size=3,
+        ),
     ),
     events=st.lists(
         st.builds(
@@ -264,6 +269,7 @@ def test_telemetry_round_trips(at: float | None, samples: tuple[DeviceSample, ..
             max_size=4,
             unique_by=lambda m: m[0],
         ).map(lambda ms: tuple(GangMember(r, n, d) for r, (n, d) in enumerate(ms))),
+        deadline_missed_s=_opt_float,
     ),
 )
 def test_node_events_and_job_records_round_trip(
@@ -469,6 +475,12 @@ def test_a_spec_lists_the_features_it_uses_and_a_plain_one_stays_as_it_was() -> 
     wire = gang.to_dict()
     assert wire["features"] == ["gang", "interconnect"] and wire["spec_version"] == 2
     assert JobSpec.from_dict(wire) == gang
+    on_linux = JobSpec(command=("true",), resources=Resources(os="linux"))
+    wire = on_linux.to_dict()
+    assert JobSpec.from_dict({**wire, "resources": {"os": "Linux"}}) == on_linux
+    assert wire["features"] == ["os"] and wire["spec_version"] == 3
+    assert JobSpec.from_dict(wire) == on_linux
+    assert "os" not in plain.to_dict()["resources"]  # a version 2 agent still reads a plain spec
 
 
 def test_a_spec_with_an_unknown_feature_is_refused_naming_the_version_it_needs() -> None:
@@ -478,7 +490,7 @@ def test_a_spec_with_an_unknown_feature_is_refused_naming_the_version_it_needs()
     newer = {**wire, "features": ["teleport"], "spec_version": 7}
     with pytest.raises(
         UnknownFeatures,
-        match=r"needs job-spec version 7 \(feature teleport\); this agent reads version 2",
+        match=r"needs job-spec version 7 \(feature teleport\); this agent reads version 3",
     ):
         JobSpec.from_dict(newer)
     lying = {**JobSpec(command=("true",)).to_dict(), "features": ["gang"]}
@@ -491,11 +503,11 @@ def test_an_owner_offers_a_job_only_to_agents_that_run_its_features() -> None:
     older = NodeView("older", inventory=_inventory((d,)))
     newer = NodeView("newer", inventory=_inventory((d,), features=("gang",)))
     newest = NodeView("newest", inventory=_inventory((d,), features=("gang",)))
-    gang = JobSpec(command=("x",), resources=Resources(nodes=2))
+    gang = JobSpec(command=("x",), resources=Resources(gpus_per_node=1, nodes=2))
     sets = FirstFit().gang_candidates(gang, [older, newer, newest])
     assert [[c.node_id for c in s] for s in sets] == [["newer", "newest"]]
     assert FirstFit().gang_candidates(gang, [older, newer]) == []
-    assert "needs feature gang (job-spec version 2)" in FirstFit().why_pending(gang)
+    assert FirstFit().why_pending(gang) == "no 2 schedulable nodes have 1 free GPU each"
 
 
 MEMBERS = (GangMember(0, "a" * 64, ("nvidia:0", "nvidia:1")), GangMember(1, "b" * 64, ("k",)))
@@ -550,3 +562,13 @@ def test_a_commit_names_a_tcp_port() -> None:
     body = {**GangCommit("j" * 32, 1, "h", 1).to_wire(), "master_port": 70000}
     with pytest.raises(WireError, match="master_port: not a TCP port"):
         GangCommit.from_wire(body)
+
+
+def test_a_node_record_names_a_shared_devices_jobs_by_their_place_in_running() -> None:
+    a, b = "a" * 32, "b" * 32
+    record = NodeRecord(running=(a, b), free=(), shares={"k0": {b: 5 << 30, a: 1 << 30}})
+    doc = unpack(record.encode())
+    assert doc["shares"] == {"k0": [[1, 5 << 30], [0, 1 << 30]]}  # a few bytes, not two ids
+    assert NodeRecord.decode(doc) == record
+    with pytest.raises(WireError, match="no running job 2"):
+        NodeRecord.decode({**doc, "shares": {"k0": [[2, 1]]}})
