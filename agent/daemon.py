@@ -129,6 +129,7 @@ class Agent:
             publish=self.publish,
             changed=lambda: self.publisher.node_changed(),
             stop_grace_s=config.stop_grace_s,
+            preempt_min_run_s=config.preempt_min_run_s,
         )
         self.executor = ProcessExecutor(
             ExecutorConfig(
@@ -137,7 +138,10 @@ class Agent:
             on_event=lambda e: self.runner.on_exec_event(e),
         )
         self.runner = Runner(self.ctx, self.executor, self.devices)
-        self.owner = Owner(self.ctx, placement or PLACEMENTS[config.placement](self.node_id))
+        self.owner = Owner(
+            self.ctx,
+            placement or PLACEMENTS[config.placement](self.node_id, config.preempt_min_run_s),
+        )
         self.publisher = Publisher(
             self.publish, config, self.devices, self.events, self._node_doc, self._coordinate
         )
@@ -327,5 +331,6 @@ class Agent:
             "records_refused": self.view.refused,
             "records_refused_kinds": self.view.refused_kinds,
             "placements": self.owner.offers,
+            "preemptions": self.runner.preemptions.counts,
             "checkpoint": self.checkpoints.counts,
         }

@@ -10,7 +10,9 @@ refused for want of authority (``shoal_internal_refused_total``), gossip records
 believed, by reason and by kind (``shoal_records_refused_total``,
 ``shoal_records_refused_kinds_total``), API requests refused by route and status
 (``shoal_api_refused_total``), the offers this agent made as an owner, by outcome
-(``shoal_placements_total``), and checkpoint transfers by what happened (``pulled``,
+(``shoal_placements_total``), preemptions on this runner, by outcome (``preempted``: a job
+stopped for one of higher priority, ``refused``: a preempting offer refused:
+``shoal_preemptions_total``), and checkpoint transfers by what happened (``pulled``,
 ``pushed``, ``resumed``, ``failed``, ``refused``, ``refused_not_owner``:
 ``shoal_checkpoint_total``).
 
@@ -64,6 +66,12 @@ class _Snapshot:
                 m.internal_refused,
             ),
             ("placements", "Offers of jobs to runners, by outcome", "outcome", snap["placements"]),
+            (
+                "preemptions",
+                "Preempting offers on this runner: victims stopped (preempted), offers refused",
+                "outcome",
+                snap.get("preemptions", {}),
+            ),
             (
                 "checkpoint",
                 "Checkpoint transfers (pulled, pushed, resumed, failed) and refusals",

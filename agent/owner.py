@@ -46,6 +46,7 @@ from agent.ownedjob import OwnedJob, OwnerError, job_from_wire, job_wire
 from agent.ownership import rank, replica_of
 from agent.peers import PeerError, PeerRefused, PeerUnreachable
 from agent.placement import Candidate, Placement
+from agent.preempting import host_name, preemption_candidates, stopped_reason, waiting_reason
 from agent.store import StoreFull
 from agent.transfer import TransferError
 from agent.view import JOB_PREFIX, SUB_PREFIX, job_gen
@@ -388,7 +389,13 @@ class Owner:
             if cause in ("drain", "shutdown"):
                 # The report can beat the gossip that says so: do not offer it straight back.
                 job.avoid = runner
-            self._requeue(job, f"attempt {attempt} stopped on {runner[:8]} ({cause})")
+            if r.preempted_by:
+                self.events.add(
+                    "preempted",
+                    f"by {r.preempted_by} on {host_name(self.view, runner)}",
+                    job_id=job_id,
+                )
+            self._requeue(job, stopped_reason(r, runner, self.view))
         return {"ok": True}
 
     # -- checkpoints -----------------------------------------------------------------------------
@@ -672,7 +679,9 @@ class Owner:
         if not candidates and job.avoid:
             candidates = self.placement.candidates(job.spec, nodes, prefer=job.prefer)
         if not candidates:
-            reason = self.placement.why_pending(job.spec)
+            candidates = preemption_candidates(self.placement, job.spec, nodes, self.view, live)
+        if not candidates:
+            reason = waiting_reason(job.reason, self.placement.why_pending(job.spec))
             if reason != job.reason:
                 job.reason = reason
                 self._save(job, replicate=False)
@@ -741,11 +750,19 @@ class Owner:
             if job.attempt != attempt or _state(job) != JobState.PLACING:
                 return  # cancelled meanwhile
             offer = StartOffer(
-                job.job_id, attempt, self.node_id, cand.devices, job.submission, resume
+                job.job_id,
+                attempt,
+                self.node_id,
+                cand.devices,
+                job.submission,
+                resume,
+                cand.victims,
             )
             try:
-                # A resumed attempt's checkpoint is copied into its folder before it starts.
-                timeout_s = None if resume is None else RESTORE_TIMEOUT_S
+                # A resumed attempt's checkpoint is copied into its folder before it starts; a
+                # preempting one waits for its victims to stop first.
+                slow = resume is not None or cand.victims
+                timeout_s = RESTORE_TIMEOUT_S + self._stop_grace_s if slow else None
                 answer = _answer(
                     StartAnswer.from_wire,
                     await self.peers.call(addr, "start", offer.to_wire(), timeout_s=timeout_s),

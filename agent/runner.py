@@ -13,6 +13,10 @@ Drain: cordoned and draining nodes accept nothing new; a draining node lets its 
 the grace period, then stops the rest (cause ``drain``; their owners requeue them elsewhere) and
 becomes drained. The state is persisted and gossiped in the ``node`` record.
 
+Preemption: an offer may name running jobs to stop first; the runner re-checks them itself
+(``agent.preemption``), refuses the offer with one line when they do not qualify, else stops
+them with cause ``preempt`` and starts the job on the devices they held.
+
 Checkpoints: an attempt starts from the checkpoint its offer names (restored from the copy the
 owner pushed here, with ``SHOAL_RESUME=1``) or from an empty folder, never from what an earlier
 attempt left on this node. While a job runs, a change in its checkpoint folder is told to its
@@ -62,6 +66,7 @@ from agent.jobuser import prepare_job_folder
 from agent.logfiles import TailReader
 from agent.ownership import owner_of
 from agent.peers import PeerError, PeerRefused
+from agent.preemption import Preemptions, Refused
 from agent.store import ResultRecord, RunRecord, StoreFull, process_alive, reconcile
 from agent.transfer import TransferError
 from agent.wire.calls import (
@@ -107,6 +112,11 @@ class LocalRun:
     attempt: int
     owner: str
     devices: tuple[str, ...]
+    priority: int = 0
+    preemptible: bool = False
+    """Both from the job's operator-signed submission."""
+    started_at: float | None = None
+    """When its process started (``None`` while it launches)."""
 
 
 LOG_TAILS_AT_ONCE = 2
@@ -153,6 +163,7 @@ class Runner:
         self.checkpoints: Checkpoints | None = None
         """Set by the agent once made (it reads the jobs run here through this runner)."""
         self._ckpt_stamps: dict[tuple[str, int], object] = {}
+        self.preemptions = Preemptions(ctx.preempt_min_run_s)
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -209,11 +220,20 @@ class Runner:
         missing = [k for k in keys if k not in statics]
         if missing:
             raise Declined(f"no device {missing[0]} here")
-        busy = [k for k in keys if k not in free]
-        if busy:
+        victims: tuple[str, ...] = ()
+        if offer.victims:
+            try:
+                victims = self.preemptions.claim(
+                    job_id, spec.priority, keys, offer.victims, self.runs, free
+                )
+            except Refused as exc:
+                raise Declined(f"preemption refused: {exc}") from None
+        elif busy := [k for k in keys if k not in free]:
             raise Declined(f"device {busy[0]} is in use")
-        run = LocalRun(job_id, attempt, owner, keys)
+        run = LocalRun(job_id, attempt, owner, keys, spec.priority, spec.preemptible)
         self.runs[job_id] = run
+        if victims:
+            await self.preemptions.stop(job_id, victims, self.runs, self._preempt, self._note)
         try:
             resumed = await self._prepare_checkpoint(offer, spec.checkpoint_dir is None)
         except (TransferError, OSError, ValueError) as exc:
@@ -242,6 +262,7 @@ class Runner:
             )
             raise Declined(f"attempt {attempt} was stopped as it started")
         self.fence[job_id] = attempt
+        run.started_at = started.started_at
         try:
             self.store.record_run(
                 RunRecord(
@@ -268,6 +289,13 @@ class Runner:
                 job_id=job_id,
             )
         return StartAnswer(ok=True, started_at=started.started_at, pid=started.pid)
+
+    async def _preempt(self, job_id: str, attempt: int) -> None:
+        self.fence[job_id] = max(self.fence.get(job_id, 0), attempt)
+        await self.executor.stop(job_id, cause="preempt", grace_s=self._stop_grace_s)
+
+    def _note(self, job_id: str, message: str) -> None:
+        self.events.add("preempted", message, job_id=job_id)
 
     async def _prepare_checkpoint(self, offer: StartOffer, ours: bool) -> bool:
         """Put the checkpoint the offer names in the job's folder, or empty it: what an earlier
@@ -387,7 +415,11 @@ class Runner:
         self.events.add("exited", f"attempt {e.attempt} {e.cause} {how}", job_id=e.job_id)
         self._on_change()
         owner = run.owner if run is not None else None
-        self.queue_report(_exit_result(e), owner)
+        by = self.preemptions.stopped_for(e.job_id, e.attempt)
+        report = _exit_result(e)
+        self.queue_report(
+            report._replace(preempted_by=by) if e.cause == "preempt" else report, owner
+        )
         if self.drain == NodeDrainState.DRAINING and not self.runs:
             self._set_drain(DrainEvent.DRAINED)
 
