@@ -31,7 +31,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 
 class RunFacts(Protocol):
@@ -53,21 +53,29 @@ class Refused(Exception):
     """A preempting offer the runner will not carry out; the message is one line."""
 
 
+class Ask(NamedTuple):
+    """What a preempting offer asks: start ``job_id`` (its submission's ``priority``) on
+    ``devices`` once ``victims`` are stopped."""
+
+    job_id: str
+    priority: int
+    devices: tuple[str, ...]
+    victims: tuple[str, ...]
+
+
 def arbitrate(
-    *,
-    job_id: str,
-    priority: int,
-    devices: Sequence[str],
-    victims: Sequence[str],
+    ask: Ask,
     runs: Mapping[str, RunFacts],
     free: Collection[str],
     claimed: Collection[str],
     now: float,
     min_run_s: float,
 ) -> tuple[str, ...]:
-    """The victims to stop so ``job_id`` (of ``priority``) may start on ``devices``, checked
-    against the runs held here; raises :class:`Refused` with the first reason it may not."""
-    named = tuple(dict.fromkeys(victims))
+    """The victims to stop for ``ask``, checked against the runs held here (``runs``, the
+    devices ``free``, the victims ``claimed`` by other offers); raises :class:`Refused` with the
+    first reason it may not."""
+    job_id, priority, devices = ask.job_id, ask.priority, ask.devices
+    named = tuple(dict.fromkeys(ask.victims))
     if job_id in named:
         raise Refused(f"job {job_id} cannot preempt itself")
     wanted = set(devices)
@@ -117,32 +125,16 @@ class Preemptions:
         ``shoal_preemptions_total``."""
 
     def claim(
-        self,
-        job_id: str,
-        priority: int,
-        devices: Sequence[str],
-        victims: Sequence[str],
-        runs: Mapping[str, RunFacts],
-        free: Collection[str],
+        self, ask: Ask, runs: Mapping[str, RunFacts], free: Collection[str]
     ) -> tuple[str, ...]:
         """Check the offer (:func:`arbitrate`) and claim its victims, synchronously."""
         try:
-            named = arbitrate(
-                job_id=job_id,
-                priority=priority,
-                devices=devices,
-                victims=victims,
-                runs=runs,
-                free=free,
-                claimed=self.claimed,
-                now=self._clock(),
-                min_run_s=self.min_run_s,
-            )
+            named = arbitrate(ask, runs, free, self.claimed, self._clock(), self.min_run_s)
         except Refused:
             self.counts["refused"] += 1
             raise
         for v in named:
-            self.claimed[v] = (runs[v].attempt, job_id)
+            self.claimed[v] = (runs[v].attempt, ask.job_id)
         return named
 
     async def stop(

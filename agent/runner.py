@@ -66,7 +66,7 @@ from agent.jobuser import prepare_job_folder
 from agent.logfiles import TailReader
 from agent.ownership import owner_of
 from agent.peers import PeerError, PeerRefused
-from agent.preemption import Preemptions, Refused
+from agent.preemption import Ask, Preemptions, Refused
 from agent.store import ResultRecord, RunRecord, StoreFull, process_alive, reconcile
 from agent.transfer import TransferError
 from agent.wire.calls import (
@@ -223,9 +223,8 @@ class Runner:
         victims: tuple[str, ...] = ()
         if offer.victims:
             try:
-                victims = self.preemptions.claim(
-                    job_id, spec.priority, keys, offer.victims, self.runs, free
-                )
+                ask = Ask(job_id, spec.priority, keys, offer.victims)
+                victims = self.preemptions.claim(ask, self.runs, free)
             except Refused as exc:
                 raise Declined(f"preemption refused: {exc}") from None
         elif busy := [k for k in keys if k not in free]:
