@@ -138,17 +138,16 @@ class Preemptions:
         return named
 
     async def stop(
-        self,
-        job_id: str,
-        victims: Sequence[str],
-        runs: Mapping[str, RunFacts],
-        stop: Stop,
-        note: Note,
+        self, ask: Ask, victims: Sequence[str], runs: Mapping[str, RunFacts], stop: Stop, note: Note
     ) -> None:
         """Stop the claimed ``victims`` (at once, each with its checkpoint signal and grace)."""
         for v in victims:
             run = runs[v]
-            note(v, f"preempted by {job_id} (priority {run.priority}, attempt {run.attempt})")
+            note(
+                v,
+                f"preempted by {ask.job_id} (priority {ask.priority} over {run.priority}), "
+                f"attempt {run.attempt}",
+            )
             self.counts["preempted"] += 1
         await asyncio.gather(*(stop(v, runs[v].attempt) for v in victims))
 

@@ -221,9 +221,9 @@ class Runner:
         if missing:
             raise Declined(f"no device {missing[0]} here")
         victims: tuple[str, ...] = ()
+        ask = Ask(job_id, spec.priority, keys, offer.victims)
         if offer.victims:
             try:
-                ask = Ask(job_id, spec.priority, keys, offer.victims)
                 victims = self.preemptions.claim(ask, self.runs, free)
             except Refused as exc:
                 raise Declined(f"preemption refused: {exc}") from None
@@ -232,7 +232,7 @@ class Runner:
         run = LocalRun(job_id, attempt, owner, keys, spec.priority, spec.preemptible)
         self.runs[job_id] = run
         if victims:
-            await self.preemptions.stop(job_id, victims, self.runs, self._preempt, self._note)
+            await self.preemptions.stop(ask, victims, self.runs, self._preempt, self._note)
         try:
             resumed = await self._prepare_checkpoint(offer, spec.checkpoint_dir is None)
         except (TransferError, OSError, ValueError) as exc:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,9 @@ def test_a_higher_priority_job_preempts_a_checkpointing_one_which_resumes_from_i
             "both saved a checkpoint",
             lambda: all(saved_step(ckpt_dir(mesh, runners[j], j)) >= 20 for j in low),
         )
-        high = submit(mesh, [sys.executable, "-c", "import time; time.sleep(8)"], priority=100)
+        release = tmp_path / "release"  # the high job ends once the test has seen enough
+        wait_for = f"import os, time\nwhile not os.path.exists({str(release)!r}): time.sleep(0.1)"
+        high = submit(mesh, [sys.executable, "-c", wait_for], priority=100)
 
         attempts = {j: mesh.job(a, j)["attempt"] for j in low}
 
@@ -108,6 +111,7 @@ def test_a_higher_priority_job_preempts_a_checkpointing_one_which_resumes_from_i
         # It resumes from the checkpoint it saved as it stopped, once the high job is done.
         left = saved_step(ckpt_dir(mesh, host, victim))
         assert left > 20
+        release.touch()
         mesh.wait("the high job succeeded", lambda: mesh.job(a, high)["state"] == "succeeded")
         mesh.wait("the victim runs again", lambda: running(mesh, victim))
         again = mesh.job(a, victim)["attempt"]
@@ -193,6 +197,24 @@ def test_no_job_is_displaced_that_may_not_be_and_a_runner_refuses_offers_that_li
         assert refused == len(lies)
         assert not any(
             metric(mesh, x, "shoal_preemptions_total", outcome="preempted") for x in mesh.agents
+        )
+
+        # Two offers of a higher priority racing for one victim: one starts, the other is
+        # refused (the victim is claimed, gone, or its device taken), and it is stopped once.
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(
+                pool.map(
+                    lambda _: lying_offer(mesh, at[peer], (peer,), devices[peer], 200), range(2)
+                )
+            )
+        assert sorted(status for status, _ in answers) == [200, 409], answers
+        lost = next(error for status, error in answers if status == 409)
+        assert lost.startswith("preemption refused: "), lost
+        runner = mesh.agents[at[peer]]
+        assert metric(mesh, runner, "shoal_preemptions_total", outcome="preempted") == 1
+        mesh.wait(
+            "the victim requeued, saying so",
+            lambda: (mesh.job(a, peer)["reason"] or "").startswith("preempted by "),
         )
     finally:
         mesh.stop_all()

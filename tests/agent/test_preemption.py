@@ -92,9 +92,10 @@ def test_two_offers_racing_for_one_victim_do_not_both_win_and_the_report_names_t
     async def stop(job_id: str, attempt: int) -> None:
         stopped.append((job_id, attempt))
 
-    asyncio.run(p.stop("a", ("low",), RUNS, stop, lambda j, m: noted.append((j, m))))
+    ask = Ask("a", 100, ("g0",), ("low",))
+    asyncio.run(p.stop(ask, ("low",), RUNS, stop, lambda j, m: noted.append((j, m))))
     assert stopped == [("low", 1)]
-    assert noted == [("low", "preempted by a (priority 0, attempt 1)")]
+    assert noted == [("low", "preempted by a (priority 100 over 0), attempt 1")]
     assert p.counts == {"refused": 1, "preempted": 1}
     assert p.stopped_for("low", 2) is None  # another attempt: not the one claimed
     assert p.stopped_for("low", 1) == "a"
