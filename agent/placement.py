@@ -200,7 +200,11 @@ class ShoalPlacement:
         found = preempt_for(_job(spec, self.owner), ctx, by_node)
         if found is None:
             return None
-        return Candidate(found.placement.node_id, found.placement.devices[0], found.victims)
+        node_id, keys = found.placement.node_id, found.placement.devices[0]
+        # Only what frees a device the job takes: a runner refuses a victim that frees none.
+        held = {r.job.job_id: set(r.placement.devices[0]) for r in by_node[node_id]}
+        victims = tuple(v for v in found.victims if held.get(v, set()) & set(keys))
+        return Candidate(node_id, keys, victims) if victims else None
 
 
 PLACEMENTS: dict[str, Callable[[str | None, float], Placement]] = {

@@ -123,9 +123,15 @@ def test_a_preempted_job_says_by_whom_and_where_until_it_runs_again(tmp_path: Pa
 # -- the owner's side: running jobs from the view, victims from the policy -----------------------
 
 
-def _statics(node: str, n: int) -> tuple[DeviceStatic, ...]:
+def _statics(node: str, n: int, amd: int = 0) -> tuple[DeviceStatic, ...]:
+    """``n`` H100s, the last ``amd`` of them MI300Xs instead."""
     return tuple(
         DeviceStatic(
+            f"{node}-g{i}", "amd", "rocm", "AMD Instinct MI300X", "sim",
+            mem_total_bytes=192 * 1024**3,
+        )
+        if i >= n - amd
+        else DeviceStatic(
             f"{node}-g{i}", "nvidia", "cuda", "NVIDIA H100 80GB HBM3", "sim",
             mem_total_bytes=80 * 1024**3,
         )
@@ -137,14 +143,14 @@ class Fleet:
     """A real ``ClusterView`` fed what gossip brings: inventories, node records, operators'
     signed submissions and owners' job records."""
 
-    def __init__(self, tmp_path: Path, nodes: int) -> None:
+    def __init__(self, tmp_path: Path, nodes: int, amd: int = 0) -> None:
         self.kit = Kit(tmp_path)
         self.agents = [self.kit.agent(f"a{i}") for i in range(nodes)]
         self.ids = [a.node_id for a in self.agents]
         self.view = ClusterView(self.kit.authority(self.ids[0], lambda: self.ids, *self.agents))
         host = HostInfo("host", "linux", "x86_64", 8, None)
         for node in self.ids:
-            inventory = InventoryRecord(host, None, {}, 1, _statics(node, 2))
+            inventory = InventoryRecord(host, None, {}, 1, _statics(node, 2, amd))
             for kind, payload in inventory.encode():
                 self.view.apply(node, kind, payload, NOW)
             self.view.apply(node, "node", NodeRecord(free=()).encode(), NOW)
@@ -215,3 +221,19 @@ def test_the_policy_names_victims_only_of_lower_priority_preemptible_and_past_th
     placement.config = PolicyConfig(min_run_s=30.0)
     assert choose() == [(b, (just_started,))]
     assert FirstFit().preemption(urgent, nodes, ()) is None  # the baseline never preempts
+
+
+def test_an_offer_names_only_victims_that_free_a_device_the_job_takes(tmp_path: Path) -> None:
+    """The policy frees devices cheapest first: a victim on a GPU the job cannot use is not
+    named (a runner would refuse the whole offer for it)."""
+    fleet = Fleet(tmp_path, 1, amd=1)
+    (a,) = fleet.ids
+    on_amd = fleet.run(a, 1, NOW - 700, preemptible=True)  # the cheapest to stop
+    on_nvidia = fleet.run(a, 0, NOW - 3600, preemptible=True)
+    placement = ShoalPlacement(config=PolicyConfig(min_run_s=MIN_RUN_S), clock=lambda: NOW)
+    cuda = JobSpec(
+        command=("serve",), priority=100, resources=Resources(gpus_per_node=1, backends=("cuda",))
+    )
+    found = preemption_candidates(placement, cuda, [fleet.view.node(a)], fleet.view, [a])
+    assert [(c.node_id, c.devices, c.victims) for c in found] == [(a, (f"{a}-g0",), (on_nvidia,))]
+    assert on_amd not in found[0].victims
