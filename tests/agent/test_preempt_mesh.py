@@ -72,7 +72,17 @@ def test_a_higher_priority_job_preempts_a_checkpointing_one_which_resumes_from_i
         )
         release = tmp_path / "release"  # the high job ends once the test has seen enough
         wait_for = f"import os, time\nwhile not os.path.exists({str(release)!r}): time.sleep(0.1)"
-        high = submit(mesh, [sys.executable, "-c", wait_for], priority=100)
+        flags = ["--agent", a.address, "--identity", str(mesh.cluster_dir)]
+        submitted = shoal(
+            "submit", "--gpus", "1", "--priority", "100", *flags, "--", sys.executable, "-c",
+            wait_for,
+        )  # fmt: skip
+        assert submitted.returncode == 0, submitted.stderr
+        high = submitted.stdout.split()[1]
+        assert (
+            "it starts when one frees up, or sooner by preempting one of the 2 preemptible jobs "
+            "of lower priority running there, once they have run the minimum time"
+        ) in submitted.stdout, submitted.stdout
 
         attempts = {j: mesh.job(a, j)["attempt"] for j in low}
 
@@ -100,7 +110,6 @@ def test_a_higher_priority_job_preempts_a_checkpointing_one_which_resumes_from_i
         assert running(mesh, other)  # one victim was enough
 
         # The operator sees why it waits: in full as JSON, and at the head of its table row.
-        flags = ["--agent", a.address, "--identity", str(mesh.cluster_dir)]
         listed = shoal("jobs", "--json", *flags)
         assert listed.returncode == 0, listed.stderr
         said = next(j for j in json.loads(listed.stdout) if j["job_id"] == victim)["reason"]
