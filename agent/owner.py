@@ -11,7 +11,10 @@ One agent owns each job (``agent.ownership``). The owner:
   stop that also forbids a late start) and only then moves on;
 - requeues a job only when its runner is declared dead by gossip or has confirmed the stop, so two
   attempts never run at once;
-- publishes ``job/<id>`` records (a ``gen`` counter orders versions across successive owners).
+- publishes ``job/<id>`` records (a ``gen`` counter orders versions across successive owners);
+- when no node has room for a pending job, offers it naming the running jobs the policy would
+  preempt for it (``agent.preempting``; the runner checks them: ``agent.preemption``), and
+  requeues a job of its own that was preempted, saying by whom.
 
 Checkpoints (``agent.ckptmove``): when a runner says a job's checkpoint changed, the owner pulls a
 copy into its vault (and, when it is itself the runner, pushes that copy on to the job's replica,
