@@ -253,6 +253,7 @@ class Agent:
             running=tuple(sorted(runner.runs)),
             free=tuple(runner.free_devices()),
             progress={j: p for j, p in runner.progress.items() if j in runner.runs},
+            saved={j: at for j, at in runner.saved_at.items() if j in runner.runs},
         )
 
     # -- gossip events ---------------------------------------------------------------------------

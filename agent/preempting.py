@@ -34,9 +34,21 @@ def preemption_candidates(
     if not any(_may_yield(view, job_id, doc, spec.priority) for job_id, doc in view.jobs.items()):
         return []  # nothing of a lower priority that may be stopped runs anywhere
     specs = {j: s.spec for j, s in view.submissions.items()}
-    running = adapt.running_from_jobs(view.jobs, specs, live=live)
+    running = adapt.running_from_jobs(view.jobs, specs, live=live, checkpoints=saved_at(view))
     found = placement.preemption(spec, nodes, running)
     return [found] if found is not None else []
+
+
+def saved_at(view: ClusterView) -> dict[str, float]:
+    """When each running job last saved its checkpoint, as its own runner's node record says
+    (a node's word about a job another node runs is not taken)."""
+    out: dict[str, float] = {}
+    for job_id, doc in view.jobs.items():
+        held = view.nodes.get(str(doc.get("runner")))
+        status = held.status if held is not None else None
+        if status is not None and job_id in status.saved:
+            out[job_id] = status.saved[job_id]
+    return out
 
 
 def _may_yield(view: ClusterView, job_id: str, doc: Mapping[str, Any], priority: int) -> bool:

@@ -163,6 +163,8 @@ class Runner:
         self.checkpoints: Checkpoints | None = None
         """Set by the agent once made (it reads the jobs run here through this runner)."""
         self._ckpt_stamps: dict[tuple[str, int], object] = {}
+        self.saved_at: dict[str, float] = {}
+        """Running job -> when its checkpoint folder last changed (gossiped in the node record)."""
         self.preemptions = Preemptions(ctx.preempt_min_run_s)
 
     def spawn(self, coro: Any) -> None:
@@ -339,9 +341,12 @@ class Runner:
                 if not stamp or self._ckpt_stamps.get(key) == stamp:
                     continue
                 self._ckpt_stamps[key] = stamp
+                self.saved_at[job_id] = time.time()
+                self._on_change()
                 self.spawn(self._tell_checkpointed(job_id, run))
             for key in [k for k in self._ckpt_stamps if k[0] not in self.runs]:
                 del self._ckpt_stamps[key]
+                self.saved_at.pop(key[0], None)
 
     async def _tell_checkpointed(self, job_id: str, run: LocalRun) -> None:
         owner = self.owner_for(job_id, run.owner)

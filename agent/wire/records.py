@@ -371,6 +371,9 @@ class NodeRecord(NamedTuple):
     """Device keys no job holds; ``None`` (not said): every device."""
     progress: Mapping[str, tuple[float, float | None]] = EMPTY_MAP
     """Running job -> (fraction done, seconds left or ``None``)."""
+    saved: Mapping[str, float] = EMPTY_MAP
+    """Running job -> when its checkpoint folder last changed here (epoch seconds): what a
+    preemption would lose is the work since (``agent.policy.preempt``)."""
 
     def placement_view(self) -> tuple[str, int, tuple[str, ...], tuple[str, ...] | None]:
         """What placement reads: a change here is published at once."""
@@ -385,6 +388,7 @@ class NodeRecord(NamedTuple):
                 "running": list(self.running),
                 "free": None if self.free is None else list(self.free),
                 "progress": {j: [f, eta] for j, (f, eta) in self.progress.items()},
+                **({"saved": dict(self.saved)} if self.saved else {}),
             }
         )
 
@@ -397,7 +401,17 @@ class NodeRecord(NamedTuple):
             running=c.field(doc, "running", c.texts),
             free=None if free is None else c.texts(free, "free"),
             progress=_progress_from_wire(doc.get("progress")),
+            saved=_saved_from_wire(doc.get("saved")),
         )
+
+
+def _saved_from_wire(value: Any) -> dict[str, float]:
+    if value is None:
+        return {}
+    return {
+        c.text(job_id, f"saved.{job_id}"): c.number(at, f"saved.{job_id}")
+        for job_id, at in c.obj(value, "saved").items()
+    }
 
 
 def _progress_from_wire(value: Any) -> dict[str, tuple[float, float | None]]:

@@ -237,3 +237,27 @@ def test_an_offer_names_only_victims_that_free_a_device_the_job_takes(tmp_path: 
     found = preemption_candidates(placement, cuda, [fleet.view.node(a)], fleet.view, [a])
     assert [(c.node_id, c.devices, c.victims) for c in found] == [(a, (f"{a}-g0",), (on_nvidia,))]
     assert on_amd not in found[0].victims
+
+
+def test_the_victim_is_the_one_that_loses_least_since_its_runner_saw_it_checkpoint(
+    tmp_path: Path,
+) -> None:
+    fleet = Fleet(tmp_path, 2)
+    a, b = fleet.ids
+    older = fleet.run(a, 0, NOW - 3600, preemptible=True)
+    newer = fleet.run(a, 1, NOW - 1800, preemptible=True)
+    placement = ShoalPlacement(config=PolicyConfig(min_run_s=MIN_RUN_S), clock=lambda: NOW)
+    urgent = JobSpec(command=("serve",), priority=100, resources=Resources(gpus_per_node=1))
+    nodes = [fleet.view.node(n) for n in fleet.ids]
+
+    def victims() -> tuple[str, ...]:
+        (found,) = preemption_candidates(placement, urgent, nodes, fleet.view, fleet.ids)
+        return found.victims
+
+    assert victims() == (newer,)  # no checkpoint known: the work since each one started
+    # Another node's word about a job it does not run is not taken.
+    fleet.view.apply(b, "node", NodeRecord(free=(), saved={older: NOW - 10}).encode(), NOW)
+    assert victims() == (newer,)
+    # Its own runner's is: the older job saved 10 s ago and loses least.
+    fleet.view.apply(a, "node", NodeRecord(free=(), saved={older: NOW - 10}).encode(), NOW)
+    assert victims() == (older,)

@@ -213,6 +213,7 @@ def test_telemetry_round_trips(at: float | None, samples: tuple[DeviceSample, ..
         progress=st.dictionaries(
             _text, st.tuples(st.floats(0, 1), st.none() | st.floats(0, 1e6)), max_size=3
         ),
+        saved=st.dictionaries(_text, st.floats(0, 2e9), max_size=3),
     ),
     events=st.lists(
         st.builds(
