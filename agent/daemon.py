@@ -133,6 +133,7 @@ class Agent:
             publish=self.publish,
             changed=lambda: self.publisher.node_changed(),
             stop_grace_s=config.stop_grace_s,
+            preempt_min_run_s=config.preempt_min_run_s,
         )
         self.executor = ProcessExecutor(
             ExecutorConfig(
@@ -146,7 +147,10 @@ class Agent:
             self.devices,
             NodeFacts(os=self.devices.report.host.os, labels=config.all_labels()),
         )
-        self.owner = Owner(self.ctx, placement or PLACEMENTS[config.placement](self.node_id))
+        self.owner = Owner(
+            self.ctx,
+            placement or PLACEMENTS[config.placement](self.node_id, config.preempt_min_run_s),
+        )
         self.publisher = Publisher(
             self.publish, config, self.devices, self.events, self._node_doc, self._coordinate
         )
@@ -259,6 +263,7 @@ class Agent:
             free=tuple(runner.free_devices()),
             progress={j: p for j, p in runner.progress.items() if j in runner.runs},
             shares=runner.shares(),
+            saved={j: at for j, at in runner.saved_at.items() if j in runner.runs},
         )
 
     # -- gossip events ---------------------------------------------------------------------------
@@ -350,5 +355,6 @@ class Agent:
             "records_refused_kinds": self.view.refused_kinds,
             "placements": self.owner.offers,
             "deadline_misses": self.owner.deadline_misses,
+            "preemptions": self.runner.preemptions.counts,
             "checkpoint": self.checkpoints.counts,
         }

@@ -11,8 +11,10 @@ believed, by reason and by kind (``shoal_records_refused_total``,
 ``shoal_records_refused_kinds_total``), API requests refused by route and status
 (``shoal_api_refused_total``), the offers this agent made as an owner, by outcome
 (``shoal_placements_total``), jobs it owns whose deadline passed before they ended
-(``shoal_deadline_misses_total``, ``agent.deadlines``), and checkpoint transfers by what happened
-(``pulled``, ``pushed``, ``resumed``, ``failed``, ``refused``, ``refused_not_owner``:
+(``shoal_deadline_misses_total``, ``agent.deadlines``), preemptions on this runner, by outcome
+(``preempted``: a job stopped for one of higher priority, ``refused``: a preempting offer
+refused: ``shoal_preemptions_total``), and checkpoint transfers by what happened (``pulled``,
+``pushed``, ``resumed``, ``failed``, ``refused``, ``refused_not_owner``:
 ``shoal_checkpoint_total``).
 
 The counters are plain ``collections.Counter`` objects and everything is turned into Prometheus
@@ -65,6 +67,12 @@ class _Snapshot:
                 m.internal_refused,
             ),
             ("placements", "Offers of jobs to runners, by outcome", "outcome", snap["placements"]),
+            (
+                "preemptions",
+                "Preempting offers on this runner: victims stopped (preempted), offers refused",
+                "outcome",
+                snap.get("preemptions", {}),
+            ),
             (
                 "checkpoint",
                 "Checkpoint transfers (pulled, pushed, resumed, failed) and refusals",

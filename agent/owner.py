@@ -11,7 +11,10 @@ One agent owns each job (``agent.ownership``). The owner:
   stop that also forbids a late start) and only then moves on;
 - requeues a job only when its runner is declared dead by gossip or has confirmed the stop, so two
   attempts never run at once;
-- publishes ``job/<id>`` records (a ``gen`` counter orders versions across successive owners).
+- publishes ``job/<id>`` records (a ``gen`` counter orders versions across successive owners);
+- when no node has room for a pending job, offers it naming the running jobs the policy would
+  preempt for it (``agent.preempting``; the runner checks them: ``agent.preemption``), and
+  requeues a job of its own that was preempted, saying by whom.
 
 Checkpoints (``agent.ckptmove``): when a runner says a job's checkpoint changed, the owner pulls a
 copy into its vault (and, when it is itself the runner, pushes that copy on to the job's replica,
@@ -52,6 +55,7 @@ from agent.ownedjob import OwnedJob, OwnerError, gossip_payload, job_from_wire, 
 from agent.ownership import rank, replica_of
 from agent.peers import PeerError, PeerRefused, PeerUnreachable
 from agent.placement import Candidate, Placement
+from agent.preempting import host_name, preemption_candidates, stopped_reason, waiting_reason
 from agent.store import StoreFull
 from agent.transfer import TransferError
 from agent.view import JOB_PREFIX, SUB_PREFIX, job_gen
@@ -414,7 +418,13 @@ class Owner:
             if cause in ("drain", "shutdown"):
                 # The report can beat the gossip that says so: do not offer it straight back.
                 job.avoid = runner
-            self._requeue(job, f"attempt {attempt} stopped on {runner[:8]} ({cause})")
+            if r.preempted_by:
+                self.events.add(
+                    "preempted",
+                    f"by {r.preempted_by} on {host_name(self.view, runner)}",
+                    job_id=job_id,
+                )
+            self._requeue(job, stopped_reason(r, runner, self.view))
 
     # -- checkpoints -----------------------------------------------------------------------------
 
@@ -713,7 +723,9 @@ class Owner:
         if not candidates and job.avoid:
             candidates = self.placement.candidates(job.spec, nodes, prefer=job.prefer)
         if not candidates:
-            reason = self.placement.why_pending(job.spec)
+            candidates = preemption_candidates(self.placement, job.spec, nodes, self.view, live)
+        if not candidates:
+            reason = waiting_reason(job.reason, self.placement.why_pending(job.spec))
             if reason != job.reason:
                 job.reason = reason
                 self._save(job, replicate=False)
@@ -782,11 +794,19 @@ class Owner:
             if job.attempt != attempt or _state(job) != JobState.PLACING:
                 return  # cancelled meanwhile
             offer = StartOffer(
-                job.job_id, attempt, self.node_id, cand.devices, job.submission, resume
+                job.job_id,
+                attempt,
+                self.node_id,
+                cand.devices,
+                job.submission,
+                resume,
+                cand.victims,
             )
             try:
-                # A resumed attempt's checkpoint is copied into its folder before it starts.
-                timeout_s = None if resume is None else RESTORE_TIMEOUT_S
+                # A resumed attempt's checkpoint is copied into its folder before it starts; a
+                # preempting one waits for its victims to stop first.
+                slow = resume is not None or cand.victims
+                timeout_s = RESTORE_TIMEOUT_S + self._stop_grace_s if slow else None
                 answer = _answer(
                     StartAnswer.from_wire,
                     await self.peers.call(addr, "start", offer.to_wire(), timeout_s=timeout_s),

@@ -25,14 +25,21 @@ Shares of a GPU are placed by the same model as whole ones: the node record list
 each share holds on its device (``agent.wire.records.NodeRecord.shares``), which the adapter
 turns into the policy's ``Device.shares``.
 
-What the live mesh does not do yet (its next step): moves, and one queue order across owners.
+When no node fits, :meth:`Placement.preemption` may name a node and the running jobs to stop
+there (the policy's :func:`agent.policy.preempt.preempt_for`, over the running jobs the gossiped
+job records name: :func:`agent.policy.adapt.running_from_jobs`); the runner re-checks it
+(:mod:`agent.preemption`). Only a higher priority preempts on the live mesh: time slicing (equal
+priority) runs in the simulator only. First fit never preempts.
+
+What the live mesh does not do yet (its next step): preempting for a gang, moves, and one queue
+order across owners.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from agent.jobspec import JobSpec, lacking_reason
@@ -42,7 +49,8 @@ from agent.policy.config import PolicyConfig
 from agent.policy.decision import context, rank_any
 from agent.policy.explain import busy_line, never_reason
 from agent.policy.model import ThroughputModel
-from agent.policy.snapshot import Job, Snapshot
+from agent.policy.preempt import preempt_for
+from agent.policy.snapshot import Job, Running, Snapshot
 from agent.policy.snapshot import Placement as PolicyPlacement
 from agent.policy.state import PolicyState
 from agent.view import NodeView
@@ -53,6 +61,8 @@ class Candidate:
     node_id: str
     devices: tuple[str, ...]
     """Device keys offered to the job on that node (empty for a CPU-only job)."""
+    victims: tuple[str, ...] = ()
+    """Jobs running there that must be preempted first (none: the devices are free)."""
 
 
 GangSet = tuple[Candidate, ...]
@@ -83,6 +93,12 @@ class Placement(Protocol):
 
     def why_pending(self, spec: JobSpec) -> str:
         """One line saying what the job waits for."""
+        ...
+
+    def preemption(
+        self, spec: JobSpec, nodes: Sequence[NodeView], running: Sequence[Running]
+    ) -> Candidate | None:
+        """Where the job may start by preempting some of ``running``, and whom; or ``None``."""
         ...
 
 
@@ -156,6 +172,12 @@ class FirstFit:
             parts.append("with the labels it asks for")
         return " ".join(parts)
 
+    def preemption(
+        self, spec: JobSpec, nodes: Sequence[NodeView], running: Sequence[Running]
+    ) -> Candidate | None:
+        """First fit, the baseline, never preempts."""
+        return None
+
 
 class ShoalPlacement:
     """The Shoal policy behind the owner's seam (see the module doc)."""
@@ -221,9 +243,41 @@ class ShoalPlacement:
         job = _job(spec, self.owner)
         return never_reason(job, ctx, state) or busy_line(job, 0, None, None)
 
+    def preemption(
+        self, spec: JobSpec, nodes: Sequence[NodeView], running: Sequence[Running]
+    ) -> Candidate | None:
+        """The policy's cheapest legal preemption for the job over the live ``nodes``. Only
+        a higher priority preempts here: time slicing is off on the live mesh (a runner
+        refuses to stop a job of equal priority, whatever an offer says)."""
+        if not any(r.job.preemptible and r.job.priority < spec.priority for r in running):
+            return None  # nothing it may stop: no index built for nothing
+        views = [n for n in nodes if n.inventory is not None]
+        snapshot = Snapshot(
+            now=self._clock(),
+            nodes=adapt.nodes_from_views(views, adapt.holders(running)),
+            running=tuple(running),
+            dataset_bytes=adapt.dataset_bytes(views),
+        )
+        config = replace(self.config, time_slice=())
+        ctx, _ = context(snapshot, self.model, config, owner=self.owner)
+        by_node: dict[str, list[Running]] = {}
+        for r in running:
+            by_node.setdefault(r.placement.node_id, []).append(r)
+        found = preempt_for(_job(spec, self.owner), ctx, by_node)
+        if found is None:
+            return None
+        node_id, keys = found.placement.node_id, found.placement.devices[0]
+        # Only what frees a device the job takes: a runner refuses a victim that frees none.
+        held = {r.job.job_id: set(r.placement.devices[0]) for r in by_node[node_id]}
+        victims = tuple(v for v in found.victims if held.get(v, set()) & set(keys))
+        return Candidate(node_id, keys, victims) if victims else None
 
-PLACEMENTS: dict[str, Callable[[str | None], Placement]] = {
-    "fifo": lambda owner: FirstFit(),
-    "shoal": lambda owner: ShoalPlacement(owner=owner),
+
+PLACEMENTS: dict[str, Callable[[str | None, float], Placement]] = {
+    "fifo": lambda owner, min_run_s: FirstFit(),
+    "shoal": lambda owner, min_run_s: ShoalPlacement(
+        owner=owner, config=PolicyConfig(min_run_s=min_run_s)
+    ),
 }
-"""Placement by the name an agent's config gives (``placement = "fifo"``), for an owner."""
+"""Placement by the name an agent's config gives (``placement = "fifo"``), for an owner, with
+the minimum run time before a job may be preempted (``preempt_min_run_s``)."""

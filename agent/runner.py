@@ -22,6 +22,10 @@ Drain: cordoned and draining nodes accept nothing new; a draining node lets its 
 the grace period, then stops the rest (cause ``drain``; their owners requeue them elsewhere) and
 becomes drained. The state is persisted and gossiped in the ``node`` record.
 
+Preemption: an offer may name running jobs to stop first; the runner re-checks them itself
+(``agent.preemption``), refuses the offer with one line when they do not qualify, else stops
+them with cause ``preempt`` and starts the job on the devices they held.
+
 Checkpoints: an attempt starts from the checkpoint its offer names (restored from the copy the
 owner pushed here, with ``SHOAL_RESUME=1``) or from an empty folder, never from what an earlier
 attempt left on this node. While a job runs, a change in its checkpoint folder is told to its
@@ -44,7 +48,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from agent.admission import NodeFacts, NotAdmitted, admit, local_node
 from agent.authority import FeaturesLacking, SubmissionRefused
@@ -73,6 +77,7 @@ from agent.logfiles import TailReader
 from agent.ownership import owner_of
 from agent.peers import PeerError, PeerRefused
 from agent.pinning import GangRank
+from agent.preemption import Ask, Preemptions, Refused
 from agent.reservations import Reservations
 from agent.store import ResultRecord, RunRecord, StoreFull, process_alive, reconcile
 from agent.transfer import TransferError
@@ -114,6 +119,18 @@ class NotAllowed(Exception):
     """A call whose caller has no authority over the job (``agent.authority``)."""
 
 
+class Admitted(NamedTuple):
+    """What :meth:`Runner.admit` let in: a share's memory on its device (0: devices given
+    whole) and the victims it claimed, to stop before the job starts."""
+
+    share_bytes: int = 0
+    victims: tuple[str, ...] = ()
+
+
+_WHOLE = Admitted()
+"""Admitted on devices given whole, preempting nothing."""
+
+
 @dataclass(slots=True)
 class LocalRun:
     job_id: str
@@ -122,6 +139,11 @@ class LocalRun:
     devices: tuple[str, ...]
     share_bytes: int = 0
     """The memory it holds of its one device when it is a share of a GPU; 0: devices whole."""
+    priority: int = 0
+    preemptible: bool = False
+    """Both from the job's operator-signed submission."""
+    started_at: float | None = None
+    """When its process started (``None`` while it launches)."""
 
 
 LOG_TAILS_AT_ONCE = 2
@@ -179,6 +201,9 @@ class Runner:
         self._ckpt_stamps: dict[tuple[str, int], object] = {}
         self.holds = Reservations()
         """Devices held for gangs between prepare and commit (``agent.gangdesk``)."""
+        self.saved_at: dict[str, float] = {}
+        """Running job -> when its checkpoint folder last changed (gossiped in the node record)."""
+        self.preemptions = Preemptions(ctx.preempt_min_run_s)
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -230,9 +255,9 @@ class Runner:
         spec = self.authorised_spec(job_id, owner, caller, offer.submission, "start")
         if spec.is_gang:
             raise Declined("a gang starts through gang_prepare and gang_commit, not start")
-        share_bytes = await self.admit(job_id, attempt, spec, offer.devices)
+        admitted = await self.admit(job_id, attempt, spec, offer.devices, offer.victims)
         return await self.launch(
-            job_id, attempt, owner, spec, offer.devices, offer.resume, share_bytes=share_bytes
+            job_id, attempt, owner, spec, offer.devices, offer.resume, admitted=admitted
         )
 
     def authorised_spec(
@@ -253,13 +278,22 @@ class Runner:
             raise Declined(lacking_reason(spec.lacking))
         return spec
 
-    async def admit(self, job_id: str, attempt: int, spec: JobSpec, keys: tuple[str, ...]) -> int:
+    async def admit(
+        self,
+        job_id: str,
+        attempt: int,
+        spec: JobSpec,
+        keys: tuple[str, ...],
+        victims: tuple[str, ...] = (),
+    ) -> Admitted:
         """``Declined`` unless attempt ``attempt`` may start here now on ``keys``: the agent
         runs, the node takes work, the attempt is not fenced, no newer one runs, the devices
         are here, free (a hold of the job itself does not count: it is its own) and meet the
         spec's hard filters (``agent.admission``). An older attempt of the job that still runs
-        here is stopped (fenced). The memory the job holds of its device when it is a share
-        (0: devices given whole)."""
+        here is stopped (fenced). ``victims``: running jobs a preempting offer names, which the
+        runner checks itself and claims (``agent.preemption``). What was admitted: the memory
+        the job holds of its device when it is a share (0: devices given whole), and the
+        victims to stop before it starts."""
         if self._closing:
             raise Declined("the agent is shutting down")
         if not accepts_work(self.drain):
@@ -276,11 +310,25 @@ class Runner:
         in_hold = [k for k in keys if k in holds]
         if in_hold:
             raise Declined(f"device {in_hold[0]} is in use (held for a gang)")
-        here = local_node(self.node_id, self.facts, list(statics.values()), self.held())
+        claimed: tuple[str, ...] = ()
+        if victims:  # checked and claimed first; the offered devices they hold count as free
+            try:
+                claimed = self.preemptions.claim(
+                    Ask(job_id, spec.priority, keys, victims), self.runs, set(self.free_devices())
+                )
+            except Refused as exc:
+                raise Declined(f"preemption refused: {exc}") from None
+        holding = {
+            k: {j: b for j, b in jobs.items() if j not in claimed}
+            for k, jobs in self.held().items()
+        }
+        here = local_node(self.node_id, self.facts, list(statics.values()), holding)
         try:
-            return admit(spec, here, keys)
+            share_bytes = admit(spec, here, keys)
         except NotAdmitted as exc:
+            self.preemptions.release(claimed)
             raise Declined(str(exc)) from None
+        return Admitted(share_bytes, claimed)
 
     async def launch(
         self,
@@ -291,13 +339,24 @@ class Runner:
         keys: tuple[str, ...],
         resume: ResumeFrom | None = None,
         gang: GangRank | None = None,
-        share_bytes: int = 0,
+        admitted: Admitted = _WHOLE,
     ) -> StartAnswer:
-        """Start an admitted attempt (``Declined``, ``LaunchFailed`` when it could not);
-        ``share_bytes``: what :meth:`admit` said the job holds of its device when it shares it."""
+        """Start an admitted attempt (``Declined``, ``LaunchFailed`` when it could not), once
+        the victims :meth:`admit` claimed are stopped."""
         statics = {s.key: s for s in self._statics()}
-        run = LocalRun(job_id, attempt, owner, keys, share_bytes)
+        run = LocalRun(
+            job_id,
+            attempt,
+            owner,
+            keys,
+            share_bytes=admitted.share_bytes,
+            priority=spec.priority,
+            preemptible=spec.preemptible,
+        )
         self.runs[job_id] = run
+        if admitted.victims:
+            ask = Ask(job_id, spec.priority, keys, admitted.victims)
+            await self.preemptions.stop(ask, admitted.victims, self.runs, self._preempt, self._note)
         try:
             resumed = await self._prepare_checkpoint(job_id, resume, spec.checkpoint_dir is None)
         except (TransferError, OSError, ValueError) as exc:
@@ -312,7 +371,7 @@ class Runner:
                 devices=[statics[k] for k in keys],
                 gang=gang,
                 resume=resumed,
-                share_bytes=share_bytes,
+                share_bytes=admitted.share_bytes,
             )
             started = await self.executor.start(launch)
         except NoRoom as exc:  # not the job's fault: declined, it may start elsewhere
@@ -332,6 +391,7 @@ class Runner:
             )
             raise Declined(f"attempt {attempt} was stopped as it started")
         self.fence[job_id] = attempt
+        run.started_at = started.started_at
         try:
             self.store.record_run(
                 RunRecord(
@@ -357,6 +417,13 @@ class Runner:
                 job_id=job_id,
             )
         return StartAnswer(ok=True, started_at=started.started_at, pid=started.pid)
+
+    async def _preempt(self, job_id: str, attempt: int) -> None:
+        self.fence[job_id] = max(self.fence.get(job_id, 0), attempt)
+        await self.executor.stop(job_id, cause="preempt", grace_s=self._stop_grace_s)
+
+    def _note(self, job_id: str, message: str) -> None:
+        self.events.add("preempted", message, job_id=job_id)
 
     async def _prepare_checkpoint(self, job_id: str, resume: ResumeFrom | None, ours: bool) -> bool:
         """Put the checkpoint the offer names in the job's folder, or empty it: what an earlier
@@ -401,9 +468,12 @@ class Runner:
                 if not stamp or self._ckpt_stamps.get(key) == stamp:
                     continue
                 self._ckpt_stamps[key] = stamp
+                self.saved_at[job_id] = time.time()
+                self._on_change()
                 self.spawn(self._tell_checkpointed(job_id, run))
             for key in [k for k in self._ckpt_stamps if k[0] not in self.runs]:
                 del self._ckpt_stamps[key]
+                self.saved_at.pop(key[0], None)
 
     async def _tell_checkpointed(self, job_id: str, run: LocalRun) -> None:
         owner = self.owner_for(job_id, run.owner)
@@ -477,7 +547,11 @@ class Runner:
         self.events.add("exited", f"attempt {e.attempt} {e.cause} {how}", job_id=e.job_id)
         self._on_change()
         owner = run.owner if run is not None else None
-        self.queue_report(_exit_result(e), owner)
+        by = self.preemptions.stopped_for(e.job_id, e.attempt)
+        report = _exit_result(e)
+        self.queue_report(
+            report._replace(preempted_by=by) if e.cause == "preempt" else report, owner
+        )
         if self.drain == NodeDrainState.DRAINING and not self.runs:
             self._set_drain(DrainEvent.DRAINED)
 

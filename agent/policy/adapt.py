@@ -13,12 +13,12 @@ whose deadline cannot be met is refused or queued with a warning is its ``on_lat
 from __future__ import annotations
 
 import os.path
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from agent.jobspec import JobSpec
 from agent.policy.prior import catalog_key
-from agent.policy.snapshot import SCHEDULABLE, Device, Job, Node, Share
+from agent.policy.snapshot import SCHEDULABLE, Device, Job, Node, Placement, Running, Share
 from probers.records import DeviceSample, DeviceStatic
 
 BUSY = "(busy)"
@@ -229,8 +229,65 @@ def node_from_view(view: NodeFacts, holders: Mapping[str, str] | None = None) ->
     )
 
 
-def nodes_from_views(views: Iterable[NodeFacts]) -> tuple[Node, ...]:
-    return tuple(node_from_view(v) for v in views)
+def nodes_from_views(
+    views: Iterable[NodeFacts], holders: Mapping[str, Mapping[str, str]] | None = None
+) -> tuple[Node, ...]:
+    """``holders``: by node, the device keys held by each running job (see :func:`holders`)."""
+    held = holders or {}
+    return tuple(node_from_view(v, held.get(v.node_id)) for v in views)
+
+
+def running_from_jobs(
+    jobs: Mapping[str, Mapping[str, Any]],
+    specs: Mapping[str, JobSpec],
+    *,
+    live: Collection[str],
+    checkpoints: Mapping[str, float] | None = None,
+) -> tuple[Running, ...]:
+    """The jobs that run now, as the gossiped job records say (``agent.view.ClusterView.jobs``):
+    state ``running`` on a live runner, on its devices, since ``started_at``. Priority and
+    preemptible come from each job's own signed submission (``specs``, by job id); a job whose
+    submission is not held is left out. ``checkpoints``: when a job last saved one, where known
+    (else the policy counts the work lost since it started)."""
+    out: list[Running] = []
+    saved = checkpoints or {}
+    for job_id, doc in jobs.items():
+        runner, started = doc.get("runner"), doc.get("started_at")
+        spec = specs.get(job_id)
+        if doc.get("state") != "running" or spec is None:
+            continue
+        if not isinstance(runner, str) or runner not in live:
+            continue
+        if isinstance(started, bool) or not isinstance(started, int | float):
+            continue
+        devices = doc.get("devices")
+        keys = tuple(str(k) for k in devices) if isinstance(devices, list | tuple) else ()
+        submitted = doc.get("submitted_at")
+        job = job_from_spec(
+            job_id,
+            spec,
+            owner=doc.get("owner") if isinstance(doc.get("owner"), str) else None,
+            submitted_at=float(submitted) if isinstance(submitted, int | float) else 0.0,
+        )
+        out.append(
+            Running(
+                job=job,
+                placement=Placement((runner,), (keys,)),
+                started_at=float(started),
+                last_checkpoint_at=saved.get(job_id),
+            )
+        )
+    return tuple(out)
+
+
+def holders(running: Iterable[Running]) -> dict[str, dict[str, str]]:
+    """By node, device key -> the running job holding it."""
+    out: dict[str, dict[str, str]] = {}
+    for r in running:
+        for node_id, keys in zip(r.placement.node_ids, r.placement.devices, strict=True):
+            for key in keys:
+                out.setdefault(node_id, {})[key] = r.job.job_id
+    return out
 
 
 def dataset_bytes(views: Iterable[NodeFacts]) -> dict[str, int]:
@@ -326,9 +383,11 @@ __all__ = [
     "SCHEDULABLE",
     "HostFacts",
     "NodeFacts",
+    "holders",
     "job_class",
     "job_from_spec",
     "node_from_host",
     "node_from_view",
     "nodes_from_views",
+    "running_from_jobs",
 ]

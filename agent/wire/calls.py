@@ -148,7 +148,9 @@ class ResumeFrom(NamedTuple):
 
 class StartOffer(NamedTuple):
     """``start``: run attempt ``attempt`` of the job on ``devices``, for its owner ``owner``;
-    ``resume``: from that checkpoint (``None``: from an empty checkpoint folder)."""
+    ``resume``: from that checkpoint (``None``: from an empty checkpoint folder); ``victims``:
+    the jobs running there that the runner is asked to preempt first (``agent.preemption``
+    decides whether it does; empty: the devices must be free)."""
 
     job_id: str
     attempt: int
@@ -156,6 +158,7 @@ class StartOffer(NamedTuple):
     devices: tuple[str, ...]
     submission: bytes
     resume: ResumeFrom | None = None
+    victims: tuple[str, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         doc = {
@@ -167,6 +170,8 @@ class StartOffer(NamedTuple):
         }
         if self.resume is not None:
             doc["resume"] = self.resume.to_wire()
+        if self.victims:
+            doc["victims"] = list(self.victims)
         return doc
 
     @classmethod
@@ -180,6 +185,7 @@ class StartOffer(NamedTuple):
             devices=c.field(d, "devices", c.texts),
             submission=_b64_in(d.get("submission"), "submission"),
             resume=None if resume is None else ResumeFrom.from_wire(resume),
+            victims=c.field(d, "victims", c.texts),
         )
 
 
@@ -212,9 +218,11 @@ class AttemptResult(NamedTuple):
     """``exit``, ``timeout``, ``lost`` or a stop cause (``cancel``, ``drain``, ``fenced``...)."""
     started_at: float | None
     finished_at: float | None
+    preempted_by: str | None = None
+    """With cause ``preempt``: the job the runner stopped it for."""
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "job_id": self.job_id,
             "attempt": self.attempt,
             "exit_code": self.exit_code,
@@ -223,6 +231,9 @@ class AttemptResult(NamedTuple):
             "started_at": self.started_at,
             "finished_at": self.finished_at,
         }
+        if self.preempted_by is not None:
+            doc["preempted_by"] = self.preempted_by
+        return doc
 
     @classmethod
     def from_wire(cls, value: Any, name: str = "result") -> AttemptResult:
@@ -236,6 +247,7 @@ class AttemptResult(NamedTuple):
             cause=c.field(d, "cause", c.or_default(c.text, "exit"), p),
             started_at=c.field(d, "started_at", c.opt_number, p),
             finished_at=c.field(d, "finished_at", c.opt_number, p),
+            preempted_by=c.field(d, "preempted_by", c.opt_text, p),
         )
 
 

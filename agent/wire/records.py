@@ -378,6 +378,9 @@ class NodeRecord(NamedTuple):
     """Device key -> {job -> bytes of its memory the job holds}, for the devices that run shares
     of a GPU (never a device given whole). Such a device is not ``free``, so a reader that does
     not know this field takes it as busy."""
+    saved: Mapping[str, float] = EMPTY_MAP
+    """Running job -> when its checkpoint folder last changed here (epoch seconds): what a
+    preemption would lose is the work since (``agent.policy.preempt``)."""
 
     def placement_view(
         self,
@@ -395,6 +398,7 @@ class NodeRecord(NamedTuple):
                 "free": None if self.free is None else list(self.free),
                 "progress": {j: [f, eta] for j, (f, eta) in self.progress.items()},
                 "shares": _shares_to_rows(self.shares, self.running),
+                **({"saved": dict(self.saved)} if self.saved else {}),
             }
         )
 
@@ -409,6 +413,7 @@ class NodeRecord(NamedTuple):
             free=None if free is None else c.texts(free, "free"),
             progress=_progress_from_wire(doc.get("progress")),
             shares=_shares_from_rows(doc.get("shares"), running),
+            saved=_saved_from_wire(doc.get("saved")),
         )
 
 
@@ -453,6 +458,15 @@ def shares_from_wire(value: Any, name: str = "shares") -> dict[str, dict[str, in
             c.text(j, where): c.integer(b, f"{where}.{j}") for j, b in c.obj(jobs, where).items()
         }
     return out
+
+
+def _saved_from_wire(value: Any) -> dict[str, float]:
+    if value is None:
+        return {}
+    return {
+        c.text(job_id, f"saved.{job_id}"): c.number(at, f"saved.{job_id}")
+        for job_id, at in c.obj(value, "saved").items()
+    }
 
 
 def _progress_from_wire(value: Any) -> dict[str, tuple[float, float | None]]:

@@ -224,6 +224,7 @@ def test_telemetry_round_trips(at: float | None, samples: tuple[DeviceSample, ..
             st.dictionaries(_text, st.integers(min_value=1, max_value=2**50), max_size=3),
             max_size=3,
         ),
+        saved=st.dictionaries(_text, st.floats(0, 2e9), max_size=3),
     ),
     events=st.lists(
         st.builds(
@@ -309,6 +310,8 @@ def test_api_documents_and_call_bodies_round_trip_and_ignore_unknown_fields() ->
         JobTransfer(status, OwnerDetail(gen=3), b"sealed"),
         StartOffer("j" * 32, 1, NODE, ("k",), b"sealed"),
         StartOffer("j" * 32, 2, NODE, ("k",), b"sealed", ResumeFrom(1, "d" * 64)),
+        StartOffer("j" * 32, 3, NODE, ("k",), b"sealed", None, ("v" * 32, "w" * 32)),
+        AttemptResult("j" * 32, 1, None, "SIGTERM", "preempt", 1.0, 2.0, "p" * 32),
         CheckpointNote("j" * 32, 2),
         StopRequest("j" * 32, 1, "drain", 5.0),
         StopAnswer(True, AttemptResult("j" * 32, 1, 0, None, "exit", 1.0, 2.0)),
@@ -328,6 +331,23 @@ def test_api_documents_and_call_bodies_round_trip_and_ignore_unknown_fields() ->
         assert type(doc).from_wire(wire) == doc
         newer = {**wire, "v": WIRE_VERSION + 1, "added_in_a_newer_version": {"x": [1]}}
         assert type(doc).from_wire(newer) == doc  # a rolling upgrade: unknown fields ignored
+
+
+def test_a_preempting_offer_names_its_victims_and_a_report_whom_it_was_stopped_for() -> None:
+    plain = StartOffer("j" * 32, 1, NODE, ("k",), b"sealed")
+    assert "victims" not in plain.to_wire()  # an offer without victims reads as it always did
+    offer = plain._replace(victims=("v" * 32,))
+    assert offer.to_wire()["victims"] == ["v" * 32]
+    assert StartOffer.from_wire(offer.to_wire()).victims == ("v" * 32,)
+    for bad in ("v" * 32, [1], {"v": 1}):
+        with pytest.raises(WireError, match="victims"):
+            StartOffer.from_wire({**plain.to_wire(), "victims": bad})
+    ended = AttemptResult("j" * 32, 1, None, "SIGTERM", "preempt", 1.0, 2.0)
+    assert "preempted_by" not in ended.to_wire()
+    by = ended._replace(preempted_by="p" * 32)
+    assert AttemptResult.from_wire(by.to_wire()).preempted_by == "p" * 32
+    with pytest.raises(WireError, match="preempted_by"):
+        AttemptResult.from_wire({**ended.to_wire(), "preempted_by": 7})
 
 
 # -- refused and counted -------------------------------------------------------------------------
