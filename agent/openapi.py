@@ -131,8 +131,10 @@ SCHEMAS: Final[dict[str, Any]] = {
             "spec": {"type": "object", "description": "the job spec as the operator signed it"},
             "progress": _OPT_NUM,
             "eta_s": _OPT_NUM,
+            "members": _array(_ref("GangMember")),
         },
     ),
+    "GangMember": _obj({"rank": _INT, "node": _STR}, {"devices": _STRS}),
     "Jobs": _obj({"jobs": _array(_ref("Job"))}),
     "Event": _obj(
         {"seq": _INT, "kind": _STR, "message": _STR},

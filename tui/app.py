@@ -186,6 +186,7 @@ class ShoalApp(App[None]):
             self._backfilled = True
         if len(nodes) > THREAD_PARSE_HOSTS:
             snapshot = await asyncio.to_thread(self.ingest, now, nodes, jobs, list(events))
+            await asyncio.to_thread(snapshot.outlook)  # the jobs view's forecasts, off the loop
         else:
             snapshot = self.ingest(now, nodes, jobs, events)
         return snapshot, next_seq

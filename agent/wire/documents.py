@@ -288,6 +288,27 @@ def nodes_from_wire(value: Any) -> list[NodeDoc]:
 # -- jobs ----------------------------------------------------------------------------------------
 
 
+class GangMember(NamedTuple):
+    """One node of a gang job: its rank, the node and the devices it holds there."""
+
+    rank: int
+    node: str
+    devices: tuple[str, ...] = ()
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"rank": self.rank, "node": self.node, "devices": list(self.devices)}
+
+    @classmethod
+    def from_wire(cls, value: Any, name: str = "member") -> GangMember:
+        d = c.obj(value, name)
+        p = name + "."
+        return cls(
+            rank=c.field(d, "rank", c.integer, p),
+            node=c.field(d, "node", c.text, p),
+            devices=c.field(d, "devices", c.texts, p),
+        )
+
+
 class JobDoc(NamedTuple):
     """A job in ``/v1/jobs``: its owner's record (every field of ``job/<id>``), the operator's
     spec, and its progress."""
@@ -298,6 +319,9 @@ class JobDoc(NamedTuple):
     progress: float | None = None
     """Fraction done, as the job reports it (``SHOAL_PROGRESS``)."""
     eta_s: float | None = None
+    members: tuple[GangMember, ...] = ()
+    """A gang's nodes by rank, each with its devices; empty (absent on the wire) for a job on
+    one node."""
 
     @property
     def job_id(self) -> str:
@@ -311,6 +335,8 @@ class JobDoc(NamedTuple):
         doc = self.status.to_wire()
         del doc["v"]
         doc.update(spec=dict(self.spec), progress=self.progress, eta_s=self.eta_s)
+        if self.members:
+            doc["members"] = [m.to_wire() for m in self.members]
         return doc
 
     @classmethod
@@ -323,6 +349,7 @@ class JobDoc(NamedTuple):
             spec={} if spec is None else dict(c.obj(spec, p + "spec")),
             progress=c.field(d, "progress", c.opt_number, p),
             eta_s=c.field(d, "eta_s", c.opt_number, p),
+            members=c.items(d.get("members"), p + "members", GangMember.from_wire),
         )
 
 

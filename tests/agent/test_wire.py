@@ -28,7 +28,7 @@ from agent.wire.calls import (
     StopRequest,
 )
 from agent.wire.codec import MAX_RECORD_BYTES, WIRE_VERSION, WireError, pack, unpack
-from agent.wire.documents import DeviceDoc, EventDoc, EventsDoc, JobDoc, NodeDoc
+from agent.wire.documents import DeviceDoc, EventDoc, EventsDoc, GangMember, JobDoc, NodeDoc
 from agent.wire.health import HealthDoc
 from agent.wire.records import (
     AttemptEntry,
@@ -286,6 +286,11 @@ def test_api_documents_and_call_bodies_round_trip_and_ignore_unknown_fields() ->
     docs: list[Any] = [
         node,
         JobDoc(status, JobSpec(command=("true",)).to_dict(), 0.5, 10.0),
+        JobDoc(
+            status,
+            JobSpec(command=("true",)).to_dict(),
+            members=(GangMember(0, NODE, ("k",)), GangMember(1, "m" * 64, ("a", "b"))),
+        ),
         EventsDoc((EventDoc(1, 2.0, "started", NODE, None, "hi"),), 1),
         HealthDoc(True, NODE, 3),
         JobTransfer(status, OwnerDetail(gen=3), b"sealed"),
@@ -301,6 +306,27 @@ def test_api_documents_and_call_bodies_round_trip_and_ignore_unknown_fields() ->
         assert type(doc).from_wire(wire) == doc
         newer = {**wire, "v": WIRE_VERSION + 1, "added_in_a_newer_version": {"x": [1]}}
         assert type(doc).from_wire(newer) == doc  # a rolling upgrade: unknown fields ignored
+
+
+def test_a_gang_job_lists_its_members_and_a_one_node_job_has_none_on_the_wire() -> None:
+    status = JobStatus("j" * 32, "running", 1, NODE, NODE, ("k",))
+    spec = JobSpec(command=("true",), resources=Resources(gpus_per_node=1, nodes=2)).to_dict()
+    one = JobDoc(status, spec).to_wire()
+    assert "members" not in one and JobDoc.from_wire(one).members == ()
+    gang = JobDoc(status, spec, members=(GangMember(0, NODE, ("k",)), GangMember(1, "m", ())))
+    wire = gang.to_wire()
+    assert wire["members"] == [
+        {"rank": 0, "node": NODE, "devices": ["k"]},
+        {"rank": 1, "node": "m", "devices": []},
+    ]
+    for bad in (
+        [{"rank": "0", "node": NODE}],
+        [{"rank": 0}],
+        {"rank": 0},
+        [{"rank": 0, "node": NODE, "devices": "k"}],
+    ):
+        with pytest.raises(WireError, match="members"):
+            JobDoc.from_wire({**wire, "members": bad})
 
 
 # -- refused and counted -------------------------------------------------------------------------

@@ -74,7 +74,7 @@ class MainScreen(Screen[None]):
         Binding("n", "submit", "Submit", id="job.submit"),
         Binding("m", "migrate", "Migrate", id="job.migrate"),
         Binding("l", "logs", "Logs", id="job.logs"),
-        Binding("ctrl+d", "cancel", "Cancel job", id="job.cancel"),
+        Binding("ctrl+d", "cancel", "Cancel", id="job.cancel"),
         Binding("a", "add_host", "Add host", id="host.add"),
     ]
 

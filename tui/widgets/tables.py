@@ -22,7 +22,15 @@ from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from tui.model import EMPTY_SNAPSHOT, DeviceView, EventView, HostView, JobView, MeshSnapshot
+from tui.model import (
+    EMPTY_SNAPSHOT,
+    DeviceView,
+    EventView,
+    HostView,
+    JobTimes,
+    JobView,
+    MeshSnapshot,
+)
 from tui.widgets.base import CURSOR_BINDINGS, CursorKeys, Drill, Selection, SortKey, ViewContext
 from tui.widgets.render import (
     Level,
@@ -471,48 +479,81 @@ class GpusTable(MeshTable):
         )
 
 
+class JobRow(NamedTuple):
+    """A job's row item: the job, and when the policy (or the job itself) says it should start
+    and end."""
+
+    job: JobView
+    times: JobTimes
+
+
+def _soon(seconds: float | None) -> str:
+    """``~12m`` from now; ``now`` for what is due; ``-`` when not predicted."""
+    if seconds is None:
+        return "-"
+    return "now" if seconds < 1 else f"~{duration(seconds)}"
+
+
+def job_hosts(job: JobView, snapshot: MeshSnapshot) -> str:
+    """Where a job runs, in one short cell: its host, or a gang's first host and how many more
+    (``h100-00 +1``); ``-`` before it is placed."""
+    placed = job.placed()
+    if not placed:
+        return "-"
+    first = snapshot.hostname(placed[0][0])
+    return first if len(placed) == 1 else f"{first} +{len(placed) - 1}"
+
+
+def job_gpus(job: JobView) -> str:
+    """GPUs per node, times the nodes of a gang (``2x4``)."""
+    return f"{job.gpus_per_node}x{job.nodes}" if job.nodes > 1 else str(job.gpus_per_node)
+
+
 class JobsTable(MeshTable):
     view_name = "jobs"
     COLUMNS = (
         Column("job", "Job", 8),
         Column("state", "State", 9),
-        Column("owner", "Owner", 6),
         Column("node", "Node", 12),
-        Column("gpus", "GPU", 3, right=True),
+        Column("gpus", "GPU", 4, right=True),
         Column("progress", "Done", 4, right=True),
-        Column("eta", "ETA", 5, right=True),
-        Column("why", "Command / why pending", 14, stretch=True),
+        Column("starts", "Start", 5, right=True),
+        Column("ends", "End", 5, right=True),
+        Column("why", "Command / why", 12, stretch=True),
     )
     SORTS: ClassVar[Mapping[str, SortSpec]] = {
-        "name": (lambda j: j.job_id, False),
-        "util": (lambda j: _nz(j.progress), True),
-        "mem": (lambda j: j.gpus_per_node, True),
-        "temp": (lambda j: j.eta_s if j.eta_s is not None else float("inf"), False),
+        "name": (lambda r: r.job.job_id, False),
+        "util": (lambda r: _nz(r.job.progress), True),
+        "mem": (lambda r: r.job.gpus_per_node * r.job.nodes, True),
+        "temp": (lambda r: _inf(r.times.ends_in_s), False),
     }
     """For jobs: N by id, U by progress, M by GPUs asked, T by predicted completion."""
 
     def table_rows(self, ctx: ViewContext) -> Iterable[Row]:
         scope = ctx.scope
-        for j in ctx.snapshot.jobs:
-            if scope.node_id is not None:
-                if j.runner != scope.node_id or not j.live:
-                    continue
-                if scope.device_key is not None and scope.device_key not in j.devices:
-                    continue
-            yield j.job_id, j
+        snapshot = ctx.snapshot
+        jobs: Iterable[JobView] = snapshot.jobs
+        if scope.node_id is not None:
+            jobs = snapshot.jobs_on(scope.node_id, scope.device_key)
+        for j in jobs:
+            yield j.job_id, JobRow(j, snapshot.times(j))
 
     def haystack(self, item: Any, ctx: ViewContext) -> str:
-        j: JobView = item
-        runner = ctx.snapshot.hostname(j.runner) if j.runner else ""
-        return f"{j.job_id} {j.state} {j.kind} {runner} {j.command} {j.reason or ''}"
+        j: JobView = item.job
+        snapshot = ctx.snapshot
+        hosts = " ".join(snapshot.hostname(node) for node, _ in j.placed())
+        why = snapshot.why_waiting(j) or ""
+        return f"{j.job_id} {j.state} {j.kind} {hosts} {j.command} {why}"
 
     def cells(self, item: Any, ctx: ViewContext) -> Sequence[Part]:
-        j: JobView = item
+        j: JobView = item.job
+        times: JobTimes = item.times
         p = ctx.palette
         snapshot = ctx.snapshot
         why: Part
-        if j.state == "pending" and j.reason:
-            why = (j.reason, p.of("warn"))
+        waiting = snapshot.why_waiting(j)
+        if waiting:
+            why = (waiting, p.of("warn"))
         elif j.state == "failed" and j.exit_code is not None:
             why = (f"exit {j.exit_code}: {j.command}", p.of("bad"))
         else:
@@ -520,11 +561,11 @@ class JobsTable(MeshTable):
         return (
             (j.job_id[:8], None),
             (j.state, p.of(state_level(j.state))),
-            (snapshot.hostname(j.owner), None),
-            (snapshot.hostname(j.runner) if j.runner else "-", None),
-            (str(j.gpus_per_node), None),
+            (job_hosts(j, snapshot), None),
+            (job_gpus(j), None),
             ("-" if j.progress is None else f"{100 * j.progress:.0f}%", None),
-            (duration(j.eta_s) if j.eta_s is not None else "-", None),
+            (_soon(times.starts_in_s), None),
+            (_soon(times.ends_in_s), None),
             why,
         )
 
@@ -533,6 +574,10 @@ class JobsTable(MeshTable):
         if job is None:
             return None
         return Selection("job", node_id=job.runner, job_id=key, raw=job.raw, title=key[:8])
+
+
+def _inf(value: float | None) -> float:
+    return float("inf") if value is None else value
 
 
 class EventsTable(MeshTable):
