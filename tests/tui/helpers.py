@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from textual.pilot import Pilot
 from textual.widget import Widget
 
 from tui.app import ShoalApp
 from tui.source import SimSource
+
+if TYPE_CHECKING:
+    from tui.screens.submit import SubmitScreen
 
 T = TypeVar("T")
 NARROW = (80, 24)
@@ -112,3 +115,18 @@ def visible_without_scrolling(app: ShoalApp, widget: Widget) -> None:
 def shown_lines(widget: Widget) -> list[str]:
     """The lines a widget shows, as plain text."""
     return ["".join(seg.text for seg in widget.render_line(y)) for y in range(widget.size.height)]
+
+
+async def open_submit_form(pilot: Pilot[None]) -> SubmitScreen:
+    """Press ``n``; the form, once every field of it shows without scrolling."""
+    from tui.screens.submit import FIELDS, SubmitScreen
+
+    app = pilot.app
+    assert isinstance(app, ShoalApp)
+    await pilot.press("n")
+    form = app.screen
+    assert isinstance(form, SubmitScreen)
+    await pilot.pause()
+    for field in FIELDS:
+        visible_without_scrolling(app, form.query_one(f"#f-{field.key}"))
+    return form

@@ -21,14 +21,13 @@ from tests.tui.helpers import (
     api_until,
     command,
     filter_rows,
+    open_submit_form,
     shown_lines,
-    visible_without_scrolling,
     wait_for,
 )
 from tui.app import ShoalApp
 from tui.cli import api_source
 from tui.screens.describe import DescribeScreen
-from tui.screens.submit import FIELDS, SubmitScreen
 from tui.widgets.tables import MeshTable
 
 pytestmark = pytest.mark.slow
@@ -59,12 +58,7 @@ async def test_a_job_submitted_from_the_narrow_form_waits_and_says_why_and_when(
         app = ShoalApp(api_source(mesh.agents[1].address, mesh.root / "cluster"), refresh_s=0.5)
         async with app.run_test(size=NARROW) as pilot:
             await wait_for(pilot, "two running jobs", lambda: len(app.snapshot.jobs) == 2)
-            await pilot.press("n")
-            form = app.screen
-            assert isinstance(form, SubmitScreen)
-            await pilot.pause()
-            for field in FIELDS:
-                visible_without_scrolling(app, form.query_one(f"#f-{field.key}"))
+            form = await open_submit_form(pilot)
             typed = {
                 "command": "sleep 5",
                 "gpus": "1",

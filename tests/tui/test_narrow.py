@@ -13,6 +13,7 @@ from agent.wire.records import JobStatus
 from tests.tui.helpers import (
     NARROW,
     command,
+    open_submit_form,
     shown_lines,
     sim_app,
     started,
@@ -22,7 +23,7 @@ from tests.tui.helpers import (
 from tui.app import ShoalApp
 from tui.screens.describe import DescribeScreen
 from tui.screens.logs import LogsScreen
-from tui.screens.submit import FIELDS, SubmitScreen, spec_from_form
+from tui.screens.submit import SubmitScreen, spec_from_form
 from tui.source import SimSource
 from tui.widgets.footer import KeyFooter
 from tui.widgets.tables import MeshTable
@@ -32,12 +33,7 @@ async def test_every_field_of_the_form_is_visible_at_80x24_and_reaches_the_spec(
     app, source = sim_app()
     async with app.run_test(size=NARROW) as pilot:
         await started(pilot)
-        await pilot.press("n")
-        form = app.screen
-        assert isinstance(form, SubmitScreen)
-        await pilot.pause()
-        for field in FIELDS:
-            visible_without_scrolling(app, form.query_one(f"#f-{field.key}"))
+        form = await open_submit_form(pilot)
         for button in ("#yes", "#no", "#preview"):
             visible_without_scrolling(app, form.query_one(button))
 
@@ -89,9 +85,7 @@ async def test_the_form_shows_the_spec_parsers_own_one_line_refusal() -> None:
     app, source = sim_app()
     async with app.run_test(size=NARROW) as pilot:
         await started(pilot)
-        await pilot.press("n")
-        form = app.screen
-        assert isinstance(form, SubmitScreen)
+        form = await open_submit_form(pilot)
         form.query_one("#f-command", Input).value = "python train.py"
         form.query_one("#f-gpus", Input).value = "0.5"
         await pilot.pause()
