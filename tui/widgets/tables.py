@@ -56,6 +56,9 @@ class Column(NamedTuple):
     right: bool = False
     stretch: bool = False
     """The last column only: take the width the others leave."""
+    grow: int = 0
+    """Cells more this column takes on a terminal wide enough that the last column still
+    gets twice its own width (a host name in full at 120 columns, never at the cost of 80)."""
 
 
 _BOLD = Style(bold=True)
@@ -289,6 +292,11 @@ class MeshTable(CursorKeys, ScrollView, can_focus=True):
             return self._widths[1]
         widths = [c.width for c in self.COLUMNS]
         if self.COLUMNS and self.COLUMNS[-1].stretch:
+            spare = width - sum(widths) - 2 * len(widths) - widths[-1]
+            for i, column in enumerate(self.COLUMNS[:-1]):
+                extra = max(0, min(column.grow, spare))
+                widths[i] += extra
+                spare -= extra
             fixed = sum(widths[:-1]) + 2 * len(widths)
             widths[-1] = max(widths[-1], width - fixed)
         self._widths = (width, tuple(widths))
@@ -514,7 +522,7 @@ class JobsTable(MeshTable):
     COLUMNS = (
         Column("job", "Job", 8),
         Column("state", "State", 9),
-        Column("node", "Node", 12),
+        Column("node", "Node", 12, grow=8),
         Column("gpus", "GPU", 4, right=True),
         Column("progress", "Done", 4, right=True),
         Column("starts", "Start", 5, right=True),
