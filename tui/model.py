@@ -328,6 +328,12 @@ class MeshSnapshot:
             found = self._memo["outlook"] = outlook(nodes, jobs, self.taken_at)
         return found
 
+    def defer_outlook(self) -> None:
+        """Leave the policy's forecasts out of this snapshot (a big mesh whose jobs view is not
+        on screen): its jobs show no predicted times and no policy line; the snapshots made
+        while the view is shown have them."""
+        self._memo.setdefault("outlook", NO_OUTLOOK)
+
     def times(self, job: JobView) -> JobTimes:
         """When ``job`` should start and end, in seconds from now (see :class:`JobTimes`)."""
         if not job.live:
@@ -373,6 +379,7 @@ class JobTimes(NamedTuple):
 
 
 NO_TIMES: Final = JobTimes(None, None)
+NO_OUTLOOK: Final = Outlook({}, {})
 
 
 def _finite(seconds: float) -> float | None:
