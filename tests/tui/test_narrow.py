@@ -197,7 +197,15 @@ async def test_a_gang_is_one_row_and_its_detail_lists_every_member() -> None:
         jobs = app.main_screen().query_one("#jobs", MeshTable)
         gang = source.gang_id
         assert jobs.row_keys().count(gang) == 1
+        # At 80 columns the host name is cut, never the count of the other members.
+        assert jobs.get_cell(gang, "node") == "nv-h100-… +1"
+        [line] = [ln for ln in shown_lines(jobs) if ln.lstrip().startswith(gang[:8])]
+        assert "nv-h100-… +1" in line and "2x2" in line, line
+        await pilot.resize_terminal(120, 30)  # and in full where there is room
+        await pilot.pause()
         assert jobs.get_cell(gang, "node") == "nv-h100-008 +1"
+        await pilot.resize_terminal(*NARROW)
+        await pilot.pause()
         assert jobs.get_cell(gang, "gpus") == "2x2"
         job = app.snapshot.job(gang)
         assert job is not None and [m.rank for m in job.members] == [0, 1]

@@ -36,6 +36,7 @@ from tui.widgets.render import (
     Level,
     Palette,
     Part,
+    clip,
     duration,
     line_strip,
     load_level,
@@ -502,14 +503,18 @@ def _soon(seconds: float | None) -> str:
     return "now" if seconds < 1 else f"~{duration(seconds)}"
 
 
-def job_hosts(job: JobView, snapshot: MeshSnapshot) -> str:
-    """Where a job runs, in one short cell: its host, or a gang's first host and how many more
-    (``h100-00 +1``); ``-`` before it is placed."""
+def job_hosts(job: JobView, snapshot: MeshSnapshot, width: int) -> str:
+    """Where a job runs, in a cell ``width`` wide: its host, or a gang's first host and how
+    many more (``h100-00 +1``, the host name cut so the count always shows); ``-`` before it is
+    placed."""
     placed = job.placed()
     if not placed:
         return "-"
     first = snapshot.hostname(placed[0][0])
-    return first if len(placed) == 1 else f"{first} +{len(placed) - 1}"
+    if len(placed) == 1:
+        return first
+    more = f" +{len(placed) - 1}"
+    return clip(first, max(1, width - len(more))) + more
 
 
 def job_gpus(job: JobView) -> str:
@@ -569,7 +574,12 @@ class JobsTable(MeshTable):
         return (
             (j.job_id[:8], None),
             (j.state, p.of(state_level(j.state))),
-            (job_hosts(j, snapshot), None),
+            (
+                job_hosts(
+                    j, snapshot, self._column_widths(self.scrollable_content_region.width)[2]
+                ),
+                None,
+            ),
             (job_gpus(j), None),
             ("-" if j.progress is None else f"{100 * j.progress:.0f}%", None),
             (_soon(times.starts_in_s), None),
