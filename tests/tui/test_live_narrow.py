@@ -89,6 +89,7 @@ async def test_a_job_submitted_from_the_narrow_form_waits_and_says_why_and_when(
                 lambda js: any(
                     j["spec"]["command"] == ["sleep", "5"] and j.get("reason") for j in js
                 ),
+                timeout_s=60,
             )
             [doc] = [j for j in jobs if j["spec"]["command"] == ["sleep", "5"]]
             spec = JobSpec.from_dict(doc["spec"])
@@ -110,9 +111,14 @@ async def test_a_job_submitted_from_the_narrow_form_waits_and_says_why_and_when(
             table = app.main_screen().query_one("#jobs", MeshTable)
             await filter_rows(pilot, job_id[:12])
             await wait_for(pilot, "its row", lambda: table.row_keys() == [job_id])
+            # The TUI reads another agent than the one asked above: the reason travels by gossip.
+            await wait_for(
+                pilot,
+                "the reason in the TUI",
+                lambda: bool(getattr(app.snapshot.job(job_id), "reason", None)),
+            )
             job = app.snapshot.job(job_id)
             assert job is not None and job.reason
-            await wait_for(pilot, "the reason", lambda: table.get_cell(job_id, "why") != "")
             why = app.snapshot.why_waiting(job)
             assert why == job.reason and table.get_cell(job_id, "why") == why
             assert table.get_cell(job_id, "starts").startswith("~")
