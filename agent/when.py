@@ -7,6 +7,9 @@ policy's own answer (:func:`agent.policy.submit.check_submission`): the predicte
 spec's ``on_late`` label says what then happens to it: ``queue`` (the default: submitted, with
 a warning) or ``refuse`` (``shoal submit`` refuses it, exit 2, unless ``--anyway``).
 
+For the operator's views (the TUI's jobs table), :func:`outlook` answers the same for every job the
+listings hold: the predicted start and end of each live job and the line of each one that waits.
+
 The prediction uses what this process knows: the catalog's speeds and Gavel's matrix, and work
 from the job's ``max_runtime_s`` when it has one (else the model's prior for a job of its kind).
 """
@@ -14,11 +17,13 @@ from the job's ``max_runtime_s`` when it has one (else the model's prior for a j
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from agent.fit import BUSY_JOB_STATES, LIVE_STATES, decode_node, policy_node
 from agent.jobspec import JobSpec
 from agent.policy.adapt import job_from_spec
+from agent.policy.decision import decide
+from agent.policy.forecast import Forecast
 from agent.policy.model import ThroughputModel
 from agent.policy.snapshot import Job, Node, Placement, Running, Snapshot
 from agent.policy.submit import SubmissionCheck, check_submission
@@ -87,3 +92,21 @@ def when(
     snapshot = snapshot_of(nodes, jobs, now)
     job = job_from_spec(job_id, spec, submitted_at=now)
     return check_submission(job, snapshot, ThroughputModel())
+
+
+class Outlook(NamedTuple):
+    """The policy's view of every live job in the listings."""
+
+    forecasts: Mapping[str, Forecast]
+    """Job id -> predicted start and end (p50, p90; ``inf`` when it may never start)."""
+    waiting: Mapping[str, str]
+    """Job id -> why it waits, in one line, for each pending job the policy would not start."""
+
+
+def outlook(
+    nodes: Sequence[Mapping[str, Any]], jobs: Sequence[Mapping[str, Any]], now: float
+) -> Outlook:
+    """One decision pass over the mesh the listings show, with forecasts: what the owners'
+    policy predicts for each live job and says of each waiting one."""
+    decisions = decide(snapshot_of(nodes, jobs, now), ThroughputModel(), forecasts=True)
+    return Outlook(dict(decisions.forecasts), {w.job_id: w.line for w in decisions.waiting})

@@ -30,7 +30,13 @@ from agent.client import ApiError
 from tui.collector import QuietCollector
 from tui.commands import ShoalCommands
 from tui.context import ShoalContext
-from tui.messages import MeshChanged, OperationDone, OperationsChanged, OperatorAction
+from tui.messages import (
+    ForecastsWanted,
+    MeshChanged,
+    OperationDone,
+    OperationsChanged,
+    OperatorAction,
+)
 from tui.model import EMPTY_SNAPSHOT, History, MeshSnapshot, SnapshotBuilder
 from tui.operations import Operations, summary
 from tui.screens.main import MainScreen, main_screen
@@ -122,6 +128,8 @@ class ShoalApp(App[None]):
         self.collector = QuietCollector()
         self._quiet_gc = quiet_gc
         self._backfilled = False
+        self.forecasts_wanted = False
+        """A view that shows the policy's forecasts is on screen (:class:`ForecastsWanted`)."""
         self.connection = "connecting"
         self.connection_error: str | None = None
         self.palette = DEFAULT_PALETTE
@@ -199,10 +207,17 @@ class ShoalApp(App[None]):
     ) -> MeshSnapshot:
         """The agents' JSON made a snapshot, its utilization added to the history.
 
-        Runs on a worker thread for a big mesh; only the mesh worker calls it.
+        Runs on a worker thread for a big mesh; only the mesh worker calls it. A big mesh's
+        policy forecasts (the jobs view's start and end) are made here too, off the event loop,
+        while a view shows them (:attr:`forecasts_wanted`); a small mesh's when a view asks.
         """
         snapshot = self.builder.build(now, nodes, jobs, events)
         self.history.record(snapshot)
+        if len(nodes) > THREAD_PARSE_HOSTS:
+            if self.forecasts_wanted:
+                snapshot.outlook()
+            else:
+                snapshot.defer_outlook()
         return snapshot
 
     @work(exclusive=True, group="mesh", name="mesh")
@@ -227,6 +242,13 @@ class ShoalApp(App[None]):
         self.connection = connection
         self.snapshot_serial += 1
         self.main_screen().refresh_view()
+
+    def on_forecasts_wanted(self, message: ForecastsWanted) -> None:
+        """A view that shows forecasts came on screen: read the mesh again now, with them."""
+        turned_on = message.wanted and not self.forecasts_wanted
+        self.forecasts_wanted = message.wanted
+        if turned_on:
+            self.poke()
 
     def on_mesh_changed(self, message: MeshChanged) -> None:
         self.connection_error = message.error

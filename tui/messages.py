@@ -1,8 +1,8 @@
 """Messages that travel up the DOM to the app.
 
-The mesh changed; the operator asked for a change to the mesh (one message per kind of action);
-what runs changed; an operation finished. Screens post them and never call the app: the app
-handles them (attributes down, messages up).
+The mesh changed; a view that shows forecasts came or went; the operator asked for a change to
+the mesh (one message per kind of action); what runs changed; an operation finished. Screens
+post them and never call the app: the app handles them (attributes down, messages up).
 """
 
 from __future__ import annotations
@@ -30,6 +30,18 @@ class MeshChanged(Message):
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, MeshChanged)
+
+
+class ForecastsWanted(Message):
+    """Whether a view that shows the policy's forecasts (the jobs view) is on screen: a big
+    mesh's snapshots are made with them only then (:meth:`tui.model.MeshSnapshot.outlook`)."""
+
+    def __init__(self, wanted: bool) -> None:
+        super().__init__()
+        self.wanted = wanted
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, ForecastsWanted)
 
 
 class OperatorAction(Message):

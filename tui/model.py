@@ -12,12 +12,15 @@ Where a job would go is the agents' policy's answer, never the TUI's (:mod:`tui.
 
 from __future__ import annotations
 
+import math
 import re
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeVar
+from typing import Any, Final, NamedTuple, TypeVar
 
+from agent.policy.forecast import Forecast
+from agent.when import Outlook, outlook
 from agent.wire.codec import WireError
 from agent.wire.documents import (
     STATIC_KEYS,
@@ -29,6 +32,7 @@ from agent.wire.documents import (
     links_from_json,
     mig_from_json,
 )
+from agent.wire.records import GangMember
 from probers.records import Link, MigDevice
 
 STALE_AFTER_S: Final = 90.0
@@ -202,6 +206,8 @@ class JobView:
     progress: float | None
     eta_s: float | None
     raw: Mapping[str, Any] = field(repr=False, compare=False)
+    members: tuple[GangMember, ...] = ()
+    """A gang's nodes by rank (with the devices each holds); empty for a one-node job."""
 
     @property
     def command(self) -> str:
@@ -223,8 +229,25 @@ class JobView:
         return _opt_int(resources.get("gpus_per_node")) or 0
 
     @property
+    def nodes(self) -> int:
+        """Nodes the job asks for: more than one makes it a gang."""
+        resources = self.spec.get("resources") or {}
+        return max(1, _opt_int(resources.get("nodes")) or 1)
+
+    @property
     def live(self) -> bool:
         return self.state in LIVE_JOB_STATES
+
+    def placed(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """``(node, device keys)`` for every node the job holds: each member of a gang, else
+        its runner (nothing before it is placed)."""
+        if self.members:
+            return tuple((m.node, m.devices) for m in self.members)
+        return ((self.runner, self.devices),) if self.runner is not None else ()
+
+    def on_node(self, node_id: str) -> bool:
+        """The job holds devices (or runs) on ``node_id``."""
+        return any(node == node_id for node, _ in self.placed())
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,11 +293,16 @@ class MeshSnapshot:
             yield from host.devices
 
     def jobs_on(self, node_id: str, device_key: str | None = None) -> list[JobView]:
-        """Live jobs running on a node (on one of its devices when ``device_key`` is given)."""
+        """Live jobs running on a node (on one of its devices when ``device_key`` is given); a
+        gang is on every node one of its members holds."""
         return [
             j
             for j in self.jobs
-            if j.live and j.runner == node_id and (device_key is None or device_key in j.devices)
+            if j.live
+            and any(
+                node == node_id and (device_key is None or device_key in keys)
+                for node, keys in j.placed()
+            )
         ]
 
     def holders(self) -> Mapping[tuple[str, str], str]:
@@ -283,22 +311,79 @@ class MeshSnapshot:
         if holders is None:
             holders = self._memo["holders"] = {}
             for job in self.jobs:
-                if job.live and job.runner is not None:
-                    for key in job.devices:
-                        holders[(job.runner, key)] = job.job_id
+                if job.live:
+                    for node, keys in job.placed():
+                        for key in keys:
+                            holders[(node, key)] = job.job_id
         return holders
+
+    def outlook(self) -> Outlook:
+        """The owners' policy's forecast of every live job and the line of each waiting one
+        (:func:`agent.when.outlook` over the documents this snapshot was made of); made when
+        first asked, once per snapshot."""
+        found: Outlook | None = self._memo.get("outlook")
+        if found is None:
+            nodes = [h.raw for h in self.hosts]
+            jobs = [j.raw for j in self.jobs if j.live]
+            found = self._memo["outlook"] = outlook(nodes, jobs, self.taken_at)
+        return found
+
+    def defer_outlook(self) -> None:
+        """Leave the policy's forecasts out of this snapshot (a big mesh whose jobs view is not
+        on screen): its jobs show no predicted times and no policy line; the snapshots made
+        while the view is shown have them."""
+        self._memo.setdefault("outlook", NO_OUTLOOK)
+
+    def times(self, job: JobView) -> JobTimes:
+        """When ``job`` should start and end, in seconds from now (see :class:`JobTimes`)."""
+        if not job.live:
+            return NO_TIMES
+        forecast = self.outlook().forecasts.get(job.job_id)
+        ends = None if forecast is None else _finite(forecast.end_p50 - self.taken_at)
+        if job.state == "pending":
+            starts = None if forecast is None else _finite(forecast.start_p50 - self.taken_at)
+            return JobTimes(starts, ends, forecast)
+        if job.eta_s is not None:
+            ends = job.eta_s  # what the job itself reports beats the model's guess
+        return JobTimes(None, ends, forecast)
+
+    def why_waiting(self, job: JobView) -> str | None:
+        """Why a pending job waits: its owner's reason, else the policy's line."""
+        if job.state != "pending":
+            return None
+        return job.reason or self.outlook().waiting.get(job.job_id)
 
     def live_agents(self) -> list[HostView]:
         """The hosts that may take a job: live agents (not operators, not suspect or dead)."""
         return [h for h in self.hosts if h.state == "alive" and h.role == "agent"]
 
     def busy_devices(self) -> dict[str, set[str]]:
-        """Device keys held by live jobs, by node."""
+        """Device keys held by live jobs (every member of a gang), by node."""
         busy: dict[str, set[str]] = {}
         for job in self.jobs:
-            if job.live and job.runner is not None:
-                busy.setdefault(job.runner, set()).update(job.devices)
+            if job.live:
+                for node, keys in job.placed():
+                    busy.setdefault(node, set()).update(keys)
         return busy
+
+
+class JobTimes(NamedTuple):
+    """When a live job should start and end, in seconds from the snapshot (``None``: not
+    predicted, or never). A running job's end is the one it reports (``eta_s``) when it does,
+    else the policy's forecast; a pending job's are the policy's forecast (p50)."""
+
+    starts_in_s: float | None
+    ends_in_s: float | None
+    forecast: Forecast | None = None
+    """The policy's whole forecast (p50 and p90), where it made one."""
+
+
+NO_TIMES: Final = JobTimes(None, None)
+NO_OUTLOOK: Final = Outlook({}, {})
+
+
+def _finite(seconds: float) -> float | None:
+    return seconds if math.isfinite(seconds) else None
 
 
 EMPTY_SNAPSHOT: Final = MeshSnapshot(taken_at=0.0, hosts=(), jobs=(), events=())
@@ -419,6 +504,7 @@ def job_from_json(data: Mapping[str, Any]) -> JobView:
         progress=None if progress is None else min(1.0, max(0.0, progress)),
         eta_s=doc.eta_s,
         raw=data,
+        members=tuple(sorted(doc.members, key=lambda m: m.rank)),
     )
 
 

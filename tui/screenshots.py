@@ -105,17 +105,25 @@ async def shoot(
 
 
 LIVE_STEPS = (
-    "import math, sys, time\n"
+    "import math, os, sys, time\n"
     "print('args:', *sys.argv[1:], flush=True)\n"
+    "progress = os.environ.get('SHOAL_PROGRESS_FILE')\n"
     "for i in range(100000):\n"
     "    print(f'step {i:5d}  loss {2.5 * math.exp(-i / 40) + 0.05:.4f}', flush=True)\n"
+    "    if progress:\n"
+    "        with open(progress + '.tmp', 'w') as f:\n"
+    "            f.write(f'{min(1.0, i / 2400):.4f} step {i}')\n"
+    "        os.replace(progress + '.tmp', progress)\n"
     "    time.sleep(0.5)\n"
 )
-"""What the live screenshots' jobs run: a training-like log, a line every half second."""
+"""What the live screenshots' jobs run: a training-like log, a line every half second, and its
+progress (through ``$SHOAL_PROGRESS_FILE``: 2,400 steps, 20 minutes) for the jobs view."""
 
 
 def live_jobs(python: str, script: Path) -> list[JobSpec]:
-    """A few jobs for the live mesh: CUDA and ROCm training, inference, and one that waits."""
+    """A few jobs for the live mesh: CUDA and ROCm training, inference, one that waits for
+    GPUs in use (eight CUDA GPUs on one node: the one 8-GPU H100 host runs the first job) and
+    one that waits for GPUs no host has."""
     from agent.jobspec import Resources
 
     def job(gpus: int, backends: tuple[str, ...], kind: str, *args: str) -> JobSpec:
@@ -130,6 +138,7 @@ def live_jobs(python: str, script: Path) -> list[JobSpec]:
         job(2, ("rocm",), "training", "--model", "mistral-7b", "--lora"),
         job(1, ("cuda",), "inference", "--serve", "qwen-7b"),
         job(1, ("xpu",), "batch", "--embed", "shard-3"),
+        job(8, ("cuda",), "training", "--model", "llama-70b", "--stage", "2"),
         job(16, (), "training", "--model", "llama-70b"),  # fits nowhere: waits, with its reason
     ]
 

@@ -17,7 +17,13 @@ from typing import Any, NamedTuple
 
 from agent.wire import codec as c
 from agent.wire.codec import EMPTY_MAP
-from agent.wire.records import JobStatus, host_from_wire, host_to_wire, shares_from_wire
+from agent.wire.records import (
+    GangMember,
+    JobStatus,
+    host_from_wire,
+    host_to_wire,
+    shares_from_wire,
+)
 from probers.records import DeviceSample, DeviceStatic, HostInfo, Link, MigDevice
 
 # -- devices and nodes ---------------------------------------------------------------------------
@@ -303,6 +309,12 @@ class JobDoc(NamedTuple):
     progress: float | None = None
     """Fraction done, as the job reports it (``SHOAL_PROGRESS``)."""
     eta_s: float | None = None
+
+    @property
+    def members(self) -> tuple[GangMember, ...]:
+        """A gang's nodes by rank, each with its devices (its record's ``members``); empty for
+        a job on one node."""
+        return self.status.members
 
     @property
     def job_id(self) -> str:

@@ -305,6 +305,12 @@ def test_api_documents_and_call_bodies_round_trip_and_ignore_unknown_fields() ->
     docs: list[Any] = [
         node,
         JobDoc(status, JobSpec(command=("true",)).to_dict(), 0.5, 10.0),
+        JobDoc(
+            status._replace(
+                members=(GangMember(0, NODE, ("k",)), GangMember(1, "m" * 64, ("a", "b")))
+            ),
+            JobSpec(command=("true",)).to_dict(),
+        ),
         EventsDoc((EventDoc(1, 2.0, "started", NODE, None, "hi"),), 1),
         HealthDoc(True, NODE, 3),
         JobTransfer(status, OwnerDetail(gen=3), b"sealed"),
@@ -348,6 +354,29 @@ def test_a_preempting_offer_names_its_victims_and_a_report_whom_it_was_stopped_f
     assert AttemptResult.from_wire(by.to_wire()).preempted_by == "p" * 32
     with pytest.raises(WireError, match="preempted_by"):
         AttemptResult.from_wire({**ended.to_wire(), "preempted_by": 7})
+
+
+def test_a_gang_job_lists_its_members_and_a_one_node_job_has_none_on_the_wire() -> None:
+    status = JobStatus("j" * 32, "running", 1, NODE, NODE, ("k",))
+    spec = JobSpec(command=("true",), resources=Resources(gpus_per_node=1, nodes=2)).to_dict()
+    one = JobDoc(status, spec).to_wire()
+    assert "members" not in one and JobDoc.from_wire(one).members == ()
+    gang = JobDoc(
+        status._replace(members=(GangMember(0, NODE, ("k",)), GangMember(1, "m", ()))), spec
+    )
+    wire = gang.to_wire()
+    assert wire["members"] == [
+        {"rank": 0, "node": NODE, "devices": ["k"]},
+        {"rank": 1, "node": "m", "devices": []},
+    ]
+    for bad in (
+        [{"rank": "0", "node": NODE}],
+        [{"rank": 0}],
+        {"rank": 0},
+        [{"rank": 0, "node": NODE, "devices": "k"}],
+    ):
+        with pytest.raises(WireError, match="members"):
+            JobDoc.from_wire({**wire, "members": bad})
 
 
 # -- refused and counted -------------------------------------------------------------------------

@@ -5,14 +5,20 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from textual.pilot import Pilot
+from textual.widget import Widget
 
 from tui.app import ShoalApp
 from tui.source import SimSource
 
+if TYPE_CHECKING:
+    from tui.screens.submit import SubmitScreen
+
 T = TypeVar("T")
+NARROW = (80, 24)
+"""The smallest terminal the TUI is made for."""
 
 
 def sim_app(hosts: int = 12, **kwargs: object) -> tuple[ShoalApp, SimSource]:
@@ -89,3 +95,38 @@ async def api_until(
         if time.monotonic() >= deadline:
             raise AssertionError(f"waited {timeout_s:g} s for {what}; last answer: {answer!r}")
         await asyncio.sleep(0.1)
+
+
+def visible_without_scrolling(app: ShoalApp, widget: Widget) -> None:
+    """``widget`` lies inside the screen, nothing covers it, and nothing above it scrolls."""
+    screen = app.screen.region
+    region = widget.region
+    assert region.area > 0, f"{widget.id} is not on screen"
+    assert screen.contains_region(region), f"{widget.id} at {region} is off the {screen} screen"
+    hit, _ = app.screen.get_widget_at(region.x + region.width // 2, region.y)
+    assert hit is widget or widget in hit.ancestors, f"{widget.id} is covered by {hit}"
+    for ancestor in widget.ancestors:
+        if isinstance(ancestor, Widget):
+            assert ancestor.scroll_offset.y == 0 and ancestor.max_scroll_y == 0, (
+                f"{widget.id} sits in {ancestor}, which scrolls"
+            )
+
+
+def shown_lines(widget: Widget) -> list[str]:
+    """The lines a widget shows, as plain text."""
+    return ["".join(seg.text for seg in widget.render_line(y)) for y in range(widget.size.height)]
+
+
+async def open_submit_form(pilot: Pilot[None]) -> SubmitScreen:
+    """Press ``n``; the form, once every field of it shows without scrolling."""
+    from tui.screens.submit import FIELDS, SubmitScreen
+
+    app = pilot.app
+    assert isinstance(app, ShoalApp)
+    await pilot.press("n")
+    form = app.screen
+    assert isinstance(form, SubmitScreen)
+    await pilot.pause()
+    for field in FIELDS:
+        visible_without_scrolling(app, form.query_one(f"#f-{field.key}"))
+    return form

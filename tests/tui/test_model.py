@@ -182,3 +182,24 @@ def test_history_ring_keeps_the_newest_points_oldest_first() -> None:
     assert list(history.series("a/gpu0")) == [2.0, 3.0, 4.0]
     assert list(history.series("b/gpu0")) == [7.0]
     assert list(history.series("c/gpu0")) == []
+
+
+def test_a_jobs_times_are_its_own_eta_else_the_policys_forecast() -> None:
+    source = SimSource(12, seed=0)
+    jobs = source.jobs_now()
+    running = [j for j in jobs if j["state"] == "running"]
+    reported, silent = running[0], running[1]
+    silent["eta_s"] = None  # a job that reports no progress: the policy's forecast stands
+    snap = snapshot_from_json(source.now(), source.nodes_now(), jobs)
+    mine = snap.job(reported["job_id"])
+    theirs = snap.job(silent["job_id"])
+    assert mine is not None and theirs is not None
+    assert snap.times(mine).ends_in_s == reported["eta_s"]
+    forecast = snap.outlook().forecasts[silent["job_id"]]
+    assert snap.times(theirs) == (None, forecast.end_p50 - source.now(), forecast)
+    assert 0 < forecast.end_p50 - source.now() < float("inf")
+    [pending] = [j for j in snap.jobs if j.state == "pending"]
+    assert snap.times(pending).starts_in_s is None  # it can never start: no time is made up
+    assert snap.why_waiting(pending) == pending.reason == snap.outlook().waiting[pending.job_id]
+    done = next(j for j in snap.jobs if j.state == "succeeded")
+    assert snap.times(done) == (None, None, None) and snap.why_waiting(done) is None

@@ -304,3 +304,23 @@ async def test_unreachable_agent_keeps_the_last_view() -> None:
         header = main(app).query_one(MeshHeader).render().plain
         assert "unreachable" in header and "connection refused" in header
         assert len(app.snapshot.hosts) == 12
+
+
+async def test_a_big_mesh_makes_forecasts_only_while_the_jobs_view_shows() -> None:
+    from tui.app import THREAD_PARSE_HOSTS
+    from tui.model import NO_OUTLOOK
+
+    app, _ = sim_app(hosts=THREAD_PARSE_HOSTS + 1)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await started(pilot)
+        assert app.snapshot.outlook() is NO_OUTLOOK  # the topology shows no forecast
+        await command(pilot, "jobs")  # the jobs view reads the mesh again at once, with them
+        await wait_until(pilot, lambda: app.snapshot.outlook() is not NO_OUTLOOK, tries=1000)
+        assert app.snapshot.outlook().forecasts
+        running = next(j for j in app.snapshot.jobs if j.state == "running")
+        assert table(app, "jobs").get_cell(running.job_id, "ends").startswith("~")
+        await command(pilot, "hosts")
+        serial = app.snapshot_serial
+        app.poke()
+        await wait_until(pilot, lambda: app.snapshot_serial > serial, tries=1000)
+        assert app.snapshot.outlook() is NO_OUTLOOK

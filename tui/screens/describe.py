@@ -16,7 +16,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
-from tui.model import MeshSnapshot
+from tui.model import JobView, MeshSnapshot
 from tui.widgets.base import Selection
 from tui.widgets.render import bandwidth, duration, gib, mem_pair, pct, temp, watts
 
@@ -30,7 +30,74 @@ def _kv(rows: list[tuple[str, Any]]) -> Table:
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
     for key, value in rows:
-        table.add_row(key, "N/A" if value is None else str(value))
+        shown = value if isinstance(value, Table) else "N/A" if value is None else str(value)
+        table.add_row(key, shown)
+    return table
+
+
+def _when(forecast_s: float | None, p90_s: float | None, verb: str) -> str:
+    """``in 12m (p50), 20m (p90)``; ``now``; ``-`` when not predicted."""
+    if forecast_s is None:
+        return "-"
+    if forecast_s < 1:
+        return verb
+    tail = f", {duration(p90_s)} (p90)" if p90_s is not None and p90_s >= forecast_s else ""
+    return f"in {duration(forecast_s)} (p50){tail}"
+
+
+def describe_job(job: JobView, snapshot: MeshSnapshot) -> RenderableType:
+    """A job: what it runs and asks for, where it runs (every member of a gang, by rank), when
+    it should start and end, and why it waits."""
+    r = job.spec.get("resources") or {}
+    times = snapshot.times(job)
+    f = times.forecast
+    now = snapshot.taken_at
+    p90_start = None if f is None else f.start_p90 - now
+    p90_end = None if f is None else f.end_p90 - now
+    if f is not None and times.ends_in_s != f.end_p50 - now:
+        p90_end = None  # the job's own estimate: no p90 to go with it
+    rows: list[tuple[str, Any]] = [
+        ("job", job.job_id),
+        ("state", job.state + (f" (attempt {job.attempt})" if job.attempt > 1 else "")),
+        ("command", job.command),
+        ("kind / priority", f"{job.kind} / {job.priority}"),
+        (
+            "resources",
+            f"{r.get('gpus_per_node')} GPU(s) x {job.nodes} node(s)"
+            + (f", backends {'/'.join(r['backends'])}" if r.get("backends") else ""),
+        ),
+        ("owner", snapshot.hostname(job.owner)),
+    ]
+    if job.members:
+        rows.append(("members", _members(job, snapshot)))
+    else:
+        rows.append(("runner", snapshot.hostname(job.runner) if job.runner else "-"))
+        rows.append(("devices", ", ".join(job.devices) or "-"))
+    rows.append(("progress", "-" if job.progress is None else f"{100 * job.progress:.0f}%"))
+    if job.state == "pending":
+        rows.append(("predicted start", _when(times.starts_in_s, p90_start, "now")))
+    if job.live:
+        rows.append(("predicted end", _when(times.ends_in_s, p90_end, "now")))
+    rows.append(("exit code", job.exit_code))
+    waiting = snapshot.why_waiting(job)
+    if waiting:
+        rows.append(("why pending", waiting))
+    elif job.reason:
+        rows.append(("reason", job.reason))
+    if job.spec.get("datasets"):
+        rows.append(("datasets", ", ".join(job.spec["datasets"])))
+    return _kv(rows)
+
+
+def _members(job: JobView, snapshot: MeshSnapshot) -> Table:
+    """A gang's members, one line each: rank, host and the devices it holds there."""
+    table = Table.grid(padding=(0, 2))
+    table.add_column(justify="right", no_wrap=True)
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")
+    for m in job.members:
+        gpus = ", ".join(k.rsplit(":", 1)[-1] for k in m.devices) or "-"
+        table.add_row(f"rank {m.rank}", snapshot.hostname(m.node), f"GPUs {gpus}")
     return table
 
 
@@ -38,31 +105,7 @@ def describe(selection: Selection, snapshot: MeshSnapshot) -> RenderableType:
     """A readable account of what is selected: a host, a GPU or a job."""
     if selection.kind == "job" and selection.job_id is not None:
         job = snapshot.job(selection.job_id)
-        if job is None:
-            return Text("that job is gone")
-        r = job.spec.get("resources") or {}
-        rows: list[tuple[str, Any]] = [
-            ("job", job.job_id),
-            ("state", job.state + (f" (attempt {job.attempt})" if job.attempt > 1 else "")),
-            ("command", job.command),
-            ("kind / priority", f"{job.kind} / {job.priority}"),
-            (
-                "resources",
-                f"{r.get('gpus_per_node')} GPU(s) x {r.get('nodes', 1)} node(s)"
-                + (f", backends {'/'.join(r['backends'])}" if r.get("backends") else ""),
-            ),
-            ("owner", snapshot.hostname(job.owner)),
-            ("runner", snapshot.hostname(job.runner) if job.runner else "-"),
-            ("devices", ", ".join(job.devices) or "-"),
-            ("progress", "-" if job.progress is None else f"{100 * job.progress:.0f}%"),
-            ("predicted end", "-" if job.eta_s is None else f"in {duration(job.eta_s)}"),
-            ("exit code", job.exit_code),
-        ]
-        if job.reason:
-            rows.append(("why pending", job.reason))
-        if job.spec.get("datasets"):
-            rows.append(("datasets", ", ".join(job.spec["datasets"])))
-        return _kv(rows)
+        return Text("that job is gone") if job is None else describe_job(job, snapshot)
     host = snapshot.host(selection.node_id)
     if host is None:
         return JSON(json.dumps(selection.raw or {}, default=str))

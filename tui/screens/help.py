@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from rich.table import Table
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
@@ -52,16 +53,21 @@ class HelpScreen(ModalScreen[None]):
         """Binding ids left out: keys this TUI cannot use (adding hosts without the CA)."""
 
     def compose(self) -> ComposeResult:
+        # The scope heads its rows (as k9s's help does), so the action has the room to be read
+        # on one line even at 80 columns.
         table = Table(box=None, padding=(0, 1), show_header=True, header_style="bold")
-        table.add_column("scope", no_wrap=True)
         table.add_column("key", no_wrap=True)
-        table.add_column("action")
+        table.add_column("action", ratio=1)
         table.add_column("binding id", style="dim", no_wrap=True)
+        scope_shown = ""
         for scope, binding_id, text, mutating in HELP_ROWS:
             if (mutating and self.readonly) or binding_id in self.hidden:
                 continue
+            if scope != scope_shown:
+                table.add_row(Text(scope, style="bold underline"), "", "")
+                scope_shown = scope
             keys = " ".join(self.keys.get(part.strip(), "") for part in binding_id.split("/"))
-            table.add_row(scope, keys.strip() or "-", text, binding_id)
+            table.add_row(keys.strip() or "-", text, binding_id)
         with VerticalScroll(classes="dialog wide", id="help"):
             title = "Keys" + ("  (read-only: mutating keys are hidden)" if self.readonly else "")
             yield Label(title, classes="title")

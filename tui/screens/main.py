@@ -19,7 +19,15 @@ from textual.widgets import ContentSwitcher, Input
 from agent.jobspec import JobSpec
 from gossip.transport import split_address
 from tui.context import ShoalContext
-from tui.messages import CancelJob, CordonHost, DrainHost, MigrateJob, SubmitJob, UndrainHost
+from tui.messages import (
+    CancelJob,
+    CordonHost,
+    DrainHost,
+    ForecastsWanted,
+    MigrateJob,
+    SubmitJob,
+    UndrainHost,
+)
 from tui.model import NO_FILTER, RowFilter
 from tui.preview import offers
 from tui.screens.addhost import AddHostScreen, AddHostSettings
@@ -74,7 +82,7 @@ class MainScreen(Screen[None]):
         Binding("n", "submit", "Submit", id="job.submit"),
         Binding("m", "migrate", "Migrate", id="job.migrate"),
         Binding("l", "logs", "Logs", id="job.logs"),
-        Binding("ctrl+d", "cancel", "Cancel job", id="job.cancel"),
+        Binding("ctrl+d", "cancel", "Cancel", id="job.cancel"),
         Binding("a", "add_host", "Add host", id="host.add"),
     ]
 
@@ -170,6 +178,7 @@ class MainScreen(Screen[None]):
         header.view_label = self.state.view + scope
         header.filter_text = self.state.row_filter.text
         self.refresh_bindings()
+        self.post_message(ForecastsWanted(self.state.view == "jobs"))
 
     def on_drill(self, message: Drill) -> None:
         message.stop()

@@ -1,76 +1,152 @@
-"""Submit a job through a form that previews where it would go before you confirm."""
+"""Submit a job through a form that previews where it would go before you confirm.
+
+Every field of the job spec an operator sets is a one-line input, label and input on one line
+in two columns (as k9s and lazygit lay out their forms), so the whole form, the policy's preview
+and the buttons fit an 80x24 terminal without scrolling. The form only gathers text: the spec is
+built by the same parser ``shoal submit`` uses (:meth:`agent.jobspec.JobSpec.from_human`), so a
+value the agents would not honour is refused with that parser's one-line reason (GPUs is text,
+so ``0.5`` can be typed and the parser says whether a share of a GPU is accepted).
+"""
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Callable
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
+from textual.widget import Widget
 from textual.widgets import Button, Input, Label, Select, Static
 
-from agent.jobspec import BACKENDS, JOB_KINDS, JobSpec
+from agent.jobspec import BACKENDS, CHECKPOINT_SIGNALS, INTERCONNECTS, JOB_KINDS, JobSpec
 from tui.model import MeshSnapshot
 from tui.preview import offers
 from tui.widgets.render import clip
 
-FIELDS: tuple[tuple[str, str, str], ...] = (
-    ("command", "Command", "python train.py --epochs 3"),
-    ("gpus", "GPUs per node", "1"),
-    ("memory", "Memory per GPU", "any, or e.g. 40GiB"),
-    ("backends", "Backends", f"any, or some of {','.join(BACKENDS)}"),
-    ("priority", "Priority", "0"),
-    ("deadline", "Deadline", "none, or in e.g. 6h"),
-    ("datasets", "Datasets", "none, or e.g. imagenet,laion"),
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One input of the form: its id (``f-<key>``), label, placeholder and first value."""
+
+    key: str
+    label: str
+    placeholder: str = ""
+    value: str = ""
+    choices: tuple[str, ...] = ()
+    """A fixed set (a select; the first is the default); empty for free text."""
+    wide: bool = False
+    """Takes the whole row."""
+
+
+ANY: Final = "any"
+FIELDS: Final[tuple[Field, ...]] = (
+    Field("command", "Command", "python train.py --epochs 3", wide=True),
+    Field("gpus", "GPUs/node", "none, 1, 2, 0.5", "1"),
+    Field("kind", "Kind", choices=("batch", *(k for k in JOB_KINDS if k != "batch"))),
+    Field("memory", "GPU mem", "any, e.g. 40GiB"),
+    Field("backends", "Backends", f"any: {','.join(BACKENDS[:3])}"),
+    Field("nodes", "Nodes", "1 (more: a gang)", "1"),
+    Field("priority", "Priority", "0", "0"),
+    Field("deadline", "Deadline", "none, e.g. 6h"),
+    Field("max_runtime", "Max run", "none, e.g. 2h"),
+    Field("datasets", "Datasets", "none, e.g. imagenet"),
+    Field("retries", "Retries", "0", "0"),
+    Field("interconnect", "Link", choices=(ANY, *INTERCONNECTS)),
+    Field("signal", "Ckpt sig", choices=CHECKPOINT_SIGNALS),
+    Field("affinity", "Affinity", "zone=eu-1"),
+    Field("anti_affinity", "Avoid", "rack=r7"),
+    Field("labels", "Labels", "team=ml on_late=refuse"),
+    Field("preemptible", "Preempt", choices=("no", "yes")),
 )
+"""The form's inputs in tab order, laid out two to a row unless ``wide``."""
 
 
 def _words(text: str) -> list[str]:
     return [w.strip() for w in text.replace(" ", ",").split(",") if w.strip()]
 
 
-def spec_from_form(values: dict[str, str], kind: str, now: float) -> JobSpec:
-    """The job spec the form describes; ``ValueError`` (one line) when it is not valid."""
+def _number(text: str, label: str) -> int | float:
+    """A number as typed: whole or not, the spec parser says whether it is accepted."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{label}: {text!r} is not a number") from None
+
+
+def _pairs(text: str, label: str) -> dict[str, str]:
+    """``zone=eu-1, rack=r7`` (commas or spaces between pairs) as a mapping."""
+    out: dict[str, str] = {}
+    for word in _words(text):
+        key, sep, value = word.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{label}: {word!r} is not KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def spec_from_form(values: dict[str, str], now: float) -> JobSpec:
+    """The job spec the form describes; ``ValueError`` (one line) when it is not valid.
+
+    ``values`` holds each field's text (a select's choice) by key; an empty field is left out,
+    so it takes the spec's default.
+    """
+
+    def text(key: str) -> str:
+        return values.get(key, "").strip()
+
     try:
         command = shlex.split(values.get("command", ""))
     except ValueError as exc:
         raise ValueError(f"command: {exc}") from None
     if not command:
         raise ValueError("command: say what to run")
-    gpus_text = values.get("gpus", "").strip() or "1"
-    if not gpus_text.isdigit():
-        raise ValueError(f"GPUs per node: {gpus_text!r} is not a whole number")
-    priority_text = values.get("priority", "").strip() or "0"
-    try:
-        priority = int(priority_text)
-    except ValueError:
-        raise ValueError(f"priority: {priority_text!r} is not a whole number") from None
-    resources: dict[str, Any] = {"gpus_per_node": int(gpus_text)}
-    memory = values.get("memory", "").strip()
-    if memory:
-        resources["min_mem_per_gpu_bytes"] = memory
-    backends = _words(values.get("backends", ""))
-    if backends:
+    resources: dict[str, Any] = {}
+    if text("gpus"):
+        resources["gpus_per_node"] = _number(text("gpus"), "GPUs per node")
+    if text("nodes"):
+        resources["nodes"] = _number(text("nodes"), "nodes")
+    if text("memory"):
+        resources["min_mem_per_gpu_bytes"] = text("memory")
+    if backends := _words(text("backends")):
         resources["backends"] = backends
+    if text("interconnect") not in ("", ANY):
+        resources["interconnect"] = text("interconnect")
     data: dict[str, Any] = {
         "command": command,
-        "kind": kind,
-        "priority": priority,
+        "kind": text("kind") or "batch",
         "resources": resources,
-        "datasets": _words(values.get("datasets", "")),
+        "preemptible": text("preemptible") == "yes",
+        "datasets": _words(text("datasets")),
+        "affinity": _pairs(text("affinity"), "affinity"),
+        "anti_affinity": _pairs(text("anti_affinity"), "avoid"),
+        "labels": _pairs(text("labels"), "labels"),
     }
-    deadline = values.get("deadline", "").strip()
-    if deadline:
-        data["deadline"] = deadline
+    for key, wire, label in (
+        ("priority", "priority", "priority"),
+        ("retries", "retries", "retries"),
+    ):
+        if text(key):
+            data[wire] = _number(text(key), label)
+    if text("deadline"):
+        data["deadline"] = text("deadline")
+    if text("max_runtime"):
+        data["max_runtime_s"] = text("max_runtime")
+    if text("signal"):
+        data["checkpoint_signal"] = text("signal")
     return JobSpec.from_human(data, now=now)
 
 
-SUBMIT_CHROME_ROWS = 16
-"""Rows of the dialog that are not fields: border, padding, title, preview, buttons."""
+PREVIEW_HOSTS: Final = 4
+"""Hosts the preview lists under its first line."""
 
 
 class SubmitScreen(ModalScreen[JobSpec | None]):
@@ -90,51 +166,62 @@ class SubmitScreen(ModalScreen[JobSpec | None]):
         self._command = command
         self.spec: JobSpec | None = None
 
+    def _input(self, field: Field) -> Widget:
+        if field.choices:
+            return Select(
+                [(c, c) for c in field.choices],
+                value=field.choices[0],
+                allow_blank=False,
+                compact=True,
+                id=f"f-{field.key}",
+            )
+        value = self._command if field.key == "command" else field.value
+        return Input(value, placeholder=field.placeholder, compact=True, id=f"f-{field.key}")
+
+    def _cell(self, field: Field) -> Horizontal:
+        classes = "cell wide" if field.wide else "cell"
+        return Horizontal(Label(field.label), self._input(field), classes=classes)
+
     def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog", id="submit"):
-            yield Label("Submit a job", classes="title")
-            with VerticalScroll(id="submit-fields"):
-                for key, label, placeholder in FIELDS:
-                    with Horizontal(classes="field"):
-                        yield Label(f"{label:<15}")
-                        value = self._command if key == "command" else ""
-                        if key == "gpus":
-                            value = "1"
-                        yield Input(value, placeholder=placeholder, id=f"f-{key}")
-                with Horizontal(classes="field"):
-                    yield Label(f"{'Kind':<15}")
-                    yield Select(
-                        [(k, k) for k in JOB_KINDS], value="batch", allow_blank=False, id="f-kind"
-                    )
+        dialog = Vertical(classes="dialog", id="submit")
+        dialog.border_title = "Submit a job"
+        with dialog:
+            with Vertical(id="submit-fields"):
+                row: list[Widget] = []
+                for field in FIELDS:
+                    if field.wide:
+                        yield Horizontal(self._cell(field), classes="row")
+                        continue
+                    row.append(self._cell(field))
+                    if len(row) == 2:
+                        yield Horizontal(*row, classes="row")
+                        row = []
+                if row:
+                    yield Horizontal(*row, classes="row")
             yield Static("", id="preview")
             with Horizontal(classes="buttons"):
-                yield Button("Submit (ctrl+s)", variant="primary", id="yes")
-                yield Button("Cancel (esc)", id="no")
+                yield Button("Submit ctrl+s", variant="primary", compact=True, id="yes")
+                yield Button("Cancel esc", compact=True, id="no")
 
     def on_mount(self) -> None:
         self.query_one("#f-command", Input).focus()
         self._update_preview()
-        self._fit_height()
-
-    def on_resize(self) -> None:
-        self._fit_height()
-
-    def _fit_height(self) -> None:
-        """On a short terminal the fields scroll, so the preview and the buttons stay in view."""
-        room = int(self.size.height * 0.9) - SUBMIT_CHROME_ROWS
-        self.query_one("#submit-fields").styles.max_height = max(3, min(24, room))
 
     def form_values(self) -> dict[str, str]:
-        return {key: self.query_one(f"#f-{key}", Input).value for key, _, _ in FIELDS}
-
-    def _kind(self) -> str:
-        value = self.query_one("#f-kind", Select).value
-        return value if isinstance(value, str) else "batch"
+        """Each field's text by key, as :func:`spec_from_form` reads it."""
+        values: dict[str, str] = {}
+        for field in FIELDS:
+            widget = self.query_one(f"#f-{field.key}")
+            if isinstance(widget, Select):
+                values[field.key] = str(widget.value)
+            elif isinstance(widget, Input):
+                values[field.key] = widget.value
+        return values
 
     def _update_preview(self) -> None:
         preview = self.query_one("#preview", Static)
         try:
-            spec = spec_from_form(self.form_values(), self._kind(), self._now())
+            spec = spec_from_form(self.form_values(), self._now())
         except ValueError as exc:
             self.spec = None
             preview.update(Text(str(exc), style="bold"))
@@ -152,7 +239,7 @@ class SubmitScreen(ModalScreen[JobSpec | None]):
                 preview.update(f"Would wait: no host fits it now ({line}).")
             return
         lines = [f"Would go to {fits[0].hostname} — {len(fits)} host(s) fit now, best first:"]
-        for fit in fits[:4]:
+        for fit in fits[:PREVIEW_HOSTS]:
             gpus = ",".join(k.rsplit(":", 1)[-1] for k in fit.devices) or "cpu"
             lines.append(
                 f"  {clip(fit.hostname, 20):<20} GPUs {clip(gpus, 15):<15} "

@@ -22,12 +22,21 @@ from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from tui.model import EMPTY_SNAPSHOT, DeviceView, EventView, HostView, JobView, MeshSnapshot
+from tui.model import (
+    EMPTY_SNAPSHOT,
+    DeviceView,
+    EventView,
+    HostView,
+    JobTimes,
+    JobView,
+    MeshSnapshot,
+)
 from tui.widgets.base import CURSOR_BINDINGS, CursorKeys, Drill, Selection, SortKey, ViewContext
 from tui.widgets.render import (
     Level,
     Palette,
     Part,
+    clip,
     duration,
     line_strip,
     load_level,
@@ -48,6 +57,9 @@ class Column(NamedTuple):
     right: bool = False
     stretch: bool = False
     """The last column only: take the width the others leave."""
+    grow: int = 0
+    """Cells more this column takes on a terminal wide enough that the last column still
+    gets twice its own width (a host name in full at 120 columns, never at the cost of 80)."""
 
 
 _BOLD = Style(bold=True)
@@ -281,6 +293,11 @@ class MeshTable(CursorKeys, ScrollView, can_focus=True):
             return self._widths[1]
         widths = [c.width for c in self.COLUMNS]
         if self.COLUMNS and self.COLUMNS[-1].stretch:
+            spare = width - sum(widths) - 2 * len(widths) - widths[-1]
+            for i, column in enumerate(self.COLUMNS[:-1]):
+                extra = max(0, min(column.grow, spare))
+                widths[i] += extra
+                spare -= extra
             fixed = sum(widths[:-1]) + 2 * len(widths)
             widths[-1] = max(widths[-1], width - fixed)
         self._widths = (width, tuple(widths))
@@ -471,48 +488,85 @@ class GpusTable(MeshTable):
         )
 
 
+class JobRow(NamedTuple):
+    """A job's row item: the job, and when the policy (or the job itself) says it should start
+    and end."""
+
+    job: JobView
+    times: JobTimes
+
+
+def _soon(seconds: float | None) -> str:
+    """``~12m`` from now; ``now`` for what is due; ``-`` when not predicted."""
+    if seconds is None:
+        return "-"
+    return "now" if seconds < 1 else f"~{duration(seconds)}"
+
+
+def job_hosts(job: JobView, snapshot: MeshSnapshot, width: int) -> str:
+    """Where a job runs, in a cell ``width`` wide: its host, or a gang's first host and how
+    many more (``h100-00 +1``, the host name cut so the count always shows); ``-`` before it is
+    placed."""
+    placed = job.placed()
+    if not placed:
+        return "-"
+    first = snapshot.hostname(placed[0][0])
+    if len(placed) == 1:
+        return first
+    more = f" +{len(placed) - 1}"
+    return clip(first, max(1, width - len(more))) + more
+
+
+def job_gpus(job: JobView) -> str:
+    """GPUs per node, times the nodes of a gang (``2x4``)."""
+    return f"{job.gpus_per_node}x{job.nodes}" if job.nodes > 1 else str(job.gpus_per_node)
+
+
 class JobsTable(MeshTable):
     view_name = "jobs"
     COLUMNS = (
         Column("job", "Job", 8),
         Column("state", "State", 9),
-        Column("owner", "Owner", 6),
-        Column("node", "Node", 12),
-        Column("gpus", "GPU", 3, right=True),
+        Column("node", "Node", 12, grow=8),
+        Column("gpus", "GPU", 4, right=True),
         Column("progress", "Done", 4, right=True),
-        Column("eta", "ETA", 5, right=True),
-        Column("why", "Command / why pending", 14, stretch=True),
+        Column("starts", "Start", 5, right=True),
+        Column("ends", "End", 5, right=True),
+        Column("why", "Command / why", 12, stretch=True),
     )
     SORTS: ClassVar[Mapping[str, SortSpec]] = {
-        "name": (lambda j: j.job_id, False),
-        "util": (lambda j: _nz(j.progress), True),
-        "mem": (lambda j: j.gpus_per_node, True),
-        "temp": (lambda j: j.eta_s if j.eta_s is not None else float("inf"), False),
+        "name": (lambda r: r.job.job_id, False),
+        "util": (lambda r: _nz(r.job.progress), True),
+        "mem": (lambda r: r.job.gpus_per_node * r.job.nodes, True),
+        "temp": (lambda r: _inf(r.times.ends_in_s), False),
     }
     """For jobs: N by id, U by progress, M by GPUs asked, T by predicted completion."""
 
     def table_rows(self, ctx: ViewContext) -> Iterable[Row]:
         scope = ctx.scope
-        for j in ctx.snapshot.jobs:
-            if scope.node_id is not None:
-                if j.runner != scope.node_id or not j.live:
-                    continue
-                if scope.device_key is not None and scope.device_key not in j.devices:
-                    continue
-            yield j.job_id, j
+        snapshot = ctx.snapshot
+        jobs: Iterable[JobView] = snapshot.jobs
+        if scope.node_id is not None:
+            jobs = snapshot.jobs_on(scope.node_id, scope.device_key)
+        for j in jobs:
+            yield j.job_id, JobRow(j, snapshot.times(j))
 
     def haystack(self, item: Any, ctx: ViewContext) -> str:
-        j: JobView = item
-        runner = ctx.snapshot.hostname(j.runner) if j.runner else ""
-        return f"{j.job_id} {j.state} {j.kind} {runner} {j.command} {j.reason or ''}"
+        j: JobView = item.job
+        snapshot = ctx.snapshot
+        hosts = " ".join(snapshot.hostname(node) for node, _ in j.placed())
+        why = snapshot.why_waiting(j) or ""
+        return f"{j.job_id} {j.state} {j.kind} {hosts} {j.command} {why}"
 
     def cells(self, item: Any, ctx: ViewContext) -> Sequence[Part]:
-        j: JobView = item
+        j: JobView = item.job
+        times: JobTimes = item.times
         p = ctx.palette
         snapshot = ctx.snapshot
         why: Part
-        if j.state == "pending" and j.reason:
-            why = (j.reason, p.of("warn"))
+        waiting = snapshot.why_waiting(j)
+        if waiting:
+            why = (waiting, p.of("warn"))
         elif j.state == "failed" and j.exit_code is not None:
             why = (f"exit {j.exit_code}: {j.command}", p.of("bad"))
         else:
@@ -520,11 +574,16 @@ class JobsTable(MeshTable):
         return (
             (j.job_id[:8], None),
             (j.state, p.of(state_level(j.state))),
-            (snapshot.hostname(j.owner), None),
-            (snapshot.hostname(j.runner) if j.runner else "-", None),
-            (str(j.gpus_per_node), None),
+            (
+                job_hosts(
+                    j, snapshot, self._column_widths(self.scrollable_content_region.width)[2]
+                ),
+                None,
+            ),
+            (job_gpus(j), None),
             ("-" if j.progress is None else f"{100 * j.progress:.0f}%", None),
-            (duration(j.eta_s) if j.eta_s is not None else "-", None),
+            (_soon(times.starts_in_s), None),
+            (_soon(times.ends_in_s), None),
             why,
         )
 
@@ -533,6 +592,10 @@ class JobsTable(MeshTable):
         if job is None:
             return None
         return Selection("job", node_id=job.runner, job_id=key, raw=job.raw, title=key[:8])
+
+
+def _inf(value: float | None) -> float:
+    return float("inf") if value is None else value
 
 
 class EventsTable(MeshTable):
