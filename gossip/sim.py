@@ -338,7 +338,7 @@ class Simulation:
         others = [s for s in seeds if s != nid]
         peer: Peer | BackgroundPeer
         if self.view is not None and nid not in self._observer_set:
-            peer = BackgroundPeer(cfg, signer, self.view, others, self.now, rng)
+            peer = BackgroundPeer(self.view, cfg, signer, others, self.now, rng)
         else:
             peer = Peer(cfg, signer, trust, others, self.now, rng)
             if self.view is not None:

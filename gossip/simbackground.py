@@ -41,35 +41,21 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gossip import messages as wire
 from gossip.broadcast import BroadcastQueue
-from gossip.codec import encoded_size, signing_bytes
+from gossip.codec import encoded_size
 from gossip.config import GossipConfig
 from gossip.events import Event
 from gossip.membership import MemberInfo, digest_line
-from gossip.messages import (
-    Ack,
-    Alive,
-    Compound,
-    Dead,
-    IndirectPingReq,
-    MemberDigest,
-    MemberState,
-    Message,
-    Nack,
-    Ping,
-    PushPull,
-    Record,
-    RecordDigest,
-    Suspect,
-    Update,
-)
+from gossip.messages import Alive, Compound, Dead, Message, Ping, Record, Suspect, Update
+from gossip.peer import after_round, next_round_at, signed_accusation, signed_alive, signed_record
 from gossip.stats import GossipStats
 from gossip.suspicion import Suspicion
 from gossip.trust import Signer
 from gossip.vivaldi import VivaldiConfig, origin
 
 _ALIVE, _SUSPECT, _DEAD = 0, 1, 2  # broadcast classes and version ranks, as the core's
-_STATES = (MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD)
+_STATES = (wire.MemberState.ALIVE, wire.MemberState.SUSPECT, wire.MemberState.DEAD)
 _COORD = origin(VivaldiConfig())
 _Version = tuple[int, int]
 
@@ -100,8 +86,8 @@ class SharedView:
         self.state: dict[str, tuple[_Version, Suspect | Dead | None]] = {}
         self.records: dict[tuple[str, str], Record] = {}
         self.dead = 0
-        self._digest: tuple[MemberDigest, ...] | None = None
-        self._rdigest: tuple[RecordDigest, ...] | None = None
+        self._digest: tuple[wire.MemberDigest, ...] | None = None
+        self._rdigest: tuple[wire.RecordDigest, ...] | None = None
 
     def add(self, alive: Alive) -> None:
         if alive.node not in self.alive:
@@ -134,7 +120,7 @@ class SharedView:
         self.dead += (klass == _DEAD) - was_dead
         self._digest = None
 
-    def member_digest(self) -> tuple[MemberDigest, ...]:
+    def member_digest(self) -> tuple[wire.MemberDigest, ...]:
         if self._digest is None:
             lines = []
             for node in sorted(self.state):
@@ -143,10 +129,10 @@ class SharedView:
             self._digest = tuple(lines)
         return self._digest
 
-    def record_digest(self) -> tuple[RecordDigest, ...]:
+    def record_digest(self) -> tuple[wire.RecordDigest, ...]:
         if self._rdigest is None:
             self._rdigest = tuple(
-                RecordDigest(r.origin, r.kind, r.incarnation, r.counter)
+                wire.RecordDigest(r.origin, r.kind, r.incarnation, r.counter)
                 for r in self.records.values()
             )
         return self._rdigest
@@ -159,7 +145,7 @@ class SharedView:
         return out
 
     def missing_for(
-        self, members: Iterable[MemberDigest], records: Iterable[RecordDigest]
+        self, members: Iterable[wire.MemberDigest], records: Iterable[wire.RecordDigest]
     ) -> tuple[Update, ...]:
         """Full updates the holder of these digests lacks or holds older than the view."""
         out: list[Update] = []
@@ -223,9 +209,9 @@ class BackgroundPeer:
 
     def __init__(
         self,
+        view: SharedView,
         config: GossipConfig,
         signer: Signer,
-        view: SharedView,
         seeds: Iterable[str],
         now: float,
         rng: random.Random,
@@ -237,11 +223,10 @@ class BackgroundPeer:
         self._signer = signer
         self._rng = rng
         self.incarnation = config.boot_incarnation
-        self._seq = 0
-        self._record_counter = 0
         self._out: list[tuple[str, Message]] = []
         self._out_reliable: list[tuple[str, Message]] = []
-        self._events: list[Event] = []
+        self._events: list[Event] = []  # it emits none: the observers tell what happened
+        self._seq = self._record_counter = 0
         self._held: dict[object, _Version] = {}
         """Versions received beyond the warm-start snapshot, by key."""
         self._down: dict[str, float] = {}
@@ -263,7 +248,7 @@ class BackgroundPeer:
         seeds = [s for s in seeds if s != config.addr]
         if seeds:  # a cold (re)start: announce the new life, as the core does
             self._learn(self.alive, now)
-            self._send(seeds[0], PushPull(self.node_id, 0, (), (), (self.alive,)))
+            self._send(seeds[0], wire.PushPull(self.node_id, 0, (), (), (self.alive,)))
 
     def warm(self, now: float) -> None:
         """The view is complete: push-pull on the cluster's period from now on."""
@@ -280,7 +265,7 @@ class BackgroundPeer:
         a = self.view.alive.get(node)
         if a is None:
             return None
-        state = MemberState.DEAD if node in self._down else MemberState.ALIVE
+        state = wire.MemberState.DEAD if node in self._down else wire.MemberState.ALIVE
         return MemberInfo(node, a.addr, a.incarnation, state, 0.0)
 
     def report_loop_lag(self, lag_s: float) -> None:
@@ -297,50 +282,27 @@ class BackgroundPeer:
 
     def publish(self, kind: str, payload: bytes, now: float) -> Record:
         self._record_counter += 1
-        unsigned = Record(self.node_id, kind, self.incarnation, self._record_counter, payload, b"")
-        rec = Record(
-            unsigned.origin,
-            kind,
-            unsigned.incarnation,
-            unsigned.counter,
-            payload,
-            self._signer.sign(signing_bytes(unsigned)),
-        )
+        rec = signed_record(self._signer, kind, self.incarnation, self._record_counter, payload)
         self._learn(rec, now)
         return rec
 
     def get_timer(self) -> float:
-        t = self._next_probe
+        due = [self._next_probe, self._next_push_pull]
         p = self._probe
         if p is not None:
-            x = p.end_at if p.indirect_sent else p.timeout_at
-            if x < t:
-                t = x
-        g = self._next_gossip
-        if g is not None and g < t:
-            t = g
-        if self._next_push_pull < t:
-            t = self._next_push_pull
-        if self._down and self._next_reconnect < t:
-            t = self._next_reconnect
-        for r in self._relays.values():
-            if r[3] < t:
-                t = r[3]
-        for s, _ in self._suspicions.values():
-            if s.due < t:
-                t = s.due
-        return t
+            due.append(p.end_at if p.indirect_sent else p.timeout_at)
+        if self._next_gossip is not None:
+            due.append(self._next_gossip)
+        if self._down:
+            due.append(self._next_reconnect)
+        due.extend(r[3] for r in self._relays.values())
+        due.extend(s.due for s, _ in self._suspicions.values())
+        return min(due)
 
     def handle_timer(self, now: float) -> None:
         cfg = self.config
-        p = self._probe
-        if p is not None:
-            if not p.indirect_sent and now >= p.timeout_at:
-                self._send_indirect(p, now)
-            if now >= p.end_at:
-                self._probe = None
-                self.stats.probes_failed += 1
-                self._suspect(p.target, now)
+        if self._probe is not None:
+            self._probe_due(self._probe, now)
         if now >= self._next_probe:
             self._next_probe = now + cfg.probe_interval_s
             if self._probe is None:
@@ -350,7 +312,7 @@ class BackgroundPeer:
                 if at <= now:
                     del self._relays[seq]
                     if nack:
-                        self._send(addr, Nack(oseq, self.node_id))
+                        self._send(addr, wire.Nack(oseq, self.node_id))
         if self._suspicions:
             for node in [n for n, (s, _) in self._suspicions.items() if s.due <= now]:
                 self._suspicion_due(node, now)
@@ -376,18 +338,18 @@ class BackgroundPeer:
             t = type(m)
             if t is Ping:
                 if m.target == self.node_id:  # type: ignore[union-attr]
-                    ack = Ack(m.seq, self.node_id, _COORD)  # type: ignore[union-attr]
+                    ack = wire.Ack(m.seq, self.node_id, _COORD)  # type: ignore[union-attr]
                     self._send_piggybacked(src, ack, reliable)
-            elif t is Ack:
+            elif t is wire.Ack:
                 self._on_ack(m, now)  # type: ignore[arg-type]
-            elif t is IndirectPingReq:
+            elif t is wire.IndirectPingReq:
                 seq = self._next_seq()
                 timeout = self.config.probe_timeout_s
                 self._relays[seq] = (src, m.seq, m.nack, now + timeout)  # type: ignore[union-attr]
                 self._send(m.target_addr, Ping(seq, self.node_id, m.target))  # type: ignore[union-attr]
-            elif t is PushPull:
+            elif t is wire.PushPull:
                 self._on_push_pull(src, m, now)  # type: ignore[arg-type]
-            elif t is Nack:
+            elif t is wire.Nack:
                 self.stats.nacks_received += 1
             else:
                 self._receive_update(src, m, now)  # type: ignore[arg-type]
@@ -427,6 +389,15 @@ class BackgroundPeer:
         self.stats.probes_sent += 1
         self._send_piggybacked(self._addr(target), Ping(seq, self.node_id, target))
 
+    def _probe_due(self, p: _Probe, now: float) -> None:
+        """No ack yet: ask others at the timeout; suspect the target at the end."""
+        if now >= p.timeout_at and not p.indirect_sent:
+            self._send_indirect(p, now)
+        if p.end_at <= now:
+            self._probe = None
+            self.stats.probes_failed += 1
+            self._suspect(p.target, now)
+
     def _send_indirect(self, p: _Probe, now: float) -> None:
         p.indirect_sent = True
         addr = self._addr(p.target)
@@ -441,16 +412,16 @@ class BackgroundPeer:
         relays = [r for r in self._random_members(k + 1, now) if r != addr]
         for r in relays[:k]:
             self.stats.indirect_probes += 1
-            self._send(r, IndirectPingReq(p.seq, self.node_id, p.target, addr, True))
+            self._send(r, wire.IndirectPingReq(p.seq, self.node_id, p.target, addr, True))
 
-    def _on_ack(self, m: Ack, now: float) -> None:
+    def _on_ack(self, m: wire.Ack, now: float) -> None:
         p = self._probe
         if p is not None and m.seq in (p.seq, p.fallback_seq):
             self._probe = None
             return
         relay = self._relays.pop(m.seq, None)
         if relay is not None:
-            self._send(relay[0], Ack(relay[1], self.node_id, None))
+            self._send(relay[0], wire.Ack(relay[1], self.node_id, None))
             return
         held = self._suspicions.get(m.source)
         if held is not None and held[0].final_seq == m.seq:
@@ -462,9 +433,7 @@ class BackgroundPeer:
         if node in self._down:
             return
         self.stats.suspicions_raised += 1
-        inc = self._version(node)[0]
-        unsigned = Suspect(node, inc, self.node_id, b"")
-        u = Suspect(node, inc, self.node_id, self._signer.sign(signing_bytes(unsigned)))
+        u = signed_accusation(self._signer, Suspect, node, self._version(node)[0])
         self._receive_update(self.node_id, u, now)
 
     def _suspicion_due(self, node: str, now: float) -> None:
@@ -482,9 +451,7 @@ class BackgroundPeer:
             return
         del self._suspicions[node]
         self.stats.deaths_declared += 1
-        inc = self._version(node)[0]
-        unsigned = Dead(node, inc, self.node_id, b"")
-        dead = Dead(node, inc, self.node_id, self._signer.sign(signing_bytes(unsigned)))
+        dead = signed_accusation(self._signer, Dead, node, self._version(node)[0])
         self._receive_update(self.node_id, dead, now)
 
     # -- dissemination -----------------------------------------------------------------------------
@@ -556,15 +523,13 @@ class BackgroundPeer:
         self._learn(self.alive, now)
 
     def _signed_alive(self) -> Alive:
-        cred = self._signer.credential
-        u = Alive(self.node_id, self.incarnation, self.config.addr, cred, b"")
-        return Alive(u.node, u.incarnation, u.addr, cred, self._signer.sign(signing_bytes(u)))
+        return signed_alive(self._signer, self.incarnation, self.config.addr)
 
     def _wake_gossip(self, now: float) -> None:
-        if self._next_gossip is None:
-            iv = self.config.gossip_interval_s
-            k = int((now - self._gossip_phase) // iv) + 1
-            self._next_gossip = self._gossip_phase + k * iv
+        """Gossip from the next round of this member's grid on, unless it already does."""
+        if self._next_gossip is not None:
+            return
+        self._next_gossip = next_round_at(self._gossip_phase, self.config.gossip_interval_s, now)
 
     def _take_piggyback(self) -> list[Message]:
         cfg = self.config
@@ -589,13 +554,10 @@ class BackgroundPeer:
             if not parts:
                 break
             self._send(addr, Compound(tuple(parts)))
+        scheduled, self._next_gossip = self._next_gossip, None
         if self._queue.pending or self._rqueue.pending:
-            self._next_gossip = (self._next_gossip or now) + self.config.gossip_interval_s
-            if self._next_gossip <= now:
-                self._next_gossip = None
-                self._wake_gossip(now)
-        else:
-            self._next_gossip = None
+            iv = self.config.gossip_interval_s
+            self._next_gossip = after_round(scheduled, self._gossip_phase, iv, now)
 
     def _random_members(self, k: int, now: float) -> list[str]:
         """Up to ``k`` distinct random addresses of members this one may gossip to: alive,
@@ -623,11 +585,12 @@ class BackgroundPeer:
     def _push_pull_s(self) -> float:
         return self.config.push_pull_scaled_s(self.view.live)
 
-    def _push_pull(self, phase: int, updates: tuple[Update, ...]) -> PushPull:
+    def _push_pull(self, phase: int, updates: tuple[Update, ...]) -> wire.PushPull:
         view = self.view
-        return PushPull(self.node_id, phase, view.member_digest(), view.record_digest(), updates)
+        digests = view.member_digest(), view.record_digest()
+        return wire.PushPull(self.node_id, phase, *digests, updates)
 
-    def _on_push_pull(self, src: str, m: PushPull, now: float) -> None:
+    def _on_push_pull(self, src: str, m: wire.PushPull, now: float) -> None:
         for u in sorted(m.updates, key=lambda u: type(u) is not Alive):
             self._receive_update(src, u, now)
         if m.phase == 0:
@@ -635,4 +598,4 @@ class BackgroundPeer:
         elif m.phase == 1:
             missing = self.view.missing_for(m.members, m.records)
             if missing:
-                self._send(src, PushPull(self.node_id, 2, (), (), missing))
+                self._send(src, wire.PushPull(self.node_id, 2, (), (), missing))
