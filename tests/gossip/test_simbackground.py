@@ -4,13 +4,15 @@ of the same size; crashes, records and refutations must travel through backgroun
 
 from __future__ import annotations
 
+import gc
 import json
+import tracemalloc
 
 import pytest
 
 from bench.gossip import main, run
 from gossip.events import Event, MemberDead, RecordChanged
-from gossip.messages import MemberState
+from gossip.messages import Alive, MemberState, PushPull
 from gossip.sim import Simulation
 from gossip.simbackground import BackgroundPeer
 from tests.gossip.helpers import suspect
@@ -114,3 +116,44 @@ def test_bench_emits_observer_counts(capsys: pytest.CaptureFixture[str]) -> None
     for key in COUNTS:
         assert out[key] > 0
     assert 0 < out["observer_open_streams_mean"] <= 8
+
+
+def test_a_background_member_answers_a_push_pull_with_what_the_observer_lacks() -> None:
+    sim = Simulation(n=100, seed=4, observers=4)
+    sim.run_until(1.0)
+    origin = sim.nodes["n0010"].peer
+    assert isinstance(origin, BackgroundPeer)
+    rec = origin.publish("bench", b"x" * 16, sim.now)
+    bg = sim.nodes["n0011"].peer
+    assert isinstance(bg, BackgroundPeer)
+    observer = sim.peer("n0000")
+    assert observer.record("n0010", "bench") is None  # not reached it yet
+    ask = PushPull("n0000", 0, observer._member_digest(), tuple(observer._records.digest()), ())
+    bg.receive("n0000", ask, sim.now)
+    out = bg.take_output()
+    assert out is not None
+    (addr, reply), *_ = out[0]
+    assert addr == "n0000" and isinstance(reply, PushPull) and reply.phase == 1
+    assert rec in reply.updates  # the shared view's newer record, and nothing the observer holds
+    assert all(type(u) is not Alive for u in reply.updates)
+    observer.receive("n0011", reply, sim.now)
+    held = observer.record("n0010", "bench")
+    assert held is not None and held.record == rec
+
+
+def _traced_bytes(n: int) -> int:
+    gc.collect()
+    tracemalloc.start()
+    sim = Simulation(n=n, seed=1, observers=4)
+    sim.run_until(2.0)
+    size = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    del sim
+    return size
+
+
+@pytest.mark.slow
+def test_background_members_hold_no_row_per_member() -> None:
+    """Twice the members, about twice the memory (real cores alone: four times)."""
+    small, large = _traced_bytes(1000), _traced_bytes(2000)
+    assert large < 2.5 * small, f"{large / small:.2f}x the memory for 2x the members"
