@@ -518,11 +518,13 @@ class Owner:
         """Ownership follows the rendezvous order over the live agents (``agent.authority``): a
         job of ours whose order now puts another agent first, live for ``HANDOVER_SETTLE_S``,
         is handed to it between steps (pending and not being placed, or running). An ended job
-        stays: its last record says all there is."""
+        is handed over too: a record from an owner outside the window is not believed where the
+        job was not listed yet (the other side of a healed partition, an agent that joined), so
+        its last record must come from the new owner."""
         for job in list(self.jobs.values()):
             if job.job_id in self._handing or job.job_id in self._placing:
                 continue
-            if job.state not in (JobState.PENDING, JobState.RUNNING):
+            if job.state not in (JobState.PENDING, JobState.RUNNING) and not is_terminal(job.state):
                 continue
             first = next(iter(rank(job.job_id, live)), self.node_id)
             if first != self.node_id and self.authority.live_for_s(first) >= HANDOVER_SETTLE_S:
@@ -574,6 +576,11 @@ class Owner:
             mine = OwnedJob.from_record(held)
             if mine.gen > job.gen:
                 job = mine
+        if is_terminal(job.state):  # nothing to do but say how it ended, as its owner now
+            job.owner = self.node_id
+            self.jobs[job.job_id] = job
+            self._save(job, replicate=False)
+            return {"ok": True}
         self._adopt(job, why=f"handed over by {caller[:8]}")
         return {"ok": True}
 

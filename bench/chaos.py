@@ -113,6 +113,8 @@ class Chaos:
     submit_failures: list[str] = field(default_factory=list)
     faults: list[dict[str, Any]] = field(default_factory=list)
     records: dict[str, dict[str, Any]] = field(default_factory=dict)
+    listed: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    """Each live agent's own listing, as last read."""
     clients: dict[int, ApiClient] = field(default_factory=dict)
 
     # -- the mesh ------------------------------------------------------------------------------
@@ -139,6 +141,7 @@ class Chaos:
                 listing = await self.client(agent).jobs()
             except (ApiError, OSError, TimeoutError):
                 continue
+            self.listed[agent.index] = {job["job_id"]: job for job in listing}
             for job in listing:
                 old = self.records.get(job["job_id"])
                 key = (int(job.get("gen") or 0), int(job.get("attempt") or 0))
@@ -262,6 +265,8 @@ class Chaos:
         held = await self.roles()
         self.watch_once()
         there = {r.job for r in self.running_on(victim)}
+        if fault.get("move_from_agent") == victim.index:
+            there.add(fault["moved_job"])  # stopping for its move, or moved off already
         owned = {
             j
             for j, rec in self.records.items()
@@ -402,6 +407,7 @@ async def _scenario(
             await asyncio.sleep(1.0)
         await asyncio.sleep(2 * POLL_S)
         chaos.watch_once()
+        chaos.listed.clear()
         await chaos.refresh_records()
     finally:
         for task in (watcher, submitting):
@@ -455,6 +461,7 @@ def _verdict(chaos: Chaos) -> dict[str, Any]:
             (waiting if rec.get("state") == "pending" and rec.get("reason") else unfinished).append(
                 job_id
             )
+    unlisted, stale = _disagreements(chaos)
     failed = [j for j in chaos.submitted if chaos.records.get(j, {}).get("state") == "failed"]
     twice = [o for runs in by_job.values() for o in overlaps(runs)]
     disorders = [d for runs in by_job.values() for d in checkpoint_disorders(runs)]
@@ -503,7 +510,10 @@ def _verdict(chaos: Chaos) -> dict[str, Any]:
             "none_ran_twice_at_once": not twice,
             "checkpoints_in_order": not disorders,
             "all_recovered": not unrecovered,
+            "every_agent_lists_every_job": not unlisted and not stale,
         },
+        "jobs_unlisted_somewhere": len(unlisted),
+        "jobs_stale_somewhere": len(stale),
         "faults": faults,
         "submit_failures": len(chaos.submit_failures),
         "runs": len(chaos.ledger.runs),
@@ -513,12 +523,32 @@ def _verdict(chaos: Chaos) -> dict[str, Any]:
             "lost": lost,
             "succeeded_unfinished": fake_success,
             "unfinished": {j: chaos.records[j].get("state") for j in unfinished},
+            "unlisted": unlisted,
+            "stale": stale,
             "run_twice": [o.__dict__ for o in twice],
             "checkpoint_disorders": disorders,
             "submit_failures": chaos.submit_failures[:10],
             "failed": {j: chaos.records[j].get("reason") for j in failed},
         },
     }
+
+
+def _disagreements(chaos: Chaos) -> tuple[dict[str, list[int]], dict[str, dict[int, str]]]:
+    """Ended jobs some live agent does not list at all, or lists in another state (at the
+    end, once every job ended or waits: every agent's listing should say the same)."""
+    unlisted: dict[str, list[int]] = {}
+    stale: dict[str, dict[int, str]] = {}
+    for job_id in chaos.submitted:
+        newest = chaos.records.get(job_id, {}).get("state")
+        if newest not in TERMINAL:
+            continue
+        for index, listing in sorted(chaos.listed.items()):
+            seen = listing.get(job_id)
+            if seen is None:
+                unlisted.setdefault(job_id, []).append(index)
+            elif seen.get("state") != newest:
+                stale.setdefault(job_id, {})[index] = str(seen.get("state"))
+    return unlisted, stale
 
 
 def run(

@@ -145,12 +145,13 @@ def overlaps(runs: Iterable[Run]) -> list[Overlap]:
     for i, a in enumerate(ordered):
         for b in ordered[i + 1 :]:
             if b.start_t < a.alive_until:
+                b_until = b.alive_until if b.ended else a.alive_until
                 found.append(
                     Overlap(
                         a.job,
                         (a.attempt, a.pid),
                         (b.attempt, b.pid),
-                        round(min(a.alive_until, b.alive_until) - b.start_t, 3),
+                        round(min(a.alive_until, b_until) - b.start_t, 3),
                     )
                 )
     return found
