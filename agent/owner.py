@@ -81,7 +81,8 @@ RESTORE_TIMEOUT_S = 120.0
 checkpoint into the job's folder first)."""
 UNHEARD_OWNER_GRACE_S = 10.0
 """A stored job whose owner is not live, yet not known dead or left either, is taken over only
-once its copy is this old: a replica can arrive from an owner this agent has not heard of yet."""
+once its copy is this old, and this agent up this long: a replica can arrive from an owner this
+agent has not heard of yet, and an agent back from a restart hears the mesh again only slowly."""
 
 
 class Owner:
@@ -118,6 +119,8 @@ class Owner:
         """Jobs whose checkpoint is being pulled; True: pull again once done (it changed)."""
         self._collected: set[tuple[str, str, int]] = set()
         """(job, node, attempt) pulled once the attempt had ended: nothing newer can come."""
+        self._started_at = time.time()
+        """A copy stored before a restart is judged by what was heard since (the sweep)."""
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -486,9 +489,9 @@ class Owner:
                     continue
             if (
                 not self._is_gone(rec.owner)
-                and time.time() - rec.updated_at < UNHEARD_OWNER_GRACE_S
+                and time.time() - max(rec.updated_at, self._started_at) < UNHEARD_OWNER_GRACE_S
             ):
-                continue  # not heard of yet rather than gone: it may have just joined
+                continue  # not heard of yet rather than gone: it, or we, may have just joined
             new_owner = next(iter(rank(rec.job_id, live)), None)
             if new_owner == self.node_id:
                 self._adopt(OwnedJob.from_record(rec), why=f"owner {rec.owner[:8]} is gone")

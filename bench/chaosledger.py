@@ -14,6 +14,8 @@ are pure functions of the runs, so they are tested on ledgers written by hand.
   before), or lower than a step a run of a later attempt had already written before it started
   (an older attempt started after a newer one); and when a run told to resume (``SHOAL_RESUME=1``)
   found no whole checkpoint.
+- A job *ran again after it succeeded* when a run of it started after one had written its last
+  step and ``end`` (at-least-once allows a rerun of an attempt cut short, never of a finished one).
 """
 
 from __future__ import annotations
@@ -181,3 +183,17 @@ def checkpoint_disorders(runs: Iterable[Run]) -> list[str]:
                         f"the later attempt {e.attempt} had written step {max(written)}"
                     )
     return found
+
+
+def reruns_after_success(runs: Iterable[Run]) -> list[str]:
+    """One line for each run that started after a run of the same job had finished."""
+    done = [r for r in runs if r.finished and r.end_t is not None]
+    if not done:
+        return []
+    first = min(done, key=lambda r: r.end_t or 0.0)
+    return [
+        f"{r.job} attempt {r.attempt} started {r.start_t - (first.end_t or 0.0):.1f} s after "
+        f"attempt {first.attempt} finished"
+        for r in runs
+        if r.start_t > (first.end_t or 0.0)
+    ]

@@ -1,4 +1,4 @@
-"""The chaos benchmark at a small size: real agents, a kill -9 and a partition; its invariants hold."""
+"""The chaos benchmark, small: real agents, a kill -9 and a partition; its invariants hold."""
 
 from __future__ import annotations
 

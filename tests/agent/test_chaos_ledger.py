@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.chaosledger import Ledger, checkpoint_disorders, overlaps
+from bench.chaosledger import Ledger, checkpoint_disorders, overlaps, reruns_after_success
 
 
 def _ledger(tmp_path: Path, lines: list[dict[str, object]]) -> Ledger:
@@ -107,3 +107,17 @@ def test_lines_are_read_as_they_are_appended_and_garbage_is_counted(tmp_path: Pa
         f.write(first[20:] + "\nnot json\n")
     assert [r.pid for r in ledger.read_new()] == [10]
     assert ledger.malformed == 1
+
+
+def test_a_run_after_the_job_finished_is_a_rerun(tmp_path: Path) -> None:
+    ledger = _ledger(
+        tmp_path,
+        [
+            _line("start", 1, 10, 100.0, resumed_from=None),
+            _line("end", 1, 10, 107.0, how="done", step=14),
+            _line("start", 2, 20, 110.0, resumed_from=None),
+        ],
+    )
+    found = reruns_after_success(ledger.runs.values())
+    assert found == ["j1 attempt 2 started 3.0 s after attempt 1 finished"]
+    assert overlaps(ledger.runs.values()) == []  # not at once: only the rerun check sees it

@@ -282,6 +282,10 @@ async def test_a_replica_from_an_owner_not_heard_of_yet_is_not_taken_over(fx: Fi
     fresh = _replica(fx, "just-joined", age_s=0)
     old = _replica(fx, "long-forgotten", age_s=2 * UNHEARD_OWNER_GRACE_S)
     owner.sweep()
+    # Just started (back from a restart, say): it has not heard the mesh yet, old copy or not.
+    assert owner.jobs == {}
+    owner._started_at -= 2 * UNHEARD_OWNER_GRACE_S  # up for a while now
+    owner.sweep()
     # The fresh copy's owner may have joined a moment ago: gossip has not told us of it yet.
     assert sorted(owner.jobs) == [old]
     kept = fx.store.get_job(fresh)
