@@ -572,7 +572,11 @@ class Owner:
             raise OwnerError(403, f"{caller[:8]} may not hand over job {job.job_id}")
         if not self.authority.may_own(job.job_id, self.node_id):
             raise OwnerError(409, f"{self.node_id[:8]} is not first in job {job.job_id}'s order")
-        if job.job_id in self.jobs:
+        mine = self.jobs.get(job.job_id)
+        if mine is not None:
+            if job.gen >= mine.gen:  # a lineage of its own, from a split (a healed partition):
+                mine.gen = job.gen  # ours goes on, published above it, so all believe ours
+                self._save(mine)
             return {"ok": True}
         held = self.store.get_job(job.job_id)
         if held is not None:

@@ -302,3 +302,38 @@ async def test_a_replica_whose_owner_is_known_gone_is_taken_over_at_once(fx: Fix
     assert list(owner.jobs) == [job_id]
     assert ("adopted", "owner died is gone") in _events(owner)
     await owner.close()
+
+
+async def test_a_job_handed_over_that_is_held_already_is_published_above_the_other_copy(
+    fx: Fixture,
+) -> None:
+    """Found by ``bench.chaos``: in a partition each side took a job over; after the heal one
+    owner handed its lineage (newer ``gen``, still running) to the other, which held its own
+    (ended) and answered ok, keeping its older record. The giver stopped publishing, so every
+    agent went on believing the giver's "running" record, and the runner's report of that
+    attempt went to the giver (404): the job never ended. The holder now publishes its own
+    above the lineage it was handed, as the owner every agent believes."""
+    from agent.ownedjob import OwnedJob, job_wire
+
+    fx.runners.clear()
+    owner = fx.owner()
+    job_id = new_job_id()
+    await owner.submit(fx.submission(job_id))
+    other = fx.kit.agent("other")  # the other side of the healed partition
+    fx.others.append(other.node_id)
+    fx.authority = fx.kit.authority(fx.me, lambda: [fx.me, other.node_id], other)
+    fx.view.authority = owner.authority = fx.authority
+    held = owner.jobs[job_id]
+    held.state = JobState.SUCCEEDED
+    stored = fx.store.get_job(job_id)
+    assert stored is not None
+    theirs = OwnedJob.from_record(stored)
+    theirs.owner, theirs.state, theirs.attempt = other.node_id, JobState.RUNNING, 2
+    theirs.gen = held.gen + 10
+    assert owner.adopt_wire(job_wire(theirs), other.node_id) == {"ok": True}
+    assert owner.jobs[job_id] is held
+    assert held.state == JobState.SUCCEEDED and held.gen > theirs.gen
+    stored = fx.store.get_job(job_id)
+    assert stored is not None and stored.owner == fx.me and stored.state == "succeeded"
+    await _settled(owner)
+    await owner.close()
