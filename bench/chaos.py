@@ -69,6 +69,9 @@ RECOVERY_WAIT_S = 40.0
 """How long a killed agent stays down at most while its jobs have not run again elsewhere."""
 REJOIN_WAIT_S = 60.0
 POLL_S = 0.2
+PARTITION_SETTLE_S = 15.0
+"""After a heal, how long a job's rerun still counts as the partition's (each side may have run
+it: at-least-once, as the README's threat model says), not as a fault of its own."""
 
 
 @dataclass(frozen=True)
@@ -469,6 +472,16 @@ def _verdict(chaos: Chaos) -> dict[str, Any]:
     twice = [o for runs in by_job.values() for o in overlaps(runs)]
     disorders = [d for runs in by_job.values() for d in checkpoint_disorders(runs)]
     reruns = [d for runs in by_job.values() for d in reruns_after_success(runs)]
+    windows = [
+        (f["_started"], f["_healed"] + PARTITION_SETTLE_S)
+        for f in chaos.faults
+        if f["fault"] == "partition"
+    ]
+    reruns_outside = [
+        r
+        for r in reruns
+        if not any(lo <= t <= hi for lo, hi in windows for t in (r.start_t, r.finished_t))
+    ]
     recoveries: list[float] = []
     faults = []
     for fault in chaos.faults:
@@ -508,13 +521,14 @@ def _verdict(chaos: Chaos) -> dict[str, Any]:
         "jobs_run_twice_concurrently": len({o.job for o in twice}),
         "checkpoints_out_of_order": len(disorders),
         "jobs_run_again_after_success": len(reruns),
+        "jobs_run_again_after_success_outside_partition": len(reruns_outside),
         "max_recovery_s": max(recoveries) if recoveries else None,
         "invariants": {
             "all_ended_or_waiting_with_reason": not unfinished,
             "none_lost": not lost and not fake_success,
             "none_ran_twice_at_once": not twice,
             "checkpoints_in_order": not disorders,
-            "none_ran_again_after_success": not reruns,
+            "none_ran_again_after_success_outside_partition": not reruns_outside,
             "all_recovered": not unrecovered,
             "every_agent_lists_every_job": not unlisted and not stale,
         },
@@ -534,7 +548,8 @@ def _verdict(chaos: Chaos) -> dict[str, Any]:
             "stale": stale,
             "run_twice": [o.__dict__ for o in twice],
             "checkpoint_disorders": disorders,
-            "reruns_after_success": reruns,
+            "reruns_after_success": [r.line for r in reruns],
+            "reruns_after_success_outside_partition": [r.line for r in reruns_outside],
             "submit_failures": chaos.submit_failures[:10],
             "failed": {j: chaos.records[j].get("reason") for j in failed},
         },

@@ -185,15 +185,30 @@ def checkpoint_disorders(runs: Iterable[Run]) -> list[str]:
     return found
 
 
-def reruns_after_success(runs: Iterable[Run]) -> list[str]:
-    """One line for each run that started after a run of the same job had finished."""
+@dataclass(frozen=True)
+class Rerun:
+    job: str
+    attempt: int
+    start_t: float
+    finished_attempt: int
+    finished_t: float
+
+    @property
+    def line(self) -> str:
+        return (
+            f"{self.job} attempt {self.attempt} started {self.start_t - self.finished_t:.1f} s "
+            f"after attempt {self.finished_attempt} finished"
+        )
+
+
+def reruns_after_success(runs: Iterable[Run]) -> list[Rerun]:
+    """Each run that started after a run of the same job had finished."""
+    runs = list(runs)
     done = [r for r in runs if r.finished and r.end_t is not None]
     if not done:
         return []
     first = min(done, key=lambda r: r.end_t or 0.0)
+    end_t = first.end_t or 0.0
     return [
-        f"{r.job} attempt {r.attempt} started {r.start_t - (first.end_t or 0.0):.1f} s after "
-        f"attempt {first.attempt} finished"
-        for r in runs
-        if r.start_t > (first.end_t or 0.0)
+        Rerun(r.job, r.attempt, r.start_t, first.attempt, end_t) for r in runs if r.start_t > end_t
     ]

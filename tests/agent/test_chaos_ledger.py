@@ -118,6 +118,6 @@ def test_a_run_after_the_job_finished_is_a_rerun(tmp_path: Path) -> None:
             _line("start", 2, 20, 110.0, resumed_from=None),
         ],
     )
-    found = reruns_after_success(ledger.runs.values())
+    found = [r.line for r in reruns_after_success(ledger.runs.values())]
     assert found == ["j1 attempt 2 started 3.0 s after attempt 1 finished"]
     assert overlaps(ledger.runs.values()) == []  # not at once: only the rerun check sees it
