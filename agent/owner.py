@@ -573,9 +573,12 @@ class Owner:
         if not self.authority.may_own(job.job_id, self.node_id):
             raise OwnerError(409, f"{self.node_id[:8]} is not first in job {job.job_id}'s order")
         mine = self.jobs.get(job.job_id)
-        if mine is not None:
-            if job.gen >= mine.gen:  # a lineage of its own, from a split (a healed partition):
-                mine.gen = job.gen  # ours goes on, published above it, so all believe ours
+        if mine is not None:  # each side of a healed partition held it: one copy goes on,
+            if is_terminal(job.state) and not is_terminal(mine.state):  # the one that ended,
+                job.owner, job.gen = self.node_id, max(job.gen, mine.gen)
+                self.jobs[job.job_id] = mine = job
+            if job.gen >= mine.gen:  # published above the other, so that every agent believes it
+                mine.gen = job.gen
                 self._save(mine)
             return {"ok": True}
         held = self.store.get_job(job.job_id)

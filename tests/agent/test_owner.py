@@ -337,3 +337,33 @@ async def test_a_job_handed_over_that_is_held_already_is_published_above_the_oth
     assert stored is not None and stored.owner == fx.me and stored.state == "succeeded"
     await _settled(owner)
     await owner.close()
+
+
+async def test_a_job_handed_over_ended_ends_here_too_when_held_still_running(fx: Fixture) -> None:
+    """The other way round (``bench.chaos`` again): the copy handed over had ended while the
+    holder's was still running; the job ends here, as the copy says, above both."""
+    from agent.ownedjob import OwnedJob, job_wire
+
+    fx.runners.clear()
+    owner = fx.owner()
+    job_id = new_job_id()
+    await owner.submit(fx.submission(job_id))
+    other = fx.kit.agent("other")
+    fx.others.append(other.node_id)
+    fx.authority = fx.kit.authority(fx.me, lambda: [fx.me, other.node_id], other)
+    fx.view.authority = owner.authority = fx.authority
+    held = owner.jobs[job_id]
+    held.state, held.attempt = JobState.RUNNING, 4
+    held.gen += 3
+    stored = fx.store.get_job(job_id)
+    assert stored is not None
+    theirs = OwnedJob.from_record(stored)
+    theirs.owner, theirs.state, theirs.attempt = other.node_id, JobState.SUCCEEDED, 4
+    assert owner.adopt_wire(job_wire(theirs), other.node_id) == {"ok": True}
+    now = owner.jobs[job_id]
+    assert now.state == JobState.SUCCEEDED and now.owner == fx.me
+    assert now.gen > held.gen > theirs.gen
+    stored = fx.store.get_job(job_id)
+    assert stored is not None and stored.state == "succeeded" and stored.owner == fx.me
+    await _settled(owner)
+    await owner.close()
