@@ -138,6 +138,7 @@ class Overlap:
     """(attempt, pid) of the run that started first."""
     second: tuple[int, int]
     overlap_s: float
+    second_start_t: float
 
 
 def overlaps(runs: Iterable[Run]) -> list[Overlap]:
@@ -154,6 +155,7 @@ def overlaps(runs: Iterable[Run]) -> list[Overlap]:
                         (a.attempt, a.pid),
                         (b.attempt, b.pid),
                         round(min(a.alive_until, b_until) - b.start_t, 3),
+                        b.start_t,
                     )
                 )
     return found

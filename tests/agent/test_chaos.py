@@ -22,7 +22,9 @@ def test_chaos_keeps_its_invariants(capsys: pytest.CaptureFixture[str]) -> None:
     assert out["jobs_submitted"] >= 5, out["details"]["submit_failures"]
     assert out["runs"] >= out["jobs_submitted"]  # every job's process wrote to the ledger
     assert out["jobs_lost"] == 0, out["details"]
-    assert out["jobs_run_twice_concurrently"] == 0, out["details"]["run_twice"]
+    # A partition may run a job on each side (at-least-once): outside one, never twice at once.
+    assert out["jobs_run_twice_concurrently_outside_partition"] == 0, out["details"]["run_twice"]
+    assert out["jobs_run_again_after_success_outside_partition"] == 0, out["details"]
     assert out["checkpoints_out_of_order"] == 0, out["details"]["checkpoint_disorders"]
     assert out["report_not_owned_lines"] == 0
     kills = [f for f in out["faults"] if f["fault"] == "kill"]
