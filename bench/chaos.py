@@ -425,7 +425,7 @@ async def _scenario(
         await asyncio.gather(*(c.close() for c in chaos.clients.values()))
 
 
-NOT_OWNED = re.compile(r" (INFO|WARNING|ERROR|CRITICAL) .*report of .*not owned")
+NOT_OWNED = re.compile(r" (INFO|WARNING|ERROR|CRITICAL) .*(report|checkpoint) of .*not owned")
 LEVEL = re.compile(r"^\S+ \S+ (\S+) (WARNING|ERROR|CRITICAL) (.*)$")
 
 
