@@ -580,6 +580,8 @@ class Owner:
             if job.gen >= mine.gen:  # published above the other, so that every agent believes it
                 mine.gen = job.gen
                 self._save(mine)
+            if mine.state in LIVE and mine.runner is not None:  # is its attempt still running?
+                self.spawn(self._check_runner(mine.job_id, mine.runner, mine.attempt))
             return {"ok": True}
         held = self.store.get_job(job.job_id)
         if held is not None:

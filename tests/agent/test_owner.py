@@ -367,3 +367,34 @@ async def test_a_job_handed_over_ended_ends_here_too_when_held_still_running(fx:
     assert stored is not None and stored.state == "succeeded" and stored.owner == fx.me
     await _settled(owner)
     await owner.close()
+
+
+async def test_a_job_handed_over_running_to_a_holder_whose_copy_runs_asks_its_runner(
+    fx: Fixture,
+) -> None:
+    """Both copies running (``bench.chaos``): the holder's goes on, and the holder asks its
+    runner whether that attempt still runs (the other side may have fenced it), as after any
+    takeover; else the job waited for the end of an attempt that had ended, for good."""
+    from agent.ownedjob import OwnedJob, job_wire
+
+    owner = fx.owner()
+    job_id = new_job_id()
+    await owner.submit(fx.submission(job_id))
+    await _settled(owner)
+    held = owner.jobs[job_id]
+    assert held.state == JobState.RUNNING and held.runner == "runner-b"
+    other = fx.kit.agent("other")
+    fx.others.append(other.node_id)
+    fx.authority = fx.kit.authority(fx.me, lambda: [fx.me, other.node_id], other)
+    fx.view.authority = owner.authority = fx.authority
+    stored = fx.store.get_job(job_id)
+    assert stored is not None
+    theirs = OwnedJob.from_record(stored)
+    theirs.owner, theirs.attempt, theirs.runner = other.node_id, 5, "runner-a"
+    theirs.gen = held.gen + 10
+    fx.calls.clear()
+    assert owner.adopt_wire(job_wire(theirs), other.node_id) == {"ok": True}
+    await asyncio.sleep(0.2)
+    assert ("status", "runner-b") in [(op, node) for op, node, _ in fx.calls]
+    assert owner.jobs[job_id] is held and held.gen > theirs.gen
+    await owner.close()
