@@ -499,8 +499,11 @@ def _verdict(chaos: Chaos) -> dict[str, Any]:
                 if chaos.restarted_after(j, killed_at)
             ]
             fault["recovery_s"] = round(max(back), 3) if back else (0.0 if not jobs else None)
-            fault["jobs_not_run_again"] = sorted(
-                j for j in jobs if not chaos.restarted_after(j, killed_at)
+            fault["jobs_not_run_again"] = sorted(  # nor finished before the kill
+                j
+                for j in jobs
+                if not chaos.restarted_after(j, killed_at)
+                and not any(r.finished for r in by_job.get(j, []))
             )
             if fault["recovery_s"] is not None:
                 recoveries.append(fault["recovery_s"])
