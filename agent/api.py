@@ -8,8 +8,10 @@ command), ``GET /v1/jobs``, ``/v1/jobs/{id}``, ``/v1/jobs/{id}/logs``, ``/v1/nod
 Agent-to-agent, role ``agent`` only (403 otherwise), all JSON POSTs under ``/v1/internal/``:
 ``command`` (a forwarded sealed command, executed here without forwarding again), the calls of
 the job protocol (``agent.calls``: ``replicate``, ``adopt``, ``start``, ``stop``, ``status``,
-``report``, ``checkpointed``), ``GET /v1/internal/logs/{id}`` (the runner's log, proxied by the
-API), and the checkpoint transfers under ``/v1/internal/checkpoint/{id}`` (``agent.ckptmove``).
+``report``, ``checkpointed``, and a gang's ``gang_prepare``, ``gang_commit``, ``gang_abort``),
+``GET /v1/internal/logs/{id}`` (the runner's log, proxied by the API), and the checkpoint
+transfers under ``/v1/internal/checkpoint/{id}`` (``agent.ckptmove``). A job's log takes
+``attempt`` and, with it, ``node``: that attempt's part on one of a gang's members.
 
 Refusals: a sealed command must come as ``application/octet-stream`` and an internal JSON call as
 ``application/json`` (415 otherwise); ``lines`` of a log request is at most
@@ -267,7 +269,8 @@ def setup(app: web.Application, agent: AgentService) -> None:
     async def logs(request: web.Request) -> web.StreamResponse:
         lines, follow, attempt = _log_query(request)
         job_id = request.match_info["job_id"]
-        return await agent.reads.logs(request, job_id, lines, follow, attempt)
+        node = request.query.get("node") or None
+        return await agent.reads.logs(request, job_id, lines, follow, attempt, node)
 
     @_guarded
     async def nodes(request: web.Request) -> web.StreamResponse:

@@ -11,7 +11,9 @@ process could not be launched (:data:`agent.owner.LAUNCH_FAILED`).
 - ``start``: an offer to run an attempt; ``stop``: stop and fence an attempt;
 - ``status``: what runs or ran here of a job; ``report``: an attempt ended (to the owner);
 - ``checkpointed``: the job's checkpoint changed on its runner (to the owner, which pulls it:
-  ``agent.ckptmove``, whose routes are beside these).
+  ``agent.ckptmove``, whose routes are beside these);
+- ``gang_prepare``, ``gang_commit``, ``gang_abort``: a gang's two-phase start on each member's
+  runner (``agent.gangdesk``), authorised as ``start`` and ``stop`` are.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 from agent.authority import FeaturesLacking, SubmissionRefused
 from agent.context import AgentContext
 from agent.errors import ApiError
+from agent.gangdesk import GangDesk
 from agent.metrics import AgentMetrics
 from agent.ownedjob import OwnerError, store_replica
 from agent.owner import LAUNCH_FAILED, Owner
@@ -30,6 +33,9 @@ from agent.runner import Declined, LaunchFailed, NotAllowed, Runner
 from agent.wire.calls import (
     AttemptResult,
     CheckpointNote,
+    GangAbort,
+    GangCommit,
+    GangPrepare,
     StartOffer,
     StatusRequest,
     StopRequest,
@@ -54,6 +60,15 @@ class Calls:
         async def stop(body: Body, caller: str) -> Body:
             return (await runner.stop(StopRequest.from_wire(body), caller)).to_wire()
 
+        self.gang_desk = GangDesk(runner)
+        desk = self.gang_desk
+
+        async def gang_prepare(body: Body, caller: str) -> Body:
+            return (await desk.prepare(GangPrepare.from_wire(body), caller)).to_wire()
+
+        async def gang_commit(body: Body, caller: str) -> Body:
+            return (await desk.commit(GangCommit.from_wire(body), caller)).to_wire()
+
         self._calls: dict[str, Call] = {
             "replicate": self._replicate,
             "adopt": self._sync(owner.adopt_wire),
@@ -67,6 +82,11 @@ class Calls:
             ),
             "checkpointed": self._sync(
                 lambda body, caller: owner.checkpointed(caller, CheckpointNote.from_wire(body))
+            ),
+            "gang_prepare": gang_prepare,
+            "gang_commit": gang_commit,
+            "gang_abort": self._sync(
+                lambda body, caller: desk.abort(GangAbort.from_wire(body), caller).to_wire()
             ),
         }
 

@@ -146,7 +146,12 @@ COMMANDS: tuple[Command, ...] = (
         ops_args.submit_arguments,
         "agent.submit_cmd:cmd_submit",
     ),
-    Command("jobs", "list the mesh's jobs", ops_args.listing_arguments, f"{OPS}:cmd_jobs"),
+    Command(
+        "jobs",
+        "list the mesh's jobs (JOB: one in detail)",
+        ops_args.jobs_arguments,
+        f"{OPS}:cmd_jobs",
+    ),
     Command(
         "nodes",
         "list the mesh's nodes and their GPUs",

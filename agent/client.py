@@ -221,11 +221,19 @@ class ApiClient(PooledSession):
         return (await self.health_doc(members, wait_s)).to_wire()
 
     def logs(
-        self, job_id: str, lines: int = 100, follow: bool = False, attempt: int | None = None
+        self,
+        job_id: str,
+        lines: int = 100,
+        follow: bool = False,
+        attempt: int | None = None,
+        node: str | None = None,
     ) -> AsyncIterator[str]:
+        """The job's log; ``attempt``: that attempt's lines (``node``: on that member node)."""
         params = {"lines": str(lines), "follow": "1" if follow else "0"}
         if attempt is not None:
             params["attempt"] = str(attempt)
+        if node is not None:
+            params["node"] = node
         return self.stream(f"/v1/jobs/{job_id}/logs", params)
 
 

@@ -77,6 +77,9 @@ class AgentConfig:
     """Between a job's stop signal and SIGKILL, unless the command names another grace."""
     drain_grace_s: float = 30.0
     """Default grace for ``drain``: running jobs may finish within it, then they are requeued."""
+    preempt_min_run_s: float = 600.0
+    """A preemptible job runs at least this long (since its attempt started) before a job of
+    higher priority may preempt it: owners propose no sooner, and runners refuse sooner."""
     rpc_timeout_s: float = 5.0
     """Timeout of one agent-to-agent call."""
     placement: str = "shoal"
@@ -113,6 +116,7 @@ _FLOATS = {
     "telemetry_heartbeat_s",
     "stop_grace_s",
     "drain_grace_s",
+    "preempt_min_run_s",
     "rpc_timeout_s",
     "datasets_rescan_s",
 }

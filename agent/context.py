@@ -51,3 +51,5 @@ class AgentContext:
     """Something the ``node`` record says (queue, running jobs, free devices) may have changed."""
     stop_grace_s: float
     """Between a job's stop signal and SIGKILL, unless a stop names its own grace."""
+    preempt_min_run_s: float = 600.0
+    """How long a job runs before it may be preempted (``AgentConfig.preempt_min_run_s``)."""

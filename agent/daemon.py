@@ -24,6 +24,7 @@ exits (see ``revoked``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 import time
@@ -31,6 +32,7 @@ from collections import Counter
 from typing import Any
 
 from agent import api
+from agent.admission import NodeFacts
 from agent.authority import Authority
 from agent.calls import Calls
 from agent.ckptfiles import Vault
@@ -68,6 +70,8 @@ log = logging.getLogger("shoal.agent")
 
 RESUME_AFTER_S = 3.0
 SWEEP_S = 1.0
+TICK_SPACING_S = 0.05
+"""Changes that come closer together than this are published together (one record, not many)."""
 
 
 class Agent:
@@ -129,6 +133,7 @@ class Agent:
             publish=self.publish,
             changed=lambda: self.publisher.node_changed(),
             stop_grace_s=config.stop_grace_s,
+            preempt_min_run_s=config.preempt_min_run_s,
         )
         self.executor = ProcessExecutor(
             ExecutorConfig(
@@ -136,8 +141,16 @@ class Agent:
             ),
             on_event=lambda e: self.runner.on_exec_event(e),
         )
-        self.runner = Runner(self.ctx, self.executor, self.devices)
-        self.owner = Owner(self.ctx, placement or PLACEMENTS[config.placement](self.node_id))
+        self.runner = Runner(
+            self.ctx,
+            self.executor,
+            self.devices,
+            NodeFacts(os=self.devices.report.host.os, labels=config.all_labels()),
+        )
+        self.owner = Owner(
+            self.ctx,
+            placement or PLACEMENTS[config.placement](self.node_id, config.preempt_min_run_s),
+        )
         self.publisher = Publisher(
             self.publish, config, self.devices, self.events, self._node_doc, self._coordinate
         )
@@ -249,6 +262,8 @@ class Agent:
             running=tuple(sorted(runner.runs)),
             free=tuple(runner.free_devices()),
             progress={j: p for j, p in runner.progress.items() if j in runner.runs},
+            shares=runner.shares(),
+            saved={j: at for j, at in runner.saved_at.items() if j in runner.runs},
         )
 
     # -- gossip events ---------------------------------------------------------------------------
@@ -281,10 +296,22 @@ class Agent:
             self.publisher.telemetry()
 
     async def _sweep_loop(self) -> None:
-        swept = 0.0
+        """Publish what is due as soon as it is (changes closer than ``TICK_SPACING_S`` go out
+        together) and sweep the stored jobs every ``SWEEP_S``; asleep in between, so an idle
+        agent wakes about once a second, not ten times."""
+        wake = asyncio.Event()
+        self.publisher.wake = wake.set
+        swept = ticked = time.monotonic()
         while True:
-            await asyncio.sleep(0.1)
             now = time.monotonic()
+            wait_s = min(self.publisher.due_in_s(now), swept + SWEEP_S - now)
+            if wait_s > 0:
+                wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait_s):
+                        await wake.wait()
+            await asyncio.sleep(max(0.0, ticked + TICK_SPACING_S - time.monotonic()))
+            now = ticked = time.monotonic()
             self.publisher.tick(now)
             if now - swept >= SWEEP_S:
                 swept = now
@@ -327,5 +354,7 @@ class Agent:
             "records_refused": self.view.refused,
             "records_refused_kinds": self.view.refused_kinds,
             "placements": self.owner.offers,
+            "deadline_misses": self.owner.deadline_misses,
+            "preemptions": self.runner.preemptions.counts,
             "checkpoint": self.checkpoints.counts,
         }

@@ -169,9 +169,11 @@ class Launch:
         devices: Sequence[DeviceStatic] = (),
         gang: GangRank | None = None,
         resume: bool = False,
+        share_bytes: int = 0,
     ) -> Launch:
         """The launch for ``spec``: its env (less any name Shoal reserves), then Shoal's
-        (``resume``: ``SHOAL_RESUME=1``, the checkpoint folder holds an earlier attempt's)."""
+        (``resume``: ``SHOAL_RESUME=1``, the checkpoint folder holds an earlier attempt's;
+        ``share_bytes``: a share of its one device, with the hints of ``pinning.share_env``)."""
         if spec.image is not None:
             raise LaunchError("container images are not supported by the process executor yet")
         env = {k: v for k, v in spec.env.items() if reserved_env(k) is None}
@@ -183,6 +185,7 @@ class Launch:
                 checkpoint_dir=spec.checkpoint_dir,
                 gang=gang,
                 resume=resume,
+                share_bytes=share_bytes,
             )
         )
         return cls(

@@ -71,13 +71,21 @@ def decode_node(doc: Mapping[str, Any]) -> tuple[NodeDoc, list[DeviceDoc]] | Non
 def policy_node(
     doc: NodeDoc, devices: Sequence[DeviceDoc], holders: Mapping[str, str] | None = None
 ) -> Node:
-    """The node as the policy sees it (``holders``: the job holding each busy device); its
-    agent's features are not checked here (the agent that takes the submission does)."""
+    """The node as the policy sees it: idle, or with ``holders`` (the job holding each busy
+    device) as it is now, with the shares of a GPU its node record lists; its agent's features
+    are not checked here (the agent that takes the submission does)."""
+    shares = doc.shares if holders is not None else {}
     holders = holders or {}
     return Node(
         node_id=doc.node_id,
         devices=tuple(
-            device_from_static(d.static, d.sample, holders.get(d.static.key)) for d in devices
+            device_from_static(
+                d.static,
+                d.sample,
+                None if d.static.key in shares else holders.get(d.static.key),
+                shares=shares.get(d.static.key),
+            )
+            for d in devices
         ),
         drain=doc.drain or SCHEDULABLE,
         labels=doc.labels,
@@ -126,7 +134,14 @@ def fit(
             continue
         ever.append(name)
         current = policy_node(doc, devices, dict.fromkeys(busy.get(doc.node_id, ()), BUSY))
-        free = dataclasses.replace(current, devices=tuple(d for d in current.devices if d.is_free))
+        free = dataclasses.replace(
+            current,
+            devices=tuple(
+                d
+                for d in current.devices
+                if d.is_free or (job.is_share and d.share_free_bytes >= job.share_bytes_on(d))
+            ),
+        )
         if static_fit(job, free) is None:
             now.append(name)
     if spec.resources.gpus_per_node == 0:
@@ -156,6 +171,10 @@ def asks(spec: JobSpec) -> str:
         if r.archs:
             what.append("arch " + "/".join(r.archs))
         text = f"{r.gpus_per_node} GPU{'s' * (r.gpus_per_node != 1)} of one vendor"
+        if r.share_fraction is not None:
+            text = f"a {r.share_fraction:g} share of one GPU"
+        elif r.share_mem_bytes is not None:
+            text = f"a share of one GPU with {r.share_mem_bytes / 1024**3:g} GiB of its memory"
         if what:
             text += f" ({', '.join(what)})"
     if r.nodes > 1:

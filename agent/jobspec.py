@@ -52,15 +52,25 @@ OS; the executor maps them to numbers, falling back to SIGTERM's behaviour where
 
 _JOB_ID_RE: Final = re.compile(r"[0-9a-f]{32}")
 
-SPEC_VERSION: Final = 2
+SPEC_VERSION: Final = 3
 """The job-spec version this code reads and writes: 1 is the spec before features."""
-FEATURES: Final[Mapping[str, int]] = {"gang": 2, "image": 2, "interconnect": 2}
+FEATURES: Final[Mapping[str, int]] = {
+    "gang": 2,
+    "image": 2,
+    "interconnect": 2,
+    "os": 3,
+    "share": 3,
+}
 """Every feature a spec can use, with the spec version that brought it: ``gang`` (more than one
-node), ``image`` (a container image), ``interconnect`` (a required link between the GPUs)."""
-SUPPORTED_FEATURES: Final[frozenset[str]] = frozenset()
-"""The features this agent runs, advertised in its inventory. Gang placement, container images
-and the interconnect filter are still to come: a job that uses one is placed on no agent of this
-version, and its reason says which feature it waits for."""
+node), ``image`` (a container image), ``interconnect`` (a required link between the GPUs),
+``os`` (a required operating system), ``share`` (part of one GPU, by fraction or memory)."""
+SUPPORTED_FEATURES: Final[frozenset[str]] = frozenset({"gang", "interconnect", "os", "share"})
+"""The features this agent runs, advertised in its inventory: ``gang`` (all members start or
+none: ``agent.gang``); ``interconnect``, ``os`` and ``share``, which the runner checks against its
+own node before it admits an offer (``agent.admission``: the link between the devices offered,
+its OS, and the memory a share holds on its device). Container images are still to come: a job
+that uses one is placed on no agent of this version, and its reason says which feature it waits
+for."""
 
 
 class UnknownFeatures(ValueError):
@@ -190,7 +200,11 @@ class Resources:
     each GPU must be (memory, a GPU backend, compute capability, architecture), which asks for
     one (:meth:`from_dict`)."""
     nodes: int = 1
-    """Nodes the job spans; more than one makes it a gang (all start or none)."""
+    """Nodes the job spans; more than one makes it a gang (feature ``gang``): one member per
+    node, each with ``gpus_per_node`` GPUs, placed all together or not at all, started with
+    ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE``/``NODE_RANK``/``NNODES``/
+    ``MASTER_ADDR``/``MASTER_PORT`` (one process per member: ``agent.pinning``), and ended or
+    requeued as a whole when any member ends (``agent.gang``)."""
     min_mem_per_gpu_bytes: int | None = None
     """Least memory each GPU must have; ``None`` accepts any."""
     backends: tuple[BackendName, ...] = ()
@@ -200,7 +214,24 @@ class Resources:
     archs: tuple[str, ...] = ()
     """Accepted architectures (``"hopper"``, ``"gfx942"``); empty accepts any."""
     interconnect: InterconnectKind | None = None
-    """Required link between the job's GPUs on a node; ``None`` accepts any."""
+    """Required link between the job's GPUs on a node (every GPU it is given linked to the others
+    by it: ``nvlink``, ``xgmi``; ``pcie`` is every GPU's); ``None`` accepts any. The owner places
+    the job only where such a group is free, and the runner declines an offer of GPUs that its
+    own inventory does not show so linked."""
+    os: str | None = None
+    """Required operating system of the node, as ``platform.system().lower()`` names it
+    (``linux``, ``darwin``, ``windows``); ``None`` accepts any."""
+    share_fraction: float | None = None
+    """A share of one GPU as a fraction of its memory (0 < f < 1; ``gpus_per_node = 0.5`` in a
+    job file, ``--gpus 0.5``): the job is given one device, which other shares may run on too
+    while their memory fits in it. ``None``: whole GPUs."""
+    share_mem_bytes: int | None = None
+    """A share of one GPU by memory (``share_mem_bytes = "10GiB"``, ``--gpu-mem 10GiB``), instead
+    of a fraction. Either makes the job a share (``gpus_per_node`` is 1, one node)."""
+
+    @property
+    def is_share(self) -> bool:
+        return self.share_fraction is not None or self.share_mem_bytes is not None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -211,21 +242,29 @@ class Resources:
             "min_compute_capability": self.min_compute_capability,
             "archs": list(self.archs),
             "interconnect": self.interconnect,
+        } | {  # fields of version 3, written only when used (a version 2 agent reads the rest)
+            k: v
+            for k, v in (
+                ("os", self.os),
+                ("share_fraction", self.share_fraction),
+                ("share_mem_bytes", self.share_mem_bytes),
+            )
+            if v is not None
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, human: bool = False) -> Resources:
-        """Build from the wire form; ``human`` also accepts a size string for memory."""
+        """Build from the wire form; ``human`` also accepts a size string for memory, ``gpus``
+        for ``gpus_per_node``, and a fraction of one GPU there (``0.5``: a share)."""
+        if human:
+            data = _human_gpus(data)
         r = _Reader(data, "resources")
-        mem = r.get("min_mem_per_gpu_bytes")
-        mem_bytes = (
-            _size_field(mem, "resources.min_mem_per_gpu_bytes")
-            if human and isinstance(mem, str)
-            else r.opt_int("min_mem_per_gpu_bytes")
-        )
+        mem_bytes = r.opt_size("min_mem_per_gpu_bytes", human=human)
         if mem_bytes is not None and mem_bytes < 0:
             raise ValueError("resources.min_mem_per_gpu_bytes: must not be negative")
         backends = cast(tuple[BackendName, ...], r.choices("backends", BACKENDS))
+        fraction, share_mem = _share(r, human=human)
+        share = fraction is not None or share_mem is not None
         per_gpu = (
             mem_bytes is not None
             or any(b != "cpu" for b in backends)
@@ -233,15 +272,22 @@ class Resources:
             or bool(data.get("archs"))
         )
         out = cls(
-            gpus_per_node=r.int_("gpus_per_node", 1 if per_gpu else 0),
+            gpus_per_node=r.int_("gpus_per_node", 1 if per_gpu or share else 0),
             nodes=r.int_("nodes", 1, least=1),
             min_mem_per_gpu_bytes=mem_bytes,
             backends=backends,
             min_compute_capability=_compute_capability(r.opt_str("min_compute_capability")),
             archs=r.str_tuple("archs"),
             interconnect=cast(InterconnectKind | None, r.opt_choice("interconnect", INTERCONNECTS)),
+            os=_os_name(r.opt_str("os")),
+            share_fraction=fraction,
+            share_mem_bytes=share_mem,
         )
         r.done()
+        if share and out.gpus_per_node != 1:
+            raise ValueError("resources.gpus_per_node: a share is of one GPU")
+        if share and out.nodes != 1:
+            raise ValueError("resources.nodes: a share of a GPU runs on one node")
         return out
 
 
@@ -264,7 +310,9 @@ class JobSpec:
     """Higher runs first and may preempt lower preemptible jobs."""
     preemptible: bool = False
     deadline: float | None = None
-    """Absolute time (epoch seconds) the job should end by; orders the queue within a priority."""
+    """Absolute time (epoch seconds) the job should end by; orders the queue within a priority.
+    One that passes before the job ends is said once by its owner (``agent.deadlines``: an event
+    ``deadline_missed``, a counter) and shown as ``missed`` by ``shoal jobs``."""
     max_runtime_s: float | None = None
     """Wall-clock limit of one attempt; the executor stops the job when it is reached."""
     datasets: tuple[str, ...] = ()
@@ -302,6 +350,10 @@ class JobSpec:
             used.append("image")
         if self.resources.interconnect is not None:
             used.append("interconnect")
+        if self.resources.os is not None:
+            used.append("os")
+        if self.resources.is_share:
+            used.append("share")
         return tuple(sorted(used))
 
     @property
@@ -459,6 +511,50 @@ def _duration_field(text: str, name: str) -> float:
         raise ValueError(f"{name}: {exc}") from None
 
 
+def _human_gpus(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A job file's ``gpus`` (short for ``gpus_per_node``) and a fraction of one GPU there."""
+    out = dict(data)
+    if "gpus" in out:
+        if "gpus_per_node" in out:
+            raise ValueError("resources: give gpus or gpus_per_node, not both")
+        out["gpus_per_node"] = out.pop("gpus")
+    gpus = out.get("gpus_per_node")
+    if isinstance(gpus, float) and not isinstance(gpus, bool):
+        if gpus.is_integer():
+            out["gpus_per_node"] = int(gpus)
+        elif 0 < gpus < 1:
+            if out.get("share_fraction") is not None:
+                raise ValueError("resources: a fraction of a GPU in gpus and share_fraction both")
+            out["gpus_per_node"], out["share_fraction"] = 1, gpus
+        else:
+            raise ValueError(
+                f"resources.gpus_per_node: {gpus:g} is neither a whole number of GPUs nor a"
+                " share of one (between 0 and 1)"
+            )
+    return out
+
+
+def _share(r: _Reader, *, human: bool) -> tuple[float | None, int | None]:
+    """A share's fraction of a GPU and its memory (``human``: a size string for memory)."""
+    fraction = r.opt_float("share_fraction")
+    if fraction is not None and not 0 < fraction < 1:
+        raise ValueError(f"resources.share_fraction: must be between 0 and 1, not {fraction:g}")
+    mem_bytes = r.opt_size("share_mem_bytes", human=human)
+    if mem_bytes is not None and mem_bytes <= 0:
+        raise ValueError("resources.share_mem_bytes: must be positive")
+    if fraction is not None and mem_bytes is not None:
+        raise ValueError(
+            "resources: a share is a fraction of a GPU or an amount of its memory, not both"
+        )
+    return fraction, mem_bytes
+
+
+def _os_name(value: str | None) -> str | None:
+    if value is not None and not re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", value.lower()):
+        raise ValueError(f"resources.os: expected an OS name such as linux, got {value[:40]!r}")
+    return None if value is None else value.lower()
+
+
 def _compute_capability(value: str | None) -> str | None:
     if value is not None and not re.fullmatch(r"\d+\.\d+", value):
         raise ValueError(f"resources.min_compute_capability: expected MAJOR.MINOR, got {value!r}")
@@ -507,6 +603,13 @@ class _Reader:
         if isinstance(value, bool) or not isinstance(value, int):
             raise self._type_error(key, "an integer", value)
         return value
+
+    def opt_size(self, key: str, *, human: bool) -> int | None:
+        """Bytes; ``human`` also takes a size string (``"40GiB"``)."""
+        value = self.get(key)
+        if human and isinstance(value, str):
+            return _size_field(value, self.name(key))
+        return self.opt_int(key)
 
     def opt_float(self, key: str) -> float | None:
         value = self.get(key)

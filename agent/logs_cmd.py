@@ -1,5 +1,6 @@
 """``shoal logs [-f] [--attempt N] JOB``: a job's output, every attempt under a header naming its
-node and how it ended.
+node and how it ended (a gang's: every member's, ``=== attempt N rank R on HOST (...) ===``;
+followed, the members of its current attempt at once, each line after ``[rank R]``).
 
 ``-f`` on a job that has not started yet waits for it: it says on stderr why the job waits (and
 again whenever the reason changes), then streams its output once it runs. A job that ends without
@@ -67,9 +68,21 @@ def cmd_logs(args: argparse.Namespace) -> int:
             await _print_log(client, job_id, args, None, None)
             return
         names = hostnames((await client.nodes()) if not args.json else [])
+        newest = attempts[-1].get("attempt")
+        members = [e for e in attempts if e.get("attempt") == newest and e.get("rank") is not None]
+        together = args.follow and len(members) > 1  # a gang's members, followed at once
         for i, entry in enumerate(attempts):
+            if together and entry in members:
+                continue
             last = i == len(attempts) - 1
             await _print_log(client, job_id, args, entry, names, follow=args.follow and last)
+        if together:
+            await asyncio.gather(
+                *(
+                    _print_log(client, job_id, args, e, names, follow=True, tagged=True)
+                    for e in members
+                )
+            )
 
     return run_following(args, call)
 
@@ -82,19 +95,28 @@ async def _print_log(
     names: Mapping[str, str] | None,
     *,
     follow: bool = False,
+    tagged: bool = False,
 ) -> None:
+    """One attempt's log (one member's, for a gang) under its header; ``tagged``: each line
+    after ``[rank R]``, as a gang's members are followed together."""
     attempt = None if entry is None else int(entry["attempt"])
+    rank = None if entry is None else entry.get("rank")
+    node = None if entry is None else str(entry.get("node") or "")
     if entry is not None and not args.json:
-        node = str(entry.get("node") or "")
         how = entry.get("cause") or "running"
         if entry.get("cause") == "exit":
             how = f"exit {entry.get('exit_code')}"
-        where = (names or {}).get(node, short(node))
-        print(f"=== attempt {attempt} on {where} ({how}) ===", flush=True)
-    async for line in client.logs(job_id, lines=args.lines, follow=follow, attempt=attempt):
+        where = (names or {}).get(node or "", short(node))
+        of = "" if rank is None else f" rank {rank}"
+        print(f"=== attempt {attempt}{of} on {where} ({how}) ===", flush=True)
+    member = node if rank is not None else None  # a gang's member: its node's part
+    lines = client.logs(job_id, lines=args.lines, follow=follow, attempt=attempt, node=member)
+    async for line in lines:
         if args.json:
-            print_json_line(
-                {"line": line} if attempt is None else {"attempt": attempt, "line": line}
-            )
+            doc: dict[str, Any] = {} if attempt is None else {"attempt": attempt}
+            if rank is not None:
+                doc["rank"] = rank
+            doc["line"] = line
+            print_json_line(doc)
         else:
-            print(line, flush=True)
+            print(f"[rank {rank}] {line}" if tagged else line, flush=True)

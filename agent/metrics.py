@@ -10,7 +10,10 @@ refused for want of authority (``shoal_internal_refused_total``), gossip records
 believed, by reason and by kind (``shoal_records_refused_total``,
 ``shoal_records_refused_kinds_total``), API requests refused by route and status
 (``shoal_api_refused_total``), the offers this agent made as an owner, by outcome
-(``shoal_placements_total``), and checkpoint transfers by what happened (``pulled``,
+(``shoal_placements_total``), jobs it owns whose deadline passed before they ended
+(``shoal_deadline_misses_total``, ``agent.deadlines``), preemptions on this runner, by outcome
+(``preempted``: a job stopped for one of higher priority, ``refused``: a preempting offer
+refused: ``shoal_preemptions_total``), and checkpoint transfers by what happened (``pulled``,
 ``pushed``, ``resumed``, ``failed``, ``refused``, ``refused_not_owner``:
 ``shoal_checkpoint_total``).
 
@@ -65,6 +68,12 @@ class _Snapshot:
             ),
             ("placements", "Offers of jobs to runners, by outcome", "outcome", snap["placements"]),
             (
+                "preemptions",
+                "Preempting offers on this runner: victims stopped (preempted), offers refused",
+                "outcome",
+                snap.get("preemptions", {}),
+            ),
+            (
                 "checkpoint",
                 "Checkpoint transfers (pulled, pushed, resumed, failed) and refusals",
                 "what",
@@ -87,6 +96,11 @@ class _Snapshot:
             for key, count in sorted(counts.items()):
                 family.add_metric([key], count)
             yield family
+        yield CounterMetricFamily(
+            "shoal_deadline_misses",
+            "Jobs this agent owns whose deadline passed before they ended (each said once)",
+            value=snap.get("deadline_misses", 0),
+        )
         node: str = snap["node"]
         devices: list[Device] = snap["devices"]
         gauges = {

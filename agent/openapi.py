@@ -21,7 +21,17 @@ from agent.logfiles import MAX_TAIL_LINES
 from agent.wire.health import MAX_HEALTH_WAIT_S
 
 PATH: Final = "/v1/openapi.json"
-INTERNAL_CALLS: Final = ("replicate", "adopt", "start", "stop", "status", "report")
+INTERNAL_CALLS: Final = (
+    "replicate",
+    "adopt",
+    "start",
+    "stop",
+    "status",
+    "report",
+    "gang_prepare",
+    "gang_commit",
+    "gang_abort",
+)
 """The agent-to-agent calls of ``POST /v1/internal/{op}`` (``agent.calls``)."""
 
 # -- schemas -------------------------------------------------------------------------------------
@@ -100,6 +110,12 @@ SCHEMAS: Final[dict[str, Any]] = {
             "queue": _INT,
             "wire_version": _OPT_INT,
             "features": _STRS,
+            "shares": {
+                "type": "object",
+                "description": "device key -> {job id -> bytes of its memory the job holds}: the"
+                " devices that run shares of one GPU",
+                "additionalProperties": {"type": "object", "additionalProperties": _INT},
+            },
         },
     ),
     "Nodes": _obj({"nodes": _array(_ref("Node"))}),
@@ -111,8 +127,10 @@ SCHEMAS: Final[dict[str, Any]] = {
             "finished_at": _OPT_NUM,
             "cause": _OPT_STR,
             "exit_code": _OPT_INT,
+            "rank": _INT,
         },
     ),
+    "Member": _obj({"rank": _INT, "node": _STR, "devices": _STRS}),
     "Job": _obj(
         {"job_id": _STR, "state": _STR},
         {
@@ -128,9 +146,14 @@ SCHEMAS: Final[dict[str, Any]] = {
             "reason": _OPT_STR,
             "gen": _INT,
             "attempts": _array(_ref("Attempt")),
+            "members": _array(_ref("Member")),
             "spec": {"type": "object", "description": "the job spec as the operator signed it"},
             "progress": _OPT_NUM,
             "eta_s": _OPT_NUM,
+            "deadline_missed_s": {
+                **_OPT_NUM,
+                "description": "how late the job was when its owner said it missed its deadline",
+            },
         },
     ),
     "Jobs": _obj({"jobs": _array(_ref("Job"))}),
@@ -216,6 +239,13 @@ _LOG_QUERY = [
     },
     _query("attempt", 1, 1 << 31, "one attempt's log (default: as the runner holds it)"),
 ]
+_NODE_QUERY = {
+    "name": "node",
+    "in": "query",
+    "required": False,
+    "description": "with `attempt`: that attempt's log on this node (a gang's member)",
+    "schema": {"type": "string"},
+}
 _TEXT_ANSWER = {
     "description": "the log's lines",
     "content": {"text/plain": {"schema": {"type": "string"}}},
@@ -277,7 +307,7 @@ PATHS: Final[dict[str, Any]] = {
     "/v1/jobs/{job_id}/logs": {
         "get": {
             "summary": "A job's log, from the agent that runs or ran it (at most 4 MiB)",
-            "parameters": [_JOB_ID, *_LOG_QUERY],
+            "parameters": [_JOB_ID, *_LOG_QUERY, _NODE_QUERY],
             "responses": {"200": _TEXT_ANSWER, **_answers(None, 400, 404, 503)},
         }
     },

@@ -56,11 +56,17 @@ def submit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--file", type=Path, metavar="JOB.toml", help="a TOML job file")
     p.add_argument(
         "--gpus",
-        type=int,
+        type=_gpu_count,
         default=None,
         metavar="N",
         help="GPUs per node (default: none, the job runs on any host; 1 when --mem or a GPU "
-        "--backend says what each GPU must be)",
+        "--backend says what each GPU must be); a fraction such as 0.5 asks for that share of "
+        "one GPU's memory, on a GPU other shares may use too",
+    )
+    p.add_argument(
+        "--gpu-mem",
+        metavar="SIZE",
+        help="a share of one GPU by its memory, e.g. 10GiB (instead of a fractional --gpus)",
     )
     p.add_argument("--nodes", type=int, default=1, help="nodes for a gang job")
     p.add_argument("--mem", metavar="SIZE", help="least memory per GPU, e.g. 40GiB")
@@ -98,6 +104,16 @@ def submit_arguments(p: argparse.ArgumentParser) -> None:
 
 def listing_arguments(p: argparse.ArgumentParser) -> None:
     add_connection_arguments(p)
+
+
+def jobs_arguments(p: argparse.ArgumentParser) -> None:
+    add_connection_arguments(p)
+    p.add_argument(
+        "job",
+        metavar="JOB",
+        nargs="?",
+        help=JOB_HELP + "; shows that job in detail (a gang: its members)",
+    )
 
 
 def events_arguments(p: argparse.ArgumentParser) -> None:
@@ -188,3 +204,12 @@ def certify_arguments(p: argparse.ArgumentParser) -> None:
         help="the cluster directory of shoal init, with the CA (default: %(default)s)",
     )
     add_json_argument(p, "one JSON object")
+
+
+def _gpu_count(text: str) -> int | float:
+    """``--gpus``: a whole number of GPUs, or a fraction of one (``0.5``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of GPUs: {text!r}") from None
+    return int(value) if value.is_integer() else value

@@ -24,7 +24,7 @@ from agent.fleet import fleet_path, load_fleet
 from agent.ops_args import AGENT_ENV
 from agent.paths import default_cluster_dir
 from agent.resolve import NODE_ID_RE, check_migration_target, pick_job, pick_node
-from agent.tables import console, hostnames, jobs_table, nodes_table, short
+from agent.tables import console, hostnames, job_detail, jobs_table, nodes_table, short
 from gossip.identity import IdentityError, NodeIdentity, load_identity
 
 # -- connection ------------------------------------------------------------------------------------
@@ -103,6 +103,14 @@ async def _jobs_and_nodes(client: ApiClient) -> tuple[list[dict[str, Any]], list
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     jobs, nodes = run_with_client(args, _jobs_and_nodes)
+    if args.job is not None:
+        job = pick_job(jobs, args.job)
+        if args.json:
+            print_json(job)
+        else:
+            for label, value in job_detail(job, hostnames(nodes), time.time()):
+                print(f"{label:<9} {value}")
+        return 0
     if args.json:
         print_json(jobs)
     elif not jobs:

@@ -18,8 +18,8 @@ from agent.jobspec import JobSpec, check_job_id
 from agent.jobstate import JobState
 from agent.store import JobRecord, Store
 from agent.wire.calls import JobTransfer, OwnerDetail
-from agent.wire.codec import WireError
-from agent.wire.records import AttemptEntry, JobStatus
+from agent.wire.codec import MAX_RECORD_BYTES, WireError
+from agent.wire.records import AttemptEntry, GangMember, JobStatus
 
 ATTEMPTS_KEPT = 20
 
@@ -56,7 +56,20 @@ class OwnedJob:
     """Where each attempt ran and how it ended (the last :data:`ATTEMPTS_KEPT`)."""
     submission: bytes = b""
     """The operator's sealed submission (see ``agent.authority``)."""
+    members: tuple[GangMember, ...] = ()
+    """A gang's current attempt, every member, rank 0 first (``runner`` and ``devices`` are
+    rank 0's); empty for a one-node job, and for a gang between attempts."""
     extra: dict[str, Any] = field(default_factory=dict)
+    deadline_missed_s: float | None = None
+    """How late it was when this or an earlier owner said it missed its deadline."""
+
+    @property
+    def deadline(self) -> float | None:
+        return self.spec.deadline
+
+    @property
+    def state_name(self) -> str:
+        return self.state.value
 
     def record(self) -> JobRecord:
         return JobRecord(
@@ -86,6 +99,8 @@ class OwnedJob:
             avoid=self.avoid,
             launch_failures=self.launch_failures,
             attempts=tuple(self.attempts),
+            members=self.members,
+            deadline_missed_s=self.deadline_missed_s,
         )
 
     def detail(self) -> dict[str, Any]:
@@ -115,6 +130,8 @@ class OwnedJob:
             launch_failures=d.launch_failures,
             attempts=list(d.attempts),
             submission=rec.submission,
+            members=d.members,
+            deadline_missed_s=d.deadline_missed_s,
         )
 
     def merge_gossip(self, doc: dict[str, Any]) -> None:
@@ -134,6 +151,9 @@ class OwnedJob:
         self.exit_code = status.exit_code
         self.reason = status.reason
         self.gen = status.gen
+        self.members = status.members
+        if status.deadline_missed_s is not None:
+            self.deadline_missed_s = status.deadline_missed_s
 
     def status(self) -> JobStatus:
         """The job's record as gossiped (``job/<id>``) and handed on."""
@@ -152,6 +172,8 @@ class OwnedJob:
             reason=self.reason,
             gen=self.gen,
             attempts=tuple(self.attempts),
+            members=self.members,
+            deadline_missed_s=self.deadline_missed_s,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -170,6 +192,20 @@ class OwnedJob:
             if entry.attempt == attempt and entry.cause is None:
                 self.attempts[i] = entry._replace(finished_at=at, cause=cause, exit_code=exit_code)
                 return
+
+
+def gossip_payload(status: JobStatus) -> bytes:
+    """The ``job/<id>`` record as gossiped: the oldest attempts left out until it fits one
+    record (a gang's members take room; the owner's own copy keeps them all). ``ValueError``
+    when even the record with no attempts is too large."""
+    payload = status.encode()
+    attempts = status.attempts
+    while len(payload) > MAX_RECORD_BYTES and attempts:
+        attempts = attempts[1:]
+        payload = status._replace(attempts=attempts).encode()
+    if len(payload) > MAX_RECORD_BYTES:
+        raise ValueError(f"the job's record takes {len(payload)} bytes, over one record's limit")
+    return payload
 
 
 class OwnerError(Exception):

@@ -11,13 +11,20 @@ One agent owns each job (``agent.ownership``). The owner:
   stop that also forbids a late start) and only then moves on;
 - requeues a job only when its runner is declared dead by gossip or has confirmed the stop, so two
   attempts never run at once;
-- publishes ``job/<id>`` records (a ``gen`` counter orders versions across successive owners).
+- publishes ``job/<id>`` records (a ``gen`` counter orders versions across successive owners);
+- when no node has room for a pending job, offers it naming the running jobs the policy would
+  preempt for it (``agent.preempting``; the runner checks them: ``agent.preemption``), and
+  requeues a job of its own that was preempted, saying by whom.
 
 Checkpoints (``agent.ckptmove``): when a runner says a job's checkpoint changed, the owner pulls a
 copy into its vault (and, when it is itself the runner, pushes that copy on to the job's replica,
 so a copy outlives the node). Before each new attempt it pulls what the last attempt left, if its
 node is alive, then pushes the newest copy it holds to the chosen node and names it in the offer:
 the attempt resumes from it (``SHOAL_RESUME=1``). With no copy, the attempt starts afresh.
+
+A gang (a job on several nodes) is placed, followed and ended as a whole by ``agent.gang``; the
+hooks here hand it the gang's placement, its members' reports and deaths, and the takeover
+check of every member.
 
 When an owner is gone, the next agent in the job's rendezvous order takes over from the copy it
 holds (or is handed the copy by the agent that holds it) and asks the runner where things stand.
@@ -35,6 +42,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent.authority import Submission, SubmissionRefused
 from agent.context import AgentContext
+from agent.deadlines import missed_line, newly_missed
+from agent.gang import Gangs
 from agent.jobstate import (
     IllegalTransition,
     JobEvent,
@@ -42,10 +51,11 @@ from agent.jobstate import (
     is_terminal,
     transition,
 )
-from agent.ownedjob import OwnedJob, OwnerError, job_from_wire, job_wire
+from agent.ownedjob import OwnedJob, OwnerError, gossip_payload, job_from_wire, job_wire
 from agent.ownership import rank, replica_of
 from agent.peers import PeerError, PeerRefused, PeerUnreachable
 from agent.placement import Candidate, Placement
+from agent.preempting import host_name, preemption_candidates, stopped_reason, waiting_reason
 from agent.store import StoreFull
 from agent.transfer import TransferError
 from agent.view import JOB_PREFIX, SUB_PREFIX, job_gen
@@ -68,6 +78,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("shoal.owner")
 
 LIVE = (JobState.PLACING, JobState.RUNNING, JobState.MIGRATING)
+_UNENDED = tuple(s for s in JobState if not is_terminal(s))
 HANDOVER_SETTLE_S = 5.0
 """An agent that ranks before the owner in a job's order is handed the job once it has been
 live this long here (not while a mesh forms or a member flaps)."""
@@ -107,6 +118,8 @@ class Owner:
         self._kick = asyncio.Event()
         self._replicated_to: dict[str, str] = {}
         self._subs_published: set[str] = set()
+        self.deadline_misses = 0
+        """Jobs of this owner whose deadline passed before they ended, said (once each)."""
         self.offers: Counter[str] = Counter()
         """Offers made to runners, by outcome (``shoal_placements_total``): started, declined,
         launch_failed, not_allowed, unanswered."""
@@ -121,6 +134,8 @@ class Owner:
         """(job, node, attempt) pulled once the attempt had ended: nothing newer can come."""
         self._started_at = time.time()
         """A copy stored before a restart is judged by what was heard since (the sweep)."""
+        self.gangs = Gangs(self)
+        """The jobs on several nodes (``agent.gang``)."""
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -175,7 +190,7 @@ class Owner:
             # that the job exists (its spec travels in it, not in each version of the record).
             self._subs_published.add(job.job_id)
             self._publish(SUB_PREFIX + job.job_id, job.submission)
-        self._publish(JOB_PREFIX + job.job_id, job.status().encode())
+        self._publish(JOB_PREFIX + job.job_id, gossip_payload(job.status()))
         if is_terminal(job.state) and self.checkpoints is not None:
             self.checkpoints.forget(job.job_id)
         if replicate:
@@ -239,7 +254,7 @@ class Owner:
             self.events.add("submitted", f"owner {self.node_id[:8]}", job_id=job_id)
             # The first placement is chosen now, so the replica's copy of the submission is
             # also the write-ahead of attempt 1: one round trip fewer before the job runs.
-            candidates = self._candidates(job)
+            candidates = [] if job.spec.is_gang else self._candidates(job)
             if candidates and self._addr_of(candidates[0].node_id) is not None:
                 self._placing.add(job_id)
                 self._reserve(job, candidates[0])
@@ -280,7 +295,9 @@ class Owner:
         job.reason = "cancelled by an operator"
         self._save(job)
         self.events.add("cancelled", f"attempt {attempt}", job_id=job_id)
-        if was_live and runner is not None:
+        if was_live and job.members:
+            self.gangs.stop_all(job, attempt, "cancel")
+        elif was_live and runner is not None:
             self.spawn(self._stop_until_done(job_id, runner, attempt, "cancel"))
         return {"job_id": job_id, "state": job.state.value}
 
@@ -288,6 +305,8 @@ class Owner:
         job = self._owned(job_id)
         if job.state != JobState.RUNNING or job.runner is None:
             raise OwnerError(409, f"job {job_id} is {job.state.value}, not running")
+        if job.members:
+            raise OwnerError(409, f"job {job_id} is a gang: a gang is not migrated")
         if target is not None and target == job.runner:
             raise OwnerError(400, "the migration target is the node the job runs on")
         if target is not None and target not in self._live():
@@ -332,6 +351,9 @@ class Owner:
     def _confirmed_gone(self, job_id: str, runner: str, attempt: int, cause: str) -> None:
         """The runner says the attempt does not run (and will not start): requeue if live."""
         job = self.jobs.get(job_id)
+        if job is not None and job.members:
+            self.gangs.confirmed_gone(job, runner, attempt, cause)
+            return
         if job is None or job.attempt != attempt or job.runner != runner:
             return
         if job.state in LIVE:
@@ -352,13 +374,21 @@ class Owner:
     def report(self, runner: str, r: AttemptResult) -> dict[str, Any]:
         """An attempt ended on ``runner``; stale reports (other attempt or runner) are dropped."""
         job = self._owned(r.job_id)
+        if job.members:
+            return self.gangs.report(job, runner, r)
+        if r.attempt != job.attempt or runner != job.runner or job.state not in LIVE:
+            return {"ok": True, "stale": True}
+        job.attempt_ended(job.attempt, r.cause, r.exit_code, _finished(r))
+        self._conclude(job, runner, r)
+        return {"ok": True}
+
+    def _conclude(self, job: OwnedJob, runner: str, r: AttemptResult) -> None:
+        """The current attempt ended with ``r`` (on ``runner``; a gang's deciding member):
+        succeeded, retried, failed, cancelled or requeued."""
         job_id = job.job_id
         attempt = r.attempt
-        if attempt != job.attempt or runner != job.runner or job.state not in LIVE:
-            return {"ok": True, "stale": True}
         cause = r.cause
         code = r.exit_code
-        job.attempt_ended(job.attempt, cause, code, _finished(r))
         if job.state == JobState.PLACING:
             self._move(job, JobEvent.STARTED)
         job.exit_code, job.signal = code, r.signal
@@ -391,15 +421,21 @@ class Owner:
             if cause in ("drain", "shutdown"):
                 # The report can beat the gossip that says so: do not offer it straight back.
                 job.avoid = runner
-            self._requeue(job, f"attempt {attempt} stopped on {runner[:8]} ({cause})")
-        return {"ok": True}
+            if r.preempted_by:
+                self.events.add(
+                    "preempted",
+                    f"by {r.preempted_by} on {host_name(self.view, runner)}",
+                    job_id=job_id,
+                )
+            self._requeue(job, stopped_reason(r, runner, self.view))
 
     # -- checkpoints -----------------------------------------------------------------------------
 
     def checkpointed(self, runner: str, note: CheckpointNote) -> dict[str, Any]:
         """The runner of the current attempt says the job's checkpoint changed: pull a copy."""
         job = self._owned(note.job_id)
-        if runner != job.runner or note.attempt != job.attempt or job.state not in LIVE:
+        stale = runner != job.runner or note.attempt != job.attempt or job.state not in LIVE
+        if stale or job.members:  # a gang's members keep their checkpoints (``agent.gang``)
             return {"ok": True, "stale": True}
         if job.job_id in self._collecting:
             self._collecting[job.job_id] = True
@@ -467,7 +503,11 @@ class Owner:
     def member_gone(self, node: str) -> None:
         """A node died or left: requeue what ran there; take over what it owned."""
         for job in list(self.jobs.values()):
-            if job.runner == node and job.state in LIVE and job.job_id not in self._handing:
+            if job.job_id in self._handing:
+                continue  # its next owner checks where it runs; if it stays, _give does
+            if job.members and any(m.node == node for m in job.members):
+                self.gangs.member_gone(job, node)
+            elif job.runner == node and job.state in LIVE:
                 self._move(job, JobEvent.RUNNER_DEAD)
                 job.attempt_ended(job.attempt, "lost", None, time.time())
                 self.events.add("lost", f"runner {node[:8]} is gone", job_id=job.job_id)
@@ -478,8 +518,8 @@ class Owner:
         """Adopt or hand over every stored job whose owner is gone; re-replicate ours."""
         live = self._live()
         live_set = set(live)
-        for rec in self.store.jobs():
-            if is_terminal(rec.state) or rec.owner in live_set or rec.job_id in self.jobs:
+        for rec in self.store.jobs(states=_UNENDED):
+            if rec.owner in live_set or rec.job_id in self.jobs:
                 continue
             doc = self.view.jobs.get(rec.job_id)
             if doc is not None:
@@ -550,10 +590,12 @@ class Owner:
                 self.spawn(self._hand_copy(job.job_id, node))
         finally:
             self._handing.discard(job.job_id)
-            runner = job.runner
             still_ours = self.jobs.get(job.job_id) is job and job.state in LIVE
-            if still_ours and runner is not None and runner not in self._live():
-                self.member_gone(runner)  # it died while we were handing the job over
+            ran_on = [m.node for m in job.members] if job.members else [job.runner]
+            live = set(self._live())
+            for runner in ran_on:
+                if still_ours and runner is not None and runner not in live:
+                    self.member_gone(runner)  # it died while we were handing the job over
 
     def adopt_wire(self, body: dict[str, Any], caller: str) -> dict[str, Any]:
         """Take a job over, handed by its owner or by the holder of a copy of a gone owner's
@@ -580,8 +622,8 @@ class Owner:
             if job.gen >= mine.gen:  # published above the other, so that every agent believes it
                 mine.gen = job.gen
                 self._save(mine)
-            if mine.state in LIVE and mine.runner is not None:  # is its attempt still running?
-                self.spawn(self._check_runner(mine.job_id, mine.runner, mine.attempt))
+            if mine.state in LIVE and (mine.runner is not None or mine.members):  # still runs?
+                self.spawn(self._check_runner(mine.job_id, mine.runner or "", mine.attempt))
             return {"ok": True}
         held = self.store.get_job(job.job_id)
         if held is not None:
@@ -614,6 +656,10 @@ class Owner:
 
     async def _check_runner(self, job_id: str, runner: str, attempt: int) -> None:
         """After a takeover: is the attempt still running there, done, or never started?"""
+        held = self.jobs.get(job_id)
+        if held is not None and held.members and held.attempt == attempt:
+            await self.gangs.check(held)
+            return
         if runner not in self._live():
             job = self.jobs.get(job_id)
             if job is not None and job.attempt == attempt and job.state in LIVE:
@@ -651,6 +697,8 @@ class Owner:
                 async with asyncio.timeout(1.0):  # wait_for (3.11) loses a cancel racing a kick
                     await self._kick.wait()
             self._kick.clear()
+            for missed, late_s in list(newly_missed(self.jobs.values(), time.time())):
+                self._missed_deadline(missed, late_s)
             pending = sorted(
                 (j for j in self.jobs.values() if j.state == JobState.PENDING),
                 key=lambda j: (-j.spec.priority, j.spec.deadline or float("inf"), j.submitted_at),
@@ -678,7 +726,10 @@ class Owner:
         reserved: int | None = None,
     ) -> None:
         try:
-            await self._place_once(job, candidates, reserved)
+            if job.spec.is_gang:
+                await self.gangs.place(job)
+            else:
+                await self._place_once(job, candidates, reserved)
         finally:
             self._placing.discard(job.job_id)
 
@@ -691,7 +742,9 @@ class Owner:
         if not candidates and job.avoid:
             candidates = self.placement.candidates(job.spec, nodes, prefer=job.prefer)
         if not candidates:
-            reason = self.placement.why_pending(job.spec)
+            candidates = preemption_candidates(self.placement, job.spec, nodes, self.view, live)
+        if not candidates:
+            reason = waiting_reason(job.reason, self.placement.why_pending(job.spec))
             if reason != job.reason:
                 job.reason = reason
                 self._save(job, replicate=False)
@@ -760,11 +813,19 @@ class Owner:
             if job.attempt != attempt or _state(job) != JobState.PLACING:
                 return  # cancelled meanwhile
             offer = StartOffer(
-                job.job_id, attempt, self.node_id, cand.devices, job.submission, resume
+                job.job_id,
+                attempt,
+                self.node_id,
+                cand.devices,
+                job.submission,
+                resume,
+                cand.victims,
             )
             try:
-                # A resumed attempt's checkpoint is copied into its folder before it starts.
-                timeout_s = None if resume is None else RESTORE_TIMEOUT_S
+                # A resumed attempt's checkpoint is copied into its folder before it starts; a
+                # preempting one waits for its victims to stop first.
+                slow = resume is not None or cand.victims
+                timeout_s = RESTORE_TIMEOUT_S + self._stop_grace_s if slow else None
                 answer = _answer(
                     StartAnswer.from_wire,
                     await self.peers.call(addr, "start", offer.to_wire(), timeout_s=timeout_s),
@@ -802,6 +863,13 @@ class Owner:
         if job.state == JobState.PENDING:
             job.reason = "declined by " + "; ".join(declines) if declines else job.reason
             self._save(job, replicate=False)
+
+    def _missed_deadline(self, job: OwnedJob, late_s: float) -> None:
+        job.deadline_missed_s = late_s
+        self.deadline_misses += 1
+        self._save(job)
+        line = missed_line(late_s, job.state.value)
+        self.events.add("deadline_missed", line, job_id=job.job_id)
 
     def _give_up(self, job: OwnedJob, reason: str) -> None:
         """A pending job that can never run: failed, with the reason."""

@@ -37,7 +37,14 @@ A vendor the job was given nothing of is hidden where a value for "no device" ex
 index means) are reserved but left unset: the job cannot set them, the runtimes' defaults apply.
 
 Every job also gets ``SHOAL_DEVICES`` (the device keys, for tools and the simulator), and the gang
-variables when it is one rank of a gang.
+variables when it is one rank of a gang: Shoal runs one process per member node, so ``RANK`` and
+``NODE_RANK`` are the node's rank, ``WORLD_SIZE`` and ``NNODES`` the number of members,
+``LOCAL_RANK=0``, ``LOCAL_WORLD_SIZE=1``, and ``MASTER_ADDR``/``MASTER_PORT`` where rank 0 listens
+(what ``torch.distributed``'s ``env://`` reads). A member that wants one process per GPU runs
+``torchrun --nnodes=$NNODES --node_rank=$NODE_RANK --nproc_per_node=<gpus>
+--master_addr=$MASTER_ADDR --master_port=$MASTER_PORT``, which sets these again for its children.
+They override a job's own ``env``. A share of one GPU is pinned to its device like any other
+grant (other shares see the same device) and gets its memory hints (:func:`share_env`).
 """
 
 from __future__ import annotations
@@ -92,6 +99,26 @@ class GangRank:
     local_rank: int
     master_addr: str
     master_port: int
+    local_world_size: int = 1
+    node_rank: int = 0
+    nnodes: int = 1
+
+    @classmethod
+    def one_per_node(
+        cls, node_rank: int, nnodes: int, master_addr: str, master_port: int
+    ) -> GangRank:
+        """The member on node ``node_rank`` of ``nnodes``, one process per node (how Shoal runs
+        a gang): its rank is its node's, and it is the only process there."""
+        return cls(
+            rank=node_rank,
+            world_size=nnodes,
+            local_rank=0,
+            master_addr=master_addr,
+            master_port=master_port,
+            local_world_size=1,
+            node_rank=node_rank,
+            nnodes=nnodes,
+        )
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -104,6 +131,10 @@ class GangRank:
             raise ValueError(f"master_port {self.master_port} is not a TCP port")
         if not self.master_addr:
             raise ValueError("master_addr must not be empty")
+        if not 0 <= self.local_rank < self.local_world_size:
+            raise ValueError(f"local_rank {self.local_rank} is outside 0..local_world_size-1")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank {self.node_rank} is outside 0..{self.nnodes - 1}")
 
 
 def device_env(devices: Sequence[DeviceStatic]) -> dict[str, str]:
@@ -131,6 +162,21 @@ def device_env(devices: Sequence[DeviceStatic]) -> dict[str, str]:
     return env
 
 
+def share_env(devices: Sequence[DeviceStatic], share_bytes: int) -> dict[str, str]:
+    """The hints a share of a GPU gets: ``SHOAL_GPU_MEM_BYTES`` (the memory it holds) and
+    ``SHOAL_GPU_SHARE`` (that as a fraction of the device's memory, for
+    ``torch.cuda.set_per_process_memory_fraction`` and the like). Nothing enforces them: the
+    runtimes have no variable that caps a process's memory, so a job that exceeds its share
+    takes memory from its neighbours."""
+    if len(devices) != 1:
+        raise ValueError(f"a share of a GPU is of one device, not {len(devices)}")
+    env = {"SHOAL_GPU_MEM_BYTES": str(share_bytes)}
+    total = devices[0].mem_total_bytes
+    if total:
+        env["SHOAL_GPU_SHARE"] = f"{min(1.0, share_bytes / total):.4g}"
+    return env
+
+
 def job_env(
     devices: Sequence[DeviceStatic],
     *,
@@ -139,9 +185,12 @@ def job_env(
     checkpoint_dir: str | None = None,
     gang: GangRank | None = None,
     resume: bool = False,
+    share_bytes: int = 0,
 ) -> dict[str, str]:
     """Every variable Shoal sets for one attempt of a job; these override the job's own ``env``.
     ``resume``: the attempt starts from a checkpoint an earlier one wrote (``SHOAL_RESUME=1``).
+    ``share_bytes``: the job holds that much of its one device's memory, a share of a GPU that
+    other jobs may run on too (:func:`share_env`).
 
     Vendors the job was given no device of are hidden (:data:`HIDE_ALL`).
     """
@@ -153,6 +202,8 @@ def job_env(
         if vendor not in granted:
             env.update(hide)
     env.update(device_env(devices))
+    if share_bytes:
+        env.update(share_env(devices, share_bytes))
     env["SHOAL_JOB_ID"] = job_id
     env["SHOAL_ATTEMPT"] = str(attempt)
     if checkpoint_dir is not None:
@@ -163,6 +214,9 @@ def job_env(
         env["RANK"] = str(gang.rank)
         env["WORLD_SIZE"] = str(gang.world_size)
         env["LOCAL_RANK"] = str(gang.local_rank)
+        env["LOCAL_WORLD_SIZE"] = str(gang.local_world_size)
+        env["NODE_RANK"] = str(gang.node_rank)
+        env["NNODES"] = str(gang.nnodes)
         env["MASTER_ADDR"] = gang.master_addr
         env["MASTER_PORT"] = str(gang.master_port)
     return env

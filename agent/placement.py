@@ -15,9 +15,24 @@ the policy's own functions:
   (:func:`agent.policy.decision.rank_any`: speed on each model, fragmentation, data, heat, cost,
   spreading owners apart), and its "why waiting" line (never fits, or waits for busy capacity).
 
-What the live mesh does not do yet (its next step): gangs (no agent runs the ``gang`` feature, so
-one is refused at submission), shares of a GPU, preemption, moves, and one queue order across
-owners.
+Gangs (``resources.nodes > 1``): :meth:`Placement.gang_candidates` gives whole sets of members,
+best first, from the same functions (``first_fit`` takes the first nodes that fit; the Shoal
+policy's :func:`agent.policy.gangs.rank_gang` the best set of alike, close nodes). The policy never
+returns part of a gang; the owner then prepares every member and commits all or none
+(``agent.gang``).
+
+Shares of a GPU are placed by the same model as whole ones: the node record lists the memory
+each share holds on its device (``agent.wire.records.NodeRecord.shares``), which the adapter
+turns into the policy's ``Device.shares``.
+
+When no node fits, :meth:`Placement.preemption` may name a node and the running jobs to stop
+there (the policy's :func:`agent.policy.preempt.preempt_for`, over the running jobs the gossiped
+job records name: :func:`agent.policy.adapt.running_from_jobs`); the runner re-checks it
+(:mod:`agent.preemption`). Only a higher priority preempts on the live mesh: time slicing (equal
+priority) runs in the simulator only. First fit never preempts.
+
+What the live mesh does not do yet (its next step): preempting for a gang, moves, and one queue
+order across owners.
 """
 
 from __future__ import annotations
@@ -34,7 +49,9 @@ from agent.policy.config import PolicyConfig
 from agent.policy.decision import context, rank_any
 from agent.policy.explain import busy_line, never_reason
 from agent.policy.model import ThroughputModel
-from agent.policy.snapshot import Job, Snapshot
+from agent.policy.preempt import preempt_for
+from agent.policy.snapshot import Job, Running, Snapshot
+from agent.policy.snapshot import Placement as PolicyPlacement
 from agent.policy.state import PolicyState
 from agent.view import NodeView
 
@@ -44,9 +61,25 @@ class Candidate:
     node_id: str
     devices: tuple[str, ...]
     """Device keys offered to the job on that node (empty for a CPU-only job)."""
+    victims: tuple[str, ...] = ()
+    """Jobs running there that must be preempted first (none: the devices are free)."""
+
+
+GangSet = tuple[Candidate, ...]
+"""A whole gang: one member per node, rank 0 first."""
 
 
 class Placement(Protocol):
+    def gang_candidates(
+        self,
+        spec: JobSpec,
+        nodes: Sequence[NodeView],
+        *,
+        exclude: frozenset[str] = frozenset(),
+    ) -> list[GangSet]:
+        """Whole member sets for a gang, best first (never part of one)."""
+        ...
+
     def candidates(
         self,
         spec: JobSpec,
@@ -62,16 +95,38 @@ class Placement(Protocol):
         """One line saying what the job waits for."""
         ...
 
+    def preemption(
+        self, spec: JobSpec, nodes: Sequence[NodeView], running: Sequence[Running]
+    ) -> Candidate | None:
+        """Where the job may start by preempting some of ``running``, and whom; or ``None``."""
+        ...
+
 
 def _job(spec: JobSpec, owner: str | None = None) -> Job:
-    """The job as the policy sees it, on one node: the live mesh places a gang's first member
-    only (no agent runs the ``gang`` feature yet, which the filters check)."""
-    job = adapt.job_from_spec("", spec, owner=owner)
-    return job if job.nodes == 1 else replace(job, nodes=1)
+    """The job as the policy sees it (a gang with all its nodes)."""
+    return adapt.job_from_spec("", spec, owner=owner)
+
+
+def _sets(placements: Sequence[PolicyPlacement]) -> list[GangSet]:
+    return [
+        tuple(Candidate(n, d) for n, d in zip(p.node_ids, p.devices, strict=True))
+        for p in placements
+        if p.node_ids
+    ]
 
 
 class FirstFit:
     """Hard constraints only; nodes in id order, ``prefer`` first."""
+
+    def gang_candidates(
+        self,
+        spec: JobSpec,
+        nodes: Sequence[NodeView],
+        *,
+        exclude: frozenset[str] = frozenset(),
+    ) -> list[GangSet]:
+        known = adapt.nodes_from_views(n for n in nodes if n.inventory is not None)
+        return _sets(first_fit(_job(spec), known, exclude=exclude))
 
     def candidates(
         self,
@@ -90,11 +145,17 @@ class FirstFit:
 
     def why_pending(self, spec: JobSpec) -> str:
         r = spec.resources
-        if spec.features:
-            return "waits for an agent that runs it: " + lacking_reason(spec.features)
-        parts = [
-            f"no schedulable node has {r.gpus_per_node} free GPU" + "s" * (r.gpus_per_node != 1)
-        ]
+        if spec.lacking:
+            return "waits for an agent that runs it: " + lacking_reason(spec.lacking)
+        gpus = f"{r.gpus_per_node} free GPU" + "s" * (r.gpus_per_node != 1)
+        if r.share_fraction is not None:
+            parts = [f"no schedulable node has a {r.share_fraction:g} share of a GPU free"]
+        elif r.share_mem_bytes is not None:
+            parts = [f"no schedulable node has {r.share_mem_bytes / 1024**3:g} GiB of a GPU free"]
+        elif r.nodes > 1:
+            parts = [f"no {r.nodes} schedulable nodes have {gpus} each"]
+        else:
+            parts = [f"no schedulable node has {gpus}"]
         if r.min_mem_per_gpu_bytes is not None:
             parts.append(f"with >= {r.min_mem_per_gpu_bytes / 1024**3:g} GiB")
         if r.backends:
@@ -103,7 +164,19 @@ class FirstFit:
             parts.append(f"and compute capability >= {r.min_compute_capability}")
         if r.archs:
             parts.append(f"and arch {'/'.join(r.archs)}")
+        if r.interconnect is not None and r.gpus_per_node > 1:
+            parts.append(f"linked by {r.interconnect}")
+        if r.os is not None:
+            parts.append(f"on OS {r.os}")
+        if spec.affinity or spec.anti_affinity:
+            parts.append("with the labels it asks for")
         return " ".join(parts)
+
+    def preemption(
+        self, spec: JobSpec, nodes: Sequence[NodeView], running: Sequence[Running]
+    ) -> Candidate | None:
+        """First fit, the baseline, never preempts."""
+        return None
 
 
 class ShoalPlacement:
@@ -133,6 +206,19 @@ class ShoalPlacement:
         )
         return self._snapshot
 
+    def gang_candidates(
+        self,
+        spec: JobSpec,
+        nodes: Sequence[NodeView],
+        *,
+        exclude: frozenset[str] = frozenset(),
+    ) -> list[GangSet]:
+        snapshot = self._context(nodes)
+        ctx, _ = context(snapshot, self.model, self.config, state=self._state, owner=self.owner)
+        job = _job(spec, self.owner)
+        ranked = rank_any(job, ctx, limit=self.config.alternates + 1, exclude=exclude)
+        return _sets([c.placement for c in ranked])
+
     def candidates(
         self,
         spec: JobSpec,
@@ -157,9 +243,41 @@ class ShoalPlacement:
         job = _job(spec, self.owner)
         return never_reason(job, ctx, state) or busy_line(job, 0, None, None)
 
+    def preemption(
+        self, spec: JobSpec, nodes: Sequence[NodeView], running: Sequence[Running]
+    ) -> Candidate | None:
+        """The policy's cheapest legal preemption for the job over the live ``nodes``. Only
+        a higher priority preempts here: time slicing is off on the live mesh (a runner
+        refuses to stop a job of equal priority, whatever an offer says)."""
+        if not any(r.job.preemptible and r.job.priority < spec.priority for r in running):
+            return None  # nothing it may stop: no index built for nothing
+        views = [n for n in nodes if n.inventory is not None]
+        snapshot = Snapshot(
+            now=self._clock(),
+            nodes=adapt.nodes_from_views(views, adapt.holders(running)),
+            running=tuple(running),
+            dataset_bytes=adapt.dataset_bytes(views),
+        )
+        config = replace(self.config, time_slice=())
+        ctx, _ = context(snapshot, self.model, config, owner=self.owner)
+        by_node: dict[str, list[Running]] = {}
+        for r in running:
+            by_node.setdefault(r.placement.node_id, []).append(r)
+        found = preempt_for(_job(spec, self.owner), ctx, by_node)
+        if found is None:
+            return None
+        node_id, keys = found.placement.node_id, found.placement.devices[0]
+        # Only what frees a device the job takes: a runner refuses a victim that frees none.
+        held = {r.job.job_id: set(r.placement.devices[0]) for r in by_node[node_id]}
+        victims = tuple(v for v in found.victims if held.get(v, set()) & set(keys))
+        return Candidate(node_id, keys, victims) if victims else None
 
-PLACEMENTS: dict[str, Callable[[str | None], Placement]] = {
-    "fifo": lambda owner: FirstFit(),
-    "shoal": lambda owner: ShoalPlacement(owner=owner),
+
+PLACEMENTS: dict[str, Callable[[str | None, float], Placement]] = {
+    "fifo": lambda owner, min_run_s: FirstFit(),
+    "shoal": lambda owner, min_run_s: ShoalPlacement(
+        owner=owner, config=PolicyConfig(min_run_s=min_run_s)
+    ),
 }
-"""Placement by the name an agent's config gives (``placement = "fifo"``), for an owner."""
+"""Placement by the name an agent's config gives (``placement = "fifo"``), for an owner, with
+the minimum run time before a job may be preempted (``preempt_min_run_s``)."""

@@ -45,6 +45,8 @@ PLACE_EVERY_S = 30.0
 """A moved coordinate alone republishes the ``place`` record at most this often."""
 COORD_MOVED_S = 0.001
 """How far (in RTT) a coordinate must move before it is worth telling everyone."""
+UNMEASURED_LOOK_S = 1.0
+"""While this node's first coordinate is unsaid, how often the publisher looks for it."""
 
 
 class Publisher:
@@ -76,18 +78,23 @@ class Publisher:
         self._place_sent: PlaceRecord | None = None
         self._place_at = float("-inf")
         self._place_dirty = True
+        self.wake: Callable[[], None] = lambda: None
+        """Called when something becomes due to publish (the agent's loop then ticks)."""
 
     def node_changed(self) -> None:
         self._node_dirty = True
+        self.wake()
 
     def events_changed(self) -> None:
         self._events_dirty = True
+        self.wake()
 
     def datasets_scanned(self, held: dict[str, int]) -> None:
         """What a scan of the datasets found; published at the next tick if it changed."""
         if held != self._datasets:
             self._datasets = held
             self._place_dirty = True
+            self.wake()
 
     def inventory(self, address: str, boot: int) -> None:
         report = self._devices.report
@@ -138,8 +145,25 @@ class Publisher:
         record = TelemetryRecord(at=time.time(), samples=tuple(d.sample for d in devices))
         self._publish("telemetry", record.encode())
 
+    def due_in_s(self, now: float) -> float:
+        """How long until :meth:`tick` has something to publish (0: now). Nothing becoming
+        dirty meanwhile (which calls :attr:`wake`), the agent may sleep this long."""
+        due = [self._place_at + PLACE_EVERY_S - now]
+        if self._node_dirty:
+            progress_only = self._node_sent is not None and (
+                self._node_doc().placement_view() == self._node_sent.placement_view()
+            )
+            due.append(self._node_at + PROGRESS_EVERY_S - now if progress_only else 0.0)
+        if self._events_dirty:
+            due.append(self._events_at + EVENTS_EVERY_S - now)
+        if self._place_dirty:
+            due.append(0.0)
+        elif self._place_sent is None or self._place_sent.coord is None:
+            due.append(UNMEASURED_LOOK_S)
+        return max(0.0, min(due))
+
     def tick(self, now: float) -> None:
-        """Called often (every 0.1 s): what is due of the node record and the events."""
+        """What is due of the node record, the events and the ``place`` record, published."""
         if self._node_dirty:
             self.node(now)
         if self._events_dirty and now - self._events_at >= EVENTS_EVERY_S:
@@ -181,7 +205,7 @@ class Publisher:
         doc = self._node_doc()
         sent = self._node_sent
         if sent is not None and doc.placement_view() == sent.placement_view():
-            if doc.progress == sent.progress:
+            if doc.progress == sent.progress and doc.saved == sent.saved:
                 self._node_dirty = False  # an owner's save that changed nothing others read
                 return
             if now - self._node_at < PROGRESS_EVERY_S:

@@ -118,6 +118,7 @@ class Reads:
                     features=inv.features if inv else (),
                     datasets=node.datasets if node is not None else {},
                     rtt_s=view.rtt_s(self._ctx.node_id, m.node),
+                    shares=status.shares if status else {},
                 )
             )
         return out
@@ -131,9 +132,11 @@ class Reads:
         lines: int,
         follow: bool,
         attempt: int | None = None,
+        node: str | None = None,
     ) -> web.StreamResponse:
         """The job's log, from the agent that runs it (or ran it last), streamed; with
-        ``attempt``, that attempt's lines, from the agent it ran on."""
+        ``attempt``, that attempt's lines, from the agent it ran on (with ``node`` too, from
+        that one of its nodes: a gang's member)."""
         check_job_id(job_id)
         owned = self._owner.jobs.get(job_id)
         doc = owned.to_json() if owned is not None else self._ctx.view.jobs.get(job_id)
@@ -145,9 +148,14 @@ class Reads:
         if attempt is None:
             runner = doc.get("runner") or self._last_runner(job_id)
         else:
-            ran = [a for a in doc.get("attempts") or () if a.get("attempt") == attempt]
+            ran = [
+                a
+                for a in doc.get("attempts") or ()
+                if a.get("attempt") == attempt and node in (None, a.get("node"))
+            ]
             if not ran:
-                raise ApiError(404, f"job {job_id} has no attempt {attempt} on record")
+                on = "" if node is None else f" on {node[:8]}"
+                raise ApiError(404, f"job {job_id} has no attempt {attempt}{on} on record")
             runner = ran[-1].get("node")
         if runner is None or runner == self._ctx.node_id:
             return await self.local_logs(request, job_id, lines, follow, attempt)

@@ -1,17 +1,30 @@
 """The runner side of the job protocol: admit, start, stop, fence, drain, report, reconcile.
 
 A runner admits an offer against its real local state (drain state, devices free here, no newer
-attempt fenced) and starts it at once through the executor. It reports every ended attempt to the
-job's current owner (retried, re-resolving the owner each time) and records it in its store.
+attempt fenced, the spec's hard filters against its own inventory, and room for a share of a GPU
+in its device's memory: ``agent.admission``) and starts it at once through the executor. It
+reports every ended attempt to the job's current owner (retried, re-resolving the owner each
+time) and records it in its store.
 
 Fencing: ``fence[job]`` is the highest attempt this node must not start (again). A ``stop`` from
 the owner raises it, so an offer that arrives late cannot start a copy the owner already gave up
 on; a gossiped job record naming a newer attempt, another runner, or a cancellation stops the
 local copy (cause ``fenced`` or ``cancel``).
 
+Gangs: a gang's member is held here between the owner's prepare and commit
+(:class:`agent.reservations.Reservations`, run by ``agent.gangdesk``): its devices count as busy
+for every other offer and in the free devices this node gossips until the commit starts it
+(through :meth:`Runner.launch`, as an offer does), an abort or a ``stop`` frees them, or the hold
+runs out. A started member is an ordinary run here; a gossiped record fences it unless it names
+this node among the attempt's ``members``.
+
 Drain: cordoned and draining nodes accept nothing new; a draining node lets its jobs finish within
 the grace period, then stops the rest (cause ``drain``; their owners requeue them elsewhere) and
 becomes drained. The state is persisted and gossiped in the ``node`` record.
+
+Preemption: an offer may name running jobs to stop first; the runner re-checks them itself
+(``agent.preemption``), refuses the offer with one line when they do not qualify, else stops
+them with cause ``preempt`` and starts the job on the devices they held.
 
 Checkpoints: an attempt starts from the checkpoint its offer names (restored from the copy the
 owner pushed here, with ``SHOAL_RESUME=1``) or from an empty folder, never from what an earlier
@@ -32,11 +45,12 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from agent.admission import NodeFacts, NotAdmitted, admit, local_node
 from agent.authority import FeaturesLacking, SubmissionRefused
 from agent.ckptfiles import clear_folder
 from agent.context import AgentContext
@@ -50,7 +64,7 @@ from agent.executor import (
     ProgressChanged,
     StopCause,
 )
-from agent.jobspec import check_job_id, lacking_reason
+from agent.jobspec import JobSpec, check_job_id, lacking_reason
 from agent.jobstate import (
     DrainEvent,
     IllegalTransition,
@@ -62,11 +76,15 @@ from agent.jobuser import prepare_job_folder
 from agent.logfiles import TailReader
 from agent.ownership import owner_of
 from agent.peers import PeerError, PeerRefused
+from agent.pinning import GangRank
+from agent.preemption import Ask, Preemptions, Refused
+from agent.reservations import Reservations
 from agent.store import ResultRecord, RunRecord, StoreFull, process_alive, reconcile
 from agent.transfer import TransferError
 from agent.wire.calls import (
     AttemptResult,
     CheckpointNote,
+    ResumeFrom,
     StartAnswer,
     StartOffer,
     StatusAnswer,
@@ -101,12 +119,31 @@ class NotAllowed(Exception):
     """A call whose caller has no authority over the job (``agent.authority``)."""
 
 
+class Admitted(NamedTuple):
+    """What :meth:`Runner.admit` let in: a share's memory on its device (0: devices given
+    whole) and the victims it claimed, to stop before the job starts."""
+
+    share_bytes: int = 0
+    victims: tuple[str, ...] = ()
+
+
+_WHOLE = Admitted()
+"""Admitted on devices given whole, preempting nothing."""
+
+
 @dataclass(slots=True)
 class LocalRun:
     job_id: str
     attempt: int
     owner: str
     devices: tuple[str, ...]
+    share_bytes: int = 0
+    """The memory it holds of its one device when it is a share of a GPU; 0: devices whole."""
+    priority: int = 0
+    preemptible: bool = False
+    """Both from the job's operator-signed submission."""
+    started_at: float | None = None
+    """When its process started (``None`` while it launches)."""
 
 
 LOG_TAILS_AT_ONCE = 2
@@ -120,14 +157,23 @@ class LocalDevices(Protocol):
         """The accelerators a job may be given (not the CPU)."""
         ...
 
-    def set_load(self, key: str, on: bool) -> None:
-        """A job started (``on``) or ended on the device; a simulated device shows the load."""
+    def set_load(self, key: str, jobs: Sequence[int]) -> None:
+        """What runs on the device now: the memory each job holds of it (0: a job given the
+        whole device); empty when idle. A simulated device shows the combined load."""
         ...
 
 
 class Runner:
-    def __init__(self, ctx: AgentContext, executor: ProcessExecutor, devices: LocalDevices) -> None:
+    def __init__(
+        self,
+        ctx: AgentContext,
+        executor: ProcessExecutor,
+        devices: LocalDevices,
+        facts: NodeFacts | None = None,
+    ) -> None:
+        """``facts``: this node's OS and labels, which an offer's spec is checked against."""
         self.ctx = ctx
+        self.facts = facts or NodeFacts()
         self.node_id = ctx.node_id
         self.store = ctx.store
         self.view = ctx.view
@@ -153,6 +199,11 @@ class Runner:
         self.checkpoints: Checkpoints | None = None
         """Set by the agent once made (it reads the jobs run here through this runner)."""
         self._ckpt_stamps: dict[tuple[str, int], object] = {}
+        self.holds = Reservations()
+        """Devices held for gangs between prepare and commit (``agent.gangdesk``)."""
+        self.saved_at: dict[str, float] = {}
+        """Running job -> when its checkpoint folder last changed (gossiped in the node record)."""
+        self.preemptions = Preemptions(ctx.preempt_min_run_s)
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -168,9 +219,28 @@ class Runner:
 
     # -- what we publish -------------------------------------------------------------------------
 
-    def free_devices(self) -> list[str]:
+    def free_devices(self, *, but: str | None = None) -> list[str]:
+        """Devices no job runs on and no gang holds (but job ``but``'s own hold)."""
         used = {k for r in self.runs.values() for k in r.devices}
+        used |= self.holds.devices(time.monotonic(), but=but)
         return [s.key for s in self._statics() if s.key not in used]
+
+    def held(self) -> dict[str, dict[str, int]]:
+        """Device key -> {job -> bytes of its share, or 0 for a device given whole}."""
+        out: dict[str, dict[str, int]] = {}
+        for run in self.runs.values():
+            for k in run.devices:
+                out.setdefault(k, {})[run.job_id] = run.share_bytes
+        return out
+
+    def shares(self) -> dict[str, dict[str, int]]:
+        """The devices shared by jobs that each hold part of one: key -> {job -> bytes}."""
+        return {k: jobs for k, jobs in self.held().items() if all(jobs.values())}
+
+    def _show_load(self, keys: Sequence[str]) -> None:
+        held = self.held()
+        for k in keys:
+            self._set_load(k, list(held.get(k, {}).values()))
 
     # -- offers ----------------------------------------------------------------------------------
 
@@ -182,17 +252,48 @@ class Runner:
         job_id = check_job_id(offer.job_id)
         attempt = offer.attempt
         owner = offer.owner
+        spec = self.authorised_spec(job_id, owner, caller, offer.submission, "start")
+        if spec.is_gang:
+            raise Declined("a gang starts through gang_prepare and gang_commit, not start")
+        admitted = await self.admit(job_id, attempt, spec, offer.devices, offer.victims)
+        return await self.launch(
+            job_id, attempt, owner, spec, offer.devices, offer.resume, admitted=admitted
+        )
+
+    def authorised_spec(
+        self, job_id: str, owner: str, caller: str, submission: bytes, verb: str
+    ) -> JobSpec:
+        """The spec of the operator's ``submission`` for ``job_id``, when ``caller`` says it is
+        the job's owner and may be (``NotAllowed`` otherwise, or for a submission that is not an
+        operator's; ``Declined`` when the job needs a feature this agent does not run)."""
         if owner != caller or not self.authority.may_own(job_id, caller):
-            raise NotAllowed(f"{caller[:8]} may not start job {job_id}")
+            raise NotAllowed(f"{caller[:8]} may not {verb} job {job_id}")
         try:
-            spec = self.authority.submission(offer.submission, job_id).spec
+            spec = self.authority.submission(submission, job_id).spec
         except FeaturesLacking as exc:
             raise Declined(str(exc)) from None
         except SubmissionRefused as exc:
             raise NotAllowed(str(exc)) from None
         if spec.lacking:
             raise Declined(lacking_reason(spec.lacking))
-        keys = offer.devices
+        return spec
+
+    async def admit(
+        self,
+        job_id: str,
+        attempt: int,
+        spec: JobSpec,
+        keys: tuple[str, ...],
+        victims: tuple[str, ...] = (),
+    ) -> Admitted:
+        """``Declined`` unless attempt ``attempt`` may start here now on ``keys``: the agent
+        runs, the node takes work, the attempt is not fenced, no newer one runs, the devices
+        are here, free (a hold of the job itself does not count: it is its own) and meet the
+        spec's hard filters (``agent.admission``). An older attempt of the job that still runs
+        here is stopped (fenced). ``victims``: running jobs a preempting offer names, which the
+        runner checks itself and claims (``agent.preemption``). What was admitted: the memory
+        the job holds of its device when it is a share (0: devices given whole), and the
+        victims to stop before it starts."""
         if self._closing:
             raise Declined("the agent is shutting down")
         if not accepts_work(self.drain):
@@ -205,24 +306,72 @@ class Runner:
                 raise Declined(f"attempt {held.attempt} already runs here")
             await self.executor.stop(job_id, cause="fenced", grace_s=self._stop_grace_s)
         statics = {s.key: s for s in self._statics()}
-        free = set(self.free_devices())
-        missing = [k for k in keys if k not in statics]
-        if missing:
-            raise Declined(f"no device {missing[0]} here")
-        busy = [k for k in keys if k not in free]
-        if busy:
-            raise Declined(f"device {busy[0]} is in use")
-        run = LocalRun(job_id, attempt, owner, keys)
-        self.runs[job_id] = run
+        holds = self.holds.devices(time.monotonic(), but=job_id)
+        in_hold = [k for k in keys if k in holds]
+        if in_hold:
+            raise Declined(f"device {in_hold[0]} is in use (held for a gang)")
+        claimed: tuple[str, ...] = ()
+        if victims:  # checked and claimed first; the offered devices they hold count as free
+            try:
+                claimed = self.preemptions.claim(
+                    Ask(job_id, spec.priority, keys, victims), self.runs, set(self.free_devices())
+                )
+            except Refused as exc:
+                raise Declined(f"preemption refused: {exc}") from None
+        holding = {
+            k: {j: b for j, b in jobs.items() if j not in claimed}
+            for k, jobs in self.held().items()
+        }
+        here = local_node(self.node_id, self.facts, list(statics.values()), holding)
         try:
-            resumed = await self._prepare_checkpoint(offer, spec.checkpoint_dir is None)
+            share_bytes = admit(spec, here, keys)
+        except NotAdmitted as exc:
+            self.preemptions.release(claimed)
+            raise Declined(str(exc)) from None
+        return Admitted(share_bytes, claimed)
+
+    async def launch(
+        self,
+        job_id: str,
+        attempt: int,
+        owner: str,
+        spec: JobSpec,
+        keys: tuple[str, ...],
+        resume: ResumeFrom | None = None,
+        gang: GangRank | None = None,
+        admitted: Admitted = _WHOLE,
+    ) -> StartAnswer:
+        """Start an admitted attempt (``Declined``, ``LaunchFailed`` when it could not), once
+        the victims :meth:`admit` claimed are stopped."""
+        statics = {s.key: s for s in self._statics()}
+        run = LocalRun(
+            job_id,
+            attempt,
+            owner,
+            keys,
+            share_bytes=admitted.share_bytes,
+            priority=spec.priority,
+            preemptible=spec.preemptible,
+        )
+        self.runs[job_id] = run
+        if admitted.victims:
+            ask = Ask(job_id, spec.priority, keys, admitted.victims)
+            await self.preemptions.stop(ask, admitted.victims, self.runs, self._preempt, self._note)
+        try:
+            resumed = await self._prepare_checkpoint(job_id, resume, spec.checkpoint_dir is None)
         except (TransferError, OSError, ValueError) as exc:
             self.runs.pop(job_id, None)
             self._on_change()
             raise Declined(f"checkpoint: {exc}") from None
         try:
             launch = Launch.from_spec(
-                job_id, spec, attempt=attempt, devices=[statics[k] for k in keys], resume=resumed
+                job_id,
+                spec,
+                attempt=attempt,
+                devices=[statics[k] for k in keys],
+                gang=gang,
+                resume=resumed,
+                share_bytes=admitted.share_bytes,
             )
             started = await self.executor.start(launch)
         except NoRoom as exc:  # not the job's fault: declined, it may start elsewhere
@@ -242,6 +391,7 @@ class Runner:
             )
             raise Declined(f"attempt {attempt} was stopped as it started")
         self.fence[job_id] = attempt
+        run.started_at = started.started_at
         try:
             self.store.record_run(
                 RunRecord(
@@ -257,33 +407,39 @@ class Runner:
             # A run this agent could not remember would outlive a restart unknown: not started.
             await self.executor.stop(job_id, cause="fenced", grace_s=0)
             raise Declined(f"cannot record the run here: {exc}") from None
-        for k in keys:
-            self._set_load(k, True)
+        self._show_load(keys)
         self._on_change()
         self.events.add("running", f"attempt {attempt} pid {started.pid}", job_id=job_id)
-        if resumed and offer.resume is not None:
+        if resumed and resume is not None:
             self.events.add(
                 "resumed",
-                f"attempt {attempt} from the checkpoint of attempt {offer.resume.attempt}",
+                f"attempt {attempt} from the checkpoint of attempt {resume.attempt}",
                 job_id=job_id,
             )
         return StartAnswer(ok=True, started_at=started.started_at, pid=started.pid)
 
-    async def _prepare_checkpoint(self, offer: StartOffer, ours: bool) -> bool:
+    async def _preempt(self, job_id: str, attempt: int) -> None:
+        self.fence[job_id] = max(self.fence.get(job_id, 0), attempt)
+        await self.executor.stop(job_id, cause="preempt", grace_s=self._stop_grace_s)
+
+    def _note(self, job_id: str, message: str) -> None:
+        self.events.add("preempted", message, job_id=job_id)
+
+    async def _prepare_checkpoint(self, job_id: str, resume: ResumeFrom | None, ours: bool) -> bool:
         """Put the checkpoint the offer names in the job's folder, or empty it: what an earlier
         attempt left here is never resumed. ``ours``: Shoal's folder (a spec's own
         ``checkpoint_dir`` is left alone). Whether the attempt resumes."""
         if not ours:
             return False
-        job_dir = self.executor.job_dir(offer.job_id)
+        job_dir = self.executor.job_dir(job_id)
         user = self.executor.user
         prepare_job_folder(job_dir, user)
-        dest = self.checkpoint_folder(offer.job_id)
-        if offer.resume is None or self.checkpoints is None:
+        dest = self.checkpoint_folder(job_id)
+        if resume is None or self.checkpoints is None:
             await asyncio.to_thread(clear_folder, dest, user)
             return False
         vault = self.checkpoints.vault
-        await asyncio.to_thread(vault.restore, offer.job_id, offer.resume.digest, dest, user)
+        await asyncio.to_thread(vault.restore, job_id, resume.digest, dest, user)
         return True
 
     # -- checkpoints (agent.ckptmove.LocalJobs) --------------------------------------------------
@@ -312,9 +468,12 @@ class Runner:
                 if not stamp or self._ckpt_stamps.get(key) == stamp:
                     continue
                 self._ckpt_stamps[key] = stamp
+                self.saved_at[job_id] = time.time()
+                self._on_change()
                 self.spawn(self._tell_checkpointed(job_id, run))
             for key in [k for k in self._ckpt_stamps if k[0] not in self.runs]:
                 del self._ckpt_stamps[key]
+                self.saved_at.pop(key[0], None)
 
     async def _tell_checkpointed(self, job_id: str, run: LocalRun) -> None:
         owner = self.owner_for(job_id, run.owner)
@@ -345,6 +504,8 @@ class Runner:
         if not started_it and not self.authority.may_own(job_id, caller):
             raise NotAllowed(f"{caller[:8]} may not stop job {job_id}")
         self.fence[job_id] = max(self.fence.get(job_id, 0), attempt)
+        if self.holds.release(job_id, attempt) is not None:
+            self._on_change()
         if run is None or run.attempt > attempt:
             return StopAnswer(stopped=False)
         stop_cause: StopCause = cause if cause in _STOP_CAUSES else "cancel"  # type: ignore[assignment]
@@ -381,8 +542,7 @@ class Runner:
         run = self.runs.get(e.job_id)
         if run is not None and run.attempt == e.attempt:
             del self.runs[e.job_id]
-            for k in run.devices:
-                self._set_load(k, False)
+            self._show_load(run.devices)
         self.store.finish_run(
             ResultRecord(
                 e.job_id, e.attempt, e.exit_code, e.signal, e.cause, e.started_at, e.finished_at
@@ -392,7 +552,11 @@ class Runner:
         self.events.add("exited", f"attempt {e.attempt} {e.cause} {how}", job_id=e.job_id)
         self._on_change()
         owner = run.owner if run is not None else None
-        self.queue_report(_exit_result(e), owner)
+        by = self.preemptions.stopped_for(e.job_id, e.attempt)
+        report = _exit_result(e)
+        self.queue_report(
+            report._replace(preempted_by=by) if e.cause == "preempt" else report, owner
+        )
         if self.drain == NodeDrainState.DRAINING and not self.runs:
             self._set_drain(DrainEvent.DRAINED)
 
@@ -471,7 +635,7 @@ class Runner:
         cause: StopCause | None = None
         if attempt > run.attempt or (
             attempt == run.attempt
-            and doc.get("runner") not in (None, self.node_id)
+            and not _placed_here(doc, self.node_id)
             and state in ("placing", "running")
         ):
             cause = "fenced"
@@ -577,6 +741,15 @@ class Runner:
 
     def follow(self, job_id: str, lines: int) -> AsyncIterator[str]:
         return self.executor.follow(job_id, from_lines=lines)
+
+
+def _placed_here(doc: dict[str, Any], node_id: str) -> bool:
+    """Whether a gossiped job record places its attempt on ``node_id`` (its runner, or one of
+    a gang's members), or names no node at all."""
+    members = doc.get("members")
+    if isinstance(members, list) and members:
+        return any(isinstance(m, dict) and m.get("node") == node_id for m in members)
+    return doc.get("runner") in (None, node_id)
 
 
 def _exit_result(e: Exited) -> AttemptResult:

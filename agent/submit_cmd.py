@@ -4,10 +4,11 @@ A job asks for no GPU unless it says how many (``--gpus N``), or what each GPU m
 (``--mem``, ``--backend`` other than ``cpu``: then one). Before anything is signed the CLI reads
 the mesh (:mod:`agent.fit`): a job no node could ever run is refused in one line, exit 2, nothing
 submitted (``--anyway`` submits it to wait for such a host); one that fits but finds every such
-node busy is submitted and said to wait. The answer says what was asked for. A job with a
-deadline is told its predicted end (:mod:`agent.when`, the policy's forecast); one whose deadline
-cannot be met is queued with that warning, or refused (exit 2, nothing submitted) when it says
-``--on-late refuse`` (its ``on_late`` label), unless ``--anyway``.
+node busy is submitted and said to wait (and, when jobs submitted preemptible with a lower
+priority run there, that it may preempt one of them). The answer says what was asked for. A job
+with a deadline is told its predicted end (:mod:`agent.when`, the policy's forecast); one whose
+deadline cannot be met is queued with that warning, or refused (exit 2, nothing submitted) when
+it says ``--on-late refuse`` (its ``on_late`` label), unless ``--anyway``.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         resources["gpus_per_node"] = args.gpus
     if args.mem is not None:
         resources["min_mem_per_gpu_bytes"] = args.mem
+    if args.gpu_mem is not None:
+        resources["share_mem_bytes"] = args.gpu_mem
     if args.backend:
         resources["backends"] = [b.strip() for b in args.backend.split(",") if b.strip()]
     data: dict[str, Any] = {
@@ -94,15 +97,43 @@ def never_line(spec: JobSpec, where: Fit) -> str:
     )
 
 
-def wait_line(spec: JobSpec, where: Fit) -> str:
-    """What a job that fits but finds no room now waits for."""
+def wait_line(spec: JobSpec, where: Fit, yielding: int = 0) -> str:
+    """What a job that fits but finds no room now waits for; ``yielding``: jobs it may preempt
+    there."""
     many = len(where.ever)
     hosts = ", ".join(where.ever[:3]) + (", ..." if many > 3 else "")
-    return (
+    line = (
         f"pending: {'the one node' if many == 1 else f'all {many} nodes'} that could run it "
         f"({hosts}) {'is busy or takes' if many == 1 else 'are busy or take'} no new work now; "
         "it starts when one frees up"
     )
+    if yielding:
+        line += (
+            f", or sooner by preempting {'the' if yielding == 1 else f'one of the {yielding}'} "
+            f"preemptible job{'s' * (yielding != 1)} of lower priority running there, once "
+            f"{'it has' if yielding == 1 else 'they have'} run the minimum time"
+        )
+    return line
+
+
+def yielding(
+    spec: JobSpec, where: Fit, jobs: Sequence[dict[str, Any]], names: dict[str, str]
+) -> int:
+    """Running jobs on the nodes that could run ``spec``, submitted preemptible with a lower
+    priority: those its owner may preempt for it (``agent.preempting``)."""
+    count = 0
+    for job in jobs:
+        other = job.get("spec") or {}
+        priority = other.get("priority")
+        if (
+            job.get("state") == "running"
+            and other.get("preemptible") is True
+            and isinstance(priority, int)
+            and priority < spec.priority
+            and names.get(str(job.get("runner")), "") in where.ever
+        ):
+            count += 1
+    return count
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -114,7 +145,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     async def call(
         client: ApiClient,
-    ) -> tuple[dict[str, Any], Fit, SubmissionCheck | None, dict[str, str]]:
+    ) -> tuple[dict[str, Any], Fit, SubmissionCheck | None, dict[str, str], int]:
         nodes, jobs = await client.nodes(), await client.jobs()
         where = fit(spec, nodes, jobs)
         if where.never and not args.anyway:
@@ -124,9 +155,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
             late = when(spec, nodes, jobs, time.time(), job_id)
             if late.refuse and not args.anyway:
                 raise UserError(f"{late.line}; nothing submitted (--anyway submits it)")
-        return await client.submit(spec, job_id), where, late, hostnames(nodes)
+        names = hostnames(nodes)
+        preempts = yielding(spec, where, jobs, names)
+        return await client.submit(spec, job_id), where, late, names, preempts
 
-    answer, where, late, names = run_with_client(args, call)
+    answer, where, late, names, preempts = run_with_client(args, call)
     if args.json:
         extra: dict[str, Any] = {"asks": asks(spec), "fits_now": bool(where.now)}
         if late is not None:
@@ -146,5 +179,5 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if where.never:
         print("waits: no node of the mesh could run it yet (submitted with --anyway)")
     elif not where.now:
-        print(wait_line(spec, where))
+        print(wait_line(spec, where, preempts))
     return 0

@@ -16,6 +16,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
+from agent.deadlines import lateness_s
+
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
@@ -77,6 +79,23 @@ def relative(at: float | None, now: float) -> str:
     if abs(delta) < 1:
         return "now"
     return f"in {span(delta)}" if delta > 0 else f"{span(delta)} ago"
+
+
+def deadline_cell(job: Mapping[str, Any], spec: Mapping[str, Any], now: float) -> str:
+    """``missed`` once the deadline has passed before the job ended (its owner said so, or it
+    has passed since), else when it is (``in 2h``)."""
+    raw = spec.get("deadline")
+    deadline = float(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) else None
+    finished = job.get("finished_at")
+    late = lateness_s(
+        deadline,
+        str(job.get("state")),
+        float(finished) if isinstance(finished, int | float) else None,
+        now,
+    )
+    if job.get("deadline_missed_s") is not None or late is not None:
+        return "missed"
+    return relative(deadline, now)
 
 
 def eta(job: Mapping[str, Any]) -> str:
@@ -159,22 +178,60 @@ def job_row(job: Mapping[str, Any], names: Mapping[str, str], now: float) -> lis
     spec = job.get("spec") or {}
     resources = spec.get("resources") or {}
     gpus = f"{resources.get('gpus_per_node', '?')}"
+    if isinstance(resources.get("share_fraction"), int | float):
+        gpus = f"{resources['share_fraction']:g}"
+    elif isinstance(resources.get("share_mem_bytes"), int):
+        gpus = f"{resources['share_mem_bytes'] / 1024**3:.3g}G"
     if resources.get("nodes", 1) != 1:
         gpus += f"x{resources['nodes']}"
     progress = job.get("progress")
     runner = job.get("runner")
+    where = names.get(runner or "", short(runner))
+    members = job.get("members") or ()
+    if members:  # a gang: one row, its members in the job's detail
+        where = f"{len(members)} nodes"
     why = job.get("reason") if job.get("state") == "pending" else None
     return [
         short(job.get("job_id")),
         str(job.get("state", "?")),
-        names.get(runner or "", short(runner)),
+        where,
         gpus,
         str(spec.get("priority", "-")),
-        relative(spec.get("deadline"), now),
+        deadline_cell(job, spec, now),
         "-" if progress is None else f"{100 * float(progress):.0f}%",
         eta(job),
         one_line(str(why)) if why else command_line(spec),
     ]
+
+
+def job_detail(
+    job: Mapping[str, Any], names: Mapping[str, str], now: float
+) -> list[tuple[str, str]]:
+    """One job as label and value lines (``shoal jobs JOB``): a gang lists each member."""
+
+    def host(node: Any) -> str:
+        return names.get(str(node or ""), short(node))
+
+    spec = job.get("spec") or {}
+    rows = [
+        ("Job", str(job.get("job_id"))),
+        ("State", f"{job.get('state', '?')} (attempt {job.get('attempt', 0)})"),
+        ("Owner", host(job.get("owner"))),
+        ("Command", command_line(spec)),
+    ]
+    members = job.get("members") or ()
+    if members:
+        for i, m in enumerate(members):
+            devices = ",".join(m.get("devices") or ()) or "-"
+            line = f"rank {m.get('rank')}  {host(m.get('node'))}  {devices}"
+            rows.append(("Members" if i == 0 else "", line))
+    else:
+        rows.append(("Node", host(job.get("runner"))))
+    if job.get("started_at") is not None:
+        rows.append(("Started", relative(job["started_at"], now)))
+    if job.get("reason"):
+        rows.append(("Why", one_line(str(job["reason"]))))
+    return rows
 
 
 def jobs_table(
@@ -251,8 +308,18 @@ def node_row(node: Mapping[str, Any]) -> list[str]:
         util,
         mem,
         str(len(node.get("running_jobs") or [])) if alive else "-",
-        _gpu_names(devices),
+        (_shared(node) if alive else "") + _gpu_names(devices),
     ]
+
+
+def _shared(node: Mapping[str, Any]) -> str:
+    """``1 shared (2 jobs); ``: how many GPUs run shares of one GPU, and how many jobs; first,
+    so a narrow column still shows it."""
+    shares = node.get("shares") or {}
+    if not isinstance(shares, Mapping) or not shares:
+        return ""
+    jobs = sum(len(held) for held in shares.values() if isinstance(held, Mapping))
+    return f"{len(shares)} shared ({jobs} job{'s' * (jobs != 1)}); "
 
 
 def nodes_table(nodes: Sequence[Mapping[str, Any]], width: int) -> Table:

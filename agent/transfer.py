@@ -97,8 +97,8 @@ class Manifest:
     def from_wire(cls, value: Any, limits: TransferLimits) -> Manifest:
         """Decode and check a manifest (:func:`check_manifest`); a ``digest`` that is given must
         match the files."""
-        d = c.obj(value, "manifest")
         try:
+            d = c.obj(value, "manifest")
             files = c.items(d.get("files"), "files", _entry)
             manifest = cls(
                 job_id=check_job_id(c.field(d, "job_id", c.text)),

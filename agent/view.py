@@ -94,6 +94,11 @@ class NodeView:
         return list(self.status.free)
 
     @property
+    def shares(self) -> Mapping[str, Mapping[str, int]]:
+        """Device key -> {job -> bytes} of the shares of a GPU that run there."""
+        return self.status.shares if self.status is not None else {}
+
+    @property
     def running(self) -> list[str]:
         return list(self.status.running) if self.status is not None else []
 

@@ -13,12 +13,12 @@ whose deadline cannot be met is refused or queued with a warning is its ``on_lat
 from __future__ import annotations
 
 import os.path
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from agent.jobspec import JobSpec
 from agent.policy.prior import catalog_key
-from agent.policy.snapshot import SCHEDULABLE, Device, Job, Node
+from agent.policy.snapshot import SCHEDULABLE, Device, Job, Node, Placement, Running, Share
 from probers.records import DeviceSample, DeviceStatic
 
 BUSY = "(busy)"
@@ -47,6 +47,8 @@ class NodeFacts(Protocol):
     def datasets(self) -> Mapping[str, int]: ...
     @property
     def place(self) -> Any: ...
+    @property
+    def shares(self) -> Mapping[str, Mapping[str, int]]: ...
 
 
 class HostDeviceFacts(Protocol):
@@ -126,18 +128,55 @@ def _place_facts(labels: Mapping[str, str]) -> tuple[str | None, frozenset[str],
     return zone, datasets, cost
 
 
+_FABRICS = ("nvlink", "xgmi")
+
+
 def _link(static: DeviceStatic) -> tuple[str | None, str | None]:
     kinds = {link.kind for link in getattr(static, "links", ())}
-    for kind in ("nvlink", "xgmi"):
+    for kind in _FABRICS:
         if kind in kinds:
             return kind, kind
     return None, ("pcie" if kinds else None)
 
 
+def link_domains(statics: Sequence[DeviceStatic]) -> dict[str, str]:
+    """Device key -> its link domain among ``statics`` (one host's devices): the devices joined
+    by NVLink or xGMI links to one another, directly or through their peers, named by the
+    fabric and the first key of the group (``nvlink:<key>``). A device with no such link to a
+    device of the host has none."""
+    keys = {s.key for s in statics}
+    parent = {k: k for k in keys}
+
+    def root(k: str) -> str:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    fabric: dict[str, str] = {}
+    for s in statics:
+        for link in getattr(s, "links", ()):
+            if link.kind in _FABRICS and link.peer in keys and link.peer != s.key:
+                fabric[s.key] = fabric.get(s.key) or link.kind
+                a, b = root(s.key), root(link.peer)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    return {k: f"{kind}:{root(k)}" for k, kind in fabric.items()}
+
+
 def device_from_static(
-    static: DeviceStatic, sample: DeviceSample | None, holder: str | None
+    static: DeviceStatic,
+    sample: DeviceSample | None,
+    holder: str | None,
+    domain_of: Mapping[str, str] | None = None,
+    shares: Mapping[str, int] | None = None,
 ) -> Device:
+    """One device; ``domain_of`` (:func:`link_domains` of its host) splits its fabric into the
+    groups really linked, else every device of one fabric on a host is taken as one group;
+    ``shares``: job -> bytes of the shares of it that run (then ``holder`` is ``None``)."""
     domain, kind = _link(static)
+    if domain_of is not None:
+        domain = domain_of.get(static.key)
     return Device(
         key=static.key,
         model="cpu" if static.backend == "cpu" else catalog_key(static.name),
@@ -147,6 +186,7 @@ def device_from_static(
         compute_capability=static.compute_capability,
         mem_total_bytes=static.mem_total_bytes or 0,
         whole_job=holder,
+        shares=tuple(Share(j, b) for j, b in sorted((shares or {}).items())),
         link_domain=domain,
         link_kind=kind,
         temp_c=sample.temp_c if sample else None,
@@ -161,11 +201,15 @@ def node_from_view(view: NodeFacts, holders: Mapping[str, str] | None = None) ->
     """An agent's view of one node; ``holders`` maps device keys to the jobs holding them."""
     free = set(view.free)
     holders = holders or {}
+    domains = link_domains(view.statics)
+    shared = view.shares
     devices = tuple(
         device_from_static(
             s,
             view.samples.get(s.key),
-            None if s.key in free else holders.get(s.key, BUSY),
+            None if s.key in free or s.key in shared else holders.get(s.key, BUSY),
+            domains,
+            shared.get(s.key),
         )
         for s in view.statics
     )
@@ -185,8 +229,65 @@ def node_from_view(view: NodeFacts, holders: Mapping[str, str] | None = None) ->
     )
 
 
-def nodes_from_views(views: Iterable[NodeFacts]) -> tuple[Node, ...]:
-    return tuple(node_from_view(v) for v in views)
+def nodes_from_views(
+    views: Iterable[NodeFacts], holders: Mapping[str, Mapping[str, str]] | None = None
+) -> tuple[Node, ...]:
+    """``holders``: by node, the device keys held by each running job (see :func:`holders`)."""
+    held = holders or {}
+    return tuple(node_from_view(v, held.get(v.node_id)) for v in views)
+
+
+def running_from_jobs(
+    jobs: Mapping[str, Mapping[str, Any]],
+    specs: Mapping[str, JobSpec],
+    *,
+    live: Collection[str],
+    checkpoints: Mapping[str, float] | None = None,
+) -> tuple[Running, ...]:
+    """The jobs that run now, as the gossiped job records say (``agent.view.ClusterView.jobs``):
+    state ``running`` on a live runner, on its devices, since ``started_at``. Priority and
+    preemptible come from each job's own signed submission (``specs``, by job id); a job whose
+    submission is not held is left out. ``checkpoints``: when a job last saved one, where known
+    (else the policy counts the work lost since it started)."""
+    out: list[Running] = []
+    saved = checkpoints or {}
+    for job_id, doc in jobs.items():
+        runner, started = doc.get("runner"), doc.get("started_at")
+        spec = specs.get(job_id)
+        if doc.get("state") != "running" or spec is None:
+            continue
+        if not isinstance(runner, str) or runner not in live:
+            continue
+        if isinstance(started, bool) or not isinstance(started, int | float):
+            continue
+        devices = doc.get("devices")
+        keys = tuple(str(k) for k in devices) if isinstance(devices, list | tuple) else ()
+        submitted = doc.get("submitted_at")
+        job = job_from_spec(
+            job_id,
+            spec,
+            owner=doc.get("owner") if isinstance(doc.get("owner"), str) else None,
+            submitted_at=float(submitted) if isinstance(submitted, int | float) else 0.0,
+        )
+        out.append(
+            Running(
+                job=job,
+                placement=Placement((runner,), (keys,)),
+                started_at=float(started),
+                last_checkpoint_at=saved.get(job_id),
+            )
+        )
+    return tuple(out)
+
+
+def holders(running: Iterable[Running]) -> dict[str, dict[str, str]]:
+    """By node, device key -> the running job holding it."""
+    out: dict[str, dict[str, str]] = {}
+    for r in running:
+        for node_id, keys in zip(r.placement.node_ids, r.placement.devices, strict=True):
+            for key in keys:
+                out.setdefault(node_id, {})[key] = r.job.job_id
+    return out
 
 
 def dataset_bytes(views: Iterable[NodeFacts]) -> dict[str, int]:
@@ -257,10 +358,13 @@ def job_from_spec(
         gpus_per_node=r.gpus_per_node,
         nodes=r.nodes,
         min_mem_per_gpu_bytes=r.min_mem_per_gpu_bytes,
+        share_mem_bytes=r.share_mem_bytes,
+        share_fraction=r.share_fraction,
         backends=tuple(r.backends),
         min_compute_capability=r.min_compute_capability,
         archs=tuple(r.archs),
         interconnect=r.interconnect,
+        os=r.os,
         affinity=dict(spec.affinity),
         anti_affinity=dict(spec.anti_affinity),
         datasets=tuple(spec.datasets),
@@ -279,9 +383,11 @@ __all__ = [
     "SCHEDULABLE",
     "HostFacts",
     "NodeFacts",
+    "holders",
     "job_class",
     "job_from_spec",
     "node_from_host",
     "node_from_view",
     "nodes_from_views",
+    "running_from_jobs",
 ]

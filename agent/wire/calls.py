@@ -3,7 +3,10 @@
 :class:`JobTransfer` (``replicate``, ``adopt``), :class:`StartOffer` and :class:`StartAnswer`
 (``start``), :class:`StopRequest` and :class:`StopAnswer` (``stop``), :class:`StatusRequest` and
 :class:`StatusAnswer` (``status``), :class:`AttemptResult` (``report``, and inside the stop and
-status answers). A body that does not decode raises :class:`~agent.wire.codec.WireError` (the API
+status answers), and a gang's two-phase start (``agent.gang``, ``agent.gangdesk``):
+:class:`GangPrepare` and :class:`GangPrepared` (``gang_prepare``), :class:`GangCommit` and
+:class:`StartAnswer` (``gang_commit``), :class:`GangAbort` and :class:`GangAborted`
+(``gang_abort``). A body that does not decode raises :class:`~agent.wire.codec.WireError` (the API
 answers 400).
 """
 
@@ -14,7 +17,13 @@ from typing import Any, NamedTuple
 
 from agent.wire import codec as c
 from agent.wire.codec import WireError
-from agent.wire.records import AttemptEntry, JobStatus
+from agent.wire.records import (
+    AttemptEntry,
+    GangMember,
+    JobStatus,
+    members_from_wire,
+    members_to_wire,
+)
 
 
 def _b64_out(data: bytes) -> str:
@@ -44,8 +53,16 @@ class OwnerDetail(NamedTuple):
     avoid: str | None = None
     launch_failures: int = 0
     attempts: tuple[AttemptEntry, ...] = ()
+    members: tuple[GangMember, ...] = ()
+    """A gang's current (or last) attempt, every member (empty for a one-node job)."""
+    deadline_missed_s: float | None = None
+    """How late the job was when its owner said it missed its deadline (``agent.deadlines``);
+    ``None`` until then."""
 
     def to_wire(self) -> dict[str, Any]:
+        return members_to_wire(self._fields_to_wire(), self.members)
+
+    def _fields_to_wire(self) -> dict[str, Any]:
         return {
             "devices": list(self.devices),
             "started_at": self.started_at,
@@ -59,6 +76,7 @@ class OwnerDetail(NamedTuple):
             "avoid": self.avoid,
             "launch_failures": self.launch_failures,
             "attempts": [a.to_wire() for a in self.attempts],
+            "deadline_missed_s": self.deadline_missed_s,
         }
 
     @classmethod
@@ -78,6 +96,8 @@ class OwnerDetail(NamedTuple):
             avoid=c.field(d, "avoid", c.opt_text, p),
             launch_failures=c.field(d, "launch_failures", c.or_default(c.integer, 0), p),
             attempts=c.items(d.get("attempts"), p + "attempts", AttemptEntry.from_wire),
+            members=members_from_wire(d.get("members"), p + "members"),
+            deadline_missed_s=c.field(d, "deadline_missed_s", c.opt_number, p),
         )
 
 
@@ -128,7 +148,9 @@ class ResumeFrom(NamedTuple):
 
 class StartOffer(NamedTuple):
     """``start``: run attempt ``attempt`` of the job on ``devices``, for its owner ``owner``;
-    ``resume``: from that checkpoint (``None``: from an empty checkpoint folder)."""
+    ``resume``: from that checkpoint (``None``: from an empty checkpoint folder); ``victims``:
+    the jobs running there that the runner is asked to preempt first (``agent.preemption``
+    decides whether it does; empty: the devices must be free)."""
 
     job_id: str
     attempt: int
@@ -136,6 +158,7 @@ class StartOffer(NamedTuple):
     devices: tuple[str, ...]
     submission: bytes
     resume: ResumeFrom | None = None
+    victims: tuple[str, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         doc = {
@@ -147,6 +170,8 @@ class StartOffer(NamedTuple):
         }
         if self.resume is not None:
             doc["resume"] = self.resume.to_wire()
+        if self.victims:
+            doc["victims"] = list(self.victims)
         return doc
 
     @classmethod
@@ -160,6 +185,7 @@ class StartOffer(NamedTuple):
             devices=c.field(d, "devices", c.texts),
             submission=_b64_in(d.get("submission"), "submission"),
             resume=None if resume is None else ResumeFrom.from_wire(resume),
+            victims=c.field(d, "victims", c.texts),
         )
 
 
@@ -192,9 +218,11 @@ class AttemptResult(NamedTuple):
     """``exit``, ``timeout``, ``lost`` or a stop cause (``cancel``, ``drain``, ``fenced``...)."""
     started_at: float | None
     finished_at: float | None
+    preempted_by: str | None = None
+    """With cause ``preempt``: the job the runner stopped it for."""
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "job_id": self.job_id,
             "attempt": self.attempt,
             "exit_code": self.exit_code,
@@ -203,6 +231,9 @@ class AttemptResult(NamedTuple):
             "started_at": self.started_at,
             "finished_at": self.finished_at,
         }
+        if self.preempted_by is not None:
+            doc["preempted_by"] = self.preempted_by
+        return doc
 
     @classmethod
     def from_wire(cls, value: Any, name: str = "result") -> AttemptResult:
@@ -216,6 +247,7 @@ class AttemptResult(NamedTuple):
             cause=c.field(d, "cause", c.or_default(c.text, "exit"), p),
             started_at=c.field(d, "started_at", c.opt_number, p),
             finished_at=c.field(d, "finished_at", c.opt_number, p),
+            preempted_by=c.field(d, "preempted_by", c.opt_text, p),
         )
 
 
@@ -317,3 +349,131 @@ class StatusAnswer(NamedTuple):
             attempt=c.field(d, "attempt", c.opt_integer),
             result=None if result is None else AttemptResult.from_wire(result, "result"),
         )
+
+
+class GangPrepare(NamedTuple):
+    """``gang_prepare``: hold the devices the node's member of ``members`` names, for attempt
+    ``attempt`` of a gang, for ``ttl_s`` (counted busy for every other offer meanwhile), until a
+    ``gang_commit`` starts the member or a ``gang_abort`` (or the time running out) frees them.
+    Carries the operator's submission, as a ``start`` does; ``owner`` is the caller."""
+
+    job_id: str
+    attempt: int
+    owner: str
+    members: tuple[GangMember, ...]
+    submission: bytes
+    ttl_s: float
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+            "owner": self.owner,
+            "members": [m.to_wire() for m in self.members],
+            "submission": _b64_out(self.submission),
+            "ttl_s": self.ttl_s,
+        }
+
+    @classmethod
+    def from_wire(cls, value: Any) -> GangPrepare:
+        d = c.obj(value, "body")
+        members = members_from_wire(d.get("members"), "members")
+        if len(members) < 2:
+            raise WireError("members: a gang has at least two")
+        ttl_s = c.field(d, "ttl_s", c.number)
+        if not 0 < ttl_s <= 600:
+            raise WireError("ttl_s: expected more than 0 and at most 600 seconds")
+        return cls(
+            job_id=c.field(d, "job_id", c.text),
+            attempt=c.field(d, "attempt", c.integer),
+            owner=c.field(d, "owner", c.text),
+            members=members,
+            submission=_b64_in(d.get("submission"), "submission"),
+            ttl_s=ttl_s,
+        )
+
+
+class GangPrepared(NamedTuple):
+    """The devices are held. Rank 0's runner also names where the members meet: its advertised
+    host and a port it found free (``MASTER_ADDR``/``MASTER_PORT``); other ranks answer none."""
+
+    held: bool
+    master_addr: str | None = None
+    master_port: int | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "held": self.held,
+            "master_addr": self.master_addr,
+            "master_port": self.master_port,
+        }
+
+    @classmethod
+    def from_wire(cls, value: Any) -> GangPrepared:
+        d = c.obj(value, "answer")
+        return cls(
+            held=c.field(d, "held", c.or_default(c.flag, False)),
+            master_addr=c.field(d, "master_addr", c.opt_text),
+            master_port=c.field(d, "master_port", c.opt_integer),
+        )
+
+
+class GangCommit(NamedTuple):
+    """``gang_commit``: start the member held for attempt ``attempt``, meeting the others at
+    ``master_addr:master_port`` (answered with a :class:`StartAnswer`)."""
+
+    job_id: str
+    attempt: int
+    master_addr: str
+    master_port: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+            "master_addr": self.master_addr,
+            "master_port": self.master_port,
+        }
+
+    @classmethod
+    def from_wire(cls, value: Any) -> GangCommit:
+        d = c.obj(value, "body")
+        port = c.field(d, "master_port", c.integer)
+        if not 0 < port < 65536:
+            raise WireError("master_port: not a TCP port")
+        return cls(
+            job_id=c.field(d, "job_id", c.text),
+            attempt=c.field(d, "attempt", c.integer),
+            master_addr=c.field(d, "master_addr", c.text),
+            master_port=port,
+        )
+
+
+class GangAbort(NamedTuple):
+    """``gang_abort``: free what attempt ``attempt`` holds here and fence it (no later prepare
+    or commit of it, or of an older attempt, is taken)."""
+
+    job_id: str
+    attempt: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "attempt": self.attempt}
+
+    @classmethod
+    def from_wire(cls, value: Any) -> GangAbort:
+        d = c.obj(value, "body")
+        return cls(job_id=c.field(d, "job_id", c.text), attempt=c.field(d, "attempt", c.integer))
+
+
+class GangAborted(NamedTuple):
+    """Whether a hold was freed (``False``: there was none, it had run out, or had started)."""
+
+    released: bool
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"released": self.released}
+
+    @classmethod
+    def from_wire(cls, value: Any) -> GangAborted:
+        d = c.obj(value, "answer")
+        return cls(released=c.field(d, "released", c.or_default(c.flag, False)))

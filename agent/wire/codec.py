@@ -8,6 +8,7 @@ ask for are never looked at: that is how a reader ignores what a newer writer ad
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, Final, TypeVar
@@ -80,9 +81,14 @@ def opt_integer(value: Any, name: str) -> int | None:
 
 
 def number(value: Any, name: str) -> float:
+    """A finite number: NaN and the infinities are refused (they are not JSON, and no field
+    means them)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _type_error(name, "a number", value)
-    return float(value)
+    out = float(value)
+    if not math.isfinite(out):
+        raise WireError(f"{name}: expected a finite number, got {out}")
+    return out
 
 
 def opt_number(value: Any, name: str) -> float | None:

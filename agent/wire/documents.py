@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 from agent.wire import codec as c
 from agent.wire.codec import EMPTY_MAP
-from agent.wire.records import JobStatus, host_from_wire, host_to_wire
+from agent.wire.records import JobStatus, host_from_wire, host_to_wire, shares_from_wire
 from probers.records import DeviceSample, DeviceStatic, HostInfo, Link, MigDevice
 
 # -- devices and nodes ---------------------------------------------------------------------------
@@ -223,6 +223,9 @@ class NodeDoc(NamedTuple):
     """Dataset -> bytes the node holds (0: size not known)."""
     rtt_s: float | None = None
     """The estimated round trip from the answering agent to it (network coordinates)."""
+    shares: Mapping[str, Mapping[str, int]] = EMPTY_MAP
+    """Device key -> {job -> bytes of its memory the job holds}: the devices shared by jobs that
+    each asked for a share of one GPU (as its node record says)."""
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -241,6 +244,7 @@ class NodeDoc(NamedTuple):
             "features": list(self.features),
             "datasets": dict(self.datasets),
             "rtt_s": self.rtt_s,
+            "shares": {k: dict(jobs) for k, jobs in self.shares.items()},
         }
 
     @classmethod
@@ -267,6 +271,7 @@ class NodeDoc(NamedTuple):
             features=c.field(d, "features", c.texts, p),
             datasets=c.field(d, "datasets", _sizes, p),
             rtt_s=c.field(d, "rtt_s", c.opt_number, p),
+            shares=shares_from_wire(d.get("shares"), p + "shares"),
         )
 
 

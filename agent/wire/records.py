@@ -11,7 +11,8 @@ the node it describes, with ``v`` its :data:`~agent.wire.codec.WIRE_VERSION`:
 - ``telemetry``: :class:`TelemetryRecord`, one row per device (``[key, util_pct,
   mem_used_bytes, temp_c, power_mw, power_limit_mw, healthy]``; a reader ignores further
   elements, a version 1 reader refuses rows of another length, so rows keep these seven).
-- ``node``: :class:`NodeRecord`, drain state, queue, running jobs, free devices, progress.
+- ``node``: :class:`NodeRecord`, drain state, queue, running jobs, free devices, progress, and the
+  memory each share of a GPU holds on its device.
 - ``events``: :class:`EventsRecord`, the publisher's recent events.
 - ``job/<id>``: :class:`JobStatus`, a job as its owner sees it (the spec travels in the
   operator's sealed ``sub/<id>``, never here).
@@ -20,6 +21,7 @@ the node it describes, with ``v`` its :data:`~agent.wire.codec.WIRE_VERSION`:
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, NamedTuple, cast
 
@@ -312,7 +314,8 @@ def _opt_int_out(value: int | float | None) -> int | None:
 
 
 def _opt_float_out(value: float | None) -> float | None:
-    return None if value is None else float(value)
+    """A reading as sent: one that is not a finite number (a driver's NaN) is not known."""
+    return None if value is None or not math.isfinite(value) else float(value)
 
 
 class TelemetryRecord(NamedTuple):
@@ -371,10 +374,19 @@ class NodeRecord(NamedTuple):
     """Device keys no job holds; ``None`` (not said): every device."""
     progress: Mapping[str, tuple[float, float | None]] = EMPTY_MAP
     """Running job -> (fraction done, seconds left or ``None``)."""
+    shares: Mapping[str, Mapping[str, int]] = EMPTY_MAP
+    """Device key -> {job -> bytes of its memory the job holds}, for the devices that run shares
+    of a GPU (never a device given whole). Such a device is not ``free``, so a reader that does
+    not know this field takes it as busy."""
+    saved: Mapping[str, float] = EMPTY_MAP
+    """Running job -> when its checkpoint folder last changed here (epoch seconds): what a
+    preemption would lose is the work since (``agent.policy.preempt``)."""
 
-    def placement_view(self) -> tuple[str, int, tuple[str, ...], tuple[str, ...] | None]:
+    def placement_view(
+        self,
+    ) -> tuple[str, int, tuple[str, ...], tuple[str, ...] | None, Mapping[str, Mapping[str, int]]]:
         """What placement reads: a change here is published at once."""
-        return (self.drain, self.queue, self.running, self.free)
+        return (self.drain, self.queue, self.running, self.free, self.shares)
 
     def encode(self) -> bytes:
         return c.pack(
@@ -385,19 +397,76 @@ class NodeRecord(NamedTuple):
                 "running": list(self.running),
                 "free": None if self.free is None else list(self.free),
                 "progress": {j: [f, eta] for j, (f, eta) in self.progress.items()},
+                "shares": _shares_to_rows(self.shares, self.running),
+                **({"saved": dict(self.saved)} if self.saved else {}),
             }
         )
 
     @classmethod
     def decode(cls, doc: Mapping[str, Any]) -> NodeRecord:
         free = doc.get("free")
+        running = c.field(doc, "running", c.texts)
         return cls(
             drain=c.field(doc, "drain", c.or_default(c.text, "schedulable")),
             queue=c.field(doc, "queue", c.or_default(c.integer, 0)),
-            running=c.field(doc, "running", c.texts),
+            running=running,
             free=None if free is None else c.texts(free, "free"),
             progress=_progress_from_wire(doc.get("progress")),
+            shares=_shares_from_rows(doc.get("shares"), running),
+            saved=_saved_from_wire(doc.get("saved")),
         )
+
+
+def _shares_to_rows(
+    shares: Mapping[str, Mapping[str, int]], running: Sequence[str]
+) -> dict[str, list[list[Any]]]:
+    """``{device: [[job, bytes], ...]}``, a job named by its place in ``running`` where it is
+    there (a few bytes instead of its 32-character id: a node record is at most 4 KiB)."""
+    index_of = {j: i for i, j in enumerate(running)}
+    return {k: [[index_of.get(j, j), b] for j, b in jobs.items()] for k, jobs in shares.items()}
+
+
+def _shares_from_rows(value: Any, running: Sequence[str]) -> dict[str, dict[str, int]]:
+    if value is None:
+        return {}
+    out: dict[str, dict[str, int]] = {}
+    for key, rows in c.obj(value, "shares").items():
+        where = f"shares.{key}"
+        if not isinstance(rows, list | tuple):
+            raise WireError(f"{where}: expected a list")
+        held: dict[str, int] = {}
+        for n, row in enumerate(rows):
+            pair = _row(row, f"{where}[{n}]", 2)
+            job = pair[0]
+            if isinstance(job, int) and not isinstance(job, bool):
+                if not 0 <= job < len(running):
+                    raise WireError(f"{where}[{n}]: no running job {job}")
+                job = running[job]
+            held[c.text(job, f"{where}[{n}]")] = c.integer(pair[1], f"{where}[{n}]")
+        out[c.text(key, where)] = held
+    return out
+
+
+def shares_from_wire(value: Any, name: str = "shares") -> dict[str, dict[str, int]]:
+    """Device key -> {job -> bytes}; missing is none."""
+    if value is None:
+        return {}
+    out: dict[str, dict[str, int]] = {}
+    for key, jobs in c.obj(value, name).items():
+        where = f"{name}.{key}"
+        out[c.text(key, where)] = {
+            c.text(j, where): c.integer(b, f"{where}.{j}") for j, b in c.obj(jobs, where).items()
+        }
+    return out
+
+
+def _saved_from_wire(value: Any) -> dict[str, float]:
+    if value is None:
+        return {}
+    return {
+        c.text(job_id, f"saved.{job_id}"): c.number(at, f"saved.{job_id}")
+        for job_id, at in c.obj(value, "saved").items()
+    }
 
 
 def _progress_from_wire(value: Any) -> dict[str, tuple[float, float | None]]:
@@ -470,9 +539,11 @@ class AttemptEntry(NamedTuple):
     cause: str | None = None
     """``None`` while it runs; then ``exit``, ``timeout``, ``lost`` or a stop cause."""
     exit_code: int | None = None
+    rank: int | None = None
+    """A gang's member: its rank (one entry per member of the attempt); ``None`` for one node."""
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "attempt": self.attempt,
             "node": self.node,
             "started_at": self.started_at,
@@ -480,6 +551,9 @@ class AttemptEntry(NamedTuple):
             "cause": self.cause,
             "exit_code": self.exit_code,
         }
+        if self.rank is not None:
+            doc["rank"] = self.rank
+        return doc
 
     @classmethod
     def from_wire(cls, value: Any, name: str = "attempt") -> AttemptEntry:
@@ -492,7 +566,46 @@ class AttemptEntry(NamedTuple):
             finished_at=c.field(d, "finished_at", c.opt_number, p),
             cause=c.field(d, "cause", c.opt_text, p),
             exit_code=c.field(d, "exit_code", c.opt_integer, p),
+            rank=c.field(d, "rank", c.opt_integer, p),
         )
+
+
+class GangMember(NamedTuple):
+    """One member of a gang's attempt: rank ``rank`` runs on ``node`` with ``devices``."""
+
+    rank: int
+    node: str
+    devices: tuple[str, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"rank": self.rank, "node": self.node, "devices": list(self.devices)}
+
+    @classmethod
+    def from_wire(cls, value: Any, name: str = "member") -> GangMember:
+        d = c.obj(value, name)
+        p = name + "."
+        return cls(
+            rank=c.field(d, "rank", c.integer, p),
+            node=c.field(d, "node", c.text, p),
+            devices=c.field(d, "devices", c.texts, p),
+        )
+
+
+def members_from_wire(value: Any, name: str = "members") -> tuple[GangMember, ...]:
+    """A gang's members, ranks ``0..n-1`` in order on distinct nodes (absent: none)."""
+    members = c.items(value, name, GangMember.from_wire)
+    if [m.rank for m in members] != list(range(len(members))):
+        raise WireError(f"{name}: ranks must run 0..{len(members) - 1} in order")
+    if len({m.node for m in members}) != len(members):
+        raise WireError(f"{name}: a node appears twice")
+    return members
+
+
+def members_to_wire(doc: dict[str, Any], members: Sequence[GangMember]) -> dict[str, Any]:
+    """``doc`` with ``members`` added when there are any (a one-node job's stays as it was)."""
+    if members:
+        doc["members"] = [m.to_wire() for m in members]
+    return doc
 
 
 class JobStatus(NamedTuple):
@@ -515,8 +628,17 @@ class JobStatus(NamedTuple):
     """Orders the versions of the record across successive owners (highest wins)."""
     attempts: tuple[AttemptEntry, ...] = ()
     """Where each attempt ran and how it ended (the last 20)."""
+    members: tuple[GangMember, ...] = ()
+    """A gang's current (or last) attempt: every member, rank 0 first (``runner`` and
+    ``devices`` are rank 0's); empty for a one-node job, and then left out of the wire."""
+    deadline_missed_s: float | None = None
+    """How late the job was when its owner said it missed its deadline; ``None``: not missed
+    (or not yet said)."""
 
     def to_wire(self) -> dict[str, Any]:
+        return members_to_wire(self._fields_to_wire(), self.members)
+
+    def _fields_to_wire(self) -> dict[str, Any]:
         return {
             "v": WIRE_VERSION,
             "job_id": self.job_id,
@@ -533,6 +655,7 @@ class JobStatus(NamedTuple):
             "reason": self.reason,
             "gen": self.gen,
             "attempts": [a.to_wire() for a in self.attempts],
+            "deadline_missed_s": self.deadline_missed_s,
         }
 
     def encode(self) -> bytes:
@@ -557,4 +680,6 @@ class JobStatus(NamedTuple):
             reason=c.field(d, "reason", c.opt_text, p),
             gen=c.field(d, "gen", c.or_default(c.integer, 0), p),
             attempts=c.items(d.get("attempts"), p + "attempts", AttemptEntry.from_wire),
+            members=members_from_wire(d.get("members"), p + "members"),
+            deadline_missed_s=c.field(d, "deadline_missed_s", c.opt_number, p),
         )

@@ -9,6 +9,7 @@ logs in the failure message, and plain HTTPS requests and sealed commands as the
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import signal
 import subprocess
@@ -18,13 +19,16 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.localmesh import AgentProcess, LocalMesh
 from gossip import envelope
 from gossip.certtrust import CertSigner
 from gossip.identity import NodeIdentity
 from gossip.tls import client_context
+
+if TYPE_CHECKING:
+    from agent.jobspec import JobSpec
 
 DEADLINE_S = 30.0
 
@@ -172,6 +176,35 @@ class Mesh:
     def job(self, a: AgentProcess, job_id: str) -> dict[str, Any]:
         status, body = self.request(a, "GET", f"/v1/jobs/{job_id}")
         return json.loads(body) if status == 200 else {"state": None, "status": status}
+
+    def offer(self, caller: int, to: int, job: JobSpec, keys: Sequence[str]) -> tuple[int, str]:
+        """An offer of an operator's genuine submission, made by agent ``caller`` as the job's
+        owner (a job id whose order puts it first), straight to agent ``to``'s runner: what an
+        owner with a wrong view of the mesh would send. The status and the error, if any."""
+        from agent.jobspec import new_job_id
+        from agent.ownership import rank
+        from gossip.identity import load_identity
+
+        live = [a.node_id for a in self.agents]
+        me = self.agents[caller]
+        job_id = next(j for j in iter(new_job_id, "") if rank(j, live)[0] == me.node_id)
+        sealed = self.seal("submit", {"job_id": job_id, "spec": job.to_dict()})
+        offer = {
+            "job_id": job_id,
+            "attempt": 1,
+            "owner": me.node_id,
+            "devices": list(keys),
+            "submission": base64.b64encode(sealed).decode(),
+        }
+        identity = load_identity(me.directory / "identity")
+        status, body = self.request(
+            self.agents[to],
+            "POST",
+            "/v1/internal/start",
+            json.dumps(offer).encode(),
+            identity=identity,
+        )
+        return status, str(json.loads(body).get("error", ""))
 
     def events(self, a: AgentProcess) -> list[dict[str, Any]]:
         """Every event agent ``a`` holds (its own and those gossiped to it), oldest first."""

@@ -12,6 +12,8 @@ from agent.resolve import check_migration_target, pick_job, pick_node
 from agent.tables import (
     event_header,
     event_row,
+    job_detail,
+    job_row,
     jobs_table,
     node_row,
     nodes_table,
@@ -82,6 +84,25 @@ def test_a_job_is_one_row_that_fits_80_columns() -> None:
     assert " 5 " in first and "…" in first
     assert "50%" in second and "~4m" in second
     assert "no schedulable" in third
+
+
+def test_a_gang_is_one_row_and_its_detail_lists_every_member() -> None:
+    members = [
+        {"rank": 0, "node": "n" * 32, "devices": ["sim:a:0", "sim:a:1"]},
+        {"rank": 1, "node": "m" * 32, "devices": ["sim:b:0", "sim:b:1"]},
+    ]
+    gang = _job("g" * 32, members=members, attempt=2)
+    gang["spec"]["resources"] = {"gpus_per_node": 2, "nodes": 2}
+    names = {"n" * 32: "h100-00", "m" * 32: "h100-01"}
+    row = job_row(gang, names, NOW)
+    assert row[2:4] == ["2 nodes", "2x2"]
+    detail = dict(job_detail(gang, names, NOW))
+    assert detail["State"] == "running (attempt 2)"
+    assert detail["Members"] == "rank 0  h100-00  sim:a:0,sim:a:1"
+    assert detail[""] == "rank 1  h100-01  sim:b:0,sim:b:1"
+    assert "Node" not in detail
+    plain = dict(job_detail(_job("p" * 32), names, NOW))
+    assert plain["Node"] == "h100-00" and "Members" not in plain
 
 
 def test_a_dead_or_silent_node_shows_stale_readings() -> None:

@@ -141,10 +141,11 @@ def test_unsigned_forged_and_replayed_commands_are_refused(mesh: Mesh) -> None:
 
 
 def test_a_spec_no_agent_runs_is_refused_at_submission(mesh: Mesh) -> None:
-    # A gang (two nodes) is a feature no agent of this version runs: refused, not left waiting.
+    # A container image is a feature no agent of this version runs: refused, not left waiting.
     job_id = new_job_id()
-    gang = spec(["true"], resources=Resources(gpus_per_node=1, nodes=2))
-    status, answer = mesh.command(mesh.agents[0], "submit", {"job_id": job_id, "spec": gang})
+    boxed = spec(["true"], image="docker.io/library/python:3.12")
+    status, answer = mesh.command(mesh.agents[0], "submit", {"job_id": job_id, "spec": boxed})
     assert status == 400, answer
-    assert "no agent of this mesh runs it" in answer["error"] and "gang" in answer["error"]
+    assert "no agent of this mesh runs it" in answer["error"]
+    assert "image" in answer["error"]
     assert job_id not in {j["job_id"] for j in mesh.get(mesh.agents[1], "/v1/jobs")["jobs"]}

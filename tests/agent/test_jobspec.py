@@ -9,6 +9,7 @@ import pytest
 from agent.jobspec import (
     JobSpec,
     Resources,
+    UnknownFeatures,
     check_job_id,
     new_job_id,
     parse_duration,
@@ -285,3 +286,63 @@ def test_a_spec_may_not_set_what_shoal_sets(name: str) -> None:
 def test_a_spec_may_set_other_variables() -> None:
     spec = JobSpec.from_dict({"command": ["x"], "env": {"NCCL_DEBUG": "INFO", "RANK0": "x"}})
     assert spec.env == {"NCCL_DEBUG": "INFO", "RANK0": "x"}
+
+
+# -- shares of a GPU -------------------------------------------------------------------------
+
+
+def test_a_share_of_a_gpu_by_fraction_or_by_memory() -> None:
+    half = Resources(gpus_per_node=1, share_fraction=0.5)
+    assert JobSpec.from_toml('command = ["x"]\n[resources]\ngpus = 0.5\n').resources == half
+    assert (
+        JobSpec.from_toml('command = ["x"]\n[resources]\ngpus_per_node = 0.5\n').resources == half
+    )
+    assert (
+        JobSpec.from_human({"command": ["x"], "resources": {"gpus_per_node": 0.5}}).resources
+        == half
+    )
+    by_mem = JobSpec.from_toml('command = ["x"]\n[resources]\nshare_mem_bytes = "10GiB"\n')
+    assert by_mem.resources == Resources(gpus_per_node=1, share_mem_bytes=10 * 1024**3)
+    assert (
+        JobSpec.from_toml('command = ["x"]\n[resources]\ngpus = 2\n').resources.gpus_per_node == 2
+    )
+    spec = JobSpec(command=("x",), resources=half)
+    wire = spec.to_dict()
+    assert wire["features"] == ["share"] and wire["spec_version"] == 3
+    assert JobSpec.from_dict(wire) == spec
+    assert "share_fraction" not in JobSpec(command=("x",)).to_dict()["resources"]
+
+
+@pytest.mark.parametrize(
+    ("resources", "error"),
+    [
+        ({"gpus_per_node": 0.5, "share_mem_bytes": "1GiB"}, "not both"),
+        ({"share_fraction": 0.5, "gpus_per_node": 2}, "a share is of one GPU"),
+        ({"share_fraction": 0.5, "nodes": 2}, "runs on one node"),
+        ({"gpus_per_node": 1.5}, "neither a whole number of GPUs nor a share"),
+        ({"share_fraction": 1.0}, "between 0 and 1"),
+        ({"share_mem_bytes": 0}, "must be positive"),
+        ({"gpus": 1, "gpus_per_node": 1}, "gpus or gpus_per_node"),
+    ],
+)
+def test_a_share_that_makes_no_sense_is_refused(resources: dict[str, object], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        JobSpec.from_human({"command": ["x"], "resources": resources})
+
+
+def test_an_agent_of_spec_version_2_refuses_a_share_naming_the_version(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import agent.jobspec as jobspec
+
+    wire = JobSpec(
+        command=("x",), resources=Resources(gpus_per_node=1, share_fraction=0.5)
+    ).to_dict()
+    version_2 = {k: v for k, v in jobspec.FEATURES.items() if v <= 2}
+    monkeypatch.setattr(jobspec, "FEATURES", version_2)
+    monkeypatch.setattr(jobspec, "SPEC_VERSION", 2)
+    with pytest.raises(
+        UnknownFeatures,
+        match=r"needs job-spec version 3 \(feature share\); this agent reads version 2",
+    ):
+        JobSpec.from_dict(wire)

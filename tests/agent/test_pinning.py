@@ -111,7 +111,7 @@ def test_job_env_without_gang() -> None:
         "SHOAL_ATTEMPT": "2",
         "SHOAL_CHECKPOINT_DIR": "/srv/ckpt",
     }
-    for name in ["RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"]:
+    for name in GANG_VARS:
         assert name not in env
 
 
@@ -127,9 +127,38 @@ def test_job_env_for_one_rank_of_a_gang() -> None:
     assert "SHOAL_CHECKPOINT_DIR" not in env
 
 
+def test_a_gang_member_is_one_process_on_its_node() -> None:
+    gang = GangRank.one_per_node(1, 2, "10.0.0.7", 29500)
+    env = job_env([nvidia(0, U2)], job_id=JOB, attempt=3, gang=gang)
+    assert {k: env[k] for k in env if k in GANG_VARS} == {
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "NODE_RANK": "1",
+        "NNODES": "2",
+        "MASTER_ADDR": "10.0.0.7",
+        "MASTER_PORT": "29500",
+    }
+
+
+GANG_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "NNODES",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
+        ({"local_world_size": 1, "local_rank": 1}, "local_rank 1 is outside"),
+        ({"node_rank": 2, "nnodes": 2}, "node_rank 2 is outside 0..1"),
         ({"rank": 4, "world_size": 4}, "rank 4 is outside 0..3"),
         ({"rank": -1}, "rank -1 is outside"),
         ({"world_size": 0, "rank": 0}, "world_size must be at least 1"),

@@ -10,7 +10,7 @@ import json
 import os
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,7 @@ class FakeDevices:
     def statics(self) -> list[DeviceStatic]:
         return self.gpus
 
-    def set_load(self, key: str, on: bool) -> None:
+    def set_load(self, key: str, jobs: Sequence[int]) -> None:
         pass
 
 
@@ -211,9 +211,18 @@ async def test_an_offer_of_a_job_that_needs_a_feature_this_agent_lacks_is_declin
     rig: Rig,
 ) -> None:
     offer = rig.offer()
+    boxed = JobSpec(command=("true",), image="docker.io/library/python:3.12")
+    offer["submission"] = base64.b64encode(rig.kit.submission(offer["job_id"], boxed)).decode()
+    with pytest.raises(Declined, match=r"needs feature image \(job-spec version 2\)"):
+        await rig.start(offer)
+    assert rig.runner.runs == {} and rig.runner.executor.running() == ()
+
+
+async def test_a_gang_is_not_started_by_a_one_node_offer(rig: Rig) -> None:
+    offer = rig.offer()
     gang = JobSpec(command=("true",), resources=Resources(gpus_per_node=1, nodes=2))
     offer["submission"] = base64.b64encode(rig.kit.submission(offer["job_id"], gang)).decode()
-    with pytest.raises(Declined, match=r"needs feature gang \(job-spec version 2\)"):
+    with pytest.raises(Declined, match="a gang starts through gang_prepare and gang_commit"):
         await rig.start(offer)
     assert rig.runner.runs == {} and rig.runner.executor.running() == ()
 

@@ -19,6 +19,11 @@ from agent.view import ClusterView, NodeView
 from agent.wire.calls import (
     AttemptResult,
     CheckpointNote,
+    GangAbort,
+    GangAborted,
+    GangCommit,
+    GangPrepare,
+    GangPrepared,
     JobTransfer,
     OwnerDetail,
     ResumeFrom,
@@ -33,6 +38,7 @@ from agent.wire.health import HealthDoc
 from agent.wire.records import (
     AttemptEntry,
     EventsRecord,
+    GangMember,
     GossipedEvent,
     InventoryRecord,
     JobStatus,
@@ -213,6 +219,12 @@ def test_telemetry_round_trips(at: float | None, samples: tuple[DeviceSample, ..
         progress=st.dictionaries(
             _text, st.tuples(st.floats(0, 1), st.none() | st.floats(0, 1e6)), max_size=3
         ),
+        shares=st.dictionaries(
+            _text,
+            st.dictionaries(_text, st.integers(min_value=1, max_value=2**50), max_size=3),
+            max_size=3,
+        ),
+        saved=st.dictionaries(_text, st.floats(0, 2e9), max_size=3),
     ),
     events=st.lists(
         st.builds(
@@ -249,9 +261,16 @@ def test_telemetry_round_trips(at: float | None, samples: tuple[DeviceSample, ..
                 finished_at=_opt_float,
                 cause=st.none() | _text,
                 exit_code=st.none() | st.integers(min_value=-255, max_value=255),
+                rank=st.none() | st.integers(min_value=0, max_value=64),
             ),
             max_size=3,
         ).map(tuple),
+        members=st.lists(
+            st.tuples(_text, st.lists(_text, max_size=3).map(tuple)),
+            max_size=4,
+            unique_by=lambda m: m[0],
+        ).map(lambda ms: tuple(GangMember(r, n, d) for r, (n, d) in enumerate(ms))),
+        deadline_missed_s=_opt_float,
     ),
 )
 def test_node_events_and_job_records_round_trip(
@@ -291,16 +310,44 @@ def test_api_documents_and_call_bodies_round_trip_and_ignore_unknown_fields() ->
         JobTransfer(status, OwnerDetail(gen=3), b"sealed"),
         StartOffer("j" * 32, 1, NODE, ("k",), b"sealed"),
         StartOffer("j" * 32, 2, NODE, ("k",), b"sealed", ResumeFrom(1, "d" * 64)),
+        StartOffer("j" * 32, 3, NODE, ("k",), b"sealed", None, ("v" * 32, "w" * 32)),
+        AttemptResult("j" * 32, 1, None, "SIGTERM", "preempt", 1.0, 2.0, "p" * 32),
         CheckpointNote("j" * 32, 2),
         StopRequest("j" * 32, 1, "drain", 5.0),
         StopAnswer(True, AttemptResult("j" * 32, 1, 0, None, "exit", 1.0, 2.0)),
         StatusAnswer(False, None, None),
+        GangPrepare("j" * 32, 3, NODE, MEMBERS, b"sealed", 30.0),
+        GangPrepared(True, "10.0.0.7", 29500),
+        GangPrepared(True),
+        GangCommit("j" * 32, 3, "10.0.0.7", 29500),
+        GangAbort("j" * 32, 3),
+        GangAborted(False),
+        status._replace(members=MEMBERS, attempts=(AttemptEntry(3, NODE, 1.0, rank=1),)),
+        OwnerDetail(gen=4, members=MEMBERS),
+        JobDoc(status._replace(members=MEMBERS), {}, None, None),
     ]
     for doc in docs:
         wire = doc.to_wire()
         assert type(doc).from_wire(wire) == doc
         newer = {**wire, "v": WIRE_VERSION + 1, "added_in_a_newer_version": {"x": [1]}}
         assert type(doc).from_wire(newer) == doc  # a rolling upgrade: unknown fields ignored
+
+
+def test_a_preempting_offer_names_its_victims_and_a_report_whom_it_was_stopped_for() -> None:
+    plain = StartOffer("j" * 32, 1, NODE, ("k",), b"sealed")
+    assert "victims" not in plain.to_wire()  # an offer without victims reads as it always did
+    offer = plain._replace(victims=("v" * 32,))
+    assert offer.to_wire()["victims"] == ["v" * 32]
+    assert StartOffer.from_wire(offer.to_wire()).victims == ("v" * 32,)
+    for bad in ("v" * 32, [1], {"v": 1}):
+        with pytest.raises(WireError, match="victims"):
+            StartOffer.from_wire({**plain.to_wire(), "victims": bad})
+    ended = AttemptResult("j" * 32, 1, None, "SIGTERM", "preempt", 1.0, 2.0)
+    assert "preempted_by" not in ended.to_wire()
+    by = ended._replace(preempted_by="p" * 32)
+    assert AttemptResult.from_wire(by.to_wire()).preempted_by == "p" * 32
+    with pytest.raises(WireError, match="preempted_by"):
+        AttemptResult.from_wire({**ended.to_wire(), "preempted_by": 7})
 
 
 # -- refused and counted -------------------------------------------------------------------------
@@ -342,6 +389,21 @@ def test_garbage_and_oversized_records_of_every_kind_are_refused_and_counted(
     # A node's good state stays what it was.
     node = view.node(NODE)
     assert node.inventory is None and node.status is None and node.samples == {}
+
+
+def test_a_reading_that_is_not_a_number_goes_out_unknown_and_one_received_is_refused(
+    tmp_path: Path,
+) -> None:
+    nan = float("nan")
+    sample = DeviceSample("gpu0", util_pct=nan, temp_c=float("inf"), healthy=True)
+    sent = TelemetryRecord(1.0, (sample,)).decode(unpack(TelemetryRecord(1.0, (sample,)).encode()))
+    assert sent.samples[0].util_pct is None and sent.samples[0].temp_c is None
+    view = _view(tmp_path)
+    row = ["gpu0", nan, 0, 40.0, None, None, True]
+    forged = pack({"v": WIRE_VERSION, "at": 1.0, "s": [row]})
+    assert view.apply(NODE, "telemetry", forged, 0.0) is None
+    assert view.refused_kinds == {"telemetry": 1}
+    assert view.node(NODE).samples == {}  # nothing that is not JSON reaches /v1/nodes
 
 
 # -- a rolling upgrade ---------------------------------------------------------------------------
@@ -433,6 +495,12 @@ def test_a_spec_lists_the_features_it_uses_and_a_plain_one_stays_as_it_was() -> 
     wire = gang.to_dict()
     assert wire["features"] == ["gang", "interconnect"] and wire["spec_version"] == 2
     assert JobSpec.from_dict(wire) == gang
+    on_linux = JobSpec(command=("true",), resources=Resources(os="linux"))
+    wire = on_linux.to_dict()
+    assert JobSpec.from_dict({**wire, "resources": {"os": "Linux"}}) == on_linux
+    assert wire["features"] == ["os"] and wire["spec_version"] == 3
+    assert JobSpec.from_dict(wire) == on_linux
+    assert "os" not in plain.to_dict()["resources"]  # a version 2 agent still reads a plain spec
 
 
 def test_a_spec_with_an_unknown_feature_is_refused_naming_the_version_it_needs() -> None:
@@ -442,7 +510,7 @@ def test_a_spec_with_an_unknown_feature_is_refused_naming_the_version_it_needs()
     newer = {**wire, "features": ["teleport"], "spec_version": 7}
     with pytest.raises(
         UnknownFeatures,
-        match=r"needs job-spec version 7 \(feature teleport\); this agent reads version 2",
+        match=r"needs job-spec version 7 \(feature teleport\); this agent reads version 3",
     ):
         JobSpec.from_dict(newer)
     lying = {**JobSpec(command=("true",)).to_dict(), "features": ["gang"]}
@@ -454,7 +522,73 @@ def test_an_owner_offers_a_job_only_to_agents_that_run_its_features() -> None:
     d = DeviceStatic(key="h0", vendor="nvidia", backend="cuda", name="H100", source="sim")
     older = NodeView("older", inventory=_inventory((d,)))
     newer = NodeView("newer", inventory=_inventory((d,), features=("gang",)))
-    gang = JobSpec(command=("x",), resources=Resources(nodes=2))
-    assert [c.node_id for c in FirstFit().candidates(gang, [older, newer])] == ["newer"]
-    assert FirstFit().candidates(gang, [older]) == []
-    assert "needs feature gang (job-spec version 2)" in FirstFit().why_pending(gang)
+    newest = NodeView("newest", inventory=_inventory((d,), features=("gang",)))
+    gang = JobSpec(command=("x",), resources=Resources(gpus_per_node=1, nodes=2))
+    sets = FirstFit().gang_candidates(gang, [older, newer, newest])
+    assert [[c.node_id for c in s] for s in sets] == [["newer", "newest"]]
+    assert FirstFit().gang_candidates(gang, [older, newer]) == []
+    assert FirstFit().why_pending(gang) == "no 2 schedulable nodes have 1 free GPU each"
+
+
+MEMBERS = (GangMember(0, "a" * 64, ("nvidia:0", "nvidia:1")), GangMember(1, "b" * 64, ("k",)))
+
+
+def test_a_one_node_job_has_no_members_field_and_a_gang_lists_them_by_rank() -> None:
+    plain = JobStatus("j" * 32, "running", 1, NODE, NODE, ("k",))
+    assert "members" not in plain.to_wire()
+    assert "rank" not in AttemptEntry(1, NODE, 1.0).to_wire()
+    gang = plain._replace(members=MEMBERS)
+    assert gang.to_wire()["members"] == [
+        {"rank": 0, "node": "a" * 64, "devices": ["nvidia:0", "nvidia:1"]},
+        {"rank": 1, "node": "b" * 64, "devices": ["k"]},
+    ]
+    assert JobStatus.from_wire(unpack(gang.encode())) == gang
+
+
+@pytest.mark.parametrize(
+    ("members", "message"),
+    [
+        ([{"rank": 1, "node": "a", "devices": []}], "ranks must run 0..0 in order"),
+        (
+            [{"rank": 0, "node": "a", "devices": []}, {"rank": 1, "node": "a", "devices": []}],
+            "a node appears twice",
+        ),
+        ([{"rank": 0, "devices": []}], "members\\[0\\].node"),
+        ({"rank": 0}, "members: expected a list"),
+    ],
+)
+def test_malformed_members_are_refused_naming_the_field(members: Any, message: str) -> None:
+    doc = {**JobStatus("j" * 32, "running").to_wire(), "members": members}
+    with pytest.raises(WireError, match=message):
+        JobStatus.from_wire(doc)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"members": [MEMBERS[0].to_wire()]}, "a gang has at least two"),
+        ({"ttl_s": 0}, "ttl_s"),
+        ({"ttl_s": 3600}, "ttl_s"),
+        ({"submission": "not base64!"}, "submission: not base64"),
+    ],
+)
+def test_a_malformed_prepare_is_refused(change: dict[str, Any], message: str) -> None:
+    body = {**GangPrepare("j" * 32, 1, NODE, MEMBERS, b"s", 30.0).to_wire(), **change}
+    with pytest.raises(WireError, match=message):
+        GangPrepare.from_wire(body)
+
+
+def test_a_commit_names_a_tcp_port() -> None:
+    body = {**GangCommit("j" * 32, 1, "h", 1).to_wire(), "master_port": 70000}
+    with pytest.raises(WireError, match="master_port: not a TCP port"):
+        GangCommit.from_wire(body)
+
+
+def test_a_node_record_names_a_shared_devices_jobs_by_their_place_in_running() -> None:
+    a, b = "a" * 32, "b" * 32
+    record = NodeRecord(running=(a, b), free=(), shares={"k0": {b: 5 << 30, a: 1 << 30}})
+    doc = unpack(record.encode())
+    assert doc["shares"] == {"k0": [[1, 5 << 30], [0, 1 << 30]]}  # a few bytes, not two ids
+    assert NodeRecord.decode(doc) == record
+    with pytest.raises(WireError, match="no running job 2"):
+        NodeRecord.decode({**doc, "shares": {"k0": [[2, 1]]}})

@@ -50,6 +50,7 @@ class _View:
         self.features: frozenset[str] = frozenset()
         self.datasets: dict[str, int] = {}
         self.place = None
+        self.shares: dict[str, dict[str, int]] = {}
 
 
 class _Host:

@@ -1,0 +1,193 @@
+"""Gangs without I/O: the runner's table of held devices, and an attempt as its owner follows it."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from agent.gang import (
+    MAX_BACKOFF_S,
+    GangAttempt,
+    Step,
+    backoff_s,
+    fits_a_record,
+    prepare_order,
+)
+from agent.gangdesk import free_port, host_of
+from agent.jobspec import JobSpec
+from agent.jobstate import JobState
+from agent.ownedjob import OwnedJob, gossip_payload
+from agent.reservations import Hold, HoldRefused, Reservations
+from agent.wire.calls import AttemptResult
+from agent.wire.codec import MAX_RECORD_BYTES, unpack
+from agent.wire.records import AttemptEntry, GangMember, JobStatus
+
+JOB = "a" * 32
+OTHER = "b" * 32
+
+
+def hold(
+    job: str = JOB, attempt: int = 1, devices: tuple[str, ...] = ("g0",), at: float = 30.0
+) -> Hold:
+    return Hold(job, attempt, "owner", GangMember(0, "n", devices), 2, b"s", expires_at=at)
+
+
+# -- the reservation table -----------------------------------------------------------------------
+
+
+def test_held_devices_are_busy_for_every_other_job_until_they_run_out() -> None:
+    table = Reservations()
+    table.hold(hold(devices=("g0", "g1"), at=30.0), now=0.0)
+    assert table.devices(10.0) == {"g0", "g1"}
+    assert table.devices(10.0, but=JOB) == set()  # its own hold is not in its way
+    with pytest.raises(HoldRefused, match="device g1 is held for another gang"):
+        table.hold(hold(OTHER, devices=("g1", "g2")), now=10.0)
+    assert table.devices(30.0) == set()  # ran out
+    table.hold(hold(OTHER, devices=("g1", "g2"), at=60.0), now=30.0)
+    assert table.holder(JOB) is None  # the run-out hold was dropped to make room
+    assert table.devices(31.0) == {"g1", "g2"}
+
+
+def test_a_newer_attempt_replaces_the_older_hold_and_an_older_one_is_refused() -> None:
+    table = Reservations()
+    table.hold(hold(attempt=2), now=0.0)
+    with pytest.raises(HoldRefused, match="attempt 2 of the job is held here already"):
+        table.hold(hold(attempt=2), now=0.0)
+    with pytest.raises(HoldRefused):
+        table.hold(hold(attempt=1), now=0.0)
+    replaced = table.hold(hold(attempt=3, devices=("g5",)), now=0.0)
+    assert replaced is not None and replaced.attempt == 2
+    assert table.devices(1.0) == {"g5"} and len(table) == 1
+
+
+def test_a_commit_takes_only_the_live_hold_of_its_own_attempt() -> None:
+    table = Reservations()
+    table.hold(hold(attempt=4, at=30.0), now=0.0)
+    assert table.take(JOB, 3, now=1.0) is None
+    assert table.take(JOB, 4, now=30.0) is None  # ran out
+    assert table.take(JOB, 4, now=29.0) is not None
+    assert table.take(JOB, 4, now=29.0) is None  # taken once
+    assert table.devices(1.0) == set()
+
+
+def test_an_abort_frees_its_attempt_and_older_ones_never_a_newer_one() -> None:
+    table = Reservations()
+    table.hold(hold(attempt=5), now=0.0)
+    assert table.release(JOB, 4) is None
+    assert table.devices(1.0) == {"g0"}
+    freed = table.release(JOB, 5)
+    assert freed is not None and freed.attempt == 5
+    assert table.devices(1.0) == set()
+    assert table.release(JOB, 5) is None
+
+
+def test_expiry_drops_what_ran_out_and_says_when_the_next_runs_out() -> None:
+    table = Reservations()
+    assert table.next_expiry() is None
+    table.hold(hold(JOB, at=10.0), now=0.0)
+    table.hold(hold(OTHER, devices=("g1",), at=20.0), now=0.0)
+    assert table.next_expiry() == 10.0
+    assert [h.job_id for h in table.expire(15.0)] == [JOB]
+    assert table.next_expiry() == 20.0
+    assert table.expire(15.0) == []
+
+
+# -- an attempt as its owner follows it ----------------------------------------------------------
+
+MEMBERS = (GangMember(0, "n-b", ("g0",)), GangMember(1, "n-a", ("g0",)), GangMember(2, "n-c", ()))
+
+
+def end(
+    cause: str = "exit", code: int | None = 0, attempt: int = 7, at: float = 5.0
+) -> AttemptResult:
+    return AttemptResult(JOB, attempt, code, None, cause, 1.0, at)
+
+
+def test_every_member_exiting_zero_is_success_once_the_last_one_ends() -> None:
+    a = GangAttempt(7, MEMBERS)
+    assert a.end("n-a", end(at=3.0)) is Step.WAIT
+    assert a.end("n-c", end(at=9.0)) is Step.WAIT
+    assert [m.rank for m in a.running()] == [0]
+    assert a.end("n-b", end(at=4.0)) is Step.DONE
+    node, result = a.outcome()
+    assert node == "n-b" and result.cause == "exit" and result.exit_code == 0
+    assert (result.started_at, result.finished_at) == (1.0, 9.0)
+
+
+def test_the_first_member_to_fail_stops_the_others_and_decides_the_outcome() -> None:
+    a = GangAttempt(7, MEMBERS)
+    assert a.end("n-a", end(code=0)) is Step.WAIT
+    assert a.end("n-c", end(code=3)) is Step.STOP_OTHERS
+    assert a.end("n-b", end("fenced", None)) is Step.DONE  # the one stopped for it
+    assert a.outcome() == ("n-c", end(code=3))
+
+
+def test_a_lost_node_decides_even_when_the_rest_were_stopped_after_it() -> None:
+    a = GangAttempt(7, MEMBERS)
+    assert a.end("n-b", end("lost", None)) is Step.STOP_OTHERS
+    assert a.end("n-a", end("fenced", None)) is Step.WAIT  # decided already: no second stop
+    assert a.end("n-c", end(code=1)) is Step.DONE
+    assert a.outcome()[0] == "n-b" and a.outcome()[1].cause == "lost"
+
+
+def test_ends_of_strangers_other_attempts_and_repeats_are_ignored() -> None:
+    a = GangAttempt(7, MEMBERS)
+    assert a.end("n-z", end()) is Step.IGNORE
+    assert a.end("n-a", end(attempt=6)) is Step.IGNORE
+    assert a.end("n-a", end(code=2)) is Step.STOP_OTHERS
+    assert a.end("n-a", end(code=0)) is Step.IGNORE
+    assert a.ends["n-a"].exit_code == 2 and not a.done
+
+
+def test_every_owner_prepares_in_node_id_order_and_backs_off_with_jitter() -> None:
+    assert [m.node for m in prepare_order(MEMBERS)] == ["n-a", "n-b", "n-c"]
+    rng = random.Random(1)
+    waits = [backoff_s(n, rng) for n in range(1, 9)]
+    assert 0.25 <= waits[0] <= 0.75
+    assert all(w <= MAX_BACKOFF_S * 1.5 for w in waits)
+    assert waits[-1] >= MAX_BACKOFF_S * 0.5  # capped, never 0.5 * 2**7
+    assert len({round(backoff_s(3, rng), 6) for _ in range(20)}) > 1  # two owners drift apart
+
+
+def test_rank_zero_names_its_own_host_and_a_port_free_there() -> None:
+    assert host_of("127.0.0.1:7946") == "127.0.0.1"
+    assert host_of("[::1]:7946") == "::1"
+    port = free_port("127.0.0.1")
+    assert 0 < port < 65536
+
+
+def _members(n: int, gpus: int) -> tuple[GangMember, ...]:
+    """``n`` members of ``gpus`` devices each, named as NVIDIA devices are (by UUID)."""
+    uuid = "GPU-" + "f" * 35
+    keys = tuple(f"{uuid}{g}" for g in range(gpus))
+    return tuple(GangMember(r, f"{r:032d}", keys) for r in range(n))
+
+
+def test_a_gossiped_record_leaves_out_the_oldest_attempts_never_a_member() -> None:
+    members = _members(4, 8)
+    attempts = tuple(
+        AttemptEntry(i // 4 + 1, f"{i % 4:032d}", 1.0, 2.0, "exit", 0, i % 4) for i in range(20)
+    )
+    status = JobStatus(
+        "j" * 32,
+        "running",
+        5,
+        "o" * 32,
+        members[0].node,
+        members[0].devices,
+        attempts=attempts,
+        members=members,
+    )
+    assert len(status.encode()) > MAX_RECORD_BYTES
+    got = JobStatus.from_wire(unpack(gossip_payload(status)))
+    assert got.members == members
+    assert 0 < len(got.attempts) < 20 and got.attempts == attempts[-len(got.attempts) :]
+    with pytest.raises(ValueError, match="over one record's limit"):
+        gossip_payload(status._replace(members=_members(12, 8)))
+
+
+def test_a_gang_too_large_for_a_record_is_known_before_it_is_placed() -> None:
+    job = OwnedJob("j" * 32, JobSpec(command=("x",)), JobState.PENDING, 0, "o" * 32, None, 1.0)
+    assert fits_a_record(job, _members(4, 8))
+    assert not fits_a_record(job, _members(12, 8))
