@@ -89,8 +89,8 @@ KINDS: tuple[Kind, ...] = (
     Kind("training", 3, {"kind": "training", "priority": 5, "resources": {"gpus_per_node": 2}}),
     Kind("inference", 2, {"kind": "inference", "priority": 5, "resources": {"gpus_per_node": 1}}),
     Kind("urgent", 1, {"kind": "batch", "priority": 10, "resources": {"gpus_per_node": 1}}),
-    # A gang, once agents run the "gang" feature (one line):
-    # Kind("gang", 1, {"kind": "training", "resources": {"nodes": 2, "gpus_per_node": 1}}),
+    Kind("gang", 1, {"kind": "training", "resources": {"nodes": 2, "gpus_per_node": 1}}),
+    Kind("shared", 2, {"kind": "inference", "resources": {"gpus_per_node": 0.5}}),
 )
 
 

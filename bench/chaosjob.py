@@ -6,11 +6,12 @@ then writes the step number to ``$SHOAL_CHECKPOINT_DIR/step`` (a new file rename
 so a copy taken at any moment holds a whole number) and says ``SHOAL_PROGRESS``. With
 ``SHOAL_RESUME=1`` it starts after the step its checkpoint holds.
 
-Every process appends JSON lines to the ledger (``O_APPEND``, one ``write`` each, so lines of
-concurrent processes never interleave): ``start`` (with the step it resumed from, its pid, its
-working folder, which names the agent that ran it), ``step`` after each checkpoint, and ``end``
-(``done``, or ``signal`` when stopped by SIGTERM/SIGINT). A process killed with SIGKILL writes no
-``end``; the benchmark watches the pids for that.
+Every process (one per member node of a gang, told apart by ``RANK``) appends JSON lines to the
+ledger (``O_APPEND``, one ``write`` each, so lines of concurrent processes never interleave):
+``start`` (with the step it resumed from, its pid, its working folder, which names the agent
+that ran it), ``step`` after each checkpoint, and ``end`` (``done``, or ``signal`` when stopped
+by SIGTERM/SIGINT). A process killed with SIGKILL writes no ``end``; the benchmark watches the
+pids for that.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ import time
 def main() -> int:
     ledger, steps, step_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     job, attempt = os.environ["SHOAL_JOB_ID"], int(os.environ["SHOAL_ATTEMPT"])
+    rank = int(os.environ.get("RANK", "0"))  # a gang runs one process per member node
     folder = os.environ["SHOAL_CHECKPOINT_DIR"]
     path = os.path.join(folder, "step")
     fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
 
     def line(kind: str, **fields: object) -> None:
-        doc = {"job": job, "attempt": attempt, "pid": os.getpid(), "kind": kind, "t": time.time()}
+        doc = {"job": job, "attempt": attempt, "rank": rank, "pid": os.getpid(), "kind": kind}
+        doc["t"] = time.time()
         os.write(fd, (json.dumps({**doc, **fields}) + "\n").encode())
 
     resumed_from: int | None = None

@@ -5,10 +5,11 @@ benchmark adds, for each process, the last time it saw the pid alive (:meth:`Led
 *run* is one process of one attempt. Sans-I/O apart from :meth:`Ledger.read_new`: the checks
 are pure functions of the runs, so they are tested on ledgers written by hand.
 
-- Two runs of one job ran *at once* when one started (its own ``start`` line, written by the
-  process itself) before the other was last known alive: its last ledger line, or the last time
-  the benchmark saw its pid alive. Both are facts observed while both lived, so an overlap
-  counted is certain; one shorter than the benchmark's pid poll may be missed.
+- Two runs of one job (of one rank, for a gang) ran *at once* when one started (its own
+  ``start`` line, written by the process itself) before the other was last known alive: its
+  last ledger line, or the last time the benchmark saw its pid alive. Both are facts observed
+  while both lived, so an overlap counted is certain; one shorter than the benchmark's pid poll
+  may be missed.
 - A checkpoint is *resumed out of order* when a run resumes from a step lower than a run of an
   earlier attempt resumed from (the owner handed out an older copy than one it had handed out
   before), or lower than a step a run of a later attempt had already written before it started
@@ -35,6 +36,8 @@ class Run:
     attempt: int
     pid: int
     start_t: float
+    rank: int = 0
+    """Its member's rank in a gang (0 for a job on one node)."""
     cwd: str = ""
     resumed_from: int | None = None
     last_t: float = 0.0
@@ -99,7 +102,9 @@ class Ledger:
         run = self.runs.get(key)
         started = None
         if run is None:
-            run = self.runs[key] = Run(job=key[0], attempt=key[1], pid=key[2], start_t=t)
+            run = self.runs[key] = Run(
+                job=key[0], attempt=key[1], pid=key[2], start_t=t, rank=int(doc.get("rank", 0))
+            )
             started = run
         run.last_t = max(run.last_t, t)
         if kind == "start":
@@ -147,7 +152,7 @@ def overlaps(runs: Iterable[Run]) -> list[Overlap]:
     found = []
     for i, a in enumerate(ordered):
         for b in ordered[i + 1 :]:
-            if b.start_t < a.alive_until:
+            if b.rank == a.rank and b.start_t < a.alive_until:  # a gang's members run at once
                 b_until = b.alive_until if b.ended else a.alive_until
                 found.append(
                     Overlap(
@@ -212,5 +217,7 @@ def reruns_after_success(runs: Iterable[Run]) -> list[Rerun]:
     first = min(done, key=lambda r: r.end_t or 0.0)
     end_t = first.end_t or 0.0
     return [
-        Rerun(r.job, r.attempt, r.start_t, first.attempt, end_t) for r in runs if r.start_t > end_t
+        Rerun(r.job, r.attempt, r.start_t, first.attempt, end_t)
+        for r in runs
+        if r.start_t > end_t and r.attempt != first.attempt  # not a gang member of that attempt
     ]

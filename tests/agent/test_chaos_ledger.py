@@ -121,3 +121,19 @@ def test_a_run_after_the_job_finished_is_a_rerun(tmp_path: Path) -> None:
     found = [r.line for r in reruns_after_success(ledger.runs.values())]
     assert found == ["j1 attempt 2 started 3.0 s after attempt 1 finished"]
     assert overlaps(ledger.runs.values()) == []  # not at once: only the rerun check sees it
+
+
+def test_the_members_of_a_gang_run_at_once_and_are_no_overlap(tmp_path: Path) -> None:
+    ledger = _ledger(
+        tmp_path,
+        [
+            _line("start", 1, 10, 100.0, rank=0),
+            _line("start", 1, 11, 100.1, rank=1),
+            _line("end", 1, 11, 104.0, how="done", step=8, rank=1),
+            _line("end", 1, 10, 104.2, how="done", step=8, rank=0),
+            _line("start", 2, 12, 103.0, rank=1),  # a second copy of rank 1 while it ran
+        ],
+    )
+    found = overlaps(ledger.runs.values())
+    assert [(o.first, o.second) for o in found] == [((1, 11), (2, 12))]
+    assert reruns_after_success(ledger.runs.values()) == []
