@@ -54,7 +54,14 @@ from agent.demo import _Signals
 from agent.jobspec import JobSpec, new_job_id
 from agent.localmesh import AgentProcess, LocalMesh
 from agent.ownership import replica_of
-from bench.chaosledger import Ledger, Run, checkpoint_disorders, overlaps, reruns_after_success
+from bench.chaosledger import (
+    Ledger,
+    Run,
+    checkpoint_disorders,
+    finished,
+    overlaps,
+    reruns_after_success,
+)
 from gossip.droplist import ENV as DROP_ENV
 
 PROFILES: tuple[str, ...] = ("h100:2", "l4:2", "mi300x:2", "a100-80gb:1", "l4:1", "h100:1")
@@ -464,7 +471,7 @@ def _verdict(chaos: Chaos) -> dict[str, Any]:
         if rec is None or rec.get("state") == "lost":
             lost.append(job_id)
         elif rec.get("state") == "succeeded":
-            if not any(r.finished for r in by_job.get(job_id, [])):
+            if finished(by_job.get(job_id, [])) is None:
                 fake_success.append(job_id)
         elif rec.get("state") in LIVE:
             (waiting if rec.get("state") == "pending" and rec.get("reason") else unfinished).append(
@@ -502,8 +509,7 @@ def _verdict(chaos: Chaos) -> dict[str, Any]:
             fault["jobs_not_run_again"] = sorted(  # nor finished before the kill
                 j
                 for j in jobs
-                if not chaos.restarted_after(j, killed_at)
-                and not any(r.finished for r in by_job.get(j, []))
+                if not chaos.restarted_after(j, killed_at) and finished(by_job.get(j, [])) is None
             )
             if fault["recovery_s"] is not None:
                 recoveries.append(fault["recovery_s"])

@@ -43,7 +43,8 @@ def main() -> int:
                 resumed_from = int(f.read().strip())
         except (OSError, ValueError):
             resumed_from = -1  # told to resume, but no whole checkpoint there
-    line("start", resumed_from=resumed_from, cwd=os.getcwd(), steps=steps)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    line("start", resumed_from=resumed_from, cwd=os.getcwd(), steps=steps, world=world)
 
     def stopped(signum: int, _frame: object) -> None:
         line("end", how="signal", signal=signum)

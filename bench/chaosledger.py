@@ -38,6 +38,8 @@ class Run:
     start_t: float
     rank: int = 0
     """Its member's rank in a gang (0 for a job on one node)."""
+    world: int = 1
+    """How many members its attempt has (a gang's ``WORLD_SIZE``; 1 for a job on one node)."""
     cwd: str = ""
     resumed_from: int | None = None
     last_t: float = 0.0
@@ -110,6 +112,7 @@ class Ledger:
         if kind == "start":
             run.start_t = t
             run.cwd = str(doc.get("cwd", ""))
+            run.world = int(doc.get("world", 1))
             resumed = doc.get("resumed_from")
             run.resumed_from = None if resumed is None else int(resumed)
         elif kind == "step":
@@ -208,16 +211,35 @@ class Rerun:
         )
 
 
+def finished(runs: Iterable[Run]) -> tuple[int, float] | None:
+    """The first attempt every member of which wrote its last step (a gang's, all its ranks),
+    and when its last member did; None when none did."""
+    done: dict[int, dict[int, float]] = {}
+    world: dict[int, int] = {}
+    for r in runs:
+        world[r.attempt] = max(world.get(r.attempt, 1), r.world)
+        if r.finished and r.end_t is not None:
+            done.setdefault(r.attempt, {})[r.rank] = r.end_t
+    whole = [
+        (max(ends.values()), attempt)
+        for attempt, ends in done.items()
+        if set(ends) >= set(range(world[attempt]))
+    ]
+    if not whole:
+        return None
+    end_t, attempt = min(whole)
+    return attempt, end_t
+
+
 def reruns_after_success(runs: Iterable[Run]) -> list[Rerun]:
-    """Each run that started after a run of the same job had finished."""
+    """Each run of another attempt that started after an attempt of the job had finished."""
     runs = list(runs)
-    done = [r for r in runs if r.finished and r.end_t is not None]
-    if not done:
+    first = finished(runs)
+    if first is None:
         return []
-    first = min(done, key=lambda r: r.end_t or 0.0)
-    end_t = first.end_t or 0.0
+    attempt, end_t = first
     return [
-        Rerun(r.job, r.attempt, r.start_t, first.attempt, end_t)
+        Rerun(r.job, r.attempt, r.start_t, attempt, end_t)
         for r in runs
-        if r.start_t > end_t and r.attempt != first.attempt  # not a gang member of that attempt
+        if r.start_t > end_t and r.attempt != attempt
     ]

@@ -5,7 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.chaosledger import Ledger, checkpoint_disorders, overlaps, reruns_after_success
+from bench.chaosledger import (
+    Ledger,
+    checkpoint_disorders,
+    finished,
+    overlaps,
+    reruns_after_success,
+)
 
 
 def _ledger(tmp_path: Path, lines: list[dict[str, object]]) -> Ledger:
@@ -137,3 +143,24 @@ def test_the_members_of_a_gang_run_at_once_and_are_no_overlap(tmp_path: Path) ->
     found = overlaps(ledger.runs.values())
     assert [(o.first, o.second) for o in found] == [((1, 11), (2, 12))]
     assert reruns_after_success(ledger.runs.values()) == []
+
+
+def test_a_gang_has_finished_only_once_every_member_did(tmp_path: Path) -> None:
+    ledger = _ledger(
+        tmp_path,
+        [
+            _line("start", 1, 10, 100.0, rank=0, world=2),
+            _line("start", 1, 11, 100.1, rank=1, world=2),
+            _line("end", 1, 11, 104.0, how="done", step=8, rank=1),  # rank 0 is killed
+            _line("start", 2, 12, 106.0, rank=0, world=2),
+            _line("start", 2, 13, 106.0, rank=1, world=2),
+            _line("end", 2, 12, 110.0, how="done", step=8, rank=0),
+            _line("end", 2, 13, 110.5, how="done", step=8, rank=1),
+            _line("start", 3, 14, 111.0, rank=0, world=2),
+        ],
+    )
+    ledger.seen(ledger.runs[("j1", 1, 10)], alive=False, now=104.5)
+    assert finished(ledger.runs.values()) == (2, 110.5)
+    assert [r.line for r in reruns_after_success(ledger.runs.values())] == [
+        "j1 attempt 3 started 0.5 s after attempt 2 finished"
+    ]
