@@ -704,9 +704,12 @@ class Owner:
                 key=lambda j: (-j.spec.priority, j.spec.deadline or float("inf"), j.submitted_at),
             )
             for job in pending:
-                if job.job_id not in self._placing and job.job_id not in self._handing:
-                    self._placing.add(job.job_id)
-                    self.spawn(self._place(job))
+                if job.job_id in self._placing or job.job_id in self._handing:
+                    continue
+                if not self.authority.may_own(job.job_id, self.node_id):
+                    continue  # outranked (a partition healed): runners would refuse; handed over
+                self._placing.add(job.job_id)
+                self.spawn(self._place(job))
             now = time.monotonic()
             for job in list(self.jobs.values()):
                 if (
