@@ -363,6 +363,10 @@ def run_demo(
         raise UserError("--plain draws tables; --json goes with --headless or a piped stdout")
     serve = not headless and not plain and (as_json or not sys.stdout.isatty())
     root = Path(tempfile.mkdtemp(prefix="shoal-demo-"))
+    # Jobs may run as another user than the agents (root agents: nobody): they pass through the
+    # folder to their own checkpoint and progress files. Nothing in it can be listed or read so:
+    # the agents' folders are theirs, the cluster CA's is the agent user's alone.
+    root.chmod(0o711)
     mesh = LocalMesh(root, nodes, placement=policy)
     console = Console(stderr=as_json or serve)
     with _Signals() as signals:

@@ -47,13 +47,61 @@ def test_headless_demo_runs_a_workload_and_prints_the_figures() -> None:
     assert figures["agent_idle_cpu_pct_mean"] is not None
 
 
-def test_a_typo_in_demo_options_is_one_line() -> None:
+POLICY_FIELDS = (
+    "policy",
+    "avg_jct_s",
+    "p99_jct_s",
+    "deadline_misses",
+    "preemptions",
+    "migrations",
+    "jobs_run_twice_concurrently",
+    "jobs_by_model",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["fifo", "shoal"])
+def test_the_placement_workload_runs_under_either_policy(policy: str) -> None:
+    """The same seeded synthetic jobs, on two hosts (A100s, RX 7900 XTXs): every field, nothing
+    lost, no job run twice at once. Which policy does better is measured at full size."""
     done = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "demo", "--headless", "--idle", "-1"],
+        [
+            *(sys.executable, "-m", "agent.cli", "demo", "--headless", "--json"),
+            *("--policy", policy, "--nodes", "2", "--duration", "4", "--rate", "1", "--idle", "2"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(done.stdout)
+    assert all(field in figures for field in FIELDS + POLICY_FIELDS), figures
+    assert figures["policy"] == policy
+    assert figures["jobs_submitted"] >= 1
+    assert figures["jobs_lost"] == 0 and figures["jobs_unfinished"] == 0
+    assert figures["jobs_succeeded"] == figures["jobs_submitted"], figures
+    assert figures["jobs_run_twice_concurrently"] == 0
+    assert figures["avg_jct_s"] > 0 and figures["p99_jct_s"] >= figures["avg_jct_s"]
+    assert sum(figures["jobs_by_model"].values()) == figures["jobs_submitted"]
+    assert set(figures["jobs_by_model"]) <= {"a100-80gb", "rx-7900-xtx"}
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--idle", "-1"), "--idle must not be negative"),
+        (("--policy", "gavel"), "invalid choice: 'gavel'"),
+    ],
+)
+def test_a_typo_in_demo_options_is_one_line(args: tuple[str, ...], said: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "demo", "--headless", *args],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     assert done.returncode == 2
+    assert said in done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
