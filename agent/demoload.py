@@ -16,7 +16,8 @@ Not yet in the mix (the live mesh refuses them today): gangs, and inference shar
 place is marked in :func:`draw_job`.
 
 The figures (:func:`placement_figures`) come from the jobs as the mesh lists them: job completion
-time from the client's submission to the owner's ``finished_at``, deadline misses, preemptions and
+time from the client's submission to the owner's ``finished_at`` (and the part of it spent before
+the last attempt started), deadline misses, preemptions and
 migrations (attempts that ended so), attempts of one job that overlapped in time (there must be
 none), and where the jobs ran (the model of each job's devices).
 """
@@ -170,6 +171,11 @@ def placement_figures(
         for jid, j in jobs.items()
         if j.get("state") == "succeeded" and j.get("finished_at") is not None
     ]
+    queued = [
+        float(j["started_at"]) - submitted_at[jid]
+        for jid, j in jobs.items()
+        if j.get("state") == "succeeded" and j.get("started_at") is not None
+    ]
     misses = 0
     for jid, deadline in deadlines.items():
         finished = jobs.get(jid, {}).get("finished_at")
@@ -188,6 +194,7 @@ def placement_figures(
     return {
         "avg_jct_s": round(statistics.fmean(jct), 2) if jct else None,
         "p99_jct_s": None if not jct else round(percentile(jct, 0.99) or 0.0, 2),
+        "avg_queue_s": round(statistics.fmean(queued), 2) if queued else None,
         "deadline_misses": misses,
         "jobs_with_deadline": len(deadlines),
         "preemptions": causes["preempt"],

@@ -70,6 +70,7 @@ def test_datasets_are_laid_out_as_sparse_files_of_their_size(tmp_path: Path) -> 
 def _job(state: str, finished: float | None, attempts: list, runner: str = "n1") -> dict:
     return {
         "state": state,
+        "started_at": attempts[-1]["started_at"],
         "finished_at": finished,
         "runner": runner,
         "devices": ["d0"],
@@ -106,6 +107,7 @@ def test_the_figures_come_from_the_jobs_as_listed() -> None:
     figures = placement_figures(jobs, submitted, deadlines, models)
     assert figures["avg_jct_s"] == 40.0  # (10 + 60 + 50) / 3: succeeded jobs only
     assert figures["p99_jct_s"] == 60.0
+    assert figures["avg_queue_s"] == 15.67  # before the last attempt: (1 + 25 + 21) / 3
     assert figures["deadline_misses"] == 2  # "slow" ended late, "lost" never ended
     assert figures["jobs_with_deadline"] == 3
     assert figures["preemptions"] == 1 and figures["migrations"] == 1
@@ -121,4 +123,5 @@ def test_an_attempt_still_running_overlaps_any_later_one() -> None:
     jobs = {"j": _job("running", None, attempts)}
     figures = placement_figures(jobs, {"j": 0.0}, {}, {})
     assert figures["jobs_run_twice_concurrently"] == 1
-    assert figures["avg_jct_s"] is None and figures["jobs_by_model"] == {"?": 1}
+    assert figures["avg_jct_s"] is None and figures["avg_queue_s"] is None
+    assert figures["jobs_by_model"] == {"?": 1}
