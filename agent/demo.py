@@ -188,6 +188,15 @@ async def _device_models(mesh: LocalMesh) -> dict[tuple[str, str], str]:
         }
 
 
+async def _metrics_lines(mesh: LocalMesh) -> list[str]:
+    """Every agent's ``/metrics``, as text lines."""
+    lines: list[str] = []
+    for i in range(len(mesh.agents)):
+        async with mesh.client(i) as client:
+            lines += [line async for line in client.stream("/metrics")]
+    return lines
+
+
 async def _headless(
     mesh: LocalMesh, duration_s: float, rate: float, seed: int, idle_s: float, policy: str | None
 ) -> dict[str, Any]:
@@ -233,6 +242,9 @@ async def _headless(
         models = await _device_models(mesh)
         figures["policy"] = policy
         figures.update(demoload.placement_figures(jobs, work.submitted_at, work.deadlines, models))
+        offers = demoload.offer_counts(await _metrics_lines(mesh))
+        figures["offers_started"] = offers["started"]
+        figures["offers_declined"] = offers["declined"]
     return figures
 
 
@@ -346,11 +358,11 @@ def run_demo(
     policy: str | None = None,
 ) -> int:
     """``duration_s`` and ``rate`` ``None``: the workload's own (30 s at 4 jobs/s; the placement
-    workload, with ``policy``: 60 s at 0.5 jobs/s)."""
+    workload, with ``policy``: 60 s at 1 job/s)."""
     if duration_s is None:
         duration_s = 30.0 if policy is None else 60.0
     if rate is None:
-        rate = 4.0 if policy is None else 0.5
+        rate = 4.0 if policy is None else 1.0
     if policy is not None and policy not in PLACEMENT_NAMES:
         raise UserError(f"--policy must be one of {', '.join(PLACEMENT_NAMES)}")
     if nodes < 1:

@@ -19,7 +19,9 @@ The figures (:func:`placement_figures`) come from the jobs as the mesh lists the
 time from the client's submission to the owner's ``finished_at`` (and the part of it spent before
 the last attempt started), deadline misses, preemptions and
 migrations (attempts that ended so), attempts of one job that overlapped in time (there must be
-none), and where the jobs ran (the model of each job's devices).
+none), and where the jobs ran (the model of each job's devices); and from the agents' metrics,
+the offers runners started and declined (a decline: the owner's view of the runner's free devices
+was out of date, and the job went on to its next candidate).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import re
 import statistics
 import sys
 from collections import Counter
@@ -202,3 +205,16 @@ def placement_figures(
         "jobs_run_twice_concurrently": twice,
         "jobs_by_model": dict(sorted(ran_on.items())),
     }
+
+
+_OFFERS = re.compile(r'^shoal_placements_total\{outcome="(\w+)"\} ([0-9.eE+]+)$')
+
+
+def offer_counts(metrics_lines: Sequence[str]) -> Counter[str]:
+    """Offers by outcome from the text of one or more agents' ``/metrics``."""
+    counts: Counter[str] = Counter()
+    for line in metrics_lines:
+        m = _OFFERS.match(line.strip())
+        if m is not None:
+            counts[m.group(1)] += int(float(m.group(2)))
+    return counts

@@ -56,6 +56,9 @@ POLICY_FIELDS = (
     "migrations",
     "jobs_run_twice_concurrently",
     "jobs_by_model",
+    "avg_queue_s",
+    "offers_started",
+    "offers_declined",
 )
 
 
@@ -84,6 +87,7 @@ def test_the_placement_workload_runs_under_either_policy(policy: str) -> None:
     assert figures["jobs_run_twice_concurrently"] == 0
     assert figures["avg_jct_s"] > 0 and figures["p99_jct_s"] >= figures["avg_jct_s"]
     assert sum(figures["jobs_by_model"].values()) == figures["jobs_submitted"]
+    assert figures["offers_started"] >= figures["jobs_submitted"]
     assert set(figures["jobs_by_model"]) <= {"a100-80gb", "rx-7900-xtx"}
 
 

@@ -12,6 +12,7 @@ from agent.demoload import (
     draw_job,
     job_spec,
     lay_out_datasets,
+    offer_counts,
     placement_figures,
 )
 from agent.jobspec import SUPPORTED_FEATURES, JobSpec
@@ -125,3 +126,16 @@ def test_an_attempt_still_running_overlaps_any_later_one() -> None:
     assert figures["jobs_run_twice_concurrently"] == 1
     assert figures["avg_jct_s"] is None and figures["avg_queue_s"] is None
     assert figures["jobs_by_model"] == {"?": 1}
+
+
+def test_offers_are_summed_over_the_agents_metrics() -> None:
+    lines = [
+        "# HELP shoal_placements_total Offers of jobs to runners, by outcome",
+        "# TYPE shoal_placements_total counter",
+        'shoal_placements_total{outcome="declined"} 2.0',
+        'shoal_placements_total{outcome="started"} 7.0',
+        'shoal_placements_created{outcome="started"} 1.7e+09',
+        'shoal_placements_total{outcome="started"} 3.0',
+        'shoal_commands_accepted_total{kind="submit"} 10.0',
+    ]
+    assert offer_counts(lines) == {"declined": 2, "started": 10}
