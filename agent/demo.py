@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 import psutil
 from rich.console import Console, Group
@@ -46,7 +46,7 @@ from agent.config import PLACEMENT_NAMES
 from agent.demoload import percentile
 from agent.errors import UserError
 from agent.jobspec import JobKind, JobSpec, Resources, new_job_id
-from agent.localmesh import LocalMesh
+from agent.localmesh import DEMO_PROFILES, LocalMesh
 from agent.tables import hostnames, jobs_table, nodes_table
 from probers.catalog import device_model
 
@@ -94,27 +94,46 @@ def _placement_spec(rng: random.Random, now: float) -> JobSpec:
     return demoload.job_spec(demoload.draw_job(rng), now)
 
 
+class Arrival(NamedTuple):
+    """One submission of a workload: when, to which agent, and the seed of its job."""
+
+    offset_s: float
+    agent: int
+    job_seed: int
+
+
+def schedule(seed: int, duration_s: float, rate_per_s: float, agents: int) -> list[Arrival]:
+    """The submissions of a run, from ``seed`` alone: Poisson arrivals at ``rate_per_s`` over
+    ``duration_s``, each to a random agent, each job drawn from its own seed. However long the
+    submissions take, two runs with one seed submit the same jobs in the same order."""
+    rng = random.Random(seed)
+    out: list[Arrival] = []
+    at = 0.0
+    while at < duration_s:
+        out.append(Arrival(at, rng.randrange(agents), rng.getrandbits(64)))
+        at += rng.expovariate(rate_per_s)
+    return out
+
+
 async def _submit_workload(
     mesh: LocalMesh, duration_s: float, rate_per_s: float, seed: int, make: SpecMaker
 ) -> Workload:
-    rng = random.Random(seed)
     work = Workload()
     clients = [mesh.client(i) for i in range(len(mesh.agents))]
     try:
-        deadline = time.monotonic() + duration_s
-        while time.monotonic() < deadline:
-            client = rng.choice(clients)
+        start = time.monotonic()
+        for arrival in schedule(seed, duration_s, rate_per_s, len(clients)):
+            await asyncio.sleep(max(0.0, start + arrival.offset_s - time.monotonic()))
             job_id = new_job_id()
             t0 = time.time()
-            spec = make(rng, t0)
+            spec = make(random.Random(arrival.job_seed), t0)
             try:
-                await client.submit(spec, job_id)
+                await clients[arrival.agent].submit(spec, job_id)
                 work.submitted_at[job_id] = t0
                 if spec.deadline is not None:
                     work.deadlines[job_id] = spec.deadline
             except ApiError:
                 work.submit_failures += 1
-            await asyncio.sleep(rng.expovariate(rate_per_s))
     finally:
         for c in clients:
             await c.close()
@@ -379,7 +398,8 @@ def run_demo(
     # folder to their own checkpoint and progress files. Nothing in it can be listed or read so:
     # the agents' folders are theirs, the cluster CA's is the agent user's alone.
     root.chmod(0o711)
-    mesh = LocalMesh(root, nodes, placement=policy)
+    profiles = DEMO_PROFILES if policy is None else demoload.FLEET
+    mesh = LocalMesh(root, nodes, profiles=profiles, placement=policy)
     console = Console(stderr=as_json or serve)
     with _Signals() as signals:
         try:

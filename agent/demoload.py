@@ -9,8 +9,8 @@ kind in the spec. The mix: 1, 2 or 4 GPUs; some need CUDA or ROCm; a fifth at a 
 a third with a deadline of 1.2x their time on the reference device (met on a fast device, missed
 on a slow one, or after a long wait); the ResNet classes read ``imagenet`` and the language models
 ``wikitext``, which some demo hosts hold (:func:`lay_out_datasets`, sparse files of the real
-sizes). Work is scaled so a job takes 2 to 10 s on the fastest demo device and 25 to 105 s on the
-slowest: a run stays short.
+sizes). Work is scaled so a job takes 2 to 10 s on the fastest device of the demo's fleet
+(:data:`FLEET`) and 25 to 115 s on the slowest: a run stays short.
 
 Not yet in the mix (the live mesh refuses them today): gangs, and inference sharing a GPU. Their
 place is marked in :func:`draw_job`.
@@ -56,11 +56,26 @@ DATASET_OF: Final[Mapping[str, str]] = {
     "Transformer (batch size 128)": "wikitext",
     "LM (batch size 20)": "wikitext",
 }
+FLEET: Final[tuple[str, ...]] = (
+    "p100:4",
+    "v100:4",
+    "l4:4",
+    "linux-arm64-rx7900",
+    "a100-80gb:4",
+    "h100:4",
+    "mi300x:4",
+    "windows-arc-a770",
+)
+"""The hosts of the placement demo (``--nodes`` cycles through them): eight generations of GPU,
+four of each but the Arc A770 (29 in all), as a lab that bought some every year has; Gavel's
+P100 and V100, whose speeds are Gavel's measurements. Fast GPUs are a minority, as they are in
+such a fleet: what first fit lands on depends on the order of node ids, what the policy picks
+does not."""
 HOST_DATASETS: Final[Mapping[int, Mapping[str, int]]] = {
-    0: {"imagenet": 150 * 10**9},
-    1: {"wikitext": 40 * 10**9},
-    4: {"imagenet": 150 * 10**9},
-    5: {"wikitext": 40 * 10**9},
+    1: {"imagenet": 150 * 10**9},
+    5: {"imagenet": 150 * 10**9},
+    3: {"wikitext": 40 * 10**9},
+    6: {"wikitext": 40 * 10**9},
 }
 """Demo agent index -> datasets it holds, with their sizes in bytes."""
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from agent.demoload import (
     CLASSES,
+    FLEET,
     HOST_DATASETS,
     draw_job,
     job_spec,
@@ -18,6 +19,8 @@ from agent.demoload import (
 from agent.jobspec import SUPPORTED_FEATURES, JobSpec
 from agent.policy import adapt
 from agent.policy.gavel import gavel_model
+from agent.policy.model import ThroughputModel
+from probers.sim import REFERENCE_HOSTS
 
 
 def _draw(seed: int, n: int = 400) -> list:
@@ -61,11 +64,32 @@ def test_each_spec_is_one_the_live_mesh_runs_and_the_policy_sees_its_class() -> 
 
 
 def test_datasets_are_laid_out_as_sparse_files_of_their_size(tmp_path: Path) -> None:
-    dirs = [tmp_path / f"agent-{i}" / "datasets" for i in range(3)]
+    dirs = [tmp_path / f"agent-{i}" / "datasets" for i in range(4)]
     lay_out_datasets(dirs)
-    assert (dirs[0] / "imagenet").stat().st_size == HOST_DATASETS[0]["imagenet"]
-    assert (dirs[1] / "wikitext").stat().st_size == HOST_DATASETS[1]["wikitext"]
-    assert not dirs[2].exists()  # host 2 holds none; hosts beyond the mesh are skipped
+    assert (dirs[1] / "imagenet").stat().st_size == HOST_DATASETS[1]["imagenet"]
+    assert (dirs[3] / "wikitext").stat().st_size == HOST_DATASETS[3]["wikitext"]
+    assert not dirs[0].exists()  # host 0 holds none; hosts beyond the mesh are skipped
+
+
+def test_the_fleet_mixes_fast_and_slow_gpus_for_every_class() -> None:
+    """The spread the workload rewards: every class is several times faster on the fleet's
+    fastest GPUs than on its slowest, and fast GPUs are a minority of the fleet."""
+    model = ThroughputModel()
+    fleet = [
+        (s.groups[0][0], s.groups[0][1]) if (s := REFERENCE_HOSTS.get(p)) else _split(p)
+        for p in FLEET
+    ]
+    assert len({m for m, _ in fleet}) == len(FLEET)
+    for job_class, kind in CLASSES:
+        speeds = {m: model.relative(job_class, kind, m) for m, _ in fleet}
+        assert max(speeds.values()) > 4 * min(speeds.values()), (job_class, speeds)
+    gpus = sum(n for _, n in fleet)
+    assert sum(n for m, n in fleet if m in {"h100", "mi300x"}) <= gpus / 3
+
+
+def _split(profile: str) -> tuple[str, int]:
+    name, _, count = profile.partition(":")
+    return name, int(count or 1)
 
 
 def _job(state: str, finished: float | None, attempts: list, runner: str = "n1") -> dict:
