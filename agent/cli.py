@@ -90,7 +90,7 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
         help="workload time (default 30; with --policy 60)",
     )
     p.add_argument(
-        "--rate", type=float, metavar="JOBS/S", help="submit rate (default 4; with --policy 1)"
+        "--rate", type=float, metavar="JOBS/S", help="submit rate (default 4; with --policy 0.5)"
     )
     p.add_argument(
         "--policy",

@@ -377,11 +377,11 @@ def run_demo(
     policy: str | None = None,
 ) -> int:
     """``duration_s`` and ``rate`` ``None``: the workload's own (30 s at 4 jobs/s; the placement
-    workload, with ``policy``: 60 s at 1 job/s)."""
+    workload, with ``policy``: 60 s at 0.5 jobs/s)."""
     if duration_s is None:
         duration_s = 30.0 if policy is None else 60.0
     if rate is None:
-        rate = 4.0 if policy is None else 1.0
+        rate = 4.0 if policy is None else 0.5
     if policy is not None and policy not in PLACEMENT_NAMES:
         raise UserError(f"--policy must be one of {', '.join(PLACEMENT_NAMES)}")
     if nodes < 1:
