@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -28,17 +29,23 @@ FIELDS = (
 TINY = ("--nodes", "3", "--duration", "3", "--rate", "2", "--idle", "2")
 
 
-@pytest.mark.slow
-def test_headless_demo_runs_a_workload_and_prints_the_figures() -> None:
+def _headless(*args: str, timeout_s: float) -> dict[str, Any]:
+    """The figures of ``shoal demo --headless --json ARGS``, run through the real CLI."""
     done = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "demo", "--headless", "--json", *TINY],
+        [sys.executable, "-m", "agent.cli", "demo", "--headless", "--json", *args],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=timeout_s,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    figures = json.loads(done.stdout)
+    figures: dict[str, Any] = json.loads(done.stdout)
+    return figures
+
+
+@pytest.mark.slow
+def test_headless_demo_runs_a_workload_and_prints_the_figures() -> None:
+    figures = _headless(*TINY, timeout_s=180)
     assert all(field in figures for field in FIELDS), figures
     assert figures["nodes"] == 3
     assert figures["jobs_submitted"] >= 4
@@ -69,18 +76,8 @@ POLICY_FIELDS = (
 def test_the_placement_workload_runs_under_either_policy(policy: str) -> None:
     """The same seeded synthetic jobs, on two hosts (P100s, V100s): every field, nothing lost,
     no job run twice at once. Which policy does better is measured at full size."""
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "agent.cli", "demo", "--headless", "--json"),
-            *("--policy", policy, "--nodes", "2", "--duration", "4", "--rate", "1", "--idle", "2"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    figures = json.loads(done.stdout)
+    tiny = ("--nodes", "2", "--duration", "4", "--rate", "1", "--idle", "2")
+    figures = _headless("--policy", policy, *tiny, timeout_s=300)
     assert all(field in figures for field in FIELDS + POLICY_FIELDS), figures
     assert figures["policy"] == policy
     assert figures["jobs_submitted"] >= 1
