@@ -7,9 +7,10 @@ as one JSON object) and keeps the mesh up until it is told to stop. ``--headless
 mixed workload of real short processes through the operator API for ``--duration`` seconds,
 waits for it to finish, and prints the live-mesh figures of BENCHMARKS.md (``--json`` for one
 JSON object). ``--policy fifo|shoal`` runs every agent with that placement (``placement`` in its
-config); headless, it submits the placement workload instead (:mod:`agent.demoload`: synthetic
-jobs as fast as the device they get, seeded, the same for either policy) and adds its figures:
-job completion times, deadline misses, preemptions, migrations, where the jobs ran.
+config), on the placement demo's fleet (:data:`agent.demoload.FLEET`: eight GPU generations, fast
+ones a minority); headless, it submits the placement workload instead (:mod:`agent.demoload`:
+synthetic jobs as fast as the device they get, seeded, the same for either policy) and adds its
+figures: job completion times, deadline misses, preemptions, migrations, where the jobs ran.
 
 Whatever ends it (quitting, Ctrl-C, SIGTERM as ``kill`` or a service manager sends, SIGHUP when
 its terminal goes), every agent it started is stopped and its folder, CA key included, removed
