@@ -10,8 +10,9 @@ a third with a deadline of 1.2x their time on the reference device (met on a fas
 on a slow one, or after a long wait); the ResNet classes read ``imagenet`` and the language models
 ``wikitext``, which some demo hosts hold (:func:`lay_out_datasets`, sparse files of the real
 sizes): the policy weighs them; the synthetic job does not yet pay for fetching a dataset its
-host lacks (a job cannot tell what its host holds). Work is scaled so a job takes 2 to 10 s on the fastest device of the demo's fleet
-(:data:`FLEET`) and 25 to 115 s on the slowest: a run stays short.
+host lacks (a job cannot tell what its host holds). Work is scaled so a job takes 1 to 10 s on
+the fastest device of the demo's fleet (:data:`FLEET`) and up to about two minutes on the
+slowest: a run stays short.
 
 Not yet in the mix (the live mesh refuses them today): gangs, and inference sharing a GPU. Their
 place is marked in :func:`draw_job`.
