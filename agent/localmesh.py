@@ -77,6 +77,10 @@ class AgentProcess:
         return self.directory / "datasets"
 
     @property
+    def config_path(self) -> Path:
+        return self.directory / "agent.toml"
+
+    @property
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
@@ -90,6 +94,9 @@ class LocalMesh:
     profiles: Sequence[str] = DEMO_PROFILES
     host: str = "127.0.0.1"
     extra_args: Sequence[str] = ()
+    placement: str | None = None
+    """Every agent's ``placement`` (``fifo``, ``shoal``), through its config file; ``None``: the
+    agents' default."""
     agents: list[AgentProcess] = field(default_factory=list)
     operator: NodeIdentity | None = None
     started_at: float = 0.0
@@ -115,10 +122,15 @@ class LocalMesh:
                     node_id=identity.node_id,
                 )
             )
+        if self.placement is not None:
+            for agent in self.agents:
+                agent.config_path.write_text(f'placement = "{self.placement}"\n')
 
     def command(self, agent: AgentProcess) -> list[str]:
         seeds = [a.address for a in self.agents[:2] if a is not agent]
         argv = [sys.executable, "-m", "agent.cli", "agent", "--listen", agent.address]
+        if self.placement is not None:
+            argv += ["--config", str(agent.config_path)]
         for seed in seeds:
             argv += ["--join", seed]
         argv += [
