@@ -400,7 +400,13 @@ def run_demo(
     # the agents' folders are theirs, the cluster CA's is the agent user's alone.
     root.chmod(0o711)
     profiles = DEMO_PROFILES if policy is None else demoload.FLEET
-    mesh = LocalMesh(root, nodes, profiles=profiles, placement=policy)
+    mesh = LocalMesh(
+        root,
+        nodes,
+        profiles=profiles,
+        placement=policy,
+        preempt_min_run_s=None if policy is None else demoload.PREEMPT_MIN_RUN_S,
+    )
     console = Console(stderr=as_json or serve)
     with _Signals() as signals:
         try:

@@ -14,8 +14,10 @@ host lacks (a job cannot tell what its host holds). Work is scaled so a job take
 the fastest device of the demo's fleet (:data:`FLEET`) and up to about two minutes on the
 slowest: a run stays short.
 
-Not yet in the mix (the live mesh refuses them today): gangs, and inference sharing a GPU. Their
-place is marked in :func:`draw_job`.
+Gangs, shares and preemption are in the mix too: a fifth of the 4-GPU training jobs run as a gang
+of 2 nodes x 2 GPUs, half the 1-GPU inference jobs take half a GPU (a share), and half the jobs of
+the lower priority are preemptible (the demo's agents let a job be preempted after
+:data:`PREEMPT_MIN_RUN_S`), so a job of the higher priority may take their GPUs.
 
 The figures (:func:`placement_figures`) come from the jobs as the mesh lists them: job completion
 time from the client's submission to the owner's ``finished_at`` (and the part of it spent before
@@ -95,11 +97,21 @@ class DemoJob(NamedTuple):
     job_class: str
     kind: JobKind
     gpus: int
+    """GPUs on each node (a share: 1, the GPU it shares)."""
     work_s: float
     priority: int
     deadline_in_s: float | None
     datasets: tuple[str, ...]
     backends: tuple[BackendName, ...]
+    nodes: int = 1
+    share: float | None = None
+    """A share of one GPU, as a fraction of it."""
+    preemptible: bool = False
+
+
+PREEMPT_MIN_RUN_S: Final = 15.0
+"""The placement demo's agents let a preemptible job be preempted after this long (a run lasts a
+minute or two; the agents' default, ten minutes, would never let one be)."""
 
 
 def draw_job(rng: random.Random) -> DemoJob:
@@ -114,12 +126,17 @@ def draw_job(rng: random.Random) -> DemoJob:
     backends: tuple[BackendName, ...] = ()
     if kind == "training" and rng.random() < 0.3:
         backends = ("cuda", "rocm")
-    # Gangs (resources.nodes > 1) and inference sharing one GPU join the mix here once agents
-    # run them: main refuses a gang at submission (no agent runs the "gang" feature) and has no
-    # shared-GPU request yet.
+    nodes, share = 1, None
+    if kind == "training" and gpus == 4 and rng.random() < 0.2:
+        nodes, gpus = 2, 2  # a gang: 2 nodes x 2 GPUs
+    elif kind == "inference" and gpus == 1 and rng.random() < 0.5:
+        share = 0.5
+    preemptible = priority == 0 and rng.random() < 0.5
+    datasets = (dataset,) if dataset else ()
     return DemoJob(
-        job_class, kind, gpus, work_s, priority, deadline, (dataset,) if dataset else (), backends
-    )
+        job_class, kind, gpus, work_s, priority, deadline, datasets, backends, nodes, share,
+        preemptible,
+    )  # fmt: skip
 
 
 def job_spec(job: DemoJob, now: float) -> JobSpec:
@@ -138,8 +155,14 @@ def job_spec(job: DemoJob, now: float) -> JobSpec:
     return JobSpec(
         command=command,
         kind=job.kind,
-        resources=Resources(gpus_per_node=job.gpus, backends=job.backends),
+        resources=Resources(
+            gpus_per_node=job.gpus,
+            nodes=job.nodes,
+            backends=job.backends,
+            share_fraction=job.share,
+        ),
         priority=job.priority,
+        preemptible=job.preemptible,
         deadline=None if job.deadline_in_s is None else now + job.deadline_in_s,
         datasets=job.datasets,
         labels={"class": job.job_class, "demo": "placement"},

@@ -97,6 +97,8 @@ class LocalMesh:
     placement: str | None = None
     """Every agent's ``placement`` (``fifo``, ``shoal``), through its config file; ``None``: the
     agents' default."""
+    preempt_min_run_s: float | None = None
+    """Every agent's ``preempt_min_run_s`` (with ``placement``); ``None``: the default."""
     agents: list[AgentProcess] = field(default_factory=list)
     operator: NodeIdentity | None = None
     started_at: float = 0.0
@@ -123,8 +125,11 @@ class LocalMesh:
                 )
             )
         if self.placement is not None:
+            config = f'placement = "{self.placement}"\n'
+            if self.preempt_min_run_s is not None:
+                config += f"preempt_min_run_s = {self.preempt_min_run_s}\n"
             for agent in self.agents:
-                agent.config_path.write_text(f'placement = "{self.placement}"\n')
+                agent.config_path.write_text(config)
 
     def command(self, agent: AgentProcess) -> list[str]:
         seeds = [a.address for a in self.agents[:2] if a is not agent]

@@ -44,6 +44,9 @@ def test_the_mix_has_every_ingredient_it_promises() -> None:
     assert {d for j in jobs for d in j.datasets} == {"imagenet", "wikitext"}
     assert any(j.backends for j in jobs)
     assert all(15.0 <= j.work_s <= 60.0 for j in jobs)
+    assert {(j.nodes, j.gpus) for j in jobs if j.nodes > 1} == {(2, 2)}  # gangs
+    assert {j.kind for j in jobs if j.share} == {"inference"}  # halves of one GPU
+    assert {j.priority for j in jobs if j.preemptible} == {0}  # the higher priority may take
 
 
 def test_each_spec_is_one_the_live_mesh_runs_and_the_policy_sees_its_class() -> None:
