@@ -192,12 +192,20 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def _overlapping(attempts: Sequence[Mapping[str, Any]]) -> bool:
-    """Two attempts of one job ran at once (an attempt still running runs until now)."""
-    spans = sorted(
-        (float(a["started_at"]), math.inf if a.get("finished_at") is None else a["finished_at"])
-        for a in attempts
-        if a.get("started_at") is not None
-    )
+    """Two attempts of one job ran at once (an attempt still running runs until now). The
+    members of one gang attempt (one entry per rank) are one attempt, from its first start to
+    its last end."""
+    by_attempt: dict[Any, tuple[float, float]] = {}
+    for a in attempts:
+        if a.get("started_at") is None:
+            continue
+        start = float(a["started_at"])
+        end = math.inf if a.get("finished_at") is None else float(a["finished_at"])
+        held = by_attempt.get(a.get("attempt"))
+        by_attempt[a.get("attempt")] = (
+            (start, end) if held is None else (min(held[0], start), max(held[1], end))
+        )
+    spans = sorted(by_attempt.values())
     return any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans))
 
 

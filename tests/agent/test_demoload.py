@@ -155,6 +155,20 @@ def test_an_attempt_still_running_overlaps_any_later_one() -> None:
     assert figures["jobs_by_model"] == {"?": 1}
 
 
+def test_the_members_of_one_gang_attempt_are_one_attempt_not_two_at_once() -> None:
+    members = [
+        {"attempt": 1, "rank": 0, "started_at": 1.0, "finished_at": 20.0, "cause": "lost"},
+        {"attempt": 1, "rank": 1, "started_at": 1.2, "finished_at": 21.0, "cause": "fenced"},
+        {"attempt": 2, "rank": 0, "started_at": 22.0, "finished_at": 40.0, "cause": "exit"},
+        {"attempt": 2, "rank": 1, "started_at": 22.1, "finished_at": 40.5, "cause": "exit"},
+    ]
+    jobs = {"g": _job("succeeded", 40.5, members)}
+    assert placement_figures(jobs, {"g": 0.0}, {}, {})["jobs_run_twice_concurrently"] == 0
+    late = [*members[:1], {**members[1], "finished_at": 23.0}, *members[2:]]  # rank 1 outlived
+    jobs = {"g": _job("succeeded", 40.5, late)}
+    assert placement_figures(jobs, {"g": 0.0}, {}, {})["jobs_run_twice_concurrently"] == 1
+
+
 def test_offers_are_summed_over_the_agents_metrics() -> None:
     lines = [
         "# HELP shoal_placements_total Offers of jobs to runners, by outcome",
