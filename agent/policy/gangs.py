@@ -1,8 +1,11 @@
 """Gangs: a job on several nodes starts on all of them or on none.
 
-The members must be alike (one device model, so no member waits for a slower one) and close:
+The members should be alike (one device model, so no member waits for a slower one) and close:
 one zone where possible, and no two members further apart than ``gang_rtt_limit_s`` by their
-Vivaldi coordinates. Of the sets that fit now, the one with the best score wins: the gang's speed
+Vivaldi coordinates. Where no model has enough nodes free (a fleet of one host per model), the
+members may mix models, penalised as spanning zones are, and the gang is scored at its slowest
+member's speed: it runs, at the pace of its slowest, rather than waiting for a set that this fleet
+cannot give. Of the sets that fit now, the one with the best score wins: the gang's speed
 (Gavel's figure for a job spread over servers where it has one), what the members add to
 fragmentation, and penalties for spanning zones and for the largest RTT between members. When no
 whole set fits, the gang gets no placement at all: the policy never hands out part of a gang, so
@@ -65,14 +68,19 @@ def rank_gang(
                 ordered = sorted(cands, key=lambda c: -c.score)
                 sets.append(_gang(job, model, ordered, ctx, w.zone))
     sets = [s for s in sets if s.placement.node_ids]
+    if not sets:  # no model has enough: mixed models, at the slowest member's speed
+        every = sorted((c for cands in members.values() for c in cands), key=lambda c: -c.score)
+        mixed = _gang(job, None, every, ctx, 2 * w.zone)
+        sets = [mixed] if mixed.placement.node_ids else []
     sets.sort(key=lambda c: (-c.score, c.placement.node_ids))
     return sets[:limit]
 
 
 def _gang(
-    job: Job, model: str, ordered: list[Candidate], ctx: Context, zone_penalty: float
+    job: Job, model: str | None, ordered: list[Candidate], ctx: Context, zone_penalty: float
 ) -> Candidate:
-    """The best ``job.nodes`` of ``ordered`` (best first) that are close enough together."""
+    """The best ``job.nodes`` of ``ordered`` (best first) that are close enough together, all of
+    ``model``, or of mixed models (``None``: the gang's speed is its slowest member's)."""
     limit = ctx.config.gang_rtt_limit_s
     chosen: list[Candidate] = []
     nodes: list[Node] = []
@@ -90,8 +98,12 @@ def _gang(
         if len(chosen) == job.nodes:
             break
     if len(chosen) < job.nodes:
-        return Candidate(Placement((), ()), -math.inf, (), 0.0, model)
-    speed = ctx.model.relative(job.job_class, job.kind, model, job.gpus, consolidated=False)
+        return Candidate(Placement((), ()), -math.inf, (), 0.0, model or "")
+    speeds = {
+        c.model: ctx.model.relative(job.job_class, job.kind, c.model, job.gpus, consolidated=False)
+        for c in chosen
+    }
+    model, speed = min(speeds.items(), key=lambda ms: ms[1])
     w = ctx.config.weights
     rtt_s = _max_rtt_s(nodes)
     rest = sum(c.score - w.speed * math.log(max(c.speed, 1e-6)) for c in chosen) / len(chosen)

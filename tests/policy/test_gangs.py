@@ -40,6 +40,18 @@ def test_a_gang_stays_in_one_zone_when_one_zone_can_hold_it() -> None:
     assert sorted(a.placement.node_ids) in (["a1", "a2"], ["b1", "b2"])
 
 
+def test_a_gang_mixes_models_only_when_no_model_has_enough_nodes_and_runs_at_the_slowest() -> None:
+    mixed = (node("h", "h100", 2), node("a", "a100", 2), node("p", "p100", 2))
+    gang = job("g", job_class=GANG, kind="training", gpus_per_node=2, nodes=2)
+    d = decide(Snapshot(now=0.0, nodes=mixed, pending=(gang,)), ThroughputModel())
+    (a,) = d.assignments
+    assert sorted(a.placement.node_ids) == ["a", "h"]  # the two fastest, not the P100
+    alike = (*mixed, node("p2", "p100", 2))
+    d = decide(Snapshot(now=0.0, nodes=alike, pending=(gang,)), ThroughputModel())
+    (a,) = d.assignments
+    assert sorted(a.placement.node_ids) == ["p", "p2"]  # one model where one model can hold it
+
+
 class _Checked(Simulation):
     """After every event: no device held twice, and a gang holds all of its members or none."""
 
