@@ -1,0 +1,56 @@
+"""Elastic jobs in the policy: the most GPUs up to the job's maximum that fit on a node now, never
+fewer than its minimum; one policy for the owner, the runner's admission and ``decide``."""
+
+from __future__ import annotations
+
+from agent.admission import offer_problem
+from agent.jobspec import JobSpec, Resources
+from agent.policy.decision import context, decide, rank_any
+from agent.policy.model import ThroughputModel
+from agent.policy.snapshot import Snapshot
+from tests.policy.helpers import job, node
+
+
+def sizes(*nodes: object, least: int = 2, most: int = 4) -> list[tuple[str, int]]:
+    snapshot = Snapshot(now=0.0, nodes=tuple(nodes))  # type: ignore[arg-type]
+    ctx, _ = context(snapshot, ThroughputModel())
+    j = job("e", gpus_per_node=least, gpus_max_per_node=most)
+    return [(c.node_id, len(c.placement.devices[0])) for c in rank_any(j, ctx, limit=10)]
+
+
+def test_the_most_gpus_that_fit_up_to_the_maximum() -> None:
+    assert sizes(node("a", "h100", 8))[0] == ("a", 4)  # never more than the maximum
+    assert sizes(node("a", "h100", 4, busy=(0,)))[0] == ("a", 3)
+    assert sizes(node("a", "h100", 4, busy=(0, 1)))[0] == ("a", 2)
+    assert sizes(node("a", "h100", 4, busy=(0, 1, 2))) == []  # never fewer than the minimum
+    # The largest size any node has room for, on the nodes that have it.
+    fleet = [node("a", "h100", 4, busy=(0, 1)), node("b", "h100", 4, busy=(0,))]
+    assert sizes(*fleet) == [("b", 3)]
+
+
+def test_decide_starts_it_at_that_size_and_says_why_it_waits() -> None:
+    elastic = job("e", gpus_per_node=2, gpus_max_per_node=4)
+    free = Snapshot(now=0.0, nodes=(node("a", "h100", 4, busy=(3,)),), pending=(elastic,))
+    (start,) = decide(free, ThroughputModel()).assignments
+    assert len(start.placement.devices[0]) == 3
+    full = Snapshot(now=0.0, nodes=(node("a", "h100", 4, busy=(1, 2, 3)),), pending=(elastic,))
+    line = decide(full, ThroughputModel()).waiting_line("e") or ""
+    assert "2 free GPUs (it takes up to 4)" in line, line
+
+
+def test_the_runner_admits_any_count_in_the_range() -> None:
+    spec = JobSpec(command=("x",), resources=Resources(gpus_per_node=2, gpus_max_per_node=4))
+    here = node("a", "h100", 8)
+    keys = [d.key for d in here.devices]
+    assert offer_problem(spec, here, keys[:2]) is None
+    assert offer_problem(spec, here, keys[:4]) is None
+    for n in (1, 5):
+        problem = offer_problem(spec, here, keys[:n])
+        assert problem == f"offered {n} device(s) for a job of 2-4 on this node"
+
+
+def test_the_submit_form_reads_a_range() -> None:
+    from tui.screens.submit import spec_from_form
+
+    spec = spec_from_form({"command": "train", "gpus": "2-4"}, now=0.0)
+    assert spec.resources == Resources(gpus_per_node=2, gpus_max_per_node=4)
