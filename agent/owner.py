@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from agent.authority import Submission, SubmissionRefused
 from agent.context import AgentContext
 from agent.deadlines import missed_line, newly_missed
+from agent.elastic import Resizes, shrink_reason
 from agent.gang import Gangs
 from agent.jobstate import (
     IllegalTransition,
@@ -132,6 +133,7 @@ class Owner:
         self._collected: set[tuple[str, str, int]] = set()
         """(job, node, attempt) pulled once the attempt had ended: nothing newer can come."""
         self.gangs = Gangs(self)
+        self.resizes = Resizes(self.events)
         """The jobs on several nodes (``agent.gang``)."""
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -418,7 +420,9 @@ class Owner:
             if cause in ("drain", "shutdown"):
                 # The report can beat the gossip that says so: do not offer it straight back.
                 job.avoid = runner
-            if r.preempted_by:
+            if cause == "shrink":
+                self.resizes.stopping(job_id, len(job.devices), shrink_reason(r.preempted_by))
+            elif r.preempted_by:
                 self.events.add(
                     "preempted",
                     f"by {r.preempted_by} on {host_name(self.view, runner)}",
@@ -801,11 +805,12 @@ class Owner:
                 job.submission,
                 resume,
                 cand.victims,
+                cand.shrink,
             )
             try:
                 # A resumed attempt's checkpoint is copied into its folder before it starts; a
                 # preempting one waits for its victims to stop first.
-                slow = resume is not None or cand.victims
+                slow = resume is not None or cand.victims or cand.shrink
                 timeout_s = RESTORE_TIMEOUT_S + self._stop_grace_s if slow else None
                 answer = _answer(
                     StartAnswer.from_wire,
@@ -840,6 +845,7 @@ class Owner:
             self.events.add(
                 "started", f"attempt {attempt} on {cand.node_id[:8]}", job_id=job.job_id
             )
+            self.resizes.started(job.job_id, cand.devices)
             return
         if job.state == JobState.PENDING:
             job.reason = "declined by " + "; ".join(declines) if declines else job.reason

@@ -1,7 +1,9 @@
 """Elastic jobs (a range of GPUs) on real agents: a ``2-4`` job is given the most GPUs that are
 free on a node up to 4, never fewer than 2 (it waits, with its reason, while fewer are free);
 it is told the devices it got, ``shoal jobs`` shows what it holds and its range, and a runner
-refuses an offer outside the range.
+refuses an offer outside the range. One running above its fewest is shrunk for a job that
+waits (no priority needed), and restarts from its checkpoint with fewer GPUs; a runner refuses
+a shrink that is not one.
 
 The mesh: one agent simulating four H100s.
 """
@@ -9,6 +11,8 @@ The mesh: one agent simulating four H100s.
 from __future__ import annotations
 
 import json
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,11 +20,14 @@ import pytest
 
 from agent.jobspec import JobSpec, Resources
 from tests.agent.agents import Mesh, started
+from tests.agent.test_checkpoint_move import TRAINER, ckpt_dir, saved_step, starts
 from tests.agent.test_cli_ops import Operator
 from tests.agent.test_shares import sleeper
 from tests.shoal_cli import shoal
 
 pytestmark = pytest.mark.slow
+
+MIN_RUN_S = 3.0
 
 
 @pytest.fixture
@@ -29,8 +36,9 @@ def mesh(tmp_path: Path) -> Iterator[Mesh]:
         yield m
 
 
-def submit(op: Operator, gpus: str, out: Path) -> str:
-    done = shoal("submit", *op.flags, "--json", "--gpus", gpus, "--", *sleeper(out))
+def submit(op: Operator, gpus: str, out: Path, argv: list[str] | None = None) -> str:
+    command = argv if argv is not None else sleeper(out)
+    done = shoal("submit", *op.flags, "--json", "--gpus", gpus, "--", *command)
     assert done.returncode == 0, done.stderr
     return str(json.loads(done.stdout)["job_id"])
 
@@ -75,3 +83,44 @@ def test_an_elastic_job_takes_what_is_free_in_its_range(mesh: Mesh, tmp_path: Pa
     assert not set(op.job(second)["devices"]) & set(op.job(two)["devices"])
     rows = {line[:8]: line for line in op.ok("jobs").splitlines()[2:]}
     assert "2 (2-4)" in rows[second[:8]], rows
+
+
+def test_an_elastic_job_is_shrunk_for_a_job_that_waits_and_resumes_from_its_checkpoint(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text(f"preempt_min_run_s = {MIN_RUN_S}\n")
+    with started(tmp_path, ["h100:4"], extra=("--config", str(config))) as mesh:
+        op = Operator(mesh, mesh.agents[0])
+        log = tmp_path / "starts"
+        elastic = submit(op, "2-4", log, [sys.executable, "-c", TRAINER, str(log)])
+        mesh.wait("the elastic job running", lambda: op.job(elastic)["state"] == "running")
+        assert len(op.job(elastic)["devices"]) == 4
+        node = op.job(elastic)["runner"]
+        mesh.wait("it saved", lambda: saved_step(ckpt_dir(mesh, node, elastic)) >= 20)
+        started_at = float(op.job(elastic)["started_at"])
+        mesh.wait("its minimum run time", lambda: time.time() - started_at > MIN_RUN_S + 0.5)
+
+        # A runner refuses to shrink a job that is not elastic, or for more than it frees.
+        held = op.job(elastic)["devices"]
+        job = JobSpec(command=("true",), resources=Resources(gpus_per_node=3))
+        status, error = mesh.offer(0, 0, job, held[:3], shrink=(elastic,))
+        assert status == 409 and f"takes 3 of {elastic}'s GPUs; a shrink frees 2" in error, error
+
+        # A plain job of the same priority waits for 2 GPUs: the elastic one gives back two.
+        plain = submit(op, "2", tmp_path / "plain.json")
+        mesh.wait("the plain job running", lambda: op.job(plain)["state"] == "running")
+        assert op.job(elastic)["attempts"][0]["cause"] == "shrink"
+        mesh.wait(
+            "the elastic job running again",
+            lambda: op.job(elastic)["state"] == "running" and op.job(elastic)["attempt"] == 2,
+        )
+        assert len(op.job(elastic)["devices"]) == 2
+        assert not set(op.job(elastic)["devices"]) & set(op.job(plain)["devices"])
+        mesh.wait("its second attempt started", lambda: 2 in starts(log))
+        resume, step = starts(log)[2]
+        assert resume == "1" and step >= 20  # from its checkpoint
+        said = [json.loads(line) for line in op.ok("events", "--json").splitlines()]
+        resized = [(e["job_id"], e["message"]) for e in said if e["kind"] == "resized"]
+        assert resized == [(elastic, f"from 4 to 2 GPUs (shrunk for {plain[:8]})")], said
+        assert "resized" in op.ok("events")  # the table shows it too

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from agent.admission import offer_problem
 from agent.jobspec import JobSpec, Resources
+from agent.policy import apply
+from agent.policy.config import PolicyConfig
 from agent.policy.decision import context, decide, rank_any
 from agent.policy.model import ThroughputModel
-from agent.policy.snapshot import Snapshot
-from tests.policy.helpers import job, node
+from agent.policy.shrink import Shrink, shrink_for
+from agent.policy.snapshot import Job, Running, Snapshot
+from tests.policy.helpers import job, node, running
 
 
 def sizes(*nodes: object, least: int = 2, most: int = 4) -> list[tuple[str, int]]:
@@ -54,3 +57,26 @@ def test_the_submit_form_reads_a_range() -> None:
 
     spec = spec_from_form({"command": "train", "gpus": "2-4"}, now=0.0)
     assert spec.resources == Resources(gpus_per_node=2, gpus_max_per_node=4)
+
+
+def test_an_elastic_job_above_its_minimum_is_shrunk_for_a_job_that_waits() -> None:
+    elastic = job("e", gpus_per_node=2, gpus_max_per_node=4)
+    full = node("a", "h100", 4)
+    held = running(elastic, "a", [d.key for d in full.devices], started_at=0.0)
+
+    def shrink(pending: Job, runs: list[Running], now: float = 100.0) -> Shrink | None:
+        snapshot = Snapshot(now=now, nodes=(full,), running=tuple(runs))
+        ctx, _ = context(snapshot, ThroughputModel(), PolicyConfig(min_run_s=30.0))
+        for r in runs:
+            apply.take(ctx.index, r.job, r.placement)
+        return shrink_for(pending, ctx, {"a": runs})
+
+    found = shrink(job("p", gpus_per_node=2), [held])
+    assert found is not None
+    assert found.victims == ("e",) and len(found.placement.devices[0]) == 2
+    assert shrink(job("p", gpus_per_node=3), [held]) is None  # it would go below its minimum
+    assert shrink(job("p", gpus_per_node=2), [held], now=10.0) is None  # too soon since it started
+    at_least = running(elastic, "a", [d.key for d in full.devices][:2], started_at=0.0)
+    assert shrink(job("p", gpus_per_node=1), [at_least]) is None  # already at its fewest
+    plain = running(job("q", gpus_per_node=4), "a", [d.key for d in full.devices], started_at=0.0)
+    assert shrink(job("p", gpus_per_node=1), [plain]) is None  # only an elastic job shrinks
