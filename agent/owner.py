@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from agent.authority import Submission, SubmissionRefused
 from agent.context import AgentContext
 from agent.deadlines import missed_line, newly_missed
-from agent.elastic import Resizes, shrink_reason
+from agent.elastic import Grow, Growth, Resizes, shrink_reason
 from agent.gang import Gangs
 from agent.jobstate import (
     IllegalTransition,
@@ -134,6 +134,7 @@ class Owner:
         """(job, node, attempt) pulled once the attempt had ended: nothing newer can come."""
         self.gangs = Gangs(self)
         self.resizes = Resizes(self.events)
+        self.growth = Growth(ctx.elastic_grow_idle_s, ctx.preempt_min_run_s)
         """The jobs on several nodes (``agent.gang``)."""
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -317,6 +318,18 @@ class Owner:
         self.events.add("migrating", f"from {job.runner[:8]}", job_id=job_id)
         self.spawn(self._stop_until_done(job_id, job.runner, job.attempt, "migrate"))
         return {"job_id": job_id, "state": job.state.value}
+
+    def _grow(self, grow: Grow) -> None:
+        """Restart an elastic job from its checkpoint to grow it (``agent.elastic``), as a
+        migration that prefers its own node; the policy chooses its new size."""
+        job = self.jobs[grow.job_id]
+        if job.runner is None or not self._move(job, JobEvent.MIGRATE):
+            return
+        job.prefer, job.avoid = job.runner, None
+        job.reason = f"growing from {grow.gpus} to {grow.to} GPUs onto idle ones"
+        self._save(job)
+        self.resizes.stopping(job.job_id, grow.gpus, "grown onto idle GPUs")
+        self.spawn(self._stop_until_done(job.job_id, job.runner, job.attempt, "migrate"))
 
     # -- stopping on a runner --------------------------------------------------------------------
 
@@ -684,6 +697,8 @@ class Owner:
             self._kick.clear()
             for missed, late_s in list(newly_missed(self.jobs.values(), time.time())):
                 self._missed_deadline(missed, late_s)
+            for grow in self.growth.due(self.jobs.values(), self.view, time.time()):
+                self._grow(grow)
             pending = sorted(
                 (j for j in self.jobs.values() if j.state == JobState.PENDING),
                 key=lambda j: (-j.spec.priority, j.spec.deadline or float("inf"), j.submitted_at),

@@ -3,7 +3,8 @@ free on a node up to 4, never fewer than 2 (it waits, with its reason, while few
 it is told the devices it got, ``shoal jobs`` shows what it holds and its range, and a runner
 refuses an offer outside the range. One running above its fewest is shrunk for a job that
 waits (no priority needed), and restarts from its checkpoint with fewer GPUs; a runner refuses
-a shrink that is not one.
+a shrink that is not one. One running below its most grows onto GPUs left idle on its node,
+restarting from its checkpoint with more.
 
 The mesh: one agent simulating four H100s.
 """
@@ -14,6 +15,7 @@ import json
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,37 @@ def submit(op: Operator, gpus: str, out: Path, argv: list[str] | None = None) ->
     done = shoal("submit", *op.flags, "--json", "--gpus", gpus, "--", *command)
     assert done.returncode == 0, done.stderr
     return str(json.loads(done.stdout)["job_id"])
+
+
+@contextmanager
+def configured(tmp_path: Path, config: str) -> Iterator[tuple[Mesh, Operator]]:
+    """One agent of four H100s with this agent config, and its operator."""
+    path = tmp_path / "agent.toml"
+    path.write_text(config)
+    with started(tmp_path, ["h100:4"], extra=("--config", str(path))) as mesh:
+        yield mesh, Operator(mesh, mesh.agents[0])
+
+
+def trainer(mesh: Mesh, op: Operator, log: Path, gpus: int) -> str:
+    """A checkpointing ``2-4`` job, running on ``gpus`` GPUs and past its first checkpoint."""
+    elastic = submit(op, "2-4", log, [sys.executable, "-c", TRAINER, str(log)])
+    mesh.wait("the elastic job running", lambda: op.job(elastic)["state"] == "running")
+    assert len(op.job(elastic)["devices"]) == gpus
+    node = op.job(elastic)["runner"]
+    mesh.wait("it saved", lambda: saved_step(ckpt_dir(mesh, node, elastic)) >= 20)
+    return elastic
+
+
+def resumed_and_said(mesh: Mesh, op: Operator, log: Path, elastic: str, resized: str) -> None:
+    """Its second attempt resumed from its checkpoint, and its owner said the resize."""
+    mesh.wait("its second attempt started", lambda: 2 in starts(log))
+    resume, step = starts(log)[2]
+    assert resume == "1" and step >= 20
+    said = [json.loads(line) for line in op.ok("events", "--json").splitlines()]
+    assert [(e["job_id"], e["message"]) for e in said if e["kind"] == "resized"] == [
+        (elastic, resized)
+    ], said
+    assert "resized" in op.ok("events")  # the table shows it too
 
 
 def test_an_elastic_job_takes_what_is_free_in_its_range(mesh: Mesh, tmp_path: Path) -> None:
@@ -88,16 +121,9 @@ def test_an_elastic_job_takes_what_is_free_in_its_range(mesh: Mesh, tmp_path: Pa
 def test_an_elastic_job_is_shrunk_for_a_job_that_waits_and_resumes_from_its_checkpoint(
     tmp_path: Path,
 ) -> None:
-    config = tmp_path / "agent.toml"
-    config.write_text(f"preempt_min_run_s = {MIN_RUN_S}\n")
-    with started(tmp_path, ["h100:4"], extra=("--config", str(config))) as mesh:
-        op = Operator(mesh, mesh.agents[0])
+    with configured(tmp_path, f"preempt_min_run_s = {MIN_RUN_S}\n") as (mesh, op):
         log = tmp_path / "starts"
-        elastic = submit(op, "2-4", log, [sys.executable, "-c", TRAINER, str(log)])
-        mesh.wait("the elastic job running", lambda: op.job(elastic)["state"] == "running")
-        assert len(op.job(elastic)["devices"]) == 4
-        node = op.job(elastic)["runner"]
-        mesh.wait("it saved", lambda: saved_step(ckpt_dir(mesh, node, elastic)) >= 20)
+        elastic = trainer(mesh, op, log, 4)
         started_at = float(op.job(elastic)["started_at"])
         mesh.wait("its minimum run time", lambda: time.time() - started_at > MIN_RUN_S + 0.5)
 
@@ -117,10 +143,27 @@ def test_an_elastic_job_is_shrunk_for_a_job_that_waits_and_resumes_from_its_chec
         )
         assert len(op.job(elastic)["devices"]) == 2
         assert not set(op.job(elastic)["devices"]) & set(op.job(plain)["devices"])
-        mesh.wait("its second attempt started", lambda: 2 in starts(log))
-        resume, step = starts(log)[2]
-        assert resume == "1" and step >= 20  # from its checkpoint
-        said = [json.loads(line) for line in op.ok("events", "--json").splitlines()]
-        resized = [(e["job_id"], e["message"]) for e in said if e["kind"] == "resized"]
-        assert resized == [(elastic, f"from 4 to 2 GPUs (shrunk for {plain[:8]})")], said
-        assert "resized" in op.ok("events")  # the table shows it too
+        resumed_and_said(mesh, op, log, elastic, f"from 4 to 2 GPUs (shrunk for {plain[:8]})")
+
+
+def test_an_elastic_job_grows_onto_gpus_left_idle_and_resumes_from_its_checkpoint(
+    tmp_path: Path,
+) -> None:
+    config = f"preempt_min_run_s = {MIN_RUN_S}\nelastic_grow_idle_s = 2\n"
+    with configured(tmp_path, config) as (mesh, op):
+        plain = submit(op, "2", tmp_path / "plain.json")
+        mesh.wait("the plain job running", lambda: op.job(plain)["state"] == "running")
+        log = tmp_path / "starts"
+        elastic = trainer(mesh, op, log, 2)
+        assert op.job(elastic)["attempt"] == 1  # nothing idle: it keeps its size
+
+        # The plain job ends: its GPUs sit idle, and the elastic job grows onto them.
+        assert mesh.command(mesh.agents[0], "cancel", {"job_id": plain})[0] == 200
+        mesh.wait(
+            "the elastic job running on 4",
+            lambda: op.job(elastic)["state"] == "running" and len(op.job(elastic)["devices"]) == 4,
+        )
+        assert op.job(elastic)["attempt"] == 2
+        resumed_and_said(mesh, op, log, elastic, "from 2 to 4 GPUs (grown onto idle GPUs)")
+        rows = {line[:8]: line for line in op.ok("jobs").splitlines()[2:]}
+        assert "4 (2-4)" in rows[elastic[:8]], rows

@@ -8,6 +8,7 @@ from agent.jobspec import JobSpec, Resources
 from agent.policy import apply
 from agent.policy.config import PolicyConfig
 from agent.policy.decision import context, decide, rank_any
+from agent.policy.grow import grow_to
 from agent.policy.model import ThroughputModel
 from agent.policy.shrink import Shrink, shrink_for
 from agent.policy.snapshot import Job, Running, Snapshot
@@ -80,3 +81,18 @@ def test_an_elastic_job_above_its_minimum_is_shrunk_for_a_job_that_waits() -> No
     assert shrink(job("p", gpus_per_node=1), [at_least]) is None  # already at its fewest
     plain = running(job("q", gpus_per_node=4), "a", [d.key for d in full.devices], started_at=0.0)
     assert shrink(job("p", gpus_per_node=1), [plain]) is None  # only an elastic job shrinks
+
+
+def test_an_elastic_job_grows_onto_idle_gpus_unless_a_waiting_job_could_use_them() -> None:
+    elastic = job("e", gpus_per_node=2, gpus_max_per_node=4)
+    half = node("a", "h100", 8, busy=(2, 3, 4, 5))  # it holds two of the busy ones, say
+    assert grow_to(elastic, 2, half, []) == 4  # never past its most
+    assert grow_to(elastic, 3, node("a", "h100", 4, busy=(0, 1, 2)), []) == 4
+    assert grow_to(elastic, 2, node("a", "h100", 4), []) == 4
+    assert grow_to(elastic, 4, node("a", "h100", 8), []) is None  # at its most already
+    assert grow_to(elastic, 2, node("a", "h100", 2, busy=(0, 1)), []) is None  # nothing idle
+    # A job that waits and could start on the idle GPUs comes first; one that could not does not.
+    assert grow_to(elastic, 2, half, [job("w", gpus_per_node=2)]) is None
+    assert grow_to(elastic, 2, half, [job("w", gpus_per_node=5)]) == 4
+    assert grow_to(elastic, 2, half, [job("w", gpus_per_node=1, backends=("rocm",))]) == 4
+    assert grow_to(elastic, 2, half, [job("w", gpus_per_node=0)]) == 4
