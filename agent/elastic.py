@@ -27,12 +27,34 @@ class EventLog(Protocol):
     def add(self, kind: str, message: str, *, job_id: str | None = None) -> None: ...
 
 
+SETTLE_S = 10.0
+"""The longest a job requeued to grow waits for the view to show the devices it held free."""
+
+
 class Resizes:
     """The elastic jobs an owner is restarting at another size."""
 
     def __init__(self, events: EventLog) -> None:
         self._events = events
         self._from: dict[str, tuple[int, str]] = {}
+        self._settle: dict[str, tuple[str, frozenset[str], float]] = {}
+
+    def growing(self, job_id: str, runner: str, devices: tuple[str, ...], now: float) -> None:
+        """It stops to grow on ``runner``: it is placed again only once the view shows the
+        ``devices`` it held free there (else the policy, seeing them still held, would restart it
+        at the size it had), or after :data:`SETTLE_S` (``now``: monotonic seconds)."""
+        self._settle[job_id] = (runner, frozenset(devices), now + SETTLE_S)
+
+    def settling(self, job_id: str, view: ClusterView, now: float) -> bool:
+        """Whether the job, requeued to grow, waits for the view to show its devices free."""
+        held = self._settle.get(job_id)
+        if held is None:
+            return False
+        runner, devices, until = held
+        if now < until and not devices <= set(view.node(runner).free):
+            return True
+        del self._settle[job_id]
+        return False
 
     def stopping(self, job_id: str, gpus: int, why: str) -> None:
         """``job_id`` stops at ``gpus`` GPUs to be resized, because ``why``."""
@@ -51,6 +73,7 @@ class Resizes:
     def forget(self, job_id: str) -> None:
         """It ended, or will not restart at another size."""
         self._from.pop(job_id, None)
+        self._settle.pop(job_id, None)
 
 
 def shrink_reason(shrunk_for: str | None) -> str:

@@ -133,9 +133,10 @@ class Owner:
         self._collected: set[tuple[str, str, int]] = set()
         """(job, node, attempt) pulled once the attempt had ended: nothing newer can come."""
         self.gangs = Gangs(self)
-        self.resizes = Resizes(self.events)
-        self.growth = Growth(ctx.elastic_grow_idle_s, ctx.preempt_min_run_s)
         """The jobs on several nodes (``agent.gang``)."""
+        self.resizes = Resizes(self.events)
+        """Elastic jobs restarting at another size (``agent.elastic``)."""
+        self.growth = Growth(ctx.elastic_grow_idle_s, ctx.preempt_min_run_s)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -191,6 +192,8 @@ class Owner:
             self._subs_published.add(job.job_id)
             self._publish(SUB_PREFIX + job.job_id, job.submission)
         self._publish(JOB_PREFIX + job.job_id, gossip_payload(job.status()))
+        if is_terminal(job.state):
+            self.resizes.forget(job.job_id)
         if is_terminal(job.state) and self.checkpoints is not None:
             self.checkpoints.forget(job.job_id)
         if replicate:
@@ -329,6 +332,7 @@ class Owner:
         job.reason = f"growing from {grow.gpus} to {grow.to} GPUs onto idle ones"
         self._save(job)
         self.resizes.stopping(job.job_id, grow.gpus, "grown onto idle GPUs")
+        self.resizes.growing(job.job_id, job.runner, job.devices, time.monotonic())
         self.spawn(self._stop_until_done(job.job_id, job.runner, job.attempt, "migrate"))
 
     # -- stopping on a runner --------------------------------------------------------------------
@@ -704,6 +708,8 @@ class Owner:
                 key=lambda j: (-j.spec.priority, j.spec.deadline or float("inf"), j.submitted_at),
             )
             for job in pending:
+                if self.resizes.settling(job.job_id, self.view, time.monotonic()):
+                    continue
                 if job.job_id not in self._placing and job.job_id not in self._handing:
                     self._placing.add(job.job_id)
                     self.spawn(self._place(job))

@@ -42,7 +42,10 @@ def submit(op: Operator, gpus: str, out: Path, argv: list[str] | None = None) ->
     command = argv if argv is not None else sleeper(out)
     done = shoal("submit", *op.flags, "--json", "--gpus", gpus, "--", *command)
     assert done.returncode == 0, done.stderr
-    return str(json.loads(done.stdout)["job_id"])
+    answer = json.loads(done.stdout)
+    if "-" in gpus:
+        assert answer["asks"] == f"{gpus} GPUs of one vendor on one node (elastic)", answer
+    return str(answer["job_id"])
 
 
 @contextmanager
