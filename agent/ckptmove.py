@@ -52,6 +52,8 @@ PATH = "/v1/internal/checkpoint"
 FRAME_CONTENT_TYPE = "application/octet-stream"
 TRANSFER_TRIES = 5
 """Starts of one transfer (the first, then resumes) before it is given up."""
+RESUME_WAIT_S = 0.2
+"""The wait before the first resume of a cut transfer; it doubles for each further one."""
 CHUNK_TIMEOUT_S = 30.0
 DROP_ENV = "SHOAL_TEST_DROP_CHUNK_AT"
 """Tests only: cut the connection of the Nth chunk this agent serves or receives, once."""
@@ -239,6 +241,8 @@ class Checkpoints:
         for tries in range(TRANSFER_TRIES):
             if tries:
                 self.counts["resumed"] += 1
+                # A peer that just vanished is not hammered while gossip finds it dead.
+                await asyncio.sleep(RESUME_WAIT_S * 2 ** (tries - 1))
             try:
                 manifest = await source.manifest()
                 if not manifest.files:

@@ -285,6 +285,7 @@ class Agent:
         if isinstance(event, MemberDead | MemberLeft) and event.node != self.node_id:
             how = "dead" if isinstance(event, MemberDead) else "left"
             self.events.add("member_" + how, f"{event.node[:8]} is {how}")
+            self.calls.gang_desk.owner_gone(event.node)
             if not self._stopping:  # leaving: the agents that stay take over, not us
                 self.owner.member_gone(event.node)
 

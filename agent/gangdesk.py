@@ -149,6 +149,19 @@ class GangDesk:
             r.ctx.changed()
         return GangAborted(freed is not None)
 
+    def owner_gone(self, node: str) -> None:
+        """``node`` died or left: the holds it prepared here are freed now, not when they run
+        out (a dead owner commits nothing; its successor places the gang afresh)."""
+        r = self.runner
+        gone = r.holds.release_owner(node)
+        for h in gone:
+            r.events.add(
+                "released", f"attempt {h.attempt}: its owner {node[:8]} is gone", job_id=h.job_id
+            )
+        if gone:
+            r.ctx.changed()
+            self._arm()
+
     # -- running out -----------------------------------------------------------------------------
 
     def _arm(self) -> None:

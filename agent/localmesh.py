@@ -135,6 +135,10 @@ class LocalMesh:
         argv += self.extra_args
         return argv
 
+    def env(self, agent: AgentProcess) -> dict[str, str]:
+        """The environment ``agent`` starts with (a benchmark may add to it)."""
+        return {**os.environ, "PYTHONUNBUFFERED": "1"}
+
     def start_agent(self, agent: AgentProcess) -> None:
         """Start (or restart) one agent; its log is appended to."""
         agent.datasets_dir.mkdir(parents=True, exist_ok=True)
@@ -145,7 +149,7 @@ class LocalMesh:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env=self.env(agent),
                 start_new_session=True,
             )
 

@@ -100,6 +100,12 @@ def submit_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="submit even when no node of the mesh could run it (it waits for such a host)",
     )
+    p.add_argument(
+        "--job-id",
+        metavar="ID",
+        help="submit under this id (32 hex digits): a submission whose answer was lost is sent "
+        "again without making a second job",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
 
 

@@ -93,7 +93,8 @@ RESTORE_TIMEOUT_S = 120.0
 checkpoint into the job's folder first)."""
 UNHEARD_OWNER_GRACE_S = 10.0
 """A stored job whose owner is not live, yet not known dead or left either, is taken over only
-once its copy is this old: a replica can arrive from an owner this agent has not heard of yet."""
+once its copy is this old, and this agent up this long: a replica can arrive from an owner this
+agent has not heard of yet, and an agent back from a restart hears the mesh again only slowly."""
 
 
 class Owner:
@@ -132,6 +133,8 @@ class Owner:
         """Jobs whose checkpoint is being pulled; True: pull again once done (it changed)."""
         self._collected: set[tuple[str, str, int]] = set()
         """(job, node, attempt) pulled once the attempt had ended: nothing newer can come."""
+        self._started_at = time.time()
+        """A copy stored before a restart is judged by what was heard since (the sweep)."""
         self.gangs = Gangs(self)
         """The jobs on several nodes (``agent.gang``)."""
         self.resizes = Resizes(self.events)
@@ -547,9 +550,9 @@ class Owner:
                     continue
             if (
                 not self._is_gone(rec.owner)
-                and time.time() - rec.updated_at < UNHEARD_OWNER_GRACE_S
+                and time.time() - max(rec.updated_at, self._started_at) < UNHEARD_OWNER_GRACE_S
             ):
-                continue  # not heard of yet rather than gone: it may have just joined
+                continue  # not heard of yet rather than gone: it, or we, may have just joined
             new_owner = next(iter(rank(rec.job_id, live)), None)
             if new_owner == self.node_id:
                 self._adopt(OwnedJob.from_record(rec), why=f"owner {rec.owner[:8]} is gone")
@@ -579,11 +582,13 @@ class Owner:
         """Ownership follows the rendezvous order over the live agents (``agent.authority``): a
         job of ours whose order now puts another agent first, live for ``HANDOVER_SETTLE_S``,
         is handed to it between steps (pending and not being placed, or running). An ended job
-        stays: its last record says all there is."""
+        is handed over too: a record from an owner outside the window is not believed where the
+        job was not listed yet (the other side of a healed partition, an agent that joined), so
+        its last record must come from the new owner."""
         for job in list(self.jobs.values()):
             if job.job_id in self._handing or job.job_id in self._placing:
                 continue
-            if job.state not in (JobState.PENDING, JobState.RUNNING):
+            if job.state not in (JobState.PENDING, JobState.RUNNING) and not is_terminal(job.state):
                 continue
             first = next(iter(rank(job.job_id, live)), self.node_id)
             if first != self.node_id and self.authority.live_for_s(first) >= HANDOVER_SETTLE_S:
@@ -630,13 +635,27 @@ class Owner:
             raise OwnerError(403, f"{caller[:8]} may not hand over job {job.job_id}")
         if not self.authority.may_own(job.job_id, self.node_id):
             raise OwnerError(409, f"{self.node_id[:8]} is not first in job {job.job_id}'s order")
-        if job.job_id in self.jobs:
+        mine = self.jobs.get(job.job_id)
+        if mine is not None:  # each side of a healed partition held it: one copy goes on,
+            if is_terminal(job.state) and not is_terminal(mine.state):  # the one that ended,
+                job.owner, job.gen = self.node_id, max(job.gen, mine.gen)
+                self.jobs[job.job_id] = mine = job
+            if job.gen >= mine.gen:  # published above the other, so that every agent believes it
+                mine.gen = job.gen
+                self._save(mine)
+            if mine.state in LIVE and (mine.runner is not None or mine.members):  # still runs?
+                self.spawn(self._check_runner(mine.job_id, mine.runner or "", mine.attempt))
             return {"ok": True}
         held = self.store.get_job(job.job_id)
         if held is not None:
             mine = OwnedJob.from_record(held)
             if mine.gen > job.gen:
                 job = mine
+        if is_terminal(job.state):  # nothing to do but say how it ended, as its owner now
+            job.owner = self.node_id
+            self.jobs[job.job_id] = job
+            self._save(job, replicate=False)
+            return {"ok": True}
         self._adopt(job, why=f"handed over by {caller[:8]}")
         return {"ok": True}
 
@@ -708,11 +727,14 @@ class Owner:
                 key=lambda j: (-j.spec.priority, j.spec.deadline or float("inf"), j.submitted_at),
             )
             for job in pending:
-                if self.resizes.settling(job.job_id, self.view, time.monotonic()):
+                if job.job_id in self._placing or job.job_id in self._handing:
                     continue
-                if job.job_id not in self._placing and job.job_id not in self._handing:
-                    self._placing.add(job.job_id)
-                    self.spawn(self._place(job))
+                if not self.authority.may_own(job.job_id, self.node_id):
+                    continue  # outranked (a partition healed): runners would refuse; handed over
+                if self.resizes.settling(job.job_id, self.view, time.monotonic()):
+                    continue  # requeued to grow: placed once the view shows its GPUs freed
+                self._placing.add(job.job_id)
+                self.spawn(self._place(job))
             now = time.monotonic()
             for job in list(self.jobs.values()):
                 if (

@@ -22,7 +22,7 @@ from agent.parsing import json_loads
 from gossip.identity import NodeIdentity
 from gossip.streams import CallFailed
 from gossip.tls import client_context
-from gossip.transport import PooledSession, split_address
+from gossip.transport import PeerCheckingRequest, PooledSession, split_address
 
 INTERNAL = "/v1/internal"
 
@@ -101,6 +101,7 @@ class PeerClient(PooledSession):
     def _make_session(self) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=self._ssl, limit_per_host=8),
+            request_class=PeerCheckingRequest,
         )
 
     def url(self, addr: str, path: str) -> str:

@@ -4,7 +4,8 @@ A gang starts in two phases (``agent.gang`` on the owner, ``agent.gangdesk`` on 
 ``gang_prepare`` holds one member's devices here for a while (``ttl_s``), ``gang_commit`` starts
 the member on them, ``gang_abort`` frees them. While a hold lasts, its devices count as busy for
 every other offer and in the free devices this node gossips; when it runs out uncommitted, they
-are free again, so an owner that vanished between the phases strands nothing.
+are free again, so an owner that vanished between the phases strands nothing (and when gossip
+declares it dead or gone, its holds are freed at once: ``GangDesk.owner_gone``).
 
 One hold per job: a prepare of a newer attempt of the job replaces the older hold; one of an
 older (or the same) attempt is refused. Time is passed in (``now``, a monotonic clock).
@@ -93,6 +94,13 @@ class Reservations:
             return None
         del self._holds[job_id]
         return held
+
+    def release_owner(self, owner: str) -> list[Hold]:
+        """Free every hold ``owner`` prepared (it died or left: it will commit none of them)."""
+        gone = [h for h in self._holds.values() if h.owner == owner]
+        for h in gone:
+            del self._holds[h.job_id]
+        return gone
 
     def expire(self, now: float) -> list[Hold]:
         """Drop the holds that ran out; those dropped."""

@@ -496,8 +496,13 @@ class Runner:
             await self.peers.call(
                 addr, "checkpointed", CheckpointNote(job_id, run.attempt).to_wire()
             )
-        except PeerError as exc:
-            log.info("checkpoint of %s told to %s: %s", job_id[:8], (owner or "")[:8], exc)
+        except PeerError as exc:  # 404: a guess of the owner, as for reports (``_deliver``)
+            level = (
+                logging.DEBUG
+                if isinstance(exc, PeerRefused) and exc.status == 404
+                else logging.INFO
+            )
+            log.log(level, "checkpoint of %s told to %s: %s", job_id[:8], (owner or "")[:8], exc)
 
     async def stop(self, request: StopRequest, caller: str) -> StopAnswer:
         """Stop (and fence) an attempt; answers how it ended, or that it does not run here.

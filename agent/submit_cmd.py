@@ -9,6 +9,10 @@ priority run there, that it may preempt one of them). The answer says what was a
 with a deadline is told its predicted end (:mod:`agent.when`, the policy's forecast); one whose
 deadline cannot be met is queued with that warning, or refused (exit 2, nothing submitted) when
 it says ``--on-late refuse`` (its ``on_late`` label), unless ``--anyway``.
+
+A submission whose answer is lost (the agent went away mid-request) may have been accepted: the
+error says so and names the job id; ``--job-id`` sends it again under that id, which its owner
+takes as the same job, so a retry never makes a second one.
 """
 
 from __future__ import annotations
@@ -18,10 +22,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from agent.client import ApiClient
+from agent.client import AgentUnreachable, ApiClient
 from agent.errors import UserError
 from agent.fit import Fit, asks, fit
-from agent.jobspec import JobSpec, new_job_id
+from agent.jobspec import JobSpec, check_job_id, new_job_id
 from agent.ops_cmd import print_json, run_with_client
 from agent.policy.submit import SubmissionCheck
 from agent.tables import hostnames, short
@@ -136,12 +140,29 @@ def yielding(
     return count
 
 
+def _job_id(given: str | None) -> str:
+    if given is None:
+        return new_job_id()
+    try:
+        return check_job_id(given.lower())
+    except ValueError as exc:
+        raise UserError(f"--job-id: {exc}") from None
+
+
+def lost_answer(exc: AgentUnreachable, job_id: str) -> str:
+    """The one line for a submission sent but not answered: it may have been accepted."""
+    return (
+        f"{exc}; job {job_id} may have been accepted: 'shoal jobs {job_id[:12]}' tells, and "
+        f"'shoal submit --job-id {job_id} ...' sends it again without making a second one"
+    )
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     try:
         spec = spec_from_args(args)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    job_id = new_job_id()
+    job_id = _job_id(args.job_id)
 
     async def call(
         client: ApiClient,
@@ -157,7 +178,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 raise UserError(f"{late.line}; nothing submitted (--anyway submits it)")
         names = hostnames(nodes)
         preempts = yielding(spec, where, jobs, names)
-        return await client.submit(spec, job_id), where, late, names, preempts
+        try:
+            answer = await client.submit(spec, job_id)
+        except AgentUnreachable as exc:
+            raise UserError(lost_answer(exc, job_id)) from None
+        return answer, where, late, names, preempts
 
     answer, where, late, names, preempts = run_with_client(args, call)
     if args.json:

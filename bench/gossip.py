@@ -17,6 +17,19 @@ With ``--partition-s S`` the nodes split into two halves for S seconds a third o
 run (no publications or crashes from the split until the heal is measured); ``heal_s`` is the
 time from the heal until every live node sees every other live node alive. Live nodes declared
 dead across the split count as ``partition_deaths``, not as false deaths.
+
+Per-node counts for the cost model, over the measured window, averaged over the live observers
+(every node, unless ``--observers``): ``observer_messages_out_per_s``,
+``observer_messages_in_per_s``, ``observer_bytes_in_per_s``, ``observer_bytes_out_per_s`` and,
+with ``--streams``,
+``observer_handshakes_per_s`` (handshakes it took part in) and ``observer_open_streams_mean``.
+
+``--observers S`` runs only S real cores (spread evenly over the ids) among N-S background
+members (``gossip/simbackground.py``: the protocol's traffic over one shared converged view, no
+per-member rows), so that 10,000 nodes fit in a few GB. Dissemination, detection, false deaths
+and the observer counts then come from the S real cores; ``bytes_per_node_per_s`` and
+``messages_out_per_node_per_s`` stay whole-network averages (background members included).
+``--starved`` is refused with it (background members have no Lifeguard local health).
 """
 
 from __future__ import annotations
@@ -86,7 +99,7 @@ class _FullView:
 
     def _scan(self, live: list[str]) -> dict[str, set[str]]:
         out: dict[str, set[str]] = {}
-        for obs in live:
+        for obs in self._sim.live_observers():
             gaps = self._gaps(obs, live)
             if gaps:
                 out[obs] = gaps
@@ -122,6 +135,41 @@ def _stream_counts(
     }
 
 
+class _Counts:
+    """The live observers' own counters, from the start of the measured window."""
+
+    def __init__(self, sim: Simulation, model: StreamModel | None) -> None:
+        self._sim, self._model = sim, model
+        self._start = {nid: self._read(nid) for nid in sim.live_observers()}
+
+    def _read(self, nid: str) -> tuple[int, int, int, int, int]:
+        st = self._sim.nodes[nid].peer.stats
+        ends = self._model.ends.get(nid, 0) if self._model is not None else 0
+        return (st.messages_out, st.messages_in, st.bytes_in, st.bytes_out, ends)
+
+    def result(self, seconds: float) -> dict[str, object]:
+        # observers that crashed or restarted since are left out
+        ids = [i for i in self._sim.live_observers() if i in self._start]
+        sums = [0] * 5
+        for nid in ids:
+            now, then = self._read(nid), self._start[nid]
+            for k in range(5):
+                sums[k] += now[k] - then[k]
+        per = [x / max(1, len(ids)) / seconds for x in sums]
+        out: dict[str, object] = {
+            "observers": len(self._sim.observer_ids),
+            "observer_messages_out_per_s": per[0],
+            "observer_messages_in_per_s": per[1],
+            "observer_bytes_in_per_s": per[2],
+            "observer_bytes_out_per_s": per[3],
+        }
+        if self._model is not None:
+            held = self._model.open_counts(ids)
+            out["observer_handshakes_per_s"] = per[4]
+            out["observer_open_streams_mean"] = sum(held) / max(1, len(held))
+        return out
+
+
 def run(
     nodes: int,
     loss: float,
@@ -134,11 +182,16 @@ def run(
     progress_every_s: float | None = None,
     partition_s: float | None = None,
     streams: int = 0,
+    observers: int | None = None,
 ) -> dict[str, object]:
+    if observers is not None and starved:
+        raise ValueError("--starved needs real cores: background members have no local health")
     t_wall = time.perf_counter()
     tr = _Tracker()
     model = StreamModel(streams) if streams else None
-    sim = Simulation(n=nodes, seed=seed, loss=loss, on_event=tr.on_event, streams=model)
+    sim = Simulation(
+        n=nodes, seed=seed, loss=loss, on_event=tr.on_event, streams=model, observers=observers
+    )
     setup_s = time.perf_counter() - t_wall
     rng = sim.rng
     ids = sorted(sim.nodes)
@@ -153,6 +206,7 @@ def run(
     rbytes0 = sim.net.record_bytes
     sent0 = sim.net.sent
     handshakes0 = model.handshakes if model is not None else 0
+    counts = _Counts(sim, model)
     next_pub, next_crash = warmup_s, warmup_s + 1.0
     end = warmup_s + seconds
     quiet_after = end - 15.0  # leave time for the last changes to finish spreading
@@ -191,7 +245,7 @@ def run(
             next_pub += publish_every_s
             if now < quiet_after and not tr.partitioned:
                 origin = rng.choice([i for i in ids if sim.nodes[i].up])
-                rec = sim.peer(origin).publish(_KIND, bytes(128), now)
+                rec = sim.nodes[origin].peer.publish(_KIND, bytes(128), now)
                 tr.published[(origin, rec.counter)] = now
                 tr.received[(origin, rec.counter)] = {origin: now}
         if now >= next_crash:
@@ -202,7 +256,7 @@ def run(
                 sim.crash(victim)
                 tr.crashed_at[victim] = now
                 tr.dead_seen[victim] = {}
-    live = [i for i in ids if sim.nodes[i].up]
+    live = sim.live_observers()  # every live node, unless --observers
     gossip_s = GossipConfig(node_id="x", addr="x", boot_incarnation=0).gossip_interval_s
     diss_s: list[float] = []
     undelivered = 0
@@ -247,7 +301,8 @@ def run(
         "membership_bytes_per_node_per_s": (total - records) / nodes / seconds,
         "messages": sim.net.sent,
         "messages_out_per_node_per_s": (sim.net.sent - sent0) / nodes / seconds,
-        **_stream_counts(model, live, handshakes0, seconds),
+        **_stream_counts(model, [i for i in ids if sim.nodes[i].up], handshakes0, seconds),
+        **counts.result(seconds),
         "setup_s": setup_s,
         "wall_s": time.perf_counter() - t_wall,
     }
@@ -275,8 +330,17 @@ def main(argv: list[str] | None = None) -> int:
         metavar="B",
         help="count streams (at most B per node) and their handshakes, as the real transport",
     )
+    ap.add_argument(
+        "--observers",
+        type=int,
+        default=None,
+        metavar="S",
+        help="only S real cores, the other nodes background members (counts from the S)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object (the default)")
     a = ap.parse_args(argv)
+    if a.observers is not None and a.starved:
+        ap.error("--starved needs real cores: background members have no Lifeguard local health")
     with few_collections():
         result = run(
             a.nodes,
@@ -289,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
             progress_every_s=a.progress_every,
             partition_s=a.partition_s,
             streams=a.streams,
+            observers=a.observers,
         )
     json.dump(result, sys.stdout)
     sys.stdout.write("\n")

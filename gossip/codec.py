@@ -243,10 +243,19 @@ def wire_size(message: Message) -> int:
         members, records, updates = message.members, message.records, message.updates
         # [version, kind, source, phase] packs with the same one-byte header as the 6-array
         head = [PROTOCOL_VERSION, _PUSHPULL, message.source, message.phase]
+        hit = _digest_sizes.get(id(members))
+        if hit is not None and hit[0] is members:
+            members_size = hit[1]
+        else:
+            members_size = sum(map(_member_digest_size, members))
+            if len(members) > 64:  # a core reuses its digest until it changes: size it once
+                if len(_digest_sizes) >= 1 << 12:
+                    _digest_sizes.clear()
+                _digest_sizes[id(members)] = (members, members_size)
         return (
             len(msgpack.packb(head, use_bin_type=True))
             + _array_header_size(len(members))
-            + sum(map(_member_digest_size, members))
+            + members_size
             + _array_header_size(len(records))
             + sum(map(_record_digest_size, records))
             + _array_header_size(len(updates))
@@ -257,6 +266,10 @@ def wire_size(message: Message) -> int:
         return sizer(message) + 1  # the version
     return len(encode(message))
 
+
+_digest_sizes: dict[int, tuple[tuple[MemberDigest, ...], int]] = {}
+"""The bytes of a push-pull's member digest lines, by the identity of the digest (the entry
+holds it, so its id stays unique): a core sends the same digest tuple until its view changes."""
 
 _signing: dict[int, tuple[Update, bytes]] = {}
 """:func:`signing_bytes` by update identity (the entry holds the update, so its id stays unique):

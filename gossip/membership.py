@@ -185,15 +185,20 @@ class Member:
         """This member's push-pull digest line, reused while incarnation and state hold."""
         r = self.row
         if r is None or r.incarnation != self.incarnation or r.state is not self.state:
-            line = (self.node, self.incarnation, self.state)
-            r = _LINES.get(line)  # a plain tuple finds the equal line
-            if r is None:
-                if len(_LINES) >= 1 << 18:
-                    _LINES.clear()
-                r = MemberDigest(*line)
-                _LINES[r] = r
-            self.row = r
+            r = self.row = digest_line(self.node, self.incarnation, self.state)
         return r
+
+
+def digest_line(node: str, incarnation: int, state: MemberState) -> MemberDigest:
+    """The shared digest line for these values (see :data:`_LINES`)."""
+    line = (node, incarnation, state)
+    r = _LINES.get(line)  # a plain tuple finds the equal line
+    if r is None:
+        if len(_LINES) >= 1 << 18:
+            _LINES.clear()
+        r = MemberDigest(*line)
+        _LINES[r] = r
+    return r
 
 
 _LINES: dict[tuple[str, int, MemberState], MemberDigest] = {}

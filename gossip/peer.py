@@ -20,7 +20,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from gossip.awareness import Awareness
 from gossip.broadcast import BroadcastQueue
@@ -68,6 +68,43 @@ _RANK = {_A: 0, _S: 1, _D: 2, _L: 2}
 _LIVE = (_A, _S)
 _REAP_EVERY_S = 5.0
 _node_of = attrgetter("node")
+
+
+def next_round_at(phase: float, interval_s: float, now: float) -> float:
+    """The first gossip round after ``now`` on a node's grid ``phase + k * interval_s``."""
+    return phase + (int((now - phase) // interval_s) + 1) * interval_s
+
+
+def after_round(scheduled: float | None, phase: float, interval_s: float, now: float) -> float:
+    """The round after the one ``scheduled`` at (or after ``now``, if that one is past)."""
+    t = (scheduled or now) + interval_s
+    return t if t > now else next_round_at(phase, interval_s, now)
+
+
+def signed_alive(signer: Signer, incarnation: int, addr: str) -> Alive:
+    """The signer's own Alive at ``incarnation``, reachable at ``addr``."""
+    cred = signer.credential
+    u = Alive(signer.node_id, incarnation, addr, cred, b"")
+    return Alive(u.node, incarnation, addr, cred, signer.sign(signing_bytes(u)))
+
+
+def signed_record(
+    signer: Signer, kind: str, incarnation: int, counter: int, payload: bytes
+) -> Record:
+    """The signer's record of ``kind`` at version ``(incarnation, counter)``."""
+    u = Record(signer.node_id, kind, incarnation, counter, payload, b"")
+    return Record(u.origin, kind, incarnation, counter, payload, signer.sign(signing_bytes(u)))
+
+
+_Accusation = TypeVar("_Accusation", Suspect, Dead)
+
+
+def signed_accusation(
+    signer: Signer, kind: type[_Accusation], node: str, incarnation: int
+) -> _Accusation:
+    """A Suspect or Dead about ``node`` at ``incarnation``, signed by ``signer`` as accuser."""
+    u = kind(node, incarnation, signer.node_id, b"")
+    return kind(node, incarnation, signer.node_id, signer.sign(signing_bytes(u)))
 
 
 @dataclass(slots=True)
@@ -326,15 +363,7 @@ class Peer:
         if len(payload) > self.config.max_record_payload_bytes:
             raise ValueError(f"record payload of {len(payload)} bytes exceeds the limit")
         self._record_counter += 1
-        unsigned = Record(self.node_id, kind, self._incarnation, self._record_counter, payload, b"")
-        rec = Record(
-            self.node_id,
-            kind,
-            self._incarnation,
-            self._record_counter,
-            payload,
-            self._signer.sign(signing_bytes(unsigned)),
-        )
+        rec = signed_record(self._signer, kind, self._incarnation, self._record_counter, payload)
         self._records.put(rec, now)
         self._rqueue.push((rec.origin, rec.kind), rec, encoded_size(rec), 0)
         self._emit(RecordChanged(rec.origin, kind, rec.incarnation, rec.counter, payload, now))
@@ -934,8 +963,7 @@ class Peer:
     def _wake_gossip(self, now: float) -> None:
         if self._next_gossip is None:
             iv = self.config.gossip_interval_s
-            k = int((now - self._gossip_phase) // iv) + 1
-            self._next_gossip = self._gossip_phase + k * iv
+            self._next_gossip = next_round_at(self._gossip_phase, iv, now)
 
     def _take_piggyback(self) -> list[Message]:
         cfg = self.config
@@ -970,10 +998,8 @@ class Peer:
                 break
             self._send(m.addr, Compound(tuple(parts)))
         if self._pending or self._rpending:
-            self._next_gossip = (self._next_gossip or now) + self.config.gossip_interval_s
-            if self._next_gossip <= now:
-                self._next_gossip = None
-                self._wake_gossip(now)
+            iv = self.config.gossip_interval_s
+            self._next_gossip = after_round(self._next_gossip, self._gossip_phase, iv, now)
         else:
             self._next_gossip = None
 
@@ -1142,17 +1168,13 @@ class Peer:
     # -- signing ---------------------------------------------------------------------------------
 
     def _signed_alive(self) -> Alive:
-        cred = self._signer.credential
-        u = Alive(self.node_id, self._incarnation, self.config.addr, cred, b"")
-        return Alive(u.node, u.incarnation, u.addr, cred, self._signer.sign(signing_bytes(u)))
+        return signed_alive(self._signer, self._incarnation, self.config.addr)
 
     def _sign_suspect(self, node: str, incarnation: int) -> Suspect:
-        u = Suspect(node, incarnation, self.node_id, b"")
-        return Suspect(node, incarnation, self.node_id, self._signer.sign(signing_bytes(u)))
+        return signed_accusation(self._signer, Suspect, node, incarnation)
 
     def _sign_dead(self, node: str, incarnation: int) -> Dead:
-        u = Dead(node, incarnation, self.node_id, b"")
-        return Dead(node, incarnation, self.node_id, self._signer.sign(signing_bytes(u)))
+        return signed_accusation(self._signer, Dead, node, incarnation)
 
     def _emit(self, ev: Event) -> None:
         self._events.append(ev)

@@ -16,6 +16,12 @@ Every message is sized with the real codec to count bytes (``measure_bytes``: th
 (``codec_roundtrip``) so that what peers receive went through the wire format.
 Signing uses :class:`SimSigner`/:class:`SimTrust` (keyed BLAKE2b: cheap, and forged or altered
 data fails exactly as with real keys); pass ``trust_factory`` to plug the real identity instead.
+
+Every member is a real core, unless ``observers`` is set: then only that many members, spread
+evenly over the ids, are real cores with full views, and the others are background members
+(:mod:`gossip.simbackground`: the protocol's traffic over one shared converged view, no
+per-member rows), so that a mesh of 10,000 fits in a few GB. Counts are then read from the
+observers (see that module for what a background member does and does not do).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from gossip.config import GossipConfig
 from gossip.events import Event
 from gossip.messages import Compound, Message
 from gossip.peer import Peer
+from gossip.simbackground import BackgroundPeer, SharedView
 from gossip.trust import Signer, Trust
 
 # -- cheap identity --------------------------------------------------------------------------------
@@ -121,7 +128,7 @@ class SimTrust:
 @dataclass(slots=True)
 class SimNode:
     node_id: str
-    peer: Peer
+    peer: Peer | BackgroundPeer
     up: bool = True
     starve_period_s: float = 0.0
     starve_stall_s: float = 0.0
@@ -152,6 +159,8 @@ class StreamModel:
         self.lru: dict[str, OrderedDict[str, None]] = {}
         self.handshakes = 0
         self.closed_lru = 0
+        self.ends: dict[str, int] = {}
+        """Handshakes each node took part in (either end)."""
 
     def use(self, a: str, b: str) -> None:
         lru = self.lru
@@ -168,6 +177,9 @@ class StreamModel:
             lb2 = lru[b] = OrderedDict()
         lb = lb2
         self.handshakes += 1
+        ends = self.ends
+        ends[a] = ends.get(a, 0) + 1
+        ends[b] = ends.get(b, 0) + 1
         la[b] = None
         lb[a] = None
         for x, lx in ((a, la), (b, lb)):
@@ -268,6 +280,8 @@ class Simulation:
     streams: StreamModel | None = None
     """Count streams and their handshakes as the real transport would hold them (slower: every
     message goes through the model)."""
+    observers: int | None = None
+    """Only this many real cores, the rest background members (see the module docstring)."""
     now: float = 0.0
     net: NetStats = field(default_factory=NetStats)
     nodes: dict[str, SimNode] = field(default_factory=dict)
@@ -284,14 +298,28 @@ class Simulation:
         self._group: dict[str, int] = {}
         self._boots: dict[str, int] = {}
         ids = [f"n{i:04d}" for i in range(self.n)]
+        self.view: SharedView | None = None
+        self.observer_ids = ids
+        if self.observers is not None:
+            if not self.warm:
+                raise ValueError("observers need a warm start (background members join warm)")
+            if not 0 < self.observers <= self.n:
+                raise ValueError(f"observers must be 1..{self.n}")
+            self.view = SharedView()
+            self.observer_ids = [ids[i * self.n // self.observers] for i in range(self.observers)]
+        self._observer_set = set(self.observer_ids)
         seeds = [] if self.warm else ids[:1]
         for nid in ids:
             self._boot(nid, seeds)
         if self.warm:
             snapshot = [self.nodes[nid].peer.self_alive for nid in ids]
             for node in self.nodes.values():
-                node.peer.preload(snapshot, self.now)
-                node.peer.events()
+                peer = node.peer
+                if isinstance(peer, BackgroundPeer):
+                    peer.warm(self.now)
+                else:
+                    peer.preload(snapshot, self.now)
+                    peer.events()
                 self._flush(node)
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -307,7 +335,14 @@ class Simulation:
         else:
             signer, trust = SimSigner(nid, self.keyring), SimTrust(self.keyring)
         rng = random.Random(self.rng.getrandbits(64))
-        peer = Peer(cfg, signer, trust, [s for s in seeds if s != nid], self.now, rng)
+        others = [s for s in seeds if s != nid]
+        peer: Peer | BackgroundPeer
+        if self.view is not None and nid not in self._observer_set:
+            peer = BackgroundPeer(self.view, cfg, signer, others, self.now, rng)
+        else:
+            peer = Peer(cfg, signer, trust, others, self.now, rng)
+            if self.view is not None:
+                self.view.add(peer.self_alive)
         old = self.nodes.get(nid)
         node = SimNode(nid, peer)
         if old is not None:
@@ -340,7 +375,15 @@ class Simulation:
         self._group = {}
 
     def peer(self, nid: str) -> Peer:
-        return self.nodes[nid].peer
+        """``nid``'s real core (a background member has none: TypeError)."""
+        peer = self.nodes[nid].peer
+        if not isinstance(peer, Peer):
+            raise TypeError(f"{nid} is a background member, not a real core")
+        return peer
+
+    def live_observers(self) -> list[str]:
+        """The real cores that are up (every live node, without ``observers``)."""
+        return [nid for nid in self.observer_ids if self.nodes[nid].up]
 
     def live_ids(self) -> list[str]:
         return [nid for nid, node in self.nodes.items() if node.up]

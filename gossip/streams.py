@@ -61,6 +61,7 @@ from aiohttp import web
 from cryptography import x509
 
 from gossip.certtrust import Admission, CertTrust
+from gossip.droplist import dropped
 from gossip.identity import IdentityError, NodeIdentity, Role
 from gossip.tls import PeerIdentity, client_context, peer_identity, resuming
 from gossip.transport import (
@@ -292,10 +293,13 @@ class StreamPool:
 
     def _route(self, addr: str) -> _Stream | None:
         stream = self._out.get(addr)
-        if stream is not None:
-            return stream
-        node = self._delegate.node_at(addr)
-        return self._in.get(node) if node is not None else None
+        if stream is None:
+            node = self._delegate.node_at(addr)
+            stream = self._in.get(node) if node is not None else None
+        if stream is not None and stream.peer is not None and dropped(stream.peer.node_id):
+            self._abort(stream)  # a test partition began (gossip.droplist)
+            return None
+        return stream
 
     def _push(self, stream: _Stream, body: bytes) -> bool:
         limits = self._limits
@@ -497,6 +501,8 @@ class StreamPool:
             peer = peer_identity(der)
         except IdentityError:
             return None
+        if dropped(peer.node_id):
+            return None
         if self._trust is not None:
             admission = self._trust.check(peer.node_id, der, self._wall_clock())
             if admission is not Admission.ADMITTED:
@@ -562,6 +568,9 @@ class StreamPool:
         gate, deliver = self._gate, self._delegate.stream_frame
         while True:
             message = await ws.receive()
+            if dropped(peer.node_id):
+                self._abort(stream)  # a test partition began (gossip.droplist)
+                return
             try:
                 body = gate.frame(peer, message)
             except CloseStream:

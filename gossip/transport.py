@@ -46,7 +46,7 @@ from aiohttp.connector import Connection
 from aiohttp.web_protocol import RequestHandler
 from cryptography import x509
 
-from gossip import revocation
+from gossip import droplist, revocation
 from gossip.certtrust import Admission, CertTrust
 from gossip.identity import IdentityError, NodeIdentity, Role
 from gossip.revocation import RevocationList
@@ -788,6 +788,8 @@ class GossipServer:
         except IdentityError as e:
             self.stats.bad_cert += 1
             return self._refuse(403, f"bad certificate: {e}", close=True)
+        if droplist.dropped(peer.node_id):
+            return self._refuse(503, "dropped (test partition)", close=True)
         if self._trust is not None:
             admission = self._trust.check(peer.node_id, der, self._wall_clock())
             if admission is Admission.REVOKED:
@@ -899,14 +901,27 @@ _PeerCheck = Callable[[asyncio.Transport | None], None]
 _PEER_CHECK: ContextVar[_PeerCheck | None] = ContextVar("shoal_peer_check", default=None)
 
 
-class _PeerCheckingRequest(aiohttp.ClientRequest):
-    """Checks the server's certificate (node id, revocation) before the request is written."""
+class PeerCheckingRequest(aiohttp.ClientRequest):
+    """Checks the server's certificate (node id, revocation) before the request is written;
+    refuses to write to a peer on the test drop list (:mod:`gossip.droplist`)."""
 
     async def send(self, conn: Connection) -> aiohttp.ClientResponse:
+        if droplist.active() and _dropped_server(conn.transport):
+            conn.close()
+            raise aiohttp.ClientConnectionError("dropped (test partition)")
         check = _PEER_CHECK.get()
         if check is not None:
             check(conn.transport)
         return await super().send(conn)
+
+
+def _dropped_server(transport: asyncio.Transport | None) -> bool:
+    ssl_object: Any = transport.get_extra_info("ssl_object") if transport else None
+    der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+    try:
+        return bool(der) and droplist.dropped(peer_identity(der).node_id)
+    except IdentityError:
+        return False
 
 
 class PooledSession:
@@ -989,7 +1004,7 @@ class GossipClient(PooledSession):
             connector=connector,
             headers=self._headers,
             auto_decompress=False,
-            request_class=_PeerCheckingRequest,
+            request_class=PeerCheckingRequest,
         )
 
     def _check_server(self, transport: asyncio.Transport | None, expect: str | None) -> None:

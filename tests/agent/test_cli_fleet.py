@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from agent.client import AgentUnreachable
 from agent.fleet import Fleet, FleetAgent, save_fleet
+from agent.jobspec import new_job_id
+from agent.submit_cmd import lost_answer
 from tests.agent.agents import DEADLINE_S, Mesh
 from tests.shoal_cli import SHOAL, one_line_error, shoal
 
@@ -145,6 +148,28 @@ def test_submit_says_what_it_asks_for_and_refuses_what_can_never_run(mesh: Mesh)
     assert error.startswith("shoal: deadline cannot be met: predicted end ~")
     assert error.endswith("; refused; nothing submitted (--anyway submits it)")
     assert ok(fleet_shoal(mesh, "jobs", "--json")).count('"job_id"') == before.count('"job_id"')
+
+
+def test_a_submission_sent_again_under_its_job_id_is_one_job(mesh: Mesh) -> None:
+    save_fleet(mesh.cluster_dir, Fleet(tuple(FleetAgent(a.address) for a in mesh.agents)))
+    job_id = new_job_id()
+    first = ok(fleet_shoal(mesh, "submit", "--job-id", job_id, "--", "true"))
+    again = ok(fleet_shoal(mesh, "submit", "--job-id", job_id.upper(), "--", "true"))
+    assert first.split()[1] == again.split()[1] == job_id
+    listed = json.loads(ok(fleet_shoal(mesh, "jobs", "--json")))
+    assert [j["job_id"] for j in listed].count(job_id) == 1
+    error = one_line_error(fleet_shoal(mesh, "submit", "--job-id", "12ab", "--", "true"))
+    assert error == "shoal: --job-id: job id must be 32 lowercase hex digits, got '12ab'"
+
+
+def test_a_lost_answer_says_the_job_may_exist_and_how_to_send_it_again() -> None:
+    job_id = new_job_id()
+    line = lost_answer(AgentUnreachable("10.0.0.7:7946", "closed the connection"), job_id)
+    assert line == (
+        "cannot reach the agent at 10.0.0.7:7946: closed the connection; job "
+        f"{job_id} may have been accepted: 'shoal jobs {job_id[:12]}' tells, and "
+        f"'shoal submit --job-id {job_id} ...' sends it again without making a second one"
+    )
 
 
 def test_logs_follow_waits_for_a_pending_job_then_streams_it(mesh: Mesh) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -186,3 +188,48 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_replica_back_after_a_long_absence_takes_nothing_over_before_it_hears_the_mesh(
+    tmp_path: Path,
+) -> None:
+    """Found by ``bench.chaos``: a replica killed while its job ran, restarted more than
+    ``UNHEARD_OWNER_GRACE_S`` later, took its stored copy for one of a gone owner at its first
+    sweep (its view still empty), found the runner not live either, and ran the job again
+    beside the first attempt. The grace counts from the agent's own start too."""
+    from agent.jobspec import Resources
+    from agent.owner import UNHEARD_OWNER_GRACE_S
+    from agent.ownership import rank
+
+    mesh = Mesh(tmp_path, ["h100:1", "h100:1", "mi300x:1"])  # the job runs on cuda only
+    mesh.start_all()
+    try:
+        ids = [a.node_id for a in mesh.agents]
+        while True:  # the ROCm agent is its replica, so the kill leaves the job running
+            job_id = new_job_id()
+            if rank(job_id, ids)[1] == ids[2]:
+                break
+        ticks = tmp_path / "ticks"
+        resources = Resources(gpus_per_node=1, backends=("cuda",))
+        argv = [sys.executable, "-c", TICKER, str(ticks)]
+        body = {"job_id": job_id, "spec": spec(argv, resources=resources)}
+        assert mesh.command(mesh.agents[0], "submit", body)[0] == 200
+        mesh.wait("attempt 1 ticking", lambda: 1 in tick_spans(ticks))
+        mesh.kill(2)
+        time.sleep(UNHEARD_OWNER_GRACE_S + 1)  # its copy is now older than the grace
+        others = [a.process for a in mesh.agents[:2] if a.process is not None]
+        for p in others:  # it hears no one for a while, as on a busy machine
+            p.send_signal(signal.SIGSTOP)
+        try:
+            mesh.start(2)
+            time.sleep(4)
+        finally:
+            for p in others:
+                p.send_signal(signal.SIGCONT)
+        mesh.wait_converged()
+        time.sleep(5)  # sweeps, a takeover if any, and a placement would all have run
+        job = mesh.job(mesh.agents[2], job_id)
+        assert (job["state"], job["attempt"]) == ("running", 1), job
+        assert set(tick_spans(ticks)) == {1}
+    finally:
+        mesh.stop_all()

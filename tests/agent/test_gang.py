@@ -82,6 +82,16 @@ def test_an_abort_frees_its_attempt_and_older_ones_never_a_newer_one() -> None:
     assert table.release(JOB, 5) is None
 
 
+def test_the_holds_an_owner_prepared_are_freed_when_it_is_gone() -> None:
+    table = Reservations()
+    table.hold(hold(JOB), now=0.0)
+    other = Hold(OTHER, 1, "someone else", GangMember(0, "n", ("g1",)), 2, b"s", expires_at=30.0)
+    table.hold(other, now=0.0)
+    assert [h.job_id for h in table.release_owner("owner")] == [JOB]
+    assert table.devices(1.0) == {"g1"}  # another owner's hold stays
+    assert table.release_owner("owner") == []
+
+
 def test_expiry_drops_what_ran_out_and_says_when_the_next_runs_out() -> None:
     table = Reservations()
     assert table.next_expiry() is None

@@ -53,3 +53,41 @@ def test_a_job_is_handed_to_the_agent_that_joins_ahead_of_its_owner(tmp_path: Pa
         )
     finally:
         mesh.stop_all()
+
+
+def test_an_ended_job_is_handed_over_so_that_agents_that_join_ahead_list_it(
+    tmp_path: Path,
+) -> None:
+    """A job that ended under owners the order no longer puts first or second (two agents
+    joined ahead of both, as after a partition heals) is still listed everywhere: its owner
+    hands it to the first, whose record every member believes. Found by ``bench.chaos``: a job
+    submitted to one side of a partition and ended there was listed by no agent of the other
+    side, and as still running by its replica, for good."""
+    mesh = Mesh(tmp_path, ["h100:1", "h100:1", "h100:1", "h100:1"])
+    try:
+        for i in range(2):
+            mesh.start(i)
+        mesh.wait_converged()
+        ids = [a.node_id for a in mesh.agents]
+        while True:
+            job_id = new_job_id()
+            if set(rank(job_id, ids)[:2]) == {ids[2], ids[3]}:
+                break
+        body = {"job_id": job_id, "spec": spec(["true"], gpus=1)}
+        status, answer = mesh.command(mesh.agents[0], "submit", body)
+        assert status == 200, answer
+        mesh.wait("it ends", lambda: mesh.job(mesh.agents[0], job_id)["state"] == "succeeded")
+        mesh.start(2)
+        mesh.start(3)
+        mesh.wait_converged()
+        mesh.wait(
+            "every agent lists it as succeeded, owned by the first in its order",
+            lambda: all(
+                (j := mesh.job(a, job_id))["state"] == "succeeded"
+                and j["owner"] == rank(job_id, ids)[0]
+                for a in mesh.agents
+            ),
+            deadline_s=30,
+        )
+    finally:
+        mesh.stop_all()

@@ -282,6 +282,10 @@ async def test_a_replica_from_an_owner_not_heard_of_yet_is_not_taken_over(fx: Fi
     fresh = _replica(fx, "just-joined", age_s=0)
     old = _replica(fx, "long-forgotten", age_s=2 * UNHEARD_OWNER_GRACE_S)
     owner.sweep()
+    # Just started (back from a restart, say): it has not heard the mesh yet, old copy or not.
+    assert owner.jobs == {}
+    owner._started_at -= 2 * UNHEARD_OWNER_GRACE_S  # up for a while now
+    owner.sweep()
     # The fresh copy's owner may have joined a moment ago: gossip has not told us of it yet.
     assert sorted(owner.jobs) == [old]
     kept = fx.store.get_job(fresh)
@@ -297,4 +301,100 @@ async def test_a_replica_whose_owner_is_known_gone_is_taken_over_at_once(fx: Fix
     owner.sweep()
     assert list(owner.jobs) == [job_id]
     assert ("adopted", "owner died is gone") in _events(owner)
+    await owner.close()
+
+
+async def test_a_job_handed_over_that_is_held_already_is_published_above_the_other_copy(
+    fx: Fixture,
+) -> None:
+    """Found by ``bench.chaos``: in a partition each side took a job over; after the heal one
+    owner handed its lineage (newer ``gen``, still running) to the other, which held its own
+    (ended) and answered ok, keeping its older record. The giver stopped publishing, so every
+    agent went on believing the giver's "running" record, and the runner's report of that
+    attempt went to the giver (404): the job never ended. The holder now publishes its own
+    above the lineage it was handed, as the owner every agent believes."""
+    from agent.ownedjob import OwnedJob, job_wire
+
+    fx.runners.clear()
+    owner = fx.owner()
+    job_id = new_job_id()
+    await owner.submit(fx.submission(job_id))
+    other = fx.kit.agent("other")  # the other side of the healed partition
+    fx.others.append(other.node_id)
+    fx.authority = fx.kit.authority(fx.me, lambda: [fx.me, other.node_id], other)
+    fx.view.authority = owner.authority = fx.authority
+    held = owner.jobs[job_id]
+    held.state = JobState.SUCCEEDED
+    stored = fx.store.get_job(job_id)
+    assert stored is not None
+    theirs = OwnedJob.from_record(stored)
+    theirs.owner, theirs.state, theirs.attempt = other.node_id, JobState.RUNNING, 2
+    theirs.gen = held.gen + 10
+    assert owner.adopt_wire(job_wire(theirs), other.node_id) == {"ok": True}
+    assert owner.jobs[job_id] is held
+    assert held.state == JobState.SUCCEEDED and held.gen > theirs.gen
+    stored = fx.store.get_job(job_id)
+    assert stored is not None and stored.owner == fx.me and stored.state == "succeeded"
+    await _settled(owner)
+    await owner.close()
+
+
+async def test_a_job_handed_over_ended_ends_here_too_when_held_still_running(fx: Fixture) -> None:
+    """The other way round (``bench.chaos`` again): the copy handed over had ended while the
+    holder's was still running; the job ends here, as the copy says, above both."""
+    from agent.ownedjob import OwnedJob, job_wire
+
+    fx.runners.clear()
+    owner = fx.owner()
+    job_id = new_job_id()
+    await owner.submit(fx.submission(job_id))
+    other = fx.kit.agent("other")
+    fx.others.append(other.node_id)
+    fx.authority = fx.kit.authority(fx.me, lambda: [fx.me, other.node_id], other)
+    fx.view.authority = owner.authority = fx.authority
+    held = owner.jobs[job_id]
+    held.state, held.attempt = JobState.RUNNING, 4
+    held.gen += 3
+    stored = fx.store.get_job(job_id)
+    assert stored is not None
+    theirs = OwnedJob.from_record(stored)
+    theirs.owner, theirs.state, theirs.attempt = other.node_id, JobState.SUCCEEDED, 4
+    assert owner.adopt_wire(job_wire(theirs), other.node_id) == {"ok": True}
+    now = owner.jobs[job_id]
+    assert now.state == JobState.SUCCEEDED and now.owner == fx.me
+    assert now.gen > held.gen > theirs.gen
+    stored = fx.store.get_job(job_id)
+    assert stored is not None and stored.state == "succeeded" and stored.owner == fx.me
+    await _settled(owner)
+    await owner.close()
+
+
+async def test_a_job_handed_over_running_to_a_holder_whose_copy_runs_asks_its_runner(
+    fx: Fixture,
+) -> None:
+    """Both copies running (``bench.chaos``): the holder's goes on, and the holder asks its
+    runner whether that attempt still runs (the other side may have fenced it), as after any
+    takeover; else the job waited for the end of an attempt that had ended, for good."""
+    from agent.ownedjob import OwnedJob, job_wire
+
+    owner = fx.owner()
+    job_id = new_job_id()
+    await owner.submit(fx.submission(job_id))
+    await _settled(owner)
+    held = owner.jobs[job_id]
+    assert held.state == JobState.RUNNING and held.runner == "runner-b"
+    other = fx.kit.agent("other")
+    fx.others.append(other.node_id)
+    fx.authority = fx.kit.authority(fx.me, lambda: [fx.me, other.node_id], other)
+    fx.view.authority = owner.authority = fx.authority
+    stored = fx.store.get_job(job_id)
+    assert stored is not None
+    theirs = OwnedJob.from_record(stored)
+    theirs.owner, theirs.attempt, theirs.runner = other.node_id, 5, "runner-a"
+    theirs.gen = held.gen + 10
+    fx.calls.clear()
+    assert owner.adopt_wire(job_wire(theirs), other.node_id) == {"ok": True}
+    await asyncio.sleep(0.2)
+    assert ("status", "runner-b") in [(op, node) for op, node, _ in fx.calls]
+    assert owner.jobs[job_id] is held and held.gen > theirs.gen
     await owner.close()

@@ -1,0 +1,37 @@
+"""The chaos benchmark, small: real agents, a kill -9 and a partition; its invariants hold."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.chaos import main
+
+
+@pytest.mark.slow
+def test_chaos_keeps_its_invariants(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--nodes", "4", "--jobs", "10", "--kill", "1", "--partition-s", "5", "--seed", "2"]
+    code = main([*args, "--settle-s", "120", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    for key in (
+        "jobs_submitted", "jobs_succeeded", "jobs_lost", "jobs_run_twice_concurrently",
+        "max_recovery_s", "checkpoints_out_of_order", "faults", "invariants",
+    ):  # fmt: skip
+        assert key in out
+    assert out["jobs_submitted"] >= 5, out["details"]["submit_failures"]
+    assert out["runs"] >= out["jobs_submitted"]  # every job's process wrote to the ledger
+    assert out["jobs_lost"] == 0, out["details"]
+    # A partition may run a job on each side (at-least-once): outside one, never twice at once.
+    assert out["jobs_run_twice_concurrently_outside_partition"] == 0, out["details"]["run_twice"]
+    assert out["jobs_run_again_after_success_outside_partition"] == 0, out["details"]
+    assert out["checkpoints_out_of_order"] == 0, out["details"]["checkpoint_disorders"]
+    assert out["report_not_owned_lines"] == 0
+    kills = [f for f in out["faults"] if f["fault"] == "kill"]
+    partitions = [f for f in out["faults"] if f["fault"] == "partition"]
+    assert len(kills) == 1 and "skipped" not in kills[0], kills
+    assert kills[0]["rejoin_s"] is not None
+    assert len(partitions) == 1 and partitions[0]["heal_converged_s"] is not None
+    assert out["max_recovery_s"] is not None
+    assert out["invariants"] == dict.fromkeys(out["invariants"], True), out["details"]
+    assert code == 0
