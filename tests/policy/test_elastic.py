@@ -6,6 +6,7 @@ from __future__ import annotations
 from agent.admission import offer_problem
 from agent.jobspec import JobSpec, Resources
 from agent.policy import apply
+from agent.policy.baselines import first_fit
 from agent.policy.config import PolicyConfig
 from agent.policy.decision import context, decide, rank_any
 from agent.policy.grow import grow_to
@@ -30,6 +31,13 @@ def test_the_most_gpus_that_fit_up_to_the_maximum() -> None:
     # The largest size any node has room for, on the nodes that have it.
     fleet = [node("a", "h100", 4, busy=(0, 1)), node("b", "h100", 4, busy=(0,))]
     assert sizes(*fleet) == [("b", 3)]
+
+
+def test_first_fit_takes_the_first_node_with_its_fewest_and_as_many_as_free_there() -> None:
+    elastic = job("e", gpus_per_node=2, gpus_max_per_node=4)
+    fleet = [node("a", "h100", 4, busy=(0, 1, 2)), node("b", "h100", 4, busy=(0,))]
+    fleet.append(node("c", "h100", 8))
+    assert [len(p.devices[0]) for p in first_fit(elastic, fleet)] == [3, 4]
 
 
 def test_decide_starts_it_at_that_size_and_says_why_it_waits() -> None:
@@ -96,3 +104,15 @@ def test_an_elastic_job_grows_onto_idle_gpus_unless_a_waiting_job_could_use_them
     assert grow_to(elastic, 2, half, [job("w", gpus_per_node=5)]) == 4
     assert grow_to(elastic, 2, half, [job("w", gpus_per_node=1, backends=("rocm",))]) == 4
     assert grow_to(elastic, 2, half, [job("w", gpus_per_node=0)]) == 4
+
+
+def test_the_tui_shows_what_an_elastic_job_holds_and_its_range() -> None:
+    from tui.model import job_from_json
+    from tui.widgets.tables import job_gpus
+
+    spec = JobSpec(command=("x",), resources=Resources(gpus_per_node=2, gpus_max_per_node=4))
+    doc = {"job_id": "e" * 32, "state": "running", "attempt": 1, "spec": spec.to_dict()}
+    assert job_gpus(job_from_json({**doc, "devices": ["a", "b", "c"]})) == "3 (2-4)"
+    assert job_gpus(job_from_json({**doc, "state": "pending"})) == "(2-4)"
+    plain = {**doc, "spec": JobSpec(command=("x",), resources=Resources(gpus_per_node=2)).to_dict()}
+    assert job_gpus(job_from_json(plain)) == "2"
