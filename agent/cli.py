@@ -83,8 +83,20 @@ def _init_arguments(p: argparse.ArgumentParser) -> None:
 def _demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", type=int, default=8, help="agents to start (default 8)")
     p.add_argument("--headless", action="store_true", help="run a workload, print figures")
-    p.add_argument("--duration", type=float, default=30.0, metavar="S", help="workload time")
-    p.add_argument("--rate", type=float, default=4.0, metavar="JOBS/S", help="submit rate")
+    p.add_argument(
+        "--duration",
+        type=float,
+        metavar="S",
+        help="workload time (default 30; with --policy 60)",
+    )
+    p.add_argument(
+        "--rate", type=float, metavar="JOBS/S", help="submit rate (default 4; with --policy 0.5)"
+    )
+    p.add_argument(
+        "--policy",
+        choices=("fifo", "shoal"),
+        help="every agent places with this policy; headless: run the placement workload",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
         "--idle",

@@ -6,7 +6,11 @@ prints how to reach the mesh instead (``export SHOAL_AGENT=...``, the identity f
 as one JSON object) and keeps the mesh up until it is told to stop. ``--headless``: submits a
 mixed workload of real short processes through the operator API for ``--duration`` seconds,
 waits for it to finish, and prints the live-mesh figures of BENCHMARKS.md (``--json`` for one
-JSON object).
+JSON object). ``--policy fifo|shoal`` runs every agent with that placement (``placement`` in its
+config), on the placement demo's fleet (:data:`agent.demoload.FLEET`: eight GPU generations, fast
+ones a minority); headless, it submits the placement workload instead (:mod:`agent.demoload`:
+synthetic jobs as fast as the device they get, seeded, the same for either policy) and adds its
+figures: job completion times, deadline misses, preemptions, migrations, where the jobs ran.
 
 Whatever ends it (quitting, Ctrl-C, SIGTERM as ``kill`` or a service manager sends, SIGHUP when
 its terminal goes), every agent it started is stopped and its folder, CA key included, removed
@@ -26,21 +30,26 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 import psutil
 from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
+from agent import demoload
 from agent.client import ApiError
+from agent.config import PLACEMENT_NAMES
+from agent.demoload import percentile
 from agent.errors import UserError
 from agent.jobspec import JobKind, JobSpec, Resources, new_job_id
-from agent.localmesh import LocalMesh
+from agent.localmesh import DEMO_PROFILES, LocalMesh
 from agent.tables import hostnames, jobs_table, nodes_table
+from probers.catalog import device_model
 
 FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 
@@ -50,10 +59,15 @@ class Workload:
     """What the headless demo submitted and what became of it."""
 
     submitted_at: dict[str, float] = field(default_factory=dict)
+    deadlines: dict[str, float] = field(default_factory=dict)
     submit_failures: int = 0
 
 
-def _workload_spec(rng: random.Random) -> JobSpec:
+SpecMaker = Callable[[random.Random, float], JobSpec]
+"""The next job of a workload, drawn from the seeded generator, submitted at an epoch time."""
+
+
+def _light_spec(rng: random.Random, now: float) -> JobSpec:
     """A short real process that reports progress, in one of the three job kinds."""
     kinds: tuple[JobKind, ...] = ("inference", "training", "batch")
     kind = rng.choice(kinds)
@@ -76,24 +90,51 @@ def _workload_spec(rng: random.Random) -> JobSpec:
     )
 
 
-async def _submit_workload(
-    mesh: LocalMesh, duration_s: float, rate_per_s: float, seed: int
-) -> Workload:
+def _placement_spec(rng: random.Random, now: float) -> JobSpec:
+    """A job of the placement workload (:mod:`agent.demoload`)."""
+    return demoload.job_spec(demoload.draw_job(rng), now)
+
+
+class Arrival(NamedTuple):
+    """One submission of a workload: when, to which agent, and the seed of its job."""
+
+    offset_s: float
+    agent: int
+    job_seed: int
+
+
+def schedule(seed: int, duration_s: float, rate_per_s: float, agents: int) -> list[Arrival]:
+    """The submissions of a run, from ``seed`` alone: Poisson arrivals at ``rate_per_s`` over
+    ``duration_s``, each to a random agent, each job drawn from its own seed. However long the
+    submissions take, two runs with one seed submit the same jobs in the same order."""
     rng = random.Random(seed)
+    out: list[Arrival] = []
+    at = 0.0
+    while at < duration_s:
+        out.append(Arrival(at, rng.randrange(agents), rng.getrandbits(64)))
+        at += rng.expovariate(rate_per_s)
+    return out
+
+
+async def _submit_workload(
+    mesh: LocalMesh, duration_s: float, rate_per_s: float, seed: int, make: SpecMaker
+) -> Workload:
     work = Workload()
     clients = [mesh.client(i) for i in range(len(mesh.agents))]
     try:
-        deadline = time.monotonic() + duration_s
-        while time.monotonic() < deadline:
-            client = rng.choice(clients)
+        start = time.monotonic()
+        for arrival in schedule(seed, duration_s, rate_per_s, len(clients)):
+            await asyncio.sleep(max(0.0, start + arrival.offset_s - time.monotonic()))
             job_id = new_job_id()
             t0 = time.time()
+            spec = make(random.Random(arrival.job_seed), t0)
             try:
-                await client.submit(_workload_spec(rng), job_id)
+                await clients[arrival.agent].submit(spec, job_id)
                 work.submitted_at[job_id] = t0
+                if spec.deadline is not None:
+                    work.deadlines[job_id] = spec.deadline
             except ApiError:
                 work.submit_failures += 1
-            await asyncio.sleep(rng.expovariate(rate_per_s))
     finally:
         for c in clients:
             await c.close()
@@ -141,18 +182,11 @@ class _Footprint:
             await self._task
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-async def _settled(mesh: LocalMesh, work: Workload) -> dict[str, dict[str, Any]]:
-    """The submitted jobs as the mesh lists them, once all are final (or after two minutes)."""
+async def _settled(mesh: LocalMesh, work: Workload, settle_s: float) -> dict[str, dict[str, Any]]:
+    """The submitted jobs as the mesh lists them, once all are final (or after ``settle_s``)."""
     jobs: dict[str, dict[str, Any]] = {}
     async with mesh.client(0) as client:
-        settle_deadline = time.monotonic() + 120
+        settle_deadline = time.monotonic() + settle_s
         while time.monotonic() < settle_deadline:
             listing = {j["job_id"]: j for j in await client.jobs()}
             jobs = {jid: listing[jid] for jid in work.submitted_at if jid in listing}
@@ -164,8 +198,27 @@ async def _settled(mesh: LocalMesh, work: Workload) -> dict[str, dict[str, Any]]
     return jobs
 
 
+async def _device_models(mesh: LocalMesh) -> dict[tuple[str, str], str]:
+    """``(node id, device key)`` -> the device's model, as the policy knows it."""
+    async with mesh.client(0) as client:
+        return {
+            (node.node_id, d.static.key): device_model(d.static.name, d.static.backend)
+            for node in await client.node_docs()
+            for d in node.devices
+        }
+
+
+async def _metrics_lines(mesh: LocalMesh) -> list[str]:
+    """Every agent's ``/metrics``, as text lines."""
+    lines: list[str] = []
+    for i in range(len(mesh.agents)):
+        async with mesh.client(i) as client:
+            lines += [line async for line in client.stream("/metrics")]
+    return lines
+
+
 async def _headless(
-    mesh: LocalMesh, duration_s: float, rate: float, seed: int, idle_s: float
+    mesh: LocalMesh, duration_s: float, rate: float, seed: int, idle_s: float, policy: str | None
 ) -> dict[str, Any]:
     converged_s = await mesh.wait_converged(timeout_s=120)
     # A quiet spell first: idle agents to submit to, and the idle footprint over its second
@@ -174,15 +227,19 @@ async def _headless(
     async with _Footprint(mesh) as idle:
         await asyncio.sleep(idle_s / 2)
     async with _Footprint(mesh) as footprint:
-        work = await _submit_workload(mesh, duration_s, rate, seed)
-        jobs = await _settled(mesh, work)
+        if policy is None:
+            work = await _submit_workload(mesh, duration_s, rate, seed, _light_spec)
+            jobs = await _settled(mesh, work, 120.0)
+        else:
+            work = await _submit_workload(mesh, duration_s, rate, seed, _placement_spec)
+            jobs = await _settled(mesh, work, demoload.SETTLE_S)
     latencies = [
         1000 * (float(j["started_at"]) - work.submitted_at[jid])
         for jid, j in jobs.items()
         if j.get("started_at") is not None
     ]
     states = [j.get("state") for j in jobs.values()]
-    return {
+    figures: dict[str, Any] = {
         "nodes": len(mesh.agents),
         "converged_s": round(converged_s, 3),
         "jobs_submitted": len(work.submitted_at),
@@ -191,8 +248,8 @@ async def _headless(
         "jobs_lost": len(work.submitted_at) - len(jobs),
         "jobs_unfinished": sum(1 for s in states if s not in FINAL_STATES),
         "submit_failures": work.submit_failures,
-        "submit_to_running_ms_p50": _round(_pct(latencies, 0.5)),
-        "submit_to_running_ms_p99": _round(_pct(latencies, 0.99)),
+        "submit_to_running_ms_p50": _round(percentile(latencies, 0.5)),
+        "submit_to_running_ms_p99": _round(percentile(latencies, 0.99)),
         "agent_rss_mb_max": round(footprint.rss_mb_max, 1),
         "agent_cpu_pct_mean": _round(
             statistics.fmean(footprint.cpu_pct) if footprint.cpu_pct else None
@@ -201,6 +258,14 @@ async def _headless(
         "agent_idle_rss_mb_max": round(idle.rss_mb_max, 1),
         "agent_idle_cpu_pct_mean": _round(statistics.fmean(idle.cpu_pct) if idle.cpu_pct else None),
     }
+    if policy is not None:
+        models = await _device_models(mesh)
+        figures["policy"] = policy
+        figures.update(demoload.placement_figures(jobs, work.submitted_at, work.deadlines, models))
+        offers = demoload.offer_counts(await _metrics_lines(mesh))
+        figures["offers_started"] = offers["started"]
+        figures["offers_declined"] = offers["declined"]
+    return figures
 
 
 def _round(value: float | None) -> float | None:
@@ -303,14 +368,23 @@ def run_demo(
     *,
     nodes: int,
     headless: bool,
-    duration_s: float,
-    rate: float,
+    duration_s: float | None,
+    rate: float | None,
     seed: int,
     as_json: bool,
     keep: bool,
     plain: bool = False,
     idle_s: float = 20.0,
+    policy: str | None = None,
 ) -> int:
+    """``duration_s`` and ``rate`` ``None``: the workload's own (30 s at 4 jobs/s; the placement
+    workload, with ``policy``: 60 s at 0.5 jobs/s)."""
+    if duration_s is None:
+        duration_s = 30.0 if policy is None else 60.0
+    if rate is None:
+        rate = 4.0 if policy is None else 0.5
+    if policy is not None and policy not in PLACEMENT_NAMES:
+        raise UserError(f"--policy must be one of {', '.join(PLACEMENT_NAMES)}")
     if nodes < 1:
         raise UserError("--nodes must be at least 1")
     if idle_s < 0:
@@ -321,18 +395,32 @@ def run_demo(
         raise UserError("--plain draws tables; --json goes with --headless or a piped stdout")
     serve = not headless and not plain and (as_json or not sys.stdout.isatty())
     root = Path(tempfile.mkdtemp(prefix="shoal-demo-"))
-    mesh = LocalMesh(root, nodes)
+    # Jobs may run as another user than the agents (root agents: nobody): they pass through the
+    # folder to their own checkpoint and progress files. Nothing in it can be listed or read so:
+    # the agents' folders are theirs, the cluster CA's is the agent user's alone.
+    root.chmod(0o711)
+    profiles = DEMO_PROFILES if policy is None else demoload.FLEET
+    mesh = LocalMesh(
+        root,
+        nodes,
+        profiles=profiles,
+        placement=policy,
+        preempt_min_run_s=None if policy is None else demoload.PREEMPT_MIN_RUN_S,
+    )
     console = Console(stderr=as_json or serve)
     with _Signals() as signals:
         try:
+            mesh.create()
+            if headless and policy is not None:
+                demoload.lay_out_datasets([a.datasets_dir for a in mesh.agents])
             mesh.start()
             if headless:
-                figures = asyncio.run(_headless(mesh, duration_s, rate, seed, idle_s))
+                figures = asyncio.run(_headless(mesh, duration_s, rate, seed, idle_s, policy))
                 if as_json:
                     print(json.dumps(figures))
                 else:
                     for key, value in figures.items():
-                        console.print(f"{key:28} {value}")
+                        console.print(f"{key:28} {value}", markup=False, highlight=False)
             elif serve:
                 _serve(mesh, as_json)
             elif plain:
@@ -369,4 +457,5 @@ def cmd_demo(args: argparse.Namespace) -> int:
         as_json=args.json,
         keep=args.keep,
         plain=args.plain,
+        policy=args.policy,
     )

@@ -77,6 +77,10 @@ class AgentProcess:
         return self.directory / "datasets"
 
     @property
+    def config_path(self) -> Path:
+        return self.directory / "agent.toml"
+
+    @property
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
@@ -90,6 +94,11 @@ class LocalMesh:
     profiles: Sequence[str] = DEMO_PROFILES
     host: str = "127.0.0.1"
     extra_args: Sequence[str] = ()
+    placement: str | None = None
+    """Every agent's ``placement`` (``fifo``, ``shoal``), through its config file; ``None``: the
+    agents' default."""
+    preempt_min_run_s: float | None = None
+    """Every agent's ``preempt_min_run_s`` (with ``placement``); ``None``: the default."""
     agents: list[AgentProcess] = field(default_factory=list)
     operator: NodeIdentity | None = None
     started_at: float = 0.0
@@ -115,10 +124,18 @@ class LocalMesh:
                     node_id=identity.node_id,
                 )
             )
+        if self.placement is not None:
+            config = f'placement = "{self.placement}"\n'
+            if self.preempt_min_run_s is not None:
+                config += f"preempt_min_run_s = {self.preempt_min_run_s}\n"
+            for agent in self.agents:
+                agent.config_path.write_text(config)
 
     def command(self, agent: AgentProcess) -> list[str]:
         seeds = [a.address for a in self.agents[:2] if a is not agent]
         argv = [sys.executable, "-m", "agent.cli", "agent", "--listen", agent.address]
+        if self.placement is not None:
+            argv += ["--config", str(agent.config_path)]
         for seed in seeds:
             argv += ["--join", seed]
         argv += [

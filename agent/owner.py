@@ -861,6 +861,7 @@ class Owner:
                 )
             except PeerRefused as exc:
                 self.offers[_REFUSALS.get(exc.status, "declined")] += 1
+                self.placement.offered(cand)
                 declines.append(f"{cand.node_id[:8]}: {exc.reason}")
                 if job.attempt == attempt and _state(job) == JobState.PLACING:
                     self._move(job, JobEvent.DECLINED)
@@ -880,6 +881,7 @@ class Owner:
             if job.attempt != attempt or _state(job) != JobState.PLACING:
                 return  # cancelled or reported meanwhile
             self.offers["started"] += 1
+            self.placement.offered(cand)
             self._move(job, JobEvent.RESERVED)
             self._move(job, JobEvent.STARTED)
             job.started_at = answer.started_at or time.time()

@@ -36,8 +36,11 @@ A vendor the job was given nothing of is hidden where a value for "no device" ex
 ``ZE_FLAT_DEVICE_HIERARCHY`` and ``ZE_ENABLE_PCI_ID_DEVICE_ORDER`` (which change what a Level Zero
 index means) are reserved but left unset: the job cannot set them, the runtimes' defaults apply.
 
-Every job also gets ``SHOAL_DEVICES`` (the device keys, for tools and the simulator), and the gang
-variables when it is one rank of a gang: Shoal runs one process per member node, so ``RANK`` and
+Every job also gets ``SHOAL_DEVICES`` (the device keys, for tools and the simulator),
+``SHOAL_DEVICE_MODELS`` (the model of each of those devices, in the same order, as the policy
+knows it: the catalog key, ``h100``, ``l4``; a job that wants to know what it runs on, such as the
+demo's synthetic job, :mod:`agent.synthjob`, reads it), and the gang variables when it is one rank
+of a gang: Shoal runs one process per member node, so ``RANK`` and
 ``NODE_RANK`` are the node's rank, ``WORLD_SIZE`` and ``NNODES`` the number of members,
 ``LOCAL_RANK=0``, ``LOCAL_WORLD_SIZE=1``, and ``MASTER_ADDR``/``MASTER_PORT`` where rank 0 listens
 (what ``torch.distributed``'s ``env://`` reads). A member that wants one process per GPU runs
@@ -53,6 +56,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from probers.catalog import device_model
 from probers.records import DeviceStatic
 
 RESERVED_ENV: Final[frozenset[str]] = frozenset(
@@ -148,7 +152,10 @@ def device_env(devices: Sequence[DeviceStatic]) -> dict[str, str]:
     if len(set(keys)) != len(keys):
         raise ValueError("a job cannot be given the same device twice")
     ordered = sorted(devices, key=lambda d: (d.vendor_index, d.key))
-    env = {"SHOAL_DEVICES": ",".join(d.key for d in ordered)}
+    env = {
+        "SHOAL_DEVICES": ",".join(d.key for d in ordered),
+        "SHOAL_DEVICE_MODELS": ",".join(device_model(d.name, d.backend) for d in ordered),
+    }
     vendor = vendors[0]
     if vendor == "nvidia":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(d.uuid or str(d.vendor_index) for d in ordered)

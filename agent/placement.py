@@ -5,8 +5,10 @@ The owner asks a ``Placement`` for an ordered list of candidates (node and devic
 gossip view; it then offers the job to each in turn, and the node admits or declines against its
 real local state. Both apply the hard filters, first among them the job-spec features the node's
 agent runs. When no node fits, :meth:`Placement.why_pending` says what the job waits for, in one
-line. Both turn the view into the policy's snapshot through :mod:`agent.policy.adapt` and call
-the policy's own functions:
+line. The owner tells the placement of each offer a runner started or declined
+(:meth:`Placement.offered`): both count those devices in use for a few seconds, until gossip can
+have said so (:mod:`agent.recentoffers`). Both turn the view into the policy's snapshot through
+:mod:`agent.policy.adapt` and call the policy's own functions:
 
 - :class:`FirstFit` (``placement = "fifo"``): hard filters only, nodes in id order, a preferred
   target first (:func:`agent.policy.baselines.first_fit`), the baseline ``python -m bench.sched``
@@ -54,9 +56,10 @@ from agent.policy.explain import busy_line, never_reason
 from agent.policy.model import ThroughputModel
 from agent.policy.preempt import preempt_for
 from agent.policy.shrink import shrink_for, spare_gpus
-from agent.policy.snapshot import Job, Running, Snapshot
+from agent.policy.snapshot import Job, Node, Running, Snapshot
 from agent.policy.snapshot import Placement as PolicyPlacement
 from agent.policy.state import PolicyState
+from agent.recentoffers import RecentOffers, mark_held
 from agent.view import NodeView
 
 
@@ -113,6 +116,10 @@ class Placement(Protocol):
         """Where the job may start by shrinking elastic jobs of ``running``, and which."""
         ...
 
+    def offered(self, candidate: Candidate) -> None:
+        """A runner started or declined an offer of ``candidate``'s devices just now."""
+        ...
+
 
 def _job(spec: JobSpec, owner: str | None = None) -> Job:
     """The job as the policy sees it (a gang with all its nodes)."""
@@ -127,8 +134,26 @@ def _sets(placements: Sequence[PolicyPlacement]) -> list[GangSet]:
     ]
 
 
-class FirstFit:
+class _Held:
+    """The devices of recent offers, counted in use (:mod:`agent.recentoffers`)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._recent = RecentOffers()
+
+    def offered(self, candidate: Candidate) -> None:
+        self._recent.note(candidate.node_id, candidate.devices, self._clock())
+
+    def _nodes(self, views: Sequence[NodeView]) -> tuple[Node, ...]:
+        """The policy's nodes of ``views``, recently offered devices busy."""
+        return mark_held(adapt.nodes_from_views(views), self._recent.held(self._clock()))
+
+
+class FirstFit(_Held):
     """Hard constraints only; nodes in id order, ``prefer`` first."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(clock)
 
     def gang_candidates(
         self,
@@ -137,7 +162,7 @@ class FirstFit:
         *,
         exclude: frozenset[str] = frozenset(),
     ) -> list[GangSet]:
-        known = adapt.nodes_from_views(n for n in nodes if n.inventory is not None)
+        known = self._nodes([n for n in nodes if n.inventory is not None])
         return _sets(first_fit(_job(spec), known, exclude=exclude))
 
     def candidates(
@@ -149,7 +174,7 @@ class FirstFit:
         prefer: str | None = None,
     ) -> list[Candidate]:
         job = _job(spec)
-        known = adapt.nodes_from_views(n for n in nodes if n.inventory is not None)
+        known = self._nodes([n for n in nodes if n.inventory is not None])
         return [
             Candidate(p.node_id, p.devices[0])
             for p in first_fit(job, known, exclude=exclude, prefer=prefer)
@@ -197,7 +222,7 @@ class FirstFit:
         return None
 
 
-class ShoalPlacement:
+class ShoalPlacement(_Held):
     """The Shoal policy behind the owner's seam (see the module doc)."""
 
     def __init__(
@@ -208,10 +233,10 @@ class ShoalPlacement:
         owner: str | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        super().__init__(clock)
         self.model = model or ThroughputModel()
         self.config = config or PolicyConfig()
         self.owner = owner
-        self._clock = clock
         self._state = PolicyState()
         self._snapshot = Snapshot(now=0.0, nodes=())
 
@@ -219,7 +244,7 @@ class ShoalPlacement:
         views = [n for n in nodes if n.inventory is not None]
         self._snapshot = Snapshot(
             now=self._clock(),
-            nodes=adapt.nodes_from_views(views),
+            nodes=self._nodes(views),
             dataset_bytes=adapt.dataset_bytes(views),
         )
         return self._snapshot

@@ -204,6 +204,24 @@ _VARIANT_WORDS = frozenset(
 _MEM_WORD = re.compile(r"^(\d+)gb$")
 
 
+@cache
+def model_key(name: str) -> str:
+    """The catalog key of a device name (a key, a name or an alias) where the catalog knows it,
+    else the name itself."""
+    if name in load_catalog():
+        return name
+    try:
+        return lookup(name).key
+    except KeyError:
+        return name
+
+
+def device_model(name: str, backend: str) -> str:
+    """The model a device is known by, to the policy and to the jobs it runs
+    (``SHOAL_DEVICE_MODELS``): ``cpu`` for a CPU device, else :func:`model_key` of its name."""
+    return "cpu" if backend == "cpu" else model_key(name)
+
+
 def _words(text: str) -> list[str]:
     text = re.sub(r"\((r|tm)\)", " ", text.lower())
     return [w for w in re.split(r"[^a-z0-9]+", text) if w]

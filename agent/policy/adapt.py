@@ -17,8 +17,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from agent.jobspec import JobSpec
-from agent.policy.prior import catalog_key
 from agent.policy.snapshot import SCHEDULABLE, Device, Job, Node, Placement, Running, Share
+from probers.catalog import device_model
 from probers.records import DeviceSample, DeviceStatic
 
 BUSY = "(busy)"
@@ -179,7 +179,7 @@ def device_from_static(
         domain = domain_of.get(static.key)
     return Device(
         key=static.key,
-        model="cpu" if static.backend == "cpu" else catalog_key(static.name),
+        model=device_model(static.name, static.backend),
         vendor=static.vendor,
         backend=static.backend,
         arch=static.arch,
@@ -305,7 +305,7 @@ def node_from_host(host: HostFacts, busy: Iterable[str]) -> Node:
     devices = tuple(
         Device(
             key=d.key,
-            model="cpu" if d.backend == "cpu" else catalog_key(d.name.replace("(simulated)", "")),
+            model=device_model(d.name.replace("(simulated)", ""), d.backend),
             vendor=d.vendor,
             backend=d.backend,
             arch=d.arch,

@@ -15,7 +15,7 @@ import math
 from functools import cache
 from typing import Final
 
-from probers.catalog import AcceleratorModel, load_catalog, lookup
+from probers.catalog import AcceleratorModel, load_catalog, lookup, model_key
 
 REFERENCE_MODEL: Final = "v100"
 """Work is counted in seconds on one of these (Gavel's reference device)."""
@@ -78,8 +78,6 @@ def catalog_watts(model: str) -> float | None:
     return m.tdp_w if m is not None else None
 
 
-@cache
 def catalog_key(name: str) -> str:
     """The catalog key of a device name where the catalog knows it, else the name itself."""
-    m = catalog_model(name)
-    return m.key if m is not None else name
+    return model_key(name)

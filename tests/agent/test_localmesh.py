@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.jobspec import JobSpec, Resources
 from agent.localmesh import LocalMesh
 from tests.agent.agents import Mesh
 
@@ -62,3 +63,38 @@ def test_healthz_holds_a_watch_until_the_agent_sees_the_members_asked_for(tmp_pa
             assert (status, json.loads(body)) == (400, {"error": why})
     finally:
         mesh.stop_all()
+
+
+@pytest.mark.parametrize("placement", ["fifo", "shoal"])
+def test_every_agent_places_with_the_placement_the_mesh_names(
+    tmp_path: Path, placement: str
+) -> None:
+    """First fit takes the node first in id order; the Shoal policy, the H100 (4x an L4's speed
+    for this class). Idle nodes, so either choice is the placement's alone."""
+    mesh = LocalMesh(tmp_path, 3, profiles=("l4:1", "h100:1", "l4:1"), placement=placement)
+    mesh.create()
+    assert all(f'placement = "{placement}"' in a.config_path.read_text() for a in mesh.agents)
+    h100 = mesh.agents[1].node_id
+    want = min(a.node_id for a in mesh.agents) if placement == "fifo" else h100
+    spec = JobSpec(
+        command=("sleep", "30"),
+        resources=Resources(gpus_per_node=1),
+        labels={"class": "ResNet-50 (batch size 64)"},
+    )
+
+    async def runner_of_a_job() -> str | None:
+        await mesh.wait_converged(timeout_s=60)
+        async with mesh.client(2) as client:
+            job_id = (await client.submit(spec))["job_id"]
+            for _ in range(200):  # the listing may lag the owner's answer a moment
+                job = {j["job_id"]: j for j in await client.jobs()}.get(job_id, {})
+                if job.get("state") == "running":
+                    return str(job["runner"])
+                await asyncio.sleep(0.1)
+        return None
+
+    mesh.start()
+    try:
+        assert asyncio.run(runner_of_a_job()) == want
+    finally:
+        mesh.stop()

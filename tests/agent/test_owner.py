@@ -25,6 +25,7 @@ from agent.jobstate import JobState
 from agent.owner import UNHEARD_OWNER_GRACE_S, Owner
 from agent.peers import PeerClient
 from agent.placement import FirstFit
+from agent.recentoffers import HOLD_S
 from agent.store import JobRecord, Store
 from agent.view import ClusterView, pack
 from agent.wire.records import InventoryRecord
@@ -250,12 +251,20 @@ async def test_an_attempt_refused_in_every_round_is_offered_again(fx: Fixture) -
     a = fx.runners["runner-a"]
     del fx.runners["runner-b"]
     owner = fx.owner()
+    now = [1000.0]
+    owner.placement = FirstFit(clock=lambda: now[0])
     job_id = new_job_id()
     await owner.submit(fx.submission(job_id))
     job = owner.jobs[job_id]
     await _settled(owner)  # the submission's own placement: refused
-    await owner._place_once(job)
     assert job.state == JobState.PENDING and "device h0 is in use" in (job.reason or "")
+    # The declined device counts as in use for a few seconds: not offered again at once.
+    await owner._place_once(job)
+    assert job.state == JobState.PENDING and len(a.starts) == 1
+    now[0] += HOLD_S
+    await owner._place_once(job)  # refused again
+    assert job.state == JobState.PENDING and "device h0 is in use" in (job.reason or "")
+    now[0] += HOLD_S
     a.accept = True
     await owner._place_once(job)
     assert [s["attempt"] for s in a.starts] == [1, 1, 1]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from agent.pinning import GangRank, device_env, job_env, reserved_env
@@ -62,6 +64,7 @@ def test_nvidia_by_uuid_in_enumeration_order() -> None:
     assert env == {
         "CUDA_VISIBLE_DEVICES": f"{U2},{U5}",
         "SHOAL_DEVICES": f"{U2},{U5}",
+        "SHOAL_DEVICE_MODELS": "h100,h100",
     }
 
 
@@ -77,17 +80,36 @@ def test_amd_hip_indices_are_relative_to_rocr() -> None:
         "ROCR_VISIBLE_DEVICES": "2,3",
         "HIP_VISIBLE_DEVICES": "0,1",
         "SHOAL_DEVICES": "drm:card3,drm:card4",
+        "SHOAL_DEVICE_MODELS": "mi300x,mi300x",
     }
 
 
 def test_intel_affinity_mask() -> None:
     env = device_env([intel(1)])
-    assert env == {"ZE_AFFINITY_MASK": "1", "SHOAL_DEVICES": "drm:card1"}
+    assert env == {
+        "ZE_AFFINITY_MASK": "1",
+        "SHOAL_DEVICES": "drm:card1",
+        "SHOAL_DEVICE_MODELS": "arc-a770",
+    }
 
 
 def test_metal_and_no_devices_pin_nothing() -> None:
-    assert device_env([APPLE]) == {"SHOAL_DEVICES": "metal:4294968372"}
+    assert device_env([APPLE]) == {
+        "SHOAL_DEVICES": "metal:4294968372",
+        "SHOAL_DEVICE_MODELS": "m2-ultra",
+    }
     assert device_env([]) == {}
+
+
+def test_device_models_are_the_policy_s_names_for_them() -> None:
+    """A simulated device, a name the catalog lacks, and a CPU device, as the policy names them."""
+    sim = DeviceStatic(
+        key="sim:a:0", vendor="nvidia", backend="cuda", name="NVIDIA L4 (simulated)", source="sim"
+    )
+    odd = replace(sim, key="sim:a:1", name="Mystery Accelerator 9000", vendor_index=1)
+    assert device_env([sim, odd])["SHOAL_DEVICE_MODELS"] == "l4,Mystery Accelerator 9000"
+    cpu = DeviceStatic(key="cpu", vendor="cpu", backend="cpu", name="AMD EPYC 9654", source="cpu")
+    assert device_env([cpu])["SHOAL_DEVICE_MODELS"] == "cpu"
 
 
 def test_mixed_vendors_are_refused() -> None:
@@ -107,6 +129,7 @@ def test_job_env_without_gang() -> None:
         "ROCR_VISIBLE_DEVICES": "0",
         "HIP_VISIBLE_DEVICES": "0",
         "SHOAL_DEVICES": "drm:card1",
+        "SHOAL_DEVICE_MODELS": "mi300x",
         "SHOAL_JOB_ID": JOB,
         "SHOAL_ATTEMPT": "2",
         "SHOAL_CHECKPOINT_DIR": "/srv/ckpt",

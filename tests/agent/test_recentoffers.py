@@ -1,0 +1,86 @@
+"""An owner counts the devices of its recent offers in use until gossip can have said so, under
+either placement: it neither offers its own just-started devices again nor goes back at once to
+devices a runner declined as in use."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.jobspec import JobSpec, Resources
+from agent.placement import FirstFit, ShoalPlacement
+from agent.policy.adapt import BUSY
+from agent.policy.snapshot import Device, Node, Share
+from agent.recentoffers import HOLD_S, RecentOffers, mark_held
+from agent.view import NodeView
+from agent.wire.records import InventoryRecord, NodeRecord
+from probers.records import DeviceStatic, HostInfo
+
+
+def test_offers_are_held_for_a_while_then_forgotten() -> None:
+    recent = RecentOffers(hold_s=3.0)
+    recent.note("n1", ("d0", "d1"), now=10.0)
+    recent.note("n2", ("d0",), now=11.0)
+    assert recent.held(12.0) == {"n1": {"d0", "d1"}, "n2": {"d0"}}
+    recent.note("n1", ("d1",), now=12.5)  # offered again: held from then
+    assert recent.held(13.0) == {"n1": {"d1"}, "n2": {"d0"}}
+    assert recent.held(16.0) == {}
+
+
+def test_held_devices_are_busy_and_busy_ones_keep_their_holder() -> None:
+    share = Share("j9", 1, 0.5)
+    node = Node(
+        "n1",
+        devices=(
+            Device(key="d0", model="h100"),
+            Device(key="d1", model="h100", whole_job="j1"),
+            Device(key="d2", model="h100"),
+            Device(key="d3", model="h100", shares=(share,)),
+        ),
+    )
+    other = Node("n2", devices=(Device(key="d0", model="l4"),))
+    marked = mark_held([node, other], {"n1": frozenset({"d0", "d1", "d3"})})
+    assert [d.whole_job for d in marked[0].devices] == [BUSY, "j1", None, None]
+    assert marked[1] == other
+
+
+def _view(node_id: str, model: str, count: int) -> NodeView:
+    devices = tuple(
+        DeviceStatic(
+            key=f"{node_id}-{i}",
+            vendor="nvidia",
+            backend="cuda",
+            name=model,
+            source="sim",
+            compute_capability="9.0",
+            mem_total_bytes=80 * 1024**3,
+        )
+        for i in range(count)
+    )
+    host = HostInfo("h", "linux", "x86_64", None, None)
+    return NodeView(
+        node_id,
+        inventory=InventoryRecord(host, None, {}, 1, devices),
+        status=NodeRecord(drain="schedulable", free=tuple(d.key for d in devices)),
+    )
+
+
+@pytest.mark.parametrize("kind", ["fifo", "shoal"])
+def test_a_placement_skips_what_it_offered_until_the_hold_ends(kind: str) -> None:
+    now = [100.0]
+    placement = (
+        FirstFit(clock=lambda: now[0]) if kind == "fifo" else ShoalPlacement(clock=lambda: now[0])
+    )
+    # "a" sorts first (first fit) and has the H100s (the policy's pick for this class).
+    views = [_view("a", "NVIDIA H100 SXM", 2), _view("b", "NVIDIA L4", 2)]
+    spec = JobSpec(
+        command=("x",), resources=Resources(gpus_per_node=1), labels={"class": "ResNet-50"}
+    )
+    first = placement.candidates(spec, views)[0]
+    assert first.node_id == "a"
+    placement.offered(first)  # started (or declined): the view still says free
+    second = placement.candidates(spec, views)[0]
+    assert second.node_id == "a" and second.devices != first.devices
+    placement.offered(second)
+    assert [c.node_id for c in placement.candidates(spec, views)] == ["b"]
+    now[0] += HOLD_S
+    assert placement.candidates(spec, views)[0] == first  # the view is to be believed again
