@@ -101,6 +101,7 @@ def test_an_elastic_job_takes_what_is_free_in_its_range(mesh: Mesh, tmp_path: Pa
     env = json.loads((tmp_path / "elastic.json").read_text())
     assert sorted(env["SHOAL_DEVICES"].split(",")) == sorted(held), env
     assert len(env["CUDA_VISIBLE_DEVICES"].split(",")) == 4, env
+    assert env["SHOAL_GPUS"] == "4", env
     rows = {line[:8]: line for line in op.ok("jobs").splitlines()[2:]}
     assert "4 (2-4)" in rows[elastic[:8]], rows
 
