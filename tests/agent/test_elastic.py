@@ -161,8 +161,17 @@ def test_an_elastic_job_grows_onto_gpus_left_idle_and_resumes_from_its_checkpoin
         elastic = trainer(mesh, op, log, 2)
         assert op.job(elastic)["attempt"] == 1  # nothing idle: it keeps its size
 
-        # The plain job ends: its GPUs sit idle, and the elastic job grows onto them.
+        # A job that waits for two GPUs comes first: the plain job ends, the waiting one takes
+        # its GPUs, and the elastic job does not grow (it runs at its fewest: not shrunk either).
+        waiting = submit(op, "2", tmp_path / "waiting.json")
+        mesh.wait("the job's reason", lambda: op.job(waiting).get("reason") is not None)
         assert mesh.command(mesh.agents[0], "cancel", {"job_id": plain})[0] == 200
+        mesh.wait("the waiting job running", lambda: op.job(waiting)["state"] == "running")
+        time.sleep(3 * 2)  # three times elastic_grow_idle_s: nothing of the node sits idle
+        assert (op.job(elastic)["state"], op.job(elastic)["attempt"]) == ("running", 1)
+
+        # That job ends: its GPUs sit idle, and the elastic job grows onto them.
+        assert mesh.command(mesh.agents[0], "cancel", {"job_id": waiting})[0] == 200
         mesh.wait(
             "the elastic job running on 4",
             lambda: op.job(elastic)["state"] == "running" and len(op.job(elastic)["devices"]) == 4,
