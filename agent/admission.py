@@ -7,7 +7,8 @@ job its node does not meet. It reads its own inventory, not gossip:
 
 - the node filters (:func:`~agent.policy.filters.node_reason`): the job-spec features this agent
   runs, its OS, its labels for ``affinity`` and ``anti_affinity``, CPU and host memory;
-- as many devices offered as the job asks for, each passing the device filters
+- as many devices offered as the job asks for (an elastic job: any number in its range), each
+  passing the device filters
   (:func:`~agent.policy.filters.device_reason`: backend, memory, compute capability, arch);
 - for ``resources.interconnect``, the devices offered joined by that link in its own inventory
   (:func:`~agent.policy.filters.linked_groups` over :func:`agent.policy.adapt.link_domains`).
@@ -74,11 +75,14 @@ def local_node(
     )
 
 
-def wanted_devices(job: Job) -> int:
-    """How many devices an offer of ``job`` names on one node (a share: one)."""
+def wanted_devices(job: Job) -> tuple[int, int]:
+    """The fewest and most devices an offer of ``job`` names on one node (a share: one; an
+    elastic job: its range)."""
     if job.gpus_per_node == 0:
-        return 0
-    return 1 if job.is_share else job.gpus_per_node
+        return 0, 0
+    if job.is_share:
+        return 1, 1
+    return job.gpus_per_node, job.gpus_max_per_node or job.gpus_per_node
 
 
 def _job(spec: JobSpec) -> Job:
@@ -123,8 +127,9 @@ def offer_problem(spec: JobSpec, node: Node, keys: Sequence[str]) -> str | None:
     reason = node_reason(job, node, drained_too=True)
     if reason is not None:
         return f"the job needs {reason}"
-    want = wanted_devices(job)
-    if len(keys) != want:
+    least, most = wanted_devices(job)
+    if not least <= len(keys) <= most:
+        want = str(least) if least == most else f"{least}-{most}"
         return f"offered {len(keys)} device(s) for a job of {want} on this node"
     by_key = {d.key: d for d in node.devices}
     offered = [by_key[k] for k in keys if k in by_key]

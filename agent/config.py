@@ -80,6 +80,10 @@ class AgentConfig:
     preempt_min_run_s: float = 600.0
     """A preemptible job runs at least this long (since its attempt started) before a job of
     higher priority may preempt it: owners propose no sooner, and runners refuse sooner."""
+    elastic_grow_idle_s: float = 30.0
+    """An elastic job (a range of GPUs) below its most is restarted from its checkpoint with
+    more once GPUs it could use have been idle on its node this long (and no job waits that could
+    use them); it also runs ``preempt_min_run_s`` between resizes."""
     rpc_timeout_s: float = 5.0
     """Timeout of one agent-to-agent call."""
     placement: str = "shoal"
@@ -117,6 +121,7 @@ _FLOATS = {
     "stop_grace_s",
     "drain_grace_s",
     "preempt_min_run_s",
+    "elastic_grow_idle_s",
     "rpc_timeout_s",
     "datasets_rescan_s",
 }

@@ -53,3 +53,6 @@ class AgentContext:
     """Between a job's stop signal and SIGKILL, unless a stop names its own grace."""
     preempt_min_run_s: float = 600.0
     """How long a job runs before it may be preempted (``AgentConfig.preempt_min_run_s``)."""
+    elastic_grow_idle_s: float = 30.0
+    """How long GPUs an elastic job could use sit idle before it grows onto them
+    (``AgentConfig.elastic_grow_idle_s``)."""

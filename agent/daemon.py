@@ -134,6 +134,7 @@ class Agent:
             changed=lambda: self.publisher.node_changed(),
             stop_grace_s=config.stop_grace_s,
             preempt_min_run_s=config.preempt_min_run_s,
+            elastic_grow_idle_s=config.elastic_grow_idle_s,
         )
         self.executor = ProcessExecutor(
             ExecutorConfig(

@@ -11,11 +11,12 @@ from typing import Literal, TypeAlias
 
 from agent.progress import ProgressReport
 
-StopCause = Literal["cancel", "preempt", "migrate", "drain", "fenced", "shutdown"]
-"""Why the agent stopped a job: the operator cancelled it, a higher-priority job preempted it, it
-moves elsewhere, its node drains, a newer attempt runs elsewhere, or the agent shuts down."""
+StopCause = Literal["cancel", "preempt", "shrink", "migrate", "drain", "fenced", "shutdown"]
+"""Why the agent stopped a job: the operator cancelled it, a higher-priority job preempted it,
+an elastic job gives back GPUs (it restarts with fewer), it moves elsewhere, its node drains, a
+newer attempt runs elsewhere, or the agent shuts down."""
 ExitCause = Literal[
-    "exit", "timeout", "cancel", "preempt", "migrate", "drain", "fenced", "shutdown"
+    "exit", "timeout", "cancel", "preempt", "shrink", "migrate", "drain", "fenced", "shutdown"
 ]
 """``exit``: the job ended on its own; ``timeout``: it hit ``max_runtime_s``; else a StopCause."""
 

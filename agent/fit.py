@@ -175,6 +175,8 @@ def asks(spec: JobSpec) -> str:
             text = f"a {r.share_fraction:g} share of one GPU"
         elif r.share_mem_bytes is not None:
             text = f"a share of one GPU with {r.share_mem_bytes / 1024**3:g} GiB of its memory"
+        elif r.gpus_max_per_node is not None:
+            text = f"{r.gpus_text()} GPUs of one vendor on one node (elastic)"
         if what:
             text += f" ({', '.join(what)})"
     if r.nodes > 1:

@@ -55,22 +55,27 @@ _JOB_ID_RE: Final = re.compile(r"[0-9a-f]{32}")
 SPEC_VERSION: Final = 3
 """The job-spec version this code reads and writes: 1 is the spec before features."""
 FEATURES: Final[Mapping[str, int]] = {
+    "elastic": 3,
     "gang": 2,
     "image": 2,
     "interconnect": 2,
     "os": 3,
     "share": 3,
 }
-"""Every feature a spec can use, with the spec version that brought it: ``gang`` (more than one
-node), ``image`` (a container image), ``interconnect`` (a required link between the GPUs),
-``os`` (a required operating system), ``share`` (part of one GPU, by fraction or memory)."""
-SUPPORTED_FEATURES: Final[frozenset[str]] = frozenset({"gang", "interconnect", "os", "share"})
-"""The features this agent runs, advertised in its inventory: ``gang`` (all members start or
-none: ``agent.gang``); ``interconnect``, ``os`` and ``share``, which the runner checks against its
-own node before it admits an offer (``agent.admission``: the link between the devices offered,
-its OS, and the memory a share holds on its device). Container images are still to come: a job
-that uses one is placed on no agent of this version, and its reason says which feature it waits
-for."""
+"""Every feature a spec can use, with the spec version that brought it: ``elastic`` (a range of
+GPUs, ``gpus = "2-8"``), ``gang`` (more than one node), ``image`` (a container image),
+``interconnect`` (a required link between the GPUs), ``os`` (a required operating system),
+``share`` (part of one GPU, by fraction or memory)."""
+SUPPORTED_FEATURES: Final[frozenset[str]] = frozenset(
+    {"elastic", "gang", "interconnect", "os", "share"}
+)
+"""The features this agent runs, advertised in its inventory: ``elastic`` (the runner admits
+an offer of any number of devices in the job's range: ``agent.admission``); ``gang`` (all
+members start or none: ``agent.gang``); ``interconnect``, ``os`` and ``share``, which the
+runner checks against its own node before it admits an offer (``agent.admission``: the link
+between the devices offered, its OS, and the memory a share holds on its device). Container
+images are still to come: a job that uses one is placed on no agent of this version, and its
+reason says which feature it waits for."""
 
 
 class UnknownFeatures(ValueError):
@@ -228,10 +233,25 @@ class Resources:
     share_mem_bytes: int | None = None
     """A share of one GPU by memory (``share_mem_bytes = "10GiB"``, ``--gpu-mem 10GiB``), instead
     of a fraction. Either makes the job a share (``gpus_per_node`` is 1, one node)."""
+    gpus_max_per_node: int | None = None
+    """An elastic job (feature ``elastic``; ``gpus = "2-8"`` in a job file, ``--gpus 2-8``): the
+    most GPUs it takes, ``gpus_per_node`` being the fewest. It runs on one node, with as many as
+    fit there when it starts (``SHOAL_GPUS`` names them, so the program knows its world size).
+    ``None``: exactly ``gpus_per_node``."""
 
     @property
     def is_share(self) -> bool:
         return self.share_fraction is not None or self.share_mem_bytes is not None
+
+    @property
+    def is_elastic(self) -> bool:
+        return self.gpus_max_per_node is not None
+
+    def gpus_text(self) -> str:
+        """``4``, or an elastic job's range ``2-4``."""
+        if self.gpus_max_per_node is None:
+            return str(self.gpus_per_node)
+        return f"{self.gpus_per_node}-{self.gpus_max_per_node}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -248,6 +268,7 @@ class Resources:
                 ("os", self.os),
                 ("share_fraction", self.share_fraction),
                 ("share_mem_bytes", self.share_mem_bytes),
+                ("gpus_max_per_node", self.gpus_max_per_node),
             )
             if v is not None
         }
@@ -282,8 +303,10 @@ class Resources:
             os=_os_name(r.opt_str("os")),
             share_fraction=fraction,
             share_mem_bytes=share_mem,
+            gpus_max_per_node=r.opt_int("gpus_max_per_node"),
         )
         r.done()
+        _check_range(out)
         if share and out.gpus_per_node != 1:
             raise ValueError("resources.gpus_per_node: a share is of one GPU")
         if share and out.nodes != 1:
@@ -354,6 +377,8 @@ class JobSpec:
             used.append("os")
         if self.resources.is_share:
             used.append("share")
+        if self.resources.is_elastic:
+            used.append("elastic")
         return tuple(sorted(used))
 
     @property
@@ -519,7 +544,13 @@ def _human_gpus(data: Mapping[str, Any]) -> Mapping[str, Any]:
             raise ValueError("resources: give gpus or gpus_per_node, not both")
         out["gpus_per_node"] = out.pop("gpus")
     gpus = out.get("gpus_per_node")
-    if isinstance(gpus, float) and not isinstance(gpus, bool):
+    if isinstance(gpus, str):
+        if out.get("gpus_max_per_node") is not None:
+            raise ValueError("resources: a range in gpus and gpus_max_per_node both")
+        out["gpus_per_node"], most = _gpu_range(gpus)
+        if most is not None:
+            out["gpus_max_per_node"] = most
+    elif isinstance(gpus, float) and not isinstance(gpus, bool):
         if gpus.is_integer():
             out["gpus_per_node"] = int(gpus)
         elif 0 < gpus < 1:
@@ -532,6 +563,40 @@ def _human_gpus(data: Mapping[str, Any]) -> Mapping[str, Any]:
                 " share of one (between 0 and 1)"
             )
     return out
+
+
+_RANGE_RE: Final = re.compile(r"\s*(\d+)\s*-\s*(\d+)\s*")
+
+
+def _gpu_range(text: str) -> tuple[int, int | None]:
+    """``gpus = "2-8"`` (an elastic job: fewest, most) or ``"4"``."""
+    if text.strip().isdigit():
+        return int(text), None
+    match = _RANGE_RE.fullmatch(text)
+    if match is None:
+        raise ValueError(
+            f"resources.gpus_per_node: {text[:40]!r} is neither a number of GPUs nor a range"
+            " such as 2-8"
+        )
+    return int(match[1]), int(match[2])
+
+
+def _check_range(r: Resources) -> None:
+    """Refuse an elastic range that cannot be run, in one line."""
+    most = r.gpus_max_per_node
+    if most is None:
+        return
+    if r.gpus_per_node < 1:
+        raise ValueError("resources.gpus_per_node: an elastic job needs at least 1 GPU")
+    if most <= r.gpus_per_node:
+        raise ValueError(
+            f"resources.gpus_max_per_node: {most} is not more than gpus_per_node"
+            f" {r.gpus_per_node} (a range runs between the two)"
+        )
+    if r.nodes != 1:
+        raise ValueError("resources.nodes: an elastic job (a range of GPUs) runs on one node")
+    if r.is_share:
+        raise ValueError("resources: a range of GPUs is of whole GPUs, not a share of one")
 
 
 def _share(r: _Reader, *, human: bool) -> tuple[float | None, int | None]:

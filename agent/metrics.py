@@ -12,8 +12,9 @@ believed, by reason and by kind (``shoal_records_refused_total``,
 (``shoal_api_refused_total``), the offers this agent made as an owner, by outcome
 (``shoal_placements_total``), jobs it owns whose deadline passed before they ended
 (``shoal_deadline_misses_total``, ``agent.deadlines``), preemptions on this runner, by outcome
-(``preempted``: a job stopped for one of higher priority, ``refused``: a preempting offer
-refused: ``shoal_preemptions_total``), and checkpoint transfers by what happened (``pulled``,
+(``preempted``: a job stopped for one of higher priority, ``shrunk``: an elastic job
+restarted with fewer GPUs for another, ``refused``: a preempting offer refused:
+``shoal_preemptions_total``), and checkpoint transfers by what happened (``pulled``,
 ``pushed``, ``resumed``, ``failed``, ``refused``, ``refused_not_owner``:
 ``shoal_checkpoint_total``).
 

@@ -61,7 +61,8 @@ def submit_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="GPUs per node (default: none, the job runs on any host; 1 when --mem or a GPU "
         "--backend says what each GPU must be); a fraction such as 0.5 asks for that share of "
-        "one GPU's memory, on a GPU other shares may use too",
+        "one GPU's memory, on a GPU other shares may use too; a range such as 2-8 makes an "
+        "elastic job on one node, given as many as fit",
     )
     p.add_argument(
         "--gpu-mem",
@@ -212,8 +213,11 @@ def certify_arguments(p: argparse.ArgumentParser) -> None:
     add_json_argument(p, "one JSON object")
 
 
-def _gpu_count(text: str) -> int | float:
-    """``--gpus``: a whole number of GPUs, or a fraction of one (``0.5``)."""
+def _gpu_count(text: str) -> int | float | str:
+    """``--gpus``: a whole number of GPUs, a fraction of one (``0.5``), or a range (``2-8``: an
+    elastic job, which the spec reads)."""
+    if "-" in text.strip().lstrip("-"):
+        return text
     try:
         value = float(text)
     except ValueError:

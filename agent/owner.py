@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from agent.authority import Submission, SubmissionRefused
 from agent.context import AgentContext
 from agent.deadlines import missed_line, newly_missed
+from agent.elastic import Grow, Growth, Resizes, shrink_reason
 from agent.gang import Gangs
 from agent.jobstate import (
     IllegalTransition,
@@ -136,6 +137,9 @@ class Owner:
         """A copy stored before a restart is judged by what was heard since (the sweep)."""
         self.gangs = Gangs(self)
         """The jobs on several nodes (``agent.gang``)."""
+        self.resizes = Resizes(self.events)
+        """Elastic jobs restarting at another size (``agent.elastic``)."""
+        self.growth = Growth(ctx.elastic_grow_idle_s, ctx.preempt_min_run_s)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -191,6 +195,8 @@ class Owner:
             self._subs_published.add(job.job_id)
             self._publish(SUB_PREFIX + job.job_id, job.submission)
         self._publish(JOB_PREFIX + job.job_id, gossip_payload(job.status()))
+        if is_terminal(job.state):
+            self.resizes.forget(job.job_id)
         if is_terminal(job.state) and self.checkpoints is not None:
             self.checkpoints.forget(job.job_id)
         if replicate:
@@ -319,6 +325,19 @@ class Owner:
         self.spawn(self._stop_until_done(job_id, job.runner, job.attempt, "migrate"))
         return {"job_id": job_id, "state": job.state.value}
 
+    def _grow(self, grow: Grow) -> None:
+        """Restart an elastic job from its checkpoint to grow it (``agent.elastic``), as a
+        migration that prefers its own node; the policy chooses its new size."""
+        job = self.jobs[grow.job_id]
+        if job.runner is None or not self._move(job, JobEvent.MIGRATE):
+            return
+        job.prefer, job.avoid = job.runner, None
+        job.reason = f"growing from {grow.gpus} to {grow.to} GPUs onto idle ones"
+        self._save(job)
+        self.resizes.stopping(job.job_id, grow.gpus, "grown onto idle GPUs")
+        self.resizes.growing(job.job_id, job.runner, job.devices, time.monotonic())
+        self.spawn(self._stop_until_done(job.job_id, job.runner, job.attempt, "migrate"))
+
     # -- stopping on a runner --------------------------------------------------------------------
 
     async def _stop_until_done(self, job_id: str, runner: str, attempt: int, cause: str) -> None:
@@ -421,7 +440,9 @@ class Owner:
             if cause in ("drain", "shutdown"):
                 # The report can beat the gossip that says so: do not offer it straight back.
                 job.avoid = runner
-            if r.preempted_by:
+            if cause == "shrink":
+                self.resizes.stopping(job_id, len(job.devices), shrink_reason(r.preempted_by))
+            elif r.preempted_by:
                 self.events.add(
                     "preempted",
                     f"by {r.preempted_by} on {host_name(self.view, runner)}",
@@ -699,6 +720,8 @@ class Owner:
             self._kick.clear()
             for missed, late_s in list(newly_missed(self.jobs.values(), time.time())):
                 self._missed_deadline(missed, late_s)
+            for grow in self.growth.due(self.jobs.values(), self.view, time.time()):
+                self._grow(grow)
             pending = sorted(
                 (j for j in self.jobs.values() if j.state == JobState.PENDING),
                 key=lambda j: (-j.spec.priority, j.spec.deadline or float("inf"), j.submitted_at),
@@ -708,6 +731,8 @@ class Owner:
                     continue
                 if not self.authority.may_own(job.job_id, self.node_id):
                     continue  # outranked (a partition healed): runners would refuse; handed over
+                if self.resizes.settling(job.job_id, self.view, time.monotonic()):
+                    continue  # requeued to grow: placed once the view shows its GPUs freed
                 self._placing.add(job.job_id)
                 self.spawn(self._place(job))
             now = time.monotonic()
@@ -823,11 +848,12 @@ class Owner:
                 job.submission,
                 resume,
                 cand.victims,
+                cand.shrink,
             )
             try:
                 # A resumed attempt's checkpoint is copied into its folder before it starts; a
                 # preempting one waits for its victims to stop first.
-                slow = resume is not None or cand.victims
+                slow = resume is not None or cand.victims or cand.shrink
                 timeout_s = RESTORE_TIMEOUT_S + self._stop_grace_s if slow else None
                 answer = _answer(
                     StartAnswer.from_wire,
@@ -864,6 +890,7 @@ class Owner:
             self.events.add(
                 "started", f"attempt {attempt} on {cand.node_id[:8]}", job_id=job.job_id
             )
+            self.resizes.started(job.job_id, cand.devices)
             return
         if job.state == JobState.PENDING:
             job.reason = "declined by " + "; ".join(declines) if declines else job.reason

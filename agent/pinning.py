@@ -36,7 +36,9 @@ A vendor the job was given nothing of is hidden where a value for "no device" ex
 ``ZE_FLAT_DEVICE_HIERARCHY`` and ``ZE_ENABLE_PCI_ID_DEVICE_ORDER`` (which change what a Level Zero
 index means) are reserved but left unset: the job cannot set them, the runtimes' defaults apply.
 
-Every job also gets ``SHOAL_DEVICES`` (the device keys, for tools and the simulator),
+Every job also gets ``SHOAL_GPUS`` (how many devices it was given: an elastic job's world size
+on its node, which changes when it is resized), ``SHOAL_DEVICES`` (the device keys, for tools
+and the simulator),
 ``SHOAL_DEVICE_MODELS`` (the model of each of those devices, in the same order, as the policy
 knows it: the catalog key, ``h100``, ``l4``; a job that wants to know what it runs on, such as the
 demo's synthetic job, :mod:`agent.synthjob`, reads it), and the gang variables when it is one rank
@@ -153,6 +155,7 @@ def device_env(devices: Sequence[DeviceStatic]) -> dict[str, str]:
         raise ValueError("a job cannot be given the same device twice")
     ordered = sorted(devices, key=lambda d: (d.vendor_index, d.key))
     env = {
+        "SHOAL_GPUS": str(len(ordered)),
         "SHOAL_DEVICES": ",".join(d.key for d in ordered),
         "SHOAL_DEVICE_MODELS": ",".join(device_model(d.name, d.backend) for d in ordered),
     }

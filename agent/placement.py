@@ -31,7 +31,9 @@ When no node fits, :meth:`Placement.preemption` may name a node and the running 
 there (the policy's :func:`agent.policy.preempt.preempt_for`, over the running jobs the gossiped
 job records name: :func:`agent.policy.adapt.running_from_jobs`); the runner re-checks it
 (:mod:`agent.preemption`). Only a higher priority preempts on the live mesh: time slicing (equal
-priority) runs in the simulator only. First fit never preempts.
+priority) runs in the simulator only. Before that, :meth:`Placement.shrink` may name elastic
+jobs to shrink to make room (:mod:`agent.policy.shrink`: no priority needed). First fit never
+preempts nor shrinks.
 
 What the live mesh does not do yet (its next step): preempting for a gang, moves, and one queue
 order across owners.
@@ -48,10 +50,12 @@ from agent.jobspec import JobSpec, lacking_reason
 from agent.policy import adapt
 from agent.policy.baselines import first_fit
 from agent.policy.config import PolicyConfig
+from agent.policy.context import Context
 from agent.policy.decision import context, rank_any
 from agent.policy.explain import busy_line, never_reason
 from agent.policy.model import ThroughputModel
 from agent.policy.preempt import preempt_for
+from agent.policy.shrink import shrink_for, spare_gpus
 from agent.policy.snapshot import Job, Node, Running, Snapshot
 from agent.policy.snapshot import Placement as PolicyPlacement
 from agent.policy.state import PolicyState
@@ -66,6 +70,8 @@ class Candidate:
     """Device keys offered to the job on that node (empty for a CPU-only job)."""
     victims: tuple[str, ...] = ()
     """Jobs running there that must be preempted first (none: the devices are free)."""
+    shrink: tuple[str, ...] = ()
+    """Elastic jobs running there that must be shrunk first (:mod:`agent.policy.shrink`)."""
 
 
 GangSet = tuple[Candidate, ...]
@@ -102,6 +108,12 @@ class Placement(Protocol):
         self, spec: JobSpec, nodes: Sequence[NodeView], running: Sequence[Running]
     ) -> Candidate | None:
         """Where the job may start by preempting some of ``running``, and whom; or ``None``."""
+        ...
+
+    def shrink(
+        self, spec: JobSpec, nodes: Sequence[NodeView], running: Sequence[Running]
+    ) -> Candidate | None:
+        """Where the job may start by shrinking elastic jobs of ``running``, and which."""
         ...
 
     def offered(self, candidate: Candidate) -> None:
@@ -203,6 +215,12 @@ class FirstFit(_Held):
         """First fit, the baseline, never preempts."""
         return None
 
+    def shrink(
+        self, spec: JobSpec, nodes: Sequence[NodeView], running: Sequence[Running]
+    ) -> Candidate | None:
+        """First fit, the baseline, never shrinks a job."""
+        return None
+
 
 class ShoalPlacement(_Held):
     """The Shoal policy behind the owner's seam (see the module doc)."""
@@ -276,6 +294,34 @@ class ShoalPlacement(_Held):
         refuses to stop a job of equal priority, whatever an offer says)."""
         if not any(r.job.preemptible and r.job.priority < spec.priority for r in running):
             return None  # nothing it may stop: no index built for nothing
+        ctx, by_node = self._running_context(nodes, running)
+        found = preempt_for(_job(spec, self.owner), ctx, by_node)
+        if found is None:
+            return None
+        node_id, keys = found.placement.node_id, found.placement.devices[0]
+        # Only what frees a device the job takes: a runner refuses a victim that frees none.
+        held = {r.job.job_id: set(r.placement.devices[0]) for r in by_node[node_id]}
+        victims = tuple(v for v in found.victims if held.get(v, set()) & set(keys))
+        return Candidate(node_id, keys, victims) if victims else None
+
+    def shrink(
+        self, spec: JobSpec, nodes: Sequence[NodeView], running: Sequence[Running]
+    ) -> Candidate | None:
+        """The policy's shrink of elastic jobs for the job (:func:`~agent.policy.shrink.
+        shrink_for`), over the live ``nodes``; no priority is needed."""
+        if not any(spare_gpus(r) for r in running):
+            return None
+        ctx, by_node = self._running_context(nodes, running)
+        found = shrink_for(_job(spec, self.owner), ctx, by_node)
+        if found is None:
+            return None
+        return Candidate(found.placement.node_id, found.placement.devices[0], shrink=found.victims)
+
+    def _running_context(
+        self, nodes: Sequence[NodeView], running: Sequence[Running]
+    ) -> tuple[Context, dict[str, list[Running]]]:
+        """A pass's context over the live ``nodes`` with what ``running`` holds, and the
+        running jobs by node (time slicing off: the live mesh does not slice)."""
         views = [n for n in nodes if n.inventory is not None]
         snapshot = Snapshot(
             now=self._clock(),
@@ -288,14 +334,7 @@ class ShoalPlacement(_Held):
         by_node: dict[str, list[Running]] = {}
         for r in running:
             by_node.setdefault(r.placement.node_id, []).append(r)
-        found = preempt_for(_job(spec, self.owner), ctx, by_node)
-        if found is None:
-            return None
-        node_id, keys = found.placement.node_id, found.placement.devices[0]
-        # Only what frees a device the job takes: a runner refuses a victim that frees none.
-        held = {r.job.job_id: set(r.placement.devices[0]) for r in by_node[node_id]}
-        victims = tuple(v for v in found.victims if held.get(v, set()) & set(keys))
-        return Candidate(node_id, keys, victims) if victims else None
+        return ctx, by_node
 
 
 PLACEMENTS: dict[str, Callable[[str | None, float], Placement]] = {

@@ -6,7 +6,9 @@ preemptible from each job's own signed submission (:func:`agent.policy.adapt.run
 the policy picks the cheapest legal victims (``Placement.preemption``), and the offer names them
 (``StartOffer.victims``). The runner checks them again and may refuse (``agent.preemption``). A
 job stopped for another is requeued by its own owner with the reason "preempted by <job> on
-<host>", kept at the head of its waiting line until it runs again.
+<host>", kept at the head of its waiting line until it runs again. Before preempting anyone,
+an elastic job running above its fewest GPUs may be shrunk instead (``Placement.shrink``; the
+offer's ``shrink``): its owner restarts it from its checkpoint with fewer GPUs.
 """
 
 from __future__ import annotations
@@ -30,12 +32,18 @@ def preemption_candidates(
     view: ClusterView,
     live: Collection[str],
 ) -> list[Candidate]:
-    """The one place the job may start by preempting others (as the policy decides), or none."""
-    if not any(_may_yield(view, job_id, doc, spec.priority) for job_id, doc in view.jobs.items()):
-        return []  # nothing of a lower priority that may be stopped runs anywhere
+    """The one place the job may start by shrinking elastic jobs (first: it needs no priority)
+    or else by preempting others (as the policy decides), or none."""
+    elastic = any(_may_shrink(view, job_id, doc) for job_id, doc in view.jobs.items())
+    if not elastic and not any(
+        _may_yield(view, job_id, doc, spec.priority) for job_id, doc in view.jobs.items()
+    ):
+        return []  # nothing that may be shrunk or stopped runs anywhere
     specs = {j: s.spec for j, s in view.submissions.items()}
     running = adapt.running_from_jobs(view.jobs, specs, live=live, checkpoints=saved_at(view))
-    found = placement.preemption(spec, nodes, running)
+    found = placement.shrink(spec, nodes, running) if elastic else None
+    if found is None:
+        found = placement.preemption(spec, nodes, running)
     return [found] if found is not None else []
 
 
@@ -61,6 +69,11 @@ def _may_yield(view: ClusterView, job_id: str, doc: Mapping[str, Any], priority:
     )
 
 
+def _may_shrink(view: ClusterView, job_id: str, doc: Mapping[str, Any]) -> bool:
+    sub = view.submissions.get(job_id)
+    return sub is not None and doc.get("state") == "running" and sub.spec.resources.is_elastic
+
+
 def host_name(view: ClusterView, node_id: str) -> str:
     held = view.nodes.get(node_id)
     inventory = held.inventory if held is not None else None
@@ -71,6 +84,9 @@ def stopped_reason(result: AttemptResult, runner: str, view: ClusterView) -> str
     """Why an attempt stopped on ``runner`` (other than by its own end), in one line."""
     if result.cause == "preempt" and result.preempted_by:
         return f"{PREEMPTED}{result.preempted_by[:8]} on {host_name(view, runner)}"
+    if result.cause == "shrink":
+        by = f" for {result.preempted_by[:8]}" if result.preempted_by else ""
+        return f"shrunk{by} on {host_name(view, runner)}: restarts from its checkpoint"
     return f"attempt {result.attempt} stopped on {runner[:8]} ({result.cause})"
 
 

@@ -20,9 +20,17 @@ signal and the grace period, so each saves its checkpoint), then starts the job.
 report names the job it was stopped for, so its owner requeues it saying so; its checkpoint
 travels with it (``agent.ckptmove``) and its next attempt resumes from it.
 
+An offer may also name elastic jobs to shrink (``StartOffer.shrink``: :mod:`agent.policy.shrink`),
+checked on the same path: each must run here, unclaimed, be elastic (its own signed submission
+gives a range of GPUs), hold more than its fewest, have run ``min_run_s``, and hold one of the
+offered devices, of which the offer may take no more than it holds beyond its fewest. No priority
+is needed: a shrunk job is stopped with cause ``shrink`` (its checkpoint signal and grace) and
+its owner restarts it from its checkpoint with fewer GPUs.
+
 What a lying owner can make a runner do through an offer: stop preemptible jobs of a lower
 priority than the job it offers, that have run their minimum time, and that hold the devices it
-offers; each stopped job is requeued by its own owner with its checkpoint. Nothing else.
+offers; restart elastic jobs that have run their minimum time above their fewest GPUs; each
+stopped job is requeued by its own owner with its checkpoint. Nothing else.
 """
 
 from __future__ import annotations
@@ -47,6 +55,8 @@ class RunFacts(Protocol):
     def preemptible(self) -> bool: ...
     @property
     def started_at(self) -> float | None: ...
+    @property
+    def gpus_min(self) -> int | None: ...
 
 
 class Refused(Exception):
@@ -55,12 +65,45 @@ class Refused(Exception):
 
 class Ask(NamedTuple):
     """What a preempting offer asks: start ``job_id`` (its submission's ``priority``) on
-    ``devices`` once ``victims`` are stopped."""
+    ``devices`` once ``victims`` are stopped and ``shrink`` (elastic jobs) are shrunk."""
 
     job_id: str
     priority: int
     devices: tuple[str, ...]
     victims: tuple[str, ...]
+    shrink: tuple[str, ...] = ()
+
+    def cause_of(self, victim: str) -> str:
+        """The stop cause of one of its victims: ``shrink`` or ``preempt``."""
+        return "shrink" if victim in self.shrink else "preempt"
+
+
+def _common(
+    v: str, run: RunFacts | None, claimed: Collection[str], now: float, min_run_s: float
+) -> RunFacts:
+    """What every victim must be: run here, unclaimed, started ``min_run_s`` ago."""
+    if run is None:
+        raise Refused(f"victim {v} does not run here")
+    if v in claimed:
+        raise Refused(f"victim {v} is being preempted already")
+    if run.started_at is None:
+        raise Refused(f"victim {v} has not started yet")
+    ran_s = now - run.started_at
+    if ran_s < min_run_s:
+        raise Refused(f"victim {v} has run {ran_s:.0f} s, less than the minimum {min_run_s:g} s")
+    return run
+
+
+def _check_shrink(v: str, run: RunFacts, wanted: set[str]) -> None:
+    """An elastic job above its fewest GPUs, asked for no more than it holds beyond them."""
+    if run.gpus_min is None:
+        raise Refused(f"victim {v} is not elastic: it cannot be shrunk")
+    spare = len(run.devices) - run.gpus_min
+    if spare <= 0:
+        raise Refused(f"victim {v} runs on its fewest GPUs ({run.gpus_min}) already")
+    taken = len(wanted & set(run.devices))
+    if taken > spare:
+        raise Refused(f"the offer takes {taken} of {v}'s GPUs; a shrink frees {spare}")
 
 
 def arbitrate(
@@ -75,27 +118,18 @@ def arbitrate(
     devices ``free``, the victims ``claimed`` by other offers); raises :class:`Refused` with the
     first reason it may not."""
     job_id, priority, devices = ask.job_id, ask.priority, ask.devices
-    named = tuple(dict.fromkeys(ask.victims))
+    named = tuple(dict.fromkeys((*ask.victims, *ask.shrink)))
     if job_id in named:
         raise Refused(f"job {job_id} cannot preempt itself")
     wanted = set(devices)
     for v in named:
-        run = runs.get(v)
-        if run is None:
-            raise Refused(f"victim {v} does not run here")
-        if v in claimed:
-            raise Refused(f"victim {v} is being preempted already")
-        if not run.preemptible:
+        run = _common(v, runs.get(v), claimed, now, min_run_s)
+        if v in ask.shrink:
+            _check_shrink(v, run, wanted)
+        elif not run.preemptible:
             raise Refused(f"victim {v} is not preemptible")
-        if run.priority >= priority:
+        elif run.priority >= priority:
             raise Refused(f"victim {v} has priority {run.priority}, not lower than {priority}")
-        if run.started_at is None:
-            raise Refused(f"victim {v} has not started yet")
-        ran_s = now - run.started_at
-        if ran_s < min_run_s:
-            raise Refused(
-                f"victim {v} has run {ran_s:.0f} s, less than the minimum {min_run_s:g} s"
-            )
         if not wanted & set(run.devices):
             raise Refused(f"victim {v} holds none of the offered devices")
     held = {k for v in named for k in runs[v].devices}
@@ -105,11 +139,12 @@ def arbitrate(
     return named
 
 
-Stop = Callable[[str, int], Awaitable[object]]
-"""Stops a job's attempt here with cause ``preempt`` and waits until it is gone."""
+Stop = Callable[[str, int, str], Awaitable[object]]
+"""Stops a job's attempt here with a cause (``preempt``, ``shrink``) and waits until it is
+gone."""
 
-Note = Callable[[str, str], None]
-"""Writes one event about a job (job id, message)."""
+Note = Callable[[str, str, str], None]
+"""Writes one event about a job (job id, kind, message)."""
 
 
 class Preemptions:
@@ -121,8 +156,8 @@ class Preemptions:
         self.claimed: dict[str, tuple[int, str]] = {}
         """Victim -> (its attempt, the job it is stopped for), until its end is reported."""
         self.counts: Counter[str] = Counter()
-        """``preempted`` (victims stopped) and ``refused`` (offers refused), for
-        ``shoal_preemptions_total``."""
+        """``preempted`` (victims stopped), ``shrunk`` (elastic victims) and ``refused`` (offers
+        refused), for ``shoal_preemptions_total``."""
 
     def claim(
         self, ask: Ask, runs: Mapping[str, RunFacts], free: Collection[str]
@@ -148,13 +183,18 @@ class Preemptions:
         """Stop the claimed ``victims`` (at once, each with its checkpoint signal and grace)."""
         for v in victims:
             run = runs[v]
+            if v in ask.shrink:
+                note(v, "shrunk", f"for {ask.job_id}, attempt {run.attempt}")
+                self.counts["shrunk"] += 1
+                continue
             note(
                 v,
+                "preempted",
                 f"preempted by {ask.job_id} (priority {ask.priority} over {run.priority}), "
                 f"attempt {run.attempt}",
             )
             self.counts["preempted"] += 1
-        await asyncio.gather(*(stop(v, runs[v].attempt) for v in victims))
+        await asyncio.gather(*(stop(v, runs[v].attempt, ask.cause_of(v)) for v in victims))
 
     def stopped_for(self, job_id: str, attempt: int) -> str | None:
         """The job an attempt that just ended was preempted for (the claim is then released)."""

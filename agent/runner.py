@@ -103,7 +103,7 @@ CHECKPOINT_SCAN_S = 1.0
 """How often the checkpoint folders of running jobs are looked at (names, sizes, times)."""
 _ENDED: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 _STOP_CAUSES: frozenset[str] = frozenset(
-    {"cancel", "preempt", "migrate", "drain", "fenced", "shutdown"}
+    {"cancel", "preempt", "shrink", "migrate", "drain", "fenced", "shutdown"}
 )
 
 
@@ -125,6 +125,8 @@ class Admitted(NamedTuple):
 
     share_bytes: int = 0
     victims: tuple[str, ...] = ()
+    shrink: tuple[str, ...] = ()
+    """Those of ``victims`` that are shrunk (elastic), not preempted."""
 
 
 _WHOLE = Admitted()
@@ -141,7 +143,9 @@ class LocalRun:
     """The memory it holds of its one device when it is a share of a GPU; 0: devices whole."""
     priority: int = 0
     preemptible: bool = False
-    """Both from the job's operator-signed submission."""
+    gpus_min: int | None = None
+    """An elastic job's fewest GPUs (``None``: not elastic). All three from the job's
+    operator-signed submission."""
     started_at: float | None = None
     """When its process started (``None`` while it launches)."""
 
@@ -255,7 +259,9 @@ class Runner:
         spec = self.authorised_spec(job_id, owner, caller, offer.submission, "start")
         if spec.is_gang:
             raise Declined("a gang starts through gang_prepare and gang_commit, not start")
-        admitted = await self.admit(job_id, attempt, spec, offer.devices, offer.victims)
+        admitted = await self.admit(
+            job_id, attempt, spec, offer.devices, offer.victims, offer.shrink
+        )
         return await self.launch(
             job_id, attempt, owner, spec, offer.devices, offer.resume, admitted=admitted
         )
@@ -285,13 +291,15 @@ class Runner:
         spec: JobSpec,
         keys: tuple[str, ...],
         victims: tuple[str, ...] = (),
+        shrink: tuple[str, ...] = (),
     ) -> Admitted:
         """``Declined`` unless attempt ``attempt`` may start here now on ``keys``: the agent
         runs, the node takes work, the attempt is not fenced, no newer one runs, the devices
         are here, free (a hold of the job itself does not count: it is its own) and meet the
         spec's hard filters (``agent.admission``). An older attempt of the job that still runs
         here is stopped (fenced). ``victims``: running jobs a preempting offer names, which the
-        runner checks itself and claims (``agent.preemption``). What was admitted: the memory
+        runner checks itself and claims (``agent.preemption``); ``shrink``: elastic ones to
+        shrink, checked the same way. What was admitted: the memory
         the job holds of its device when it is a share (0: devices given whole), and the
         victims to stop before it starts."""
         if self._closing:
@@ -311,10 +319,12 @@ class Runner:
         if in_hold:
             raise Declined(f"device {in_hold[0]} is in use (held for a gang)")
         claimed: tuple[str, ...] = ()
-        if victims:  # checked and claimed first; the offered devices they hold count as free
+        if victims or shrink:  # checked and claimed first; the devices they hold count as free
             try:
                 claimed = self.preemptions.claim(
-                    Ask(job_id, spec.priority, keys, victims), self.runs, set(self.free_devices())
+                    Ask(job_id, spec.priority, keys, victims, shrink),
+                    self.runs,
+                    set(self.free_devices()),
                 )
             except Refused as exc:
                 raise Declined(f"preemption refused: {exc}") from None
@@ -328,7 +338,7 @@ class Runner:
         except NotAdmitted as exc:
             self.preemptions.release(claimed)
             raise Declined(str(exc)) from None
-        return Admitted(share_bytes, claimed)
+        return Admitted(share_bytes, claimed, tuple(v for v in claimed if v in shrink))
 
     async def launch(
         self,
@@ -352,10 +362,11 @@ class Runner:
             share_bytes=admitted.share_bytes,
             priority=spec.priority,
             preemptible=spec.preemptible,
+            gpus_min=spec.resources.gpus_per_node if spec.resources.is_elastic else None,
         )
         self.runs[job_id] = run
         if admitted.victims:
-            ask = Ask(job_id, spec.priority, keys, admitted.victims)
+            ask = Ask(job_id, spec.priority, keys, admitted.victims, admitted.shrink)
             await self.preemptions.stop(ask, admitted.victims, self.runs, self._preempt, self._note)
         try:
             resumed = await self._prepare_checkpoint(job_id, resume, spec.checkpoint_dir is None)
@@ -418,12 +429,13 @@ class Runner:
             )
         return StartAnswer(ok=True, started_at=started.started_at, pid=started.pid)
 
-    async def _preempt(self, job_id: str, attempt: int) -> None:
+    async def _preempt(self, job_id: str, attempt: int, cause: str) -> None:
         self.fence[job_id] = max(self.fence.get(job_id, 0), attempt)
-        await self.executor.stop(job_id, cause="preempt", grace_s=self._stop_grace_s)
+        how: StopCause = "shrink" if cause == "shrink" else "preempt"
+        await self.executor.stop(job_id, cause=how, grace_s=self._stop_grace_s)
 
-    def _note(self, job_id: str, message: str) -> None:
-        self.events.add("preempted", message, job_id=job_id)
+    def _note(self, job_id: str, kind: str, message: str) -> None:
+        self.events.add(kind, message, job_id=job_id)
 
     async def _prepare_checkpoint(self, job_id: str, resume: ResumeFrom | None, ours: bool) -> bool:
         """Put the checkpoint the offer names in the job's folder, or empty it: what an earlier
@@ -555,7 +567,7 @@ class Runner:
         by = self.preemptions.stopped_for(e.job_id, e.attempt)
         report = _exit_result(e)
         self.queue_report(
-            report._replace(preempted_by=by) if e.cause == "preempt" else report, owner
+            report._replace(preempted_by=by) if e.cause in ("preempt", "shrink") else report, owner
         )
         if self.drain == NodeDrainState.DRAINING and not self.runs:
             self._set_drain(DrainEvent.DRAINED)

@@ -165,7 +165,7 @@ JOB_COLUMNS: tuple[Column, ...] = (
     ("Job", "left", 8),
     ("State", "left", 9),
     ("Node", "left", 12),
-    ("GPUs", "right", 4),
+    ("GPUs", "right", 7),
     ("Pri", "right", 3),
     ("Deadline", "right", 8),
     ("Done", "right", 4),
@@ -182,6 +182,10 @@ def job_row(job: Mapping[str, Any], names: Mapping[str, str], now: float) -> lis
         gpus = f"{resources['share_fraction']:g}"
     elif isinstance(resources.get("share_mem_bytes"), int):
         gpus = f"{resources['share_mem_bytes'] / 1024**3:.3g}G"
+    elif isinstance(resources.get("gpus_max_per_node"), int):  # elastic: what it holds, range
+        held = job.get("devices")
+        span = f"({gpus}-{resources['gpus_max_per_node']})"
+        gpus = f"{len(held)} {span}" if isinstance(held, list) and held else span
     if resources.get("nodes", 1) != 1:
         gpus += f"x{resources['nodes']}"
     progress = job.get("progress")

@@ -229,6 +229,12 @@ class JobView:
         return _opt_int(resources.get("gpus_per_node")) or 0
 
     @property
+    def gpus_max_per_node(self) -> int | None:
+        """An elastic job's most GPUs (``gpus_per_node`` its fewest); ``None``: not elastic."""
+        resources = self.spec.get("resources") or {}
+        return _opt_int(resources.get("gpus_max_per_node"))
+
+    @property
     def nodes(self) -> int:
         """Nodes the job asks for: more than one makes it a gang."""
         resources = self.spec.get("resources") or {}

@@ -357,6 +357,7 @@ def job_from_spec(
         owner=owner,
         gpus_per_node=r.gpus_per_node,
         nodes=r.nodes,
+        gpus_max_per_node=r.gpus_max_per_node,
         min_mem_per_gpu_bytes=r.min_mem_per_gpu_bytes,
         share_mem_bytes=r.share_mem_bytes,
         share_fraction=r.share_fraction,

@@ -34,8 +34,9 @@ def pick(job: Job, node: Node) -> Placement | None:
             by_vendor.setdefault(d.vendor, []).append(d)
     for group in by_vendor.values():
         for linked in linked_groups(job, group):
-            if len(linked) >= job.gpus_per_node:
-                keys = tuple(d.key for d in linked[: job.gpus_per_node])
+            if len(linked) >= job.gpus_per_node:  # an elastic job: as many as free, to its most
+                n = min(len(linked), job.gpus_max_per_node or job.gpus_per_node)
+                keys = tuple(d.key for d in linked[:n])
                 return Placement((node.node_id,), (keys,))
     return None
 

@@ -22,6 +22,7 @@ def req_key(job: Job) -> tuple[object, ...]:
         job.job_class,
         job.kind,
         job.gpus_per_node,
+        job.gpus_max_per_node,
         job.share_mem_bytes,
         job.share_fraction,
         job.min_mem_per_gpu_bytes,

@@ -41,6 +41,8 @@ def needs(job: Job) -> str:
     else:
         n = job.gpus_per_node
         what = f"{n} free GPU" + "s" * (n != 1)
+        if job.gpus_max_per_node is not None:
+            what += f" (it takes up to {job.gpus_max_per_node})"
         if job.min_mem_per_gpu_bytes:
             what += f" of >= {gib(job.min_mem_per_gpu_bytes)}"
     extra = []

@@ -1,6 +1,9 @@
 """Where one job could go now: ranked candidates on single nodes (whole GPUs, a share of one, or
 no GPU), from the capacity index.
 
+An elastic job (a range of GPUs) is ranked at the most GPUs up to its maximum that some node
+has room for now, never fewer than its minimum (:func:`rank`, :func:`at_size`).
+
 Each group of interchangeable nodes is evaluated once (:func:`group_fit`: which devices, at what
 speed, adding what fragmentation); then a few of its nodes get the node-level terms, always
 including the nodes that hold the job's datasets. Gangs are :mod:`agent.policy.gangs`.
@@ -8,6 +11,7 @@ including the nodes that hold the job's datasets. Gangs are :mod:`agent.policy.g
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import zlib
 from collections.abc import Iterable
@@ -227,7 +231,14 @@ def rank(
     exclude: frozenset[str] = frozenset(),
     prefer: str | None = None,
 ) -> list[Candidate]:
-    """Single-node places where ``job`` could start now, best first (at most ``limit``)."""
+    """Single-node places where ``job`` could start now, best first (at most ``limit``); an
+    elastic job's at the largest size any node has room for."""
+    if job.gpus_max_per_node is not None:
+        for size in range(job.gpus_max_per_node, job.gpus_per_node - 1, -1):
+            found = rank(at_size(job, size), ctx, limit=limit, exclude=exclude, prefer=prefer)
+            if found:
+                return found
+        return []
     limit = ctx.config.alternates + 1 if limit is None else limit
     if not could_fit_now(job, ctx):
         return []
@@ -254,6 +265,11 @@ def rank(
     if prefer is not None:
         out.sort(key=lambda c: c.node_id != prefer)
     return out[:limit]
+
+
+def at_size(job: Job, gpus: int) -> Job:
+    """An elastic job fixed at ``gpus`` GPUs (as it runs, or as it would be placed)."""
+    return dataclasses.replace(job, gpus_per_node=gpus, gpus_max_per_node=None)
 
 
 def candidate_on(
@@ -298,4 +314,4 @@ def speed_spread(job: Job, ctx: Context) -> float:
     return math.log(max(speeds) / max(min(speeds), 1e-9))
 
 
-__all__ = ["Candidate", "best_speed", "could_fit_now", "kind_of", "rank", "speed_spread"]
+__all__ = ["Candidate", "at_size", "best_speed", "could_fit_now", "kind_of", "rank", "speed_spread"]

@@ -125,6 +125,9 @@ class Job:
     gpus_per_node: int = 1
     nodes: int = 1
     """More than one makes it a gang: every member starts, or none."""
+    gpus_max_per_node: int | None = None
+    """An elastic job: the most GPUs it takes on its one node (``gpus_per_node`` the fewest);
+    it is placed with as many as fit on a node now (:func:`agent.policy.place.rank`)."""
     min_mem_per_gpu_bytes: int | None = None
     share_mem_bytes: int | None = None
     """A share of one GPU by memory (``--gpu-mem 10GiB --share``)."""
@@ -162,6 +165,10 @@ class Job:
     @property
     def is_gang(self) -> bool:
         return self.nodes > 1
+
+    @property
+    def is_elastic(self) -> bool:
+        return self.gpus_max_per_node is not None
 
     @property
     def gpus(self) -> int:

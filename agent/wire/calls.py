@@ -150,7 +150,9 @@ class StartOffer(NamedTuple):
     """``start``: run attempt ``attempt`` of the job on ``devices``, for its owner ``owner``;
     ``resume``: from that checkpoint (``None``: from an empty checkpoint folder); ``victims``:
     the jobs running there that the runner is asked to preempt first (``agent.preemption``
-    decides whether it does; empty: the devices must be free)."""
+    decides whether it does; empty: the devices must be free); ``shrink``: elastic jobs running
+    there that the runner is asked to shrink (stop with cause ``shrink``, to restart with fewer
+    GPUs) to free the devices offered."""
 
     job_id: str
     attempt: int
@@ -159,6 +161,7 @@ class StartOffer(NamedTuple):
     submission: bytes
     resume: ResumeFrom | None = None
     victims: tuple[str, ...] = ()
+    shrink: tuple[str, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         doc = {
@@ -172,6 +175,8 @@ class StartOffer(NamedTuple):
             doc["resume"] = self.resume.to_wire()
         if self.victims:
             doc["victims"] = list(self.victims)
+        if self.shrink:
+            doc["shrink"] = list(self.shrink)
         return doc
 
     @classmethod
@@ -186,6 +191,7 @@ class StartOffer(NamedTuple):
             submission=_b64_in(d.get("submission"), "submission"),
             resume=None if resume is None else ResumeFrom.from_wire(resume),
             victims=c.field(d, "victims", c.texts),
+            shrink=c.field(d, "shrink", c.texts),
         )
 
 

@@ -177,10 +177,13 @@ class Mesh:
         status, body = self.request(a, "GET", f"/v1/jobs/{job_id}")
         return json.loads(body) if status == 200 else {"state": None, "status": status}
 
-    def offer(self, caller: int, to: int, job: JobSpec, keys: Sequence[str]) -> tuple[int, str]:
+    def offer(
+        self, caller: int, to: int, job: JobSpec, keys: Sequence[str], shrink: Sequence[str] = ()
+    ) -> tuple[int, str]:
         """An offer of an operator's genuine submission, made by agent ``caller`` as the job's
         owner (a job id whose order puts it first), straight to agent ``to``'s runner: what an
-        owner with a wrong view of the mesh would send. The status and the error, if any."""
+        owner with a wrong view of the mesh would send (``shrink``: elastic jobs it asks to
+        shrink). The status and the error, if any."""
         from agent.jobspec import new_job_id
         from agent.ownership import rank
         from gossip.identity import load_identity
@@ -196,6 +199,8 @@ class Mesh:
             "devices": list(keys),
             "submission": base64.b64encode(sealed).decode(),
         }
+        if shrink:
+            offer["shrink"] = list(shrink)
         identity = load_identity(me.directory / "identity")
         status, body = self.request(
             self.agents[to],

@@ -330,19 +330,64 @@ def test_a_share_that_makes_no_sense_is_refused(resources: dict[str, object], er
         JobSpec.from_human({"command": ["x"], "resources": resources})
 
 
-def test_an_agent_of_spec_version_2_refuses_a_share_naming_the_version(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    ("resources", "feature"),
+    [
+        (Resources(gpus_per_node=1, share_fraction=0.5), "share"),
+        (Resources(gpus_per_node=2, gpus_max_per_node=4), "elastic"),
+    ],
+)
+def test_an_agent_of_spec_version_2_refuses_a_version_3_feature_naming_the_version(
+    monkeypatch: pytest.MonkeyPatch, resources: Resources, feature: str
 ) -> None:
     import agent.jobspec as jobspec
 
-    wire = JobSpec(
-        command=("x",), resources=Resources(gpus_per_node=1, share_fraction=0.5)
-    ).to_dict()
+    wire = JobSpec(command=("x",), resources=resources).to_dict()
     version_2 = {k: v for k, v in jobspec.FEATURES.items() if v <= 2}
     monkeypatch.setattr(jobspec, "FEATURES", version_2)
     monkeypatch.setattr(jobspec, "SPEC_VERSION", 2)
     with pytest.raises(
         UnknownFeatures,
-        match=r"needs job-spec version 3 \(feature share\); this agent reads version 2",
+        match=rf"needs job-spec version 3 \(feature {feature}\); this agent reads version 2",
     ):
         JobSpec.from_dict(wire)
+
+
+# -- elastic jobs --------------------------------------------------------------------------------
+
+
+def test_an_elastic_job_asks_for_a_range_of_gpus() -> None:
+    ranged = Resources(gpus_per_node=2, gpus_max_per_node=8)
+    assert JobSpec.from_toml('command = ["x"]\n[resources]\ngpus = "2-8"\n').resources == ranged
+    assert (
+        JobSpec.from_human({"command": ["x"], "resources": {"gpus_per_node": " 2 - 8 "}}).resources
+        == ranged
+    )
+    assert JobSpec.from_toml('command = ["x"]\n[resources]\ngpus = "4"\n').resources == Resources(
+        gpus_per_node=4
+    )
+    spec = JobSpec(command=("x",), resources=ranged)
+    wire = spec.to_dict()
+    assert wire["features"] == ["elastic"] and wire["spec_version"] == 3
+    assert wire["resources"]["gpus_max_per_node"] == 8
+    assert JobSpec.from_dict(wire) == spec
+    assert "gpus_max_per_node" not in JobSpec(command=("x",)).to_dict()["resources"]
+    assert ranged.gpus_text() == "2-8" and Resources(gpus_per_node=3).gpus_text() == "3"
+
+
+@pytest.mark.parametrize(
+    ("resources", "error"),
+    [
+        ({"gpus": "2-8", "nodes": 2}, "an elastic job .* runs on one node"),
+        ({"gpus": "4-2"}, "2 is not more than gpus_per_node 4"),
+        ({"gpus": "2-2"}, "is not more than gpus_per_node 2"),
+        ({"gpus": "0-4"}, "an elastic job needs at least 1 GPU"),
+        ({"gpus": "1-4", "share_fraction": 0.5}, "whole GPUs, not a share of one"),
+        ({"gpus_per_node": 1, "gpus_max_per_node": 2, "share_mem_bytes": "1GiB"}, "not a share"),
+        ({"gpus": "two-eight"}, "neither a number of GPUs nor a range"),
+        ({"gpus": "2-8", "gpus_max_per_node": 8}, "a range in gpus and gpus_max_per_node"),
+    ],
+)
+def test_a_range_that_cannot_be_run_is_refused(resources: dict[str, object], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        JobSpec.from_human({"command": ["x"], "resources": resources})

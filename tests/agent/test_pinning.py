@@ -65,6 +65,7 @@ def test_nvidia_by_uuid_in_enumeration_order() -> None:
         "CUDA_VISIBLE_DEVICES": f"{U2},{U5}",
         "SHOAL_DEVICES": f"{U2},{U5}",
         "SHOAL_DEVICE_MODELS": "h100,h100",
+        "SHOAL_GPUS": "2",
     }
 
 
@@ -81,6 +82,7 @@ def test_amd_hip_indices_are_relative_to_rocr() -> None:
         "HIP_VISIBLE_DEVICES": "0,1",
         "SHOAL_DEVICES": "drm:card3,drm:card4",
         "SHOAL_DEVICE_MODELS": "mi300x,mi300x",
+        "SHOAL_GPUS": "2",
     }
 
 
@@ -90,6 +92,7 @@ def test_intel_affinity_mask() -> None:
         "ZE_AFFINITY_MASK": "1",
         "SHOAL_DEVICES": "drm:card1",
         "SHOAL_DEVICE_MODELS": "arc-a770",
+        "SHOAL_GPUS": "1",
     }
 
 
@@ -97,6 +100,7 @@ def test_metal_and_no_devices_pin_nothing() -> None:
     assert device_env([APPLE]) == {
         "SHOAL_DEVICES": "metal:4294968372",
         "SHOAL_DEVICE_MODELS": "m2-ultra",
+        "SHOAL_GPUS": "1",
     }
     assert device_env([]) == {}
 
@@ -130,6 +134,7 @@ def test_job_env_without_gang() -> None:
         "HIP_VISIBLE_DEVICES": "0",
         "SHOAL_DEVICES": "drm:card1",
         "SHOAL_DEVICE_MODELS": "mi300x",
+        "SHOAL_GPUS": "1",
         "SHOAL_JOB_ID": JOB,
         "SHOAL_ATTEMPT": "2",
         "SHOAL_CHECKPOINT_DIR": "/srv/ckpt",

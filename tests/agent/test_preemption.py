@@ -36,6 +36,7 @@ class Run:
     priority: int = 0
     preemptible: bool = True
     started_at: float | None = NOW - 3600
+    gpus_min: int | None = None
 
 
 RUNS = {
@@ -45,6 +46,9 @@ RUNS = {
     "peer": Run(1, ("g3",), priority=100),
     "fresh": Run(1, ("g4",), started_at=NOW - 5),
     "launching": Run(1, ("g5",), started_at=None),
+    "elastic": Run(1, ("g7", "g8", "g9"), priority=100, preemptible=False, gpus_min=1),
+    "least": Run(1, ("g10",), gpus_min=1),
+    "young": Run(1, ("g11", "g12"), gpus_min=1, started_at=NOW - 5),
 }
 
 
@@ -79,6 +83,42 @@ def test_an_offer_preempts_only_what_runs_here_preemptible_lower_and_past_its_mi
         assert str(refused.value) == line
 
 
+def test_an_offer_shrinks_only_an_elastic_job_above_its_fewest_and_takes_what_that_frees() -> None:
+    def shrink(victims: tuple[str, ...], devices: tuple[str, ...]) -> tuple[str, ...]:
+        ask = Ask("new", 0, devices, (), victims)  # no priority needed
+        return arbitrate(ask, RUNS, ("g6",), (), NOW, MIN_RUN_S)
+
+    assert shrink(("elastic",), ("g7", "g8")) == ("elastic",)
+    assert shrink(("elastic",), ("g6", "g9")) == ("elastic",)
+    refusals = [
+        (("low",), ("g0",), "victim low is not elastic: it cannot be shrunk"),
+        (("least",), ("g10",), "victim least runs on its fewest GPUs (1) already"),
+        (("elastic",), ("g7", "g8", "g9"), "the offer takes 3 of elastic's GPUs; a shrink frees 2"),
+        (("young",), ("g11",), "victim young has run 5 s, less than the minimum 600 s"),
+        (("elastic",), ("g6",), "victim elastic holds none of the offered devices"),
+        (("elastic",), ("g7", "g0"), "device g0 is in use"),
+    ]
+    for victims, devices, line in refusals:
+        with pytest.raises(Refused) as refused:
+            shrink(victims, devices)
+        assert str(refused.value) == line
+    # Stopped with cause shrink, said as a shrink, counted apart.
+    p = Preemptions(MIN_RUN_S, clock=lambda: NOW)
+    ask = Ask("new", 0, ("g7",), (), ("elastic",))
+    assert p.claim(ask, RUNS, ()) == ("elastic",)
+    stopped: list[tuple[str, str]] = []
+    noted: list[tuple[str, str, str]] = []
+
+    async def stop(job_id: str, attempt: int, cause: str) -> None:
+        stopped.append((job_id, cause))
+
+    asyncio.run(p.stop(ask, ("elastic",), RUNS, stop, lambda *n: noted.append(n)))
+    assert stopped == [("elastic", "shrink")]
+    assert noted == [("elastic", "shrunk", "for new, attempt 1")]
+    assert p.counts == {"shrunk": 1}
+    assert p.stopped_for("elastic", 1) == "new"
+
+
 def test_two_offers_racing_for_one_victim_do_not_both_win_and_the_report_names_the_winner() -> None:
     clock = [NOW]
     p = Preemptions(MIN_RUN_S, clock=lambda: clock[0])
@@ -89,11 +129,11 @@ def test_two_offers_racing_for_one_victim_do_not_both_win_and_the_report_names_t
     stopped: list[tuple[str, int]] = []
     noted: list[tuple[str, str]] = []
 
-    async def stop(job_id: str, attempt: int) -> None:
+    async def stop(job_id: str, attempt: int, cause: str) -> None:
         stopped.append((job_id, attempt))
 
     ask = Ask("a", 100, ("g0",), ("low",))
-    asyncio.run(p.stop(ask, ("low",), RUNS, stop, lambda j, m: noted.append((j, m))))
+    asyncio.run(p.stop(ask, ("low",), RUNS, stop, lambda j, k, m: noted.append((j, m))))
     assert stopped == [("low", 1)]
     assert noted == [("low", "preempted by a (priority 100 over 0), attempt 1")]
     assert p.counts == {"refused": 1, "preempted": 1}

@@ -27,7 +27,13 @@ L4, MI300X = 0, 1
 
 def sleeper(out: Path) -> list[str]:
     """A job that writes the variables that pin it, then sleeps."""
-    names = ["CUDA_VISIBLE_DEVICES", "SHOAL_DEVICES", "SHOAL_GPU_SHARE", "SHOAL_GPU_MEM_BYTES"]
+    names = [
+        "CUDA_VISIBLE_DEVICES",
+        "SHOAL_DEVICES",
+        "SHOAL_GPUS",
+        "SHOAL_GPU_SHARE",
+        "SHOAL_GPU_MEM_BYTES",
+    ]
     script = (
         "import json, os, sys, time\n"
         f"open(sys.argv[1], 'w').write(json.dumps({{n: os.environ.get(n) for n in {names!r}}}))\n"

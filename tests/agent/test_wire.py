@@ -348,6 +348,11 @@ def test_a_preempting_offer_names_its_victims_and_a_report_whom_it_was_stopped_f
     for bad in ("v" * 32, [1], {"v": 1}):
         with pytest.raises(WireError, match="victims"):
             StartOffer.from_wire({**plain.to_wire(), "victims": bad})
+        with pytest.raises(WireError, match="shrink"):
+            StartOffer.from_wire({**plain.to_wire(), "shrink": bad})
+    assert "shrink" not in plain.to_wire()
+    shrinking = plain._replace(shrink=("e" * 32,))
+    assert StartOffer.from_wire(shrinking.to_wire()) == shrinking
     ended = AttemptResult("j" * 32, 1, None, "SIGTERM", "preempt", 1.0, 2.0)
     assert "preempted_by" not in ended.to_wire()
     by = ended._replace(preempted_by="p" * 32)

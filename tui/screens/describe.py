@@ -63,7 +63,9 @@ def describe_job(job: JobView, snapshot: MeshSnapshot) -> RenderableType:
         ("kind / priority", f"{job.kind} / {job.priority}"),
         (
             "resources",
-            f"{r.get('gpus_per_node')} GPU(s) x {job.nodes} node(s)"
+            f"{r.get('gpus_per_node')}"
+            + (f"-{r['gpus_max_per_node']} (elastic)" if r.get("gpus_max_per_node") else "")
+            + f" GPU(s) x {job.nodes} node(s)"
             + (f", backends {'/'.join(r['backends'])}" if r.get("backends") else ""),
         ),
         ("owner", snapshot.hostname(job.owner)),

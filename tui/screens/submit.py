@@ -110,7 +110,9 @@ def spec_from_form(values: dict[str, str], now: float) -> JobSpec:
     if not command:
         raise ValueError("command: say what to run")
     resources: dict[str, Any] = {}
-    if text("gpus"):
+    if "-" in text("gpus"):  # a range (an elastic job): the spec parser reads it
+        resources["gpus_per_node"] = text("gpus")
+    elif text("gpus"):
         resources["gpus_per_node"] = _number(text("gpus"), "GPUs per node")
     if text("nodes"):
         resources["nodes"] = _number(text("nodes"), "nodes")

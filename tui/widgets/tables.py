@@ -518,7 +518,11 @@ def job_hosts(job: JobView, snapshot: MeshSnapshot, width: int) -> str:
 
 
 def job_gpus(job: JobView) -> str:
-    """GPUs per node, times the nodes of a gang (``2x4``)."""
+    """GPUs per node, times the nodes of a gang (``2x4``); an elastic job's held and its range
+    (``3 (2-4)``)."""
+    if job.gpus_max_per_node is not None:
+        span = f"({job.gpus_per_node}-{job.gpus_max_per_node})"
+        return f"{len(job.devices)} {span}" if job.devices else span
     return f"{job.gpus_per_node}x{job.nodes}" if job.nodes > 1 else str(job.gpus_per_node)
 
 
