@@ -70,7 +70,7 @@ log = logging.getLogger("shoal.agent")
 
 RESUME_AFTER_S = 3.0
 SWEEP_S = 1.0
-TICK_SPACING_S = 0.05
+TICK_SPACING_S = 0.1
 """Changes that come closer together than this are published together (one record, not many)."""
 
 
