@@ -40,7 +40,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.jobstate import JobEvent, JobState
 from agent.ownedjob import ATTEMPTS_KEPT
@@ -59,8 +59,13 @@ from agent.wire.codec import MAX_RECORD_BYTES, WireError
 from agent.wire.records import AttemptEntry, GangMember
 
 if TYPE_CHECKING:
+    from collections.abc import Coroutine
+
+    from agent.events import EventLog
     from agent.ownedjob import OwnedJob
-    from agent.owner import Owner
+    from agent.peers import PeerClient
+    from agent.placement import Placement
+    from agent.view import ClusterView
 
 MAX_LAUNCH_FAILURES = 3
 """Attempts whose member could not be launched (the runner's launch error) before the gang fails
@@ -166,11 +171,36 @@ def describe(result: AttemptResult) -> str:
     return result.cause
 
 
+class GangOwner(Protocol):
+    """What the gang code uses of the owner it works for (:class:`agent.owner.Owner`): its view
+    and peers, and its steps of one job's life (save, move, replicate, stop, requeue, end)."""
+
+    node_id: str
+    view: ClusterView
+    peers: PeerClient
+    events: EventLog
+    placement: Placement
+    offers: Counter[str]
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
+    def _live(self) -> list[str]: ...
+    def _addr_of(self, node: str) -> str | None: ...
+    def _save(self, job: OwnedJob, *, replicate: bool = True) -> None: ...
+    def _move(self, job: OwnedJob, event: JobEvent) -> bool: ...
+    async def _replicate(self, job: OwnedJob) -> str | None: ...
+    async def _stop_until_done(
+        self, job_id: str, runner: str, attempt: int, cause: str
+    ) -> None: ...
+    def _requeue(self, job: OwnedJob, reason: str) -> None: ...
+    def _give_up(self, job: OwnedJob, reason: str) -> None: ...
+    def _conclude(self, job: OwnedJob, runner: str, r: AttemptResult) -> None: ...
+
+
 class Gangs:
     """The gangs an :class:`agent.owner.Owner` owns: placing, following, ending them."""
 
     def __init__(
-        self, owner: Owner, *, ttl_s: float = PREPARE_TTL_S, rng: random.Random | None = None
+        self, owner: GangOwner, *, ttl_s: float = PREPARE_TTL_S, rng: random.Random | None = None
     ) -> None:
         self.o = owner
         self.ttl_s = ttl_s
