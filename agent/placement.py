@@ -54,6 +54,7 @@ from agent.policy.context import Context
 from agent.policy.decision import context, rank_any
 from agent.policy.explain import busy_line, never_reason
 from agent.policy.model import ThroughputModel
+from agent.policy.place import Candidate as PolicyCandidate
 from agent.policy.preempt import preempt_for
 from agent.policy.shrink import shrink_for, spare_gpus
 from agent.policy.snapshot import Job, Node, Running, Snapshot
@@ -249,6 +250,15 @@ class ShoalPlacement(_Held):
         )
         return self._snapshot
 
+    def _ranked(
+        self, spec: JobSpec, nodes: Sequence[NodeView], exclude: frozenset[str]
+    ) -> list[PolicyCandidate]:
+        """The policy's ranking of the job over the live ``nodes`` (a gang: whole sets)."""
+        snapshot = self._context(nodes)
+        ctx, _ = context(snapshot, self.model, self.config, state=self._state, owner=self.owner)
+        job = _job(spec, self.owner)
+        return rank_any(job, ctx, limit=self.config.alternates + 1, exclude=exclude)
+
     def gang_candidates(
         self,
         spec: JobSpec,
@@ -256,11 +266,7 @@ class ShoalPlacement(_Held):
         *,
         exclude: frozenset[str] = frozenset(),
     ) -> list[GangSet]:
-        snapshot = self._context(nodes)
-        ctx, _ = context(snapshot, self.model, self.config, state=self._state, owner=self.owner)
-        job = _job(spec, self.owner)
-        ranked = rank_any(job, ctx, limit=self.config.alternates + 1, exclude=exclude)
-        return _sets([c.placement for c in ranked])
+        return _sets([c.placement for c in self._ranked(spec, nodes, exclude)])
 
     def candidates(
         self,
@@ -270,11 +276,9 @@ class ShoalPlacement(_Held):
         exclude: frozenset[str] = frozenset(),
         prefer: str | None = None,
     ) -> list[Candidate]:
-        snapshot = self._context(nodes)
-        ctx, _ = context(snapshot, self.model, self.config, state=self._state, owner=self.owner)
-        job = _job(spec, self.owner)
-        ranked = rank_any(job, ctx, limit=self.config.alternates + 1, exclude=exclude)
-        out = [Candidate(c.node_id, c.placement.devices[0]) for c in ranked]
+        out = [
+            Candidate(c.node_id, c.placement.devices[0]) for c in self._ranked(spec, nodes, exclude)
+        ]
         if prefer is not None:
             out.sort(key=lambda c: c.node_id != prefer)
         return out
