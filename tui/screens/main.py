@@ -115,6 +115,7 @@ class MainScreen(Screen[None]):
         header.readonly = self.shoal.readonly
         self.query_one("#bar", Input).display = False
         self.view_widget().focus()
+        self.refresh_view()  # a snapshot that came before the screen had children
 
     # -- views -------------------------------------------------------------------------------
 
@@ -134,7 +135,9 @@ class MainScreen(Screen[None]):
 
     def refresh_view(self) -> None:
         """A new snapshot: update the header and the visible view; the rest catch up later."""
-        header = self.query_one(MeshHeader)
+        header = self._header()
+        if header is None:
+            return  # not composed yet, or being torn down at exit: the app keeps the snapshot
         header.palette = self.shoal.palette
         header.connection = self.shoal.connection
         header.error = self.shoal.connection_error or ""
@@ -147,7 +150,14 @@ class MainScreen(Screen[None]):
 
     def show_busy(self, labels: tuple[str, ...]) -> None:
         """The operations running now, in the header."""
-        self.query_one(MeshHeader).busy = ("… " + "; ".join(labels)) if labels else ""
+        header = self._header()
+        if header is not None:
+            header.busy = ("… " + "; ".join(labels)) if labels else ""
+
+    def _header(self) -> MeshHeader | None:
+        """The header, or None while the screen has no children (before compose, after exit)."""
+        found = self.query(MeshHeader)
+        return found.first() if found else None
 
     def _apply_current(self) -> None:
         self.view_widget().apply(self.context())
