@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from agent.jobspec import JobSpec, lacking_reason
-from agent.policy import adapt
+from agent.policy import adapt, gavel
 from agent.policy.baselines import first_fit
 from agent.policy.config import PolicyConfig
 from agent.policy.context import Context
@@ -141,13 +141,14 @@ class _Held:
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
         self._recent = RecentOffers()
+        self._memo = adapt.NodeMemo()
 
     def offered(self, candidate: Candidate) -> None:
         self._recent.note(candidate.node_id, candidate.devices, self._clock())
 
     def _nodes(self, views: Sequence[NodeView]) -> tuple[Node, ...]:
         """The policy's nodes of ``views``, recently offered devices busy."""
-        return mark_held(adapt.nodes_from_views(views), self._recent.held(self._clock()))
+        return mark_held(self._memo.nodes(views), self._recent.held(self._clock()))
 
 
 class FirstFit(_Held):
@@ -240,6 +241,7 @@ class ShoalPlacement(_Held):
         self.owner = owner
         self._state = PolicyState()
         self._snapshot = Snapshot(now=0.0, nodes=())
+        gavel.load()
 
     def _context(self, nodes: Sequence[NodeView]) -> Snapshot:
         views = [n for n in nodes if n.inventory is not None]

@@ -34,6 +34,8 @@ class NodeFacts(Protocol):
     @property
     def inventory(self) -> Any: ...
     @property
+    def status(self) -> Any: ...
+    @property
     def statics(self) -> Sequence[DeviceStatic]: ...
     @property
     def samples(self) -> Mapping[str, DeviceSample]: ...
@@ -237,6 +239,31 @@ def nodes_from_views(
     return tuple(node_from_view(v, held.get(v.node_id)) for v in views)
 
 
+class NodeMemo:
+    """The policy's nodes of an agent's views, kept from one decision to the next: a view whose
+    records (inventory, node record, place, telemetry) are the same objects as last time gives
+    back the same :class:`Node`, so the policy's index re-indexes only the nodes that changed
+    (:meth:`agent.policy.index.ClusterIndex.refresh`) and nothing is rebuilt for the others."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[tuple[object, ...], Node]] = {}
+
+    def nodes(self, views: Iterable[NodeFacts]) -> tuple[Node, ...]:
+        held: dict[str, tuple[tuple[object, ...], Node]] = {}
+        out: list[Node] = []
+        for view in views:
+            facts = (view.inventory, view.status, view.place, view.samples)
+            last = self._held.get(view.node_id)
+            if last is not None and all(a is b for a, b in zip(last[0], facts, strict=True)):
+                node = last[1]
+            else:
+                node = node_from_view(view)
+            held[view.node_id] = (facts, node)
+            out.append(node)
+        self._held = held
+        return tuple(out)
+
+
 def running_from_jobs(
     jobs: Mapping[str, Mapping[str, Any]],
     specs: Mapping[str, JobSpec],
@@ -384,6 +411,7 @@ __all__ = [
     "SCHEDULABLE",
     "HostFacts",
     "NodeFacts",
+    "NodeMemo",
     "holders",
     "job_class",
     "job_from_spec",

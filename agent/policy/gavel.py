@@ -76,6 +76,11 @@ def _compact(text: str) -> str:
     return re.sub(r"[^a-z0-9]", "", text.lower())
 
 
+def load() -> None:
+    """Read the matrix now (an agent does at start, so its first job does not wait for it)."""
+    _names()
+
+
 @cache
 def _names() -> dict[str, str]:
     return {_compact(m): m for m in gavel_matrix().models}

@@ -1,5 +1,6 @@
 """The cluster view believes a job record only from an agent that may own the job, and only for
-a job an operator submitted."""
+a job an operator submitted; placement turns its nodes into the policy's again only when their
+records changed."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ from pathlib import Path
 
 from agent.jobspec import JobSpec, new_job_id
 from agent.ownership import rank
-from agent.view import ClusterView, pack
+from agent.policy.adapt import NodeMemo
+from agent.view import ClusterView, NodeView, pack
+from agent.wire.records import InventoryRecord, NodeRecord
 from gossip.certtrust import CertSigner
+from probers.records import DeviceSample, DeviceStatic, HostInfo
 from tests.agent.authority_kit import Kit
 
 SPEC = JobSpec(command=("true",))
@@ -90,3 +94,27 @@ def test_an_origin_that_published_the_newest_record_as_owner_is_known(tmp_path: 
     assert not view.published_as_owner(job_id, last, 4)  # it published nothing
     view.apply(last, "job/" + job_id, _doc(job_id, last, 9), 0.0)
     assert not view.published_as_owner(job_id, third, 4)  # someone published a newer one
+
+
+def test_the_placement_memo_rebuilds_only_the_nodes_whose_records_changed() -> None:
+    def inventory(node_id: str) -> InventoryRecord:
+        host = HostInfo(node_id, "linux", "x86_64", None, None)
+        gpu = DeviceStatic(key="g0", vendor="nvidia", backend="cuda", name="H100", source="sim")
+        return InventoryRecord(host, None, {}, 1, (gpu,))
+
+    a, b = NodeView("a", inventory=inventory("a")), NodeView("b", inventory=inventory("b"))
+    memo = NodeMemo()
+    first = memo.nodes([a, b])
+    assert memo.nodes([a, b]) == first and all(
+        x is y for x, y in zip(memo.nodes([a, b]), first, strict=True)
+    )
+    b.status = NodeRecord(running=("job",), free=())  # its GPU is taken: a new record
+    second = memo.nodes([a, b])
+    assert second[0] is first[0]
+    assert second[1] is not first[1] and second[1].devices[0].whole_job is not None
+    assert first[1].devices[0].whole_job is None
+    b.samples = {"g0": DeviceSample(key="g0", temp_c=91.0)}  # new telemetry
+    assert memo.nodes([a, b])[1].devices[0].temp_c == 91.0
+    # A node that left is forgotten; one that comes back is built again.
+    assert [n.node_id for n in memo.nodes([b])] == ["b"]
+    assert memo.nodes([a, b])[0] is not first[0]

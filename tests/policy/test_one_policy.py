@@ -38,6 +38,7 @@ class _View:
     def __init__(self, node_id: str, name: str, n: int, mem_gib: int, free: list[int]) -> None:
         self.node_id = node_id
         self.inventory = {"labels": {"zone": "z"}, "host": {"os": "linux"}}
+        self.status = None  # the node record the fields below stand for
         self.statics = [
             DeviceStatic(
                 f"{node_id}-{i}", "nvidia", "cuda", name, "sim", mem_total_bytes=mem_gib * GIB
