@@ -62,7 +62,15 @@ class AgentUnreachable(ApiError):
 class ApiClient(PooledSession):
     """One keep-alive HTTPS session to one agent, as ``identity`` (an operator's)."""
 
-    def __init__(self, identity: NodeIdentity, address: str, *, timeout_s: float = 15.0) -> None:
+    def __init__(
+        self,
+        identity: NodeIdentity,
+        address: str,
+        *,
+        timeout_s: float = 15.0,
+        keepalive_s: float = 15.0,
+    ) -> None:
+        """``keepalive_s``: how long an idle connection is kept for the next request."""
         host, port = split_address(address)
         self.address = address
         self._base = f"https://{f'[{host}]' if ':' in host else host}:{port}"
@@ -70,6 +78,7 @@ class ApiClient(PooledSession):
         self._signer = CertSigner(identity)
         self._ssl = client_context(identity, identity.ca_certificate)
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._keepalive_s = keepalive_s
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -78,7 +87,8 @@ class ApiClient(PooledSession):
 
     def _make_session(self) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=self._ssl), timeout=self._timeout
+            connector=aiohttp.TCPConnector(ssl=self._ssl, keepalive_timeout=self._keepalive_s),
+            timeout=self._timeout,
         )
 
     # -- transport ---------------------------------------------------------------------------------

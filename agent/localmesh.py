@@ -206,9 +206,11 @@ class LocalMesh:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def client(self, index: int = 0) -> ApiClient:
+    def client(self, index: int = 0, *, keepalive_s: float = 15.0) -> ApiClient:
         assert self.operator is not None, "create() first"
-        return ApiClient(self.operator, self.agents[index].address, timeout_s=5.0)
+        return ApiClient(
+            self.operator, self.agents[index].address, timeout_s=5.0, keepalive_s=keepalive_s
+        )
 
     async def wait_listening(self, timeout_s: float = 120.0) -> None:
         """Until every running agent has printed its ``listening`` line; sets ``last_up_at``.
