@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,10 @@ def running_on(mesh: Mesh, job_id: str) -> str | None:
     return str(job["runner"]) if job["state"] == "running" else None
 
 
+def is_running(mesh: Mesh, job_id: str) -> bool:
+    return running_on(mesh, job_id) is not None
+
+
 def inventory(device: dict[str, Any]) -> tuple[Any, ...]:
     return device["key"], device["name"], device.get("uuid"), device.get("mem_total_bytes")
 
@@ -145,13 +150,14 @@ def test_a_member_claiming_gpus_it_lacks_draws_what_fits_and_the_operator_takes_
     big = Resources(gpus_per_node=4, backends=("cuda",))
     jobs: dict[str, str] = {}
     folders: dict[str, Path] = {}
-    for name, resources, extra in (
+    cases: list[tuple[str, Resources, dict[str, Any]]] = [
         ("big-a", big, {}),
         ("big-b", big, {}),
         # Jobs the liar's claim does not fit: an AMD GPU; a label it does not claim.
         ("rocm", Resources(gpus_per_node=1, backends=("rocm",)), {}),
         ("rack-a", Resources(gpus_per_node=1), {"affinity": {"zone": "rack-a"}}),
-    ):
+    ]
+    for name, resources, extra in cases:
         job_id = beyond_the_liar(mesh)
         folders[job_id] = tmp_path / name
         folders[job_id].mkdir()
@@ -159,7 +165,7 @@ def test_a_member_claiming_gpus_it_lacks_draws_what_fits_and_the_operator_takes_
         argv = [sys.executable, "-c", TICKER, str(folders[job_id])]
         body = {"job_id": job_id, "spec": spec(argv, resources=resources, **extra)}
         assert mesh.command(a0, "submit", body)[0] == 200, name
-        mesh.wait(f"{name} running", lambda j=job_id: mesh.job(a0, j)["state"] == "running")
+        mesh.wait(f"{name} running", partial(is_running, mesh, job_id))
     with Watch(folders) as watch:
         records = {name: mesh.job(a0, j) for name, j in jobs.items()}
         # 1. It draws the jobs its claim fits, and is offered no other (an offer it declined
@@ -199,16 +205,16 @@ def test_a_member_claiming_gpus_it_lacks_draws_what_fits_and_the_operator_takes_
         owner = next(a for a in mesh.agents if a.node_id == mesh.job(a0, moved)["owner"])
         lie = {"job_id": moved, "attempt": 1, "exit_code": 0, "signal": None, "cause": "exit"}
         lie |= {"started_at": time.time() - 5, "finished_at": time.time()}
-        status, body = mesh.request(
+        status, raw = mesh.request(
             owner, "POST", "/v1/internal/report", json.dumps(lie).encode(), identity=identity
         )
-        assert status == 200 and json.loads(body).get("stale") is True, (status, body)
+        assert status == 200 and json.loads(raw).get("stale") is True, (status, raw)
         # Nor one for the attempt it does not run.
         lie["attempt"] = 2
-        status, body = mesh.request(
+        status, raw = mesh.request(
             owner, "POST", "/v1/internal/report", json.dumps(lie).encode(), identity=identity
         )
-        assert status == 200 and json.loads(body).get("stale") is True, (status, body)
+        assert status == 200 and json.loads(raw).get("stale") is True, (status, raw)
         time.sleep(1.0)
         after = mesh.job(a0, moved)
         assert (after["state"], after["runner"], after["attempt"]) == (
