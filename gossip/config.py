@@ -89,6 +89,14 @@ class GossipConfig:
     as 20 s dissemination stragglers and missed refutations at 10% loss. 12 closes that tail at
     small N without a third more gossip at 1,000 nodes that a larger multiplier would cost."""
 
+    records_retransmit_min: int | None = None
+    """The floor of the retransmit count for application records; ``None``: ``retransmit_min``.
+    The real transport sets 0 (memberlist's bare formula, 8 sends per node below 100 nodes): its
+    messages ride reliable streams rather than lossy datagrams, a missed record is repaired by the
+    next push-pull, and records are most of a busy mesh's bytes (each copy past the first is
+    received, decoded and dropped by every member). Membership keeps the floor: a refutation
+    must not be missed."""
+
     membership_budget_bytes: int = 1024
     """Bytes of membership updates piggybacked per message (alive/suspect/dead)."""
 
@@ -129,6 +137,15 @@ class GossipConfig:
     def retransmit_limit(self, n_nodes: int) -> int:
         """How many times this node sends one update (memberlist's ``retransmitLimit``)."""
         return max(self.retransmit_min, self.retransmit_mult * math.ceil(math.log10(n_nodes + 1)))
+
+    def records_retransmit_limit(self, n_nodes: int) -> int:
+        """How many times this node sends one record (see ``records_retransmit_min``)."""
+        floor = (
+            self.retransmit_min
+            if self.records_retransmit_min is None
+            else self.records_retransmit_min
+        )
+        return max(1, floor, self.retransmit_mult * math.ceil(math.log10(n_nodes + 1)))
 
     def suspicion_min_s(self, n_nodes: int) -> float:
         """Lower bound of a suspicion timeout at cluster size ``n_nodes``."""

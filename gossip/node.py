@@ -237,6 +237,7 @@ class GossipNode:
             boot_incarnation=int(self._wall_clock()),
             membership_budget_bytes=TCP_MEMBERSHIP_BUDGET_BYTES,
             records_budget_bytes=TCP_RECORDS_BUDGET_BYTES,
+            records_retransmit_min=0,
             start_health_score=START_HEALTH_SCORE,
         )
         config = replace(base, node_id=self.node_id, addr=self.address)

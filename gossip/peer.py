@@ -162,6 +162,7 @@ class Peer:
         "_members",
         "_live",
         "_limit_for",
+        "_rlimit",
         "_limit",
         "_pending",
         "_rpending",
@@ -238,6 +239,7 @@ class Peer:
         self._suspicions: dict[str, Suspicion] = {}
         self._queue = BroadcastQueue(3)
         self._limit_for, self._limit = 0, 0  # retransmit limit, cached per live count
+        self._rlimit = 0  # the records' retransmit limit, for the same count
         self._rqueue = BroadcastQueue(1)
         self._pending, self._rpending = self._queue.pending, self._rqueue.pending  # (emptiness)
         self._records = RecordStore()
@@ -970,9 +972,10 @@ class Peer:
         live = self._live
         if live != self._limit_for:
             self._limit_for, self._limit = live, cfg.retransmit_limit(live)
+            self._rlimit = cfg.records_retransmit_limit(live)
         out = self._queue.take(cfg.membership_budget_bytes, self._limit) if self._pending else []
         if self._rpending:
-            out.extend(self._rqueue.take(cfg.records_budget_bytes, self._limit))
+            out.extend(self._rqueue.take(cfg.records_budget_bytes, self._rlimit))
         return out
 
     def _send_piggybacked(self, addr: str, first: list[Message], reliable: bool = False) -> None:

@@ -1,12 +1,17 @@
 """Signed records: accepted by version, and forged, replayed, oversized, unknown, revoked or
-malformed input rejected and counted."""
+malformed input rejected and counted; how many times a core sends each."""
 
 from __future__ import annotations
 
+import random
+from dataclasses import replace
+
 from gossip.codec import DecodeError, decode, encode
+from gossip.config import GossipConfig
 from gossip.events import RecordChanged
 from gossip.messages import Alive, Compound, Record
 from gossip.peer import Peer
+from gossip.sim import SimSigner, SimTrust
 from tests.gossip.helpers import KEYRING, alive, make_peer, record
 
 
@@ -101,3 +106,42 @@ def test_publish_is_signed_and_versioned() -> None:
     q.receive("me:1", r1, 3.0)
     assert q.record("me", "inventory").record.payload == b"b"  # type: ignore[union-attr]
     assert q.stats.rejected_replay == 1
+
+
+def _sends_of_one_update(records_retransmit_min: int | None) -> tuple[int, int]:
+    """How many times a 32-member core sends one record of its own, and one alive it learns,
+    over a minute of rounds (probes and gossip alike)."""
+    cfg = GossipConfig(
+        node_id="me",
+        addr="me:1",
+        boot_incarnation=100,
+        records_retransmit_min=records_retransmit_min,
+    )
+    p = Peer(cfg, SimSigner("me", KEYRING), SimTrust(KEYRING), [], 0.0, random.Random(1))
+    p.preload([alive(f"n{i}", 5) for i in range(31)], 0.0)
+    p.publish("job", b"placed", 0.0)
+    p.receive("n0:1", alive("late", 5), 0.0)
+    records = alives = 0
+    now = 0.0
+    while now < 60.0:
+        p.handle_timer(now)
+        for _, message in p.messages_to_send():
+            parts = message.parts if isinstance(message, Compound) else (message,)
+            records += sum(isinstance(m, Record) and m.kind == "job" for m in parts)
+            alives += sum(isinstance(m, Alive) and m.node == "late" for m in parts)
+        now += 0.05
+    return records, alives
+
+
+def test_records_go_by_memberlists_formula_on_streams_and_membership_keeps_its_floor() -> None:
+    plain = GossipConfig(node_id="a", addr="a:1", boot_incarnation=1)
+    streams = replace(plain, records_retransmit_min=0)  # what the real transport runs
+    assert _limits(plain, 32) == (12, 12)
+    assert _limits(streams, 32) == (12, 8)
+    assert _limits(streams, 1000) == (16, 16)
+    assert _sends_of_one_update(None) == (12, 12)
+    assert _sends_of_one_update(0) == (8, 12)
+
+
+def _limits(cfg: GossipConfig, n: int) -> tuple[int, int]:
+    return cfg.retransmit_limit(n), cfg.records_retransmit_limit(n)
