@@ -42,7 +42,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agent.jobstate import JobEvent, JobState
+from agent.jobstate import LIVE, JobEvent, JobState
 from agent.ownedjob import ATTEMPTS_KEPT
 from agent.peers import PeerError, PeerRefused, PeerUnreachable
 from agent.wire.calls import (
@@ -76,7 +76,6 @@ BASE_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 8.0
 """After a refused prepare, the gang waits ``BASE * 2**(refusals-1)`` (at most this), times a
 jitter between 0.5 and 1.5, before it is placed again."""
-LIVE = (JobState.PLACING, JobState.RUNNING, JobState.MIGRATING)
 
 
 class Step(enum.Enum):

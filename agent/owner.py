@@ -16,11 +16,8 @@ One agent owns each job (``agent.ownership``). The owner:
   preempt for it (``agent.preempting``; the runner checks them: ``agent.preemption``), and
   requeues a job of its own that was preempted, saying by whom.
 
-Checkpoints (``agent.ckptmove``): when a runner says a job's checkpoint changed, the owner pulls a
-copy into its vault (and, when it is itself the runner, pushes that copy on to the job's replica,
-so a copy outlives the node). Before each new attempt it pulls what the last attempt left, if its
-node is alive, then pushes the newest copy it holds to the chosen node and names it in the offer:
-the attempt resumes from it (``SHOAL_RESUME=1``). With no copy, the attempt starts afresh.
+Checkpoints are collected from the runners and pushed ahead of each offer by ``agent.collecting``
+(over ``agent.ckptmove``): an attempt resumes from the newest copy the owner holds.
 
 A gang (a job on several nodes) is placed, followed and ended as a whole by ``agent.gang``; the
 hooks here hand it the gang's placement, its members' reports and deaths, and the takeover
@@ -41,11 +38,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent.authority import Submission, SubmissionRefused
+from agent.collecting import Collector
 from agent.context import AgentContext
 from agent.deadlines import missed_line, newly_missed
 from agent.elastic import Grow, Growth, Resizes, shrink_reason
 from agent.gang import Gangs
 from agent.jobstate import (
+    LIVE,
     IllegalTransition,
     JobEvent,
     JobState,
@@ -63,7 +62,6 @@ from agent.view import JOB_PREFIX, SUB_PREFIX, job_gen
 from agent.wire.calls import (
     AttemptResult,
     CheckpointNote,
-    ResumeFrom,
     StartAnswer,
     StartOffer,
     StatusAnswer,
@@ -78,7 +76,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("shoal.owner")
 
-LIVE = (JobState.PLACING, JobState.RUNNING, JobState.MIGRATING)
 _UNENDED = tuple(s for s in JobState if not is_terminal(s))
 HANDOVER_SETTLE_S = 5.0
 """An agent that ranks before the owner in a job's order is handed the job once it has been
@@ -129,10 +126,8 @@ class Owner:
         self._loop_task: asyncio.Task[None] | None = None
         self.checkpoints: Checkpoints | None = None
         """Set by the agent once made: moves checkpoints (``agent.ckptmove``)."""
-        self._collecting: dict[str, bool] = {}
-        """Jobs whose checkpoint is being pulled; True: pull again once done (it changed)."""
-        self._collected: set[tuple[str, str, int]] = set()
-        """(job, node, attempt) pulled once the attempt had ended: nothing newer can come."""
+        self.collector = Collector(self)
+        """Pulls and pushes the jobs' checkpoints (``agent.collecting``)."""
         self._started_at = time.time()
         """A copy stored before a restart is judged by what was heard since (the sweep)."""
         self.gangs = Gangs(self)
@@ -390,6 +385,10 @@ class Owner:
 
     # -- reports from runners --------------------------------------------------------------------
 
+    def checkpointed(self, runner: str, note: CheckpointNote) -> dict[str, Any]:
+        """The runner of the current attempt says the job's checkpoint changed (``collector``)."""
+        return self.collector.checkpointed(runner, note)
+
     def report(self, runner: str, r: AttemptResult) -> dict[str, Any]:
         """An attempt ended on ``runner``; stale reports (other attempt or runner) are dropped."""
         job = self._owned(r.job_id)
@@ -449,75 +448,6 @@ class Owner:
                     job_id=job_id,
                 )
             self._requeue(job, stopped_reason(r, runner, self.view))
-
-    # -- checkpoints -----------------------------------------------------------------------------
-
-    def checkpointed(self, runner: str, note: CheckpointNote) -> dict[str, Any]:
-        """The runner of the current attempt says the job's checkpoint changed: pull a copy."""
-        job = self._owned(note.job_id)
-        stale = runner != job.runner or note.attempt != job.attempt or job.state not in LIVE
-        if stale or job.members:  # a gang's members keep their checkpoints (``agent.gang``)
-            return {"ok": True, "stale": True}
-        if job.job_id in self._collecting:
-            self._collecting[job.job_id] = True
-        else:
-            self._collecting[job.job_id] = False
-            self.spawn(self._collect_while_running(job.job_id, runner, note.attempt))
-        return {"ok": True}
-
-    async def _collect_while_running(self, job_id: str, runner: str, attempt: int) -> None:
-        try:
-            while True:
-                self._collecting[job_id] = False
-                await self._collect(job_id, runner, attempt)
-                if not self._collecting.get(job_id):
-                    return
-        finally:
-            self._collecting.pop(job_id, None)
-
-    async def _collect(self, job_id: str, node: str, attempt: int) -> None:
-        """Pull the checkpoint ``attempt`` left on ``node``; when that is this very node, push
-        the copy to the replica, where it outlives the node."""
-        cp = self.checkpoints
-        if cp is None:
-            return
-        try:
-            got = await cp.pull(job_id, node, attempt)
-        except (PeerError, TransferError, OSError) as exc:
-            log.info("job %s: checkpoint pull from %s: %s", job_id[:8], node[:8], exc)
-            return
-        if got is None or node != self.node_id:
-            return
-        replica = replica_of(job_id, self._live(), self.node_id)
-        if replica is not None:
-            await self._hand_copy(job_id, replica)
-
-    async def _collect_last(self, job: OwnedJob) -> None:
-        """Before a new attempt: pull what the last attempt left, if its node is alive."""
-        last = job.attempts[-1] if job.attempts else None
-        if last is None or last.node is None or last.node not in self._live():
-            return
-        key = (job.job_id, last.node, last.attempt)
-        if key in self._collected:
-            return
-        await self._collect(job.job_id, last.node, last.attempt)
-        self._collected.add(key)
-        if len(self._collected) > 10_000:
-            self._collected.clear()
-
-    async def _hand_copy(self, job_id: str, node: str) -> None:
-        assert self.checkpoints is not None
-        try:
-            await self.checkpoints.push(job_id, node)
-        except (PeerError, TransferError, OSError) as exc:
-            log.info("job %s: checkpoint copy to %s: %s", job_id[:8], node[:8], exc)
-
-    async def _push_checkpoint(self, job: OwnedJob, node: str) -> ResumeFrom | None:
-        """The newest copy held, sent to ``node`` ahead of the offer; what the offer names."""
-        if self.checkpoints is None:
-            return None
-        ref = await self.checkpoints.push(job.job_id, node)
-        return None if ref is None else ResumeFrom(ref.attempt, ref.digest)
 
     # -- membership ------------------------------------------------------------------------------
 
@@ -608,7 +538,7 @@ class Owner:
             self.events.add("handed_over", f"to {node[:8]}, first in its order", job_id=job.job_id)
             self._on_change()
             if self.checkpoints is not None:  # the new owner starts with the copy we hold
-                self.spawn(self._hand_copy(job.job_id, node))
+                self.spawn(self.collector.hand_copy(job.job_id, node))
         finally:
             self._handing.discard(job.job_id)
             still_ours = self.jobs.get(job.job_id) is job and job.state in LIVE
@@ -805,7 +735,7 @@ class Owner:
             self._give_up(job, str(exc))
             return
         if reserved is None:
-            await self._collect_last(job)
+            await self.collector.collect_last(job)
             if job.state != JobState.PENDING:
                 return
         if candidates is None:
@@ -830,7 +760,7 @@ class Owner:
                 attempt = self._reserve(job, cand)
                 await self._replicate(job)
             try:
-                resume = await self._push_checkpoint(job, cand.node_id)
+                resume = await self.collector.push(job, cand.node_id)
             except (PeerError, TransferError, OSError) as exc:
                 declines.append(f"{cand.node_id[:8]}: checkpoint not sent ({exc})")
                 if job.attempt == attempt and _state(job) == JobState.PLACING:
