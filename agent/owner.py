@@ -34,10 +34,9 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from agent.authority import Submission, SubmissionRefused
+from agent.authority import Submission
 from agent.collecting import Collector
 from agent.context import AgentContext
 from agent.deadlines import missed_line, newly_missed
@@ -53,23 +52,23 @@ from agent.jobstate import (
 )
 from agent.ownedjob import OwnedJob, OwnerError, gossip_payload, job_from_wire, job_wire
 from agent.ownership import rank, replica_of
-from agent.peers import PeerError, PeerRefused, PeerUnreachable
+from agent.peers import PeerError, decoded_answer
 from agent.placement import Candidate, Placement
-from agent.preempting import host_name, preemption_candidates, stopped_reason, waiting_reason
+from agent.placing import LAUNCH_FAILED as LAUNCH_FAILED
+from agent.placing import MAX_LAUNCH_FAILURES as MAX_LAUNCH_FAILURES
+from agent.placing import RESTORE_TIMEOUT_S as RESTORE_TIMEOUT_S
+from agent.placing import candidates_for, place_once, reserve
+from agent.preempting import host_name, stopped_reason
 from agent.store import StoreFull
-from agent.transfer import TransferError
 from agent.view import JOB_PREFIX, SUB_PREFIX, job_gen
 from agent.wire.calls import (
     AttemptResult,
     CheckpointNote,
-    StartAnswer,
-    StartOffer,
     StatusAnswer,
     StatusRequest,
     StopAnswer,
     StopRequest,
 )
-from agent.wire.codec import WireError
 
 if TYPE_CHECKING:
     from agent.ckptmove import Checkpoints
@@ -80,14 +79,6 @@ _UNENDED = tuple(s for s in JobState if not is_terminal(s))
 HANDOVER_SETTLE_S = 5.0
 """An agent that ranks before the owner in a job's order is handed the job once it has been
 live this long here (not while a mesh forms or a member flaps)."""
-MAX_LAUNCH_FAILURES = 3
-"""Offers that could not launch the job (the runner's launch error) before it fails with it."""
-LAUNCH_FAILED = 422
-"""The status a runner answers an offer with when the job's process could not be started."""
-_REFUSALS = {LAUNCH_FAILED: "launch_failed", 403: "not_allowed"}
-RESTORE_TIMEOUT_S = 120.0
-"""How long an offer that resumes from a checkpoint may take to answer (the runner copies the
-checkpoint into the job's folder first)."""
 UNHEARD_OWNER_GRACE_S = 10.0
 """A stored job whose owner is not live, yet not known dead or left either, is taken over only
 once its copy is this old, and this agent up this long: a replica can arrive from an owner this
@@ -255,10 +246,10 @@ class Owner:
             self.events.add("submitted", f"owner {self.node_id[:8]}", job_id=job_id)
             # The first placement is chosen now, so the replica's copy of the submission is
             # also the write-ahead of attempt 1: one round trip fewer before the job runs.
-            candidates = [] if job.spec.is_gang else self._candidates(job)
+            candidates = [] if job.spec.is_gang else candidates_for(self, job)
             if candidates and self._addr_of(candidates[0].node_id) is not None:
                 self._placing.add(job_id)
-                self._reserve(job, candidates[0])
+                reserve(self, job, candidates[0])
             else:
                 candidates = []
                 self._save(job, replicate=False)
@@ -343,7 +334,7 @@ class Owner:
             addr = self._addr_of(runner)
             if addr is not None:
                 try:
-                    answer = _answer(
+                    answer = decoded_answer(
                         StopAnswer.from_wire,
                         await self.peers.call(
                             addr,
@@ -619,7 +610,7 @@ class Owner:
             return
         addr = self._addr_of(runner)
         try:
-            answer = _answer(
+            answer = decoded_answer(
                 StatusAnswer.from_wire,
                 await self.peers.call(addr or "", "status", StatusRequest(job_id).to_wire()),
             )
@@ -687,144 +678,9 @@ class Owner:
             if job.spec.is_gang:
                 await self.gangs.place(job)
             else:
-                await self._place_once(job, candidates, reserved)
+                await place_once(self, job, candidates, reserved)
         finally:
             self._placing.discard(job.job_id)
-
-    def _candidates(self, job: OwnedJob) -> list[Candidate]:
-        """Where the job may run, best first; none: the reason is saved on the job."""
-        live = set(self._live())
-        nodes = [self.view.node(n) for n in sorted(live)]
-        exclude = frozenset({job.avoid}) if job.avoid else frozenset()
-        candidates = self.placement.candidates(job.spec, nodes, exclude=exclude, prefer=job.prefer)
-        if not candidates and job.avoid:
-            candidates = self.placement.candidates(job.spec, nodes, prefer=job.prefer)
-        if not candidates:
-            candidates = preemption_candidates(self.placement, job.spec, nodes, self.view, live)
-        if not candidates:
-            reason = waiting_reason(job.reason, self.placement.why_pending(job.spec))
-            if reason != job.reason:
-                job.reason = reason
-                self._save(job, replicate=False)
-        return candidates
-
-    def _reserve(self, job: OwnedJob, cand: Candidate) -> int:
-        """Pending -> placing on ``cand``, saved here; the caller makes it durable on the replica
-        before the offer (write-ahead: a successor must know this attempt). The attempt."""
-        self._move(job, JobEvent.PLACED)
-        if job.refused_by != cand.node_id:
-            job.attempt += 1
-        job.refused_by = None
-        job.runner, job.devices = cand.node_id, cand.devices
-        job.placing_since = time.monotonic()
-        job.reason = None
-        self._save(job, replicate=False)
-        return job.attempt
-
-    async def _place_once(
-        self,
-        job: OwnedJob,
-        candidates: list[Candidate] | None = None,
-        reserved: int | None = None,
-    ) -> None:
-        """Offer the job to each candidate in turn until one starts it. ``reserved``: the first
-        candidate already holds this attempt, made durable with the submission."""
-        try:
-            self.authority.submission(job.submission, job.job_id)
-        except SubmissionRefused as exc:
-            self._give_up(job, str(exc))
-            return
-        if reserved is None:
-            await self.collector.collect_last(job)
-            if job.state != JobState.PENDING:
-                return
-        if candidates is None:
-            candidates = self._candidates(job)
-        declines: list[str] = []
-        for i, cand in enumerate(candidates):
-            if i == 0 and reserved is not None:
-                attempt = reserved
-                if job.attempt != attempt or _state(job) != JobState.PLACING:
-                    return  # cancelled meanwhile
-                addr = self._addr_of(cand.node_id)
-                if addr is None:  # gone since the submission: the next candidate
-                    self._move(job, JobEvent.DECLINED)
-                    job.runner, job.devices = None, ()
-                    continue
-            else:
-                if job.state != JobState.PENDING:
-                    return
-                addr = self._addr_of(cand.node_id)
-                if addr is None:
-                    continue
-                attempt = self._reserve(job, cand)
-                await self._replicate(job)
-            try:
-                resume = await self.collector.push(job, cand.node_id)
-            except (PeerError, TransferError, OSError) as exc:
-                declines.append(f"{cand.node_id[:8]}: checkpoint not sent ({exc})")
-                if job.attempt == attempt and _state(job) == JobState.PLACING:
-                    self._move(job, JobEvent.DECLINED)
-                    job.runner, job.devices = None, ()
-                    job.refused_by = cand.node_id
-                continue
-            if job.attempt != attempt or _state(job) != JobState.PLACING:
-                return  # cancelled meanwhile
-            offer = StartOffer(
-                job.job_id,
-                attempt,
-                self.node_id,
-                cand.devices,
-                job.submission,
-                resume,
-                cand.victims,
-                cand.shrink,
-            )
-            try:
-                # A resumed attempt's checkpoint is copied into its folder before it starts; a
-                # preempting one waits for its victims to stop first.
-                slow = resume is not None or cand.victims or cand.shrink
-                timeout_s = RESTORE_TIMEOUT_S + self._stop_grace_s if slow else None
-                answer = _answer(
-                    StartAnswer.from_wire,
-                    await self.peers.call(addr, "start", offer.to_wire(), timeout_s=timeout_s),
-                )
-            except PeerRefused as exc:
-                self.offers[_REFUSALS.get(exc.status, "declined")] += 1
-                self.placement.offered(cand)
-                declines.append(f"{cand.node_id[:8]}: {exc.reason}")
-                if job.attempt == attempt and _state(job) == JobState.PLACING:
-                    self._move(job, JobEvent.DECLINED)
-                    job.runner, job.devices = None, ()
-                    job.refused_by = cand.node_id
-                    if exc.status == LAUNCH_FAILED:
-                        job.launch_failures += 1
-                        if job.launch_failures >= MAX_LAUNCH_FAILURES:
-                            self._give_up(job, f"{exc.reason} ({job.launch_failures} attempts)")
-                            return
-                continue
-            except PeerUnreachable as exc:
-                self.offers["unanswered"] += 1
-                log.info("job %s: start on %s unanswered: %s", job.job_id[:8], cand.node_id, exc)
-                await self._stop_until_done(job.job_id, cand.node_id, attempt, "fenced")
-                return
-            if job.attempt != attempt or _state(job) != JobState.PLACING:
-                return  # cancelled or reported meanwhile
-            self.offers["started"] += 1
-            self.placement.offered(cand)
-            self._move(job, JobEvent.RESERVED)
-            self._move(job, JobEvent.STARTED)
-            job.started_at = answer.started_at or time.time()
-            job.attempt_started(cand.node_id, job.started_at)
-            self._save(job)
-            self.events.add(
-                "started", f"attempt {attempt} on {cand.node_id[:8]}", job_id=job.job_id
-            )
-            self.resizes.started(job.job_id, cand.devices)
-            return
-        if job.state == JobState.PENDING:
-            job.reason = "declined by " + "; ".join(declines) if declines else job.reason
-            self._save(job, replicate=False)
 
     def _missed_deadline(self, job: OwnedJob, late_s: float) -> None:
         job.deadline_missed_s = late_s
@@ -843,22 +699,6 @@ class Owner:
         job.finished_at, job.reason = time.time(), reason
         self._save(job)
         self.events.add("failed", reason, job_id=job.job_id)
-
-
-def _state(job: OwnedJob) -> JobState:
-    """The job's state through a call: it changes across awaits (keeps mypy from narrowing)."""
-    return job.state
-
-
-A = TypeVar("A")
-
-
-def _answer(decode: Callable[[Any], A], answer: dict[str, Any]) -> A:
-    """A peer's answer decoded; one that does not decode is as good as none (unreachable)."""
-    try:
-        return decode(answer)
-    except WireError as exc:
-        raise PeerUnreachable(f"malformed answer: {exc}") from None
 
 
 def _finished(r: AttemptResult) -> float:
