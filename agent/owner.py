@@ -16,15 +16,20 @@ One agent owns each job (``agent.ownership``). The owner:
   preempt for it (``agent.preempting``; the runner checks them: ``agent.preemption``), and
   requeues a job of its own that was preempted, saying by whom.
 
-Checkpoints are collected from the runners and pushed ahead of each offer by ``agent.collecting``
-(over ``agent.ckptmove``): an attempt resumes from the newest copy the owner holds.
+This module holds :class:`Owner`: the commands (submit, cancel, migrate, and growing an elastic
+job: ``agent.elastic``), publishing and replicating a job, the placement loop (which also says
+the deadlines jobs miss: ``agent.deadlines``), stopping an attempt on its runner, and the
+runners' reports with how an attempt's end concludes the job. Its parts depend on a protocol of
+what they use of it (``agent.ownersteps``), not on this module:
 
-A gang (a job on several nodes) is placed, followed and ended as a whole by ``agent.gang``; the
-hooks here hand it the gang's placement, its members' reports and deaths, and the takeover
-check of every member.
-
-When an owner is gone, the next agent in the job's rendezvous order takes over from the copy it
-holds (or is handed the copy by the agent that holds it) and asks the runner where things stand.
+- ``agent.placing``: placing one job on one node (candidates, the write-ahead, offers in turn);
+- ``agent.collecting``: the jobs' checkpoints, pulled from their runners and pushed ahead of each
+  offer (over ``agent.ckptmove``), so an attempt resumes from the newest copy the owner holds;
+- ``agent.handover``: when an owner is gone, the next agent in the job's rendezvous order takes
+  over from the copy it holds (or is handed the copy by the agent that holds it) and asks the
+  runner where things stand; a job is handed to the agent first in its order;
+- ``agent.gang``: a gang (a job on several nodes) placed, followed and ended as a whole; the hooks
+  here hand it the gang's placement, its members' reports and deaths.
 """
 
 from __future__ import annotations
@@ -36,12 +41,15 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from agent import handover
 from agent.authority import Submission
 from agent.collecting import Collector
 from agent.context import AgentContext
 from agent.deadlines import missed_line, newly_missed
 from agent.elastic import Grow, Growth, Resizes, shrink_reason
 from agent.gang import Gangs
+from agent.handover import HANDOVER_SETTLE_S as HANDOVER_SETTLE_S
+from agent.handover import UNHEARD_OWNER_GRACE_S as UNHEARD_OWNER_GRACE_S
 from agent.jobstate import (
     LIVE,
     IllegalTransition,
@@ -50,8 +58,8 @@ from agent.jobstate import (
     is_terminal,
     transition,
 )
-from agent.ownedjob import OwnedJob, OwnerError, gossip_payload, job_from_wire, job_wire
-from agent.ownership import rank, replica_of
+from agent.ownedjob import OwnedJob, OwnerError, gossip_payload, job_wire
+from agent.ownership import rank
 from agent.peers import PeerError, decoded_answer
 from agent.placement import Candidate, Placement
 from agent.placing import LAUNCH_FAILED as LAUNCH_FAILED
@@ -64,8 +72,6 @@ from agent.view import JOB_PREFIX, SUB_PREFIX, job_gen
 from agent.wire.calls import (
     AttemptResult,
     CheckpointNote,
-    StatusAnswer,
-    StatusRequest,
     StopAnswer,
     StopRequest,
 )
@@ -74,15 +80,6 @@ if TYPE_CHECKING:
     from agent.ckptmove import Checkpoints
 
 log = logging.getLogger("shoal.owner")
-
-_UNENDED = tuple(s for s in JobState if not is_terminal(s))
-HANDOVER_SETTLE_S = 5.0
-"""An agent that ranks before the owner in a job's order is handed the job once it has been
-live this long here (not while a mesh forms or a member flaps)."""
-UNHEARD_OWNER_GRACE_S = 10.0
-"""A stored job whose owner is not live, yet not known dead or left either, is taken over only
-once its copy is this old, and this agent up this long: a replica can arrive from an owner this
-agent has not heard of yet, and an agent back from a restart hears the mesh again only slowly."""
 
 
 class Owner:
@@ -165,7 +162,7 @@ class Owner:
             doc = self.view.jobs.get(job.job_id)
             if doc is not None and job_gen(doc) > job.gen and doc.get("owner") != self.node_id:
                 continue  # someone took over while we were away; we stay a replica
-            self._adopt(job, why="resumed after restart")
+            handover.adopt(self, job, why="resumed after restart")
             if job.job_id in self.jobs:
                 taken += 1
         return taken
@@ -227,7 +224,7 @@ class Owner:
             rec = self.store.get_job(job_id)
             if rec is not None and rec.owner != self.node_id and not is_terminal(rec.state):
                 job = OwnedJob.from_record(rec)
-                self._adopt(job, why="submitted again")
+                handover.adopt(self, job, why="submitted again")
             elif rec is not None and is_terminal(rec.state):
                 return {"job_id": job_id, "owner": rec.owner, "replicas": 2, "state": rec.state}
         candidates: list[Candidate] = []
@@ -440,196 +437,19 @@ class Owner:
                 )
             self._requeue(job, stopped_reason(r, runner, self.view))
 
-    # -- membership ------------------------------------------------------------------------------
+    # -- membership and takeovers (``agent.handover``) -----------------------------------------
 
     def member_gone(self, node: str) -> None:
         """A node died or left: requeue what ran there; take over what it owned."""
-        for job in list(self.jobs.values()):
-            if job.job_id in self._handing:
-                continue  # its next owner checks where it runs; if it stays, _give does
-            if job.members and any(m.node == node for m in job.members):
-                self.gangs.member_gone(job, node)
-            elif job.runner == node and job.state in LIVE:
-                self._move(job, JobEvent.RUNNER_DEAD)
-                job.attempt_ended(job.attempt, "lost", None, time.time())
-                self.events.add("lost", f"runner {node[:8]} is gone", job_id=job.job_id)
-                self._requeue(job, f"runner {node[:8]} is gone; attempt {job.attempt} lost")
-        self.sweep()
+        handover.member_gone(self, node)
 
     def sweep(self) -> None:
         """Adopt or hand over every stored job whose owner is gone; re-replicate ours."""
-        live = self._live()
-        live_set = set(live)
-        for rec in self.store.jobs(states=_UNENDED):
-            if rec.owner in live_set or rec.job_id in self.jobs:
-                continue
-            doc = self.view.jobs.get(rec.job_id)
-            if doc is not None:
-                if doc.get("owner") in live_set and doc.get("owner") != self.node_id:
-                    continue  # someone already took it over
-                if doc.get("state") in {s.value for s in JobState if is_terminal(s)}:
-                    continue
-            if (
-                not self._is_gone(rec.owner)
-                and time.time() - max(rec.updated_at, self._started_at) < UNHEARD_OWNER_GRACE_S
-            ):
-                continue  # not heard of yet rather than gone: it, or we, may have just joined
-            new_owner = next(iter(rank(rec.job_id, live)), None)
-            if new_owner == self.node_id:
-                self._adopt(OwnedJob.from_record(rec), why=f"owner {rec.owner[:8]} is gone")
-            elif new_owner is not None:
-                self.spawn(self._hand_over(new_owner, OwnedJob.from_record(rec)))
-        self._hand_over_outranked(live)
-        for job in self.jobs.values():
-            if is_terminal(job.state):
-                continue
-            want = replica_of(job.job_id, live, self.node_id)
-            if want is not None and self._replicated_to.get(job.job_id) != want:
-                self._replicated_to[job.job_id] = want
-                self.spawn(self._replicate_quietly(job))
-
-    async def _hand_over(self, node: str, job: OwnedJob) -> bool:
-        addr = self._addr_of(node)
-        if addr is None:
-            return False
-        try:
-            await self.peers.call(addr, "adopt", job_wire(job))
-        except PeerError as exc:
-            log.info("job %s: hand over to %s failed: %s", job.job_id[:8], node[:8], exc)
-            return False
-        return True
-
-    def _hand_over_outranked(self, live: list[str]) -> None:
-        """Ownership follows the rendezvous order over the live agents (``agent.authority``): a
-        job of ours whose order now puts another agent first, live for ``HANDOVER_SETTLE_S``,
-        is handed to it between steps (pending and not being placed, or running). An ended job
-        is handed over too: a record from an owner outside the window is not believed where the
-        job was not listed yet (the other side of a healed partition, an agent that joined), so
-        its last record must come from the new owner."""
-        for job in list(self.jobs.values()):
-            if job.job_id in self._handing or job.job_id in self._placing:
-                continue
-            if job.state not in (JobState.PENDING, JobState.RUNNING) and not is_terminal(job.state):
-                continue
-            first = next(iter(rank(job.job_id, live)), self.node_id)
-            if first != self.node_id and self.authority.live_for_s(first) >= HANDOVER_SETTLE_S:
-                self._handing.add(job.job_id)
-                self.spawn(self._give(job, first))
-
-    async def _give(self, job: OwnedJob, node: str) -> None:
-        try:
-            if not await self._hand_over(node, job):
-                return
-            if self.jobs.get(job.job_id) is not job:
-                return
-            del self.jobs[job.job_id]
-            job.owner = node
-            self.store.put_job(job.record())  # our copy, as a replica keeps one
-            self._replicated_to.pop(job.job_id, None)
-            self.events.add("handed_over", f"to {node[:8]}, first in its order", job_id=job.job_id)
-            self._on_change()
-            if self.checkpoints is not None:  # the new owner starts with the copy we hold
-                self.spawn(self.collector.hand_copy(job.job_id, node))
-        finally:
-            self._handing.discard(job.job_id)
-            still_ours = self.jobs.get(job.job_id) is job and job.state in LIVE
-            ran_on = [m.node for m in job.members] if job.members else [job.runner]
-            live = set(self._live())
-            for runner in ran_on:
-                if still_ours and runner is not None and runner not in live:
-                    self.member_gone(runner)  # it died while we were handing the job over
+        handover.sweep(self)
 
     def adopt_wire(self, body: dict[str, Any], caller: str) -> dict[str, Any]:
-        """Take a job over, handed by its owner or by the holder of a copy of a gone owner's
-        job. Refused unless the submission is an operator's, this agent may own the job, and the
-        caller may act as its owner here, or hands over exactly the newest record of it that
-        anyone published, signed by the caller itself as its owner (an owner the window left
-        behind: two agents joined ahead of it, or the mesh was still forming when it took the
-        job)."""
-        job = job_from_wire(body, self.authority)
-        doc = self.view.jobs.get(job.job_id)
-        if not (
-            self.authority.may_own(job.job_id, caller)
-            or (doc is not None and doc.get("owner") == caller)
-            or self.view.published_as_owner(job.job_id, caller, job.gen)
-        ):
-            raise OwnerError(403, f"{caller[:8]} may not hand over job {job.job_id}")
-        if not self.authority.may_own(job.job_id, self.node_id):
-            raise OwnerError(409, f"{self.node_id[:8]} is not first in job {job.job_id}'s order")
-        mine = self.jobs.get(job.job_id)
-        if mine is not None:  # each side of a healed partition held it: one copy goes on,
-            if is_terminal(job.state) and not is_terminal(mine.state):  # the one that ended,
-                job.owner, job.gen = self.node_id, max(job.gen, mine.gen)
-                self.jobs[job.job_id] = mine = job
-            if job.gen >= mine.gen:  # published above the other, so that every agent believes it
-                mine.gen = job.gen
-                self._save(mine)
-            if mine.state in LIVE and (mine.runner is not None or mine.members):  # still runs?
-                self.spawn(self._check_runner(mine.job_id, mine.runner or "", mine.attempt))
-            return {"ok": True}
-        held = self.store.get_job(job.job_id)
-        if held is not None:
-            mine = OwnedJob.from_record(held)
-            if mine.gen > job.gen:
-                job = mine
-        if is_terminal(job.state):  # nothing to do but say how it ended, as its owner now
-            job.owner = self.node_id
-            self.jobs[job.job_id] = job
-            self._save(job, replicate=False)
-            return {"ok": True}
-        self._adopt(job, why=f"handed over by {caller[:8]}")
-        return {"ok": True}
-
-    def _adopt(self, job: OwnedJob, *, why: str) -> None:
-        doc = self.view.jobs.get(job.job_id)
-        if doc is not None:
-            job.merge_gossip(doc)
-        if is_terminal(job.state):
-            return
-        job.owner = self.node_id
-        self.jobs[job.job_id] = job
-        self._save(job)
-        self.events.add("adopted", why, job_id=job.job_id)
-        if job.state in LIVE and job.runner is not None:
-            self.spawn(self._check_runner(job.job_id, job.runner, job.attempt))
-        elif job.state == JobState.LOST:
-            self._requeue(job, "lost before the takeover")
-        self.kick()
-
-    async def _check_runner(self, job_id: str, runner: str, attempt: int) -> None:
-        """After a takeover: is the attempt still running there, done, or never started?"""
-        held = self.jobs.get(job_id)
-        if held is not None and held.members and held.attempt == attempt:
-            await self.gangs.check(held)
-            return
-        if runner not in self._live():
-            job = self.jobs.get(job_id)
-            if job is not None and job.attempt == attempt and job.state in LIVE:
-                self._move(job, JobEvent.RUNNER_DEAD)
-                self._requeue(job, f"runner {runner[:8]} is gone; attempt {attempt} lost")
-            return
-        addr = self._addr_of(runner)
-        try:
-            answer = decoded_answer(
-                StatusAnswer.from_wire,
-                await self.peers.call(addr or "", "status", StatusRequest(job_id).to_wire()),
-            )
-        except PeerError:
-            self.spawn(self._stop_until_done(job_id, runner, attempt, "fenced"))
-            return
-        job = self.jobs.get(job_id)
-        if job is None or job.attempt != attempt or job.state not in LIVE:
-            return
-        if answer.running and answer.attempt == attempt:
-            if job.state == JobState.PLACING:
-                self._move(job, JobEvent.STARTED)
-                self._save(job)
-            return
-        result = answer.result
-        if result is not None and result.attempt == attempt:
-            self.report(runner, result)
-            return
-        self.spawn(self._stop_until_done(job_id, runner, attempt, "fenced"))
+        """Take a job over, handed by its owner or by the holder of a copy of a gone owner's."""
+        return handover.adopt_wire(self, body, caller)
 
     # -- placement -------------------------------------------------------------------------------
 
@@ -665,7 +485,7 @@ class Owner:
                     and now - job.placing_since > 15.0
                 ):
                     job.placing_since = now
-                    self.spawn(self._check_runner(job.job_id, job.runner, job.attempt))
+                    self.spawn(handover.check_runner(self, job.job_id, job.runner, job.attempt))
 
     async def _place(
         self,

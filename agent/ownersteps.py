@@ -2,8 +2,9 @@
 peers, and its steps of one job's life (save, move, replicate, stop, requeue, give up).
 
 The parts (``agent.gang``, ``agent.placing``, ``agent.handover``) each name what more they use
-in a protocol of their own built on :class:`OwnerSteps`, and depend on that, not on the
-``Owner`` class: no import circle back to ``agent.owner``.
+in a protocol of their own built on :class:`OwnerSteps` (``agent.collecting``, which uses less,
+names its own alone), and depend on that, not on the ``Owner`` class: no import circle back to
+``agent.owner``.
 """
 
 from __future__ import annotations
