@@ -42,8 +42,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agent.jobstate import JobEvent, JobState
+from agent.jobstate import LIVE, JobEvent, JobState
 from agent.ownedjob import ATTEMPTS_KEPT
+from agent.ownersteps import OwnerSteps
 from agent.peers import PeerError, PeerRefused, PeerUnreachable
 from agent.wire.calls import (
     AttemptResult,
@@ -59,24 +60,17 @@ from agent.wire.codec import MAX_RECORD_BYTES, WireError
 from agent.wire.records import AttemptEntry, GangMember
 
 if TYPE_CHECKING:
-    from collections.abc import Coroutine
-
-    from agent.events import EventLog
     from agent.ownedjob import OwnedJob
-    from agent.peers import PeerClient
-    from agent.placement import Placement
-    from agent.view import ClusterView
 
 MAX_LAUNCH_FAILURES = 3
 """Attempts whose member could not be launched (the runner's launch error) before the gang fails
-with it, as :data:`agent.owner.MAX_LAUNCH_FAILURES` for one node."""
+with it, as :data:`agent.placing.MAX_LAUNCH_FAILURES` for one node."""
 PREPARE_TTL_S = 30.0
 """How long a runner holds a member's devices for a commit that has not come."""
 BASE_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 8.0
 """After a refused prepare, the gang waits ``BASE * 2**(refusals-1)`` (at most this), times a
 jitter between 0.5 and 1.5, before it is placed again."""
-LIVE = (JobState.PLACING, JobState.RUNNING, JobState.MIGRATING)
 
 
 class Step(enum.Enum):
@@ -171,28 +165,10 @@ def describe(result: AttemptResult) -> str:
     return result.cause
 
 
-class GangOwner(Protocol):
+class GangOwner(OwnerSteps, Protocol):
     """What the gang code uses of the owner it works for (:class:`agent.owner.Owner`): its view
-    and peers, and its steps of one job's life (save, move, replicate, stop, requeue, end)."""
+    and peers, and its steps of one job's life (``agent.ownersteps``), and how it ends a job."""
 
-    node_id: str
-    view: ClusterView
-    peers: PeerClient
-    events: EventLog
-    placement: Placement
-    offers: Counter[str]
-
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
-    def _live(self) -> list[str]: ...
-    def _addr_of(self, node: str) -> str | None: ...
-    def _save(self, job: OwnedJob, *, replicate: bool = True) -> None: ...
-    def _move(self, job: OwnedJob, event: JobEvent) -> bool: ...
-    async def _replicate(self, job: OwnedJob) -> str | None: ...
-    async def _stop_until_done(
-        self, job_id: str, runner: str, attempt: int, cause: str
-    ) -> None: ...
-    def _requeue(self, job: OwnedJob, reason: str) -> None: ...
-    def _give_up(self, job: OwnedJob, reason: str) -> None: ...
     def _conclude(self, job: OwnedJob, runner: str, r: AttemptResult) -> None: ...
 
 

@@ -68,6 +68,8 @@ class JobEvent(StrEnum):
 
 
 TERMINAL_JOB_STATES: Final = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+LIVE: Final = (JobState.PLACING, JobState.RUNNING, JobState.MIGRATING)
+"""The states of a job whose attempt may run somewhere: its owner follows, stops or fences it."""
 
 _S = JobState
 _E = JobEvent

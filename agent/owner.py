@@ -16,18 +16,20 @@ One agent owns each job (``agent.ownership``). The owner:
   preempt for it (``agent.preempting``; the runner checks them: ``agent.preemption``), and
   requeues a job of its own that was preempted, saying by whom.
 
-Checkpoints (``agent.ckptmove``): when a runner says a job's checkpoint changed, the owner pulls a
-copy into its vault (and, when it is itself the runner, pushes that copy on to the job's replica,
-so a copy outlives the node). Before each new attempt it pulls what the last attempt left, if its
-node is alive, then pushes the newest copy it holds to the chosen node and names it in the offer:
-the attempt resumes from it (``SHOAL_RESUME=1``). With no copy, the attempt starts afresh.
+This module holds :class:`Owner`: the commands (submit, cancel, migrate, and growing an elastic
+job: ``agent.elastic``), publishing and replicating a job, the placement loop (which also says
+the deadlines jobs miss: ``agent.deadlines``), stopping an attempt on its runner, and the
+runners' reports with how an attempt's end concludes the job. Its parts depend on a protocol of
+what they use of it (``agent.ownersteps``), not on this module:
 
-A gang (a job on several nodes) is placed, followed and ended as a whole by ``agent.gang``; the
-hooks here hand it the gang's placement, its members' reports and deaths, and the takeover
-check of every member.
-
-When an owner is gone, the next agent in the job's rendezvous order takes over from the copy it
-holds (or is handed the copy by the agent that holds it) and asks the runner where things stand.
+- ``agent.placing``: placing one job on one node (candidates, the write-ahead, offers in turn);
+- ``agent.collecting``: the jobs' checkpoints, pulled from their runners and pushed ahead of each
+  offer (over ``agent.ckptmove``), so an attempt resumes from the newest copy the owner holds;
+- ``agent.handover``: when an owner is gone, the next agent in the job's rendezvous order takes
+  over from the copy it holds (or is handed the copy by the agent that holds it) and asks the
+  runner where things stand; a job is handed to the agent first in its order;
+- ``agent.gang``: a gang (a job on several nodes) placed, followed and ended as a whole; the hooks
+  here hand it the gang's placement, its members' reports and deaths.
 """
 
 from __future__ import annotations
@@ -37,64 +39,47 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from agent.authority import Submission, SubmissionRefused
+from agent import handover
+from agent.authority import Submission
+from agent.collecting import Collector
 from agent.context import AgentContext
 from agent.deadlines import missed_line, newly_missed
 from agent.elastic import Grow, Growth, Resizes, shrink_reason
 from agent.gang import Gangs
+from agent.handover import HANDOVER_SETTLE_S as HANDOVER_SETTLE_S
+from agent.handover import UNHEARD_OWNER_GRACE_S as UNHEARD_OWNER_GRACE_S
 from agent.jobstate import (
+    LIVE,
     IllegalTransition,
     JobEvent,
     JobState,
     is_terminal,
     transition,
 )
-from agent.ownedjob import OwnedJob, OwnerError, gossip_payload, job_from_wire, job_wire
-from agent.ownership import rank, replica_of
-from agent.peers import PeerError, PeerRefused, PeerUnreachable
+from agent.ownedjob import OwnedJob, OwnerError, gossip_payload, job_wire
+from agent.ownership import rank
+from agent.peers import PeerError, decoded_answer
 from agent.placement import Candidate, Placement
-from agent.preempting import host_name, preemption_candidates, stopped_reason, waiting_reason
+from agent.placing import LAUNCH_FAILED as LAUNCH_FAILED
+from agent.placing import MAX_LAUNCH_FAILURES as MAX_LAUNCH_FAILURES
+from agent.placing import RESTORE_TIMEOUT_S as RESTORE_TIMEOUT_S
+from agent.placing import candidates_for, place_once, reserve
+from agent.preempting import host_name, stopped_reason
 from agent.store import StoreFull
-from agent.transfer import TransferError
 from agent.view import JOB_PREFIX, SUB_PREFIX, job_gen
 from agent.wire.calls import (
     AttemptResult,
     CheckpointNote,
-    ResumeFrom,
-    StartAnswer,
-    StartOffer,
-    StatusAnswer,
-    StatusRequest,
     StopAnswer,
     StopRequest,
 )
-from agent.wire.codec import WireError
 
 if TYPE_CHECKING:
     from agent.ckptmove import Checkpoints
 
 log = logging.getLogger("shoal.owner")
-
-LIVE = (JobState.PLACING, JobState.RUNNING, JobState.MIGRATING)
-_UNENDED = tuple(s for s in JobState if not is_terminal(s))
-HANDOVER_SETTLE_S = 5.0
-"""An agent that ranks before the owner in a job's order is handed the job once it has been
-live this long here (not while a mesh forms or a member flaps)."""
-MAX_LAUNCH_FAILURES = 3
-"""Offers that could not launch the job (the runner's launch error) before it fails with it."""
-LAUNCH_FAILED = 422
-"""The status a runner answers an offer with when the job's process could not be started."""
-_REFUSALS = {LAUNCH_FAILED: "launch_failed", 403: "not_allowed"}
-RESTORE_TIMEOUT_S = 120.0
-"""How long an offer that resumes from a checkpoint may take to answer (the runner copies the
-checkpoint into the job's folder first)."""
-UNHEARD_OWNER_GRACE_S = 10.0
-"""A stored job whose owner is not live, yet not known dead or left either, is taken over only
-once its copy is this old, and this agent up this long: a replica can arrive from an owner this
-agent has not heard of yet, and an agent back from a restart hears the mesh again only slowly."""
 
 
 class Owner:
@@ -129,10 +114,8 @@ class Owner:
         self._loop_task: asyncio.Task[None] | None = None
         self.checkpoints: Checkpoints | None = None
         """Set by the agent once made: moves checkpoints (``agent.ckptmove``)."""
-        self._collecting: dict[str, bool] = {}
-        """Jobs whose checkpoint is being pulled; True: pull again once done (it changed)."""
-        self._collected: set[tuple[str, str, int]] = set()
-        """(job, node, attempt) pulled once the attempt had ended: nothing newer can come."""
+        self.collector = Collector(self)
+        """Pulls and pushes the jobs' checkpoints (``agent.collecting``)."""
         self._started_at = time.time()
         """A copy stored before a restart is judged by what was heard since (the sweep)."""
         self.gangs = Gangs(self)
@@ -179,7 +162,7 @@ class Owner:
             doc = self.view.jobs.get(job.job_id)
             if doc is not None and job_gen(doc) > job.gen and doc.get("owner") != self.node_id:
                 continue  # someone took over while we were away; we stay a replica
-            self._adopt(job, why="resumed after restart")
+            handover.adopt(self, job, why="resumed after restart")
             if job.job_id in self.jobs:
                 taken += 1
         return taken
@@ -241,7 +224,7 @@ class Owner:
             rec = self.store.get_job(job_id)
             if rec is not None and rec.owner != self.node_id and not is_terminal(rec.state):
                 job = OwnedJob.from_record(rec)
-                self._adopt(job, why="submitted again")
+                handover.adopt(self, job, why="submitted again")
             elif rec is not None and is_terminal(rec.state):
                 return {"job_id": job_id, "owner": rec.owner, "replicas": 2, "state": rec.state}
         candidates: list[Candidate] = []
@@ -260,10 +243,10 @@ class Owner:
             self.events.add("submitted", f"owner {self.node_id[:8]}", job_id=job_id)
             # The first placement is chosen now, so the replica's copy of the submission is
             # also the write-ahead of attempt 1: one round trip fewer before the job runs.
-            candidates = [] if job.spec.is_gang else self._candidates(job)
+            candidates = [] if job.spec.is_gang else candidates_for(self, job)
             if candidates and self._addr_of(candidates[0].node_id) is not None:
                 self._placing.add(job_id)
-                self._reserve(job, candidates[0])
+                reserve(self, job, candidates[0])
             else:
                 candidates = []
                 self._save(job, replicate=False)
@@ -348,7 +331,7 @@ class Owner:
             addr = self._addr_of(runner)
             if addr is not None:
                 try:
-                    answer = _answer(
+                    answer = decoded_answer(
                         StopAnswer.from_wire,
                         await self.peers.call(
                             addr,
@@ -389,6 +372,10 @@ class Owner:
         self.kick()
 
     # -- reports from runners --------------------------------------------------------------------
+
+    def checkpointed(self, runner: str, note: CheckpointNote) -> dict[str, Any]:
+        """The runner of the current attempt says the job's checkpoint changed (``collector``)."""
+        return self.collector.checkpointed(runner, note)
 
     def report(self, runner: str, r: AttemptResult) -> dict[str, Any]:
         """An attempt ended on ``runner``; stale reports (other attempt or runner) are dropped."""
@@ -450,265 +437,19 @@ class Owner:
                 )
             self._requeue(job, stopped_reason(r, runner, self.view))
 
-    # -- checkpoints -----------------------------------------------------------------------------
-
-    def checkpointed(self, runner: str, note: CheckpointNote) -> dict[str, Any]:
-        """The runner of the current attempt says the job's checkpoint changed: pull a copy."""
-        job = self._owned(note.job_id)
-        stale = runner != job.runner or note.attempt != job.attempt or job.state not in LIVE
-        if stale or job.members:  # a gang's members keep their checkpoints (``agent.gang``)
-            return {"ok": True, "stale": True}
-        if job.job_id in self._collecting:
-            self._collecting[job.job_id] = True
-        else:
-            self._collecting[job.job_id] = False
-            self.spawn(self._collect_while_running(job.job_id, runner, note.attempt))
-        return {"ok": True}
-
-    async def _collect_while_running(self, job_id: str, runner: str, attempt: int) -> None:
-        try:
-            while True:
-                self._collecting[job_id] = False
-                await self._collect(job_id, runner, attempt)
-                if not self._collecting.get(job_id):
-                    return
-        finally:
-            self._collecting.pop(job_id, None)
-
-    async def _collect(self, job_id: str, node: str, attempt: int) -> None:
-        """Pull the checkpoint ``attempt`` left on ``node``; when that is this very node, push
-        the copy to the replica, where it outlives the node."""
-        cp = self.checkpoints
-        if cp is None:
-            return
-        try:
-            got = await cp.pull(job_id, node, attempt)
-        except (PeerError, TransferError, OSError) as exc:
-            log.info("job %s: checkpoint pull from %s: %s", job_id[:8], node[:8], exc)
-            return
-        if got is None or node != self.node_id:
-            return
-        replica = replica_of(job_id, self._live(), self.node_id)
-        if replica is not None:
-            await self._hand_copy(job_id, replica)
-
-    async def _collect_last(self, job: OwnedJob) -> None:
-        """Before a new attempt: pull what the last attempt left, if its node is alive."""
-        last = job.attempts[-1] if job.attempts else None
-        if last is None or last.node is None or last.node not in self._live():
-            return
-        key = (job.job_id, last.node, last.attempt)
-        if key in self._collected:
-            return
-        await self._collect(job.job_id, last.node, last.attempt)
-        self._collected.add(key)
-        if len(self._collected) > 10_000:
-            self._collected.clear()
-
-    async def _hand_copy(self, job_id: str, node: str) -> None:
-        assert self.checkpoints is not None
-        try:
-            await self.checkpoints.push(job_id, node)
-        except (PeerError, TransferError, OSError) as exc:
-            log.info("job %s: checkpoint copy to %s: %s", job_id[:8], node[:8], exc)
-
-    async def _push_checkpoint(self, job: OwnedJob, node: str) -> ResumeFrom | None:
-        """The newest copy held, sent to ``node`` ahead of the offer; what the offer names."""
-        if self.checkpoints is None:
-            return None
-        ref = await self.checkpoints.push(job.job_id, node)
-        return None if ref is None else ResumeFrom(ref.attempt, ref.digest)
-
-    # -- membership ------------------------------------------------------------------------------
+    # -- membership and takeovers (``agent.handover``) -----------------------------------------
 
     def member_gone(self, node: str) -> None:
         """A node died or left: requeue what ran there; take over what it owned."""
-        for job in list(self.jobs.values()):
-            if job.job_id in self._handing:
-                continue  # its next owner checks where it runs; if it stays, _give does
-            if job.members and any(m.node == node for m in job.members):
-                self.gangs.member_gone(job, node)
-            elif job.runner == node and job.state in LIVE:
-                self._move(job, JobEvent.RUNNER_DEAD)
-                job.attempt_ended(job.attempt, "lost", None, time.time())
-                self.events.add("lost", f"runner {node[:8]} is gone", job_id=job.job_id)
-                self._requeue(job, f"runner {node[:8]} is gone; attempt {job.attempt} lost")
-        self.sweep()
+        handover.member_gone(self, node)
 
     def sweep(self) -> None:
         """Adopt or hand over every stored job whose owner is gone; re-replicate ours."""
-        live = self._live()
-        live_set = set(live)
-        for rec in self.store.jobs(states=_UNENDED):
-            if rec.owner in live_set or rec.job_id in self.jobs:
-                continue
-            doc = self.view.jobs.get(rec.job_id)
-            if doc is not None:
-                if doc.get("owner") in live_set and doc.get("owner") != self.node_id:
-                    continue  # someone already took it over
-                if doc.get("state") in {s.value for s in JobState if is_terminal(s)}:
-                    continue
-            if (
-                not self._is_gone(rec.owner)
-                and time.time() - max(rec.updated_at, self._started_at) < UNHEARD_OWNER_GRACE_S
-            ):
-                continue  # not heard of yet rather than gone: it, or we, may have just joined
-            new_owner = next(iter(rank(rec.job_id, live)), None)
-            if new_owner == self.node_id:
-                self._adopt(OwnedJob.from_record(rec), why=f"owner {rec.owner[:8]} is gone")
-            elif new_owner is not None:
-                self.spawn(self._hand_over(new_owner, OwnedJob.from_record(rec)))
-        self._hand_over_outranked(live)
-        for job in self.jobs.values():
-            if is_terminal(job.state):
-                continue
-            want = replica_of(job.job_id, live, self.node_id)
-            if want is not None and self._replicated_to.get(job.job_id) != want:
-                self._replicated_to[job.job_id] = want
-                self.spawn(self._replicate_quietly(job))
-
-    async def _hand_over(self, node: str, job: OwnedJob) -> bool:
-        addr = self._addr_of(node)
-        if addr is None:
-            return False
-        try:
-            await self.peers.call(addr, "adopt", job_wire(job))
-        except PeerError as exc:
-            log.info("job %s: hand over to %s failed: %s", job.job_id[:8], node[:8], exc)
-            return False
-        return True
-
-    def _hand_over_outranked(self, live: list[str]) -> None:
-        """Ownership follows the rendezvous order over the live agents (``agent.authority``): a
-        job of ours whose order now puts another agent first, live for ``HANDOVER_SETTLE_S``,
-        is handed to it between steps (pending and not being placed, or running). An ended job
-        is handed over too: a record from an owner outside the window is not believed where the
-        job was not listed yet (the other side of a healed partition, an agent that joined), so
-        its last record must come from the new owner."""
-        for job in list(self.jobs.values()):
-            if job.job_id in self._handing or job.job_id in self._placing:
-                continue
-            if job.state not in (JobState.PENDING, JobState.RUNNING) and not is_terminal(job.state):
-                continue
-            first = next(iter(rank(job.job_id, live)), self.node_id)
-            if first != self.node_id and self.authority.live_for_s(first) >= HANDOVER_SETTLE_S:
-                self._handing.add(job.job_id)
-                self.spawn(self._give(job, first))
-
-    async def _give(self, job: OwnedJob, node: str) -> None:
-        try:
-            if not await self._hand_over(node, job):
-                return
-            if self.jobs.get(job.job_id) is not job:
-                return
-            del self.jobs[job.job_id]
-            job.owner = node
-            self.store.put_job(job.record())  # our copy, as a replica keeps one
-            self._replicated_to.pop(job.job_id, None)
-            self.events.add("handed_over", f"to {node[:8]}, first in its order", job_id=job.job_id)
-            self._on_change()
-            if self.checkpoints is not None:  # the new owner starts with the copy we hold
-                self.spawn(self._hand_copy(job.job_id, node))
-        finally:
-            self._handing.discard(job.job_id)
-            still_ours = self.jobs.get(job.job_id) is job and job.state in LIVE
-            ran_on = [m.node for m in job.members] if job.members else [job.runner]
-            live = set(self._live())
-            for runner in ran_on:
-                if still_ours and runner is not None and runner not in live:
-                    self.member_gone(runner)  # it died while we were handing the job over
+        handover.sweep(self)
 
     def adopt_wire(self, body: dict[str, Any], caller: str) -> dict[str, Any]:
-        """Take a job over, handed by its owner or by the holder of a copy of a gone owner's
-        job. Refused unless the submission is an operator's, this agent may own the job, and the
-        caller may act as its owner here, or hands over exactly the newest record of it that
-        anyone published, signed by the caller itself as its owner (an owner the window left
-        behind: two agents joined ahead of it, or the mesh was still forming when it took the
-        job)."""
-        job = job_from_wire(body, self.authority)
-        doc = self.view.jobs.get(job.job_id)
-        if not (
-            self.authority.may_own(job.job_id, caller)
-            or (doc is not None and doc.get("owner") == caller)
-            or self.view.published_as_owner(job.job_id, caller, job.gen)
-        ):
-            raise OwnerError(403, f"{caller[:8]} may not hand over job {job.job_id}")
-        if not self.authority.may_own(job.job_id, self.node_id):
-            raise OwnerError(409, f"{self.node_id[:8]} is not first in job {job.job_id}'s order")
-        mine = self.jobs.get(job.job_id)
-        if mine is not None:  # each side of a healed partition held it: one copy goes on,
-            if is_terminal(job.state) and not is_terminal(mine.state):  # the one that ended,
-                job.owner, job.gen = self.node_id, max(job.gen, mine.gen)
-                self.jobs[job.job_id] = mine = job
-            if job.gen >= mine.gen:  # published above the other, so that every agent believes it
-                mine.gen = job.gen
-                self._save(mine)
-            if mine.state in LIVE and (mine.runner is not None or mine.members):  # still runs?
-                self.spawn(self._check_runner(mine.job_id, mine.runner or "", mine.attempt))
-            return {"ok": True}
-        held = self.store.get_job(job.job_id)
-        if held is not None:
-            mine = OwnedJob.from_record(held)
-            if mine.gen > job.gen:
-                job = mine
-        if is_terminal(job.state):  # nothing to do but say how it ended, as its owner now
-            job.owner = self.node_id
-            self.jobs[job.job_id] = job
-            self._save(job, replicate=False)
-            return {"ok": True}
-        self._adopt(job, why=f"handed over by {caller[:8]}")
-        return {"ok": True}
-
-    def _adopt(self, job: OwnedJob, *, why: str) -> None:
-        doc = self.view.jobs.get(job.job_id)
-        if doc is not None:
-            job.merge_gossip(doc)
-        if is_terminal(job.state):
-            return
-        job.owner = self.node_id
-        self.jobs[job.job_id] = job
-        self._save(job)
-        self.events.add("adopted", why, job_id=job.job_id)
-        if job.state in LIVE and job.runner is not None:
-            self.spawn(self._check_runner(job.job_id, job.runner, job.attempt))
-        elif job.state == JobState.LOST:
-            self._requeue(job, "lost before the takeover")
-        self.kick()
-
-    async def _check_runner(self, job_id: str, runner: str, attempt: int) -> None:
-        """After a takeover: is the attempt still running there, done, or never started?"""
-        held = self.jobs.get(job_id)
-        if held is not None and held.members and held.attempt == attempt:
-            await self.gangs.check(held)
-            return
-        if runner not in self._live():
-            job = self.jobs.get(job_id)
-            if job is not None and job.attempt == attempt and job.state in LIVE:
-                self._move(job, JobEvent.RUNNER_DEAD)
-                self._requeue(job, f"runner {runner[:8]} is gone; attempt {attempt} lost")
-            return
-        addr = self._addr_of(runner)
-        try:
-            answer = _answer(
-                StatusAnswer.from_wire,
-                await self.peers.call(addr or "", "status", StatusRequest(job_id).to_wire()),
-            )
-        except PeerError:
-            self.spawn(self._stop_until_done(job_id, runner, attempt, "fenced"))
-            return
-        job = self.jobs.get(job_id)
-        if job is None or job.attempt != attempt or job.state not in LIVE:
-            return
-        if answer.running and answer.attempt == attempt:
-            if job.state == JobState.PLACING:
-                self._move(job, JobEvent.STARTED)
-                self._save(job)
-            return
-        result = answer.result
-        if result is not None and result.attempt == attempt:
-            self.report(runner, result)
-            return
-        self.spawn(self._stop_until_done(job_id, runner, attempt, "fenced"))
+        """Take a job over, handed by its owner or by the holder of a copy of a gone owner's."""
+        return handover.adopt_wire(self, body, caller)
 
     # -- placement -------------------------------------------------------------------------------
 
@@ -744,7 +485,7 @@ class Owner:
                     and now - job.placing_since > 15.0
                 ):
                     job.placing_since = now
-                    self.spawn(self._check_runner(job.job_id, job.runner, job.attempt))
+                    self.spawn(handover.check_runner(self, job.job_id, job.runner, job.attempt))
 
     async def _place(
         self,
@@ -757,144 +498,9 @@ class Owner:
             if job.spec.is_gang:
                 await self.gangs.place(job)
             else:
-                await self._place_once(job, candidates, reserved)
+                await place_once(self, job, candidates, reserved)
         finally:
             self._placing.discard(job.job_id)
-
-    def _candidates(self, job: OwnedJob) -> list[Candidate]:
-        """Where the job may run, best first; none: the reason is saved on the job."""
-        live = set(self._live())
-        nodes = [self.view.node(n) for n in sorted(live)]
-        exclude = frozenset({job.avoid}) if job.avoid else frozenset()
-        candidates = self.placement.candidates(job.spec, nodes, exclude=exclude, prefer=job.prefer)
-        if not candidates and job.avoid:
-            candidates = self.placement.candidates(job.spec, nodes, prefer=job.prefer)
-        if not candidates:
-            candidates = preemption_candidates(self.placement, job.spec, nodes, self.view, live)
-        if not candidates:
-            reason = waiting_reason(job.reason, self.placement.why_pending(job.spec))
-            if reason != job.reason:
-                job.reason = reason
-                self._save(job, replicate=False)
-        return candidates
-
-    def _reserve(self, job: OwnedJob, cand: Candidate) -> int:
-        """Pending -> placing on ``cand``, saved here; the caller makes it durable on the replica
-        before the offer (write-ahead: a successor must know this attempt). The attempt."""
-        self._move(job, JobEvent.PLACED)
-        if job.refused_by != cand.node_id:
-            job.attempt += 1
-        job.refused_by = None
-        job.runner, job.devices = cand.node_id, cand.devices
-        job.placing_since = time.monotonic()
-        job.reason = None
-        self._save(job, replicate=False)
-        return job.attempt
-
-    async def _place_once(
-        self,
-        job: OwnedJob,
-        candidates: list[Candidate] | None = None,
-        reserved: int | None = None,
-    ) -> None:
-        """Offer the job to each candidate in turn until one starts it. ``reserved``: the first
-        candidate already holds this attempt, made durable with the submission."""
-        try:
-            self.authority.submission(job.submission, job.job_id)
-        except SubmissionRefused as exc:
-            self._give_up(job, str(exc))
-            return
-        if reserved is None:
-            await self._collect_last(job)
-            if job.state != JobState.PENDING:
-                return
-        if candidates is None:
-            candidates = self._candidates(job)
-        declines: list[str] = []
-        for i, cand in enumerate(candidates):
-            if i == 0 and reserved is not None:
-                attempt = reserved
-                if job.attempt != attempt or _state(job) != JobState.PLACING:
-                    return  # cancelled meanwhile
-                addr = self._addr_of(cand.node_id)
-                if addr is None:  # gone since the submission: the next candidate
-                    self._move(job, JobEvent.DECLINED)
-                    job.runner, job.devices = None, ()
-                    continue
-            else:
-                if job.state != JobState.PENDING:
-                    return
-                addr = self._addr_of(cand.node_id)
-                if addr is None:
-                    continue
-                attempt = self._reserve(job, cand)
-                await self._replicate(job)
-            try:
-                resume = await self._push_checkpoint(job, cand.node_id)
-            except (PeerError, TransferError, OSError) as exc:
-                declines.append(f"{cand.node_id[:8]}: checkpoint not sent ({exc})")
-                if job.attempt == attempt and _state(job) == JobState.PLACING:
-                    self._move(job, JobEvent.DECLINED)
-                    job.runner, job.devices = None, ()
-                    job.refused_by = cand.node_id
-                continue
-            if job.attempt != attempt or _state(job) != JobState.PLACING:
-                return  # cancelled meanwhile
-            offer = StartOffer(
-                job.job_id,
-                attempt,
-                self.node_id,
-                cand.devices,
-                job.submission,
-                resume,
-                cand.victims,
-                cand.shrink,
-            )
-            try:
-                # A resumed attempt's checkpoint is copied into its folder before it starts; a
-                # preempting one waits for its victims to stop first.
-                slow = resume is not None or cand.victims or cand.shrink
-                timeout_s = RESTORE_TIMEOUT_S + self._stop_grace_s if slow else None
-                answer = _answer(
-                    StartAnswer.from_wire,
-                    await self.peers.call(addr, "start", offer.to_wire(), timeout_s=timeout_s),
-                )
-            except PeerRefused as exc:
-                self.offers[_REFUSALS.get(exc.status, "declined")] += 1
-                self.placement.offered(cand)
-                declines.append(f"{cand.node_id[:8]}: {exc.reason}")
-                if job.attempt == attempt and _state(job) == JobState.PLACING:
-                    self._move(job, JobEvent.DECLINED)
-                    job.runner, job.devices = None, ()
-                    job.refused_by = cand.node_id
-                    if exc.status == LAUNCH_FAILED:
-                        job.launch_failures += 1
-                        if job.launch_failures >= MAX_LAUNCH_FAILURES:
-                            self._give_up(job, f"{exc.reason} ({job.launch_failures} attempts)")
-                            return
-                continue
-            except PeerUnreachable as exc:
-                self.offers["unanswered"] += 1
-                log.info("job %s: start on %s unanswered: %s", job.job_id[:8], cand.node_id, exc)
-                await self._stop_until_done(job.job_id, cand.node_id, attempt, "fenced")
-                return
-            if job.attempt != attempt or _state(job) != JobState.PLACING:
-                return  # cancelled or reported meanwhile
-            self.offers["started"] += 1
-            self.placement.offered(cand)
-            self._move(job, JobEvent.RESERVED)
-            self._move(job, JobEvent.STARTED)
-            job.started_at = answer.started_at or time.time()
-            job.attempt_started(cand.node_id, job.started_at)
-            self._save(job)
-            self.events.add(
-                "started", f"attempt {attempt} on {cand.node_id[:8]}", job_id=job.job_id
-            )
-            self.resizes.started(job.job_id, cand.devices)
-            return
-        if job.state == JobState.PENDING:
-            job.reason = "declined by " + "; ".join(declines) if declines else job.reason
-            self._save(job, replicate=False)
 
     def _missed_deadline(self, job: OwnedJob, late_s: float) -> None:
         job.deadline_missed_s = late_s
@@ -913,22 +519,6 @@ class Owner:
         job.finished_at, job.reason = time.time(), reason
         self._save(job)
         self.events.add("failed", reason, job_id=job.job_id)
-
-
-def _state(job: OwnedJob) -> JobState:
-    """The job's state through a call: it changes across awaits (keeps mypy from narrowing)."""
-    return job.state
-
-
-A = TypeVar("A")
-
-
-def _answer(decode: Callable[[Any], A], answer: dict[str, Any]) -> A:
-    """A peer's answer decoded; one that does not decode is as good as none (unreachable)."""
-    try:
-        return decode(answer)
-    except WireError as exc:
-        raise PeerUnreachable(f"malformed answer: {exc}") from None
 
 
 def _finished(r: AttemptResult) -> float:

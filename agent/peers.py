@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
 from agent.parsing import json_loads
+from agent.wire.codec import WireError
 from gossip.identity import NodeIdentity
 from gossip.streams import CallFailed
 from gossip.tls import client_context
@@ -56,6 +57,17 @@ class PeerRefused(PeerError):
         super().__init__(f"{status}: {reason}")
         self.status = status
         self.reason = reason
+
+
+A = TypeVar("A")
+
+
+def decoded_answer(decode: Callable[[Any], A], answer: dict[str, Any]) -> A:
+    """A peer's answer decoded; one that does not decode is as good as none (unreachable)."""
+    try:
+        return decode(answer)
+    except WireError as exc:
+        raise PeerUnreachable(f"malformed answer: {exc}") from None
 
 
 class StreamCalls(Protocol):

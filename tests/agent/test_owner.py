@@ -25,6 +25,7 @@ from agent.jobstate import JobState
 from agent.owner import UNHEARD_OWNER_GRACE_S, Owner
 from agent.peers import PeerClient
 from agent.placement import FirstFit
+from agent.placing import place_once
 from agent.recentoffers import HOLD_S
 from agent.store import JobRecord, Store
 from agent.view import ClusterView, pack
@@ -259,14 +260,14 @@ async def test_an_attempt_refused_in_every_round_is_offered_again(fx: Fixture) -
     await _settled(owner)  # the submission's own placement: refused
     assert job.state == JobState.PENDING and "device h0 is in use" in (job.reason or "")
     # The declined device counts as in use for a few seconds: not offered again at once.
-    await owner._place_once(job)
+    await place_once(owner, job)
     assert job.state == JobState.PENDING and len(a.starts) == 1
     now[0] += HOLD_S
-    await owner._place_once(job)  # refused again
+    await place_once(owner, job)  # refused again
     assert job.state == JobState.PENDING and "device h0 is in use" in (job.reason or "")
     now[0] += HOLD_S
     a.accept = True
-    await owner._place_once(job)
+    await place_once(owner, job)
     assert [s["attempt"] for s in a.starts] == [1, 1, 1]
     assert (job.state, job.attempt, job.runner) == (JobState.RUNNING, 1, "runner-a")
     await owner.close()

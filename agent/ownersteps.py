@@ -1,0 +1,46 @@
+"""What the parts of a job's owner use of it (:class:`agent.owner.Owner`): its view, policy and
+peers, and its steps of one job's life (save, move, replicate, stop, requeue, give up).
+
+The parts (``agent.gang``, ``agent.placing``, ``agent.handover``) each name what more they use
+in a protocol of their own built on :class:`OwnerSteps` (``agent.collecting``, which uses less,
+names its own alone), and depend on that, not on the ``Owner`` class: no import circle back to
+``agent.owner``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from collections import Counter
+    from collections.abc import Coroutine
+
+    from agent.events import EventLog
+    from agent.jobstate import JobEvent
+    from agent.ownedjob import OwnedJob
+    from agent.peers import PeerClient
+    from agent.placement import Placement
+    from agent.view import ClusterView
+
+
+class OwnerSteps(Protocol):
+    """The owner's view, policy and peers, and its steps of one job's life."""
+
+    node_id: str
+    view: ClusterView
+    peers: PeerClient
+    events: EventLog
+    placement: Placement
+    offers: Counter[str]
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
+    def _live(self) -> list[str]: ...
+    def _addr_of(self, node: str) -> str | None: ...
+    def _save(self, job: OwnedJob, *, replicate: bool = True) -> None: ...
+    def _move(self, job: OwnedJob, event: JobEvent) -> bool: ...
+    async def _replicate(self, job: OwnedJob) -> str | None: ...
+    async def _stop_until_done(
+        self, job_id: str, runner: str, attempt: int, cause: str
+    ) -> None: ...
+    def _requeue(self, job: OwnedJob, reason: str) -> None: ...
+    def _give_up(self, job: OwnedJob, reason: str) -> None: ...
