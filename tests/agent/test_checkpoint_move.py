@@ -169,6 +169,14 @@ def test_drain_and_a_dead_runner_move_the_job_with_its_checkpoint(tmp_path: Path
         mesh.wait("attempt 2 started", lambda: 2 in starts(log))
         left = saved_step(ckpt_dir(mesh, first, job_id))
         assert starts(log)[2] == ("1", left) and left > 0
+        # The process starts before the records of attempt 2 reach every agent: wait for them.
+        mesh.wait(
+            "the record of attempt 2 with its runner",
+            lambda: (
+                mesh.job(a, job_id).get("attempt") == 2
+                and mesh.job(a, job_id).get("runner") is not None
+            ),
+        )
         second = mesh.job(a, job_id)["runner"]
         assert second != first
 
