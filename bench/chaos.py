@@ -15,8 +15,10 @@ the mesh's records:
   never written);
 - none ran twice at once (processes, not records: two runs alive at one moment);
 - no checkpoint resumed out of order;
-- how long recovery took: from each kill until every job that ran on the killed agent runs
-  again (a new process, wherever), and from the heal until every agent sees every other.
+- how long recovery took: from each kill until the owners ended the attempts on the killed
+  agent (lost: requeued; ``requeue_s``, detection and takeover), until every job that ran there
+  runs again (a new process, wherever: ``recovery_s``, which includes a wait for room on a full
+  fleet), and from the heal until every agent sees every other.
 
 The partition is the test-only drop list (:mod:`gossip.droplist`): each agent is started with
 ``SHOAL_TEST_DROP_FILE`` naming ``drop`` in its own folder, and the benchmark writes the other
@@ -459,6 +461,23 @@ def _log_figures(mesh: LocalMesh) -> dict[str, Any]:
     }
 
 
+def attempt_ended_after(record: dict[str, Any], node_id: str, killed_at: float) -> float | None:
+    """From a kill to its owner ending the job's last attempt begun on the killed node (lost:
+    requeued), by the job's record: 0 when it had ended before (a move off the node); None
+    when the record names no such attempt, or that attempt has not ended."""
+    there = [
+        a
+        for a in record.get("attempts") or ()
+        if a.get("node") == node_id and float(a.get("started_at") or 0.0) <= killed_at
+    ]
+    if not there:
+        return None
+    last = max(there, key=lambda a: int(a.get("attempt") or 0))
+    if last.get("finished_at") is None:
+        return None
+    return max(0.0, float(last["finished_at"]) - killed_at)
+
+
 def _verdict(chaos: Chaos) -> dict[str, Any]:
     by_job = chaos.ledger.by_job()
     states = Counter(chaos.records.get(j, {}).get("state", "unknown") for j in chaos.submitted)
@@ -496,6 +515,7 @@ def _verdict(chaos: Chaos) -> dict[str, Any]:
         if not any(lo <= t <= hi for lo, hi in windows for t in (r.start_t, r.finished_t))
     ]
     recoveries: list[float] = []
+    requeues: list[float] = []
     faults = []
     for fault in chaos.faults:
         if fault["fault"] == "kill" and "_killed_at" in fault:
@@ -506,6 +526,15 @@ def _verdict(chaos: Chaos) -> dict[str, Any]:
                 if chaos.restarted_after(j, killed_at)
             ]
             fault["recovery_s"] = round(max(back), 3) if back else (0.0 if not jobs else None)
+            victim = chaos.mesh.agents[fault["agent"]].node_id
+            ended = [attempt_ended_after(chaos.records.get(j, {}), victim, killed_at) for j in jobs]
+            fault["requeue_s"] = (
+                round(max(e for e in ended if e is not None), 3)
+                if any(e is not None for e in ended)
+                else None
+            )
+            if fault["requeue_s"] is not None:
+                requeues.append(fault["requeue_s"])
             fault["jobs_not_run_again"] = sorted(  # nor finished before the kill
                 j
                 for j in jobs
@@ -539,6 +568,7 @@ def _verdict(chaos: Chaos) -> dict[str, Any]:
         "jobs_run_again_after_success": len(reruns),
         "jobs_run_again_after_success_outside_partition": len(reruns_outside),
         "max_recovery_s": max(recoveries) if recoveries else None,
+        "max_requeue_s": max(requeues) if requeues else None,
         "invariants": {
             "all_ended_or_waiting_with_reason": not unfinished,
             "none_lost": not lost and not fake_success,

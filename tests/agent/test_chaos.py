@@ -16,7 +16,7 @@ def test_chaos_keeps_its_invariants(capsys: pytest.CaptureFixture[str]) -> None:
     out = json.loads(capsys.readouterr().out)
     for key in (
         "jobs_submitted", "jobs_succeeded", "jobs_lost", "jobs_run_twice_concurrently",
-        "max_recovery_s", "checkpoints_out_of_order", "faults", "invariants",
+        "max_recovery_s", "max_requeue_s", "checkpoints_out_of_order", "faults", "invariants",
     ):  # fmt: skip
         assert key in out
     assert out["jobs_submitted"] >= 5, out["details"]["submit_failures"]
@@ -31,6 +31,9 @@ def test_chaos_keeps_its_invariants(capsys: pytest.CaptureFixture[str]) -> None:
     partitions = [f for f in out["faults"] if f["fault"] == "partition"]
     assert len(kills) == 1 and "skipped" not in kills[0], kills
     assert kills[0]["rejoin_s"] is not None
+    if kills[0]["jobs_running_there"]:  # their owners ended those attempts before they ran again
+        assert kills[0]["requeue_s"] is not None
+        assert kills[0]["requeue_s"] <= kills[0]["recovery_s"] + 0.5, kills
     assert len(partitions) == 1 and partitions[0]["heal_converged_s"] is not None
     assert out["max_recovery_s"] is not None
     assert out["invariants"] == dict.fromkeys(out["invariants"], True), out["details"]

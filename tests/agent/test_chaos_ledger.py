@@ -1,10 +1,12 @@
-"""The chaos benchmark's checks on ledgers written by hand: each one finds what it looks for."""
+"""The chaos benchmark's checks on ledgers and records written by hand: each one finds what it
+looks for."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from bench.chaos import attempt_ended_after
 from bench.chaosledger import (
     Ledger,
     checkpoint_disorders,
@@ -164,3 +166,18 @@ def test_a_gang_has_finished_only_once_every_member_did(tmp_path: Path) -> None:
     assert [r.line for r in reruns_after_success(ledger.runs.values())] == [
         "j1 attempt 3 started 0.5 s after attempt 2 finished"
     ]
+
+
+def test_the_requeue_is_read_from_the_end_of_the_attempt_on_the_killed_node() -> None:
+    record = {
+        "attempts": [
+            {"attempt": 1, "node": "a", "started_at": 90.0, "finished_at": 95.0, "cause": "exit"},
+            {"attempt": 2, "node": "k", "started_at": 96.0, "finished_at": 104.5, "cause": "lost"},
+            {"attempt": 3, "node": "b", "started_at": 104.6, "finished_at": None, "cause": None},
+        ]
+    }
+    assert attempt_ended_after(record, "k", 100.0) == 4.5
+    assert attempt_ended_after(record, "a", 100.0) == 0.0  # it had ended before the kill
+    assert attempt_ended_after(record, "b", 100.0) is None  # began after the kill
+    assert attempt_ended_after(record, "b", 105.0) is None  # not ended
+    assert attempt_ended_after({}, "k", 100.0) is None
