@@ -41,8 +41,10 @@ what placement reads (drain, queue, running jobs, free devices) is republished a
 EVENTS_EVERY_S = 1.0
 """This node's recent events are republished at most this often (each event used to resend
 them all: a third of the gossip bytes of a mesh under load)."""
-PLACE_EVERY_S = 30.0
-"""A moved coordinate alone republishes the ``place`` record at most this often."""
+PLACE_EVERY_S = 120.0
+"""A moved coordinate alone republishes the ``place`` record at most this often. Coordinates
+settle slowly, and on a busy host they wander by a millisecond or so with its event loop's
+delays: at 30 s this record was half of the records an idle mesh of 16 agents gossiped."""
 COORD_MOVED_S = 0.001
 """How far (in RTT) a coordinate must move before it is worth telling everyone."""
 UNMEASURED_LOOK_S = 1.0
