@@ -74,10 +74,10 @@ from agent.jobstate import (
 )
 from agent.jobuser import prepare_job_folder
 from agent.logfiles import TailReader
-from agent.ownership import owner_of
 from agent.peers import PeerError, PeerRefused
 from agent.pinning import GangRank
 from agent.preemption import Ask, Preemptions, Refused
+from agent.reports import Reports, attempt_result
 from agent.reservations import Reservations
 from agent.store import ResultRecord, RunRecord, StoreFull, process_alive, reconcile
 from agent.transfer import TransferError
@@ -98,7 +98,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("shoal.runner")
 
-REPORT_GIVE_UP_S = 300.0
 CHECKPOINT_SCAN_S = 1.0
 """How often the checkpoint folders of running jobs are looked at (names, sizes, times)."""
 _ENDED: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
@@ -197,7 +196,8 @@ class Runner:
         self.drain = NodeDrainState(self.store.get_meta("drain") or NodeDrainState.SCHEDULABLE)
         self._drain_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._reports: dict[tuple[str, int], AttemptResult] = {}
+        self.reports = Reports(self)
+        """The reports of ended attempts owed to the jobs' owners (``agent.reports``)."""
         self._closing = False
         self._log_tails = asyncio.Semaphore(LOG_TAILS_AT_ONCE)
         self.checkpoints: Checkpoints | None = None
@@ -528,7 +528,7 @@ class Runner:
         )
         if exited is None:
             return StopAnswer(stopped=False)
-        return StopAnswer(stopped=True, exit=_exit_result(exited))
+        return StopAnswer(stopped=True, exit=attempt_result(exited))
 
     def status(self, job_id: str) -> StatusAnswer:
         run = self.runs.get(job_id)
@@ -537,7 +537,7 @@ class Runner:
         return StatusAnswer(
             running=run is not None,
             attempt=run.attempt if run else None,
-            result=_stored_result(last) if last else None,
+            result=attempt_result(last) if last else None,
         )
 
     # -- executor events -------------------------------------------------------------------------
@@ -565,7 +565,7 @@ class Runner:
         self._on_change()
         owner = run.owner if run is not None else None
         by = self.preemptions.stopped_for(e.job_id, e.attempt)
-        report = _exit_result(e)
+        report = attempt_result(e)
         self.queue_report(
             report._replace(preempted_by=by) if e.cause in ("preempt", "shrink") else report, owner
         )
@@ -573,62 +573,13 @@ class Runner:
             self._set_drain(DrainEvent.DRAINED)
 
     def queue_report(self, report: AttemptResult, owner_hint: str | None) -> None:
-        key = (report.job_id, report.attempt)
-        self._reports[key] = report
-        self.spawn(self._deliver(key, owner_hint))
+        self.reports.queue(report, owner_hint)
 
     def owner_for(self, job_id: str, hint: str | None) -> str | None:
-        live = self._live()
-        doc = self.view.jobs.get(job_id)
-        if doc is not None and doc.get("owner") in live:
-            return str(doc["owner"])
-        if hint is not None and hint in live:
-            return hint
-        return owner_of(job_id, live)
+        return self.reports.owner_for(job_id, hint)
 
     def moved_on(self, job_id: str, attempt: int) -> bool:
-        """Whether the job's record, as gossip brings it, is past ``attempt``: ended, or at a
-        later attempt. The owner has then no use for a report of it (it would answer "stale")."""
-        doc = self.view.jobs.get(job_id)
-        if doc is None:
-            return False
-        newer = isinstance(doc.get("attempt"), int) and doc["attempt"] > attempt
-        return newer or doc.get("state") in ("succeeded", "failed", "cancelled")
-
-    async def _deliver(self, key: tuple[str, int], hint: str | None) -> None:
-        """Tell the job's owner how an attempt ended, until it has heard, or has moved on.
-
-        After a restart, the runner's view of the mesh is still forming: the owner it finds
-        (by rendezvous over the members it knows so far) may not be the job's, and answers
-        404 "not owned". That is the expected answer of a guess, said at debug level; the
-        report waits for the view to name the owner. Nothing depends on such a report being
-        heard: an owner that misses it learns the attempt's end from its own status check."""
-        deadline = time.monotonic() + REPORT_GIVE_UP_S
-        delay = 0.2
-        while time.monotonic() < deadline:
-            report = self._reports.get(key)
-            if report is None:
-                return
-            if self.moved_on(*key):
-                self._reports.pop(key, None)
-                log.debug("report of %s attempt %d: the owner has moved on", key[0][:8], key[1])
-                return
-            owner = self.owner_for(key[0], hint)
-            addr = self._addr_of(owner) if owner else None
-            if addr is not None:
-                try:
-                    await self.peers.call(addr, "report", report.to_wire())
-                except PeerRefused as exc:
-                    level = logging.DEBUG if exc.status == 404 else logging.INFO
-                    log.log(level, "report of %s to %s: %s", key[0][:8], (owner or "")[:8], exc)
-                except PeerError as exc:
-                    log.info("report of %s to %s: %s", key[0][:8], (owner or "")[:8], exc)
-                else:
-                    self._reports.pop(key, None)
-                    return
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
-        log.warning("gave up reporting job %s attempt %d", key[0][:8], key[1])
+        return self.reports.moved_on(job_id, attempt)
 
     # -- fencing through gossip ------------------------------------------------------------------
 
@@ -734,7 +685,7 @@ class Runner:
         self._closing = True  # an offer that arrives now would outlive the agent: decline it
         await self.executor.close()
         deadline = time.monotonic() + wait_reports_s
-        while self._reports and time.monotonic() < deadline:
+        while self.reports.pending and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
 
     # -- logs ------------------------------------------------------------------------------------
@@ -762,30 +713,6 @@ def _placed_here(doc: dict[str, Any], node_id: str) -> bool:
     if isinstance(members, list) and members:
         return any(isinstance(m, dict) and m.get("node") == node_id for m in members)
     return doc.get("runner") in (None, node_id)
-
-
-def _exit_result(e: Exited) -> AttemptResult:
-    return AttemptResult(
-        job_id=e.job_id,
-        attempt=e.attempt,
-        exit_code=e.exit_code,
-        signal=e.signal,
-        cause=e.cause,
-        started_at=e.started_at,
-        finished_at=e.finished_at,
-    )
-
-
-def _stored_result(r: ResultRecord) -> AttemptResult:
-    return AttemptResult(
-        job_id=r.job_id,
-        attempt=r.attempt,
-        exit_code=r.exit_code,
-        signal=r.signal,
-        cause=r.cause,
-        started_at=r.started_at,
-        finished_at=r.finished_at,
-    )
 
 
 def _kill_group(pid: int, pgid: int | None) -> None:

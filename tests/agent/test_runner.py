@@ -236,10 +236,10 @@ async def test_a_report_the_owner_has_moved_past_is_dropped(rig: Rig) -> None:
     lost = AttemptResult(job_id, 1, None, None, "lost", 1.0, 2.0)
     runner.queue_report(lost, None)
     await asyncio.sleep(0.5)  # no owner address in this rig: the report waits, retrying
-    assert (job_id, 1) in runner._reports
+    assert (job_id, 1) in runner.reports.pending
     runner.view.jobs[job_id] = {**record, "attempt": 2, "runner": rig.member.node_id}
     async with asyncio.timeout(10):
-        while (job_id, 1) in runner._reports:
+        while (job_id, 1) in runner.reports.pending:
             await asyncio.sleep(0.05)
 
 
