@@ -52,7 +52,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from agent.admission import NodeFacts, NotAdmitted, admit, local_node
 from agent.authority import FeaturesLacking, SubmissionRefused
-from agent.ckptfiles import clear_folder
 from agent.context import AgentContext
 from agent.executor import (
     ExecEvent,
@@ -72,18 +71,16 @@ from agent.jobstate import (
     accepts_work,
     drain_transition,
 )
-from agent.jobuser import prepare_job_folder
 from agent.logfiles import TailReader
-from agent.peers import PeerError, PeerRefused
 from agent.pinning import GangRank
 from agent.preemption import Ask, Preemptions, Refused
 from agent.reports import Reports, attempt_result
 from agent.reservations import Reservations
+from agent.runnerckpt import RunnerCheckpoints
 from agent.store import ResultRecord, RunRecord, StoreFull, process_alive, reconcile
 from agent.transfer import TransferError
 from agent.wire.calls import (
     AttemptResult,
-    CheckpointNote,
     ResumeFrom,
     StartAnswer,
     StartOffer,
@@ -98,8 +95,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("shoal.runner")
 
-CHECKPOINT_SCAN_S = 1.0
-"""How often the checkpoint folders of running jobs are looked at (names, sizes, times)."""
 _ENDED: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 _STOP_CAUSES: frozenset[str] = frozenset(
     {"cancel", "preempt", "shrink", "migrate", "drain", "fenced", "shutdown"}
@@ -202,12 +197,13 @@ class Runner:
         self._log_tails = asyncio.Semaphore(LOG_TAILS_AT_ONCE)
         self.checkpoints: Checkpoints | None = None
         """Set by the agent once made (it reads the jobs run here through this runner)."""
-        self._ckpt_stamps: dict[tuple[str, int], object] = {}
         self.holds = Reservations()
         """Devices held for gangs between prepare and commit (``agent.gangdesk``)."""
         self.saved_at: dict[str, float] = {}
         """Running job -> when its checkpoint folder last changed (gossiped in the node record)."""
         self.preemptions = Preemptions(ctx.preempt_min_run_s)
+        self.ckpts = RunnerCheckpoints(self)
+        """The jobs' checkpoints on this side: prepared, watched, told (``agent.runnerckpt``)."""
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -369,7 +365,7 @@ class Runner:
             ask = Ask(job_id, spec.priority, keys, admitted.victims, admitted.shrink)
             await self.preemptions.stop(ask, admitted.victims, self.runs, self._preempt, self._note)
         try:
-            resumed = await self._prepare_checkpoint(job_id, resume, spec.checkpoint_dir is None)
+            resumed = await self.ckpts.prepare(job_id, resume, spec.checkpoint_dir is None)
         except (TransferError, OSError, ValueError) as exc:
             self.runs.pop(job_id, None)
             self._on_change()
@@ -437,72 +433,17 @@ class Runner:
     def _note(self, job_id: str, kind: str, message: str) -> None:
         self.events.add(kind, message, job_id=job_id)
 
-    async def _prepare_checkpoint(self, job_id: str, resume: ResumeFrom | None, ours: bool) -> bool:
-        """Put the checkpoint the offer names in the job's folder, or empty it: what an earlier
-        attempt left here is never resumed. ``ours``: Shoal's folder (a spec's own
-        ``checkpoint_dir`` is left alone). Whether the attempt resumes."""
-        if not ours:
-            return False
-        job_dir = self.executor.job_dir(job_id)
-        user = self.executor.user
-        prepare_job_folder(job_dir, user)
-        dest = self.checkpoint_folder(job_id)
-        if resume is None or self.checkpoints is None:
-            await asyncio.to_thread(clear_folder, dest, user)
-            return False
-        vault = self.checkpoints.vault
-        await asyncio.to_thread(vault.restore, job_id, resume.digest, dest, user)
-        return True
-
-    # -- checkpoints (agent.ckptmove.LocalJobs) --------------------------------------------------
+    # -- checkpoints (agent.runnerckpt; agent.ckptmove.LocalJobs) ------------------------------
 
     def checkpoint_folder(self, job_id: str) -> Path:
-        return self.executor.job_dir(job_id) / "checkpoint"
+        return self.ckpts.folder(job_id)
 
     def last_attempt(self, job_id: str) -> tuple[int, str | None] | None:
-        run = self.runs.get(job_id)
-        if run is not None:
-            return run.attempt, run.owner
-        results = self.store.results(job_id)
-        return (results[-1].attempt, None) if results else None
+        return self.ckpts.last_attempt(job_id)
 
     async def watch_checkpoints(self) -> None:
         """Tell each running job's owner when its checkpoint folder changed."""
-        while True:
-            await asyncio.sleep(CHECKPOINT_SCAN_S)
-            if self.checkpoints is None:
-                continue
-            reader = self.checkpoints.reader
-            for job_id, run in list(self.runs.items()):
-                folder = self.checkpoint_folder(job_id)
-                stamp = await asyncio.to_thread(reader.stamp, folder)
-                key = (job_id, run.attempt)
-                if not stamp or self._ckpt_stamps.get(key) == stamp:
-                    continue
-                self._ckpt_stamps[key] = stamp
-                self.saved_at[job_id] = time.time()
-                self._on_change()
-                self.spawn(self._tell_checkpointed(job_id, run))
-            for key in [k for k in self._ckpt_stamps if k[0] not in self.runs]:
-                del self._ckpt_stamps[key]
-                self.saved_at.pop(key[0], None)
-
-    async def _tell_checkpointed(self, job_id: str, run: LocalRun) -> None:
-        owner = self.owner_for(job_id, run.owner)
-        addr = self._addr_of(owner) if owner else None
-        if addr is None:
-            return
-        try:
-            await self.peers.call(
-                addr, "checkpointed", CheckpointNote(job_id, run.attempt).to_wire()
-            )
-        except PeerError as exc:  # 404: a guess of the owner, as for reports (``_deliver``)
-            level = (
-                logging.DEBUG
-                if isinstance(exc, PeerRefused) and exc.status == 404
-                else logging.INFO
-            )
-            log.log(level, "checkpoint of %s told to %s: %s", job_id[:8], (owner or "")[:8], exc)
+        await self.ckpts.watch()
 
     async def stop(self, request: StopRequest, caller: str) -> StopAnswer:
         """Stop (and fence) an attempt; answers how it ended, or that it does not run here.
