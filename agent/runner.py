@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from agent.admission import NodeFacts, NotAdmitted, admit, local_node
 from agent.authority import FeaturesLacking, SubmissionRefused
 from agent.context import AgentContext
+from agent.draining import Drain
 from agent.executor import (
     ExecEvent,
     Exited,
@@ -66,10 +67,8 @@ from agent.executor import (
 from agent.jobspec import JobSpec, check_job_id, lacking_reason
 from agent.jobstate import (
     DrainEvent,
-    IllegalTransition,
     NodeDrainState,
     accepts_work,
-    drain_transition,
 )
 from agent.logfiles import TailReader
 from agent.pinning import GangRank
@@ -188,8 +187,8 @@ class Runner:
         self.runs: dict[str, LocalRun] = {}
         self.fence: dict[str, int] = {}
         self.progress: dict[str, tuple[float, float | None]] = {}
-        self.drain = NodeDrainState(self.store.get_meta("drain") or NodeDrainState.SCHEDULABLE)
-        self._drain_task: asyncio.Task[None] | None = None
+        self.draining = Drain(self)
+        """This node's drain state and the draining under way (``agent.draining``)."""
         self._tasks: set[asyncio.Task[Any]] = set()
         self.reports = Reports(self)
         """The reports of ended attempts owed to the jobs' owners (``agent.reports``)."""
@@ -213,8 +212,7 @@ class Runner:
     async def close(self) -> None:
         for t in list(self._tasks):
             t.cancel()
-        if self._drain_task is not None:
-            self._drain_task.cancel()
+        self.draining.close()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     # -- what we publish -------------------------------------------------------------------------
@@ -511,7 +509,7 @@ class Runner:
             report._replace(preempted_by=by) if e.cause in ("preempt", "shrink") else report, owner
         )
         if self.drain == NodeDrainState.DRAINING and not self.runs:
-            self._set_drain(DrainEvent.DRAINED)
+            self.draining.set(DrainEvent.DRAINED)
 
     def queue_report(self, report: AttemptResult, owner_hint: str | None) -> None:
         self.reports.queue(report, owner_hint)
@@ -550,49 +548,15 @@ class Runner:
             self.events.add("fencing", f"attempt {run.attempt} ({cause})", job_id=job_id)
             self.spawn(self.executor.stop(job_id, cause=cause, grace_s=self._stop_grace_s))
 
-    # -- drain -----------------------------------------------------------------------------------
+    # -- drain (agent.draining) ------------------------------------------------------------------
 
-    def _set_drain(self, event: DrainEvent) -> None:
-        try:
-            state = drain_transition(self.drain, event)
-        except IllegalTransition:
-            return
-        if state != self.drain:
-            self.drain = state
-            self.store.set_meta("drain", state.value)
-            self.events.add("drain", f"node is {state.value}")
-            self._on_change()
+    @property
+    def drain(self) -> NodeDrainState:
+        """This node's drain state, as the operator last set it and its jobs ran out."""
+        return self.draining.state
 
     def command(self, kind: str, grace_s: float | None, default_grace_s: float) -> str:
-        if kind == "cordon":
-            self._set_drain(DrainEvent.CORDON)
-        elif kind == "undrain":
-            if self._drain_task is not None:
-                self._drain_task.cancel()
-                self._drain_task = None
-            self._set_drain(DrainEvent.UNDRAIN)
-        elif kind == "drain":
-            self._set_drain(DrainEvent.DRAIN)
-            if self.drain == NodeDrainState.DRAINING:
-                if not self.runs:
-                    self._set_drain(DrainEvent.DRAINED)
-                elif self._drain_task is None or self._drain_task.done():
-                    grace = default_grace_s if grace_s is None else grace_s
-                    self._drain_task = asyncio.create_task(self._drain(grace))
-        return self.drain.value
-
-    async def _drain(self, grace_s: float) -> None:
-        deadline = time.monotonic() + grace_s
-        while self.runs and time.monotonic() < deadline:
-            await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
-        if self.drain != NodeDrainState.DRAINING:
-            return
-        await asyncio.gather(
-            *(self.executor.stop(j, cause="drain") for j in list(self.runs)),
-            return_exceptions=True,
-        )
-        if self.drain == NodeDrainState.DRAINING and not self.runs:
-            self._set_drain(DrainEvent.DRAINED)
+        return self.draining.command(kind, grace_s, default_grace_s)
 
     # -- restart and shutdown --------------------------------------------------------------------
 
