@@ -64,6 +64,7 @@ from agent.executor import (
     ProgressChanged,
     StopCause,
 )
+from agent.fencing import fence_cause
 from agent.jobspec import JobSpec, check_job_id, lacking_reason
 from agent.jobstate import (
     DrainEvent,
@@ -431,7 +432,7 @@ class Runner:
     def _note(self, job_id: str, kind: str, message: str) -> None:
         self.events.add(kind, message, job_id=job_id)
 
-    # -- checkpoints (agent.runnerckpt; agent.ckptmove.LocalJobs) ------------------------------
+    # -- checkpoints (agent.runnerckpt; agent.ckptmove.LocalJobs) --------------------------------
 
     def checkpoint_folder(self, job_id: str) -> Path:
         return self.ckpts.folder(job_id)
@@ -520,7 +521,7 @@ class Runner:
     def moved_on(self, job_id: str, attempt: int) -> bool:
         return self.reports.moved_on(job_id, attempt)
 
-    # -- fencing through gossip ------------------------------------------------------------------
+    # -- fencing through gossip (agent.fencing) --------------------------------------------------
 
     def on_job_record(self, job_id: str) -> None:
         run = self.runs.get(job_id)
@@ -530,19 +531,7 @@ class Runner:
             self.checkpoints.forget(job_id)  # no attempt will resume from a copy now
         if run is None or doc is None:
             return
-        attempt = doc.get("attempt")
-        if not isinstance(attempt, int):
-            return
-        state = doc.get("state")
-        cause: StopCause | None = None
-        if attempt > run.attempt or (
-            attempt == run.attempt
-            and not _placed_here(doc, self.node_id)
-            and state in ("placing", "running")
-        ):
-            cause = "fenced"
-        elif attempt == run.attempt and state == "cancelled":
-            cause = "cancel"
+        cause = fence_cause(doc, run.attempt, self.node_id)
         if cause is not None:
             self.fence[job_id] = max(self.fence.get(job_id, 0), run.attempt)
             self.events.add("fencing", f"attempt {run.attempt} ({cause})", job_id=job_id)
@@ -609,15 +598,6 @@ class Runner:
 
     def follow(self, job_id: str, lines: int) -> AsyncIterator[str]:
         return self.executor.follow(job_id, from_lines=lines)
-
-
-def _placed_here(doc: dict[str, Any], node_id: str) -> bool:
-    """Whether a gossiped job record places its attempt on ``node_id`` (its runner, or one of
-    a gang's members), or names no node at all."""
-    members = doc.get("members")
-    if isinstance(members, list) and members:
-        return any(isinstance(m, dict) and m.get("node") == node_id for m in members)
-    return doc.get("runner") in (None, node_id)
 
 
 def _kill_group(pid: int, pgid: int | None) -> None:
