@@ -3,47 +3,43 @@
 A runner admits an offer against its real local state (drain state, devices free here, no newer
 attempt fenced, the spec's hard filters against its own inventory, and room for a share of a GPU
 in its device's memory: ``agent.admission``) and starts it at once through the executor. It
-reports every ended attempt to the job's current owner (retried, re-resolving the owner each
-time) and records it in its store.
+reports every ended attempt to the job's current owner and records it in its store.
 
 Fencing: ``fence[job]`` is the highest attempt this node must not start (again). A ``stop`` from
 the owner raises it, so an offer that arrives late cannot start a copy the owner already gave up
 on; a gossiped job record naming a newer attempt, another runner, or a cancellation stops the
 local copy (cause ``fenced`` or ``cancel``).
 
-Gangs: a gang's member is held here between the owner's prepare and commit
-(:class:`agent.reservations.Reservations`, run by ``agent.gangdesk``): its devices count as busy
-for every other offer and in the free devices this node gossips until the commit starts it
-(through :meth:`Runner.launch`, as an offer does), an abort or a ``stop`` frees them, or the hold
-runs out. A started member is an ordinary run here; a gossiped record fences it unless it names
-this node among the attempt's ``members``.
-
-Drain: cordoned and draining nodes accept nothing new; a draining node lets its jobs finish within
-the grace period, then stops the rest (cause ``drain``; their owners requeue them elsewhere) and
-becomes drained. The state is persisted and gossiped in the ``node`` record.
+Gangs: a gang's member is held here between the owner's prepare and commit (``agent.gangdesk``,
+:class:`agent.reservations.Reservations`): its devices are busy for every other offer and in the
+free devices gossiped, until the commit starts it (through :meth:`Runner.launch`), an abort or a
+``stop`` frees them, or the hold runs out. A started member is an ordinary run here.
 
 Preemption: an offer may name running jobs to stop first; the runner re-checks them itself
 (``agent.preemption``), refuses the offer with one line when they do not qualify, else stops
 them with cause ``preempt`` and starts the job on the devices they held.
 
-Checkpoints: an attempt starts from the checkpoint its offer names (restored from the copy the
-owner pushed here, with ``SHOAL_RESUME=1``) or from an empty folder, never from what an earlier
-attempt left on this node. While a job runs, a change in its checkpoint folder is told to its
-owner (``checkpointed``), which pulls a copy (``agent.ckptmove``).
-
 Shutdown (SIGTERM): offers are declined from then on; running jobs are stopped with their
 checkpoint signal (cause ``shutdown``) and reported, so their owners requeue them elsewhere; the
 agent then leaves the mesh.
+
+This module holds :class:`Runner`: offers (admit, launch), stops and status, the executor's
+events, shutdown, and the logs. Its parts depend on a protocol of what they use of
+it, not on this module:
+
+- ``agent.reports``: the reports of ended attempts, told to each job's owner until it has heard;
+- ``agent.runnerckpt``: an attempt starts from the checkpoint its offer names or from an empty
+  folder; a change in a running job's checkpoint folder is told to its owner, which pulls a copy;
+- ``agent.fencing`` (sans-I/O): when a gossiped job record stops the attempt running here (for a
+  gang's, unless the record names this node among the attempt's ``members``);
+- ``agent.draining``: cordon, drain (the grace period, then cause ``drain``) and undrain;
+- ``agent.lostruns``: after a restart, the runs recorded before it: killed, fenced, reported lost.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import signal
-import sys
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -72,12 +68,13 @@ from agent.jobstate import (
     accepts_work,
 )
 from agent.logfiles import TailReader
+from agent.lostruns import reconcile_lost
 from agent.pinning import GangRank
 from agent.preemption import Ask, Preemptions, Refused
 from agent.reports import Reports, attempt_result
 from agent.reservations import Reservations
 from agent.runnerckpt import RunnerCheckpoints
-from agent.store import ResultRecord, RunRecord, StoreFull, process_alive, reconcile
+from agent.store import ResultRecord, RunRecord, StoreFull
 from agent.transfer import TransferError
 from agent.wire.calls import (
     AttemptResult,
@@ -551,29 +548,7 @@ class Runner:
 
     def reconcile(self) -> None:
         """Processes recorded before a restart: kill survivors, report every one as lost."""
-        found = reconcile(self.store, process_alive, now=time.time())
-        for run in found.alive:
-            _kill_group(run.pid, run.pgid)
-            self.store.finish_run(
-                ResultRecord(
-                    run.job_id, run.attempt, None, "SIGKILL", "lost", run.started_at, time.time()
-                )
-            )
-        for run in (*found.alive, *found.gone):
-            self.fence[run.job_id] = max(self.fence.get(run.job_id, 0), run.attempt)
-            self.events.add("lost", f"attempt {run.attempt} lost in a restart", job_id=run.job_id)
-            self.queue_report(
-                AttemptResult(
-                    job_id=run.job_id,
-                    attempt=run.attempt,
-                    exit_code=None,
-                    signal=None,
-                    cause="lost",
-                    started_at=run.started_at,
-                    finished_at=time.time(),
-                ),
-                None,
-            )
+        reconcile_lost(self)
 
     async def shutdown(self, wait_reports_s: float = 3.0) -> None:
         self._closing = True  # an offer that arrives now would outlive the agent: decline it
@@ -598,13 +573,3 @@ class Runner:
 
     def follow(self, job_id: str, lines: int) -> AsyncIterator[str]:
         return self.executor.follow(job_id, from_lines=lines)
-
-
-def _kill_group(pid: int, pgid: int | None) -> None:
-    if sys.platform == "win32":
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        if pgid is not None:
-            os.killpg(pgid, signal.SIGKILL)
-        else:
-            os.kill(pid, signal.SIGKILL)
