@@ -23,6 +23,7 @@ from agent.ownedjob import OwnedJob, OwnerError, job_from_wire, job_wire
 from agent.ownership import rank, replica_of
 from agent.ownersteps import OwnerSteps
 from agent.peers import PeerError, decoded_answer
+from agent.view import job_gen
 from agent.wire.calls import StatusAnswer, StatusRequest
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("shoal.owner")
 
 _UNENDED = tuple(s for s in JobState if not is_terminal(s))
+_ENDED = frozenset(s.value for s in JobState if is_terminal(s))
 HANDOVER_SETTLE_S = 5.0
 """An agent that ranks before the owner in a job's order is handed the job once it has been
 live this long here (not while a mesh forms or a member flaps)."""
@@ -134,16 +136,42 @@ def _hand_over_outranked(o: HandoverOwner, live: list[str]) -> None:
     is handed to it between steps (pending and not being placed, or running). An ended job
     is handed over too: a record from an owner outside the window is not believed where the
     job was not listed yet (the other side of a healed partition, an agent that joined), so
-    its last record must come from the new owner."""
+    its last record must come from the new owner. A job of which another live agent published
+    a newer record is not handed over but let go (:func:`_let_go_if_superseded`)."""
     for job in list(o.jobs.values()):
         if job.job_id in o._handing or job.job_id in o._placing:
             continue
         if job.state not in (JobState.PENDING, JobState.RUNNING) and not is_terminal(job.state):
             continue
         first = next(iter(rank(job.job_id, live)), o.node_id)
+        if first != o.node_id and _let_go_if_superseded(o, job, live):
+            continue
         if first != o.node_id and o.authority.live_for_s(first) >= HANDOVER_SETTLE_S:
             o._handing.add(job.job_id)
             o.spawn(_give(o, job, first))
+
+
+def _let_go_if_superseded(o: HandoverOwner, job: OwnedJob, live: list[str]) -> bool:
+    """A job we hold but no longer rank first for, of which another live agent published a newer
+    record (a healed partition: each side held it, and the other side's copy went on, ended if
+    either ended): ours is a stale copy. Its first agent refuses it from us (we may not hand it
+    over), so it is kept as a copy, as a replica keeps one, not offered again every second.
+    True when it was let go."""
+    doc = o.view.jobs.get(job.job_id)
+    if doc is None:
+        return False
+    owner = doc.get("owner")
+    if not isinstance(owner, str) or owner == o.node_id or owner not in live:
+        return False
+    if job_gen(doc) <= job.gen or (is_terminal(job.state) and doc.get("state") not in _ENDED):
+        return False
+    del o.jobs[job.job_id]
+    job.owner = owner
+    o.store.put_job(job.record())
+    o._replicated_to.pop(job.job_id, None)
+    o.events.add("superseded", f"{owner[:8]} published a newer record", job_id=job.job_id)
+    o._on_change()
+    return True
 
 
 async def _give(o: HandoverOwner, job: OwnedJob, node: str) -> None:

@@ -23,6 +23,7 @@ from agent.events import EventLog
 from agent.jobspec import JobSpec, Resources, new_job_id
 from agent.jobstate import JobState
 from agent.owner import UNHEARD_OWNER_GRACE_S, Owner
+from agent.ownership import rank
 from agent.peers import PeerClient
 from agent.placement import FirstFit
 from agent.placing import place_once
@@ -407,4 +408,50 @@ async def test_a_job_handed_over_running_to_a_holder_whose_copy_runs_asks_its_ru
     await asyncio.sleep(0.2)
     assert ("status", "runner-b") in [(op, node) for op, node, _ in fx.calls]
     assert owner.jobs[job_id] is held and held.gen > theirs.gen
+    await owner.close()
+
+
+async def test_a_stale_copy_of_a_job_another_agent_published_newer_is_kept_not_handed(
+    fx: Fixture,
+) -> None:
+    """Found by ``bench.chaos`` on a loaded machine: after a heal, an agent no longer first in a
+    job's order held its side's pending copy, while the job's first agent had run it to its end
+    (a newer record). It handed its copy to that agent every second, refused each time (it may
+    not hand the job over) and logged at WARNING there. It now keeps the copy as a replica
+    would, and lets the newer record stand."""
+    from agent.ownedjob import OwnedJob
+    from agent.view import JOB_PREFIX, SUB_PREFIX
+
+    fx.runners.clear()  # nothing fits: the job stays pending here
+    other = fx.kit.agent("other")
+    fx.others.append(other.node_id)
+    fx.authority = fx.kit.authority(fx.me, fx.live, other)
+    owner = fx.owner()
+    fx.view.authority = owner.authority = fx.authority
+    job_id = new_job_id()
+    while rank(job_id, fx.live())[0] != other.node_id:
+        job_id = new_job_id()
+    sealed = fx.kit.submission(job_id, SPEC)
+    now = time.time()
+    held = OwnedJob(job_id, SPEC, JobState.PENDING, 3, fx.me, None, now, submission=sealed)
+    held.gen = 7
+    owner.jobs[job_id] = held  # its side of the partition's copy
+    assert fx.view.apply(fx.me, SUB_PREFIX + job_id, sealed, now) is None
+
+    def theirs(gen: int, state: str) -> bytes:
+        doc = {"job_id": job_id, "owner": other.node_id, "gen": gen, "state": state, "attempt": 2}
+        return pack(doc)
+
+    # An older record of theirs: ours is the newer copy, and stays ours to hand over.
+    fx.view.apply(other.node_id, JOB_PREFIX + job_id, theirs(held.gen - 1, "succeeded"), now)
+    owner.sweep()
+    assert owner.jobs.get(job_id) is held
+    # Their newer record of its end: ours is let go, kept as a copy under their name.
+    fx.view.apply(other.node_id, JOB_PREFIX + job_id, theirs(held.gen + 5, "succeeded"), now)
+    owner.sweep()
+    assert job_id not in owner.jobs and job_id not in owner._handing
+    kept = fx.store.get_job(job_id)
+    assert kept is not None and kept.owner == other.node_id
+    assert ("superseded", f"{other.node_id[:8]} published a newer record") in _events(owner)
+    await _settled(owner)
     await owner.close()
