@@ -165,6 +165,9 @@ def _let_go_if_superseded(o: HandoverOwner, job: OwnedJob, live: list[str]) -> b
         return False
     if job_gen(doc) <= job.gen or (is_terminal(job.state) and doc.get("state") not in _ENDED):
         return False
+    attempt = doc.get("attempt")
+    if job.state == JobState.RUNNING and (not isinstance(attempt, int) or attempt < job.attempt):
+        return False  # ours runs an attempt theirs does not know: it stays followed here
     del o.jobs[job.job_id]
     job.owner = owner
     o.store.put_job(job.record())

@@ -446,6 +446,12 @@ async def test_a_stale_copy_of_a_job_another_agent_published_newer_is_kept_not_h
     fx.view.apply(other.node_id, JOB_PREFIX + job_id, theirs(held.gen - 1, "succeeded"), now)
     owner.sweep()
     assert owner.jobs.get(job_id) is held
+    # Their newer record of an earlier attempt, while ours runs attempt 3: still followed here.
+    held.state, held.runner = JobState.RUNNING, fx.me
+    fx.view.apply(other.node_id, JOB_PREFIX + job_id, theirs(held.gen + 2, "running"), now)
+    owner.sweep()
+    assert owner.jobs.get(job_id) is held
+    held.state, held.runner = JobState.PENDING, None
     # Their newer record of its end: ours is let go, kept as a copy under their name.
     fx.view.apply(other.node_id, JOB_PREFIX + job_id, theirs(held.gen + 5, "succeeded"), now)
     owner.sweep()
