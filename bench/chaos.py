@@ -527,12 +527,13 @@ def _verdict(chaos: Chaos) -> dict[str, Any]:
             ]
             fault["recovery_s"] = round(max(back), 3) if back else (0.0 if not jobs else None)
             victim = chaos.mesh.agents[fault["agent"]].node_id
-            ended = [attempt_ended_after(chaos.records.get(j, {}), victim, killed_at) for j in jobs]
-            fault["requeue_s"] = (
-                round(max(e for e in ended if e is not None), 3)
-                if any(e is not None for e in ended)
-                else None
-            )
+            ended = [
+                e
+                for j in jobs
+                if (e := attempt_ended_after(chaos.records.get(j, {}), victim, killed_at))
+                is not None
+            ]
+            fault["requeue_s"] = round(max(ended), 3) if ended else None
             if fault["requeue_s"] is not None:
                 requeues.append(fault["requeue_s"])
             fault["jobs_not_run_again"] = sorted(  # nor finished before the kill

@@ -136,16 +136,16 @@ class GossipConfig:
 
     def retransmit_limit(self, n_nodes: int) -> int:
         """How many times this node sends one update (memberlist's ``retransmitLimit``)."""
-        return max(self.retransmit_min, self.retransmit_mult * math.ceil(math.log10(n_nodes + 1)))
+        return max(self.retransmit_min, self._sends_at(n_nodes))
 
     def records_retransmit_limit(self, n_nodes: int) -> int:
         """How many times this node sends one record (see ``records_retransmit_min``)."""
-        floor = (
-            self.retransmit_min
-            if self.records_retransmit_min is None
-            else self.records_retransmit_min
-        )
-        return max(1, floor, self.retransmit_mult * math.ceil(math.log10(n_nodes + 1)))
+        floor = self.records_retransmit_min
+        return max(1, self.retransmit_min if floor is None else floor, self._sends_at(n_nodes))
+
+    def _sends_at(self, n_nodes: int) -> int:
+        """memberlist's formula: ``retransmit_mult * ceil(log10(N + 1))``."""
+        return self.retransmit_mult * math.ceil(math.log10(n_nodes + 1))
 
     def suspicion_min_s(self, n_nodes: int) -> float:
         """Lower bound of a suspicion timeout at cluster size ``n_nodes``."""

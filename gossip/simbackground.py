@@ -533,12 +533,14 @@ class BackgroundPeer:
 
     def _take_piggyback(self) -> list[Message]:
         cfg = self.config
-        limit = cfg.retransmit_limit(self.view.live)
+        live = self.view.live
         out: list[Message] = []
         if self._queue.pending:
-            out = self._queue.take(cfg.membership_budget_bytes, limit)
+            out = self._queue.take(cfg.membership_budget_bytes, cfg.retransmit_limit(live))
         if self._rqueue.pending:
-            out.extend(self._rqueue.take(cfg.records_budget_bytes, limit))
+            out.extend(
+                self._rqueue.take(cfg.records_budget_bytes, cfg.records_retransmit_limit(live))
+            )
         return out
 
     def _send_piggybacked(self, addr: str, first: Message, reliable: bool = False) -> None:
