@@ -96,7 +96,7 @@ def sweep(o: HandoverOwner) -> None:
         if doc is not None:
             if doc.get("owner") in live_set and doc.get("owner") != o.node_id:
                 continue  # someone already took it over
-            if doc.get("state") in {s.value for s in JobState if is_terminal(s)}:
+            if doc.get("state") in _ENDED:
                 continue
         if (
             not o._is_gone(rec.owner)
@@ -144,9 +144,9 @@ def _hand_over_outranked(o: HandoverOwner, live: list[str]) -> None:
         if job.state not in (JobState.PENDING, JobState.RUNNING) and not is_terminal(job.state):
             continue
         first = next(iter(rank(job.job_id, live)), o.node_id)
-        if first != o.node_id and _let_go_if_superseded(o, job, live):
+        if first == o.node_id or _let_go_if_superseded(o, job, live):
             continue
-        if first != o.node_id and o.authority.live_for_s(first) >= HANDOVER_SETTLE_S:
+        if o.authority.live_for_s(first) >= HANDOVER_SETTLE_S:
             o._handing.add(job.job_id)
             o.spawn(_give(o, job, first))
 
@@ -168,13 +168,19 @@ def _let_go_if_superseded(o: HandoverOwner, job: OwnedJob, live: list[str]) -> b
     attempt = doc.get("attempt")
     if job.state == JobState.RUNNING and (not isinstance(attempt, int) or attempt < job.attempt):
         return False  # ours runs an attempt theirs does not know: it stays followed here
+    _keep_as_copy(o, job, owner, "superseded", f"{owner[:8]} published a newer record")
+    return True
+
+
+def _keep_as_copy(o: HandoverOwner, job: OwnedJob, owner: str, kind: str, why: str) -> None:
+    """``job`` is ``owner``'s now: no longer held here as its owner, kept as a replica keeps a
+    copy, and the change said (event ``kind``)."""
     del o.jobs[job.job_id]
     job.owner = owner
     o.store.put_job(job.record())
     o._replicated_to.pop(job.job_id, None)
-    o.events.add("superseded", f"{owner[:8]} published a newer record", job_id=job.job_id)
+    o.events.add(kind, why, job_id=job.job_id)
     o._on_change()
-    return True
 
 
 async def _give(o: HandoverOwner, job: OwnedJob, node: str) -> None:
@@ -183,12 +189,7 @@ async def _give(o: HandoverOwner, job: OwnedJob, node: str) -> None:
             return
         if o.jobs.get(job.job_id) is not job:
             return
-        del o.jobs[job.job_id]
-        job.owner = node
-        o.store.put_job(job.record())  # our copy, as a replica keeps one
-        o._replicated_to.pop(job.job_id, None)
-        o.events.add("handed_over", f"to {node[:8]}, first in its order", job_id=job.job_id)
-        o._on_change()
+        _keep_as_copy(o, job, node, "handed_over", f"to {node[:8]}, first in its order")
         if o.checkpoints is not None:  # the new owner starts with the copy we hold
             o.spawn(o.collector.hand_copy(job.job_id, node))
     finally:
