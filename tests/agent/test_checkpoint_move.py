@@ -197,6 +197,10 @@ def test_drain_and_a_dead_runner_move_the_job_with_its_checkpoint(tmp_path: Path
         mesh.wait("attempt 3 started", lambda: 3 in starts(log), deadline_s=60)
         resumed, step = starts(log)[3]
         assert resumed == "1" and step >= copied > left
+        mesh.wait(
+            "the record of attempt 3 here",
+            lambda: mesh.job(alive, job_id).get("attempt") == 3,
+        )
         assert mesh.job(alive, job_id)["runner"] != second
     finally:
         mesh.stop_all()
