@@ -259,7 +259,9 @@ async def _headless(
         ),
         "agent_idle_rss_mb_mean": _round(statistics.fmean(idle.rss_mb) if idle.rss_mb else None),
         "agent_idle_rss_mb_max": round(idle.rss_mb_max, 1),
-        "agent_idle_cpu_pct_mean": _round(statistics.fmean(idle.cpu_pct) if idle.cpu_pct else None),
+        "agent_idle_cpu_pct_mean": _round(
+            statistics.fmean(idle.cpu_pct) if idle.cpu_pct else None, digits=2
+        ),
     }
     if policy is not None:
         models = await _device_models(mesh)
@@ -271,8 +273,8 @@ async def _headless(
     return figures
 
 
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 1)
+def _round(value: float | None, digits: int = 1) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def reach_lines(mesh: LocalMesh) -> list[str]:

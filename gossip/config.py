@@ -118,6 +118,12 @@ class GossipConfig:
     on busy machines, gossip to members still starting is lost, and only push-pull repairs it.
     A warm start (a preloaded full view) skips it."""
 
+    catch_up_quiet_exchanges: int = 2
+    """The catch-up pace ends early after this many push-pulls in a row found both sides' views
+    the same (nothing missing either way): once random peers agree with this node there is
+    nothing left to repair, and a catch-up exchange of a 32-member view costs every member more
+    than its probes do. 0: never early."""
+
     reconnect_interval_s: float = 2.0
     """Every interval, ping one random dead (not left) member; if it answers, push-pull with it.
     This is what heals a partition in seconds (serf's reconnect, on a LAN-lab clock)."""

@@ -193,6 +193,7 @@ class Peer:
         "_bulk",
         "_gossip_phase",
         "_catch_up_until",
+        "_quiet_exchanges",
     )
 
     def __init__(
@@ -252,6 +253,7 @@ class Peer:
         self._gossip_phase = now + jitter * config.gossip_interval_s
         self._next_push_pull = now + (1.0 + rng.random()) * config.catch_up_push_pull_s
         self._catch_up_until = now + config.catch_up_window_s
+        self._quiet_exchanges = 0  # push-pulls in a row that found both views the same
         self._next_reconnect = now + rng.random() * config.reconnect_interval_s
         self._next_reap = now + _REAP_EVERY_S
         trust.admit(self.node_id, signer.credential, now)
@@ -1167,6 +1169,19 @@ class Peer:
             missing = self._missing_for(m.members, m.records)
             if missing:
                 self._send(src, PushPull(self.node_id, 2, (), (), missing))
+            self._caught_up(quiet=not m.updates and not missing, now=now)
+
+    def _caught_up(self, quiet: bool, now: float) -> None:
+        """End the start-up's catch-up pace early once push-pulls keep finding nothing to repair:
+        ``catch_up_quiet_exchanges`` in a row with both views the same."""
+        enough = self.config.catch_up_quiet_exchanges
+        if not enough or now >= self._catch_up_until:
+            return
+        self._quiet_exchanges = self._quiet_exchanges + 1 if quiet else 0
+        if self._quiet_exchanges >= enough:
+            self._catch_up_until = now
+            n = max(self._live, len(self._others) // 4)
+            self._next_push_pull = now + self._rng.random() * self.config.push_pull_scaled_s(n)
 
     # -- signing ---------------------------------------------------------------------------------
 

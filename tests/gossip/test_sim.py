@@ -217,3 +217,23 @@ def test_nodes_whose_seed_starts_last_join_within_seconds() -> None:
         sim.run_until(t)
     assert _views_full(sim, ids)
     assert t - 8.0 <= 3.0, f"took {t - 8.0:.1f} s after the seed came up"
+
+
+def test_catch_up_pace_ends_once_push_pulls_find_nothing_to_repair() -> None:
+    """A cold start push-pulls at the catch-up pace only while the exchanges still repair
+    something: once two in a row find both views the same, a member falls back to the regular
+    interval (a catch-up exchange of the whole view costs more than the probes), and every
+    view is still full."""
+
+    def start(quiet: int) -> tuple[int, bool]:
+        sim = Simulation(
+            n=30, seed=5, warm=False, config=fast_config(catch_up_quiet_exchanges=quiet)
+        )
+        ids = sorted(sim.nodes)
+        sim.run_until(30.0)
+        return sum(sim.peer(i).stats.push_pulls for i in ids), _views_full(sim, ids)
+
+    for_the_window, full_then = start(0)
+    until_quiet, full_now = start(2)
+    assert full_then and full_now
+    assert until_quiet < for_the_window / 2, (until_quiet, for_the_window)
