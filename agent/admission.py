@@ -19,11 +19,18 @@ the memory of its shares (the policy's :meth:`~agent.policy.snapshot.Job.share_b
 
 Each problem is one line, worded as the decline the owner shows ("the job needs label
 zone=eu-1"). Drain state and fencing are the runner's own checks.
+
+Late binding (:func:`admit_or_rebind`): owners choose from gossip, which lags the runner by a
+gossip round or two, so two owners may offer the same free device at once. When the devices an
+offer names pass every check but are taken, and the offer allows it, the runner asks its
+placement for other devices of the same models on itself as it is now (``Placement.rebind``),
+admits the job there by the same checks and says which in its answer, instead of declining and
+costing the owner another round trip and attempt.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from agent.jobspec import SUPPORTED_FEATURES, JobSpec
@@ -45,6 +52,11 @@ class NodeFacts:
 
 class NotAdmitted(Exception):
     """An offer this node cannot take; the message says why, in one line."""
+
+
+Rebind = Callable[[JobSpec, Node, tuple[str, ...]], tuple[str, ...] | None]
+"""``Placement.rebind``: the devices of the same models to give the job on this node instead of
+those an offer named, or ``None``."""
 
 
 def local_node(
@@ -145,3 +157,20 @@ def offer_problem(spec: JobSpec, node: Node, keys: Sequence[str]) -> str | None:
     ):
         return f"devices {', '.join(keys)} are not linked by {job.interconnect} here"
     return None
+
+
+def admit_or_rebind(
+    spec: JobSpec, node: Node, keys: tuple[str, ...], rebind: Rebind | None = None
+) -> tuple[tuple[str, ...], int]:
+    """:func:`admit` on ``keys``; when they pass every check but are taken and ``rebind`` is
+    given, on the devices it chooses instead (admitted by the same checks). The devices, and the
+    memory a share holds on its device (0: devices given whole)."""
+    try:
+        return keys, admit(spec, node, keys)
+    except NotAdmitted:
+        if rebind is None or offer_problem(spec, node, keys) is not None:
+            raise
+        other = rebind(spec, node, keys)
+        if other is None or other == keys:
+            raise
+    return other, admit(spec, node, other)

@@ -142,16 +142,17 @@ class Agent:
             ),
             on_event=lambda e: self.runner.on_exec_event(e),
         )
+        placement = placement or PLACEMENTS[config.placement](
+            self.node_id, config.preempt_min_run_s
+        )
         self.runner = Runner(
             self.ctx,
             self.executor,
             self.devices,
             NodeFacts(os=self.devices.report.host.os, labels=config.all_labels()),
+            rebind=placement.rebind,
         )
-        self.owner = Owner(
-            self.ctx,
-            placement or PLACEMENTS[config.placement](self.node_id, config.preempt_min_run_s),
-        )
+        self.owner = Owner(self.ctx, placement)
         self.publisher = Publisher(
             self.publish, config, self.devices, self.events, self._node_doc, self._coordinate
         )

@@ -10,7 +10,9 @@ refused for want of authority (``shoal_internal_refused_total``), gossip records
 believed, by reason and by kind (``shoal_records_refused_total``,
 ``shoal_records_refused_kinds_total``), API requests refused by route and status
 (``shoal_api_refused_total``), the offers this agent made as an owner, by outcome
-(``shoal_placements_total``), jobs it owns whose deadline passed before they ended
+(``shoal_placements_total``; ``rebound`` counts those of the ``started`` that the runner started
+on other devices of the same models, the offered ones being taken meanwhile), jobs it owns
+whose deadline passed before they ended
 (``shoal_deadline_misses_total``, ``agent.deadlines``), preemptions on this runner, by outcome
 (``preempted``: a job stopped for one of higher priority, ``shrunk``: an elastic job
 restarted with fewer GPUs for another, ``refused``: a preempting offer refused:

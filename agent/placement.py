@@ -121,6 +121,12 @@ class Placement(Protocol):
         """A runner started or declined an offer of ``candidate``'s devices just now."""
         ...
 
+    def rebind(self, spec: JobSpec, node: Node, keys: tuple[str, ...]) -> tuple[str, ...] | None:
+        """Asked by a runner whose devices ``keys`` an offer named are taken meanwhile: the
+        devices of the same models this placement would give the job on ``node`` (the runner's
+        own, as it is now) instead; ``None``: none fit."""
+        ...
+
 
 def _job(spec: JobSpec, owner: str | None = None) -> Job:
     """The job as the policy sees it (a gang with all its nodes)."""
@@ -149,6 +155,13 @@ class _Held:
     def _nodes(self, views: Sequence[NodeView]) -> tuple[Node, ...]:
         """The policy's nodes of ``views``, recently offered devices busy."""
         return mark_held(self._memo.nodes(views), self._recent.held(self._clock()))
+
+
+def same_models(node: Node, keys: Sequence[str]) -> Node:
+    """``node`` with only its devices of the models of ``keys``: the owner chose for those (their
+    speed and memory), so a runner that places the job again keeps to them."""
+    models = {d.model for d in node.devices if d.key in keys}
+    return replace(node, devices=tuple(d for d in node.devices if d.model in models))
 
 
 class FirstFit(_Held):
@@ -223,6 +236,10 @@ class FirstFit(_Held):
         """First fit, the baseline, never shrinks a job."""
         return None
 
+    def rebind(self, spec: JobSpec, node: Node, keys: tuple[str, ...]) -> tuple[str, ...] | None:
+        placed = first_fit(_job(spec), [same_models(node, keys)], limit=1)
+        return placed[0].devices[0] if placed else None
+
 
 class ShoalPlacement(_Held):
     """The Shoal policy behind the owner's seam (see the module doc)."""
@@ -284,6 +301,12 @@ class ShoalPlacement(_Held):
         if prefer is not None:
             out.sort(key=lambda c: c.node_id != prefer)
         return out
+
+    def rebind(self, spec: JobSpec, node: Node, keys: tuple[str, ...]) -> tuple[str, ...] | None:
+        snapshot = Snapshot(now=self._clock(), nodes=(same_models(node, keys),))
+        ctx, _ = context(snapshot, self.model, self.config, owner=self.owner)
+        found = rank_any(_job(spec, self.owner), ctx, limit=1)
+        return found[0].placement.devices[0] if found else None
 
     def why_pending(self, spec: JobSpec) -> str:
         ctx, state = context(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 from agent.authority import SubmissionRefused
@@ -148,6 +149,7 @@ async def place_once(
             resume,
             cand.victims,
             cand.shrink,
+            rebind=True,
         )
         try:
             # A resumed attempt's checkpoint is copied into its folder before it starts; a
@@ -181,8 +183,13 @@ async def place_once(
             return  # cancelled or reported meanwhile
         o.offers["started"] += 1
         o.placement.offered(cand)
+        if answer.devices:  # taken meanwhile: the runner chose others of the same models
+            o.offers["rebound"] += 1
+            cand = replace(cand, devices=answer.devices)
+            o.placement.offered(cand)
         o._move(job, JobEvent.RESERVED)
         o._move(job, JobEvent.STARTED)
+        job.devices = cand.devices
         job.started_at = answer.started_at or time.time()
         job.attempt_started(cand.node_id, job.started_at)
         o._save(job)

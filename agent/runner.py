@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from agent.admission import NodeFacts, NotAdmitted, admit, local_node
+from agent.admission import NodeFacts, NotAdmitted, Rebind, admit_or_rebind, local_node
 from agent.authority import FeaturesLacking, SubmissionRefused
 from agent.context import AgentContext
 from agent.draining import Drain
@@ -118,7 +118,13 @@ class Admitted(NamedTuple):
     victims: tuple[str, ...] = ()
     shrink: tuple[str, ...] = ()
     """Those of ``victims`` that are shrunk (elastic), not preempted."""
+    keys: tuple[str, ...] = ()
+    """The devices the runner chose instead of those offered (``agent.admission`` late
+    binding); empty: those offered."""
 
+
+_GANG_HOLD = "(held for a gang)"
+"""The holder :meth:`Runner.admit` names for a device a gang holds."""
 
 _WHOLE = Admitted()
 """Admitted on devices given whole, preempting nothing."""
@@ -165,9 +171,12 @@ class Runner:
         executor: ProcessExecutor,
         devices: LocalDevices,
         facts: NodeFacts | None = None,
+        rebind: Rebind | None = None,
     ) -> None:
-        """``facts``: this node's OS and labels, which an offer's spec is checked against."""
+        """``facts``: this node's OS and labels, which an offer's spec is checked against;
+        ``rebind``: the placement's choice of other devices when those offered are taken."""
         self.ctx = ctx
+        self._rebind = rebind
         self.facts = facts or NodeFacts()
         self.node_id = ctx.node_id
         self.store = ctx.store
@@ -252,11 +261,13 @@ class Runner:
         if spec.is_gang:
             raise Declined("a gang starts through gang_prepare and gang_commit, not start")
         admitted = await self.admit(
-            job_id, attempt, spec, offer.devices, offer.victims, offer.shrink
+            job_id, attempt, spec, offer.devices, offer.victims, offer.shrink, offer.rebind
         )
-        return await self.launch(
-            job_id, attempt, owner, spec, offer.devices, offer.resume, admitted=admitted
+        keys = admitted.keys or offer.devices
+        answer = await self.launch(
+            job_id, attempt, owner, spec, keys, offer.resume, admitted=admitted
         )
+        return answer._replace(devices=admitted.keys)
 
     def authorised_spec(
         self, job_id: str, owner: str, caller: str, submission: bytes, verb: str
@@ -284,6 +295,7 @@ class Runner:
         keys: tuple[str, ...],
         victims: tuple[str, ...] = (),
         shrink: tuple[str, ...] = (),
+        may_rebind: bool = False,
     ) -> Admitted:
         """``Declined`` unless attempt ``attempt`` may start here now on ``keys``: the agent
         runs, the node takes work, the attempt is not fenced, no newer one runs, the devices
@@ -291,9 +303,10 @@ class Runner:
         spec's hard filters (``agent.admission``). An older attempt of the job that still runs
         here is stopped (fenced). ``victims``: running jobs a preempting offer names, which the
         runner checks itself and claims (``agent.preemption``); ``shrink``: elastic ones to
-        shrink, checked the same way. What was admitted: the memory
-        the job holds of its device when it is a share (0: devices given whole), and the
-        victims to stop before it starts."""
+        shrink, checked the same way; ``may_rebind``: the offer lets this runner choose other
+        devices of the same models when those offered are taken (``agent.admission``). What was
+        admitted: the memory the job holds of its device when it is a share (0: devices given
+        whole), the victims to stop before it starts, and the devices chosen instead."""
         if self._closing:
             raise Declined("the agent is shutting down")
         if not accepts_work(self.drain):
@@ -324,13 +337,17 @@ class Runner:
             k: {j: b for j, b in jobs.items() if j not in claimed}
             for k, jobs in self.held().items()
         }
+        for k in holds:  # held for a gang: taken, as far as choosing other devices goes
+            holding.setdefault(k, {})[_GANG_HOLD] = 0
         here = local_node(self.node_id, self.facts, list(statics.values()), holding)
+        rebind = self._rebind if may_rebind and not claimed else None
         try:
-            share_bytes = admit(spec, here, keys)
+            chosen, share_bytes = admit_or_rebind(spec, here, keys, rebind)
         except NotAdmitted as exc:
             self.preemptions.release(claimed)
             raise Declined(str(exc)) from None
-        return Admitted(share_bytes, claimed, tuple(v for v in claimed if v in shrink))
+        rebound = chosen if chosen != keys else ()
+        return Admitted(share_bytes, claimed, tuple(v for v in claimed if v in shrink), rebound)
 
     async def launch(
         self,

@@ -152,7 +152,9 @@ class StartOffer(NamedTuple):
     the jobs running there that the runner is asked to preempt first (``agent.preemption``
     decides whether it does; empty: the devices must be free); ``shrink``: elastic jobs running
     there that the runner is asked to shrink (stop with cause ``shrink``, to restart with fewer
-    GPUs) to free the devices offered."""
+    GPUs) to free the devices offered; ``rebind``: when the devices offered are taken by the time
+    the offer arrives, the runner may start the job on others of the same models that its
+    placement chooses (and says which in its answer) rather than decline."""
 
     job_id: str
     attempt: int
@@ -162,6 +164,7 @@ class StartOffer(NamedTuple):
     resume: ResumeFrom | None = None
     victims: tuple[str, ...] = ()
     shrink: tuple[str, ...] = ()
+    rebind: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         doc = {
@@ -177,6 +180,8 @@ class StartOffer(NamedTuple):
             doc["victims"] = list(self.victims)
         if self.shrink:
             doc["shrink"] = list(self.shrink)
+        if self.rebind:
+            doc["rebind"] = True
         return doc
 
     @classmethod
@@ -192,6 +197,7 @@ class StartOffer(NamedTuple):
             resume=None if resume is None else ResumeFrom.from_wire(resume),
             victims=c.field(d, "victims", c.texts),
             shrink=c.field(d, "shrink", c.texts),
+            rebind=c.field(d, "rebind", c.or_default(c.flag, False)),
         )
 
 
@@ -199,9 +205,15 @@ class StartAnswer(NamedTuple):
     ok: bool
     started_at: float | None
     pid: int | None
+    devices: tuple[str, ...] = ()
+    """The devices the attempt started on when the runner chose others than those offered (the
+    offer let it: ``StartOffer.rebind``); empty: those offered."""
 
     def to_wire(self) -> dict[str, Any]:
-        return {"ok": self.ok, "started_at": self.started_at, "pid": self.pid}
+        doc: dict[str, Any] = {"ok": self.ok, "started_at": self.started_at, "pid": self.pid}
+        if self.devices:
+            doc["devices"] = list(self.devices)
+        return doc
 
     @classmethod
     def from_wire(cls, value: Any) -> StartAnswer:
@@ -210,6 +222,7 @@ class StartAnswer(NamedTuple):
             ok=c.field(d, "ok", c.or_default(c.flag, False)),
             started_at=c.field(d, "started_at", c.opt_number),
             pid=c.field(d, "pid", c.opt_integer),
+            devices=c.field(d, "devices", c.texts),
         )
 
 

@@ -50,6 +50,8 @@ class FakeRunner:
     identity: NodeIdentity
     """The certificate it serves with (its node id in the test's view is ``node_id``)."""
     starts: list[dict[str, Any]] = field(default_factory=list)
+    rebound: tuple[str, ...] = ()
+    """Devices it says it started on instead of those offered (late binding), if any."""
     addr: str = ""
     runner: web.AppRunner | None = None
 
@@ -62,7 +64,10 @@ class FakeRunner:
                 self.starts.append(body)
                 if not self.accept:
                     return web.json_response({"error": "device h0 is in use"}, status=409)
-                return web.json_response({"ok": True, "started_at": 1.0, "pid": 1})
+                answer: dict[str, Any] = {"ok": True, "started_at": 1.0, "pid": 1}
+                if self.rebound:
+                    answer["devices"] = list(self.rebound)
+                return web.json_response(answer)
             if op == "replicate":
                 return web.json_response({"ok": True})
             return web.json_response({"error": f"unexpected {op}"}, status=404)
@@ -216,6 +221,28 @@ async def test_a_refused_attempt_is_not_offered_to_another_node(fx: Fixture) -> 
     assert [s["attempt"] for s in b.starts] == [2]
     job = owner.jobs[job_id]
     assert (job.state, job.attempt, job.runner) == (JobState.RUNNING, 2, "runner-b")
+    await owner.close()
+
+
+async def test_a_runner_that_chose_other_devices_is_believed_and_they_count_in_use(
+    fx: Fixture,
+) -> None:
+    """Every offer lets the runner choose other devices of the same models when those offered
+    were taken meanwhile; the job's record then names the devices it runs on."""
+    del fx.runners["runner-a"]
+    b = fx.runners["runner-b"]
+    b.rebound = ("h1",)
+    owner = fx.owner()
+    job_id = new_job_id()
+    await owner.submit(fx.submission(job_id))
+    await _settled(owner)
+    assert [(s["devices"], s.get("rebind")) for s in b.starts] == [(["h0"], True)]
+    job = owner.jobs[job_id]
+    assert (job.state, job.runner, job.devices) == (JobState.RUNNING, "runner-b", ("h1",))
+    assert owner.offers["started"] == owner.offers["rebound"] == 1
+    assert job.status().devices == ("h1",)  # what gossip says of it
+    (stored,) = fx.store.jobs()
+    assert stored.detail["devices"] == ["h1"]  # and what a restarted owner reads back
     await owner.close()
 
 

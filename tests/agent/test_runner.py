@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import hashlib
 import json
 import os
@@ -25,6 +26,7 @@ from agent.executor import ExecutorConfig, ProcessExecutor
 from agent.jobspec import JobSpec, Resources, new_job_id
 from agent.ownership import rank
 from agent.peers import PeerClient
+from agent.placement import ShoalPlacement
 from agent.runner import Declined, LaunchFailed, NotAllowed, Runner
 from agent.store import Store
 from agent.transfer import FileEntry, Frame, Manifest, TransferLimits
@@ -36,6 +38,8 @@ from probers.records import DeviceStatic
 from tests.agent.authority_kit import FakeMesh, Kit
 
 GPU = DeviceStatic(key="h0", vendor="nvidia", backend="cuda", name="H100", source="sim")
+GPU_TWIN = dataclasses.replace(GPU, key="h1")
+OTHER_MODEL = DeviceStatic(key="l0", vendor="nvidia", backend="cuda", name="L4", source="sim")
 
 
 @dataclass
@@ -61,6 +65,7 @@ class Rig:
     owner: str
     member: NodeIdentity
     tmp_path: Path
+    devices: FakeDevices
 
     def job_id(self) -> str:
         """A job whose order puts the member last of the three live agents."""
@@ -119,9 +124,10 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
         changed=lambda: None,
         stop_grace_s=1.0,
     )
-    r = Runner(ctx, executor, FakeDevices([GPU]))
+    devices = FakeDevices([GPU])
+    r = Runner(ctx, executor, devices, rebind=ShoalPlacement(owner=me.node_id).rebind)
     try:
-        yield Rig(kit, r, owner.node_id, member, tmp_path)
+        yield Rig(kit, r, owner.node_id, member, tmp_path, devices)
     finally:
         await executor.close()
         await r.close()
@@ -158,6 +164,28 @@ async def test_offers_are_declined_once_the_agent_shuts_down(rig: Rig) -> None:
     assert runner.runs == {}
     with pytest.raises(Declined, match="shutting down"):
         await rig.start(rig.offer(attempt=2))
+
+
+async def test_an_offer_whose_device_was_taken_starts_on_one_of_its_model_if_it_may(
+    rig: Rig,
+) -> None:
+    """Late binding: two owners offered h0 from gossip that lagged; the second offer, when it
+    lets the runner choose, starts on the other H100 and says so; never on another model."""
+    runner = rig.runner
+    rig.devices.gpus += [GPU_TWIN, OTHER_MODEL]
+    first = rig.offer()
+    assert "devices" not in await rig.start(first)
+    assert runner.runs[first["job_id"]].devices == ("h0",)
+    with pytest.raises(Declined, match="device h0 is in use"):
+        await rig.start(rig.offer())  # an owner that did not let the runner choose
+    second = dict(rig.offer(), rebind=True)
+    answer = await rig.start(second)
+    assert answer["devices"] == ["h1"]
+    assert runner.runs[second["job_id"]].devices == ("h1",)
+    assert sorted(runner.held()) == ["h0", "h1"]
+    with pytest.raises(Declined, match="device h0 is in use"):
+        await rig.start(dict(rig.offer(), rebind=True))  # both H100 taken; the L4 is no H100
+    assert sorted(runner.held()) == ["h0", "h1"]
 
 
 async def test_an_offer_runs_only_the_operators_submission_from_an_owner(rig: Rig) -> None:
