@@ -34,6 +34,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from gossip.budgets import RateLimit
 from gossip.certtrust import CertSigner, CertTrust
 from gossip.codec import signing_bytes
 from gossip.config import GossipConfig
@@ -43,7 +44,7 @@ from gossip.node import GossipNode
 from gossip.peer import Peer
 from gossip.streams import StreamPool
 from gossip.tls import shrink_tls_read_buffers
-from gossip.transport import GossipServer, RateLimit
+from gossip.transport import GossipServer
 
 UNLIMITED = RateLimit(rate_per_s=1e9, burst=1e9)
 

@@ -47,6 +47,14 @@ from aiohttp.web_protocol import RequestHandler
 from cryptography import x509
 
 from gossip import droplist, revocation
+from gossip.budgets import (
+    DEFAULT_CPU_BUDGET,
+    DEFAULT_RATE_LIMIT,
+    CpuBuckets,
+    CpuBudget,
+    RateLimit,
+    TokenBuckets,
+)
 from gossip.certtrust import Admission, CertTrust
 from gossip.identity import IdentityError, NodeIdentity, Role
 from gossip.revocation import RevocationList
@@ -147,6 +155,9 @@ class TransportStats:
     frames_malformed: int = 0
     """Stream messages that were not one binary body (text, a protocol error): the stream is
     closed."""
+    cpu_limited: int = 0
+    """Stream messages dropped because their peer had spent its CPU budget
+    (:mod:`gossip.budgets`)."""
 
     def snapshot(self) -> dict[str, int]:
         return asdict(self)
@@ -206,41 +217,6 @@ class _Unfinished:
     """The ClientHello came and the TLS handshake runs."""
 
 
-@dataclass(frozen=True, slots=True)
-class RateLimit:
-    """A token bucket per peer: ``burst`` requests at once, refilled at ``rate_per_s``.
-
-    At most ``max_peers`` buckets are kept (least recently used dropped first), so memory is bounded
-    whatever the number of peers; the ids are authenticated, so only members can create buckets.
-    """
-
-    rate_per_s: float = 200.0
-    burst: float = 400.0
-    max_peers: int = 10_000
-
-
-class TokenBuckets:
-    """Per-peer token buckets with bounded memory. Time is passed in (monotonic seconds)."""
-
-    def __init__(self, limit: RateLimit) -> None:
-        self._limit = limit
-        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._buckets)
-
-    def take(self, peer: str, now: float) -> bool:
-        tokens, last = self._buckets.pop(peer, (self._limit.burst, now))
-        tokens = min(self._limit.burst, tokens + max(0.0, now - last) * self._limit.rate_per_s)
-        allowed = tokens >= 1.0
-        if allowed:
-            tokens -= 1.0
-        self._buckets[peer] = (tokens, now)
-        while len(self._buckets) > self._limit.max_peers:
-            self._buckets.popitem(last=False)
-        return allowed
-
-
 ADMISSION_FRESH_S = 1.0
 """How long a stream peer's admission (validity, revocation) is taken as checked."""
 MAX_FRESH_ADMISSIONS = 4096
@@ -249,9 +225,10 @@ MAX_FRESH_ADMISSIONS = 4096
 class FrameGate:
     """The checks every stream message passes, in either direction, with the server's counters:
     the peer's certificate still admitted (revocation, expiry: ``revoked``, ``bad_cert``; the
-    stream is closed), its token bucket (``rate_limited``: the message is dropped), one binary
-    message within the size limit (``oversized``, ``frames_malformed``: the stream is closed),
-    then the handler (``accepted``, ``handler_rejected``, ``handler_failed``)."""
+    stream is closed), its token bucket (``rate_limited``: the message is dropped), its CPU
+    budget (``cpu_limited``: dropped; what handling its messages cost is charged to it), one
+    binary message within the size limit (``oversized``, ``frames_malformed``: the stream is
+    closed), then the handler (``accepted``, ``handler_rejected``, ``handler_failed``)."""
 
     def __init__(
         self,
@@ -261,12 +238,18 @@ class FrameGate:
         *,
         clock: Callable[[], float],
         wall_clock: Callable[[], float],
+        cpu: CpuBuckets | None = None,
+        cpu_clock: Callable[[], float] = time.thread_time,
     ) -> None:
+        """``cpu``: the peers' CPU budgets (none: not limited); ``cpu_clock``: this thread's
+        CPU time, which a handler's cost is read from."""
         self.stats = stats
         self._buckets = buckets
         self._trust = trust
         self._clock = clock
         self._wall_clock = wall_clock
+        self._cpu = cpu
+        self._cpu_clock = cpu_clock
         self._fresh: dict[str, tuple[float, RevocationList, bytes]] = {}
         """Peers admitted lately: (until, under which revocation list, their certificate)."""
 
@@ -317,15 +300,35 @@ class FrameGate:
             raise CloseStream(message.type.name)  # closing, closed, or refused
         if not self.admitted(peer):
             raise CloseStream("certificate no longer admitted")
-        if not self._buckets.take(peer.node_id, self._clock()):
+        now = self._clock()
+        if not self._buckets.take(peer.node_id, now):
             self.stats.rate_limited += 1
+            return None
+        if not self.within_cpu_budget(peer, now):
             return None
         data: bytes = message.data
         return data
 
+    def within_cpu_budget(self, peer: PeerIdentity, now: float) -> bool:
+        """May a message of ``peer`` be handled now? Counts ``cpu_limited`` when not."""
+        if self._cpu is None or self._cpu.allows(peer.node_id, now):
+            return True
+        self.stats.cpu_limited += 1
+        return False
+
+    def cpu_now(self) -> float:
+        """This thread's CPU time: read before handling a message, then :meth:`charge` it."""
+        return self._cpu_clock()
+
+    def charge(self, peer: PeerIdentity, started_s: float) -> None:
+        """Charge ``peer`` with the CPU spent since ``started_s`` (:meth:`cpu_now`)."""
+        if self._cpu is not None:
+            self._cpu.charge(peer.node_id, self._cpu_clock() - started_s, self._clock())
+
     def handled(
         self, peer: PeerIdentity, deliver: Callable[[str, Role, bytes], None], body: bytes
     ) -> None:
+        started_s = self.cpu_now()
         try:
             deliver(peer.node_id, peer.role, body)
         except HandlerRejected:
@@ -335,6 +338,8 @@ class FrameGate:
             self.stats.handler_failed += 1
             log.exception("gossip handler failed for a stream message from %s", peer.node_id)
             return
+        finally:
+            self.charge(peer, started_s)
         self.stats.accepted += 1
 
 
@@ -514,7 +519,8 @@ class GossipServer:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         *,
         trust: CertTrust | None = None,
-        rate_limit: RateLimit = RateLimit(),
+        rate_limit: RateLimit = DEFAULT_RATE_LIMIT,
+        cpu_budget: CpuBudget | None = DEFAULT_CPU_BUDGET,
         limits: ConnectionLimits = ConnectionLimits(),
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
@@ -522,7 +528,8 @@ class GossipServer:
         stream_acceptor: StreamAcceptor | None = None,
     ) -> None:
         """``stream_acceptor``: serve ``STREAM_PATH`` upgrades with it (else that path is 404,
-        as on a server that predates streams)."""
+        as on a server that predates streams); ``cpu_budget``: what each peer's stream messages
+        may cost this node (``None``: not limited)."""
         self._ssl = server_context(identity, ca)
         self._handler = handler
         self._host = host
@@ -534,7 +541,14 @@ class GossipServer:
         self._clock = clock
         self._wall_clock = wall_clock
         self.stats = TransportStats()
-        self.gate = FrameGate(self.stats, self._buckets, trust, clock=clock, wall_clock=wall_clock)
+        self.gate = FrameGate(
+            self.stats,
+            self._buckets,
+            trust,
+            clock=clock,
+            wall_clock=wall_clock,
+            cpu=None if cpu_budget is None else CpuBuckets(cpu_budget),
+        )
         self._stream_acceptor = stream_acceptor
         self._runner: web.AppRunner | None = None
         self._listeners: list[socket.socket] = []
@@ -858,7 +872,13 @@ class GossipServer:
         except web.HTTPRequestEntityTooLarge:
             self.stats.oversized += 1
             return self._refuse(413, f"body over {self._max_body_bytes} bytes", close=True)
+        if not self.gate.within_cpu_budget(peer, self._clock()):
+            response = self._refuse(429, "slow down", close=False)
+            response.headers["Retry-After"] = "1"
+            return response
+        started_s = self.gate.cpu_now()
         try:
+            # The handler answers without waiting on anything: the CPU it took is its own.
             answer = await self._handler(peer.node_id, peer.role, body)
         except HandlerRejected as e:
             self.stats.handler_rejected += 1
@@ -867,6 +887,8 @@ class GossipServer:
             self.stats.handler_failed += 1
             log.exception("gossip handler failed for a body from %s", peer.node_id)
             return self._refuse(500, "handler failed", close=False)
+        finally:
+            self.gate.charge(peer, started_s)
         self.stats.accepted += 1
         headers = {PROTOCOL_HEADER: PROTOCOL_VERSION}
         if answer is None:

@@ -30,7 +30,7 @@ from gossip import envelope
 from gossip.certtrust import CertSigner
 from gossip.codec import signing_bytes
 from gossip.identity import NodeIdentity, enroll_node, init_cluster, load_ca, load_identity
-from gossip.messages import Dead, Record
+from gossip.messages import Compound, Dead, Record
 from gossip.node import frame
 from gossip.tls import client_context
 from gossip.transport import CONTENT_TYPE, PATH, PROTOCOL_HEADER, PROTOCOL_VERSION
@@ -85,6 +85,16 @@ class Intruder:
         unsigned = Record(origin, kind, 2**40, 1, payload, b"")
         signed = Record(origin, kind, 2**40, 1, payload, self.signer.sign(signing_bytes(unsigned)))
         return self.post(a, PATH, frame(self.agent.address, signed, 1 << 20), CONTENT_TYPE)
+
+    def gossip_forgeries(self, a: AgentProcess, origin: str, count: int) -> int:
+        """One message of ``count`` records under ``origin``'s name, each newer than the last
+        and with a signature that is not its: cheap to send, a signature check each to handle."""
+        forged = tuple(
+            Record(origin, "node", 2**40, i, b"x", bytes(64)) for i in range(1, count + 1)
+        )
+        return self.post(
+            a, PATH, frame(self.agent.address, Compound(forged), 1 << 20), CONTENT_TYPE
+        )
 
 
 def metric(mesh: Mesh, a: AgentProcess, name: str, **labels: str) -> float:
@@ -427,3 +437,38 @@ def test_a_spec_that_reaches_outside_its_folder_is_refused_and_counted(mesh: Mes
         status, body = mesh.request(a, "GET", f"/v1/jobs/{job_id}/logs")
         assert status in (400, 404), (job_id, body)
         assert b"PRIVATE KEY" not in body
+
+
+@pytest.mark.slow
+def test_a_member_whose_messages_are_dear_to_handle_is_held_to_its_cpu_budget(
+    tmp_path: Path,
+) -> None:
+    """Within its message rate, a member sends compounds of thousands of forged records, each
+    a signature check (~0.1 ms) to refuse: a tenth of a core is all it gets (the first messages
+    spend its half second of burst, the rest are answered 429 until it has paid its debt), and
+    the agent goes on hearing everybody else."""
+    mesh = Mesh(tmp_path, ["h100:1", "l4:1", "mi300x:1"])
+    mesh.start_all()
+    try:
+        witness, victim = mesh.agents[0], mesh.agents[1]
+        intruder = Intruder(mesh, 2)
+        forged_before = metric(mesh, witness, "shoal_gossip_rejected_signature_total")
+        statuses = [intruder.gossip_forgeries(witness, victim.node_id, 4000) for _ in range(8)]
+        assert statuses[0] in (200, 204) and statuses[-1] == 429, statuses
+        limited = metric(mesh, witness, "shoal_gossip_transport_cpu_limited_total")
+        # at least each 429 (the intruder's own agent, whose identity it stole, streams under the
+        # same name and is held back with it)
+        assert limited >= statuses.count(429) >= 4
+        checked = metric(mesh, witness, "shoal_gossip_rejected_signature_total") - forged_before
+        assert checked == 4000 * (8 - statuses.count(429))  # each handled one checked in full
+        nodes = {n["node_id"]: n for n in mesh.get(witness, "/v1/nodes")["nodes"]}
+        assert nodes[victim.node_id]["drain"] == "schedulable"
+        # A job neither owned nor run by the intruder's own agent, whose messages the witness
+        # drops too while the identity they share is in debt.
+        job_id = job_out_of_reach(mesh, intruder)
+        cuda = Resources(gpus_per_node=1, backends=("cuda",))
+        body = {"job_id": job_id, "spec": spec(["true"], resources=cuda)}
+        assert mesh.command(witness, "submit", body)[0] == 200
+        mesh.wait("the job done", lambda: mesh.job(witness, job_id)["state"] == "succeeded")
+    finally:
+        mesh.stop_all()

@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 from cryptography.hazmat.primitives.serialization import Encoding
 
+from gossip.budgets import RateLimit
 from gossip.certtrust import CertSigner, CertTrust
 from gossip.identity import (
     ClusterIdentity,
@@ -34,10 +35,8 @@ from gossip.transport import (
     GossipServer,
     HandlerRejected,
     PeerMismatch,
-    RateLimit,
     RemoteRejected,
     RevokedByPeer,
-    TokenBuckets,
     TransportError,
     TransportStats,
     Unreachable,
@@ -270,16 +269,6 @@ async def test_flood_from_one_peer_is_rate_limited_per_peer(lab: Lab) -> None:
         assert await other.send(srv.address, b"still here", TIMEOUT_S) == b"echo:still here"
     assert srv.stats.rate_limited == 7
     assert len(lab.seen) == 4
-
-
-def test_token_buckets_refill_and_stay_bounded() -> None:
-    buckets = TokenBuckets(RateLimit(rate_per_s=2.0, burst=2.0, max_peers=3))
-    assert [buckets.take("p", 0.0) for _ in range(3)] == [True, True, False]
-    assert buckets.take("p", 0.5)  # 0.5 s x 2/s = one token back
-    assert not buckets.take("p", 0.5)
-    for i in range(1000):
-        buckets.take(f"peer{i}", 1.0)
-    assert len(buckets) == 3
 
 
 async def test_unreachable_peer(lab: Lab) -> None:
