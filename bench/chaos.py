@@ -308,9 +308,19 @@ class Chaos:
                 break
             await asyncio.sleep(0.5)
         fault["down_s"] = round(time.time() - killed_at, 3)
-        fault["owners_taken_over"] = all(
-            self.records.get(j, {}).get("owner") != victim.node_id or self.ended(j) for j in owned
+        kept = sorted(
+            j
+            for j in owned
+            if self.records.get(j, {}).get("owner") == victim.node_id and not self.ended(j)
         )
+        fault["owners_taken_over"] = not kept
+        fault["jobs_not_taken_over"] = [
+            {
+                k: self.records.get(j, {}).get(k)
+                for k in ("job_id", "state", "gen", "attempt", "runner")
+            }
+            for j in kept
+        ]
         self.mesh.start_agent(victim)
         restarted_at = time.time()
         fault["rejoin_s"] = await self.converge(restarted_at)
