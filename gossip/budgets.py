@@ -7,10 +7,11 @@ are both made of them.
 A peer's token bucket (:class:`RateLimit`) bounds how many messages it may send;
 it does not bound what they cost. A message that is cheap to send can be dear to handle (a
 compound of records to verify and apply, a push-pull digest to merge), so a member with a valid
-certificate could spend a large part of this node's core within its message rate. Each stream
+certificate could spend a large part of this node's core within its message rate. Each gossip
 message's handling is timed on the thread's CPU clock and charged to the peer that sent it; a
-peer whose balance is spent has its messages dropped (counted as ``cpu_limited``, like
-``rate_limited``) until the budget has refilled, while every other peer's go on.
+peer whose balance is spent has its messages dropped (a POST answered 429; counted as
+``cpu_limited``, like ``rate_limited``) until the budget has refilled, while every other peer's
+go on.
 
 The balance refills at ``share`` of a core (CPU seconds per second) up to ``burst_s``; a message
 is let in while the balance is above zero and its cost is charged after, so one dear message can

@@ -156,8 +156,8 @@ class TransportStats:
     """Stream messages that were not one binary body (text, a protocol error): the stream is
     closed."""
     cpu_limited: int = 0
-    """Stream messages dropped because their peer had spent its CPU budget
-    (:mod:`gossip.budgets`)."""
+    """Stream messages dropped, and gossip POSTs answered 429, because their peer had spent its
+    CPU budget (:mod:`gossip.budgets`)."""
 
     def snapshot(self) -> dict[str, int]:
         return asdict(self)
