@@ -220,14 +220,20 @@ class LocalMesh:
         """
         deadline = time.monotonic() + timeout_s
         pending = [a for a in self.agents if a.process is not None and not _listening(a)]
-        restarts = 0
+        restarts, most = 0, 3 * len(self.agents)
+
+        def waits(a: AgentProcess) -> bool:
+            """Still to listen: running, or exited for its port with a restart left (it may
+            exit between the restarts below and this look: it is restarted at the next)."""
+            return not _listening(a) and (a.running or (_port_taken(a) and restarts < most))
+
         while pending and time.monotonic() < deadline:
             for a in pending:
-                if not a.running and _port_taken(a) and restarts < 3 * len(self.agents):
+                if not a.running and _port_taken(a) and restarts < most:
                     restarts += 1
                     a.address = f"{self.host}:{free_ports(1, self.host)[0]}"
                     self.start_agent(a)
-            pending = [a for a in pending if a.running and not _listening(a)]
+            pending = [a for a in pending if waits(a)]
             if pending:
                 await asyncio.sleep(0.05)
         if pending:
