@@ -465,11 +465,10 @@ class Peer:
         if self._next_gossip is not None and now >= self._next_gossip:
             self._gossip(now)
         if now >= self._next_push_pull:
-            n = max(self._live, len(self._others) // 4)
             # catching up: the join found nobody up yet, or the mesh may still be starting
             alone = self._live <= 1 and bool(self._seeds)
             catching_up = alone or now < self._catch_up_until
-            every = cfg.catch_up_push_pull_s if catching_up else cfg.push_pull_scaled_s(n)
+            every = cfg.catch_up_push_pull_s if catching_up else self._push_pull_every_s()
             self._next_push_pull = now + every
             self._start_push_pull()
         if now >= self._next_reconnect:
@@ -1180,8 +1179,12 @@ class Peer:
         self._quiet_exchanges = self._quiet_exchanges + 1 if quiet else 0
         if self._quiet_exchanges >= enough:
             self._catch_up_until = now
-            n = max(self._live, len(self._others) // 4)
-            self._next_push_pull = now + self._rng.random() * self.config.push_pull_scaled_s(n)
+            self._next_push_pull = now + self._rng.random() * self._push_pull_every_s()
+
+    def _push_pull_every_s(self) -> float:
+        """The regular push-pull interval, scaled to the mesh: its live members, or a quarter
+        of every member it knows when that is more."""
+        return self.config.push_pull_scaled_s(max(self._live, len(self._others) // 4))
 
     # -- signing ---------------------------------------------------------------------------------
 
