@@ -12,9 +12,9 @@ Sans-I/O: ``now`` comes in as an argument.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Final, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
-ENDED: Final = frozenset({"succeeded", "failed", "cancelled"})
+from agent.jobstate import TERMINAL_JOB_STATES
 
 
 def lateness_s(
@@ -24,7 +24,7 @@ def lateness_s(
     has none, or ended in time)."""
     if deadline is None:
         return None
-    if state in ENDED:
+    if state in TERMINAL_JOB_STATES:
         if finished_at is None or finished_at <= deadline:
             return None
         return finished_at - deadline
@@ -40,7 +40,7 @@ def missed_line(late_s: float, state: str) -> str:
         by = f"{late_s / 60:.1f} min"
     else:
         by = f"{late_s / 3600:.1f} h"
-    return f"missed by {by} ({'ended ' if state in ENDED else ''}{state})"
+    return f"missed by {by} ({'ended ' if state in TERMINAL_JOB_STATES else ''}{state})"
 
 
 class WithDeadline(Protocol):

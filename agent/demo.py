@@ -47,11 +47,10 @@ from agent.config import PLACEMENT_NAMES
 from agent.demoload import percentile
 from agent.errors import UserError
 from agent.jobspec import JobKind, JobSpec, Resources, new_job_id
+from agent.jobstate import TERMINAL_JOB_STATES
 from agent.localmesh import DEMO_PROFILES, LocalMesh
 from agent.tables import hostnames, jobs_table, nodes_table
 from probers.catalog import device_model
-
-FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 
 
 @dataclass
@@ -194,7 +193,7 @@ async def _settled(mesh: LocalMesh, work: Workload, settle_s: float) -> dict[str
             listing = {j["job_id"]: j for j in await client.jobs()}
             jobs = {jid: listing[jid] for jid in work.submitted_at if jid in listing}
             if len(jobs) == len(work.submitted_at) and all(
-                j.get("state") in FINAL_STATES for j in jobs.values()
+                j.get("state") in TERMINAL_JOB_STATES for j in jobs.values()
             ):
                 break
             await asyncio.sleep(0.5)
@@ -249,7 +248,7 @@ async def _headless(
         "jobs_succeeded": states.count("succeeded"),
         "jobs_failed": states.count("failed"),
         "jobs_lost": len(work.submitted_at) - len(jobs),
-        "jobs_unfinished": sum(1 for s in states if s not in FINAL_STATES),
+        "jobs_unfinished": sum(1 for s in states if s not in TERMINAL_JOB_STATES),
         "submit_failures": work.submit_failures,
         "submit_to_running_ms_p50": _round(percentile(latencies, 0.5)),
         "submit_to_running_ms_p99": _round(percentile(latencies, 0.99)),

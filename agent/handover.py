@@ -18,7 +18,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agent.jobstate import LIVE, JobEvent, JobState, is_terminal
+from agent.jobstate import LIVE, TERMINAL_JOB_STATES, JobEvent, JobState, is_terminal
 from agent.ownedjob import OwnedJob, OwnerError, job_from_wire, job_wire
 from agent.ownership import rank, replica_of
 from agent.ownersteps import OwnerSteps
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("shoal.owner")
 
 _UNENDED = tuple(s for s in JobState if not is_terminal(s))
-_ENDED = frozenset(s.value for s in JobState if is_terminal(s))
 HANDOVER_SETTLE_S = 5.0
 """An agent that ranks before the owner in a job's order is handed the job once it has been
 live this long here (not while a mesh forms or a member flaps)."""
@@ -96,7 +95,7 @@ def sweep(o: HandoverOwner) -> None:
         if doc is not None:
             if doc.get("owner") in live_set and doc.get("owner") != o.node_id:
                 continue  # someone already took it over
-            if doc.get("state") in _ENDED:
+            if doc.get("state") in TERMINAL_JOB_STATES:
                 continue
         if (
             not o._is_gone(rec.owner)
@@ -163,7 +162,8 @@ def _let_go_if_superseded(o: HandoverOwner, job: OwnedJob, live: list[str]) -> b
     owner = doc.get("owner")
     if not isinstance(owner, str) or owner == o.node_id or owner not in live:
         return False
-    if job_gen(doc) <= job.gen or (is_terminal(job.state) and doc.get("state") not in _ENDED):
+    theirs_ended = doc.get("state") in TERMINAL_JOB_STATES
+    if job_gen(doc) <= job.gen or (is_terminal(job.state) and not theirs_ended):
         return False
     attempt = doc.get("attempt")
     if job.state == JobState.RUNNING and (not isinstance(attempt, int) or attempt < job.attempt):

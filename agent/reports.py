@@ -17,6 +17,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
+from agent.jobstate import TERMINAL_JOB_STATES
 from agent.ownership import owner_of
 from agent.peers import PeerError, PeerRefused
 from agent.wire.calls import AttemptResult
@@ -73,7 +74,7 @@ class Reports:
         if doc is None:
             return False
         newer = isinstance(doc.get("attempt"), int) and doc["attempt"] > attempt
-        return newer or doc.get("state") in ("succeeded", "failed", "cancelled")
+        return newer or doc.get("state") in TERMINAL_JOB_STATES
 
     async def _deliver(self, key: tuple[str, int], hint: str | None) -> None:
         """Tell the job's owner how an attempt ended, until it has heard, or has moved on.

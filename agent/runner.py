@@ -63,6 +63,7 @@ from agent.executor import (
 from agent.fencing import fence_cause
 from agent.jobspec import JobSpec, check_job_id, lacking_reason
 from agent.jobstate import (
+    TERMINAL_JOB_STATES,
     DrainEvent,
     NodeDrainState,
     accepts_work,
@@ -92,7 +93,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("shoal.runner")
 
-_ENDED: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 _STOP_CAUSES: frozenset[str] = frozenset(
     {"cancel", "preempt", "shrink", "migrate", "drain", "fenced", "shutdown"}
 )
@@ -540,7 +540,7 @@ class Runner:
     def on_job_record(self, job_id: str) -> None:
         run = self.runs.get(job_id)
         doc = self.view.jobs.get(job_id)
-        ended = doc is not None and run is None and doc.get("state") in _ENDED
+        ended = doc is not None and run is None and doc.get("state") in TERMINAL_JOB_STATES
         if ended and self.checkpoints is not None:
             self.checkpoints.forget(job_id)  # no attempt will resume from a copy now
         if run is None or doc is None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agent.authority import FeaturesLacking, Submission, SubmissionRefused
+from agent.jobstate import TERMINAL_JOB_STATES
 from agent.wire.codec import MAX_RECORD_BYTES, WireError, pack, unpack
 from agent.wire.place import PLACE, PlaceRecord
 from agent.wire.records import (
@@ -52,7 +53,6 @@ from probers.records import DeviceSample, DeviceStatic
 __all__ = ["JOB_PREFIX", "MAX_PAYLOAD_BYTES", "SUB_PREFIX", "pack"]
 
 MAX_PAYLOAD_BYTES = MAX_RECORD_BYTES
-_ENDED = frozenset({"succeeded", "failed", "cancelled"})
 
 
 @dataclass(slots=True)
@@ -261,7 +261,8 @@ class ClusterView:
             return False
         gen, origin = max(entitled)
         status = docs[origin]
-        if len(docs) == 1 or (status.state in _ENDED and gen >= max(d.gen for d in docs.values())):
+        ended = status.state in TERMINAL_JOB_STATES
+        if len(docs) == 1 or (ended and gen >= max(d.gen for d in docs.values())):
             self._open.discard(job_id)  # nothing membership can change any more
         else:
             self._open.add(job_id)
