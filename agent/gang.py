@@ -46,6 +46,7 @@ from agent.jobstate import LIVE, JobEvent, JobState
 from agent.ownedjob import ATTEMPTS_KEPT
 from agent.ownersteps import OwnerSteps
 from agent.peers import PeerError, PeerRefused, PeerUnreachable
+from agent.placing import queue_of
 from agent.wire.calls import (
     AttemptResult,
     GangAbort,
@@ -204,11 +205,12 @@ class Gangs:
         live = set(o._live())
         nodes = [o.view.node(n) for n in sorted(live)]
         exclude = frozenset({job.avoid}) if job.avoid else frozenset()
-        sets = o.placement.gang_candidates(job.spec, nodes, exclude=exclude)
+        queue = queue_of(o, job, live)
+        sets = o.placement.gang_candidates(job.spec, nodes, exclude=exclude, queue=queue)
         if not sets and job.avoid:
-            sets = o.placement.gang_candidates(job.spec, nodes)
+            sets = o.placement.gang_candidates(job.spec, nodes, queue=queue)
         if not sets:
-            reason = o.placement.why_pending(job.spec)
+            reason = o.placement.why_pending(job.spec, queue)
             if reason != job.reason:
                 job.reason = reason
                 o._save(job, replicate=False)

@@ -35,8 +35,13 @@ priority) runs in the simulator only. Before that, :meth:`Placement.shrink` may 
 jobs to shrink to make room (:mod:`agent.policy.shrink`: no priority needed). First fit never
 preempts nor shrinks.
 
-What the live mesh does not do yet (its next step): preempting for a gang, moves, and one queue
-order across owners.
+Owners place each job behind the pending jobs ahead of it in the mesh's one queue order,
+whoever owns them (:mod:`agent.meshqueue`): the Shoal placement runs the policy's decision pass
+over those and the job, so room a job ahead takes is not offered, and the first of them that
+cannot start holds a reservation later jobs backfill around. First fit keeps no order across
+owners.
+
+What the live mesh does not do yet: preempting for a gang, and moving running jobs.
 """
 
 from __future__ import annotations
@@ -47,14 +52,14 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from agent.jobspec import JobSpec, lacking_reason
+from agent.meshqueue import MeshQueue
 from agent.policy import adapt, gavel
 from agent.policy.baselines import first_fit
 from agent.policy.config import PolicyConfig
 from agent.policy.context import Context
-from agent.policy.decision import context, rank_any
+from agent.policy.decision import context, decide, rank_any
 from agent.policy.explain import busy_line, never_reason
 from agent.policy.model import ThroughputModel
-from agent.policy.place import Candidate as PolicyCandidate
 from agent.policy.preempt import preempt_for
 from agent.policy.shrink import shrink_for, spare_gpus
 from agent.policy.snapshot import Job, Node, Running, Snapshot
@@ -86,6 +91,7 @@ class Placement(Protocol):
         nodes: Sequence[NodeView],
         *,
         exclude: frozenset[str] = frozenset(),
+        queue: MeshQueue | None = None,
     ) -> list[GangSet]:
         """Whole member sets for a gang, best first (never part of one)."""
         ...
@@ -97,12 +103,14 @@ class Placement(Protocol):
         *,
         exclude: frozenset[str] = frozenset(),
         prefer: str | None = None,
+        queue: MeshQueue | None = None,
     ) -> list[Candidate]:
-        """Nodes that pass the hard filters, best first (``nodes`` are live agents)."""
+        """Nodes that pass the hard filters, best first (``nodes`` are live agents); with
+        ``queue``, the room left by the mesh's pending jobs ahead (:mod:`agent.meshqueue`)."""
         ...
 
-    def why_pending(self, spec: JobSpec) -> str:
-        """One line saying what the job waits for."""
+    def why_pending(self, spec: JobSpec, queue: MeshQueue | None = None) -> str:
+        """One line saying what the job waits for (asked right after no candidate came)."""
         ...
 
     def preemption(
@@ -176,7 +184,9 @@ class FirstFit(_Held):
         nodes: Sequence[NodeView],
         *,
         exclude: frozenset[str] = frozenset(),
+        queue: MeshQueue | None = None,
     ) -> list[GangSet]:
+        """First fit, the baseline, keeps no queue order across owners (``queue``)."""
         known = self._nodes([n for n in nodes if n.inventory is not None])
         return _sets(first_fit(_job(spec), known, exclude=exclude))
 
@@ -187,7 +197,9 @@ class FirstFit(_Held):
         *,
         exclude: frozenset[str] = frozenset(),
         prefer: str | None = None,
+        queue: MeshQueue | None = None,
     ) -> list[Candidate]:
+        """First fit, the baseline, keeps no queue order across owners (``queue``)."""
         job = _job(spec)
         known = self._nodes([n for n in nodes if n.inventory is not None])
         return [
@@ -195,7 +207,7 @@ class FirstFit(_Held):
             for p in first_fit(job, known, exclude=exclude, prefer=prefer)
         ]
 
-    def why_pending(self, spec: JobSpec) -> str:
+    def why_pending(self, spec: JobSpec, queue: MeshQueue | None = None) -> str:
         r = spec.resources
         if spec.lacking:
             return "waits for an agent that runs it: " + lacking_reason(spec.lacking)
@@ -258,6 +270,12 @@ class ShoalPlacement(_Held):
         self.owner = owner
         self._state = PolicyState()
         self._snapshot = Snapshot(now=0.0, nodes=())
+        self._queue_state = PolicyState()
+        self._queue_config = replace(self.config, preemption=False, time_slice=(), moves=False)
+        """The pass behind the mesh's queue: it only places (preemption and shrinking are asked
+        for apart, when nothing fits; the live mesh neither slices time nor moves jobs)."""
+        self._waiting: tuple[str, str] | None = None
+        """The last job the queue held back, and the policy's line for it."""
         gavel.load()
 
     def _context(self, nodes: Sequence[NodeView]) -> Snapshot:
@@ -270,13 +288,48 @@ class ShoalPlacement(_Held):
         return self._snapshot
 
     def _ranked(
-        self, spec: JobSpec, nodes: Sequence[NodeView], exclude: frozenset[str]
-    ) -> list[PolicyCandidate]:
-        """The policy's ranking of the job over the live ``nodes`` (a gang: whole sets)."""
+        self,
+        spec: JobSpec,
+        nodes: Sequence[NodeView],
+        exclude: frozenset[str],
+        queue: MeshQueue | None = None,
+    ) -> list[PolicyPlacement]:
+        """The policy's placements of the job over the live ``nodes``, best first (a gang:
+        whole sets); behind ``queue``'s jobs ahead when there are any. A job moved away from a
+        node (``exclude``) is placed on its own: the operator asked for it."""
+        self._waiting = None
+        if queue is not None and queue.ahead and not exclude:
+            return self._behind(queue, nodes)
         snapshot = self._context(nodes)
         ctx, _ = context(snapshot, self.model, self.config, state=self._state, owner=self.owner)
         job = _job(spec, self.owner)
-        return rank_any(job, ctx, limit=self.config.alternates + 1, exclude=exclude)
+        ranked = rank_any(job, ctx, limit=self.config.alternates + 1, exclude=exclude)
+        return [c.placement for c in ranked]
+
+    def _behind(self, queue: MeshQueue, nodes: Sequence[NodeView]) -> list[PolicyPlacement]:
+        """The policy's decision pass over the jobs ahead and this one (:mod:`agent.meshqueue`):
+        where it starts now, if it does, and the alternates; else none, and why."""
+        views = [n for n in nodes if n.inventory is not None]
+        now = self._clock()
+        busy = adapt.nodes_from_views(views, adapt.holders(queue.running))
+        snapshot = Snapshot(
+            now=now,
+            nodes=mark_held(busy, self._recent.held(now)),
+            pending=(*queue.ahead, queue.job),
+            running=queue.running,
+            dataset_bytes=adapt.dataset_bytes(views),
+        )
+        self._snapshot = snapshot
+        decisions = decide(
+            snapshot, self.model, self._queue_config, state=self._queue_state, owner=self.owner
+        )
+        job_id = queue.job.job_id
+        found = decisions.assignment(job_id)
+        if found is None or found.after:
+            line = decisions.waiting_line(job_id)
+            self._waiting = (job_id, line) if line is not None else None
+            return []
+        return [found.placement, *found.alternates][: self.config.alternates + 1]
 
     def gang_candidates(
         self,
@@ -284,8 +337,9 @@ class ShoalPlacement(_Held):
         nodes: Sequence[NodeView],
         *,
         exclude: frozenset[str] = frozenset(),
+        queue: MeshQueue | None = None,
     ) -> list[GangSet]:
-        return _sets([c.placement for c in self._ranked(spec, nodes, exclude)])
+        return _sets(self._ranked(spec, nodes, exclude, queue))
 
     def candidates(
         self,
@@ -294,10 +348,12 @@ class ShoalPlacement(_Held):
         *,
         exclude: frozenset[str] = frozenset(),
         prefer: str | None = None,
+        queue: MeshQueue | None = None,
     ) -> list[Candidate]:
-        out = [
-            Candidate(c.node_id, c.placement.devices[0]) for c in self._ranked(spec, nodes, exclude)
-        ]
+        if prefer is not None:
+            queue = None  # moved to a named node: the operator asked for it
+        placed = self._ranked(spec, nodes, exclude, queue)
+        out = [Candidate(p.node_id, p.devices[0]) for p in placed]
         if prefer is not None:
             out.sort(key=lambda c: c.node_id != prefer)
         return out
@@ -308,7 +364,11 @@ class ShoalPlacement(_Held):
         found = rank_any(_job(spec, self.owner), ctx, limit=1)
         return found[0].placement.devices[0] if found else None
 
-    def why_pending(self, spec: JobSpec) -> str:
+    def why_pending(self, spec: JobSpec, queue: MeshQueue | None = None) -> str:
+        if queue is not None and self._waiting is not None:
+            job_id, line = self._waiting
+            if job_id == queue.job.job_id:
+                return line
         ctx, state = context(
             self._snapshot, self.model, self.config, state=self._state, owner=self.owner
         )

@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 from agent.authority import SubmissionRefused
 from agent.jobstate import JobEvent, JobState
+from agent.meshqueue import MeshQueue, mesh_queue
 from agent.ownersteps import OwnerSteps
 from agent.peers import PeerError, PeerRefused, PeerUnreachable, decoded_answer
-from agent.preempting import preemption_candidates, waiting_reason
+from agent.policy import adapt
+from agent.preempting import preemption_candidates, saved_at, waiting_reason
 from agent.transfer import TransferError
 from agent.wire.calls import StartAnswer, StartOffer
 
@@ -59,18 +62,28 @@ class PlacingOwner(OwnerSteps, Protocol):
     _stop_grace_s: float
 
 
+def queue_of(o: OwnerSteps, job: OwnedJob, live: Collection[str]) -> MeshQueue:
+    """The job's place in the mesh's one queue, as this owner's gossip view holds it."""
+    me = adapt.job_from_spec(job.job_id, job.spec, owner=o.node_id, submitted_at=job.submitted_at)
+    specs = {job_id: sub.spec for job_id, sub in o.view.submissions.items()}
+    return mesh_queue(me, o.view.jobs, specs, live=live, checkpoints=saved_at(o.view))
+
+
 def candidates_for(o: PlacingOwner, job: OwnedJob) -> list[Candidate]:
     """Where the job may run, best first; none: the reason is saved on the job."""
     live = set(o._live())
     nodes = [o.view.node(n) for n in sorted(live)]
     exclude = frozenset({job.avoid}) if job.avoid else frozenset()
-    candidates = o.placement.candidates(job.spec, nodes, exclude=exclude, prefer=job.prefer)
+    queue = queue_of(o, job, live)
+    candidates = o.placement.candidates(
+        job.spec, nodes, exclude=exclude, prefer=job.prefer, queue=queue
+    )
     if not candidates and job.avoid:
-        candidates = o.placement.candidates(job.spec, nodes, prefer=job.prefer)
+        candidates = o.placement.candidates(job.spec, nodes, prefer=job.prefer, queue=queue)
     if not candidates:
         candidates = preemption_candidates(o.placement, job.spec, nodes, o.view, live)
     if not candidates:
-        reason = waiting_reason(job.reason, o.placement.why_pending(job.spec))
+        reason = waiting_reason(job.reason, o.placement.why_pending(job.spec, queue))
         if reason != job.reason:
             job.reason = reason
             o._save(job, replicate=False)

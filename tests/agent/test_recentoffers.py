@@ -11,9 +11,7 @@ from agent.placement import FirstFit, ShoalPlacement
 from agent.policy.adapt import BUSY
 from agent.policy.snapshot import Device, Node, Share
 from agent.recentoffers import HOLD_S, RecentOffers, mark_held
-from agent.view import NodeView
-from agent.wire.records import InventoryRecord, NodeRecord
-from probers.records import DeviceStatic, HostInfo
+from tests.agent.nodeviews import node_view
 
 
 def test_offers_are_held_for_a_while_then_forgotten() -> None:
@@ -43,27 +41,6 @@ def test_held_devices_are_busy_and_busy_ones_keep_their_holder() -> None:
     assert marked[1] == other
 
 
-def _view(node_id: str, model: str, count: int) -> NodeView:
-    devices = tuple(
-        DeviceStatic(
-            key=f"{node_id}-{i}",
-            vendor="nvidia",
-            backend="cuda",
-            name=model,
-            source="sim",
-            compute_capability="9.0",
-            mem_total_bytes=80 * 1024**3,
-        )
-        for i in range(count)
-    )
-    host = HostInfo("h", "linux", "x86_64", None, None)
-    return NodeView(
-        node_id,
-        inventory=InventoryRecord(host, None, {}, 1, devices),
-        status=NodeRecord(drain="schedulable", free=tuple(d.key for d in devices)),
-    )
-
-
 @pytest.mark.parametrize("kind", ["fifo", "shoal"])
 def test_a_placement_skips_what_it_offered_until_the_hold_ends(kind: str) -> None:
     now = [100.0]
@@ -71,7 +48,7 @@ def test_a_placement_skips_what_it_offered_until_the_hold_ends(kind: str) -> Non
         FirstFit(clock=lambda: now[0]) if kind == "fifo" else ShoalPlacement(clock=lambda: now[0])
     )
     # "a" sorts first (first fit) and has the H100s (the policy's pick for this class).
-    views = [_view("a", "NVIDIA H100 SXM", 2), _view("b", "NVIDIA L4", 2)]
+    views = [node_view("a", 2, "NVIDIA H100 SXM"), node_view("b", 2, "NVIDIA L4")]
     spec = JobSpec(
         command=("x",), resources=Resources(gpus_per_node=1), labels={"class": "ResNet-50"}
     )
