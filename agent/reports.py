@@ -6,6 +6,11 @@ growing pause between tries, until the owner has heard, gossip shows the job pas
 ``REPORT_GIVE_UP_S`` has passed. Also the attempt results the runner answers with, from an exit or
 from its store.
 
+An owner that answers "stale" holds another attempt or runner than the report's. After a healed
+partition that can be the other side's owner, whose record fenced this run, while the owner that
+offered the run (the hint) still counts on it: it is told too, once, so that it requeues the
+attempt rather than wait for a run that was stopped.
+
 It depends on a protocol of what it uses of the runner (:class:`ReportingRunner`), not on
 ``agent.runner``: no import circle back to it.
 """
@@ -98,7 +103,7 @@ class Reports:
             addr = self.r._addr_of(owner) if owner else None
             if addr is not None:
                 try:
-                    await self.r.peers.call(addr, "report", report.to_wire())
+                    answer = await self.r.peers.call(addr, "report", report.to_wire())
                 except PeerRefused as exc:
                     level = logging.DEBUG if exc.status == 404 else logging.INFO
                     log.log(level, "report of %s to %s: %s", key[0][:8], (owner or "")[:8], exc)
@@ -106,10 +111,23 @@ class Reports:
                     log.info("report of %s to %s: %s", key[0][:8], (owner or "")[:8], exc)
                 else:
                     self.pending.pop(key, None)
+                    if answer.get("stale") and hint is not None and hint != owner:
+                        await self._tell_offerer(hint, report)
                     return
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
         log.warning("gave up reporting job %s attempt %d", key[0][:8], key[1])
+
+    async def _tell_offerer(self, offerer: str, report: AttemptResult) -> None:
+        """One try to tell the owner that offered the run, when the record's owner found the
+        report stale (module doc); an owner that has moved on answers stale or 404 in turn."""
+        addr = self.r._addr_of(offerer) if offerer in self.r._live() else None
+        if addr is None:
+            return
+        try:
+            await self.r.peers.call(addr, "report", report.to_wire())
+        except PeerError as exc:
+            log.debug("report of %s to %s: %s", report.job_id[:8], offerer[:8], exc)
 
 
 def attempt_result(r: Exited | ResultRecord) -> AttemptResult:

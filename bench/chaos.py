@@ -18,7 +18,8 @@ the mesh's records:
 - how long recovery took: from each kill until the owners ended the attempts on the killed
   agent (lost: requeued; ``requeue_s``, detection and takeover), until every job that ran there
   runs again (a new process, wherever: ``recovery_s``, which includes a wait for room on a full
-  fleet), and from the heal until every agent sees every other.
+  fleet; ``jobs_back`` gives each job's kind, its own time and the last reason its record gave
+  while it waited), and from the heal until every agent sees every other.
 
 The partition is the test-only drop list (:mod:`gossip.droplist`): each agent is started with
 ``SHOAL_TEST_DROP_FILE`` naming ``drop`` in its own folder, and the benchmark writes the other
@@ -298,9 +299,14 @@ class Chaos:
         )
         self.faults.append(fault)
         deadline = time.monotonic() + RECOVERY_WAIT_S
+        waited: dict[str, str] = {}
         while time.monotonic() < deadline:
             self.watch_once()
             await self.refresh_records()
+            for j in there:
+                rec = self.records.get(j, {})
+                if rec.get("state") == "pending" and rec.get("reason"):
+                    waited[j] = str(rec["reason"])
             if all(self.restarted_after(j, killed_at) or self.ended(j) for j in there) and all(
                 self.records.get(j, {}).get("owner") != victim.node_id or self.ended(j)
                 for j in owned
@@ -324,7 +330,7 @@ class Chaos:
         self.mesh.start_agent(victim)
         restarted_at = time.time()
         fault["rejoin_s"] = await self.converge(restarted_at)
-        fault["_killed_at"], fault["_jobs"] = killed_at, there
+        fault["_killed_at"], fault["_jobs"], fault["_waited"] = killed_at, there, waited
 
     def restarted_after(self, job: str, t: float) -> bool:
         return any(r.job == job and r.start_t > t for r in self.ledger.runs.values())
@@ -530,12 +536,23 @@ def _verdict(chaos: Chaos) -> dict[str, Any]:
     for fault in chaos.faults:
         if fault["fault"] == "kill" and "_killed_at" in fault:
             killed_at, jobs = fault.pop("_killed_at"), fault.pop("_jobs")
-            back = [
-                min(r.start_t for r in by_job.get(j, []) if r.start_t > killed_at) - killed_at
+            waited = fault.pop("_waited")
+            back_by_job = {
+                j: min(r.start_t for r in by_job.get(j, []) if r.start_t > killed_at) - killed_at
                 for j in jobs
                 if chaos.restarted_after(j, killed_at)
-            ]
+            }
+            back = list(back_by_job.values())
             fault["recovery_s"] = round(max(back), 3) if back else (0.0 if not jobs else None)
+            fault["jobs_back"] = [
+                {
+                    "job": j,
+                    "kind": sub.kind if (sub := chaos.submitted.get(j)) is not None else None,
+                    "recovery_s": round(t, 3),
+                    "last_reason": waited.get(j),
+                }
+                for j, t in sorted(back_by_job.items(), key=lambda kv: -kv[1])
+            ]
             victim = chaos.mesh.agents[fault["agent"]].node_id
             ended = [
                 e

@@ -34,6 +34,9 @@ def test_chaos_keeps_its_invariants(capsys: pytest.CaptureFixture[str]) -> None:
     if kills[0]["jobs_running_there"]:  # their owners ended those attempts before they ran again
         assert kills[0]["requeue_s"] is not None
         assert kills[0]["requeue_s"] <= kills[0]["recovery_s"] + 0.5, kills
+        back = kills[0]["jobs_back"]  # each job's own time; the slowest is the fault's
+        assert {b["job"] for b in back} <= set(kills[0]["jobs_running_there"]), back
+        assert back and back[0]["recovery_s"] == kills[0]["recovery_s"], back
     assert len(partitions) == 1 and partitions[0]["heal_converged_s"] is not None
     assert out["max_recovery_s"] is not None
     assert out["invariants"] == dict.fromkeys(out["invariants"], True), out["details"]
