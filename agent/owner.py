@@ -76,6 +76,10 @@ from agent.wire.calls import (
     StopRequest,
 )
 
+UNLISTED_CHECK_S = 15.0
+"""How long a running job's runner may publish node records that do not list it before its
+owner asks the runner where the attempt stands (gossip brings a start within a few seconds)."""
+
 if TYPE_CHECKING:
     from agent.ckptmove import Checkpoints
 
@@ -100,6 +104,8 @@ class Owner:
         self._stop_grace_s = ctx.stop_grace_s
         self.jobs: dict[str, OwnedJob] = {}
         self._placing: set[str] = set()
+        self._unlisted_since: dict[str, float] = {}
+        """Running jobs whose runner's node record does not list them, since when (monotonic)."""
         self._tasks: set[asyncio.Task[Any]] = set()
         self._kick = asyncio.Event()
         self._replicated_to: dict[str, str] = {}
@@ -486,6 +492,27 @@ class Owner:
                 ):
                     job.placing_since = now
                     self.spawn(handover.check_runner(self, job.job_id, job.runner, job.attempt))
+            self._check_unlisted(now)
+
+    def _check_unlisted(self, now: float) -> None:
+        """Ask the runner of a running job its node record has not listed for
+        :data:`UNLISTED_CHECK_S` where the attempt stands (``handover.check_runner``: running,
+        ended, or neither, then requeued): the owner's own check, for an end whose report never
+        came (a healed partition's other owner took it as stale, or its runner gave up)."""
+        unlisted: dict[str, float] = {}
+        for job in self.jobs.values():
+            if job.state != JobState.RUNNING or job.members or job.runner is None:
+                continue
+            node = self.view.nodes.get(job.runner)
+            status = node.status if node is not None else None
+            if status is None or job.job_id in status.running:
+                continue
+            since = self._unlisted_since.get(job.job_id, now)
+            if now - since >= UNLISTED_CHECK_S:
+                self.spawn(handover.check_runner(self, job.job_id, job.runner, job.attempt))
+                since = now  # asked again after as long, if still unlisted
+            unlisted[job.job_id] = since
+        self._unlisted_since = unlisted
 
     async def _place(
         self,

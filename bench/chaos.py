@@ -18,8 +18,8 @@ the mesh's records:
 - how long recovery took: from each kill until the owners ended the attempts on the killed
   agent (lost: requeued; ``requeue_s``, detection and takeover), until every job that ran there
   runs again (a new process, wherever: ``recovery_s``, which includes a wait for room on a full
-  fleet; ``jobs_back`` gives each job's kind, its own time and the last reason its record gave
-  while it waited), and from the heal until every agent sees every other.
+  fleet; ``jobs_back`` gives each job's kind, its own time and the reasons its record gave
+  while it waited, the last few), and from the heal until every agent sees every other.
 
 The partition is the test-only drop list (:mod:`gossip.droplist`): each agent is started with
 ``SHOAL_TEST_DROP_FILE`` naming ``drop`` in its own folder, and the benchmark writes the other
@@ -77,6 +77,8 @@ ROLES: tuple[str, ...] = ("runner", "owner", "move-source", "replica", "submitte
 """Kill i hits ``ROLES[(seed + i) % 6]``, so a few seeds cover them all."""
 RECOVERY_WAIT_S = 40.0
 """How long a killed agent stays down at most while its jobs have not run again elsewhere."""
+WAIT_REASONS_KEPT = 6
+"""The last reasons a killed agent's job gave while it waited to run again, as reported."""
 REJOIN_WAIT_S = 60.0
 POLL_S = 0.2
 PARTITION_SETTLE_S = 15.0
@@ -299,14 +301,15 @@ class Chaos:
         )
         self.faults.append(fault)
         deadline = time.monotonic() + RECOVERY_WAIT_S
-        waited: dict[str, str] = {}
+        waited: dict[str, list[str]] = {j: [] for j in there}
         while time.monotonic() < deadline:
             self.watch_once()
             await self.refresh_records()
             for j in there:
-                rec = self.records.get(j, {})
-                if rec.get("state") == "pending" and rec.get("reason"):
-                    waited[j] = str(rec["reason"])
+                rec, said = self.records.get(j, {}), waited[j]
+                reason = rec.get("reason")
+                if rec.get("state") == "pending" and reason and (not said or said[-1] != reason):
+                    said.append(str(reason))
             if all(self.restarted_after(j, killed_at) or self.ended(j) for j in there) and all(
                 self.records.get(j, {}).get("owner") != victim.node_id or self.ended(j)
                 for j in owned
@@ -549,7 +552,7 @@ def _verdict(chaos: Chaos) -> dict[str, Any]:
                     "job": j,
                     "kind": sub.kind if (sub := chaos.submitted.get(j)) is not None else None,
                     "recovery_s": round(t, 3),
-                    "last_reason": waited.get(j),
+                    "reasons": waited.get(j, [])[-WAIT_REASONS_KEPT:],
                 }
                 for j, t in sorted(back_by_job.items(), key=lambda kv: -kv[1])
             ]

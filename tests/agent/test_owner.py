@@ -488,3 +488,42 @@ async def test_a_stale_copy_of_a_job_another_agent_published_newer_is_kept_not_h
     assert ("superseded", f"{other.node_id[:8]} published a newer record") in _events(owner)
     await _settled(owner)
     await owner.close()
+
+
+async def test_a_running_job_its_runner_no_longer_lists_is_checked_with_the_runner(
+    fx: Fixture,
+) -> None:
+    """Found by ``bench.chaos``: after a healed partition the runner fenced the attempt (the
+    other side's record placed it elsewhere) and its report went to that side's owner, which
+    found it stale; this owner waited minutes for a run that had been stopped. Once the
+    runner's node record has left the job out for ``UNLISTED_CHECK_S``, the owner asks the
+    runner where the attempt stands (``check_runner``), and asks again after as long."""
+    from agent.owner import UNLISTED_CHECK_S
+    from agent.wire.records import NodeRecord
+
+    owner = fx.owner()
+    job_id = new_job_id()
+    await owner.submit(fx.submission(job_id))
+    await _settled(owner)
+    assert owner.jobs[job_id].state == JobState.RUNNING and owner.jobs[job_id].runner == "runner-b"
+
+    def status_calls() -> int:
+        return sum(1 for op, node, _ in fx.calls if (op, node) == ("status", "runner-b"))
+
+    node = fx.view.node("runner-b")
+    node.status = NodeRecord(running=(job_id,))  # listed: nothing to ask
+    for t in (0.0, UNLISTED_CHECK_S + 1):
+        owner._check_unlisted(100.0 + t)
+    await _settled(owner)
+    assert status_calls() == 0
+    node.status = NodeRecord(running=())  # left out: asked once it has been so long enough
+    owner._check_unlisted(200.0)
+    owner._check_unlisted(200.0 + UNLISTED_CHECK_S / 2)
+    await _settled(owner)
+    assert status_calls() == 0
+    owner._check_unlisted(200.0 + UNLISTED_CHECK_S)
+    await asyncio.sleep(0.2)
+    assert status_calls() == 1
+    owner._check_unlisted(200.0 + UNLISTED_CHECK_S * 1.5)  # not again so soon
+    assert status_calls() == 1
+    await owner.close()
