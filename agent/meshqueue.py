@@ -18,12 +18,17 @@ a job that has just started may still be pending here for a moment, and then hol
 not need until its record arrives; the job first in the order is never held back by another.
 At most :data:`MAX_AHEAD` jobs ahead are taken (the first in the order), so a pass stays cheap
 behind a long queue. The first-fit baseline keeps no order across owners (``placement = "fifo"``).
+
+An owner builds the order once per change of its view (:class:`QueueIndex`, kept while
+``ClusterView.generation`` stays the same) and every job of its own among the first
+:data:`MAX_AHEAD` is given the same pass (``MeshQueue.behind``: the jobs after it in that pass),
+so one decision pass serves all of them (``agent.placement.ShoalPlacement`` keeps it).
 """
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Collection, Mapping
+import bisect
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +52,79 @@ class MeshQueue:
     running: tuple[Running, ...] = ()
     """What runs now (when each job ahead may start depends on when these end); empty when
     nothing is ahead."""
+    behind: tuple[Job, ...] = ()
+    """Pending jobs after ``job`` that the same decision pass takes (the pass is shared by
+    every job in it; they do not change whether ``job`` starts)."""
+    generation: int | None = None
+    """The view's generation the queue was read at (``None``: not to be kept)."""
+
+    @property
+    def jobs(self) -> tuple[Job, ...]:
+        """The decision pass's pending jobs, in order."""
+        return (*self.ahead, self.job, *self.behind)
+
+
+class QueueIndex:
+    """The mesh's pending jobs in the policy's order, read once from a view (module doc)."""
+
+    def __init__(
+        self,
+        jobs: Mapping[str, Mapping[str, Any]],
+        specs: Mapping[str, JobSpec],
+        pending: Iterable[str],
+        *,
+        live: Collection[str],
+        checkpoints: Callable[[], Mapping[str, float]] | None = None,
+        generation: int | None = None,
+    ) -> None:
+        """``pending``: the ids of the jobs whose records say pending (others are skipped);
+        ``checkpoints``: when each running job last saved one, asked only if a job is ahead."""
+        order: list[tuple[tuple[float, float, float, str], Job]] = []
+        for job_id in pending:
+            doc = jobs.get(job_id)
+            spec = specs.get(job_id)
+            if doc is None or spec is None or doc.get("state") != JobState.PENDING:
+                continue
+            submitted = doc.get("submitted_at")
+            if isinstance(submitted, bool) or not isinstance(submitted, int | float):
+                continue
+            owner = doc.get("owner")
+            job = adapt.job_from_spec(
+                job_id,
+                spec,
+                owner=owner if isinstance(owner, str) else None,
+                submitted_at=float(submitted),
+            )
+            order.append((order_key(job), job))
+        order.sort(key=lambda kj: kj[0])
+        self._keys = [k for k, _ in order]
+        self._jobs = [j for _, j in order]
+        self._at = {j.job_id: i for i, j in enumerate(self._jobs)}
+        self._shared = tuple(self._jobs[:MAX_AHEAD])
+        self._args = (jobs, specs, live, checkpoints)
+        self._running: tuple[Running, ...] | None = None
+        self.generation = generation
+
+    def running(self) -> tuple[Running, ...]:
+        if self._running is None:
+            jobs, specs, live, checkpoints = self._args
+            saved = checkpoints() if checkpoints is not None else None
+            self._running = adapt.running_from_jobs(jobs, specs, live=live, checkpoints=saved)
+        return self._running
+
+    def queue(self, job: Job) -> MeshQueue:
+        """``job``'s place: the jobs ahead (the first :data:`MAX_AHEAD`), and, when it is
+        among those first ones, the rest of the pass it shares with them."""
+        at = self._at.get(job.job_id)
+        if at is None:  # not pending in the view yet: by its own order key
+            at = bisect.bisect_left(self._keys, order_key(job))
+            ahead = tuple(self._jobs[: min(at, MAX_AHEAD)])
+        else:
+            ahead = tuple(self._jobs[: min(at, MAX_AHEAD)])
+            if at < MAX_AHEAD and ahead:  # one of the first: it shares their pass
+                behind = self._shared[at + 1 :]
+                return MeshQueue(job, ahead, self.running(), behind, self.generation)
+        return MeshQueue(job, ahead, self.running()) if ahead else MeshQueue(job)
 
 
 def mesh_queue(
@@ -59,27 +137,7 @@ def mesh_queue(
 ) -> MeshQueue:
     """``job``'s place in the mesh's queue, from the gossiped job records (``jobs``, as
     ``agent.view.ClusterView.jobs``) and their signed submissions (``specs``, by job id); a
-    record whose submission is not held is left out."""
-    mine = order_key(job)
-    ahead: list[Job] = []
-    for job_id, doc in jobs.items():
-        if job_id == job.job_id or doc.get("state") != JobState.PENDING:
-            continue
-        spec = specs.get(job_id)
-        submitted = doc.get("submitted_at")
-        if spec is None or isinstance(submitted, bool) or not isinstance(submitted, int | float):
-            continue
-        owner = doc.get("owner")
-        other = adapt.job_from_spec(
-            job_id,
-            spec,
-            owner=owner if isinstance(owner, str) else None,
-            submitted_at=float(submitted),
-        )
-        if order_key(other) < mine:
-            ahead.append(other)
-    if not ahead:
-        return MeshQueue(job)
-    first = heapq.nsmallest(MAX_AHEAD, ahead, key=order_key)
-    running = adapt.running_from_jobs(jobs, specs, live=live, checkpoints=checkpoints)
-    return MeshQueue(job, tuple(first), running)
+    record whose submission is not held is left out. Only the jobs ahead of it are taken."""
+    index = QueueIndex(jobs, specs, jobs, live=live, checkpoints=lambda: checkpoints or {})
+    found = index.queue(job)
+    return MeshQueue(found.job, found.ahead, found.running)

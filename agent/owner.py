@@ -65,7 +65,7 @@ from agent.placement import Candidate, Placement
 from agent.placing import LAUNCH_FAILED as LAUNCH_FAILED
 from agent.placing import MAX_LAUNCH_FAILURES as MAX_LAUNCH_FAILURES
 from agent.placing import RESTORE_TIMEOUT_S as RESTORE_TIMEOUT_S
-from agent.placing import candidates_for, place_once, reserve
+from agent.placing import MeshQueues, candidates_for, place_once, reserve
 from agent.preempting import host_name, stopped_reason
 from agent.store import StoreFull
 from agent.view import JOB_PREFIX, SUB_PREFIX, job_gen
@@ -104,6 +104,8 @@ class Owner:
         self._stop_grace_s = ctx.stop_grace_s
         self.jobs: dict[str, OwnedJob] = {}
         self._placing: set[str] = set()
+        self.queues = MeshQueues()
+        """This owner's read of the mesh's queue, kept while its view stays the same."""
         self._unlisted_since: dict[str, float] = {}
         """Running jobs whose runner's node record does not list them, since when (monotonic)."""
         self._tasks: set[asyncio.Task[Any]] = set()

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from agent.ownedjob import OwnedJob
     from agent.peers import PeerClient
     from agent.placement import Placement
+    from agent.placing import MeshQueues
     from agent.view import ClusterView
 
 
@@ -32,6 +33,7 @@ class OwnerSteps(Protocol):
     events: EventLog
     placement: Placement
     offers: Counter[str]
+    queues: MeshQueues
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
     def _live(self) -> list[str]: ...

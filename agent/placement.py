@@ -47,7 +47,7 @@ What the live mesh does not do yet: preempting for a gang, and moving running jo
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -57,7 +57,7 @@ from agent.policy import adapt, gavel
 from agent.policy.baselines import first_fit
 from agent.policy.config import PolicyConfig
 from agent.policy.context import Context
-from agent.policy.decision import context, decide, rank_any
+from agent.policy.decision import Decisions, context, decide, rank_any
 from agent.policy.explain import busy_line, never_reason
 from agent.policy.model import ThroughputModel
 from agent.policy.preempt import preempt_for
@@ -276,6 +276,9 @@ class ShoalPlacement(_Held):
         for apart, when nothing fits; the live mesh neither slices time nor moves jobs)."""
         self._waiting: tuple[str, str] | None = None
         """The last job the queue held back, and the policy's line for it."""
+        self._pass: tuple[Hashable, Decisions] | None = None
+        """The last decision pass behind the mesh's queue, and what it was run for: the view's
+        generation, its jobs, this owner's held offers and the second (``_behind``)."""
         gavel.load()
 
     def _context(self, nodes: Sequence[NodeView]) -> Snapshot:
@@ -309,20 +312,30 @@ class ShoalPlacement(_Held):
     def _behind(self, queue: MeshQueue, nodes: Sequence[NodeView]) -> list[PolicyPlacement]:
         """The policy's decision pass over the jobs ahead and this one (:mod:`agent.meshqueue`):
         where it starts now, if it does, and the alternates; else none, and why."""
-        views = [n for n in nodes if n.inventory is not None]
         now = self._clock()
-        busy = adapt.nodes_from_views(views, adapt.holders(queue.running))
-        snapshot = Snapshot(
-            now=now,
-            nodes=mark_held(busy, self._recent.held(now)),
-            pending=(*queue.ahead, queue.job),
-            running=queue.running,
-            dataset_bytes=adapt.dataset_bytes(views),
-        )
-        self._snapshot = snapshot
-        decisions = decide(
-            snapshot, self.model, self._queue_config, state=self._queue_state, owner=self.owner
-        )
+        held = self._recent.held(now)
+        key = None
+        if queue.generation is not None:  # one pass for every job in it, while nothing changes
+            ids = tuple(j.job_id for j in queue.jobs)
+            marks = frozenset((n, frozenset(keys)) for n, keys in held.items())
+            key = (queue.generation, ids, marks, int(now))
+        if key is not None and self._pass is not None and self._pass[0] == key:
+            decisions = self._pass[1]
+        else:
+            views = [n for n in nodes if n.inventory is not None]
+            busy = adapt.nodes_from_views(views, adapt.holders(queue.running))
+            snapshot = Snapshot(
+                now=now,
+                nodes=mark_held(busy, held),
+                pending=queue.jobs,
+                running=queue.running,
+                dataset_bytes=adapt.dataset_bytes(views),
+            )
+            self._snapshot = snapshot
+            decisions = decide(
+                snapshot, self.model, self._queue_config, state=self._queue_state, owner=self.owner
+            )
+            self._pass = (key, decisions) if key is not None else None
         job_id = queue.job.job_id
         found = decisions.assignment(job_id)
         if found is None or found.after:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agent.authority import FeaturesLacking, Submission, SubmissionRefused
-from agent.jobstate import TERMINAL_JOB_STATES
+from agent.jobstate import TERMINAL_JOB_STATES, JobState
 from agent.wire.codec import MAX_RECORD_BYTES, WireError, pack, unpack
 from agent.wire.place import PLACE, PlaceRecord
 from agent.wire.records import (
@@ -145,6 +145,11 @@ class ClusterView:
         self._open: set[str] = set()
         """Jobs whose believed record may change with membership (several origins' records, or
         a record not believed yet)."""
+        self.pending: set[str] = set()
+        """The jobs whose believed record is pending (the mesh's queue, unordered)."""
+        self.generation = 0
+        """Counts changes to what placement reads: a believed job record, a node record,
+        membership. Equal: nothing placement reads changed."""
 
     def rtt_s(self, a: str, b: str) -> float | None:
         """The estimated round trip between nodes ``a`` and ``b`` from the coordinates they
@@ -178,6 +183,7 @@ class ClusterView:
             if kind.startswith(JOB_PREFIX):
                 return self._apply_job(origin, kind[len(JOB_PREFIX) :], JobStatus.from_wire(doc))
             self._apply_node_record(origin, kind, doc, now)
+            self.generation += 1
         except WireError:
             self._refuse(kind, "malformed")
         return None
@@ -272,6 +278,11 @@ class ClusterView:
         believed = status.to_wire()
         believed["spec"] = sub.spec.to_dict()
         self.jobs[job_id] = believed
+        if status.state == JobState.PENDING:
+            self.pending.add(job_id)
+        else:
+            self.pending.discard(job_id)
+        self.generation += 1
         return True
 
     def published_as_owner(self, job_id: str, origin: str, gen: int) -> bool:
@@ -285,6 +296,7 @@ class ClusterView:
 
     def membership_changed(self) -> list[str]:
         """Choose again where who may own a job can have changed; the jobs whose record did."""
+        self.generation += 1  # the live agents changed
         return [job_id for job_id in list(self._open) if self._believe(job_id)]
 
 

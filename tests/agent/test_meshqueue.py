@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from agent.jobspec import JobSpec, Resources, new_job_id
-from agent.meshqueue import MAX_AHEAD, MeshQueue, mesh_queue
+from agent.meshqueue import MAX_AHEAD, MeshQueue, QueueIndex, mesh_queue
 from agent.placement import FirstFit, ShoalPlacement
 from agent.policy.adapt import job_from_spec
 from agent.policy.snapshot import Placement, Running
@@ -125,6 +125,46 @@ def test_a_job_moved_by_the_operator_is_placed_on_its_own() -> None:
     assert [c.node_id for c in placement.candidates(spec, views, queue=queue)] == ["b"]
     moved = placement.candidates(spec, views, queue=queue, prefer="a")
     assert moved[0].node_id == "a"  # migrate --to a: the operator's word
+
+
+def test_an_owners_jobs_among_the_first_share_one_decision_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The owner reads the queue once per change of its view (``QueueIndex``); its jobs among
+    the first ``MAX_AHEAD`` get the same pass, which the placement runs once for all of them
+    while the view, its held offers and the second stay the same."""
+    import agent.placement as placement_module
+
+    passes: list[int] = []
+    decide = placement_module.decide
+
+    def counted(snapshot: Any, *args: Any, **kwargs: Any) -> Any:
+        passes.append(len(snapshot.pending))
+        return decide(snapshot, *args, **kwargs)
+
+    monkeypatch.setattr(placement_module, "decide", counted)
+    views = [node_view("a", 4, busy=1)]
+    specs = {"j-0": _spec(2, priority=5), "j-1": _spec(1), "j-2": _spec(1), "j-3": _spec(1)}
+    jobs = {j: _doc(j, "pending", float(i)) for i, j in enumerate(specs)}
+    index = QueueIndex(jobs, specs, jobs, live={"a"}, generation=7)
+    mine = [job_from_spec(j, specs[j], owner="o1", submitted_at=float(i + 1)) for i, j in
+            enumerate(("j-1", "j-2", "j-3"))]  # fmt: skip
+    queues = [index.queue(j) for j in mine]
+    assert [len(q.ahead) for q in queues] == [1, 2, 3]
+    assert {tuple(j.job_id for j in q.jobs) for q in queues} == {("j-0", "j-1", "j-2", "j-3")}
+    placement = ShoalPlacement(owner="o1", clock=lambda: NOW)
+    found = [placement.candidates(specs[q.job.job_id], views, queue=q) for q in queues]
+    assert passes == [4]  # one pass answered all three
+    # j-0 takes two of the three free GPUs, j-1 the last; j-2 and j-3 wait.
+    assert [len(f) for f in found] == [1, 0, 0]
+    index = QueueIndex(jobs, specs, jobs, live={"a"}, generation=8)  # the view changed
+    placement.candidates(specs["j-1"], views, queue=index.queue(mine[0]))
+    assert passes == [4, 4]
+    alone = mesh_queue(mine[1], jobs, specs, live={"a"})  # read for one job: not kept
+    assert alone.generation is None and alone.behind == ()
+    placement.candidates(specs["j-2"], views, queue=alone)
+    placement.candidates(specs["j-2"], views, queue=alone)
+    assert passes == [4, 4, 3, 3]
 
 
 def _held_until(path: Path) -> list[str]:

@@ -53,6 +53,29 @@ def test_only_an_owners_records_of_a_submitted_job_are_believed(tmp_path: Path) 
     assert view.jobs[job_id]["state"] == "cancelled"
 
 
+def test_the_view_keeps_the_pending_jobs_and_counts_what_placement_reads(
+    tmp_path: Path,
+) -> None:
+    kit = Kit(tmp_path)
+    a = kit.agent("a")
+    view = ClusterView(kit.authority(a.node_id, lambda: [a.node_id], a))
+    job_id, me = new_job_id(), a.node_id
+    seen = view.generation
+    view.apply(me, "sub/" + job_id, kit.submission(job_id, SPEC), 0.0)
+    assert view.generation == seen and view.pending == set()  # no record yet: nothing believed
+    view.apply(me, "job/" + job_id, _doc(job_id, me, 1, "pending"), 0.0)
+    assert view.pending == {job_id} and view.generation > seen
+    seen = view.generation
+    view.apply(me, "job/" + job_id, _doc(job_id, me, 2, "running"), 0.0)
+    assert view.pending == set() and view.generation > seen
+    seen = view.generation
+    view.apply(me, "node", pack({"drain": "draining"}), 0.0)
+    assert view.generation > seen
+    seen = view.generation
+    view.membership_changed()
+    assert view.generation > seen
+
+
 def test_a_submission_must_be_an_operators_and_of_that_job(tmp_path: Path) -> None:
     kit = Kit(tmp_path)
     a = kit.agent("a")
