@@ -18,17 +18,20 @@ is let in while the balance is above zero and its cost is charged after, so one 
 leave a debt that the peer waits out. Sans-I/O: the caller passes the time and the cost.
 
 What is timed: the gossip handler of each stream message and of each ``POST /v1/gossip`` (both
-answer without waiting on anything, so the thread's CPU clock reads their cost alone). Calls on
-a stream (agents' commands) are not timed, as their handlers wait on disks and peers; they pass
-the same gate (the token bucket, and nothing while the peer is in debt) and then the agents'
-authority checks.
+answer without waiting on anything, so the thread's CPU clock reads their cost alone), and each
+call served on a stream (agents' commands and the job protocol's calls), whose handlers wait on
+disks and peers: :class:`Charged` times each step of such a handler, the code it runs between
+two waits, and charges only those, never the waits.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final, Generic, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,3 +126,39 @@ class TokenBuckets:
         allowed = tokens >= 1.0
         self._buckets.keep(peer, tokens - 1.0 if allowed else tokens, now)
         return allowed
+
+
+class Charged(Generic[T]):
+    """Await ``coro``, calling ``charge`` with the CPU time (``clock``: this thread's) of each of
+    its steps: what it runs between two waits. The waits themselves (a disk, a peer, a lock) are
+    not charged: the event loop runs other work meanwhile."""
+
+    def __init__(
+        self,
+        coro: Coroutine[Any, Any, T],
+        charge: Callable[[float], None],
+        clock: Callable[[], float],
+    ) -> None:
+        self._coro = coro
+        self._charge = charge
+        self._clock = clock
+
+    def __await__(self) -> Generator[Any, Any, T]:
+        coro = self._coro
+        sent: Any = None
+        thrown: BaseException | None = None
+        while True:
+            started = self._clock()
+            try:
+                yielded = coro.send(sent) if thrown is None else coro.throw(thrown)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            finally:
+                self._charge(self._clock() - started)
+            try:
+                sent, thrown = (yield yielded), None
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # a cancellation: passed to the coroutine
+                sent, thrown = None, exc

@@ -388,7 +388,8 @@ class StreamPool:
     ) -> None:
         try:
             try:
-                status, answer = await self._delegate.stream_call(peer, path, content_type, body)
+                call = self._delegate.stream_call(peer, path, content_type, body)
+                status, answer = await self._gate.charged(peer, call)
             except Exception:
                 log.exception("stream call %s from %s failed", path, peer.node_id)
                 status, answer = 500, b'{"error": "internal error"}'

@@ -34,11 +34,11 @@ import ssl
 import struct
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -50,6 +50,7 @@ from gossip import droplist, revocation
 from gossip.budgets import (
     DEFAULT_CPU_BUDGET,
     DEFAULT_RATE_LIMIT,
+    Charged,
     CpuBuckets,
     CpuBudget,
     RateLimit,
@@ -59,6 +60,8 @@ from gossip.certtrust import Admission, CertTrust
 from gossip.identity import IdentityError, NodeIdentity, Role
 from gossip.revocation import RevocationList
 from gossip.tls import PeerIdentity, client_context, peer_identity, server_context
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -322,8 +325,16 @@ class FrameGate:
 
     def charge(self, peer: PeerIdentity, started_s: float) -> None:
         """Charge ``peer`` with the CPU spent since ``started_s`` (:meth:`cpu_now`)."""
+        self._charge_s(peer, self._cpu_clock() - started_s)
+
+    def _charge_s(self, peer: PeerIdentity, spent_s: float) -> None:
         if self._cpu is not None:
-            self._cpu.charge(peer.node_id, self._cpu_clock() - started_s, self._clock())
+            self._cpu.charge(peer.node_id, spent_s, self._clock())
+
+    def charged(self, peer: PeerIdentity, coro: Coroutine[Any, Any, T]) -> Charged[T]:
+        """``coro`` (the handling of a call of ``peer``'s) with the CPU of each of its steps
+        charged to ``peer``, its waits not (:class:`gossip.budgets.Charged`)."""
+        return Charged(coro, lambda spent_s: self._charge_s(peer, spent_s), self._cpu_clock)
 
     def handled(
         self, peer: PeerIdentity, deliver: Callable[[str, Role, bytes], None], body: bytes

@@ -4,9 +4,12 @@ balances, then the stream gate."""
 
 from __future__ import annotations
 
-import aiohttp
+import asyncio
 
-from gossip.budgets import CpuBuckets, CpuBudget, RateLimit, TokenBuckets
+import aiohttp
+import pytest
+
+from gossip.budgets import Charged, CpuBuckets, CpuBudget, RateLimit, TokenBuckets
 from gossip.tls import PeerIdentity
 from gossip.transport import FrameGate, TransportStats
 
@@ -44,10 +47,9 @@ class _Clocks:
         self.cpu = 0.0
 
 
-def test_the_gate_drops_a_peers_messages_once_their_handling_spent_its_budget() -> None:
-    clocks = _Clocks()
-    stats = TransportStats()
-    gate = FrameGate(
+def _gate(clocks: _Clocks, stats: TransportStats) -> FrameGate:
+    """A gate with a tenth of a core per peer (half a second at once), on the test's clocks."""
+    return FrameGate(
         stats,
         TokenBuckets(RateLimit(rate_per_s=1000.0, burst=1000.0)),
         None,
@@ -56,6 +58,12 @@ def test_the_gate_drops_a_peers_messages_once_their_handling_spent_its_budget() 
         cpu=CpuBuckets(CpuBudget(share=0.1, burst_s=0.5)),
         cpu_clock=lambda: clocks.cpu,
     )
+
+
+def test_the_gate_drops_a_peers_messages_once_their_handling_spent_its_budget() -> None:
+    clocks = _Clocks()
+    stats = TransportStats()
+    gate = _gate(clocks, stats)
     dear = PeerIdentity("dear" * 8, "agent", b"")
     cheap = PeerIdentity("cheap" * 6 + "xx", "agent", b"")
     handled: list[str] = []
@@ -82,3 +90,62 @@ def test_the_gate_drops_a_peers_messages_once_their_handling_spent_its_budget() 
     send(dear)
     assert handled.count(dear.node_id) == 3
     assert stats.accepted == 8
+
+
+async def test_a_call_is_charged_for_its_steps_not_for_what_it_waits_on() -> None:
+    clocks = _Clocks()
+    charges: list[float] = []
+    go_on: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def handler() -> str:
+        clocks.cpu += 0.2  # checks and a decode
+        answer = await go_on  # a disk or a peer: others use the core meanwhile
+        clocks.cpu += 0.3  # the answer built
+        return answer
+
+    task = asyncio.ensure_future(Charged(handler(), charges.append, lambda: clocks.cpu))
+    await asyncio.sleep(0)
+    clocks.cpu += 5.0  # the rest of the process, while the call waits
+    go_on.set_result("ok")
+    assert await task == "ok"
+    assert sum(charges) == pytest.approx(0.5)
+
+    waiting: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def cancelled() -> None:
+        clocks.cpu += 0.1
+        try:
+            await waiting
+        finally:
+            clocks.cpu += 0.05  # its clean-up runs, and is charged too
+
+    charges.clear()
+    task = asyncio.ensure_future(Charged(cancelled(), charges.append, lambda: clocks.cpu))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert sum(charges) == pytest.approx(0.15)
+
+
+async def test_the_gate_drops_a_peers_messages_once_its_calls_spent_its_budget() -> None:
+    """The handling of calls served on a stream is charged to the caller, step by step."""
+    clocks = _Clocks()
+    stats = TransportStats()
+    gate = _gate(clocks, stats)
+    caller = PeerIdentity("call" * 8, "agent", b"")
+    message = aiohttp.WSMessage(aiohttp.WSMsgType.BINARY, b"m", None)
+
+    async def dear_call() -> int:
+        clocks.cpu += 0.2
+        await asyncio.sleep(0)
+        clocks.cpu += 0.2
+        return 200
+
+    served = 0
+    for _ in range(3):
+        if gate.frame(caller, message) is not None:
+            assert await gate.charged(caller, dear_call()) == 200
+            served += 1
+    assert served == 2  # the second call put it 0.3 s in debt
+    assert stats.cpu_limited == 1
