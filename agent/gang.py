@@ -275,7 +275,7 @@ class Gangs:
         o = self.o
         master: tuple[str, int] | None = None
         body = GangPrepare(
-            job.job_id, a.attempt, o.node_id, a.members, job.submission, self.ttl_s
+            job.job_id, a.attempt, o.node_id, a.members, job.submission, self.ttl_s, rebind=True
         ).to_wire()
         for m in prepare_order(a.members):
             if not self._placing(job, a.attempt):
@@ -293,6 +293,14 @@ class Gangs:
                 if answer.master_addr is None or answer.master_port is None:
                     return f"{m.node[:8]}: rank 0 named no address to meet at", None
                 master = (answer.master_addr, answer.master_port)
+            if answer.devices and answer.devices != m.devices:
+                if len(answer.devices) != len(m.devices):
+                    return (
+                        f"{m.node[:8]}: held {len(answer.devices)} devices, not {len(m.devices)}",
+                        None,
+                    )
+                rebind_member(job, a, m._replace(devices=answer.devices))
+                o.offers["rebound"] += 1
         return None, master
 
     async def _abort_all(self, job: OwnedJob, attempt: int, addrs: dict[str, str | None]) -> None:
@@ -498,3 +506,13 @@ def _entry(
                 )
             job.attempts[i] = e
             return
+
+
+def rebind_member(job: OwnedJob, a: GangAttempt, member: GangMember) -> None:
+    """A member's runner held other devices of the same models than those offered (late
+    binding): the attempt and the job's record name them from now on (saved at the start)."""
+    a.members = tuple(member if m.rank == member.rank else m for m in a.members)
+    if job.attempt == a.attempt:
+        job.members = a.members
+        if member.rank == 0:
+            job.devices = member.devices

@@ -2,7 +2,8 @@
 
 - ``gang_prepare`` is admitted as a ``start`` is (the caller may own the job and carries the
   operator's submission; the node takes work; the attempt is not fenced; this node's member's
-  devices are here and free), then holds those devices for ``ttl_s``
+  devices are here and free, or, when the prepare lets it and they are taken, others of the
+  same models its placement chooses, named in the answer), then holds those devices for ``ttl_s``
   (:class:`agent.reservations.Reservations`). Rank 0's runner also picks where the members meet:
   its own advertised host and a TCP port free on it now.
 - ``gang_commit`` starts the held member (``Runner.launch``) with the gang's variables
@@ -81,7 +82,9 @@ class GangDesk:
                 f"the member has {len(member.devices)} devices, the job needs"
                 f" {spec.resources.gpus_per_node} per node"
             )
-        await r.admit(job_id, req.attempt, spec, member.devices)
+        admitted = await r.admit(job_id, req.attempt, spec, member.devices, may_rebind=req.rebind)
+        if admitted.keys:  # late binding: others of the same models, as the runner chose
+            member = member._replace(devices=admitted.keys)
         master_addr = master_port = None
         if member.rank == 0:
             addr = r.ctx.mesh.addr_of(self.node_id)
@@ -115,7 +118,7 @@ class GangDesk:
         )
         self._arm()
         r.ctx.changed()
-        return GangPrepared(True, master_addr, master_port)
+        return GangPrepared(True, master_addr, master_port, admitted.keys)
 
     async def commit(self, req: GangCommit, caller: str) -> StartAnswer:
         r = self.runner

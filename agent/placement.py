@@ -130,15 +130,23 @@ class Placement(Protocol):
         ...
 
     def rebind(self, spec: JobSpec, node: Node, keys: tuple[str, ...]) -> tuple[str, ...] | None:
-        """Asked by a runner whose devices ``keys`` an offer named are taken meanwhile: the
-        devices of the same models this placement would give the job on ``node`` (the runner's
-        own, as it is now) instead; ``None``: none fit."""
+        """Asked by a runner whose devices ``keys`` an offer (or a gang's prepare: its member)
+        named are taken meanwhile: the devices of the same models this placement would give the
+        job, or the gang's member, on ``node`` (the runner's own, as it is now) instead;
+        ``None``: none fit."""
         ...
 
 
 def _job(spec: JobSpec, owner: str | None = None) -> Job:
     """The job as the policy sees it (a gang with all its nodes)."""
     return adapt.job_from_spec("", spec, owner=owner)
+
+
+def _member(spec: JobSpec) -> JobSpec:
+    """The job as one node's part of it: a gang's member (itself when it is no gang)."""
+    if spec.resources.nodes <= 1:
+        return spec
+    return replace(spec, resources=replace(spec.resources, nodes=1))
 
 
 def _sets(placements: Sequence[PolicyPlacement]) -> list[GangSet]:
@@ -249,7 +257,7 @@ class FirstFit(_Held):
         return None
 
     def rebind(self, spec: JobSpec, node: Node, keys: tuple[str, ...]) -> tuple[str, ...] | None:
-        placed = first_fit(_job(spec), [same_models(node, keys)], limit=1)
+        placed = first_fit(_job(_member(spec)), [same_models(node, keys)], limit=1)
         return placed[0].devices[0] if placed else None
 
 
@@ -374,7 +382,7 @@ class ShoalPlacement(_Held):
     def rebind(self, spec: JobSpec, node: Node, keys: tuple[str, ...]) -> tuple[str, ...] | None:
         snapshot = Snapshot(now=self._clock(), nodes=(same_models(node, keys),))
         ctx, _ = context(snapshot, self.model, self.config, owner=self.owner)
-        found = rank_any(_job(spec, self.owner), ctx, limit=1)
+        found = rank_any(_job(_member(spec), self.owner), ctx, limit=1)
         return found[0].placement.devices[0] if found else None
 
     def why_pending(self, spec: JobSpec, queue: MeshQueue | None = None) -> str:

@@ -382,9 +382,13 @@ class GangPrepare(NamedTuple):
     members: tuple[GangMember, ...]
     submission: bytes
     ttl_s: float
+    rebind: bool = False
+    """When the member's devices are taken by the time the prepare arrives, the runner may hold
+    others of the same models that its placement chooses (and says which), as
+    ``StartOffer.rebind``."""
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        doc = {
             "job_id": self.job_id,
             "attempt": self.attempt,
             "owner": self.owner,
@@ -392,6 +396,9 @@ class GangPrepare(NamedTuple):
             "submission": _b64_out(self.submission),
             "ttl_s": self.ttl_s,
         }
+        if self.rebind:
+            doc["rebind"] = True
+        return doc
 
     @classmethod
     def from_wire(cls, value: Any) -> GangPrepare:
@@ -409,6 +416,7 @@ class GangPrepare(NamedTuple):
             members=members,
             submission=_b64_in(d.get("submission"), "submission"),
             ttl_s=ttl_s,
+            rebind=c.field(d, "rebind", c.or_default(c.flag, False)),
         )
 
 
@@ -419,13 +427,19 @@ class GangPrepared(NamedTuple):
     held: bool
     master_addr: str | None = None
     master_port: int | None = None
+    devices: tuple[str, ...] = ()
+    """The devices held when the runner chose others than the member's (the prepare let it:
+    ``GangPrepare.rebind``); empty: the member's."""
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "held": self.held,
             "master_addr": self.master_addr,
             "master_port": self.master_port,
         }
+        if self.devices:
+            doc["devices"] = list(self.devices)
+        return doc
 
     @classmethod
     def from_wire(cls, value: Any) -> GangPrepared:
@@ -434,6 +448,7 @@ class GangPrepared(NamedTuple):
             held=c.field(d, "held", c.or_default(c.flag, False)),
             master_addr=c.field(d, "master_addr", c.opt_text),
             master_port=c.field(d, "master_port", c.opt_integer),
+            devices=c.field(d, "devices", c.texts),
         )
 
 

@@ -13,6 +13,7 @@ from agent.gang import (
     backoff_s,
     fits_a_record,
     prepare_order,
+    rebind_member,
 )
 from agent.gangdesk import free_port, host_of
 from agent.jobspec import JobSpec
@@ -201,3 +202,20 @@ def test_a_gang_too_large_for_a_record_is_known_before_it_is_placed() -> None:
     job = OwnedJob("j" * 32, JobSpec(command=("x",)), JobState.PENDING, 0, "o" * 32, None, 1.0)
     assert fits_a_record(job, _members(4, 8))
     assert not fits_a_record(job, _members(12, 8))
+
+
+def test_a_member_held_on_other_devices_is_named_by_the_attempt_and_the_job() -> None:
+    """Late binding for gangs (``gang_prepare`` with ``rebind``): the devices a member's runner
+    held instead are what the attempt commits and the job's record says from then on."""
+    from agent.gang import GangAttempt
+
+    job = OwnedJob("j" * 32, JobSpec(command=("x",)), JobState.PLACING, 3, "o" * 32, "n-a", 1.0)
+    job.members, job.devices = MEMBERS, MEMBERS[0].devices
+    a = GangAttempt(3, MEMBERS)
+    rebind_member(job, a, MEMBERS[1]._replace(devices=("b9",)))
+    rebind_member(job, a, MEMBERS[0]._replace(devices=("a9",)))
+    assert [m.devices for m in a.members] == [("a9",), ("b9",), MEMBERS[2].devices]
+    assert job.members == a.members and job.devices == ("a9",)
+    job.attempt = 4  # a newer attempt is the job's now: an older one's answer changes only it
+    rebind_member(job, a, MEMBERS[2]._replace(devices=("c9",)))
+    assert a.members[2].devices == ("c9",) and job.members[2].devices == MEMBERS[2].devices

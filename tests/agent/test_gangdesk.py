@@ -16,7 +16,7 @@ from agent.jobspec import JobSpec, Resources
 from agent.runner import Declined, NotAllowed
 from agent.wire.calls import GangAbort, GangCommit, GangPrepare, StartOffer
 from agent.wire.records import GangMember
-from tests.agent.test_runner import Rig, rig  # noqa: F401  (the fixture)
+from tests.agent.test_runner import GPU_TWIN, OTHER_MODEL, Rig, rig  # noqa: F401  (the fixture)
 
 ENV = """
 import json, os, sys, time
@@ -121,3 +121,27 @@ async def test_a_prepare_needs_an_owner_and_its_operators_submission(rig: Rig) -
     with pytest.raises(Declined, match="the member has 2 devices, the job needs 1"):
         await desk.prepare(req._replace(members=too_many), rig.owner)
     assert len(rig.runner.holds) == 0
+
+
+async def test_a_prepare_whose_device_was_taken_holds_one_of_its_model_if_it_may(
+    rig: Rig,  # noqa: F811
+) -> None:
+    """Late binding for gangs: the member's H100 was taken (gossip lagged); a prepare that lets
+    the runner choose holds the other H100 and says so, and its commit starts there; never on
+    another model, never without leave."""
+    desk = GangDesk(rig.runner)
+    rig.devices.gpus += [GPU_TWIN, OTHER_MODEL]
+    first = rig.offer()
+    await rig.start(first)
+    assert rig.runner.runs[first["job_id"]].devices == ("h0",)
+    req = prepare(rig, rig.tmp_path / "env.json")
+    with pytest.raises(Declined, match="device h0 is in use"):
+        await desk.prepare(req, rig.owner)
+    answer = await desk.prepare(req._replace(rebind=True), rig.owner)
+    assert answer.held and answer.devices == ("h1",)
+    assert rig.runner.free_devices() == ["l0"]  # h0 runs the first job, h1 is held
+    started = await desk.commit(GangCommit(req.job_id, 1, "10.0.0.7", 29500), rig.owner)
+    assert started.ok and rig.runner.runs[req.job_id].devices == ("h1",)
+    other = prepare(rig, rig.tmp_path / "other.json")
+    with pytest.raises(Declined, match="device h0 is in use"):  # the L4 is no H100
+        await desk.prepare(other._replace(rebind=True), rig.owner)

@@ -18,8 +18,8 @@ def _gpu(key: str, name: str) -> DeviceStatic:
 STATICS = [_gpu("h0", "H100"), _gpu("h1", "H100"), _gpu("h2", "H100"), _gpu("l0", "L4")]
 
 
-def _spec(gpus: int) -> JobSpec:
-    return JobSpec(command=("true",), resources=Resources(gpus_per_node=gpus))
+def _spec(gpus: int, nodes: int = 1) -> JobSpec:
+    return JobSpec(command=("true",), resources=Resources(gpus_per_node=gpus, nodes=nodes))
 
 
 @pytest.mark.parametrize("placement", [FirstFit(), ShoalPlacement(owner="o" * 32)])
@@ -39,6 +39,10 @@ def test_other_devices_of_the_offered_model_or_none(placement: Placement) -> Non
         chosen(["h0"], ("h0", "h1", "h2"), 3)
     with pytest.raises(NotAdmitted, match="offered 1 device"):
         chosen(["h0"], ("h0",), 2)  # a wrong offer is declined as such, never rebound
+    # A gang's member (a prepare): the member's part of the job, on this one node.
+    node = local_node("n" * 32, NodeFacts(), STATICS, {"h0": {"job-h0": 0}})
+    keys, _ = admit_or_rebind(_spec(1, nodes=2), node, ("h0",), placement.rebind)
+    assert keys in {("h1",), ("h2",)}
 
 
 def test_without_leave_to_choose_a_taken_device_is_declined() -> None:
