@@ -77,6 +77,9 @@ ROLES: tuple[str, ...] = ("runner", "owner", "move-source", "replica", "submitte
 """Kill i hits ``ROLES[(seed + i) % 6]``, so a few seeds cover them all."""
 RECOVERY_WAIT_S = 40.0
 """How long a killed agent stays down at most while its jobs have not run again elsewhere."""
+AGREE_WAIT_S = 10.0
+"""Once every job has ended, how long the agents' listings have to agree (the last ends are
+still being gossiped when the last job ends); what still differs then is reported."""
 WAIT_REASONS_KEPT = 6
 """The last reasons a killed agent's job gave while it waited to run again, as reported."""
 REJOIN_WAIT_S = 60.0
@@ -444,8 +447,13 @@ async def _scenario(
             await asyncio.sleep(1.0)
         await asyncio.sleep(2 * POLL_S)
         chaos.watch_once()
-        chaos.listed.clear()
-        await chaos.refresh_records()
+        agree_by = time.monotonic() + AGREE_WAIT_S  # the last ends are still being gossiped
+        while True:
+            chaos.listed.clear()
+            await chaos.refresh_records()
+            if time.monotonic() >= agree_by or not any(_disagreements(chaos)):
+                break
+            await asyncio.sleep(POLL_S)
     finally:
         for task in (watcher, submitting):
             task.cancel()
