@@ -28,15 +28,19 @@ so one decision pass serves all of them (``agent.placement.ShoalPlacement`` keep
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.jobspec import JobSpec
 from agent.jobstate import JobState
 from agent.policy import adapt
 from agent.policy.queue import order_key
 from agent.policy.snapshot import Job, Running
+
+if TYPE_CHECKING:
+    from agent.authority import Submission
+    from agent.view import ClusterView
 
 MAX_AHEAD = 256
 """Pending jobs ahead of a job that its placement looks at, the first in the queue order."""
@@ -125,6 +129,51 @@ class QueueIndex:
                 behind = self._shared[at + 1 :]
                 return MeshQueue(job, ahead, self.running(), behind, self.generation)
         return MeshQueue(job, ahead, self.running()) if ahead else MeshQueue(job)
+
+
+class _Specs(Mapping[str, JobSpec]):
+    """The view's signed submissions' specs, by job id (read through, not copied)."""
+
+    def __init__(self, submissions: Mapping[str, Submission]) -> None:
+        self._subs = submissions
+
+    def __getitem__(self, job_id: str) -> JobSpec:
+        return self._subs[job_id].spec
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._subs)
+
+    def __len__(self) -> int:
+        return len(self._subs)
+
+
+class MeshQueues:
+    """An owner's read of the mesh's queue (:class:`agent.meshqueue.QueueIndex`), read again
+    when its view has changed or the live agents have."""
+
+    def __init__(self) -> None:
+        self._read: tuple[tuple[int, tuple[str, ...]], QueueIndex] | None = None
+
+    def index(
+        self,
+        view: ClusterView,
+        live: Collection[str],
+        checkpoints: Callable[[], Mapping[str, float]],
+    ) -> QueueIndex:
+        """The queue as ``view`` holds it now (``checkpoints``: when each running job last
+        saved one, asked only if a job is ahead)."""
+        key = (view.generation, tuple(sorted(live)))
+        if self._read is None or self._read[0] != key:
+            index = QueueIndex(
+                view.jobs,
+                _Specs(view.submissions),
+                view.pending,
+                live=live,
+                checkpoints=checkpoints,
+                generation=view.generation,
+            )
+            self._read = (key, index)
+        return self._read[1]
 
 
 def mesh_queue(

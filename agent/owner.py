@@ -58,6 +58,7 @@ from agent.jobstate import (
     is_terminal,
     transition,
 )
+from agent.meshqueue import MeshQueues
 from agent.ownedjob import OwnedJob, OwnerError, gossip_payload, job_wire
 from agent.ownership import rank
 from agent.peers import PeerError, decoded_answer
@@ -65,7 +66,7 @@ from agent.placement import Candidate, Placement
 from agent.placing import LAUNCH_FAILED as LAUNCH_FAILED
 from agent.placing import MAX_LAUNCH_FAILURES as MAX_LAUNCH_FAILURES
 from agent.placing import RESTORE_TIMEOUT_S as RESTORE_TIMEOUT_S
-from agent.placing import MeshQueues, candidates_for, place_once, reserve
+from agent.placing import candidates_for, place_once, reserve
 from agent.preempting import host_name, stopped_reason
 from agent.store import StoreFull
 from agent.view import JOB_PREFIX, SUB_PREFIX, job_gen

@@ -17,10 +17,10 @@ if TYPE_CHECKING:
 
     from agent.events import EventLog
     from agent.jobstate import JobEvent
+    from agent.meshqueue import MeshQueues
     from agent.ownedjob import OwnedJob
     from agent.peers import PeerClient
     from agent.placement import Placement
-    from agent.placing import MeshQueues
     from agent.view import ClusterView
 
 

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 from agent.authority import SubmissionRefused
-from agent.jobspec import JobSpec
 from agent.jobstate import JobEvent, JobState
-from agent.meshqueue import MeshQueue, QueueIndex
+from agent.meshqueue import MeshQueue
 from agent.ownersteps import OwnerSteps
 from agent.peers import PeerError, PeerRefused, PeerUnreachable, decoded_answer
 from agent.policy import adapt
@@ -34,12 +33,11 @@ from agent.transfer import TransferError
 from agent.wire.calls import StartAnswer, StartOffer
 
 if TYPE_CHECKING:
-    from agent.authority import Authority, Submission
+    from agent.authority import Authority
     from agent.collecting import Collector
     from agent.elastic import Resizes
     from agent.ownedjob import OwnedJob
     from agent.placement import Candidate
-    from agent.view import ClusterView
 
 log = logging.getLogger("shoal.owner")
 
@@ -64,48 +62,10 @@ class PlacingOwner(OwnerSteps, Protocol):
     _stop_grace_s: float
 
 
-class _Specs(Mapping[str, JobSpec]):
-    """The view's signed submissions' specs, by job id (read through, not copied)."""
-
-    def __init__(self, submissions: Mapping[str, Submission]) -> None:
-        self._subs = submissions
-
-    def __getitem__(self, job_id: str) -> JobSpec:
-        return self._subs[job_id].spec
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._subs)
-
-    def __len__(self) -> int:
-        return len(self._subs)
-
-
-class MeshQueues:
-    """An owner's read of the mesh's queue (:class:`agent.meshqueue.QueueIndex`), read again
-    when its view has changed or the live agents have."""
-
-    def __init__(self) -> None:
-        self._read: tuple[tuple[int, tuple[str, ...]], QueueIndex] | None = None
-
-    def index(self, view: ClusterView, live: Collection[str]) -> QueueIndex:
-        key = (view.generation, tuple(sorted(live)))
-        if self._read is None or self._read[0] != key:
-            index = QueueIndex(
-                view.jobs,
-                _Specs(view.submissions),
-                view.pending,
-                live=live,
-                checkpoints=lambda: saved_at(view),
-                generation=view.generation,
-            )
-            self._read = (key, index)
-        return self._read[1]
-
-
 def queue_of(o: OwnerSteps, job: OwnedJob, live: Collection[str]) -> MeshQueue:
     """The job's place in the mesh's one queue, as this owner's gossip view holds it."""
     me = adapt.job_from_spec(job.job_id, job.spec, owner=o.node_id, submitted_at=job.submitted_at)
-    return o.queues.index(o.view, live).queue(me)
+    return o.queues.index(o.view, live, lambda: saved_at(o.view)).queue(me)
 
 
 def candidates_for(o: PlacingOwner, job: OwnedJob) -> list[Candidate]:
