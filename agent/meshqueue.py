@@ -120,15 +120,15 @@ class QueueIndex:
         """``job``'s place: the jobs ahead (the first :data:`MAX_AHEAD`), and, when it is
         among those first ones, the rest of the pass it shares with them."""
         at = self._at.get(job.job_id)
+        listed = at is not None
         if at is None:  # not pending in the view yet: by its own order key
             at = bisect.bisect_left(self._keys, order_key(job))
-            ahead = tuple(self._jobs[: min(at, MAX_AHEAD)])
-        else:
-            ahead = tuple(self._jobs[: min(at, MAX_AHEAD)])
-            if at < MAX_AHEAD and ahead:  # one of the first: it shares their pass
-                behind = self._shared[at + 1 :]
-                return MeshQueue(job, ahead, self.running(), behind, self.generation)
-        return MeshQueue(job, ahead, self.running()) if ahead else MeshQueue(job)
+        ahead = tuple(self._jobs[: min(at, MAX_AHEAD)])
+        if not ahead:
+            return MeshQueue(job)
+        if listed and at < MAX_AHEAD:  # one of the first: it shares their pass
+            return MeshQueue(job, ahead, self.running(), self._shared[at + 1 :], self.generation)
+        return MeshQueue(job, ahead, self.running())
 
 
 class _Specs(Mapping[str, JobSpec]):
