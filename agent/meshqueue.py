@@ -91,14 +91,8 @@ class QueueIndex:
                 continue
             submitted = doc.get("submitted_at")
             if isinstance(submitted, bool) or not isinstance(submitted, int | float):
-                continue
-            owner = doc.get("owner")
-            job = adapt.job_from_spec(
-                job_id,
-                spec,
-                owner=owner if isinstance(owner, str) else None,
-                submitted_at=float(submitted),
-            )
+                continue  # no place in the order
+            job = adapt.job_from_record(job_id, doc, spec)
             order.append((order_key(job), job))
         order.sort(key=lambda kj: kj[0])
         self._keys = [k for k, _ in order]

@@ -264,6 +264,19 @@ class NodeMemo:
         return tuple(out)
 
 
+def job_from_record(job_id: str, doc: Mapping[str, Any], spec: JobSpec) -> Job:
+    """The job a gossiped job record (``agent.view.ClusterView.jobs``) names, as the policy
+    sees it: its signed submission's ``spec``, and the owner and submission time the record
+    says (0 when it says none)."""
+    owner, submitted = doc.get("owner"), doc.get("submitted_at")
+    return job_from_spec(
+        job_id,
+        spec,
+        owner=owner if isinstance(owner, str) else None,
+        submitted_at=float(submitted) if isinstance(submitted, int | float) else 0.0,
+    )
+
+
 def running_from_jobs(
     jobs: Mapping[str, Mapping[str, Any]],
     specs: Mapping[str, JobSpec],
@@ -289,16 +302,9 @@ def running_from_jobs(
             continue
         devices = doc.get("devices")
         keys = tuple(str(k) for k in devices) if isinstance(devices, list | tuple) else ()
-        submitted = doc.get("submitted_at")
-        job = job_from_spec(
-            job_id,
-            spec,
-            owner=doc.get("owner") if isinstance(doc.get("owner"), str) else None,
-            submitted_at=float(submitted) if isinstance(submitted, int | float) else 0.0,
-        )
         out.append(
             Running(
-                job=job,
+                job=job_from_record(job_id, doc, spec),
                 placement=Placement((runner,), (keys,)),
                 started_at=float(started),
                 last_checkpoint_at=saved.get(job_id),
