@@ -8,6 +8,7 @@ GPU profile, and stops every process it started, whatever happens.
 from __future__ import annotations
 
 import asyncio
+import compileall
 import contextlib
 import os
 import signal
@@ -18,6 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import cache
 from pathlib import Path
 
 from agent.client import ApiClient, ApiError
@@ -40,6 +42,24 @@ DEMO_PROFILES: tuple[str, ...] = (
 (Linux x86-64 with 2x A100 in MIG mode, Linux arm64 with 4x RX 7900 XTX, macOS arm64 with an M2
 Ultra, Windows x86-64 with an Arc A770: ``probers.sim.REFERENCE_HOSTS``), then 8-GPU NVLink and
 xGMI baseboards and smaller NVIDIA hosts."""
+
+
+SOURCE_ROOT = Path(__file__).resolve().parent.parent
+"""The folder holding Shoal's packages (``agent``, ``gossip``, ``probers``)."""
+
+
+@cache
+def compile_sources(root: Path = SOURCE_ROOT) -> None:
+    """Write the bytecode of the packages an agent imports under ``root``, once per process.
+
+    The agents a mesh starts then read it instead of each compiling every module: where
+    ``PYTHONDONTWRITEBYTECODE`` is set, or when they all start at once before any has written
+    it. Compiling costs an agent ~0.15 s of CPU at start and ~1.4 MiB of resident memory for as
+    long as it runs (the compiler's leftovers). A folder that cannot be written is left as is.
+    """
+    for package in ("agent", "gossip", "probers"):
+        if (root / package).is_dir():
+            compileall.compile_dir(root / package, quiet=2, workers=1)
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -158,6 +178,7 @@ class LocalMesh:
 
     def start_agent(self, agent: AgentProcess) -> None:
         """Start (or restart) one agent; its log is appended to."""
+        compile_sources()
         agent.datasets_dir.mkdir(parents=True, exist_ok=True)
         with agent.log_path.open("ab") as log:
             agent.log_offset = log.tell()

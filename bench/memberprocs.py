@@ -21,6 +21,8 @@ from pathlib import Path
 
 import psutil
 
+from agent.localmesh import SOURCE_ROOT, compile_sources
+
 STATE_OF_EVENT = {
     "MemberJoined": "alive",
     "MemberUpdated": "alive",
@@ -95,6 +97,7 @@ class MemberSet:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if self._source is not None:
             env["PYTHONPATH"] = str(self._source)
+        compile_sources(self._source or SOURCE_ROOT)
         member.view = {}
         member.ready_at = None
         member.process = subprocess.Popen(

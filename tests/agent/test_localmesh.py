@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent.jobspec import JobSpec, Resources
-from agent.localmesh import LocalMesh
+from agent.localmesh import LocalMesh, compile_sources
 from tests.agent.agents import Mesh
 
 pytestmark = pytest.mark.slow
@@ -98,3 +98,15 @@ def test_every_agent_places_with_the_placement_the_mesh_names(
         assert asyncio.run(runner_of_a_job()) == want
     finally:
         mesh.stop()
+
+
+def test_the_sources_an_agent_imports_are_compiled_once_before_agents_start(tmp_path: Path) -> None:
+    """Agents then read bytecode instead of each compiling every module (PYTHONDONTWRITEBYTECODE
+    set, or all starting before any wrote it)."""
+    for package in ("agent", "gossip", "probers", "tui"):
+        (tmp_path / package / "sub").mkdir(parents=True)
+        (tmp_path / package / "sub" / "mod.py").write_text("X = 1\n")
+    compile_sources(tmp_path)
+    for package in ("agent", "gossip", "probers"):
+        assert list((tmp_path / package / "sub" / "__pycache__").glob("mod.*.pyc"))
+    assert not (tmp_path / "tui" / "sub" / "__pycache__").exists()  # agents never import it
