@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -104,6 +105,33 @@ def encode(message: Message, max_bytes: int = MAX_MESSAGE_BYTES) -> bytes:
 
 
 _UPDATE_TYPES = (Alive, Suspect, Dead, Record)
+
+LIVE_REMEMBERED_UPDATES = 512
+"""Updates a live member remembers the size and signing bytes of (by identity, see
+:func:`remember_updates`)."""
+SIM_REMEMBERED_UPDATES = 1 << 16
+"""The same in the simulator, where every core asks about the same update objects."""
+
+
+@dataclass(slots=True)
+class _Remembered:
+    updates: int = LIVE_REMEMBERED_UPDATES
+
+
+_remembered = _Remembered()
+
+
+def remember_updates(entries: int) -> None:
+    """How many updates' sizes and signing bytes are remembered, by object identity.
+
+    Each entry holds its update (so its id stays unique), payload and all. A live member asks
+    about an update a few times in a row (signs it, queues it, sends it; or decodes, verifies
+    and queues it) and never again: it keeps :data:`LIVE_REMEMBERED_UPDATES` (at 65,536 an agent
+    under load held every record it had seen for hours: ~4 KB each, 270 MB at the bound). The
+    simulator, whose cores all ask about the very same update objects, keeps many more."""
+    _remembered.updates = entries
+
+
 _sizes: dict[int, tuple[object, int]] = {}
 """Sizes of updates by object identity (the entry holds the object, so its id stays unique)."""
 
@@ -192,7 +220,7 @@ def encoded_size(message: Message) -> int:
         return probe
     size = len(msgpack.packb(_enc(message), use_bin_type=True))
     if type(message) in _UPDATE_TYPES:
-        if len(_sizes) >= 1 << 16:
+        if len(_sizes) >= _remembered.updates:
             _sizes.clear()
         _sizes[id(message)] = (message, size)
     return size
@@ -274,7 +302,7 @@ holds it, so its id stays unique): a core sends the same digest tuple until its 
 _signing: dict[int, tuple[Update, bytes]] = {}
 """:func:`signing_bytes` by update identity (the entry holds the update, so its id stays unique):
 in the simulator every core verifies the very same update objects, and asking this costs no
-hashing of the whole update, as the equality-keyed cache behind it does."""
+hashing of the whole update. At most :func:`remember_updates` entries."""
 
 
 def signing_bytes(update: Update) -> bytes:
@@ -283,13 +311,12 @@ def signing_bytes(update: Update) -> bytes:
     if hit is not None and hit[0] is update:
         return hit[1]
     data = _signing_bytes(update)
-    if len(_signing) >= 1 << 16:
+    if len(_signing) >= _remembered.updates:
         _signing.clear()
     _signing[id(update)] = (update, data)
     return data
 
 
-@functools.lru_cache(maxsize=8192)
 def _signing_bytes(update: Update) -> bytes:
     if isinstance(update, Alive):
         body: list[Any] = [b"shoal-alive", update.node, update.incarnation, update.addr]

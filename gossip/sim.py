@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from gossip import codec
-from gossip.codec import compound_sizes, wire_size
+from gossip.codec import SIM_REMEMBERED_UPDATES, compound_sizes, remember_updates, wire_size
 from gossip.config import GossipConfig
 from gossip.events import Event
 from gossip.messages import Compound, Message
@@ -287,6 +287,7 @@ class Simulation:
     nodes: dict[str, SimNode] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        remember_updates(SIM_REMEMBERED_UPDATES)
         self.rng = random.Random(self.seed)
         self.keyring = SimKeyring()
         self._heap: list[_Entry] = []

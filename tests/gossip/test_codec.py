@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import tracemalloc
 
 import msgpack
 import pytest
@@ -10,11 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gossip.codec import (
+    LIVE_REMEMBERED_UPDATES,
     PROTOCOL_VERSION,
     DecodeError,
     EncodeError,
     decode,
     encode,
+    encoded_size,
+    remember_updates,
+    signing_bytes,
     wire_size,
 )
 from gossip.messages import (
@@ -34,6 +39,7 @@ from gossip.messages import (
     Suspect,
     Update,
 )
+from gossip.sim import Simulation
 from gossip.vivaldi import Coordinate
 
 ids = st.text(min_size=1, max_size=40)
@@ -163,3 +169,36 @@ def test_wire_size_of_large_digests_and_compounds() -> None:
         wire_size(comp)
         == 6 + len(encode(Ping(70000, "a", "b"))) - 1 + 18 * len(encode(ups[0])) - 18
     )
+
+
+def test_a_live_member_keeps_only_a_few_of_the_updates_it_sized_or_verified() -> None:
+    """Sizes and signing bytes are remembered by identity, each entry holding its update: a live
+    member must not keep every record it has seen (an agent under load kept ~4 KB per job
+    record, for hours)."""
+    records = 4 * LIVE_REMEMBERED_UPDATES
+    payload_bytes = 4000
+    remember_updates(LIVE_REMEMBERED_UPDATES)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(records):
+            r = Record("n1", f"job/{i}", 1, 1, bytes(payload_bytes), b"s" * 64)
+            signing_bytes(r)
+            encoded_size(r)
+        del r
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    everything = records * 2 * payload_bytes  # each payload, and the signing bytes holding it
+    assert held < everything / 2
+
+
+def test_the_simulator_remembers_many_updates() -> None:
+    """Its cores all size and verify the very same update objects."""
+    try:
+        Simulation(n=3, seed=1)
+        records = [Record("n1", f"job/{i}", 1, 1, b"x", b"s") for i in range(2000)]
+        first = [signing_bytes(r) for r in records]
+        assert all(signing_bytes(r) is b for r, b in zip(records, first, strict=True))
+    finally:
+        remember_updates(LIVE_REMEMBERED_UPDATES)
