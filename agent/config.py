@@ -86,6 +86,13 @@ class AgentConfig:
     use them); it also runs ``preempt_min_run_s`` between resizes."""
     rpc_timeout_s: float = 5.0
     """Timeout of one agent-to-agent call."""
+    ended_jobs_keep_s: float = 900.0
+    """How long every agent keeps (and lists) a job after it ended; then it is retired
+    (``agent.retiring``): only its owner's store keeps it, and ``GET /v1/jobs/<id>`` on that
+    agent still shows it."""
+    ended_jobs_kept: int = 1000
+    """At most this many ended jobs are kept everywhere (the newest), whatever their age: each
+    costs every agent ~16 KB of memory while kept."""
     placement: str = "shoal"
     """How this agent places the jobs it owns: ``shoal`` (the Shoal policy) or ``fifo`` (first
     fit in node-id order, the baseline)."""
@@ -124,8 +131,10 @@ _FLOATS = {
     "elastic_grow_idle_s",
     "rpc_timeout_s",
     "datasets_rescan_s",
+    "ended_jobs_keep_s",
 }
 _POSITIVE = {"probe_interval_s", "telemetry_heartbeat_s", "rpc_timeout_s", "datasets_rescan_s"}
+_COUNTS = {"ended_jobs_kept"}
 
 
 def _coerce(name: str, value: Any, where: str) -> Any:
@@ -162,6 +171,10 @@ def _coerce(name: str, value: Any, where: str) -> Any:
     if name == "sim_seed":
         if isinstance(value, bool) or not isinstance(value, int):
             raise UserError(f"{where}: sim_seed must be an integer")
+        return value
+    if name in _COUNTS:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise UserError(f"{where}: {name} must be a whole number, 0 or more")
         return value
     if not isinstance(value, str):
         raise UserError(f"{where}: {name} must be a string")

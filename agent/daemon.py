@@ -31,7 +31,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from agent import api
+from agent import api, retiring
 from agent.admission import NodeFacts
 from agent.authority import Authority
 from agent.calls import Calls
@@ -55,7 +55,7 @@ from agent.runner import Runner
 from agent.store import Store
 from agent.transfer import TransferLimits
 from agent.view import STATE_NAMES, ClusterView
-from agent.wire.records import EVENTS, NODE, NodeRecord
+from agent.wire.records import EVENTS, JOB_PREFIX, NODE, SUB_PREFIX, NodeRecord
 from gossip import revocation
 from gossip.certtrust import CertTrust
 from gossip.events import Event, MemberDead, MemberLeft, RecordChanged
@@ -304,7 +304,7 @@ class Agent:
         agent wakes about once a second, not ten times."""
         wake = asyncio.Event()
         self.publisher.wake = wake.set
-        swept = ticked = time.monotonic()
+        swept = ticked = retired = time.monotonic()
         while True:
             now = time.monotonic()
             wait_s = min(self.publisher.due_in_s(now), swept + SWEEP_S - now)
@@ -319,6 +319,22 @@ class Agent:
             if now - swept >= SWEEP_S:
                 swept = now
                 self.owner.sweep()
+            if now - retired >= retiring.RETIRE_EVERY_S:
+                retired = now
+                self._retire_ended()
+
+    def _retire_ended(self) -> None:
+        """Forget the jobs that ended long enough ago (:mod:`agent.retiring`)."""
+        config = self.config
+        job_ids = retiring.due(
+            self.view.jobs, time.time(), config.ended_jobs_keep_s, config.ended_jobs_kept
+        )
+        if not job_ids:
+            return
+        for job_id in job_ids:
+            self.view.retire(job_id)
+        self.owner.forget(job_ids)
+        self.node.retire({JOB_PREFIX + j for j in job_ids} | {SUB_PREFIX + j for j in job_ids})
 
     async def _datasets_loop(self) -> None:
         config = self.config

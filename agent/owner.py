@@ -452,6 +452,17 @@ class Owner:
         """A node died or left: requeue what ran there; take over what it owned."""
         handover.member_gone(self, node)
 
+    def forget(self, job_ids: list[str]) -> None:
+        """Drop ended jobs from memory (retired: :mod:`agent.retiring`); the store keeps them."""
+        for job_id in job_ids:
+            job = self.jobs.get(job_id)
+            if job is not None and not is_terminal(job.state):
+                continue  # ended as the mesh sees it, not here: this copy is newer
+            self.jobs.pop(job_id, None)
+            self._replicated_to.pop(job_id, None)
+            self._subs_published.discard(job_id)
+            self._unlisted_since.pop(job_id, None)
+
     def sweep(self) -> None:
         """Adopt or hand over every stored job whose owner is gone; re-replicate ours."""
         handover.sweep(self)

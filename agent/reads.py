@@ -19,6 +19,7 @@ from agent.errors import ApiError
 from agent.jobspec import check_job_id
 from agent.logfiles import MAX_TAIL_LINES, lines_of_attempt
 from agent.mesh import GossipMesh
+from agent.ownedjob import OwnedJob
 from agent.owner import Owner
 from agent.peers import PeerError
 from agent.runner import Runner
@@ -75,6 +76,9 @@ class Reads:
     def job(self, job_id: str) -> JobDoc:
         owned = self._owner.jobs.get(job_id)
         doc = owned.to_json() if owned is not None else self._ctx.view.jobs.get(job_id)
+        if doc is None:  # retired (agent.retiring): its owner, or a replica's holder, stored it
+            stored = self._ctx.store.get_job(job_id)
+            doc = OwnedJob.from_record(stored).to_json() if stored is not None else None
         if doc is None:
             raise ApiError(404, f"unknown job {job_id}")
         return job_doc(doc, self._ctx)

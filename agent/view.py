@@ -285,6 +285,15 @@ class ClusterView:
         self.generation += 1
         return True
 
+    def retire(self, job_id: str) -> None:
+        """Forget a job for good (:mod:`agent.retiring`): its records are retired too."""
+        self.jobs.pop(job_id, None)
+        self.submissions.pop(job_id, None)
+        self._docs.pop(job_id, None)
+        self._open.discard(job_id)
+        self.pending.discard(job_id)
+        self.generation += 1
+
     def published_as_owner(self, job_id: str, origin: str, gen: int) -> bool:
         """Has ``origin`` itself published, signed, the newest record of the job that anyone
         published, at ``gen``, naming itself the owner (believed here or not)?"""

@@ -301,6 +301,10 @@ class GossipNode:
         self._dispatch()
         self._arm()
 
+    def retire(self, kinds: set[str]) -> int:
+        """Retire every origin's record of ``kinds`` (:meth:`gossip.peer.Peer.retire`)."""
+        return self.peer.retire(kinds)
+
     def revoke(self, revocations: RevocationList) -> bool:
         """Apply an operator-signed revocation list and gossip it; True if it was newer.
 

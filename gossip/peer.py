@@ -348,6 +348,13 @@ class Peer:
     def record(self, origin: str, kind: str) -> StoredRecord | None:
         return self._records.get(origin, kind)
 
+    def retire(self, kinds: set[str]) -> int:
+        """Retire every origin's record of ``kinds`` (see :mod:`gossip.records`): they leave
+        this member's store and digests for good; how many records left."""
+        gone = self._records.retire(kinds)
+        self.stats.records_retired += gone
+        return gone
+
     def rtt_estimate(self, a: str, b: str) -> float | None:
         """Estimated RTT in seconds between nodes ``a`` and ``b`` from Vivaldi coordinates."""
         viv = self._vivaldi
@@ -942,6 +949,9 @@ class Peer:
             return
         if offer is Offer.STALE:
             self.stats.rejected_replay += 1
+            return
+        if offer is Offer.RETIRED:
+            self.stats.retired_refused += 1
             return
         if r.origin not in self._members:
             self.stats.rejected_unknown_origin += 1

@@ -2,6 +2,12 @@
 
 The store only merges by version; signature, size and origin checks are the core's job before
 :meth:`RecordStore.offer`. ``received_at`` makes staleness visible to the application.
+
+**Retired records.** The application may retire a kind it no longer needs (an ended job's
+records, long after it ended): every origin's record of that kind leaves the store and its
+digest, and the store keeps only its version (a tombstone, the newest ``max_retired``), so a copy
+a lagging member still gossips is refused as :attr:`Offer.RETIRED` instead of coming back. A
+newer version (the origin wrote the kind again) is taken in as usual.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ class Offer(Enum):
     NEWER = "newer"
     DUPLICATE = "duplicate"
     STALE = "stale"  # older version, or the same version with other content: a replay
+    RETIRED = "retired"  # a version of a record this store retired, or an older one
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,9 +36,16 @@ class StoredRecord:
         return now - self.received_at
 
 
+MAX_RETIRED = 1 << 15
+"""Tombstones of retired records a store keeps (the oldest go first): ~150 bytes each."""
+
+
 class RecordStore:
-    def __init__(self) -> None:
+    def __init__(self, max_retired: int = MAX_RETIRED) -> None:
         self._by_key: dict[tuple[str, str], StoredRecord] = {}
+        self._retired: dict[tuple[str, str], tuple[int, int]] = {}
+        """The version of each retired record, oldest retirement first."""
+        self._max_retired = max_retired
         self._rows: dict[tuple[str, str], RecordDigest] = {}
         """The digest line of each record, made when it is stored (a digest is asked for at
         every push-pull; a record changes far less often)."""
@@ -47,8 +61,12 @@ class RecordStore:
 
     def classify(self, record: Record) -> Offer:
         """How ``record`` compares with what we hold (no change made)."""
-        held = self._by_key.get((record.origin, record.kind))
+        key = (record.origin, record.kind)
+        held = self._by_key.get(key)
         if held is None:
+            retired = self._retired.get(key)
+            if retired is not None and record.version <= retired:
+                return Offer.RETIRED
             return Offer.NEWER
         h = held.record
         if record.version > h.version:
@@ -59,11 +77,28 @@ class RecordStore:
 
     def put(self, record: Record, now: float) -> None:
         key = (record.origin, record.kind)
+        self._retired.pop(key, None)
         self._by_key[key] = StoredRecord(record, now)
         row = RecordDigest(record.origin, record.kind, record.incarnation, record.counter)
         if len(_ROWS) >= 1 << 16:
             _ROWS.clear()
         self._rows[key] = _ROWS.setdefault(row, row)
+
+    def retire(self, kinds: set[str]) -> int:
+        """Retire every origin's record of each of ``kinds``; how many records left."""
+        keys = [k for k in self._by_key if k[1] in kinds]
+        for key in keys:
+            self._retired.pop(key, None)  # re-inserted: the newest retirement last
+            self._retired[key] = self._by_key[key].record.version
+            del self._by_key[key], self._rows[key]
+        while len(self._retired) > self._max_retired:
+            del self._retired[next(iter(self._retired))]
+        return len(keys)
+
+    @property
+    def retired(self) -> int:
+        """Tombstones held."""
+        return len(self._retired)
 
     def drop_origin(self, origin: str) -> None:
         for key in [k for k in self._by_key if k[0] == origin]:

@@ -18,6 +18,10 @@ class GossipStats:
     rejected_signature: int = 0
     rejected_replay: int = 0
     """Older version, or same version with different content."""
+    records_retired: int = 0
+    """Records the application retired (an ended job's, long after it ended)."""
+    retired_refused: int = 0
+    """Copies of retired records that came back (a member that has not retired them yet)."""
     rejected_oversize: int = 0
     rejected_revoked: int = 0
     rejected_unknown_origin: int = 0

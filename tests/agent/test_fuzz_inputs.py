@@ -244,6 +244,8 @@ CONFIG = {
         "probe_interval_s": 1.0,
         "rpc_timeout_s": 5.0,
         "sim_seed": 1,
+        "ended_jobs_keep_s": 900.0,
+        "ended_jobs_kept": 1000,
     }
 }
 
@@ -254,6 +256,9 @@ CONFIG = {
 @example(value={"agent": {"rpc_timeout_s": -1.0}})
 @example(value={"agent": {"telemetry_heartbeat_s": math.inf}})
 @example(value={"agent": {"stop_grace_s": 0}})
+@example(value={"agent": {"ended_jobs_kept": -1}})
+@example(value={"agent": {"ended_jobs_kept": 1.5}})
+@example(value={"agent": {"ended_jobs_kept": True}})
 def test_an_agent_config_loads_or_is_a_user_error(value: Any) -> None:
     try:
         config = config_from_mapping(value) if isinstance(value, dict) else None
@@ -265,9 +270,10 @@ def test_an_agent_config_loads_or_is_a_user_error(value: Any) -> None:
     for name in ("probe_interval_s", "telemetry_heartbeat_s", "rpc_timeout_s"):
         got = getattr(config, name)
         assert math.isfinite(got) and got > 0, name
-    for name in ("stop_grace_s", "drain_grace_s"):
+    for name in ("stop_grace_s", "drain_grace_s", "ended_jobs_keep_s"):
         got = getattr(config, name)
         assert math.isfinite(got) and got >= 0, name
+    assert type(config.ended_jobs_kept) is int and config.ended_jobs_kept >= 0
 
 
 @FUZZ_FILES

@@ -11,6 +11,7 @@ from gossip.config import GossipConfig
 from gossip.events import RecordChanged
 from gossip.messages import Alive, Compound, Record
 from gossip.peer import Peer
+from gossip.records import Offer, RecordStore
 from gossip.sim import SimSigner, SimTrust
 from tests.gossip.helpers import KEYRING, alive, make_peer, record
 
@@ -145,3 +146,37 @@ def test_records_go_by_memberlists_formula_on_streams_and_membership_keeps_its_f
 
 def _limits(cfg: GossipConfig, n: int) -> tuple[int, int]:
     return cfg.retransmit_limit(n), cfg.records_retransmit_limit(n)
+
+
+def test_a_retired_kind_leaves_the_store_and_its_copies_do_not_come_back() -> None:
+    p = _peer()
+    p.preload([alive("o2", 5)], 0.0)
+    p.receive("o:1", record("o", "job/j1", 5, 3, b"ended"), 1.0)
+    p.receive("o2:1", record("o2", "job/j1", 5, 7, b"handed over"), 1.0)
+    p.receive("o:1", record("o", "job/j2", 5, 4, b"running"), 1.0)
+    p.events()
+    assert p.retire({"job/j1"}) == 2
+    assert p.record("o", "job/j1") is None and p.record("o2", "job/j1") is None
+    assert p.record("o", "job/j2") is not None  # another kind stays
+    assert {d.kind for d in p._records.digest()} == {"job/j2"}  # push-pulls no longer name it
+    # a lagging member gossips its copies, or older ones: refused, not counted as replays
+    p.receive("x:1", record("o", "job/j1", 5, 3, b"ended"), 2.0)
+    p.receive("x:1", record("o", "job/j1", 5, 2, b"running"), 2.0)
+    assert p.record("o", "job/j1") is None
+    assert p.stats.retired_refused == 2 and p.stats.rejected_replay == 0
+    assert p.stats.records_retired == 2
+    assert not [e for e in p.events() if isinstance(e, RecordChanged)]
+    # the origin writes the kind again: a newer version is taken in as usual
+    p.receive("o:1", record("o", "job/j1", 5, 9, b"again"), 3.0)
+    got = p.record("o", "job/j1")
+    assert got is not None and got.record.payload == b"again"
+
+
+def test_a_store_keeps_a_bounded_number_of_tombstones() -> None:
+    store = RecordStore(max_retired=3)
+    for i in range(5):
+        store.put(record("o", f"job/{i}", 5, i + 1, b"x"), 0.0)
+    store.retire({f"job/{i}" for i in range(5)})
+    assert store.retired == 3
+    assert store.classify(record("o", "job/4", 5, 5, b"x")) is Offer.RETIRED
+    assert store.classify(record("o", "job/0", 5, 1, b"x")) is Offer.NEWER  # its tombstone went

@@ -1,0 +1,72 @@
+"""Retiring ended jobs: every agent forgets a job long after it ended; its owner keeps it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.jobspec import new_job_id
+from agent.retiring import due
+from tests.agent.agents import Mesh, spec
+
+
+def _job(state: str, finished_at: float | None, submitted_at: float = 0.0) -> dict[str, object]:
+    return {"state": state, "finished_at": finished_at, "submitted_at": submitted_at}
+
+
+def test_an_ended_job_is_retired_once_it_ended_long_enough_ago() -> None:
+    jobs = {
+        "old": _job("succeeded", 100.0),
+        "new": _job("failed", 950.0),
+        "cancelled": _job("cancelled", None, submitted_at=10.0),  # never ran: its submission
+        "running": _job("running", None),
+        "pending": _job("pending", None),
+    }
+    assert sorted(due(jobs, now=1000.0, keep_s=600.0, kept=100)) == ["cancelled", "old"]
+    assert due(jobs, now=1000.0, keep_s=5000.0, kept=100) == []
+
+
+def test_no_more_ended_jobs_are_kept_than_the_bound_the_oldest_go_first() -> None:
+    jobs = {f"j{i}": _job("succeeded", float(i)) for i in range(10)}
+    jobs["running"] = _job("running", None)
+    assert sorted(due(jobs, now=10.0, keep_s=3600.0, kept=7)) == ["j0", "j1", "j2"]
+    assert sorted(due(jobs, now=10.0, keep_s=3600.0, kept=0)) == sorted(f"j{i}" for i in range(10))
+
+
+@pytest.mark.slow
+def test_agents_retire_an_ended_job_and_its_owner_still_answers_for_it(tmp_path: Path) -> None:
+    config = tmp_path / "retire.toml"
+    config.write_text("ended_jobs_keep_s = 2\n")
+    mesh = Mesh(tmp_path / "mesh", ["h100:1", "h100:1", "h100:1"], extra=("--config", str(config)))
+    mesh.start_all()
+    try:
+        a = mesh.agents[0]
+        job_id = new_job_id()
+        body = {"job_id": job_id, "spec": spec([sys.executable, "-c", "pass"], gpus=0)}
+        assert mesh.command(a, "submit", body)[0] == 200
+        mesh.wait("succeeded", lambda: mesh.job(a, job_id)["state"] == "succeeded")
+        owner = mesh.job(a, job_id)["owner"]
+
+        def listed(agent_index: int) -> bool:
+            jobs = mesh.get(mesh.agents[agent_index], "/v1/jobs")["jobs"]
+            return any(j["job_id"] == job_id for j in jobs)
+
+        mesh.wait("retired everywhere", lambda: not any(listed(i) for i in range(3)))
+        kept = mesh.agents[mesh.node_index(owner)]
+        assert mesh.job(kept, job_id)["state"] == "succeeded"  # from its owner's store
+        metrics = "\n".join(mesh.request(x, "GET", "/metrics")[1].decode() for x in mesh.agents)
+        retired = [
+            float(line.split()[-1])
+            for line in metrics.splitlines()
+            if line.startswith("shoal_gossip_records_retired_total")
+        ]
+        assert len(retired) == 3 and all(n >= 2 for n in retired)  # its sub/ and job/ records
+        # a job submitted after it is unaffected
+        later = new_job_id()
+        body = {"job_id": later, "spec": spec([sys.executable, "-c", "pass"], gpus=0)}
+        assert mesh.command(a, "submit", body)[0] == 200
+        mesh.wait("the next job succeeded", lambda: mesh.job(a, later)["state"] == "succeeded")
+    finally:
+        mesh.stop_all()
