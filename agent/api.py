@@ -8,7 +8,8 @@ command), ``GET /v1/jobs``, ``/v1/jobs/{id}``, ``/v1/jobs/{id}/logs``, ``/v1/nod
 Agent-to-agent, role ``agent`` only (403 otherwise), all JSON POSTs under ``/v1/internal/``:
 ``command`` (a forwarded sealed command, executed here without forwarding again), the calls of
 the job protocol (``agent.calls``: ``replicate``, ``adopt``, ``start``, ``stop``, ``status``,
-``report``, ``checkpointed``, and a gang's ``gang_prepare``, ``gang_commit``, ``gang_abort``),
+``report``, ``checkpointed``, ``stored_job`` (a retired job's stored record), and a gang's
+``gang_prepare``, ``gang_commit``, ``gang_abort``),
 ``GET /v1/internal/logs/{id}`` (the runner's log, proxied by the API), and the checkpoint
 transfers under ``/v1/internal/checkpoint/{id}`` (``agent.ckptmove``). A job's log takes
 ``attempt`` and, with it, ``node``: that attempt's part on one of a gang's members.
@@ -263,7 +264,7 @@ def setup(app: web.Application, agent: AgentService) -> None:
 
     @_guarded
     async def job(request: web.Request) -> web.StreamResponse:
-        return web.json_response(agent.reads.job(request.match_info["job_id"]).to_wire())
+        return web.json_response((await agent.reads.job(request.match_info["job_id"])).to_wire())
 
     @_guarded
     async def logs(request: web.Request) -> web.StreamResponse:

@@ -26,8 +26,9 @@ from agent.authority import FeaturesLacking, SubmissionRefused
 from agent.context import AgentContext
 from agent.errors import ApiError
 from agent.gangdesk import GangDesk
+from agent.jobspec import check_job_id
 from agent.metrics import AgentMetrics
-from agent.ownedjob import OwnerError, store_replica
+from agent.ownedjob import OwnerError, store_replica, stored_job
 from agent.owner import LAUNCH_FAILED, Owner
 from agent.runner import Declined, LaunchFailed, NotAllowed, Runner
 from agent.wire.calls import (
@@ -85,6 +86,7 @@ class Calls:
             ),
             "gang_prepare": gang_prepare,
             "gang_commit": gang_commit,
+            "stored_job": self._sync(lambda body, caller: self._stored_job(body)),
             "gang_abort": self._sync(
                 lambda body, caller: desk.abort(GangAbort.from_wire(body), caller).to_wire()
             ),
@@ -96,6 +98,14 @@ class Calls:
             return fn(body, caller)
 
         return call
+
+    def _stored_job(self, body: Body) -> Body:
+        """A retired job's record from this agent's store (``agent.retiring``), or none."""
+        job_id = body.get("job_id")
+        if not isinstance(job_id, str):
+            raise ApiError(400, "job_id must be a string")
+        check_job_id(job_id)
+        return {"job": stored_job(self._ctx.store, job_id)}
 
     async def _replicate(self, body: Body, caller: str) -> Body:
         store_replica(self._ctx.store, body, caller, self._ctx.authority)

@@ -185,12 +185,20 @@ class _Footprint:
 
 
 async def _settled(mesh: LocalMesh, work: Workload, settle_s: float) -> dict[str, dict[str, Any]]:
-    """The submitted jobs as the mesh lists them, once all are final (or after ``settle_s``)."""
+    """The submitted jobs as the mesh lists them, once all are final (or after ``settle_s``).
+    A job no longer listed (ended and retired: ``agent.retiring``) is asked for by its id."""
     jobs: dict[str, dict[str, Any]] = {}
+    retired: dict[str, dict[str, Any]] = {}
     async with mesh.client(0) as client:
         settle_deadline = time.monotonic() + settle_s
         while time.monotonic() < settle_deadline:
             listing = {j["job_id"]: j for j in await client.jobs()}
+            for jid in work.submitted_at.keys() - listing.keys() - retired.keys():
+                with contextlib.suppress(ApiError):
+                    job = await client.job(jid)
+                    if job.get("state") in TERMINAL_JOB_STATES:
+                        retired[jid] = job
+            listing.update(retired)
             jobs = {jid: listing[jid] for jid in work.submitted_at if jid in listing}
             if len(jobs) == len(work.submitted_at) and all(
                 j.get("state") in TERMINAL_JOB_STATES for j in jobs.values()

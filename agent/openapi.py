@@ -28,6 +28,8 @@ INTERNAL_CALLS: Final = (
     "stop",
     "status",
     "report",
+    "checkpointed",
+    "stored_job",
     "gang_prepare",
     "gang_commit",
     "gang_abort",

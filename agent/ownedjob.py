@@ -261,3 +261,10 @@ def store_replica(store: Store, body: dict[str, Any], caller: str, authority: Au
     if held is not None and OwnerDetail.from_wire(held.detail).gen > job.gen:
         return
     store.put_job(job.record())
+
+
+def stored_job(store: Store, job_id: str) -> dict[str, Any] | None:
+    """The job's record (with its spec) as this agent's store holds it: as its owner, or as a
+    replica's holder; ``None`` if it holds none."""
+    stored = store.get_job(job_id)
+    return OwnedJob.from_record(stored).to_json() if stored is not None else None

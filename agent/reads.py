@@ -7,6 +7,7 @@ log is read where it runs, or ran last: here, or streamed from that agent over t
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Mapping
@@ -17,9 +18,10 @@ from aiohttp import web
 from agent.context import AgentContext
 from agent.errors import ApiError
 from agent.jobspec import check_job_id
+from agent.jobstate import TERMINAL_JOB_STATES
 from agent.logfiles import MAX_TAIL_LINES, lines_of_attempt
 from agent.mesh import GossipMesh
-from agent.ownedjob import OwnedJob
+from agent.ownedjob import stored_job
 from agent.owner import Owner
 from agent.peers import PeerError
 from agent.runner import Runner
@@ -73,15 +75,33 @@ class Reads:
         docs = sorted(self._ctx.view.jobs.values(), key=lambda d: d.get("submitted_at") or 0.0)
         return [job_doc(d, self._ctx) for d in docs]
 
-    def job(self, job_id: str) -> JobDoc:
-        owned = self._owner.jobs.get(job_id)
-        doc = owned.to_json() if owned is not None else self._ctx.view.jobs.get(job_id)
-        if doc is None:  # retired (agent.retiring): its owner, or a replica's holder, stored it
-            stored = self._ctx.store.get_job(job_id)
-            doc = OwnedJob.from_record(stored).to_json() if stored is not None else None
+    async def job(self, job_id: str) -> JobDoc:
+        doc = await self._doc(job_id)
         if doc is None:
             raise ApiError(404, f"unknown job {job_id}")
         return job_doc(doc, self._ctx)
+
+    async def _doc(self, job_id: str) -> Mapping[str, Any] | None:
+        """The job's record: this agent's own copy, the view's, or, for a job every agent
+        retired (``agent.retiring``), its owner's stored one (asked of every live agent)."""
+        owned = self._owner.jobs.get(job_id)
+        doc = owned.to_json() if owned is not None else self._ctx.view.jobs.get(job_id)
+        return doc if doc is not None else await self._stored(job_id)
+
+    async def _stored(self, job_id: str) -> Mapping[str, Any] | None:
+        here = stored_job(self._ctx.store, job_id)
+        if here is not None and here.get("state") in TERMINAL_JOB_STATES:
+            return here
+        others = [n for n in self._mesh.live_agents() if n != self._ctx.node_id]
+        addrs = [a for a in map(self._mesh.addr_of, others) if a is not None]
+        answers = await asyncio.gather(
+            *(self._ctx.peers.call(a, "stored_job", {"job_id": job_id}) for a in addrs),
+            return_exceptions=True,
+        )
+        found = [here] + [a.get("job") for a in answers if isinstance(a, dict)]
+        docs = [d for d in found if isinstance(d, dict)]
+        # The last owner's copy is the newest: a job's records only grow in generation.
+        return max(docs, key=lambda d: int(d.get("gen") or 0), default=None)
 
     def nodes(self) -> list[NodeDoc]:
         from agent.wire.documents import DeviceDoc, NodeDoc  # loaded on the first read
@@ -142,8 +162,7 @@ class Reads:
         ``attempt``, that attempt's lines, from the agent it ran on (with ``node`` too, from
         that one of its nodes: a gang's member)."""
         check_job_id(job_id)
-        owned = self._owner.jobs.get(job_id)
-        doc = owned.to_json() if owned is not None else self._ctx.view.jobs.get(job_id)
+        doc = await self._doc(job_id)
         if doc is None:
             if attempt is None and self._last_runner(job_id) == self._ctx.node_id:
                 # It runs (or ran) here, and gossip has not brought its record yet.

@@ -54,8 +54,12 @@ def test_agents_retire_an_ended_job_and_its_owner_still_answers_for_it(tmp_path:
             return any(j["job_id"] == job_id for j in jobs)
 
         mesh.wait("retired everywhere", lambda: not any(listed(i) for i in range(3)))
-        kept = mesh.agents[mesh.node_index(owner)]
-        assert mesh.job(kept, job_id)["state"] == "succeeded"  # from its owner's store
+        # its owner's store keeps it: any agent finds it there, with its log on its runner
+        assert mesh.job(mesh.agents[mesh.node_index(owner)], job_id)["state"] == "succeeded"
+        for x in mesh.agents:
+            assert mesh.job(x, job_id)["state"] == "succeeded"
+            assert mesh.request(x, "GET", f"/v1/jobs/{job_id}/logs")[0] == 200
+        assert mesh.job(a, new_job_id())["status"] == 404  # never was
         metrics = "\n".join(mesh.request(x, "GET", "/metrics")[1].decode() for x in mesh.agents)
         retired = [
             float(line.split()[-1])
