@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -102,15 +103,19 @@ async def _jobs_and_nodes(client: ApiClient) -> tuple[list[dict[str, Any]], list
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    jobs, nodes = run_with_client(args, _jobs_and_nodes)
     if args.job is not None:
-        job = pick_job(jobs, args.job)
+
+        async def one(client: ApiClient) -> tuple[Mapping[str, Any], list[dict[str, Any]]]:
+            return await resolve_job(client, args.job), await client.nodes()
+
+        job, nodes = run_with_client(args, one)
         if args.json:
             print_json(job)
         else:
             for label, value in job_detail(job, hostnames(nodes), time.time()):
                 print(f"{label:<9} {value}")
         return 0
+    jobs, nodes = run_with_client(args, _jobs_and_nodes)
     if args.json:
         print_json(jobs)
     elif not jobs:
@@ -132,8 +137,14 @@ def cmd_nodes(args: argparse.Namespace) -> int:
 
 
 async def resolve_job(client: ApiClient, text: str) -> Mapping[str, Any]:
-    """The job ``text`` names, as ``GET /v1/jobs`` lists it (see :mod:`agent.resolve`)."""
-    return pick_job(await client.jobs(), text)
+    """The job ``text`` names, as ``GET /v1/jobs`` lists it (see :mod:`agent.resolve`); a whole
+    id that is no longer listed (an ended job, retired: ``agent.retiring``) is asked for."""
+    jobs = await client.jobs()
+    wanted = text.strip().lower()
+    if len(wanted) == 32 and not any(j.get("job_id") == wanted for j in jobs):
+        with contextlib.suppress(ApiError):
+            return await client.job(wanted)
+    return pick_job(jobs, text)
 
 
 async def resolve_node(client: ApiClient, text: str) -> Mapping[str, Any]:

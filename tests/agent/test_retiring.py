@@ -10,6 +10,7 @@ import pytest
 from agent.jobspec import new_job_id
 from agent.retiring import due
 from tests.agent.agents import Mesh, spec
+from tests.shoal_cli import shoal
 
 
 def _job(state: str, finished_at: float | None, submitted_at: float = 0.0) -> dict[str, object]:
@@ -60,6 +61,10 @@ def test_agents_retire_an_ended_job_and_its_owner_still_answers_for_it(tmp_path:
             assert mesh.job(x, job_id)["state"] == "succeeded"
             assert mesh.request(x, "GET", f"/v1/jobs/{job_id}/logs")[0] == 200
         assert mesh.job(a, new_job_id())["status"] == 404  # never was
+        flags = ["--agent", a.address, "--identity", str(mesh.cluster_dir)]
+        done = shoal("jobs", job_id, *flags)
+        assert done.returncode == 0 and "succeeded" in done.stdout, done.stderr
+        assert shoal("logs", job_id, *flags).returncode == 0
         metrics = "\n".join(mesh.request(x, "GET", "/metrics")[1].decode() for x in mesh.agents)
         retired = [
             float(line.split()[-1])
