@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
 
-GOSSIP_GAUGES = frozenset({"transport_handshake_slowest_ms"})
+GOSSIP_GAUGES = frozenset({"transport_handshake_slowest_ms", "records_held", "records_tombstones"})
 """The gossip figures that are levels; all others are counts since the agent started."""
 
 

@@ -351,6 +351,8 @@ class GossipNode:
             send_failures=self.send_failures,
             sends_dropped=self.sends_dropped,
             revocations_rejected=self.revocations_rejected,
+            records_held=self.peer.records_held,
+            records_tombstones=self.peer.records_tombstones,
         )
         return snapshot
 

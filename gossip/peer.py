@@ -348,6 +348,16 @@ class Peer:
     def record(self, origin: str, kind: str) -> StoredRecord | None:
         return self._records.get(origin, kind)
 
+    @property
+    def records_held(self) -> int:
+        """Records in the store now, every origin's (a level)."""
+        return len(self._records)
+
+    @property
+    def records_tombstones(self) -> int:
+        """Versions of retired records kept, to refuse their copies (a level)."""
+        return self._records.retired
+
     def retire(self, kinds: set[str]) -> int:
         """Retire every origin's record of ``kinds`` (see :mod:`gossip.records`): they leave
         this member's store and digests for good; how many records left."""

@@ -72,6 +72,12 @@ def test_agents_retire_an_ended_job_and_its_owner_still_answers_for_it(tmp_path:
             if line.startswith("shoal_gossip_records_retired_total")
         ]
         assert len(retired) == 3 and all(n >= 2 for n in retired)  # its sub/ and job/ records
+        tombstones = [
+            float(line.split()[-1])
+            for line in metrics.splitlines()
+            if line.startswith("shoal_gossip_records_tombstones ")
+        ]
+        assert len(tombstones) == 3 and all(n >= 2 for n in tombstones)
         # a job submitted after it is unaffected
         later = new_job_id()
         body = {"job_id": later, "spec": spec([sys.executable, "-c", "pass"], gpus=0)}
