@@ -121,6 +121,11 @@ class _Remembered:
 _remembered = _Remembered()
 
 
+def remembered_updates() -> int:
+    """The bound :func:`remember_updates` set."""
+    return _remembered.updates
+
+
 def remember_updates(entries: int) -> None:
     """How many updates' sizes and signing bytes are remembered, by object identity.
 
@@ -128,7 +133,8 @@ def remember_updates(entries: int) -> None:
     about an update a few times in a row (signs it, queues it, sends it; or decodes, verifies
     and queues it) and never again: it keeps :data:`LIVE_REMEMBERED_UPDATES` (at 65,536 an agent
     under load held every record it had seen for hours: ~4 KB each, 270 MB at the bound). The
-    simulator, whose cores all ask about the very same update objects, keeps many more."""
+    simulator, whose cores all ask about the very same update objects, keeps many more. The
+    record stores' shared digest lines (:mod:`gossip.records`) follow the same bound."""
     _remembered.updates = entries
 
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 
+from gossip.codec import remembered_updates
 from gossip.messages import Record, RecordDigest
 
 
@@ -80,7 +81,7 @@ class RecordStore:
         self._retired.pop(key, None)
         self._by_key[key] = StoredRecord(record, now)
         row = RecordDigest(record.origin, record.kind, record.incarnation, record.counter)
-        if len(_ROWS) >= 1 << 16:
+        if len(_ROWS) >= remembered_updates():
             _ROWS.clear()
         self._rows[key] = _ROWS.setdefault(row, row)
 
@@ -110,4 +111,6 @@ class RecordStore:
 
 _ROWS: dict[RecordDigest, RecordDigest] = {}
 """Digest lines shared by every store in the process (the simulator runs a thousand): equal
-lines are then one object, and comparing two digests that agree is a row of identity checks."""
+lines are then one object, and comparing two digests that agree is a row of identity checks.
+Every version of every record makes a line: a live member (one store) keeps a few hundred, the
+simulator many more (:func:`gossip.codec.remember_updates`)."""
