@@ -122,6 +122,11 @@ class Authority:
         """Submissions verified since the start, by job id (a runner sees one again at every
         offer; the signature is checked once, the operator's standing at every use)."""
 
+    def forget(self, job_ids: list[str]) -> None:
+        """Drop retired jobs' verified submissions (``agent.retiring``)."""
+        for job_id in job_ids:
+            self._verified.pop(job_id, None)
+
     def submission(self, sealed: bytes, job_id: str | None = None) -> Submission:
         """The verified submission in ``sealed`` (of ``job_id``, when given)."""
         held = self._verified.get(job_id) if job_id is not None else None

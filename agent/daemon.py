@@ -334,6 +334,7 @@ class Agent:
         for job_id in job_ids:
             self.view.retire(job_id)
         self.owner.forget(job_ids)
+        self.authority.forget(job_ids)
         self.node.retire({JOB_PREFIX + j for j in job_ids} | {SUB_PREFIX + j for j in job_ids})
 
     async def _datasets_loop(self) -> None:

@@ -37,8 +37,10 @@ class StoredRecord:
         return now - self.received_at
 
 
-MAX_RETIRED = 1 << 15
-"""Tombstones of retired records a store keeps (the oldest go first): ~150 bytes each."""
+MAX_RETIRED = 4096
+"""Tombstones of retired records a store keeps, the oldest going first: ~400 bytes each with
+their keys. A copy of a record retired longer ago is taken in again, and the application
+retires it again (an ended job's stays ended)."""
 
 
 class RecordStore:

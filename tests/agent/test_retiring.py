@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.jobspec import new_job_id
+from agent.jobspec import JobSpec, new_job_id
 from agent.retiring import due
 from tests.agent.agents import Mesh, spec
+from tests.agent.authority_kit import Kit
 from tests.shoal_cli import shoal
 
 
@@ -85,3 +86,16 @@ def test_agents_retire_an_ended_job_and_its_owner_still_answers_for_it(tmp_path:
         mesh.wait("the next job succeeded", lambda: mesh.job(a, later)["state"] == "succeeded")
     finally:
         mesh.stop_all()
+
+
+def test_the_authority_forgets_the_verified_submissions_of_retired_jobs(tmp_path: Path) -> None:
+    kit = Kit(tmp_path)
+    me = kit.agent("a")
+    authority = kit.authority(me.node_id, lambda: [me.node_id], me)
+    job_id = new_job_id()
+    sealed = kit.submission(job_id, JobSpec(command=("true",)))
+    first = authority.submission(sealed, job_id)
+    assert authority.submission(sealed, job_id) is first  # verified once, then remembered
+    authority.forget([job_id])
+    again = authority.submission(sealed, job_id)
+    assert again is not first and again.job_id == job_id  # verified anew
