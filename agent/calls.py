@@ -101,10 +101,7 @@ class Calls:
 
     def _stored_job(self, body: Body) -> Body:
         """A retired job's record from this agent's store (``agent.retiring``), or none."""
-        job_id = body.get("job_id")
-        if not isinstance(job_id, str):
-            raise ApiError(400, "job_id must be a string")
-        check_job_id(job_id)
+        job_id = check_job_id(body["job_id"])  # a KeyError or ValueError answers 400
         return {"job": stored_job(self._ctx.store, job_id)}
 
     async def _replicate(self, body: Body, caller: str) -> Body:

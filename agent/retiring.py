@@ -31,9 +31,7 @@ def due(jobs: Mapping[str, Mapping[str, Any]], now: float, keep_s: float, kept: 
             (float(finished_at), job_id)
             for job_id, doc in jobs.items()
             if doc.get("state") in TERMINAL_JOB_STATES
-            and isinstance(
-                finished_at := doc.get("finished_at") or doc.get("submitted_at"), int | float
-            )
+            and isinstance(finished_at := _ended_at(doc), int | float)
         ),
         reverse=True,  # the newest first: those are kept
     )
