@@ -54,6 +54,14 @@ def job_doc(record: Mapping[str, Any], ctx: AgentContext) -> JobDoc:
     return JobDoc(status, spec if isinstance(spec, dict) else {}, progress, eta)
 
 
+def newest_ended(found: list[Any]) -> Mapping[str, Any] | None:
+    """Of the stored copies agents answered with, the ended job's newest (the last owner's:
+    a job's records only grow in generation). A job not ended is one some agent's view has yet
+    to hear of, not a retired one: the agent asked does not know it yet, as before retiring."""
+    ended = [d for d in found if isinstance(d, dict) and d.get("state") in TERMINAL_JOB_STATES]
+    return max(ended, key=lambda d: int(d.get("gen") or 0), default=None)
+
+
 class Reads:
     def __init__(
         self,
@@ -98,10 +106,7 @@ class Reads:
             *(self._ctx.peers.call(a, "stored_job", {"job_id": job_id}) for a in addrs),
             return_exceptions=True,
         )
-        found = [here] + [a.get("job") for a in answers if isinstance(a, dict)]
-        docs = [d for d in found if isinstance(d, dict)]
-        # The last owner's copy is the newest: a job's records only grow in generation.
-        return max(docs, key=lambda d: int(d.get("gen") or 0), default=None)
+        return newest_ended([here] + [a.get("job") for a in answers if isinstance(a, dict)])
 
     def nodes(self) -> list[NodeDoc]:
         from agent.wire.documents import DeviceDoc, NodeDoc  # loaded on the first read

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent.jobspec import JobSpec, new_job_id
+from agent.reads import newest_ended
 from agent.retiring import due
 from tests.agent.agents import Mesh, spec
 from tests.agent.authority_kit import Kit
@@ -35,6 +36,16 @@ def test_no_more_ended_jobs_are_kept_than_the_bound_the_oldest_go_first() -> Non
     jobs["running"] = _job("running", None)
     assert sorted(due(jobs, now=10.0, keep_s=3600.0, kept=7)) == ["j0", "j1", "j2"]
     assert sorted(due(jobs, now=10.0, keep_s=3600.0, kept=0)) == sorted(f"j{i}" for i in range(10))
+
+
+def test_a_stored_copy_answers_for_an_ended_job_only_the_newest_generation() -> None:
+    """Found by CI: an agent whose view had yet to hear of a pending job answered for it from
+    its owner's store, so a test's "every agent knows it waits" held before one did."""
+    old = {"state": "failed", "gen": 2}
+    new = {"state": "succeeded", "gen": 5}
+    assert newest_ended([None, old, new, {"state": "running", "gen": 9}, "junk"]) == new
+    assert newest_ended([None, {"state": "pending", "gen": 1}]) is None
+    assert newest_ended([]) is None
 
 
 @pytest.mark.slow
