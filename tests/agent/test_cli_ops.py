@@ -5,6 +5,7 @@ real ``shoal`` in a subprocess; the mesh is real agent processes on loopback."""
 from __future__ import annotations
 
 import json
+import os
 import queue
 import signal
 import subprocess
@@ -138,6 +139,18 @@ def test_jobs_are_named_by_prefix_listed_one_row_each_and_logged_as_json(mesh: M
         assert (done.returncode, done.stderr) == (0, ""), argv
 
 
+def _exit_code(process: subprocess.Popen[str]) -> int:
+    """Its exit code; if it has not exited within the deadline, a failure that says where it
+    hung (the traceback of every thread, which ``PYTHONFAULTHANDLER`` prints on SIGABRT)."""
+    try:
+        return process.wait(timeout=DEADLINE_S)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        process.wait(timeout=DEADLINE_S)
+        stderr = process.stderr.read() if process.stderr is not None else ""
+        raise AssertionError(f"still running {DEADLINE_S:.0f} s after SIGINT:\n{stderr}") from None
+
+
 def test_events_as_a_table_as_json_lines_and_followed(mesh: Mesh) -> None:
     op = Operator(mesh, mesh.agents[1])
     first = _id("e1")
@@ -163,6 +176,7 @@ def test_events_as_a_table_as_json_lines_and_followed(mesh: Mesh) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # SIGABRT prints where it is
     )
     try:
         lines: queue.Queue[str | None] = queue.Queue()
@@ -181,7 +195,7 @@ def test_events_as_a_table_as_json_lines_and_followed(mesh: Mesh) -> None:
         op.submit(second, ["true"], gpus=0)
         mesh.wait("the new job's events, followed", lambda: saw(second, "succeeded"))
         follower.send_signal(signal.SIGINT)
-        assert follower.wait(timeout=DEADLINE_S) == 0
+        assert _exit_code(follower) == 0
         assert follower.stderr is not None and "Traceback" not in follower.stderr.read()
     finally:
         if follower.poll() is None:
