@@ -18,7 +18,14 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agent.jobstate import LIVE, TERMINAL_JOB_STATES, JobEvent, JobState, is_terminal
+from agent.jobstate import (
+    LIVE,
+    TERMINAL_JOB_STATES,
+    UNENDED_JOB_STATES,
+    JobEvent,
+    JobState,
+    is_terminal,
+)
 from agent.ownedjob import OwnedJob, OwnerError, job_from_wire, job_wire
 from agent.ownership import rank, replica_of
 from agent.ownersteps import OwnerSteps
@@ -36,7 +43,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("shoal.owner")
 
-_UNENDED = tuple(s for s in JobState if not is_terminal(s))
 HANDOVER_SETTLE_S = 5.0
 """An agent that ranks before the owner in a job's order is handed the job once it has been
 live this long here (not while a mesh forms or a member flaps)."""
@@ -88,7 +94,7 @@ def sweep(o: HandoverOwner) -> None:
     """Adopt or hand over every stored job whose owner is gone; re-replicate ours."""
     live = o._live()
     live_set = set(live)
-    for rec in o.store.jobs(states=_UNENDED):
+    for rec in o.store.jobs(states=UNENDED_JOB_STATES):
         if rec.owner in live_set or rec.job_id in o.jobs:
             continue
         doc = o.view.jobs.get(rec.job_id)

@@ -70,6 +70,7 @@ class JobEvent(StrEnum):
 TERMINAL_JOB_STATES: Final = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 """The states a job ends in. A ``StrEnum``'s members equal their values, so a state as a job
 document spells it (``"succeeded"``) is found in it too."""
+UNENDED_JOB_STATES: Final = tuple(s for s in JobState if s not in TERMINAL_JOB_STATES)
 LIVE: Final = (JobState.PLACING, JobState.RUNNING, JobState.MIGRATING)
 """The states of a job whose attempt may run somewhere: its owner follows, stops or fences it."""
 

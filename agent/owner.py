@@ -52,6 +52,7 @@ from agent.handover import HANDOVER_SETTLE_S as HANDOVER_SETTLE_S
 from agent.handover import UNHEARD_OWNER_GRACE_S as UNHEARD_OWNER_GRACE_S
 from agent.jobstate import (
     LIVE,
+    UNENDED_JOB_STATES,
     IllegalTransition,
     JobEvent,
     JobState,
@@ -164,8 +165,8 @@ class Owner:
         Returns how many jobs were taken back.
         """
         taken = 0
-        for rec in self.store.jobs(owner=self.node_id):
-            if is_terminal(rec.state) or rec.job_id in self.jobs:
+        for rec in self.store.jobs(owner=self.node_id, states=UNENDED_JOB_STATES):
+            if rec.job_id in self.jobs:
                 continue
             job = OwnedJob.from_record(rec)
             doc = self.view.jobs.get(job.job_id)

@@ -75,6 +75,9 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             issued_at REAL NOT NULL
         )""",
     ),
+    # 3 -> 4: the jobs not ended, found without reading every job the store ever held (the
+    # owner's sweep asks for them every second; the table keeps every job ended here)
+    ("CREATE INDEX jobs_by_state ON jobs (state)",),
 )
 """``MIGRATIONS[n]`` takes a file from schema version ``n`` to ``n + 1``."""
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from agent.jobspec import JobSpec, new_job_id
-from agent.jobstate import JobState
+from agent.jobstate import UNENDED_JOB_STATES, JobState
 from agent.store import (
+    MIGRATIONS,
     SCHEMA_VERSION,
     JobRecord,
     ResultRecord,
@@ -55,7 +56,7 @@ def test_write_close_reopen(tmp_path: Path) -> None:
     path = tmp_path / "state" / "agent.sqlite"
     a, b, c = new_job_id(), new_job_id(), new_job_id()
     with Store(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 3
+        assert store.schema_version == SCHEMA_VERSION == 4
         assert store.node_id() is None
         assert store.boot_count() == 0
         store.set_node_id(NODE)
@@ -91,6 +92,33 @@ def test_write_close_reopen(tmp_path: Path) -> None:
     assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     raw.close()
+
+
+def test_the_jobs_not_ended_are_found_by_an_index_in_a_store_of_an_older_schema_too(
+    tmp_path: Path,
+) -> None:
+    """The owner's sweep asks for the jobs not ended every second; the table keeps every job
+    ended here, so a scan grew with the agent's history (50,000 jobs: 10 ms a sweep, 1% of a
+    core while idle)."""
+    path = tmp_path / "agent.sqlite"
+    raw = sqlite3.connect(path)
+    for statements in MIGRATIONS[:3]:
+        for statement in statements:
+            raw.execute(statement)
+    raw.execute("PRAGMA user_version = 3")
+    raw.commit()
+    raw.close()
+    running, ended = new_job_id(), new_job_id()
+    with Store(path) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        store.put_job(job(running, JobState.RUNNING))
+        store.put_job(job(ended, JobState.SUCCEEDED))
+        assert [r.job_id for r in store.jobs(states=UNENDED_JOB_STATES)] == [running]
+        states = ", ".join(f"'{s.value}'" for s in UNENDED_JOB_STATES)
+        plan = store._db.execute(
+            f"EXPLAIN QUERY PLAN SELECT job_id FROM jobs WHERE state IN ({states})"
+        ).fetchall()
+        assert any("USING INDEX jobs_by_state" in str(row) for row in plan), plan
 
 
 def test_put_job_replaces_the_record(tmp_path: Path) -> None:
