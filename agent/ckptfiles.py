@@ -249,6 +249,10 @@ class Vault:
     def _dir(self, job_id: str) -> Path:
         return self.root / check_job_id(job_id)
 
+    def job_folder(self, job_id: str) -> Path:
+        """Everything this vault keeps of the job's checkpoint."""
+        return self._dir(job_id)
+
     def current_folder(self, job_id: str) -> Path:
         return self._dir(job_id) / "current"
 

@@ -93,6 +93,10 @@ class AgentConfig:
     ended_jobs_kept: int = 1000
     """At most this many ended jobs are kept everywhere (the newest), whatever their age: each
     costs every agent ~16 KB of memory while kept."""
+    ended_jobs_disk_keep_s: float = 30 * 86400.0
+    """How long this agent's disk keeps an ended job (``agent.purging``): its stored record and
+    results, and its folder (logs, checkpoint, what it wrote there). Not less than
+    ``ended_jobs_keep_s``."""
     placement: str = "shoal"
     """How this agent places the jobs it owns: ``shoal`` (the Shoal policy) or ``fifo`` (first
     fit in node-id order, the baseline)."""
@@ -132,6 +136,7 @@ _FLOATS = {
     "rpc_timeout_s",
     "datasets_rescan_s",
     "ended_jobs_keep_s",
+    "ended_jobs_disk_keep_s",
 }
 _POSITIVE = {"probe_interval_s", "telemetry_heartbeat_s", "rpc_timeout_s", "datasets_rescan_s"}
 _COUNTS = {"ended_jobs_kept"}
@@ -194,7 +199,13 @@ def config_from_mapping(doc: dict[str, Any], where: str = "config") -> AgentConf
         if name not in known:
             raise UserError(f"{where}: unknown option {name!r}")
         values[name] = _coerce(name, value, where)
-    return AgentConfig(**values)
+    config = AgentConfig(**values)
+    if config.ended_jobs_disk_keep_s < config.ended_jobs_keep_s:
+        raise UserError(
+            f"{where}: ended_jobs_disk_keep_s must not be less than ended_jobs_keep_s "
+            "(a listed job's log is read from disk)"
+        )
+    return config
 
 
 def load_config(path: Path) -> AgentConfig:

@@ -31,7 +31,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from agent import api, retiring
+from agent import api, purging, retiring
 from agent.admission import NodeFacts
 from agent.authority import Authority
 from agent.calls import Calls
@@ -52,7 +52,7 @@ from agent.placement import PLACEMENTS, Placement
 from agent.publisher import Publisher
 from agent.reads import Reads
 from agent.runner import Runner
-from agent.store import Store
+from agent.store import Store, StoreFull
 from agent.transfer import TransferLimits
 from agent.view import STATE_NAMES, ClusterView
 from agent.wire.records import EVENTS, JOB_PREFIX, NODE, SUB_PREFIX, NodeRecord
@@ -228,6 +228,7 @@ class Agent:
             asyncio.create_task(self._sweep_loop(), name="sweep"),
             asyncio.create_task(self._resume_later(), name="resume"),
             asyncio.create_task(self.runner.watch_checkpoints(), name="checkpoints"),
+            asyncio.create_task(self._purge_loop(), name="purge"),
         ]
         if self.config.datasets_dir is not None:
             self._tasks.append(asyncio.create_task(self._datasets_loop(), name="datasets"))
@@ -336,6 +337,24 @@ class Agent:
         self.owner.forget(job_ids)
         self.authority.forget(job_ids)
         self.node.retire({JOB_PREFIX + j for j in job_ids} | {SUB_PREFIX + j for j in job_ids})
+
+    async def _purge_loop(self) -> None:
+        """Let ended jobs go from disk once they are old enough (:mod:`agent.purging`)."""
+        while True:
+            await asyncio.sleep(purging.PURGE_EVERY_S)
+            job_ids = purging.due(
+                self.store, self.view.jobs, time.time(), self.config.ended_jobs_disk_keep_s
+            )
+            if not job_ids:
+                continue
+            folders = (self.executor.job_dir, self.checkpoints.vault.job_folder)
+            await asyncio.to_thread(purging.remove_folders, job_ids, folders)
+            try:
+                self.store.forget_jobs(job_ids)
+            except StoreFull as exc:  # their folders went: the next pass frees the rows
+                log.warning("could not let go of ended jobs' records: %s", exc)
+                continue
+            log.debug("let go of %d ended job(s) from disk", len(job_ids))
 
     async def _datasets_loop(self) -> None:
         config = self.config

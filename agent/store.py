@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from agent.jobspec import JobSpec
-from agent.jobstate import JobState
+from agent.jobstate import TERMINAL_JOB_STATES, JobState
 from gossip.fsmodes import ensure_dir, set_file_mode
 
 MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
@@ -75,9 +75,13 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             issued_at REAL NOT NULL
         )""",
     ),
-    # 3 -> 4: the jobs not ended, found without reading every job the store ever held (the
-    # owner's sweep asks for them every second; the table keeps every job ended here)
-    ("CREATE INDEX jobs_by_state ON jobs (state)",),
+    # 3 -> 4: the jobs not ended, found without reading every job the store holds (the owner's
+    # sweep asks for them every second); the ended ones and the attempts that ended before a
+    # time, found the same way (what ``ended_jobs_disk_keep_s`` lets go)
+    (
+        "CREATE INDEX jobs_by_state ON jobs (state, updated_at)",
+        "CREATE INDEX results_by_finish ON results (finished_at)",
+    ),
 )
 """``MIGRATIONS[n]`` takes a file from schema version ``n`` to ``n + 1``."""
 
@@ -304,6 +308,36 @@ class Store:
     def delete_job(self, job_id: str) -> None:
         with self._tx() as db:
             db.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
+
+    def ended_before(self, before: float, limit: int) -> list[str]:
+        """Up to ``limit`` jobs this store holds nothing newer of than ``before`` (wall time):
+        an ended record last written before it, or none, and attempts run here that all
+        finished before it, none running. The oldest first."""
+        ended = [s.value for s in TERMINAL_JOB_STATES]
+        marks = ", ".join("?" for _ in ended)
+        query = (
+            "SELECT c.job_id FROM (SELECT job_id, updated_at AS at FROM jobs "
+            f"WHERE state IN ({marks}) AND updated_at < ? "
+            "UNION ALL SELECT job_id, finished_at AS at FROM results WHERE finished_at < ?) AS c "
+            "GROUP BY c.job_id "
+            "HAVING NOT EXISTS (SELECT 1 FROM jobs AS j WHERE j.job_id = c.job_id "
+            f"AND (j.state NOT IN ({marks}) OR j.updated_at >= ?)) "
+            "AND NOT EXISTS (SELECT 1 FROM results AS r WHERE r.job_id = c.job_id "
+            "AND r.finished_at >= ?) "
+            "AND NOT EXISTS (SELECT 1 FROM runs AS u WHERE u.job_id = c.job_id) "
+            "ORDER BY MIN(c.at) LIMIT ?"
+        )
+        args = (*ended, before, before, *ended, before, before, limit)
+        with self._lock:
+            rows = self._db.execute(query, args).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def forget_jobs(self, job_ids: Iterable[str]) -> None:
+        """Drop every row of these jobs: their records and their attempts' results."""
+        ids = [(j,) for j in job_ids]
+        with self._tx() as db:
+            db.executemany("DELETE FROM jobs WHERE job_id = ?", ids)
+            db.executemany("DELETE FROM results WHERE job_id = ?", ids)
 
     # -- operator commands executed (replay memory) ----------------------------------------------
 

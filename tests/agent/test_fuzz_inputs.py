@@ -246,6 +246,7 @@ CONFIG = {
         "sim_seed": 1,
         "ended_jobs_keep_s": 900.0,
         "ended_jobs_kept": 1000,
+        "ended_jobs_disk_keep_s": 86400.0,
     }
 }
 
@@ -259,6 +260,7 @@ CONFIG = {
 @example(value={"agent": {"ended_jobs_kept": -1}})
 @example(value={"agent": {"ended_jobs_kept": 1.5}})
 @example(value={"agent": {"ended_jobs_kept": True}})
+@example(value={"agent": {"ended_jobs_keep_s": 60.0, "ended_jobs_disk_keep_s": 59.0}})
 def test_an_agent_config_loads_or_is_a_user_error(value: Any) -> None:
     try:
         config = config_from_mapping(value) if isinstance(value, dict) else None
@@ -270,9 +272,10 @@ def test_an_agent_config_loads_or_is_a_user_error(value: Any) -> None:
     for name in ("probe_interval_s", "telemetry_heartbeat_s", "rpc_timeout_s"):
         got = getattr(config, name)
         assert math.isfinite(got) and got > 0, name
-    for name in ("stop_grace_s", "drain_grace_s", "ended_jobs_keep_s"):
+    for name in ("stop_grace_s", "drain_grace_s", "ended_jobs_keep_s", "ended_jobs_disk_keep_s"):
         got = getattr(config, name)
         assert math.isfinite(got) and got >= 0, name
+    assert config.ended_jobs_disk_keep_s >= config.ended_jobs_keep_s
     assert type(config.ended_jobs_kept) is int and config.ended_jobs_kept >= 0
 
 

@@ -121,6 +121,35 @@ def test_the_jobs_not_ended_are_found_by_an_index_in_a_store_of_an_older_schema_
         assert any("USING INDEX jobs_by_state" in str(row) for row in plan), plan
 
 
+def test_the_jobs_held_nothing_newer_of_than_a_time_and_forgetting_them(tmp_path: Path) -> None:
+    def ended_at(job_id: str, finished_at: float, attempt: int = 1) -> ResultRecord:
+        return ResultRecord(job_id, attempt, 0, None, "exit", finished_at - 5.0, finished_at)
+
+    ids = [new_job_id() for _ in range(8)]
+    old, new, unended, running, ran_here, ran_again, replica_live, old_first = ids
+    with Store(tmp_path / "agent.sqlite") as store:
+        store.put_job(job(old, JobState.SUCCEEDED, submitted_at=10.0))  # written at 11
+        store.put_job(job(old_first, JobState.FAILED, submitted_at=1.0))  # written at 2
+        store.put_job(job(new, JobState.SUCCEEDED, submitted_at=900.0))
+        store.put_job(job(unended, JobState.PENDING, submitted_at=10.0))
+        store.put_job(job(running, JobState.CANCELLED, submitted_at=10.0))
+        store.record_run(RunRecord(running, 2, 4242, 4242, 12.0, "/log"))  # still runs here
+        store.finish_run(ended_at(ran_here, 20.0))  # ran here, no record: owned elsewhere
+        store.finish_run(ended_at(ran_again, 20.0))
+        store.finish_run(ended_at(ran_again, 950.0, attempt=2))
+        store.finish_run(ended_at(replica_live, 20.0))
+        store.put_job(job(replica_live, JobState.RUNNING, owner=PEER, submitted_at=10.0))
+
+        assert store.ended_before(500.0, limit=10) == [old_first, old, ran_here]
+        assert store.ended_before(500.0, limit=1) == [old_first]
+        assert store.ended_before(1.0, limit=10) == []
+
+        store.forget_jobs([old, ran_here])
+        assert store.get_job(old) is None and store.results(ran_here) == []
+        assert store.ended_before(500.0, limit=10) == [old_first]
+        assert store.get_job(new) is not None and len(store.results(ran_again)) == 2
+
+
 def test_put_job_replaces_the_record(tmp_path: Path) -> None:
     a = new_job_id()
     with Store(tmp_path / "s.sqlite") as store:

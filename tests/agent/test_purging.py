@@ -1,0 +1,64 @@
+"""Letting ended jobs go from disk: long after it was retired, an ended job's rows and folders
+leave every agent that held them; a job still running keeps everything."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.jobspec import new_job_id
+from agent.store import Store
+from tests.agent.agents import Mesh, spec
+from tests.shoal_cli import shoal
+
+
+def _held_until(path: Path) -> list[str]:
+    code = f"import os, time\nwhile not os.path.exists({str(path)!r}): time.sleep(0.1)"
+    return [sys.executable, "-c", code]
+
+
+def _stored(directory: Path, job_id: str) -> bool:
+    with Store(directory / "agent.sqlite") as store:
+        return store.get_job(job_id) is not None or bool(store.results(job_id))
+
+
+@pytest.mark.slow
+def test_an_ended_job_leaves_every_disk_and_a_running_one_keeps_its_folder(tmp_path: Path) -> None:
+    config = tmp_path / "purge.toml"
+    config.write_text("ended_jobs_keep_s = 1\nended_jobs_disk_keep_s = 3\n")
+    mesh = Mesh(tmp_path / "mesh", ["h100:1", "h100:1"], extra=("--config", str(config)))
+    mesh.start_all()
+    try:
+        a = mesh.agents[0]
+        ended, running = new_job_id(), new_job_id()
+        argv = [sys.executable, "-c", "open('made-by-the-job', 'w').write('x'); print('hello')"]
+        for job_id, command in ((ended, argv), (running, _held_until(tmp_path / "release"))):
+            body = {"job_id": job_id, "spec": spec(command, gpus=1)}
+            assert mesh.command(a, "submit", body)[0] == 200
+        mesh.wait("the first job succeeded", lambda: mesh.job(a, ended)["state"] == "succeeded")
+        mesh.wait("the second job runs", lambda: mesh.job(a, running)["state"] == "running")
+        runner = mesh.agents[mesh.node_index(mesh.job(a, ended)["runner"])]
+        folder = runner.directory / "jobs" / ended
+        assert (folder / "made-by-the-job").exists() and (folder / "output.log").exists()
+        assert all(_stored(x.directory, ended) for x in mesh.agents)  # owner and replica
+
+        mesh.wait("the ended job's folder is gone", lambda: not folder.exists(), 40.0)
+        mesh.wait(
+            "its rows are gone from every store",
+            lambda: not any(_stored(x.directory, ended) for x in mesh.agents),
+        )
+        for x in mesh.agents:
+            assert mesh.job(x, ended)["status"] == 404
+        flags = ["--agent", a.address, "--identity", str(mesh.cluster_dir)]
+        done = shoal("logs", ended, *flags)
+        assert done.returncode != 0 and "Traceback" not in done.stderr
+
+        live = mesh.agents[mesh.node_index(mesh.job(a, running)["runner"])]
+        assert (live.directory / "jobs" / running / "output.log").exists()
+        assert mesh.job(a, running)["state"] == "running"
+        (tmp_path / "release").touch()
+        mesh.wait("the running job ends well", lambda: mesh.job(a, running)["state"] == "succeeded")
+    finally:
+        mesh.stop_all()
