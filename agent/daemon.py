@@ -349,6 +349,7 @@ class Agent:
                 continue
             folders = (self.executor.job_dir, self.checkpoints.vault.job_folder)
             await asyncio.to_thread(purging.remove_folders, job_ids, folders)
+            self.runner.forget_fences(job_ids)
             try:
                 self.store.forget_jobs(job_ids)
             except StoreFull as exc:  # their folders went: the next pass frees the rows

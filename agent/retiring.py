@@ -10,7 +10,8 @@ job from the view and both its records from the gossip store, which refuses the 
 member still gossips (:mod:`gossip.records`), and the owner forgets its copy in memory. The owner's
 store keeps the job on disk: ``GET /v1/jobs/<id>`` on its owner (or on an agent that held a
 replica) still answers. A runner keeps its fence (the last attempt it ran of each job: a few dozen
-bytes), so an offer for an old attempt is refused however late it comes.
+bytes), so an offer for an old attempt is refused however late it comes, until the job leaves
+its disk too (:mod:`agent.purging`, 30 days by default).
 """
 
 from __future__ import annotations

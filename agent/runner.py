@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -508,6 +508,7 @@ class Runner:
         run = self.runs.get(e.job_id)
         if run is not None and run.attempt == e.attempt:
             del self.runs[e.job_id]
+            self.progress.pop(e.job_id, None)  # the node record tells running jobs' only
             self._show_load(run.devices)
         self.store.finish_run(
             ResultRecord(
@@ -534,6 +535,12 @@ class Runner:
 
     def moved_on(self, job_id: str, attempt: int) -> bool:
         return self.reports.moved_on(job_id, attempt)
+
+    def forget_fences(self, job_ids: Iterable[str]) -> None:
+        """Jobs let go of from disk (``agent.purging``): no owner offers them any more."""
+        for job_id in job_ids:
+            if job_id not in self.runs:
+                self.fence.pop(job_id, None)
 
     # -- fencing through gossip (agent.fencing) --------------------------------------------------
 
