@@ -127,7 +127,7 @@ class GangDesk:
         if held is None:
             raise Declined(f"attempt {req.attempt} holds nothing here (ran out or aborted)")
         spec = r.authorised_spec(job_id, held.owner, caller, held.submission, "commit")
-        if req.attempt <= r.fence.get(job_id, 0):
+        if req.attempt <= r.fence.get(job_id):
             raise Declined(f"attempt {req.attempt} is fenced here")
         r.holds.take(job_id, req.attempt, self._clock())
         gang = GangRank.one_per_node(
@@ -145,7 +145,7 @@ class GangDesk:
         prepared_it = held is not None and held.owner == caller
         if not prepared_it and not r.authority.may_own(job_id, caller):
             raise NotAllowed(f"{caller[:8]} may not abort job {job_id}")
-        r.fence[job_id] = max(r.fence.get(job_id, 0), req.attempt)
+        r.fence.raise_to(job_id, req.attempt)
         freed = r.holds.release(job_id, req.attempt)
         if freed is not None:
             r.events.add("released", f"attempt {freed.attempt} aborted", job_id=job_id)

@@ -18,6 +18,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Protocol
 
+from agent.fencing import Fences
 from agent.reports import attempt_result
 from agent.store import ResultRecord, process_alive, reconcile
 
@@ -38,7 +39,7 @@ def reconcile_lost(runner: RestartedRunner) -> None:
             )
         )
     for run in (*found.alive, *found.gone):
-        runner.fence[run.job_id] = max(runner.fence.get(run.job_id, 0), run.attempt)
+        runner.fence.raise_to(run.job_id, run.attempt)
         runner.events.add("lost", f"attempt {run.attempt} lost in a restart", job_id=run.job_id)
         lost = ResultRecord(
             run.job_id, run.attempt, None, None, "lost", run.started_at, time.time()
@@ -60,7 +61,7 @@ class RestartedRunner(Protocol):
     """What the lost runs use of the runner: its store, fences, events and reports."""
 
     store: Store
-    fence: dict[str, int]
+    fence: Fences
     events: EventLog
 
     def queue_report(self, report: AttemptResult, owner_hint: str | None) -> None: ...

@@ -5,10 +5,10 @@ attempt fenced, the spec's hard filters against its own inventory, and room for 
 in its device's memory: ``agent.admission``) and starts it at once through the executor. It
 reports every ended attempt to the job's current owner and records it in its store.
 
-Fencing: ``fence[job]`` is the highest attempt this node must not start (again). A ``stop`` from
-the owner raises it, so an offer that arrives late cannot start a copy the owner already gave up
-on; a gossiped job record naming a newer attempt, another runner, or a cancellation stops the
-local copy (cause ``fenced`` or ``cancel``).
+Fencing: ``fence.get(job)`` (:class:`agent.fencing.Fences`) is the highest attempt this node must
+not start (again). A ``stop`` from the owner raises it, so an offer that arrives late cannot start
+a copy the owner already gave up on; a gossiped job record naming a newer attempt, another
+runner, or a cancellation stops the local copy (cause ``fenced`` or ``cancel``).
 
 Gangs: a gang's member is held here between the owner's prepare and commit (``agent.gangdesk``,
 :class:`agent.reservations.Reservations`): its devices are busy for every other offer and in the
@@ -60,7 +60,7 @@ from agent.executor import (
     ProgressChanged,
     StopCause,
 )
-from agent.fencing import fence_cause
+from agent.fencing import Fences, fence_cause
 from agent.jobspec import JobSpec, check_job_id, lacking_reason
 from agent.jobstate import (
     TERMINAL_JOB_STATES,
@@ -192,7 +192,7 @@ class Runner:
         self._on_change = ctx.changed
         self._stop_grace_s = ctx.stop_grace_s
         self.runs: dict[str, LocalRun] = {}
-        self.fence: dict[str, int] = {}
+        self.fence = Fences(self.store.last_attempt_run)
         self.progress: dict[str, tuple[float, float | None]] = {}
         self.draining = Drain(self)
         """This node's drain state and the draining under way (``agent.draining``)."""
@@ -311,7 +311,7 @@ class Runner:
             raise Declined("the agent is shutting down")
         if not accepts_work(self.drain):
             raise Declined(f"node is {self.drain.value}")
-        if attempt <= self.fence.get(job_id, 0):
+        if attempt <= self.fence.get(job_id):
             raise Declined(f"attempt {attempt} is fenced here")
         held = self.runs.get(job_id)
         if held is not None:
@@ -404,13 +404,13 @@ class Runner:
             # The offer is declined (it ran nowhere: the owner may offer this attempt again); the
             # owner tries elsewhere, and gives up after a few (a bad command fails everywhere).
             raise LaunchFailed(str(exc)) from None
-        if self._closing or attempt <= self.fence.get(job_id, 0):
+        if self._closing or attempt <= self.fence.get(job_id):
             # Fenced by a stop, or the agent began to shut down, while it launched: end it now.
             await self.executor.stop(
                 job_id, cause="shutdown" if self._closing else "fenced", grace_s=0
             )
             raise Declined(f"attempt {attempt} was stopped as it started")
-        self.fence[job_id] = attempt
+        self.fence.raise_to(job_id, attempt)
         run.started_at = started.started_at
         try:
             self.store.record_run(
@@ -439,7 +439,7 @@ class Runner:
         return StartAnswer(ok=True, started_at=started.started_at, pid=started.pid)
 
     async def _preempt(self, job_id: str, attempt: int, cause: str) -> None:
-        self.fence[job_id] = max(self.fence.get(job_id, 0), attempt)
+        self.fence.raise_to(job_id, attempt)
         how: StopCause = "shrink" if cause == "shrink" else "preempt"
         await self.executor.stop(job_id, cause=how, grace_s=self._stop_grace_s)
 
@@ -469,7 +469,7 @@ class Runner:
         started_it = run is not None and run.owner == caller
         if not started_it and not self.authority.may_own(job_id, caller):
             raise NotAllowed(f"{caller[:8]} may not stop job {job_id}")
-        self.fence[job_id] = max(self.fence.get(job_id, 0), attempt)
+        self.fence.raise_to(job_id, attempt)
         if self.holds.release(job_id, attempt) is not None:
             self._on_change()
         if run is None or run.attempt > attempt:
@@ -538,9 +538,7 @@ class Runner:
 
     def forget_fences(self, job_ids: Iterable[str]) -> None:
         """Jobs let go of from disk (``agent.purging``): no owner offers them any more."""
-        for job_id in job_ids:
-            if job_id not in self.runs:
-                self.fence.pop(job_id, None)
+        self.fence.forget(j for j in job_ids if j not in self.runs)
 
     # -- fencing through gossip (agent.fencing) --------------------------------------------------
 
@@ -554,7 +552,7 @@ class Runner:
             return
         cause = fence_cause(doc, run.attempt, self.node_id)
         if cause is not None:
-            self.fence[job_id] = max(self.fence.get(job_id, 0), run.attempt)
+            self.fence.raise_to(job_id, run.attempt)
             self.events.add("fencing", f"attempt {run.attempt} ({cause})", job_id=job_id)
             self.spawn(self.executor.stop(job_id, cause=cause, grace_s=self._stop_grace_s))
 

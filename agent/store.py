@@ -400,6 +400,14 @@ class Store:
                 ),
             )
 
+    def last_attempt_run(self, job_id: str) -> int:
+        """The highest attempt of the job that ran here and ended (0: none)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT MAX(attempt) FROM results WHERE job_id = ?", (job_id,)
+            ).fetchone()
+        return int(row[0] or 0)
+
     def results(self, job_id: str | None = None) -> list[ResultRecord]:
         """Results of finished attempts, in the order they finished."""
         query = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.fencing import fence_cause
+from agent.fencing import Fences, fence_cause
 
 HERE, THERE = "node-here", "node-there"
 
@@ -40,3 +40,19 @@ def test_a_record_of_this_attempt_here_an_older_one_or_no_attempt_stops_nothing(
     assert fence_cause(record(runner=None), 2, HERE) is None
     assert fence_cause(record(attempt=1), 2, HERE) is None
     assert fence_cause(record(attempt="2"), 2, HERE) is None
+
+
+def test_fences_hold_the_newest_jobs_and_fall_back_to_the_attempts_that_ran_here() -> None:
+    ran_here = {"old": 3}
+    fences = Fences(lambda job_id: ran_here.get(job_id, 0), kept=2)
+    fences.raise_to("old", 4)
+    fences.raise_to("old", 2)  # never lowered
+    assert fences.get("old") == 4
+    fences.raise_to("a", 1)
+    fences.raise_to("old", 5)  # fenced again: the most recent
+    fences.raise_to("b", 1)  # past the bound: "a", the least recently fenced, goes
+    assert len(fences) == 2 and fences.get("a") == 0
+    assert (fences.get("old"), fences.get("b")) == (5, 1)
+    fences.forget(["old"])
+    assert fences.get("old") == 3  # what its store says ran here
+    assert fences.get("never") == 0

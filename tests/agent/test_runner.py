@@ -224,7 +224,8 @@ async def test_only_an_owner_or_the_starter_may_stop_a_job(rig: Rig) -> None:
     # Nor may it fence attempts to come of a job it has no part in.
     with pytest.raises(NotAllowed):
         await runner.stop(StopRequest(rig.job_id(), 10**9, "cancel", 0.0), member.node_id)
-    assert list(runner.runs) == [offer["job_id"]] and runner.fence == {offer["job_id"]: 1}
+    assert list(runner.runs) == [offer["job_id"]] and len(runner.fence) == 1
+    assert runner.fence.get(offer["job_id"]) == 1
     answer = await runner.stop(stop, rig.owner)
     assert answer.stopped is True
 
@@ -332,6 +333,11 @@ async def test_a_run_that_ended_leaves_no_progress_and_a_purged_job_no_fence(rig
             break
         await asyncio.sleep(0.05)
     assert job_id not in rig.runner.runs and job_id not in rig.runner.progress
-    assert rig.runner.fence[job_id] == 1
+    assert rig.runner.fence.get(job_id) == 1
     rig.runner.forget_fences([job_id])
-    assert job_id not in rig.runner.fence
+    assert len(rig.runner.fence) == 0
+    assert rig.runner.fence.get(job_id) == 1  # its store says attempt 1 ran here
+    with pytest.raises(Declined, match="attempt 1 is fenced here"):
+        await rig.start(offer)
+    rig.runner.store.forget_jobs([job_id])  # the job left the disk
+    assert rig.runner.fence.get(job_id) == 0
