@@ -33,7 +33,14 @@ def test_an_ended_job_leaves_every_disk_and_a_running_one_keeps_its_folder(tmp_p
     try:
         a = mesh.agents[0]
         ended, running = new_job_id(), new_job_id()
-        argv = [sys.executable, "-c", "open('made-by-the-job', 'w').write('x'); print('hello')"]
+        precious = tmp_path / "precious"  # outside every agent's data folder
+        precious.mkdir()
+        (precious / "keep").write_text("x")
+        code = (
+            "import os; open('made-by-the-job', 'w').write('x'); "
+            f"os.symlink({str(precious)!r}, 'a-link-out'); print('hello')"
+        )
+        argv = [sys.executable, "-c", code]
         for job_id, command in ((ended, argv), (running, _held_until(tmp_path / "release"))):
             body = {"job_id": job_id, "spec": spec(command, gpus=1)}
             assert mesh.command(a, "submit", body)[0] == 200
@@ -44,7 +51,9 @@ def test_an_ended_job_leaves_every_disk_and_a_running_one_keeps_its_folder(tmp_p
         assert (folder / "made-by-the-job").exists() and (folder / "output.log").exists()
         assert all(_stored(x.directory, ended) for x in mesh.agents)  # owner and replica
 
+        assert (folder / "a-link-out" / "keep").exists()
         mesh.wait("the ended job's folder is gone", lambda: not folder.exists(), 40.0)
+        assert (precious / "keep").read_text() == "x"  # a link it left is not followed
         mesh.wait(
             "its rows are gone from every store",
             lambda: not any(_stored(x.directory, ended) for x in mesh.agents),
