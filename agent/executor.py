@@ -232,8 +232,15 @@ class Executor(Protocol):
         """The last lines of the job's log."""
         ...
 
-    def follow(self, job_id: str, *, from_lines: int = 0) -> AsyncIterator[str]:
-        """The job's log lines as they come, ending when the attempt is over."""
+    def follow(
+        self,
+        job_id: str,
+        *,
+        from_lines: int = 0,
+        earlier: Callable[[list[str]], list[str]] | None = None,
+    ) -> AsyncIterator[str]:
+        """The job's log lines as they come, ending when the attempt is over (``from_lines``,
+        ``earlier``: as :func:`agent.logfiles.follow` takes them)."""
         ...
 
     async def close(self) -> None:
@@ -438,12 +445,19 @@ class ProcessExecutor:
     def tail(self, job_id: str, lines: int) -> list[str]:
         return tail(self.log_path(job_id), lines, self.config.log_backups)
 
-    def follow(self, job_id: str, *, from_lines: int = 0) -> AsyncIterator[str]:
+    def follow(
+        self,
+        job_id: str,
+        *,
+        from_lines: int = 0,
+        earlier: Callable[[list[str]], list[str]] | None = None,
+    ) -> AsyncIterator[str]:
         return follow(
             self.log_path(job_id),
             lambda: job_id not in self._runs,
             from_lines=from_lines,
             backups=self.config.log_backups,
+            earlier=earlier,
         )
 
     async def close(self) -> None:

@@ -330,8 +330,11 @@ async def follow(
     from_lines: int = 0,
     poll_s: float = 0.1,
     backups: int = DEFAULT_BACKUPS,
+    earlier: Callable[[list[str]], list[str]] | None = None,
 ) -> AsyncIterator[str]:
-    """Yield the log's lines as they are written, starting with the last ``from_lines``.
+    """Yield the log's lines as they are written, starting with the last ``from_lines``
+    (``earlier``: those given as one list, and the lines it answers yielded instead: at most
+    ``MAX_TAIL_BYTES`` of them are held).
 
     Ends once ``done()`` is true and everything written has been yielded; a last line without a
     newline is yielded then. Survives rotation: the rest of the rotated file is read before the
@@ -345,10 +348,16 @@ async def follow(
         live_end = await asyncio.to_thread(live.open)
         with await asyncio.to_thread(
             TailReader, path, from_lines, backups, live_end=live_end
-        ) as earlier:
-            while block := await asyncio.to_thread(earlier.read):
+        ) as tail_reader:
+            held: list[str] = []
+            while block := await asyncio.to_thread(tail_reader.read):
+                if earlier is not None:
+                    held += lines.feed(block)
+                    continue
                 for line in lines.feed(block):
                     yield line
+        for line in earlier(held) if earlier is not None else ():
+            yield line
         while True:
             finished = done()
             data = await asyncio.to_thread(live.read)

@@ -223,16 +223,21 @@ class Reads:
         await response.prepare(request)
         if attempt is not None:
             # The attempt's part of what the log holds (at most MAX_TAIL_LINES lines back).
-            chunks = []
-            async with contextlib.aclosing(self._runner.tail(job_id, MAX_TAIL_LINES)) as blocks:
-                async for block in blocks:
-                    chunks.append(block)
-            text = b"".join(chunks).decode("utf-8", errors="replace")
-            kept = list(lines_of_attempt(text.splitlines(), attempt))[-lines:] if lines else []
-            await response.write("".join(line + "\n" for line in kept).encode())
-            if follow:
-                async for line in self._runner.follow(job_id, 0):
+            def of_attempt(held: list[str]) -> list[str]:
+                return list(lines_of_attempt(held, attempt))[-lines:] if lines else []
+
+            if follow:  # one reader from the tail on: no line between the two is lost
+                followed = self._runner.follow(job_id, MAX_TAIL_LINES, earlier=of_attempt)
+                async for line in followed:
                     await response.write((line + "\n").encode())
+            else:
+                chunks = []
+                async with contextlib.aclosing(self._runner.tail(job_id, MAX_TAIL_LINES)) as blocks:
+                    async for block in blocks:
+                        chunks.append(block)
+                text = b"".join(chunks).decode("utf-8", errors="replace")
+                kept = of_attempt(text.splitlines())
+                await response.write("".join(line + "\n" for line in kept).encode())
         elif not follow:
             async with contextlib.aclosing(self._runner.tail(job_id, lines)) as blocks:
                 async for block in blocks:

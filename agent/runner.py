@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -593,5 +593,7 @@ class Runner:
             while block := await asyncio.to_thread(reader.read):
                 yield block
 
-    def follow(self, job_id: str, lines: int) -> AsyncIterator[str]:
-        return self.executor.follow(job_id, from_lines=lines)
+    def follow(
+        self, job_id: str, lines: int, earlier: Callable[[list[str]], list[str]] | None = None
+    ) -> AsyncIterator[str]:
+        return self.executor.follow(job_id, from_lines=lines, earlier=earlier)

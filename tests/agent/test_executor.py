@@ -154,6 +154,36 @@ async def test_follow_reads_through_a_rotation(tmp_path: Path) -> None:
     assert seen == ["old 2"] + [f"new {i}" for i in range(8)] + ["no newline"]
 
 
+async def test_follow_hands_what_the_log_held_to_earlier_and_misses_nothing_after(
+    tmp_path: Path,
+) -> None:
+    """An attempt's followed log: the lines the log held go through ``earlier`` (which keeps
+    that attempt's), then every line as it comes, from the same reader: a line written between
+    the two is not lost (it was, when the held part was read apart), nor one half written."""
+    path = tmp_path / "output.log"
+    out = RotatingLog(path)
+    out.write(b"keep 1\ndrop\nkeep 2\npar")
+    done = False
+    seen: list[str] = []
+
+    def kept(held: list[str]) -> list[str]:
+        out.write(b"tial\nwritten meanwhile\n")  # as the held part is handed over
+        return [line for line in held if line.startswith("keep")]
+
+    async def reader() -> None:
+        async for line in follow(path, lambda: done, from_lines=10, poll_s=0.01, earlier=kept):
+            seen.append(line)
+
+    task = asyncio.create_task(reader())
+    await asyncio.sleep(0.05)
+    out.write(b"new 1\n")
+    await asyncio.sleep(0.05)
+    out.close()
+    done = True
+    await asyncio.wait_for(task, 5)
+    assert seen == ["keep 1", "keep 2", "partial", "written meanwhile", "new 1"]
+
+
 def test_tail_reads_back_no_more_than_its_byte_bound(tmp_path: Path) -> None:
     path = tmp_path / "output.log"
     with RotatingLog(path, max_bytes=300_000, backups=2) as out:
