@@ -59,7 +59,15 @@ from agent.jobuser import (
     resolve_job_user,
     unreachable,
 )
-from agent.logfiles import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, LOG_NAME, RotatingLog, follow, tail
+from agent.logfiles import (
+    DEFAULT_BACKUPS,
+    DEFAULT_MAX_BYTES,
+    LOG_NAME,
+    Earlier,
+    RotatingLog,
+    follow,
+    tail,
+)
 from agent.pinning import GangRank, job_env, reserved_env
 from agent.progress import (
     PROGRESS_FILE_ENV,
@@ -233,11 +241,7 @@ class Executor(Protocol):
         ...
 
     def follow(
-        self,
-        job_id: str,
-        *,
-        from_lines: int = 0,
-        earlier: Callable[[list[str]], list[str]] | None = None,
+        self, job_id: str, *, from_lines: int = 0, earlier: Earlier | None = None
     ) -> AsyncIterator[str]:
         """The job's log lines as they come, ending when the attempt is over (``from_lines``,
         ``earlier``: as :func:`agent.logfiles.follow` takes them)."""
@@ -446,11 +450,7 @@ class ProcessExecutor:
         return tail(self.log_path(job_id), lines, self.config.log_backups)
 
     def follow(
-        self,
-        job_id: str,
-        *,
-        from_lines: int = 0,
-        earlier: Callable[[list[str]], list[str]] | None = None,
+        self, job_id: str, *, from_lines: int = 0, earlier: Earlier | None = None
     ) -> AsyncIterator[str]:
         return follow(
             self.log_path(job_id),

@@ -39,6 +39,8 @@ MAX_TAIL_BYTES: Final = 4 * 1024 * 1024
 oldest (cut) line is left out, so a job printing one endless line costs a request no more."""
 MAX_LINE_BYTES: Final = 64 * 1024
 """``follow`` yields a longer line in pieces of this size instead of holding it whole."""
+Earlier = Callable[[list[str]], list[str]]
+"""What ``follow`` yields of the lines the log held when it began (the rest come as written)."""
 
 
 def log_files(path: Path, backups: int = DEFAULT_BACKUPS) -> list[Path]:
@@ -330,7 +332,7 @@ async def follow(
     from_lines: int = 0,
     poll_s: float = 0.1,
     backups: int = DEFAULT_BACKUPS,
-    earlier: Callable[[list[str]], list[str]] | None = None,
+    earlier: Earlier | None = None,
 ) -> AsyncIterator[str]:
     """Yield the log's lines as they are written, starting with the last ``from_lines``
     (``earlier``: those given as one list, and the lines it answers yielded instead: at most

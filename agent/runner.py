@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -68,7 +68,7 @@ from agent.jobstate import (
     NodeDrainState,
     accepts_work,
 )
-from agent.logfiles import TailReader
+from agent.logfiles import Earlier, TailReader
 from agent.lostruns import reconcile_lost
 from agent.pinning import GangRank
 from agent.preemption import Ask, Preemptions, Refused
@@ -593,7 +593,5 @@ class Runner:
             while block := await asyncio.to_thread(reader.read):
                 yield block
 
-    def follow(
-        self, job_id: str, lines: int, earlier: Callable[[list[str]], list[str]] | None = None
-    ) -> AsyncIterator[str]:
+    def follow(self, job_id: str, lines: int, earlier: Earlier | None = None) -> AsyncIterator[str]:
         return self.executor.follow(job_id, from_lines=lines, earlier=earlier)
