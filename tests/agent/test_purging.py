@@ -27,7 +27,7 @@ def _stored(directory: Path, job_id: str) -> bool:
 @pytest.mark.slow
 def test_an_ended_job_leaves_every_disk_and_a_running_one_keeps_its_folder(tmp_path: Path) -> None:
     config = tmp_path / "purge.toml"
-    config.write_text("ended_jobs_keep_s = 1\nended_jobs_disk_keep_s = 3\n")
+    config.write_text("ended_jobs_keep_s = 1\nended_jobs_disk_keep_s = 5\n")
     mesh = Mesh(tmp_path / "mesh", ["h100:1", "h100:1"], extra=("--config", str(config)))
     mesh.start_all()
     try:
@@ -45,13 +45,13 @@ def test_an_ended_job_leaves_every_disk_and_a_running_one_keeps_its_folder(tmp_p
             body = {"job_id": job_id, "spec": spec(command, gpus=1)}
             assert mesh.command(a, "submit", body)[0] == 200
         mesh.wait("the first job succeeded", lambda: mesh.job(a, ended)["state"] == "succeeded")
-        mesh.wait("the second job runs", lambda: mesh.job(a, running)["state"] == "running")
         runner = mesh.agents[mesh.node_index(mesh.job(a, ended)["runner"])]
         folder = runner.directory / "jobs" / ended
         assert (folder / "made-by-the-job").exists() and (folder / "output.log").exists()
-        assert all(_stored(x.directory, ended) for x in mesh.agents)  # owner and replica
-
         assert (folder / "a-link-out" / "keep").exists()
+        assert all(_stored(x.directory, ended) for x in mesh.agents)  # owner and replica
+        mesh.wait("the second job runs", lambda: mesh.job(a, running)["state"] == "running")
+
         mesh.wait("the ended job's folder is gone", lambda: not folder.exists(), 40.0)
         assert (precious / "keep").read_text() == "x"  # a link it left is not followed
         mesh.wait(

@@ -318,17 +318,22 @@ async def test_an_attempt_starts_from_the_checkpoint_its_offer_names_or_from_not
 async def test_a_run_that_ended_leaves_no_progress_and_a_purged_job_no_fence(rig: Rig) -> None:
     """The runner's progress of a job went on for every job it ever ran (its node record names
     the running ones only); its fence goes when the job leaves the disk (``agent.purging``)."""
-    script = "import time; print('SHOAL_PROGRESS 0.5', flush=True); time.sleep(0.5)"
+    gate = rig.tmp_path / "gate"
+    script = (
+        "import os, time; print('SHOAL_PROGRESS 0.5', flush=True)\n"
+        f"while not os.path.exists({str(gate)!r}): time.sleep(0.05)"
+    )
     offer = rig.offer(command=(sys.executable, "-c", script))
     job_id = offer["job_id"]
     await rig.start(offer)
     assert job_id in rig.runner.runs
-    for _ in range(100):
+    for _ in range(400):
         if job_id in rig.runner.progress:
             break
         await asyncio.sleep(0.05)
     assert rig.runner.progress[job_id][0] == 0.5
-    for _ in range(200):
+    gate.touch()
+    for _ in range(400):
         if job_id not in rig.runner.runs:
             break
         await asyncio.sleep(0.05)
