@@ -165,9 +165,11 @@ async def test_follow_hands_what_the_log_held_to_earlier_and_misses_nothing_afte
     out.write(b"keep 1\ndrop\nkeep 2\npar")
     done = False
     seen: list[str] = []
+    handed = asyncio.Event()
 
     def kept(held: list[str]) -> list[str]:
         out.write(b"tial\nwritten meanwhile\n")  # as the held part is handed over
+        handed.set()
         return [line for line in held if line.startswith("keep")]
 
     async def reader() -> None:
@@ -175,9 +177,8 @@ async def test_follow_hands_what_the_log_held_to_earlier_and_misses_nothing_afte
             seen.append(line)
 
     task = asyncio.create_task(reader())
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(handed.wait(), 5)
     out.write(b"new 1\n")
-    await asyncio.sleep(0.05)
     out.close()
     done = True
     await asyncio.wait_for(task, 5)
