@@ -340,14 +340,20 @@ class Agent:
 
     async def _purge_loop(self) -> None:
         """Let ended jobs go from disk once they are old enough (:mod:`agent.purging`)."""
+        keep_s = self.config.ended_jobs_disk_keep_s
+        strays_at = time.monotonic()
+        folders = (self.executor.job_dir, self.checkpoints.vault.job_folder)
         while True:
             await asyncio.sleep(purging.PURGE_EVERY_S)
-            job_ids = purging.due(
-                self.store, self.view.jobs, time.time(), self.config.ended_jobs_disk_keep_s
-            )
+            if time.monotonic() - strays_at >= purging.strays_every_s(keep_s):
+                strays_at = time.monotonic()
+                jobs = self.executor.jobs_folder
+                old = await asyncio.to_thread(purging.old_folders, jobs, time.time() - keep_s)
+                strays = purging.stray_folders(self.store, old, self.view.jobs, self.runner.runs)
+                await asyncio.to_thread(purging.remove_folders, strays, folders)
+            job_ids = purging.due(self.store, self.view.jobs, time.time(), keep_s)
             if not job_ids:
                 continue
-            folders = (self.executor.job_dir, self.checkpoints.vault.job_folder)
             await asyncio.to_thread(purging.remove_folders, job_ids, folders)
             self.runner.forget_fences(job_ids)
             try:

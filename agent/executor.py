@@ -333,8 +333,13 @@ class ProcessExecutor:
 
     # paths
 
+    @property
+    def jobs_folder(self) -> Path:
+        """Where every job's folder is."""
+        return self.config.data_dir / "jobs"
+
     def job_dir(self, job_id: str) -> Path:
-        return self.config.data_dir / "jobs" / check_job_id(job_id)
+        return self.jobs_folder / check_job_id(job_id)
 
     def log_path(self, job_id: str) -> Path:
         return self.job_dir(job_id) / LOG_NAME

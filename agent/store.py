@@ -332,6 +332,21 @@ class Store:
             rows = self._db.execute(query, args).fetchall()
         return [str(r[0]) for r in rows]
 
+    def held(self, job_ids: Iterable[str]) -> set[str]:
+        """Which of these jobs this store holds any row of (a record, a result, a run)."""
+        found: set[str] = set()
+        with self._lock:
+            for job_id in job_ids:
+                row = self._db.execute(
+                    "SELECT 1 FROM jobs WHERE job_id = ? UNION ALL "
+                    "SELECT 1 FROM results WHERE job_id = ? UNION ALL "
+                    "SELECT 1 FROM runs WHERE job_id = ?",
+                    (job_id, job_id, job_id),
+                ).fetchone()
+                if row is not None:
+                    found.add(job_id)
+        return found
+
     def forget_jobs(self, job_ids: Iterable[str]) -> None:
         """Drop every row of these jobs: their records and their attempts' results."""
         ids = [(j,) for j in job_ids]
