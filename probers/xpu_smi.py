@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import shutil
 import subprocess
 from collections.abc import Callable, Sequence
@@ -95,13 +96,15 @@ def _int(value: Any) -> int | None:
 
 
 def _float(value: Any) -> float | None:
+    """A finite reading, or None ("N/A", "inf" and "nan" are no readings)."""
     text = _text(value)
     if text is None:
         return None
     try:
-        return float(text)
+        number = float(text)
     except ValueError:
         return None
+    return number if math.isfinite(number) else None
 
 
 def _json_object(text: str) -> dict[str, Any]:

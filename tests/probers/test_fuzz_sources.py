@@ -87,6 +87,17 @@ def _edited(draw: Any, text: str) -> str:
     return text[:start] + draw(NASTY_TEXT | st.text(max_size=10)) + text[end:]
 
 
+_XPU_INF_DUMP = (
+    "Timestamp, DeviceId, GPU Utilization (%), GPU Power (W), GPU Memory Used (MiB)\n"
+    "21:48:07.398, 0, nan, 1e999, inf\n"
+)
+
+
+def test_xpu_smi_readings_that_are_not_finite_are_no_readings() -> None:
+    (row,) = xpu_smi.parse_dump(_XPU_INF_DUMP)
+    assert (row.util_pct, row.power_mw, row.mem_used_bytes) == (None, None, None)
+
+
 def _json_variants(name: str) -> st.SearchStrategy[str]:
     text = _text(name)
     return _edited(text) | mutated(json.loads(text), JSON).map(json.dumps)
@@ -101,6 +112,8 @@ def _json_variants(name: str) -> st.SearchStrategy[str]:
 @example(discovery='{"device_list": 5}', detail="[" * 5000, dump="DeviceId,x\n1,\x00")
 @example(discovery="[" * 5000, detail='{"number_of_tiles": "inf"}', dump="DeviceId\n" + "9" * 5000)
 @example(discovery="{}", detail='{"memory_physical_size_byte": "1e999"}', dump="DeviceId\n" + "inf")
+# Found by this test in CI: a memory reading of "inf" (or a power of "1e999") overflowed.
+@example(discovery="{}", detail="{}", dump=_XPU_INF_DUMP)
 def test_xpu_smi_output_parses_or_is_a_value_error(discovery: str, detail: str, dump: str) -> None:
     for parse, text in (
         (xpu_smi.parse_discovery, discovery),
