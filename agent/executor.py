@@ -326,17 +326,13 @@ class ProcessExecutor:
         self._finished: OrderedDict[str, tuple[Exited, ProgressReport | None]] = OrderedDict()
         self.user = lookup_job_user(resolve_job_user(config.job_user))
         """Who jobs run as (``agent.jobuser``)."""
-        jobs = prepare_jobs_folder(config.data_dir, self.user)
+        self.jobs_folder = prepare_jobs_folder(config.data_dir, self.user)
+        """Where every job's folder is."""
         self.cage = open_cage(config.containment, config.data_dir)
         """How every process of a job is killed with it (``agent.containment``)."""
-        log_job_user(self.user, self.cage.mode, unreachable(jobs, self.user))
+        log_job_user(self.user, self.cage.mode, unreachable(self.jobs_folder, self.user))
 
     # paths
-
-    @property
-    def jobs_folder(self) -> Path:
-        """Where every job's folder is."""
-        return self.config.data_dir / "jobs"
 
     def job_dir(self, job_id: str) -> Path:
         return self.jobs_folder / check_job_id(job_id)

@@ -98,8 +98,8 @@ class Reads:
 
     async def _stored(self, job_id: str) -> Mapping[str, Any] | None:
         here = stored_job(self._ctx.store, job_id)
-        if here is not None and here.get("state") in TERMINAL_JOB_STATES:
-            return here
+        if (ended := newest_ended([here])) is not None:
+            return ended  # an ended copy here: no need to ask the others
         others = [n for n in self._mesh.live_agents() if n != self._ctx.node_id]
         addrs = [a for a in map(self._mesh.addr_of, others) if a is not None]
         answers = await asyncio.gather(
