@@ -76,6 +76,9 @@ class _Counter:
     def undelivered(self, addr: str, bodies: object) -> None:
         raise AssertionError(f"undelivered to {addr}")
 
+    def connection_lost(self, node_id: str | None, addr: str) -> None:
+        pass  # the measurement closes its own streams at the end
+
     async def until(self, count: int) -> None:
         if self.frames >= count:
             return

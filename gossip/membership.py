@@ -180,6 +180,8 @@ class Member:
     """The signed Suspect or Dead behind the current state, if any."""
     row: MemberDigest | None = None
     """The last digest line built for this member (rebuilt when it no longer matches)."""
+    hinted_at: float = float("-inf")
+    """When a hint last moved this member to the front of the probe order."""
 
     def digest(self) -> MemberDigest:
         """This member's push-pull digest line, reused while incarnation and state hold."""

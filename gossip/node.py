@@ -419,6 +419,15 @@ class GossipNode:
             for body in bodies:
                 loop.call_later(delay_s, self._resend, addr, body)
 
+    def connection_lost(self, node_id: str | None, addr: str) -> None:
+        """Probe the member at the other end next: a kill -9 closes its connections at once, so
+        every member that held one looks at it within a probe interval instead of its turn."""
+        if self._peer is None or self._stopped:
+            return
+        node = node_id or self.node_at(addr)
+        if node is not None:
+            self._peer.probe_soon(node, self._clock())
+
     def _learn_address(self, node: str, addr: str) -> None:
         self._seed_retries.clear()
         book = self._book

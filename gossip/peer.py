@@ -15,6 +15,7 @@ injected ``random.Random``; cryptography goes through the :mod:`gossip.trust` se
 
 from __future__ import annotations
 
+import contextlib
 import random
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
@@ -373,6 +374,32 @@ class Peer:
         if ca is None or cb is None:
             return None
         return ca.distance_s(cb)
+
+    def probe_soon(self, node: str, now: float) -> bool:
+        """A hint that ``node`` may be gone (the transport saw its connection end, or could not
+        open one): probe it next, out of turn. The hint decides nothing, the probe does; only the
+        order changes, not the pace, and a member is moved at most once a probe round (one
+        interval per live member), so however many hints come this member probes no more often,
+        and no member more than twice a round. False if nothing changed (not an alive member, or
+        hinted this round already)."""
+        m = self._members.get(node)
+        if m is None or m is self._self or m.state is not _A:
+            return False  # a suspect is being judged already
+        return self._probe_next(m, now)
+
+    def _probe_next(self, m: Member, now: float) -> bool:
+        p = self._probe
+        if p is not None and p.target == m.node:
+            return False  # being probed now
+        if now - m.hinted_at < self._live * self._awareness.scale(self.config.probe_interval_s):
+            return False
+        m.hinted_at = now
+        order, i = self._probe_order, self._probe_idx
+        with contextlib.suppress(ValueError):  # else probed this round, or joined since it began
+            del order[order.index(m.node, i)]
+        order.insert(i, m.node)
+        self.stats.probes_hinted += 1
+        return True
 
     def report_loop_lag(self, lag_s: float) -> None:
         """Feed the event loop's observed lag into Lifeguard's local health."""
@@ -839,6 +866,10 @@ class Peer:
         self._dirty.append(m)
         self._emit(MemberSuspect(u.node, u.incarnation, u.accuser, now))
         self._broadcast(u.node, u, _SUSPECT, now)
+        if u.accuser != self.node_id:
+            # Look for ourselves next: a confirmation if it is gone, and a live one hears the
+            # accusation with our ping (the buddy system) and refutes sooner.
+            self._probe_next(m, now)
         return s
 
     def _on_dead(self, u: Dead, now: float, ours: bool = False) -> None:

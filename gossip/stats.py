@@ -33,6 +33,9 @@ class GossipStats:
     """Probes with no ack by datagram (direct or indirect) within the probe interval."""
     probes_rescued: int = 0
     """Of those, probes the reliable fallback ping still got an answer to (no suspicion)."""
+    probes_hinted: int = 0
+    """Members moved to the front of the probe order: their connection ended without this
+    member closing it, or could not be opened, or another member suspects them."""
     indirect_probes: int = 0
     reliable_probes: int = 0
     """Fallback pings sent over the reliable channel after a late direct ack."""

@@ -178,6 +178,11 @@ class StreamDelegate(Protocol):
     def undelivered(self, addr: str, bodies: Sequence[bytes]) -> None:
         """No stream could be opened to ``addr``: these messages were not sent."""
 
+    def connection_lost(self, node_id: str | None, addr: str) -> None:
+        """A stream ended without this member closing it, or one to ``addr`` could not be
+        opened: the member at the other end (``node_id``, or the one listening at ``addr``)
+        may be gone. A hint only: a peer restarting or trimming its own streams looks the same."""
+
     async def stream_call(
         self, peer: PeerIdentity, path: str, content_type: str, body: bytes
     ) -> tuple[int, bytes]:
@@ -466,7 +471,10 @@ class StreamPool:
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             self.stats.dial_failed += 1
             log.debug("no stream to %s: %r", addr, exc)
+            lost = not stream.closing and not self._closed
             self._undelivered(stream)
+            if lost:
+                self._delegate.connection_lost(None, addr)
             return
         try:
             peer = self._server(ws)
@@ -678,13 +686,17 @@ class StreamPool:
                 transport.abort()
 
     def _gone(self, stream: _Stream) -> None:
-        """The stream's connection ended (or never was): forget it and what it still held."""
+        """The stream's connection ended (or never was): forget it and what it still held. Ended
+        by the peer (closed, reset: not retired or aborted here), it is told to the delegate."""
+        lost = not stream.closing and not self._closed and stream.peer is not None
         stream.closing = True
         self._forget(stream)
         if stream.writer is not None:
             stream.writer.cancel()
         self.stats.frames_dropped += len(self._take_queue(stream))
         self._fail_calls(stream, "the stream ended")
+        if lost and stream.peer is not None:
+            self._delegate.connection_lost(stream.peer.node_id, stream.addr)
 
     def _take_queue(self, stream: _Stream) -> list[bytes]:
         """Empty the stream's queue: the gossip bodies it held (its calls fail)."""

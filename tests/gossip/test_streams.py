@@ -111,6 +111,29 @@ async def test_a_call_to_a_member_that_is_gone_fails_without_waiting_for_its_tim
     assert not failed.value.legacy
 
 
+async def test_a_stream_the_peer_ended_makes_its_member_probed_next(
+    ids: list[NodeIdentity],
+) -> None:
+    """A kill -9 closes a member's connections at once: the others look at it on their next
+    probe tick instead of at its turn in their rounds (the probe decides, not the hint)."""
+    a = _node(ids[0])
+    await a.start()
+    b, c = _node(ids[1], [a.address]), _node(ids[2], [a.address])
+    await b.start()
+    await c.start()
+    try:
+        await eventually(lambda: all(_sees(x, y) for x in (a, b, c) for y in (a, b, c) if x != y))
+        await eventually(lambda: a.open_streams >= 2)
+        hinted = a.peer.stats.probes_hinted
+        await c.stop(leave=False)
+        await eventually(lambda: a.peer.stats.probes_hinted > hinted)
+        await eventually(lambda: not _sees(a, c))  # suspected, then dead: probes decided
+        assert _sees(a, b)
+    finally:
+        await b.stop(leave=False)
+        await a.stop(leave=False)
+
+
 async def test_a_member_without_streams_is_sent_posts_and_calls_fall_back(
     ids: list[NodeIdentity],
 ) -> None:
