@@ -23,6 +23,7 @@ from agent.logfiles import MAX_TAIL_LINES, lines_of_attempt
 from agent.mesh import GossipMesh
 from agent.ownedjob import stored_job
 from agent.owner import Owner
+from agent.ownership import rank
 from agent.peers import PeerError
 from agent.runner import Runner
 from agent.view import STATE_NAMES
@@ -35,6 +36,9 @@ if TYPE_CHECKING:
     from agent.wire.documents import JobDoc, NodeDoc
 
 _TEXT = {"Content-Type": "text/plain; charset=utf-8"}
+STORED_ASKED_FIRST = 2
+"""A retired job's stored copy is asked first of the agents ranked first for it (owner and
+replica), then of the others."""
 
 
 def job_doc(record: Mapping[str, Any], ctx: AgentContext) -> JobDoc:
@@ -84,6 +88,7 @@ class Reads:
         return [job_doc(d, self._ctx) for d in docs]
 
     async def job(self, job_id: str) -> JobDoc:
+        check_job_id(job_id)  # a malformed id is no job anywhere: answered 400, nobody asked
         doc = await self._doc(job_id)
         if doc is None:
             raise ApiError(404, f"unknown job {job_id}")
@@ -97,16 +102,26 @@ class Reads:
         return doc if doc is not None else await self._stored(job_id)
 
     async def _stored(self, job_id: str) -> Mapping[str, Any] | None:
-        here = stored_job(self._ctx.store, job_id)
-        if (ended := newest_ended([here])) is not None:
+        """An ended job's stored copy: this agent's, else its owner's and replica's by the
+        job's rank over the live agents (who hold it unless ownership moved since), else every
+        other live agent's. So a retired job costs two calls, an id nobody knows one per agent."""
+        found = [stored_job(self._ctx.store, job_id)]
+        if (ended := newest_ended(found)) is not None:
             return ended  # an ended copy here: no need to ask the others
-        others = [n for n in self._mesh.live_agents() if n != self._ctx.node_id]
-        addrs = [a for a in map(self._mesh.addr_of, others) if a is not None]
+        others = rank(job_id, [n for n in self._mesh.live_agents() if n != self._ctx.node_id])
+        for ask in (others[:STORED_ASKED_FIRST], others[STORED_ASKED_FIRST:]):
+            found += await self._ask_stored(job_id, ask)
+            if (ended := newest_ended(found)) is not None:
+                return ended
+        return None
+
+    async def _ask_stored(self, job_id: str, nodes: list[str]) -> list[Any]:
+        addrs = [a for a in map(self._mesh.addr_of, nodes) if a is not None]
         answers = await asyncio.gather(
             *(self._ctx.peers.call(a, "stored_job", {"job_id": job_id}) for a in addrs),
             return_exceptions=True,
         )
-        return newest_ended([here] + [a.get("job") for a in answers if isinstance(a, dict)])
+        return [a.get("job") for a in answers if isinstance(a, dict)]
 
     def nodes(self) -> list[NodeDoc]:
         from agent.wire.documents import DeviceDoc, NodeDoc  # loaded on the first read

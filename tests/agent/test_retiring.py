@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
 from agent.jobspec import JobSpec, new_job_id
-from agent.reads import newest_ended
+from agent.ownership import rank
+from agent.reads import Reads, newest_ended
 from agent.retiring import due
 from tests.agent.agents import Mesh, spec
 from tests.agent.authority_kit import Kit
@@ -49,6 +52,52 @@ def test_a_stored_copy_answers_for_an_ended_job_only_the_newest_generation() -> 
 
 
 @pytest.mark.slow
+class _Holders:
+    """Agents' stores as ``stored_job`` calls see them: who holds the ended copy."""
+
+    def __init__(self, holders: set[str]) -> None:
+        self.holders = holders
+        self.asked: list[list[str]] = []
+
+    async def call(self, addr: str, path: str, body: dict[str, str]) -> dict[str, Any]:
+        assert path == "stored_job"
+        self.asked[-1].append(addr)
+        return {"job": {"state": "succeeded", "gen": 3} if addr in self.holders else None}
+
+
+def _reads(nodes: list[str], holders: _Holders) -> Reads:
+    store = SimpleNamespace(get_job=lambda job_id: None)  # not here, nor in the view
+    ctx = SimpleNamespace(node_id="me", store=store, peers=holders, view=SimpleNamespace(jobs={}))
+    mesh = SimpleNamespace(live_agents=lambda: ["me", *nodes], addr_of=lambda n: n)
+    owner = SimpleNamespace(jobs={})
+    return Reads(*cast(Any, (ctx, owner, None, None, mesh, None)))
+
+
+async def _lookup(job_id: str, nodes: list[str], holders: _Holders) -> str | None:
+    holders.asked.append([])
+    found = await _reads(nodes, holders)._stored(job_id)
+    return None if found is None else found["state"]
+
+
+async def test_a_retired_jobs_copy_is_asked_of_its_ranked_agents_first_then_of_the_rest() -> None:
+    job_id = new_job_id()
+    nodes = [f"n{i}" for i in range(8)]
+    ranked = rank(job_id, nodes)
+    with_replica = _Holders({ranked[1]})
+    assert await _lookup(job_id, nodes, with_replica) == "succeeded"
+    assert sorted(with_replica.asked[-1]) == sorted(ranked[:2])  # two calls, not eight
+    moved = _Holders({ranked[5]})  # ownership moved since: the others are asked too
+    assert await _lookup(job_id, nodes, moved) == "succeeded"
+    assert sorted(moved.asked[-1]) == sorted(nodes)
+    nobody = _Holders(set())
+    assert await _lookup(job_id, nodes, nobody) is None
+    assert len(nobody.asked[-1]) == len(nodes)
+    nobody.asked.append([])
+    with pytest.raises(ValueError, match="32 lowercase hex"):  # the API's 400
+        await _reads(nodes, nobody).job("../" + job_id[3:])
+    assert nobody.asked[-1] == []  # a malformed id: nobody asked
+
+
 def test_agents_retire_an_ended_job_and_its_owner_still_answers_for_it(tmp_path: Path) -> None:
     config = tmp_path / "retire.toml"
     config.write_text("ended_jobs_keep_s = 2\n")
