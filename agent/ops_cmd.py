@@ -22,6 +22,7 @@ from agent.client import ApiClient, ApiError
 from agent.errors import UserError
 from agent.failover import first_answering
 from agent.fleet import fleet_path, load_fleet
+from agent.following import until_interrupted
 from agent.ops_args import AGENT_ENV
 from agent.paths import default_cluster_dir
 from agent.resolve import NODE_ID_RE, check_migration_target, pick_job, pick_node
@@ -78,9 +79,13 @@ def run_with_client(args: argparse.Namespace, call: Callable[[ApiClient], Awaita
 
 def run_following(args: argparse.Namespace, call: Callable[[ApiClient], Awaitable[Any]]) -> int:
     """:func:`run_with_client` for a command that may follow (``-f``): Ctrl-C is how a follow
-    ends, so it exits 0 there (130 otherwise, as anywhere)."""
+    ends, so it exits 0 there, promptly (:mod:`agent.following`); 130 otherwise, as anywhere."""
+
+    async def followed(client: ApiClient) -> Any:
+        return await until_interrupted(lambda: call(client))
+
     try:
-        run_with_client(args, call)
+        run_with_client(args, followed if args.follow else call)
     except KeyboardInterrupt:
         if not args.follow:
             raise
