@@ -473,19 +473,32 @@ def _log_figures(mesh: LocalMesh) -> dict[str, Any]:
             text = agent.log_path.read_text(errors="replace")
         except OSError:
             continue
-        for line in text.splitlines():
+        lines = text.splitlines()
+        for i, line in enumerate(lines):
             if NOT_OWNED.search(line):
                 not_owned += 1
             m = LEVEL.match(line)
             if m and m.group(2) != "WARNING":
                 errors[re.sub(r"[0-9a-f]{8,}", "<id>", m.group(3))[:160]] += 1
             elif line.startswith("Traceback"):
-                errors["Traceback"] += 1
+                errors[re.sub(r"[0-9a-f]{8,}", "<id>", traceback_line(lines, i))[:300]] += 1
     return {
         "report_not_owned_lines": not_owned,
         "agent_log_errors": sum(errors.values()),
         "agent_log_error_samples": [f"{n}x {msg}" for msg, n in errors.most_common(5)],
     }
+
+
+def traceback_line(lines: list[str], start: int) -> str:
+    """The traceback starting at ``lines[start]`` in one line: where it was raised (its last
+    frame) and the exception, so a sample says what failed without the folder kept."""
+    frame, i = "", start + 1
+    while i < len(lines) and (lines[i].startswith(" ") or not lines[i]):
+        if lines[i].lstrip().startswith("File "):
+            frame = lines[i].strip()
+        i += 1
+    exception = lines[i] if i < len(lines) else ""
+    return f"Traceback: {frame}: {exception}"
 
 
 def attempt_ended_after(record: dict[str, Any], node_id: str, killed_at: float) -> float | None:

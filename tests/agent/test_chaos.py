@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.chaos import main
+from bench.chaos import traceback_line, main
 
 
 @pytest.mark.slow
@@ -41,3 +41,20 @@ def test_chaos_keeps_its_invariants(capsys: pytest.CaptureFixture[str]) -> None:
     assert out["max_recovery_s"] is not None
     assert out["invariants"] == dict.fromkeys(out["invariants"], True), out["details"]
     assert code == 0
+
+
+def test_an_agents_traceback_is_counted_by_where_it_was_raised_and_what() -> None:
+    log = [
+        "2026-12-04 21:48:06,281 shoal.owner ERROR a step of a job's work failed",
+        "Traceback (most recent call last):",
+        '  File "/x/agent/owner.py", line 10, in step',
+        "    await go()",
+        '  File "/x/agent/placing.py", line 20, in go',
+        "    raise KeyError(job)",
+        "KeyError: 'ff2f365f388442429cda96c6a2b8d1f1'",
+        "2026-12-04 21:48:07,000 shoal.events INFO next",
+    ]
+    assert traceback_line(log, 1) == (
+        'Traceback: File "/x/agent/placing.py", line 20, in go: '
+        "KeyError: 'ff2f365f388442429cda96c6a2b8d1f1'"
+    )
