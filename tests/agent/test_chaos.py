@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.chaos import traceback_line, main
+from bench.chaos import main, traceback_line
 
 
 @pytest.mark.slow
