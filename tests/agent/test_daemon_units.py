@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from agent.config import AgentConfig, load_config
 from agent.errors import UserError
 from agent.events import GOSSIPED, GOSSIPED_FOR_S, EventLog
 from agent.jobspec import JobSpec, Resources
-from agent.ownership import owner_of, rank, replica_of
+from agent.ownership import RANKS_KEPT, owner_of, rank, replica_of, weight
 from agent.placement import FirstFit
 from agent.view import NodeView
 from agent.wire.documents import EventsDoc
@@ -30,6 +31,23 @@ def test_rendezvous_owner_moves_only_for_jobs_of_the_node_that_left() -> None:
     assert all(after[j] == replica_of(j, NODES, "node-d") for j in moved)
     assert rank(jobs[0], NODES) == rank(jobs[0], list(reversed(NODES)))
     assert replica_of(jobs[0], ["node-a"], "node-a") is None
+
+
+def test_a_kept_order_is_the_order_the_nodes_give_whatever_was_asked_before() -> None:
+    """:func:`rank` keeps orders; asked with other sets in between (members joining and
+    leaving), more jobs than it keeps, and with duplicates, it gives what hashing and sorting
+    give, and a caller that changes the list it got changes nothing kept."""
+    rng = random.Random(7)
+    nodes = [f"node-{i:02d}" for i in range(40)]
+    jobs = [f"{rng.getrandbits(128):032x}" for _ in range(3 * RANKS_KEPT)]
+    for _ in range(4000):
+        job = rng.choice(jobs)
+        live = rng.sample(nodes, rng.choice([1, 2, 31, 32, 32, 32]))
+        want = sorted(set(live), key=lambda n: (-weight(job, n), n))
+        got = rank(job, live + live[:3])
+        assert got == want
+        got.reverse()
+        assert rank(job, live) == want
 
 
 def _dev(key: str, vendor: str, backend: str, mem_gib: int, cc: str | None = None) -> DeviceStatic:
