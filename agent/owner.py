@@ -354,7 +354,7 @@ class Owner:
                     log.info("job %s: stop on %s: %s", job_id[:8], runner[:8], exc)
                 else:
                     if answer.exit is not None:
-                        self.report(runner, answer.exit)
+                        self.report_answered(runner, answer.exit)
                     else:
                         self._confirmed_gone(job_id, runner, attempt, cause)
                     return
@@ -397,6 +397,15 @@ class Owner:
         job.attempt_ended(job.attempt, r.cause, r.exit_code, _finished(r))
         self._conclude(job, runner, r)
         return {"ok": True}
+
+    def report_answered(self, runner: str, r: AttemptResult) -> None:
+        """How an attempt ended, as the runner answered this owner's own call (a stop, a
+        status). The job may have left meanwhile (handed to its next owner, or let go): that
+        owner asks the runner for itself, so the answer is dropped here, not raised."""
+        try:
+            self.report(runner, r)
+        except OwnerError as exc:
+            log.debug("job %s: %s's answer dropped: %s", r.job_id[:8], runner[:8], exc)
 
     def _conclude(self, job: OwnedJob, runner: str, r: AttemptResult) -> None:
         """The current attempt ended with ``r`` (on ``runner``; a gang's deciding member):

@@ -22,6 +22,7 @@ from agent.context import AgentContext
 from agent.events import EventLog
 from agent.jobspec import JobSpec, Resources, new_job_id
 from agent.jobstate import JobState
+from agent.ownedjob import OwnedJob
 from agent.owner import UNHEARD_OWNER_GRACE_S, Owner
 from agent.ownership import rank
 from agent.peers import PeerClient
@@ -30,6 +31,7 @@ from agent.placing import place_once
 from agent.recentoffers import HOLD_S
 from agent.store import JobRecord, Store
 from agent.view import ClusterView, pack
+from agent.wire.calls import AttemptResult, StopAnswer
 from agent.wire.records import InventoryRecord
 from gossip.identity import NodeIdentity
 from gossip.tls import server_context
@@ -70,6 +72,11 @@ class FakeRunner:
                 return web.json_response(answer)
             if op == "replicate":
                 return web.json_response({"ok": True})
+            if op == "stop":  # stopped it: it ended by the stop's signal
+                ended = AttemptResult(
+                    body["job_id"], body["attempt"], None, "SIGTERM", "fenced", 1.0, 2.0
+                )
+                return web.json_response(StopAnswer(True, ended).to_wire())
             return web.json_response({"error": f"unexpected {op}"}, status=404)
 
         app = web.Application()
@@ -169,6 +176,17 @@ async def _settled(owner: Owner) -> None:
 
 def _events(owner: Owner) -> list[tuple[str, str]]:
     return [(r.kind, r.message) for r in owner.events.since(0).events]
+
+
+async def _running_on_b(fx: Fixture) -> tuple[Owner, OwnedJob]:
+    """An owner and a job of it it placed, running on ``runner-b`` (which accepts starts)."""
+    owner = fx.owner()
+    job_id = new_job_id()
+    await owner.submit(fx.submission(job_id))
+    await _settled(owner)
+    job = owner.jobs[job_id]
+    assert job.state == JobState.RUNNING and job.runner == "runner-b"
+    return owner, job
 
 
 async def test_resume_leaves_alone_the_jobs_submitted_since_the_start(fx: Fixture) -> None:
@@ -351,7 +369,7 @@ async def test_a_job_handed_over_that_is_held_already_is_published_above_the_oth
     agent went on believing the giver's "running" record, and the runner's report of that
     attempt went to the giver (404): the job never ended. The holder now publishes its own
     above the lineage it was handed, as the owner every agent believes."""
-    from agent.ownedjob import OwnedJob, job_wire
+    from agent.ownedjob import job_wire
 
     fx.runners.clear()
     owner = fx.owner()
@@ -380,7 +398,7 @@ async def test_a_job_handed_over_that_is_held_already_is_published_above_the_oth
 async def test_a_job_handed_over_ended_ends_here_too_when_held_still_running(fx: Fixture) -> None:
     """The other way round (``bench.chaos`` again): the copy handed over had ended while the
     holder's was still running; the job ends here, as the copy says, above both."""
-    from agent.ownedjob import OwnedJob, job_wire
+    from agent.ownedjob import job_wire
 
     fx.runners.clear()
     owner = fx.owner()
@@ -413,14 +431,10 @@ async def test_a_job_handed_over_running_to_a_holder_whose_copy_runs_asks_its_ru
     """Both copies running (``bench.chaos``): the holder's goes on, and the holder asks its
     runner whether that attempt still runs (the other side may have fenced it), as after any
     takeover; else the job waited for the end of an attempt that had ended, for good."""
-    from agent.ownedjob import OwnedJob, job_wire
+    from agent.ownedjob import job_wire
 
-    owner = fx.owner()
-    job_id = new_job_id()
-    await owner.submit(fx.submission(job_id))
-    await _settled(owner)
-    held = owner.jobs[job_id]
-    assert held.state == JobState.RUNNING and held.runner == "runner-b"
+    owner, held = await _running_on_b(fx)
+    job_id = held.job_id
     other = fx.kit.agent("other")
     fx.others.append(other.node_id)
     fx.authority = fx.kit.authority(fx.me, lambda: [fx.me, other.node_id], other)
@@ -501,11 +515,8 @@ async def test_a_running_job_its_runner_no_longer_lists_is_checked_with_the_runn
     from agent.owner import UNLISTED_CHECK_S
     from agent.wire.records import NodeRecord
 
-    owner = fx.owner()
-    job_id = new_job_id()
-    await owner.submit(fx.submission(job_id))
-    await _settled(owner)
-    assert owner.jobs[job_id].state == JobState.RUNNING and owner.jobs[job_id].runner == "runner-b"
+    owner, job = await _running_on_b(fx)
+    job_id = job.job_id
 
     def status_calls() -> int:
         return sum(1 for op, node, _ in fx.calls if (op, node) == ("status", "runner-b"))
@@ -526,4 +537,24 @@ async def test_a_running_job_its_runner_no_longer_lists_is_checked_with_the_runn
     assert status_calls() == 1
     owner._check_unlisted(200.0 + UNLISTED_CHECK_S * 1.5)  # not again so soon
     assert status_calls() == 1
+    await owner.close()
+
+
+async def test_a_stops_answer_for_a_job_that_left_meanwhile_is_dropped_not_raised(
+    fx: Fixture,
+) -> None:
+    """Found by ``bench.chaos`` (16 ERROR lines with tracebacks in one run): an owner stopping an
+    attempt heard the runner's answer after the job had left it (handed to its next owner, or
+    let go), and reporting that answer to itself raised "not owned" out of the step. The next
+    owner asks the runner for itself; the answer is dropped here."""
+    owner, job = await _running_on_b(fx)
+    job_id = job.job_id
+    owner._handing.add(job_id)  # being handed to its next owner
+    await owner._stop_until_done(job_id, "runner-b", job.attempt, "fenced")
+    owner._handing.discard(job_id)
+    assert owner.jobs[job_id].state == JobState.RUNNING  # its next owner decides
+    owner.jobs.pop(job_id)  # let go
+    await owner._stop_until_done(job_id, "runner-b", job.attempt, "fenced")
+    stops = [body for op, node, body in fx.calls if (op, node) == ("stop", "runner-b")]
+    assert len(stops) == 2
     await owner.close()
