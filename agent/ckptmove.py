@@ -284,9 +284,16 @@ class _LocalFolder:
         self._manifest: Manifest | None = None
 
     async def manifest(self) -> Manifest:
-        self._manifest = await self._cp.serve_manifest(
-            self._job_id, self._attempt, self._cp.node_id
-        )
+        """As a remote folder answers: a refusal (another attempt ran here last, or this node
+        has no say over the job now) is :class:`PeerRefused`, which a retry would only repeat."""
+        try:
+            self._manifest = await self._cp.serve_manifest(
+                self._job_id, self._attempt, self._cp.node_id
+            )
+        except ApiError as exc:
+            raise PeerRefused(exc.status, str(exc)) from None
+        except NotAllowed as exc:
+            raise PeerRefused(403, str(exc)) from None
         return self._manifest
 
     async def chunk(self, ref: ChunkRef) -> Frame:

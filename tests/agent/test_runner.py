@@ -315,6 +315,28 @@ async def test_an_attempt_starts_from_the_checkpoint_its_offer_names_or_from_not
     assert job_id not in runner.runs
 
 
+async def test_pulling_from_itself_a_checkpoint_of_an_attempt_not_run_here_last_is_refused(
+    rig: Rig,
+) -> None:
+    """Found by ``bench.chaos`` (42 ERROR lines with tracebacks in one run of seed 3): after a
+    healed partition an owner held the job at attempt 2, run here, while the other side's owner
+    had run attempt 3 here since; before each new attempt it pulled attempt 2's checkpoint from
+    itself, and the local folder's refusal was raised out of the placement instead of taken as
+    a refusal (as a remote folder's is), again at every round. It is a refusal now: nothing
+    pulled, nothing raised."""
+    runner = rig.runner
+    checkpoints = Checkpoints(
+        runner.ctx, Vault(rig.tmp_path, TransferLimits()), runner, os.geteuid(), Counter()
+    )
+    runner.checkpoints = checkpoints
+    offer = rig.offer(attempt=3, command=(sys.executable, "-c", "pass"))
+    await rig.start(offer)
+    await runner.executor.wait(offer["job_id"])
+    (runner.checkpoint_folder(offer["job_id"]) / "step").write_text("3")
+    assert await checkpoints.pull(offer["job_id"], runner.ctx.node_id, 2) is None
+    assert checkpoints.counts["failed"] == 1
+
+
 async def test_a_run_that_ended_leaves_no_progress_and_a_purged_job_no_fence(rig: Rig) -> None:
     """The runner's progress of a job went on for every job it ever ran (its node record names
     the running ones only); its fence goes when the job leaves the disk (``agent.purging``)."""
