@@ -99,8 +99,15 @@ def sweep(o: HandoverOwner) -> None:
             continue
         doc = o.view.jobs.get(rec.job_id)
         if doc is not None:
-            if doc.get("owner") in live_set and doc.get("owner") != o.node_id:
-                continue  # someone already took it over
+            if (
+                doc.get("owner") in live_set
+                and doc.get("owner") != o.node_id
+                and job_gen(doc) >= OwnedJob.from_record(rec).gen
+            ):
+                # Someone already took it over. Not a record older than this copy: that is a
+                # live agent's from before it was away (its restart left the job to the owner
+                # it found then, now gone too), and nobody would take the job over.
+                continue
             if doc.get("state") in TERMINAL_JOB_STATES:
                 continue
         if (

@@ -319,14 +319,15 @@ async def test_an_attempt_refused_in_every_round_is_offered_again(fx: Fixture) -
     await owner.close()
 
 
-def _replica(fx: Fixture, owner: str, *, age_s: float) -> str:
+def _replica(fx: Fixture, owner: str, *, age_s: float, gen: int = 0) -> str:
     """A job copy kept for ``owner``, as a replica holds it, received ``age_s`` ago."""
     job_id = new_job_id()
     now = time.time()
     sealed = fx.kit.submission(job_id, SPEC)
+    detail = {"gen": gen}
     fx.store.put_job(
         JobRecord(
-            job_id, SPEC, JobState.PENDING, 0, owner, None, now - age_s, now - age_s, {}, sealed
+            job_id, SPEC, JobState.PENDING, 0, owner, None, now - age_s, now - age_s, detail, sealed
         )
     )
     return job_id
@@ -557,4 +558,31 @@ async def test_a_stops_answer_for_a_job_that_left_meanwhile_is_dropped_not_raise
     await owner._stop_until_done(job_id, "runner-b", job.attempt, "fenced")
     stops = [body for op, node, body in fx.calls if (op, node) == ("stop", "runner-b")]
     assert len(stops) == 2
+    await owner.close()
+
+
+async def test_a_copy_newer_than_the_live_agent_listed_as_owner_is_still_taken_over(
+    fx: Fixture,
+) -> None:
+    """Found by ``bench.chaos`` (a job not taken over for 40 s, twice): its owner A died, B took
+    it over, A came back and, finding B's newer record, left the job to B; B died 0.5 s later.
+    Every agent still listed A's old record (A live, first in the order), so the holder of B's
+    copy took the job for taken over, and A did not own it: nobody did. A listing older than the
+    copy held is not a takeover."""
+    fx.runners.clear()
+    owner = fx.owner()
+    owner._is_gone = lambda node: node == "died"
+    fx.others.append("came-back")
+    while rank(job_id := _replica(fx, "died", age_s=0, gen=5), fx.live())[0] != fx.me:
+        pass  # first in its order here: taken over here
+    fx.view.jobs[job_id] = {"job_id": job_id, "owner": "came-back", "state": "running", "gen": 2}
+    owner.sweep()
+    assert list(owner.jobs) == [job_id]
+    assert ("adopted", "owner died is gone") in _events(owner)
+    fx.view.jobs[job_id] = {**fx.view.jobs[job_id], "gen": 9}  # a real takeover: newer
+    while rank(other := _replica(fx, "died", age_s=0, gen=5), fx.live())[0] != fx.me:
+        pass
+    fx.view.jobs[other] = {"job_id": other, "owner": "came-back", "state": "running", "gen": 6}
+    owner.sweep()
+    assert other not in owner.jobs
     await owner.close()
