@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -170,8 +171,14 @@ class Owner:
                 continue
             job = OwnedJob.from_record(rec)
             doc = self.view.jobs.get(job.job_id)
-            if doc is not None and job_gen(doc) > job.gen and doc.get("owner") != self.node_id:
-                continue  # someone took over while we were away; we stay a replica
+            newer = doc.get("owner") if doc is not None else None
+            if doc is not None and job_gen(doc) > job.gen and newer != self.node_id:
+                # Someone took over while we were away: we stay a replica, of that owner, so
+                # that our sweep takes the job over should it go too (the takeover brings the
+                # copy up to the newest record it believes).
+                if isinstance(newer, str) and newer:
+                    self.store.put_job(dataclasses.replace(rec, owner=newer))
+                continue
             handover.adopt(self, job, why="resumed after restart")
             if job.job_id in self.jobs:
                 taken += 1

@@ -319,9 +319,14 @@ async def test_an_attempt_refused_in_every_round_is_offered_again(fx: Fixture) -
     await owner.close()
 
 
-def _replica(fx: Fixture, owner: str, *, age_s: float, gen: int = 0) -> str:
-    """A job copy kept for ``owner``, as a replica holds it, received ``age_s`` ago."""
+def _replica(
+    fx: Fixture, owner: str, *, age_s: float, gen: int = 0, first: list[str] | None = None
+) -> str:
+    """A job copy kept for ``owner``, as a replica holds it, received ``age_s`` ago; with
+    ``first``, of a job whose order over those nodes puts this agent first."""
     job_id = new_job_id()
+    while first is not None and rank(job_id, first)[0] != fx.me:
+        job_id = new_job_id()
     now = time.time()
     sealed = fx.kit.submission(job_id, SPEC)
     detail = {"gen": gen}
@@ -573,16 +578,33 @@ async def test_a_copy_newer_than_the_live_agent_listed_as_owner_is_still_taken_o
     owner = fx.owner()
     owner._is_gone = lambda node: node == "died"
     fx.others.append("came-back")
-    while rank(job_id := _replica(fx, "died", age_s=0, gen=5), fx.live())[0] != fx.me:
-        pass  # first in its order here: taken over here
+    job_id = _replica(fx, "died", age_s=0, gen=5, first=fx.live())  # taken over here
     fx.view.jobs[job_id] = {"job_id": job_id, "owner": "came-back", "state": "running", "gen": 2}
     owner.sweep()
     assert list(owner.jobs) == [job_id]
     assert ("adopted", "owner died is gone") in _events(owner)
     fx.view.jobs[job_id] = {**fx.view.jobs[job_id], "gen": 9}  # a real takeover: newer
-    while rank(other := _replica(fx, "died", age_s=0, gen=5), fx.live())[0] != fx.me:
-        pass
+    other = _replica(fx, "died", age_s=0, gen=5, first=fx.live())
     fx.view.jobs[other] = {"job_id": other, "owner": "came-back", "state": "running", "gen": 6}
     owner.sweep()
     assert other not in owner.jobs
+    await owner.close()
+
+
+async def test_a_job_left_to_its_newer_owner_at_a_restart_is_kept_as_that_owners_copy(
+    fx: Fixture,
+) -> None:
+    """Back from a restart, an agent leaves a job some other agent took over meanwhile; its copy
+    is then that owner's replica, so that its sweep takes the job over should that owner go too
+    (it kept naming itself as the owner, which its sweep never looks at: nobody took it)."""
+    fx.runners.clear()
+    owner = fx.owner()
+    job_id = _replica(fx, fx.me, age_s=0, gen=1, first=[fx.me, "took-over"])
+    fx.view.jobs[job_id] = {"job_id": job_id, "owner": "took-over", "state": "pending", "gen": 4}
+    assert owner.resume() == 0
+    kept = fx.store.get_job(job_id)
+    assert kept is not None and kept.owner == "took-over"
+    owner._is_gone = lambda node: node == "took-over"  # and then it died
+    owner.sweep()
+    assert list(owner.jobs) == [job_id]
     await owner.close()
