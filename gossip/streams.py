@@ -688,15 +688,15 @@ class StreamPool:
     def _gone(self, stream: _Stream) -> None:
         """The stream's connection ended (or never was): forget it and what it still held. Ended
         by the peer (closed, reset: not retired or aborted here), it is told to the delegate."""
-        lost = not stream.closing and not self._closed and stream.peer is not None
+        lost = stream.peer if not stream.closing and not self._closed else None
         stream.closing = True
         self._forget(stream)
         if stream.writer is not None:
             stream.writer.cancel()
         self.stats.frames_dropped += len(self._take_queue(stream))
         self._fail_calls(stream, "the stream ended")
-        if lost and stream.peer is not None:
-            self._delegate.connection_lost(stream.peer.node_id, stream.addr)
+        if lost is not None:
+            self._delegate.connection_lost(lost.node_id, stream.addr)
 
     def _take_queue(self, stream: _Stream) -> list[bytes]:
         """Empty the stream's queue: the gossip bodies it held (its calls fail)."""
