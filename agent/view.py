@@ -14,7 +14,10 @@ more than 4 KiB) is refused and counted, by reason and by kind (``shoal_records_
   spec, which the submission holds); several origins may hold one (an old owner's, the new
   owner's). Only the records of origins that may own the job (``Authority.may_own``) and that
   name themselves as its owner are believed; among them the highest ``gen`` wins. When no origin
-  may own it right now (a membership change in flight), the record believed last stays.
+  may own it right now (a membership change in flight), the record believed last stays. A job
+  believed ended gives way only to a newer record: its owner may since have fallen behind others
+  in the order (agents back from a restart), which makes the older records of those others no
+  truer.
 """
 
 from __future__ import annotations
@@ -274,6 +277,10 @@ class ClusterView:
             self._open.add(job_id)
         held = self.jobs.get(job_id)
         if held is not None and held.get("gen") == status.gen and held.get("owner") == origin:
+            return False
+        if held is not None and held.get("state") in TERMINAL_JOB_STATES and job_gen(held) > gen:
+            # An end believed from an owner of its time is final: an older record believed
+            # again (its origin back ahead in the order) is history, not news.
             return False
         believed = status.to_wire()
         believed["spec"] = sub.spec.to_dict()

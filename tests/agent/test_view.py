@@ -22,12 +22,17 @@ def _doc(job_id: str, owner: str, gen: int, state: str = "running") -> bytes:
     return pack({"job_id": job_id, "owner": owner, "gen": gen, "state": state, "attempt": 1})
 
 
-def test_only_an_owners_records_of_a_submitted_job_are_believed(tmp_path: Path) -> None:
+def _four_agents(tmp_path: Path) -> tuple[Kit, list[str], list[str], ClusterView]:
+    """Four agents, the view of the first, and the list of live agents it reads (change it)."""
     kit = Kit(tmp_path)
     agents = [kit.agent(f"a{i}") for i in range(4)]
     ids = [a.node_id for a in agents]
     live = list(ids)
-    view = ClusterView(kit.authority(ids[0], lambda: live, *agents))
+    return kit, ids, live, ClusterView(kit.authority(ids[0], lambda: live, *agents))
+
+
+def test_only_an_owners_records_of_a_submitted_job_are_believed(tmp_path: Path) -> None:
+    kit, ids, live, view = _four_agents(tmp_path)
     job_id = new_job_id()
     first, second, third, last = rank(job_id, ids)
     # No submission yet: nothing is believed, whoever says it.
@@ -141,3 +146,26 @@ def test_the_placement_memo_rebuilds_only_the_nodes_whose_records_changed() -> N
     # A node that left is forgotten; one that comes back is built again.
     assert [n.node_id for n in memo.nodes([b])] == ["b"]
     assert memo.nodes([a, b])[0] is not first[0]
+
+
+def test_an_ended_jobs_record_gives_way_only_to_a_newer_one(tmp_path: Path) -> None:
+    """The owner killed first comes back ahead in the order and publishes its old record again
+    (a restart that had not yet heard of the takeover): the job its successor ended stays ended."""
+    kit, ids, live, view = _four_agents(tmp_path)
+    job_id = new_job_id()
+    first, _, third, last = rank(job_id, ids)
+    view.apply(first, "sub/" + job_id, kit.submission(job_id, SPEC), 0.0)
+    view.apply(first, "job/" + job_id, _doc(job_id, first, 2), 0.0)
+    live[:] = [third, last]  # the first two die; the third takes the job over and it ends
+    view.membership_changed()
+    assert view.apply(third, "job/" + job_id, _doc(job_id, third, 3, "succeeded"), 0.0) == job_id
+    live[:] = ids  # both back: the third is no longer among the job's owners
+    assert view.membership_changed() == []
+    assert view.apply(first, "job/" + job_id, _doc(job_id, first, 2), 0.0) is None
+    assert view.jobs[job_id]["state"] == "succeeded" and view.jobs[job_id]["owner"] == third
+    assert view.membership_changed() == []
+    assert view.jobs[job_id]["state"] == "succeeded"
+    # A newer record is believed as before (each side of a partition may run a job: the owner
+    # that ran it again says so at a newer generation).
+    assert view.apply(first, "job/" + job_id, _doc(job_id, first, 4), 0.0) == job_id
+    assert view.jobs[job_id]["state"] == "running" and view.jobs[job_id]["owner"] == first
