@@ -147,9 +147,14 @@ class Authority:
     def live_agents(self) -> list[str]:
         return self._live()
 
+    def is_agent(self, node: str) -> bool:
+        """Is ``node`` this agent, or an agent whose certificate is admitted, unexpired and not
+        revoked (not an operator, not unknown)?"""
+        return node == self.node_id or self._trust.role_of(node) == "agent"
+
     def may_own(self, job_id: str, node: str) -> bool:
         """May ``node`` act as the owner of ``job_id``, as this agent sees the mesh?"""
-        if node != self.node_id and self._trust.role_of(node) != "agent":
+        if not self.is_agent(node):
             return False  # an operator, an unknown, expired or revoked certificate
         live = self._live()
         if node not in live and not self._heard_of(node):

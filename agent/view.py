@@ -17,7 +17,7 @@ more than 4 KiB) is refused and counted, by reason and by kind (``shoal_records_
   may own it right now (a membership change in flight), the record believed last stays. A job
   believed ended gives way only to a newer record: its owner may since have fallen behind others
   in the order (agents back from a restart), which makes the older records of those others no
-  truer.
+  truer; unless that owner has been revoked since.
 """
 
 from __future__ import annotations
@@ -126,6 +126,8 @@ class JobAuthority(Protocol):
     def submission(self, sealed: bytes, job_id: str | None = None) -> Submission: ...
 
     def may_own(self, job_id: str, node: str) -> bool: ...
+
+    def is_agent(self, node: str) -> bool: ...
 
 
 class ClusterView:
@@ -278,9 +280,15 @@ class ClusterView:
         held = self.jobs.get(job_id)
         if held is not None and held.get("gen") == status.gen and held.get("owner") == origin:
             return False
-        if held is not None and held.get("state") in TERMINAL_JOB_STATES and job_gen(held) > gen:
+        if (
+            held is not None
+            and held.get("state") in TERMINAL_JOB_STATES
+            and job_gen(held) > gen
+            and self.authority.is_agent(str(held.get("owner")))
+        ):
             # An end believed from an owner of its time is final: an older record believed
-            # again (its origin back ahead in the order) is history, not news.
+            # again (its origin back ahead in the order) is history, not news. Unless the
+            # owner that ended it has been revoked since: nothing of a revoked node is believed.
             return False
         believed = status.to_wire()
         believed["spec"] = sub.spec.to_dict()

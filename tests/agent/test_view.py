@@ -4,14 +4,18 @@ records changed."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import NamedTuple
 
+from agent.authority import Authority
 from agent.jobspec import JobSpec, new_job_id
 from agent.ownership import rank
 from agent.policy.adapt import NodeMemo
 from agent.view import ClusterView, NodeView, pack
 from agent.wire.records import InventoryRecord, NodeRecord
-from gossip.certtrust import CertSigner
+from gossip.certtrust import CertSigner, CertTrust
+from gossip.revocation import issue_revocations
 from probers.records import DeviceSample, DeviceStatic, HostInfo
 from tests.agent.authority_kit import Kit
 
@@ -22,17 +26,28 @@ def _doc(job_id: str, owner: str, gen: int, state: str = "running") -> bytes:
     return pack({"job_id": job_id, "owner": owner, "gen": gen, "state": state, "attempt": 1})
 
 
-def _four_agents(tmp_path: Path) -> tuple[Kit, list[str], list[str], ClusterView]:
-    """Four agents, the view of the first, and the list of live agents it reads (change it)."""
+class _Four(NamedTuple):
+    kit: Kit
+    trust: CertTrust
+    ids: list[str]
+    live: list[str]
+    """The agents the view reads as live (change it)."""
+    view: ClusterView
+    """The first agent's."""
+
+
+def _four_agents(tmp_path: Path) -> _Four:
     kit = Kit(tmp_path)
     agents = [kit.agent(f"a{i}") for i in range(4)]
     ids = [a.node_id for a in agents]
     live = list(ids)
-    return kit, ids, live, ClusterView(kit.authority(ids[0], lambda: live, *agents))
+    trust = kit.trust(*agents)
+    view = ClusterView(Authority(ids[0], trust, lambda: live, lambda node: 0.0, time.time))
+    return _Four(kit, trust, ids, live, view)
 
 
 def test_only_an_owners_records_of_a_submitted_job_are_believed(tmp_path: Path) -> None:
-    kit, ids, live, view = _four_agents(tmp_path)
+    kit, _, ids, live, view = _four_agents(tmp_path)
     job_id = new_job_id()
     first, second, third, last = rank(job_id, ids)
     # No submission yet: nothing is believed, whoever says it.
@@ -148,24 +163,43 @@ def test_the_placement_memo_rebuilds_only_the_nodes_whose_records_changed() -> N
     assert memo.nodes([a, b])[0] is not first[0]
 
 
-def test_an_ended_jobs_record_gives_way_only_to_a_newer_one(tmp_path: Path) -> None:
-    """The owner killed first comes back ahead in the order and publishes its old record again
-    (a restart that had not yet heard of the takeover): the job its successor ended stays ended."""
-    kit, ids, live, view = _four_agents(tmp_path)
-    job_id = new_job_id()
+def _ended_by_the_third(four: _Four) -> tuple[str, str, str]:
+    """A job its first agent owned, taken over and ended by its third while the first two were
+    away; both back, the first publishes its old record again (a restart that had not heard of
+    the takeover yet). Returns the job id, the first agent and the third."""
+    kit, _, ids, live, view = four
+    # The view's own agent last in the order: the others are judged by their certificates.
+    job_id = next(j for j in iter(new_job_id, "") if rank(j, ids)[-1] == ids[0])
     first, _, third, last = rank(job_id, ids)
     view.apply(first, "sub/" + job_id, kit.submission(job_id, SPEC), 0.0)
     view.apply(first, "job/" + job_id, _doc(job_id, first, 2), 0.0)
-    live[:] = [third, last]  # the first two die; the third takes the job over and it ends
+    live[:] = [third, last]
     view.membership_changed()
     assert view.apply(third, "job/" + job_id, _doc(job_id, third, 3, "succeeded"), 0.0) == job_id
-    live[:] = ids  # both back: the third is no longer among the job's owners
+    live[:] = ids  # the third is no longer among the job's owners
     assert view.membership_changed() == []
-    assert view.apply(first, "job/" + job_id, _doc(job_id, first, 2), 0.0) is None
+    view.apply(first, "job/" + job_id, _doc(job_id, first, 2), 0.0)
+    return job_id, first, third
+
+
+def test_an_ended_jobs_record_gives_way_only_to_a_newer_one(tmp_path: Path) -> None:
+    four = _four_agents(tmp_path)
+    view = four.view
+    job_id, first, third = _ended_by_the_third(four)
     assert view.jobs[job_id]["state"] == "succeeded" and view.jobs[job_id]["owner"] == third
     assert view.membership_changed() == []
     assert view.jobs[job_id]["state"] == "succeeded"
     # A newer record is believed as before (each side of a partition may run a job: the owner
     # that ran it again says so at a newer generation).
     assert view.apply(first, "job/" + job_id, _doc(job_id, first, 4), 0.0) == job_id
+    assert view.jobs[job_id]["state"] == "running" and view.jobs[job_id]["owner"] == first
+
+
+def test_an_end_from_an_owner_revoked_since_is_not_kept(tmp_path: Path) -> None:
+    four = _four_agents(tmp_path)
+    view = four.view
+    job_id, first, third = _ended_by_the_third(four)
+    revoked = issue_revocations(four.kit.operator, [third], [], 1, time.time())
+    assert four.trust.apply_revocations(revoked, time.time())
+    assert view.membership_changed() == [job_id]
     assert view.jobs[job_id]["state"] == "running" and view.jobs[job_id]["owner"] == first
