@@ -38,7 +38,13 @@ if TYPE_CHECKING:
 _TEXT = {"Content-Type": "text/plain; charset=utf-8"}
 STORED_ASKED_FIRST = 2
 """A retired job's stored copy is asked first of the agents ranked first for it (owner and
-replica), then of the others."""
+replica), then of the next ones in its order, up to :data:`STORED_ASKED_AT_MOST`."""
+STORED_ASKED_AT_MOST = 8
+"""The agents asked for a retired job's copy, at most. It is held by the two agents first in the
+job's order over the agents live when it ended (or handed on to the first since); each agent
+that joined since and ranks ahead of them moves them down one place. So a lookup finds it
+after six such joins, and an id nobody knows costs 8 calls, not one per agent in the mesh (a
+lookup anyone who may read can repeat)."""
 
 
 def job_doc(record: Mapping[str, Any], ctx: AgentContext) -> JobDoc:
@@ -103,13 +109,14 @@ class Reads:
 
     async def _stored(self, job_id: str) -> Mapping[str, Any] | None:
         """An ended job's stored copy: this agent's, else its owner's and replica's by the
-        job's rank over the live agents (who hold it unless ownership moved since), else every
-        other live agent's. So a retired job costs two calls, an id nobody knows one per agent."""
+        job's rank over the live agents (who hold it unless ownership moved since), else the
+        next agents' in that order. So a retired job costs two calls, an id nobody knows
+        :data:`STORED_ASKED_AT_MOST`."""
         found = [stored_job(self._ctx.store, job_id)]
         if (ended := newest_ended(found)) is not None:
             return ended  # an ended copy here: no need to ask the others
         others = rank(job_id, [n for n in self._mesh.live_agents() if n != self._ctx.node_id])
-        for ask in (others[:STORED_ASKED_FIRST], others[STORED_ASKED_FIRST:]):
+        for ask in (others[:STORED_ASKED_FIRST], others[STORED_ASKED_FIRST:STORED_ASKED_AT_MOST]):
             found += await self._ask_stored(job_id, ask)
             if (ended := newest_ended(found)) is not None:
                 return ended

@@ -11,7 +11,7 @@ import pytest
 
 from agent.jobspec import JobSpec, new_job_id
 from agent.ownership import rank
-from agent.reads import Reads, newest_ended
+from agent.reads import STORED_ASKED_AT_MOST, Reads, newest_ended
 from agent.retiring import due
 from tests.agent.agents import Mesh, spec
 from tests.agent.authority_kit import Kit
@@ -51,7 +51,6 @@ def test_a_stored_copy_answers_for_an_ended_job_only_the_newest_generation() -> 
     assert newest_ended([]) is None
 
 
-@pytest.mark.slow
 class _Holders:
     """Agents' stores as ``stored_job`` calls see them: who holds the ended copy."""
 
@@ -79,25 +78,28 @@ async def _lookup(job_id: str, nodes: list[str], holders: _Holders) -> str | Non
     return None if found is None else found["state"]
 
 
-async def test_a_retired_jobs_copy_is_asked_of_its_ranked_agents_first_then_of_the_rest() -> None:
+async def test_a_retired_jobs_copy_is_asked_of_its_ranked_agents_first_then_of_the_next() -> None:
     job_id = new_job_id()
-    nodes = [f"n{i}" for i in range(8)]
+    nodes = [f"n{i}" for i in range(12)]
     ranked = rank(job_id, nodes)
     with_replica = _Holders({ranked[1]})
     assert await _lookup(job_id, nodes, with_replica) == "succeeded"
-    assert sorted(with_replica.asked[-1]) == sorted(ranked[:2])  # two calls, not eight
-    moved = _Holders({ranked[5]})  # ownership moved since: the others are asked too
+    assert sorted(with_replica.asked[-1]) == sorted(ranked[:2])  # two calls, not twelve
+    moved = _Holders({ranked[5]})  # agents joined ahead of its holders since: the next are asked
     assert await _lookup(job_id, nodes, moved) == "succeeded"
-    assert sorted(moved.asked[-1]) == sorted(nodes)
+    assert sorted(moved.asked[-1]) == sorted(ranked[:STORED_ASKED_AT_MOST])
     nobody = _Holders(set())
     assert await _lookup(job_id, nodes, nobody) is None
-    assert len(nobody.asked[-1]) == len(nodes)
+    assert len(nobody.asked[-1]) == STORED_ASKED_AT_MOST  # not one call per agent
+    too_far = _Holders({ranked[STORED_ASKED_AT_MOST]})
+    assert await _lookup(job_id, nodes, too_far) is None
     nobody.asked.append([])
     with pytest.raises(ValueError, match="32 lowercase hex"):  # the API's 400
         await _reads(nodes, nobody).job("../" + job_id[3:])
     assert nobody.asked[-1] == []  # a malformed id: nobody asked
 
 
+@pytest.mark.slow
 def test_agents_retire_an_ended_job_and_its_owner_still_answers_for_it(tmp_path: Path) -> None:
     config = tmp_path / "retire.toml"
     config.write_text("ended_jobs_keep_s = 2\n")
