@@ -102,7 +102,7 @@ class Reads:
 
     async def _doc(self, job_id: str) -> Mapping[str, Any] | None:
         """The job's record: this agent's own copy, the view's, or, for a job every agent
-        retired (``agent.retiring``), its owner's stored one (asked of every live agent)."""
+        retired (``agent.retiring``), its owner's stored one (:meth:`_stored`)."""
         owned = self._owner.jobs.get(job_id)
         doc = owned.to_json() if owned is not None else self._ctx.view.jobs.get(job_id)
         return doc if doc is not None else await self._stored(job_id)
