@@ -91,3 +91,48 @@ def test_an_ended_job_is_handed_over_so_that_agents_that_join_ahead_list_it(
         )
     finally:
         mesh.stop_all()
+
+
+def test_a_job_ended_by_an_owner_two_agents_came_back_ahead_of_is_listed_ended_everywhere(
+    tmp_path: Path,
+) -> None:
+    """Agent 0 is down when the job is submitted: agent 1 owns it, agent 2 holds its copy.
+    Agent 1 is killed and agent 2 takes the job over; agents 0 and 1 come back, both ahead of
+    agent 2 in the job's order, and the job ends at once, under agent 2. Every agent lists it
+    ended in the end: the agents that stayed, which believe agent 2 on (``agent.view``), and the
+    two back, once agent 2 hands the ended job to agent 0 (``bench.chaos`` once saw every agent
+    list such a job ``running`` 10 s after its end)."""
+    mesh = Mesh(tmp_path, ["h100:1", "h100:1", "h100:1", "h100:1"])
+    try:
+        for i in (1, 2, 3):
+            mesh.start(i)
+        mesh.wait_converged()
+        ids = [a.node_id for a in mesh.agents]
+        while True:
+            job_id = new_job_id()
+            if rank(job_id, ids) == ids:
+                break
+        last = mesh.agents[3]
+        gate = tmp_path / "gate"  # the job ends once it appears
+        wait = f"while [ ! -e {gate} ]; do sleep 0.1; done"
+        body = {"job_id": job_id, "spec": spec(["sh", "-c", wait], gpus=0)}
+        status, answer = mesh.command(last, "submit", body)
+        assert status == 200, answer
+        mesh.wait("it runs", lambda: mesh.job(last, job_id)["state"] == "running")
+        assert mesh.job(last, job_id)["owner"] == ids[1]
+        mesh.kill(1)
+        mesh.wait(
+            "agent 2 took it over",
+            lambda: (j := mesh.job(last, job_id))["owner"] == ids[2] and j["state"] == "running",
+            deadline_s=40,
+        )
+        mesh.start(0)
+        mesh.start(1)
+        gate.touch()  # it ends before agent 2 hands it on (5 s after the two are back)
+        mesh.wait(
+            "every agent lists it succeeded",
+            lambda: all(mesh.job(a, job_id)["state"] == "succeeded" for a in mesh.agents),
+            deadline_s=60,
+        )
+    finally:
+        mesh.stop_all()

@@ -163,22 +163,28 @@ def test_the_placement_memo_rebuilds_only_the_nodes_whose_records_changed() -> N
     assert memo.nodes([a, b])[0] is not first[0]
 
 
-def _ended_by_the_third(four: _Four) -> tuple[str, str, str]:
-    """A job its first agent owned, taken over and ended by its third while the first two were
-    away; both back, the first publishes its old record again (a restart that had not heard of
-    the takeover yet). Returns the job id, the first agent and the third."""
+def _third_takes_over(four: _Four, state: str) -> list[str]:
+    """A job its first agent owned, taken over by its third (at gen 3, ``state``) while the
+    first two were away; both back, the first publishes its old record again (a restart that
+    had not heard of the takeover yet). Returns the job id, then the job's order."""
     kit, _, ids, live, view = four
     # The view's own agent last in the order: the others are judged by their certificates.
     job_id = next(j for j in iter(new_job_id, "") if rank(j, ids)[-1] == ids[0])
-    first, _, third, last = rank(job_id, ids)
+    first, _, third, last = order = rank(job_id, ids)
     view.apply(first, "sub/" + job_id, kit.submission(job_id, SPEC), 0.0)
     view.apply(first, "job/" + job_id, _doc(job_id, first, 2), 0.0)
     live[:] = [third, last]
     view.membership_changed()
-    assert view.apply(third, "job/" + job_id, _doc(job_id, third, 3, "succeeded"), 0.0) == job_id
+    assert view.apply(third, "job/" + job_id, _doc(job_id, third, 3, state), 0.0) == job_id
     live[:] = ids  # the third is no longer among the job's owners
     assert view.membership_changed() == []
     view.apply(first, "job/" + job_id, _doc(job_id, first, 2), 0.0)
+    return [job_id, *order]
+
+
+def _ended_by_the_third(four: _Four) -> tuple[str, str, str]:
+    """The job id, its first agent and its third, which ended it."""
+    job_id, first, _, third, _ = _third_takes_over(four, "succeeded")
     return job_id, first, third
 
 
@@ -203,3 +209,21 @@ def test_an_end_from_an_owner_revoked_since_is_not_kept(tmp_path: Path) -> None:
     assert four.trust.apply_revocations(revoked, time.time())
     assert view.membership_changed() == [job_id]
     assert view.jobs[job_id]["state"] == "running" and view.jobs[job_id]["owner"] == first
+
+
+def test_a_live_owner_the_order_left_behind_is_believed_on_until_someone_newer_speaks(
+    tmp_path: Path,
+) -> None:
+    """The third took the job over while the first two were away; they come back ahead of it,
+    the first with its older record: the third, alive, is believed on, and so is its end."""
+    four = _four_agents(tmp_path)
+    view, live = four.view, four.live
+    job_id, first, second, third, last = _third_takes_over(four, "running")
+    assert view.jobs[job_id]["owner"] == third
+    assert view.apply(third, "job/" + job_id, _doc(job_id, third, 4, "succeeded"), 0.0) == job_id
+    assert view.jobs[job_id]["state"] == "succeeded"
+    # Once it is gone, a job it still ran is the order's owners' again (they take it over).
+    view.apply(third, "job/" + job_id, _doc(job_id, third, 5), 0.0)  # run again, say
+    live[:] = [first, second, last]
+    assert view.membership_changed() == [job_id]
+    assert view.jobs[job_id]["owner"] == first
