@@ -14,12 +14,10 @@ more than 4 KiB) is refused and counted, by reason and by kind (``shoal_records_
   spec, which the submission holds); several origins may hold one (an old owner's, the new
   owner's). Only the records of origins that may own the job (``Authority.may_own``) and that
   name themselves as its owner are believed; among them the highest ``gen`` wins. When no origin
-  may own it right now (a membership change in flight), the record believed last stays. Its
-  owner may since have fallen behind others in the order (agents back from a restart), which
-  makes their older records no truer: while it lives, it is believed on, its newer records too,
-  until an owner of the order publishes a newer one (it hands the job to the first); and a job
-  believed ended gives way only to a newer record, alive or not. Neither holds for an owner
-  revoked since.
+  may own it right now (a membership change in flight), the record believed last stays. A job
+  believed ended gives way only to a newer record: its owner may since have fallen behind others
+  in the order (agents back from a restart), which makes the older records of those others no
+  truer; unless that owner has been revoked since.
 """
 
 from __future__ import annotations
@@ -130,8 +128,6 @@ class JobAuthority(Protocol):
     def may_own(self, job_id: str, node: str) -> bool: ...
 
     def is_agent(self, node: str) -> bool: ...
-
-    def live_agents(self) -> list[str]: ...
 
 
 class ClusterView:
@@ -271,32 +267,17 @@ class ClusterView:
             for origin, status in docs.items()
             if self.authority.may_own(job_id, origin)
         ]
-        held = self.jobs.get(job_id)
-        kept_on = held.get("owner") if held is not None else None
-        if (
-            isinstance(kept_on, str)
-            and kept_on in docs
-            and all(origin != kept_on for _, origin in entitled)
-            and kept_on in self.authority.live_agents()
-            and self.authority.is_agent(kept_on)
-        ):
-            # The owner believed last, still live, is believed on (its newer records too) until
-            # an owner of the job's order publishes a newer one: agents back ahead of it in the
-            # order bring only their older records, and it hands the job to the first of them.
-            entitled.append((docs[kept_on].gen, kept_on))
-        else:
-            kept_on = None
         if not entitled:
             self._open.add(job_id)
             return False
         gen, origin = max(entitled)
         status = docs[origin]
         ended = status.state in TERMINAL_JOB_STATES
-        settled = len(docs) == 1 or (ended and gen >= max(d.gen for d in docs.values()))
-        if settled and origin != kept_on:
+        if len(docs) == 1 or (ended and gen >= max(d.gen for d in docs.values())):
             self._open.discard(job_id)  # nothing membership can change any more
         else:
             self._open.add(job_id)
+        held = self.jobs.get(job_id)
         if held is not None and held.get("gen") == status.gen and held.get("owner") == origin:
             return False
         if (

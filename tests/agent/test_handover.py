@@ -98,10 +98,10 @@ def test_a_job_ended_by_an_owner_two_agents_came_back_ahead_of_is_listed_ended_e
 ) -> None:
     """Agent 0 is down when the job is submitted: agent 1 owns it, agent 2 holds its copy.
     Agent 1 is killed and agent 2 takes the job over; agents 0 and 1 come back, both ahead of
-    agent 2 in the job's order, and the job ends at once, under agent 2. Every agent lists it
-    ended in the end: the agents that stayed, which believe agent 2 on (``agent.view``), and the
-    two back, once agent 2 hands the ended job to agent 0 (``bench.chaos`` once saw every agent
-    list such a job ``running`` 10 s after its end)."""
+    agent 2 in the job's order, and the job ends at once, under agent 2, whose records no view
+    believes any more. Every agent lists it ended, once agent 1 learns of the end from the
+    runner or agent 2 hands the ended job to agent 0, first in its order (``bench.chaos`` once saw
+    every agent list such a job ``running`` 10 s after its end)."""
     mesh = Mesh(tmp_path, ["h100:1", "h100:1", "h100:1", "h100:1"])
     try:
         for i in (1, 2, 3):

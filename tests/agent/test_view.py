@@ -209,21 +209,3 @@ def test_an_end_from_an_owner_revoked_since_is_not_kept(tmp_path: Path) -> None:
     assert four.trust.apply_revocations(revoked, time.time())
     assert view.membership_changed() == [job_id]
     assert view.jobs[job_id]["state"] == "running" and view.jobs[job_id]["owner"] == first
-
-
-def test_a_live_owner_the_order_left_behind_is_believed_on_until_someone_newer_speaks(
-    tmp_path: Path,
-) -> None:
-    """The third took the job over while the first two were away; they come back ahead of it,
-    the first with its older record: the third, alive, is believed on, and so is its end."""
-    four = _four_agents(tmp_path)
-    view, live = four.view, four.live
-    job_id, first, second, third, last = _third_takes_over(four, "running")
-    assert view.jobs[job_id]["owner"] == third
-    assert view.apply(third, "job/" + job_id, _doc(job_id, third, 4, "succeeded"), 0.0) == job_id
-    assert view.jobs[job_id]["state"] == "succeeded"
-    # Once it is gone, a job it still ran is the order's owners' again (they take it over).
-    view.apply(third, "job/" + job_id, _doc(job_id, third, 5), 0.0)  # run again, say
-    live[:] = [first, second, last]
-    assert view.membership_changed() == [job_id]
-    assert view.jobs[job_id]["owner"] == first
