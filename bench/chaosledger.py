@@ -169,29 +169,40 @@ def overlaps(runs: Iterable[Run]) -> list[Overlap]:
     return found
 
 
-def checkpoint_disorders(runs: Iterable[Run]) -> list[str]:
-    """One line for each resume of a job's checkpoint that went back (see the module doc)."""
+@dataclass(frozen=True)
+class Disorder:
+    """A resume of a job's checkpoint that went back: by the run that resumed, when it started."""
+
+    start_t: float
+    line: str
+
+
+def checkpoint_disorders(runs: Iterable[Run]) -> list[Disorder]:
+    """Each resume of a job's checkpoint that went back (see the module doc)."""
     ordered = sorted(runs, key=lambda r: r.start_t)
     found = []
     for r in ordered:
         if r.resumed_from is None:
             continue
         if r.resumed_from < 0:
-            found.append(f"{r.job} attempt {r.attempt}: told to resume, found no checkpoint")
+            line = f"{r.job} attempt {r.attempt}: told to resume, found no checkpoint"
+            found.append(Disorder(r.start_t, line))
             continue
         for e in ordered:
             if e.attempt < r.attempt and (e.resumed_from or 0) > r.resumed_from:
-                found.append(
+                line = (
                     f"{r.job} attempt {r.attempt} resumed from step {r.resumed_from}, below "
                     f"attempt {e.attempt}'s resume point {e.resumed_from}"
                 )
+                found.append(Disorder(r.start_t, line))
             if e.attempt > r.attempt:
                 written = [s for t, s in e.steps if t < r.start_t]
                 if written and max(written) > r.resumed_from:
-                    found.append(
+                    line = (
                         f"{r.job} attempt {r.attempt} resumed from step {r.resumed_from} after "
                         f"the later attempt {e.attempt} had written step {max(written)}"
                     )
+                    found.append(Disorder(r.start_t, line))
     return found
 
 

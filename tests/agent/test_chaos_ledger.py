@@ -83,7 +83,8 @@ def test_a_resume_below_an_earlier_resume_point_is_out_of_order(tmp_path: Path) 
         ],
     )
     found = checkpoint_disorders(ledger.runs.values())
-    assert len(found) == 1 and "below attempt 2's resume point 5" in found[0]
+    assert len(found) == 1 and "below attempt 2's resume point 5" in found[0].line
+    assert found[0].start_t == 120.0  # the resume that went back, for the partition's window
 
 
 def test_an_older_attempt_resuming_behind_a_newer_one_is_out_of_order(tmp_path: Path) -> None:
@@ -97,12 +98,12 @@ def test_an_older_attempt_resuming_behind_a_newer_one_is_out_of_order(tmp_path: 
         ],
     )
     found = checkpoint_disorders(ledger.runs.values())
-    assert len(found) == 1 and "later attempt 3 had written step 2" in found[0]
+    assert len(found) == 1 and "later attempt 3 had written step 2" in found[0].line
 
 
 def test_told_to_resume_without_a_checkpoint_is_out_of_order(tmp_path: Path) -> None:
     ledger = _ledger(tmp_path, [_line("start", 2, 20, 100.0, resumed_from=-1)])
-    assert "found no checkpoint" in checkpoint_disorders(ledger.runs.values())[0]
+    assert "found no checkpoint" in checkpoint_disorders(ledger.runs.values())[0].line
 
 
 def test_lines_are_read_as_they_are_appended_and_garbage_is_counted(tmp_path: Path) -> None:
