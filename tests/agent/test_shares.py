@@ -26,7 +26,8 @@ L4, MI300X = 0, 1
 
 
 def sleeper(out: Path) -> list[str]:
-    """A job that writes the variables that pin it, then sleeps."""
+    """A job that writes the variables that pin it (whole: the file appears once written),
+    then sleeps."""
     names = [
         "CUDA_VISIBLE_DEVICES",
         "SHOAL_DEVICES",
@@ -36,7 +37,9 @@ def sleeper(out: Path) -> list[str]:
     ]
     script = (
         "import json, os, sys, time\n"
-        f"open(sys.argv[1], 'w').write(json.dumps({{n: os.environ.get(n) for n in {names!r}}}))\n"
+        f"env = {{n: os.environ.get(n) for n in {names!r}}}\n"
+        "open(sys.argv[1] + '.part', 'w').write(json.dumps(env))\n"
+        "os.replace(sys.argv[1] + '.part', sys.argv[1])\n"
         "time.sleep(300)\n"
     )
     return [sys.executable, "-c", script, str(out)]
