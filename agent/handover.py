@@ -97,12 +97,13 @@ def sweep(o: HandoverOwner) -> None:
     for rec in o.store.jobs(states=UNENDED_JOB_STATES):
         if rec.owner in live_set or rec.job_id in o.jobs:
             continue
+        copy = OwnedJob.from_record(rec)
         doc = o.view.jobs.get(rec.job_id)
         if doc is not None:
             if (
                 doc.get("owner") in live_set
                 and doc.get("owner") != o.node_id
-                and job_gen(doc) >= OwnedJob.from_record(rec).gen
+                and job_gen(doc) >= copy.gen
             ):
                 # Someone already took it over. Not a record older than this copy: that is a
                 # live agent's from before it was away (its restart left the job to the owner
@@ -117,9 +118,9 @@ def sweep(o: HandoverOwner) -> None:
             continue  # not heard of yet rather than gone: it, or we, may have just joined
         new_owner = next(iter(rank(rec.job_id, live)), None)
         if new_owner == o.node_id:
-            adopt(o, OwnedJob.from_record(rec), why=f"owner {rec.owner[:8]} is gone")
+            adopt(o, copy, why=f"owner {rec.owner[:8]} is gone")
         elif new_owner is not None:
-            o.spawn(hand_over(o, new_owner, OwnedJob.from_record(rec)))
+            o.spawn(hand_over(o, new_owner, copy))
     _hand_over_outranked(o, live)
     for job in o.jobs.values():
         if is_terminal(job.state):

@@ -546,19 +546,15 @@ def _verdict(chaos: Chaos) -> dict[str, Any]:
         for f in chaos.faults
         if f["fault"] == "partition"
     ]
-    twice_outside = [
-        o for o in twice if not any(lo <= o.second_start_t <= hi for lo, hi in windows)
-    ]
-    reruns_outside = [
-        r
-        for r in reruns
-        if not any(lo <= t <= hi for lo, hi in windows for t in (r.start_t, r.finished_t))
-    ]
+
+    def in_partition(*times: float) -> bool:
+        return any(lo <= t <= hi for lo, hi in windows for t in times)
+
+    twice_outside = [o for o in twice if not in_partition(o.second_start_t)]
+    reruns_outside = [r for r in reruns if not in_partition(r.start_t, r.finished_t)]
     # A side of a partition resumes from the checkpoint it holds, older than one the other side
     # made: at least once across a partition, as for the runs themselves.
-    disorders_outside = [
-        d for d in disorders if not any(lo <= d.start_t <= hi for lo, hi in windows)
-    ]
+    disorders_outside = [d for d in disorders if not in_partition(d.start_t)]
     recoveries: list[float] = []
     requeues: list[float] = []
     faults = []
