@@ -1,16 +1,28 @@
 """Starting one job process: its own session, its user, its cgroup, death with the agent.
 
-On Linux the job starts as ``setpriv [--reuid U --regid G --init-groups] --pdeathsig KILL --
-argv``: setpriv drops to the job user, arms ``PR_SET_PDEATHSIG`` (after the switch, which would
-clear it) and execs the job, all in the one process Python started. With a cgroup it is
-``setpriv --pdeathsig KILL -- sh -c ENTER procs [setpriv --reuid ... --pdeathsig KILL --] argv``:
-the death signal first (an agent killed meanwhile takes the job along), then the shell moves the
-process into the attempt's cgroup while it still has the agent's privileges, then the user switch.
+On Linux the job starts as ``setpriv --pdeathsig KILL -- sh -c GUARD AGENT_PID [sh -c ENTER
+procs] [setpriv --reuid U --regid G --init-groups --pdeathsig KILL --] argv``, all in the one
+process Python started: setpriv arms ``PR_SET_PDEATHSIG`` (an agent killed from then on takes the
+job along), the guard checks that the process's parent is still the agent, the shell moves the
+process into the attempt's cgroup while it still has the agent's privileges, and the second
+setpriv switches to the job user and arms the signal again (the switch clears it).
+
+The guard closes the launch's window: the death signal fires only for a parent that dies after
+it is armed, so an agent killed between its fork and the arming would leave the job to start as
+an orphan, beside the attempt its owner starts elsewhere. Armed first and checked after, one of
+the two always holds: the parent died before the check (it is no longer the agent: the process
+exits 125 without starting the job) or after the arming (the kernel kills it). What is left is
+the user switch's own instant, inside setpriv between the switch and the second arming; there
+the attempt's cgroup, where it has one, is what a restarted agent stops. The guard runs before
+the switch, as the agent's user: setpriv finds the job's program with the agent's rights, which
+a shell running as the job user would not have.
+
 Python starts it with vfork and no Python code in the child: ~0.4 ms, against ~4 ms idle and
 ~20 ms busy for a ``preexec_fn`` (which makes Python fork the whole agent). The cgroup move and
-the user switch happen in the child after Python's start has returned: they cost the agent nothing.
+the user switch happen in the child after Python's start has returned: they cost the agent nothing
+(the guard adds ~0.8 ms of the child's, the cgroup's shell and the user switch ~1 ms each).
 
-Without setpriv (Linux), a ``preexec_fn`` does the same three things. Elsewhere on POSIX (macOS)
+Without setpriv (Linux), a ``preexec_fn`` does the same four things. Elsewhere on POSIX (macOS)
 Python's own ``user``/``group``/``extra_groups`` switch the user; there is no death signal and no
 cgroup. Windows: a new process group, the agent's user.
 """
@@ -27,10 +39,17 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from agent.containment import CGROUP_ENTER
 from agent.jobuser import JobUser
+
+PARENT_GUARD: Final = (
+    '[ "$PPID" = "$0" ] || { echo "shoal: the agent is gone: not starting" >&2; exit 125; }; '
+    'exec "$@"'
+)
+"""The ``sh -c`` script, run once the death signal is armed, that execs the rest only while the
+process's parent is still the agent (``$0``, its pid)."""
 
 
 async def spawn(
@@ -64,10 +83,9 @@ async def spawn(
             (f"--reuid={user.uid}", f"--regid={user.gid}", "--init-groups") if user.switch else ()
         )
         switch = (launcher[0], *creds, *launcher[1:]) if creds else ()
-        if cgroup_procs is None:
-            argv = (*(switch or launcher), *argv)
-        else:  # death signal first, then the cgroup, then the user (whose switch clears it)
-            argv = (*launcher, "/bin/sh", "-c", CGROUP_ENTER, str(cgroup_procs), *switch, *argv)
+        guard = ("/bin/sh", "-c", PARENT_GUARD, str(os.getpid()))
+        enter = () if cgroup_procs is None else ("/bin/sh", "-c", CGROUP_ENTER, str(cgroup_procs))
+        argv = (*launcher, *guard, *enter, *switch, *argv)
     elif sys.platform.startswith("linux"):
         options["preexec_fn"] = _child_setup(user, cgroup_procs)
     elif user.switch:
@@ -123,7 +141,7 @@ def check_program(program: str, env: Mapping[str, str], cwd: str) -> None:
 
 def _child_setup(user: JobUser, cgroup_procs: Path | None) -> Callable[[], None]:
     """The ``preexec_fn`` where setpriv is missing (Linux): the cgroup, the user, then
-    ``PR_SET_PDEATHSIG`` (a credential change clears it, so it comes last)."""
+    ``PR_SET_PDEATHSIG`` (a credential change clears it, so it comes last), then the guard."""
     import ctypes
 
     try:
@@ -132,6 +150,7 @@ def _child_setup(user: JobUser, cgroup_procs: Path | None) -> Callable[[], None]
         prctl = None
     pr_set_pdeathsig = 1
     procs = str(cgroup_procs).encode() if cgroup_procs is not None else None
+    agent_pid = os.getpid()
 
     def setup() -> None:
         if procs is not None:
@@ -146,6 +165,8 @@ def _child_setup(user: JobUser, cgroup_procs: Path | None) -> Callable[[], None]
             os.setuid(user.uid)
         if prctl is not None:
             prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != agent_pid:  # the agent died before the arming: see PARENT_GUARD
+                os._exit(125)
 
     return setup
 

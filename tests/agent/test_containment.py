@@ -216,7 +216,7 @@ async def test_the_agents_environment_does_not_reach_the_job(
     assert env["CUDA_VISIBLE_DEVICES"] == "-1"
     assert env["SHOAL_JOB_ID"] == job.job_id and env["SHOAL_ATTEMPT"] == "1"
     allowed = {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "MY_VAR"}
-    allowed.add("PWD")  # exported by the sh that enters the cgroup
+    allowed.add("PWD")  # exported by the shells of the launch (agent/spawn.py)
     extra = {k for k in env if k not in allowed and not k.startswith(("LC_", "SHOAL_"))}
     assert extra == {"CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"}
 

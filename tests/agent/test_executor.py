@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -560,8 +561,8 @@ def test_a_silent_job_dies_with_a_killed_agent(tmp_path: Path, launcher: str) ->
         assert parent.stdout is not None
         job_pid = int(parent.stdout.readline())
         # The death signal is armed in the job's process before it execs the job (by setpriv,
-        # or the preexec_fn): killed before that, the agent would not take it along (a window
-        # of the launch, a few milliseconds, that CI's busy cores once made long enough).
+        # or the preexec_fn): this is about a job that started, so the kill waits for the exec
+        # (killed before the arming, the job never starts: the next test).
         deadline = time.monotonic() + 10
         while psutil.Process(job_pid).name() != "sleep" and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -572,6 +573,70 @@ def test_a_silent_job_dies_with_a_killed_agent(tmp_path: Path, launcher: str) ->
     assert_gone(job_pid)
     # What the killed agent left (its job's cgroup, where it had one) goes when one restarts.
     ProcessExecutor(ExecutorConfig(data_dir=tmp_path)).cage.close()
+
+
+_SLOW_LAUNCHES = {
+    # The death signal is armed a second late (setpriv starts after a sleep), or the
+    # preexec_fn sleeps a second before it arms it: the launch's window, held open.
+    "setpriv": (
+        "launch = agent.executor._death_signal_launcher()\n"
+        "agent.executor._death_signal_launcher = lambda: (\n"
+        "    '/bin/sh', '-c', 'sleep 1; exec \"$@\"', 'sh', *launch)\n"
+    ),
+    "preexec_fn": (
+        "import time, agent.spawn\n"
+        "agent.executor._death_signal_launcher = lambda: ()\n"
+        "setup = agent.spawn._child_setup\n"
+        "def slow(user, procs):\n"
+        "    arm = setup(user, procs)\n"
+        "    return lambda: (time.sleep(1), arm())\n"
+        "agent.spawn._child_setup = slow\n"
+    ),
+}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("launcher", ["setpriv", "preexec_fn"])
+def test_an_agent_killed_before_the_death_signal_is_armed_leaves_no_job_started(
+    tmp_path: Path, launcher: str
+) -> None:
+    """The launch's window: killed between its fork and the arming, the agent would not take
+    the job along; the job's process sees its parent is no longer the agent and never starts."""
+    if launcher == "setpriv":
+        require_system(shutil.which("setpriv") is not None, "util-linux's setpriv")
+    started = tmp_path / "started"
+    agent = (
+        "import asyncio\n"
+        "from pathlib import Path\n"
+        "import agent.executor\n"
+        + _SLOW_LAUNCHES[launcher]
+        + "from agent.executor import ExecutorConfig, Launch, ProcessExecutor\n"
+        "async def main():\n"
+        f"    ex = ProcessExecutor(ExecutorConfig(data_dir=Path({str(tmp_path)!r})))\n"
+        f"    argv = ('/bin/sh', '-c', 'touch {started}; exec sleep 60')\n"
+        "    print('starting', flush=True)\n"
+        "    await ex.start(Launch(job_id='a' * 32, attempt=1, argv=argv))\n"
+        "    await asyncio.sleep(60)\n"
+        "asyncio.run(main())\n"
+    )
+    parent = subprocess.Popen([PY, "-c", agent], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        assert parent.stdout.readline() == "starting\n"
+        deadline = time.monotonic() + 10
+        while not psutil.Process(parent.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (job,) = psutil.Process(parent.pid).children()
+    finally:
+        parent.kill()
+        parent.wait(timeout=10)
+    try:
+        assert_gone(job.pid)  # a second on, once it checked its parent
+        assert not started.exists(), "the job started after its agent was killed"
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            job.kill()  # what a failure would leave
+        ProcessExecutor(ExecutorConfig(data_dir=tmp_path)).cage.close()
 
 
 def test_the_lines_of_one_attempt_are_found_by_its_markers() -> None:
