@@ -576,12 +576,12 @@ def test_a_silent_job_dies_with_a_killed_agent(tmp_path: Path, launcher: str) ->
 
 
 _SLOW_LAUNCHES = {
-    # The death signal is armed a second late (setpriv starts after a sleep), or the
-    # preexec_fn sleeps a second before it arms it: the launch's window, held open.
+    # The death signal is armed two seconds late (setpriv starts after a sleep), or the
+    # preexec_fn sleeps before it arms it: the launch's window, held open.
     "setpriv": (
         "launch = agent.executor._death_signal_launcher()\n"
         "agent.executor._death_signal_launcher = lambda: (\n"
-        "    '/bin/sh', '-c', 'sleep 1; exec \"$@\"', 'sh', *launch)\n"
+        "    '/bin/sh', '-c', 'sleep 2; exec \"$@\"', 'sh', *launch)\n"
     ),
     "preexec_fn": (
         "import time, agent.spawn\n"
@@ -589,7 +589,7 @@ _SLOW_LAUNCHES = {
         "setup = agent.spawn._child_setup\n"
         "def slow(user, procs):\n"
         "    arm = setup(user, procs)\n"
-        "    return lambda: (time.sleep(1), arm())\n"
+        "    return lambda: (time.sleep(2), arm())\n"
         "agent.spawn._child_setup = slow\n"
     ),
 }
@@ -631,7 +631,7 @@ def test_an_agent_killed_before_the_death_signal_is_armed_leaves_no_job_started(
         parent.kill()
         parent.wait(timeout=10)
     try:
-        assert_gone(job.pid)  # a second on, once it checked its parent
+        assert_gone(job.pid)  # two seconds on, once it checked its parent
         assert not started.exists(), "the job started after its agent was killed"
     finally:
         with contextlib.suppress(psutil.NoSuchProcess):
