@@ -4,9 +4,9 @@ When a runner says a job's checkpoint changed, the owner pulls a copy into its v
 when it changed again during the pull), and, when it is itself the runner, pushes that copy on to
 the job's replica, so a copy outlives the node. Before each new attempt it pulls what the last
 attempt left, if its node is alive (once per ended attempt: nothing newer can come), then pushes
-the newest copy it holds to the chosen node and names it in the offer: the attempt resumes from
-it (``SHOAL_RESUME=1``). With no copy, the attempt starts afresh. A job handed to its next owner
-goes with the copy held here.
+the newest copy it holds to the chosen node (to the replica when that node is this one) and
+names it in the offer: the attempt resumes from it (``SHOAL_RESUME=1``). With no copy, the
+attempt starts afresh. A job handed to its next owner goes with the copy held here.
 
 A gang's members keep their checkpoints (``agent.gang``): nothing is collected for them.
 """
@@ -116,8 +116,17 @@ class Collector:
             log.info("job %s: checkpoint copy to %s: %s", job_id[:8], node[:8], exc)
 
     async def push(self, job: OwnedJob, node: str) -> ResumeFrom | None:
-        """The newest copy held, sent to ``node`` ahead of the offer; what the offer names."""
+        """The newest copy held, sent to ``node`` ahead of the offer; what the offer names.
+
+        When ``node`` is this very one, the copy goes to the replica instead, before the
+        attempt starts: an owner killed as it starts the job would otherwise take with it the
+        only copy of what the attempt resumes from (a moved job's checkpoint, pulled here from
+        a runner that may clear it next)."""
         if self.o.checkpoints is None:
             return None
+        if node == self.o.node_id:
+            replica = replica_of(job.job_id, self.o._live(), self.o.node_id)
+            if replica is not None:
+                await self.hand_copy(job.job_id, replica)
         ref = await self.o.checkpoints.push(job.job_id, node)
         return None if ref is None else ResumeFrom(ref.attempt, ref.digest)

@@ -206,6 +206,40 @@ def test_drain_and_a_dead_runner_move_the_job_with_its_checkpoint(tmp_path: Path
         mesh.stop_all()
 
 
+def test_an_owner_killed_as_it_starts_a_moved_job_itself_loses_no_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """The owner runs the job's next attempt itself: the copy it resumes from is on the replica
+    before the attempt starts, so an owner killed at once takes no progress with it."""
+    mesh = Mesh(tmp_path, ["h100:1", "h100:1", "h100:1"])
+    mesh.start_all()
+    try:
+        log = tmp_path / "starts"
+        job_id, first = start_trainer(mesh, log)
+        owner = mesh.job(mesh.agents[0], job_id)["owner"]
+        via = next(x for x in mesh.agents if x.node_id != owner)
+        flags = ["--agent", via.address, "--identity", str(mesh.cluster_dir)]
+        if first == owner:  # first away from the owner, so that the next move brings it back
+            other = next(x.node_id for x in mesh.agents if x.node_id != owner)
+            assert shoal("migrate", job_id[:8], "--to", other, *flags).returncode == 0
+            mesh.wait("attempt 2 started", lambda: 2 in starts(log))
+            mesh.wait("a checkpoint there", lambda: saved_step(ckpt_dir(mesh, other, job_id)) > 0)
+        attempt = max(starts(log))
+
+        done = shoal("migrate", job_id[:8], "--to", owner, *flags)
+        assert done.returncode == 0, done.stderr
+        mesh.wait("the attempt on the owner started", lambda: attempt + 1 in starts(log))
+        mesh.kill(mesh.node_index(owner))
+        resumed, left = starts(log)[attempt + 1]
+        assert resumed == "1" and left > 0
+
+        mesh.wait("the next attempt started", lambda: attempt + 2 in starts(log), deadline_s=60)
+        resumed, step = starts(log)[attempt + 2]
+        assert resumed == "1" and step >= left, "the next attempt lost what the moved one had"
+    finally:
+        mesh.stop_all()
+
+
 def test_only_an_owner_may_move_a_checkpoint_and_a_lying_manifest_is_refused(
     tmp_path: Path,
 ) -> None:
