@@ -381,6 +381,10 @@ class Agent:
     async def _resume_later(self) -> None:
         await asyncio.sleep(RESUME_AFTER_S)
         log.info("resumed %d job(s) owned before this start", self.owner.resume())
+        config = self.config
+        ends = self.owner.republish_ended(config.ended_jobs_keep_s, config.ended_jobs_kept)
+        if ends:
+            log.info("published again the end of %d job(s) owned before this start", ends)
 
     # -- metrics ---------------------------------------------------------------------------------
 

@@ -53,6 +53,7 @@ from agent.handover import HANDOVER_SETTLE_S as HANDOVER_SETTLE_S
 from agent.handover import UNHEARD_OWNER_GRACE_S as UNHEARD_OWNER_GRACE_S
 from agent.jobstate import (
     LIVE,
+    TERMINAL_JOB_STATES,
     UNENDED_JOB_STATES,
     IllegalTransition,
     JobEvent,
@@ -184,17 +185,39 @@ class Owner:
                 taken += 1
         return taken
 
+    def republish_ended(self, keep_s: float, kept: int) -> int:
+        """After a restart: publish again the ends of our jobs that the mesh may not have heard.
+
+        An owner killed just after it stored a job's end may have gossiped none of it; back, it
+        is live again, so nobody takes the job over, and its runner, which reported the end,
+        says nothing more: the mesh would list the job as it last heard of it, for good. The
+        jobs that ended within what the views keep (``keep_s``, the newest ``kept``) and whose
+        stored record is newer than what this agent's view believes go out again, unchanged.
+        Returns how many.
+        """
+        since = time.time() - keep_s
+        stored = self.store.jobs(
+            owner=self.node_id, states=TERMINAL_JOB_STATES, updated_since=since
+        )
+        ended = [rec for rec in stored if rec.job_id not in self.jobs]
+        ended.sort(key=lambda rec: rec.updated_at, reverse=True)
+        sent = 0
+        for rec in ended[:kept]:
+            job = OwnedJob.from_record(rec)
+            doc = self.view.jobs.get(job.job_id)
+            if doc is not None and job_gen(doc) >= job.gen:
+                continue
+            self.jobs[job.job_id] = job  # as before the restart: forgotten once retired
+            self._announce(job)
+            sent += 1
+        return sent
+
     # -- publishing ------------------------------------------------------------------------------
 
     def _save(self, job: OwnedJob, *, replicate: bool = True) -> None:
         job.gen += 1
         self.store.put_job(job.record())
-        if job.job_id not in self._subs_published and job.submission:
-            # The operator's submission goes out once per owner: what lets every member believe
-            # that the job exists (its spec travels in it, not in each version of the record).
-            self._subs_published.add(job.job_id)
-            self._publish(SUB_PREFIX + job.job_id, job.submission)
-        self._publish(JOB_PREFIX + job.job_id, gossip_payload(job.status()))
+        self._announce(job)
         if is_terminal(job.state):
             self.resizes.forget(job.job_id)
         if is_terminal(job.state) and self.checkpoints is not None:
@@ -202,6 +225,15 @@ class Owner:
         if replicate:
             self.spawn(self._replicate_quietly(job))
         self._on_change()
+
+    def _announce(self, job: OwnedJob) -> None:
+        """Publish the job's record (and, the first time, the operator's submission)."""
+        if job.job_id not in self._subs_published and job.submission:
+            # The operator's submission goes out once per owner: what lets every member believe
+            # that the job exists (its spec travels in it, not in each version of the record).
+            self._subs_published.add(job.job_id)
+            self._publish(SUB_PREFIX + job.job_id, job.submission)
+        self._publish(JOB_PREFIX + job.job_id, gossip_payload(job.status()))
 
     def _move(self, job: OwnedJob, event: JobEvent) -> bool:
         try:

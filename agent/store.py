@@ -288,9 +288,14 @@ class Store:
         return None if found is None else _job(found)
 
     def jobs(
-        self, *, owner: str | None = None, states: Iterable[JobState] | None = None
+        self,
+        *,
+        owner: str | None = None,
+        states: Iterable[JobState] | None = None,
+        updated_since: float | None = None,
     ) -> list[JobRecord]:
-        """Job records, oldest submission first, filtered by ``owner`` and ``states`` if given."""
+        """Job records, oldest submission first, filtered by ``owner``, ``states`` and last
+        write (wall time) if given."""
         query = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE 1 = 1"
         args: list[Any] = []
         if owner is not None:
@@ -300,6 +305,9 @@ class Store:
             wanted = [JobState(s).value for s in states]
             query += f" AND state IN ({', '.join('?' for _ in wanted)})"
             args.extend(wanted)
+        if updated_since is not None:
+            query += " AND updated_at >= ?"
+            args.append(updated_since)
         query += " ORDER BY submitted_at, job_id"
         with self._lock:
             rows = self._db.execute(query, args).fetchall()

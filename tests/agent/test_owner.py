@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,7 +108,7 @@ class Fixture:
     def live(self) -> list[str]:
         return [self.me, *self.runners, *self.others]
 
-    def owner(self) -> Owner:
+    def owner(self, publish: Callable[[str, bytes], None] = lambda kind, payload: None) -> Owner:
         addrs = {r.node_id: r.addr for r in self.runners.values()}
         return Owner(
             AgentContext(
@@ -119,7 +119,7 @@ class Fixture:
                 events=EventLog(self.me),
                 authority=self.authority,
                 mesh=FakeMesh(self.live, addrs.get),
-                publish=lambda kind, payload: None,
+                publish=publish,
                 changed=lambda: None,
                 stop_grace_s=1.0,
             ),
@@ -224,6 +224,33 @@ async def test_resume_takes_back_what_it_owned_before_a_restart(fx: Fixture) -> 
     assert sorted(after.jobs) == [mine]
     assert after.jobs[mine].state == JobState.PENDING
     assert ("adopted", "resumed after restart") in _events(after)
+    await after.close()
+
+
+async def test_a_restart_publishes_again_an_end_the_mesh_did_not_hear(fx: Fixture) -> None:
+    fx.runners.clear()  # nothing fits: the job waits, and this agent alone may own it
+    heard: list[tuple[str, bytes]] = []
+    before = fx.owner(publish=lambda kind, payload: heard.append((kind, payload)))
+    job_id = new_job_id()
+    await before.submit(fx.submission(job_id))
+    for kind, payload in heard:  # the mesh heard of the job, waiting
+        fx.view.apply(fx.me, kind, payload, 0.0)
+    heard.clear()
+    await before.cancel(job_id)  # stored ended; killed before a word of it went out
+    await before.close()
+    assert before.jobs[job_id].state == JobState.CANCELLED and heard
+    assert fx.view.jobs[job_id]["state"] == "pending"
+
+    after = fx.owner(publish=lambda kind, payload: heard.append((kind, payload)))
+    heard.clear()
+    assert after.resume() == 0
+    assert after.republish_ended(keep_s=900.0, kept=1000) == 1
+    for kind, payload in heard:
+        fx.view.apply(fx.me, kind, payload, 0.0)
+    assert fx.view.jobs[job_id]["state"] == "cancelled"
+    # Held again, and heard: once is enough, at this start or the next.
+    assert after.republish_ended(keep_s=900.0, kept=1000) == 0
+    assert fx.owner().republish_ended(keep_s=900.0, kept=1000) == 0
     await after.close()
 
 
