@@ -217,16 +217,16 @@ class Checkpoints:
     async def push(self, job_id: str, node: str) -> CheckpointRef | None:
         """Send the copy held of the job to ``node``; what it then holds (``None``: nothing
         held here to send). Raises :class:`PeerError` when the copy did not get there."""
-        held = self.vault.held(job_id)
-        if held is None or not held.files:
-            return None
-        ref = CheckpointRef(held.attempt, held.digest)
-        if node == self.node_id:
-            return ref
-        addr = self.addr_of(node)
-        if addr is None:
-            raise PeerUnreachable(f"no address for {node[:8]}")
-        async with self.lock(job_id):
+        async with self.lock(job_id):  # a pull replacing the copy meanwhile would cut it
+            held = self.vault.held(job_id)
+            if held is None or not held.files:
+                return None
+            ref = CheckpointRef(held.attempt, held.digest)
+            if node == self.node_id:
+                return ref
+            addr = self.addr_of(node)
+            if addr is None:
+                raise PeerUnreachable(f"no address for {node[:8]}")
             got = await self._copy(
                 _VaultSource(self.vault, held),
                 _RemoteSink(self.peers, addr, job_id, self.limits),

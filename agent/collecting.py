@@ -53,6 +53,8 @@ class Collector:
         """Jobs whose checkpoint is being pulled; True: pull again once done (it changed)."""
         self._collected: set[tuple[str, str, int]] = set()
         """(job, node, attempt) pulled once the attempt had ended: nothing newer can come."""
+        self._on_replica: dict[str, str] = {}
+        """Job run here -> the replica its checkpoint copy was last handed to."""
 
     def checkpointed(self, runner: str, note: CheckpointNote) -> dict[str, Any]:
         """The runner of the current attempt says the job's checkpoint changed: pull a copy."""
@@ -90,9 +92,7 @@ class Collector:
             return
         if got is None or node != self.o.node_id:
             return
-        replica = replica_of(job_id, self.o._live(), self.o.node_id)
-        if replica is not None:
-            await self.hand_copy(job_id, replica)
+        await self._copy_to_replica(job_id)
 
     async def collect_last(self, job: OwnedJob) -> None:
         """Before a new attempt: pull what the last attempt left, if its node is alive."""
@@ -107,13 +107,36 @@ class Collector:
         if len(self._collected) > 10_000:
             self._collected.clear()
 
-    async def hand_copy(self, job_id: str, node: str) -> None:
-        """Push the copy held of the job's checkpoint to ``node`` (its replica, its next owner)."""
+    async def hand_copy(self, job_id: str, node: str) -> bool:
+        """Push the copy held of the job's checkpoint to ``node`` (its replica, its next owner);
+        whether it got there (or there was none to send)."""
         assert self.o.checkpoints is not None
         try:
             await self.o.checkpoints.push(job_id, node)
         except (PeerError, TransferError, OSError) as exc:
             log.info("job %s: checkpoint copy to %s: %s", job_id[:8], node[:8], exc)
+            return False
+        return True
+
+    async def replicated(self, job: OwnedJob, replica: str) -> None:
+        """The job's record went to ``replica``. When the job runs here, its checkpoint copy
+        goes there too, once per replica, now rather than with the job's next checkpoint (which
+        a job may write hours apart): the replica is who takes the job over if this node dies."""
+        if job.runner != self.o.node_id or job.members or job.state not in LIVE:
+            return
+        if self.o.checkpoints is not None and self._on_replica.get(job.job_id) != replica:
+            await self._copy_to_replica(job.job_id, replica)
+
+    async def _copy_to_replica(self, job_id: str, replica: str | None = None) -> None:
+        """Hand the copy held to the job's replica (the current one unless named)."""
+        if replica is None:
+            replica = replica_of(job_id, self.o._live(), self.o.node_id)
+        if replica is not None and await self.hand_copy(job_id, replica):
+            self._on_replica[job_id] = replica
+
+    def forget(self, job_id: str) -> None:
+        """The job is no longer owned here."""
+        self._on_replica.pop(job_id, None)
 
     async def push(self, job: OwnedJob, node: str) -> ResumeFrom | None:
         """The newest copy held, sent to ``node`` ahead of the offer; what the offer names.
@@ -125,8 +148,6 @@ class Collector:
         if self.o.checkpoints is None:
             return None
         if node == self.o.node_id:
-            replica = replica_of(job.job_id, self.o._live(), self.o.node_id)
-            if replica is not None:
-                await self.hand_copy(job.job_id, replica)
+            await self._copy_to_replica(job.job_id)
         ref = await self.o.checkpoints.push(job.job_id, node)
         return None if ref is None else ResumeFrom(ref.attempt, ref.digest)

@@ -193,6 +193,7 @@ def _keep_as_copy(o: HandoverOwner, job: OwnedJob, owner: str, kind: str, why: s
     job.owner = owner
     o.store.put_job(job.record())
     o._replicated_to.pop(job.job_id, None)
+    o.collector.forget(job.job_id)
     o.events.add(kind, why, job_id=job.job_id)
     o._on_change()
 

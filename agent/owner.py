@@ -258,6 +258,7 @@ class Owner:
                 log.warning("job %s: replica %s failed: %s", job.job_id[:8], node[:8], exc)
                 continue
             self._replicated_to[job.job_id] = node
+            await self.collector.replicated(job, node)
             return node
         return None
 
@@ -509,6 +510,7 @@ class Owner:
                 continue  # ended as the mesh sees it, not here: this copy is newer
             self.jobs.pop(job_id, None)
             self._replicated_to.pop(job_id, None)
+            self.collector.forget(job_id)
             self._subs_published.discard(job_id)
             self._unlisted_since.pop(job_id, None)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ with open(sys.argv[1], "a") as f:
     f.write(f"{os.environ['SHOAL_ATTEMPT']} {resume} {step}\\n")
 stop = []
 signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+quiet = sys.argv[2:] == ["quiet"]  # a checkpoint only as it stops
 
 def save():
     blob = os.path.join(ck, "blob")
@@ -43,7 +45,7 @@ def save():
 while not stop:
     step += 1
     time.sleep(0.05)
-    if step % 20 == 0:
+    if step % 20 == 0 and not quiet:
         save()
 save()
 """
@@ -236,6 +238,55 @@ def test_an_owner_killed_as_it_starts_a_moved_job_itself_loses_no_checkpoint(
         mesh.wait("the next attempt started", lambda: attempt + 2 in starts(log), deadline_s=60)
         resumed, step = starts(log)[attempt + 2]
         assert resumed == "1" and step >= left, "the next attempt lost what the moved one had"
+    finally:
+        mesh.stop_all()
+
+
+def test_a_replica_back_ahead_of_the_old_one_gets_the_copy_of_a_job_its_owner_runs(
+    tmp_path: Path,
+) -> None:
+    """An owner running its job itself keeps a copy of the checkpoint on the job's replica; when
+    an agent comes back ahead of that replica in the job's order, the copy goes to it too, at
+    once, not with the job's next checkpoint (which a job may write hours apart): it is the one
+    that takes the job over if the owner dies."""
+    mesh = Mesh(tmp_path, ["h100:1", "h100:1", "h100:1"])
+    mesh.start_all()
+    try:
+        job_id = new_job_id()
+        first, second, third = (
+            mesh.node_index(n) for n in rank(job_id, [x.node_id for x in mesh.agents])
+        )
+        owner = mesh.agents[first]
+        mesh.kill(second)  # away for now: the job's replica is the third
+        mesh.wait("two agents", lambda: mesh.get(owner, "/healthz")["members"] == 2)
+        log = tmp_path / "starts"
+        argv = [sys.executable, "-c", TRAINER, str(log), "quiet"]  # saves only as it stops
+        body = {"job_id": job_id, "spec": spec(argv, gpus=0)}
+        assert mesh.command(owner, "submit", body)[0] == 200
+        mesh.wait("running", lambda: mesh.job(owner, job_id)["state"] == "running")
+        flags = ["--agent", owner.address, "--identity", str(mesh.cluster_dir)]
+        # Moved until the owner runs it, with a checkpoint: the one its last stop saved.
+        moves = [owner.node_id]
+        if mesh.job(owner, job_id)["runner"] == owner.node_id:
+            moves.insert(0, mesh.agents[third].node_id)
+        for target in moves:
+            after = max(starts(log)) + 1
+            time.sleep(0.3)  # a few steps to save
+            assert shoal("migrate", job_id[:8], "--to", target, *flags).returncode == 0
+            mesh.wait("the next attempt started", lambda n=after: n in starts(log))
+            mesh.wait("its record", lambda n=after: mesh.job(owner, job_id)["attempt"] == n)
+        assert mesh.job(owner, job_id)["runner"] == owner.node_id
+        last = max(starts(log))
+        step_s = starts(log)[last][1]  # what it resumed from: the checkpoint, as it stays
+        # The owner pulled the restored folder once (it changed): nothing changes after that.
+        mesh.wait("the replica's copy", lambda: vault_copy(mesh, third, job_id) == (last, step_s))
+
+        mesh.start(second)  # back, ahead of the third: the job's replica now
+        mesh.wait("the copy on the new replica", lambda: vault_copy(mesh, second, job_id)[1] > 0)
+        assert vault_copy(mesh, second, job_id)[1] == step_s
+        mesh.kill(first)
+        mesh.wait("a next attempt started", lambda: max(starts(log)) > last, deadline_s=60)
+        assert starts(log)[max(starts(log))] == ("1", step_s)
     finally:
         mesh.stop_all()
 
