@@ -53,8 +53,9 @@ class Collector:
         """Jobs whose checkpoint is being pulled; True: pull again once done (it changed)."""
         self._collected: set[tuple[str, str, int]] = set()
         """(job, node, attempt) pulled once the attempt had ended: nothing newer can come."""
-        self._on_replica: dict[str, str] = {}
-        """Job run here -> the replica its checkpoint copy was last handed to."""
+        self._on_replica: dict[str, tuple[str, int, str]] = {}
+        """Job run here -> the replica its checkpoint copy was last handed to, with that copy's
+        attempt and digest (``0, ""``: there was none)."""
 
     def checkpointed(self, runner: str, note: CheckpointNote) -> dict[str, Any]:
         """The runner of the current attempt says the job's checkpoint changed: pull a copy."""
@@ -124,15 +125,22 @@ class Collector:
         a job may write hours apart): the replica is who takes the job over if this node dies."""
         if job.runner != self.o.node_id or job.members or job.state not in LIVE:
             return
-        if self.o.checkpoints is not None and self._on_replica.get(job.job_id) != replica:
+        handed = self._on_replica.get(job.job_id)
+        if self.o.checkpoints is not None and (handed is None or handed[0] != replica):
             await self._copy_to_replica(job.job_id, replica)
 
     async def _copy_to_replica(self, job_id: str, replica: str | None = None) -> None:
-        """Hand the copy held to the job's replica (the current one unless named)."""
+        """Hand the copy held to the job's replica (the current one unless named), unless that
+        very copy went there already."""
+        assert self.o.checkpoints is not None
         if replica is None:
             replica = replica_of(job_id, self.o._live(), self.o.node_id)
-        if replica is not None and await self.hand_copy(job_id, replica):
-            self._on_replica[job_id] = replica
+        if replica is None:
+            return
+        held = self.o.checkpoints.vault.held(job_id)
+        handed = (replica, *((held.attempt, held.digest) if held else (0, "")))
+        if self._on_replica.get(job_id) != handed and await self.hand_copy(job_id, replica):
+            self._on_replica[job_id] = handed
 
     def forget(self, job_id: str) -> None:
         """The job is no longer owned here."""
