@@ -346,25 +346,29 @@ def _serve(mesh: LocalMesh, as_json: bool) -> None:
 
 
 class _Stop(KeyboardInterrupt):
-    """SIGTERM or SIGHUP: ends the demo as Ctrl-C does, through the same cleanup."""
+    """Ctrl-C, SIGTERM or SIGHUP: the way a live demo ends, through one cleanup."""
 
 
 STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
-    getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
 )
 
 
 class _Signals:
-    """Inside ``with``: SIGTERM and SIGHUP raise :class:`_Stop`. :meth:`hold` ignores them and
-    Ctrl-C while the cleanup runs, so nothing interrupts stopping the agents."""
+    """Inside ``with``: the first of Ctrl-C, SIGTERM and SIGHUP raises :class:`_Stop`; from then
+    on (and under :meth:`hold`) they are ignored, so a second Ctrl-C cannot interrupt the
+    cleanup that stops the agents.
+
+    Ctrl-C is handled here, not by ``asyncio.run`` (which leaves a handler other than Python's
+    default in place): its second Ctrl-C, pressed while the loop cancelled the live table's
+    tasks, left the demo hung and its agents running."""
 
     def __enter__(self) -> _Signals:
         self._previous = {sig: signal.signal(sig, self._raise) for sig in STOP_SIGNALS}
-        self._previous[signal.SIGINT] = signal.getsignal(signal.SIGINT)
         return self
 
-    @staticmethod
-    def _raise(signum: int, _frame: FrameType | None) -> None:
+    def _raise(self, signum: int, _frame: FrameType | None) -> None:
+        self.hold()
         raise _Stop(signal.Signals(signum).name)
 
     def hold(self) -> None:

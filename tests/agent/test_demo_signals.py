@@ -4,16 +4,20 @@ SIGTERM or SIGHUP. It says how to reach the mesh, and stopping it leaves no agen
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import pty
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
+from agent.demo import _Signals, _Stop
 from tests.shoal_cli import SHOAL, shoal
 
 pytestmark = pytest.mark.slow
@@ -29,6 +33,23 @@ def _agents_of(root: Path) -> list[psutil.Process]:
         if "agent" in cmdline and any(str(root) in word for word in cmdline):
             found.append(process)
     return found
+
+
+def _assert_stopped_cleanly(demo: subprocess.Popen[str], root: Path) -> None:
+    """The demo exits 0 without a traceback, its agents gone and its folder removed."""
+    assert demo.wait(timeout=60) == 0
+    assert demo.stderr is not None and "Traceback" not in demo.stderr.read()
+    assert not root.exists()
+    assert _agents_of(root) == []
+
+
+def _kill_leftovers(demo: subprocess.Popen[str], root: Path | None) -> None:
+    if demo.poll() is None:
+        demo.kill()
+        demo.wait()
+    if root is not None:
+        for process in _agents_of(root):
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 def _first_lines(demo: subprocess.Popen[str], count: int) -> list[str]:
@@ -78,14 +99,75 @@ def test_a_signal_stops_every_agent_and_removes_the_folder(
         assert [n["state"] for n in json.loads(nodes.stdout)] == ["alive", "alive"]
 
         demo.send_signal(stop)
-        assert demo.wait(timeout=60) == 0
-        assert demo.stderr is not None and "Traceback" not in demo.stderr.read()
-        assert not root.exists()
-        assert _agents_of(root) == []
+        _assert_stopped_cleanly(demo, root)
     finally:
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait()
-        if root is not None:
-            for process in _agents_of(root):
-                os.killpg(process.pid, signal.SIGKILL)
+        _kill_leftovers(demo, root)
+
+
+def _drain(fd: int) -> None:
+    """Read what the demo draws, so it never blocks on a full terminal."""
+    try:
+        while os.read(fd, 65536):
+            pass
+    except OSError:  # the demo closed its end
+        pass
+    finally:
+        os.close(fd)
+
+
+def test_ctrl_c_twice_in_the_live_table_still_stops_every_agent() -> None:
+    """An operator who presses Ctrl-C twice: the second one lands while the first is cleaning
+    up, and must not leave the demo hung and its agents running (it did under asyncio's own
+    Ctrl-C handling)."""
+    screen, terminal = pty.openpty()  # the live table draws on a terminal
+    demo = subprocess.Popen(
+        [*SHOAL, "demo", "--plain", "--nodes", "2"],
+        stdin=terminal,
+        stdout=terminal,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    os.close(terminal)
+    drawn = threading.Thread(target=_drain, args=(screen,), daemon=True)
+    drawn.start()
+    root: Path | None = None
+    try:
+        deadline = time.monotonic() + READY_S
+        agents: list[psutil.Process] = []
+        while len(agents) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            agents = [p for p in psutil.Process(demo.pid).children() if "agent" in p.cmdline()]
+        data_dir = agents[0].cmdline()[agents[0].cmdline().index("--data-dir") + 1]
+        root = Path(data_dir).parent
+        identity = str(root / "cluster")
+        address = agents[0].cmdline()[agents[0].cmdline().index("--listen") + 1]
+        alive: list[str] = []
+        while alive != ["alive", "alive"] and time.monotonic() < deadline:
+            nodes = shoal("nodes", "--json", "--agent", address, "--identity", identity)
+            alive = [n["state"] for n in json.loads(nodes.stdout)] if nodes.returncode == 0 else []
+        assert alive == ["alive", "alive"]
+        time.sleep(1.5)  # the live table is drawing
+
+        demo.send_signal(signal.SIGINT)
+        demo.send_signal(signal.SIGINT)
+        _assert_stopped_cleanly(demo, root)
+    finally:
+        _kill_leftovers(demo, root)
+
+
+def test_the_first_stop_signal_ends_the_demo_and_the_next_ones_wait_for_its_cleanup() -> None:
+    """Inside the demo's loop, Ctrl-C ends it through the demo's handler, not asyncio's (whose
+    second Ctrl-C raises wherever the loop is, mid-cleanup); later signals are ignored until the
+    demo has stopped its agents."""
+
+    async def live_table() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        await asyncio.sleep(5.0)
+
+    with _Signals():
+        with pytest.raises(_Stop):
+            asyncio.run(live_table())
+        for sig in (signal.SIGINT, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            os.kill(os.getpid(), sig)  # the cleanup goes on
+        time.sleep(0.1)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
