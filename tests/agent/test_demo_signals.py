@@ -1,6 +1,6 @@
-"""``shoal demo`` as a service manager or a script runs it: stdout not a terminal, stopped by
-SIGTERM or SIGHUP. It says how to reach the mesh, and stopping it leaves no agent and no folder
-(the CA key was in it)."""
+"""``shoal demo`` stopped as an operator or a service manager stops it: Ctrl-C (once or twice)
+at the live table, SIGTERM or SIGHUP with stdout not a terminal. It says how to reach the mesh,
+and stopping it leaves no agent and no folder (the CA key was in it)."""
 
 from __future__ import annotations
 
@@ -128,8 +128,7 @@ def test_ctrl_c_twice_in_the_live_table_still_stops_every_agent() -> None:
         text=True,
     )
     os.close(terminal)
-    drawn = threading.Thread(target=_drain, args=(screen,), daemon=True)
-    drawn.start()
+    threading.Thread(target=_drain, args=(screen,), daemon=True).start()
     root: Path | None = None
     try:
         deadline = time.monotonic() + READY_S
@@ -137,6 +136,7 @@ def test_ctrl_c_twice_in_the_live_table_still_stops_every_agent() -> None:
         while len(agents) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
             agents = [p for p in psutil.Process(demo.pid).children() if "agent" in p.cmdline()]
+        assert len(agents) == 2, "the demo started no agents"
         data_dir = agents[0].cmdline()[agents[0].cmdline().index("--data-dir") + 1]
         root = Path(data_dir).parent
         identity = str(root / "cluster")
