@@ -23,6 +23,7 @@ from functools import cache
 from pathlib import Path
 
 from agent.client import ApiClient, ApiError
+from agent.spawn import death_signal_launcher
 from gossip.identity import NodeIdentity, enroll_node, init_cluster
 
 SEES_WAIT_S = 5
@@ -152,8 +153,12 @@ class LocalMesh:
                 agent.config_path.write_text(config)
 
     def command(self, agent: AgentProcess) -> list[str]:
+        """How ``agent`` starts: where setpriv exists, armed to get SIGTERM (and leave the mesh,
+        stopping its jobs) when the process that started it dies, however it dies: a demo or a
+        benchmark killed with SIGKILL leaves no agent behind."""
         seeds = [a.address for a in self.agents[:2] if a is not agent]
-        argv = [sys.executable, "-m", "agent.cli", "agent", "--listen", agent.address]
+        argv = [*death_signal_launcher("TERM"), sys.executable, "-m", "agent.cli", "agent"]
+        argv += ["--listen", agent.address]
         if self.placement is not None:
             argv += ["--config", str(agent.config_path)]
         for seed in seeds:

@@ -111,17 +111,18 @@ def use_pidfd_child_watcher() -> None:
 
 
 @functools.cache
-def death_signal_launcher() -> tuple[str, ...]:
+def death_signal_launcher(signal_name: str = "KILL") -> tuple[str, ...]:
     """``setpriv --pdeathsig KILL --`` (util-linux) where it exists, else nothing.
 
     The job's leader must get SIGKILL if the agent dies (``PR_SET_PDEATHSIG``): without it a
     job that never writes would outlive a ``kill -9`` of its agent and could run beside the
     attempt its owner starts elsewhere. setpriv sets it and execs the job, in the same process.
+    (A local mesh's agents get SIGTERM when the process that started them dies.)
     """
     if not sys.platform.startswith("linux"):
         return ()
     setpriv = shutil.which("setpriv")
-    return (setpriv, "--pdeathsig", "KILL", "--") if setpriv else ()
+    return (setpriv, "--pdeathsig", signal_name, "--") if setpriv else ()
 
 
 def check_program(program: str, env: Mapping[str, str], cwd: str) -> None:

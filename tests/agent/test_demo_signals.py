@@ -1,6 +1,7 @@
 """``shoal demo`` stopped as an operator or a service manager stops it: Ctrl-C (once or twice)
 at the live table, SIGTERM or SIGHUP with stdout not a terminal. It says how to reach the mesh,
-and stopping it leaves no agent and no folder (the CA key was in it)."""
+and stopping it leaves no agent and no folder (the CA key was in it); killed outright, it leaves
+no agent."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import json
 import os
 import pty
+import shutil
 import signal
 import subprocess
 import threading
@@ -18,7 +20,9 @@ import psutil
 import pytest
 
 from agent.demo import _Signals, _Stop
+from agent.spawn import death_signal_launcher
 from tests.shoal_cli import SHOAL, shoal
+from tests.support import require_system
 
 pytestmark = pytest.mark.slow
 
@@ -171,3 +175,33 @@ def test_the_first_stop_signal_ends_the_demo_and_the_next_ones_wait_for_its_clea
             os.kill(os.getpid(), sig)  # the cleanup goes on
         time.sleep(0.1)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_demo_killed_outright_leaves_no_agent_running() -> None:
+    """SIGKILL gives the demo no cleanup: its agents, armed to get SIGTERM when it dies, stop on
+    their own (the folder stays, as after any crash)."""
+    require_system(bool(death_signal_launcher("TERM")), "setpriv (util-linux) arms the signal")
+    demo = subprocess.Popen(
+        [*SHOAL, "demo", "--nodes", "2", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    root: Path | None = None
+    try:
+        reach = json.loads(_first_lines(demo, 1)[0])
+        root = Path(reach["identity"]).parent
+        assert len(_agents_of(root)) == 2
+
+        demo.kill()
+        demo.wait()
+        deadline = time.monotonic() + 30
+        while _agents_of(root) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _agents_of(root) == []
+        logs = [(root / f"agent-{i:02d}" / "agent.log").read_text() for i in range(2)]
+        assert all("agent_stopping" in log for log in logs)  # a clean stop, not a kill
+    finally:
+        _kill_leftovers(demo, root)
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
