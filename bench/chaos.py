@@ -337,6 +337,7 @@ class Chaos:
         restarted_at = time.time()
         fault["rejoin_s"] = await self.converge(restarted_at)
         fault["_killed_at"], fault["_jobs"], fault["_waited"] = killed_at, there, waited
+        fault["_owned"] = owned
 
     def restarted_after(self, job: str, t: float) -> bool:
         return any(r.job == job and r.start_t > t for r in self.ledger.runs.values())
@@ -561,7 +562,7 @@ def _verdict(chaos: Chaos) -> dict[str, Any]:
     for fault in chaos.faults:
         if fault["fault"] == "kill" and "_killed_at" in fault:
             killed_at, jobs = fault.pop("_killed_at"), fault.pop("_jobs")
-            waited = fault.pop("_waited")
+            waited, owned = fault.pop("_waited"), fault.pop("_owned")
             back_by_job = {
                 j: min(r.start_t for r in by_job.get(j, []) if r.start_t > killed_at) - killed_at
                 for j in jobs
@@ -569,22 +570,25 @@ def _verdict(chaos: Chaos) -> dict[str, Any]:
             }
             back = list(back_by_job.values())
             fault["recovery_s"] = round(max(back), 3) if back else (0.0 if not jobs else None)
+            victim = chaos.mesh.agents[fault["agent"]].node_id
+            ended_by_job = {
+                j: e
+                for j in jobs
+                if (e := attempt_ended_after(chaos.records.get(j, {}), victim, killed_at))
+                is not None
+            }
             fault["jobs_back"] = [
                 {
                     "job": j,
                     "kind": sub.kind if (sub := chaos.submitted.get(j)) is not None else None,
                     "recovery_s": round(t, 3),
+                    "requeue_s": None if (e := ended_by_job.get(j)) is None else round(e, 3),
+                    "owned_there": j in owned,
                     "reasons": waited.get(j, [])[-WAIT_REASONS_KEPT:],
                 }
                 for j, t in sorted(back_by_job.items(), key=lambda kv: -kv[1])
             ]
-            victim = chaos.mesh.agents[fault["agent"]].node_id
-            ended = [
-                e
-                for j in jobs
-                if (e := attempt_ended_after(chaos.records.get(j, {}), victim, killed_at))
-                is not None
-            ]
+            ended = list(ended_by_job.values())
             fault["requeue_s"] = round(max(ended), 3) if ended else None
             if fault["requeue_s"] is not None:
                 requeues.append(fault["requeue_s"])

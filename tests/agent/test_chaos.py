@@ -32,10 +32,15 @@ def test_chaos_keeps_its_invariants(capsys: pytest.CaptureFixture[str]) -> None:
     partitions = [f for f in out["faults"] if f["fault"] == "partition"]
     assert len(kills) == 1 and "skipped" not in kills[0], kills
     assert kills[0]["rejoin_s"] is not None
-    if kills[0]["jobs_running_there"]:  # their owners ended those attempts before they ran again
-        assert kills[0]["requeue_s"] is not None
-        assert kills[0]["requeue_s"] <= kills[0]["recovery_s"] + 0.5, kills
+    if kills[0]["jobs_running_there"]:
         back = kills[0]["jobs_back"]  # each job's own time; the slowest is the fault's
+        for job in back:
+            # A live owner ends the attempt before it runs the job again. An owner killed with
+            # its runner may not: the owner taking over holds a copy from before that attempt
+            # (a kill in its first instants), and the killed one writes its end once back. A job
+            # whose record names no ended attempt there (``requeue_s`` None) has nothing to check.
+            if job["requeue_s"] is not None and not job["owned_there"]:
+                assert job["requeue_s"] <= job["recovery_s"] + 0.5, json.dumps(kills)
         assert {b["job"] for b in back} <= set(kills[0]["jobs_running_there"]), back
         assert back and back[0]["recovery_s"] == kills[0]["recovery_s"], back
     assert len(partitions) == 1 and partitions[0]["heal_converged_s"] is not None
