@@ -18,8 +18,9 @@ the mesh's records:
 - how long recovery took: from each kill until the owners ended the attempts on the killed
   agent (lost: requeued; ``requeue_s``, detection and takeover), until every job that ran there
   runs again (a new process, wherever: ``recovery_s``, which includes a wait for room on a full
-  fleet; ``jobs_back`` gives each job's kind, its own time and the reasons its record gave
-  while it waited, the last few), and from the heal until every agent sees every other.
+  fleet; ``jobs_back`` gives each job's kind, its own times, whether the killed agent owned it
+  and the reasons its record gave while it waited, the last few), and from the heal until every
+  agent sees every other.
 
 The partition is the test-only drop list (:mod:`gossip.droplist`): each agent is started with
 ``SHOAL_TEST_DROP_FILE`` naming ``drop`` in its own folder, and the benchmark writes the other
