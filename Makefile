@@ -1,18 +1,27 @@
-# Two commands on a fresh machine: `make demo` and `make test`.
-PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
+# Two commands on a fresh machine: `make demo` and `make test`. Both install exactly uv.lock.
+PYTHON ?= $(shell for p in python3.11 python3.12 python3.13 python3; do \
 	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
 	&& { echo $$p; break; }; done)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# uv itself comes from PyPI by hash (tools/uv-requirements.txt), into a folder of its own.
+TOOLS := .tools
+UV := $(TOOLS)/bin/uv
+export UV_PYTHON_DOWNLOADS := never
+export UV_PROJECT_ENVIRONMENT := $(VENV)
 
-.PHONY: install demo test lint pytest screenshots bench clean
+.PHONY: install demo test lint pytest docs screenshots bench lock test-latest clean
 
-$(STAMP): pyproject.toml
+$(UV): tools/uv-requirements.txt
 	@test -n "$(PYTHON)" || { echo "shoal needs Python 3.11 or newer on PATH" >&2; exit 1; }
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip 'setuptools>=77'
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	@test -x $(TOOLS)/bin/python || $(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/python -m pip install -q --disable-pip-version-check --require-hashes \
+		-r tools/uv-requirements.txt
+	@touch $(UV)
+
+$(STAMP): $(UV) pyproject.toml uv.lock
+	$(UV) sync --locked --quiet --python $(PYTHON)
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -29,10 +38,24 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+docs: $(STAMP)
+	@if [ -f mkdocs.yml ]; then $(BIN)/mkdocs build --strict --quiet --site-dir .site; fi
+
 pytest: $(STAMP)
 	$(BIN)/python -m pytest -n auto $(PYTEST_ARGS)
 
-test: lint pytest
+test: lint docs pytest
+
+# Update the lock on purpose (newest versions the ranges in pyproject.toml allow).
+lock: $(UV)
+	$(UV) lock --upgrade
+
+# The suite against the newest versions the ranges allow, in a separate environment: run it
+# before `make lock`, and when a dependency releases (not in CI: it would drift by itself).
+test-latest: $(UV)
+	$(UV) venv --quiet --allow-existing --python $(PYTHON) .venv-latest
+	VIRTUAL_ENV=.venv-latest $(UV) pip install --quiet --upgrade -e . --group dev
+	.venv-latest/bin/python -m pytest -n auto $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-latest $(TOOLS) .site .pytest_cache .mypy_cache .ruff_cache
