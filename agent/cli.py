@@ -26,6 +26,7 @@ from agent import ops_args
 from agent.agent_args import add_agent_arguments
 from agent.errors import UserError
 from agent.paths import default_cluster_dir
+from agent.quiet import quiet_third_party_warnings
 
 
 class _Parser(argparse.ArgumentParser):
@@ -291,6 +292,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    quiet_third_party_warnings()
     try:
         return _main(argv)
     except BrokenPipeError:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import random
 import shutil
@@ -46,6 +47,7 @@ from agent.client import ApiError
 from agent.config import PLACEMENT_NAMES
 from agent.demoload import percentile
 from agent.errors import UserError
+from agent.jobpython import JobPython, job_python
 from agent.jobspec import JobKind, JobSpec, Resources, new_job_id
 from agent.jobstate import TERMINAL_JOB_STATES
 from agent.localmesh import DEMO_PROFILES, LocalMesh
@@ -66,7 +68,7 @@ SpecMaker = Callable[[random.Random, float], JobSpec]
 """The next job of a workload, drawn from the seeded generator, submitted at an epoch time."""
 
 
-def _light_spec(rng: random.Random, now: float) -> JobSpec:
+def _light_spec(python: JobPython, rng: random.Random, now: float) -> JobSpec:
     """A short real process that reports progress, in one of the three job kinds."""
     kinds: tuple[JobKind, ...] = ("inference", "training", "batch")
     kind = rng.choice(kinds)
@@ -82,16 +84,17 @@ def _light_spec(rng: random.Random, now: float) -> JobSpec:
     if kind == "training" and rng.random() < 0.5:
         backends = ("cuda", "rocm")
     return JobSpec(
-        command=(sys.executable, "-c", code),
+        command=(python.executable, "-c", code),
+        env=dict(python.env),
         kind=kind,
         resources=Resources(gpus_per_node=rng.choice((1, 1, 1, 2)), backends=backends),
         max_runtime_s=120,
     )
 
 
-def _placement_spec(rng: random.Random, now: float) -> JobSpec:
+def _placement_spec(python: JobPython, rng: random.Random, now: float) -> JobSpec:
     """A job of the placement workload (:mod:`agent.demoload`)."""
-    return demoload.job_spec(demoload.draw_job(rng), now)
+    return demoload.job_spec(demoload.draw_job(rng), now, python)
 
 
 class Arrival(NamedTuple):
@@ -228,7 +231,13 @@ async def _metrics_lines(mesh: LocalMesh) -> list[str]:
 
 
 async def _headless(
-    mesh: LocalMesh, duration_s: float, rate: float, seed: int, idle_s: float, policy: str | None
+    mesh: LocalMesh,
+    duration_s: float,
+    rate: float,
+    seed: int,
+    idle_s: float,
+    policy: str | None,
+    python: JobPython,
 ) -> dict[str, Any]:
     converged_s = await mesh.wait_converged(timeout_s=120)
     # A quiet spell first: idle agents to submit to, and the idle footprint over its second
@@ -238,10 +247,12 @@ async def _headless(
         await asyncio.sleep(idle_s / 2)
     async with _Footprint(mesh) as footprint:
         if policy is None:
-            work = await _submit_workload(mesh, duration_s, rate, seed, _light_spec)
+            spec = functools.partial(_light_spec, python)
+            work = await _submit_workload(mesh, duration_s, rate, seed, spec)
             jobs = await _settled(mesh, work, 120.0)
         else:
-            work = await _submit_workload(mesh, duration_s, rate, seed, _placement_spec)
+            spec = functools.partial(_placement_spec, python)
+            work = await _submit_workload(mesh, duration_s, rate, seed, spec)
             jobs = await _settled(mesh, work, demoload.SETTLE_S)
     latencies = [
         1000 * (float(j["started_at"]) - work.submitted_at[jid])
@@ -431,7 +442,10 @@ def run_demo(
                 demoload.lay_out_datasets([a.datasets_dir for a in mesh.agents])
             mesh.start()
             if headless:
-                figures = asyncio.run(_headless(mesh, duration_s, rate, seed, idle_s, policy))
+                python = job_python(root)
+                figures = asyncio.run(
+                    _headless(mesh, duration_s, rate, seed, idle_s, policy, python)
+                )
                 if as_json:
                     print(json.dumps(figures))
                 else:

@@ -35,12 +35,12 @@ import math
 import random
 import re
 import statistics
-import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
+from agent.jobpython import HERE, JobPython
 from agent.jobspec import BackendName, JobKind, JobSpec, Resources
 
 CLASSES: Final[tuple[tuple[str, JobKind], ...]] = (
@@ -139,10 +139,10 @@ def draw_job(rng: random.Random) -> DemoJob:
     )  # fmt: skip
 
 
-def job_spec(job: DemoJob, now: float) -> JobSpec:
-    """The spec submitted for ``job`` at ``now`` (epoch seconds)."""
+def job_spec(job: DemoJob, now: float, python: JobPython = HERE) -> JobSpec:
+    """The spec submitted for ``job`` at ``now`` (epoch seconds), run by ``python``."""
     command = (
-        sys.executable,
+        python.executable,
         "-m",
         "agent.synthjob",
         "--class",
@@ -166,6 +166,7 @@ def job_spec(job: DemoJob, now: float) -> JobSpec:
         deadline=None if job.deadline_in_s is None else now + job.deadline_in_s,
         datasets=job.datasets,
         labels={"class": job.job_class, "demo": "placement"},
+        env=dict(python.env),
         max_runtime_s=600,
     )
 

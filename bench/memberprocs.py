@@ -112,13 +112,14 @@ class MemberSet:
 
     def _pump(self, member: MemberProc, process: subprocess.Popen[bytes]) -> None:
         assert process.stdout is not None
-        for raw in process.stdout:
-            try:
-                line = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(line, dict):
-                self.lines.put((time.monotonic(), member.index, line))
+        with process.stdout:  # closed once the member has exited
+            for raw in process.stdout:
+                try:
+                    line = json.loads(raw)
+                except ValueError:
+                    continue
+                if isinstance(line, dict):
+                    self.lines.put((time.monotonic(), member.index, line))
 
     def signal(self, member: MemberProc, sig: int) -> None:
         if member.running:

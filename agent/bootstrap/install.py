@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import tomli_w
 
 from agent.bootstrap.layout import RemoteLayout
+from agent.bootstrap.locked import HASHES_FILE, hashes_text, verified_wheelhouse, wheel_identity
 from agent.bootstrap.ssh import BootstrapError, Remote, RemoteCommandFailed
 
 if TYPE_CHECKING:
@@ -62,9 +63,12 @@ class InstallSource:
         return "the package index"
 
     def wheels(self) -> list[Path]:
+        """The wheels to ship; a wheelhouse's are each checked against its hashes first."""
         if self.wheelhouse is None:
             return [self.local_build.wheel] if self.local_build is not None else []
-        return sorted(p for p in self.wheelhouse.iterdir() if p.name.endswith(".whl"))
+        if not any(p.name.endswith(".whl") for p in self.wheelhouse.iterdir()):
+            return []
+        return verified_wheelhouse(self.wheelhouse)
 
     async def wheels_for(self, target: HostPlatform) -> list[Path]:
         """The wheels to upload to a host of ``target`` (none: pip uses the index)."""
@@ -72,6 +76,8 @@ class InstallSource:
             if self.inherit_site_packages:
                 return [self.local_build.wheel]  # --no-deps: the inherited site has the rest
             return await self.local_build.wheels_for(target)
+        if self.inherit_site_packages:
+            return [w for w in self.wheels() if wheel_identity(w)[0] == "shoal"]
         return self.wheels()
 
     def shoal_wheel(self) -> Path | None:
@@ -178,8 +184,9 @@ async def install_shoal(
     source: InstallSource,
     wheels: Sequence[Path] = (),
 ) -> None:
-    """pip-install this exact version into ``venv`` (from ``wheels``, uploaded, or else from
-    the package index) and check that it imports."""
+    """pip-install this exact version into ``venv`` (from ``wheels``, uploaded with a
+    ``requirements.txt`` that pins each to its SHA-256 and installed with ``--require-hashes``,
+    or else from the package index) and check that it imports."""
     q = shlex.quote
     pip = f"{q(venv)}/bin/python -m pip install --disable-pip-version-check --no-input -q"
     if source.inherit_site_packages:
@@ -191,7 +198,9 @@ async def install_shoal(
         upload = f"{layout.uploads}/{Path(venv).name}"
         await remote.run(f"mkdir -p {q(upload)}")
         await remote.put_files([(w, f"{upload}/{w.name}") for w in wheels])
-        pip += f" --no-index --find-links {q(upload)}"
+        await remote.write_file(f"{upload}/{HASHES_FILE}", hashes_text(wheels).encode("utf-8"))
+        pip += f" --no-index --find-links {q(upload)} --require-hashes"
+        requirement = f"-r {q(f'{upload}/{HASHES_FILE}')}"
     else:
         pip += " --retries 1 --timeout 15"
         if source.index_url:
@@ -199,6 +208,10 @@ async def install_shoal(
     try:
         await remote.run(f"{pip} {requirement}", timeout_s=PIP_TIMEOUT_S)
     except RemoteCommandFailed as exc:
+        if upload and "HASHES" in str(exc).upper():
+            raise BootstrapError(
+                "a wheel uploaded to the host does not match its hash: refused, nothing installed"
+            ) from None
         if upload:
             raise
         raise BootstrapError(

@@ -21,6 +21,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from agent.quiet import quiet_third_party_warnings
 from gossip.identity import (
     CA_CERT,
     NODE_CERT,
@@ -78,6 +79,7 @@ def keygen(directory: Path) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    quiet_third_party_warnings()
     parser = argparse.ArgumentParser(
         prog="python -m agent.bootstrap.keygen",
         description="create this node's key (once) and print its public key as JSON",

@@ -8,11 +8,13 @@ build, without being asked:
    files, cached under the digest of those files, so a rerun with nothing changed ships the same
    bytes and changes nothing on the hosts).
 2. **Its dependencies**, for each host's platform (OS, architecture, Python X.Y), at the versions
-   installed here. For a host of this machine's platform they are the wheels of this very
-   environment, repacked from what is installed (no network, the exact files the operator runs);
-   for any other platform they are downloaded from the package index (``pip download
-   --only-binary=:all: --platform ...``), and a host whose wheels cannot be had gets one line
-   saying to build a wheelhouse where the index is reachable.
+   installed here, which must be those of ``uv.lock`` (:mod:`agent.bootstrap.locked`). For a
+   host of this machine's platform they are the wheels of this very environment, repacked from
+   what is installed (no network, the exact files the operator runs); for any other platform
+   they are downloaded from the package index (``pip download --only-binary=:all: --platform
+   ...``, every locked version a constraint, each wheel's hash checked against the lock), and a
+   host whose wheels cannot be had gets one line saying to build a wheelhouse where the index is
+   reachable.
 
 Everything is kept under ``~/.cache/shoal/wheels`` (``$XDG_CACHE_HOME``).
 """
@@ -39,8 +41,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.bootstrap.locked import check_locked_files, check_locked_versions, constraints, read_lock
 from agent.bootstrap.ssh import BootstrapError
-from agent.bootstrap.wheelhouse import requirements
+from agent.bootstrap.wheelhouse import project_root, requirements
 from agent.errors import UserError
 from agent.paths import cache_home
 
@@ -306,16 +309,29 @@ def repack_environment(dists: Sequence[importlib.metadata.Distribution], out: Pa
 
 
 def download_wheels(requirements: Sequence[str], target: HostPlatform, out: Path) -> None:
-    """``pip download`` the binary wheels of ``requirements`` for ``target``; BootstrapError
-    with pip's last line, and what to do instead, when it cannot."""
+    """``pip download`` the binary wheels of ``requirements`` for ``target``, every version the
+    checkout locks a constraint and every wheel's hash one the lock lists; BootstrapError with
+    pip's last line, and what to do instead, when it cannot."""
+    root = project_root()
+    locked = read_lock(root) if root is not None else {}
     argv = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:"]
     for tag in target.pip_platforms():
         argv += ["--platform", tag]
     argv += ["--python-version", f"{target.python[0]}.{target.python[1]}"]
-    argv += ["--retries", "1", "--timeout", "10", "-d", str(out), *requirements]
-    done = subprocess.run(
-        argv, capture_output=True, text=True, check=False, env=_pip_env(), timeout=900
-    )
+    argv += ["--retries", "1", "--timeout", "10", "-d", str(out)]
+    with tempfile.TemporaryDirectory(prefix="shoal-constraints-") as tmp:
+        if locked:
+            pinned = Path(tmp) / "constraints.txt"
+            pinned.write_text("\n".join(constraints(locked)) + "\n")
+            argv += ["-c", str(pinned)]
+        done = subprocess.run(
+            [*argv, *requirements],
+            capture_output=True,
+            text=True,
+            check=False,
+            env=_pip_env(),
+            timeout=900,
+        )
     if done.returncode != 0:
         raise BootstrapError(
             f"cannot get Shoal's dependencies for {target} from the package index "
@@ -323,11 +339,19 @@ def download_wheels(requirements: Sequence[str], target: HostPlatform, out: Path
             "reachable (shoal bootstrap --build-wheelhouse DIR --platform TAG --target-python "
             "X.Y) and pass --wheelhouse DIR"
         )
+    if locked:
+        try:
+            check_locked_files(out.glob("*.whl"), locked)
+        except UserError as exc:
+            raise BootstrapError(str(exc)) from None
 
 
 def dependency_wheels(target: HostPlatform) -> list[Path]:
     """The wheels of Shoal's dependencies for ``target`` (see the module's docstring)."""
     dists = installed_closure()
+    root = project_root()
+    if root is not None:
+        check_locked_versions(((d.metadata["Name"] or "", d.version) for d in dists), root)
     pinned = pins(dists)
     digest = hashlib.sha256("\n".join([target.key, *pinned]).encode()).hexdigest()[:16]
     out = wheels_dir() / "deps" / f"{target.key}-{digest}"

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from agent.quiet import quiet_third_party_warnings
+
 BACKOFF_MIN_S = 1.0
 BACKOFF_MAX_S = 30.0
 HEALTHY_AFTER_S = 60.0
@@ -122,6 +124,7 @@ class Supervisor:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    quiet_third_party_warnings()
     parser = argparse.ArgumentParser(prog="python -m agent.bootstrap.supervise")
     parser.add_argument("--pidfile", type=Path, required=True)
     parser.add_argument("--grace", type=float, default=30.0, help="seconds before SIGKILL")

@@ -4,6 +4,7 @@ identity joins a mesh. Every step is the real command."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import stat
 import subprocess
@@ -128,6 +129,7 @@ def test_a_host_enrolled_by_hand_joins_the_mesh(tmp_path: Path) -> None:
     mesh = Mesh(tmp_path / "mesh", ["h100:1", "mi300x:1"])
     mesh.start_all()
     agent: subprocess.Popen[bytes] | None = None
+    stack = contextlib.ExitStack()
     try:
         host = tmp_path / "newhost"
         node_id = _enroll(host, "--name", "newhost", "--address", "127.0.0.1")["node_id"]
@@ -147,7 +149,7 @@ def test_a_host_enrolled_by_hand_joins_the_mesh(tmp_path: Path) -> None:
         assert installed["node_id"] == node_id and installed["cluster"] == "shoal-demo"
 
         port = free_ports(1)[0]
-        log = (tmp_path / "newhost.log").open("wb")
+        log = stack.enter_context((tmp_path / "newhost.log").open("wb"))
         agent = subprocess.Popen(
             [
                 *SHOAL,
@@ -200,6 +202,7 @@ def test_a_host_enrolled_by_hand_joins_the_mesh(tmp_path: Path) -> None:
         if agent is not None:
             agent.terminate()
             agent.wait(timeout=60)
+        stack.close()
         mesh.stop_all()
 
 

@@ -50,7 +50,7 @@ def _assert_stopped_cleanly(demo: subprocess.Popen[str], root: Path) -> None:
 def _kill_leftovers(demo: subprocess.Popen[str], root: Path | None) -> None:
     if demo.poll() is None:
         demo.kill()
-        demo.wait()
+    demo.communicate()  # reaps it and closes its pipes
     if root is not None:
         for process in _agents_of(root):
             os.killpg(process.pid, signal.SIGKILL)

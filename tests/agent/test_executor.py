@@ -569,7 +569,7 @@ def test_a_silent_job_dies_with_a_killed_agent(tmp_path: Path, launcher: str) ->
         assert psutil.Process(job_pid).name() == "sleep"
     finally:
         parent.kill()
-        parent.wait(timeout=10)
+        parent.communicate(timeout=10)  # reaps it and closes its pipe
     assert_gone(job_pid)
     # What the killed agent left (its job's cgroup, where it had one) goes when one restarts.
     ProcessExecutor(ExecutorConfig(data_dir=tmp_path)).cage.close()
@@ -629,7 +629,7 @@ def test_an_agent_killed_before_the_death_signal_is_armed_leaves_no_job_started(
         (job,) = psutil.Process(parent.pid).children()
     finally:
         parent.kill()
-        parent.wait(timeout=10)
+        parent.communicate(timeout=10)  # reaps it and closes its pipe
     try:
         assert_gone(job.pid)  # two seconds on, once it checked its parent
         assert not started.exists(), "the job started after its agent was killed"

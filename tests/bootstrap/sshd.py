@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.bootstrap.locked import HASHES_FILE, hashes_text
+
 SSHD = Path("/usr/sbin/sshd")
 PROJECT = Path(__file__).resolve().parents[2]
 SOURCE_PARTS = ("pyproject.toml", "README.md", "probers", "gossip", "agent", "tui", "bench")
@@ -153,4 +155,5 @@ def build_wheel(out: Path, version: str | None = None) -> Path:
         check=True,
         capture_output=True,
     )
+    (out / HASHES_FILE).write_text(hashes_text(sorted(out.glob("*.whl"))))
     return next(out.glob("shoal-*.whl"))

@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
+from agent.bootstrap.locked import read_lock
 from tests.bootstrap.lab import SshLab
 from tests.bootstrap.sshd import SSHD
 from tests.netns import netns_available
@@ -108,6 +109,14 @@ def test_a_first_fleet_from_one_command(lab: SshLab, wheel_cache: Path) -> None:
         assert config["advertise"] == lab.address(i)
         assert sorted(config["join"]) == sorted(a for a in addresses if a != addresses[i])
     assert "this checkout" in done.stderr  # Shoal from a checkout ships its own build
+    # ... with exactly the locked dependency set, installed by hash.
+    locked = read_lock(Path(__file__).resolve().parents[2])
+    code = "import importlib.metadata as m; print(m.version('cryptography'), m.version('aiohttp'))"
+    host_python = lab.opt(0) / "shoal" / "venv" / "bin" / "python"
+    versions = subprocess.run(
+        [str(host_python), "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert versions == [locked["cryptography"].version, locked["aiohttp"].version]
     fleet = tomllib.loads((lab.cluster_dir / "fleet.toml").read_text())
     assert [a["address"] for a in fleet["agent"]] == addresses
     assert f"fleet: 3 agents in {lab.cluster_dir / 'fleet.toml'}" in out

@@ -32,8 +32,9 @@ class Member:
 
     def pump(self) -> None:
         assert self.process.stdout is not None
-        for raw in self.process.stdout:
-            self.lines.put(json.loads(raw))
+        with self.process.stdout:  # closed once the member has exited
+            for raw in self.process.stdout:
+                self.lines.put(json.loads(raw))
 
     def drain(self) -> None:
         while True:
