@@ -87,7 +87,7 @@ REJOIN_WAIT_S = 60.0
 POLL_S = 0.2
 PARTITION_SETTLE_S = 15.0
 """After a heal, how long a job's rerun still counts as the partition's (each side may have run
-it: at-least-once, as the README's threat model says), not as a fault of its own."""
+it: at-least-once, as the threat model in docs/security/ says), not as a fault of its own."""
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
 """A member that lies about its own inventory, on real agent processes.
 
 The liar is agent 3: its inventory claims eight H100s (a simulated profile; to the mesh it is a
-claim like any other). The README's threat model bounds what that lie buys: it is offered the
-jobs its claim fits and no others, nothing is believed of it about another node, and the operator
-takes the jobs back, by migrating them or by revoking it, with every attempt fenced: the job's
-processes (each writes its pid and ticks into the test's folder) never run in two places at once.
+claim like any other). The threat model (``docs/security/threat-model.md``) bounds what that
+lie buys: it is offered the jobs its claim fits and no others, nothing is believed of it about
+another node, and the operator takes the jobs back, by migrating them or by revoking it, with
+every attempt fenced: the job's processes (each writes its pid and ticks into the test's
+folder) never run in two places at once.
 """
 
 from __future__ import annotations

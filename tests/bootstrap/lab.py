@@ -10,7 +10,8 @@ them. The operator's machine is the last namespace: its ``HOME`` (``~/.ssh``, ``
 is a folder of the lab, and :meth:`SshLab.operator` runs a command there.
 
 Run as a script, it opens a lab and holds it until Ctrl-C, printing how to use it
-(``python -m tests.bootstrap.lab``); ``README.md``'s first fleet was timed in one.
+(``python -m tests.bootstrap.lab``); the docs' first fleet
+(``docs/operations/first-fleet.md``) was timed in one.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Time README's "A first fleet" on this machine, from a fresh clone to the job's output::
+"""Time the docs' "A first fleet" (``docs/operations/first-fleet.md``) on this machine, from a
+fresh clone to the job's output::
 
     sudo .venv/bin/python -m tests.bootstrap.time_first_fleet [--repo DIR] [--json]
 
