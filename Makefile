@@ -39,7 +39,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 docs: $(STAMP)
-	@if [ -f mkdocs.yml ]; then $(BIN)/mkdocs build --strict --quiet --site-dir .site; fi
+	@if [ -f mkdocs.yml ]; then NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .site; fi
 
 pytest: $(STAMP)
 	$(BIN)/python -m pytest -n auto $(PYTEST_ARGS)
