@@ -51,7 +51,7 @@ from typing import Any, Final
 
 from agent.containment import CGROUP_ENTER
 from agent.jobenv import SHELL, after_switch
-from agent.jobuser import JobUser, unreachable, user_may
+from agent.jobuser import SYSTEM_PATH, JobUser, unreachable, user_may
 
 PARENT_GUARD: Final = (
     '[ "$PPID" = "$0" ] || { echo "shoal: the agent is gone: not starting" >&2; exit 125; }; '
@@ -133,8 +133,10 @@ def death_signal_launcher(signal_name: str = "KILL") -> tuple[str, ...]:
     """
     if not sys.platform.startswith("linux"):
         return ()
-    setpriv = shutil.which("setpriv")
-    return (setpriv, "--pdeathsig", signal_name, "--") if setpriv else ()
+    # Looked for in the system's folders only, by absolute path: it runs with the agent's
+    # rights, and the agent's own PATH may name a folder someone else can write.
+    setpriv = shutil.which("setpriv", path=SYSTEM_PATH)
+    return (os.path.abspath(setpriv), "--pdeathsig", signal_name, "--") if setpriv else ()
 
 
 class Unreachable(ValueError):

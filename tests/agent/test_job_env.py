@@ -26,7 +26,7 @@ from agent.executor import ExecutorConfig, Exited, Launch, LaunchError, ProcessE
 from agent.jobenv import CARRIER_PREFIX, LAUNCHER_ENV, after_switch, checked_env
 from agent.jobspec import JobSpec, new_job_id
 from agent.jobuser import SYSTEM_PATH, lookup_job_user
-from agent.spawn import check_program
+from agent.spawn import check_program, death_signal_launcher
 from tests.support import require_system
 
 pytestmark = [
@@ -389,3 +389,16 @@ def test_the_chain_carries_no_job_variable_under_its_own_name() -> None:
     }
     assert handover.argv[0] == "/bin/sh"
     assert not any("/tmp/" in word or "$(id)" in word for word in handover.argv)
+
+
+def test_setpriv_is_found_in_the_systems_folders_whatever_the_agents_path(
+    traps: Traps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", f"{traps.bin}:{os.environ.get('PATH', '')}")
+    death_signal_launcher.cache_clear()
+    try:
+        launcher = death_signal_launcher()
+    finally:
+        death_signal_launcher.cache_clear()
+    assert launcher and os.path.isabs(launcher[0])
+    assert not launcher[0].startswith(str(traps.root))
