@@ -40,7 +40,7 @@ from agent.ckptmove import Checkpoints
 from agent.commands import Commands
 from agent.config import AgentConfig
 from agent.context import AgentContext
-from agent.datasets import scan_datasets
+from agent.datasets import DatasetScanner
 from agent.devices import HostDevices
 from agent.events import EventLog
 from agent.executor import ExecutorConfig, ProcessExecutor
@@ -156,6 +156,7 @@ class Agent:
         self.publisher = Publisher(
             self.publish, config, self.devices, self.events, self._node_doc, self._coordinate
         )
+        self.datasets = DatasetScanner(config.datasets_dir, config.datasets)
         self.metrics = AgentMetrics(self._metrics_snapshot)
         self.commands = Commands(
             self.ctx,
@@ -364,11 +365,10 @@ class Agent:
             log.debug("let go of %d ended job(s) from disk", len(job_ids))
 
     async def _datasets_loop(self) -> None:
-        config = self.config
         while True:
-            held = await asyncio.to_thread(scan_datasets, config.datasets_dir, config.datasets)
+            held = await asyncio.to_thread(self.datasets.scan)
             self.publisher.datasets_scanned(held)
-            await asyncio.sleep(config.datasets_rescan_s)
+            await asyncio.sleep(self.config.datasets_rescan_s)
 
     def _coordinate(self) -> Coordinate | None:
         """This node's network coordinate once it has measured a round trip (before that it
@@ -407,4 +407,5 @@ class Agent:
             "deadline_misses": self.owner.deadline_misses,
             "preemptions": self.runner.preemptions.counts,
             "checkpoint": self.checkpoints.counts,
+            "datasets_refused": self.datasets.refused,
         }

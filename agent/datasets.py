@@ -1,11 +1,17 @@
 """The datasets an agent holds: the names in its config, and the entries of its datasets folder.
 
-Every entry directly under ``datasets_dir`` (a folder or a file, not starting with ``.``) is a
-dataset of that name; its size is the bytes of the regular files under it. The entry itself may be
-a symbolic link (a lab's ``/data/imagenet -> /mnt/nfs/imagenet`` is a dataset); links inside it
-are not followed, so a dataset is counted once and never loops. A walk stops after
-:data:`MAX_FILES_PER_DATASET` files and reports what it counted so far (a lower bound, said in
-the log). The folder is scanned again every ``datasets_rescan_s``, off the event loop.
+Every entry directly under ``datasets_dir`` (a folder or a file) whose name is a dataset name
+(``agent.wire.place.dataset_name_problem``: letters, digits, ``.``, ``_``, ``-``; not starting
+with ``.`` or ``-``) is a dataset of that name; its size is the bytes of the regular files under
+it. No link leads out of the folder: an entry that is a symbolic link counts only when it points
+at another entry inside the folder, and links inside a dataset are never followed, so a dataset is
+counted once, never loops, and the scan never reaches ``/etc``, another agent's folder or the
+whole disk (a lab that keeps a dataset elsewhere bind-mounts it into the folder, or names it in
+``datasets``). An entry refused, for its name or as a link out, is said in the log once, with its
+reason, and counted (``shoal_datasets_refused_total``); entries starting with ``.`` (a download
+in progress) are passed over silently. A walk stops after :data:`MAX_FILES_PER_DATASET` files and
+reports what it counted so far (a lower bound, said in the log). The folder is scanned again
+every ``datasets_rescan_s``, off the event loop.
 """
 
 from __future__ import annotations
@@ -13,41 +19,107 @@ from __future__ import annotations
 import logging
 import os
 import stat
+from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
 from agent.wire.place import dataset_name_problem
 
 log = logging.getLogger("shoal.agent")
 
 MAX_FILES_PER_DATASET: Final = 200_000
+_SAID_KEPT: Final = 10_000
+
+RefusedReason = Literal["name", "link_out"]
 
 
-def scan_datasets(folder: Path | None, named: Iterable[str] = ()) -> dict[str, int]:
-    """Dataset name -> bytes: those under ``folder`` measured, those only ``named`` as 0."""
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """One entry of the folder that is not a dataset."""
+
+    entry: str
+    reason: RefusedReason
+    why: str
+    """One line, for the log."""
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetScan:
+    """What one scan found."""
+
+    held: dict[str, int]
+    """Dataset name -> bytes: those in the folder measured, those only named as 0."""
+    refused: tuple[Refused, ...] = ()
+
+
+def scan_datasets(folder: Path | None, named: Iterable[str] = ()) -> DatasetScan:
+    """Measure the datasets under ``folder`` (see the module docstring); nothing is logged."""
     held = dict.fromkeys(named, 0)
     if folder is None:
-        return held
+        return DatasetScan(held)
     try:
+        root = os.path.realpath(folder)
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError as exc:
         log.warning("datasets folder %s: %s", folder, exc.strerror or exc)
-        return held
+        return DatasetScan(held)
+    refused: list[Refused] = []
     for entry in entries:
-        if entry.name.startswith(".") or dataset_name_problem(entry.name) is not None:
+        if entry.name.startswith("."):
             continue
-        held[entry.name] = _size_bytes(Path(entry.path))
-    return held
+        problem = dataset_name_problem(entry.name)
+        if problem is not None:
+            refused.append(Refused(entry.name, "name", f"{problem}: not gossiped"))
+            continue
+        path = entry.path
+        if entry.is_symlink():
+            target = os.path.realpath(path)
+            if target == root or os.path.commonpath((root, target)) != root:
+                why = (
+                    f"dataset {entry.name!r} is a link out of the folder: not measured, not"
+                    " gossiped (bind-mount it into the folder, or name it in datasets)"
+                )
+                refused.append(Refused(entry.name, "link_out", why))
+                continue
+            path = target
+        held[entry.name] = _size_bytes(Path(path))
+    return DatasetScan(held, tuple(refused))
+
+
+class DatasetScanner:
+    """Scans one agent's datasets folder, saying each refused entry once and counting it."""
+
+    def __init__(self, folder: Path | None, named: Iterable[str] = ()) -> None:
+        self.folder = folder
+        self.named = tuple(named)
+        self.refused: Counter[RefusedReason] = Counter()
+        """Entries refused, each counted once, by reason."""
+        self._said: set[tuple[str, RefusedReason]] = set()
+
+    def scan(self) -> dict[str, int]:
+        """Dataset name -> bytes (blocking: run it off the event loop)."""
+        found = scan_datasets(self.folder, self.named)
+        for r in found.refused:
+            if (r.entry, r.reason) in self._said:
+                continue
+            if len(self._said) >= _SAID_KEPT:
+                self._said.clear()
+            self._said.add((r.entry, r.reason))
+            self.refused[r.reason] += 1
+            log.warning("datasets folder %s: %s", self.folder, r.why)
+        return found.held
 
 
 def _size_bytes(path: Path) -> int:
     try:
-        if path.is_file():
-            return path.stat().st_size
-        if not path.is_dir():
-            return 0
+        st = os.stat(path)
     except OSError:
+        return 0
+    if stat.S_ISREG(st.st_mode):
+        return st.st_size
+    if not stat.S_ISDIR(st.st_mode):
         return 0
     total, files = 0, 0
     for root, _dirs, names in os.walk(path, followlinks=False):

@@ -77,8 +77,8 @@ from agent.progress import (
     parse_fraction,
     parse_progress_line,
 )
+from agent.spawn import Unreachable, signal_name, spawn, use_pidfd_child_watcher
 from agent.spawn import death_signal_launcher as _death_signal_launcher
-from agent.spawn import signal_name, spawn, use_pidfd_child_watcher
 from probers.records import DeviceStatic
 
 __all__ = [
@@ -394,7 +394,11 @@ class ProcessExecutor:
             where = getattr(exc, "filename", None)
             if where is not None and str(where) != launch.argv[0]:
                 reason += f" ({where})"
-            message = f"cannot start {launch.argv[0]!r}: {reason}"
+            message = (
+                str(exc)
+                if isinstance(exc, Unreachable)
+                else f"cannot start {launch.argv[0]!r}: {reason}"
+            )
             out.write(_marker(f"attempt {launch.attempt} {message}"))
             out.close()
             raise LaunchError(message) from None

@@ -48,6 +48,7 @@ from agent.ownersteps import OwnerSteps
 from agent.peers import PeerError, PeerRefused, PeerUnreachable
 from agent.placing import queue_of
 from agent.wire.calls import (
+    MAX_HOLD_S,
     AttemptResult,
     GangAbort,
     GangCommit,
@@ -66,8 +67,9 @@ if TYPE_CHECKING:
 MAX_LAUNCH_FAILURES = 3
 """Attempts whose member could not be launched (the runner's launch error) before the gang fails
 with it, as :data:`agent.placing.MAX_LAUNCH_FAILURES` for one node."""
-PREPARE_TTL_S = 30.0
-"""How long a runner holds a member's devices for a commit that has not come."""
+PREPARE_TTL_S = MAX_HOLD_S
+"""How long a runner holds a member's devices for a commit that has not come (the most a
+runner grants: :data:`agent.wire.calls.MAX_HOLD_S`)."""
 BASE_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 8.0
 """After a refused prepare, the gang waits ``BASE * 2**(refusals-1)`` (at most this), times a

@@ -4,8 +4,9 @@
   operator's submission; the node takes work; the attempt is not fenced; this node's member's
   devices are here and free, or, when the prepare lets it and they are taken, others of the
   same models its placement chooses, named in the answer), then holds those devices for ``ttl_s``
-  (:class:`agent.reservations.Reservations`). Rank 0's runner also picks where the members meet:
-  its own advertised host and a TCP port free on it now.
+  (:class:`agent.reservations.Reservations`; at most :data:`agent.wire.calls.MAX_HOLD_S`, 30 s:
+  a longer hold is refused, 400, as a body that does not decode). Rank 0's runner also picks
+  where the members meet: its own advertised host and a TCP port free on it now.
 - ``gang_commit`` starts the held member (``Runner.launch``) with the gang's variables
   (:meth:`agent.pinning.GangRank.one_per_node`); a hold that ran out or was aborted is declined.
 - ``gang_abort`` frees the hold and fences the attempt (a late prepare or commit of it is
@@ -34,6 +35,7 @@ from agent.wire.calls import (
     GangPrepare,
     GangPrepared,
     StartAnswer,
+    hold_problem,
 )
 
 
@@ -68,6 +70,8 @@ class GangDesk:
     async def prepare(self, req: GangPrepare, caller: str) -> GangPrepared:
         r = self.runner
         job_id = check_job_id(req.job_id)
+        if (problem := hold_problem(req.ttl_s)) is not None:
+            raise ValueError(problem)  # as the wire refuses it (400)
         spec = r.authorised_spec(job_id, req.owner, caller, req.submission, "prepare")
         if spec.resources.nodes != len(req.members):
             raise Declined(

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any, Final, Literal, cast, get_args
 
+from agent.jobenv import env_name_problem
 from agent.parsing import toml_loads
 from agent.pinning import reserved_env
 from agent.wire.place import dataset_name_problem
@@ -321,8 +322,9 @@ class JobSpec:
     command: tuple[str, ...]
     """The argv to run; never empty. Run directly, not through a shell."""
     env: Mapping[str, str] = field(default_factory=dict)
-    """Variables added to the job's clean environment. Parsing refuses the names Shoal sets (GPU
-    pinning, ``SHOAL_*``: ``agent.pinning.reserved_env``)."""
+    """Variables added to the job's clean environment. Parsing refuses names that are not shell
+    variable names (``agent.jobenv.env_name_problem``) and the names Shoal sets (GPU pinning,
+    ``SHOAL_*``: ``agent.pinning.reserved_env``)."""
     workdir: str | None = None
     """Working directory on the runner; ``None`` runs in the job's own folder."""
     image: str | None = None
@@ -472,9 +474,7 @@ def _from_mapping(data: Mapping[str, Any], *, human: bool, now: float | None) ->
         )
     env = r.str_map("env")
     for name in env:
-        if not name or "=" in name:
-            raise ValueError(f"env: {name!r} is not a variable name")
-        reason = reserved_env(name)
+        reason = env_name_problem(name) or reserved_env(name)
         if reason is not None:
             raise ValueError(reason)
     spec = JobSpec(

@@ -25,7 +25,8 @@ A job's environment starts clean, not from the agent's (which may hold secrets):
 when the job runs as the agent's own user, else the system's (:data:`SYSTEM_PATH`, as sudo's
 ``secure_path``: the agent's may name folders the job user cannot enter, a root's pyenv shims
 say); ``HOME``, ``USER`` and ``LOGNAME`` of the job user; then the job's own ``env`` (which may set
-``PATH``); then Shoal's variables.
+``PATH``); then Shoal's variables. Only the job sees them, never the launch before the user
+switch (``agent.jobenv``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
 from gossip.fsmodes import ensure_dir
 
@@ -230,15 +231,28 @@ def unreachable(path: Path, user: JobUser) -> Path | None:
             st = folder.stat()
         except OSError:
             return folder
-        if st.st_uid == user.uid:
-            allowed = st.st_mode & stat.S_IXUSR
-        elif st.st_gid == user.gid or st.st_gid in user.groups:
-            allowed = st.st_mode & stat.S_IXGRP
-        else:
-            allowed = st.st_mode & stat.S_IXOTH
-        if not allowed:
+        if not user_may(user, st, "x"):
             return folder
     return None
+
+
+_BITS: Final = {
+    "r": (stat.S_IRUSR, stat.S_IRGRP, stat.S_IROTH),
+    "x": (stat.S_IXUSR, stat.S_IXGRP, stat.S_IXOTH),
+}
+
+
+def user_may(user: JobUser, st: os.stat_result, what: Literal["r", "x"]) -> bool:
+    """Whether ``user`` may read (``r``) or execute or pass through (``x``) a file of ``st``, by
+    its owner, group and mode (as the kernel decides it, ACLs aside)."""
+    usr, grp, oth = _BITS[what]
+    if user.uid == 0:
+        return what == "r" or stat.S_ISDIR(st.st_mode) or bool(st.st_mode & (usr | grp | oth))
+    if st.st_uid == user.uid:
+        return bool(st.st_mode & usr)
+    if st.st_gid == user.gid or st.st_gid in user.groups:
+        return bool(st.st_mode & grp)
+    return bool(st.st_mode & oth)
 
 
 def read_job_file(

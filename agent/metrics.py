@@ -18,7 +18,8 @@ whose deadline passed before they ended
 restarted with fewer GPUs for another, ``refused``: a preempting offer refused:
 ``shoal_preemptions_total``), and checkpoint transfers by what happened (``pulled``,
 ``pushed``, ``resumed``, ``failed``, ``refused``, ``refused_not_owner``:
-``shoal_checkpoint_total``).
+``shoal_checkpoint_total``), and entries of the datasets folder refused, by reason (``name``,
+``link_out``: ``shoal_datasets_refused_total``, ``agent.datasets``).
 
 The counters are plain ``collections.Counter`` objects and everything is turned into Prometheus
 families at scrape time, so ``prometheus_client`` (and the HTTP server modules it brings, ~1 MB
@@ -81,6 +82,13 @@ class _Snapshot:
                 "Checkpoint transfers (pulled, pushed, resumed, failed) and refusals",
                 "what",
                 snap.get("checkpoint", {}),
+            ),
+            (
+                "datasets_refused",
+                "Entries of the datasets folder refused (name: not a dataset name; link_out: a"
+                " link out of the folder), each counted once",
+                "reason",
+                snap.get("datasets_refused", {}),
             ),
             (
                 "records_refused",

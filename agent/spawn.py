@@ -1,11 +1,14 @@
 """Starting one job process: its own session, its user, its cgroup, death with the agent.
 
-On Linux the job starts as ``setpriv --pdeathsig KILL -- sh -c GUARD AGENT_PID [sh -c ENTER
-procs] [setpriv --reuid U --regid G --init-groups --pdeathsig KILL --] argv``, all in the one
-process Python started: setpriv arms ``PR_SET_PDEATHSIG`` (an agent killed from then on takes the
-job along), the guard checks that the process's parent is still the agent, the shell moves the
-process into the attempt's cgroup while it still has the agent's privileges, and the second
-setpriv switches to the job user and arms the signal again (the switch clears it).
+On Linux the job starts as ``setpriv --pdeathsig KILL -- /bin/sh -c GUARD AGENT_PID [/bin/sh -c
+ENTER procs] [setpriv --reuid U --regid G --init-groups --pdeathsig KILL --] /bin/sh -c SET sh
+argv``, all in the one process Python started: setpriv arms ``PR_SET_PDEATHSIG`` (an agent killed
+from then on takes the job along), the guard checks that the process's parent is still the agent,
+the shell moves the process into the attempt's cgroup while it still has the agent's privileges,
+the second setpriv switches to the job user and arms the signal again (the switch clears it), and
+the last shell, already the job user, sets the job's environment and execs the job. Everything
+before it runs with a fixed environment and absolute program paths: the job's variables never
+reach a process with the agent's rights (``agent.jobenv``).
 
 The guard closes the launch's window: the death signal fires only for a parent that dies after
 it is armed, so an agent killed between its fork and the arming would leave the job to start as
@@ -13,16 +16,21 @@ an orphan, beside the attempt its owner starts elsewhere. Armed first and checke
 the two always holds: the parent died before the check (it is no longer the agent: the process
 exits 125 without starting the job) or after the arming (the kernel kills it). What is left is
 the user switch's own instant, inside setpriv between the switch and the second arming; there
-the attempt's cgroup, where it has one, is what a restarted agent stops. The guard runs before
-the switch, as the agent's user: setpriv finds the job's program with the agent's rights, which
-a shell running as the job user would not have.
+the attempt's cgroup, where it has one, is what a restarted agent stops.
+
+The job's program is looked up and exec'd by the job user (a bare name in the job's ``PATH``):
+before the start, :func:`check_program` checks, with the job user's rights, that it may reach,
+execute and (a script) read it and run its interpreter, so that a program it cannot run fails the
+launch with one line saying why, not with a bare exit 127.
 
 Python starts it with vfork and no Python code in the child: ~0.4 ms, against ~4 ms idle and
 ~20 ms busy for a ``preexec_fn`` (which makes Python fork the whole agent). The cgroup move and
 the user switch happen in the child after Python's start has returned: they cost the agent nothing
-(the guard adds ~0.8 ms of the child's, the cgroup's shell and the user switch ~1 ms each).
+(the guard adds ~0.8 ms of the child's, the cgroup's shell, the user switch and the shell that
+sets the job's environment ~1 ms each).
 
-Without setpriv (Linux), a ``preexec_fn`` does the same four things. Elsewhere on POSIX (macOS)
+Without setpriv (Linux), a ``preexec_fn`` does the same four things; the job's environment is
+then set by the ``execve`` that runs the job, after the switch. Elsewhere on POSIX (macOS)
 Python's own ``user``/``group``/``extra_groups`` switch the user; there is no death signal and no
 cgroup. Windows: a new process group, the agent's user.
 """
@@ -42,7 +50,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from agent.containment import CGROUP_ENTER
-from agent.jobuser import JobUser
+from agent.jobenv import SHELL, after_switch
+from agent.jobuser import SYSTEM_PATH, JobUser, unreachable, user_may
 
 PARENT_GUARD: Final = (
     '[ "$PPID" = "$0" ] || { echo "shoal: the agent is gone: not starting" >&2; exit 125; }; '
@@ -77,15 +86,18 @@ async def spawn(
         transport, _ = await loop.subprocess_exec(lambda: protocol, *argv, **options)
         return transport
     options["start_new_session"] = True
+    # Exec would only fail after the start (in setpriv, as the job user: a bare exit 127).
+    check_program(argv[0], env, cwd, user)
     if launcher:
-        check_program(argv[0], env, cwd)  # setpriv would only fail after the start
+        handover = after_switch(env)
+        options["env"] = dict(handover.env)
         creds = (
             (f"--reuid={user.uid}", f"--regid={user.gid}", "--init-groups") if user.switch else ()
         )
         switch = (launcher[0], *creds, *launcher[1:]) if creds else ()
-        guard = ("/bin/sh", "-c", PARENT_GUARD, str(os.getpid()))
-        enter = () if cgroup_procs is None else ("/bin/sh", "-c", CGROUP_ENTER, str(cgroup_procs))
-        argv = (*launcher, *guard, *enter, *switch, *argv)
+        guard = (SHELL, "-c", PARENT_GUARD, str(os.getpid()))
+        enter = () if cgroup_procs is None else (SHELL, "-c", CGROUP_ENTER, str(cgroup_procs))
+        argv = (*launcher, *guard, *enter, *switch, *handover.argv, *argv)
     elif sys.platform.startswith("linux"):
         options["preexec_fn"] = _child_setup(user, cgroup_procs)
     elif user.switch:
@@ -121,23 +133,90 @@ def death_signal_launcher(signal_name: str = "KILL") -> tuple[str, ...]:
     """
     if not sys.platform.startswith("linux"):
         return ()
-    setpriv = shutil.which("setpriv")
-    return (setpriv, "--pdeathsig", signal_name, "--") if setpriv else ()
+    # Looked for in the system's folders only, by absolute path: it runs with the agent's
+    # rights, and the agent's own PATH may name a folder someone else can write.
+    setpriv = shutil.which("setpriv", path=SYSTEM_PATH)
+    return (os.path.abspath(setpriv), "--pdeathsig", signal_name, "--") if setpriv else ()
 
 
-def check_program(program: str, env: Mapping[str, str], cwd: str) -> None:
-    """Raise the OSError exec would raise for a program that is missing or not executable."""
+class Unreachable(ValueError):
+    """The job user may not run the job's program; the message says why, in one line."""
+
+
+def check_program(program: str, env: Mapping[str, str], cwd: str, user: JobUser) -> None:
+    """Raise what exec would fail with, as the job user, before the start: ``OSError`` for a
+    program that is missing (or, run as the agent's own user, not executable), and
+    :class:`Unreachable` for one the job user may not reach, execute or (a script) read, or
+    whose script interpreter it may not run."""
     if os.sep in program:
-        path: str | None = os.path.join(cwd, program)
-    else:
-        path = shutil.which(program, path=env.get("PATH", os.defpath))
-        if path is None:
+        path = os.path.join(cwd, program)
+        if not os.path.isfile(path):
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
-    assert path is not None
-    if not os.path.isfile(path):
-        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
-    if not os.access(path, os.X_OK):
-        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
+        problem = _runs_problem(user, path)
+        if problem is not None:
+            raise problem
+        return
+    denied: Exception | None = None
+    for folder in env.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(cwd, folder or os.curdir, program)
+        if not os.path.isfile(path):
+            continue
+        problem = _runs_problem(user, path)
+        if problem is None:
+            return
+        denied = denied or problem  # as execvp: the next folder may hold one it may run
+    if denied is not None:
+        raise denied
+    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+
+
+def _runs_problem(
+    user: JobUser, path: str, *, interpreter_of: str | None = None
+) -> Exception | None:
+    """Why ``user`` cannot run the regular file ``path`` (``None``: it can)."""
+    if not user.switch:
+        if not os.access(path, os.X_OK):
+            return PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        return None
+    what = f"{path}, the interpreter of {interpreter_of}" if interpreter_of else path
+    denied = f"the job user {user.name} cannot execute {what}: permission denied"
+    real = os.path.realpath(path)
+    for folder in dict.fromkeys((os.path.dirname(os.path.abspath(path)), os.path.dirname(real))):
+        blocked = unreachable(Path(folder), user)
+        if blocked is not None:
+            return Unreachable(f"{denied} (it cannot pass through {blocked})")
+    try:
+        st = os.stat(real)
+    except OSError as exc:
+        return Unreachable(f"{denied} ({exc.strerror})")
+    if not user_may(user, st, "x"):
+        return Unreachable(denied)
+    if interpreter_of is not None:
+        return None
+    interpreter = _interpreter(real)
+    if interpreter is None:
+        return None
+    if not user_may(user, st, "r"):
+        return Unreachable(
+            f"the job user {user.name} cannot read {path}: permission denied (a script: its"
+            f" interpreter {interpreter} reads it)"
+        )
+    if not os.path.isfile(interpreter):
+        return Unreachable(f"the interpreter of {path}, {interpreter}, does not exist")
+    return _runs_problem(user, interpreter, interpreter_of=path)
+
+
+def _interpreter(path: str) -> str | None:
+    """The interpreter a ``#!`` line names, if the file starts with one."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    words = head[2:].split(b"\n", 1)[0].split()
+    return os.fsdecode(words[0]) if words else None
 
 
 def _child_setup(user: JobUser, cgroup_procs: Path | None) -> Callable[[], None]:

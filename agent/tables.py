@@ -194,7 +194,8 @@ def job_row(job: Mapping[str, Any], names: Mapping[str, str], now: float) -> lis
     members = job.get("members") or ()
     if members:  # a gang: one row, its members in the job's detail
         where = f"{len(members)} nodes"
-    why = job.get("reason") if job.get("state") == "pending" else None
+    # Why it waits or why it failed (a launch error says so in one line), else what it runs.
+    why = job.get("reason") if job.get("state") in ("pending", "failed") else None
     return [
         short(job.get("job_id")),
         str(job.get("state", "?")),

@@ -13,7 +13,7 @@ answers 400).
 from __future__ import annotations
 
 import base64
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from agent.wire import codec as c
 from agent.wire.codec import WireError
@@ -24,6 +24,10 @@ from agent.wire.records import (
     members_from_wire,
     members_to_wire,
 )
+
+MAX_HOLD_S: Final = 30.0
+"""The longest a gang's prepare may hold a member's devices (``GangPrepare.ttl_s``): what the
+docs promise an owner that never commits can take of a runner, at a time."""
 
 
 def _b64_out(data: bytes) -> str:
@@ -370,10 +374,18 @@ class StatusAnswer(NamedTuple):
         )
 
 
+def hold_problem(ttl_s: float) -> str | None:
+    """Why a prepare may not hold devices for ``ttl_s`` (one line), or ``None`` when it may."""
+    if not 0 < ttl_s <= MAX_HOLD_S:
+        return f"ttl_s: a hold lasts more than 0 and at most {MAX_HOLD_S:g} s, not {ttl_s:g} s"
+    return None
+
+
 class GangPrepare(NamedTuple):
     """``gang_prepare``: hold the devices the node's member of ``members`` names, for attempt
     ``attempt`` of a gang, for ``ttl_s`` (counted busy for every other offer meanwhile), until a
-    ``gang_commit`` starts the member or a ``gang_abort`` (or the time running out) frees them.
+    ``gang_commit`` starts the member or a ``gang_abort`` (or the time running out) frees them;
+    ``ttl_s`` is at most :data:`MAX_HOLD_S`.
     Carries the operator's submission, as a ``start`` does; ``owner`` is the caller."""
 
     job_id: str
@@ -407,8 +419,8 @@ class GangPrepare(NamedTuple):
         if len(members) < 2:
             raise WireError("members: a gang has at least two")
         ttl_s = c.field(d, "ttl_s", c.number)
-        if not 0 < ttl_s <= 600:
-            raise WireError("ttl_s: expected more than 0 and at most 600 seconds")
+        if (problem := hold_problem(ttl_s)) is not None:
+            raise WireError(problem)
         return cls(
             job_id=c.field(d, "job_id", c.text),
             attempt=c.field(d, "attempt", c.integer),

@@ -5,15 +5,17 @@ its network coordinate (the gossip layer's Vivaldi estimate, learned from probe 
 any owner knows both where a job's data already is and the RTT between any two nodes
 (:meth:`PlaceRecord.rtt_s`) without probing them itself.
 
-A dataset's name is one path component (no ``/``, no leading ``.``, at most
-:data:`MAX_DATASET_NAME_CHARS` characters): a job names datasets, and a name must never walk out of
-a folder. A size of 0 means the size is not known (a dataset named in the agent's config with no
-folder to measure).
+A dataset's name is one path component of letters, digits, ``.``, ``_`` and ``-`` (no leading
+``.`` or ``-``, at most :data:`MAX_DATASET_NAME_CHARS` characters): a job names datasets, and a
+name must never walk out of a folder, nor mean anything to a shell or a command line it lands
+in. A size of 0 means the size is not known (a dataset named in the agent's config with no folder
+to measure).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any, Final, NamedTuple
 
@@ -24,6 +26,8 @@ from gossip.vivaldi import Coordinate
 PLACE: Final = "place"
 MAX_DATASET_NAME_CHARS: Final = 128
 MAX_COORD_DIMENSIONS: Final = 16
+_DATASET_NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+"""A dataset name's one character set: safe in a path, an argv, a shell line and a log."""
 
 
 def dataset_name_problem(name: str) -> str | None:
@@ -36,8 +40,11 @@ def dataset_name_problem(name: str) -> str | None:
         return f"dataset {name!r}: a name is one path component (no / or \\)"
     if name.startswith("."):
         return f"dataset {name!r}: a name may not start with '.'"
-    if not name.isprintable():
-        return f"dataset {name!r}: a name has only printable characters"
+    if not _DATASET_NAME.fullmatch(name):
+        return (
+            f"dataset {name!r}: a name has only letters, digits, '.', '_' and '-', and does not"
+            " start with '-'"
+        )
     return None
 
 

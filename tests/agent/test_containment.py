@@ -26,6 +26,7 @@ from agent.jobuser import SYSTEM_PATH
 from agent.store import Store
 from gossip.identity import enroll_node, init_cluster
 from probers.records import DeviceStatic
+from tests.agent.test_job_env import job_python
 from tests.support import require_system
 
 PY = sys.executable
@@ -229,7 +230,7 @@ async def test_a_job_as_nobody_gets_nobodys_home_and_name(open_root: Path) -> No
 
     ex = executor(open_root / "data", job_user="nobody")
     try:
-        exited, lines = await run(ex, (PY, "-c", PRINT_ENV))
+        exited, lines = await run(ex, (job_python(), "-c", PRINT_ENV))
     finally:
         await ex.close()
     assert exited.ok, lines

@@ -323,6 +323,13 @@ def test_a_prepare_never_committed_runs_out_and_frees_the_devices(tmp_path: Path
         # A submission the agent signed itself carries no authority.
         forged = dict(prepare, submission=base64.b64encode(b"not an operator's").decode())
         assert call("gang_prepare", forged)[0] == 403
+        # A hold longer than the docs' 30 s is refused, saying so, and counted; none is taken.
+        refused = _refused_400(mesh, holder)
+        for ttl_s in (600.0, 30.5):
+            status, answer = call("gang_prepare", dict(prepare, ttl_s=ttl_s))
+            assert status == 400, answer
+            assert f"a hold lasts more than 0 and at most 30 s, not {ttl_s:g} s" in answer["error"]
+        assert _refused_400(mesh, holder) == refused + 2
         held_at = time.time()
         status, answer = call("gang_prepare", prepare)
         assert status == 200 and answer["held"] is True, answer
@@ -350,6 +357,15 @@ def test_a_prepare_never_committed_runs_out_and_frees_the_devices(tmp_path: Path
         assert not list(tmp_path.glob("never*"))
     finally:
         mesh.stop_all()
+
+
+def _refused_400(mesh: Mesh, a: Any) -> float:
+    """Agent ``a``'s count of agent calls answered 400 (``shoal_api_refused_total``)."""
+    status, body = mesh.request(a, "GET", "/metrics")
+    assert status == 200
+    sample = 'shoal_api_refused_total{route="/v1/internal/{op}",status="400"} '
+    found = [line for line in body.decode().splitlines() if line.startswith(sample)]
+    return float(found[0].split()[-1]) if found else 0.0
 
 
 def _devices(mesh: Mesh, a: Any) -> list[dict[str, Any]]:

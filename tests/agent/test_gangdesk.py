@@ -107,6 +107,14 @@ async def test_a_hold_never_committed_runs_out(rig: Rig) -> None:  # noqa: F811
     desk.close()
 
 
+async def test_a_hold_longer_than_the_docs_bound_is_refused(rig: Rig) -> None:  # noqa: F811
+    desk = GangDesk(rig.runner)
+    for ttl_s in (30.5, 600.0):
+        with pytest.raises(ValueError, match=f"at most 30 s, not {ttl_s:g} s"):
+            await desk.prepare(prepare(rig, rig.tmp_path / "long.json", ttl_s=ttl_s), rig.owner)
+    assert desk.holds == 0 and rig.runner.free_devices() == ["h0"]
+
+
 async def test_a_prepare_needs_an_owner_and_its_operators_submission(rig: Rig) -> None:  # noqa: F811
     desk = GangDesk(rig.runner)
     req = prepare(rig, rig.tmp_path / "x.json")

@@ -12,12 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.config import config_from_mapping
-from agent.datasets import scan_datasets
+from agent.datasets import DatasetScanner, scan_datasets
 from agent.errors import UserError
 from agent.wire.codec import MAX_RECORD_BYTES, WireError, pack, unpack
 from agent.wire.place import PlaceRecord, coord_moved_s, dataset_name_problem
 from gossip.vivaldi import Coordinate
 from tests.agent.agents import Mesh
+from tests.agent.test_attacks import metric
 
 NAMES = st.text(
     alphabet=st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="/\\"),
@@ -89,19 +90,66 @@ def test_the_scan_measures_each_entry_and_follows_no_link_inside(tmp_path: Path)
     (held / "imagenet" / "train" / "0.tar").write_bytes(b"x" * 3000)
     (held / "imagenet" / "labels.txt").write_bytes(b"y" * 100)
     (held / "imagenet" / "loop").symlink_to(held / "imagenet")  # not followed: no loop
-    outside = tmp_path / "nfs" / "c4"
-    outside.mkdir(parents=True)
-    (outside / "part-0").write_bytes(b"z" * 700)
-    (held / "c4").symlink_to(outside)  # a dataset that is a link to a mount: measured
+    (held / "imagenet" / "out").symlink_to("/etc")  # nor out
+    (held / "in1k").symlink_to(held / "imagenet")  # another name for one inside: measured
     (held / "weights.safetensors").write_bytes(b"w" * 42)
     (held / ".partial").mkdir()
     found = scan_datasets(held, named=("laion", "imagenet"))
-    assert found == {"laion": 0, "imagenet": 3100, "c4": 700, "weights.safetensors": 42}
+    assert found.held == {
+        "laion": 0,
+        "imagenet": 3100,
+        "in1k": 3100,
+        "weights.safetensors": 42,
+    }
+    assert found.refused == ()
+
+
+def test_the_scan_follows_no_link_out_and_takes_no_unsafe_name(tmp_path: Path) -> None:
+    held = tmp_path / "datasets"
+    held.mkdir()
+    (held / "c4").write_bytes(b"c" * 7)
+    elsewhere = tmp_path / "other-agent"
+    elsewhere.mkdir()
+    (elsewhere / "node.key").write_bytes(b"k" * 99)
+    for name, target in (
+        ("etc", Path("/etc")),
+        ("root", Path("/")),
+        ("peer", elsewhere),
+        ("itself", held),
+        ("up", held / ".."),
+        ("dangling", tmp_path / "missing"),
+    ):
+        (held / name).symlink_to(target)
+    for name in ("a$(id)b", "-rf", "with space", "tab\there", "ünïcode", "semi;colon"):
+        (held / name).write_bytes(b"x")
+    found = scan_datasets(held)
+    assert found.held == {"c4": 7}
+    links = sorted(r.entry for r in found.refused if r.reason == "link_out")
+    assert links == ["dangling", "etc", "itself", "peer", "root", "up"]
+    names = sorted(r.entry for r in found.refused if r.reason == "name")
+    assert names == sorted(["a$(id)b", "-rf", "with space", "tab\there", "ünïcode", "semi;colon"])
+    assert all("\n" not in r.why and "not gossiped" in r.why for r in found.refused)
+
+
+def test_a_refused_entry_is_said_and_counted_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    held = tmp_path / "datasets"
+    held.mkdir()
+    (held / "etc").symlink_to("/etc")
+    (held / "a b").write_bytes(b"x")
+    scanner = DatasetScanner(held, ("laion",))
+    with caplog.at_level("WARNING", logger="shoal.agent"):
+        for _ in range(3):
+            assert scanner.scan() == {"laion": 0}
+    assert scanner.refused == {"link_out": 1, "name": 1}
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and "'etc' is a link out of the folder" in said[1], said
 
 
 def test_a_missing_folder_leaves_the_named_datasets(tmp_path: Path) -> None:
-    assert scan_datasets(tmp_path / "absent", named=("laion",)) == {"laion": 0}
-    assert scan_datasets(None) == {}
+    assert scan_datasets(tmp_path / "absent", named=("laion",)).held == {"laion": 0}
+    assert scan_datasets(None).held == {}
 
 
 def test_the_config_takes_a_datasets_folder_and_refuses_a_name_that_is_a_path() -> None:
@@ -142,6 +190,38 @@ def test_agents_gossip_datasets_with_sizes_as_they_change_and_their_coordinates(
 
         mesh.wait("coordinates gossiped", lambda: all(isinstance(r, float) for r in rtts()))
         assert all(0.0 < r < 1.0 for r in rtts())  # type: ignore[operator]
+    finally:
+        mesh.stop_all()
+
+
+def test_an_agent_gossips_no_link_out_of_its_folder_and_no_unsafe_name(tmp_path: Path) -> None:
+    mesh = Mesh(tmp_path, ["l4:1", "t4:1"], extra=("--datasets-rescan-s", "0.5"))
+    holder, other = mesh.agents
+    folder = holder.datasets_dir
+    (folder / "imagenet").mkdir(parents=True)
+    (folder / "imagenet" / "train.tar").write_bytes(b"i" * 5000)
+    (folder / "etc").symlink_to("/etc")
+    (folder / "peer").symlink_to(other.directory)  # another agent's folder, its key inside
+    for name in ("a$(id)b", "-rf", "with space"):
+        (folder / name).write_bytes(b"x" * 10)
+    try:
+        mesh.start_all()
+
+        def datasets() -> object:
+            listing = mesh.get(other, "/v1/nodes")["nodes"]
+            return next(n for n in listing if n["node_id"] == holder.node_id)["datasets"]
+
+        mesh.wait("imagenet seen", lambda: datasets() == {"imagenet": 5000})
+        (folder / "c4").write_bytes(b"c" * 1234)  # a rescan later: still only what is safe
+        mesh.wait("c4 seen", lambda: datasets() == {"imagenet": 5000, "c4": 1234})
+        refused = {
+            reason: metric(mesh, holder, "shoal_datasets_refused_total", reason=reason)
+            for reason in ("link_out", "name")
+        }
+        assert refused == {"link_out": 2, "name": 3}  # each once, however many rescans
+        said = holder.log_path.read_text()
+        assert "dataset 'peer' is a link out of the folder" in said
+        assert "dataset 'a$(id)b': a name has only letters" in said
     finally:
         mesh.stop_all()
 

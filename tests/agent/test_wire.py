@@ -4,6 +4,7 @@ garbage is refused and counted, and records of the versions before and after are
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from pathlib import Path
 from typing import Any
@@ -609,6 +610,9 @@ def test_malformed_members_are_refused_naming_the_field(members: Any, message: s
         ({"members": [MEMBERS[0].to_wire()]}, "a gang has at least two"),
         ({"ttl_s": 0}, "ttl_s"),
         ({"ttl_s": 3600}, "ttl_s"),
+        ({"ttl_s": 30.5}, r"^ttl_s: a hold lasts more than 0 and at most 30 s, not 30.5 s$"),
+        ({"ttl_s": 600}, "at most 30 s, not 600 s"),
+        ({"ttl_s": math.nan}, "ttl_s: expected a finite number"),
         ({"submission": "not base64!"}, "submission: not base64"),
     ],
 )
