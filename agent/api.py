@@ -37,7 +37,6 @@ from agent.calls import Calls
 from agent.ckptmove import PATH as CHECKPOINT_PATH
 from agent.ckptmove import Checkpoints
 from agent.ckptmove import Routes as CheckpointRoutes
-from agent.client import ENVELOPE_CONTENT_TYPE
 from agent.commands import Commands
 from agent.errors import ApiError
 from agent.events import EventLog
@@ -48,6 +47,7 @@ from agent.parsing import json_loads
 from agent.peers import JSON_CONTENT_TYPE, stream_call_op
 from agent.reads import Reads
 from agent.store import StoreFull
+from agent.wire.codec import ENVELOPE_CONTENT_TYPE
 from agent.wire.health import MAX_HEALTH_WAIT_S, HealthDoc
 from gossip.node import CallHandler
 from gossip.tls import PeerIdentity

@@ -36,7 +36,7 @@ from agent.bootstrap_args import DEFAULT_JOBS, DEFAULT_PLATFORMS
 from agent.errors import UserError
 from agent.fleet import fleet_path, load_fleet
 from agent.paths import default_cluster_dir
-from agent.tables import console
+from agent.terminal import console
 from gossip.identity import IdentityError, load_cluster
 
 

@@ -21,7 +21,7 @@ import aiohttp
 from agent import netwhy
 from agent.jobspec import JobSpec, new_job_id
 from agent.parsing import json_loads
-from agent.wire.codec import WireError
+from agent.wire.codec import ENVELOPE_CONTENT_TYPE, WireError
 from agent.wire.health import HealthDoc
 
 if TYPE_CHECKING:  # loaded by the reads that need them (an agent imports this client too)
@@ -33,9 +33,6 @@ from gossip.tls import client_context
 from gossip.transport import PooledSession, split_address
 
 COMMANDS_PATH = "/v1/commands"
-ENVELOPE_CONTENT_TYPE = "application/octet-stream"
-
-
 SUBMIT_RETRY_WAITS_S = (0.5, 1.0, 2.0)
 """Pauses before a submission answered 503 (held, not yet replicated) is sent again."""
 

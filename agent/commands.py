@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agent.authority import FeaturesLacking, SubmissionRefused
-from agent.client import ENVELOPE_CONTENT_TYPE
 from agent.config import AgentConfig
 from agent.context import AgentContext
 from agent.jobspec import check_job_id, lacking_reason
@@ -28,6 +27,7 @@ from agent.ownership import owner_of
 from agent.parsing import json_loads
 from agent.peers import PeerUnreachable
 from agent.runner import Runner
+from agent.wire.codec import ENVELOPE_CONTENT_TYPE
 from gossip import envelope, revocation
 from gossip.certtrust import CertTrust
 from gossip.node import GossipNode

@@ -14,7 +14,8 @@ from typing import Any
 
 from agent.client import ApiClient
 from agent.ops_cmd import print_json_line, run_following
-from agent.tables import event_header, event_row, hostnames, line_width
+from agent.tables import event_header, event_row, hostnames
+from agent.terminal import line_width
 
 POLL_S = 1.0
 MAX_PAGES = 1000

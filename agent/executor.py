@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Final, Protocol, cast
 
 from agent.containment import ContainmentChoice, attempt_key, open_cage
+from agent.envnames import reserved_env
 from agent.execevents import (
     Cancelled,
     ExecEvent,
@@ -68,7 +69,7 @@ from agent.logfiles import (
     follow,
     tail,
 )
-from agent.pinning import GangRank, job_env, reserved_env
+from agent.pinning import GangRank, job_env
 from agent.progress import (
     PROGRESS_FILE_ENV,
     PROGRESS_PREFIX,

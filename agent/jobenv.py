@@ -23,17 +23,18 @@ launcher follows:
   is itself started with :data:`LAUNCHER_ENV` and gets :func:`checked_env` through its own channel
   (an env file), never its environment.
 
-A job's variable names are POSIX shell names (``[A-Za-z_][A-Za-z0-9_]*``, :func:`env_name_problem`,
-which the job spec applies): what a shell can export and a container runtime can take.
+A job's variable names are POSIX shell names (``[A-Za-z_][A-Za-z0-9_]*``,
+:func:`agent.envnames.env_name_problem`, which the job spec applies): what a shell can export
+and a container runtime can take.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from agent.envnames import env_name_problem
 from agent.jobuser import SYSTEM_PATH
 
 LAUNCHER_ENV: Final[Mapping[str, str]] = {"PATH": SYSTEM_PATH}
@@ -44,21 +45,6 @@ CARRIER_PREFIX: Final = "SHOAL_ENV_"
 spec cannot set them)."""
 
 SHELL: Final = "/bin/sh"
-
-_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_MAX_NAME_CHARS: Final = 256
-
-
-def env_name_problem(name: str) -> str | None:
-    """Why ``name`` cannot name a job's variable (one line), or ``None`` when it can."""
-    if len(name) > _MAX_NAME_CHARS:
-        return f"env: a variable name is at most {_MAX_NAME_CHARS} characters"
-    if not _NAME.fullmatch(name):
-        return (
-            f"env: {name!r} is not a variable name (letters, digits and _, not starting with "
-            "a digit)"
-        )
-    return None
 
 
 def checked_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -28,9 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any, Final, Literal, cast, get_args
 
-from agent.jobenv import env_name_problem
+from agent.envnames import env_name_problem, reserved_env
 from agent.parsing import toml_loads
-from agent.pinning import reserved_env
 from agent.wire.place import dataset_name_problem
 
 JobKind = Literal["training", "inference", "batch"]
@@ -323,8 +322,8 @@ class JobSpec:
     """The argv to run; never empty. Run directly, not through a shell."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Variables added to the job's clean environment. Parsing refuses names that are not shell
-    variable names (``agent.jobenv.env_name_problem``) and the names Shoal sets (GPU pinning,
-    ``SHOAL_*``: ``agent.pinning.reserved_env``)."""
+    variable names (``agent.envnames.env_name_problem``) and the names Shoal sets (GPU pinning,
+    ``SHOAL_*``: ``agent.envnames.reserved_env``)."""
     workdir: str | None = None
     """Working directory on the runner; ``None`` runs in the job's own folder."""
     image: str | None = None

@@ -18,7 +18,8 @@ from typing import Any
 from agent.client import ApiClient
 from agent.errors import UserError
 from agent.ops_cmd import print_json_line, resolve_job, run_following
-from agent.tables import hostnames, one_line, short
+from agent.tables import hostnames
+from agent.terminal import one_line, short
 
 WAIT_POLL_S = 0.5
 WAITING_STATES = ("pending", "placing")

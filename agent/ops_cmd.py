@@ -26,7 +26,8 @@ from agent.following import until_interrupted
 from agent.ops_args import AGENT_ENV
 from agent.paths import default_cluster_dir
 from agent.resolve import NODE_ID_RE, check_migration_target, pick_job, pick_node
-from agent.tables import console, hostnames, job_detail, jobs_table, nodes_table, short
+from agent.tables import hostnames, job_detail, jobs_table, nodes_table
+from agent.terminal import console, short
 from gossip.identity import IdentityError, NodeIdentity, load_identity
 
 # -- connection ------------------------------------------------------------------------------------

@@ -3,8 +3,8 @@
 Pinning by environment is a courtesy, not isolation: a process can reset these variables before
 its runtime starts (AMD's own GPU isolation page says as much). What it does buy: a job cannot
 *ask* for other devices through its spec (``agent.jobspec`` refuses every variable in
-:data:`RESERVED_ENV` and every ``SHOAL_*`` name), and a well-behaved job sees only its grant. What
-each vendor's runtime reads:
+:data:`agent.envnames.RESERVED_ENV` and every ``SHOAL_*`` name), and a well-behaved job sees
+only its grant. What each vendor's runtime reads:
 
 - NVIDIA: ``CUDA_VISIBLE_DEVICES`` by UUID (``GPU-...``), immune to enumeration order; the index
   is used only for a device that reports no UUID, and then with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
@@ -61,39 +61,12 @@ from typing import Final
 from probers.catalog import device_model
 from probers.records import DeviceStatic
 
-RESERVED_ENV: Final[frozenset[str]] = frozenset(
-    {
-        "CUDA_VISIBLE_DEVICES",
-        "CUDA_DEVICE_ORDER",
-        "ROCR_VISIBLE_DEVICES",
-        "HIP_VISIBLE_DEVICES",
-        "GPU_DEVICE_ORDINAL",
-        "ZE_AFFINITY_MASK",
-        "ZE_FLAT_DEVICE_HIERARCHY",
-        "ZE_ENABLE_PCI_ID_DEVICE_ORDER",
-        "ONEAPI_DEVICE_SELECTOR",
-    }
-)
-"""Variables that choose GPUs (or change what an index means): Shoal's to set, never a job's."""
-RESERVED_PREFIX: Final = "SHOAL_"
-
 HIDE_ALL: Final[Mapping[str, Mapping[str, str]]] = {
     "nvidia": {"CUDA_VISIBLE_DEVICES": "-1"},
     "amd": {"ROCR_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": "-1"},
     "intel": {},
 }
 """Per vendor, the values that expose none of its devices (see the module docstring)."""
-
-
-def reserved_env(name: str) -> str | None:
-    """Why a job may not set ``name`` (a one-line reason), or ``None`` when it may.
-
-    Compared case-insensitively: Windows environments are, and a spec may run anywhere.
-    """
-    upper = name.upper()
-    if upper in RESERVED_ENV or upper.startswith(RESERVED_PREFIX):
-        return f"env {name} is set by Shoal"
-    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from agent import tables
+from agent import terminal
 from agent.errors import UserError
 from agent.units import fmt_mem, fmt_pct, fmt_power, fmt_temp
 from probers.host import HostProbe, ProbeOptions
@@ -91,7 +91,7 @@ def run_probe(
         probe = HostProbe.from_options(ProbeOptions(root=root, sim=sim))
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    console = tables.console()
+    console = terminal.console()
     try:
         probe.open()
         time.sleep(probe.settle_s)

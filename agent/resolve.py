@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agent.errors import UserError
-from agent.tables import command_line, short
+from agent.terminal import command_line, short
 
 JOB_ID_RE = re.compile(r"[0-9a-f]{1,32}")
 """What may name a job: hex digits, a job id or a prefix of one."""

@@ -28,7 +28,8 @@ from agent.fit import Fit, asks, fit
 from agent.jobspec import JobSpec, check_job_id, new_job_id
 from agent.ops_cmd import print_json, run_with_client
 from agent.policy.submit import SubmissionCheck
-from agent.tables import hostnames, short
+from agent.tables import hostnames
+from agent.terminal import short
 from agent.when import when
 
 

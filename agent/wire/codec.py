@@ -19,6 +19,9 @@ WIRE_VERSION: Final = 2
 """The version this code writes, as ``v`` in every record. 1 is the encoding before the typed
 contract (no ``v``: device links and MIG instances not gossiped, an inventory cut at 4 KiB);
 2 adds links, MIG instances, the split inventory and the agent's job-spec features."""
+ENVELOPE_CONTENT_TYPE: Final = "application/octet-stream"
+"""The content type of a sealed, signed command envelope, as operators send it and agents
+require it (``POST /v1/commands`` and the calls agents make of each other)."""
 MAX_RECORD_BYTES: Final = 4096
 """The largest payload of one gossip record (``gossip.config.max_record_payload_bytes``)."""
 

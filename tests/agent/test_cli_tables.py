@@ -17,9 +17,8 @@ from agent.tables import (
     jobs_table,
     node_row,
     nodes_table,
-    one_line,
-    relative,
 )
+from agent.terminal import one_line, relative
 
 NOW = 1_800_000_000.0
 

@@ -6,7 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from agent.pinning import GangRank, device_env, job_env, reserved_env
+from agent.envnames import reserved_env
+from agent.pinning import GangRank, device_env, job_env
 from probers.records import DeviceStatic
 
 JOB = "0f9c6c1e2b8d4a7f9e3c5b1a2d4f6e8c"
