@@ -47,7 +47,7 @@ from agent.client import ApiError
 from agent.config import PLACEMENT_NAMES
 from agent.demoload import percentile
 from agent.errors import UserError
-from agent.jobpython import JobPython, job_python
+from agent.jobpython import JobPython
 from agent.jobspec import JobKind, JobSpec, Resources, new_job_id
 from agent.jobstate import TERMINAL_JOB_STATES
 from agent.localmesh import DEMO_PROFILES, LocalMesh
@@ -442,7 +442,7 @@ def run_demo(
                 demoload.lay_out_datasets([a.datasets_dir for a in mesh.agents])
             mesh.start()
             if headless:
-                python = job_python(root)
+                python = mesh.job_python()
                 figures = asyncio.run(
                     _headless(mesh, duration_s, rate, seed, idle_s, policy, python)
                 )

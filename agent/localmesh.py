@@ -23,6 +23,7 @@ from functools import cache
 from pathlib import Path
 
 from agent.client import ApiClient, ApiError
+from agent.jobpython import JobPython, job_python
 from agent.spawn import death_signal_launcher
 from gossip.identity import NodeIdentity, enroll_node, init_cluster
 
@@ -124,6 +125,14 @@ class LocalMesh:
     operator: NodeIdentity | None = None
     started_at: float = 0.0
     last_up_at: float = 0.0
+    _job_python: JobPython | None = field(default=None, repr=False)
+
+    def job_python(self) -> JobPython:
+        """The interpreter this mesh's jobs can run, as the agents' job user (found once:
+        :func:`agent.jobpython.job_python`)."""
+        if self._job_python is None:
+            self._job_python = job_python(self.root)
+        return self._job_python
 
     def create(self) -> None:
         """The cluster CA, the operator identity and every agent's identity (no process yet)."""

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from bench.chaos import main, traceback_line
+from bench.chaos import main
+from bench.chaosverdict import traceback_line
 
 
 @pytest.mark.slow

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.chaos import attempt_ended_after
 from bench.chaosledger import (
     Ledger,
     checkpoint_disorders,
@@ -14,6 +13,7 @@ from bench.chaosledger import (
     overlaps,
     reruns_after_success,
 )
+from bench.chaosverdict import attempt_ended_after
 
 
 def _ledger(tmp_path: Path, lines: list[dict[str, object]]) -> Ledger:
