@@ -406,5 +406,6 @@ class Agent:
             "placements": self.owner.offers,
             "deadline_misses": self.owner.deadline_misses,
             "preemptions": self.runner.preemptions.counts,
+            "gang_holds": self.runner.holds.counts,
             "checkpoint": self.checkpoints.counts,
         }

@@ -77,6 +77,12 @@ class _Snapshot:
                 snap.get("preemptions", {}),
             ),
             (
+                "gang_holds",
+                "Gang holds on this runner: held, committed, aborted, expired, refused (budget)",
+                "outcome",
+                snap.get("gang_holds", {}),
+            ),
+            (
                 "checkpoint",
                 "Checkpoint transfers (pulled, pushed, resumed, failed) and refusals",
                 "what",
