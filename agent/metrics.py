@@ -110,6 +110,11 @@ class _Snapshot:
             "Jobs this agent owns whose deadline passed before they ended (each said once)",
             value=snap.get("deadline_misses", 0),
         )
+        yield CounterMetricFamily(
+            "shoal_jobs_stopped_for_disk",
+            "Jobs this runner stopped for filling its disk (their files there removed)",
+            value=snap.get("disk_stops", 0),
+        )
         node: str = snap["node"]
         devices: list[Device] = snap["devices"]
         gauges = {
