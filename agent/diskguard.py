@@ -1,15 +1,15 @@
 """A job that fills its agent's disk is stopped, and what it wrote there removed.
 
 Every job's folder (``jobs/<id>/``: its working folder unless its spec names another, its
-``$SHOAL_CHECKPOINT_DIR`` unless its spec names another) lies on the disk of the agent's data
-folder, beside the agent's SQLite store. A job's log cannot fill it (``agent.logfiles`` rotates
-it within a bound); anything else the job writes there can. The agent looks at that disk every
-:data:`CHECK_S`: while less than its reserve is free (:func:`reserve_bytes`: 5% of the disk, at
-most 1 GiB), the running job whose folder holds the most, if that is at least the reserve
-(:func:`culprit`: otherwise the disk was not filled by a job, and no job is stopped for it), is
-killed at once (cause ``disk``), everything in its folder but its log is removed (no link
-followed), and a line in its log says why. Its owner fails it, with that reason, and does not
-offer it again (it would fill the next disk too).
+``$SHOAL_CHECKPOINT_DIR`` unless its spec names another, its log) lies on the disk of the
+agent's data folder, beside the agent's SQLite store. What a job writes there can fill it: its
+log too, on a disk smaller than the log's bound (``agent.logfiles``: 40 MiB by default). The
+agent looks at that disk every :data:`CHECK_S`: while less than its reserve is free
+(:func:`reserve_bytes`: 5% of the disk, at most 1 GiB), the running job whose folder holds the
+most, if that is at least the reserve (:func:`culprit`: otherwise the disk was not filled by a
+job, and no job is stopped for it), is killed at once (cause ``disk``), everything in its
+folder but its current log is removed (no link followed), and a line in that log says why. Its
+owner fails it, with that reason, and does not offer it again (it would fill the next disk too).
 
 The choice is sans-I/O (:func:`culprit`); :func:`folder_bytes` and :func:`clear` do the file
 work, in a thread.
@@ -75,21 +75,17 @@ def folder_bytes(folder: Path, limit: int = WALK_ENTRIES_MAX) -> int:
     return total
 
 
-def is_log(name: str) -> bool:
-    """The job's log or one of its rotated backups (``output.log``, ``output.log.N``)."""
-    head, _, tail = name.partition(LOG_NAME)
-    return not head and (not tail or (tail[:1] == "." and tail[1:].isdigit()))
-
-
 def clear(folder: Path) -> int:
-    """Remove everything in ``folder`` but the job's log, no link followed; bytes freed."""
+    """Remove everything in ``folder`` but the job's current log (its rotated backups go
+    too: a job printing without end fills a small disk within their bound), no link
+    followed; bytes freed."""
     freed = 0
     try:
         entries = list(os.scandir(folder))
     except OSError:
         return 0
     for entry in entries:
-        if is_log(entry.name):
+        if entry.name == LOG_NAME:
             continue
         path = Path(entry.path)
         if entry.is_dir(follow_symlinks=False):

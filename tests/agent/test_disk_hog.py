@@ -63,14 +63,29 @@ def _submit(mesh: Mesh, via: int, argv: list[str]) -> str:
     return job_id
 
 
+SPEW = """
+import sys, time
+started = time.monotonic()
+line = b"x" * 1023 + b"\\n"
+while time.monotonic() - started < 120:  # bounded: the agent should stop it long before
+    sys.stdout.buffer.write(line * 1024)
+"""
+WAYS = {
+    # Into its checkpoint folder, which the agent made in the job's own folder.
+    "checkpoint": ["sh", "-c", f'exec {sys.executable} -c "$0" "$SHOAL_CHECKPOINT_DIR"', HOG],
+    # Into its working folder (its own folder: its spec names no other).
+    "workdir": [sys.executable, "-c", HOG, "."],
+    # Into its log: rotated within 40 MiB, more than this disk has.
+    "log": [sys.executable, "-c", SPEW],
+}
+
+
+@pytest.mark.parametrize("way", sorted(WAYS))
 def test_a_job_that_fills_the_disk_is_stopped_with_its_reason_and_the_agent_works_on(
-    mesh: Mesh,
+    mesh: Mesh, way: str
 ) -> None:
     full = mesh.agents[0]
-    # Into its checkpoint folder, which the agent made in the job's own folder.
-    hog = _submit(
-        mesh, 1, ["sh", "-c", f'exec {sys.executable} -c "$0" "$SHOAL_CHECKPOINT_DIR"', HOG]
-    )
+    hog = _submit(mesh, 1, WAYS[way])
     mesh.wait(
         "the job that fills the disk failed, everywhere",
         lambda: all(mesh.job(a, hog)["state"] == "failed" for a in mesh.agents),
