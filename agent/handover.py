@@ -269,9 +269,10 @@ def _only_its_own_word(
 ) -> None:
     """A caller vouched for by nothing but a record it published itself (an owner the window
     left behind, or a member lying) hands over only a job nobody else owns: not one this agent
-    owns, not one whose believed owner may own it here, and never one this agent knows ended
-    as live again. ``OwnerError`` 403 otherwise: the record it published is taken as a claim,
-    not as authority over the job's rightful owner."""
+    owns, not one whose believed owner may own it here, not one of which this agent keeps a
+    copy from another owner (a replica, about to take over from its gone owner), and never one
+    this agent knows ended as live again. ``OwnerError`` 403 otherwise: the record it published
+    is taken as a claim, not as authority over the job's rightful owner."""
     job_id = job.job_id
     if mine is not None:
         raise OwnerError(403, f"{caller[:8]} may not hand over job {job_id}: owned here")
@@ -279,6 +280,9 @@ def _only_its_own_word(
     if isinstance(believed, str) and o.authority.may_own(job_id, believed):
         raise OwnerError(403, f"{caller[:8]} may not hand over job {job_id}: {believed[:8]}'s")
     held = o.store.get_job(job_id)
+    if held is not None and held.owner not in (caller, o.node_id):
+        who = (held.owner or "")[:8]
+        raise OwnerError(403, f"{caller[:8]} may not hand over job {job_id}: a copy of {who}'s")
     ended = (held is not None and is_terminal(held.state)) or (
         doc is not None and doc.get("state") in TERMINAL_JOB_STATES
     )
