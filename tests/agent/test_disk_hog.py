@@ -34,14 +34,14 @@ while time.monotonic() - started < 120:  # bounded: the agent should stop it lon
         time.sleep(0.01)
 """
 ROCM = Resources(gpus_per_node=1, backends=("rocm",))
-"""Only agent 0 (the one ROCm GPU, the one on the small disk) runs these."""
+"""Only agent 0 (the two ROCm GPUs, the one on the small disk) runs these."""
 
 
 @pytest.fixture
 def mesh(tmp_path: Path) -> Iterator[Mesh]:
     ok, why = _tmpfs_mountable(tmp_path / "probe")
     require_system(ok, why)
-    m = Mesh(tmp_path, ["mi300x:1", "h100:1", "l4:1"])
+    m = Mesh(tmp_path, ["mi300x:2", "h100:1", "l4:1"])
     folder = m.agents[0].directory
     kept = tmp_path / "kept"
     shutil.copytree(folder, kept)
@@ -85,6 +85,9 @@ def test_a_job_that_fills_the_disk_is_stopped_with_its_reason_and_the_agent_work
     mesh: Mesh, way: str
 ) -> None:
     full = mesh.agents[0]
+    # Another job on the same agent, whose folder holds next to nothing: it runs on.
+    other = _submit(mesh, 2, [sys.executable, "-c", "import time; time.sleep(120)"])
+    mesh.wait("the other job running", lambda: mesh.job(full, other)["state"] == "running")
     hog = _submit(mesh, 1, WAYS[way])
     mesh.wait(
         "the job that fills the disk failed, everywhere",
@@ -96,7 +99,9 @@ def test_a_job_that_fills_the_disk_is_stopped_with_its_reason_and_the_agent_work
         assert job["runner"] == full.node_id
         assert "disk" in str(job["reason"]), job
     assert mesh.job(full, hog)["attempt"] == 1  # not offered again: it would fill it again
-    # The agent works on: in the mesh, its store takes writes, it runs the next job.
+    # The agent works on: in the mesh, its store takes writes, it runs the other job and the
+    # next one.
+    assert (mesh.job(full, other)["state"], mesh.job(full, other)["attempt"]) == ("running", 1)
     assert all(mesh.get(a, "/healthz")["members"] == 3 for a in mesh.agents)
     after = _submit(mesh, 0, [sys.executable, "-c", "print('fine')"])
     mesh.wait(
@@ -108,3 +113,4 @@ def test_a_job_that_fills_the_disk_is_stopped_with_its_reason_and_the_agent_work
     # The job's log is kept: the user reads why.
     status, body = mesh.request(full, "GET", f"/v1/jobs/{hog}/logs")
     assert status == 200 and b"disk" in body, body[-400:]
+    assert mesh.command(mesh.agents[0], "cancel", {"job_id": other})[0] == 200
