@@ -31,7 +31,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from agent import api, purging, retiring
+from agent import api, diskguard, purging, retiring
 from agent.admission import NodeFacts
 from agent.authority import Authority
 from agent.calls import Calls
@@ -115,6 +115,8 @@ class Agent:
         )
         self.view = ClusterView(self.authority)
         self.events = EventLog(self.node_id)
+        self.disk_stops = 0
+        """Jobs stopped for filling this agent's disk (``agent.diskguard``)."""
         self.peers = PeerClient(
             self.identity,
             timeout_s=config.rpc_timeout_s,
@@ -230,6 +232,7 @@ class Agent:
             asyncio.create_task(self._resume_later(), name="resume"),
             asyncio.create_task(self.runner.watch_checkpoints(), name="checkpoints"),
             asyncio.create_task(self._purge_loop(), name="purge"),
+            asyncio.create_task(self._disk_loop(), name="disk"),
         ]
         if self.config.datasets_dir is not None:
             self._tasks.append(asyncio.create_task(self._datasets_loop(), name="datasets"))
@@ -364,6 +367,30 @@ class Agent:
                 continue
             log.debug("let go of %d ended job(s) from disk", len(job_ids))
 
+    async def _disk_loop(self) -> None:
+        """Stop a job that fills this agent's disk, and free it (:mod:`agent.diskguard`)."""
+        jobs = self.executor.jobs_folder
+        while True:
+            await asyncio.sleep(diskguard.CHECK_S)
+            try:
+                found = await asyncio.to_thread(diskguard.look, jobs, self.executor.running())
+            except OSError as exc:
+                log.warning("cannot look at the disk of %s: %s", jobs, exc)
+                continue
+            if found is None:
+                continue
+            job_id, held_bytes, free_bytes = found
+            why = (
+                f"its folder filled the disk ({held_bytes >> 20} MiB; {free_bytes >> 10} KiB free)"
+            )
+            log.warning("job %s: %s: stopped, its files removed", job_id[:8], why)
+            await self.executor.stop(job_id, cause="disk", grace_s=0.0)
+            freed = await asyncio.to_thread(diskguard.clear, self.executor.job_dir(job_id))
+            line = f"stopped: {why}; its files here were removed, its log kept"
+            await asyncio.to_thread(diskguard.note, self.executor.log_path(job_id), line)
+            self.disk_stops += 1
+            self.events.add("disk_full", f"{line} ({freed >> 20} MiB freed)", job_id=job_id)
+
     async def _datasets_loop(self) -> None:
         while True:
             held = await asyncio.to_thread(self.datasets.scan)
@@ -405,7 +432,9 @@ class Agent:
             "records_refused_kinds": self.view.refused_kinds,
             "placements": self.owner.offers,
             "deadline_misses": self.owner.deadline_misses,
+            "disk_stops": self.disk_stops,
             "preemptions": self.runner.preemptions.counts,
+            "gang_holds": self.runner.holds.counts,
             "checkpoint": self.checkpoints.counts,
             "datasets_refused": self.datasets.refused,
         }

@@ -11,12 +11,22 @@ from typing import Literal, TypeAlias
 
 from agent.progress import ProgressReport
 
-StopCause = Literal["cancel", "preempt", "shrink", "migrate", "drain", "fenced", "shutdown"]
+StopCause = Literal["cancel", "preempt", "shrink", "migrate", "drain", "fenced", "shutdown", "disk"]
 """Why the agent stopped a job: the operator cancelled it, a higher-priority job preempted it,
 an elastic job gives back GPUs (it restarts with fewer), it moves elsewhere, its node drains, a
-newer attempt runs elsewhere, or the agent shuts down."""
+newer attempt runs elsewhere, the agent shuts down, or the job filled the agent's disk
+(``agent.diskguard``)."""
 ExitCause = Literal[
-    "exit", "timeout", "cancel", "preempt", "shrink", "migrate", "drain", "fenced", "shutdown"
+    "exit",
+    "timeout",
+    "cancel",
+    "preempt",
+    "shrink",
+    "migrate",
+    "drain",
+    "fenced",
+    "shutdown",
+    "disk",
 ]
 """``exit``: the job ended on its own; ``timeout``: it hit ``max_runtime_s``; else a StopCause."""
 

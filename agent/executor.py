@@ -495,7 +495,7 @@ class ProcessExecutor:
             return
         run.stop_cause = cause
         sig = run.launch.stop_signal
-        run.out.write(_marker(f"attempt {run.launch.attempt} stopping ({cause}): {sig}"))
+        _note(run, _marker(f"attempt {run.launch.attempt} stopping ({cause}): {sig}"))
         _signal_group(run, sig)
         if cause != "timeout":
             stop_cause = cast(StopCause, cause)
@@ -547,11 +547,15 @@ class ProcessExecutor:
         )
         how = f"code {exit_code}" if exit_code is not None else f"signal {sig_name}"
         if run.partial:
-            run.out.write(b"\n")  # end the job's unfinished last line before our marker
-        run.out.write(
-            _marker(f"attempt {run.launch.attempt} exited with {how} after {exited.runtime_s:.1f}s")
+            _note(run, b"\n")  # end the job's unfinished last line before our marker
+        _note(
+            run,
+            _marker(
+                f"attempt {run.launch.attempt} exited with {how} after {exited.runtime_s:.1f}s"
+            ),
         )
-        run.out.close()
+        with contextlib.suppress(OSError):  # what a full disk left unwritten is lost
+            run.out.close()
         del self._runs[run.launch.job_id]
         self._finished[run.launch.job_id] = (exited, run.tracker.latest)
         while len(self._finished) > _FINISHED_KEPT:
@@ -618,6 +622,14 @@ class ProcessExecutor:
 
 def _marker(text: str) -> bytes:
     return f"[shoal] {text}\n".encode()
+
+
+def _note(run: _Run, data: bytes) -> None:
+    """Our own line in the job's log; on a full disk it is lost, as the job's output is."""
+    try:
+        run.out.write(data)
+    except OSError:
+        run.lost_output += len(data)
 
 
 def _signal_group(run: _Run, name: str, *, leftovers: bool = False) -> None:

@@ -13,6 +13,9 @@
   declined), as a ``stop`` does for a running attempt.
 
 Only the agent that prepared the hold, or one that may own the job, may commit or abort it.
+What one agent may hold here uncommitted is bounded by what its holds cost
+(:class:`agent.reservations.HoldBudget`): past it, its prepares are declined (409) and counted
+(``shoal_gang_holds_total{outcome="refused"}``).
 A member that started is an ordinary run of this node from then on: stopped, fenced, reported
 and reconciled as any other.
 """
@@ -52,6 +55,11 @@ def host_of(addr: str) -> str:
     """The host of a ``host:port`` address (brackets of an IPv6 literal taken off)."""
     host = addr.rpartition(":")[0]
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def node_devices(r: Runner, now: float) -> int:
+    """How many devices this node has: free, held for gangs, or running jobs."""
+    return len(set(r.free_devices()) | r.holds.devices(now) | set(r.held()))
 
 
 class GangDesk:
@@ -112,7 +120,7 @@ class GangDesk:
             master_port=master_port,
         )
         try:
-            r.holds.hold(hold, now)
+            r.holds.hold(hold, now, node_devices(r, now))
         except HoldRefused as exc:
             raise Declined(str(exc)) from None
         r.events.add(
@@ -133,7 +141,8 @@ class GangDesk:
         spec = r.authorised_spec(job_id, held.owner, caller, held.submission, "commit")
         if req.attempt <= r.fence.get(job_id):
             raise Declined(f"attempt {req.attempt} is fenced here")
-        r.holds.take(job_id, req.attempt, self._clock())
+        now = self._clock()
+        r.holds.take(job_id, req.attempt, now, node_devices(r, now))
         gang = GangRank.one_per_node(
             held.member.rank, held.world_size, req.master_addr, req.master_port
         )
@@ -150,7 +159,8 @@ class GangDesk:
         if not prepared_it and not r.authority.may_own(job_id, caller):
             raise NotAllowed(f"{caller[:8]} may not abort job {job_id}")
         r.fence.raise_to(job_id, req.attempt)
-        freed = r.holds.release(job_id, req.attempt)
+        now = self._clock()
+        freed = r.holds.release(job_id, req.attempt, now, node_devices(r, now))
         if freed is not None:
             r.events.add("released", f"attempt {freed.attempt} aborted", job_id=job_id)
             r.ctx.changed()

@@ -226,15 +226,16 @@ def adopt_wire(o: HandoverOwner, body: dict[str, Any], caller: str) -> dict[str,
     job)."""
     job = job_from_wire(body, o.authority)
     doc = o.view.jobs.get(job.job_id)
-    if not (
-        o.authority.may_own(job.job_id, caller)
-        or (doc is not None and doc.get("owner") == caller)
-        or o.view.published_as_owner(job.job_id, caller, job.gen)
-    ):
+    vouched = o.authority.may_own(job.job_id, caller) or (
+        doc is not None and doc.get("owner") == caller
+    )
+    if not vouched and not o.view.published_as_owner(job.job_id, caller, job.gen):
         raise OwnerError(403, f"{caller[:8]} may not hand over job {job.job_id}")
     if not o.authority.may_own(job.job_id, o.node_id):
         raise OwnerError(409, f"{o.node_id[:8]} is not first in job {job.job_id}'s order")
     mine = o.jobs.get(job.job_id)
+    if not vouched:
+        _only_its_own_word(o, job, caller, doc, mine)
     if mine is not None:  # each side of a healed partition held it: one copy goes on,
         if is_terminal(job.state) and not is_terminal(mine.state):  # the one that ended,
             job.owner, job.gen = o.node_id, max(job.gen, mine.gen)
@@ -257,6 +258,36 @@ def adopt_wire(o: HandoverOwner, body: dict[str, Any], caller: str) -> dict[str,
         return {"ok": True}
     adopt(o, job, why=f"handed over by {caller[:8]}")
     return {"ok": True}
+
+
+def _only_its_own_word(
+    o: HandoverOwner,
+    job: OwnedJob,
+    caller: str,
+    doc: dict[str, Any] | None,
+    mine: OwnedJob | None,
+) -> None:
+    """A caller vouched for by nothing but a record it published itself (an owner the window
+    left behind, or a member lying) hands over only a job nobody else owns: not one this agent
+    owns, not one whose believed owner may own it here, not one of which this agent keeps a
+    copy from another owner (a replica, about to take over from its gone owner), and never one
+    this agent knows ended as live again. ``OwnerError`` 403 otherwise: the record it published
+    is taken as a claim, not as authority over the job's rightful owner."""
+    job_id = job.job_id
+    if mine is not None:
+        raise OwnerError(403, f"{caller[:8]} may not hand over job {job_id}: owned here")
+    believed = doc.get("owner") if doc is not None else None
+    if isinstance(believed, str) and o.authority.may_own(job_id, believed):
+        raise OwnerError(403, f"{caller[:8]} may not hand over job {job_id}: {believed[:8]}'s")
+    held = o.store.get_job(job_id)
+    if held is not None and held.owner not in (caller, o.node_id):
+        who = (held.owner or "")[:8]
+        raise OwnerError(403, f"{caller[:8]} may not hand over job {job_id}: a copy of {who}'s")
+    ended = (held is not None and is_terminal(held.state)) or (
+        doc is not None and doc.get("state") in TERMINAL_JOB_STATES
+    )
+    if ended and not is_terminal(job.state):
+        raise OwnerError(403, f"{caller[:8]} may not hand over job {job_id}: it ended")
 
 
 def adopt(o: HandoverOwner, job: OwnedJob, *, why: str) -> None:

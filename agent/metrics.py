@@ -78,6 +78,12 @@ class _Snapshot:
                 snap.get("preemptions", {}),
             ),
             (
+                "gang_holds",
+                "Gang holds on this runner: held, committed, aborted, expired, refused (budget)",
+                "outcome",
+                snap.get("gang_holds", {}),
+            ),
+            (
                 "checkpoint",
                 "Checkpoint transfers (pulled, pushed, resumed, failed) and refusals",
                 "what",
@@ -111,6 +117,11 @@ class _Snapshot:
             "shoal_deadline_misses",
             "Jobs this agent owns whose deadline passed before they ended (each said once)",
             value=snap.get("deadline_misses", 0),
+        )
+        yield CounterMetricFamily(
+            "shoal_jobs_stopped_for_disk",
+            "Jobs this runner stopped for filling its disk (their files there removed)",
+            value=snap.get("disk_stops", 0),
         )
         node: str = snap["node"]
         devices: list[Device] = snap["devices"]

@@ -463,6 +463,13 @@ class Owner:
             job.finished_at, job.reason = _finished(r), None
             self._save(job)
             self.events.add("succeeded", f"on {runner[:8]}, attempt {attempt}", job_id=job_id)
+        elif cause == "disk":  # never offered again: it would fill the next node's disk too
+            self._move(job, JobEvent.EXITED_ERROR)
+            host = host_name(self.view, runner)
+            job.finished_at = _finished(r)
+            job.reason = f"stopped: its folder filled the disk of {host} (its files there removed)"
+            self._save(job)
+            self.events.add("failed", job.reason, job_id=job_id)
         elif cause in ("exit", "timeout"):
             why = "timed out" if cause == "timeout" else f"exited with {code or job.signal}"
             job.failures += 1

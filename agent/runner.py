@@ -510,11 +510,16 @@ class Runner:
             del self.runs[e.job_id]
             self.progress.pop(e.job_id, None)  # the node record tells running jobs' only
             self._show_load(run.devices)
-        self.store.finish_run(
-            ResultRecord(
-                e.job_id, e.attempt, e.exit_code, e.signal, e.cause, e.started_at, e.finished_at
+        try:
+            self.store.finish_run(
+                ResultRecord(
+                    e.job_id, e.attempt, e.exit_code, e.signal, e.cause, e.started_at, e.finished_at
+                )
             )
-        )
+        except StoreFull as exc:  # its owner still hears how it ended, and keeps that
+            log.warning(
+                "job %s: the end of attempt %d not stored: %s", e.job_id[:8], e.attempt, exc
+            )
         how = f"code {e.exit_code}" if e.exit_code is not None else f"signal {e.signal}"
         self.events.add("exited", f"attempt {e.attempt} {e.cause} {how}", job_id=e.job_id)
         self._on_change()

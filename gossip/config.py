@@ -42,6 +42,14 @@ class GossipConfig:
     loss this turns ~0.8% of probes into false suspicions into ~0.002%. The same window is the
     lead of the last-look ping before a suspicion times out. 0 disables both."""
 
+    accusation_lead_max: int = 3600
+    """An accusation (a Suspect, or a Dead by another member) about a life of a node further
+    ahead of the one held here (for ourselves: our own) than this is refused and counted
+    (``rejected_ahead``): nobody can know a life that far beyond what the node itself said. An
+    honest accuser is a few refutations ahead at most, and an hour covers a restart under a
+    clock that far behind; without a bound, one member's accusation at the wire's last
+    incarnation left a live node no incarnation to refute with, and it was declared dead."""
+
     indirect_checks: int = 3
     """Peers asked to probe on our behalf (SWIM's k; memberlist's default)."""
 

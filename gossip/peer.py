@@ -804,12 +804,16 @@ class Peer:
 
     def _judge(self, u: Suspect | Dead) -> tuple[Member, Outcome] | None:
         """The member an accusation is about and what the state table makes of it; None when it
-        does nothing (about us after we left, or ignored: counted as a duplicate)."""
+        does nothing (about us after we left, about a life too far ahead: counted as refused,
+        or ignored: counted as a duplicate)."""
         is_self = u.node == self.node_id
         if is_self and self._left:
             return None
         m = self._members.get(u.node)
         held = self._incarnation if is_self else (m.incarnation if m else 0)
+        if m is not None and u.incarnation - held > self.config.accusation_lead_max:
+            self.stats.rejected_ahead += 1  # a life nobody could know of: a lie
+            return None
         outcome = decide(m.state if m else None, held, u, is_self)
         if outcome is _IGNORE or m is None:
             self.stats.duplicates += 1

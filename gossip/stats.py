@@ -26,6 +26,8 @@ class GossipStats:
     rejected_revoked: int = 0
     rejected_unknown_origin: int = 0
     rejected_malformed: int = 0
+    rejected_ahead: int = 0
+    """Accusations about a life further ahead than ``accusation_lead_max`` (a lie)."""
     rejected_credential: int = 0
     """Alive whose credential ``Trust.admit`` refused: the node is not admitted."""
     probes_sent: int = 0

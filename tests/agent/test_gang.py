@@ -39,13 +39,13 @@ def hold(
 
 def test_held_devices_are_busy_for_every_other_job_until_they_run_out() -> None:
     table = Reservations()
-    table.hold(hold(devices=("g0", "g1"), at=30.0), now=0.0)
+    table.hold(hold(devices=("g0", "g1"), at=30.0), now=0.0, devices=3)
     assert table.devices(10.0) == {"g0", "g1"}
     assert table.devices(10.0, but=JOB) == set()  # its own hold is not in its way
     with pytest.raises(HoldRefused, match="device g1 is held for another gang"):
-        table.hold(hold(OTHER, devices=("g1", "g2")), now=10.0)
+        table.hold(hold(OTHER, devices=("g1", "g2")), now=10.0, devices=3)
     assert table.devices(30.0) == set()  # ran out
-    table.hold(hold(OTHER, devices=("g1", "g2"), at=60.0), now=30.0)
+    table.hold(hold(OTHER, devices=("g1", "g2"), at=60.0), now=30.0, devices=3)
     assert table.holder(JOB) is None  # the run-out hold was dropped to make room
     assert table.devices(31.0) == {"g1", "g2"}
 
@@ -102,6 +102,50 @@ def test_expiry_drops_what_ran_out_and_says_when_the_next_runs_out() -> None:
     assert [h.job_id for h in table.expire(15.0)] == [JOB]
     assert table.next_expiry() == 20.0
     assert table.expire(15.0) == []
+
+
+def _held(at: float, job: str = JOB, devices: tuple[str, ...] = ("g0", "g1"), n: int = 1) -> Hold:
+    return Hold(job, n, "owner", GangMember(0, "n", devices), 2, b"s", expires_at=at)
+
+
+def test_an_agent_that_never_commits_holds_every_device_a_minute_at_most() -> None:
+    table = Reservations()
+    now = 0.0
+    for attempt in (1, 2):  # two holds of both devices, each a newer attempt: 60 s of each
+        table.hold(_held(now + 30.0, n=attempt), now, devices=2)
+        now += 1.0
+    with pytest.raises(HoldRefused, match="uncommitted for as long as it may"):
+        table.hold(_held(now + 30.0, n=3), now, devices=2)
+    assert table.counts == {"held": 2, "refused": 1}
+    # Then a tenth of the node's devices on average: 30 s of both, 300 s on.
+    with pytest.raises(HoldRefused):
+        table.hold(_held(290.0 + 30.0, n=4), 290.0, devices=2)
+    table.hold(_held(302.0 + 30.0, n=4), 302.0, devices=2)
+    # Holds of no device cost one each: they cannot pile up either.
+    made = 0
+    with pytest.raises(HoldRefused):
+        for i in range(100):
+            table.hold(_held(640.0, f"{i:032x}", devices=()), 610.0, devices=2)
+            made += 1
+    assert made <= 4  # two minutes of one device at most
+    assert len(table) <= 1 + made and len(table.budget) == 1
+
+
+def test_a_committed_or_aborted_hold_is_paid_back_what_it_did_not_use() -> None:
+    table = Reservations()
+    for attempt in range(1, 50):  # a gang placed, failed, aborted and placed again, at once
+        now = float(attempt)
+        table.hold(_held(now + 30.0, n=attempt), now, devices=2)
+        assert table.release(JOB, attempt, now + 0.5, devices=2) is not None
+    table.hold(_held(130.0, n=50), 100.0, devices=2)
+    assert table.take(JOB, 50, 101.0, devices=2) is not None
+    assert table.counts == {"held": 50, "aborted": 49, "committed": 1}
+    # It paid only for the half seconds its holds lasted: a full hold of both is still its.
+    table.hold(_held(131.0, n=51), 101.0, devices=2)
+    assert table.release_owner("owner") and len(table.budget) == 0  # gone: forgotten
+    table.hold(_held(230.0, OTHER), 200.0, devices=2)
+    assert table.take(OTHER, 1, 200.0, devices=2) is not None
+    assert len(table.budget) == 0  # paid back in full: nothing remembered
 
 
 # -- an attempt as its owner follows it ----------------------------------------------------------

@@ -166,3 +166,48 @@ def test_a_real_crash_is_still_detected_by_all_without_waiting() -> None:
     assert set(dead_at) == live
     assert max(dead_at.values()) - 5.0 < 8.0
     assert {e.node for _, e in _deaths(seen)} == {"n0011"}
+
+
+LAST_INCARNATION = (1 << 63) - 1
+"""The highest incarnation the wire carries: refuting an accusation at it needs one more."""
+
+
+def test_an_accusation_about_a_life_too_far_ahead_is_refused_and_counted() -> None:
+    p = _peer()
+    lead = p.config.accusation_lead_max
+    for lie in (suspect("x", LAST_INCARNATION, "a"), dead("x", INC + lead + 1, "a")):
+        p.receive("a:1", lie, 1.0)
+        assert _state(p) is A
+    assert p.stats.rejected_ahead == 2 and p.stats.dead_deferred == 0
+    assert _relayed(p, 1.0) == []  # not spread either
+    p.receive("a:1", dead("x", INC + lead, "a"), 2.0)  # within the lead: a suspicion, as ever
+    assert _state(p) is S and p.stats.dead_deferred == 1
+
+
+def test_a_node_refutes_no_accusation_about_a_life_too_far_ahead_of_its_own() -> None:
+    p = make_peer()
+    p.preload([alive("a", 1)], 0.0)
+    own = p.incarnation
+    p.receive("a:1", dead(p.node_id, LAST_INCARNATION, "a"), 1.0)
+    assert p.incarnation == own and p.stats.refutations == 0 and p.stats.rejected_ahead == 1
+    p.receive("a:1", suspect(p.node_id, own, "a"), 2.0)
+    assert p.incarnation == own + 1 and p.stats.refutations == 1
+
+
+def test_one_accusation_at_the_last_incarnation_sent_to_every_member_kills_nobody() -> None:
+    seen: list[tuple[str, Event]] = []
+    sim = Simulation(n=30, seed=23, loss=0.01, on_event=lambda n, e: seen.append((n, e)))
+    sim.run_until(2.0)
+    victim, attacker = sim.peer("n0004"), "n0017"
+    inc = victim.incarnation
+    for nid in sim.nodes:
+        if nid != attacker:  # the accused too
+            for lie in (
+                suspect("n0004", LAST_INCARNATION, attacker),
+                dead("n0004", LAST_INCARNATION, attacker),
+            ):
+                sim.peer(nid).receive(attacker, lie, sim.now)
+    sim.run_until(30.0)
+    assert _deaths(seen) == []
+    assert victim.incarnation == inc and victim.stats.refutations == 0
+    assert sum(sim.peer(n).stats.rejected_ahead for n in sim.nodes) == 2 * 29

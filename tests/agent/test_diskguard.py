@@ -1,0 +1,59 @@
+"""Which job a full disk stops (``agent.diskguard.culprit``), and what is removed of it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from agent.diskguard import clear, culprit, folder_bytes, note, reserve_bytes
+
+MIB = 1 << 20
+
+
+def test_the_job_holding_the_most_is_stopped_only_while_the_reserve_is_not_free() -> None:
+    held = {"a" * 32: 3 * MIB, "b" * 32: 40 * MIB, "c" * 32: 0}
+    assert culprit(free_bytes=10 * MIB, reserve=5 * MIB, held=held) is None  # room enough
+    assert culprit(free_bytes=1 * MIB, reserve=5 * MIB, held=held) == "b" * 32
+    assert culprit(free_bytes=0, reserve=5 * MIB, held={}) is None
+
+
+def test_a_disk_not_filled_by_a_job_stops_no_job() -> None:
+    # Every job holds less than the reserve: something else filled the disk.
+    assert culprit(free_bytes=0, reserve=5 * MIB, held={"a" * 32: 4 * MIB}) is None
+
+
+def test_the_reserve_is_a_twentieth_of_the_disk_at_most_a_gibibyte() -> None:
+    assert reserve_bytes(24 * MIB) == int(24 * MIB * 0.05)
+    assert reserve_bytes(4 << 40) == 1 << 30
+
+
+def test_clearing_keeps_the_current_log_and_follows_no_link(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_bytes(b"x" * 10_000)
+    job = tmp_path / "job"
+    (job / "checkpoint" / "deep").mkdir(parents=True)
+    (job / "checkpoint" / "deep" / "fill").write_bytes(b"\0" * (2 * MIB))
+    (job / "checkpoint" / "link").symlink_to(outside)
+    (job / "escape").symlink_to(outside / "precious")
+    for name in ("output.log", "output.log.1", "output.log.2"):
+        (job / name).write_text("line\n")
+    (job / "output.log.x").write_text("not a log of ours")
+    held = folder_bytes(job)
+    assert held >= 2 * MIB
+    assert clear(job) >= 2 * MIB
+    assert [p.name for p in job.iterdir()] == ["output.log"]  # its backups went too
+    assert (outside / "precious").read_bytes() == b"x" * 10_000
+
+
+def test_the_note_goes_into_the_log_never_through_a_link(tmp_path: Path) -> None:
+    log = tmp_path / "output.log"
+    log.write_text("the job's own\n")
+    note(log, "stopped: its folder filled the disk")
+    assert log.read_text().endswith("[shoal] stopped: its folder filled the disk\n")
+    target = tmp_path / "target"
+    target.write_text("")
+    os.unlink(log)
+    log.symlink_to(target)
+    note(log, "nothing")
+    assert target.read_text() == ""
