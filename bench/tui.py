@@ -1,6 +1,6 @@
 """The operator TUI at fleet size: ``python -m bench.tui --hosts 1000 --json``.
 
-Runs the real app headless under Textual's pilot on a :class:`tui.source.SimSource` of ``--hosts``
+Runs the real app headless under Textual's pilot on a :class:`tui.simmesh.SimSource` of ``--hosts``
 hosts with eight GPUs each (NVIDIA, AMD and Intel), and measures:
 
 - **full refresh**: a new snapshot of the whole mesh shown in the visible view (its rows rebuilt,
@@ -111,7 +111,7 @@ async def _cpu_ms(step: Callable[[], Awaitable[None]]) -> tuple[float, float]:
 
 async def run(hosts: int, rounds: int, seed: int, size: tuple[int, int]) -> dict[str, Any]:
     from tui.app import ShoalApp
-    from tui.source import BENCH_PROFILES, SimSource
+    from tui.simmesh import BENCH_PROFILES, SimSource
 
     t0 = time.perf_counter()
     source = SimSource(hosts, seed=seed, profiles=BENCH_PROFILES)

@@ -24,7 +24,8 @@ from textual.pilot import Pilot
 
 from agent.jobspec import JobSpec
 from tui.app import ShoalApp
-from tui.source import MeshSource, SimSource
+from tui.simmesh import SimSource
+from tui.source import MeshSource
 
 Step = Callable[[Pilot[None]], Awaitable[None]]
 

@@ -15,7 +15,7 @@ from tui import model
 from tui.collector import NO_AUTOMATIC_FULL, QuietCollector
 from tui.model import History, RowFilter, SnapshotBuilder, snapshot_from_json
 from tui.preview import offers
-from tui.source import SimSource
+from tui.simmesh import SimSource
 from tui.widgets.render import Glyphs, line_strip, load_level, oneline, temp_level
 
 
