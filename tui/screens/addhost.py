@@ -37,8 +37,8 @@ from agent.bootstrap.runner import HostResult
 from agent.bootstrap.ssh import BootstrapError
 from agent.bootstrap_args import parse_bootstrap_args
 from agent.bootstrap_cmd import collect_hosts
+from agent.client import agent_address
 from agent.errors import UserError
-from gossip.transport import split_address
 from tui.context import ShoalContext
 from tui.messages import HostsAdded, HostStep
 from tui.operations import result_line
@@ -123,7 +123,7 @@ def form_words(values: Mapping[str, str], settings: AddHostSettings) -> list[str
         words.append("--accept-new")
     for join in joins:
         try:
-            split_address(join)
+            agent_address(join)
         except ValueError as exc:
             raise UserError(f"join: {exc}") from None
         words += ["--join", join]

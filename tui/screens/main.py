@@ -16,8 +16,8 @@ from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import ContentSwitcher, Input
 
+from agent.client import agent_address
 from agent.jobspec import JobSpec
-from gossip.transport import split_address
 from tui.context import ShoalContext
 from tui.messages import (
     CancelJob,
@@ -454,7 +454,7 @@ class MainScreen(Screen[None]):
             return
         join = app.source.identity.address
         try:
-            split_address(join)
+            agent_address(join)
         except ValueError:
             join = ""  # not an agent's address (a simulated mesh): the operator names one
         settings = AddHostSettings(app.identity_dir, join, app.bootstrap_args)
