@@ -15,7 +15,7 @@ detection sleeps at least 40 ms per step, so its wall clock is reported too but 
 latency.
 
 Turning the agents' JSON into a snapshot happens on a worker thread in the app, with the app's
-own :class:`tui.model.SnapshotBuilder` (each GPU's static fields parsed once), and the GPUs'
+own :class:`tui.decode.SnapshotBuilder` (each GPU's static fields parsed once), and the GPUs'
 utilization goes into the sparklines' history; the CPU time of both is ``snapshot_build_ms``, and
 with the refresh that shows it, ``data_to_screen_ms``: the app's whole cost from the agents' JSON
 to the screen (the bar is on the refresh; the build does not hold the event loop, but it is

@@ -26,7 +26,8 @@ from agent.wire.documents import EventDoc, EventsDoc, JobDoc, NodeDoc, sample_js
 from agent.wire.records import JobStatus
 from probers.records import DeviceStatic, HostInfo
 from probers.sim import SimProber, parse_profile
-from tui.model import HISTORY_POINTS, HISTORY_STEP_S, snapshot_from_json
+from tui.decode import snapshot_from_json
+from tui.model import HISTORY_POINTS, HISTORY_STEP_S
 from tui.preview import offers
 from tui.source import Identity
 
