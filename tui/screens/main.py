@@ -41,8 +41,9 @@ from tui.screens.submit import SubmitScreen
 from tui.widgets.base import NO_SCOPE, VIEW_NAMES, Drill, Scope, Selection, SortKey, ViewContext
 from tui.widgets.footer import KeyFooter
 from tui.widgets.header import MeshHeader
-from tui.widgets.tables import EventsTable, GpusTable, HostsTable, JobsTable, MeshTable
+from tui.widgets.tables import MeshTable
 from tui.widgets.topology import TopologyView
+from tui.widgets.views import EventsTable, GpusTable, HostsTable, JobsTable
 
 HOST_ACTIONS = frozenset({"cordon", "drain", "undrain"})
 JOB_ACTIONS = frozenset({"migrate", "cancel", "logs"})
