@@ -30,8 +30,8 @@ demo: $(STAMP)
 	$(BIN)/shoal demo
 
 screenshots: $(STAMP)
-	$(BIN)/python -m tui.screenshots screenshots
-	$(BIN)/python -m tui.screenshots screenshots --live
+	$(BIN)/python -m tools.screenshots screenshots
+	$(BIN)/python -m tools.screenshots screenshots --live
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

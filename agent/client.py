@@ -37,6 +37,13 @@ SUBMIT_RETRY_WAITS_S = (0.5, 1.0, 2.0)
 """Pauses before a submission answered 503 (held, not yet replicated) is sent again."""
 
 
+def agent_address(address: str) -> tuple[str, int]:
+    """An agent's API address as an operator gives it (``HOST:PORT``, ``[v6]:PORT``) -> (host,
+    port); ValueError with one line when it is not one (port 0 included: an agent listens on a
+    port of its own)."""
+    return split_address(address)
+
+
 class ApiError(Exception):
     """The agent refused or failed a request; ``str()`` is its one-line reason."""
 
@@ -68,7 +75,7 @@ class ApiClient(PooledSession):
         keepalive_s: float = 15.0,
     ) -> None:
         """``keepalive_s``: how long an idle connection is kept for the next request."""
-        host, port = split_address(address)
+        host, port = agent_address(address)
         self.address = address
         self._base = f"https://{f'[{host}]' if ':' in host else host}:{port}"
         self._identity = identity

@@ -1,6 +1,6 @@
 """The operator TUI at fleet size: ``python -m bench.tui --hosts 1000 --json``.
 
-Runs the real app headless under Textual's pilot on a :class:`tui.source.SimSource` of ``--hosts``
+Runs the real app headless under Textual's pilot on a :class:`tui.simmesh.SimSource` of ``--hosts``
 hosts with eight GPUs each (NVIDIA, AMD and Intel), and measures:
 
 - **full refresh**: a new snapshot of the whole mesh shown in the visible view (its rows rebuilt,
@@ -15,7 +15,7 @@ detection sleeps at least 40 ms per step, so its wall clock is reported too but 
 latency.
 
 Turning the agents' JSON into a snapshot happens on a worker thread in the app, with the app's
-own :class:`tui.model.SnapshotBuilder` (each GPU's static fields parsed once), and the GPUs'
+own :class:`tui.decode.SnapshotBuilder` (each GPU's static fields parsed once), and the GPUs'
 utilization goes into the sparklines' history; the CPU time of both is ``snapshot_build_ms``, and
 with the refresh that shows it, ``data_to_screen_ms``: the app's whole cost from the agents' JSON
 to the screen (the bar is on the refresh; the build does not hold the event loop, but it is
@@ -111,7 +111,7 @@ async def _cpu_ms(step: Callable[[], Awaitable[None]]) -> tuple[float, float]:
 
 async def run(hosts: int, rounds: int, seed: int, size: tuple[int, int]) -> dict[str, Any]:
     from tui.app import ShoalApp
-    from tui.source import BENCH_PROFILES, SimSource
+    from tui.simmesh import BENCH_PROFILES, SimSource
 
     t0 = time.perf_counter()
     source = SimSource(hosts, seed=seed, profiles=BENCH_PROFILES)

@@ -30,6 +30,7 @@ from agent.client import ApiError
 from tui.collector import QuietCollector
 from tui.commands import ShoalCommands
 from tui.context import ShoalContext
+from tui.decode import SnapshotBuilder
 from tui.messages import (
     ForecastsWanted,
     MeshChanged,
@@ -37,7 +38,7 @@ from tui.messages import (
     OperationsChanged,
     OperatorAction,
 )
-from tui.model import EMPTY_SNAPSHOT, History, MeshSnapshot, SnapshotBuilder
+from tui.model import EMPTY_SNAPSHOT, History, MeshSnapshot
 from tui.operations import Operations, summary
 from tui.screens.main import MainScreen, main_screen
 from tui.source import MeshSource

@@ -194,7 +194,7 @@ def run_tui(args: argparse.Namespace) -> int:
     config = load_config()
     identity_dir: Path | None = None
     if args.sim is not None:
-        from tui.source import SimSource
+        from tui.simmesh import SimSource
 
         if args.sim < 1:
             raise UserError("--sim needs at least one host")

@@ -3,6 +3,9 @@
 The mesh changed; a view that shows forecasts came or went; the operator asked for a change to
 the mesh (one message per kind of action); what runs changed; an operation finished. Screens
 post them and never call the app: the app handles them (attributes down, messages up).
+
+Two go down instead, from :class:`~tui.operations.Operations` to the add-host screen whose run
+it carries: a host reached a step (:class:`HostStep`), and the run ended (:class:`HostsAdded`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any, ClassVar
 
 from textual.message import Message
 
+from agent.bootstrap.runner import HostResult
 from agent.jobspec import JobSpec
 from tui.model import MeshSnapshot
 from tui.source import MeshSource
@@ -169,3 +173,21 @@ class OperationDone(Message):
         self.label = label
         self.ok = ok
         self.detail = detail
+
+
+class HostStep(Message):
+    """One host reached a step of its bootstrap (``done`` and ``failed`` end it)."""
+
+    def __init__(self, host: str, text: str) -> None:
+        super().__init__()
+        self.host = host
+        self.text = text
+
+
+class HostsAdded(Message):
+    """A run of ``shoal bootstrap`` ended: each host's result, or the one line of a crash."""
+
+    def __init__(self, results: list[HostResult], crash: str | None = None) -> None:
+        super().__init__()
+        self.results = results
+        self.crash = crash

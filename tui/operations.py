@@ -5,10 +5,19 @@ The app's own actions (cordon, drain, submit, ...) and the add-host screen's run
 the header; when it ends its outcome is kept and announced. It tells the app by message
 (:class:`~tui.messages.OperationsChanged`, :class:`~tui.messages.OperationDone`), so neither the
 screens nor this module need the app itself.
+
+Adding hosts runs here too, with the command's own code: the form's words are checked as
+``shoal bootstrap`` checks them (:meth:`Operations.plan_hosts`), then every host is set up
+(:meth:`Operations.add_hosts`) in a task that outlives the screen that asked for it, so that a
+closed screen's hosts still undo what the run did there. The screen is told each host's steps and
+the end of the run by message (:class:`~tui.messages.HostStep`,
+:class:`~tui.messages.HostsAdded`), and only renders them.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import contextlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -16,8 +25,13 @@ from typing import Any
 
 from textual.message_pump import MessagePump
 
-from tui.messages import OperationDone, OperationsChanged
+from agent.bootstrap.display import failure_lines
+from agent.bootstrap.runner import HostResult
+from agent.bootstrap_cmd import BootstrapPlan, plan_bootstrap
+from tui.messages import HostsAdded, HostStep, OperationDone, OperationsChanged
 from tui.model import MeshSnapshot
+
+STOPPED = "stopped; each host undid what this run had done there"
 
 
 class Operations:
@@ -40,6 +54,8 @@ class Operations:
         """Token -> the label of each operation running now, oldest first."""
         self.outcomes: list[OperationDone] = []
         """Every finished operation, oldest first."""
+        self._runs: set[asyncio.Task[list[HostResult] | None]] = set()
+        """Runs of bootstrap still going, held so that none is garbage-collected mid-way."""
 
     @contextlib.contextmanager
     def running(self, token: str, label: str) -> Iterator[None]:
@@ -71,6 +87,75 @@ class Operations:
             self._add_host_checked = True
             self._add_host_refusal = _cluster_refusal(self._identity_dir)
         return self._add_host_refusal
+
+    async def plan_hosts(self, args: argparse.Namespace) -> BootstrapPlan:
+        """Check ``shoal bootstrap``'s words as the command does (the CA, the wheelhouse), off
+        the event loop; UserError, BootstrapError or OSError say what is wrong."""
+        return await asyncio.to_thread(plan_bootstrap, args)
+
+    def add_hosts(
+        self, plan: BootstrapPlan, screen: MessagePump
+    ) -> asyncio.Task[list[HostResult] | None]:
+        """Set up every host of ``plan``, telling ``screen`` each step and the end.
+
+        The run is a task of its own, to be cancelled at most once: then each host undoes what
+        this run did there, and the outcome (:data:`STOPPED`) is announced when that is done.
+        """
+        hosts = plan.hosts
+        label = f"add {hosts[0]}" if len(hosts) == 1 else f"add {len(hosts)} hosts"
+        run = asyncio.create_task(self._add_hosts(plan, label, screen), name=f"shoal {label}")
+        self._runs.add(run)
+        run.add_done_callback(self._runs.discard)
+        return run
+
+    async def _add_hosts(
+        self, plan: BootstrapPlan, label: str, screen: MessagePump
+    ) -> list[HostResult] | None:
+        with self.running(f"bootstrap:{id(screen)}", label):
+            try:
+                results = await plan.run(PostingReporter(screen))
+            except asyncio.CancelledError:
+                self.finish(OperationDone("bootstrap", label, False, STOPPED))
+                raise
+            except Exception as exc:  # a bug must not take the TUI down: report it in one line
+                why = f"{type(exc).__name__}: {exc}"
+                screen.post_message(HostsAdded([], why))
+                self.finish(OperationDone("bootstrap", label, False, why))
+                return None
+        screen.post_message(HostsAdded(results))
+        ok = all(r.ok for r in results)
+        if ok:
+            detail = "; ".join(f"{r.host} {r.action}" for r in results)
+        else:
+            detail = "; ".join(result_line(r) for r in results if not r.ok)
+        self.finish(OperationDone("bootstrap", label, ok, detail))
+        return results
+
+
+class PostingReporter:
+    """A :class:`~agent.bootstrap.runner.Reporter` that posts each step to the screen.
+
+    The run happens on the app's event loop, so posting is safe; once the screen is gone the
+    messages are dropped.
+    """
+
+    def __init__(self, screen: MessagePump) -> None:
+        self._screen = screen
+
+    def step(self, host: str, text: str) -> None:
+        self._screen.post_message(HostStep(host, text))
+
+
+def result_line(result: HostResult) -> str:
+    """One line per host: the command's own failure line, or what was done and where it runs."""
+    if not result.ok:
+        return failure_lines([result])[0]
+    parts = [f"{result.host}: {result.action} ({result.message})", *result.notes]
+    if result.node_id:
+        parts.append(f"node {result.node_id[:12]}")
+    if result.gpus:
+        parts.append(result.gpus)
+    return "; ".join(parts)
 
 
 def _cluster_refusal(directory: Path | None) -> str | None:

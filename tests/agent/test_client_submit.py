@@ -62,3 +62,18 @@ async def test_a_mesh_that_never_replicates_is_said_after_the_retries(tmp_path: 
     with pytest.raises(ApiError, match="no replica"):
         await _submit(tmp_path, owner, new_job_id())
     assert len({b["job_id"] for b in owner.bodies}) == 1 and len(owner.bodies) == 4
+
+
+@pytest.mark.parametrize(
+    ("address", "parsed"),
+    [("10.0.0.5:7946", ("10.0.0.5", 7946)), ("[::1]:7946", ("::1", 7946)), ("gpu1:1", ("gpu1", 1))],
+)
+def test_agent_address_reads_what_an_operator_names(address: str, parsed: tuple[str, int]) -> None:
+    assert client_module.agent_address(address) == parsed
+
+
+@pytest.mark.parametrize("address", ["gpu1", ":7946", "gpu1:", "gpu1:0", "gpu1:65536", "gpu1:x"])
+def test_agent_address_refuses_anything_else_in_one_line(address: str) -> None:
+    with pytest.raises(ValueError, match="not a host:port address") as caught:
+        client_module.agent_address(address)
+    assert "\n" not in str(caught.value)

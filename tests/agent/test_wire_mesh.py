@@ -11,7 +11,7 @@ import pytest
 from agent.jobspec import new_job_id
 from agent.wire.documents import EventsDoc, JobDoc, NodeDoc
 from tests.agent.agents import Mesh
-from tui.source import SimSource
+from tui.simmesh import SimSource
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,8 @@ from tests.bootstrap.conftest import Fleet
 from tests.tui.helpers import command, wait_for
 from tui.app import ShoalApp
 from tui.cli import api_source
-from tui.screens.addhost import STOPPED, AddHostScreen
+from tui.operations import STOPPED
+from tui.screens.addhost import AddHostScreen
 from tui.screens.main import MainScreen
 from tui.widgets.tables import MeshTable
 

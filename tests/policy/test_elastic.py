@@ -107,8 +107,8 @@ def test_an_elastic_job_grows_onto_idle_gpus_unless_a_waiting_job_could_use_them
 
 
 def test_the_tui_shows_what_an_elastic_job_holds_and_its_range() -> None:
-    from tui.model import job_from_json
-    from tui.widgets.tables import job_gpus
+    from tui.decode import job_from_json
+    from tui.widgets.views import job_gpus
 
     spec = JobSpec(command=("x",), resources=Resources(gpus_per_node=2, gpus_max_per_node=4))
     doc = {"job_id": "e" * 32, "state": "running", "attempt": 1, "spec": spec.to_dict()}

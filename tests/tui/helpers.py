@@ -11,7 +11,7 @@ from textual.pilot import Pilot
 from textual.widget import Widget
 
 from tui.app import ShoalApp
-from tui.source import SimSource
+from tui.simmesh import SimSource
 
 if TYPE_CHECKING:
     from tui.screens.submit import SubmitScreen

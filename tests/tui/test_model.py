@@ -11,11 +11,12 @@ import pytest
 from rich.style import Style
 
 from agent.jobspec import JobSpec, Resources
-from tui import model
+from tui import decode
 from tui.collector import NO_AUTOMATIC_FULL, QuietCollector
-from tui.model import History, RowFilter, SnapshotBuilder, snapshot_from_json
+from tui.decode import SnapshotBuilder, snapshot_from_json
+from tui.model import History, RowFilter
 from tui.preview import offers
-from tui.source import SimSource
+from tui.simmesh import SimSource
 from tui.widgets.render import Glyphs, line_strip, load_level, oneline, temp_level
 
 
@@ -114,14 +115,14 @@ def test_builder_parses_static_fields_once_and_notices_a_change(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     parsed: list[str] = []
-    parse = model._static_from_json
+    parse = decode._static_from_json
 
     def counting(data: Mapping[str, Any]) -> tuple[Any, ...]:
         parsed.append(str(data["key"]))
         return parse(data)
 
     source = SimSource(2, seed=0, profiles=("h100:2",))  # its own reads are not counted
-    monkeypatch.setattr(model, "_static_from_json", counting)
+    monkeypatch.setattr(decode, "_static_from_json", counting)
     builder = SnapshotBuilder()
     first = builder.build(source.now(), source.nodes_now(), source.jobs_now())
     assert len(parsed) == 4  # two hosts, two GPUs each

@@ -24,7 +24,7 @@ from tui.app import ShoalApp
 from tui.screens.describe import DescribeScreen
 from tui.screens.logs import LogsScreen
 from tui.screens.submit import SubmitScreen, spec_from_form
-from tui.source import SimSource
+from tui.simmesh import SimSource
 from tui.widgets.footer import KeyFooter
 from tui.widgets.tables import MeshTable
 

@@ -283,7 +283,7 @@ async def test_keymap_rebinds_by_id() -> None:
 
 async def test_unreachable_agent_keeps_the_last_view() -> None:
     from agent.client import AgentUnreachable
-    from tui.source import SimSource
+    from tui.simmesh import SimSource
 
     class Flaky(SimSource):
         fail = False

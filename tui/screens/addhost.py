@@ -3,12 +3,11 @@
 The form stands for a ``shoal bootstrap`` command line. Its fields become the words the
 command's own parser reads (:func:`agent.bootstrap_args.parse_bootstrap_args`): the targets,
 ``--hosts-file``, ``--ssh-key``, ``--wheelhouse``, ``--join``, the TUI's ``--identity`` and the
-``[bootstrap] args`` of ``tui.toml``. The same code checks them
-(:func:`~agent.bootstrap_cmd.plan_bootstrap`) and runs them
-(:func:`~agent.bootstrap.runner.run_hosts`), in a worker, with a reporter that posts each host's
-steps to this screen; the summary lines of failed hosts are the command's own. Closing the screen
-while hosts are being set up stops the run: each host undoes what this run did there, as after a
-failure, and the outcome is announced when that is finished.
+``[bootstrap] args`` of ``tui.toml``. The TUI's :class:`~tui.operations.Operations` checks them
+and runs them with the command's own code, and posts each host's steps and the end of the run to
+this screen, which renders them; the summary lines of failed hosts are the command's own.
+Closing the screen while hosts are being set up stops the run: each host undoes what this run did
+there, as after a failure, and the outcome is announced when that is finished.
 
 Host keys: "Trust new host keys" is ``--accept-new``. A run that met hosts whose keys known_hosts
 does not know shows their fingerprints and offers to trust them and run again (``t``). What was
@@ -30,20 +29,19 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, DataTable, Input, Label, Static
 
-from agent.bootstrap.display import failure_lines
 from agent.bootstrap.hosts import parse_target
 from agent.bootstrap.runner import HostResult
 from agent.bootstrap.ssh import BootstrapError
 from agent.bootstrap_args import parse_bootstrap_args
-from agent.bootstrap_cmd import BootstrapPlan, collect_hosts, plan_bootstrap
+from agent.bootstrap_cmd import collect_hosts
+from agent.client import agent_address
 from agent.errors import UserError
-from gossip.transport import split_address
 from tui.context import ShoalContext
-from tui.messages import OperationDone
+from tui.messages import HostsAdded, HostStep
+from tui.operations import result_line
 from tui.widgets.render import Palette
 
 FIELDS: tuple[tuple[str, str, str], ...] = (
@@ -63,9 +61,6 @@ CHROME_ROWS = 10
 """Rows of the dialog around its body: border, padding, title, buttons."""
 EXPLAIN_MIN_HEIGHT = 32
 """The explanation shows on screens at least this tall (on a short one, the fields come first)."""
-STOPPED = "stopped; each host undid what this run had done there"
-_RUNS: set[asyncio.Task[list[HostResult] | None]] = set()
-"""Runs still going, held so that a closed screen's run is not garbage-collected mid-way."""
 REFUSED_EXTRA = ("--uninstall", "--build-wheelhouse", "--identity")
 """Flags of ``shoal bootstrap`` that have no place in ``[bootstrap] args``."""
 ACCEPT_NEW = "accept_new"
@@ -128,7 +123,7 @@ def form_words(values: Mapping[str, str], settings: AddHostSettings) -> list[str
         words.append("--accept-new")
     for join in joins:
         try:
-            split_address(join)
+            agent_address(join)
         except ValueError as exc:
             raise UserError(f"join: {exc}") from None
         words += ["--join", join]
@@ -144,41 +139,6 @@ def form_words(values: Mapping[str, str], settings: AddHostSettings) -> list[str
     if hosts_file:
         words += ["--hosts-file", str(_path(hosts_file))]
     return [*words, "--", *targets]
-
-
-def result_line(result: HostResult) -> str:
-    """One line per host: the command's own failure line, or what was done and where it runs."""
-    if not result.ok:
-        return failure_lines([result])[0]
-    parts = [f"{result.host}: {result.action} ({result.message})", *result.notes]
-    if result.node_id:
-        parts.append(f"node {result.node_id[:12]}")
-    if result.gpus:
-        parts.append(result.gpus)
-    return "; ".join(parts)
-
-
-class HostStep(Message):
-    """One host reached a step of its bootstrap (``done`` and ``failed`` end it)."""
-
-    def __init__(self, host: str, text: str) -> None:
-        super().__init__()
-        self.host = host
-        self.text = text
-
-
-class ScreenReporter:
-    """A :class:`~agent.bootstrap.runner.Reporter` that posts each step to the screen.
-
-    The run happens on the app's event loop, so posting is safe; once the screen is gone the
-    messages are dropped.
-    """
-
-    def __init__(self, screen: AddHostScreen) -> None:
-        self._screen = screen
-
-    def step(self, host: str, text: str) -> None:
-        self._screen.post_message(HostStep(host, text))
 
 
 class AddHostScreen(ModalScreen[None]):
@@ -353,52 +313,23 @@ class AddHostScreen(ModalScreen[None]):
 
     @work(exclusive=True, group="bootstrap")
     async def run_bootstrap(self, args: argparse.Namespace) -> None:
-        """Check the words as the command does, then run every host with the command's code."""
+        """Have the TUI's operations check the words as the command does, then run every host
+        with the command's code; this screen shows each host's steps and the end."""
+        operations = self.shoal.operations
         try:
-            plan = await asyncio.to_thread(plan_bootstrap, args)
+            plan = await operations.plan_hosts(args)
         except (UserError, BootstrapError, OSError) as exc:
             self._set_phase("form")
             self._show_error(str(exc))
             return
-        hosts = plan.hosts
-        label = f"add {hosts[0]}" if len(hosts) == 1 else f"add {len(hosts)} hosts"
-        self._start_rows(hosts)
-        run = asyncio.create_task(self._run_plan(plan, label), name=f"shoal {label}")
-        _RUNS.add(run)
-        run.add_done_callback(_RUNS.discard)
+        self._start_rows(plan.hosts)
+        run = operations.add_hosts(plan, self)
         self._run = run
         try:
             await asyncio.shield(run)
         except asyncio.CancelledError:
             self.stop()
             raise
-
-    async def _run_plan(self, plan: BootstrapPlan, label: str) -> list[HostResult] | None:
-        """The run, in a task of its own that is stopped at most once (:meth:`stop`).
-
-        However the screen goes (closed, or cancelled again by Textual as it unmounts), the hosts
-        finish undoing what this run did, and the outcome is announced afterwards.
-        """
-        operations = self.shoal.operations
-        with operations.running(f"bootstrap:{id(self)}", label):
-            try:
-                results = await plan.run(ScreenReporter(self))
-            except asyncio.CancelledError:
-                operations.finish(OperationDone("bootstrap", label, False, STOPPED))
-                raise
-            except Exception as exc:  # a bug must not take the TUI down: report it in one line
-                why = f"{type(exc).__name__}: {exc}"
-                self._finish([], why)
-                operations.finish(OperationDone("bootstrap", label, False, why))
-                return None
-        self._finish(results)
-        ok = all(r.ok for r in results)
-        if ok:
-            detail = "; ".join(f"{r.host} {r.action}" for r in results)
-        else:
-            detail = "; ".join(result_line(r) for r in results if not r.ok)
-        operations.finish(OperationDone("bootstrap", label, ok, detail))
-        return results
 
     def stop(self) -> None:
         """Stop what runs, once: the check of the form, or the hosts (each undoes its part)."""
@@ -435,6 +366,11 @@ class AddHostScreen(ModalScreen[None]):
         table = self.query_one("#addhost-progress", DataTable)
         table.update_cell(message.host, "step", Text(step), update_width=True)
         table.update_cell(message.host, "status", self._status(status))
+
+    @on(HostsAdded)
+    def _hosts_added(self, message: HostsAdded) -> None:
+        message.stop()
+        self._finish(message.results, message.crash)
 
     def _finish(self, results: list[HostResult], crash: str | None = None) -> None:
         """Show the summary (the screen may already be closed: then there is nothing to show)."""

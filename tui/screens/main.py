@@ -16,8 +16,8 @@ from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import ContentSwitcher, Input
 
+from agent.client import agent_address
 from agent.jobspec import JobSpec
-from gossip.transport import split_address
 from tui.context import ShoalContext
 from tui.messages import (
     CancelJob,
@@ -41,8 +41,9 @@ from tui.screens.submit import SubmitScreen
 from tui.widgets.base import NO_SCOPE, VIEW_NAMES, Drill, Scope, Selection, SortKey, ViewContext
 from tui.widgets.footer import KeyFooter
 from tui.widgets.header import MeshHeader
-from tui.widgets.tables import EventsTable, GpusTable, HostsTable, JobsTable, MeshTable
+from tui.widgets.tables import MeshTable
 from tui.widgets.topology import TopologyView
+from tui.widgets.views import EventsTable, GpusTable, HostsTable, JobsTable
 
 HOST_ACTIONS = frozenset({"cordon", "drain", "undrain"})
 JOB_ACTIONS = frozenset({"migrate", "cancel", "logs"})
@@ -454,7 +455,7 @@ class MainScreen(Screen[None]):
             return
         join = app.source.identity.address
         try:
-            split_address(join)
+            agent_address(join)
         except ValueError:
             join = ""  # not an agent's address (a simulated mesh): the operator names one
         settings = AddHostSettings(app.identity_dir, join, app.bootstrap_args)

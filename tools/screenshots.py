@@ -1,4 +1,4 @@
-"""``python -m tui.screenshots OUTDIR [--live]``: every screen of the real app, as SVG files.
+"""``python -m tools.screenshots OUTDIR [--live]``: every screen of the real app, as SVG files.
 
 Runs the app headless on a deterministic simulated mesh (or, with ``--live``, on a real
 :class:`agent.localmesh.LocalMesh` of agent processes with a few real jobs submitted through the
@@ -24,7 +24,8 @@ from textual.pilot import Pilot
 
 from agent.jobspec import JobSpec
 from tui.app import ShoalApp
-from tui.source import MeshSource, SimSource
+from tui.simmesh import SimSource
+from tui.source import MeshSource
 
 Step = Callable[[Pilot[None]], Awaitable[None]]
 
@@ -190,7 +191,7 @@ async def _live(outdir: Path, size: tuple[int, int], nodes: int) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tui.screenshots", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tools.screenshots", description=__doc__)
     parser.add_argument("outdir", type=Path)
     parser.add_argument("--live", action="store_true", help="a real LocalMesh of agents")
     parser.add_argument("--nodes", type=int, default=8, help="agents (--live) or simulated hosts")
