@@ -119,11 +119,10 @@ def start_sshd(directory: Path, client_pub: Path) -> SshServer:
     if os.geteuid() == 0:
         # What Debian's ssh.service does before starting sshd (privilege separation).
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-    process = subprocess.Popen(
-        [str(SSHD), "-D", "-e", "-f", str(config)],
-        stdout=subprocess.DEVNULL,
-        stderr=(directory / "sshd.log").open("wb"),
-    )
+    with (directory / "sshd.log").open("wb") as log:  # sshd keeps its own copy of the file
+        process = subprocess.Popen(
+            [str(SSHD), "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=log
+        )
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if process.poll() is not None:
