@@ -248,19 +248,27 @@ def job_from_wire(body: dict[str, Any], authority: Authority) -> OwnedJob:
 
 def store_replica(store: Store, body: dict[str, Any], caller: str, authority: Authority) -> None:
     """Keep a copy sent by the job's owner, unless we already hold a newer version. Refused
-    (``OwnerError`` 403) unless the caller says it is the owner and either it may act as one
-    here, or this agent is itself among the job's owners here (the copy is this agent's to keep
-    anyway: while a mesh forms, the owner may not rank where this agent's view puts it)."""
+    (``OwnerError`` 403) unless the caller names itself as the owner and is one here: among the
+    first :data:`~agent.authority.OWNER_WINDOW` of the job's order, as this agent sees the mesh.
+    That this agent is an owner itself gives the caller nothing: a member outside the window
+    could otherwise leave any copy it likes (an owner of its choosing, a ``gen`` above every
+    record) with both of the job's owners."""
     job = job_from_wire(body, authority)
-    rightful = authority.may_own(job.job_id, caller) or authority.may_own(
-        job.job_id, authority.node_id
-    )
-    if job.owner != caller or not rightful:
+    if job.owner != caller or not authority.may_own(job.job_id, caller):
         raise OwnerError(403, f"{caller[:8]} may not replicate job {job.job_id}")
     held = store.get_job(job.job_id)
-    if held is not None and OwnerDetail.from_wire(held.detail).gen > job.gen:
+    if held is not None and held_gen(held) > job.gen:
         return
     store.put_job(job.record())
+
+
+def held_gen(rec: JobRecord) -> int:
+    """The ``gen`` of a stored copy; -1 for a copy whose details do not decode (any other
+    copy is newer)."""
+    try:
+        return OwnerDetail.from_wire(rec.detail).gen
+    except WireError:
+        return -1
 
 
 def stored_job(store: Store, job_id: str) -> dict[str, Any] | None:

