@@ -405,6 +405,7 @@ class Agent:
             "records_refused_kinds": self.view.refused_kinds,
             "placements": self.owner.offers,
             "deadline_misses": self.owner.deadline_misses,
+            "job_step_errors": self.owner.job_errors,
             "preemptions": self.runner.preemptions.counts,
             "checkpoint": self.checkpoints.counts,
         }

@@ -18,7 +18,8 @@ whose deadline passed before they ended
 restarted with fewer GPUs for another, ``refused``: a preempting offer refused:
 ``shoal_preemptions_total``), and checkpoint transfers by what happened (``pulled``,
 ``pushed``, ``resumed``, ``failed``, ``refused``, ``refused_not_owner``:
-``shoal_checkpoint_total``).
+``shoal_checkpoint_total``), and errors in one job's step of a loop over many, by step, the
+loop having gone on (``shoal_job_step_errors_total``, ``agent.eachjob``).
 
 The counters are plain ``collections.Counter`` objects and everything is turned into Prometheus
 families at scrape time, so ``prometheus_client`` (and the HTTP server modules it brings, ~1 MB
@@ -81,6 +82,13 @@ class _Snapshot:
                 "Checkpoint transfers (pulled, pushed, resumed, failed) and refusals",
                 "what",
                 snap.get("checkpoint", {}),
+            ),
+            (
+                "job_step_errors",
+                "Errors in one job's step of a loop over many jobs (the others went on), and "
+                "stored copies whose details were left out (stored_copy_repaired)",
+                "step",
+                snap.get("job_step_errors", {}),
             ),
             (
                 "records_refused",

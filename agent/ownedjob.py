@@ -9,6 +9,7 @@ verified, never one in the body (``agent.authority``).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,8 @@ from agent.store import JobRecord, Store
 from agent.wire.calls import JobTransfer, OwnerDetail
 from agent.wire.codec import MAX_RECORD_BYTES, WireError
 from agent.wire.records import AttemptEntry, GangMember, JobStatus
+
+log = logging.getLogger("shoal.owner")
 
 ATTEMPTS_KEPT = 20
 
@@ -62,6 +65,8 @@ class OwnedJob:
     extra: dict[str, Any] = field(default_factory=dict)
     deadline_missed_s: float | None = None
     """How late it was when this or an earlier owner said it missed its deadline."""
+    repaired: str | None = None
+    """Why its stored details were left out when it was loaded (:meth:`from_record`)."""
 
     @property
     def deadline(self) -> float | None:
@@ -108,7 +113,16 @@ class OwnedJob:
 
     @classmethod
     def from_record(cls, rec: JobRecord) -> OwnedJob:
-        d = OwnerDetail.from_wire(rec.detail)
+        """The job as stored. Details that do not decode (a copy written before integers on
+        the wire were bounded, say, with a ``gen`` no counter can go past) are left out, said
+        in :attr:`repaired`: the job goes on from its record's columns at ``gen`` 0, and its
+        owner brings it up to the newest record the mesh believes (:meth:`merge_gossip`)."""
+        repaired = None
+        try:
+            d = OwnerDetail.from_wire(rec.detail)
+        except WireError as exc:
+            d, repaired = OwnerDetail(), str(exc)
+            log.warning("job %s: stored details left out: %s", rec.job_id[:8], exc)
         return cls(
             job_id=rec.job_id,
             spec=rec.spec,
@@ -132,6 +146,7 @@ class OwnedJob:
             submission=rec.submission,
             members=d.members,
             deadline_missed_s=d.deadline_missed_s,
+            repaired=repaired,
         )
 
     def merge_gossip(self, doc: dict[str, Any]) -> None:

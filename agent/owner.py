@@ -47,6 +47,7 @@ from agent.authority import Submission
 from agent.collecting import Collector
 from agent.context import AgentContext
 from agent.deadlines import missed_line, newly_missed
+from agent.eachjob import one_job
 from agent.elastic import Grow, Growth, Resizes, shrink_reason
 from agent.gang import Gangs
 from agent.handover import HANDOVER_SETTLE_S as HANDOVER_SETTLE_S
@@ -71,7 +72,7 @@ from agent.placing import MAX_LAUNCH_FAILURES as MAX_LAUNCH_FAILURES
 from agent.placing import RESTORE_TIMEOUT_S as RESTORE_TIMEOUT_S
 from agent.placing import candidates_for, place_once, reserve
 from agent.preempting import host_name, stopped_reason
-from agent.store import StoreFull
+from agent.store import JobRecord, StoreFull
 from agent.view import JOB_PREFIX, SUB_PREFIX, job_gen
 from agent.wire.calls import (
     AttemptResult,
@@ -121,6 +122,8 @@ class Owner:
         self.offers: Counter[str] = Counter()
         """Offers made to runners, by outcome (``shoal_placements_total``): started, declined,
         launch_failed, not_allowed, unanswered."""
+        self.job_errors: Counter[str] = Counter()
+        """Errors in one job's step of a loop over many, by step (``agent.eachjob``)."""
         self._handing: set[str] = set()
         """Jobs being handed to a higher-ranked owner (no placement meanwhile)."""
         self._loop_task: asyncio.Task[None] | None = None
@@ -170,20 +173,29 @@ class Owner:
         for rec in self.store.jobs(owner=self.node_id, states=UNENDED_JOB_STATES):
             if rec.job_id in self.jobs:
                 continue
-            job = OwnedJob.from_record(rec)
-            doc = self.view.jobs.get(job.job_id)
-            newer = doc.get("owner") if doc is not None else None
-            if doc is not None and job_gen(doc) > job.gen and newer != self.node_id:
-                # Someone took over while we were away: we stay a replica, of that owner, so
-                # that our sweep takes the job over should it go too (the takeover brings the
-                # copy up to the newest record it believes).
-                if isinstance(newer, str) and newer:
-                    self.store.put_job(dataclasses.replace(rec, owner=newer))
-                continue
-            handover.adopt(self, job, why="resumed after restart")
-            if job.job_id in self.jobs:
-                taken += 1
+            with one_job(self.job_errors, "resume", rec.job_id):
+                taken += self._resume_one(rec)
         return taken
+
+    def _resume_one(self, rec: JobRecord) -> int:
+        """Take back one job stored as ours (1), unless a newer owner published it (0). A copy
+        whose details do not decode is taken back from its record's columns and brought up to
+        the newest record the mesh believes of it (``OwnedJob.from_record``), so that a restart
+        heals it."""
+        job = OwnedJob.from_record(rec)
+        if job.repaired is not None:
+            self.job_errors["stored_copy_repaired"] += 1
+        doc = self.view.jobs.get(job.job_id)
+        newer = doc.get("owner") if doc is not None else None
+        if doc is not None and job_gen(doc) > job.gen and newer != self.node_id:
+            # Someone took over while we were away: we stay a replica, of that owner, so
+            # that our sweep takes the job over should it go too (the takeover brings the
+            # copy up to the newest record it believes).
+            if isinstance(newer, str) and newer:
+                self.store.put_job(dataclasses.replace(rec, owner=newer))
+            return 0
+        handover.adopt(self, job, why="resumed after restart")
+        return 1 if job.job_id in self.jobs else 0
 
     def republish_ended(self, keep_s: float, kept: int) -> int:
         """After a restart: publish again the ends of our jobs that the mesh may not have heard.
@@ -203,13 +215,14 @@ class Owner:
         ended.sort(key=lambda rec: rec.updated_at, reverse=True)
         sent = 0
         for rec in ended[:kept]:
-            job = OwnedJob.from_record(rec)
-            doc = self.view.jobs.get(job.job_id)
-            if doc is not None and job_gen(doc) >= job.gen:
-                continue
-            self.jobs[job.job_id] = job  # as before the restart: forgotten once retired
-            self._announce(job)
-            sent += 1
+            with one_job(self.job_errors, "republish", rec.job_id):
+                job = OwnedJob.from_record(rec)
+                doc = self.view.jobs.get(job.job_id)
+                if doc is not None and job_gen(doc) >= job.gen:
+                    continue
+                self.jobs[job.job_id] = job  # as before the restart: forgotten once retired
+                self._announce(job)
+                sent += 1
         return sent
 
     # -- publishing ------------------------------------------------------------------------------
@@ -530,10 +543,13 @@ class Owner:
                 async with asyncio.timeout(1.0):  # wait_for (3.11) loses a cancel racing a kick
                     await self._kick.wait()
             self._kick.clear()
+            errors = self.job_errors
             for missed, late_s in list(newly_missed(self.jobs.values(), time.time())):
-                self._missed_deadline(missed, late_s)
+                with one_job(errors, "deadline", missed.job_id):
+                    self._missed_deadline(missed, late_s)
             for grow in self.growth.due(self.jobs.values(), self.view, time.time()):
-                self._grow(grow)
+                with one_job(errors, "grow", grow.job_id):
+                    self._grow(grow)
             pending = sorted(
                 (j for j in self.jobs.values() if j.state == JobState.PENDING),
                 key=lambda j: (-j.spec.priority, j.spec.deadline or float("inf"), j.submitted_at),
@@ -543,10 +559,11 @@ class Owner:
                     continue
                 if not self.authority.may_own(job.job_id, self.node_id):
                     continue  # outranked (a partition healed): runners would refuse; handed over
-                if self.resizes.settling(job.job_id, self.view, time.monotonic()):
-                    continue  # requeued to grow: placed once the view shows its GPUs freed
-                self._placing.add(job.job_id)
-                self.spawn(self._place(job))
+                with one_job(errors, "place", job.job_id):
+                    if self.resizes.settling(job.job_id, self.view, time.monotonic()):
+                        continue  # requeued to grow: placed once the view shows its GPUs freed
+                    self._placing.add(job.job_id)
+                    self.spawn(self._place(job))
             now = time.monotonic()
             for job in list(self.jobs.values()):
                 if (
