@@ -81,6 +81,11 @@ from agent.wire.calls import (
     StopRequest,
 )
 
+CANCEL_WAIT_S = 10.0
+"""How long a cancel waits for the runners to confirm that the attempt stopped before it answers
+that the job has not stopped yet (below the 15 s an agent waits on a forwarded command)."""
+STOP_TRIES = 120
+"""How many times (a second apart, after a failure) an owner asks a runner to stop an attempt."""
 UNLISTED_CHECK_S = 15.0
 """How long a running job's runner may publish node records that do not list it before its
 owner asks the runner where the attempt stands (gossip brings a start within a few seconds)."""
@@ -122,6 +127,11 @@ class Owner:
         self.offers: Counter[str] = Counter()
         """Offers made to runners, by outcome (``shoal_placements_total``): started, declined,
         launch_failed, not_allowed, unanswered."""
+        self._cancelling: dict[str, asyncio.Task[list[str]]] = {}
+        """Cancelled jobs' stops on their runners (what a cancel waits for)."""
+        self._cancel_targets: dict[str, tuple[list[str], int]] = {}
+        self._stop_why: dict[str, str] = {}
+        """Why the last ask to stop a job's attempt failed, by job."""
         self.job_errors: Counter[str] = Counter()
         """Errors in one job's step of a loop over many, by step (``agent.eachjob``)."""
         self._handing: set[str] = set()
@@ -338,20 +348,69 @@ class Owner:
         return job
 
     async def cancel(self, job_id: str) -> dict[str, Any]:
+        """Cancel the job and answer once its attempt has stopped (each runner confirmed it,
+        or is gone), within :data:`CANCEL_WAIT_S`. Otherwise ``OwnerError`` says why: 504
+        while its runners are still being asked (the owner goes on asking, and a second
+        cancel waits again), 502 once asking gave up. An ended job answers at once."""
         job = self._owned(job_id)
-        if is_terminal(job.state):
-            return {"job_id": job_id, "state": job.state.value}
-        runner, attempt, was_live = job.runner, job.attempt, job.state in LIVE
-        self._move(job, JobEvent.CANCEL)
-        job.finished_at = time.time()
-        job.reason = "cancelled by an operator"
-        self._save(job)
-        self.events.add("cancelled", f"attempt {attempt}", job_id=job_id)
-        if was_live and job.members:
-            self.gangs.stop_all(job, attempt, "cancel")
-        elif was_live and runner is not None:
-            self.spawn(self._stop_until_done(job_id, runner, attempt, "cancel"))
+        stopping = self._cancelling.get(job_id)
+        if not is_terminal(job.state):
+            runners = [m.node for m in job.members] if job.members else [job.runner]
+            attempt, was_live = job.attempt, job.state in LIVE
+            self._move(job, JobEvent.CANCEL)
+            job.finished_at = time.time()
+            job.reason = "cancelled by an operator"
+            self._save(job)
+            self.events.add("cancelled", f"attempt {attempt}", job_id=job_id)
+            nodes = [n for n in runners if n is not None]
+            if was_live and nodes:
+                stopping = self._stop_cancelled(job_id, nodes, attempt)
+        elif stopping is not None and stopping.done() and stopping.result():
+            stopping = self._stop_cancelled(job_id, *self._cancel_targets[job_id])  # ask again
+        if stopping is not None:
+            try:
+                async with asyncio.timeout(CANCEL_WAIT_S):
+                    failed = await asyncio.shield(stopping)
+            except TimeoutError:
+                why = self._stop_why.get(job_id) or "still stopping"
+                raise OwnerError(
+                    504,
+                    f"job {job_id} is cancelled but has not stopped yet: its runner did not "
+                    f"confirm the stop within {CANCEL_WAIT_S:.0f} s ({why}); its owner keeps "
+                    "asking (cancel again to wait again)",
+                ) from None
+            if failed:
+                raise OwnerError(
+                    502,
+                    f"job {job_id} is cancelled but could not be stopped: "
+                    f"{'; '.join(failed)} (cancel again to ask again)",
+                )
         return {"job_id": job_id, "state": job.state.value}
+
+    def _stop_cancelled(
+        self, job_id: str, nodes: list[str], attempt: int
+    ) -> asyncio.Task[list[str]]:
+        """Stop a cancelled attempt on each of its runners; the task answers the runners that
+        did not confirm the stop, each with why."""
+
+        async def stop_all() -> list[str]:
+            answers = await asyncio.gather(
+                *(self._stop_until_done(job_id, n, attempt, "cancel") for n in nodes),
+                return_exceptions=True,
+            )
+            return [
+                f"{n[:8]}: {why if isinstance(why, str) else type(why).__name__}"
+                for n, why in zip(nodes, answers, strict=True)
+                if why is not None
+            ]
+
+        self._stop_why.pop(job_id, None)
+        self._cancel_targets[job_id] = (nodes, attempt)
+        task = asyncio.create_task(stop_all(), name=f"cancel-{job_id[:8]}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        self._cancelling[job_id] = task
+        return task
 
     async def migrate(self, job_id: str, target: str | None) -> dict[str, Any]:
         job = self._owned(job_id)
@@ -386,11 +445,15 @@ class Owner:
 
     # -- stopping on a runner --------------------------------------------------------------------
 
-    async def _stop_until_done(self, job_id: str, runner: str, attempt: int, cause: str) -> None:
-        """Ask the runner to stop (and fence) an attempt until it confirms or is gone."""
-        for _ in range(120):
+    async def _stop_until_done(
+        self, job_id: str, runner: str, attempt: int, cause: str
+    ) -> str | None:
+        """Ask the runner to stop (and fence) an attempt until it confirms or is gone (None);
+        why not, once it has asked :data:`STOP_TRIES` times."""
+        why = "no address for it"
+        for _ in range(STOP_TRIES):
             if runner not in self._live():
-                return  # its death is handled by member_gone
+                return None  # its death is handled by member_gone
             addr = self._addr_of(runner)
             if addr is not None:
                 try:
@@ -405,13 +468,16 @@ class Owner:
                     )
                 except PeerError as exc:
                     log.info("job %s: stop on %s: %s", job_id[:8], runner[:8], exc)
+                    why = " ".join(str(exc).split())[:200]
+                    self._stop_why[job_id] = f"{runner[:8]}: {why}"
                 else:
                     if answer.exit is not None:
                         self.report_answered(runner, answer.exit)
                     else:
                         self._confirmed_gone(job_id, runner, attempt, cause)
-                    return
+                    return None
             await asyncio.sleep(1.0)
+        return f"no confirmed stop after {STOP_TRIES} tries ({why})"
 
     def _confirmed_gone(self, job_id: str, runner: str, attempt: int, cause: str) -> None:
         """The runner says the attempt does not run (and will not start): requeue if live."""
@@ -526,6 +592,9 @@ class Owner:
             self.collector.forget(job_id)
             self._subs_published.discard(job_id)
             self._unlisted_since.pop(job_id, None)
+            self._cancelling.pop(job_id, None)
+            self._cancel_targets.pop(job_id, None)
+            self._stop_why.pop(job_id, None)
 
     def sweep(self) -> None:
         """Adopt or hand over every stored job whose owner is gone; re-replicate ours."""

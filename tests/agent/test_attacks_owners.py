@@ -13,17 +13,21 @@ from __future__ import annotations
 
 import base64
 import json
+import sqlite3
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agent.jobspec import new_job_id
+from agent.jobspec import Resources, new_job_id
 from agent.localmesh import AgentProcess
 from agent.ownership import rank
 from agent.wire.calls import AttemptResult
+from gossip.identity import load_identity
 from tests.agent.agents import Mesh, spec
 from tests.agent.test_attacks import SLEEPER, Intruder, by_id, job_out_of_reach, metric
 
@@ -163,3 +167,129 @@ def test_an_integer_out_of_range_is_refused_on_every_call_and_counted(
         assert intruder.call(victim, op, body) == 400, op
     assert _internal_400s(mesh, victim) == before + len(bodies)
     assert job_id not in {j["job_id"] for j in mesh.get(victim, "/v1/jobs")["jobs"]}
+
+
+def _cli_cancel(mesh: Mesh, a: AgentProcess, job_id: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agent.cli",
+            "cancel",
+            job_id,
+            "--agent",
+            a.address,
+            "--identity",
+            str(mesh.cluster_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_cancel_says_cancelled_only_once_the_job_has_stopped(mesh: Mesh) -> None:
+    job_id = new_job_id()
+    job = _submit(mesh, job_id, STUBBORN)
+    runner = by_id(mesh, job["runner"])
+    # Through an agent that is not the job's owner: the command is forwarded to the owner.
+    via = next(a for a in mesh.agents if a.node_id not in (job["owner"], job["runner"]))
+    running = metric(mesh, runner, "shoal_jobs_running_here")
+    started = time.monotonic()
+    first = _cli_cancel(mesh, via, job_id)
+    assert first.returncode != 0, first
+    assert "has not stopped yet" in first.stderr and "cancelled" not in first.stdout, first
+    assert time.monotonic() - started < STOP_GRACE_S  # it said so before the job was killed
+    assert metric(mesh, runner, "shoal_jobs_running_here") == running  # and it still runs
+    mesh.wait(
+        "the runner to stop it",
+        lambda: metric(mesh, runner, "shoal_jobs_running_here") == running - 1,
+        deadline_s=STOP_GRACE_S + 20,
+    )
+    second = _cli_cancel(mesh, via, job_id)
+    assert second.returncode == 0, second
+    assert second.stdout.strip() == f"{job_id}: cancelled", second
+
+
+def _corrupt_gen(a: AgentProcess, job_id: str, gen: int) -> None:
+    """Set the ``gen`` of the job's stored copy in agent ``a``'s store (stopped) to ``gen``: a
+    copy kept before integers on the wire were bounded."""
+    with sqlite3.connect(a.directory / "agent.sqlite") as db:
+        (detail,) = db.execute("SELECT detail FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+        db.execute(
+            "UPDATE jobs SET detail = ? WHERE job_id = ?",
+            (json.dumps({**json.loads(detail), "gen": gen}), job_id),
+        )
+    db.close()
+
+
+def test_an_owner_restart_heals_a_job_whose_stored_copy_is_bad(tmp_path: Path) -> None:
+    """Agent 0 owns three jobs that only agent 2 can run (its ROCm GPUs); the first one's
+    copy in agent 0's store holds a gen no counter can go past. Agent 0 restarts: every job is
+    its again, the first one cancels (and stops), and when agent 2 dies the member-gone sweep
+    requeues the other two."""
+    mesh = Mesh(tmp_path, ["h100:1", "h100:1", "mi300x:4"])
+    mesh.start_all()
+    try:
+        ids = [a.node_id for a in mesh.agents]
+        job_ids: list[str] = []
+        while len(job_ids) < 3:
+            job_id = new_job_id()
+            if rank(job_id, ids)[:2] == ids[:2]:
+                job_ids.append(job_id)
+        rocm = Resources(gpus_per_node=1, backends=("rocm",))
+        owner, runner = mesh.agents[0], mesh.agents[2]
+        for job_id in job_ids:
+            body = {"job_id": job_id, "spec": spec(SLEEPER, resources=rocm)}
+            assert mesh.command(owner, "submit", body)[0] == 200
+        mesh.wait(
+            "the three running on agent 2",
+            lambda: all(
+                (j := mesh.job(owner, job_id))["state"] == "running"
+                and j["runner"] == runner.node_id
+                for job_id in job_ids
+            ),
+        )
+        assert mesh.terminate(0) == 0
+        _corrupt_gen(owner, job_ids[0], 2**64 - 1)
+        mesh.start(0)
+        mesh.wait_converged()
+        mesh.wait(
+            "agent 0 owning the three again",
+            lambda: all(
+                (j := mesh.job(owner, job_id))["owner"] == owner.node_id and j["state"] == "running"
+                for job_id in job_ids
+            ),
+            deadline_s=60,
+        )
+        status, answer = mesh.command(owner, "cancel", {"job_id": job_ids[0]})
+        assert (status, answer.get("state")) == (200, "cancelled"), answer
+        mesh.wait(
+            "every agent to list it cancelled",
+            lambda: all(mesh.job(a, job_ids[0])["state"] == "cancelled" for a in mesh.agents),
+        )
+        assert metric(mesh, runner, "shoal_jobs_running_here") == 2
+        mesh.kill(2)
+        mesh.wait(
+            "the other two requeued by agent 0",
+            lambda: all(
+                (j := mesh.job(owner, job_id))["state"] == "pending" and j["owner"] == owner.node_id
+                for job_id in job_ids[1:]
+            ),
+            deadline_s=60,
+        )
+        # Its stored copy is whole again (the restart took it back, or its owner's copy
+        # replaced it), and nothing failed on the way.
+        peer = load_identity(mesh.agents[1].directory / "identity")
+        status, body = mesh.request(
+            owner,
+            "POST",
+            "/v1/internal/stored_job",
+            json.dumps({"job_id": job_ids[0]}).encode(),
+            identity=peer,
+        )
+        assert status == 200 and json.loads(body)["job"]["gen"] < 2**53, body
+        assert metric(mesh, owner, "shoal_job_step_errors_total", step="member_gone") == 0
+        assert "Traceback" not in owner.log_path.read_text()
+    finally:
+        mesh.stop_all()
