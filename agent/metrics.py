@@ -85,8 +85,9 @@ class _Snapshot:
             ),
             (
                 "job_step_errors",
-                "Errors in one job's step of a loop over many jobs (the others went on), and "
-                "stored copies whose details were left out (stored_copy_repaired)",
+                "Errors in one job's step of a loop over many jobs (the others went on), "
+                "stored copies whose details were left out (stored_copy_repaired), and stored "
+                "job rows that did not decode (unreadable_row)",
                 "step",
                 snap.get("job_step_errors", {}),
             ),
