@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent import handover
 from agent.authority import Submission
+from agent.cancelling import Cancels
 from agent.collecting import Collector
 from agent.context import AgentContext
 from agent.deadlines import missed_line, newly_missed
@@ -81,9 +82,6 @@ from agent.wire.calls import (
     StopRequest,
 )
 
-CANCEL_WAIT_S = 10.0
-"""How long a cancel waits for the runners to confirm that the attempt stopped before it answers
-that the job has not stopped yet (below the 15 s an agent waits on a forwarded command)."""
 STOP_TRIES = 120
 """How many times (a second apart, after a failure) an owner asks a runner to stop an attempt."""
 UNLISTED_CHECK_S = 15.0
@@ -127,10 +125,7 @@ class Owner:
         self.offers: Counter[str] = Counter()
         """Offers made to runners, by outcome (``shoal_placements_total``): started, declined,
         launch_failed, not_allowed, unanswered."""
-        self._cancelling: dict[str, asyncio.Task[list[str]]] = {}
-        """Cancelled jobs' stops on their runners (what a cancel waits for)."""
-        self._cancel_targets: dict[str, tuple[list[str], int]] = {}
-        self._stop_why: dict[str, str] = {}
+        self.stop_why: dict[str, str] = {}
         """Why the last ask to stop a job's attempt failed, by job."""
         self.job_errors: Counter[str] = Counter()
         """Errors in one job's step of a loop over many, by step (``agent.eachjob``)."""
@@ -143,6 +138,8 @@ class Owner:
         """Pulls and pushes the jobs' checkpoints (``agent.collecting``)."""
         self._started_at = time.time()
         """A copy stored before a restart is judged by what was heard since (the sweep)."""
+        self.cancels = Cancels(self)
+        """The cancels, which wait for the job to stop (``agent.cancelling``)."""
         self.gangs = Gangs(self)
         """The jobs on several nodes (``agent.gang``)."""
         self.resizes = Resizes(self.events)
@@ -348,69 +345,8 @@ class Owner:
         return job
 
     async def cancel(self, job_id: str) -> dict[str, Any]:
-        """Cancel the job and answer once its attempt has stopped (each runner confirmed it,
-        or is gone), within :data:`CANCEL_WAIT_S`. Otherwise ``OwnerError`` says why: 504
-        while its runners are still being asked (the owner goes on asking, and a second
-        cancel waits again), 502 once asking gave up. An ended job answers at once."""
-        job = self._owned(job_id)
-        stopping = self._cancelling.get(job_id)
-        if not is_terminal(job.state):
-            runners = [m.node for m in job.members] if job.members else [job.runner]
-            attempt, was_live = job.attempt, job.state in LIVE
-            self._move(job, JobEvent.CANCEL)
-            job.finished_at = time.time()
-            job.reason = "cancelled by an operator"
-            self._save(job)
-            self.events.add("cancelled", f"attempt {attempt}", job_id=job_id)
-            nodes = [n for n in runners if n is not None]
-            if was_live and nodes:
-                stopping = self._stop_cancelled(job_id, nodes, attempt)
-        elif stopping is not None and stopping.done() and stopping.result():
-            stopping = self._stop_cancelled(job_id, *self._cancel_targets[job_id])  # ask again
-        if stopping is not None:
-            try:
-                async with asyncio.timeout(CANCEL_WAIT_S):
-                    failed = await asyncio.shield(stopping)
-            except TimeoutError:
-                why = self._stop_why.get(job_id) or "still stopping"
-                raise OwnerError(
-                    504,
-                    f"job {job_id} is cancelled but has not stopped yet: its runner did not "
-                    f"confirm the stop within {CANCEL_WAIT_S:.0f} s ({why}); its owner keeps "
-                    "asking (cancel again to wait again)",
-                ) from None
-            if failed:
-                raise OwnerError(
-                    502,
-                    f"job {job_id} is cancelled but could not be stopped: "
-                    f"{'; '.join(failed)} (cancel again to ask again)",
-                )
-        return {"job_id": job_id, "state": job.state.value}
-
-    def _stop_cancelled(
-        self, job_id: str, nodes: list[str], attempt: int
-    ) -> asyncio.Task[list[str]]:
-        """Stop a cancelled attempt on each of its runners; the task answers the runners that
-        did not confirm the stop, each with why."""
-
-        async def stop_all() -> list[str]:
-            answers = await asyncio.gather(
-                *(self._stop_until_done(job_id, n, attempt, "cancel") for n in nodes),
-                return_exceptions=True,
-            )
-            return [
-                f"{n[:8]}: {why if isinstance(why, str) else type(why).__name__}"
-                for n, why in zip(nodes, answers, strict=True)
-                if why is not None
-            ]
-
-        self._stop_why.pop(job_id, None)
-        self._cancel_targets[job_id] = (nodes, attempt)
-        task = asyncio.create_task(stop_all(), name=f"cancel-{job_id[:8]}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        self._cancelling[job_id] = task
-        return task
+        """Cancel the job; answered once it has stopped (``agent.cancelling``)."""
+        return await self.cancels.cancel(job_id)
 
     async def migrate(self, job_id: str, target: str | None) -> dict[str, Any]:
         job = self._owned(job_id)
@@ -469,7 +405,7 @@ class Owner:
                 except PeerError as exc:
                     log.info("job %s: stop on %s: %s", job_id[:8], runner[:8], exc)
                     why = " ".join(str(exc).split())[:200]
-                    self._stop_why[job_id] = f"{runner[:8]}: {why}"
+                    self.stop_why[job_id] = f"{runner[:8]}: {why}"
                 else:
                     if answer.exit is not None:
                         self.report_answered(runner, answer.exit)
@@ -592,9 +528,8 @@ class Owner:
             self.collector.forget(job_id)
             self._subs_published.discard(job_id)
             self._unlisted_since.pop(job_id, None)
-            self._cancelling.pop(job_id, None)
-            self._cancel_targets.pop(job_id, None)
-            self._stop_why.pop(job_id, None)
+            self.cancels.forget(job_id)
+            self.stop_why.pop(job_id, None)
 
     def sweep(self) -> None:
         """Adopt or hand over every stored job whose owner is gone; re-replicate ours."""
