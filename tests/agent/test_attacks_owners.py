@@ -169,6 +169,24 @@ def test_an_integer_out_of_range_is_refused_on_every_call_and_counted(
     assert job_id not in {j["job_id"] for j in mesh.get(victim, "/v1/jobs")["jobs"]}
 
 
+def test_an_operators_command_with_an_integer_out_of_range_is_refused_and_counted(
+    mesh: Mesh,
+) -> None:
+    node = mesh.agents[2]
+    body = {"node": node.node_id, "grace_s": 10**400}  # no float holds it
+    before = metric(mesh, node, "shoal_commands_rejected_total", reason="bad_body")
+    status = 0
+    try:
+        status, answer = mesh.command(node, "drain", body)
+        assert status == 400 and "grace_s" in answer["error"], answer
+    finally:
+        if status == 200:
+            mesh.command(node, "undrain", {"node": node.node_id})
+    assert metric(mesh, node, "shoal_commands_rejected_total", reason="bad_body") == before + 1
+    nodes = {n["node_id"]: n for n in mesh.get(node, "/v1/nodes")["nodes"]}
+    assert nodes[node.node_id]["drain"] == "schedulable"
+
+
 def _cli_cancel(mesh: Mesh, a: AgentProcess, job_id: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
