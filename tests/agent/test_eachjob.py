@@ -1,5 +1,6 @@
-"""One job's failure stops no loop over many: the owner's loops, on its real store, with runners
-on loopback (the fixture of ``tests/agent/test_owner.py``).
+"""One job's failure stops no loop over many, and a restart heals a job whose stored copy is bad:
+the owner's loops, on its real store, with runners on loopback (the fixture of
+``tests/agent/test_owner.py``).
 
 The failing job is one whose record no longer fits one gossip record (a signal name of 5,000
 characters: ``gossip_payload`` refuses it), so every save of it raises where it is published.
@@ -57,4 +58,34 @@ async def test_a_resume_goes_on_past_a_job_that_fails(fx: Fixture) -> None:
     for job_id in job_ids[1:]:
         assert after.jobs[job_id].state == JobState.PENDING
     assert after.job_errors == {"resume": 1}
+    await after.close()
+
+
+async def test_a_restart_takes_back_a_job_whose_stored_gen_is_past_any_counter(
+    fx: Fixture,
+) -> None:
+    """A copy kept before integers on the wire were bounded: ``gen = 2**64 - 1``. The owner,
+    restarted, takes it back from its record at the gen the mesh believes, and counts it."""
+    fx.runners.clear()  # nothing fits: the job waits
+    heard: list[tuple[str, bytes]] = []
+    before = fx.owner(publish=lambda kind, payload: heard.append((kind, payload)))
+    job_id = new_job_id()
+    await before.submit(fx.submission(job_id))
+    await before.close()
+    for kind, payload in heard:  # the mesh heard of it
+        fx.view.apply(fx.me, kind, payload, 0.0)
+    believed = fx.view.jobs[job_id]["gen"]
+    rec = fx.store.get_job(job_id)
+    assert rec is not None
+    fx.store.put_job(dataclasses.replace(rec, detail={**rec.detail, "gen": 2**64 - 1}))
+    heard.clear()
+    after = fx.owner(publish=lambda kind, payload: heard.append((kind, payload)))
+    assert after.resume() == 1
+    job = after.jobs[job_id]
+    assert job.state == JobState.PENDING and job.gen == believed + 1
+    assert after.job_errors == {"stored_copy_repaired": 1}
+    for kind, payload in heard:  # what it publishes now is believed again
+        fx.view.apply(fx.me, kind, payload, 0.0)
+    assert fx.view.jobs[job_id]["gen"] == believed + 1
+    assert await after.cancel(job_id) == {"job_id": job_id, "state": "cancelled"}
     await after.close()
