@@ -311,3 +311,43 @@ def test_an_owner_restart_heals_a_job_whose_stored_copy_is_bad(tmp_path: Path) -
         assert "Traceback" not in owner.log_path.read_text()
     finally:
         mesh.stop_all()
+
+
+def test_the_attack_end_to_end_leaves_the_job_cancellable_once_the_member_leaves(
+    tmp_path: Path,
+) -> None:
+    """The attack as it was made: the member's copies to both owners, then it leaves. Every
+    copy is refused, the member-gone sweep runs clean, and a cancel through an agent that is
+    not the owner says "cancelled" once the job has stopped."""
+    mesh = Mesh(tmp_path, ["h100:1", "mi300x:1", "h100:1", "h100:1"])
+    mesh.start_all()
+    try:
+        intruder = Intruder(mesh, 3)
+        job_id = job_out_of_reach(mesh, intruder)
+        rocm = Resources(gpus_per_node=1, backends=("rocm",))  # it runs on agent 1 alone
+        body = {"job_id": job_id, "spec": spec(SLEEPER, resources=rocm)}
+        assert mesh.command(mesh.agents[0], "submit", body)[0] == 200
+        mesh.wait("it runs", lambda: mesh.job(mesh.agents[0], job_id)["state"] == "running")
+        job = mesh.job(mesh.agents[0], job_id)
+        owners = [by_id(mesh, n) for n in rank(job_id, [a.node_id for a in mesh.agents])[:2]]
+        runner = by_id(mesh, job["runner"])
+        running = metric(mesh, runner, "shoal_jobs_running_here")
+        for a in owners:
+            assert intruder.call(a, "replicate", _transfer(mesh, job, gen=2**64 - 1)) == 400
+            lie = _transfer(mesh, job, owner=intruder.node_id, gen=2**53 - 1)
+            assert intruder.call(a, "replicate", lie) == 403
+        assert mesh.terminate(3) == 0  # the member leaves
+        others = mesh.agents[:3]
+        mesh.wait(
+            "every agent to see it gone",
+            lambda: all(mesh.get(a, "/healthz")["members"] == 3 for a in others),
+        )
+        via = next(a for a in others if a.node_id != job["owner"])
+        done = _cli_cancel(mesh, via, job_id)
+        assert (done.returncode, done.stdout.strip()) == (0, f"{job_id}: cancelled"), done
+        assert metric(mesh, runner, "shoal_jobs_running_here") == running - 1
+        for a in others:
+            assert metric(mesh, a, "shoal_job_step_errors_total", step="member_gone") == 0
+            assert "Traceback" not in a.log_path.read_text(), a.index
+    finally:
+        mesh.stop_all()
