@@ -124,8 +124,6 @@ def _take_over_copy(o: HandoverOwner, rec: JobRecord, live: list[str]) -> None:
     """A stored copy of a job whose owner is not live: adopted, or handed to the first of its
     order, once that owner is gone rather than not heard of yet."""
     copy = OwnedJob.from_record(rec)
-    if copy.repaired is not None:
-        o.job_errors["stored_copy_repaired"] += 1
     doc = o.view.jobs.get(rec.job_id)
     if doc is not None:
         if doc.get("owner") in live and doc.get("owner") != o.node_id and job_gen(doc) >= copy.gen:
@@ -141,6 +139,8 @@ def _take_over_copy(o: HandoverOwner, rec: JobRecord, live: list[str]) -> None:
     ):
         return  # not heard of yet rather than gone: it, or we, may have just joined
     new_owner = next(iter(rank(rec.job_id, live)), None)
+    if new_owner is not None:
+        copy.note_repaired(o.job_errors)
     if new_owner == o.node_id:
         adopt(o, copy, why=f"owner {rec.owner[:8]} is gone")
     elif new_owner is not None:
@@ -265,8 +265,7 @@ def adopt_wire(o: HandoverOwner, body: dict[str, Any], caller: str) -> dict[str,
     held = o.store.get_job(job.job_id)
     if held is not None:
         mine = OwnedJob.from_record(held)  # a copy whose details are left out is at gen 0
-        if mine.repaired is not None:
-            o.job_errors["stored_copy_repaired"] += 1
+        mine.note_repaired(o.job_errors)
         if mine.gen > job.gen:
             job = mine
     if is_terminal(job.state):  # nothing to do but say how it ended, as its owner now

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +69,12 @@ class OwnedJob:
     repaired: str | None = None
     """Why its stored details were left out when it was loaded (:meth:`from_record`)."""
 
+    def note_repaired(self, errors: Counter[str]) -> None:
+        """Log and count (``stored_copy_repaired``) that its stored details were left out."""
+        if self.repaired is not None:
+            errors["stored_copy_repaired"] += 1
+            log.warning("job %s: stored details left out: %s", self.job_id[:8], self.repaired)
+
     @property
     def deadline(self) -> float | None:
         return self.spec.deadline
@@ -120,9 +127,8 @@ class OwnedJob:
         repaired = None
         try:
             d = OwnerDetail.from_wire(rec.detail)
-        except WireError as exc:
+        except WireError as exc:  # said by the caller that acts on it, once
             d, repaired = OwnerDetail(), str(exc)
-            log.warning("job %s: stored details left out: %s", rec.job_id[:8], exc)
         return cls(
             job_id=rec.job_id,
             spec=rec.spec,

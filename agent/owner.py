@@ -190,8 +190,7 @@ class Owner:
         the newest record the mesh believes of it (``OwnedJob.from_record``), so that a restart
         heals it."""
         job = OwnedJob.from_record(rec)
-        if job.repaired is not None:
-            self.job_errors["stored_copy_repaired"] += 1
+        job.note_repaired(self.job_errors)
         doc = self.view.jobs.get(job.job_id)
         newer = doc.get("owner") if doc is not None else None
         if doc is not None and job_gen(doc) > job.gen and newer != self.node_id:
