@@ -27,7 +27,7 @@ from agent.ownership import owner_of
 from agent.parsing import json_loads
 from agent.peers import PeerUnreachable
 from agent.runner import Runner
-from agent.wire.codec import ENVELOPE_CONTENT_TYPE
+from agent.wire.codec import ENVELOPE_CONTENT_TYPE, opt_number
 from gossip import envelope, revocation
 from gossip.certtrust import CertTrust
 from gossip.node import GossipNode
@@ -201,8 +201,8 @@ class Commands:
             if node not in self._mesh.live_agents():
                 return 404, {"error": f"no live agent {node}"}
             return await self._forward(node, data)
-        grace = body.get("grace_s")
-        if grace is not None and (not isinstance(grace, int | float) or grace < 0):
+        grace = opt_number(body.get("grace_s"), "grace_s")  # bounded, as any wire number
+        if grace is not None and grace < 0:
             raise ValueError("grace_s must be a non-negative number")
         state = self._runner.command(kind, grace, self._config.drain_grace_s)
         self._owner.kick()

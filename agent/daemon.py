@@ -42,6 +42,7 @@ from agent.config import AgentConfig
 from agent.context import AgentContext
 from agent.datasets import DatasetScanner
 from agent.devices import HostDevices
+from agent.eachjob import one_job
 from agent.events import EventLog
 from agent.executor import ExecutorConfig, ProcessExecutor
 from agent.mesh import GossipMesh
@@ -286,8 +287,9 @@ class Agent:
                 self.owner.kick()
             return
         self.mesh.changed.set()  # a membership event: wake the /healthz watches
-        for job_id in self.view.membership_changed():
-            self.runner.on_job_record(job_id)
+        for job_id in self.view.membership_changed():  # one job's error stops neither the
+            with one_job(self.owner.job_errors, "fence", job_id):  # others nor member_gone
+                self.runner.on_job_record(job_id)
         if isinstance(event, MemberDead | MemberLeft) and event.node != self.node_id:
             how = "dead" if isinstance(event, MemberDead) else "left"
             self.events.add("member_" + how, f"{event.node[:8]} is {how}")
@@ -323,7 +325,8 @@ class Agent:
             self.publisher.tick(now)
             if now - swept >= SWEEP_S:
                 swept = now
-                self.owner.sweep()
+                with one_job(self.owner.job_errors, "sweep_all", "(every job)"):
+                    self.owner.sweep()  # an error here must not end publishing
             if now - retired >= retiring.RETIRE_EVERY_S:
                 retired = now
                 self._retire_ended()
@@ -433,6 +436,10 @@ class Agent:
             "placements": self.owner.offers,
             "deadline_misses": self.owner.deadline_misses,
             "disk_stops": self.disk_stops,
+            "job_step_errors": {
+                **self.owner.job_errors,
+                "unreadable_row": self.store.unreadable_jobs,
+            },
             "preemptions": self.runner.preemptions.counts,
             "gang_holds": self.runner.holds.counts,
             "checkpoint": self.checkpoints.counts,

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from typing import TYPE_CHECKING, Any, Protocol
 
+from agent.eachjob import one_job
 from agent.jobstate import (
     LIVE,
     TERMINAL_JOB_STATES,
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
     from agent.ckptmove import Checkpoints
     from agent.collecting import Collector
     from agent.gang import Gangs
-    from agent.store import Store
+    from agent.store import JobRecord, Store
     from agent.wire.calls import AttemptResult
 
 log = logging.getLogger("shoal.owner")
@@ -67,6 +69,7 @@ class HandoverOwner(OwnerSteps, Protocol):
     _placing: set[str]
     _replicated_to: dict[str, str]
     _started_at: float
+    job_errors: Counter[str]
 
     def kick(self) -> None: ...
     def report_answered(self, runner: str, r: AttemptResult) -> None: ...
@@ -76,59 +79,72 @@ class HandoverOwner(OwnerSteps, Protocol):
 
 
 def member_gone(o: HandoverOwner, node: str) -> None:
-    """A node died or left: requeue what ran there; take over what it owned."""
+    """A node died or left: requeue what ran there; take over what it owned. One job that
+    fails to (``agent.eachjob``) stops none of the others."""
     for job in list(o.jobs.values()):
         if job.job_id in o._handing:
             continue  # its next owner checks where it runs; if it stays, _give does
-        if job.members and any(m.node == node for m in job.members):
-            o.gangs.member_gone(job, node)
-        elif job.runner == node and job.state in LIVE:
-            o._move(job, JobEvent.RUNNER_DEAD)
-            job.attempt_ended(job.attempt, "lost", None, time.time())
-            o.events.add("lost", f"runner {node[:8]} is gone", job_id=job.job_id)
-            o._requeue(job, f"runner {node[:8]} is gone; attempt {job.attempt} lost")
+        with one_job(o.job_errors, "member_gone", job.job_id):
+            _runner_gone(o, job, node)
     sweep(o)
 
 
+def _runner_gone(o: HandoverOwner, job: OwnedJob, node: str) -> None:
+    if job.members and any(m.node == node for m in job.members):
+        o.gangs.member_gone(job, node)
+    elif job.runner == node and job.state in LIVE:
+        o._move(job, JobEvent.RUNNER_DEAD)
+        job.attempt_ended(job.attempt, "lost", None, time.time())
+        o.events.add("lost", f"runner {node[:8]} is gone", job_id=job.job_id)
+        o._requeue(job, f"runner {node[:8]} is gone; attempt {job.attempt} lost")
+
+
 def sweep(o: HandoverOwner) -> None:
-    """Adopt or hand over every stored job whose owner is gone; re-replicate ours."""
+    """Adopt or hand over every stored job whose owner is gone; re-replicate ours. Each job's
+    step stands alone (``agent.eachjob``): one that fails is logged and counted, and the sweep
+    goes on with the others."""
     live = o._live()
     live_set = set(live)
     for rec in o.store.jobs(states=UNENDED_JOB_STATES):
         if rec.owner in live_set or rec.job_id in o.jobs:
             continue
-        copy = OwnedJob.from_record(rec)
-        doc = o.view.jobs.get(rec.job_id)
-        if doc is not None:
-            if (
-                doc.get("owner") in live_set
-                and doc.get("owner") != o.node_id
-                and job_gen(doc) >= copy.gen
-            ):
-                # Someone already took it over. Not a record older than this copy: that is a
-                # live agent's from before it was away (its restart left the job to the owner
-                # it found then, now gone too), and nobody would take the job over.
-                continue
-            if doc.get("state") in TERMINAL_JOB_STATES:
-                continue
-        if (
-            not o._is_gone(rec.owner)
-            and time.time() - max(rec.updated_at, o._started_at) < UNHEARD_OWNER_GRACE_S
-        ):
-            continue  # not heard of yet rather than gone: it, or we, may have just joined
-        new_owner = next(iter(rank(rec.job_id, live)), None)
-        if new_owner == o.node_id:
-            adopt(o, copy, why=f"owner {rec.owner[:8]} is gone")
-        elif new_owner is not None:
-            o.spawn(hand_over(o, new_owner, copy))
+        with one_job(o.job_errors, "sweep", rec.job_id):
+            _take_over_copy(o, rec, live)
     _hand_over_outranked(o, live)
-    for job in o.jobs.values():
+    for job in list(o.jobs.values()):
         if is_terminal(job.state):
             continue
         want = replica_of(job.job_id, live, o.node_id)
         if want is not None and o._replicated_to.get(job.job_id) != want:
             o._replicated_to[job.job_id] = want
             o.spawn(o._replicate_quietly(job))
+
+
+def _take_over_copy(o: HandoverOwner, rec: JobRecord, live: list[str]) -> None:
+    """A stored copy of a job whose owner is not live: adopted, or handed to the first of its
+    order, once that owner is gone rather than not heard of yet."""
+    copy = OwnedJob.from_record(rec)
+    doc = o.view.jobs.get(rec.job_id)
+    if doc is not None:
+        if doc.get("owner") in live and doc.get("owner") != o.node_id and job_gen(doc) >= copy.gen:
+            # Someone already took it over. Not a record older than this copy: that is a
+            # live agent's from before it was away (its restart left the job to the owner
+            # it found then, now gone too), and nobody would take the job over.
+            return
+        if doc.get("state") in TERMINAL_JOB_STATES:
+            return
+    if (
+        not o._is_gone(rec.owner)
+        and time.time() - max(rec.updated_at, o._started_at) < UNHEARD_OWNER_GRACE_S
+    ):
+        return  # not heard of yet rather than gone: it, or we, may have just joined
+    new_owner = next(iter(rank(rec.job_id, live)), None)
+    if new_owner is not None:
+        copy.note_repaired(o.job_errors)
+    if new_owner == o.node_id:
+        adopt(o, copy, why=f"owner {rec.owner[:8]} is gone")
+    elif new_owner is not None:
+        o.spawn(hand_over(o, new_owner, copy))
 
 
 async def hand_over(o: HandoverOwner, node: str, job: OwnedJob) -> bool:
@@ -156,12 +172,13 @@ def _hand_over_outranked(o: HandoverOwner, live: list[str]) -> None:
             continue
         if job.state not in (JobState.PENDING, JobState.RUNNING) and not is_terminal(job.state):
             continue
-        first = next(iter(rank(job.job_id, live)), o.node_id)
-        if first == o.node_id or _let_go_if_superseded(o, job, live):
-            continue
-        if o.authority.live_for_s(first) >= HANDOVER_SETTLE_S:
-            o._handing.add(job.job_id)
-            o.spawn(_give(o, job, first))
+        with one_job(o.job_errors, "hand_over", job.job_id):
+            first = next(iter(rank(job.job_id, live)), o.node_id)
+            if first == o.node_id or _let_go_if_superseded(o, job, live):
+                continue
+            if o.authority.live_for_s(first) >= HANDOVER_SETTLE_S:
+                o._handing.add(job.job_id)
+                o.spawn(_give(o, job, first))
 
 
 def _let_go_if_superseded(o: HandoverOwner, job: OwnedJob, live: list[str]) -> bool:
@@ -248,7 +265,8 @@ def adopt_wire(o: HandoverOwner, body: dict[str, Any], caller: str) -> dict[str,
         return {"ok": True}
     held = o.store.get_job(job.job_id)
     if held is not None:
-        mine = OwnedJob.from_record(held)
+        mine = OwnedJob.from_record(held)  # a copy whose details are left out is at gen 0
+        mine.note_repaired(o.job_errors)
         if mine.gen > job.gen:
             job = mine
     if is_terminal(job.state):  # nothing to do but say how it ended, as its owner now

@@ -30,6 +30,7 @@ from typing import Any, Final, Literal, cast, get_args
 
 from agent.envnames import env_name_problem, reserved_env
 from agent.parsing import toml_loads
+from agent.wire.codec import integer as wire_integer
 from agent.wire.place import dataset_name_problem
 
 JobKind = Literal["training", "inference", "batch"]
@@ -523,9 +524,10 @@ def _deadline(r: _Reader, *, human: bool, now: float | None) -> float | None:
 
 def _size_field(text: str, name: str) -> int:
     try:
-        return parse_size(text)
+        size = parse_size(text)
     except ValueError as exc:
         raise ValueError(f"{name}: {exc}") from None
+    return wire_integer(size, name)
 
 
 def _duration_field(text: str, name: str) -> float:
@@ -652,9 +654,7 @@ class _Reader:
         return ValueError(f"{self.name(key)}: expected {what}, got {type(value).__name__}")
 
     def int_(self, key: str, default: int, *, least: int | None = 0) -> int:
-        value = self.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self._type_error(key, "an integer", value)
+        value = wire_integer(self.get(key, default), self.name(key))
         if least is not None and value < least:
             word = "negative" if least == 0 else f"less than {least}"
             raise ValueError(f"{self.name(key)}: must not be {word}")
@@ -664,9 +664,7 @@ class _Reader:
         value = self.get(key)
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self._type_error(key, "an integer", value)
-        return value
+        return wire_integer(value, self.name(key))
 
     def opt_size(self, key: str, *, human: bool) -> int | None:
         """Bytes; ``human`` also takes a size string (``"40GiB"``)."""

@@ -18,8 +18,10 @@ whose deadline passed before they ended
 restarted with fewer GPUs for another, ``refused``: a preempting offer refused:
 ``shoal_preemptions_total``), and checkpoint transfers by what happened (``pulled``,
 ``pushed``, ``resumed``, ``failed``, ``refused``, ``refused_not_owner``:
-``shoal_checkpoint_total``), and entries of the datasets folder refused, by reason (``name``,
-``link_out``: ``shoal_datasets_refused_total``, ``agent.datasets``).
+``shoal_checkpoint_total``), entries of the datasets folder refused, by reason (``name``,
+``link_out``: ``shoal_datasets_refused_total``, ``agent.datasets``), and errors in one job's
+step of a loop over many, by step, the loop having gone on (``shoal_job_step_errors_total``,
+``agent.eachjob``).
 
 The counters are plain ``collections.Counter`` objects and everything is turned into Prometheus
 families at scrape time, so ``prometheus_client`` (and the HTTP server modules it brings, ~1 MB
@@ -95,6 +97,14 @@ class _Snapshot:
                 " link out of the folder), each counted once",
                 "reason",
                 snap.get("datasets_refused", {}),
+            ),
+            (
+                "job_step_errors",
+                "Errors in one job's step of a loop over many jobs (the others went on), "
+                "stored copies whose details were left out (stored_copy_repaired), and stored "
+                "job rows that did not decode (unreadable_row)",
+                "step",
+                snap.get("job_step_errors", {}),
             ),
             (
                 "records_refused",

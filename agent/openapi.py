@@ -208,7 +208,9 @@ _REASONS: Final = {
     415: "wrong content type",
     429: "rate limited (per peer; Retry-After)",
     500: "the handler failed (a defect: the log says which)",
+    502: "a cancel recorded whose runner could not be made to stop the job (the error says why)",
     503: "no agent could answer for it",
+    504: "a cancel recorded whose runner has not confirmed the stop yet (its owner keeps asking)",
     507: "the agent's data folder is full: nothing of the request was kept",
 }
 
@@ -288,7 +290,10 @@ def _command(summary: str) -> dict[str, Any]:
         "post": {
             "summary": summary,
             "requestBody": _SEALED_BODY,
-            "responses": {"200": _ANSWER, **_answers(None, 400, 404, 409, 415, 503, 507)},
+            "responses": {
+                "200": _ANSWER,
+                **_answers(None, 400, 404, 409, 415, 502, 503, 504, 507),
+            },
         }
     }
 

@@ -23,6 +23,7 @@ from agent.errors import UserError
 from agent.failover import first_answering
 from agent.fleet import fleet_path, load_fleet
 from agent.following import until_interrupted
+from agent.jobstate import TERMINAL_JOB_STATES
 from agent.ops_args import AGENT_ENV
 from agent.paths import default_cluster_dir
 from agent.resolve import NODE_ID_RE, check_migration_target, pick_job, pick_node
@@ -172,7 +173,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         return await client.cancel(str(job["job_id"]))
 
     answer = run_with_client(args, call)
-    return _show(args, answer, f"{answer.get('job_id')}: {answer.get('state', '?')}")
+    state = answer.get("state")
+    if state not in {s.value for s in TERMINAL_JOB_STATES}:  # the agent answers once it stopped
+        raise UserError(f"{answer.get('job_id')}: not cancelled: the job is {state or 'unknown'}")
+    return _show(args, answer, f"{answer.get('job_id')}: {state}")
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:

@@ -9,7 +9,9 @@ verified, never one in the body (``agent.authority``).
 
 from __future__ import annotations
 
+import logging
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +22,8 @@ from agent.store import JobRecord, Store
 from agent.wire.calls import JobTransfer, OwnerDetail
 from agent.wire.codec import MAX_RECORD_BYTES, WireError
 from agent.wire.records import AttemptEntry, GangMember, JobStatus
+
+log = logging.getLogger("shoal.owner")
 
 ATTEMPTS_KEPT = 20
 
@@ -62,6 +66,14 @@ class OwnedJob:
     extra: dict[str, Any] = field(default_factory=dict)
     deadline_missed_s: float | None = None
     """How late it was when this or an earlier owner said it missed its deadline."""
+    repaired: str | None = None
+    """Why its stored details were left out when it was loaded (:meth:`from_record`)."""
+
+    def note_repaired(self, errors: Counter[str]) -> None:
+        """Log and count (``stored_copy_repaired``) that its stored details were left out."""
+        if self.repaired is not None:
+            errors["stored_copy_repaired"] += 1
+            log.warning("job %s: stored details left out: %s", self.job_id[:8], self.repaired)
 
     @property
     def deadline(self) -> float | None:
@@ -108,7 +120,15 @@ class OwnedJob:
 
     @classmethod
     def from_record(cls, rec: JobRecord) -> OwnedJob:
-        d = OwnerDetail.from_wire(rec.detail)
+        """The job as stored. Details that do not decode (a copy written before integers on
+        the wire were bounded, say, with a ``gen`` no counter can go past) are left out, said
+        in :attr:`repaired`: the job goes on from its record's columns at ``gen`` 0, and its
+        owner brings it up to the newest record the mesh believes (:meth:`merge_gossip`)."""
+        repaired = None
+        try:
+            d = OwnerDetail.from_wire(rec.detail)
+        except WireError as exc:  # said by the caller that acts on it, once
+            d, repaired = OwnerDetail(), str(exc)
         return cls(
             job_id=rec.job_id,
             spec=rec.spec,
@@ -132,6 +152,7 @@ class OwnedJob:
             submission=rec.submission,
             members=d.members,
             deadline_missed_s=d.deadline_missed_s,
+            repaired=repaired,
         )
 
     def merge_gossip(self, doc: dict[str, Any]) -> None:
@@ -248,19 +269,27 @@ def job_from_wire(body: dict[str, Any], authority: Authority) -> OwnedJob:
 
 def store_replica(store: Store, body: dict[str, Any], caller: str, authority: Authority) -> None:
     """Keep a copy sent by the job's owner, unless we already hold a newer version. Refused
-    (``OwnerError`` 403) unless the caller says it is the owner and either it may act as one
-    here, or this agent is itself among the job's owners here (the copy is this agent's to keep
-    anyway: while a mesh forms, the owner may not rank where this agent's view puts it)."""
+    (``OwnerError`` 403) unless the caller names itself as the owner and is one here: among the
+    first :data:`~agent.authority.OWNER_WINDOW` of the job's order, as this agent sees the mesh.
+    That this agent is an owner itself gives the caller nothing: a member outside the window
+    could otherwise leave any copy it likes (an owner of its choosing, a ``gen`` above every
+    record) with both of the job's owners."""
     job = job_from_wire(body, authority)
-    rightful = authority.may_own(job.job_id, caller) or authority.may_own(
-        job.job_id, authority.node_id
-    )
-    if job.owner != caller or not rightful:
+    if job.owner != caller or not authority.may_own(job.job_id, caller):
         raise OwnerError(403, f"{caller[:8]} may not replicate job {job.job_id}")
     held = store.get_job(job.job_id)
-    if held is not None and OwnerDetail.from_wire(held.detail).gen > job.gen:
+    if held is not None and held_gen(held) > job.gen:
         return
     store.put_job(job.record())
+
+
+def held_gen(rec: JobRecord) -> int:
+    """The ``gen`` of a stored copy; -1 for a copy whose details do not decode (any other
+    copy is newer)."""
+    try:
+        return OwnerDetail.from_wire(rec.detail).gen
+    except WireError:
+        return -1
 
 
 def stored_job(store: Store, job_id: str) -> dict[str, Any] | None:

@@ -44,9 +44,11 @@ from typing import TYPE_CHECKING, Any
 
 from agent import handover
 from agent.authority import Submission
+from agent.cancelling import Cancels
 from agent.collecting import Collector
 from agent.context import AgentContext
 from agent.deadlines import missed_line, newly_missed
+from agent.eachjob import one_job
 from agent.elastic import Grow, Growth, Resizes, shrink_reason
 from agent.gang import Gangs
 from agent.handover import HANDOVER_SETTLE_S as HANDOVER_SETTLE_S
@@ -71,7 +73,7 @@ from agent.placing import MAX_LAUNCH_FAILURES as MAX_LAUNCH_FAILURES
 from agent.placing import RESTORE_TIMEOUT_S as RESTORE_TIMEOUT_S
 from agent.placing import candidates_for, place_once, reserve
 from agent.preempting import host_name, stopped_reason
-from agent.store import StoreFull
+from agent.store import JobRecord, StoreFull
 from agent.view import JOB_PREFIX, SUB_PREFIX, job_gen
 from agent.wire.calls import (
     AttemptResult,
@@ -80,6 +82,8 @@ from agent.wire.calls import (
     StopRequest,
 )
 
+STOP_TRIES = 120
+"""How many times (a second apart, after a failure) an owner asks a runner to stop an attempt."""
 UNLISTED_CHECK_S = 15.0
 """How long a running job's runner may publish node records that do not list it before its
 owner asks the runner where the attempt stands (gossip brings a start within a few seconds)."""
@@ -121,6 +125,10 @@ class Owner:
         self.offers: Counter[str] = Counter()
         """Offers made to runners, by outcome (``shoal_placements_total``): started, declined,
         launch_failed, not_allowed, unanswered."""
+        self.stop_why: dict[str, str] = {}
+        """Why the last ask to stop a job's attempt failed, by job."""
+        self.job_errors: Counter[str] = Counter()
+        """Errors in one job's step of a loop over many, by step (``agent.eachjob``)."""
         self._handing: set[str] = set()
         """Jobs being handed to a higher-ranked owner (no placement meanwhile)."""
         self._loop_task: asyncio.Task[None] | None = None
@@ -130,6 +138,8 @@ class Owner:
         """Pulls and pushes the jobs' checkpoints (``agent.collecting``)."""
         self._started_at = time.time()
         """A copy stored before a restart is judged by what was heard since (the sweep)."""
+        self.cancels = Cancels(self)
+        """The cancels, which wait for the job to stop (``agent.cancelling``)."""
         self.gangs = Gangs(self)
         """The jobs on several nodes (``agent.gang``)."""
         self.resizes = Resizes(self.events)
@@ -170,20 +180,28 @@ class Owner:
         for rec in self.store.jobs(owner=self.node_id, states=UNENDED_JOB_STATES):
             if rec.job_id in self.jobs:
                 continue
-            job = OwnedJob.from_record(rec)
-            doc = self.view.jobs.get(job.job_id)
-            newer = doc.get("owner") if doc is not None else None
-            if doc is not None and job_gen(doc) > job.gen and newer != self.node_id:
-                # Someone took over while we were away: we stay a replica, of that owner, so
-                # that our sweep takes the job over should it go too (the takeover brings the
-                # copy up to the newest record it believes).
-                if isinstance(newer, str) and newer:
-                    self.store.put_job(dataclasses.replace(rec, owner=newer))
-                continue
-            handover.adopt(self, job, why="resumed after restart")
-            if job.job_id in self.jobs:
-                taken += 1
+            with one_job(self.job_errors, "resume", rec.job_id):
+                taken += self._resume_one(rec)
         return taken
+
+    def _resume_one(self, rec: JobRecord) -> int:
+        """Take back one job stored as ours (1), unless a newer owner published it (0). A copy
+        whose details do not decode is taken back from its record's columns and brought up to
+        the newest record the mesh believes of it (``OwnedJob.from_record``), so that a restart
+        heals it."""
+        job = OwnedJob.from_record(rec)
+        job.note_repaired(self.job_errors)
+        doc = self.view.jobs.get(job.job_id)
+        newer = doc.get("owner") if doc is not None else None
+        if doc is not None and job_gen(doc) > job.gen and newer != self.node_id:
+            # Someone took over while we were away: we stay a replica, of that owner, so
+            # that our sweep takes the job over should it go too (the takeover brings the
+            # copy up to the newest record it believes).
+            if isinstance(newer, str) and newer:
+                self.store.put_job(dataclasses.replace(rec, owner=newer))
+            return 0
+        handover.adopt(self, job, why="resumed after restart")
+        return 1 if job.job_id in self.jobs else 0
 
     def republish_ended(self, keep_s: float, kept: int) -> int:
         """After a restart: publish again the ends of our jobs that the mesh may not have heard.
@@ -203,13 +221,14 @@ class Owner:
         ended.sort(key=lambda rec: rec.updated_at, reverse=True)
         sent = 0
         for rec in ended[:kept]:
-            job = OwnedJob.from_record(rec)
-            doc = self.view.jobs.get(job.job_id)
-            if doc is not None and job_gen(doc) >= job.gen:
-                continue
-            self.jobs[job.job_id] = job  # as before the restart: forgotten once retired
-            self._announce(job)
-            sent += 1
+            with one_job(self.job_errors, "republish", rec.job_id):
+                job = OwnedJob.from_record(rec)
+                doc = self.view.jobs.get(job.job_id)
+                if doc is not None and job_gen(doc) >= job.gen:
+                    continue
+                self.jobs[job.job_id] = job  # as before the restart: forgotten once retired
+                self._announce(job)
+                sent += 1
         return sent
 
     # -- publishing ------------------------------------------------------------------------------
@@ -325,20 +344,8 @@ class Owner:
         return job
 
     async def cancel(self, job_id: str) -> dict[str, Any]:
-        job = self._owned(job_id)
-        if is_terminal(job.state):
-            return {"job_id": job_id, "state": job.state.value}
-        runner, attempt, was_live = job.runner, job.attempt, job.state in LIVE
-        self._move(job, JobEvent.CANCEL)
-        job.finished_at = time.time()
-        job.reason = "cancelled by an operator"
-        self._save(job)
-        self.events.add("cancelled", f"attempt {attempt}", job_id=job_id)
-        if was_live and job.members:
-            self.gangs.stop_all(job, attempt, "cancel")
-        elif was_live and runner is not None:
-            self.spawn(self._stop_until_done(job_id, runner, attempt, "cancel"))
-        return {"job_id": job_id, "state": job.state.value}
+        """Cancel the job; answered once it has stopped (``agent.cancelling``)."""
+        return await self.cancels.cancel(job_id)
 
     async def migrate(self, job_id: str, target: str | None) -> dict[str, Any]:
         job = self._owned(job_id)
@@ -373,11 +380,15 @@ class Owner:
 
     # -- stopping on a runner --------------------------------------------------------------------
 
-    async def _stop_until_done(self, job_id: str, runner: str, attempt: int, cause: str) -> None:
-        """Ask the runner to stop (and fence) an attempt until it confirms or is gone."""
-        for _ in range(120):
+    async def _stop_until_done(
+        self, job_id: str, runner: str, attempt: int, cause: str
+    ) -> str | None:
+        """Ask the runner to stop (and fence) an attempt until it confirms or is gone (None);
+        why not, once it has asked :data:`STOP_TRIES` times."""
+        why = "no address for it"
+        for _ in range(STOP_TRIES):
             if runner not in self._live():
-                return  # its death is handled by member_gone
+                return None  # its death is handled by member_gone
             addr = self._addr_of(runner)
             if addr is not None:
                 try:
@@ -392,13 +403,16 @@ class Owner:
                     )
                 except PeerError as exc:
                     log.info("job %s: stop on %s: %s", job_id[:8], runner[:8], exc)
+                    why = " ".join(str(exc).split())[:200]
+                    self.stop_why[job_id] = f"{runner[:8]}: {why}"
                 else:
                     if answer.exit is not None:
                         self.report_answered(runner, answer.exit)
                     else:
                         self._confirmed_gone(job_id, runner, attempt, cause)
-                    return
+                    return None
             await asyncio.sleep(1.0)
+        return f"no confirmed stop after {STOP_TRIES} tries ({why})"
 
     def _confirmed_gone(self, job_id: str, runner: str, attempt: int, cause: str) -> None:
         """The runner says the attempt does not run (and will not start): requeue if live."""
@@ -520,6 +534,8 @@ class Owner:
             self.collector.forget(job_id)
             self._subs_published.discard(job_id)
             self._unlisted_since.pop(job_id, None)
+            self.cancels.forget(job_id)
+            self.stop_why.pop(job_id, None)
 
     def sweep(self) -> None:
         """Adopt or hand over every stored job whose owner is gone; re-replicate ours."""
@@ -537,10 +553,13 @@ class Owner:
                 async with asyncio.timeout(1.0):  # wait_for (3.11) loses a cancel racing a kick
                     await self._kick.wait()
             self._kick.clear()
+            errors = self.job_errors
             for missed, late_s in list(newly_missed(self.jobs.values(), time.time())):
-                self._missed_deadline(missed, late_s)
+                with one_job(errors, "deadline", missed.job_id):
+                    self._missed_deadline(missed, late_s)
             for grow in self.growth.due(self.jobs.values(), self.view, time.time()):
-                self._grow(grow)
+                with one_job(errors, "grow", grow.job_id):
+                    self._grow(grow)
             pending = sorted(
                 (j for j in self.jobs.values() if j.state == JobState.PENDING),
                 key=lambda j: (-j.spec.priority, j.spec.deadline or float("inf"), j.submitted_at),
@@ -550,10 +569,11 @@ class Owner:
                     continue
                 if not self.authority.may_own(job.job_id, self.node_id):
                     continue  # outranked (a partition healed): runners would refuse; handed over
-                if self.resizes.settling(job.job_id, self.view, time.monotonic()):
-                    continue  # requeued to grow: placed once the view shows its GPUs freed
-                self._placing.add(job.job_id)
-                self.spawn(self._place(job))
+                with one_job(errors, "place", job.job_id):
+                    if self.resizes.settling(job.job_id, self.view, time.monotonic()):
+                        continue  # requeued to grow: placed once the view shows its GPUs freed
+                    self._placing.add(job.job_id)
+                    self.spawn(self._place(job))
             now = time.monotonic()
             for job in list(self.jobs.values()):
                 if (

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sqlite3
 import sys
@@ -29,6 +30,8 @@ from typing import Any, Final
 from agent.jobspec import JobSpec
 from agent.jobstate import TERMINAL_JOB_STATES, JobState
 from gossip.fsmodes import ensure_dir, set_file_mode
+
+log = logging.getLogger("shoal.store")
 
 MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     # 0 -> 1
@@ -167,6 +170,8 @@ class Store:
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{path}: not a usable SQLite database ({exc})") from None
         self._lock = threading.RLock()
+        self.unreadable_jobs = 0
+        """Job rows read that did not decode (left out of what was read, each time)."""
         self._migrate()
 
     @property
@@ -285,7 +290,7 @@ class Store:
         with self._lock:
             row = self._db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE job_id = ?", (job_id,))
             found = row.fetchone()
-        return None if found is None else _job(found)
+        return None if found is None else self._readable(found)
 
     def jobs(
         self,
@@ -311,7 +316,20 @@ class Store:
         query += " ORDER BY submitted_at, job_id"
         with self._lock:
             rows = self._db.execute(query, args).fetchall()
-        return [_job(row) for row in rows]
+        return [job for row in rows if (job := self._readable(row)) is not None]
+
+    def _readable(self, row: tuple[Any, ...]) -> JobRecord | None:
+        """The row's job, or ``None`` for a row that does not decode (a spec this version
+        cannot read, say): logged and counted, never an error of the whole read, so that one
+        job's row stops no loop over the others, and a copy received later replaces it."""
+        try:
+            return _job(row)
+        except (ValueError, KeyError, TypeError) as exc:
+            self.unreadable_jobs += 1
+            log.warning(
+                "job %s: its stored row does not decode, left out: %s", str(row[0])[:8], exc
+            )
+            return None
 
     def delete_job(self, job_id: str) -> None:
         with self._tx() as db:

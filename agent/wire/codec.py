@@ -25,6 +25,12 @@ require it (``POST /v1/commands`` and the calls agents make of each other)."""
 MAX_RECORD_BYTES: Final = 4096
 """The largest payload of one gossip record (``gossip.config.max_record_payload_bytes``)."""
 
+MAX_WIRE_INT: Final = 2**53 - 1
+"""The largest magnitude of any integer on the wire (every integer field of every record, call
+and document): what a JSON number holds exactly, and far enough below msgpack's and SQLite's
+64-bit limits that a counter taken from the wire (a job's ``gen``, an ``attempt``) can still be
+counted up. A value beyond it is refused as malformed (:func:`integer`)."""
+
 EMPTY_MAP: Final[Mapping[str, Any]] = MappingProxyType({})
 """The default of a mapping field (immutable, shared)."""
 
@@ -74,8 +80,14 @@ def opt_text(value: Any, name: str) -> str | None:
 
 
 def integer(value: Any, name: str) -> int:
+    """An integer within :data:`MAX_WIRE_INT` either side of zero: the one reader of every
+    integer field, so none reaches a handler out of range."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise _type_error(name, "an integer", value)
+    if not -MAX_WIRE_INT <= value <= MAX_WIRE_INT:
+        raise WireError(
+            f"{name}: {value} is out of range (at most {MAX_WIRE_INT} either side of 0)"
+        )
     return value
 
 
@@ -88,6 +100,8 @@ def number(value: Any, name: str) -> float:
     means them)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _type_error(name, "a number", value)
+    if isinstance(value, int):
+        integer(value, name)  # an integer is bounded in a number field too
     out = float(value)
     if not math.isfinite(out):
         raise WireError(f"{name}: expected a finite number, got {out}")

@@ -158,6 +158,26 @@ def test_put_job_replaces_the_record(tmp_path: Path) -> None:
         assert [(r.job_id, r.state) for r in store.jobs()] == [(a, JobState.PLACING)]
 
 
+def test_a_job_row_that_does_not_decode_is_left_out_counted_and_replaceable(
+    tmp_path: Path,
+) -> None:
+    """One row a spec this version cannot read (or garbage) spoils no read of the others."""
+    path = tmp_path / "s.sqlite"
+    bad, good = new_job_id(), new_job_id()
+    with Store(path) as store:
+        store.put_job(job(bad, JobState.RUNNING, submitted_at=1.0))  # read first
+        store.put_job(job(good, JobState.RUNNING, submitted_at=2.0))
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE jobs SET spec = '{\"command\": 7}' WHERE job_id = ?", (bad,))
+    db.close()
+    with Store(path) as store:
+        assert [r.job_id for r in store.jobs(states=UNENDED_JOB_STATES)] == [good]
+        assert store.get_job(bad) is None
+        assert store.unreadable_jobs == 2
+        store.put_job(job(bad, JobState.PENDING))  # a copy received later replaces it
+        assert store.get_job(bad) is not None and len(store.jobs()) == 2
+
+
 def test_finish_run_moves_the_run_to_results(tmp_path: Path) -> None:
     a = new_job_id()
     with Store(tmp_path / "s.sqlite") as store:

@@ -34,7 +34,14 @@ from agent.wire.calls import (
     StopAnswer,
     StopRequest,
 )
-from agent.wire.codec import MAX_RECORD_BYTES, WIRE_VERSION, WireError, pack, unpack
+from agent.wire.codec import (
+    MAX_RECORD_BYTES,
+    MAX_WIRE_INT,
+    WIRE_VERSION,
+    WireError,
+    pack,
+    unpack,
+)
 from agent.wire.documents import DeviceDoc, EventDoc, EventsDoc, JobDoc, NodeDoc
 from agent.wire.health import HealthDoc
 from agent.wire.records import (
@@ -129,7 +136,7 @@ def test_one_device_too_large_for_a_record_is_an_error_not_a_silent_loss() -> No
 # -- every kind round-trips ----------------------------------------------------------------------
 
 _text = st.text(max_size=12)
-_opt_int = st.none() | st.integers(min_value=0, max_value=2**62)
+_opt_int = st.none() | st.integers(min_value=0, max_value=MAX_WIRE_INT)
 _opt_float = st.none() | st.floats(allow_nan=False, allow_infinity=False, width=64)
 
 
@@ -620,6 +627,40 @@ def test_a_malformed_prepare_is_refused(change: dict[str, Any], message: str) ->
     body = {**GangPrepare("j" * 32, 1, NODE, MEMBERS, b"s", 30.0).to_wire(), **change}
     with pytest.raises(WireError, match=message):
         GangPrepare.from_wire(body)
+
+
+@pytest.mark.parametrize("value", [MAX_WIRE_INT + 1, -MAX_WIRE_INT - 1, 2**64 - 1, 2**64, -(2**70)])
+def test_every_integer_field_is_bounded_and_one_beyond_is_refused_naming_it(value: int) -> None:
+    """One reader bounds every integer, whatever record, call or document it is in."""
+    detail = OwnerDetail(gen=MAX_WIRE_INT).to_wire()
+    assert OwnerDetail.from_wire(detail).gen == MAX_WIRE_INT
+    job = JobStatus("j" * 32, "running", attempt=1, owner=NODE, submitted_at=1.0)
+    transfer = JobTransfer(job, OwnerDetail(), b"s").to_wire()
+    cases: list[tuple[Any, dict[str, Any], str]] = [
+        (OwnerDetail.from_wire, {**detail, "gen": value}, "detail.gen"),
+        (
+            JobTransfer.from_wire,
+            {**transfer, "detail": {**detail, "failures": value}},
+            "detail.failures",
+        ),
+        (JobStatus.from_wire, {**job.to_wire(), "gen": value}, "gen"),
+        (
+            StopRequest.from_wire,
+            {**StopRequest("j" * 32, 1, "cancel").to_wire(), "attempt": value},
+            "attempt",
+        ),
+        (StatusAnswer.from_wire, {"running": True, "attempt": value}, "attempt"),
+        (NodeRecord.decode, {**unpack(NodeRecord().encode()), "queue": value}, "queue"),
+        # An integer in a number field too (a float of it would overflow or lose digits).
+        (JobStatus.from_wire, {**job.to_wire(), "started_at": value}, "started_at"),
+    ]
+    for decode, doc, name in cases:
+        with pytest.raises(WireError, match=f"{name}: .*out of range"):
+            decode(doc)
+    with pytest.raises(ValueError, match=r"gpus_per_node: .*out of range"):
+        JobSpec.from_dict(
+            {**JobSpec(command=("true",)).to_dict(), "resources": {"gpus_per_node": value}}
+        )
 
 
 def test_a_commit_names_a_tcp_port() -> None:
