@@ -12,6 +12,11 @@ ones a minority); headless, it submits the placement workload instead (:mod:`age
 synthetic jobs as fast as the device they get, seeded, the same for either policy) and adds its
 figures: job completion times, deadline misses, preemptions, migrations, where the jobs ran.
 
+Every mode names the mesh (``export SHOAL_AGENT=...``, ``export SHOAL_HOME=...``) as soon as its
+agents are started (headless: on stderr), and whatever it writes is flushed: ``shoal demo --plain
+> demo.log &`` finds the mesh in ``demo.log``, where the tables are appended every
+:data:`PLAIN_LOG_EVERY_S` seconds (a live table redraws only on a terminal).
+
 Whatever ends it (quitting, Ctrl-C, SIGTERM as ``kill`` or a service manager sends, SIGHUP when
 its terminal goes), every agent it started is stopped and its folder, CA key included, removed
 (``--keep`` keeps the folder: identities, agent logs, job logs).
@@ -295,6 +300,14 @@ def reach_lines(mesh: LocalMesh) -> list[str]:
     ]
 
 
+def _say_reach(mesh: LocalMesh, console: Console) -> None:
+    """The reach lines, as soon as the agents are started (before they converge): whatever the
+    mode and wherever the output goes (``shoal demo --plain > demo.log &``), it names the mesh.
+    Each line whole, however narrow the output (a file's console is 80 columns)."""
+    for line in reach_lines(mesh):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
 def reach_json(mesh: LocalMesh, converged_s: float) -> dict[str, Any]:
     return {
         "agent": mesh.agents[0].address,
@@ -303,6 +316,10 @@ def reach_json(mesh: LocalMesh, converged_s: float) -> dict[str, Any]:
         "home": str(mesh.root),
         "converged_s": round(converged_s, 3),
     }
+
+
+PLAIN_LOG_EVERY_S = 10.0
+"""``--plain`` with stdout not a terminal: the tables are appended this often, not redrawn."""
 
 
 async def _live(mesh: LocalMesh, console: Console) -> None:
@@ -315,16 +332,23 @@ async def _live(mesh: LocalMesh, console: Console) -> None:
         style="dim",
     )
     async with mesh.client(0) as client:
+
+        async def view() -> Group:
+            nodes, jobs = await client.nodes(), await client.jobs()
+            width = console.width
+            return Group(
+                nodes_table(nodes, width),
+                jobs_table(jobs[-15:], hostnames(nodes), time.time(), width),
+                hint,
+            )
+
+        if not console.is_terminal:  # a file or a pipe: a Live draws only when it stops
+            while True:
+                console.print(await view())  # each print is flushed
+                await asyncio.sleep(PLAIN_LOG_EVERY_S)
         with Live(console=console, auto_refresh=False) as live:
             while True:
-                nodes, jobs = await client.nodes(), await client.jobs()
-                width = console.width
-                view = Group(
-                    nodes_table(nodes, width),
-                    jobs_table(jobs[-15:], hostnames(nodes), time.time(), width),
-                    hint,
-                )
-                live.update(view, refresh=True)
+                live.update(await view(), refresh=True)
                 await asyncio.sleep(1.0)
 
 
@@ -430,6 +454,8 @@ def run_demo(
             if headless and policy is not None:
                 demoload.lay_out_datasets([a.datasets_dir for a in mesh.agents])
             mesh.start()
+            if not serve:  # serving says it once converged, in the form scripts read
+                _say_reach(mesh, console if not headless else Console(stderr=True))
             if headless:
                 figures = asyncio.run(_headless(mesh, duration_s, rate, seed, idle_s, policy))
                 if as_json:
