@@ -300,6 +300,11 @@ def reach_lines(mesh: LocalMesh) -> list[str]:
     ]
 
 
+def _agents(mesh: LocalMesh) -> str:
+    n = len(mesh.agents)
+    return f"{n} agent{'s' * (n != 1)}"
+
+
 def _say_reach(mesh: LocalMesh, console: Console) -> None:
     """The reach lines, as soon as the agents are started (before they converge): whatever the
     mode and wherever the output goes (``shoal demo --plain > demo.log &``), it names the mesh.
@@ -323,10 +328,10 @@ PLAIN_LOG_EVERY_S = 10.0
 
 
 async def _live(mesh: LocalMesh, console: Console) -> None:
-    console.print(f"starting {len(mesh.agents)} agents...")
+    console.print(f"starting {_agents(mesh)}...")
     converged_s = await mesh.wait_converged(timeout_s=120)
     hint = Text(
-        f"mesh of {len(mesh.agents)} agents converged in {converged_s:.1f} s. In another "
+        f"mesh of {_agents(mesh)} converged in {converged_s:.1f} s. In another "
         f"terminal: {'; '.join(reach_lines(mesh)[:2])}; shoal submit -- sleep 5. "
         "Ctrl-C stops everything.",
         style="dim",
@@ -354,13 +359,13 @@ async def _live(mesh: LocalMesh, console: Console) -> None:
 
 def _serve(mesh: LocalMesh, as_json: bool) -> None:
     """Not on a terminal: say how to reach the mesh, then keep it up until told to stop."""
-    print(f"starting {len(mesh.agents)} agents...", file=sys.stderr, flush=True)
+    print(f"starting {_agents(mesh)}...", file=sys.stderr, flush=True)
     converged_s = asyncio.run(mesh.wait_converged(timeout_s=120))
     if as_json:
         print(json.dumps(reach_json(mesh, converged_s)), flush=True)
     else:
         print(
-            f"mesh of {len(mesh.agents)} agents converged in {converged_s:.1f} s; "
+            f"mesh of {_agents(mesh)} converged in {converged_s:.1f} s; "
             f"Ctrl-C, SIGTERM or SIGHUP stops every agent and removes {mesh.root}"
         )
         print("\n".join(reach_lines(mesh)), flush=True)
@@ -468,7 +473,7 @@ def run_demo(
             elif plain:
                 asyncio.run(_live(mesh, console))
             else:
-                console.print(f"starting {len(mesh.agents)} agents...")
+                console.print(f"starting {_agents(mesh)}...")
                 converged_s = asyncio.run(mesh.wait_converged(timeout_s=120))
                 console.print(f"mesh converged in {converged_s:.1f} s; opening the TUI")
                 from tui.cli import open_tui  # the TUI loads only for the interactive demo

@@ -193,7 +193,7 @@ def job_row(job: Mapping[str, Any], names: Mapping[str, str], now: float) -> lis
     where = names.get(runner or "", short(runner))
     members = job.get("members") or ()
     if members:  # a gang: one row, its members in the job's detail
-        where = f"{len(members)} nodes"
+        where = f"{len(members)} node{'s' * (len(members) != 1)}"
     why = job.get("reason") if job.get("state") == "pending" else None
     return [
         short(job.get("job_id")),
