@@ -12,6 +12,11 @@ ones a minority); headless, it submits the placement workload instead (:mod:`age
 synthetic jobs as fast as the device they get, seeded, the same for either policy) and adds its
 figures: job completion times, deadline misses, preemptions, migrations, where the jobs ran.
 
+Every mode names the mesh (``export SHOAL_AGENT=...``, ``export SHOAL_HOME=...``) as soon as its
+agents are started (headless: on stderr), and whatever it writes is flushed: ``shoal demo --plain
+> demo.log &`` finds the mesh in ``demo.log``, where the tables are appended every
+:data:`PLAIN_LOG_EVERY_S` seconds (a live table redraws only on a terminal).
+
 Whatever ends it (quitting, Ctrl-C, SIGTERM as ``kill`` or a service manager sends, SIGHUP when
 its terminal goes), every agent it started is stopped and its folder, CA key included, removed
 (``--keep`` keeps the folder: identities, agent logs, job logs).
@@ -306,6 +311,19 @@ def reach_lines(mesh: LocalMesh) -> list[str]:
     ]
 
 
+def _agents(mesh: LocalMesh) -> str:
+    n = len(mesh.agents)
+    return f"{n} agent{'s' * (n != 1)}"
+
+
+def _say_reach(mesh: LocalMesh, console: Console) -> None:
+    """The reach lines, as soon as the agents are started (before they converge): whatever the
+    mode and wherever the output goes (``shoal demo --plain > demo.log &``), it names the mesh.
+    Each line whole, however narrow the output (a file's console is 80 columns)."""
+    for line in reach_lines(mesh):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
 def reach_json(mesh: LocalMesh, converged_s: float) -> dict[str, Any]:
     return {
         "agent": mesh.agents[0].address,
@@ -316,38 +334,49 @@ def reach_json(mesh: LocalMesh, converged_s: float) -> dict[str, Any]:
     }
 
 
+PLAIN_LOG_EVERY_S = 10.0
+"""``--plain`` with stdout not a terminal: the tables are appended this often, not redrawn."""
+
+
 async def _live(mesh: LocalMesh, console: Console) -> None:
-    console.print(f"starting {len(mesh.agents)} agents...")
+    console.print(f"starting {_agents(mesh)}...")
     converged_s = await mesh.wait_converged(timeout_s=120)
     hint = Text(
-        f"mesh of {len(mesh.agents)} agents converged in {converged_s:.1f} s. In another "
+        f"mesh of {_agents(mesh)} converged in {converged_s:.1f} s. In another "
         f"terminal: {'; '.join(reach_lines(mesh)[:2])}; shoal submit -- sleep 5. "
         "Ctrl-C stops everything.",
         style="dim",
     )
     async with mesh.client(0) as client:
+
+        async def view() -> Group:
+            nodes, jobs = await client.nodes(), await client.jobs()
+            width = console.width
+            return Group(
+                nodes_table(nodes, width),
+                jobs_table(jobs[-15:], hostnames(nodes), time.time(), width),
+                hint,
+            )
+
+        if not console.is_terminal:  # a file or a pipe: a Live draws only when it stops
+            while True:
+                console.print(await view())  # each print is flushed
+                await asyncio.sleep(PLAIN_LOG_EVERY_S)
         with Live(console=console, auto_refresh=False) as live:
             while True:
-                nodes, jobs = await client.nodes(), await client.jobs()
-                width = console.width
-                view = Group(
-                    nodes_table(nodes, width),
-                    jobs_table(jobs[-15:], hostnames(nodes), time.time(), width),
-                    hint,
-                )
-                live.update(view, refresh=True)
+                live.update(await view(), refresh=True)
                 await asyncio.sleep(1.0)
 
 
 def _serve(mesh: LocalMesh, as_json: bool) -> None:
     """Not on a terminal: say how to reach the mesh, then keep it up until told to stop."""
-    print(f"starting {len(mesh.agents)} agents...", file=sys.stderr, flush=True)
+    print(f"starting {_agents(mesh)}...", file=sys.stderr, flush=True)
     converged_s = asyncio.run(mesh.wait_converged(timeout_s=120))
     if as_json:
         print(json.dumps(reach_json(mesh, converged_s)), flush=True)
     else:
         print(
-            f"mesh of {len(mesh.agents)} agents converged in {converged_s:.1f} s; "
+            f"mesh of {_agents(mesh)} converged in {converged_s:.1f} s; "
             f"Ctrl-C, SIGTERM or SIGHUP stops every agent and removes {mesh.root}"
         )
         print("\n".join(reach_lines(mesh)), flush=True)
@@ -441,6 +470,8 @@ def run_demo(
             if headless and policy is not None:
                 demoload.lay_out_datasets([a.datasets_dir for a in mesh.agents])
             mesh.start()
+            if not serve:  # serving says it once converged, in the form scripts read
+                _say_reach(mesh, console if not headless else Console(stderr=True))
             if headless:
                 python = mesh.job_python()
                 figures = asyncio.run(
@@ -456,7 +487,7 @@ def run_demo(
             elif plain:
                 asyncio.run(_live(mesh, console))
             else:
-                console.print(f"starting {len(mesh.agents)} agents...")
+                console.print(f"starting {_agents(mesh)}...")
                 converged_s = asyncio.run(mesh.wait_converged(timeout_s=120))
                 console.print(f"mesh converged in {converged_s:.1f} s; opening the TUI")
                 from tui.cli import open_tui  # the TUI loads only for the interactive demo

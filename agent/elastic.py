@@ -68,7 +68,11 @@ class Resizes:
         gpus, why = held
         if gpus == len(devices):
             return
-        self._events.add("resized", f"from {gpus} to {len(devices)} GPUs ({why})", job_id=job_id)
+        self._events.add(
+            "resized",
+            f"from {gpus} to {len(devices)} GPU{'s' * (len(devices) != 1)} ({why})",
+            job_id=job_id,
+        )
 
     def forget(self, job_id: str) -> None:
         """It ended, or will not restart at another size."""

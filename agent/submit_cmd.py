@@ -197,7 +197,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     owner = str(answer.get("owner") or "")
     print(
         f"submitted {answer.get('job_id', job_id)} "
-        f"(owner {names.get(owner, short(owner))}, durable on {copies} agents)"
+        f"(owner {names.get(owner, short(owner))}, durable on {copies} agent{'s' * (copies != 1)})"
     )
     print(f"asks for {asks(spec)}")
     if late is not None:

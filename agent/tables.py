@@ -90,7 +90,7 @@ def job_row(job: Mapping[str, Any], names: Mapping[str, str], now: float) -> lis
     where = names.get(runner or "", short(runner))
     members = job.get("members") or ()
     if members:  # a gang: one row, its members in the job's detail
-        where = f"{len(members)} nodes"
+        where = f"{len(members)} node{'s' * (len(members) != 1)}"
     # Why it waits or why it failed (a launch error says so in one line), else what it runs.
     why = job.get("reason") if job.get("state") in ("pending", "failed") else None
     return [

@@ -2,12 +2,18 @@
 
 ``python -m bench.gossip --nodes N --loss P --seconds S --seed K [--starved F] --json``
 
+With ``--seeds 1-8`` (or ``1,3,5``) instead of ``--seed``, the same run once per seed, and one
+object: every numeric field the median over the seeds, ``<field>_worst`` beside each figure where
+more is worse (the largest over the seeds), ``seeds`` and ``worst_seed`` (the seed whose slowest
+update was slowest), and ``runs`` (each seed's own object). A tail one seed shows cannot hide.
+
 Workload, after a warm-up: every ``--publish-every`` seconds a random live node publishes a new
 version of a 128-byte record; every ``--crash-every`` seconds a random live, unstarved node
 crashes (kill -9, never restarted). Measured (see BENCHMARKS.md):
 
 - dissemination: from a record's publication until every node alive at the end holds it, in
-  seconds and in gossip rounds (seconds / gossip interval);
+  seconds and in gossip rounds (seconds / gossip interval); ``dissemination_rounds_max`` is the
+  slowest update of the run (``dissemination_undelivered`` counts those that never got there);
 - detect: from a crash until every node alive at the end has declared the crashed node dead;
 - false_deaths: distinct live nodes that any node ever declared dead;
 - bytes_per_node_per_s: encoded bytes received per node per simulated second (all traffic), and
@@ -37,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -287,8 +294,10 @@ def run(
         "dissemination_undelivered": undelivered,
         "dissemination_rounds_p50": _pct(rounds, 50),
         "dissemination_rounds_p99": _pct(rounds, 99),
+        "dissemination_rounds_max": max(rounds, default=None),
         "dissemination_s_p50": _pct(diss_s, 50),
         "dissemination_s_p99": _pct(diss_s, 99),
+        "dissemination_s_max": max(diss_s, default=None),
         "crashes": len(tr.crashed_at),
         "undetected": undetected,
         "detect_s_p50": _pct(detect, 50),
@@ -308,12 +317,87 @@ def run(
     }
 
 
+_WORSE_IS_MORE = (
+    "dissemination_undelivered",
+    "dissemination_rounds_p50",
+    "dissemination_rounds_p99",
+    "dissemination_rounds_max",
+    "dissemination_s_p50",
+    "dissemination_s_p99",
+    "dissemination_s_max",
+    "undetected",
+    "detect_s_p50",
+    "detect_s_p99",
+    "false_deaths",
+    "partition_deaths",
+    "heal_s",
+    "bytes_per_node_per_s",
+    "membership_bytes_per_node_per_s",
+)
+"""The figures a sweep also reports at their worst (the largest over its seeds)."""
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"1-8"``, ``"1,3,5"`` or a mix (``"1-4,9"``) as the list of seeds, in order."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        try:
+            first, last = int(lo), int(hi) if dash else int(lo)
+        except ValueError:
+            raise ValueError(f"seeds: {part.strip()!r} is not a number or a range a-b") from None
+        if last < first:
+            raise ValueError(f"seeds: the range {part.strip()!r} runs backwards")
+        seeds.extend(range(first, last + 1))
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds: {text!r} names a seed twice")
+    return seeds
+
+
+def sweep(runs: list[dict[str, object]]) -> dict[str, object]:
+    """One object for a run per seed: the median of every numeric field, the worst beside each
+    figure where more is worse, and each seed's own object under ``runs``."""
+    out: dict[str, object] = {}
+    for key, first in runs[0].items():
+        values = [r[key] for r in runs]
+        nums = [float(v) for v in values if isinstance(v, int | float) and v is not True]
+        if key == "seed" or not isinstance(first, int | float | None) or isinstance(first, bool):
+            out[key] = first if all(v == first for v in values) else None
+        elif not nums:
+            out[key] = None
+        else:
+            out[key] = statistics.median(nums)
+            if key in _WORSE_IS_MORE:
+                out[f"{key}_worst"] = max(nums)
+    out["nodes"], out["loss"], out["seconds"] = (
+        runs[0]["nodes"],
+        runs[0]["loss"],
+        runs[0]["seconds"],
+    )
+    out["seeds"] = [r["seed"] for r in runs]
+    slowest = max(runs, key=lambda r: _num(r["dissemination_rounds_max"]))
+    out["worst_seed"] = slowest["seed"]
+    out["wall_s"] = sum(_num(r["wall_s"]) for r in runs)
+    out["runs"] = runs
+    return out
+
+
+def _num(v: object) -> float:
+    return float(v) if isinstance(v, int | float) else -math.inf
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.gossip", description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", type=int, default=100)
     ap.add_argument("--loss", type=float, default=0.0)
     ap.add_argument("--seconds", type=float, default=120.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--seeds",
+        default=None,
+        metavar="A-B",
+        help="one run per seed (1-8, or 1,3,5); the median of each figure with the worst beside",
+    )
     ap.add_argument("--starved", type=float, default=0.0, help="fraction of CPU-starved nodes")
     ap.add_argument("--publish-every", type=float, default=2.0)
     ap.add_argument("--crash-every", type=float, default=None)
@@ -341,20 +425,29 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.observers is not None and a.starved:
         ap.error("--starved needs real cores: background members have no Lifeguard local health")
-    with few_collections():
-        result = run(
-            a.nodes,
-            a.loss,
-            a.seconds,
-            a.seed,
-            a.starved,
-            a.publish_every,
-            a.crash_every,
-            progress_every_s=a.progress_every,
-            partition_s=a.partition_s,
-            streams=a.streams,
-            observers=a.observers,
-        )
+    try:
+        seeds = parse_seeds(a.seeds) if a.seeds is not None else [a.seed]
+    except ValueError as e:
+        ap.error(str(e))
+    runs = []
+    for seed in seeds:
+        with few_collections():
+            runs.append(
+                run(
+                    a.nodes,
+                    a.loss,
+                    a.seconds,
+                    seed,
+                    a.starved,
+                    a.publish_every,
+                    a.crash_every,
+                    progress_every_s=a.progress_every,
+                    partition_s=a.partition_s,
+                    streams=a.streams,
+                    observers=a.observers,
+                )
+            )
+    result = runs[0] if a.seeds is None else sweep(runs)
     json.dump(result, sys.stdout)
     sys.stdout.write("\n")
     return 0

@@ -55,6 +55,7 @@ from gossip.messages import (
     Update,
 )
 from gossip.records import Offer, RecordStore, StoredRecord
+from gossip.relay import RelayNews, relay_round
 from gossip.stats import GossipStats
 from gossip.suspicion import Suspicion
 from gossip.trust import Signer, Trust
@@ -195,6 +196,8 @@ class Peer:
         "_gossip_phase",
         "_catch_up_until",
         "_quiet_exchanges",
+        "_news",
+        "_ring",
     )
 
     def __init__(
@@ -244,6 +247,8 @@ class Peer:
         self._rlimit = 0  # the records' retransmit limit, for the same count
         self._rqueue = BroadcastQueue(1)
         self._pending, self._rpending = self._queue.pending, self._rqueue.pending  # (emptiness)
+        self._news = RelayNews()  # what the next round passes to our ring successors
+        self._ring: list[str] | None = None  # every member's id, sorted (None: to be sorted)
         self._records = RecordStore()
         self._awareness = Awareness(config.awareness_max_multiplier)
         self._awareness.apply_delta(config.start_health_score)
@@ -413,7 +418,9 @@ class Peer:
         self._record_counter += 1
         rec = signed_record(self._signer, kind, self._incarnation, self._record_counter, payload)
         self._records.put(rec, now)
-        self._rqueue.push((rec.origin, rec.kind), rec, encoded_size(rec), 0)
+        size = encoded_size(rec)
+        self._rqueue.push((rec.origin, rec.kind), rec, size, 0)
+        self._relay_later((rec.origin, rec.kind), rec, size)
         self._emit(RecordChanged(rec.origin, kind, rec.incarnation, rec.counter, payload, now))
         self._wake_gossip(now)
         return rec
@@ -776,7 +783,7 @@ class Peer:
         if m is None:
             m = Member(u.node, u.addr, u.incarnation, _A, now, u)
             self._members[u.node] = m
-            self._digest = self._by_node = None
+            self._digest = self._by_node = self._ring = None
             self._other_pos[u.node] = len(self._others)
             self._others.append(m)
             self._live += 1
@@ -1009,14 +1016,32 @@ class Peer:
         self.stats.updates_applied += 1
         self._records.put(r, now)
         self._emit(RecordChanged(r.origin, r.kind, r.incarnation, r.counter, r.payload, now))
-        self._rqueue.push((r.origin, r.kind), r, encoded_size(r), 0)
+        size = encoded_size(r)
+        self._rqueue.push((r.origin, r.kind), r, size, 0)
+        self._relay_later((r.origin, r.kind), r, size)
         self._wake_gossip(now)
 
     # -- dissemination ---------------------------------------------------------------------------
 
     def _broadcast(self, node: str, u: Update, klass: int, now: float) -> None:
-        self._queue.push(node, u, encoded_size(u), klass)
+        size = encoded_size(u)
+        self._queue.push(node, u, size, klass)
+        self._relay_later(node, u, size)
         self._wake_gossip(now)
+
+    def _relay_later(self, key: object, u: Update, size: int) -> None:
+        if self.config.relay_successors > 0:
+            self._news.add(key, u, size)
+
+    def _relay(self) -> None:
+        """Pass the news since the last round to our ring successors (:mod:`gossip.relay`)."""
+        ring = self._ring
+        if ring is None:
+            ring = self._ring = sorted(self._members)
+        members = self._members
+        ok = lambda n: members[n].state is _A  # noqa: E731
+        for node, msg in relay_round(self._news, self.config, self.stats, ring, ok):
+            self._out_reliable.append((members[node].addr, msg))
 
     def _wake_gossip(self, now: float) -> None:
         if self._next_gossip is None:
@@ -1050,6 +1075,8 @@ class Peer:
 
     def _gossip(self, now: float) -> None:
         self.stats.gossip_rounds += 1
+        if self._news:
+            self._relay()
         targets = self._random_members(self.config.gossip_nodes, self._gossipable(now), True)
         for m in targets:
             parts = self._take_piggyback()
@@ -1124,6 +1151,8 @@ class Peer:
             self._records.drop_origin(node)
             self._vivaldi.drop(node)
             self._queue.drop(node)
+        if expired:
+            self._ring = None
 
     # -- anti-entropy ----------------------------------------------------------------------------
 

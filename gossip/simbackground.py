@@ -18,7 +18,8 @@ counted with the real codec, every update signed by its author with the simulate
 - disseminates: every update newer than what it holds (alive, suspect, dead, record) goes into
   its own :class:`~gossip.broadcast.BroadcastQueue` (the real one, the real retransmit limit and
   budgets), piggybacked on its pings and acks and gossiped to ``gossip_nodes`` random members
-  every ``gossip_interval_s`` while anything is queued;
+  every ``gossip_interval_s`` while anything is queued, and passed once to its ring successor
+  (:mod:`gossip.relay`; the shared view's ids in order, skipping those it holds dead);
 - keeps a real :class:`~gossip.suspicion.Suspicion` per suspect it heard of (independent accusers
   shorten it), gives the suspect a last look over the reliable channel, then signs a Dead;
   refutes an accusation about itself with a newer Alive; pings a known-dead member every
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import math
 import random
+from bisect import insort
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -49,6 +51,7 @@ from gossip.events import Event
 from gossip.membership import MemberInfo, digest_line
 from gossip.messages import Alive, Compound, Dead, Message, Ping, Record, Suspect, Update
 from gossip.peer import after_round, next_round_at, signed_accusation, signed_alive, signed_record
+from gossip.relay import RelayNews, relay_round
 from gossip.stats import GossipStats
 from gossip.suspicion import Suspicion
 from gossip.trust import Signer
@@ -86,12 +89,15 @@ class SharedView:
         self.state: dict[str, tuple[_Version, Suspect | Dead | None]] = {}
         self.records: dict[tuple[str, str], Record] = {}
         self.dead = 0
+        self.ring: list[str] = []
+        """``ids`` sorted."""
         self._digest: tuple[wire.MemberDigest, ...] | None = None
         self._rdigest: tuple[wire.RecordDigest, ...] | None = None
 
     def add(self, alive: Alive) -> None:
         if alive.node not in self.alive:
             self.ids.append(alive.node)
+            insort(self.ring, alive.node)
             self.base[alive.node] = alive.incarnation
         self.learn(alive)
 
@@ -183,6 +189,7 @@ class BackgroundPeer:
         "_events",
         "_gossip_phase",
         "_held",
+        "_news",
         "_next_gossip",
         "_next_probe",
         "_next_push_pull",
@@ -233,6 +240,7 @@ class BackgroundPeer:
         """Members this one holds dead, and since when."""
         self._queue = BroadcastQueue(3)
         self._rqueue = BroadcastQueue(1)
+        self._news = RelayNews()
         self._probe: _Probe | None = None
         self._relays: dict[int, tuple[str, int, bool, float]] = {}
         self._suspicions: dict[str, tuple[Suspicion, Suspect | Dead]] = {}
@@ -507,13 +515,19 @@ class BackgroundPeer:
         self._held[key] = v
         self.view.learn(u)
         if type(u) is Record:
-            self._rqueue.push(key, u, encoded_size(u), 0)
+            size = encoded_size(u)
+            self._rqueue.push(key, u, size, 0)
+            if self.config.relay_successors > 0:
+                self._news.add(key, u, size)
             self._wake_gossip(now)
         else:
             self._broadcast(key, u, klass, now)
 
     def _broadcast(self, key: object, u: Update, klass: int, now: float) -> None:
-        self._queue.push(key, u, encoded_size(u), klass)
+        size = encoded_size(u)
+        self._queue.push(key, u, size, klass)
+        if self.config.relay_successors > 0:
+            self._news.add(key, u, size)
         self._wake_gossip(now)
 
     def _refute(self, incarnation: int, now: float) -> None:
@@ -551,6 +565,11 @@ class BackgroundPeer:
 
     def _gossip(self, now: float) -> None:
         self.stats.gossip_rounds += 1
+        if self._news:
+            down = self._down
+            ring, ok = self.view.ring, lambda n: n not in down
+            for node, msg in relay_round(self._news, self.config, self.stats, ring, ok):
+                self._out_reliable.append((self._addr(node), msg))
         for addr in self._random_members(self.config.gossip_nodes, now):
             parts = self._take_piggyback()
             if not parts:

@@ -51,6 +51,10 @@ class GossipStats:
     dead_confirmed: int = 0
     """Held-back Deads applied later, when an independent accuser confirmed them."""
     push_pulls: int = 0
+    relayed: int = 0
+    """Updates passed to ring successors (one count per update per successor)."""
+    relay_skipped: int = 0
+    """Updates left out of a round's relay by its byte budget (random gossip still sends them)."""
     gossip_rounds: int = 0
 
     def as_dict(self) -> dict[str, int]:

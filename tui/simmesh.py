@@ -166,7 +166,7 @@ class SimSource:
             self._seed_workload()
             # Two minutes on: temperatures have settled under the seeded load.
             self._offset_s += 120.0
-        self._event("mesh", None, None, f"simulated mesh of {hosts} hosts ready")
+        self._event("mesh", None, None, f"simulated mesh of {hosts} host{'s' * (hosts != 1)} ready")
 
     # -- clock ---------------------------------------------------------------------------------
 

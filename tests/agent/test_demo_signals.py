@@ -205,3 +205,53 @@ def test_a_demo_killed_outright_leaves_no_agent_running() -> None:
         _kill_leftovers(demo, root)
         if root is not None:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _wait_for(path: Path, text: str, timeout_s: float) -> str:
+    """``path``'s content once it holds ``text`` (or whatever it holds at the timeout)."""
+    deadline = time.monotonic() + timeout_s
+    content = path.read_text()
+    while text not in content and time.monotonic() < deadline:
+        time.sleep(0.1)
+        content = path.read_text()
+    return content
+
+
+def test_the_plain_table_written_to_a_file_names_the_mesh_at_once(tmp_path: Path) -> None:
+    """``shoal demo --plain > demo.log &``: the mesh's address is in the file within 5 s of its
+    agents starting, and the tables follow, flushed, while the demo runs (it wrote nothing:
+    a live table draws only on a terminal, and only its hint named the mesh)."""
+    log = tmp_path / "demo.log"
+    with log.open("w") as out:
+        demo = subprocess.Popen(
+            [*SHOAL, "demo", "--plain", "--nodes", "2"],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    root: Path | None = None
+    try:
+        deadline = time.monotonic() + READY_S
+        agents: list[psutil.Process] = []
+        while len(agents) < 2 and time.monotonic() < deadline and demo.poll() is None:
+            time.sleep(0.1)
+            agents = [p for p in psutil.Process(demo.pid).children() if "agent" in p.cmdline()]
+        assert len(agents) == 2, "the demo started no agents"
+        address = agents[0].cmdline()[agents[0].cmdline().index("--listen") + 1]
+        root = Path(agents[0].cmdline()[agents[0].cmdline().index("--data-dir") + 1]).parent
+
+        content = _wait_for(log, f"export SHOAL_AGENT={address}\n", 5.0)
+        assert f"export SHOAL_AGENT={address}\n" in content, content
+        assert f"export SHOAL_HOME={root}\n" in content
+        assert f"--identity {root / 'cluster'}\n" in content  # a whole line, not wrapped at 80
+
+        nodes = shoal("nodes", "--json", "--agent", address, "--identity", str(root / "cluster"))
+        assert nodes.returncode == 0, nodes.stderr
+        content = _wait_for(log, "Host", READY_S)  # the nodes table, once converged
+        assert "Host" in content and "GPUs" in content, content
+
+        demo.send_signal(signal.SIGTERM)
+        _assert_stopped_cleanly(demo, root)
+    finally:
+        _kill_leftovers(demo, root)

@@ -23,6 +23,38 @@ def test_bench_emits_fields(capsys: pytest.CaptureFixture[str]) -> None:
     assert out["detect_s_p50"] is not None and out["bytes_per_node_per_s"] > 0
 
 
+def test_bench_reports_the_slowest_update(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--nodes", "12", "--loss", "0.01", "--seconds", "40", "--seed", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["dissemination_rounds_max"] >= out["dissemination_rounds_p99"]
+    assert out["dissemination_s_max"] == pytest.approx(out["dissemination_rounds_max"] * 0.2)
+
+
+def test_bench_over_seeds_puts_the_worst_beside_the_median(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["--nodes", "12", "--loss", "0.01", "--seconds", "30"]
+    assert main([*args, "--seeds", "1-3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["seeds"] == [1, 2, 3] and [r["seed"] for r in out["runs"]] == [1, 2, 3]
+    slowest = [r["dissemination_rounds_max"] for r in out["runs"]]
+    assert out["dissemination_rounds_max_worst"] == max(slowest)
+    assert out["dissemination_rounds_max"] == sorted(slowest)[1]  # the median
+    assert out["worst_seed"] == out["seeds"][slowest.index(max(slowest))]
+    assert out["seed"] is None and out["nodes"] == 12 and out["loss"] == 0.01
+    for key in ("detect_s_p99", "false_deaths", "bytes_per_node_per_s"):
+        assert out[f"{key}_worst"] == max(r[key] for r in out["runs"])
+    assert main([*args, "--seed", "2"]) == 0  # each run is the run --seed gives
+    assert json.loads(capsys.readouterr().out)["dissemination_rounds_max"] == slowest[1]
+
+
+@pytest.mark.parametrize("seeds", ["3-1", "1-2,2", "x"])
+def test_bench_refuses_bad_seeds(seeds: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--nodes", "4", "--seeds", seeds])
+    assert "seeds:" in capsys.readouterr().err
+
+
 def test_bench_partition_reports_heal(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["--nodes", "16", "--seconds", "60", "--seed", "3", "--partition-s", "12"]
     assert main(args) == 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from textual.widgets import Input, OptionList
 
 from tests.tui.helpers import command, filter_rows, settled, sim_app, started, wait_until
@@ -14,6 +16,7 @@ from tui.screens.migrate import MigrateScreen
 from tui.screens.submit import SubmitScreen
 from tui.widgets.header import MeshHeader
 from tui.widgets.tables import MeshTable
+from tui.widgets.topology import TopologyView
 
 
 def main(app: ShoalApp) -> MainScreen:
@@ -38,6 +41,25 @@ async def test_header_shows_mesh_identity_and_connection() -> None:
         live = sum(len(h.devices) for h in app.snapshot.hosts if h.state == "alive")
         assert live < sum(len(h.devices) for h in app.snapshot.hosts)
         assert f"  {live} GPUs" in text  # of the live hosts only: no frozen, departed GPUs
+
+
+async def test_counts_of_one_are_singular_in_the_header_and_the_topology() -> None:
+    """ "1 GPUs" was what a group of one single-GPU host said, and the header of such a mesh."""
+    app, _ = sim_app(hosts=5)  # the fifth host is an Apple machine: one GPU
+    async with app.run_test(size=(120, 40)) as pilot:
+        await started(pilot)
+        view = main(app).query_one(TopologyView)
+        groups = [view.row(i) for i in range(view.line_count)]
+        labels = [r.label for r in groups if r.kind == "group"]
+        assert any(label.endswith(" · 1 host · 1 GPU") for label in labels), labels
+        assert not [label for label in labels if " 1 GPUs" in label or " 1 hosts" in label]
+        assert all(label.endswith(" GPUs") for label in labels if not label.endswith(" 1 GPU"))
+
+        one = next(h for h in app.snapshot.hosts if len(h.devices) == 1)
+        header = main(app).query_one(MeshHeader)
+        header.update_snapshot(replace(app.snapshot, hosts=(one,), jobs=()))
+        text = header.render().plain
+        assert "  1/1 host  1 GPU  0 running" in text, text
 
 
 async def test_drain_a_host_with_a_grace_period() -> None:

@@ -62,7 +62,10 @@ class MeshHeader(Widget):
             )
             running = sum(1 for j in s.jobs if j.state == "running")
             pending = sum(1 for j in s.jobs if j.state == "pending")
-            second.append(f"  {alive}/{hosts} hosts  {gpus} GPUs  {running} running")
+            second.append(
+                f"  {alive}/{hosts} host{'s' * (hosts != 1)}  {gpus} GPU{'s' * (gpus != 1)}"
+                f"  {running} running"
+            )
             if pending:
                 second.append(f"  {pending} pending", p.of("warn"))
         if self.filter_text:

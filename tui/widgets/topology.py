@@ -172,7 +172,10 @@ class TopologyView(CursorKeys, ScrollView, can_focus=True):
         title, host = self._entries[i]
         if host is None:
             n_hosts, n_gpus = self._group_sizes[title]
-            label = f"{title} · {n_hosts} host{'s' * (n_hosts != 1)} · {n_gpus} GPUs"
+            label = (
+                f"{title} · {n_hosts} host{'s' * (n_hosts != 1)}"
+                f" · {n_gpus} GPU{'s' * (n_gpus != 1)}"
+            )
             return TopoRow("group", f"group:{title}", label)
         offset = line - self._starts[i]
         if offset == 0:
