@@ -112,7 +112,8 @@ def test_a_first_fleet_from_one_command(lab: SshLab, wheel_cache: Path) -> None:
     # ... with exactly the locked dependency set, installed by hash.
     locked = read_lock(Path(__file__).resolve().parents[2])
     code = "import importlib.metadata as m; print(m.version('cryptography'), m.version('aiohttp'))"
-    host_python = lab.opt(0) / "shoal" / "venv" / "bin" / "python"
+    # BASE/venv links to the venv by the host's own path: find it under the lab's folder.
+    (host_python,) = (lab.opt(0) / "shoal" / "venvs").glob("*/bin/python")
     versions = subprocess.run(
         [str(host_python), "-c", code], capture_output=True, text=True, check=True
     ).stdout.split()
