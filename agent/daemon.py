@@ -39,6 +39,7 @@ from agent.ckptfiles import Vault
 from agent.ckptmove import Checkpoints
 from agent.commands import Commands
 from agent.config import AgentConfig
+from agent.confirming import Placed
 from agent.context import AgentContext
 from agent.datasets import scan_datasets
 from agent.devices import HostDevices
@@ -176,6 +177,7 @@ class Agent:
             self.metrics.internal_refused,
         )
         self.runner.checkpoints = self.owner.checkpoints = self.checkpoints
+        self.runner.confirmer.owned = self._owned_placed
         self.calls = Calls(self.ctx, self.owner, self.runner, self.metrics)
         self.reads = Reads(self.ctx, self.owner, self.runner, self.node, self.mesh, self.trust)
         self.node.subscribe(self._on_gossip)
@@ -388,6 +390,13 @@ class Agent:
 
     # -- metrics ---------------------------------------------------------------------------------
 
+    def _owned_placed(self, job_id: str) -> Placed | None:
+        """The current attempt of a job this agent owns (``agent.confirming``)."""
+        job = self.owner.jobs.get(job_id)
+        if job is None:
+            return None
+        return Placed.at(job.owner, job.attempt, job.state, job.runner, job.members)
+
     def _metrics_snapshot(self) -> dict[str, Any]:
         jobs: Counter[str] = Counter(str(d.get("state")) for d in self.view.jobs.values())
         members: Counter[str] = Counter(
@@ -406,5 +415,6 @@ class Agent:
             "placements": self.owner.offers,
             "deadline_misses": self.owner.deadline_misses,
             "preemptions": self.runner.preemptions.counts,
+            "start_confirmations": self.runner.confirmer.counts,
             "checkpoint": self.checkpoints.counts,
         }

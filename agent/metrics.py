@@ -16,7 +16,8 @@ whose deadline passed before they ended
 (``shoal_deadline_misses_total``, ``agent.deadlines``), preemptions on this runner, by outcome
 (``preempted``: a job stopped for one of higher priority, ``shrunk``: an elastic job
 restarted with fewer GPUs for another, ``refused``: a preempting offer refused:
-``shoal_preemptions_total``), and checkpoint transfers by what happened (``pulled``,
+``shoal_preemptions_total``), starts confirmed by a job's other owner (``agent.confirming``:
+``shoal_start_confirmations_total``), and checkpoint transfers by what happened (``pulled``,
 ``pushed``, ``resumed``, ``failed``, ``refused``, ``refused_not_owner``:
 ``shoal_checkpoint_total``).
 
@@ -75,6 +76,13 @@ class _Snapshot:
                 "Preempting offers on this runner: victims stopped (preempted), offers refused",
                 "outcome",
                 snap.get("preemptions", {}),
+            ),
+            (
+                "start_confirmations",
+                "Starts confirmed by a job's other owner: asked (confirmed, refused, unanswered),"
+                " answered (given, denied) and older copies fenced",
+                "outcome",
+                snap.get("start_confirmations", {}),
             ),
             (
                 "checkpoint",

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from agent.authority import SubmissionRefused
 from agent.ckptfiles import Vault
 from agent.ckptmove import Checkpoints
 from agent.context import AgentContext
@@ -35,7 +36,7 @@ from agent.wire.calls import AttemptResult, StartOffer, StopAnswer, StopRequest
 from gossip.certtrust import CertSigner
 from gossip.identity import NodeIdentity
 from probers.records import DeviceStatic
-from tests.agent.authority_kit import FakeMesh, Kit
+from tests.agent.authority_kit import FakeMesh, Kit, write_ahead
 
 GPU = DeviceStatic(key="h0", vendor="nvidia", backend="cuda", name="H100", source="sim")
 GPU_TWIN = dataclasses.replace(GPU, key="h1")
@@ -94,7 +95,28 @@ class Rig:
             "submission": base64.b64encode(sealed).decode("ascii"),
         }
 
+    def write_ahead(self, offer: dict[str, Any]) -> None:
+        """The owner's copy of the offered attempt, written ahead to the job's other owner: this
+        runner (the member is last in the order of every job offered here)."""
+        sealed = base64.b64decode(offer["submission"])
+        try:
+            spec = self.runner.authority.submission(sealed, offer["job_id"]).spec
+        except SubmissionRefused:
+            return  # no owner holds a job of a submission no operator made
+        me, attempt = self.runner.node_id, offer["attempt"]
+        write_ahead(
+            self.runner.store,
+            offer["job_id"],
+            spec,
+            sealed,
+            attempt=attempt,
+            owner=self.owner,
+            runner=me,
+        )
+
     async def start(self, offer: dict[str, Any]) -> dict[str, Any]:
+        """Offer the attempt as its owner does: written ahead, then offered."""
+        self.write_ahead(offer)
         return (await self.runner.start(StartOffer.from_wire(offer), self.owner)).to_wire()
 
 
