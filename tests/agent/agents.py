@@ -221,14 +221,16 @@ class Mesh:
         runner: str,
         *,
         gen: int | None = None,
+        members: Sequence[dict[str, Any]] = (),
     ) -> AgentProcess | None:
         """What an owner does before it offers an attempt: agent ``caller``, as the job's owner,
-        copies the job, ``attempt`` placed on ``runner``, to the job's other owner (the agent
-        beside it in the job's order), which a runner asks before it starts the attempt. The
-        agent that took the copy (``None``: a mesh of one)."""
+        copies the job, ``attempt`` placed on ``runner`` (or on a gang's ``members``, in their
+        wire form), to the job's other owner (the agent beside it in the job's order), which a
+        runner asks before it starts the attempt. The agent that took the copy (``None``: a
+        mesh of one)."""
         from agent.ownership import rank
         from agent.wire.calls import JobTransfer, OwnerDetail
-        from agent.wire.records import JobStatus
+        from agent.wire.records import GangMember, JobStatus
         from gossip.identity import load_identity
 
         me = self.agents[caller]
@@ -240,7 +242,8 @@ class Mesh:
         record = JobStatus(
             job_id, "placing", attempt, me.node_id, runner, submitted_at=time.time(), gen=gen
         )
-        body = JobTransfer(record, OwnerDetail(gen=gen), sealed).to_wire()
+        gang = tuple(GangMember.from_wire(m, "member") for m in members)
+        body = JobTransfer(record, OwnerDetail(gen=gen, members=gang), sealed).to_wire()
         target = self.agents[self.node_index(other)]
         identity = load_identity(me.directory / "identity")
         status, answer = self.request(

@@ -323,6 +323,10 @@ def test_a_prepare_never_committed_runs_out_and_frees_the_devices(tmp_path: Path
         # A submission the agent signed itself carries no authority.
         forged = dict(prepare, submission=base64.b64encode(b"not an operator's").decode())
         assert call("gang_prepare", forged)[0] == 403
+        # Written ahead to the job's other owner (the holder itself), as an owner does.
+        assert mesh.write_ahead(
+            1, gang_id, base64.b64decode(sealed), 1, holder.node_id, members=members
+        )
         held_at = time.time()
         status, answer = call("gang_prepare", prepare)
         assert status == 200 and answer["held"] is True, answer
