@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from agent.authority import Authority
 from agent.jobstate import JobState
-from agent.peers import PeerClient, PeerError, PeerRefused, decoded_answer
+from agent.peers import PeerClient, PeerError, decoded_answer
 from agent.store import JobRecord, Store
 from agent.wire.calls import (
     OwnerDetail,
@@ -60,7 +60,8 @@ class NotConfirmed(Exception):
 
 
 class Unconfirmed(Exception):
-    """The job's other owner could not be asked, or did not answer."""
+    """The job's other owner could not be asked, or did not answer (an agent that predates
+    ``confirm_start`` answers 404: the offer is declined, and an older runner may take it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,9 +203,7 @@ class Confirmer:
                     StartConfirmed.from_wire,
                     await r.peers.call(addr, "confirm_start", body, timeout_s=CONFIRM_TIMEOUT_S),
                 )
-            except PeerRefused as exc:
-                answer = StartConfirmed(False, exc.reason)
-            except PeerError as exc:
+            except PeerError as exc:  # no answer, or a refusal to answer (an older agent: 404)
                 self.counts["unanswered"] += 1
                 raise Unconfirmed(
                     f"the job's other owner {other[:8]} did not answer: {exc}"
@@ -226,7 +225,7 @@ class Confirmer:
         verdict = self.given.decide(req.job_id, req.attempt, req.owner, caller, copy)
         if not verdict.confirmed:
             self.counts["denied"] += 1
-            log.warning(
+            log.info(  # the runner that asked says so at WARNING, and counts the refusal
                 "job %s: attempt %d on %s from %s not confirmed: %s",
                 req.job_id[:8],
                 req.attempt,

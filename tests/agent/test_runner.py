@@ -21,6 +21,7 @@ import pytest
 from agent.authority import SubmissionRefused
 from agent.ckptfiles import Vault
 from agent.ckptmove import Checkpoints
+from agent.confirming import NotConfirmed, Unconfirmed
 from agent.context import AgentContext
 from agent.events import EventLog
 from agent.executor import ExecutorConfig, ProcessExecutor
@@ -234,6 +235,27 @@ async def test_an_offer_runs_only_the_operators_submission_from_an_owner(rig: Ri
     assert runner.runs == {} and runner.executor.running() == ()
     await rig.start(offer)
     assert list(runner.runs) == [offer["job_id"]]
+
+
+async def test_an_offer_starts_only_once_the_jobs_other_owner_confirms_it(rig: Rig) -> None:
+    runner = rig.runner
+    # This runner is the job's other owner: it starts what its copy (the write-ahead) places
+    # here, and nothing else, whoever offers it.
+    offer = rig.offer(attempt=2)
+    write_ahead(runner.store, offer["job_id"], JobSpec(command=("true",)), b"", attempt=1,
+                owner=rig.owner, runner=runner.node_id)  # fmt: skip
+    with pytest.raises(NotConfirmed, match="its copy is at attempt 1"):
+        await runner.start(StartOffer.from_wire(offer), rig.owner)
+    # A job whose order puts the member beside the owner: the member must confirm, and this
+    # runner knows no address of it yet.
+    live = [runner.node_id, rig.owner, rig.member.node_id]
+    job_id = next(j for j in iter(new_job_id, "") if rank(j, live)[2] == runner.node_id)
+    sealed = rig.kit.submission(job_id, JobSpec(command=("true",)))
+    offer = dict(offer, job_id=job_id, submission=base64.b64encode(sealed).decode("ascii"))
+    with pytest.raises(Unconfirmed, match="has no address here yet"):
+        await runner.start(StartOffer.from_wire(offer), rig.owner)
+    assert runner.runs == {} and runner.executor.running() == ()
+    assert runner.confirmer.counts == {"refused": 1, "denied": 1, "unanswered": 1}
 
 
 async def test_only_an_owner_or_the_starter_may_stop_a_job(rig: Rig) -> None:
