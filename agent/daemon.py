@@ -388,14 +388,14 @@ class Agent:
         if ends:
             log.info("published again the end of %d job(s) owned before this start", ends)
 
-    # -- metrics ---------------------------------------------------------------------------------
-
     def _owned_placed(self, job_id: str) -> Placed | None:
         """The current attempt of a job this agent owns (``agent.confirming``)."""
         job = self.owner.jobs.get(job_id)
         if job is None:
             return None
         return Placed.at(job.owner, job.attempt, job.state, job.runner, job.members)
+
+    # -- metrics ---------------------------------------------------------------------------------
 
     def _metrics_snapshot(self) -> dict[str, Any]:
         jobs: Counter[str] = Counter(str(d.get("state")) for d in self.view.jobs.values())

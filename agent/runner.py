@@ -320,9 +320,9 @@ class Runner:
             raise Declined(f"node is {self.drain.value}")
         if attempt <= self.fence.get(job_id):
             raise Declined(f"attempt {attempt} is fenced here")
-        self._newer_runs(job_id, attempt)
+        self._older_runs(job_id, attempt)
         await self.confirmer.ask(job_id, attempt, owner)  # before anything is stopped for it
-        if self._newer_runs(job_id, attempt):  # an older attempt: fenced
+        if self._older_runs(job_id, attempt):  # checked again after the wait: fenced
             await self.executor.stop(job_id, cause="fenced", grace_s=self._stop_grace_s)
         statics = {s.key: s for s in self._statics()}
         holds = self.holds.devices(time.monotonic(), but=job_id)
@@ -355,7 +355,7 @@ class Runner:
         rebound = chosen if chosen != keys else ()
         return Admitted(share_bytes, claimed, tuple(v for v in claimed if v in shrink), rebound)
 
-    def _newer_runs(self, job_id: str, attempt: int) -> bool:
+    def _older_runs(self, job_id: str, attempt: int) -> bool:
         """Whether an older attempt of the job runs here (``Declined``: this or a newer one)."""
         held = self.runs.get(job_id)
         if held is not None and held.attempt >= attempt:
