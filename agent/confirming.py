@@ -12,8 +12,11 @@ only (a mesh of one), there is nobody else to ask.
 
 The one asked also remembers the attempt it confirmed for each job, and where: when it confirms
 a newer attempt (or the same one placed on other runners), it fences the older copies at once (a
-``stop`` to each of their runners with cause ``fenced``), so even an owner that lies to its own
-replica has at most one attempt running at a time, the older one stopped as the newer starts.
+``stop`` to each of their runners with cause ``fenced``), and so it does to every other node whose
+own gossiped record lists the job running (an older copy it never confirmed, or forgot: a stop
+names the attempt before the one confirmed, so it ends only older ones). Even an owner that lies
+to its own replica has at most one attempt running at a time, the older stopped as the newer
+starts.
 
 :class:`Confirmations` is the sans-I/O core (the copy and the memory in, a verdict out);
 :class:`Confirmer` asks and answers over the agents' calls. Counted in
@@ -34,6 +37,7 @@ from agent.authority import Authority
 from agent.jobstate import JobState
 from agent.peers import PeerClient, PeerError, decoded_answer
 from agent.store import JobRecord, Store
+from agent.view import ClusterView
 from agent.wire.calls import (
     OwnerDetail,
     StartConfirm,
@@ -116,10 +120,17 @@ class Confirmations:
         self._given: OrderedDict[str, tuple[int, frozenset[str]]] = OrderedDict()
 
     def decide(
-        self, job_id: str, attempt: int, owner: str, runner: str, copy: Placed | None
+        self,
+        job_id: str,
+        attempt: int,
+        owner: str,
+        runner: str,
+        copy: Placed | None,
+        listed: Iterable[str] = (),
     ) -> Verdict:
         """May ``runner`` start attempt ``attempt`` of the job that ``owner`` offered it, as
-        this agent's ``copy`` of the job says?"""
+        this agent's ``copy`` of the job says? ``listed``: the nodes whose own records say the
+        job runs there (their older copies are fenced too, whatever this agent remembers)."""
         if copy is None:
             return Verdict(False, "it holds no copy of the job")
         if copy.owner != owner:
@@ -142,8 +153,11 @@ class Confirmations:
         self._given.move_to_end(job_id)
         while len(self._given) > self._kept:
             self._given.popitem(last=False)
-        fence = tuple((n, given) for n in sorted(stale) if n != runner)
-        return Verdict(True, fence=fence)
+        fence = {n: attempt - 1 for n in listed} if attempt > 1 else {}
+        for n in stale:
+            fence[n] = max(fence.get(n, 0), given)
+        fence.pop(runner, None)
+        return Verdict(True, fence=tuple(sorted(fence.items())))
 
     def forget(self, job_ids: Iterable[str]) -> None:
         for job_id in job_ids:
@@ -160,6 +174,7 @@ class ConfirmingRunner(Protocol):
     store: Store
     authority: Authority
     peers: PeerClient
+    view: ClusterView
 
     def spawn(self, coro: Any) -> None: ...
 
@@ -222,7 +237,12 @@ class Confirmer:
         if copy is None:
             rec = self._r.store.get_job(req.job_id)
             copy = Placed.of(rec) if rec is not None else None
-        verdict = self.given.decide(req.job_id, req.attempt, req.owner, caller, copy)
+        listed = [
+            node
+            for node, seen in self._r.view.nodes.items()
+            if seen.status is not None and req.job_id in seen.status.running
+        ]
+        verdict = self.given.decide(req.job_id, req.attempt, req.owner, caller, copy, listed)
         if not verdict.confirmed:
             self.counts["denied"] += 1
             log.info(  # the runner that asked says so at WARNING, and counts the refusal

@@ -608,6 +608,60 @@ def test_a_newer_attempt_confirmed_elsewhere_fences_the_older_copy_at_once(
         mesh.command(mesh.agents[0], "cancel", {"job_id": job_id})
 
 
+def test_an_older_copy_the_other_owner_forgot_is_fenced_through_its_runners_record(
+    tmp_path: Path,
+) -> None:
+    """As above, but the job's other owner restarted since it confirmed attempt 1, so it
+    remembers nothing of it: the runner's own record, which lists the job, gets it fenced."""
+    mesh = Mesh(tmp_path, ["h100:1", "l4:1", "h100:1"])
+    mesh.start_all()
+    try:
+        intruder, a = Intruder(mesh, 2), mesh.agents[0]
+        live = [x.node_id for x in mesh.agents]
+        for _ in range(8):  # a job that runs elsewhere than on its other owner
+            job_id = job_in_window(mesh, intruder, 0)
+            body = {"job_id": job_id, "spec": spec(SLEEPER, gpus=0)}
+            assert mesh.command(a, "submit", body)[0] == 200
+            mesh.wait("attempt 1 running", lambda j=job_id: mesh.job(a, j)["state"] == "running")
+            job, other = mesh.job(a, job_id), by_id(mesh, rank(job_id, live)[1])
+            if job["runner"] != other.node_id:
+                break
+            assert mesh.command(a, "cancel", {"job_id": job_id})[0] == 200
+        first, n = by_id(mesh, job["runner"]), job["attempt"]
+        assert first is not other
+        mesh.terminate(other.index)
+        mesh.start(other.index)
+        mesh.wait_converged()
+
+        def listed_by_other() -> bool:
+            nodes = {x["node_id"]: x for x in mesh.get(other, "/v1/nodes")["nodes"]}
+            return job_id in (nodes[first.node_id].get("running_jobs") or [])
+
+        mesh.wait("the restarted other owner hearing where attempt 1 runs", listed_by_other)
+        second = next(x for x in mesh.agents if x not in (first, intruder.agent))
+        sealed = mesh.seal("submit", body)
+        took = mesh.write_ahead(
+            intruder.agent.index, job_id, sealed, n + 1, second.node_id, gen=10**6
+        )
+        assert took is other
+        offer = {
+            "job_id": job_id,
+            "attempt": n + 1,
+            "owner": intruder.node_id,
+            "devices": [],
+            "submission": base64.b64encode(sealed).decode(),
+        }
+        assert intruder.call(second, "start", offer) == 200
+        mesh.wait(
+            "attempt 1 fenced on its runner",
+            lambda: not runs_here(mesh, first, job_id) and runs_here(mesh, second, job_id),
+            deadline_s=10.0,
+        )
+        assert metric(mesh, other, "shoal_start_confirmations_total", outcome="fenced") == 1
+    finally:
+        mesh.stop_all()
+
+
 def test_one_members_preempting_offers_start_no_attempt_on_several_runners(
     tmp_path: Path,
 ) -> None:

@@ -62,6 +62,20 @@ def test_the_same_attempt_moved_to_another_runner_fences_where_it_was() -> None:
     assert given.decide("j", 5, LIAR, R3, placed(5, R3, owner=LIAR)).fence == ((R2, 5),)
 
 
+def test_the_nodes_whose_records_list_the_job_are_fenced_whatever_is_remembered() -> None:
+    # Nothing remembered (the other owner restarted, or is new to the window): runners 1 and 3
+    # say the job runs there; whatever attempt they run before 4 is fenced. The runner asking
+    # fences its own.
+    given = Confirmations()
+    verdict = given.decide("j", 4, OWNER, R2, placed(4, R2), listed=[R1, R2, R3])
+    assert verdict.confirmed and verdict.fence == ((R1, 3), (R3, 3))
+    # Remembered too: the same stop covers both; the same attempt moved is fenced as itself.
+    assert given.decide("j", 4, OWNER, R3, placed(4, R3), listed=[R1]).fence == ((R1, 3), (R2, 4))
+    # A first attempt has nothing older to fence; a refused start fences nothing.
+    assert Confirmations().decide("k", 1, OWNER, R2, placed(1, R2), listed=[R1]).fence == ()
+    assert given.decide("j", 5, OWNER, R1, None, listed=[R3]).fence == ()
+
+
 def test_a_gangs_members_are_each_confirmed_and_fenced_together() -> None:
     given = Confirmations()
     gang = placed(1, R1, R2)
