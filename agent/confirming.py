@@ -5,7 +5,8 @@ over when it is gone), and the owner writes each attempt to the replica *before*
 (``agent.placing``, ``agent.gang``: the write-ahead). So a runner that is offered an attempt can
 ask the other agent of the window whether its copy of the job places that attempt on this
 runner, and start it only if it does (``confirm_start``; a runner that is itself the other
-owner reads its own copy). One member's word (a stolen key in the window, an owner whose view is
+owner reads its own copy; an agent that owns the job answers from the job it holds, never from
+a copy stored since). One member's word (a stolen key in the window, an owner whose view is
 wrong) then starts nothing the other has not been told of: no second start while attempt 1 runs,
 no attempt on several runners, no victims preempted for it. When the window holds one live agent
 only (a mesh of one), there is nobody else to ask.
