@@ -9,7 +9,8 @@ Agent-to-agent, role ``agent`` only (403 otherwise), all JSON POSTs under ``/v1/
 ``command`` (a forwarded sealed command, executed here without forwarding again), the calls of
 the job protocol (``agent.calls``: ``replicate``, ``adopt``, ``start``, ``stop``, ``status``,
 ``report``, ``checkpointed``, ``stored_job`` (a retired job's stored record), and a gang's
-``gang_prepare``, ``gang_commit``, ``gang_abort``),
+``gang_prepare``, ``gang_commit``, ``gang_abort``, and ``confirm_start``, a runner asking the
+job's other owner before it starts an attempt),
 ``GET /v1/internal/logs/{id}`` (the runner's log, proxied by the API), and the checkpoint
 transfers under ``/v1/internal/checkpoint/{id}`` (``agent.ckptmove``). A job's log takes
 ``attempt`` and, with it, ``node``: that attempt's part on one of a gang's members.

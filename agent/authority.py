@@ -156,9 +156,19 @@ class Authority:
         """May ``node`` act as the owner of ``job_id``, as this agent sees the mesh?"""
         if not self.is_agent(node):
             return False  # an operator, an unknown, expired or revoked certificate
+        return may_own(job_id, node, self._judged(node))
+
+    def other_owner(self, job_id: str, node: str) -> str | None:
+        """The agent beside ``node`` in the job's owner window, as :meth:`may_own` judges it
+        (``None``: ``node`` is the only live agent, so the job has no other owner here)."""
+        window = rank(job_id, self._judged(node))[:OWNER_WINDOW]
+        return next((n for n in window if n != node), None)
+
+    def _judged(self, node: str) -> list[str]:
+        """The live agents ``node``'s authority is judged among."""
         live = self._live()
         if node not in live and not self._heard_of(node):
             # An agent gossip has not told of yet (a mesh forming) is judged as if it were live:
             # the same window, so no more authority than any member has.
             live = [*live, node]
-        return may_own(job_id, node, live)
+        return live

@@ -13,7 +13,10 @@ process could not be launched (:data:`agent.owner.LAUNCH_FAILED`).
 - ``checkpointed``: the job's checkpoint changed on its runner (to the owner, which pulls it:
   ``agent.ckptmove``, whose routes are beside these);
 - ``gang_prepare``, ``gang_commit``, ``gang_abort``: a gang's two-phase start on each member's
-  runner (``agent.gangdesk``), authorised as ``start`` and ``stop`` are.
+  runner (``agent.gangdesk``), authorised as ``start`` and ``stop`` are;
+- ``confirm_start``: a runner offered an attempt asks the job's other owner whether its copy
+  places that attempt there (``agent.confirming``); one it does not confirm is refused as a
+  call without authority (403), one it could not be asked about declined (409).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agent.authority import FeaturesLacking, SubmissionRefused
+from agent.confirming import NotConfirmed, Unconfirmed
 from agent.context import AgentContext
 from agent.errors import ApiError
 from agent.gangdesk import GangDesk
@@ -37,6 +41,7 @@ from agent.wire.calls import (
     GangAbort,
     GangCommit,
     GangPrepare,
+    StartConfirm,
     StartOffer,
     StatusRequest,
     StopRequest,
@@ -90,6 +95,11 @@ class Calls:
             "gang_abort": self._sync(
                 lambda body, caller: desk.abort(GangAbort.from_wire(body), caller).to_wire()
             ),
+            "confirm_start": self._sync(
+                lambda body, caller: runner.confirmer.answer(
+                    StartConfirm.from_wire(body), caller
+                ).to_wire()
+            ),
         }
 
     @staticmethod
@@ -116,7 +126,7 @@ class Calls:
             return await call(body, caller)
         except FeaturesLacking as exc:
             raise ApiError(409, str(exc)) from None
-        except (NotAllowed, SubmissionRefused) as exc:
+        except (NotAllowed, SubmissionRefused, NotConfirmed) as exc:
             self._refused(op, caller, exc)
             raise ApiError(403, str(exc)) from None
         except OwnerError as exc:
@@ -125,7 +135,7 @@ class Calls:
             raise ApiError(exc.status, str(exc)) from None
         except LaunchFailed as exc:
             raise ApiError(LAUNCH_FAILED, str(exc)) from None
-        except Declined as exc:
+        except (Declined, Unconfirmed) as exc:
             raise ApiError(409, str(exc)) from None
 
     def _refused(self, op: str, caller: str, exc: Exception) -> None:

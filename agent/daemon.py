@@ -39,6 +39,7 @@ from agent.ckptfiles import Vault
 from agent.ckptmove import Checkpoints
 from agent.commands import Commands
 from agent.config import AgentConfig
+from agent.confirming import Placed
 from agent.context import AgentContext
 from agent.datasets import DatasetScanner
 from agent.devices import HostDevices
@@ -180,6 +181,7 @@ class Agent:
             self.metrics.internal_refused,
         )
         self.runner.checkpoints = self.owner.checkpoints = self.checkpoints
+        self.runner.confirmer.owned = self._owned_placed
         self.calls = Calls(self.ctx, self.owner, self.runner, self.metrics)
         self.reads = Reads(self.ctx, self.owner, self.runner, self.node, self.mesh, self.trust)
         self.node.subscribe(self._on_gossip)
@@ -416,6 +418,13 @@ class Agent:
         if ends:
             log.info("published again the end of %d job(s) owned before this start", ends)
 
+    def _owned_placed(self, job_id: str) -> Placed | None:
+        """The current attempt of a job this agent owns (``agent.confirming``)."""
+        job = self.owner.jobs.get(job_id)
+        if job is None:
+            return None
+        return Placed.at(job.owner, job.attempt, job.state, job.runner, job.members)
+
     # -- metrics ---------------------------------------------------------------------------------
 
     def _metrics_snapshot(self) -> dict[str, Any]:
@@ -442,6 +451,7 @@ class Agent:
             },
             "preemptions": self.runner.preemptions.counts,
             "gang_holds": self.runner.holds.counts,
+            "start_confirmations": self.runner.confirmer.counts,
             "checkpoint": self.checkpoints.counts,
             "datasets_refused": self.datasets.refused,
         }

@@ -1,7 +1,8 @@
 """The runner's side of a gang's two-phase start: ``gang_prepare``, ``gang_commit``, ``gang_abort``.
 
 - ``gang_prepare`` is admitted as a ``start`` is (the caller may own the job and carries the
-  operator's submission; the node takes work; the attempt is not fenced; this node's member's
+  operator's submission; the node takes work; the attempt is not fenced; the job's other owner
+  confirms that the caller placed it on this node, ``agent.confirming``; this node's member's
   devices are here and free, or, when the prepare lets it and they are taken, others of the
   same models its placement chooses, named in the answer), then holds those devices for ``ttl_s``
   (:class:`agent.reservations.Reservations`; at most :data:`agent.wire.calls.MAX_HOLD_S`, 30 s:
@@ -94,7 +95,9 @@ class GangDesk:
                 f"the member has {len(member.devices)} devices, the job needs"
                 f" {spec.resources.gpus_per_node} per node"
             )
-        admitted = await r.admit(job_id, req.attempt, spec, member.devices, may_rebind=req.rebind)
+        admitted = await r.admit(
+            job_id, req.attempt, req.owner, spec, member.devices, may_rebind=req.rebind
+        )
         if admitted.keys:  # late binding: others of the same models, as the runner chose
             member = member._replace(devices=admitted.keys)
         master_addr = master_port = None

@@ -16,7 +16,8 @@ whose deadline passed before they ended
 (``shoal_deadline_misses_total``, ``agent.deadlines``), preemptions on this runner, by outcome
 (``preempted``: a job stopped for one of higher priority, ``shrunk``: an elastic job
 restarted with fewer GPUs for another, ``refused``: a preempting offer refused:
-``shoal_preemptions_total``), and checkpoint transfers by what happened (``pulled``,
+``shoal_preemptions_total``), starts confirmed by a job's other owner (``agent.confirming``:
+``shoal_start_confirmations_total``), and checkpoint transfers by what happened (``pulled``,
 ``pushed``, ``resumed``, ``failed``, ``refused``, ``refused_not_owner``:
 ``shoal_checkpoint_total``), entries of the datasets folder refused, by reason (``name``,
 ``link_out``: ``shoal_datasets_refused_total``, ``agent.datasets``), and errors in one job's
@@ -84,6 +85,13 @@ class _Snapshot:
                 "Gang holds on this runner: held, committed, aborted, expired, refused (budget)",
                 "outcome",
                 snap.get("gang_holds", {}),
+            ),
+            (
+                "start_confirmations",
+                "Starts confirmed by a job's other owner: asked (confirmed, refused, unanswered),"
+                " answered (given, denied) and older copies fenced",
+                "outcome",
+                snap.get("start_confirmations", {}),
             ),
             (
                 "checkpoint",

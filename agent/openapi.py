@@ -33,6 +33,7 @@ INTERNAL_CALLS: Final = (
     "gang_prepare",
     "gang_commit",
     "gang_abort",
+    "confirm_start",
 )
 """The agent-to-agent calls of ``POST /v1/internal/{op}`` (``agent.calls``)."""
 

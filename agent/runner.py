@@ -30,6 +30,8 @@ it, not on this module:
 - ``agent.reports``: the reports of ended attempts, told to each job's owner until it has heard;
 - ``agent.runnerckpt``: an attempt starts from the checkpoint its offer names or from an empty
   folder; a change in a running job's checkpoint folder is told to its owner, which pulls a copy;
+- ``agent.confirming``: an attempt starts only once the job's other owner confirms it (and this
+  runner answers as one, fencing the older copies of a job once it confirms a newer attempt);
 - ``agent.fencing`` (sans-I/O): when a gossiped job record stops the attempt running here (for a
   gang's, unless the record names this node among the attempt's ``members``);
 - ``agent.draining``: cordon, drain (the grace period, then cause ``drain``) and undrain;
@@ -48,6 +50,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from agent.admission import NodeFacts, NotAdmitted, Rebind, admit_or_rebind, local_node
 from agent.authority import FeaturesLacking, SubmissionRefused
+from agent.confirming import Confirmer
 from agent.context import AgentContext
 from agent.draining import Drain
 from agent.executor import (
@@ -210,6 +213,8 @@ class Runner:
         self.preemptions = Preemptions(ctx.preempt_min_run_s)
         self.ckpts = RunnerCheckpoints(self)
         """The jobs' checkpoints on this side: prepared, watched, told (``agent.runnerckpt``)."""
+        self.confirmer = Confirmer(self, self._addr_of, self._live)
+        """Asks the job's other owner before an attempt starts here, and answers as one."""
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -261,7 +266,7 @@ class Runner:
         if spec.is_gang:
             raise Declined("a gang starts through gang_prepare and gang_commit, not start")
         admitted = await self.admit(
-            job_id, attempt, spec, offer.devices, offer.victims, offer.shrink, offer.rebind
+            job_id, attempt, owner, spec, offer.devices, offer.victims, offer.shrink, offer.rebind
         )
         keys = admitted.keys or offer.devices
         answer = await self.launch(
@@ -291,6 +296,7 @@ class Runner:
         self,
         job_id: str,
         attempt: int,
+        owner: str,
         spec: JobSpec,
         keys: tuple[str, ...],
         victims: tuple[str, ...] = (),
@@ -298,7 +304,8 @@ class Runner:
         may_rebind: bool = False,
     ) -> Admitted:
         """``Declined`` unless attempt ``attempt`` may start here now on ``keys``: the agent
-        runs, the node takes work, the attempt is not fenced, no newer one runs, the devices
+        runs, the node takes work, the attempt is not fenced, no newer one runs, the job's
+        other owner confirms that ``owner`` placed it here (``agent.confirming``), the devices
         are here, free (a hold of the job itself does not count: it is its own) and meet the
         spec's hard filters (``agent.admission``). An older attempt of the job that still runs
         here is stopped (fenced). ``victims``: running jobs a preempting offer names, which the
@@ -313,10 +320,9 @@ class Runner:
             raise Declined(f"node is {self.drain.value}")
         if attempt <= self.fence.get(job_id):
             raise Declined(f"attempt {attempt} is fenced here")
-        held = self.runs.get(job_id)
-        if held is not None:
-            if held.attempt >= attempt:
-                raise Declined(f"attempt {held.attempt} already runs here")
+        self._older_runs(job_id, attempt)
+        await self.confirmer.ask(job_id, attempt, owner)  # before anything is stopped for it
+        if self._older_runs(job_id, attempt):  # checked again after the wait: fenced
             await self.executor.stop(job_id, cause="fenced", grace_s=self._stop_grace_s)
         statics = {s.key: s for s in self._statics()}
         holds = self.holds.devices(time.monotonic(), but=job_id)
@@ -348,6 +354,13 @@ class Runner:
             raise Declined(str(exc)) from None
         rebound = chosen if chosen != keys else ()
         return Admitted(share_bytes, claimed, tuple(v for v in claimed if v in shrink), rebound)
+
+    def _older_runs(self, job_id: str, attempt: int) -> bool:
+        """Whether an older attempt of the job runs here (``Declined``: this or a newer one)."""
+        held = self.runs.get(job_id)
+        if held is not None and held.attempt >= attempt:
+            raise Declined(f"attempt {held.attempt} already runs here")
+        return held is not None
 
     async def launch(
         self,
@@ -543,7 +556,9 @@ class Runner:
 
     def forget_fences(self, job_ids: Iterable[str]) -> None:
         """Jobs let go of from disk (``agent.purging``): no owner offers them any more."""
-        self.fence.forget(j for j in job_ids if j not in self.runs)
+        gone = [j for j in job_ids if j not in self.runs]
+        self.fence.forget(gone)
+        self.confirmer.given.forget(gone)
 
     # -- fencing through gossip (agent.fencing) --------------------------------------------------
 

@@ -6,8 +6,9 @@
 status answers), and a gang's two-phase start (``agent.gang``, ``agent.gangdesk``):
 :class:`GangPrepare` and :class:`GangPrepared` (``gang_prepare``), :class:`GangCommit` and
 :class:`StartAnswer` (``gang_commit``), :class:`GangAbort` and :class:`GangAborted`
-(``gang_abort``). A body that does not decode raises :class:`~agent.wire.codec.WireError` (the API
-answers 400).
+(``gang_abort``), and :class:`StartConfirm` and :class:`StartConfirmed` (``confirm_start``: a
+runner asks the job's other owner before it starts an attempt). A body that does not decode
+raises :class:`~agent.wire.codec.WireError` (the API answers 400).
 """
 
 from __future__ import annotations
@@ -523,3 +524,47 @@ class GangAborted(NamedTuple):
     def from_wire(cls, value: Any) -> GangAborted:
         d = c.obj(value, "answer")
         return cls(released=c.field(d, "released", c.or_default(c.flag, False)))
+
+
+class StartConfirm(NamedTuple):
+    """``confirm_start``: the runner that calls asks the job's other owner whether ``owner``
+    placed attempt ``attempt`` of the job on it (``agent.confirming``); answered with a
+    :class:`StartConfirmed`."""
+
+    job_id: str
+    attempt: int
+    owner: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "attempt": self.attempt, "owner": self.owner}
+
+    @classmethod
+    def from_wire(cls, value: Any) -> StartConfirm:
+        d = c.obj(value, "body")
+        return cls(
+            job_id=c.field(d, "job_id", c.text),
+            attempt=c.field(d, "attempt", c.integer),
+            owner=c.field(d, "owner", c.text),
+        )
+
+
+class StartConfirmed(NamedTuple):
+    """Whether the other owner's copy of the job places that attempt on the caller; when it
+    does not, ``reason`` says why in one line."""
+
+    confirmed: bool
+    reason: str = ""
+
+    def to_wire(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"confirmed": self.confirmed}
+        if self.reason:
+            doc["reason"] = self.reason
+        return doc
+
+    @classmethod
+    def from_wire(cls, value: Any) -> StartConfirmed:
+        d = c.obj(value, "answer")
+        return cls(
+            confirmed=c.field(d, "confirmed", c.or_default(c.flag, False)),
+            reason=c.field(d, "reason", c.or_default(c.text, "")),
+        )

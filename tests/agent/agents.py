@@ -192,6 +192,7 @@ class Mesh:
         me = self.agents[caller]
         job_id = next(j for j in iter(new_job_id, "") if rank(j, live)[0] == me.node_id)
         sealed = self.seal("submit", {"job_id": job_id, "spec": job.to_dict()})
+        self.write_ahead(caller, job_id, sealed, 1, self.agents[to].node_id)
         offer = {
             "job_id": job_id,
             "attempt": 1,
@@ -210,6 +211,46 @@ class Mesh:
             identity=identity,
         )
         return status, str(json.loads(body).get("error", ""))
+
+    def write_ahead(
+        self,
+        caller: int,
+        job_id: str,
+        sealed: bytes,
+        attempt: int,
+        runner: str,
+        *,
+        gen: int | None = None,
+        members: Sequence[dict[str, Any]] = (),
+    ) -> AgentProcess | None:
+        """What an owner does before it offers an attempt: agent ``caller``, as the job's owner,
+        copies the job, ``attempt`` placed on ``runner`` (or on a gang's ``members``, in their
+        wire form), to the job's other owner (the agent beside it in the job's order), which a
+        runner asks before it starts the attempt. The agent that took the copy (``None``: a
+        mesh of one)."""
+        from agent.ownership import rank
+        from agent.wire.calls import JobTransfer, OwnerDetail
+        from agent.wire.records import GangMember, JobStatus
+        from gossip.identity import load_identity
+
+        me = self.agents[caller]
+        window = rank(job_id, [a.node_id for a in self.agents if a.running])[:2]
+        other = next((n for n in window if n != me.node_id), None)
+        if other is None:
+            return None
+        gen = attempt if gen is None else gen
+        record = JobStatus(
+            job_id, "placing", attempt, me.node_id, runner, submitted_at=time.time(), gen=gen
+        )
+        gang = tuple(GangMember.from_wire(m, "member") for m in members)
+        body = JobTransfer(record, OwnerDetail(gen=gen, members=gang), sealed).to_wire()
+        target = self.agents[self.node_index(other)]
+        identity = load_identity(me.directory / "identity")
+        status, answer = self.request(
+            target, "POST", "/v1/internal/replicate", json.dumps(body).encode(), identity=identity
+        )
+        assert status == 200, (status, answer)
+        return target
 
     def events(self, a: AgentProcess) -> list[dict[str, Any]]:
         """Every event agent ``a`` holds (its own and those gossiped to it), oldest first."""

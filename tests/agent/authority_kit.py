@@ -1,18 +1,22 @@
 """What the owner and runner tests need of the authority model: a cluster, an operator's sealed
-submissions, agent identities, an ``Authority`` over a chosen view of live agents, and membership
-as the test sets it."""
+submissions, agent identities, an ``Authority`` over a chosen view of live agents, membership
+as the test sets it, and the copy of a job an owner writes ahead to the job's other owner."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from agent.authority import Authority
 from agent.jobspec import JobSpec
+from agent.jobstate import JobState
+from agent.store import JobRecord, Store
+from agent.wire.calls import OwnerDetail
+from agent.wire.records import GangMember
 from gossip import envelope
 from gossip.certtrust import CertSigner, CertTrust
 from gossip.identity import ClusterIdentity, NodeIdentity, enroll_node, init_cluster
@@ -75,3 +79,33 @@ class FakeMesh:
 
     def is_gone(self, node_id: str) -> bool:
         return node_id in self.gone
+
+
+def write_ahead(
+    store: Store,
+    job_id: str,
+    spec: JobSpec,
+    sealed: bytes,
+    *,
+    attempt: int,
+    owner: str,
+    runner: str,
+    members: Sequence[GangMember] = (),
+) -> None:
+    """Keep in ``store`` the copy an owner writes to the job's other owner before it offers an
+    attempt: ``attempt`` placed on ``runner`` (or on a gang's ``members``), by ``owner``."""
+    detail = OwnerDetail(devices=(), members=tuple(members), gen=attempt)
+    store.put_job(
+        JobRecord(
+            job_id=job_id,
+            spec=spec,
+            state=JobState.PLACING,
+            attempt=attempt,
+            owner=owner,
+            runner=runner,
+            submitted_at=time.time(),
+            updated_at=time.time(),
+            detail=detail.to_wire(),
+            submission=sealed,
+        )
+    )

@@ -472,3 +472,254 @@ def test_a_member_whose_messages_are_dear_to_handle_is_held_to_its_cpu_budget(
         mesh.wait("the job done", lambda: mesh.job(witness, job_id)["state"] == "succeeded")
     finally:
         mesh.stop_all()
+
+
+# -- a start needs the job's other owner's word (agent.confirming) -------------------------------
+
+
+def job_in_window(mesh: Mesh, intruder: Intruder, place: int) -> str:
+    """A job id whose order puts the intruder at ``place`` (0: its owner, 1: beside it)."""
+    live = [a.node_id for a in mesh.agents]
+    while True:
+        job_id = new_job_id()
+        if rank(job_id, live)[place] == intruder.node_id:
+            return job_id
+
+
+def runs_here(mesh: Mesh, a: AgentProcess, job_id: str) -> bool:
+    """Whether agent ``a``'s own node record lists the job as running there."""
+    nodes = {n["node_id"]: n for n in mesh.get(a, "/v1/nodes")["nodes"]}
+    return job_id in (nodes[a.node_id].get("running_jobs") or [])
+
+
+def started_on(mesh: Mesh, a: AgentProcess, job_id: str) -> list[str]:
+    """The ``running`` events agent ``a`` said of the job (one per attempt started there)."""
+    return [
+        e["message"]
+        for e in mesh.events(a)
+        if e["kind"] == "running" and e["job_id"] == job_id and e["node"] == a.node_id
+    ]
+
+
+def test_a_lone_members_second_start_is_refused_while_attempt_1_runs(
+    mesh: Mesh, intruder: Intruder
+) -> None:
+    # The intruder is beside the job's owner in its order: it may act as the job's owner.
+    job_id = job_in_window(mesh, intruder, 1)
+    status, answer = mesh.command(
+        mesh.agents[0], "submit", {"job_id": job_id, "spec": spec(SLEEPER, gpus=0)}
+    )
+    assert status == 200, answer
+    mesh.wait("attempt 1 running", lambda: mesh.job(mesh.agents[0], job_id)["state"] == "running")
+    job = mesh.job(mesh.agents[0], job_id)
+    owner, first = by_id(mesh, job["owner"]), by_id(mesh, job["runner"])
+    assert owner is not intruder.agent
+    n = job["attempt"]  # 1, unless a runner declined an offer
+    # An operator's submission of the job, as every member holds it (gossip's sub/<id>).
+    sealed = mesh.seal("submit", {"job_id": job_id, "spec": spec(SLEEPER, gpus=0)})
+    targets = [a for a in mesh.agents if a is not intruder.agent]
+    before = {
+        a.index: (
+            metric(mesh, a, "shoal_internal_refused_total", call="start"),
+            metric(mesh, a, "shoal_start_confirmations_total", outcome="refused"),
+        )
+        for a in targets
+    }
+    for a in targets:
+        # Even with its own copy of the job written ahead to the owner first, as an owner would.
+        forged = {
+            "record": dict(job, attempt=n + 1, state="placing", runner=a.node_id, gen=10**6),
+            "detail": {"gen": 10**6},
+            "submission": base64.b64encode(sealed).decode(),
+        }
+        forged["record"]["owner"] = intruder.node_id
+        assert intruder.call(owner, "replicate", forged) in (200, 403)
+        offer = {
+            "job_id": job_id,
+            "attempt": n + 1,
+            "owner": intruder.node_id,
+            "devices": [],
+            "submission": base64.b64encode(sealed).decode(),
+        }
+        assert intruder.call(a, "start", offer) == 403, a.index
+    time.sleep(1.5)  # time for a second copy to start and be gossiped, were it started
+    for a in targets:
+        refused, unconfirmed = before[a.index]
+        assert metric(mesh, a, "shoal_internal_refused_total", call="start") == refused + 1
+        assert metric(mesh, a, "shoal_start_confirmations_total", outcome="refused") == (
+            unconfirmed + 1
+        )
+        assert not any(f"attempt {n + 1} " in m for m in started_on(mesh, a, job_id)), a.index
+    # Attempt 1 ran on, where it was, alone.
+    now = mesh.job(mesh.agents[0], job_id)
+    assert (now["state"], now["attempt"], now["runner"]) == ("running", n, first.node_id)
+    assert now["attempts"] == job["attempts"]
+    assert [a.index for a in mesh.agents if runs_here(mesh, a, job_id)] == [first.index]
+    assert mesh.command(mesh.agents[0], "cancel", {"job_id": job_id})[0] == 200
+
+
+def test_a_newer_attempt_confirmed_elsewhere_fences_the_older_copy_at_once(
+    mesh: Mesh, intruder: Intruder
+) -> None:
+    """The intruder holds the key of the job's very owner: it may place the job, so the job's
+    other owner confirms the attempt it writes ahead; the attempt that ran until then is
+    fenced as the newer one is confirmed, so the two never run on together."""
+    job_id = job_in_window(mesh, intruder, 0)
+    body = {"job_id": job_id, "spec": spec(SLEEPER, gpus=0)}
+    assert mesh.command(mesh.agents[0], "submit", body)[0] == 200
+    mesh.wait("attempt 1 running", lambda: mesh.job(mesh.agents[0], job_id)["state"] == "running")
+    job = mesh.job(mesh.agents[0], job_id)
+    first = by_id(mesh, job["runner"])
+    live = [a.node_id for a in mesh.agents]
+    other = by_id(mesh, rank(job_id, live)[1])
+    mesh.wait("attempt 1 listed by its runner", lambda: runs_here(mesh, first, job_id))
+    second = next(a for a in mesh.agents if a not in (first, intruder.agent))
+    n = job["attempt"]  # 1, unless a runner declined an offer
+    before = metric(mesh, other, "shoal_start_confirmations_total", outcome="fenced")
+    sealed = mesh.seal("submit", body)
+    took = mesh.write_ahead(intruder.agent.index, job_id, sealed, n + 1, second.node_id, gen=10**6)
+    assert took is other
+    offer = {
+        "job_id": job_id,
+        "attempt": n + 1,
+        "owner": intruder.node_id,
+        "devices": [],
+        "submission": base64.b64encode(sealed).decode(),
+    }
+    try:
+        assert intruder.call(second, "start", offer) == 200
+        mesh.wait(
+            "attempt 1 fenced on its runner",
+            lambda: not runs_here(mesh, first, job_id) and runs_here(mesh, second, job_id),
+            deadline_s=10.0,
+        )
+        exits = [
+            e["message"]
+            for e in mesh.events(first)
+            if e["kind"] == "exited" and e["job_id"] == job_id and e["node"] == first.node_id
+        ]
+        assert any(m.startswith(f"attempt {n} fenced") for m in exits), exits
+        assert metric(mesh, other, "shoal_start_confirmations_total", outcome="fenced") == (
+            before + 1
+        )
+    finally:
+        stop = {"job_id": job_id, "attempt": n + 1, "cause": "cancel", "grace_s": 0}
+        intruder.call(second, "stop", stop)
+        mesh.command(mesh.agents[0], "cancel", {"job_id": job_id})
+
+
+def test_an_older_copy_the_other_owner_forgot_is_fenced_through_its_runners_record(
+    tmp_path: Path,
+) -> None:
+    """As above, but the job's other owner restarted since it confirmed attempt 1, so it
+    remembers nothing of it: the runner's own record, which lists the job, gets it fenced."""
+    mesh = Mesh(tmp_path, ["h100:1", "l4:1", "h100:1"])
+    mesh.start_all()
+    try:
+        intruder, a = Intruder(mesh, 2), mesh.agents[0]
+        live = [x.node_id for x in mesh.agents]
+        for _ in range(8):  # a job that runs elsewhere than on its other owner
+            job_id = job_in_window(mesh, intruder, 0)
+            body = {"job_id": job_id, "spec": spec(SLEEPER, gpus=0)}
+            assert mesh.command(a, "submit", body)[0] == 200
+            mesh.wait("attempt 1 running", lambda j=job_id: mesh.job(a, j)["state"] == "running")
+            job, other = mesh.job(a, job_id), by_id(mesh, rank(job_id, live)[1])
+            if job["runner"] != other.node_id:
+                break
+            assert mesh.command(a, "cancel", {"job_id": job_id})[0] == 200
+        first, n = by_id(mesh, job["runner"]), job["attempt"]
+        assert first is not other
+        mesh.terminate(other.index)
+        mesh.start(other.index)
+        mesh.wait_converged()
+
+        def listed_by_other() -> bool:
+            nodes = {x["node_id"]: x for x in mesh.get(other, "/v1/nodes")["nodes"]}
+            return job_id in (nodes[first.node_id].get("running_jobs") or [])
+
+        mesh.wait("the restarted other owner hearing where attempt 1 runs", listed_by_other)
+        second = next(x for x in mesh.agents if x not in (first, intruder.agent))
+        sealed = mesh.seal("submit", body)
+        took = mesh.write_ahead(
+            intruder.agent.index, job_id, sealed, n + 1, second.node_id, gen=10**6
+        )
+        assert took is other
+        offer = {
+            "job_id": job_id,
+            "attempt": n + 1,
+            "owner": intruder.node_id,
+            "devices": [],
+            "submission": base64.b64encode(sealed).decode(),
+        }
+        assert intruder.call(second, "start", offer) == 200
+        mesh.wait(
+            "attempt 1 fenced on its runner",
+            lambda: not runs_here(mesh, first, job_id) and runs_here(mesh, second, job_id),
+            deadline_s=10.0,
+        )
+        assert metric(mesh, other, "shoal_start_confirmations_total", outcome="fenced") == 1
+    finally:
+        mesh.stop_all()
+
+
+def test_one_members_preempting_offers_start_no_attempt_on_several_runners(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text("preempt_min_run_s = 0.5\n")
+    mesh = Mesh(tmp_path, ["h100:1"] * 4, extra=("--config", str(config)))
+    mesh.start_all()
+    try:
+        intruder = Intruder(mesh, 3)
+        a = mesh.agents[0]
+        # A high-priority job beside which the intruder stands in the order, running ...
+        job_id = job_in_window(mesh, intruder, 1)
+        high = {"job_id": job_id, "spec": spec(SLEEPER, gpus=1, priority=100)}
+        assert mesh.command(a, "submit", high)[0] == 200
+        mesh.wait("the high job running", lambda: mesh.job(a, job_id)["state"] == "running")
+        # ... and preemptible low-priority ones on every other GPU, past their minimum run time.
+        low = []
+        for _ in range(3):
+            low_id = new_job_id()
+            body = {"job_id": low_id, "spec": spec(SLEEPER, gpus=1, preemptible=True)}
+            assert mesh.command(a, "submit", body)[0] == 200
+            low.append(low_id)
+        mesh.wait(
+            "the low jobs running", lambda: all(mesh.job(a, j)["state"] == "running" for j in low)
+        )
+        time.sleep(1.0)
+        sealed = base64.b64encode(mesh.seal("submit", high)).decode()
+        victims = {j: mesh.job(a, j) for j in low}
+        placed = mesh.job(a, job_id)
+        asked = [
+            (by_id(mesh, doc["runner"]), j, doc)
+            for j, doc in victims.items()
+            if doc["runner"] != intruder.node_id
+        ]
+        assert len(asked) >= 2
+        for runner, victim, doc in asked:
+            offer = {
+                "job_id": job_id,
+                "attempt": 5,
+                "owner": intruder.node_id,
+                "devices": doc["devices"],
+                "submission": sealed,
+                "victims": [victim],
+            }
+            assert intruder.call(runner, "start", offer) == 403, runner.index
+        time.sleep(1.5)
+        for runner, victim, _ in asked:
+            assert runs_here(mesh, runner, victim) and not runs_here(mesh, runner, job_id)
+            assert metric(mesh, runner, "shoal_preemptions_total", outcome="preempted") == 0
+            assert not any("attempt 5" in m for m in started_on(mesh, runner, job_id))
+        for j, doc in victims.items():  # not preempted, not requeued
+            was = (doc["state"], doc["attempt"], doc["runner"])
+            now = mesh.job(a, j)
+            assert (now["state"], now["attempt"], now["runner"]) == was, j
+        now = mesh.job(a, job_id)
+        assert (now["state"], now["attempt"]) == ("running", placed["attempt"])
+        assert [x.index for x in mesh.agents if runs_here(mesh, x, job_id)] == [
+            mesh.node_index(now["runner"])
+        ]
+    finally:
+        mesh.stop_all()

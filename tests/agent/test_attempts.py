@@ -9,6 +9,7 @@ import pytest
 
 from agent.jobspec import new_job_id
 from tests.agent.agents import Mesh, spec
+from tests.agent.test_attacks import metric
 from tests.shoal_cli import one_line_error, shoal
 
 pytestmark = pytest.mark.slow
@@ -36,6 +37,17 @@ def test_each_attempt_is_on_record_with_its_own_log(tmp_path: Path) -> None:
             (2, "exit", 0),
         ]
         assert {x["node"] for x in attempts} <= {m.node_id for m in mesh.agents}
+        # Each started on the word of the job's other owner too; that attempt 1 had ended when
+        # attempt 2 was confirmed left nothing to fence.
+        counts = {
+            outcome: sum(
+                metric(mesh, m, "shoal_start_confirmations_total", outcome=outcome)
+                for m in mesh.agents
+            )
+            for outcome in ("confirmed", "given", "refused", "fenced")
+        }
+        assert counts["confirmed"] == counts["given"] >= 2 and counts["refused"] == 0, counts
+        assert counts["fenced"] == 0, counts
         for n, other in ((1, 2), (2, 1)):
             status, text = mesh.request(a, "GET", f"/v1/jobs/{job_id}/logs?attempt={n}")
             assert status == 200

@@ -330,6 +330,10 @@ def test_a_prepare_never_committed_runs_out_and_frees_the_devices(tmp_path: Path
             assert status == 400, answer
             assert f"a hold lasts more than 0 and at most 30 s, not {ttl_s:g} s" in answer["error"]
         assert _refused_400(mesh, holder) == refused + 2
+        # Written ahead to the job's other owner (the holder itself), as an owner does.
+        assert mesh.write_ahead(
+            1, gang_id, base64.b64decode(sealed), 1, holder.node_id, members=members
+        )
         held_at = time.time()
         status, answer = call("gang_prepare", prepare)
         assert status == 200 and answer["held"] is True, answer

@@ -14,8 +14,9 @@ import pytest
 from agent.gangdesk import GangDesk
 from agent.jobspec import JobSpec, Resources
 from agent.runner import Declined, NotAllowed
-from agent.wire.calls import GangAbort, GangCommit, GangPrepare, StartOffer
+from agent.wire.calls import GangAbort, GangCommit, GangPrepare
 from agent.wire.records import GangMember
+from tests.agent.authority_kit import write_ahead
 from tests.agent.test_runner import GPU_TWIN, OTHER_MODEL, Rig, rig  # noqa: F401  (the fixture)
 
 ENV = """
@@ -45,7 +46,19 @@ def prepare(on: Rig, out: Path, attempt: int = 1, ttl_s: float = 30.0) -> GangPr
     )
     job_id = on.job_id()
     members = (GangMember(0, on.owner, ("x0",)), GangMember(1, on.runner.node_id, ("h0",)))
-    return GangPrepare(job_id, attempt, on.owner, members, on.kit.submission(job_id, spec), ttl_s)
+    sealed = on.kit.submission(job_id, spec)
+    me = on.runner.node_id
+    write_ahead(
+        on.runner.store,
+        job_id,
+        spec,
+        sealed,
+        attempt=attempt,
+        owner=on.owner,
+        runner=me,
+        members=members,
+    )
+    return GangPrepare(job_id, attempt, on.owner, members, sealed, ttl_s)
 
 
 async def test_a_held_member_starts_on_commit_with_the_gang_variables(rig: Rig) -> None:  # noqa: F811
@@ -56,7 +69,7 @@ async def test_a_held_member_starts_on_commit_with_the_gang_variables(rig: Rig) 
     assert rig.runner.free_devices() == [] and rig.runner.free_devices(but=req.job_id) == ["h0"]
     # A one-node offer of another job finds the device busy.
     with pytest.raises(Declined, match="device h0 is in use"):
-        await rig.runner.start(StartOffer.from_wire(rig.offer()), rig.owner)
+        await rig.start(rig.offer())
     with pytest.raises(NotAllowed):  # only the agent that prepared it commits it
         await desk.commit(GangCommit(req.job_id, 1, "10.0.0.7", 29500), rig.member.node_id)
     started = await desk.commit(GangCommit(req.job_id, 1, "10.0.0.7", 29500), rig.owner)

@@ -150,6 +150,7 @@ def lying_offer(
     sealed = mesh.seal("submit", body)
     caller = rank(job_id, [x.node_id for x in mesh.agents])[0]
     identity = load_identity(mesh.agents[mesh.node_index(caller)].directory / "identity")
+    mesh.write_ahead(mesh.node_index(caller), job_id, sealed, 1, mesh.agents[runner].node_id)
     offer = StartOffer(job_id, 1, caller, devices, sealed, None, victims)
     status, raw = mesh.request(
         mesh.agents[runner],

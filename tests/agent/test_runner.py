@@ -18,8 +18,10 @@ from typing import Any
 
 import pytest
 
+from agent.authority import SubmissionRefused
 from agent.ckptfiles import Vault
 from agent.ckptmove import Checkpoints
+from agent.confirming import NotConfirmed, Unconfirmed
 from agent.context import AgentContext
 from agent.events import EventLog
 from agent.executor import ExecutorConfig, ProcessExecutor
@@ -35,7 +37,7 @@ from agent.wire.calls import AttemptResult, StartOffer, StopAnswer, StopRequest
 from gossip.certtrust import CertSigner
 from gossip.identity import NodeIdentity
 from probers.records import DeviceStatic
-from tests.agent.authority_kit import FakeMesh, Kit
+from tests.agent.authority_kit import FakeMesh, Kit, write_ahead
 
 GPU = DeviceStatic(key="h0", vendor="nvidia", backend="cuda", name="H100", source="sim")
 GPU_TWIN = dataclasses.replace(GPU, key="h1")
@@ -94,7 +96,28 @@ class Rig:
             "submission": base64.b64encode(sealed).decode("ascii"),
         }
 
+    def write_ahead(self, offer: dict[str, Any]) -> None:
+        """The owner's copy of the offered attempt, written ahead to the job's other owner: this
+        runner (the member is last in the order of every job offered here)."""
+        sealed = base64.b64decode(offer["submission"])
+        try:
+            spec = self.runner.authority.submission(sealed, offer["job_id"]).spec
+        except SubmissionRefused:
+            return  # no owner holds a job of a submission no operator made
+        me, attempt = self.runner.node_id, offer["attempt"]
+        write_ahead(
+            self.runner.store,
+            offer["job_id"],
+            spec,
+            sealed,
+            attempt=attempt,
+            owner=self.owner,
+            runner=me,
+        )
+
     async def start(self, offer: dict[str, Any]) -> dict[str, Any]:
+        """Offer the attempt as its owner does: written ahead, then offered."""
+        self.write_ahead(offer)
         return (await self.runner.start(StartOffer.from_wire(offer), self.owner)).to_wire()
 
 
@@ -212,6 +235,27 @@ async def test_an_offer_runs_only_the_operators_submission_from_an_owner(rig: Ri
     assert runner.runs == {} and runner.executor.running() == ()
     await rig.start(offer)
     assert list(runner.runs) == [offer["job_id"]]
+
+
+async def test_an_offer_starts_only_once_the_jobs_other_owner_confirms_it(rig: Rig) -> None:
+    runner = rig.runner
+    # This runner is the job's other owner: it starts what its copy (the write-ahead) places
+    # here, and nothing else, whoever offers it.
+    offer = rig.offer(attempt=2)
+    write_ahead(runner.store, offer["job_id"], JobSpec(command=("true",)), b"", attempt=1,
+                owner=rig.owner, runner=runner.node_id)  # fmt: skip
+    with pytest.raises(NotConfirmed, match="its copy is at attempt 1"):
+        await runner.start(StartOffer.from_wire(offer), rig.owner)
+    # A job whose order puts the member beside the owner: the member must confirm, and this
+    # runner knows no address of it yet.
+    live = [runner.node_id, rig.owner, rig.member.node_id]
+    job_id = next(j for j in iter(new_job_id, "") if rank(j, live)[2] == runner.node_id)
+    sealed = rig.kit.submission(job_id, JobSpec(command=("true",)))
+    offer = dict(offer, job_id=job_id, submission=base64.b64encode(sealed).decode("ascii"))
+    with pytest.raises(Unconfirmed, match="has no address here yet"):
+        await runner.start(StartOffer.from_wire(offer), rig.owner)
+    assert runner.runs == {} and runner.executor.running() == ()
+    assert runner.confirmer.counts == {"refused": 1, "denied": 1, "unanswered": 1}
 
 
 async def test_only_an_owner_or_the_starter_may_stop_a_job(rig: Rig) -> None:
