@@ -58,6 +58,9 @@ def test_a_member_that_holds_a_nodes_devices_again_and_again_is_cut_off(mesh: Me
             "submission": base64.b64encode(sealed).decode(),
             "ttl_s": 30.0,
         }
+        # As the gang's owner it may write each attempt ahead to the job's other owner, which
+        # then confirms the prepare (a start needs two members' word): the holds stay its own.
+        mesh.write_ahead(3, job_id, sealed, attempt, victim.node_id, members=prepare["members"])
         statuses.append(intruder.call(victim, "gang_prepare", prepare))
         if statuses[-1] != 200:
             break
