@@ -24,6 +24,7 @@ from typing import Final
 
 from agent.errors import UserError
 from agent.jobuser import SYSTEM_PATH, JobUser, lookup_job_user, resolve_job_user
+from agent.paths import source_root
 
 PACKAGES: Final = ("agent", "gossip", "probers")
 """What a copy holds: the synthetic job's imports (the policy's model, the catalog)."""
@@ -53,17 +54,13 @@ def _interpreters() -> Iterator[str]:
             yield candidate
 
 
-def _source_root() -> Path:
-    return Path(__file__).resolve().parents[1]
-
-
 def _copy_packages(folder: Path) -> Path:
     """Shoal's pure-Python packages under ``folder/jobkit``, readable (not writable) by all."""
     kit = folder / "jobkit"
     if not kit.exists():
         for package in PACKAGES:
             shutil.copytree(
-                _source_root() / package,
+                source_root() / package,
                 kit / package,
                 ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
             )
@@ -106,7 +103,7 @@ def job_python(folder: Path, job_user: str | None = None) -> JobPython:
             if where == "installed":
                 env: dict[str, str] = {}
             elif where == "source":
-                env = {"PYTHONPATH": str(_source_root())}
+                env = {"PYTHONPATH": str(source_root())}
             else:
                 kit = kit or _copy_packages(folder)
                 env = {"PYTHONPATH": str(kit)}

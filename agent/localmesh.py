@@ -24,6 +24,7 @@ from pathlib import Path
 
 from agent.client import ApiClient, ApiError
 from agent.jobpython import JobPython, job_python
+from agent.paths import source_root
 from agent.spawn import death_signal_launcher
 from gossip.identity import NodeIdentity, enroll_node, init_cluster
 
@@ -46,7 +47,7 @@ Ultra, Windows x86-64 with an Arc A770: ``probers.sim.REFERENCE_HOSTS``), then 8
 xGMI baseboards and smaller NVIDIA hosts."""
 
 
-SOURCE_ROOT = Path(__file__).resolve().parent.parent
+SOURCE_ROOT = source_root()
 """The folder holding Shoal's packages (``agent``, ``gossip``, ``probers``)."""
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -24,3 +25,11 @@ def cache_home() -> Path:
     """``$XDG_CACHE_HOME/shoal``, else ``~/.cache/shoal``: what can be made again (wheels)."""
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "shoal"
+
+
+def source_root() -> Path:
+    """The folder that holds Shoal's top-level packages (a checkout, or site-packages): where
+    local meshes find the code their agents and jobs import, wherever this module lives."""
+    spec = importlib.util.find_spec("agent")
+    assert spec is not None and spec.origin is not None
+    return Path(spec.origin).resolve().parents[1]
