@@ -1,10 +1,10 @@
 """Faults on a live mesh: ``python -m bench.chaos --nodes N --jobs J --kill K --partition-s S``.
 
 Starts N real agent processes on loopback with simulated heterogeneous GPUs
-(:class:`agent.localmesh.LocalMesh`), submits J real jobs through the operator API (the calls
-``shoal submit`` makes), and while they run: kill -9 of K agents one after another, each chosen
-for a role it holds at that moment (:data:`ROLES`: the runner of jobs, an owner, a replica, the
-agent the operator submitted through, the source or the target of a checkpoint move, which the
+(:class:`agent.sandbox.localmesh.LocalMesh`), submits J real jobs through the operator API (the
+calls ``shoal submit`` makes), and while they run: kill -9 of K agents one after another, each
+chosen for a role it holds at that moment (:data:`ROLES`: the runner of jobs, an owner, a replica,
+the agent the operator submitted through, the source or the target of a checkpoint move, which the
 benchmark starts with ``migrate``), each restarted once its jobs run again elsewhere; then a
 partition of S seconds between two halves of the mesh, healed. Then it waits for every job to
 end and checks, from the jobs' own ledger (``bench/chaosjob.py``, ``bench/chaosledger.py``) and
@@ -52,11 +52,11 @@ from typing import Any
 
 import psutil
 
-from agent.client import ApiClient, ApiError
-from agent.demo import _Signals
-from agent.jobspec import JobSpec, new_job_id
-from agent.localmesh import AgentProcess, LocalMesh
-from agent.ownership import replica_of
+from agent.cli.demo import _Signals
+from agent.job.jobspec import JobSpec, new_job_id
+from agent.job.ownership import replica_of
+from agent.operator.client import ApiClient, ApiError
+from agent.sandbox.localmesh import AgentProcess, LocalMesh
 from bench.chaosledger import (
     Ledger,
     Run,

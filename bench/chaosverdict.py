@@ -9,7 +9,7 @@ import re
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from agent.localmesh import LocalMesh
+from agent.sandbox.localmesh import LocalMesh
 from bench.chaosledger import checkpoint_disorders, finished, overlaps, reruns_after_success
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from agent.localmesh import SOURCE_ROOT, compile_sources
+from agent.sandbox.localmesh import SOURCE_ROOT, compile_sources
 
 STATE_OF_EVENT = {
     "MemberJoined": "alive",

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from agent.localmesh import free_ports
+from agent.sandbox.localmesh import free_ports
 from bench.memberprocs import STATE_OF_EVENT, MemberProc, MemberSet
 from gossip.identity import enroll_node, init_cluster
 

@@ -3,7 +3,7 @@
 - ``<!-- shoal:cli -->`` in a page becomes every ``shoal`` command's ``--help``, as the command
   prints it (:func:`agent.cli.build_parser`, :data:`agent.cli.COMMANDS`).
 - ``<!-- shoal:openapi -->`` becomes the agent's HTTP API, from the OpenAPI document it serves at
-  ``GET /v1/openapi.json`` (:func:`agent.openapi.document`); the document itself is published
+  ``GET /v1/openapi.json`` (:func:`agent.daemon.openapi.document`); the document itself is published
   beside the page as ``reference/openapi.json``.
 - The TUI's screenshots (``screenshots/*.svg`` at the top of the repository, written by
   ``make screenshots``) are published as ``screenshots/`` of the site.
@@ -123,7 +123,7 @@ def _operation(method: str, path: str, op: dict[str, Any], skip: set[str]) -> li
 
 
 def api_reference() -> str:
-    from agent.openapi import TRANSPORT_REFUSALS, document
+    from agent.daemon.openapi import TRANSPORT_REFUSALS, document
 
     doc = document()
     skip = {str(status) for status in TRANSPORT_REFUSALS}
@@ -166,7 +166,7 @@ _rendered: set[str] = set()
 
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:
-    from agent.openapi import document
+    from agent.daemon.openapi import document
 
     files.append(
         File.generated(config, "reference/openapi.json", content=json.dumps(document(), indent=2))

@@ -18,9 +18,9 @@ from types import ModuleType
 import pytest
 
 from agent.cli import COMMANDS, build_parser
-from agent.gang import PREPARE_TTL_S
-from agent.logfiles import MAX_TAIL_BYTES, MAX_TAIL_LINES
-from agent.openapi import PATHS, SCHEMAS, document
+from agent.daemon.openapi import PATHS, SCHEMAS, document
+from agent.execution.logfiles import MAX_TAIL_BYTES, MAX_TAIL_LINES
+from agent.owning.gang import PREPARE_TTL_S
 from agent.wire.codec import MAX_RECORD_BYTES
 from gossip.budgets import CpuBudget, RateLimit
 from gossip.replay import DEFAULT_WINDOW_S

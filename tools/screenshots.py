@@ -1,8 +1,8 @@
 """``python -m tools.screenshots OUTDIR [--live]``: every screen of the real app, as SVG files.
 
 Runs the app headless on a deterministic simulated mesh (or, with ``--live``, on a real
-:class:`agent.localmesh.LocalMesh` of agent processes with a few real jobs submitted through the
-API and running, one of them waiting for GPUs no host has) and saves one screenshot per screen:
+:class:`agent.sandbox.localmesh.LocalMesh` of agent processes with a few real jobs submitted through
+the API and running, one of them waiting for GPUs no host has) and saves one screenshot per screen:
 the five views, a drill-down, the filter, help, describe, raw JSON, logs, and the drain, submit,
 migrate and cancel dialogs, at 160x48 (``--size`` to change it). The live screenshots are named
 ``live-NN-name.svg``.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from textual.pilot import Pilot
 
-from agent.jobspec import JobSpec
+from agent.job.jobspec import JobSpec
 from tui.app import ShoalApp
 from tui.simmesh import SimSource
 from tui.source import MeshSource
@@ -125,7 +125,7 @@ def live_jobs(python: str, script: Path) -> list[JobSpec]:
     """A few jobs for the live mesh: CUDA and ROCm training, inference, one that waits for
     GPUs in use (eight CUDA GPUs on one node: the one 8-GPU H100 host runs the first job) and
     one that waits for GPUs no host has."""
-    from agent.jobspec import Resources
+    from agent.job.jobspec import Resources
 
     def job(gpus: int, backends: tuple[str, ...], kind: str, *args: str) -> JobSpec:
         return JobSpec(
@@ -145,7 +145,7 @@ def live_jobs(python: str, script: Path) -> list[JobSpec]:
 
 
 async def _live(outdir: Path, size: tuple[int, int], nodes: int) -> list[Path]:
-    from agent.localmesh import LocalMesh
+    from agent.sandbox.localmesh import LocalMesh
     from gossip.identity import common_name
     from tui.source import ApiSource
 

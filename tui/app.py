@@ -26,7 +26,7 @@ from textual.binding import Binding, BindingType
 from textual.theme import Theme
 from textual.worker import Worker
 
-from agent.client import ApiError
+from agent.operator.client import ApiError
 from tui.collector import QuietCollector
 from tui.commands import ShoalCommands
 from tui.context import ShoalContext

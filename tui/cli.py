@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.errors import UserError
-from agent.paths import config_home, default_cluster_dir
+from agent.common.errors import UserError
+from agent.common.paths import config_home, default_cluster_dir
 
 AGENT_ENV = "SHOAL_AGENT"
 
@@ -116,9 +116,9 @@ def _fleet_agent(identity_dir: Path | None) -> str:
     """The first agent of the fleet (``fleet.toml`` of the cluster folder) that answers."""
     import asyncio
 
-    from agent.client import ApiError
-    from agent.failover import first_answering
-    from agent.fleet import fleet_path, load_fleet
+    from agent.operator.client import ApiError
+    from agent.operator.failover import first_answering
+    from agent.operator.fleet import fleet_path, load_fleet
 
     directory = identity_dir or default_cluster_dir()
     fleet = load_fleet(directory)
@@ -141,7 +141,7 @@ def _fleet_agent(identity_dir: Path | None) -> str:
 
 def api_source(address: str, identity_dir: Path | None) -> Any:
     """An :class:`tui.source.ApiSource` for the agent at ``address`` as the operator identity."""
-    from agent.client import ApiClient
+    from agent.operator.client import ApiClient
     from gossip.identity import common_name
     from tui.source import ApiSource
 

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from textual.message import Message
 
 from agent.bootstrap.runner import HostResult
-from agent.jobspec import JobSpec
+from agent.job.jobspec import JobSpec
 from tui.model import MeshSnapshot
 from tui.source import MeshSource
 

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
+from agent.operator.when import Outlook, outlook
 from agent.policy.forecast import Forecast
-from agent.when import Outlook, outlook
 from agent.wire.codec import WireError
 from agent.wire.documents import links_from_json, mig_from_json
 from agent.wire.records import GangMember
@@ -314,8 +314,8 @@ class MeshSnapshot:
 
     def outlook(self) -> Outlook:
         """The owners' policy's forecast of every live job and the line of each waiting one
-        (:func:`agent.when.outlook` over the documents this snapshot was made of); made when
-        first asked, once per snapshot."""
+        (:func:`agent.operator.when.outlook` over the documents this snapshot was made of); made
+        when first asked, once per snapshot."""
         found: Outlook | None = self._memo.get("outlook")
         if found is None:
             nodes = [h.raw for h in self.hosts]

@@ -27,7 +27,7 @@ from textual.message_pump import MessagePump
 
 from agent.bootstrap.display import failure_lines
 from agent.bootstrap.runner import HostResult
-from agent.bootstrap_cmd import BootstrapPlan, plan_bootstrap
+from agent.cli.bootstrap_cmd import BootstrapPlan, plan_bootstrap
 from tui.messages import HostsAdded, HostStep, OperationDone, OperationsChanged
 from tui.model import MeshSnapshot
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.jobspec import JobSpec
+from agent.job.jobspec import JobSpec
 from agent.policy.preview import Preview, preview
 from tui.model import MeshSnapshot
 

@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from agent.client import ApiError
-from agent.jobspec import SUPPORTED_FEATURES, JobSpec, new_job_id
+from agent.job.jobspec import SUPPORTED_FEATURES, JobSpec, new_job_id
+from agent.operator.client import ApiError
 from agent.wire.codec import WIRE_VERSION
 from agent.wire.documents import EventDoc, EventsDoc, JobDoc, NodeDoc, sample_json, static_json
 from agent.wire.records import JobStatus

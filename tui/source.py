@@ -1,8 +1,9 @@
 """Where the TUI's mesh comes from: the ``MeshSource`` seam and the real API.
 
-:class:`ApiSource` is the operator's signed-command API client (:class:`agent.client.ApiClient`):
-every action is a command signed with the operator identity and checked by the agent that runs it.
-The simulated mesh that answers the same reads without agents is :class:`tui.simmesh.SimSource`.
+:class:`ApiSource` is the operator's signed-command API client
+(:class:`agent.operator.client.ApiClient`): every action is a command signed with the operator
+identity and checked by the agent that runs it. The simulated mesh that answers the same reads
+without agents is :class:`tui.simmesh.SimSource`.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent.client import ApiClient
-from agent.jobspec import JobSpec
+from agent.job.jobspec import JobSpec
+from agent.operator.client import ApiClient
 
 
 @dataclass(frozen=True, slots=True)

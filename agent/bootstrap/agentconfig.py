@@ -1,4 +1,5 @@
-"""The agent's TOML config as bootstrap writes it (the keys of ``agent.config.AgentConfig``)."""
+"""The agent's TOML config as bootstrap writes it (the keys of
+``agent.daemon.config.AgentConfig``)."""
 
 from __future__ import annotations
 

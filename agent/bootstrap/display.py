@@ -10,7 +10,7 @@ from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElaps
 from rich.table import Table
 
 from agent.bootstrap.runner import HostResult
-from agent.terminal import Column, fitted_table
+from agent.operator.terminal import Column, fitted_table
 
 
 class ProgressDisplay:

@@ -8,8 +8,8 @@
    upgrades of running nodes ``upgrade_jobs`` at a time.
 3. Every host must see every other, and the mesh that was there before
    (:func:`agent.bootstrap.wiring.confirm_one_mesh`), or its result says whom it does not see.
-4. The agents confirmed are written to the cluster's ``fleet.toml`` (:mod:`agent.fleet`), where
-   every command finds them; ``--uninstall`` removes theirs.
+4. The agents confirmed are written to the cluster's ``fleet.toml`` (:mod:`agent.operator.fleet`),
+   where every command finds them; ``--uninstall`` removes theirs.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from agent.bootstrap.runner import (
     uninstall_host,
 )
 from agent.bootstrap.wiring import Reached, confirm_one_mesh, plan_wiring
-from agent.fleet import FleetAgent, load_fleet, save_fleet
+from agent.operator.fleet import FleetAgent, load_fleet, save_fleet
 
 
 def _fleet_agents(results: Sequence[HostResult]) -> list[FleetAgent]:

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.errors import UserError
-from agent.parsing import toml_loads
+from agent.common.errors import UserError
+from agent.common.parsing import toml_loads
 
 DEFAULT_SSH_PORT = 22
 DEFAULT_AGENT_PORT = 7946

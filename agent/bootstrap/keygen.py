@@ -21,7 +21,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from agent.quiet import quiet_third_party_warnings
+from agent.common.quiet import quiet_third_party_warnings
 from gossip.identity import (
     CA_CERT,
     NODE_CERT,

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.errors import UserError
+from agent.common.errors import UserError
 
 LOCK_FILE = "uv.lock"
 HASHES_FILE = "requirements.txt"

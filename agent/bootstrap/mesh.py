@@ -7,8 +7,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from agent.client import ApiClient, ApiError
-from agent.failover import NoAgentAnswered, first_answering
+from agent.operator.client import ApiClient, ApiError
+from agent.operator.failover import NoAgentAnswered, first_answering
 from gossip.identity import NodeIdentity
 
 POLL_S = 0.5

@@ -43,9 +43,9 @@ from agent.bootstrap.probe import (
 from agent.bootstrap.service import Service, choose_kind, service_kind
 from agent.bootstrap.shipping import HostPlatform, local_platform
 from agent.bootstrap.ssh import BootstrapError, Remote, SshOptions, UnknownHostKey, connect
-from agent.client import ApiClient, ApiError
-from agent.failover import first_answering
-from agent.revocations import publish, revoke_nodes
+from agent.operator.client import ApiClient, ApiError
+from agent.operator.failover import first_answering
+from agent.operator.revocations import publish, revoke_nodes
 from gossip.identity import (
     CA_CERT,
     NODE_CERT,

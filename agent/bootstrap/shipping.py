@@ -44,8 +44,8 @@ from pathlib import Path
 from agent.bootstrap.locked import check_locked_files, check_locked_versions, constraints, read_lock
 from agent.bootstrap.ssh import BootstrapError
 from agent.bootstrap.wheelhouse import project_root, requirements
-from agent.errors import UserError
-from agent.paths import cache_home
+from agent.common.errors import UserError
+from agent.common.paths import cache_home
 
 SOURCE_DATE_EPOCH = "315532800"
 """1980-01-01, the earliest a zip can record: the wheel's bytes depend on its sources alone."""

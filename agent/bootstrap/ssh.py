@@ -22,7 +22,7 @@ from typing import Any
 import asyncssh
 
 from agent.bootstrap.hosts import DEFAULT_SSH_PORT, HostSpec
-from agent.netwhy import why
+from agent.operator.netwhy import why
 
 CONNECT_TIMEOUT_S = 20.0
 

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from agent.quiet import quiet_third_party_warnings
+from agent.common.quiet import quiet_third_party_warnings
 
 BACKOFF_MIN_S = 1.0
 BACKOFF_MAX_S = 30.0

@@ -23,7 +23,7 @@ from agent.bootstrap.locked import (
     hashes_text,
     read_lock,
 )
-from agent.errors import UserError
+from agent.common.errors import UserError
 
 
 def local_version() -> str:

@@ -26,8 +26,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agent.bootstrap.runner import HostResult, HostWiring
-from agent.client import ApiClient, ApiError
-from agent.failover import first_answering
+from agent.operator.client import ApiClient, ApiError
+from agent.operator.failover import first_answering
 from gossip.identity import NodeIdentity
 
 EXISTING_SEEDS = 2

@@ -1,8 +1,8 @@
 """Shoal's scheduling policy: one pure function from a snapshot of the fleet to every decision.
 
 No asyncio, no clock, no I/O: ``now`` is in the :class:`~agent.policy.snapshot.Snapshot`, as the
-gossip core takes it (``gossip/peer.py``). The agents' owners (:mod:`agent.placement`), the TUI's
-previews (:mod:`agent.policy.preview`) and the simulator of ``python -m bench.sched`` all call
+gossip core takes it (``gossip/peer.py``). The agents' owners (:mod:`agent.owning.placement`), the
+TUI's previews (:mod:`agent.policy.preview`) and the simulator of ``python -m bench.sched`` all call
 these same functions.
 
 Modules, each named for what it holds:

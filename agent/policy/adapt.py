@@ -1,9 +1,9 @@
 """The one place that turns what agents and the TUI hold today into the policy's snapshot types.
 
-Sources: an agent's gossip view (``agent.view.NodeView``: inventory, telemetry, node record), a
-job's spec (``agent.jobspec.JobSpec``), and the TUI's hosts (``tui.model.HostView``). Each is read
-through a small Protocol of the fields used, so this module imports neither the view nor the TUI,
-and repointing it at the typed wire contract touches only the few ``_field`` reads below.
+Sources: an agent's gossip view (``agent.mesh.view.NodeView``: inventory, telemetry, node record), a
+job's spec (``agent.job.jobspec.JobSpec``), and the TUI's hosts (``tui.model.HostView``). Each is
+read through a small Protocol of the fields used, so this module imports neither the view nor the
+TUI, and repointing it at the typed wire contract touches only the few ``_field`` reads below.
 
 A job's class is its spec's ``class`` or ``model`` label, else its program's name. Whether a job
 whose deadline cannot be met is refused or queued with a warning is its ``on_late`` label
@@ -16,7 +16,7 @@ import os.path
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from agent.jobspec import JobSpec
+from agent.job.jobspec import JobSpec
 from agent.policy.snapshot import SCHEDULABLE, Device, Job, Node, Placement, Running, Share
 from probers.catalog import device_model
 from probers.records import DeviceSample, DeviceStatic
@@ -265,7 +265,7 @@ class NodeMemo:
 
 
 def job_from_record(job_id: str, doc: Mapping[str, Any], spec: JobSpec) -> Job:
-    """The job a gossiped job record (``agent.view.ClusterView.jobs``) names, as the policy
+    """The job a gossiped job record (``agent.mesh.view.ClusterView.jobs``) names, as the policy
     sees it: its signed submission's ``spec``, and the owner and submission time the record
     says (0 when it says none)."""
     owner, submitted = doc.get("owner"), doc.get("submitted_at")
@@ -284,11 +284,11 @@ def running_from_jobs(
     live: Collection[str],
     checkpoints: Mapping[str, float] | None = None,
 ) -> tuple[Running, ...]:
-    """The jobs that run now, as the gossiped job records say (``agent.view.ClusterView.jobs``):
-    state ``running`` on a live runner, on its devices, since ``started_at``. Priority and
-    preemptible come from each job's own signed submission (``specs``, by job id); a job whose
-    submission is not held is left out. ``checkpoints``: when a job last saved one, where known
-    (else the policy counts the work lost since it started)."""
+    """The jobs that run now, as the gossiped job records say
+    (``agent.mesh.view.ClusterView.jobs``): state ``running`` on a live runner, on its devices,
+    since ``started_at``. Priority and preemptible come from each job's own signed submission
+    (``specs``, by job id); a job whose submission is not held is left out. ``checkpoints``: when a
+    job last saved one, where known (else the policy counts the work lost since it started)."""
     out: list[Running] = []
     saved = checkpoints or {}
     for job_id, doc in jobs.items():

@@ -1,8 +1,8 @@
 """The placements Shoal is measured against, on the policy's own snapshot types.
 
 - :func:`first_fit`: hard filters only, nodes in id order, the first free devices of one vendor
-  that fit. This is ``fifo`` in ``python -m bench.sched`` and what :class:`agent.placement.FirstFit`
-  gives the agents' owners (it calls this function).
+  that fit. This is ``fifo`` in ``python -m bench.sched`` and what
+  :class:`agent.owning.placement.FirstFit` gives the agents' owners (it calls this function).
 - :func:`best_fit`: the node (and, for a share, the GPU) left with the least free capacity after
   the placement, CPU and GPU alike, as the FGD paper's BestFit baseline does.
 """

@@ -4,8 +4,8 @@ restarted on its node now.
 An elastic job below its most GPUs grows only onto devices of its own node that are free and
 that it accepts, and only while no waiting job could start on them (a job that waits comes
 first: growing would only be undone by a shrink). Its owner decides when (the devices idle long
-enough, the job run long enough since it last started: ``agent.elastic.Growth``) and restarts it
-from its checkpoint; the policy places it again at the size that then fits
+enough, the job run long enough since it last started: ``agent.owning.elastic.Growth``) and restarts
+it from its checkpoint; the policy places it again at the size that then fits
 (:func:`agent.policy.place.rank`).
 """
 

@@ -44,7 +44,7 @@ def movable(r: Running, ctx: Context) -> bool:
     if job.is_gang or job.is_share or job.kind == "inference" or job.gpus_per_node == 0:
         return False
     if job.is_elastic:
-        return False  # an elastic job is resized, not moved (agent.elastic)
+        return False  # an elastic job is resized, not moved (agent.owning.elastic)
     since = r.moved_at if r.moved_at is not None else r.started_at
     return ctx.snapshot.now - since >= ctx.config.min_run_s
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 
-from agent.jobspec import JobSpec
+from agent.job.jobspec import JobSpec
 from agent.policy.adapt import HostFacts, job_from_spec, node_from_host
 from agent.policy.config import PolicyConfig
 from agent.policy.decision import context, rank_any

@@ -8,8 +8,8 @@ checkpoint and keeps running. A job is shrunk only after it has run ``min_run_s`
 last start (a resize restarts it), so jobs are never grown and shrunk in a loop.
 
 Pure: the owner's placement calls :func:`shrink_for` over the running jobs its view believes
-(``agent.placement.ShoalPlacement.shrink``), and the runner checks what it is asked
-(``agent.preemption``).
+(``agent.owning.placement.ShoalPlacement.shrink``), and the runner checks what it is asked
+(``agent.running.preemption``).
 """
 
 from __future__ import annotations

@@ -16,5 +16,5 @@ Compatibility rules, the same for every kind: a reader ignores the fields it doe
 newer agent's additions) and takes a missing field as unknown (``None``) or its default (an
 older agent's record), so agents of neighbouring versions run side by side through a rolling
 upgrade. A job spec is the exception: an agent never runs a job it does not fully understand
-(``agent.jobspec``: the features a spec uses, and the spec version that brings them).
+(``agent.job.jobspec``: the features a spec uses, and the spec version that brings them).
 """

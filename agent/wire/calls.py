@@ -3,7 +3,7 @@
 :class:`JobTransfer` (``replicate``, ``adopt``), :class:`StartOffer` and :class:`StartAnswer`
 (``start``), :class:`StopRequest` and :class:`StopAnswer` (``stop``), :class:`StatusRequest` and
 :class:`StatusAnswer` (``status``), :class:`AttemptResult` (``report``, and inside the stop and
-status answers), and a gang's two-phase start (``agent.gang``, ``agent.gangdesk``):
+status answers), and a gang's two-phase start (``agent.owning.gang``, ``agent.running.gangdesk``):
 :class:`GangPrepare` and :class:`GangPrepared` (``gang_prepare``), :class:`GangCommit` and
 :class:`StartAnswer` (``gang_commit``), :class:`GangAbort` and :class:`GangAborted`
 (``gang_abort``), and :class:`StartConfirm` and :class:`StartConfirmed` (``confirm_start``: a
@@ -61,7 +61,7 @@ class OwnerDetail(NamedTuple):
     members: tuple[GangMember, ...] = ()
     """A gang's current (or last) attempt, every member (empty for a one-node job)."""
     deadline_missed_s: float | None = None
-    """How late the job was when its owner said it missed its deadline (``agent.deadlines``);
+    """How late the job was when its owner said it missed its deadline (``agent.job.deadlines``);
     ``None`` until then."""
 
     def to_wire(self) -> dict[str, Any]:
@@ -133,8 +133,8 @@ class JobTransfer(NamedTuple):
 
 class ResumeFrom(NamedTuple):
     """The checkpoint an attempt starts from: the one attempt ``attempt`` wrote, whose content
-    is ``digest`` (``agent.transfer.Manifest.digest``); the runner holds it already, pushed by
-    the owner before the offer."""
+    is ``digest`` (``agent.checkpoints.transfer.Manifest.digest``); the runner holds it already,
+    pushed by the owner before the offer."""
 
     attempt: int
     digest: str
@@ -154,7 +154,7 @@ class ResumeFrom(NamedTuple):
 class StartOffer(NamedTuple):
     """``start``: run attempt ``attempt`` of the job on ``devices``, for its owner ``owner``;
     ``resume``: from that checkpoint (``None``: from an empty checkpoint folder); ``victims``:
-    the jobs running there that the runner is asked to preempt first (``agent.preemption``
+    the jobs running there that the runner is asked to preempt first (``agent.running.preemption``
     decides whether it does; empty: the devices must be free); ``shrink``: elastic jobs running
     there that the runner is asked to shrink (stop with cause ``shrink``, to restart with fewer
     GPUs) to free the devices offered; ``rebind``: when the devices offered are taken by the time
@@ -528,7 +528,7 @@ class GangAborted(NamedTuple):
 
 class StartConfirm(NamedTuple):
     """``confirm_start``: the runner that calls asks the job's other owner whether ``owner``
-    placed attempt ``attempt`` of the job on it (``agent.confirming``); answered with a
+    placed attempt ``attempt`` of the job on it (``agent.running.confirming``); answered with a
     :class:`StartConfirmed`."""
 
     job_id: str

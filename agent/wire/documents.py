@@ -3,7 +3,7 @@
 Operator-facing (JSON): :class:`NodeDoc` (``GET /v1/nodes`` answers ``{"nodes": [...]}``, each
 with its :class:`DeviceDoc` list), :class:`JobDoc` (``GET /v1/jobs`` answers ``{"jobs": [...]}``,
 ``GET /v1/jobs/{id}`` one), :class:`EventsDoc` (``GET /v1/events``); ``GET /healthz`` is
-:class:`agent.wire.health.HealthDoc`. ``agent.client.ApiClient`` decodes with these same
+:class:`agent.wire.health.HealthDoc`. ``agent.operator.client.ApiClient`` decodes with these same
 definitions, and the TUI's simulated mesh (``tui.simmesh.SimSource``) encodes with them, so every
 reader sees one shape. An agent loads this module on the first read of its API (as it loads
 ``prometheus_client`` on the first scrape): an agent no operator reads does not hold it.

@@ -178,7 +178,7 @@ class InventoryRecord(NamedTuple):
     boot: int
     devices: tuple[DeviceStatic, ...]
     features: tuple[str, ...] = ()
-    """The job-spec features this agent can run (``agent.jobspec.SUPPORTED_FEATURES``)."""
+    """The job-spec features this agent can run (``agent.job.jobspec.SUPPORTED_FEATURES``)."""
     version: int = WIRE_VERSION
     """The wire version of the agent that wrote it (1: before ``v`` was written)."""
 
@@ -613,7 +613,7 @@ class JobStatus(NamedTuple):
 
     job_id: str
     state: str
-    """A ``agent.jobstate.JobState`` value (a newer state is kept as it is)."""
+    """A ``agent.job.jobstate.JobState`` value (a newer state is kept as it is)."""
     attempt: int = 0
     owner: str | None = None
     runner: str | None = None

@@ -2,7 +2,7 @@
 
 - ``shoal``: :func:`agent.policy.decision.decide`, the whole Shoal policy; every owner decides on
   the lagging view and acts on its own jobs.
-- ``fifo``: what :class:`agent.placement.FirstFit` does in the mesh: every owner, on its own,
+- ``fifo``: what :class:`agent.owning.placement.FirstFit` does in the mesh: every owner, on its own,
   offers its jobs (priority, deadline, age) to the first node in id order that fits
   (:func:`agent.policy.baselines.first_fit`), heterogeneity-agnostic, no reservations.
 - ``backfill``: EASY backfill with first-fit placement, central (a fresh view): jobs in queue

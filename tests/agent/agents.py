@@ -1,4 +1,5 @@
-"""Real agent processes for the tests: :class:`agent.localmesh.LocalMesh`, driven synchronously.
+"""Real agent processes for the tests: :class:`agent.sandbox.localmesh.LocalMesh`, driven
+synchronously.
 
 ``LocalMesh`` makes the throwaway cluster (CA, operator identity, one identity per agent), starts,
 signals and stops the ``shoal agent`` processes (simulated GPUs, loopback, mutual TLS), exactly as
@@ -21,14 +22,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.localmesh import AgentProcess, LocalMesh
+from agent.sandbox.localmesh import AgentProcess, LocalMesh
 from gossip import envelope
 from gossip.certtrust import CertSigner
 from gossip.identity import NodeIdentity
 from gossip.tls import client_context
 
 if TYPE_CHECKING:
-    from agent.jobspec import JobSpec
+    from agent.job.jobspec import JobSpec
 
 DEADLINE_S = 30.0
 
@@ -184,8 +185,8 @@ class Mesh:
         owner (a job id whose order puts it first), straight to agent ``to``'s runner: what an
         owner with a wrong view of the mesh would send (``shrink``: elastic jobs it asks to
         shrink). The status and the error, if any."""
-        from agent.jobspec import new_job_id
-        from agent.ownership import rank
+        from agent.job.jobspec import new_job_id
+        from agent.job.ownership import rank
         from gossip.identity import load_identity
 
         live = [a.node_id for a in self.agents]
@@ -228,7 +229,7 @@ class Mesh:
         wire form), to the job's other owner (the agent beside it in the job's order), which a
         runner asks before it starts the attempt. The agent that took the copy (``None``: a
         mesh of one)."""
-        from agent.ownership import rank
+        from agent.job.ownership import rank
         from agent.wire.calls import JobTransfer, OwnerDetail
         from agent.wire.records import GangMember, JobStatus
         from gossip.identity import load_identity
@@ -294,7 +295,7 @@ def started(root: Path, sims: Sequence[str], **kw: Any) -> Iterator[Mesh]:
 
 def spec(argv: Sequence[str], *, gpus: int = 1, **extra: Any) -> dict[str, Any]:
     """A job spec's wire form with defaults for everything else."""
-    from agent.jobspec import JobSpec, Resources
+    from agent.job.jobspec import JobSpec, Resources
 
     resources = extra.pop("resources", None) or Resources(gpus_per_node=gpus)
     return JobSpec(command=tuple(argv), resources=resources, **extra).to_dict()

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from agent.authority import Authority
-from agent.jobspec import JobSpec
-from agent.jobstate import JobState
-from agent.store import JobRecord, Store
+from agent.job.authority import Authority
+from agent.job.jobspec import JobSpec
+from agent.job.jobstate import JobState
+from agent.storage.store import JobRecord, Store
 from agent.wire.calls import OwnerDetail
 from agent.wire.records import GangMember
 from gossip import envelope

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.view import NodeView
+from agent.mesh.view import NodeView
 from agent.wire.records import InventoryRecord, NodeRecord
 from probers.records import DeviceStatic, HostInfo
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from agent.admission import NodeFacts, local_node, offer_problem
-from agent.jobspec import JobSpec, Resources, new_job_id
-from agent.localmesh import AgentProcess
+from agent.job.jobspec import JobSpec, Resources, new_job_id
 from agent.policy.adapt import link_domains
+from agent.running.admission import NodeFacts, local_node, offer_problem
+from agent.sandbox.localmesh import AgentProcess
 from probers.records import DeviceStatic, Link
 from tests.agent.agents import Mesh, spec
 

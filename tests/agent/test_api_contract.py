@@ -1,4 +1,4 @@
-"""The agent's HTTP API against its OpenAPI description (``agent/openapi.py``).
+"""The agent's HTTP API against its OpenAPI description (``agent/daemon/openapi.py``).
 
 Every route the listener registers is described and every route described is registered. Then a
 real agent process, driven over mutual TLS by requests generated from the description (valid
@@ -26,8 +26,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import api, openapi
-from agent.jobspec import new_job_id
+from agent.daemon import api, openapi
+from agent.job.jobspec import new_job_id
 from gossip.identity import load_identity
 from gossip.tls import client_context
 from gossip.transport import PROTOCOL_HEADER, PROTOCOL_VERSION, GossipServer

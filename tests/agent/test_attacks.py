@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from agent.jobspec import JobSpec, Resources, new_job_id
-from agent.localmesh import AgentProcess
-from agent.ownership import rank
-from agent.view import pack
+from agent.job.jobspec import JobSpec, Resources, new_job_id
+from agent.job.ownership import rank
+from agent.mesh.view import pack
+from agent.sandbox.localmesh import AgentProcess
 from gossip import envelope
 from gossip.certtrust import CertSigner
 from gossip.codec import signing_bytes
@@ -474,7 +474,7 @@ def test_a_member_whose_messages_are_dear_to_handle_is_held_to_its_cpu_budget(
         mesh.stop_all()
 
 
-# -- a start needs the job's other owner's word (agent.confirming) -------------------------------
+# -- a start needs the job's other owner's word (agent.running.confirming) -------------------------
 
 
 def job_in_window(mesh: Mesh, intruder: Intruder, place: int) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.jobspec import new_job_id
+from agent.job.jobspec import new_job_id
 from tests.agent.agents import Mesh, spec
 from tests.agent.test_attacks import metric
 from tests.shoal_cli import one_line_error, shoal

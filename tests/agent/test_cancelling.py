@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from agent.jobspec import new_job_id
-from agent.jobstate import JobState
-from agent.ownedjob import OwnedJob
-from agent.owner import Owner
+from agent.job.jobspec import new_job_id
+from agent.job.jobstate import JobState
+from agent.owning.ownedjob import OwnedJob
+from agent.owning.owner import Owner
 from tests.agent.test_owner import Fixture, _settled, fx
 
 __all__ = ["fx"]

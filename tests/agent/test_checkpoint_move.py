@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.jobspec import new_job_id
-from agent.ownership import rank
-from agent.transfer import FileEntry, Frame, Manifest
+from agent.checkpoints.transfer import FileEntry, Frame, Manifest
+from agent.job.jobspec import new_job_id
+from agent.job.ownership import rank
 from gossip.identity import load_identity
 from tests.agent.agents import Mesh, spec
 from tests.agent.test_attacks import metric

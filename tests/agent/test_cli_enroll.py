@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.localmesh import free_ports
-from agent.revocations import revoke_nodes
+from agent.operator.revocations import revoke_nodes
+from agent.sandbox.localmesh import free_ports
 from gossip.identity import (
     NODE_CSR,
     certificate_request,

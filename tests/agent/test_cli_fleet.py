@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.client import AgentUnreachable
-from agent.fleet import Fleet, FleetAgent, save_fleet
-from agent.jobspec import new_job_id
-from agent.submit_cmd import lost_answer
+from agent.cli.submit_cmd import lost_answer
+from agent.job.jobspec import new_job_id
+from agent.operator.client import AgentUnreachable
+from agent.operator.fleet import Fleet, FleetAgent, save_fleet
 from tests.agent.agents import DEADLINE_S, Mesh
 from tests.shoal_cli import SHOAL, one_line_error, shoal
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from agent.localmesh import AgentProcess
+from agent.sandbox.localmesh import AgentProcess
 from tests.agent.agents import DEADLINE_S, Mesh, spec
 from tests.shoal_cli import SHOAL, into_closed_pipe, one_line_error, shoal
 

@@ -7,9 +7,7 @@ from typing import Any
 
 import pytest
 
-from agent.errors import UserError
-from agent.resolve import check_migration_target, pick_job, pick_node
-from agent.tables import (
+from agent.cli.tables import (
     event_header,
     event_row,
     job_detail,
@@ -18,7 +16,9 @@ from agent.tables import (
     node_row,
     nodes_table,
 )
-from agent.terminal import one_line, relative
+from agent.common.errors import UserError
+from agent.operator.resolve import check_migration_target, pick_job, pick_node
+from agent.operator.terminal import one_line, relative
 
 NOW = 1_800_000_000.0
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from agent import client as client_module
-from agent.client import ApiClient, ApiError
-from agent.jobspec import JobSpec, new_job_id
+from agent.job.jobspec import JobSpec, new_job_id
+from agent.operator import client as client_module
+from agent.operator.client import ApiClient, ApiError
 from tests.agent.authority_kit import Kit
 
 

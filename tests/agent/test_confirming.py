@@ -1,15 +1,15 @@
 """What the job's other owner confirms of a start, and which older copies it fences then
-(``agent.confirming``, sans-I/O), row by row."""
+(``agent.running.confirming``, sans-I/O), row by row."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
-from agent.confirming import Confirmations, Placed
-from agent.jobspec import JobSpec
-from agent.jobstate import JobState
-from agent.store import Store
+from agent.job.jobspec import JobSpec
+from agent.job.jobstate import JobState
+from agent.running.confirming import Confirmations, Placed
+from agent.storage.store import Store
 from agent.wire.records import GangMember
 from tests.agent.authority_kit import write_ahead
 

@@ -19,11 +19,17 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent.containment import ContainmentChoice, SubreaperCage, open_cage
-from agent.executor import ExecutorConfig, Exited, Launch, ProcessExecutor, ProgressChanged
-from agent.jobspec import JobSpec, new_job_id
-from agent.jobuser import SYSTEM_PATH
-from agent.store import Store
+from agent.execution.containment import ContainmentChoice, SubreaperCage, open_cage
+from agent.execution.executor import (
+    ExecutorConfig,
+    Exited,
+    Launch,
+    ProcessExecutor,
+    ProgressChanged,
+)
+from agent.execution.jobuser import SYSTEM_PATH
+from agent.job.jobspec import JobSpec, new_job_id
+from agent.storage.store import Store
 from gossip.identity import enroll_node, init_cluster
 from probers.records import DeviceStatic
 from tests.agent.test_job_env import job_python
@@ -217,7 +223,7 @@ async def test_the_agents_environment_does_not_reach_the_job(
     assert env["CUDA_VISIBLE_DEVICES"] == "-1"
     assert env["SHOAL_JOB_ID"] == job.job_id and env["SHOAL_ATTEMPT"] == "1"
     allowed = {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "MY_VAR"}
-    allowed.add("PWD")  # exported by the shells of the launch (agent/spawn.py)
+    allowed.add("PWD")  # exported by the shells of the launch (agent/execution/spawn.py)
     extra = {k for k in env if k not in allowed and not k.startswith(("LC_", "SHOAL_"))}
     assert extra == {"CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"}
 

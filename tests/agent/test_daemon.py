@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.jobspec import Resources, new_job_id
+from agent.job.jobspec import Resources, new_job_id
 from tests.agent.agents import Mesh, spec
 
 pytestmark = pytest.mark.slow

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.jobspec import new_job_id
-from agent.localmesh import AgentProcess
+from agent.job.jobspec import new_job_id
+from agent.sandbox.localmesh import AgentProcess
 from gossip.identity import load_identity
 from gossip.tls import client_context
 from tests.agent.agents import Mesh, spec

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.jobspec import new_job_id
+from agent.job.jobspec import new_job_id
 from tests.agent.agents import Mesh, spec, tick_spans
 
 pytestmark = pytest.mark.slow
@@ -197,9 +197,9 @@ def test_a_replica_back_after_a_long_absence_takes_nothing_over_before_it_hears_
     ``UNHEARD_OWNER_GRACE_S`` later, took its stored copy for one of a gone owner at its first
     sweep (its view still empty), found the runner not live either, and ran the job again
     beside the first attempt. The grace counts from the agent's own start too."""
-    from agent.jobspec import Resources
-    from agent.owner import UNHEARD_OWNER_GRACE_S
-    from agent.ownership import rank
+    from agent.job.jobspec import Resources
+    from agent.job.ownership import rank
+    from agent.owning.owner import UNHEARD_OWNER_GRACE_S
 
     mesh = Mesh(tmp_path, ["h100:1", "h100:1", "mi300x:1"])  # the job runs on cuda only
     mesh.start_all()

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from agent.jobspec import Resources, new_job_id
-from agent.ownership import owner_of
+from agent.job.jobspec import Resources, new_job_id
+from agent.job.ownership import owner_of
 from gossip.identity import NodeIdentity, load_identity
 from tests.agent.agents import Mesh, spec
 from tests.shoal_cli import shoal

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent.jobspec import new_job_id
+from agent.job.jobspec import new_job_id
 from tests.agent.agents import Mesh, spec
 from tests.agent.test_job_env import Traps, lay_traps
 from tests.shoal_cli import shoal

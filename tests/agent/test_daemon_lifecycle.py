@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.jobspec import new_job_id
-from agent.localmesh import AgentProcess
-from agent.ownership import owner_of
+from agent.job.jobspec import new_job_id
+from agent.job.ownership import owner_of
+from agent.sandbox.localmesh import AgentProcess
 from tests.agent.agents import DEADLINE_S, Mesh, spec, tick_spans
 
 pytestmark = pytest.mark.slow

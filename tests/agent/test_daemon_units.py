@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import AgentConfig, load_config
-from agent.errors import UserError
-from agent.events import GOSSIPED, GOSSIPED_FOR_S, EventLog
-from agent.jobspec import JobSpec, Resources
-from agent.ownership import RANKS_KEPT, owner_of, rank, replica_of, weight
-from agent.placement import FirstFit
-from agent.view import NodeView
+from agent.common.errors import UserError
+from agent.daemon.config import AgentConfig, load_config
+from agent.job.jobspec import JobSpec, Resources
+from agent.job.ownership import RANKS_KEPT, owner_of, rank, replica_of, weight
+from agent.mesh.events import GOSSIPED, GOSSIPED_FOR_S, EventLog
+from agent.mesh.view import NodeView
+from agent.owning.placement import FirstFit
 from agent.wire.documents import EventsDoc
 from agent.wire.records import GossipedEvent, InventoryRecord, NodeRecord
 from probers.records import DeviceStatic, HostInfo

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.deadlines import lateness_s, missed_line
-from agent.jobspec import Resources, new_job_id
+from agent.job.deadlines import lateness_s, missed_line
+from agent.job.jobspec import Resources, new_job_id
 from tests.agent.agents import Mesh, spec, started
 from tests.agent.test_attacks import metric
 from tests.agent.test_cli_ops import Operator

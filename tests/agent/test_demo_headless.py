@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from agent.demo import schedule
+from agent.cli.demo import schedule
 
 FIELDS = (
     "nodes",

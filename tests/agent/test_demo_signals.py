@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent.demo import _Signals, _Stop
-from agent.spawn import death_signal_launcher
+from agent.cli.demo import _Signals, _Stop
+from agent.execution.spawn import death_signal_launcher
 from tests.shoal_cli import SHOAL, shoal
 from tests.support import require_system
 

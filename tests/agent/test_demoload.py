@@ -6,7 +6,11 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from agent.demoload import (
+from agent.job.jobspec import SUPPORTED_FEATURES, JobSpec
+from agent.policy import adapt
+from agent.policy.gavel import gavel_model
+from agent.policy.model import ThroughputModel
+from agent.sandbox.demoload import (
     CLASSES,
     FLEET,
     HOST_DATASETS,
@@ -16,10 +20,6 @@ from agent.demoload import (
     offer_counts,
     placement_figures,
 )
-from agent.jobspec import SUPPORTED_FEATURES, JobSpec
-from agent.policy import adapt
-from agent.policy.gavel import gavel_model
-from agent.policy.model import ThroughputModel
 from probers.sim import REFERENCE_HOSTS
 
 
@@ -63,7 +63,7 @@ def test_each_spec_is_one_the_live_mesh_runs_and_the_policy_sees_its_class() -> 
             assert spec.deadline is None
         else:
             assert spec.deadline == now + job.deadline_in_s
-        assert spec.command[1:4] == ("-m", "agent.synthjob", "--class")
+        assert spec.command[1:4] == ("-m", "agent.sandbox.synthjob", "--class")
 
 
 def test_datasets_are_laid_out_as_sparse_files_of_their_size(tmp_path: Path) -> None:

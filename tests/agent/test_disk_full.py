@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.jobspec import new_job_id
+from agent.job.jobspec import new_job_id
 from tests.agent.agents import Mesh, spec
 from tests.support import require_system
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.jobspec import Resources, new_job_id
+from agent.job.jobspec import Resources, new_job_id
 from tests.agent.agents import Mesh, spec
 from tests.agent.test_disk_full import _tmpfs_mountable
 from tests.support import require_system

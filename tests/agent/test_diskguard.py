@@ -1,11 +1,11 @@
-"""Which job a full disk stops (``agent.diskguard.culprit``), and what is removed of it."""
+"""Which job a full disk stops (``agent.running.diskguard.culprit``), and what is removed of it."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from agent.diskguard import clear, culprit, folder_bytes, note, reserve_bytes
+from agent.running.diskguard import clear, culprit, folder_bytes, note, reserve_bytes
 
 MIB = 1 << 20
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from agent.jobspec import JobSpec, Resources, new_job_id
-from agent.jobstate import JobState
-from agent.owner import Owner
+from agent.job.jobspec import JobSpec, Resources, new_job_id
+from agent.job.jobstate import JobState
+from agent.owning.owner import Owner
 from tests.agent.test_owner import Fixture, _settled, fx
 
 __all__ = ["fx"]

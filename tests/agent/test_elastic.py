@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.jobspec import JobSpec, Resources
+from agent.job.jobspec import JobSpec, Resources
 from tests.agent.agents import Mesh, started
 from tests.agent.test_checkpoint_move import TRAINER, ckpt_dir, saved_step, starts
 from tests.agent.test_cli_ops import Operator

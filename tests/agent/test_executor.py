@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent.executor import (
+from agent.execution.executor import (
     Cancelled,
     ExecEvent,
     ExecutorConfig,
@@ -26,8 +26,7 @@ from agent.executor import (
     Started,
     TimedOut,
 )
-from agent.jobspec import JobSpec, new_job_id
-from agent.logfiles import (
+from agent.execution.logfiles import (
     MAX_LINE_BYTES,
     RotatingLog,
     TailReader,
@@ -36,7 +35,8 @@ from agent.logfiles import (
     log_files,
     tail,
 )
-from agent.progress import ProgressTracker, parse_fraction, parse_progress_line
+from agent.execution.progress import ProgressTracker, parse_fraction, parse_progress_line
+from agent.job.jobspec import JobSpec, new_job_id
 from probers.records import DeviceStatic
 from tests.support import require_system
 
@@ -542,9 +542,13 @@ def test_a_silent_job_dies_with_a_killed_agent(tmp_path: Path, launcher: str) ->
     agent = (
         "import asyncio, sys\n"
         "from pathlib import Path\n"
-        "import agent.executor\n"
-        + ("agent.executor._death_signal_launcher = lambda: ()\n" if launcher != "setpriv" else "")
-        + "from agent.executor import ExecutorConfig, Launch, ProcessExecutor, Started\n"
+        "import agent.execution.executor\n"
+        + (
+            "agent.execution.executor._death_signal_launcher = lambda: ()\n"
+            if launcher != "setpriv"
+            else ""
+        )
+        + "from agent.execution.executor import ExecutorConfig, Launch, ProcessExecutor, Started\n"
         "async def main():\n"
         f"    ex = ProcessExecutor(ExecutorConfig(data_dir=Path({str(tmp_path)!r})))\n"
         "    job = Launch(job_id='a' * 32, attempt=1, argv=('sleep', '60'))\n"
@@ -579,18 +583,18 @@ _SLOW_LAUNCHES = {
     # The death signal is armed two seconds late (setpriv starts after a sleep), or the
     # preexec_fn sleeps before it arms it: the launch's window, held open.
     "setpriv": (
-        "launch = agent.executor._death_signal_launcher()\n"
-        "agent.executor._death_signal_launcher = lambda: (\n"
+        "launch = agent.execution.executor._death_signal_launcher()\n"
+        "agent.execution.executor._death_signal_launcher = lambda: (\n"
         "    '/bin/sh', '-c', 'sleep 2; exec \"$@\"', 'sh', *launch)\n"
     ),
     "preexec_fn": (
-        "import time, agent.spawn\n"
-        "agent.executor._death_signal_launcher = lambda: ()\n"
-        "setup = agent.spawn._child_setup\n"
+        "import time, agent.execution.spawn\n"
+        "agent.execution.executor._death_signal_launcher = lambda: ()\n"
+        "setup = agent.execution.spawn._child_setup\n"
         "def slow(user, procs):\n"
         "    arm = setup(user, procs)\n"
         "    return lambda: (time.sleep(2), arm())\n"
-        "agent.spawn._child_setup = slow\n"
+        "agent.execution.spawn._child_setup = slow\n"
     ),
 }
 
@@ -608,9 +612,9 @@ def test_an_agent_killed_before_the_death_signal_is_armed_leaves_no_job_started(
     agent = (
         "import asyncio\n"
         "from pathlib import Path\n"
-        "import agent.executor\n"
+        "import agent.execution.executor\n"
         + _SLOW_LAUNCHES[launcher]
-        + "from agent.executor import ExecutorConfig, Launch, ProcessExecutor\n"
+        + "from agent.execution.executor import ExecutorConfig, Launch, ProcessExecutor\n"
         "async def main():\n"
         f"    ex = ProcessExecutor(ExecutorConfig(data_dir=Path({str(tmp_path)!r})))\n"
         f"    argv = ('/bin/sh', '-c', 'touch {started}; exec sleep 60')\n"

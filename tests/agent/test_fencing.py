@@ -1,10 +1,10 @@
-"""When a gossiped job record stops the attempt a runner runs (``agent.fencing``)."""
+"""When a gossiped job record stops the attempt a runner runs (``agent.running.fencing``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from agent.fencing import Fences, fence_cause
+from agent.running.fencing import Fences, fence_cause
 
 HERE, THERE = "node-here", "node-there"
 

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from agent.errors import UserError
-from agent.failover import NoAgentAnswered, first_answering
-from agent.fit import asks, fit
-from agent.fleet import Fleet, FleetAgent, fleet_path, load_fleet, save_fleet
-from agent.jobspec import JobSpec, Resources
-from agent.netwhy import short_why, why
-from agent.tables import node_row
+from agent.cli.tables import node_row
+from agent.common.errors import UserError
+from agent.job.jobspec import JobSpec, Resources
+from agent.operator.failover import NoAgentAnswered, first_answering
+from agent.operator.fit import asks, fit
+from agent.operator.fleet import Fleet, FleetAgent, fleet_path, load_fleet, save_fleet
+from agent.operator.netwhy import short_why, why
 from gossip.identity import init_cluster
 
 

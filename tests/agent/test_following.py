@@ -12,12 +12,12 @@ from collections.abc import Callable
 
 import pytest
 
-from agent.following import RECANCEL_S
+from agent.operator.following import RECANCEL_S
 
 FOLLOWER = textwrap.dedent(
     """
     import asyncio, sys
-    from agent.following import until_interrupted
+    from agent.operator.following import until_interrupted
 
     swallowed = 0
 

@@ -1,7 +1,7 @@
-"""Fuzzing the checkpoint transfer protocol (``agent.transfer``): manifests as a peer could send
-them, frames as raw bytes off the wire, and a receiver fed frames in any order. Each refuses with
-``TransferError`` or yields a value within the manifest's rules; nothing written lies outside
-the checkpoint's files, its sizes or its limits."""
+"""Fuzzing the checkpoint transfer protocol (``agent.checkpoints.transfer``): manifests as a peer
+could send them, frames as raw bytes off the wire, and a receiver fed frames in any order. Each
+refuses with ``TransferError`` or yields a value within the manifest's rules; nothing written lies
+outside the checkpoint's files, its sizes or its limits."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from agent.transfer import (
+from agent.checkpoints.transfer import (
     HEADER_BYTES,
     MAGIC,
     VERSION,

@@ -18,14 +18,13 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from agent import submit_cmd
-from agent.authority import SubmissionRefused, read_submission
 from agent.bootstrap.hosts import parse_hosts_file, parse_target
-from agent.cli import build_parser
-from agent.config import AgentConfig, config_from_mapping, load_config
-from agent.errors import UserError
-from agent.fleet import load_fleet
-from agent.jobspec import JobSpec, Resources, parse_duration, parse_size
+from agent.cli import build_parser, submit_cmd
+from agent.common.errors import UserError
+from agent.daemon.config import AgentConfig, config_from_mapping, load_config
+from agent.job.authority import SubmissionRefused, read_submission
+from agent.job.jobspec import JobSpec, Resources, parse_duration, parse_size
+from agent.operator.fleet import load_fleet
 from agent.wire.place import dataset_name_problem
 from gossip import envelope
 from gossip.replay import ReplayGuard

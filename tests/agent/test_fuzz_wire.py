@@ -12,8 +12,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from agent.jobspec import JobSpec
-from agent.view import ClusterView
+from agent.job.jobspec import JobSpec
+from agent.mesh.view import ClusterView
 from agent.wire import codec as c
 from agent.wire.calls import (
     AttemptResult,

@@ -6,7 +6,9 @@ import random
 
 import pytest
 
-from agent.gang import (
+from agent.job.jobspec import JobSpec
+from agent.job.jobstate import JobState
+from agent.owning.gang import (
     MAX_BACKOFF_S,
     GangAttempt,
     Step,
@@ -15,11 +17,9 @@ from agent.gang import (
     prepare_order,
     rebind_member,
 )
-from agent.gangdesk import free_port, host_of
-from agent.jobspec import JobSpec
-from agent.jobstate import JobState
-from agent.ownedjob import OwnedJob, gossip_payload
-from agent.reservations import Hold, HoldRefused, Reservations
+from agent.owning.ownedjob import OwnedJob, gossip_payload
+from agent.running.gangdesk import free_port, host_of
+from agent.running.reservations import Hold, HoldRefused, Reservations
 from agent.wire.calls import AttemptResult
 from agent.wire.codec import MAX_RECORD_BYTES, unpack
 from agent.wire.records import AttemptEntry, GangMember, JobStatus
@@ -251,7 +251,7 @@ def test_a_gang_too_large_for_a_record_is_known_before_it_is_placed() -> None:
 def test_a_member_held_on_other_devices_is_named_by_the_attempt_and_the_job() -> None:
     """Late binding for gangs (``gang_prepare`` with ``rebind``): the devices a member's runner
     held instead are what the attempt commits and the job's record says from then on."""
-    from agent.gang import GangAttempt
+    from agent.owning.gang import GangAttempt
 
     job = OwnedJob("j" * 32, JobSpec(command=("x",)), JobState.PLACING, 3, "o" * 32, "n-a", 1.0)
     job.members, job.devices = MEMBERS, MEMBERS[0].devices

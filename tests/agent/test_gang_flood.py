@@ -1,7 +1,7 @@
 """One member floods a runner with gang prepares (one agent's stolen key, over mutual TLS): for
 a gang it may own, with its operator's genuine submission, it asks again and again for holds of
 every device of the node, each a newer attempt, and never commits. The holds it may make are
-bounded by what they cost (``agent.reservations.HoldBudget``): it holds every device for a
+bounded by what they cost (``agent.running.reservations.HoldBudget``): it holds every device for a
 minute at most, then the node's devices are free for the operators' jobs again."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.jobspec import Resources, new_job_id
-from agent.ownership import rank
+from agent.job.jobspec import Resources, new_job_id
+from agent.job.ownership import rank
 from tests.agent.agents import Mesh, spec
 from tests.agent.test_attacks import Intruder, metric
 

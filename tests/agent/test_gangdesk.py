@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.gangdesk import GangDesk
-from agent.jobspec import JobSpec, Resources
-from agent.runner import Declined, NotAllowed
+from agent.job.jobspec import JobSpec, Resources
+from agent.running.gangdesk import GangDesk
+from agent.running.runner import Declined, NotAllowed
 from agent.wire.calls import GangAbort, GangCommit, GangPrepare
 from agent.wire.records import GangMember
 from tests.agent.authority_kit import write_ahead

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.jobspec import new_job_id
-from agent.ownership import rank
+from agent.job.jobspec import new_job_id
+from agent.job.ownership import rank
 from tests.agent.agents import Mesh, spec
 
 pytestmark = pytest.mark.slow

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-import agent.executor
-from agent.containment import open_cage
-from agent.executor import ExecutorConfig, Exited, Launch, LaunchError, ProcessExecutor
-from agent.jobenv import CARRIER_PREFIX, LAUNCHER_ENV, after_switch, checked_env
-from agent.jobspec import JobSpec, new_job_id
-from agent.jobuser import SYSTEM_PATH, lookup_job_user
-from agent.spawn import check_program, death_signal_launcher
+import agent.execution.executor
+from agent.execution.containment import open_cage
+from agent.execution.executor import ExecutorConfig, Exited, Launch, LaunchError, ProcessExecutor
+from agent.execution.jobenv import CARRIER_PREFIX, LAUNCHER_ENV, after_switch, checked_env
+from agent.execution.jobuser import SYSTEM_PATH, lookup_job_user
+from agent.execution.spawn import check_program, death_signal_launcher
+from agent.job.jobspec import JobSpec, new_job_id
 from tests.support import require_system
 
 pytestmark = [
@@ -230,7 +230,7 @@ async def executor(
     except ValueError as exc:
         require_system(False, f"containment {cage}: {exc}")
     if not setpriv:
-        monkeypatch.setattr(agent.executor, "_death_signal_launcher", lambda: ())
+        monkeypatch.setattr(agent.execution.executor, "_death_signal_launcher", lambda: ())
     config = ExecutorConfig(data_dir=data, grace_s=5.0, job_user="nobody", containment=cage)  # type: ignore[arg-type]
     ex = ProcessExecutor(config)
     assert ex.user.uid == NOBODY and ex.cage.mode == cage
@@ -298,7 +298,7 @@ async def test_a_variable_the_shell_refuses_fails_the_start_saying_which(
     launch = Launch(
         job_id=new_job_id(), attempt=1, argv=(job_python(), "-c", PRINT_ENV), env={"OPTIND": "x"}
     )
-    if agent.executor._death_signal_launcher():
+    if agent.execution.executor._death_signal_launcher():
         exited, lines = await run(executor, launch)
         assert exited.exit_code == 125
         assert any("the job's env cannot set OPTIND" in line for line in lines), lines

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from agent import jobpython
-from agent.jobpython import HERE, job_python
-from agent.jobuser import SYSTEM_PATH, lookup_job_user, resolve_job_user
+from agent.execution.jobuser import SYSTEM_PATH, lookup_job_user, resolve_job_user
+from agent.sandbox import jobpython
+from agent.sandbox.jobpython import HERE, job_python
 from tests.support import require_system
 
 pytestmark = pytest.mark.system
@@ -32,7 +32,7 @@ def test_the_agents_interpreter_is_kept_where_the_job_user_can_run_it(tmp_path: 
     # where its interpreter lies under /root, replaced by one the job user can run.
     user = lookup_job_user(resolve_job_user(None))
     done = subprocess.run(
-        [python.executable, "-c", "import agent.synthjob"],
+        [python.executable, "-c", "import agent.sandbox.synthjob"],
         env={"PATH": SYSTEM_PATH, **python.env},
         user=user.uid,
         group=user.gid,

@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from agent.jobspec import (
+from agent.job.jobspec import (
     JobSpec,
     Resources,
     UnknownFeatures,
@@ -340,7 +340,7 @@ def test_a_share_that_makes_no_sense_is_refused(resources: dict[str, object], er
 def test_an_agent_of_spec_version_2_refuses_a_version_3_feature_naming_the_version(
     monkeypatch: pytest.MonkeyPatch, resources: Resources, feature: str
 ) -> None:
-    import agent.jobspec as jobspec
+    import agent.job.jobspec as jobspec
 
     wire = JobSpec(command=("x",), resources=resources).to_dict()
     version_2 = {k: v for k, v in jobspec.FEATURES.items() if v <= 2}

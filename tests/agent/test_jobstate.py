@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from agent.jobstate import (
+from agent.job.jobstate import (
     DRAIN_TRANSITIONS,
     JOB_TRANSITIONS,
     DrainEvent,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.jobspec import JobSpec, Resources
-from agent.localmesh import LocalMesh, compile_sources
+from agent.job.jobspec import JobSpec, Resources
+from agent.sandbox.localmesh import LocalMesh, compile_sources
 from tests.agent.agents import Mesh
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from agent.view import pack
+from agent.mesh.view import pack
 from tests.agent.agents import Mesh, spec
 from tests.agent.test_attacks import Intruder, job_out_of_reach, metric
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from agent.jobspec import Resources, new_job_id
-from agent.localmesh import AgentProcess
-from agent.ownership import rank
+from agent.job.jobspec import Resources, new_job_id
+from agent.job.ownership import rank
+from agent.sandbox.localmesh import AgentProcess
 from gossip.identity import load_identity
 from tests.agent.agents import Mesh, spec, started, tick_spans
 from tests.agent.test_revocation import revoke

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from agent.jobspec import JobSpec, Resources, new_job_id
-from agent.meshqueue import MAX_AHEAD, MeshQueue, QueueIndex, mesh_queue
-from agent.placement import FirstFit, ShoalPlacement
+from agent.job.jobspec import JobSpec, Resources, new_job_id
+from agent.owning.meshqueue import MAX_AHEAD, MeshQueue, QueueIndex, mesh_queue
+from agent.owning.placement import FirstFit, ShoalPlacement
 from agent.policy.adapt import job_from_spec
 from agent.policy.snapshot import Placement, Running
 from tests.agent.agents import spec, started
@@ -133,7 +133,7 @@ def test_an_owners_jobs_among_the_first_share_one_decision_pass(
     """The owner reads the queue once per change of its view (``QueueIndex``); its jobs among
     the first ``MAX_AHEAD`` get the same pass, which the placement runs once for all of them
     while the view, its held offers and the second stay the same."""
-    import agent.placement as placement_module
+    import agent.owning.placement as placement_module
 
     passes: list[int] = []
     decide = placement_module.decide

@@ -17,20 +17,20 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from agent.authority import Authority, Submission
-from agent.context import AgentContext
-from agent.events import EventLog
-from agent.jobspec import JobSpec, Resources, new_job_id
-from agent.jobstate import JobState
-from agent.ownedjob import OwnedJob
-from agent.owner import UNHEARD_OWNER_GRACE_S, Owner
-from agent.ownership import rank
-from agent.peers import PeerClient
-from agent.placement import FirstFit
-from agent.placing import place_once
-from agent.recentoffers import HOLD_S
-from agent.store import JobRecord, Store
-from agent.view import ClusterView, pack
+from agent.job.authority import Authority, Submission
+from agent.job.jobspec import JobSpec, Resources, new_job_id
+from agent.job.jobstate import JobState
+from agent.job.ownership import rank
+from agent.mesh.context import AgentContext
+from agent.mesh.events import EventLog
+from agent.mesh.peers import PeerClient
+from agent.mesh.view import ClusterView, pack
+from agent.owning.ownedjob import OwnedJob
+from agent.owning.owner import UNHEARD_OWNER_GRACE_S, Owner
+from agent.owning.placement import FirstFit
+from agent.owning.placing import place_once
+from agent.owning.recentoffers import HOLD_S
+from agent.storage.store import JobRecord, Store
 from agent.wire.calls import AttemptResult, StopAnswer
 from agent.wire.records import InventoryRecord
 from gossip.identity import NodeIdentity
@@ -402,7 +402,7 @@ async def test_a_job_handed_over_that_is_held_already_is_published_above_the_oth
     agent went on believing the giver's "running" record, and the runner's report of that
     attempt went to the giver (404): the job never ended. The holder now publishes its own
     above the lineage it was handed, as the owner every agent believes."""
-    from agent.ownedjob import job_wire
+    from agent.owning.ownedjob import job_wire
 
     fx.runners.clear()
     owner = fx.owner()
@@ -431,7 +431,7 @@ async def test_a_job_handed_over_that_is_held_already_is_published_above_the_oth
 async def test_a_job_handed_over_ended_ends_here_too_when_held_still_running(fx: Fixture) -> None:
     """The other way round (``bench.chaos`` again): the copy handed over had ended while the
     holder's was still running; the job ends here, as the copy says, above both."""
-    from agent.ownedjob import job_wire
+    from agent.owning.ownedjob import job_wire
 
     fx.runners.clear()
     owner = fx.owner()
@@ -464,7 +464,7 @@ async def test_a_job_handed_over_running_to_a_holder_whose_copy_runs_asks_its_ru
     """Both copies running (``bench.chaos``): the holder's goes on, and the holder asks its
     runner whether that attempt still runs (the other side may have fenced it), as after any
     takeover; else the job waited for the end of an attempt that had ended, for good."""
-    from agent.ownedjob import job_wire
+    from agent.owning.ownedjob import job_wire
 
     owner, held = await _running_on_b(fx)
     job_id = held.job_id
@@ -493,8 +493,8 @@ async def test_a_stale_copy_of_a_job_another_agent_published_newer_is_kept_not_h
     (a newer record). It handed its copy to that agent every second, refused each time (it may
     not hand the job over) and logged at WARNING there. It now keeps the copy as a replica
     would, and lets the newer record stand."""
-    from agent.ownedjob import OwnedJob
-    from agent.view import JOB_PREFIX, SUB_PREFIX
+    from agent.mesh.view import JOB_PREFIX, SUB_PREFIX
+    from agent.owning.ownedjob import OwnedJob
 
     fx.runners.clear()  # nothing fits: the job stays pending here
     other = fx.kit.agent("other")
@@ -545,7 +545,7 @@ async def test_a_running_job_its_runner_no_longer_lists_is_checked_with_the_runn
     found it stale; this owner waited minutes for a run that had been stopped. Once the
     runner's node record has left the job out for ``UNLISTED_CHECK_S``, the owner asks the
     runner where the attempt stands (``check_runner``), and asks again after as long."""
-    from agent.owner import UNLISTED_CHECK_S
+    from agent.owning.owner import UNLISTED_CHECK_S
     from agent.wire.records import NodeRecord
 
     owner, job = await _running_on_b(fx)

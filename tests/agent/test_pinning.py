@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from agent.envnames import reserved_env
-from agent.pinning import GangRank, device_env, job_env
+from agent.execution.pinning import GangRank, device_env, job_env
+from agent.job.envnames import reserved_env
 from probers.records import DeviceStatic
 
 JOB = "0f9c6c1e2b8d4a7f9e3c5b1a2d4f6e8c"
@@ -215,7 +215,7 @@ def test_attempts_start_at_one() -> None:
 
 def test_vendors_without_devices_are_hidden() -> None:
     """CUDA: an invalid index hides all; ROCr: set but empty; HIP: an invalid index. Level Zero
-    has no such value (see agent.pinning), so Intel GPUs cannot be hidden by variable."""
+    has no such value (see agent.execution.pinning), so Intel GPUs cannot be hidden by variable."""
     nvidia_job = job_env([nvidia(0, U2)], job_id=JOB, attempt=1)
     assert nvidia_job["CUDA_VISIBLE_DEVICES"] == U2
     assert (nvidia_job["ROCR_VISIBLE_DEVICES"], nvidia_job["HIP_VISIBLE_DEVICES"]) == ("", "-1")

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.config import config_from_mapping
-from agent.datasets import DatasetScanner, scan_datasets
-from agent.errors import UserError
+from agent.common.errors import UserError
+from agent.daemon.config import config_from_mapping
+from agent.daemon.datasets import DatasetScanner, scan_datasets
 from agent.wire.codec import MAX_RECORD_BYTES, WireError, pack, unpack
 from agent.wire.place import PlaceRecord, coord_moved_s, dataset_name_problem
 from gossip.vivaldi import Coordinate
@@ -227,8 +227,8 @@ def test_an_agent_gossips_no_link_out_of_its_folder_and_no_unsafe_name(tmp_path:
 
 
 def test_the_policy_reads_datasets_and_coordinates_from_the_place_record() -> None:
+    from agent.mesh.view import NodeView
     from agent.policy import adapt
-    from agent.view import NodeView
 
     coord = Coordinate((0.001,) + (0.0,) * 7, 0.2, 0.0, 0.0001)
     holder = NodeView("a", place=PlaceRecord({"imagenet": 150 * 2**30}, coord))

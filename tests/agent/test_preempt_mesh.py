@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from agent.jobspec import new_job_id
-from agent.ownership import rank
+from agent.job.jobspec import new_job_id
+from agent.job.ownership import rank
 from agent.wire.calls import StartOffer
 from gossip.identity import load_identity
 from tests.agent.agents import Mesh, spec

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from agent.jobspec import JobSpec, Resources, new_job_id
-from agent.ownership import rank
-from agent.placement import FirstFit, ShoalPlacement
+from agent.job.jobspec import JobSpec, Resources, new_job_id
+from agent.job.ownership import rank
+from agent.mesh.view import ClusterView
+from agent.owning.placement import FirstFit, ShoalPlacement
+from agent.owning.preempting import preemption_candidates, stopped_reason, waiting_reason
 from agent.policy import adapt
 from agent.policy.config import PolicyConfig
-from agent.preempting import preemption_candidates, stopped_reason, waiting_reason
-from agent.preemption import Ask, Preemptions, Refused, arbitrate
-from agent.view import ClusterView
+from agent.running.preemption import Ask, Preemptions, Refused, arbitrate
 from agent.wire.calls import AttemptResult
 from agent.wire.records import InventoryRecord, JobStatus, NodeRecord
 from probers.records import DeviceStatic, HostInfo
@@ -29,7 +29,7 @@ MIN_RUN_S = 600.0
 
 @dataclass
 class Run:
-    """A job the runner runs (``agent.runner.LocalRun``'s fields that arbitration reads)."""
+    """A job the runner runs (``agent.running.runner.LocalRun``'s fields that arbitration reads)."""
 
     attempt: int
     devices: tuple[str, ...]

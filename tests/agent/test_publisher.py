@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import AgentConfig
-from agent.devices import HostDevices
-from agent.events import EventLog
-from agent.publisher import (
+from agent.daemon.config import AgentConfig
+from agent.daemon.devices import HostDevices
+from agent.daemon.publisher import (
     EVENTS_EVERY_S,
     PLACE_EVERY_S,
     PROGRESS_EVERY_S,
     UNMEASURED_LOOK_S,
     Publisher,
 )
+from agent.mesh.events import EventLog
 from agent.wire.records import NodeRecord
 from gossip.vivaldi import Coordinate
 

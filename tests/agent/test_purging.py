@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from agent import purging
-from agent.jobspec import new_job_id
-from agent.jobstate import JobState
-from agent.store import ResultRecord, RunRecord, Store
+from agent.job.jobspec import new_job_id
+from agent.job.jobstate import JobState
+from agent.storage import purging
+from agent.storage.store import ResultRecord, RunRecord, Store
 from tests.agent.agents import Mesh, spec
 from tests.agent.test_store import job
 from tests.shoal_cli import one_line_error, shoal

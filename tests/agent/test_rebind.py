@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent.admission import NodeFacts, NotAdmitted, admit_or_rebind, local_node
-from agent.jobspec import JobSpec, Resources
-from agent.placement import FirstFit, Placement, ShoalPlacement
+from agent.job.jobspec import JobSpec, Resources
+from agent.owning.placement import FirstFit, Placement, ShoalPlacement
+from agent.running.admission import NodeFacts, NotAdmitted, admit_or_rebind, local_node
 from probers.records import DeviceStatic
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from agent.jobspec import JobSpec, Resources
-from agent.placement import FirstFit, ShoalPlacement
+from agent.job.jobspec import JobSpec, Resources
+from agent.owning.placement import FirstFit, ShoalPlacement
+from agent.owning.recentoffers import HOLD_S, RecentOffers, mark_held
 from agent.policy.adapt import BUSY
 from agent.policy.snapshot import Device, Node, Share
-from agent.recentoffers import HOLD_S, RecentOffers, mark_held
 from tests.agent.nodeviews import node_view
 
 

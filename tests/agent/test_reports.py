@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
-from agent.reports import Reports
+from agent.running.reports import Reports
 from agent.wire.calls import AttemptResult
 
 

@@ -9,10 +9,10 @@ from typing import Any, cast
 
 import pytest
 
-from agent.jobspec import JobSpec, new_job_id
-from agent.ownership import rank
-from agent.reads import STORED_ASKED_AT_MOST, Reads, newest_ended
-from agent.retiring import due
+from agent.daemon.reads import STORED_ASKED_AT_MOST, Reads, newest_ended
+from agent.job.jobspec import JobSpec, new_job_id
+from agent.job.ownership import rank
+from agent.mesh.retiring import due
 from tests.agent.agents import Mesh, spec
 from tests.agent.authority_kit import Kit
 from tests.shoal_cli import shoal

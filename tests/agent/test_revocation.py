@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.jobspec import Resources, new_job_id
-from agent.ownership import rank
+from agent.job.jobspec import Resources, new_job_id
+from agent.job.ownership import rank
 from gossip import revocation
 from gossip.certtrust import CertSigner
 from gossip.revocation import REVOCATIONS_FILE, RevocationList, issue_revocations

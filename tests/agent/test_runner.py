@@ -18,21 +18,21 @@ from typing import Any
 
 import pytest
 
-from agent.authority import SubmissionRefused
-from agent.ckptfiles import Vault
-from agent.ckptmove import Checkpoints
-from agent.confirming import NotConfirmed, Unconfirmed
-from agent.context import AgentContext
-from agent.events import EventLog
-from agent.executor import ExecutorConfig, ProcessExecutor
-from agent.jobspec import JobSpec, Resources, new_job_id
-from agent.ownership import rank
-from agent.peers import PeerClient
-from agent.placement import ShoalPlacement
-from agent.runner import Declined, LaunchFailed, NotAllowed, Runner
-from agent.store import Store
-from agent.transfer import FileEntry, Frame, Manifest, TransferLimits
-from agent.view import ClusterView
+from agent.checkpoints.ckptfiles import Vault
+from agent.checkpoints.ckptmove import Checkpoints
+from agent.checkpoints.transfer import FileEntry, Frame, Manifest, TransferLimits
+from agent.execution.executor import ExecutorConfig, ProcessExecutor
+from agent.job.authority import SubmissionRefused
+from agent.job.jobspec import JobSpec, Resources, new_job_id
+from agent.job.ownership import rank
+from agent.mesh.context import AgentContext
+from agent.mesh.events import EventLog
+from agent.mesh.peers import PeerClient
+from agent.mesh.view import ClusterView
+from agent.owning.placement import ShoalPlacement
+from agent.running.confirming import NotConfirmed, Unconfirmed
+from agent.running.runner import Declined, LaunchFailed, NotAllowed, Runner
+from agent.storage.store import Store
 from agent.wire.calls import AttemptResult, StartOffer, StopAnswer, StopRequest
 from gossip.certtrust import CertSigner
 from gossip.identity import NodeIdentity
@@ -383,7 +383,8 @@ async def test_pulling_from_itself_a_checkpoint_of_an_attempt_not_run_here_last_
 
 async def test_a_run_that_ended_leaves_no_progress_and_a_purged_job_no_fence(rig: Rig) -> None:
     """The runner's progress of a job went on for every job it ever ran (its node record names
-    the running ones only); its fence goes when the job leaves the disk (``agent.purging``)."""
+    the running ones only); its fence goes when the job leaves the disk
+    (``agent.storage.purging``)."""
     gate = rig.tmp_path / "gate"
     script = (
         "import os, time; print('SHOAL_PROGRESS 0.5', flush=True)\n"

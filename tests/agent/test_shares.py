@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from agent.jobspec import JobSpec, Resources, new_job_id
+from agent.job.jobspec import JobSpec, Resources, new_job_id
 from tests.agent.agents import Mesh, spec, started
 from tests.agent.test_cli_ops import Operator
 from tests.shoal_cli import shoal

@@ -1,6 +1,7 @@
 """Every network call Shoal makes ends against a listener that accepts and never answers: the
-agent-to-agent calls and log streams (``agent.peers``), the operator's client (``agent.client``)
-and gossip (``gossip.transport``). Each raises its own "unreachable" error within its timeout.
+agent-to-agent calls and log streams (``agent.mesh.peers``), the operator's client
+(``agent.operator.client``) and gossip (``gossip.transport``). Each raises its own "unreachable"
+error within its timeout.
 
 A listening socket that is never ``accept()``-ed is such a peer: the kernel completes the TCP
 handshake from its backlog and nothing ever answers. The bound is the test's own
@@ -17,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from agent.client import AgentUnreachable, ApiClient
-from agent.peers import PeerClient, PeerUnreachable
+from agent.mesh.peers import PeerClient, PeerUnreachable
+from agent.operator.client import AgentUnreachable, ApiClient
 from gossip.transport import GossipClient, Unreachable
 from tests.agent.authority_kit import Kit
 

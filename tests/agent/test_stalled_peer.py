@@ -15,9 +15,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.jobspec import Resources, new_job_id
-from agent.localmesh import AgentProcess
-from agent.ownership import rank
+from agent.job.jobspec import Resources, new_job_id
+from agent.job.ownership import rank
+from agent.sandbox.localmesh import AgentProcess
 from tests.agent.agents import Mesh, spec, started
 
 pytestmark = pytest.mark.slow

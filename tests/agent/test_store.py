@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.jobspec import JobSpec, new_job_id
-from agent.jobstate import UNENDED_JOB_STATES, JobState
-from agent.store import (
+from agent.job.jobspec import JobSpec, new_job_id
+from agent.job.jobstate import UNENDED_JOB_STATES, JobState
+from agent.storage.store import (
     MIGRATIONS,
     SCHEMA_VERSION,
     JobRecord,

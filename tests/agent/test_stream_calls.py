@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.peers import stream_call_op
+from agent.mesh.peers import stream_call_op
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent.policy.model import ThroughputModel
-from agent.synthjob import device_models, plan, read_checkpoint, speed_on, write_checkpoint
+from agent.sandbox.synthjob import device_models, plan, read_checkpoint, speed_on, write_checkpoint
 
 RESNET = "ResNet-50 (batch size 64)"
 
@@ -61,7 +61,7 @@ def test_a_checkpoint_is_read_only_when_the_attempt_resumes(tmp_path: Path) -> N
 
 def _run(env: dict[str, str], *args: str) -> list[str]:
     done = subprocess.run(
-        [sys.executable, "-m", "agent.synthjob", *args],
+        [sys.executable, "-m", "agent.sandbox.synthjob", *args],
         env={**os.environ, **env},
         capture_output=True,
         text=True,

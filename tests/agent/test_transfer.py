@@ -1,4 +1,5 @@
-"""The checkpoint transfer protocol (``agent.transfer``), sans I/O, and the folders around it."""
+"""The checkpoint transfer protocol (``agent.checkpoints.transfer``), sans I/O, and the folders
+around it."""
 
 from __future__ import annotations
 
@@ -8,10 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.ckptfiles import FolderReader, Vault, clear_folder
-from agent.jobspec import new_job_id
-from agent.jobuser import lookup_job_user
-from agent.transfer import (
+from agent.checkpoints.ckptfiles import FolderReader, Vault, clear_folder
+from agent.checkpoints.transfer import (
     HEADER_BYTES,
     FileEntry,
     Frame,
@@ -22,6 +21,8 @@ from agent.transfer import (
     check_path,
     plan,
 )
+from agent.execution.jobuser import lookup_job_user
+from agent.job.jobspec import new_job_id
 
 LIMITS = TransferLimits(max_total_bytes=1 << 20, max_files=8, max_chunk_bytes=4)
 JOB = new_job_id()
@@ -145,7 +146,7 @@ def test_the_receiver_refuses_what_the_manifest_does_not_allow() -> None:
     assert Receiver(m, LIMITS, held=[99]).offsets == (0,)
 
 
-# -- folders (agent.ckptfiles) -------------------------------------------------------------------
+# -- folders (agent.checkpoints.ckptfiles) ---------------------------------------------------------
 
 
 def test_a_folder_scan_leaves_out_links_and_a_vault_keeps_a_verified_copy(tmp_path: Path) -> None:

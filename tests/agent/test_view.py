@@ -8,11 +8,11 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from agent.authority import Authority
-from agent.jobspec import JobSpec, new_job_id
-from agent.ownership import rank
+from agent.job.authority import Authority
+from agent.job.jobspec import JobSpec, new_job_id
+from agent.job.ownership import rank
+from agent.mesh.view import ClusterView, NodeView, pack
 from agent.policy.adapt import NodeMemo
-from agent.view import ClusterView, NodeView, pack
 from agent.wire.records import InventoryRecord, NodeRecord
 from gossip.certtrust import CertSigner, CertTrust
 from gossip.revocation import issue_revocations

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.jobspec import JobSpec, Resources, UnknownFeatures
-from agent.placement import FirstFit
-from agent.view import ClusterView, NodeView
+from agent.job.jobspec import JobSpec, Resources, UnknownFeatures
+from agent.mesh.view import ClusterView, NodeView
+from agent.owning.placement import FirstFit
 from agent.wire.calls import (
     AttemptResult,
     CheckpointNote,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agent.jobspec import new_job_id
+from agent.job.jobspec import new_job_id
 from agent.wire.documents import EventsDoc, JobDoc, NodeDoc
 from tests.agent.agents import Mesh
 from tui.simmesh import SimSource

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from agent.bootstrap.runner import HostResult, QuietReporter
-from agent.bootstrap_args import add_bootstrap_arguments
-from agent.bootstrap_cmd import bootstrap
-from agent.localmesh import LocalMesh, free_ports
+from agent.cli.bootstrap_args import add_bootstrap_arguments
+from agent.cli.bootstrap_cmd import bootstrap
+from agent.sandbox.localmesh import LocalMesh, free_ports
 from tests.bootstrap.sshd import SSHD, SshServer, build_wheel, keygen, start_sshd
 from tests.support import require_system
 

@@ -23,7 +23,7 @@ from agent.bootstrap.shipping import (
 )
 from agent.bootstrap.ssh import known_hosts_line
 from agent.bootstrap.wiring import Reached, plan_wiring
-from agent.terminal import console
+from agent.operator.terminal import console
 
 A, B, C, D = (f"10.0.0.{i}:7946" for i in range(1, 5))
 

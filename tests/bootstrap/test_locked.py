@@ -18,7 +18,7 @@ from agent.bootstrap.locked import (
     read_lock,
     verified_wheelhouse,
 )
-from agent.errors import UserError
+from agent.common.errors import UserError
 from tests.shoal_cli import shoal
 
 PROJECT = Path(__file__).resolve().parents[2]

@@ -10,9 +10,9 @@ import psutil
 import pytest
 from cryptography import x509
 
-from agent.bootstrap_cmd import run_bootstrap
-from agent.fleet import load_fleet
-from agent.revocations import load_revocations
+from agent.cli.bootstrap_cmd import run_bootstrap
+from agent.operator.fleet import load_fleet
+from agent.operator.revocations import load_revocations
 from gossip.identity import certificate_node_id
 from tests.bootstrap.conftest import Fleet
 

@@ -18,7 +18,7 @@ from agent.bootstrap.probe import NoPython, parse_probe, require_python
 from agent.bootstrap.runner import HostResult
 from agent.bootstrap.service import Service, choose_kind, launchd_plist, systemd_unit
 from agent.bootstrap.ssh import keyscan_command
-from agent.errors import UserError
+from agent.common.errors import UserError
 from gossip.identity import certificate_fingerprint, init_cluster
 
 PROBE_OUTPUT = """\

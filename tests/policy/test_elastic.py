@@ -3,8 +3,7 @@ fewer than its minimum; one policy for the owner, the runner's admission and ``d
 
 from __future__ import annotations
 
-from agent.admission import offer_problem
-from agent.jobspec import JobSpec, Resources
+from agent.job.jobspec import JobSpec, Resources
 from agent.policy import apply
 from agent.policy.baselines import first_fit
 from agent.policy.config import PolicyConfig
@@ -13,6 +12,7 @@ from agent.policy.grow import grow_to
 from agent.policy.model import ThroughputModel
 from agent.policy.shrink import Shrink, shrink_for
 from agent.policy.snapshot import Job, Running, Snapshot
+from agent.running.admission import offer_problem
 from tests.policy.helpers import job, node, running
 
 

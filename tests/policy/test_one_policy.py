@@ -3,15 +3,15 @@ and on the same fleet they rank the same way."""
 
 from __future__ import annotations
 
-import agent.fit as submit_fit
-import agent.placement as placement
+import agent.operator.fit as submit_fit
+import agent.owning.placement as placement
 import agent.policy.decision as policy_decide
 import agent.policy.filters as filters
 import agent.policy.preview as preview
 import bench.sched.policies as sim
 import tui.preview as tui_preview
 import tui.source as tui_sim
-from agent.jobspec import JobSpec, Resources
+from agent.job.jobspec import JobSpec, Resources
 from agent.policy import adapt, baselines
 from agent.policy.decision import context, rank_any
 from agent.policy.model import ThroughputModel
@@ -33,7 +33,7 @@ def test_the_agents_the_tui_and_the_simulator_import_the_same_functions() -> Non
 
 
 class _View:
-    """What an agent's gossip view holds of a node (``agent.view.NodeView``'s fields)."""
+    """What an agent's gossip view holds of a node (``agent.mesh.view.NodeView``'s fields)."""
 
     def __init__(self, node_id: str, name: str, n: int, mem_gib: int, free: list[int]) -> None:
         self.node_id = node_id

@@ -20,7 +20,7 @@ from textual.widgets import DataTable, Input
 
 from agent.bootstrap.hosts import parse_target
 from agent.bootstrap.wheelhouse import local_version
-from agent.errors import UserError
+from agent.common.errors import UserError
 from gossip.identity import enroll_node, init_cluster
 from tests.tui.helpers import command, sim_app, started, wait_for, wait_until
 from tui.app import ShoalApp

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from textual.widgets import Input
 
-from agent.client import ApiClient
-from agent.localmesh import LocalMesh
+from agent.operator.client import ApiClient
+from agent.sandbox.localmesh import LocalMesh
 from tests.tui.helpers import api_until, command, filter_rows, wait_for
 from tui.app import ShoalApp
 from tui.cli import api_source

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from textual.widgets import Input, Select
 
-from agent.client import ApiClient
-from agent.jobspec import JobSpec, Resources
-from agent.localmesh import LocalMesh
+from agent.job.jobspec import JobSpec, Resources
+from agent.operator.client import ApiClient
+from agent.sandbox.localmesh import LocalMesh
 from tests.tui.helpers import (
     NARROW,
     api_until,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from rich.style import Style
 
-from agent.jobspec import JobSpec, Resources
+from agent.job.jobspec import JobSpec, Resources
 from tui import decode
 from tui.collector import NO_AUTOMATIC_FULL, QuietCollector
 from tui.decode import SnapshotBuilder, snapshot_from_json

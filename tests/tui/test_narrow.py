@@ -7,7 +7,7 @@ from typing import Any
 
 from textual.widgets import Input, Select
 
-from agent.jobspec import JobSpec
+from agent.job.jobspec import JobSpec
 from agent.wire.documents import JobDoc
 from agent.wire.records import GangMember, JobStatus
 from tests.tui.helpers import (

@@ -304,7 +304,7 @@ async def test_keymap_rebinds_by_id() -> None:
 
 
 async def test_unreachable_agent_keeps_the_last_view() -> None:
-    from agent.client import AgentUnreachable
+    from agent.operator.client import AgentUnreachable
     from tui.simmesh import SimSource
 
     class Flaky(SimSource):

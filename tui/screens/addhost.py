@@ -1,7 +1,7 @@
 """Add hosts over SSH from the TUI (``a``, ``:add``): the very run of ``shoal bootstrap``.
 
 The form stands for a ``shoal bootstrap`` command line. Its fields become the words the
-command's own parser reads (:func:`agent.bootstrap_args.parse_bootstrap_args`): the targets,
+command's own parser reads (:func:`agent.cli.bootstrap_args.parse_bootstrap_args`): the targets,
 ``--hosts-file``, ``--ssh-key``, ``--wheelhouse``, ``--join``, the TUI's ``--identity`` and the
 ``[bootstrap] args`` of ``tui.toml``. The TUI's :class:`~tui.operations.Operations` checks them
 and runs them with the command's own code, and posts each host's steps and the end of the run to
@@ -35,10 +35,10 @@ from textual.widgets import Button, Checkbox, DataTable, Input, Label, Static
 from agent.bootstrap.hosts import parse_target
 from agent.bootstrap.runner import HostResult
 from agent.bootstrap.ssh import BootstrapError
-from agent.bootstrap_args import parse_bootstrap_args
-from agent.bootstrap_cmd import collect_hosts
-from agent.client import agent_address
-from agent.errors import UserError
+from agent.cli.bootstrap_args import parse_bootstrap_args
+from agent.cli.bootstrap_cmd import collect_hosts
+from agent.common.errors import UserError
+from agent.operator.client import agent_address
 from tui.context import ShoalContext
 from tui.messages import HostsAdded, HostStep
 from tui.operations import result_line

@@ -10,7 +10,7 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.widgets import Label, Log
 
-from agent.client import ApiError
+from agent.operator.client import ApiError
 from tui.source import MeshSource
 from tui.widgets.footer import KeyFooter
 

@@ -16,8 +16,8 @@ from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import ContentSwitcher, Input
 
-from agent.client import agent_address
-from agent.jobspec import JobSpec
+from agent.job.jobspec import JobSpec
+from agent.operator.client import agent_address
 from tui.context import ShoalContext
 from tui.messages import (
     CancelJob,

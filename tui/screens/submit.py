@@ -3,7 +3,7 @@
 Every field of the job spec an operator sets is a one-line input, label and input on one line
 in two columns (as k9s and lazygit lay out their forms), so the whole form, the policy's preview
 and the buttons fit an 80x24 terminal without scrolling. The form only gathers text: the spec is
-built by the same parser ``shoal submit`` uses (:meth:`agent.jobspec.JobSpec.from_human`), so a
+built by the same parser ``shoal submit`` uses (:meth:`agent.job.jobspec.JobSpec.from_human`), so a
 value the agents would not honour is refused with that parser's one-line reason (GPUs is text,
 so ``0.5`` can be typed and the parser says whether a share of a GPU is accepted).
 """
@@ -23,7 +23,7 @@ from textual.screen import ModalScreen
 from textual.widget import Widget
 from textual.widgets import Button, Input, Label, Select, Static
 
-from agent.jobspec import BACKENDS, CHECKPOINT_SIGNALS, INTERCONNECTS, JOB_KINDS, JobSpec
+from agent.job.jobspec import BACKENDS, CHECKPOINT_SIGNALS, INTERCONNECTS, JOB_KINDS, JobSpec
 from tui.model import MeshSnapshot
 from tui.preview import offers
 from tui.widgets.render import clip

@@ -1,0 +1,1 @@
+"""Checkpoint files and their transfer between agents (later: the content store)."""

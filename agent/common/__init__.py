@@ -1,0 +1,1 @@
+"""Errors, parsing and paths every room may use; no Shoal import."""

@@ -1,0 +1,1 @@
+"""The agent process: wiring, the HTTP API and OpenAPI, commands, calls, reads, metrics, config."""

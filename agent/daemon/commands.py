@@ -1,0 +1,220 @@
+"""Operator commands: checked, remembered, and carried out by the agent they concern.
+
+A command is a sealed envelope (``gossip.envelope``) an operator signed. The agent that receives
+it opens it (signature, operator role, freshness, uniqueness), stores its id before acting (a
+restart keeps refusing a replay), and looks its kind up in one table: each handler either acts
+here or forwards the very same bytes to the agent that must act (the job's owner, the node to
+drain), which checks them again itself. A forwarded command is never forwarded further.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from agent.common.parsing import json_loads
+from agent.daemon.config import AgentConfig
+from agent.daemon.metrics import AgentMetrics
+from agent.job.authority import FeaturesLacking, SubmissionRefused
+from agent.job.jobspec import check_job_id, lacking_reason
+from agent.job.ownership import owner_of
+from agent.mesh.context import AgentContext
+from agent.mesh.mesh import GossipMesh
+from agent.mesh.peers import PeerUnreachable
+from agent.owning.ownedjob import OwnerError
+from agent.owning.owner import Owner
+from agent.running.runner import Runner
+from agent.wire.codec import ENVELOPE_CONTENT_TYPE, opt_number
+from gossip import envelope, revocation
+from gossip.certtrust import CertTrust
+from gossip.node import GossipNode
+from gossip.replay import ReplayGuard
+from gossip.revocation import RevocationError
+
+Answer = tuple[int, dict[str, Any]]
+Handler = Callable[[str, dict[str, Any], bytes, bool], Awaitable[Answer]]
+"""(kind, the command's JSON body, its sealed bytes, whether it was forwarded) -> answer."""
+
+ENVELOPE_STATUS: dict[type[envelope.EnvelopeError], int] = {
+    envelope.Unsigned: 401,
+    envelope.Forged: 401,
+    envelope.UntrustedSigner: 401,
+    envelope.NotOperator: 403,
+    envelope.Revoked: 403,
+    envelope.Replayed: 409,
+    envelope.Skewed: 400,
+    envelope.Malformed: 400,
+    envelope.Oversized: 413,
+}
+"""The HTTP status each refusal of an envelope is answered with."""
+
+
+class Commands:
+    def __init__(
+        self,
+        ctx: AgentContext,
+        config: AgentConfig,
+        *,
+        trust: CertTrust,
+        guard: ReplayGuard,
+        metrics: AgentMetrics,
+        owner: Owner,
+        runner: Runner,
+        node: GossipNode,
+        mesh: GossipMesh,
+    ) -> None:
+        self._ctx = ctx
+        self._config = config
+        self._trust = trust
+        self._guard = guard
+        self._metrics = metrics
+        self._owner = owner
+        self._runner = runner
+        self._node = node
+        self._mesh = mesh
+        self.rejections: Counter[str] = Counter()
+        self._handlers: dict[str, Handler] = {
+            "submit": self._submit,
+            "cancel": self._job_command,
+            "migrate": self._job_command,
+            "cordon": self._drain,
+            "drain": self._drain,
+            "undrain": self._drain,
+            "revoke": self._revoke,
+        }
+
+    async def execute(self, data: bytes, *, forwarded: bool) -> Answer:
+        try:
+            command = envelope.open(
+                data, self._trust, self._guard, time.time(), rejections=self.rejections
+            )
+        except envelope.EnvelopeError as exc:
+            self._metrics.commands_rejected[exc.reason] += 1
+            return ENVELOPE_STATUS.get(type(exc), 400), {"error": f"{exc.reason}: {exc}"}
+        # Remembered before it acts: a restarted agent still refuses it as a replay.
+        self._ctx.store.remember_command(
+            command.command_id, command.issued_at, time.time() - self._guard.window_s
+        )
+        handler = self._handlers.get(command.kind)
+        if handler is None:
+            self._metrics.commands_rejected["unknown_kind"] += 1
+            return 400, {"error": f"unknown command kind {command.kind!r}"}
+        try:
+            body = json_loads(command.body)
+            if not isinstance(body, dict):
+                raise ValueError("the command body must be a JSON object")
+            status, answer = await handler(command.kind, body, data, forwarded)
+        except (ValueError, KeyError, TypeError) as exc:
+            self._metrics.commands_rejected["bad_body"] += 1
+            return 400, {"error": f"bad {command.kind} command: {exc}"}
+        except OwnerError as exc:
+            return exc.status, {"error": str(exc)}
+        except RevocationError as exc:
+            self._metrics.commands_rejected["bad_revocations"] += 1
+            return 400, {"error": f"revocation list refused: {exc}"}
+        if status < 300:
+            self._metrics.commands_accepted[command.kind] += 1
+        return status, answer
+
+    async def _forward(self, node: str, data: bytes) -> Answer:
+        addr = self._mesh.addr_of(node)
+        if addr is None:
+            return 503, {"error": f"no address for node {node}"}
+        try:
+            return await self._ctx.peers.post(
+                addr,
+                "/v1/internal/command",
+                data,
+                ENVELOPE_CONTENT_TYPE,
+                timeout_s=self._config.rpc_timeout_s * 3,
+                warm=True,
+            )
+        except PeerUnreachable as exc:
+            return 503, {"error": f"node {node[:8]} did not answer: {exc}"}
+
+    def _job_owner(self, job_id: str) -> str | None:
+        """The live owner of a job this agent has heard of."""
+        if job_id in self._owner.jobs:
+            return self._ctx.node_id
+        doc = self._ctx.view.jobs.get(job_id)
+        if doc is not None and doc.get("owner") in self._mesh.live_agents():
+            return str(doc["owner"])
+        return None
+
+    async def _submit(
+        self, kind: str, body: dict[str, Any], data: bytes, forwarded: bool
+    ) -> Answer:
+        try:
+            sub = self._ctx.authority.submission(data)
+        except FeaturesLacking as exc:
+            self._metrics.commands_rejected["features"] += 1
+            return 400, {"error": str(exc)}
+        except SubmissionRefused as exc:  # signed by an operator, but not a job (a bad spec)
+            self._metrics.commands_rejected["bad_body"] += 1
+            return 400, {"error": str(exc)}
+        needed = frozenset(sub.spec.features)
+        if needed and not any(
+            needed <= self._ctx.view.node(n).features for n in self._mesh.live_agents()
+        ):
+            # Accepted, it would wait for agents that do not exist: refused, with the reason.
+            self._metrics.commands_rejected["features"] += 1
+            reason = lacking_reason(sub.spec.features)
+            return 400, {"error": f"no agent of this mesh runs it: {reason}"}
+        owner = self._job_owner(sub.job_id) or owner_of(sub.job_id, self._mesh.live_agents())
+        if forwarded or owner in (None, self._ctx.node_id):
+            return 200, await self._owner.submit(sub)
+        return await self._forward(owner or "", data)
+
+    async def _job_command(
+        self, kind: str, body: dict[str, Any], data: bytes, forwarded: bool
+    ) -> Answer:
+        """cancel and migrate: carried out by the job's owner."""
+        job_id = check_job_id(body["job_id"])
+        owner = self._job_owner(job_id)
+        if owner is None and not forwarded:
+            # Not heard of yet here (gossip is still carrying it): ask its rendezvous owner.
+            owner = owner_of(job_id, self._mesh.live_agents())
+        if owner is None or (forwarded and owner != self._ctx.node_id):
+            return 404, {"error": f"unknown job {job_id} here (or its owner is gone; retry)"}
+        if owner != self._ctx.node_id:
+            if forwarded:
+                return 409, {"error": f"job {job_id} is owned by {owner[:8]}"}
+            return await self._forward(owner, data)
+        if kind == "cancel":
+            return 200, await self._owner.cancel(job_id)
+        target = body.get("target")
+        if target is not None and not isinstance(target, str):
+            raise ValueError("target must be a node id or null")
+        return 200, await self._owner.migrate(job_id, target)
+
+    async def _drain(self, kind: str, body: dict[str, Any], data: bytes, forwarded: bool) -> Answer:
+        """cordon, drain and undrain: carried out by the node itself."""
+        node = body["node"]
+        if not isinstance(node, str):
+            raise ValueError("node must be a node id")
+        if node != self._ctx.node_id:
+            if forwarded:
+                return 409, {"error": f"this is {self._ctx.node_id[:8]}, not {node[:8]}"}
+            if node not in self._mesh.live_agents():
+                return 404, {"error": f"no live agent {node}"}
+            return await self._forward(node, data)
+        grace = opt_number(body.get("grace_s"), "grace_s")  # bounded, as any wire number
+        if grace is not None and grace < 0:
+            raise ValueError("grace_s must be a non-negative number")
+        state = self._runner.command(kind, grace, self._config.drain_grace_s)
+        self._owner.kick()
+        return 200, {"node": self._ctx.node_id, "drain": state}
+
+    async def _revoke(
+        self, kind: str, body: dict[str, Any], data: bytes, forwarded: bool
+    ) -> Answer:
+        incoming = revocation.decode(base64.b64decode(body["revocations"], validate=True))
+        applied = self._node.revoke(incoming)
+        return 200, {
+            "version": self._node.revocations.version,
+            "applied": applied,
+            "revoked": sorted(self._node.revocations.node_ids),
+        }

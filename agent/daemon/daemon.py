@@ -1,0 +1,461 @@
+"""The Shoal agent: probes + gossip + owner and runner logic + the HTTP API, in one process.
+
+This module wires the parts together and runs their loops; each part lives in its own module:
+``agent.mesh.mesh`` (membership as the agent reads it), ``agent.daemon.devices`` and
+``agent.daemon.publisher`` (what the agent says of itself), ``agent.owning.owner`` and
+``agent.running.runner`` (the job protocol, sharing one ``agent.mesh.context.AgentContext``),
+``agent.daemon.commands`` and ``agent.daemon.calls`` (operator commands and calls between agents,
+each a table), ``agent.daemon.reads`` (what the API reads), ``agent.daemon.api`` (routes).
+
+Startup: load the identity (role ``agent``) and the revocation list kept from before, open the
+store (count a boot, refuse another node's file, restore the replay memory), open the probe,
+reconcile processes recorded before a restart (survivors are killed, all reported lost to their
+owners), start the gossip member with the API on its listener, publish the inventory, then run
+loops: telemetry (sample every ``probe_interval_s``, publish per ``agent.daemon.publisher``), the
+owner's placement loop, and a sweep (the node record and events when due, takeovers, handovers,
+replicas). Owned jobs from the store resume a few seconds after joining, once gossip had a
+chance to tell whether another agent took them over meanwhile.
+
+SIGTERM: running jobs are stopped with their checkpoint signal (cause ``shutdown``) and reported,
+so their owners requeue them on other nodes; then the agent leaves the mesh gracefully and the
+next agent in rendezvous order takes over the jobs it owned. A revoked agent does the same and
+exits (see ``revoked``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+from agent.checkpoints.ckptfiles import Vault
+from agent.checkpoints.ckptmove import Checkpoints
+from agent.checkpoints.transfer import TransferLimits
+from agent.common.eachjob import one_job
+from agent.daemon import api
+from agent.daemon.calls import Calls
+from agent.daemon.commands import Commands
+from agent.daemon.config import AgentConfig
+from agent.daemon.datasets import DatasetScanner
+from agent.daemon.devices import HostDevices
+from agent.daemon.metrics import AgentMetrics
+from agent.daemon.publisher import Publisher
+from agent.daemon.reads import Reads
+from agent.execution.executor import ExecutorConfig, ProcessExecutor
+from agent.job.authority import Authority
+from agent.mesh import retiring
+from agent.mesh.context import AgentContext
+from agent.mesh.events import EventLog
+from agent.mesh.mesh import GossipMesh
+from agent.mesh.peers import PeerClient
+from agent.mesh.view import STATE_NAMES, ClusterView
+from agent.owning.owner import Owner
+from agent.owning.placement import PLACEMENTS, Placement
+from agent.running import diskguard
+from agent.running.admission import NodeFacts
+from agent.running.confirming import Placed
+from agent.running.runner import Runner
+from agent.storage import purging
+from agent.storage.store import Store, StoreFull
+from agent.wire.records import EVENTS, JOB_PREFIX, NODE, SUB_PREFIX, NodeRecord
+from gossip import revocation
+from gossip.certtrust import CertTrust
+from gossip.events import Event, MemberDead, MemberLeft, RecordChanged
+from gossip.identity import IdentityError, load_identity
+from gossip.node import GossipNode
+from gossip.replay import ReplayGuard
+from gossip.revocation import REVOCATIONS_FILE, RevocationError, RevocationList
+from gossip.transport import split_address
+from gossip.vivaldi import Coordinate, VivaldiConfig
+
+log = logging.getLogger("shoal.agent")
+
+RESUME_AFTER_S = 3.0
+SWEEP_S = 1.0
+TICK_SPACING_S = 0.1
+"""Changes that come closer together than this are published together (one record, not many)."""
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, placement: Placement | None = None) -> None:
+        self.config = config
+        self.identity = load_identity(config.identity_path)
+        if self.identity.role != "agent":
+            raise IdentityError(f"{config.identity_path} holds an {self.identity.role} identity")
+        self.node_id = self.identity.node_id
+        self.trust = CertTrust(self.identity.ca_certificate)
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        self._revocations_path = config.data_dir / REVOCATIONS_FILE
+        self._load_revocations()
+        self.revoked = asyncio.Event()
+        """Set once this node learns that its own certificate is revoked: it then stops."""
+        self.store = Store(config.data_dir / "agent.sqlite")
+        self.store.set_node_id(self.node_id)
+        self.boot = self.store.next_boot()
+        self.guard = ReplayGuard()
+        now = time.time()
+        self.guard.restore(self.store.seen_commands(now - self.guard.window_s), now)
+        host, port = split_address(config.listen, allow_any_port=True)
+        self.node = GossipNode(
+            self.identity,
+            self.trust,
+            host=host,
+            port=port,
+            advertise_host=config.advertise,
+            seeds=config.join,
+            app_setup=lambda app: api.setup(app, self),
+            on_revocations=self._revocations_changed,
+        )
+        self.mesh = GossipMesh(self.node_id, self.node, self.trust)
+        self.authority = Authority(
+            self.node_id,
+            self.trust,
+            self.mesh.live_agents,
+            self.mesh.live_for_s,
+            time.time,
+            heard_of=self.mesh.heard_of,
+        )
+        self.view = ClusterView(self.authority)
+        self.events = EventLog(self.node_id)
+        self.disk_stops = 0
+        """Jobs stopped for filling this agent's disk (``agent.running.diskguard``)."""
+        self.peers = PeerClient(
+            self.identity,
+            timeout_s=config.rpc_timeout_s,
+            shared=lambda: self.node.client_session(),
+            streams=self.node,
+        )
+        self.devices = HostDevices(config.sim, config.sim_seed)
+        self.ctx = AgentContext(
+            node_id=self.node_id,
+            store=self.store,
+            view=self.view,
+            peers=self.peers,
+            events=self.events,
+            authority=self.authority,
+            mesh=self.mesh,
+            publish=self.publish,
+            changed=lambda: self.publisher.node_changed(),
+            stop_grace_s=config.stop_grace_s,
+            preempt_min_run_s=config.preempt_min_run_s,
+            elastic_grow_idle_s=config.elastic_grow_idle_s,
+        )
+        self.executor = ProcessExecutor(
+            ExecutorConfig(
+                data_dir=config.data_dir, grace_s=config.stop_grace_s, job_user=config.job_user
+            ),
+            on_event=lambda e: self.runner.on_exec_event(e),
+        )
+        placement = placement or PLACEMENTS[config.placement](
+            self.node_id, config.preempt_min_run_s
+        )
+        self.runner = Runner(
+            self.ctx,
+            self.executor,
+            self.devices,
+            NodeFacts(os=self.devices.report.host.os, labels=config.all_labels()),
+            rebind=placement.rebind,
+        )
+        self.owner = Owner(self.ctx, placement)
+        self.publisher = Publisher(
+            self.publish, config, self.devices, self.events, self._node_doc, self._coordinate
+        )
+        self.datasets = DatasetScanner(config.datasets_dir, config.datasets)
+        self.metrics = AgentMetrics(self._metrics_snapshot)
+        self.commands = Commands(
+            self.ctx,
+            config,
+            trust=self.trust,
+            guard=self.guard,
+            metrics=self.metrics,
+            owner=self.owner,
+            runner=self.runner,
+            node=self.node,
+            mesh=self.mesh,
+        )
+        self.checkpoints = Checkpoints(
+            self.ctx,
+            Vault(config.data_dir, TransferLimits()),
+            self.runner,
+            None if sys.platform == "win32" else self.executor.user.uid,
+            self.metrics.internal_refused,
+        )
+        self.runner.checkpoints = self.owner.checkpoints = self.checkpoints
+        self.runner.confirmer.owned = self._owned_placed
+        self.calls = Calls(self.ctx, self.owner, self.runner, self.metrics)
+        self.reads = Reads(self.ctx, self.owner, self.runner, self.node, self.mesh, self.trust)
+        self.node.subscribe(self._on_gossip)
+        self.node.serve_calls(api.stream_calls(self))
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+
+    # -- revocation ------------------------------------------------------------------------------
+
+    @property
+    def is_revoked(self) -> bool:
+        """Does the revocation list this agent holds name this node (or its certificate)?"""
+        serial = self.identity.certificate.serial_number
+        return self.trust.revocations.revokes(self.node_id, serial)
+
+    def _load_revocations(self) -> None:
+        """The list kept from before a restart: verified again, applied before anything else."""
+        try:
+            stored = revocation.load(self._revocations_path)
+            if stored is not None:
+                self.trust.apply_revocations(stored, time.time())
+        except RevocationError as exc:
+            log.warning("ignoring %s: %s", self._revocations_path, exc)
+
+    def _revocations_changed(self, revocations: RevocationList) -> None:
+        """Keep the newer list (0600, replaced atomically); stop if it names this node."""
+        revocation.save(self._revocations_path, revocations)
+        if self.is_revoked and not self.revoked.is_set():
+            log.error(
+                "this node's certificate is revoked (list version %d): stopping",
+                revocations.version,
+            )
+            self.events.add("revoked", "this node is revoked: it stops its jobs and the agent")
+            self._stopping = True  # from now on it takes nothing over
+            self.revoked.set()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.runner.reconcile()
+        await self.node.start()
+        self.events.on_own = self.publisher.events_changed
+        self.node.publish_revocations()
+        self.publisher.inventory(self.node.address, self.boot)
+        self.publisher.telemetry(force=True)
+        self.publisher.node(time.monotonic())
+        self.owner.start()
+        self._tasks = [
+            asyncio.create_task(self._telemetry_loop(), name="telemetry"),
+            asyncio.create_task(self._sweep_loop(), name="sweep"),
+            asyncio.create_task(self._resume_later(), name="resume"),
+            asyncio.create_task(self.runner.watch_checkpoints(), name="checkpoints"),
+            asyncio.create_task(self._purge_loop(), name="purge"),
+            asyncio.create_task(self._disk_loop(), name="disk"),
+        ]
+        if self.config.datasets_dir is not None:
+            self._tasks.append(asyncio.create_task(self._datasets_loop(), name="datasets"))
+        devices = len(self.devices.report.devices)
+        self.events.add(
+            "agent_started", f"boot {self.boot} at {self.node.address} with {devices} device(s)"
+        )
+
+    async def stop(self) -> None:
+        """Graceful: stop and report local jobs, leave the mesh, close everything."""
+        self.events.add("agent_stopping", "stopping local jobs and leaving the mesh")
+        self.publisher.events(time.monotonic())
+        self._stopping = True
+        for task in self._tasks:  # no more sweeps or resumes: the agents that stay take over
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.runner.shutdown()
+        await self.owner.close()
+        await self.runner.close()
+        await self.node.stop(leave=True)
+        await self.peers.close()
+        self.devices.probe.close()
+        self.store.close()
+
+    def publish(self, kind: str, payload: bytes) -> None:
+        if self.node.started:
+            self.node.publish(kind, payload)
+
+    def _node_doc(self) -> NodeRecord:
+        runner = self.runner
+        return NodeRecord(
+            drain=runner.drain.value,
+            queue=self.owner.queue_length(),
+            running=tuple(sorted(runner.runs)),
+            free=tuple(runner.free_devices()),
+            progress={j: p for j, p in runner.progress.items() if j in runner.runs},
+            shares=runner.shares(),
+            saved={j: at for j, at in runner.saved_at.items() if j in runner.runs},
+        )
+
+    # -- gossip events ---------------------------------------------------------------------------
+
+    def _on_gossip(self, event: Event) -> None:
+        if isinstance(event, RecordChanged):
+            job_id = self.view.apply(event.origin, event.kind, event.payload, time.monotonic())
+            if job_id is not None:
+                self.runner.on_job_record(job_id)
+            elif event.kind == EVENTS:
+                self.events.merge(event.origin, self.view.events.get(event.origin, ()))
+            elif event.kind == NODE:
+                self.owner.kick()
+            return
+        self.mesh.changed.set()  # a membership event: wake the /healthz watches
+        for job_id in self.view.membership_changed():  # one job's error stops neither the
+            with one_job(self.owner.job_errors, "fence", job_id):  # others nor member_gone
+                self.runner.on_job_record(job_id)
+        if isinstance(event, MemberDead | MemberLeft) and event.node != self.node_id:
+            how = "dead" if isinstance(event, MemberDead) else "left"
+            self.events.add("member_" + how, f"{event.node[:8]} is {how}")
+            self.calls.gang_desk.owner_gone(event.node)
+            if not self._stopping:  # leaving: the agents that stay take over, not us
+                self.owner.member_gone(event.node)
+
+    # -- loops -----------------------------------------------------------------------------------
+
+    async def _telemetry_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.probe_interval_s)
+            await self.devices.refresh()
+            self.publisher.telemetry()
+
+    async def _sweep_loop(self) -> None:
+        """Publish what is due as soon as it is (changes closer than ``TICK_SPACING_S`` go out
+        together) and sweep the stored jobs every ``SWEEP_S``; asleep in between, so an idle
+        agent wakes about once a second, not ten times."""
+        wake = asyncio.Event()
+        self.publisher.wake = wake.set
+        swept = ticked = retired = time.monotonic()
+        while True:
+            now = time.monotonic()
+            wait_s = min(self.publisher.due_in_s(now), swept + SWEEP_S - now)
+            if wait_s > 0:
+                wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait_s):
+                        await wake.wait()
+            await asyncio.sleep(max(0.0, ticked + TICK_SPACING_S - time.monotonic()))
+            now = ticked = time.monotonic()
+            self.publisher.tick(now)
+            if now - swept >= SWEEP_S:
+                swept = now
+                with one_job(self.owner.job_errors, "sweep_all", "(every job)"):
+                    self.owner.sweep()  # an error here must not end publishing
+            if now - retired >= retiring.RETIRE_EVERY_S:
+                retired = now
+                self._retire_ended()
+
+    def _retire_ended(self) -> None:
+        """Forget the jobs that ended long enough ago (:mod:`agent.mesh.retiring`)."""
+        config = self.config
+        job_ids = retiring.due(
+            self.view.jobs, time.time(), config.ended_jobs_keep_s, config.ended_jobs_kept
+        )
+        if not job_ids:
+            return
+        for job_id in job_ids:
+            self.view.retire(job_id)
+        self.owner.forget(job_ids)
+        self.authority.forget(job_ids)
+        self.node.retire({JOB_PREFIX + j for j in job_ids} | {SUB_PREFIX + j for j in job_ids})
+
+    async def _purge_loop(self) -> None:
+        """Let ended jobs go from disk once they are old enough (:mod:`agent.storage.purging`)."""
+        keep_s = self.config.ended_jobs_disk_keep_s
+        strays_at = time.monotonic()
+        folders = (self.executor.job_dir, self.checkpoints.vault.job_folder)
+        while True:
+            await asyncio.sleep(purging.PURGE_EVERY_S)
+            if time.monotonic() - strays_at >= purging.strays_every_s(keep_s):
+                strays_at = time.monotonic()
+                jobs = self.executor.jobs_folder
+                old = await asyncio.to_thread(purging.old_folders, jobs, time.time() - keep_s)
+                strays = purging.stray_folders(self.store, old, self.view.jobs, self.runner.runs)
+                await asyncio.to_thread(purging.remove_folders, strays, folders)
+            job_ids = purging.due(self.store, self.view.jobs, time.time(), keep_s)
+            if not job_ids:
+                continue
+            await asyncio.to_thread(purging.remove_folders, job_ids, folders)
+            self.runner.forget_fences(job_ids)
+            try:
+                self.store.forget_jobs(job_ids)
+            except StoreFull as exc:  # their folders went: the next pass frees the rows
+                log.warning("could not let go of ended jobs' records: %s", exc)
+                continue
+            log.debug("let go of %d ended job(s) from disk", len(job_ids))
+
+    async def _disk_loop(self) -> None:
+        """Stop a job that fills this agent's disk, and free it (:mod:`agent.running.diskguard`)."""
+        jobs = self.executor.jobs_folder
+        while True:
+            await asyncio.sleep(diskguard.CHECK_S)
+            try:
+                found = await asyncio.to_thread(diskguard.look, jobs, self.executor.running())
+            except OSError as exc:
+                log.warning("cannot look at the disk of %s: %s", jobs, exc)
+                continue
+            if found is None:
+                continue
+            job_id, held_bytes, free_bytes = found
+            why = (
+                f"its folder filled the disk ({held_bytes >> 20} MiB; {free_bytes >> 10} KiB free)"
+            )
+            log.warning("job %s: %s: stopped, its files removed", job_id[:8], why)
+            await self.executor.stop(job_id, cause="disk", grace_s=0.0)
+            freed = await asyncio.to_thread(diskguard.clear, self.executor.job_dir(job_id))
+            line = f"stopped: {why}; its files here were removed, its log kept"
+            await asyncio.to_thread(diskguard.note, self.executor.log_path(job_id), line)
+            self.disk_stops += 1
+            self.events.add("disk_full", f"{line} ({freed >> 20} MiB freed)", job_id=job_id)
+
+    async def _datasets_loop(self) -> None:
+        while True:
+            held = await asyncio.to_thread(self.datasets.scan)
+            self.publisher.datasets_scanned(held)
+            await asyncio.sleep(self.config.datasets_rescan_s)
+
+    def _coordinate(self) -> Coordinate | None:
+        """This node's network coordinate once it has measured a round trip (before that it
+        is the origin with the largest error, which says nothing)."""
+        if not self.node.started:
+            return None
+        coord = self.node.peer.coordinate
+        return coord if coord.error < VivaldiConfig().error_max else None
+
+    async def _resume_later(self) -> None:
+        await asyncio.sleep(RESUME_AFTER_S)
+        log.info("resumed %d job(s) owned before this start", self.owner.resume())
+        config = self.config
+        ends = self.owner.republish_ended(config.ended_jobs_keep_s, config.ended_jobs_kept)
+        if ends:
+            log.info("published again the end of %d job(s) owned before this start", ends)
+
+    def _owned_placed(self, job_id: str) -> Placed | None:
+        """The current attempt of a job this agent owns (``agent.running.confirming``)."""
+        job = self.owner.jobs.get(job_id)
+        if job is None:
+            return None
+        return Placed.at(job.owner, job.attempt, job.state, job.runner, job.members)
+
+    # -- metrics ---------------------------------------------------------------------------------
+
+    def _metrics_snapshot(self) -> dict[str, Any]:
+        jobs: Counter[str] = Counter(str(d.get("state")) for d in self.view.jobs.values())
+        members: Counter[str] = Counter(
+            STATE_NAMES.get(m.state, "unknown") for m in self.node.members()
+        )
+        return {
+            "node": self.node_id,
+            "devices": list(self.devices.report.devices),
+            "jobs_by_state": dict(jobs),
+            "members_by_state": dict(members),
+            "running_here": len(self.runner.runs),
+            "queue": self.owner.queue_length(),
+            "gossip": self.node.stats(),
+            "records_refused": self.view.refused,
+            "records_refused_kinds": self.view.refused_kinds,
+            "placements": self.owner.offers,
+            "deadline_misses": self.owner.deadline_misses,
+            "disk_stops": self.disk_stops,
+            "job_step_errors": {
+                **self.owner.job_errors,
+                "unreadable_row": self.store.unreadable_jobs,
+            },
+            "preemptions": self.runner.preemptions.counts,
+            "gang_holds": self.runner.holds.counts,
+            "start_confirmations": self.runner.confirmer.counts,
+            "checkpoint": self.checkpoints.counts,
+            "datasets_refused": self.datasets.refused,
+        }

@@ -1,0 +1,220 @@
+"""Prometheus ``/metrics`` for one agent (``prometheus_client``, one registry per agent).
+
+Gauges are computed at scrape time from what the agent holds: this node's devices
+(``shoal_gpu_util_pct``, ``shoal_gpu_mem_used_bytes``, ``shoal_gpu_mem_total_bytes``,
+``shoal_gpu_temp_c``, ``shoal_gpu_power_watts``, labelled ``node`` and ``device``), jobs by state
+as this agent sees the mesh (``shoal_jobs``), members by state, jobs running here, and every
+gossip counter (``shoal_gossip_<name>_total``). Counters: commands accepted by kind and rejected by
+reason (``shoal_commands_accepted_total``, ``shoal_commands_rejected_total``), agent calls
+refused for want of authority (``shoal_internal_refused_total``), gossip records refused or not
+believed, by reason and by kind (``shoal_records_refused_total``,
+``shoal_records_refused_kinds_total``), API requests refused by route and status
+(``shoal_api_refused_total``), the offers this agent made as an owner, by outcome
+(``shoal_placements_total``; ``rebound`` counts those of the ``started`` that the runner started
+on other devices of the same models, the offered ones being taken meanwhile), jobs it owns
+whose deadline passed before they ended
+(``shoal_deadline_misses_total``, ``agent.job.deadlines``), preemptions on this runner, by outcome
+(``preempted``: a job stopped for one of higher priority, ``shrunk``: an elastic job
+restarted with fewer GPUs for another, ``refused``: a preempting offer refused:
+``shoal_preemptions_total``), starts confirmed by a job's other owner (``agent.running.confirming``:
+``shoal_start_confirmations_total``), and checkpoint transfers by what happened (``pulled``,
+``pushed``, ``resumed``, ``failed``, ``refused``, ``refused_not_owner``:
+``shoal_checkpoint_total``), entries of the datasets folder refused, by reason (``name``,
+``link_out``: ``shoal_datasets_refused_total``, ``agent.daemon.datasets``), and errors in one job's
+step of a loop over many, by step, the loop having gone on (``shoal_job_step_errors_total``,
+``agent.common.eachjob``).
+
+The counters are plain ``collections.Counter`` objects and everything is turned into Prometheus
+families at scrape time, so ``prometheus_client`` (and the HTTP server modules it brings, ~1 MB
+of an agent's memory) loads on the first scrape, not in an agent nobody scrapes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from probers.records import Device
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
+
+GOSSIP_GAUGES = frozenset({"transport_handshake_slowest_ms", "records_held", "records_tombstones"})
+"""The gossip figures that are levels; all others are counts since the agent started."""
+
+
+class _Snapshot:
+    """A ``prometheus_client`` collector of the agent's snapshot and command counters."""
+
+    def __init__(self, metrics: AgentMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        refused = CounterMetricFamily(
+            "shoal_api_refused",
+            "API requests answered 400 or more",
+            labels=["route", "status"],
+        )
+        for (route, status), count in sorted(self._metrics.api_refused.items()):
+            refused.add_metric([route, status], count)
+        yield refused
+        snap = self._metrics.snapshot()
+        m = self._metrics
+        for name, text, label, counts in (
+            ("commands_accepted", "Operator commands accepted", "kind", m.commands_accepted),
+            ("commands_rejected", "Operator commands rejected", "reason", m.commands_rejected),
+            (
+                "internal_refused",
+                "Agent calls refused for want of authority",
+                "call",
+                m.internal_refused,
+            ),
+            ("placements", "Offers of jobs to runners, by outcome", "outcome", snap["placements"]),
+            (
+                "preemptions",
+                "Preempting offers on this runner: victims stopped (preempted), offers refused",
+                "outcome",
+                snap.get("preemptions", {}),
+            ),
+            (
+                "gang_holds",
+                "Gang holds on this runner: held, committed, aborted, expired, refused (budget)",
+                "outcome",
+                snap.get("gang_holds", {}),
+            ),
+            (
+                "start_confirmations",
+                "Starts confirmed by a job's other owner: asked (confirmed, refused, unanswered),"
+                " answered (given, denied) and older copies fenced",
+                "outcome",
+                snap.get("start_confirmations", {}),
+            ),
+            (
+                "checkpoint",
+                "Checkpoint transfers (pulled, pushed, resumed, failed) and refusals",
+                "what",
+                snap.get("checkpoint", {}),
+            ),
+            (
+                "datasets_refused",
+                "Entries of the datasets folder refused (name: not a dataset name; link_out: a"
+                " link out of the folder), each counted once",
+                "reason",
+                snap.get("datasets_refused", {}),
+            ),
+            (
+                "job_step_errors",
+                "Errors in one job's step of a loop over many jobs (the others went on), "
+                "stored copies whose details were left out (stored_copy_repaired), and stored "
+                "job rows that did not decode (unreadable_row)",
+                "step",
+                snap.get("job_step_errors", {}),
+            ),
+            (
+                "records_refused",
+                "Gossip records refused (garbage, oversized, malformed) or not believed",
+                "reason",
+                snap["records_refused"],
+            ),
+            (
+                "records_refused_kinds",
+                "Gossip records refused or not believed, by record kind",
+                "kind",
+                snap["records_refused_kinds"],
+            ),
+        ):
+            family = CounterMetricFamily(f"shoal_{name}", text, labels=[label])
+            for key, count in sorted(counts.items()):
+                family.add_metric([key], count)
+            yield family
+        yield CounterMetricFamily(
+            "shoal_deadline_misses",
+            "Jobs this agent owns whose deadline passed before they ended (each said once)",
+            value=snap.get("deadline_misses", 0),
+        )
+        yield CounterMetricFamily(
+            "shoal_jobs_stopped_for_disk",
+            "Jobs this runner stopped for filling its disk (their files there removed)",
+            value=snap.get("disk_stops", 0),
+        )
+        node: str = snap["node"]
+        devices: list[Device] = snap["devices"]
+        gauges = {
+            "util_pct": GaugeMetricFamily(
+                "shoal_gpu_util_pct", "GPU utilization (percent)", labels=["node", "device"]
+            ),
+            "mem_used": GaugeMetricFamily(
+                "shoal_gpu_mem_used_bytes", "GPU memory in use", labels=["node", "device"]
+            ),
+            "mem_total": GaugeMetricFamily(
+                "shoal_gpu_mem_total_bytes", "GPU memory", labels=["node", "device"]
+            ),
+            "temp_c": GaugeMetricFamily(
+                "shoal_gpu_temp_c", "GPU temperature (Celsius)", labels=["node", "device"]
+            ),
+            "power": GaugeMetricFamily(
+                "shoal_gpu_power_watts", "GPU power draw", labels=["node", "device"]
+            ),
+        }
+        for d in devices:
+            labels = [node, d.static.key]
+            s = d.sample
+            if s.util_pct is not None:
+                gauges["util_pct"].add_metric(labels, s.util_pct)
+            if s.mem_used_bytes is not None:
+                gauges["mem_used"].add_metric(labels, s.mem_used_bytes)
+            if d.static.mem_total_bytes is not None:
+                gauges["mem_total"].add_metric(labels, d.static.mem_total_bytes)
+            if s.temp_c is not None:
+                gauges["temp_c"].add_metric(labels, s.temp_c)
+            if s.power_mw is not None:
+                gauges["power"].add_metric(labels, s.power_mw / 1000.0)
+        yield from gauges.values()
+        jobs = GaugeMetricFamily("shoal_jobs", "Jobs by state, as seen here", labels=["state"])
+        for state, count in sorted(snap["jobs_by_state"].items()):
+            jobs.add_metric([state], count)
+        yield jobs
+        members = GaugeMetricFamily("shoal_members", "Mesh members by state", labels=["state"])
+        for state, count in sorted(snap["members_by_state"].items()):
+            members.add_metric([state], count)
+        yield members
+        yield GaugeMetricFamily(
+            "shoal_jobs_running_here", "Jobs running on this node", value=snap["running_here"]
+        )
+        yield GaugeMetricFamily(
+            "shoal_jobs_pending_owned", "Pending jobs this node owns", value=snap["queue"]
+        )
+        for name, value in sorted(snap["gossip"].items()):
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                continue
+            if name in GOSSIP_GAUGES:
+                yield GaugeMetricFamily(f"shoal_gossip_{name}", f"gossip {name}", value=value)
+            else:  # every other gossip figure only ever grows
+                yield CounterMetricFamily(f"shoal_gossip_{name}", f"gossip {name}", value=value)
+
+
+class AgentMetrics:
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self.snapshot = snapshot
+        self.commands_accepted: Counter[str] = Counter()
+        """Operator commands accepted, by kind."""
+        self.commands_rejected: Counter[str] = Counter()
+        """Operator commands rejected, by reason."""
+        self.internal_refused: Counter[str] = Counter()
+        """Agent-to-agent calls refused because the caller has no authority, by call."""
+        self.api_refused: Counter[tuple[str, str]] = Counter()
+        """API requests answered 400 or more, by (route, status)."""
+        self._registry: Any = None
+
+    def render(self) -> tuple[bytes, str]:
+        """The Prometheus text exposition and its content type."""
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+        if self._registry is None:
+            self._registry = CollectorRegistry(auto_describe=False)
+            self._registry.register(_Snapshot(self))
+        return generate_latest(self._registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,481 @@
+"""The agent's HTTP API described as OpenAPI 3.1, served at ``GET /v1/openapi.json``.
+
+One description for operators writing their own clients and for the tests, which check that
+every route the agent registers is described here and every route described is registered, then
+drive a live agent with requests generated from it and check each answer against it
+(``tests/agent/test_api_contract.py``). The schemas follow the wire contract's documents
+(:mod:`agent.wire.documents`, :mod:`agent.wire.health`): a field a newer agent adds is allowed
+(``additionalProperties`` is left open, as readers ignore fields they do not know).
+
+Every route answers over mutual TLS only: a client certificate of the cluster's CA is the
+authentication (``security`` names it). Routes under ``/v1/internal/`` are for agents (role
+``agent`` in the certificate); an operator is answered 403 there.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Any, Final
+
+from agent.execution.logfiles import MAX_TAIL_LINES
+from agent.wire.health import MAX_HEALTH_WAIT_S
+
+PATH: Final = "/v1/openapi.json"
+INTERNAL_CALLS: Final = (
+    "replicate",
+    "adopt",
+    "start",
+    "stop",
+    "status",
+    "report",
+    "checkpointed",
+    "stored_job",
+    "gang_prepare",
+    "gang_commit",
+    "gang_abort",
+    "confirm_start",
+)
+"""The agent-to-agent calls of ``POST /v1/internal/{op}`` (``agent.daemon.calls``)."""
+
+# -- schemas -------------------------------------------------------------------------------------
+
+
+def _t(kind: str, nullable: bool = False) -> dict[str, Any]:
+    return {"type": [kind, "null"] if nullable else kind}
+
+
+def _obj(required: dict[str, Any], optional: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": sorted(required),
+        "properties": {**required, **(optional or {})},
+    }
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _array(items: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "array", "items": items}
+
+
+_STR, _INT, _NUM, _BOOL = _t("string"), _t("integer"), _t("number"), _t("boolean")
+_OPT_STR, _OPT_INT, _OPT_NUM = _t("string", True), _t("integer", True), _t("number", True)
+_STRS = _array(_STR)
+_STR_MAP = {"type": "object", "additionalProperties": _STR}
+
+SCHEMAS: Final[dict[str, Any]] = {
+    "Error": _obj({"error": _STR}),
+    "Host": _obj(
+        {"hostname": _STR, "os": _STR, "arch": _STR},
+        {"cpu_count": _OPT_INT, "mem_total_bytes": _OPT_INT},
+    ),
+    "Device": _obj(
+        {"index": _INT, "key": _STR, "vendor": _STR, "backend": _STR, "name": _STR},
+        {
+            "source": _STR,
+            "vendor_index": _INT,
+            "uuid": _OPT_STR,
+            "pci_bus_id": _OPT_STR,
+            "arch": _OPT_STR,
+            "compute_capability": _OPT_STR,
+            "unified_memory": _BOOL,
+            "mem_total_bytes": _OPT_INT,
+            "compute_units": _OPT_INT,
+            "temp_slowdown_c": _OPT_NUM,
+            "links": _array(
+                _obj(
+                    {"peer": _STR, "kind": _STR},
+                    {"bandwidth_mbps": _OPT_INT, "detail": _OPT_STR},
+                )
+            ),
+            "mig": _array(_obj({"uuid": _STR}, {"name": _OPT_STR, "mem_total_bytes": _OPT_INT})),
+            "mem_used_bytes": _OPT_INT,
+            "util_pct": _OPT_NUM,
+            "temp_c": _OPT_NUM,
+            "power_mw": _OPT_INT,
+            "power_limit_mw": _OPT_INT,
+            "healthy": _BOOL,
+        },
+    ),
+    "Node": _obj(
+        {"node_id": _STR, "state": _STR},
+        {
+            "addr": _OPT_STR,
+            "role": _OPT_STR,
+            "drain": _OPT_STR,
+            "labels": _STR_MAP,
+            "host": {"oneOf": [_ref("Host"), {"type": "null"}]},
+            "devices": _array(_ref("Device")),
+            "telemetry_age_s": _OPT_NUM,
+            "running_jobs": _STRS,
+            "queue": _INT,
+            "wire_version": _OPT_INT,
+            "features": _STRS,
+            "shares": {
+                "type": "object",
+                "description": "device key -> {job id -> bytes of its memory the job holds}: the"
+                " devices that run shares of one GPU",
+                "additionalProperties": {"type": "object", "additionalProperties": _INT},
+            },
+        },
+    ),
+    "Nodes": _obj({"nodes": _array(_ref("Node"))}),
+    "Attempt": _obj(
+        {"attempt": _INT},
+        {
+            "node": _OPT_STR,
+            "started_at": _OPT_NUM,
+            "finished_at": _OPT_NUM,
+            "cause": _OPT_STR,
+            "exit_code": _OPT_INT,
+            "rank": _INT,
+        },
+    ),
+    "Member": _obj({"rank": _INT, "node": _STR, "devices": _STRS}),
+    "Job": _obj(
+        {"job_id": _STR, "state": _STR},
+        {
+            "attempt": _INT,
+            "owner": _OPT_STR,
+            "runner": _OPT_STR,
+            "devices": _STRS,
+            "submitted_at": _OPT_NUM,
+            "started_at": _OPT_NUM,
+            "finished_at": _OPT_NUM,
+            "exit_code": _OPT_INT,
+            "signal": _OPT_STR,
+            "reason": _OPT_STR,
+            "gen": _INT,
+            "attempts": _array(_ref("Attempt")),
+            "members": _array(_ref("Member")),
+            "spec": {"type": "object", "description": "the job spec as the operator signed it"},
+            "progress": _OPT_NUM,
+            "eta_s": _OPT_NUM,
+            "deadline_missed_s": {
+                **_OPT_NUM,
+                "description": "how late the job was when its owner said it missed its deadline",
+            },
+        },
+    ),
+    "Jobs": _obj({"jobs": _array(_ref("Job"))}),
+    "Event": _obj(
+        {"seq": _INT, "kind": _STR, "message": _STR},
+        {"at": _OPT_NUM, "node": _OPT_STR, "job_id": _OPT_STR},
+    ),
+    "Events": _obj({"events": _array(_ref("Event")), "next": _INT}),
+    "Health": _obj({"ok": _BOOL, "node_id": _STR, "members": _INT}),
+    "Answer": {
+        "type": "object",
+        "description": "a command's or an internal call's answer; an error has `error`",
+    },
+}
+
+# -- operations ----------------------------------------------------------------------------------
+
+
+def _json(schema: str) -> dict[str, Any]:
+    return {"content": {"application/json": {"schema": _ref(schema)}}}
+
+
+def _answers(ok: str | None, *errors: int) -> dict[str, Any]:
+    """``ok``'s document for 200 (when given), and the refusals: the route's own (``errors``,
+    answered as JSON) and the transport's, which any request may meet (text)."""
+    out: dict[str, Any] = {}
+    if ok is not None:
+        out["200"] = {"description": "OK", **_json(ok)}
+    for status in sorted({*errors, *TRANSPORT_REFUSALS}):
+        out[str(status)] = {
+            "description": _REASONS[status],
+            "content": {
+                "application/json": {"schema": _ref("Error")},
+                "text/plain": {"schema": {"type": "string"}},
+            },
+        }
+    return out
+
+
+TRANSPORT_REFUSALS: Final = (401, 403, 413, 429)
+"""What the listener answers before a route is reached: no client certificate (401), a
+certificate not admitted (403), a body over the limit (413), a peer over its rate (429)."""
+_REASONS: Final = {
+    400: "malformed request",
+    401: "no client certificate",
+    403: "a certificate not admitted, or a role that may not do this",
+    404: "no such job, call or route",
+    409: "refused in the current state (a replayed command, a lacking feature)",
+    413: "body over the size limit",
+    415: "wrong content type",
+    429: "rate limited (per peer; Retry-After)",
+    500: "the handler failed (a defect: the log says which)",
+    502: "a cancel recorded whose runner could not be made to stop the job (the error says why)",
+    503: "no agent could answer for it",
+    504: "a cancel recorded whose runner has not confirmed the stop yet (its owner keeps asking)",
+    507: "the agent's data folder is full: nothing of the request was kept",
+}
+
+_JOB_ID = {
+    "name": "job_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+}
+
+
+def _query(name: str, low: int, high: int, description: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "description": description,
+        "schema": {"type": "integer", "minimum": low, "maximum": high},
+    }
+
+
+_LOG_QUERY = [
+    _query("lines", 0, MAX_TAIL_LINES, "the last N lines (default 100)"),
+    {
+        "name": "follow",
+        "in": "query",
+        "required": False,
+        "description": "keep the answer open and stream new lines (`1`, `true`, `yes`)",
+        "schema": {"type": "string"},
+    },
+    _query("attempt", 1, 1 << 31, "one attempt's log (default: as the runner holds it)"),
+]
+_NODE_QUERY = {
+    "name": "node",
+    "in": "query",
+    "required": False,
+    "description": "with `attempt`: that attempt's log on this node (a gang's member)",
+    "schema": {"type": "string"},
+}
+_TEXT_ANSWER = {
+    "description": "the log's lines",
+    "content": {"text/plain": {"schema": {"type": "string"}}},
+}
+_BINARY: Final = {"schema": {"type": "string", "format": "binary"}}
+_MSGPACK: Final = {"application/msgpack": _BINARY}
+_FRAME: Final = {"application/octet-stream": _BINARY}
+_FRAME_ANSWER = {
+    "description": "the chunk's frame (`agent.checkpoints.transfer.Frame`)",
+    "content": _FRAME,
+}
+
+
+def _json_doc(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"type": "object"}}},
+    }
+
+
+def _needed(name: str, description: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": True,
+        "description": description,
+        "schema": {"type": "string", "pattern": "^[0-9]+$"},
+    }
+
+
+_SEALED_BODY = {
+    "required": True,
+    "description": "an operator-signed command (`gossip.envelope.seal`: msgpack)",
+    "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+}
+_ANSWER = {"description": "the command's answer", **_json("Answer")}
+
+
+def _command(summary: str) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": _SEALED_BODY,
+            "responses": {
+                "200": _ANSWER,
+                **_answers(None, 400, 404, 409, 415, 502, 503, 504, 507),
+            },
+        }
+    }
+
+
+PATHS: Final[dict[str, Any]] = {
+    "/v1/commands": _command(
+        "Execute an operator's signed command (submit, cancel, migrate, cordon, drain, undrain, "
+        "revoke), forwarding it to the agent that acts on it"
+    ),
+    "/v1/jobs": {"get": {"summary": "Every job this agent knows", "responses": _answers("Jobs")}},
+    "/v1/jobs/{job_id}": {
+        "get": {
+            "summary": "One job",
+            "parameters": [_JOB_ID],
+            "responses": _answers("Job", 400, 404),
+        }
+    },
+    "/v1/jobs/{job_id}/logs": {
+        "get": {
+            "summary": "A job's log, from the agent that runs or ran it (at most 4 MiB)",
+            "parameters": [_JOB_ID, *_LOG_QUERY, _NODE_QUERY],
+            "responses": {"200": _TEXT_ANSWER, **_answers(None, 400, 404, 503)},
+        }
+    },
+    "/v1/nodes": {
+        "get": {"summary": "The mesh as this agent sees it", "responses": _answers("Nodes")}
+    },
+    "/v1/events": {
+        "get": {
+            "summary": "The mesh's event log, from sequence number `since` on",
+            "parameters": [_query("since", 0, (1 << 63) - 1, "the first sequence number")],
+            "responses": _answers("Events", 400),
+        }
+    },
+    "/metrics": {
+        "get": {
+            "summary": "Prometheus metrics",
+            "responses": {
+                "200": {
+                    "description": "the text exposition format",
+                    "content": {"text/plain": {"schema": {"type": "string"}}},
+                },
+                **_answers(None),
+            },
+        }
+    },
+    "/healthz": {
+        "get": {
+            "summary": "Liveness and member count; with `members`, waits until that many are live",
+            "parameters": [
+                _query("members", 0, 1 << 20, "wait until this many members are live"),
+                _query("wait_s", 0, MAX_HEALTH_WAIT_S, "for at most this long"),
+            ],
+            "responses": _answers("Health", 400),
+        }
+    },
+    PATH: {
+        "get": {
+            "summary": "This description",
+            "responses": {
+                "200": {
+                    "description": "OpenAPI 3.1",
+                    "content": {"application/json": {"schema": {"type": "object"}}},
+                },
+                **_answers(None),
+            },
+        }
+    },
+    "/v1/internal/command": _command("A command forwarded by another agent (role agent)"),
+    "/v1/internal/logs/{job_id}": {
+        "get": {
+            "summary": "The log this agent holds of a job it runs or ran (role agent)",
+            "parameters": [_JOB_ID, *_LOG_QUERY],
+            "responses": {"200": _TEXT_ANSWER, **_answers(None, 400, 404)},
+        }
+    },
+    "/v1/internal/checkpoint/{job_id}": {
+        "get": {
+            "summary": "The manifest of a job's checkpoint (files, sizes, SHA-256) as this agent "
+            "holds it for an attempt (role agent; the job's owners and its attempt's starter)",
+            "parameters": [_JOB_ID, _needed("attempt", "the attempt that wrote it")],
+            "responses": {"200": _json_doc("the manifest"), **_answers(None, 400, 403, 404)},
+        }
+    },
+    "/v1/internal/checkpoint/{job_id}/chunk": {
+        "get": {
+            "summary": "One checksummed chunk of a checkpoint's file (role agent)",
+            "parameters": [
+                _JOB_ID,
+                _needed("attempt", "the attempt that wrote it"),
+                _needed("file", "the file's index in the manifest"),
+                _needed("offset", "bytes into the file"),
+                _needed("length", "bytes wanted (at most the chunk limit)"),
+            ],
+            "responses": {"200": _FRAME_ANSWER, **_answers(None, 400, 403, 404)},
+        },
+        "post": {
+            "summary": "A chunk of a checkpoint pushed to this agent (role agent, the job's "
+            "owners)",
+            "parameters": [_JOB_ID],
+            "requestBody": {"required": True, "content": _FRAME},
+            "responses": {
+                "200": _json_doc("whether the copy is whole"),
+                **_answers(None, 400, 403, 415),
+            },
+        },
+    },
+    "/v1/internal/checkpoint/{job_id}/offer": {
+        "post": {
+            "summary": "A checkpoint's manifest offered to this agent; answers the bytes of "
+            "each file it already holds, to resume from (role agent, the job's owners)",
+            "parameters": [_JOB_ID],
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            },
+            "responses": {"200": _json_doc("the offsets held"), **_answers(None, 400, 403, 415)},
+        }
+    },
+    "/v1/internal/{op}": {
+        "post": {
+            "summary": "A call of the job protocol between agents (role agent)",
+            "parameters": [
+                {
+                    "name": "op",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "string", "enum": list(INTERNAL_CALLS)},
+                }
+            ],
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            },
+            "responses": {"200": _ANSWER, **_answers(None, 400, 404, 409, 415, 507)},
+        }
+    },
+    "/v1/gossip": {
+        "post": {
+            "summary": "Gossip between members (agents, and an operator's TUI): a msgpack frame "
+            "of signed messages; needs the `Shoal-Protocol` header",
+            "requestBody": {"required": True, "content": _MSGPACK},
+            "responses": {
+                "200": {"description": "the answer frame", "content": _MSGPACK},
+                "204": {"description": "nothing to answer"},
+                **_answers(None, 400, 415, 500),
+            },
+        }
+    },
+}
+
+
+def document() -> dict[str, Any]:
+    """The whole description."""
+    try:
+        version = importlib.metadata.version("shoal")
+    except importlib.metadata.PackageNotFoundError:
+        version = "0+unknown"
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Shoal agent API",
+            "version": version,
+            "description": (
+                "Every Shoal agent serves this API on its gossip port, over mutual TLS with "
+                'certificates of the cluster\'s CA. Errors are `{"error": "<one line>"}`.'
+            ),
+        },
+        "paths": PATHS,
+        "components": {
+            "schemas": SCHEMAS,
+            "securitySchemes": {
+                "clusterCertificate": {
+                    "type": "mutualTLS",
+                    "description": "a certificate signed by the cluster's CA (role operator or "
+                    "agent); /v1/internal/ is for role agent",
+                }
+            },
+        },
+        "security": [{"clusterCertificate": []}],
+    }

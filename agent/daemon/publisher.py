@@ -1,0 +1,236 @@
+"""What an agent says of itself in gossip, and how often: the records this node publishes.
+
+- ``inventory`` once at start: host facts (hostname, or the configured name; OS, CPU
+  architecture), API address, labels, boot count, the job-spec features this agent runs, and
+  every device's static facts with its links and MIG instances. An inventory larger than one
+  record goes on in ``inventory/1``, ``inventory/2``... (``agent.wire.records.InventoryRecord``);
+  nothing is dropped.
+- ``telemetry``: on change beyond 5 utilization points, 1 GiB of memory or 3 degrees, at most
+  once a second, and at least every ``telemetry_heartbeat_s``.
+- ``node``: drain state, queue, running jobs, free devices at once when they change; a change in
+  the running jobs' progress alone at most every :data:`PROGRESS_EVERY_S`.
+- ``events``: this node's recent events at most every :data:`EVENTS_EVERY_S`.
+- ``place``: the datasets this node holds with their sizes (at once when a scan finds a change)
+  and its network coordinate (once it has measured a round trip; again when it moved more than
+  :data:`COORD_MOVED_S`, at most every :data:`PLACE_EVERY_S`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
+from agent.daemon.config import AgentConfig
+from agent.daemon.devices import HostDevices
+from agent.job.jobspec import SUPPORTED_FEATURES
+from agent.mesh.events import EventLog
+from agent.wire.codec import MAX_RECORD_BYTES, WireError
+from agent.wire.place import PLACE, PlaceRecord, coord_moved_s
+from agent.wire.records import InventoryRecord, NodeRecord, TelemetryRecord
+from gossip.vivaldi import Coordinate
+from probers.records import DeviceStatic
+
+log = logging.getLogger("shoal.agent")
+
+GIB = 1024**3
+PROGRESS_EVERY_S = 2.0
+"""A change in running jobs' progress alone republishes the node record at most this often;
+what placement reads (drain, queue, running jobs, free devices) is republished at once."""
+EVENTS_EVERY_S = 1.0
+"""This node's recent events are republished at most this often (each event used to resend
+them all: a third of the gossip bytes of a mesh under load)."""
+PLACE_EVERY_S = 120.0
+"""A moved coordinate alone republishes the ``place`` record at most this often. Coordinates
+settle slowly, and on a busy host they wander by a millisecond or so with its event loop's
+delays: at 30 s this record was half of the records an idle mesh of 16 agents gossiped."""
+COORD_MOVED_S = 0.001
+"""How far (in RTT) a coordinate must move before it is worth telling everyone."""
+UNMEASURED_LOOK_S = 1.0
+"""While this node's first coordinate is unsaid, how often the publisher looks for it."""
+
+
+class Publisher:
+    def __init__(
+        self,
+        publish: Callable[[str, bytes], None],
+        config: AgentConfig,
+        devices: HostDevices,
+        events: EventLog,
+        node_doc: Callable[[], NodeRecord],
+        coordinate: Callable[[], Coordinate | None] = lambda: None,
+    ) -> None:
+        """``node_doc``: the ``node`` record as it would be now (drain, queue, running, free,
+        progress); ``coordinate``: this node's network coordinate, ``None`` while unmeasured."""
+        self._publish = publish
+        self._config = config
+        self._devices = devices
+        self._events = events
+        self._node_doc = node_doc
+        self._node_dirty = True
+        self._node_sent: NodeRecord | None = None
+        self._node_at = float("-inf")
+        self._events_dirty = False
+        self._events_at = float("-inf")
+        self._last_telemetry: dict[str, tuple[float, float, float]] = {}
+        self._telemetry_at = float("-inf")
+        self._coordinate = coordinate
+        self._datasets: dict[str, int] = dict.fromkeys(config.datasets, 0)
+        self._place_sent: PlaceRecord | None = None
+        self._place_at = float("-inf")
+        self._place_dirty = True
+        self.wake: Callable[[], None] = lambda: None
+        """Called when something becomes due to publish (the agent's loop then ticks)."""
+
+    def node_changed(self) -> None:
+        self._node_dirty = True
+        self.wake()
+
+    def events_changed(self) -> None:
+        self._events_dirty = True
+        self.wake()
+
+    def datasets_scanned(self, held: dict[str, int]) -> None:
+        """What a scan of the datasets found; published at the next tick if it changed."""
+        if held != self._datasets:
+            self._datasets = held
+            self._place_dirty = True
+            self.wake()
+
+    def inventory(self, address: str, boot: int) -> None:
+        report = self._devices.report
+        host = report.host
+        if self._config.name:
+            host = dataclasses.replace(host, hostname=self._config.name)
+        record = InventoryRecord(
+            host=host,
+            api=address,
+            labels=self._config.all_labels(),
+            boot=boot,
+            devices=tuple(d.static for d in report.devices),
+            features=tuple(sorted(SUPPORTED_FEATURES)),
+        )
+        try:
+            records = record.encode()
+        except WireError as exc:  # a device alone larger than a record: say so, keep the rest
+            log.error("inventory not published whole: %s", exc)
+            self._events.add("inventory_too_large", str(exc))
+            records = record._replace(devices=_fitting(record)).encode()
+        for kind, payload in records:
+            self._publish(kind, payload)
+
+    def telemetry(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        devices = self._devices.report.devices
+        current = {
+            d.static.key: (
+                d.sample.util_pct or 0.0,
+                float(d.sample.mem_used_bytes or 0),
+                d.sample.temp_c or 0.0,
+            )
+            for d in devices
+        }
+        last = self._last_telemetry
+        changed = any(
+            key not in last
+            or abs(u - last[key][0]) >= 5
+            or abs(m - last[key][1]) >= GIB
+            or abs(t - last[key][2]) >= 3
+            for key, (u, m, t) in current.items()
+        )
+        heartbeat = now - self._telemetry_at >= self._config.telemetry_heartbeat_s
+        if not force and not heartbeat and not (changed and now - self._telemetry_at >= 1.0):
+            return
+        self._last_telemetry = current
+        self._telemetry_at = now
+        record = TelemetryRecord(at=time.time(), samples=tuple(d.sample for d in devices))
+        self._publish("telemetry", record.encode())
+
+    def due_in_s(self, now: float) -> float:
+        """How long until :meth:`tick` has something to publish (0: now). Nothing becoming
+        dirty meanwhile (which calls :attr:`wake`), the agent may sleep this long."""
+        due = [self._place_at + PLACE_EVERY_S - now]
+        if self._node_dirty:
+            progress_only = self._node_sent is not None and (
+                self._node_doc().placement_view() == self._node_sent.placement_view()
+            )
+            due.append(self._node_at + PROGRESS_EVERY_S - now if progress_only else 0.0)
+        if self._events_dirty:
+            due.append(self._events_at + EVENTS_EVERY_S - now)
+        if self._place_dirty:
+            due.append(0.0)
+        elif self._place_sent is None or self._place_sent.coord is None:
+            due.append(UNMEASURED_LOOK_S)
+        return max(0.0, min(due))
+
+    def tick(self, now: float) -> None:
+        """What is due of the node record, the events and the ``place`` record, published."""
+        if self._node_dirty:
+            self.node(now)
+        if self._events_dirty and now - self._events_at >= EVENTS_EVERY_S:
+            self.events(now)
+        sent = self._place_sent
+        unsaid = sent is None or sent.coord is None  # a first measured coordinate goes at once
+        if (
+            self._place_dirty
+            or now - self._place_at >= PLACE_EVERY_S
+            or (unsaid and self._coordinate() is not None)
+        ):
+            self.place(now)
+
+    def place(self, now: float) -> None:
+        """The ``place`` record, when its datasets changed or its coordinate moved."""
+        coord = self._coordinate()
+        sent = self._place_sent
+        if (
+            not self._place_dirty
+            and sent is not None
+            and coord_moved_s(sent.coord, coord) < COORD_MOVED_S
+        ):
+            self._place_at = now
+            return
+        self._place_dirty = False
+        self._place_at = now
+        record = PlaceRecord(datasets=dict(self._datasets), coord=coord)
+        if sent is None and not record.datasets and coord is None:
+            return  # nothing to say yet: no record until a dataset or a measured round trip
+        payload, left_out = record.encode()
+        if left_out and (sent is None or sent.datasets != record.datasets):
+            log.warning("place record: %d dataset(s) do not fit and are not gossiped", left_out)
+            self._events.add("datasets_not_gossiped", f"{left_out} dataset(s) do not fit")
+        self._place_sent = record
+        self._publish(PLACE, payload)
+
+    def node(self, now: float) -> None:
+        """The node record, when it says something new (see :data:`PROGRESS_EVERY_S`)."""
+        doc = self._node_doc()
+        sent = self._node_sent
+        if sent is not None and doc.placement_view() == sent.placement_view():
+            if doc.progress == sent.progress and doc.saved == sent.saved:
+                self._node_dirty = False  # an owner's save that changed nothing others read
+                return
+            if now - self._node_at < PROGRESS_EVERY_S:
+                return  # still dirty: the progress goes out when the interval is up
+        self._node_dirty = False
+        self._node_sent, self._node_at = doc, now
+        self._publish("node", doc.encode())
+
+    def events(self, now: float) -> None:
+        self._events_dirty = False
+        self._events_at = now
+        payload = self._events.gossip_record().encode()
+        if len(payload) <= MAX_RECORD_BYTES:
+            self._publish("events", payload)
+
+
+def _fitting(record: InventoryRecord) -> tuple[DeviceStatic, ...]:
+    """The devices that each fit in one record (what :meth:`InventoryRecord.encode` can carry)."""
+    kept = []
+    for device in record.devices:
+        try:
+            record._replace(devices=(device,)).encode()
+        except WireError:
+            continue
+        kept.append(device)
+    return tuple(kept)

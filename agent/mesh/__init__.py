@@ -1,0 +1,1 @@
+"""The agent's view of the mesh: records, membership, peers, events, retiring."""

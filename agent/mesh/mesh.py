@@ -1,0 +1,87 @@
+"""The agent's reading of gossip membership: who is live, where, since when, how many.
+
+``GossipMesh`` answers the ``agent.mesh.context.Mesh`` seam (and a little more for the API and the
+authority) from a running :class:`~gossip.node.GossipNode` and the cluster trust: a member counts
+as an agent only while its certificate is admitted with the ``agent`` role and unrevoked, so the
+TUI (an operator peer) and revoked nodes are never among the live agents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from agent.mesh.view import live_agents
+from gossip.certtrust import CertTrust
+from gossip.membership import MemberInfo
+from gossip.messages import MemberState
+from gossip.node import GossipNode
+
+_LIVE = (MemberState.ALIVE, MemberState.SUSPECT)
+
+
+class GossipMesh:
+    def __init__(self, node_id: str, node: GossipNode, trust: CertTrust) -> None:
+        self.node_id = node_id
+        self._node = node
+        self._trust = trust
+        self.changed = asyncio.Event()
+        """Set at every membership event (the caller does): wakes ``wait_members``."""
+
+    def _members(self) -> list[MemberInfo]:
+        return self._node.members() if self._node.started else []
+
+    def _member(self, node_id: str) -> MemberInfo | None:
+        return self._node.peer.member(node_id) if self._node.started else None
+
+    def live_agents(self) -> list[str]:
+        members = self._members()
+        roles = {m.node: self._trust.role_of(m.node) or "" for m in members}
+        roles[self.node_id] = "agent"
+        live = live_agents(members, roles)
+        if self.node_id not in live:
+            live.append(self.node_id)
+        return live
+
+    def live_for_s(self, node_id: str) -> float:
+        """How long ``node_id`` has been alive here (0 when it is not)."""
+        member = self._member(node_id)
+        if member is None or member.state != MemberState.ALIVE:
+            return 0.0
+        return time.monotonic() - member.state_since
+
+    def heard_of(self, node_id: str) -> bool:
+        """Membership knows the node, in any state."""
+        return self._member(node_id) is not None
+
+    def is_gone(self, node_id: str) -> bool:
+        member = self._member(node_id)
+        return member is not None and member.state in (MemberState.DEAD, MemberState.LEFT)
+
+    def addr_of(self, node_id: str) -> str | None:
+        if not self._node.started:
+            return None  # None until the server binds
+        if node_id == self.node_id:
+            return self._node.address
+        member = self._member(node_id)
+        return member.addr if member is not None and member.addr else None
+
+    def member_count(self) -> int:
+        """Members alive or suspect, this one included."""
+        return sum(1 for m in self._members() if m.state in _LIVE)
+
+    async def wait_members(self, count: int, timeout_s: float) -> int:
+        """Until ``count`` live members are seen, or ``timeout_s`` passed; the count then.
+        Woken by membership events, so a watcher costs nothing while it waits (polling 32
+        agents every 50 ms was a fifth of a 2-core machine while a mesh forms)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.changed.clear()  # before counting: a change from here on wakes us
+            count_now = self.member_count()
+            left_s = deadline - time.monotonic()
+            if count_now >= count or left_s <= 0:
+                return count_now
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left_s):
+                    await self.changed.wait()

@@ -1,0 +1,2 @@
+"""The client side: the API client, fail-over, the fleet file, revocations, fit, forecasts, terminal
+helpers."""

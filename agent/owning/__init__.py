@@ -1,0 +1,2 @@
+"""The owner's half of the job protocol: accept, replicate, place, gangs, preempt, resize, hand
+over."""

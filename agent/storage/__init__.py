@@ -1,0 +1,1 @@
+"""The agent's SQLite store and what it purges."""
