@@ -39,11 +39,14 @@ from agent.ckptfiles import Vault
 from agent.ckptmove import Checkpoints
 from agent.commands import Commands
 from agent.config import AgentConfig
+from agent.containment import attempt_key
 from agent.context import AgentContext
 from agent.datasets import DatasetScanner
 from agent.devices import HostDevices
 from agent.events import EventLog
 from agent.executor import ExecutorConfig, ProcessExecutor
+from agent.history_sample import NodeSampler
+from agent.history_store import History
 from agent.mesh import GossipMesh
 from agent.metrics import AgentMetrics
 from agent.owner import Owner
@@ -122,6 +125,8 @@ class Agent:
             streams=self.node,
         )
         self.devices = HostDevices(config.sim, config.sim_seed)
+        self.history = History(config.data_dir)
+        self.sampler = NodeSampler()
         self.ctx = AgentContext(
             node_id=self.node_id,
             store=self.store,
@@ -230,6 +235,7 @@ class Agent:
             asyncio.create_task(self._resume_later(), name="resume"),
             asyncio.create_task(self.runner.watch_checkpoints(), name="checkpoints"),
             asyncio.create_task(self._purge_loop(), name="purge"),
+            asyncio.create_task(self._history_loop(), name="history"),
         ]
         if self.config.datasets_dir is not None:
             self._tasks.append(asyncio.create_task(self._datasets_loop(), name="datasets"))
@@ -252,6 +258,7 @@ class Agent:
         await self.node.stop(leave=True)
         await self.peers.close()
         self.devices.probe.close()
+        self.history.close(time.time())
         self.store.close()
 
     def publish(self, kind: str, payload: bytes) -> None:
@@ -299,6 +306,25 @@ class Agent:
             await asyncio.sleep(self.config.probe_interval_s)
             await self.devices.refresh()
             self.publisher.telemetry()
+
+    async def _history_loop(self) -> None:
+        """Sample every layer into the node's history on each whole second
+        (:mod:`agent.history_sample`, :mod:`agent.history_store`)."""
+        while True:
+            await asyncio.sleep(1.0 - time.time() % 1.0)
+            runs = self.runner.runs
+            progress = {j: self.runner.progress.get(j, (None, None))[0] for j in runs}
+            cage = self.executor.cage
+            folders = {
+                j: (
+                    procs.parent
+                    if (procs := cage.cgroup_procs(attempt_key(j, r.attempt)))
+                    else None
+                )
+                for j, r in runs.items()
+            }
+            readings = self.sampler.sample(self.devices.report.devices, progress, folders)
+            self.history.sample(time.time(), readings)
 
     async def _sweep_loop(self) -> None:
         """Publish what is due as soon as it is (changes closer than ``TICK_SPACING_S`` go out
