@@ -2,7 +2,8 @@
 
 Operator-facing (see the HTTP contract in ``agent/client.py``): ``POST /v1/commands`` (a sealed
 command), ``GET /v1/jobs``, ``/v1/jobs/{id}``, ``/v1/jobs/{id}/logs``, ``/v1/nodes``,
-``/v1/events``, ``/metrics``, ``/healthz``, and ``/v1/openapi.json``, which describes them all
+``/v1/events``, ``/v1/history`` (this node's stored samples, :mod:`agent.wire.history`),
+``/metrics``, ``/healthz``, and ``/v1/openapi.json``, which describes them all
 (:mod:`agent.openapi`). Errors are ``{"error": "<one line>"}`` with a 4xx/5xx.
 
 Agent-to-agent, role ``agent`` only (403 otherwise), all JSON POSTs under ``/v1/internal/``:
@@ -24,8 +25,10 @@ counters.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -41,6 +44,7 @@ from agent.client import ENVELOPE_CONTENT_TYPE
 from agent.commands import Commands
 from agent.errors import ApiError
 from agent.events import EventLog
+from agent.history_store import History, QueryError
 from agent.logfiles import MAX_TAIL_LINES
 from agent.mesh import GossipMesh
 from agent.metrics import AgentMetrics
@@ -79,6 +83,13 @@ class AgentService(Protocol):
 
     @property
     def calls(self) -> Calls: ...
+
+    @property
+    def history(self) -> History: ...
+
+    def device_keys(self) -> dict[int, str]:
+        """This node's devices: index (as ``shoal nodes`` numbers them) -> key."""
+        ...
 
     @property
     def reads(self) -> Reads: ...
@@ -285,6 +296,22 @@ def setup(app: web.Application, agent: AgentService) -> None:
         return web.json_response(agent.events.since(since).to_wire())
 
     @_guarded
+    async def history(request: web.Request) -> web.StreamResponse:
+        from agent.wire.codec import WireError
+        from agent.wire.history import HistoryQuery
+
+        now = time.time()
+        try:
+            query = HistoryQuery.from_params(request.query, now)
+            agent.history.flush(now)  # the last seconds too
+            doc = await asyncio.to_thread(
+                agent.history.answer, query, agent.node_id, agent.device_keys(), now
+            )
+        except (WireError, QueryError) as exc:
+            raise ApiError(400, str(exc)) from None
+        return web.json_response(doc.to_wire())
+
+    @_guarded
     async def metrics(request: web.Request) -> web.StreamResponse:
         body, content_type = agent.metrics.render()
         return web.Response(body=body, headers={"Content-Type": content_type})
@@ -340,6 +367,7 @@ def setup(app: web.Application, agent: AgentService) -> None:
     app.router.add_get("/v1/jobs/{job_id}/logs", logs)
     app.router.add_get("/v1/nodes", nodes)
     app.router.add_get("/v1/events", events)
+    app.router.add_get("/v1/history", history)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/v1/openapi.json", openapi)

@@ -277,6 +277,9 @@ class Agent:
             saved={j: at for j, at in runner.saved_at.items() if j in runner.runs},
         )
 
+    def device_keys(self) -> dict[int, str]:
+        return {d.index: d.static.key for d in self.devices.report.devices}
+
     # -- gossip events ---------------------------------------------------------------------------
 
     def _on_gossip(self, event: Event) -> None:

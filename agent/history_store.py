@@ -40,6 +40,7 @@ from agent.history import (
     trim_before,
 )
 from agent.store import StoreError, StoreFull, _private_files, _unwritable
+from agent.wire.history import HistoryDoc, HistoryQuery, HistorySeries
 
 log = logging.getLogger("shoal.history")
 
@@ -310,6 +311,41 @@ class History:
             and (subjects is None or key.subject in subjects)
         ]
         return chosen
+
+    def answer(
+        self, query: HistoryQuery, node_id: str, devices: Mapping[int, str], now_s: float
+    ) -> HistoryDoc:
+        """``GET /v1/history`` on node ``node_id`` (``devices``: index -> key, to take a device
+        by either); :class:`QueryError` for a query this node cannot answer."""
+        if query.node is not None and not node_id.startswith(query.node):
+            raise QueryError(
+                f"this agent is node {node_id[:12]}: each node answers for itself, ask "
+                f"{query.node[:40]}'s agent"
+            )
+        subjects: list[str] | None = None
+        if query.device is not None or query.job is not None:
+            subjects = [s for s in (query.job,) if s is not None]
+            if query.device is not None:
+                device = query.device
+                if device.isdigit():
+                    if int(device) not in devices:
+                        raise QueryError(f"this node has no device {device}")
+                    device = devices[int(device)]
+                subjects.append(device)
+        keys = self.select(query.series, subjects)
+        answers = self.query(now_s, keys, query.from_s, query.to_s, query.step_s)
+        series = tuple(
+            HistorySeries(
+                a.key.name,
+                a.key.subject,
+                a.unsupported,
+                a.tier,
+                a.step_s,
+                tuple((p.t_s, p.min, p.avg, p.max) for p in a.points),
+            )
+            for a in answers
+        )
+        return HistoryDoc(node_id, query.from_s, query.to_s, series)
 
 
 __all__ = ["TIERS", "History", "HistoryStore", "QueryError", "SeriesAnswer"]

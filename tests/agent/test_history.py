@@ -148,3 +148,45 @@ def test_bad_queries_are_one_line_errors(tmp_path: Path) -> None:
         history.query(T0, [UTIL], T0, T0, 1)
     with pytest.raises(QueryError, match="larger step"):
         history.query(T0, [UTIL], T0 - 100 * 365 * 86_400, T0, 1)
+
+
+def test_the_query_and_the_answer_on_the_wire(tmp_path: Path) -> None:
+    from agent.wire.codec import WireError
+    from agent.wire.history import HistoryDoc, HistoryQuery
+
+    query = HistoryQuery.from_params({"series": "gpu,host.cpu_pct", "step": "5"}, T0)
+    assert (query.series, query.from_s, query.to_s, query.step_s) == (
+        ("gpu", "host.cpu_pct"),
+        T0 - 3600,
+        T0,
+        5,
+    )
+    assert HistoryQuery.from_params(query.to_params(), T0 + 99) == query
+    for bad, field in (
+        ({"from": "abc"}, "from"),
+        ({"from": "5", "to": "4"}, "from"),
+        ({"step": "0"}, "step"),
+        ({"to": "inf"}, "to"),
+        ({"series": "gpu;drop"}, "series"),
+    ):
+        with pytest.raises(WireError, match=field):
+            HistoryQuery.from_params(bad, T0)
+    history = History(tmp_path)
+    history.sample(T0 + 1, {UTIL: 5.0, BW: UNSUPPORTED})
+    doc = history.answer(
+        HistoryQuery.from_params({"from": str(T0), "to": str(T0 + 3), "step": "1"}, T0 + 3),
+        "node-a",
+        {0: "GPU-0"},
+        T0 + 3,
+    )
+    assert HistoryDoc.from_wire(doc.to_wire()) == doc
+    assert [s.name for s in doc.series] == ["gpu.mem_bw_pct", "gpu.util_pct"]
+    assert doc.series[1].points[1] == (T0 + 1, 5.0, 5.0, 5.0)
+    by_index = history.answer(
+        HistoryQuery((), None, "0", None, T0, T0 + 3, 1), "node-a", {0: "GPU-0"}, T0 + 3
+    )
+    assert len(by_index.series) == 2
+    with pytest.raises(QueryError, match="no device 7"):
+        history.answer(HistoryQuery((), None, "7", None, T0, T0 + 3, 1), "n", {}, T0 + 3)
+    with pytest.raises(QueryError, match="answers for itself"):
+        history.answer(HistoryQuery((), "other", None, None, T0, T0 + 3, 1), "n", {}, T0 + 3)
