@@ -46,7 +46,7 @@ from agent.devices import HostDevices
 from agent.events import EventLog
 from agent.executor import ExecutorConfig, ProcessExecutor
 from agent.history_sample import NodeSampler
-from agent.history_store import History
+from agent.history_store import open_history
 from agent.mesh import GossipMesh
 from agent.metrics import AgentMetrics
 from agent.owner import Owner
@@ -125,7 +125,7 @@ class Agent:
             streams=self.node,
         )
         self.devices = HostDevices(config.sim, config.sim_seed)
-        self.history = History(config.data_dir)
+        self.history = open_history(config.data_dir, time.time())
         self.sampler = NodeSampler()
         self.ctx = AgentContext(
             node_id=self.node_id,
@@ -326,8 +326,13 @@ class Agent:
                 )
                 for j, r in runs.items()
             }
-            readings = self.sampler.sample(self.devices.report.devices, progress, folders)
-            self.history.sample(time.time(), readings)
+            try:
+                readings = self.sampler.sample(self.devices.report.devices, progress, folders)
+                self.history.sample(time.time(), readings)
+            except Exception:  # history must never stop: the next second tries again
+                failures = self.history.write_failures = self.history.write_failures + 1
+                if failures & (failures - 1) == 0:  # the 1st, 2nd, 4th, 8th... not every second
+                    log.exception("history sampling failed (%d times)", failures)
 
     async def _sweep_loop(self) -> None:
         """Publish what is due as soon as it is (changes closer than ``TICK_SPACING_S`` go out

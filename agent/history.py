@@ -70,6 +70,9 @@ TIERS: Final[tuple[Tier, ...]] = (
     Tier("h", 3600, 24, 365 * DAY_S, 3),
 )
 TIER_BY_NAME: Final = {t.name: t for t in TIERS}
+FORGET_AFTER_S: Final = DAY_S
+"""A series with no reading for this long (a job that ended, a device that went) and no open
+block is forgotten by the core (what is stored stays, until trimmed)."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -165,6 +168,7 @@ class HistoryCore:
         self.supported: dict[SeriesKey, str | None] = {}
         """Every series seen: ``None`` if supported, else why not."""
         self._recorded: dict[SeriesKey, str | None] = {}
+        self._seen_s: dict[SeriesKey, float] = {}
         self.counts = CoreCounts()
 
     # -- input -------------------------------------------------------------------------------------
@@ -172,6 +176,7 @@ class HistoryCore:
     def add(self, now_s: float, readings: Mapping[SeriesKey, Reading]) -> None:
         """One sample of every series at ``now_s`` (seconds since the epoch)."""
         for key, reading in readings.items():
+            self._seen_s[key] = now_s
             if isinstance(reading, Unsupported):
                 self.supported[key] = reading.why
                 continue
@@ -232,6 +237,11 @@ class HistoryCore:
                 if block.start_s < start:
                     self._close(index, key, block)
                     del self._open[index][key]
+        for key, seen_s in list(self._seen_s.items()):  # a job long ended: let it go
+            if now_s - seen_s > FORGET_AFTER_S and not any(key in o for o in self._open):
+                del self._seen_s[key]
+                self.supported.pop(key, None)
+                self._recorded.pop(key, None)
 
     # -- output ------------------------------------------------------------------------------------
 

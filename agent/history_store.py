@@ -23,7 +23,7 @@ import contextlib
 import logging
 import sqlite3
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -172,8 +172,9 @@ class HistoryStore:
             )
         return len(blocks)
 
-    def trim(self, now_s: float) -> int:
-        """Let go of the blocks past their tier's keep; the blocks let go of."""
+    def trim(self, now_s: float, live: Collection[SeriesKey] = ()) -> int:
+        """Let go of the blocks past their tier's keep, and of the series left without a block
+        that are not ``live`` (still sampled); the blocks let go of."""
         gone = 0
         with self._tx() as db:
             for tier, before in trim_before(now_s).items():
@@ -181,6 +182,15 @@ class HistoryStore:
                     "DELETE FROM blocks WHERE tier = ? AND start_s < ?", (tier, before)
                 )
                 gone += cursor.rowcount
+            empty = db.execute(
+                "SELECT id, name, subject FROM series s "
+                "WHERE NOT EXISTS (SELECT 1 FROM blocks b WHERE b.series = s.id)"
+            ).fetchall()
+            dead = [(sid, SeriesKey(n, sub)) for sid, n, sub in empty]
+            dead = [(sid, key) for sid, key in dead if key not in live]
+            db.executemany("DELETE FROM series WHERE id = ?", [(sid,) for sid, _ in dead])
+        for _, key in dead:
+            self._ids.pop(key, None)
         return gone
 
     def restore(self, core: HistoryCore) -> None:
@@ -250,7 +260,7 @@ class History:
         if self._trimmed_s is None or now_s - self._trimmed_s >= TRIM_EVERY_S:
             self._trimmed_s = now_s
             try:
-                self.store.trim(now_s)
+                self.store.trim(now_s, self.core.supported.keys())
             except StoreFull as exc:
                 log.warning("could not trim the history: %s", exc)
 
@@ -348,4 +358,19 @@ class History:
         return HistoryDoc(node_id, query.from_s, query.to_s, series)
 
 
-__all__ = ["TIERS", "History", "HistoryStore", "QueryError", "SeriesAnswer"]
+def open_history(data_dir: Path, now_s: float) -> History:
+    """The node's history; a file that cannot be used (not a database, a newer schema) is moved
+    aside, kept for the operator, and history starts afresh: history never stops an agent."""
+    try:
+        return History(data_dir)
+    except StoreError as exc:
+        path = data_dir / FILE_NAME
+        aside = path.with_name(f"{FILE_NAME}.unusable-{int(now_s)}")
+        log.warning("%s: moved to %s, history starts afresh", exc, aside.name)
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                path.with_name(path.name + suffix).rename(aside.with_name(aside.name + suffix))
+        return History(data_dir)
+
+
+__all__ = ["TIERS", "History", "HistoryStore", "QueryError", "SeriesAnswer", "open_history"]

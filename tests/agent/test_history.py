@@ -190,3 +190,27 @@ def test_the_query_and_the_answer_on_the_wire(tmp_path: Path) -> None:
         history.answer(HistoryQuery((), None, "7", None, T0, T0 + 3, 1), "n", {}, T0 + 3)
     with pytest.raises(QueryError, match="answers for itself"):
         history.answer(HistoryQuery((), "other", None, None, T0, T0 + 3, 1), "n", {}, T0 + 3)
+
+
+def test_a_series_long_gone_is_forgotten_in_memory_then_on_disk(tmp_path: Path) -> None:
+    job = SeriesKey("job.progress_pct", "f" * 32)
+    history = History(tmp_path)
+    history.sample(T0, {job: 10.0, UTIL: 1.0, BW: UNSUPPORTED})
+    for t in range(1, 3 * 86_400, 600):  # the job ended; the GPU goes on
+        history.sample(T0 + t, {UTIL: 1.0, BW: UNSUPPORTED})
+    history.flush(T0 + 3 * 86_400)
+    assert job not in history.core.supported and BW in history.core.supported
+    history.store.trim(T0 + 400 * 86_400, history.core.supported.keys())
+    assert job not in history.store.series()  # no block left, not sampled: gone
+    assert BW in history.store.series()  # unsupported has no block, but is still sampled
+
+
+def test_an_unusable_file_is_moved_aside_and_history_starts_afresh(tmp_path: Path) -> None:
+    from agent.history_store import FILE_NAME, open_history
+
+    (tmp_path / FILE_NAME).write_bytes(b"not a database at all" * 100)
+    history = open_history(tmp_path, T0)
+    history.sample(T0, {UTIL: 3.0})
+    history.close(T0 + 1)
+    assert (tmp_path / f"{FILE_NAME}.unusable-{T0}").read_bytes().startswith(b"not a database")
+    assert History(tmp_path).query(T0 + 1, [UTIL], T0, T0 + 1, 1)[0].points[0].avg == 3.0
