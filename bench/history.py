@@ -21,8 +21,12 @@ Measures, for an 8-GPU node (the simulated ``dgx-h100``: its probe's devices, th
   step of 1 s (86,400 points from the seconds' tier); wall clock, and ``..._cpu_ms_p50`` the
   CPU time (on a busy machine the wall clock waits for a core).
 
-Bottleneck rules and completion forecasts are not built yet: their fields are ``null`` and named
-in ``not_measured``.
+- **bottleneck rules** (:mod:`agent.history_hints`) on a labelled synthetic set
+  (:mod:`bench.history_synth`, drawn by ``--seed``, ``--windows`` per label):
+  ``rules_precision`` and ``rules_recall``, micro-averaged over the rules.
+
+Completion forecasts are not built yet: ``forecast_error_at_half_p50`` is ``null`` and named in
+``not_measured``.
 
 Bars (BENCHMARKS.md "History and hints"): sampling <= 0.3% of a core and <= 5 MB RSS, the 24 h
 query <= 200 ms, a year <= 250 MB.
@@ -46,7 +50,7 @@ from agent.history_sample import GPU_FIELDS, GPU_NOT_PROBED, NOT_PROBED, NodeSam
 from agent.history_store import History
 from probers.host import HostProbe, ProbeOptions
 
-NOT_MEASURED = ("rules_precision", "rules_recall", "forecast_error_at_half_p50")
+NOT_MEASURED = ("forecast_error_at_half_p50",)
 
 
 def _rss_bytes() -> int:
@@ -164,6 +168,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             year_series=series,
             bytes_per_series_year_mb=round(size / series / 2**20, 3) if series else None,
         )
+    from bench.history_synth import score
+
+    out.update(score(args.seed, args.windows))
     missing = [*NOT_MEASURED, *([] if out["year_bytes_8gpu"] else ["year_bytes_8gpu"])]
     out.update(
         {name: None for name in NOT_MEASURED},
@@ -189,11 +196,14 @@ def main(argv: list[str] | None = None) -> int:
         "run, and year_bytes_8gpu is not measured)",
     )
     ap.add_argument("--queries", type=int, default=9, help="24 h queries timed (9)")
-    ap.add_argument("--seed", type=int, default=1, help="draws the filled values")
+    ap.add_argument(
+        "--seed", type=int, default=1, help="draws the filled values and the labelled set"
+    )
+    ap.add_argument("--windows", type=int, default=50, help="labelled windows per label (50)")
     ap.add_argument("--json", action="store_true", help="one JSON object (the default form)")
     args = ap.parse_args(argv)
-    if min(args.samples, args.days, args.gpus, args.queries, args.seconds) < 1:
-        ap.error("--samples, --days, --gpus, --seconds and --queries must be at least 1")
+    if min(args.samples, args.days, args.gpus, args.queries, args.seconds, args.windows) < 1:
+        ap.error("--samples, --days, --gpus, --seconds, --queries and --windows: at least 1")
     out = run(args)
     if args.json:
         print(json.dumps(out, sort_keys=True))
