@@ -44,6 +44,7 @@ from agent.client import ENVELOPE_CONTENT_TYPE
 from agent.commands import Commands
 from agent.errors import ApiError
 from agent.events import EventLog
+from agent.history_hints import GpuFacts
 from agent.history_store import History, QueryError
 from agent.logfiles import MAX_TAIL_LINES
 from agent.mesh import GossipMesh
@@ -89,6 +90,10 @@ class AgentService(Protocol):
 
     def device_keys(self) -> dict[int, str]:
         """This node's devices: index (as ``shoal nodes`` numbers them) -> key."""
+        ...
+
+    def gpu_facts(self) -> dict[str, GpuFacts]:
+        """This node's GPUs: whether a job holds each, and its slowdown temperature."""
         ...
 
     @property
@@ -305,7 +310,12 @@ def setup(app: web.Application, agent: AgentService) -> None:
             query = HistoryQuery.from_params(request.query, now)
             agent.history.flush(now)  # the last seconds too
             doc = await asyncio.to_thread(
-                agent.history.answer, query, agent.node_id, agent.device_keys(), now
+                agent.history.answer,
+                query,
+                agent.node_id,
+                agent.device_keys(),
+                now,
+                agent.gpu_facts() if query.hints else None,
             )
         except (WireError, QueryError) as exc:
             raise ApiError(400, str(exc)) from None

@@ -45,6 +45,7 @@ from agent.datasets import DatasetScanner
 from agent.devices import HostDevices
 from agent.events import EventLog
 from agent.executor import ExecutorConfig, ProcessExecutor
+from agent.history_hints import GpuFacts
 from agent.history_sample import NodeSampler
 from agent.history_store import open_history
 from agent.mesh import GossipMesh
@@ -279,6 +280,12 @@ class Agent:
 
     def device_keys(self) -> dict[int, str]:
         return {d.index: d.static.key for d in self.devices.report.devices}
+
+    def gpu_facts(self) -> dict[str, GpuFacts]:
+        free = set(self.runner.free_devices())
+        return {
+            s.key: GpuFacts(s.key not in free, s.temp_slowdown_c) for s in self.devices.statics()
+        }
 
     # -- gossip events ---------------------------------------------------------------------------
 

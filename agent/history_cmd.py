@@ -57,7 +57,14 @@ def _query(args: argparse.Namespace, node_id: str, job: str | None) -> HistoryQu
     since = int(args.since)
     step = args.step if args.step is not None else max(1, since // CHART_POINTS)
     return HistoryQuery(
-        names, node_id, args.device, job, int(now) - since, math.ceil(now) + 1, int(step)
+        names,
+        node_id,
+        args.device,
+        job,
+        int(now) - since,
+        math.ceil(now) + 1,
+        int(step),
+        hints=job is None,
     )
 
 
@@ -124,9 +131,8 @@ def _num(value: float | None) -> str:
 
 
 def chart_lines(doc: HistoryDoc, width: int, ascii_only: bool = False) -> list[str]:
-    """Two lines per series: its name, subject, last value and range; then its sparkline."""
-    if not doc.series:
-        return ["no history matches (see --series and --device)"]
+    """Two lines per series: its name, subject, last value and range; then its sparkline. Then
+    the bottleneck hints that fired (a node's history), one a line."""
     lines = []
     for s in doc.series:
         label = s.name + (f" {s.subject[:24]}" if s.subject else "")
@@ -143,6 +149,10 @@ def chart_lines(doc: HistoryDoc, width: int, ascii_only: bool = False) -> list[s
         span = f"min {_num(min(lows))}  max {_num(max(highs))}  last {_num(known[-1])}"
         lines.append(f"{label}  ({span}; every {s.step_s}s)")
         lines.append("  " + sparkline(avgs, width - 2, ASCII_BARS if ascii_only else BARS))
+    if not doc.series:
+        lines.append("no history matches (see --series and --device)")
+    fired = [h for h in doc.hints if not h.unjudged]
+    lines += [f"hint: {h.device[:24]} {h.rule}: {h.evidence}" for h in fired]
     return lines
 
 

@@ -9,7 +9,8 @@ clock, no I/O; tested on synthetic series with known labels (``bench.history`` s
 rule                       fires when (over the window)
 =========================  ==================================================================
 ``idle_allocated``         a job holds the GPU and its utilization's 90th percentile is under
-                           :data:`IDLE_UTIL_PCT` (5 %) for at least :data:`MIN_WINDOW_S` (300 s)
+                           :data:`IDLE_UTIL_PCT` (5 %) over at least :data:`MIN_WINDOW_S` (300 s)
+                           of which :data:`MIN_SAMPLED` (80 %) hold a sample
 ``input_bound``            a job holds the GPU, utilization averages between 5 % and
                            :data:`INPUT_UTIL_MAX_PCT` (60 %) and swings (coefficient of variation
                            at least :data:`INPUT_CV_MIN`, 0.5), while the host's CPU averages at
@@ -28,12 +29,16 @@ rule                       fires when (over the window)
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from agent.history import SeriesKey
+
 IDLE_UTIL_PCT: Final = 5.0
 MIN_WINDOW_S: Final = 300
+MIN_SAMPLED: Final = 0.8
+"""The share of those seconds that must hold a sample (gaps, the last seconds not yet written)."""
 INPUT_UTIL_MAX_PCT: Final = 60.0
 INPUT_CV_MIN: Final = 0.5
 INPUT_CPU_MIN_PCT: Final = 85.0
@@ -83,7 +88,7 @@ def _mean(samples: Samples) -> float | None:
 
 def idle_allocated(w: Window) -> Hint | None:
     util = sorted(_known(w.util_pct))
-    if not w.allocated or len(util) < MIN_WINDOW_S:
+    if not w.allocated or len(util) < MIN_SAMPLED * MIN_WINDOW_S:
         return None
     p90 = util[int(0.9 * (len(util) - 1))]
     if p90 < IDLE_UTIL_PCT:
@@ -171,3 +176,40 @@ def judge(window: Window) -> list[Hint]:
 
 def fired(window: Window) -> set[str]:
     return {h.rule for h in judge(window) if not h.unjudged}
+
+
+WINDOW_S: Final = 300
+"""The span the node's hints read: the five minutes before the query's end."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFacts:
+    """What the agent knows of a GPU beyond its samples."""
+
+    allocated: bool
+    slowdown_c: float | None = None
+
+
+def node_hints(
+    gpus: Mapping[str, GpuFacts], fetch: Callable[[SeriesKey], Samples | None]
+) -> list[tuple[str, Hint]]:
+    """Every GPU's hints; ``fetch`` gives a series' samples over the window (``None``: the GPU
+    does not expose it)."""
+    cpu = fetch(SeriesKey("host.cpu_pct")) or []
+    out: list[tuple[str, Hint]] = []
+    for key, facts in sorted(gpus.items()):
+        util = fetch(SeriesKey("gpu.util_pct", key))
+        if util is None:
+            continue
+        window = Window(
+            util,
+            cpu,
+            facts.allocated,
+            temp_c=fetch(SeriesKey("gpu.temp_c", key)),
+            power_mw=fetch(SeriesKey("gpu.power_mw", key)),
+            power_limit_mw=fetch(SeriesKey("gpu.power_limit_mw", key)),
+            mem_bw_pct=fetch(SeriesKey("gpu.mem_bw_pct", key)),
+            slowdown_c=facts.slowdown_c,
+        )
+        out += [(key, hint) for hint in judge(window)]
+    return out

@@ -39,8 +39,9 @@ from agent.history import (
     points,
     trim_before,
 )
+from agent.history_hints import WINDOW_S, GpuFacts, node_hints
 from agent.store import StoreError, StoreFull, _private_files, _unwritable
-from agent.wire.history import HistoryDoc, HistoryQuery, HistorySeries
+from agent.wire.history import HistoryDoc, HistoryHint, HistoryQuery, HistorySeries
 
 log = logging.getLogger("shoal.history")
 
@@ -323,10 +324,16 @@ class History:
         return chosen
 
     def answer(
-        self, query: HistoryQuery, node_id: str, devices: Mapping[int, str], now_s: float
+        self,
+        query: HistoryQuery,
+        node_id: str,
+        devices: Mapping[int, str],
+        now_s: float,
+        gpus: Mapping[str, GpuFacts] | None = None,
     ) -> HistoryDoc:
         """``GET /v1/history`` on node ``node_id`` (``devices``: index -> key, to take a device
-        by either); :class:`QueryError` for a query this node cannot answer."""
+        by either; ``gpus``: what the hints need); :class:`QueryError` for a query this node
+        cannot answer."""
         if query.node is not None and not node_id.startswith(query.node):
             raise QueryError(
                 f"this agent is node {node_id[:12]}: each node answers for itself, ask "
@@ -355,7 +362,17 @@ class History:
             )
             for a in answers
         )
-        return HistoryDoc(node_id, query.from_s, query.to_s, series)
+        hints: tuple[HistoryHint, ...] = ()
+        if query.hints:
+            found = node_hints(gpus or {}, lambda key: self._window(now_s, key, query.to_s))
+            hints = tuple(HistoryHint(k, h.rule, h.evidence, h.unjudged) for k, h in found)
+        return HistoryDoc(node_id, query.from_s, query.to_s, series, hints)
+
+    def _window(self, now_s: float, key: SeriesKey, to_s: int) -> list[float | None] | None:
+        [found] = self.query(now_s, [key], to_s - WINDOW_S, to_s, 1)
+        if found.unsupported is not None or key not in self.store.series():
+            return None
+        return [p.avg for p in found.points]
 
 
 def open_history(data_dir: Path, now_s: float) -> History:

@@ -186,8 +186,10 @@ SCHEMAS: Final[dict[str, Any]] = {
             ),
         }
     ),
+    "HistoryHint": _obj({"device": _STR, "rule": _STR, "evidence": _STR}, {"unjudged": _BOOL}),
     "History": _obj(
-        {"node": _STR, "from": _INT, "to": _INT, "series": _array(_ref("HistorySeries"))}
+        {"node": _STR, "from": _INT, "to": _INT, "series": _array(_ref("HistorySeries"))},
+        {"hints": _array(_ref("HistoryHint"))},
     ),
     "Answer": {
         "type": "object",
@@ -304,6 +306,13 @@ _HISTORY_QUERY = [
     _text_query("from", "seconds since the epoch (default: an hour before `to`)", _SECONDS),
     _text_query("to", "seconds since the epoch (default: now)", _SECONDS),
     _query("step", 1, 10**9, "seconds between points (default: about 600 points)"),
+    {
+        "name": "hints",
+        "in": "query",
+        "required": False,
+        "description": "1: each GPU's bottleneck hints over the five minutes before `to`",
+        "schema": {"type": "string", "enum": ["0", "1"]},
+    },
 ]
 _BINARY: Final = {"schema": {"type": "string", "format": "binary"}}
 _MSGPACK: Final = {"application/msgpack": _BINARY}

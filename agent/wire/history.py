@@ -4,12 +4,15 @@ The query (URL parameters, all optional): ``series`` (comma-separated names or p
 ``gpu`` is every ``gpu.*``; default every series), ``node`` (must be the agent asked: each node
 answers from its own store), ``device`` (a device key, or its index as ``shoal nodes`` shows it),
 ``job`` (a job id: that job's series), ``from`` and ``to`` (seconds since the epoch; default the
-last hour) and ``step`` (seconds between points; default about 600 points).
+last hour), ``step`` (seconds between points; default about 600 points) and ``hints`` (``1``:
+add the bottleneck hints of each GPU over the five minutes before ``to``,
+:mod:`agent.history_hints`).
 
 The answer: ``{"node", "from", "to", "series": [...]}``, each series ``{"name", "subject",
 "unsupported", "tier", "step_s", "points"}`` with ``points`` a list of ``[t, min, avg, max]``
 (``null`` in a step with no sample); ``unsupported`` says why a device does not expose the
-series (its ``points`` are then empty).
+series (its ``points`` are then empty). With ``hints=1``, ``hints`` lists ``{"device", "rule",
+"evidence", "unjudged"}``: the rules that fired, and those that could not judge.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class HistoryQuery(NamedTuple):
     from_s: int
     to_s: int
     step_s: int | None
+    hints: bool = False
 
     @classmethod
     def from_params(cls, params: Mapping[str, str], now_s: float) -> HistoryQuery:
@@ -62,6 +66,7 @@ class HistoryQuery(NamedTuple):
             from_s=int(from_s),
             to_s=math.ceil(to_s),
             step_s=step,
+            hints=_flag(params.get("hints", "0")),
         )
 
     def to_params(self) -> dict[str, str]:
@@ -73,7 +78,15 @@ class HistoryQuery(NamedTuple):
                 out[name] = value
         if self.step_s is not None:
             out["step"] = str(self.step_s)
+        if self.hints:
+            out["hints"] = "1"
         return out
+
+
+def _flag(text: str) -> bool:
+    if text not in ("0", "1"):
+        raise c.WireError(f"hints: expected 0 or 1, got {text[:20]!r}")
+    return text == "1"
 
 
 def _seconds(params: Mapping[str, str], name: str, default: float) -> float:
@@ -142,6 +155,33 @@ def _points(
     return tuple(out)
 
 
+class HistoryHint(NamedTuple):
+    """A bottleneck rule that fired on a GPU (or could not judge it)."""
+
+    device: str
+    rule: str
+    evidence: str
+    unjudged: bool = False
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "rule": self.rule,
+            "evidence": self.evidence,
+            "unjudged": self.unjudged,
+        }
+
+    @classmethod
+    def from_wire(cls, value: Any, name: str = "hint") -> HistoryHint:
+        d = c.obj(value, name)
+        return cls(
+            device=c.field(d, "device", c.text, name + "."),
+            rule=c.field(d, "rule", c.text, name + "."),
+            evidence=c.field(d, "evidence", c.or_default(c.text, ""), name + "."),
+            unjudged=c.field(d, "unjudged", c.or_default(c.flag, False), name + "."),
+        )
+
+
 class HistoryDoc(NamedTuple):
     """``GET /v1/history``'s answer."""
 
@@ -149,6 +189,7 @@ class HistoryDoc(NamedTuple):
     from_s: int
     to_s: int
     series: tuple[HistorySeries, ...]
+    hints: tuple[HistoryHint, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -156,6 +197,7 @@ class HistoryDoc(NamedTuple):
             "from": self.from_s,
             "to": self.to_s,
             "series": [s.to_wire() for s in self.series],
+            "hints": [h.to_wire() for h in self.hints],
         }
 
     @classmethod
@@ -166,4 +208,5 @@ class HistoryDoc(NamedTuple):
             from_s=c.field(d, "from", c.integer),
             to_s=c.field(d, "to", c.integer),
             series=c.field(d, "series", lambda v, n: c.items(v, n, HistorySeries.from_wire)),
+            hints=c.field(d, "hints", lambda v, n: c.items(v, n, HistoryHint.from_wire)),
         )

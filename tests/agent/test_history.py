@@ -214,3 +214,24 @@ def test_an_unusable_file_is_moved_aside_and_history_starts_afresh(tmp_path: Pat
     history.close(T0 + 1)
     assert (tmp_path / f"{FILE_NAME}.unusable-{T0}").read_bytes().startswith(b"not a database")
     assert History(tmp_path).query(T0 + 1, [UTIL], T0, T0 + 1, 1)[0].points[0].avg == 3.0
+
+
+def test_the_answer_carries_each_gpus_hints_when_asked(tmp_path: Path) -> None:
+    from agent.history_hints import GpuFacts
+    from agent.wire.history import HistoryQuery
+
+    history = History(tmp_path)
+    cpu = SeriesKey("host.cpu_pct")
+    for t in range(400):
+        history.sample(T0 + t, {UTIL: 0.5, TEMP: 50.0, BW: UNSUPPORTED, cpu: 10.0})
+    history.flush(T0 + 400)
+    query = HistoryQuery((), None, None, None, T0, T0 + 400, 60, hints=True)
+    held = history.answer(query, "n", {}, T0 + 400, {"GPU-0": GpuFacts(allocated=True)})
+    assert [(h.device, h.rule, h.unjudged) for h in held.hints] == [
+        ("GPU-0", "idle_allocated", False),
+        ("GPU-0", "memory_bandwidth_bound", True),  # the GPU does not expose it
+        ("GPU-0", "power_capped", True),
+    ]
+    free = history.answer(query, "n", {}, T0 + 400, {"GPU-0": GpuFacts(allocated=False)})
+    assert "idle_allocated" not in {h.rule for h in free.hints}
+    assert history.answer(query._replace(hints=False), "n", {}, T0 + 400).hints == ()

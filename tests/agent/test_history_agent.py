@@ -48,6 +48,8 @@ def test_history_survives_a_restart_and_the_cli_agrees(tmp_path: Path) -> None:
         doc = _history(mesh, 1, series="gpu", **window)
         unsupported = {s["name"] for s in doc["series"] if s["unsupported"]}
         assert "gpu.mem_bw_pct" in unsupported and "gpu.util_pct" not in unsupported
+        hints = _history(mesh, 1, series="gpu.util_pct", hints=1)["hints"]
+        assert {"rule": "memory_bandwidth_bound", "unjudged": True}.items() <= hints[0].items()
 
         node = mesh.agents[1].node_id
         flags = ["--agent", mesh.agents[0].address, "--identity", str(mesh.cluster_dir)]
