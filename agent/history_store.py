@@ -178,16 +178,24 @@ class HistoryStore:
         that are not ``live`` (still sampled); the blocks let go of."""
         gone = 0
         with self._tx() as db:
+            ids = [sid for (sid,) in db.execute("SELECT id FROM series")]
             for tier, before in trim_before(now_s).items():
-                cursor = db.execute(
-                    "DELETE FROM blocks WHERE tier = ? AND start_s < ?", (tier, before)
-                )
-                gone += cursor.rowcount
-            empty = db.execute(
-                "SELECT id, name, subject FROM series s "
-                "WHERE NOT EXISTS (SELECT 1 FROM blocks b WHERE b.series = s.id)"
-            ).fetchall()
-            dead = [(sid, SeriesKey(n, sub)) for sid, n, sub in empty]
+                for sid in ids:  # along the primary key: no scan of the whole tier
+                    cursor = db.execute(
+                        "DELETE FROM blocks WHERE tier = ? AND series = ? AND start_s < ?",
+                        (tier, sid, before),
+                    )
+                    gone += cursor.rowcount
+            held = {
+                sid
+                for tier in TIER_BY_NAME
+                for sid in ids
+                if db.execute(
+                    "SELECT 1 FROM blocks WHERE tier = ? AND series = ? LIMIT 1", (tier, sid)
+                ).fetchone()
+            }
+            names = {sid: key for key, sid in self._ids.items()}
+            dead = [(sid, names[sid]) for sid in ids if sid not in held and sid in names]
             dead = [(sid, key) for sid, key in dead if key not in live]
             db.executemany("DELETE FROM series WHERE id = ?", [(sid,) for sid, _ in dead])
         for _, key in dead:

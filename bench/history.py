@@ -19,7 +19,8 @@ Measures, for an 8-GPU node (the simulated ``dgx-h100``: its probe's devices, th
 - **a 24 h query**: one series over the last 24 h from that store, ``--queries`` times:
   ``query_24h_ms_p50`` with the default step (about 600 points), ``query_24h_raw_ms_p50`` at a
   step of 1 s (86,400 points from the seconds' tier); wall clock, and ``..._cpu_ms_p50`` the
-  CPU time (on a busy machine the wall clock waits for a core).
+  CPU time (on a busy machine the wall clock waits for a core). ``trim_ms``: one trim of that
+  store, ten minutes later (what an agent does every ten minutes, on its event loop).
 
 - **bottleneck rules** (:mod:`agent.history_hints`) on a labelled synthetic set
   (:mod:`bench.history_synth`, drawn by ``--seed``, ``--windows`` per label):
@@ -156,6 +157,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out: dict[str, Any] = sampling(args.samples, root / "sampling", end_s)
         history, series = year(args.days, args.gpus, root / "year", end_s, args.seed, args.seconds)
         out.update(queries(history, end_s, args.queries))
+        trim_s = time.perf_counter()
+        history.store.trim(end_s + 600, history.core.supported.keys())  # ten minutes' worth
+        out["trim_ms"] = round((time.perf_counter() - trim_s) * 1000, 1)
         history.store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         size = _file_bytes(root / "year")
         history.store.close()
