@@ -449,4 +449,5 @@ class Agent:
             "preemptions": self.runner.preemptions.counts,
             "checkpoint": self.checkpoints.counts,
             "datasets_refused": self.datasets.refused,
+            "history_dropped": self.history.dropped(),
         }

@@ -261,6 +261,15 @@ class History:
         self._trimmed_s: float | None = None
         self.write_failures = 0
 
+    def dropped(self) -> dict[str, int]:
+        """What was not kept, by reason (``shoal_history_dropped_total``)."""
+        counts = self.core.counts
+        return {
+            "late": counts.late_samples,
+            "not_finite": counts.bad_values,
+            "write_failed": self.write_failures,
+        }
+
     def sample(self, now_s: float, readings: Mapping[SeriesKey, Reading]) -> None:
         """One second's readings; writes and trims when due."""
         self.core.add(now_s, readings)

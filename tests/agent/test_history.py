@@ -63,6 +63,14 @@ def test_a_late_sample_is_counted_not_stored() -> None:
     assert core.take_dirty() == [] and core.counts.late_samples == 1
 
 
+def test_what_history_drops_is_counted_by_reason(tmp_path: Path) -> None:
+    history = History(tmp_path)
+    history.sample(T0 + 120, {UTIL: 1.0})
+    history.sample(T0 + 5, {UTIL: math.inf})
+    history.sample(T0 + 6, {UTIL: 1.0})
+    assert history.dropped() == {"late": 2, "not_finite": 1, "write_failed": 0}
+
+
 def test_idle_blocks_roll_up_without_a_later_sample() -> None:
     core = HistoryCore()
     core.add(T0 + 3, {UTIL: 7.0})

@@ -84,6 +84,8 @@ def test_history_survives_a_restart_and_the_cli_agrees(tmp_path: Path) -> None:
         assert {r[1] for r in rows[1:]} >= {"gpu.util_pct", "host.mem_used_bytes"}
 
         assert "no node is named" in one_line_error(shoal("history", "nosuchnode", *flags))
+        status, body = mesh.request(mesh.agents[1], "GET", "/metrics")
+        assert status == 200 and b'shoal_history_dropped_total{reason="late"} 0.0' in body
         status, body = mesh.request(mesh.agents[1], "GET", "/v1/history?from=abc")
         assert status == 400 and b"from" in body
         status, body = mesh.request(mesh.agents[0], "GET", f"/v1/history?node={node}")
