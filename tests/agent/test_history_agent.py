@@ -5,12 +5,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sys
 import time
 import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from tests.agent.agents import Mesh, started
+from tests.agent.agents import Mesh, spec, started
 from tests.shoal_cli import one_line_error, shoal
 
 
@@ -90,3 +91,36 @@ def test_history_survives_a_restart_and_the_cli_agrees(tmp_path: Path) -> None:
         assert status == 400 and b"from" in body
         status, body = mesh.request(mesh.agents[0], "GET", f"/v1/history?node={node}")
         assert status == 400 and b"answers for itself" in body
+
+
+PROGRESS = "import time; print('SHOAL_PROGRESS 0.25', flush=True); time.sleep(600)"
+
+
+def test_a_jobs_history_is_asked_of_the_node_that_runs_it(tmp_path: Path) -> None:
+    from agent.jobspec import new_job_id
+
+    with started(tmp_path, ["h100:1", "l4:1"]) as mesh:
+        job_id = new_job_id()
+        body = {"job_id": job_id, "spec": spec([sys.executable, "-c", PROGRESS])}
+        status, answer = mesh.command(mesh.agents[0], "submit", body)
+        assert status == 200, answer
+        mesh.wait("the job runs", lambda: mesh.job(mesh.agents[0], job_id)["state"] == "running")
+        runner = mesh.node_index(mesh.job(mesh.agents[0], job_id)["runner"])
+        mesh.wait(
+            "its progress in its runner's history",
+            lambda: any(
+                p[2] == 25.0
+                for s in _history(mesh, runner, job=job_id)["series"]
+                if s["name"] == "job.progress_pct"
+                for p in s["points"]
+            ),
+        )
+        flags = ["--agent", mesh.agents[1 - runner].address, "--identity", str(mesh.cluster_dir)]
+        asked = shoal("history", job_id[:10], "--since", "5m", "--step", "1", "--json", *flags)
+        assert asked.returncode == 0, asked.stderr
+        doc = json.loads(asked.stdout)
+        assert doc["node"] == mesh.agents[runner].node_id and doc["hints"] == []
+        series = {s["name"]: s for s in doc["series"]}
+        assert set(series) == {"job.progress_pct", "job.cpu_pct", "job.mem_bytes"}
+        assert all(s["subject"] == job_id for s in series.values())
+        assert 25.0 in [p[2] for p in series["job.progress_pct"]["points"]]
