@@ -34,6 +34,7 @@ JSON_COMMANDS = frozenset(
         "nodes",
         "events",
         "logs",
+        "history",
         "cancel",
         "migrate",
         "cordon",

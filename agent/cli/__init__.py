@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from agent.cli import ops_args
+from agent.cli import history_args, ops_args
 from agent.cli.agent_args import add_agent_arguments
 from agent.common.errors import UserError
 from agent.common.paths import default_cluster_dir
@@ -182,6 +182,12 @@ COMMANDS: tuple[Command, ...] = (
         "show a job's output (-f: wait for it to start, then follow it)",
         ops_args.logs_arguments,
         "agent.cli.logs_cmd:cmd_logs",
+    ),
+    Command(
+        "history",
+        "a node's or a job's stored samples as charts (--json, --csv for scripts)",
+        history_args.history_arguments,
+        "agent.cli.history_cmd:cmd_history",
     ),
     Command("cancel", "cancel a job", ops_args.cancel_arguments, f"{OPS}:cmd_cancel"),
     Command(

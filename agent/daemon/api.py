@@ -2,7 +2,8 @@
 
 Operator-facing (see the HTTP contract in ``agent/operator/client.py``): ``POST /v1/commands`` (a
 sealed command), ``GET /v1/jobs``, ``/v1/jobs/{id}``, ``/v1/jobs/{id}/logs``, ``/v1/nodes``,
-``/v1/events``, ``/metrics``, ``/healthz``, and ``/v1/openapi.json``, which describes them all
+``/v1/events``, ``/v1/history`` (this node's stored samples, :mod:`agent.wire.history`),
+``/metrics``, ``/healthz``, and ``/v1/openapi.json``, which describes them all
 (:mod:`agent.daemon.openapi`). Errors are ``{"error": "<one line>"}`` with a 4xx/5xx.
 
 Agent-to-agent, role ``agent`` only (403 otherwise), all JSON POSTs under ``/v1/internal/``:
@@ -25,8 +26,10 @@ counters.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -44,6 +47,8 @@ from agent.daemon.commands import Commands
 from agent.daemon.metrics import AgentMetrics
 from agent.daemon.reads import Reads
 from agent.execution.logfiles import MAX_TAIL_LINES
+from agent.history.history_hints import GpuFacts
+from agent.history.history_store import History, QueryError
 from agent.mesh.events import EventLog
 from agent.mesh.mesh import GossipMesh
 from agent.mesh.peers import JSON_CONTENT_TYPE, stream_call_op
@@ -80,6 +85,17 @@ class AgentService(Protocol):
 
     @property
     def calls(self) -> Calls: ...
+
+    @property
+    def history(self) -> History: ...
+
+    def device_keys(self) -> dict[int, str]:
+        """This node's devices: index (as ``shoal nodes`` numbers them) -> key."""
+        ...
+
+    def gpu_facts(self) -> dict[str, GpuFacts]:
+        """This node's GPUs: whether a job holds each, and its slowdown temperature."""
+        ...
 
     @property
     def reads(self) -> Reads: ...
@@ -286,6 +302,27 @@ def setup(app: web.Application, agent: AgentService) -> None:
         return web.json_response(agent.events.since(since).to_wire())
 
     @_guarded
+    async def history(request: web.Request) -> web.StreamResponse:
+        from agent.wire.codec import WireError
+        from agent.wire.history import HistoryQuery
+
+        now = time.time()
+        try:
+            query = HistoryQuery.from_params(request.query, now)
+            agent.history.flush(now)  # the last seconds too
+            doc = await asyncio.to_thread(
+                agent.history.answer,
+                query,
+                agent.node_id,
+                agent.device_keys(),
+                now,
+                agent.gpu_facts() if query.hints else None,
+            )
+        except (WireError, QueryError) as exc:
+            raise ApiError(400, str(exc)) from None
+        return web.json_response(doc.to_wire())
+
+    @_guarded
     async def metrics(request: web.Request) -> web.StreamResponse:
         body, content_type = agent.metrics.render()
         return web.Response(body=body, headers={"Content-Type": content_type})
@@ -341,6 +378,7 @@ def setup(app: web.Application, agent: AgentService) -> None:
     app.router.add_get("/v1/jobs/{job_id}/logs", logs)
     app.router.add_get("/v1/nodes", nodes)
     app.router.add_get("/v1/events", events)
+    app.router.add_get("/v1/history", history)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/v1/openapi.json", openapi)

@@ -45,7 +45,11 @@ from agent.daemon.devices import HostDevices
 from agent.daemon.metrics import AgentMetrics
 from agent.daemon.publisher import Publisher
 from agent.daemon.reads import Reads
+from agent.execution.containment import attempt_key
 from agent.execution.executor import ExecutorConfig, ProcessExecutor
+from agent.history.history_hints import GpuFacts
+from agent.history.history_sample import NodeSampler
+from agent.history.history_store import open_history
 from agent.job.authority import Authority
 from agent.mesh import retiring
 from agent.mesh.context import AgentContext
@@ -130,6 +134,8 @@ class Agent:
             streams=self.node,
         )
         self.devices = HostDevices(config.sim, config.sim_seed)
+        self.history = open_history(config.data_dir, time.time())
+        self.sampler = NodeSampler()
         self.ctx = AgentContext(
             node_id=self.node_id,
             store=self.store,
@@ -240,6 +246,7 @@ class Agent:
             asyncio.create_task(self.runner.watch_checkpoints(), name="checkpoints"),
             asyncio.create_task(self._purge_loop(), name="purge"),
             asyncio.create_task(self._disk_loop(), name="disk"),
+            asyncio.create_task(self._history_loop(), name="history"),
         ]
         if self.config.datasets_dir is not None:
             self._tasks.append(asyncio.create_task(self._datasets_loop(), name="datasets"))
@@ -262,6 +269,7 @@ class Agent:
         await self.node.stop(leave=True)
         await self.peers.close()
         self.devices.probe.close()
+        self.history.close(time.time())
         self.store.close()
 
     def publish(self, kind: str, payload: bytes) -> None:
@@ -279,6 +287,15 @@ class Agent:
             shares=runner.shares(),
             saved={j: at for j, at in runner.saved_at.items() if j in runner.runs},
         )
+
+    def device_keys(self) -> dict[int, str]:
+        return {d.index: d.static.key for d in self.devices.report.devices}
+
+    def gpu_facts(self) -> dict[str, GpuFacts]:
+        free = set(self.runner.free_devices())
+        return {
+            s.key: GpuFacts(s.key not in free, s.temp_slowdown_c) for s in self.devices.statics()
+        }
 
     # -- gossip events ---------------------------------------------------------------------------
 
@@ -310,6 +327,30 @@ class Agent:
             await asyncio.sleep(self.config.probe_interval_s)
             await self.devices.refresh()
             self.publisher.telemetry()
+
+    async def _history_loop(self) -> None:
+        """Sample every layer into the node's history on each whole second
+        (:mod:`agent.history.history_sample`, :mod:`agent.history.history_store`)."""
+        while True:
+            await asyncio.sleep(1.0 - time.time() % 1.0)
+            runs = self.runner.runs
+            progress = {j: self.runner.progress.get(j, (None, None))[0] for j in runs}
+            cage = self.executor.cage
+            folders = {
+                j: (
+                    procs.parent
+                    if (procs := cage.cgroup_procs(attempt_key(j, r.attempt)))
+                    else None
+                )
+                for j, r in runs.items()
+            }
+            try:
+                readings = self.sampler.sample(self.devices.report.devices, progress, folders)
+                self.history.sample(time.time(), readings)
+            except Exception:  # history must never stop: the next second tries again
+                failures = self.history.write_failures = self.history.write_failures + 1
+                if failures & (failures - 1) == 0:  # the 1st, 2nd, 4th, 8th... not every second
+                    log.exception("history sampling failed (%d times)", failures)
 
     async def _sweep_loop(self) -> None:
         """Publish what is due as soon as it is (changes closer than ``TICK_SPACING_S`` go out
@@ -458,4 +499,5 @@ class Agent:
             "start_confirmations": self.runner.confirmer.counts,
             "checkpoint": self.checkpoints.counts,
             "datasets_refused": self.datasets.refused,
+            "history_dropped": self.history.dropped(),
         }

@@ -115,6 +115,13 @@ class _Snapshot:
                 snap.get("job_step_errors", {}),
             ),
             (
+                "history_dropped",
+                "Samples this node's history did not keep: late (its clock went back), not a"
+                " finite number, or a write of the history file that failed",
+                "reason",
+                snap.get("history_dropped", {}),
+            ),
+            (
                 "records_refused",
                 "Gossip records refused (garbage, oversized, malformed) or not believed",
                 "reason",

@@ -166,6 +166,32 @@ SCHEMAS: Final[dict[str, Any]] = {
     ),
     "Events": _obj({"events": _array(_ref("Event")), "next": _INT}),
     "Health": _obj({"ok": _BOOL, "node_id": _STR, "members": _INT}),
+    "HistorySeries": _obj(
+        {
+            "name": _STR,
+            "subject": {**_STR, "description": "a device key, a job id, or '' for the host"},
+            "unsupported": {
+                **_OPT_STR,
+                "description": "why the device does not expose it (no points), or null",
+            },
+            "tier": {"type": "string", "enum": ["s", "m", "h"]},
+            "step_s": _INT,
+            "points": _array(
+                {
+                    "type": "array",
+                    "description": "[t, min, avg, max]; null where no sample fell in the step",
+                    "items": _OPT_NUM,
+                    "minItems": 4,
+                    "maxItems": 4,
+                }
+            ),
+        }
+    ),
+    "HistoryHint": _obj({"device": _STR, "rule": _STR, "evidence": _STR}, {"unjudged": _BOOL}),
+    "History": _obj(
+        {"node": _STR, "from": _INT, "to": _INT, "series": _array(_ref("HistorySeries"))},
+        {"hints": _array(_ref("HistoryHint"))},
+    ),
     "Answer": {
         "type": "object",
         "description": "a command's or an internal call's answer; an error has `error`",
@@ -255,6 +281,42 @@ _TEXT_ANSWER = {
     "description": "the log's lines",
     "content": {"text/plain": {"schema": {"type": "string"}}},
 }
+
+
+def _text_query(name: str, description: str, pattern: str | None = None) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    if pattern is not None:
+        schema["pattern"] = pattern
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "description": description,
+        "schema": schema,
+    }
+
+
+_SECONDS = "^[0-9]+(\\.[0-9]+)?$"
+_HISTORY_QUERY = [
+    _text_query(
+        "series",
+        "comma-separated series names or prefixes (`gpu` is every `gpu.*`); default all",
+        "^[A-Za-z0-9_.]+(,[A-Za-z0-9_.]+)*$",
+    ),
+    _text_query("node", "this agent's node id (or a prefix): each node answers for itself"),
+    _text_query("device", "a device key, or its index as `shoal nodes` shows it"),
+    _text_query("job", "a job id: that job's series"),
+    _text_query("from", "seconds since the epoch (default: an hour before `to`)", _SECONDS),
+    _text_query("to", "seconds since the epoch (default: now)", _SECONDS),
+    _query("step", 1, 10**9, "seconds between points (default: about 600 points)"),
+    {
+        "name": "hints",
+        "in": "query",
+        "required": False,
+        "description": "1: each GPU's bottleneck hints over the five minutes before `to`",
+        "schema": {"type": "string", "enum": ["0", "1"]},
+    },
+]
 _BINARY: Final = {"schema": {"type": "string", "format": "binary"}}
 _MSGPACK: Final = {"application/msgpack": _BINARY}
 _FRAME: Final = {"application/octet-stream": _BINARY}
@@ -330,6 +392,14 @@ PATHS: Final[dict[str, Any]] = {
             "summary": "The mesh's event log, from sequence number `since` on",
             "parameters": [_query("since", 0, (1 << 63) - 1, "the first sequence number")],
             "responses": _answers("Events", 400),
+        }
+    },
+    "/v1/history": {
+        "get": {
+            "summary": "This node's stored samples (1 s for a day, 1 min min/avg/max for 30 "
+            "days, 1 h for a year), from its own store",
+            "parameters": _HISTORY_QUERY,
+            "responses": _answers("History", 400),
         }
     },
     "/metrics": {

@@ -1,0 +1,215 @@
+"""Bottleneck hints: named rules over one GPU's recent history, each with its thresholds.
+
+A rule reads a :class:`Window` (one GPU's 1 s samples over a few minutes, its host's CPU, and
+whether a job holds the GPU) and either fires, with the evidence in one line, or not. A rule
+whose series the device does not expose says so (``unjudged``) instead of guessing. Pure: no
+clock, no I/O; tested on synthetic series with known labels (``bench.history`` scores them).
+
+=========================  ==================================================================
+rule                       fires when (over the window)
+=========================  ==================================================================
+``idle_allocated``         a job holds the GPU and its utilization's 90th percentile is under
+                           :data:`IDLE_UTIL_PCT` (5 %) over at least :data:`MIN_WINDOW_S` (300 s)
+                           of which :data:`MIN_SAMPLED` (80 %) hold a sample
+``input_bound``            a job holds the GPU, utilization averages between 5 % and
+                           :data:`INPUT_UTIL_MAX_PCT` (60 %) and swings (coefficient of variation
+                           at least :data:`INPUT_CV_MIN`, 0.5), while the host's CPU averages at
+                           least :data:`INPUT_CPU_MIN_PCT` (85 %): the GPU waits for its data
+``memory_bandwidth_bound`` memory-bandwidth activity averages at least :data:`MEMBW_MIN_PCT`
+                           (80 %) while utilization averages at least 50 %
+``thermally_throttled``    the temperature is within :data:`THERMAL_MARGIN_C` (2 °C) of the
+                           GPU's own slowdown threshold (else :data:`DEFAULT_SLOWDOWN_C`, 85 °C)
+                           for at least :data:`THERMAL_SHARE` (30 %) of the samples
+``power_capped``           the power draw is at least :data:`POWER_CAP_SHARE` (97 %) of the
+                           limit for at least half of the samples while utilization averages at
+                           least :data:`POWER_UTIL_MIN_PCT` (80 %)
+=========================  ==================================================================
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from agent.history.history import SeriesKey
+
+IDLE_UTIL_PCT: Final = 5.0
+MIN_WINDOW_S: Final = 300
+MIN_SAMPLED: Final = 0.8
+"""The share of those seconds that must hold a sample (gaps, the last seconds not yet written)."""
+INPUT_UTIL_MAX_PCT: Final = 60.0
+INPUT_CV_MIN: Final = 0.5
+INPUT_CPU_MIN_PCT: Final = 85.0
+MEMBW_MIN_PCT: Final = 80.0
+THERMAL_MARGIN_C: Final = 2.0
+DEFAULT_SLOWDOWN_C: Final = 85.0
+THERMAL_SHARE: Final = 0.3
+POWER_CAP_SHARE: Final = 0.97
+POWER_UTIL_MIN_PCT: Final = 80.0
+
+Samples = Sequence[float | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """One GPU's recent samples, one a second (``None``: a gap; a whole series ``None``: the
+    device does not expose it)."""
+
+    util_pct: Samples
+    host_cpu_pct: Samples
+    allocated: bool
+    """A job running on this node holds the GPU (or a share of it)."""
+    temp_c: Samples | None = None
+    power_mw: Samples | None = None
+    power_limit_mw: Samples | None = None
+    mem_bw_pct: Samples | None = None
+    slowdown_c: float | None = None
+    """The GPU's own slowdown temperature, when it tells."""
+
+
+@dataclass(frozen=True, slots=True)
+class Hint:
+    rule: str
+    evidence: str
+    """One line: the figures that made the rule fire (or why it could not judge)."""
+    unjudged: bool = False
+
+
+def _known(samples: Samples) -> list[float]:
+    return [s for s in samples if s is not None]
+
+
+def _mean(samples: Samples) -> float | None:
+    known = _known(samples)
+    return sum(known) / len(known) if known else None
+
+
+def idle_allocated(w: Window) -> Hint | None:
+    util = sorted(_known(w.util_pct))
+    if not w.allocated or len(util) < MIN_SAMPLED * MIN_WINDOW_S:
+        return None
+    p90 = util[int(0.9 * (len(util) - 1))]
+    if p90 < IDLE_UTIL_PCT:
+        return Hint(
+            "idle_allocated", f"held by a job, utilization p90 {p90:.1f}% for {len(util)} s"
+        )
+    return None
+
+
+def input_bound(w: Window) -> Hint | None:
+    util, cpu = _known(w.util_pct), _mean(w.host_cpu_pct)
+    if not w.allocated or len(util) < 2 or cpu is None:
+        return None
+    mean = sum(util) / len(util)
+    cv = statistics.pstdev(util) / mean if mean > 0 else 0.0
+    bursty = IDLE_UTIL_PCT <= mean <= INPUT_UTIL_MAX_PCT and cv >= INPUT_CV_MIN
+    if bursty and cpu >= INPUT_CPU_MIN_PCT:
+        return Hint(
+            "input_bound",
+            f"utilization {mean:.0f}% in bursts (cv {cv:.2f}) while the host's CPU is at"
+            f" {cpu:.0f}%",
+        )
+    return None
+
+
+def memory_bandwidth_bound(w: Window) -> Hint | None:
+    if w.mem_bw_pct is None:
+        return Hint("memory_bandwidth_bound", "this GPU does not expose it", unjudged=True)
+    bw, util = _mean(w.mem_bw_pct), _mean(w.util_pct)
+    if bw is not None and util is not None and bw >= MEMBW_MIN_PCT and util >= 50:
+        return Hint("memory_bandwidth_bound", f"memory bandwidth {bw:.0f}% busy, util {util:.0f}%")
+    return None
+
+
+def thermally_throttled(w: Window) -> Hint | None:
+    if w.temp_c is None:
+        return Hint("thermally_throttled", "this GPU does not tell its temperature", unjudged=True)
+    temps = _known(w.temp_c)
+    if not temps:
+        return None
+    slowdown = w.slowdown_c if w.slowdown_c is not None else DEFAULT_SLOWDOWN_C
+    hot = sum(1 for t in temps if t >= slowdown - THERMAL_MARGIN_C) / len(temps)
+    if hot >= THERMAL_SHARE:
+        return Hint(
+            "thermally_throttled",
+            f"{hot:.0%} of samples within {THERMAL_MARGIN_C:.0f} °C of its {slowdown:.0f} °C"
+            f" slowdown (peak {max(temps):.0f} °C)",
+        )
+    return None
+
+
+def power_capped(w: Window) -> Hint | None:
+    if w.power_mw is None or w.power_limit_mw is None:
+        return Hint("power_capped", "this GPU does not tell its power or limit", unjudged=True)
+    pairs = [
+        (p, cap)
+        for p, cap in zip(w.power_mw, w.power_limit_mw, strict=False)
+        if p is not None and cap
+    ]
+    util = _mean(w.util_pct)
+    if not pairs or util is None:
+        return None
+    capped = sum(1 for p, cap in pairs if p >= POWER_CAP_SHARE * cap) / len(pairs)
+    if capped >= 0.5 and util >= POWER_UTIL_MIN_PCT:
+        return Hint(
+            "power_capped", f"at its power limit {capped:.0%} of the time, util {util:.0f}%"
+        )
+    return None
+
+
+RULES: Final[dict[str, Callable[[Window], Hint | None]]] = {
+    "idle_allocated": idle_allocated,
+    "input_bound": input_bound,
+    "memory_bandwidth_bound": memory_bandwidth_bound,
+    "thermally_throttled": thermally_throttled,
+    "power_capped": power_capped,
+}
+
+
+def judge(window: Window) -> list[Hint]:
+    """Every rule's verdict that is not silence: the hints that fire, and the rules that could
+    not judge (unexposed series)."""
+    return [h for rule in RULES.values() if (h := rule(window)) is not None]
+
+
+def fired(window: Window) -> set[str]:
+    return {h.rule for h in judge(window) if not h.unjudged}
+
+
+WINDOW_S: Final = 300
+"""The span the node's hints read: the five minutes before the query's end."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFacts:
+    """What the agent knows of a GPU beyond its samples."""
+
+    allocated: bool
+    slowdown_c: float | None = None
+
+
+def node_hints(
+    gpus: Mapping[str, GpuFacts], fetch: Callable[[SeriesKey], Samples | None]
+) -> list[tuple[str, Hint]]:
+    """Every GPU's hints; ``fetch`` gives a series' samples over the window (``None``: the GPU
+    does not expose it)."""
+    cpu = fetch(SeriesKey("host.cpu_pct")) or []
+    out: list[tuple[str, Hint]] = []
+    for key, facts in sorted(gpus.items()):
+        util = fetch(SeriesKey("gpu.util_pct", key))
+        if util is None:
+            continue
+        window = Window(
+            util,
+            cpu,
+            facts.allocated,
+            temp_c=fetch(SeriesKey("gpu.temp_c", key)),
+            power_mw=fetch(SeriesKey("gpu.power_mw", key)),
+            power_limit_mw=fetch(SeriesKey("gpu.power_limit_mw", key)),
+            mem_bw_pct=fetch(SeriesKey("gpu.mem_bw_pct", key)),
+            slowdown_c=facts.slowdown_c,
+        )
+        out += [(key, hint) for hint in judge(window)]
+    return out

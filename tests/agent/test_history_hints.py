@@ -1,0 +1,78 @@
+"""Bottleneck rules on synthetic series with known labels: each fires on its case, stays quiet
+at the edge of its threshold, and says when it cannot judge."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from agent.history.history_hints import (
+    DEFAULT_SLOWDOWN_C,
+    RULES,
+    Window,
+    fired,
+    judge,
+)
+from bench.history_synth import LABELS, RULE_LABELS, labelled_set, score, window
+
+N = 400
+BUSY: list[float | None] = [95.0] * N
+CALM_CPU: list[float | None] = [30.0] * N
+
+
+def _w(**kw: object) -> Window:
+    base: dict[str, object] = {
+        "util_pct": BUSY,
+        "host_cpu_pct": CALM_CPU,
+        "allocated": True,
+        "temp_c": [60.0] * N,
+        "power_mw": [400_000.0] * N,
+        "power_limit_mw": [700_000.0] * N,
+        "mem_bw_pct": [40.0] * N,
+    }
+    return Window(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_a_busy_healthy_gpu_fires_nothing() -> None:
+    assert fired(_w()) == set()
+
+
+def test_each_rule_fires_on_its_case_and_not_just_below_its_threshold() -> None:
+    assert fired(_w(util_pct=[1.0] * N)) == {"idle_allocated"}
+    assert fired(_w(util_pct=[1.0] * N, allocated=False)) == set()  # idle and free: fine
+    assert fired(_w(util_pct=[1.0] * 200)) == set()  # too short a window to say
+    assert fired(_w(util_pct=[1.0] * 250 + [None] * 50)) == {"idle_allocated"}  # a few gaps
+    bursty: list[float | None] = [90.0 if i % 4 == 0 else 1.0 for i in range(N)]
+    assert fired(_w(util_pct=bursty, host_cpu_pct=[95.0] * N)) == {"input_bound"}
+    assert fired(_w(util_pct=bursty, host_cpu_pct=[80.0] * N)) == set()
+    assert fired(_w(mem_bw_pct=[90.0] * N)) == {"memory_bandwidth_bound"}
+    assert fired(_w(mem_bw_pct=[75.0] * N)) == set()
+    assert fired(_w(temp_c=[84.0] * N, slowdown_c=85.0)) == {"thermally_throttled"}
+    assert fired(_w(temp_c=[82.0] * N, slowdown_c=85.0)) == set()
+    assert fired(_w(temp_c=[DEFAULT_SLOWDOWN_C] * N)) == {"thermally_throttled"}
+    assert fired(_w(power_mw=[690_000.0] * N)) == {"power_capped"}
+    assert fired(_w(power_mw=[650_000.0] * N)) == set()
+    assert fired(_w(power_mw=[690_000.0] * N, util_pct=[50.0] * N)) == set()
+
+
+def test_a_series_the_gpu_does_not_expose_is_unjudged_not_a_verdict() -> None:
+    hints = judge(_w(mem_bw_pct=None, temp_c=None, power_mw=None))
+    assert {h.rule for h in hints if h.unjudged} == {
+        "memory_bandwidth_bound", "thermally_throttled", "power_capped",
+    }  # fmt: skip
+    assert fired(_w(mem_bw_pct=None, temp_c=None, power_mw=None)) == set()
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_the_synthetic_cases_carry_their_label(label: str) -> None:
+    rng = random.Random(7)
+    truth = {label} & RULE_LABELS
+    assert all(fired(window(label, rng)) == truth for _ in range(5))
+
+
+def test_precision_and_recall_on_a_labelled_set() -> None:
+    assert set(RULES) == set(RULE_LABELS)
+    figures = score(seed=3, per_label=10)
+    assert figures["rules_precision"] >= 0.9 and figures["rules_recall"] >= 0.9
+    assert len(labelled_set(3, 2)) == 2 * len(LABELS)
