@@ -17,8 +17,10 @@ from collections.abc import Sequence
 from agent.policy import apply
 from agent.policy.baselines import best_fit, first_fit
 from agent.policy.config import PolicyConfig
+from agent.policy.context import Context
 from agent.policy.decision import context, decide
 from agent.policy.forecast import _Duration, _Timeline, remaining_s
+from agent.policy.index import Group
 from agent.policy.place import could_fit_now
 from agent.policy.queue import Reservation, order_key, queue_order
 from agent.policy.snapshot import Job, Node, Placement, Snapshot
@@ -56,20 +58,73 @@ def _clashes(placement: Placement, offered: set[tuple[str, str]]) -> bool:
     )
 
 
+def _room_in(job: Job, group: Group) -> bool:
+    """Whether a node of ``group`` has the room ``job`` needs now, by the index's counts (idle
+    GPUs, share room, free CPU and memory): a necessary condition of :func:`first_fit` and
+    :func:`best_fit` placing it there, so handing them only such nodes changes nothing they
+    decide and spares them the nodes that are full (most of them, late in a fill)."""
+    if job.cpu_milli and group.cpu_free is not None and group.cpu_free < job.cpu_milli:
+        return False
+    if job.host_mem_bytes and group.mem_free is not None and group.mem_free < job.host_mem_bytes:
+        return False
+    if job.gpus_per_node == 0:
+        return True
+    if job.is_share:
+        return any(room > 0 for room in group.share_free.values())
+    return sum(group.whole_free.values()) >= job.gpus_per_node
+
+
+def _may_fit(job: Job, ctx: Context) -> list[Node]:
+    """The schedulable nodes with room for ``job`` now (:func:`_room_in`)."""
+    entries = ctx.index.entries
+    return [
+        entries[node_id].node
+        for group in ctx.index.groups.values()
+        if _room_in(job, group)
+        for node_id in group.members
+    ]
+
+
+def _first_fit(job: Job, ctx: Context, by_id: Sequence[str], limit: int) -> list[Placement]:
+    """``first_fit(job, nodes, limit=limit)`` over every node, asked of the nodes with room in
+    id order, a few at a time, until ``limit`` fit (the same answer, without sorting the fleet
+    and asking every node for every job)."""
+    if job.is_gang:
+        return first_fit(job, sorted(_may_fit(job, ctx), key=lambda n: n.node_id), limit=limit)
+    entries = ctx.index.entries
+    room: dict[int, bool] = {}
+    out: list[Placement] = []
+    chunk: list[Node] = []
+    for node_id in by_id:
+        group = entries[node_id].group
+        if group is None:
+            continue
+        ok = room.get(group.serial)
+        if ok is None:
+            ok = room[group.serial] = _room_in(job, group)
+        if not ok:
+            continue
+        chunk.append(entries[node_id].node)
+        if len(chunk) >= 32:
+            out.extend(first_fit(job, chunk, limit=limit - len(out)))
+            chunk = []
+            if len(out) >= limit:
+                return out
+    if chunk:
+        out.extend(first_fit(job, chunk, limit=limit - len(out)))
+    return out
+
+
 class FifoMesh:
     name = "fifo"
     central = False
 
     def __init__(self) -> None:
         self.state = PolicyState()
-        self._sorted: tuple[Node, ...] = ()
-        self._source: tuple[Node, ...] | None = None
 
     def plan(self, snapshot: Snapshot, sim: Simulation) -> Plan:
         ctx, _ = context(snapshot, sim.model, state=self.state)
-        if self._source is not snapshot.nodes:
-            self._source = snapshot.nodes
-            self._sorted = tuple(sorted(snapshot.nodes, key=lambda n: n.node_id))
+        by_id = sorted(ctx.index.entries)
         by_owner: dict[str, list[Job]] = {}
         for job in snapshot.pending:
             by_owner.setdefault(job.owner or "", []).append(job)
@@ -79,9 +134,7 @@ class FifoMesh:
             for job in sorted(by_owner[owner], key=order_key):
                 if not could_fit_now(job, ctx):
                     continue
-                cands = [
-                    p for p in first_fit(job, self._sorted, limit=6) if not _clashes(p, offered)
-                ]
+                cands = [p for p in _first_fit(job, ctx, by_id, 6) if not _clashes(p, offered)]
                 if not cands:
                     continue
                 starts.append(Start(job.job_id, tuple(cands[:4])))
@@ -149,7 +202,7 @@ class BestFitCentral:
         for job in queue_order(snapshot.pending):
             if not could_fit_now(job, ctx):
                 continue
-            cands = best_fit(job, ctx.index.nodes())
+            cands = best_fit(job, _may_fit(job, ctx))
             if cands:
                 apply.take(ctx.index, job, cands[0])
                 starts.append(Start(job.job_id, tuple(cands[:4])))
