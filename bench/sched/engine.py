@@ -9,8 +9,9 @@ What the live mesh does, in simulated time:
 - a running job reports its progress (fraction done and rate) ``report_s`` after it starts, so
   from then on its owner can tell when it ends; before that, only its class's history says;
 - jobs checkpoint every ``checkpoint_s``; a job stopped to preempt or move it loses the work
-  since its last checkpoint, stops within ``grace_s``, and a moved job restarts ``move_cost_s``
-  later;
+  since its last checkpoint and stops within ``grace_s``; when it runs again (moved, or
+  restarted after a preemption) it makes no progress for ``move_cost_s`` (restoring its
+  checkpoint);
 - jobs that share a GPU slow each other down by Gavel's space-sharing figures.
 
 Policies plug in through :class:`MeshPolicy`: given a snapshot, say what starts where (in order of
@@ -74,6 +75,7 @@ class SimConfig:
     checkpoint_s: float = 1800.0
     grace_s: float = 30.0
     move_cost_s: float = 60.0
+    """A job run again after a preemption or a move makes no progress for this long."""
     retry_s: float = 1.0
     review_s: float = 600.0
     """While jobs run, owners look again at least this often (moves need no event)."""
@@ -489,6 +491,8 @@ class Simulation:
 
     def _start(self, sj: SimJob, placement: Placement, *, resume_at: float | None = None) -> None:
         now = self.now
+        if resume_at is None and sj.first_start is not None:
+            resume_at = now + self.config.move_cost_s  # restarted after a preemption
         self._take(sj, placement)
         sj.state = "running"
         sj.placement = placement

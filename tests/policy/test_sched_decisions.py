@@ -78,7 +78,7 @@ def _openb_fleet() -> list[NodeSpec]:
 SYNTHETIC = {
     "backfill": ("53233a1f6dfe01a3", 80),
     "fifo": ("3937b9f403221bb4", 80),
-    "shoal": ("de65213d8523156a", 331),
+    "shoal": ("87e77b697ea7add0", 333),
 }
 OPENB = {
     "bestfit": ("4864c0054aebb236", 801),
