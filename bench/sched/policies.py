@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agent.policy import apply
-from agent.policy.baselines import best_fit, first_fit
+from agent.policy.baselines import best_fit, best_fit_on, first_fit, pick
 from agent.policy.config import PolicyConfig
-from agent.policy.context import Context
+from agent.policy.context import Context, req_key
 from agent.policy.decision import context, decide
 from agent.policy.forecast import _Duration, _Timeline, remaining_s
 from agent.policy.index import Group
@@ -85,16 +85,70 @@ def _may_fit(job: Job, ctx: Context) -> list[Node]:
     ]
 
 
-def _first_fit(job: Job, ctx: Context, by_id: Sequence[str], limit: int) -> list[Placement]:
-    """``first_fit(job, nodes, limit=limit)`` over every node, asked of the nodes with room in
-    id order, a few at a time, until ``limit`` fit (the same answer, without sorting the fleet
-    and asking every node for every job)."""
-    if job.is_gang:
-        return first_fit(job, sorted(_may_fit(job, ctx), key=lambda n: n.node_id), limit=limit)
+def _requirements(job: Job) -> tuple[object, ...]:
+    """Everything :func:`pick` and :func:`best_fit_on` read of a job."""
+    return (
+        req_key(job),
+        job.os,
+        job.features,
+        tuple(sorted(job.affinity.items())),
+        tuple(sorted(job.anti_affinity.items())),
+        job.max_cost_per_hour,
+    )
+
+
+class _NodeMemo:
+    """:func:`pick` and :func:`best_fit_on` by job requirements and node, kept across passes:
+    a node's answer is asked again only once its record changed (snapshots are immutable, so an
+    unchanged node is the same object). A trace has few distinct requirements (openb's default
+    list: 162), so after the first passes nearly every answer is held."""
+
+    def __init__(self) -> None:
+        self._picks: dict[tuple[tuple[object, ...], str], tuple[Node, Placement | None]] = {}
+        self._best: dict[
+            tuple[tuple[object, ...], str], tuple[Node, tuple[float, Placement] | None]
+        ] = {}
+        self._reqs: dict[str, tuple[Job, tuple[object, ...]]] = {}
+
+    def _key(self, job: Job, node: Node) -> tuple[tuple[object, ...], str]:
+        held = self._reqs.get(job.job_id)
+        if held is None or held[0] is not job:
+            held = self._reqs[job.job_id] = (job, _requirements(job))
+        return (held[1], node.node_id)
+
+    def pick(self, job: Job, node: Node) -> Placement | None:
+        key = self._key(job, node)
+        held = self._picks.get(key)
+        if held is not None and held[0] is node:
+            return held[1]
+        value = pick(job, node)
+        if len(self._picks) > 1_000_000:
+            self._picks.clear()
+        self._picks[key] = (node, value)
+        return value
+
+    def best_fit_on(self, job: Job, node: Node) -> tuple[float, Placement] | None:
+        key = self._key(job, node)
+        held = self._best.get(key)
+        if held is not None and held[0] is node:
+            return held[1]
+        value = best_fit_on(job, node)
+        if len(self._best) > 1_000_000:
+            self._best.clear()
+        self._best[key] = (node, value)
+        return value
+
+
+def _room_key(job: Job) -> tuple[int, int, int, bool]:
+    """What :func:`_room_in` reads of a job."""
+    return (job.cpu_milli, job.host_mem_bytes, job.gpus_per_node, job.is_share)
+
+
+def _with_room(job: Job, ctx: Context, by_id: Sequence[str]) -> list[str]:
+    """The ids, in id order, of the nodes with room for ``job`` (:func:`_room_in`)."""
     entries = ctx.index.entries
     room: dict[int, bool] = {}
-    out: list[Placement] = []
-    chunk: list[Node] = []
+    out: list[str] = []
     for node_id in by_id:
         group = entries[node_id].group
         if group is None:
@@ -102,16 +156,27 @@ def _first_fit(job: Job, ctx: Context, by_id: Sequence[str], limit: int) -> list
         ok = room.get(group.serial)
         if ok is None:
             ok = room[group.serial] = _room_in(job, group)
-        if not ok:
-            continue
-        chunk.append(entries[node_id].node)
-        if len(chunk) >= 32:
-            out.extend(first_fit(job, chunk, limit=limit - len(out)))
-            chunk = []
-            if len(out) >= limit:
-                return out
-    if chunk:
-        out.extend(first_fit(job, chunk, limit=limit - len(out)))
+        if ok:
+            out.append(node_id)
+    return out
+
+
+def _first_fit(
+    job: Job, ctx: Context, with_room: Sequence[str], limit: int, memo: _NodeMemo
+) -> list[Placement]:
+    """``first_fit(job, nodes, limit=limit)`` over every node, asked of the nodes with room
+    (``with_room``, in id order) a few at a time until ``limit`` fit: the same answer, without
+    sorting the fleet and asking every node for every job."""
+    entries = ctx.index.entries
+    if job.is_gang:
+        nodes = [entries[node_id].node for node_id in with_room]
+        return first_fit(job, nodes, limit=limit, picker=memo.pick)
+    out: list[Placement] = []
+    for at in range(0, len(with_room), 32):
+        chunk = [entries[node_id].node for node_id in with_room[at : at + 32]]
+        out.extend(first_fit(job, chunk, limit=limit - len(out), picker=memo.pick))
+        if len(out) >= limit:
+            break
     return out
 
 
@@ -121,10 +186,12 @@ class FifoMesh:
 
     def __init__(self) -> None:
         self.state = PolicyState()
+        self.memo = _NodeMemo()
 
     def plan(self, snapshot: Snapshot, sim: Simulation) -> Plan:
         ctx, _ = context(snapshot, sim.model, state=self.state)
         by_id = sorted(ctx.index.entries)
+        with_room: dict[tuple[int, int, int, bool], list[str]] = {}
         by_owner: dict[str, list[Job]] = {}
         for job in snapshot.pending:
             by_owner.setdefault(job.owner or "", []).append(job)
@@ -134,7 +201,13 @@ class FifoMesh:
             for job in sorted(by_owner[owner], key=order_key):
                 if not could_fit_now(job, ctx):
                     continue
-                cands = [p for p in _first_fit(job, ctx, by_id, 6) if not _clashes(p, offered)]
+                room = _room_key(job)
+                ids = with_room.get(room)
+                if ids is None:
+                    ids = with_room[room] = _with_room(job, ctx, by_id)
+                cands = [
+                    p for p in _first_fit(job, ctx, ids, 6, self.memo) if not _clashes(p, offered)
+                ]
                 if not cands:
                     continue
                 starts.append(Start(job.job_id, tuple(cands[:4])))
@@ -195,6 +268,7 @@ class BestFitCentral:
 
     def __init__(self) -> None:
         self.state = PolicyState()
+        self.memo = _NodeMemo()
 
     def plan(self, snapshot: Snapshot, sim: Simulation) -> Plan:
         ctx, _ = context(snapshot, sim.model, state=self.state)
@@ -202,7 +276,7 @@ class BestFitCentral:
         for job in queue_order(snapshot.pending):
             if not could_fit_now(job, ctx):
                 continue
-            cands = best_fit(job, _may_fit(job, ctx))
+            cands = best_fit(job, _may_fit(job, ctx), fitter=self.memo.best_fit_on)
             if cands:
                 apply.take(ctx.index, job, cands[0])
                 starts.append(Start(job.job_id, tuple(cands[:4])))
