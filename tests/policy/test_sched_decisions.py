@@ -78,7 +78,7 @@ def _openb_fleet() -> list[NodeSpec]:
 SYNTHETIC = {
     "backfill": ("53233a1f6dfe01a3", 80),
     "fifo": ("3937b9f403221bb4", 80),
-    "shoal": ("87e77b697ea7add0", 333),
+    "shoal": ("e3fb515356a293a1", 348),
 }
 OPENB = {
     "bestfit": ("4864c0054aebb236", 801),
@@ -106,3 +106,31 @@ def test_decisions_on_an_openb_fill_are_unchanged(name: str) -> None:
         interval_s=0.25,
     )
     assert _digest(name, nodes, jobs, SimConfig(fill=True)) == OPENB[name]
+
+
+class _Watching(Simulation):
+    """Writes down, at each review, when each running job's record says it last checkpointed."""
+
+    seen: list[tuple[float, float | None]]
+
+    def _review(self, payload: object) -> None:
+        self.seen.extend((self.now, r.last_checkpoint_at) for r in self.running.values())
+        super()._review(payload)
+
+
+def test_running_jobs_records_say_when_they_last_checkpointed() -> None:
+    """Preemption picks the victims that lose least since their last checkpoint: the simulated
+    records must say when that was, as the live node records do, not when the job started."""
+    nodes = nodes_from_spec("v100:8", 8)
+    (job,) = gavel_synthetic(1, 1.0, 1, multi_gpu=False, gpus_per_node=8)
+    config = SimConfig(checkpoint_s=1000.0, review_s=600.0)
+    job = dataclasses.replace(
+        job, arrival_s=0.0, work=Truth().rate(job.job_class, "v100", 1) * 4500
+    )
+    sim = _Watching(nodes, [job], ShoalMesh(PolicyConfig()), Truth(), config)
+    sim.seen = []
+    sim.run()
+    late = [(t, saved) for t, saved in sim.seen if t > 1100.0]
+    assert late, sim.seen
+    for t, saved in late:
+        assert saved is not None and t - 1000.0 <= saved <= t, (t, saved)
