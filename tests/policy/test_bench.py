@@ -75,3 +75,17 @@ def test_a_generic_jobs_csv(capsys: pytest.CaptureFixture[str]) -> None:
         _fields(result)
         assert result["jobs"] == 6
         assert result["makespan_s"] is not None
+
+
+@pytest.mark.parametrize("costs", ["same", "paper"])
+def test_gavel_under_either_costs(capsys: pytest.CaptureFixture[str], costs: str) -> None:
+    doc = _run(
+        capsys, "--trace", "gavel-synthetic", "--cluster", "v100:8,p100:8,k80:8",
+        "--load", "8", "--jobs", "40", "--policy", "gavel", "--seed", "3", "--costs", costs,
+    )  # fmt: skip
+    assert doc["costs"] == costs
+    (result,) = doc["runs"][0]["results"]
+    _fields(result)
+    for key in ("preemptions", "moves", "lost_gpu_s"):
+        assert key in result
+    assert (result["lost_gpu_s"] == 0.0) == (costs == "paper")
