@@ -144,21 +144,11 @@ def _room_key(job: Job) -> tuple[int, int, int, bool]:
     return (job.cpu_milli, job.host_mem_bytes, job.gpus_per_node, job.is_share)
 
 
-def _with_room(job: Job, ctx: Context, by_id: Sequence[str]) -> list[str]:
-    """The ids, in id order, of the nodes with room for ``job`` (:func:`_room_in`)."""
-    entries = ctx.index.entries
-    room: dict[int, bool] = {}
-    out: list[str] = []
-    for node_id in by_id:
-        group = entries[node_id].group
-        if group is None:
-            continue
-        ok = room.get(group.serial)
-        if ok is None:
-            ok = room[group.serial] = _room_in(job, group)
-        if ok:
-            out.append(node_id)
-    return out
+def _with_room(job: Job, ctx: Context, by_id: Sequence[tuple[str, Group]]) -> list[str]:
+    """The ids, in id order, of the nodes with room for ``job`` (:func:`_room_in`);
+    ``by_id``: every schedulable node's id and group, in id order."""
+    room = {group.serial: _room_in(job, group) for group in ctx.index.groups.values()}
+    return [node_id for node_id, group in by_id if room[group.serial]]
 
 
 def _first_fit(
@@ -190,7 +180,12 @@ class FifoMesh:
 
     def plan(self, snapshot: Snapshot, sim: Simulation) -> Plan:
         ctx, _ = context(snapshot, sim.model, state=self.state)
-        by_id = sorted(ctx.index.entries)
+        entries = ctx.index.entries
+        by_id = [
+            (node_id, group)
+            for node_id in sorted(entries)
+            if (group := entries[node_id].group) is not None
+        ]
         with_room: dict[tuple[int, int, int, bool], list[str]] = {}
         by_owner: dict[str, list[Job]] = {}
         for job in snapshot.pending:
