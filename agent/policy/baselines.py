@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from agent.policy.filters import device_reason, host_room, linked_groups, node_reason
 from agent.policy.snapshot import Device, Job, Node, Placement
@@ -41,6 +41,13 @@ def pick(job: Job, node: Node) -> Placement | None:
     return None
 
 
+Picker = Callable[[Job, Node], Placement | None]
+""":func:`pick`, or a caller's memo of it (the same answer for the same job and node)."""
+
+BestFitter = Callable[[Job, Node], tuple[float, Placement] | None]
+""":func:`best_fit_on`, or a caller's memo of it."""
+
+
 def first_fit(
     job: Job,
     nodes: Sequence[Node],
@@ -48,6 +55,7 @@ def first_fit(
     exclude: frozenset[str] = frozenset(),
     prefer: str | None = None,
     limit: int | None = None,
+    picker: Picker = pick,
 ) -> list[Placement]:
     """Every node that fits ``job`` now, in id order (``prefer`` first); gangs: the first
     ``job.nodes`` such nodes, as one placement."""
@@ -55,7 +63,7 @@ def first_fit(
     for node in sorted(nodes, key=lambda n: (n.node_id != prefer, n.node_id)):
         if node.node_id in exclude:
             continue
-        placement = pick(job, node)
+        placement = picker(job, node)
         if placement is None:
             continue
         out.append(placement)
@@ -88,31 +96,43 @@ def _leftover(node: Node, placement: Placement) -> float:
     return gpus / total_gpus + cpu
 
 
-def best_fit(job: Job, nodes: Sequence[Node]) -> list[Placement]:
+def best_fit(
+    job: Job, nodes: Sequence[Node], *, fitter: BestFitter | None = None
+) -> list[Placement]:
     """Nodes that fit ``job``, the one left with the least free capacity first (BestFit).
     A share goes to the fitting GPU with the least free memory on that node."""
+    on = best_fit_on if fitter is None else fitter
     options: list[tuple[float, str, Placement]] = []
     for node in nodes:
-        if job.is_share:
-            best: Placement | None = None
-            room = 0
-            for d in node.devices:
-                need = job.share_bytes_on(d)
-                fits = device_reason(job, d) is None and 0 < need <= d.share_free_bytes
-                if fits and (best is None or d.share_free_bytes < room):
-                    best = Placement((node.node_id,), ((d.key,),), need)
-                    room = d.share_free_bytes
-            placement = best if node_reason(job, node) is None else None
-            if placement is not None and job.cpu_milli:
-                free_cpu = node.cpu_milli_free
-                if free_cpu is not None and free_cpu < job.cpu_milli:
-                    placement = None
-        else:
-            placement = pick(job, node)
-        if placement is not None:
-            cpu_after = 0.0
-            if node.cpu_milli_total:
-                cpu_after = -job.cpu_milli / node.cpu_milli_total
-            options.append((_leftover(node, placement) + cpu_after, node.node_id, placement))
+        found = on(job, node)
+        if found is not None:
+            options.append((found[0], node.node_id, found[1]))
     options.sort(key=lambda o: (o[0], o[1]))
     return [o[2] for o in options]
+
+
+def best_fit_on(job: Job, node: Node) -> tuple[float, Placement] | None:
+    """Where ``job`` goes on ``node`` by BestFit, and the free capacity it leaves there (lower
+    is better), or ``None`` if it does not fit."""
+    if job.is_share:
+        best: Placement | None = None
+        room = 0
+        for d in node.devices:
+            need = job.share_bytes_on(d)
+            fits = device_reason(job, d) is None and 0 < need <= d.share_free_bytes
+            if fits and (best is None or d.share_free_bytes < room):
+                best = Placement((node.node_id,), ((d.key,),), need)
+                room = d.share_free_bytes
+        placement = best if node_reason(job, node) is None else None
+        if placement is not None and job.cpu_milli:
+            free_cpu = node.cpu_milli_free
+            if free_cpu is not None and free_cpu < job.cpu_milli:
+                placement = None
+    else:
+        placement = pick(job, node)
+    if placement is None:
+        return None
+    cpu_after = 0.0
+    if node.cpu_milli_total:
+        cpu_after = -job.cpu_milli / node.cpu_milli_total
+    return _leftover(node, placement) + cpu_after, placement

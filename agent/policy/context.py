@@ -7,13 +7,18 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from agent.policy.config import PolicyConfig
-from agent.policy.fragmentation import Shape, normalize
+from agent.policy.fragmentation import FragKey, Shape, normalize
 from agent.policy.index import ClusterIndex, DeviceKind
 from agent.policy.model import ThroughputModel
-from agent.policy.snapshot import Job, Snapshot
+from agent.policy.snapshot import Job, Running, Snapshot
 
 ReqKey = int
 """A job's requirements (:func:`req_key`) interned as a small number: cheap to hash."""
+
+
+StaticFits = dict[tuple[str, str], tuple[int, Job, frozenset[str] | None]]
+"""By job id and node id: at an index static version, the node's devices that pass the job's
+device filters, or ``None`` when the node can never host it."""
 
 
 def req_key(job: Job) -> tuple[object, ...]:
@@ -70,7 +75,10 @@ class Context:
     config: PolicyConfig
     owner: str | None = None
     shapes: tuple[Shape, ...] = ()
-    frag_cache: dict[tuple[tuple[float, ...], int | None], float] = field(default_factory=dict)
+    frag_cache: dict[FragKey, float] = field(default_factory=dict)
+    frag_vectors: dict[FragKey, tuple[float, ...]] | None = None
+    """Per-shape fragmentation by node state for these shapes' sizes (kept across passes by
+    the state; see :class:`agent.policy.fragmentation.FragVectors`)."""
     group_cache: dict[tuple[ReqKey, int, int], object] = field(default_factory=dict)
     kind_ok: dict[tuple[ReqKey, DeviceKind], str | None] = field(default_factory=dict)
     """Why a kind of device cannot serve a requirement (kept across passes by the state)."""
@@ -78,6 +86,15 @@ class Context:
     """Each job's interned requirements, by job id (kept across passes by the state)."""
     interned: dict[tuple[object, ...], ReqKey] = field(default_factory=dict)
     work_cache: dict[str, tuple[float, float]] = field(default_factory=dict)
+    eligible: dict[tuple[int, bool, int], dict[str, list[Running]]] = field(default_factory=dict)
+    """The running jobs a pending job may preempt, by node, by what decides it of the pending
+    job (priority, preemptible, service level): :func:`agent.policy.preempt.may_preempt`."""
+    levels: dict[str, int] = field(default_factory=dict)
+    """Each running job's service level at this pass's ``now``, by job id (time slicing)."""
+    static_fits: StaticFits = field(default_factory=dict)
+    """Whether a node can ever host a job (``static_fit``) and which of its devices pass the
+    job's device filters, by job id and node id, at an index static version (kept across passes
+    by the state: what they read of a node changes only with that version)."""
 
     def key(self, job: Job) -> ReqKey:
         """``req_key(job)`` interned, memoized by job id (a job's requirements never change)."""

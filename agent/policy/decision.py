@@ -34,7 +34,7 @@ from agent.policy.model import ThroughputModel
 from agent.policy.moves import Move, moves_to_idle, swap_for
 from agent.policy.place import Candidate, kind_reason, rank, score_words, speed_spread
 from agent.policy.preempt import Preemption, may_preempt, preempt_for
-from agent.policy.queue import Reservation, queue_order
+from agent.policy.queue import Reservation, level, queue_order
 from agent.policy.snapshot import Job, Placement, Running, Snapshot
 from agent.policy.state import PolicyState
 
@@ -122,12 +122,16 @@ def context(
     state.running.refresh(snapshot.running)
     ctx = Context(snapshot, state.index, model, config or PolicyConfig(), owner)
     ctx.shapes = workload_shapes(snapshot)
+    ctx.frag_vectors = state.frag_vectors.for_shapes(ctx.shapes)
     state.passes += 1
     if len(state.kind_ok) > 100_000:
         state.kind_ok.clear()
     if state.passes % 256 == 0:
         state.move_potential.clear()  # the model learns: look at speeds afresh now and then
     ctx.kind_ok = state.kind_ok
+    if len(state.static_fits) > 200_000:
+        state.static_fits.clear()
+    ctx.static_fits = state.static_fits
     ctx.req_keys = state.req_keys
     ctx.interned = state.interned
     return ctx, state
@@ -270,16 +274,24 @@ def _preempt(job: Job, ctx: Context, state: PolicyState, busy: set[str]) -> Pree
         return None
     if not _may_preempt_any(job, state, bool(ctx.config.time_slice)):
         return None
+    levels = ctx.config.time_slice
+    served = level(job.attained_gpu_s, levels) if levels and job.preemptible else -1
+    memo = (job.priority, job.preemptible, served)
+    held = ctx.eligible.get(memo)
+    if held is None:  # who may be stopped depends on the job only through these three
+        held = ctx.eligible[memo] = {}
+        for node_id, runs in state.running.by_node.items():
+            eligible = [r for r in runs.values() if may_preempt(job, r, ctx)]
+            if eligible:
+                held[node_id] = eligible
     by_node: dict[str, list[Running]] = {}
-    for node_id, runs in state.running.by_node.items():
-        eligible = [
-            r for r in runs.values() if r.job.job_id not in busy and may_preempt(job, r, ctx)
-        ]
-        if eligible:
-            by_node[node_id] = eligible
+    for node_id, may in held.items():
+        free = [r for r in may if r.job.job_id not in busy]
+        if free:
+            by_node[node_id] = free
     if not by_node:
         return None
-    pre = preempt_for(job, ctx, by_node)
+    pre = preempt_for(job, ctx, by_node, checked=True)
     if pre is None:
         return None
     for victim_id in pre.victims:

@@ -100,7 +100,7 @@ def could_fit_now(job: Job, ctx: Context) -> bool:
 
 
 def _frag(ctx: Context, free: tuple[float, ...], cpu_free: int | None) -> float:
-    return node_fragmentation(free, cpu_free, ctx.shapes, ctx.frag_cache)
+    return node_fragmentation(free, cpu_free, ctx.shapes, ctx.frag_cache, ctx.frag_vectors)
 
 
 def group_fit(job: Job, group: Group, ctx: Context, *, gpus: int | None = None) -> GroupFit | None:
@@ -121,12 +121,13 @@ def _group_fit(job: Job, key: ReqKey, group: Group, ctx: Context, want: int) -> 
     if job.host_mem_bytes and group.mem_free is not None and group.mem_free < job.host_mem_bytes:
         return None
     cpu_after = None if group.cpu_free is None else group.cpu_free - job.cpu_milli
-    before = _frag(ctx, group.free_fractions, group.cpu_free)
     fits: list[Fit] = []
     if want == 0:
+        before = _frag(ctx, group.free_fractions, group.cpu_free)
         after = _frag(ctx, group.free_fractions, cpu_after)
         fits.append(Fit((), "cpu", 1.0, after - before))
     elif job.is_share:
+        before = _frag(ctx, group.free_fractions, group.cpu_free)
         seen: set[object] = set()
         for i, slot in enumerate(group.slots):
             if slot.free_fraction <= 0.0 or (slot.kind, slot.free_fraction, slot.sharers) in seen:
@@ -148,6 +149,7 @@ def _group_fit(job: Job, key: ReqKey, group: Group, ctx: Context, want: int) -> 
         for kind, idle in group.whole_free.items():
             if idle < want or kind_reason(job, key, kind, ctx) is not None:
                 continue
+            before = _frag(ctx, group.free_fractions, group.cpu_free)
             fit = _whole_fit(job, group, kind, want, ctx, before, cpu_after)
             if fit is not None:
                 fits.append(fit)

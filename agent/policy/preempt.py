@@ -16,7 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent.policy.context import Context
-from agent.policy.filters import device_reason, linked_groups, static_fit
+from agent.policy.filters import linked_groups, static_fit
+from agent.policy.index import kind_of
+from agent.policy.place import kind_reason
 from agent.policy.queue import level
 from agent.policy.snapshot import Device, Job, Node, Placement, Running
 
@@ -51,8 +53,11 @@ def outranks(job: Job, victim: Running, ctx: Context) -> bool:
     levels = ctx.config.time_slice
     if not levels or not job.preemptible:
         return False
-    now = ctx.snapshot.now
-    return level(job.attained_gpu_s, levels) < level(attained_gpu_s(victim, now), levels)
+    victim_level = ctx.levels.get(victim.job.job_id)
+    if victim_level is None:
+        victim_level = level(attained_gpu_s(victim, ctx.snapshot.now), levels)
+        ctx.levels[victim.job.job_id] = victim_level
+    return level(job.attained_gpu_s, levels) < victim_level
 
 
 def may_preempt(job: Job, victim: Running, ctx: Context) -> bool:
@@ -64,12 +69,13 @@ def may_preempt(job: Job, victim: Running, ctx: Context) -> bool:
 
 
 def _devices_if_freed(
-    job: Job, node: Node, freed: set[str], share_freed: dict[str, int]
+    job: Job, node: Node, freed: set[str], share_freed: dict[str, int], ok: frozenset[str]
 ) -> tuple[str, ...] | None:
-    """The devices ``job`` would take on ``node`` once ``freed`` are, or ``None``."""
+    """The devices ``job`` would take on ``node`` once ``freed`` are, or ``None`` (``ok``: the
+    keys of the node's devices that pass the job's device filters)."""
     usable: list[Device] = []
     for d in node.devices:
-        if device_reason(job, d) is not None:
+        if d.key not in ok:
             continue
         if job.is_share:
             room = d.share_free_bytes + share_freed.get(d.key, 0)
@@ -92,21 +98,41 @@ def _devices_if_freed(
     return None
 
 
+def _static(job: Job, node: Node, ctx: Context) -> frozenset[str] | None:
+    """The keys of ``node``'s devices that pass ``job``'s device filters, or ``None`` if the
+    node can never host it (:func:`static_fit`); memoized while the index's static facts hold."""
+    memo = (job.job_id, node.node_id)
+    version = ctx.index.static_version
+    held = ctx.static_fits.get(memo)
+    if held is not None and held[0] == version and held[1] is job:
+        return held[2]
+    ok: frozenset[str] | None = None
+    if static_fit(job, node) is None:
+        key = ctx.key(job)
+        ok = frozenset(
+            d.key for d in node.devices if kind_reason(job, key, kind_of(d), ctx) is None
+        )
+    ctx.static_fits[memo] = (version, job, ok)
+    return ok
+
+
 def _on_node(
-    job: Job, node: Node, runs: Sequence[Running], ctx: Context
+    job: Job, node: Node, runs: Sequence[Running], ctx: Context, *, checked: bool = False
 ) -> tuple[float, tuple[Running, ...], tuple[str, ...]] | None:
-    """The cheapest victims on ``node`` that make room for (a member of) ``job``."""
-    if static_fit(job, node) is not None:
+    """The cheapest victims on ``node`` that make room for (a member of) ``job`` (``checked``:
+    every one of ``runs`` is known to pass :func:`may_preempt` for it)."""
+    ok = _static(job, node, ctx)
+    if ok is None:
         return None
     room = (node.cpu_milli_free is None or node.cpu_milli_free >= job.cpu_milli) and (
         node.host_mem_free_bytes is None or node.host_mem_free_bytes >= job.host_mem_bytes
     )
-    fits = _devices_if_freed(job, node, set(), {}) if room else None
+    fits = _devices_if_freed(job, node, set(), {}, ok) if room else None
     if fits is not None:
         return 0.0, (), fits
     now = ctx.snapshot.now
     eligible = sorted(
-        (r for r in runs if may_preempt(job, r, ctx)),
+        (r for r in runs if checked or may_preempt(job, r, ctx)),
         key=lambda r: (lost_gpu_s(r, now), r.job.job_id),
     )
     freed: set[str] = set()
@@ -131,16 +157,17 @@ def _on_node(
             mem_free is not None and mem_free < job.host_mem_bytes
         ):
             continue
-        fits = _devices_if_freed(job, node, freed, share_freed)
+        fits = _devices_if_freed(job, node, freed, share_freed, ok)
         if fits is not None:
             return sum(lost_gpu_s(v, now) for v in chosen), tuple(chosen), fits
     return None
 
 
 def preempt_for(
-    job: Job, ctx: Context, running_by_node: dict[str, list[Running]]
+    job: Job, ctx: Context, running_by_node: dict[str, list[Running]], *, checked: bool = False
 ) -> Preemption | None:
-    """The cheapest legal preemption that lets ``job`` start, or ``None``."""
+    """The cheapest legal preemption that lets ``job`` start, or ``None`` (``checked``: the
+    caller has kept only the jobs :func:`may_preempt` allows)."""
     if not ctx.config.preemption or job.gpus_per_node == 0:
         return None
     options: list[tuple[float, int, str, tuple[Running, ...], tuple[str, ...]]] = []
@@ -148,7 +175,7 @@ def preempt_for(
         entry = ctx.index.entries.get(node_id)
         if entry is None:
             continue
-        found = _on_node(job, entry.node, runs, ctx)
+        found = _on_node(job, entry.node, runs, ctx, checked=checked)
         if found is not None:
             cost, victims, keys = found
             options.append((cost, len(victims), node_id, victims, keys))

@@ -8,7 +8,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from agent.policy.context import ReqKey
+from agent.policy.context import ReqKey, StaticFits
+from agent.policy.fragmentation import FragVectors
 from agent.policy.index import ClusterIndex, DeviceKind
 from agent.policy.snapshot import Job, Running
 
@@ -97,4 +98,8 @@ class PolicyState:
     interned: dict[tuple[object, ...], ReqKey] = field(default_factory=dict)
     move_potential: dict[tuple[object, ...], tuple[float, float]] = field(default_factory=dict)
     """A running group's speed and the best it could move to, by group and idle device kinds."""
+    static_fits: StaticFits = field(default_factory=dict)
+    """Whether a job can ever go to a node, and on which devices (see :data:`StaticFits`)."""
+    frag_vectors: FragVectors = field(default_factory=FragVectors)
+    """Per-shape fragmentation of the node states seen, while the shapes keep their sizes."""
     passes: int = 0

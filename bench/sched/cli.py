@@ -9,6 +9,11 @@
   a seeded order until they ask for ``--fill`` times the GPUs, none ever ending);
 - ``--trace PATH`` to a CSV ``submit_time,duration_s,num_gpus[,gpu_type][,model]``.
 
+``--costs same`` (the default): every policy pays the same costs for a preemption or a move
+(the work since the job's last checkpoint, the stopping job's grace period, the restart) and
+knows throughputs only as it learns them; ``--costs paper`` gives ``gavel`` its paper's free
+preemption and true throughputs.
+
 ``--policy all`` runs every policy that applies, on the same jobs. Mesh policies (``shoal``,
 ``fifo``) run with ``--owners`` owners deciding from a view ``--gossip-delay`` seconds old;
 central ones (``backfill``, ``gavel``, ``bestfit``) see the present. Prints one JSON object.
@@ -62,6 +67,7 @@ def run_policy(
     sim_config: SimConfig,
     measure: tuple[int, int],
     wall_limit_s: float | None,
+    costs: str = "same",
 ) -> dict[str, Any]:
     started = time.perf_counter()
     total = sum(n.gpus for n in nodes)
@@ -71,9 +77,15 @@ def run_policy(
             import scipy  # noqa: F401
         except ImportError:
             return {"policy": name, "error": "needs SciPy (pip install scipy)"}
-        from bench.sched.gavel_sim import GavelSim
+        from bench.sched.gavel_sim import Costs, GavelSim
 
-        g = GavelSim(nodes, jobs, truth, measure=measure)
+        terms = Costs(
+            costs,
+            checkpoint_s=sim_config.checkpoint_s,
+            grace_s=sim_config.grace_s,
+            restart_s=sim_config.move_cost_s,
+        )
+        g = GavelSim(nodes, jobs, truth, measure=measure, costs=terms)
         g.run(wall_limit_s=wall_limit_s)
         records = [
             JobRecord(j.trace.index, j.trace.arrival_s, j.first_start, j.finish, j.trace.deadline_s)
@@ -88,7 +100,13 @@ def run_policy(
             idle_waiting_area=g.idle_waiting_area,
             waiting_time=g.waiting_time,
             decision_ms=g.decision_ms,
-            extra={"rounds": len(g.decision_ms)},
+            extra={
+                "rounds": len(g.decision_ms),
+                "preemptions": g.preemptions,
+                "moves": g.moves,
+                "lost_gpu_s": g.lost_gpu_s,
+                "stopped_unfinished_at_s": g.gave_up_at,
+            },
         )
         out["wall_s"] = time.perf_counter() - started
         return out
@@ -176,6 +194,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gossip-delay", type=float, default=2.0)
     ap.add_argument("--fill", type=float, default=1.3, help="openb: GPUs asked / cluster's")
     ap.add_argument("--truth-noise", type=float, default=0.0)
+    ap.add_argument(
+        "--costs",
+        choices=("same", "paper"),
+        default="same",
+        help="same: Gavel pays the mesh's preemption costs and learns throughputs; "
+        "paper: its paper's free preemption and true throughputs",
+    )
     ap.add_argument("--wall-limit", type=float, default=None, help="seconds per policy run")
     ap.add_argument("--json", action="store_true", help="print one JSON object (the default)")
     a = ap.parse_args(argv)
@@ -222,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         if fill:
             measure = (0, len(jobs))
         results = [
-            run_policy(name, nodes, jobs, truth, sim_config, measure, a.wall_limit)
+            run_policy(name, nodes, jobs, truth, sim_config, measure, a.wall_limit, a.costs)
             for name in names
         ]
         runs.append(
@@ -242,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         "seed": a.seed,
         "owners": a.owners,
         "gossip_delay_s": a.gossip_delay,
+        "costs": a.costs,
         "runs": runs,
     }
     json.dump(doc, sys.stdout)

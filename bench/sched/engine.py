@@ -9,8 +9,9 @@ What the live mesh does, in simulated time:
 - a running job reports its progress (fraction done and rate) ``report_s`` after it starts, so
   from then on its owner can tell when it ends; before that, only its class's history says;
 - jobs checkpoint every ``checkpoint_s``; a job stopped to preempt or move it loses the work
-  since its last checkpoint, stops within ``grace_s``, and a moved job restarts ``move_cost_s``
-  later;
+  since its last checkpoint and stops within ``grace_s``; when it runs again (moved, or
+  restarted after a preemption) it makes no progress for ``move_cost_s`` (restoring its
+  checkpoint);
 - jobs that share a GPU slow each other down by Gavel's space-sharing figures.
 
 Policies plug in through :class:`MeshPolicy`: given a snapshot, say what starts where (in order of
@@ -74,6 +75,7 @@ class SimConfig:
     checkpoint_s: float = 1800.0
     grace_s: float = 30.0
     move_cost_s: float = 60.0
+    """A job run again after a preemption or a move makes no progress for this long."""
     retry_s: float = 1.0
     review_s: float = 600.0
     """While jobs run, owners look again at least this often (moves need no event)."""
@@ -255,6 +257,7 @@ class Simulation:
             "start": self._delayed_start,
             "release": self._delayed_release,
             "review": self._review,
+            "checkpoint": self._checkpoint,
         }
         while self._events:
             t, _seq, kind, payload = heapq.heappop(self._events)
@@ -489,6 +492,8 @@ class Simulation:
 
     def _start(self, sj: SimJob, placement: Placement, *, resume_at: float | None = None) -> None:
         now = self.now
+        if resume_at is None and sj.first_start is not None:
+            resume_at = now + self.config.move_cost_s  # restarted after a preemption
         self._take(sj, placement)
         sj.state = "running"
         sj.placement = placement
@@ -504,6 +509,7 @@ class Simulation:
         self._set_running(sj)
         if not math.isinf(sj.trace.work):
             self._push(sj.seg_start + self.config.report_s, "report", (sj.job.job_id, sj.version))
+            self._push_checkpoint(sj, 1)
         if placement.share_mem_bytes:
             self._reshare(placement, skip=sj.job.job_id)
 
@@ -524,6 +530,8 @@ class Simulation:
         sj.rate, sj.model = self._rate(sj, sj.placement)
         self._schedule_finish(sj)
         self._set_running(sj)
+        if not math.isinf(sj.trace.work):
+            self._push_checkpoint(sj, 1)
 
     def _ref_seconds(self, sj: SimJob, until: float) -> float:
         elapsed = max(0.0, until - sj.seg_start)
@@ -561,6 +569,23 @@ class Simulation:
         )
         self.running[sj.job.job_id] = sj.running
         self._running_tuple = None
+
+    def _checkpoint(self, payload: object) -> None:
+        """A running job saved a checkpoint: its record says so (as a node's record tells the
+        live mesh when each job's checkpoint folder last changed), and it saves the next one
+        ``checkpoint_s`` later."""
+        job_id, version, k = cast(tuple[str, int, int], payload)
+        sj = self.jobs[job_id]
+        if sj.version != version or sj.state != "running":
+            return  # a checkpoint of a run since stopped, moved or slowed
+        self._set_running(sj)
+        self._push_checkpoint(sj, k + 1)
+
+    def _push_checkpoint(self, sj: SimJob, k: int) -> None:
+        """The ``k``-th checkpoint of the job's run (a moment after it, so that
+        :meth:`SimJob.checkpoint_at` counts it whatever the rounding)."""
+        at = sj.seg_start + k * self.config.checkpoint_s + 1e-3
+        self._push(at, "checkpoint", (sj.job.job_id, sj.version, k))
 
     def _report(self, payload: object) -> None:
         job_id, version = cast(tuple[str, int], payload)

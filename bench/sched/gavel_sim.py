@@ -10,8 +10,17 @@ Central, with a fresh view and oracle throughputs (the generous reading of a bas
 - every round (360 s) the jobs furthest behind their allocation (``x`` over the share of time
   received since the last change) run, greedily, as long as their GPUs are free; a job whose
   GPUs fit on one node runs consolidated, else spread over nodes at Gavel's lower figure;
-- a job that ends within a round leaves its GPUs idle until the round ends; preemption between
-  rounds costs nothing (Gavel's simulator charges nothing either).
+- a job that ends within a round leaves its GPUs idle until the round ends.
+
+Two terms (``costs``). ``paper``, as Gavel's own simulator: preemption between rounds costs
+nothing and the LP is given the true throughputs. ``same`` (the default), the terms the
+simulated mesh gives every other policy (:mod:`bench.sched.engine`): a job that ran in a round
+and does not go on in the next on the same nodes (preempted, or moved) loses the work since its
+last checkpoint (every ``checkpoint_s`` of its run); a job that starts on GPUs a stopped job
+held waits ``grace_s`` for it to stop; a job that resumes (after a preemption or a move) makes
+no progress for ``restart_s`` (restoring its checkpoint); and the LP knows the throughputs only
+as a :class:`~agent.policy.model.ThroughputModel` learns them from the rates jobs report, as
+Shoal's does.
 
 Needs SciPy (the LP); ``bench.sched`` reports the policy as unavailable without it.
 """
@@ -23,11 +32,32 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from agent.policy.model import ThroughputModel
 from bench.sched.cluster import NodeSpec
 from bench.sched.traces import TraceJob
 from bench.sched.truth import Truth
 
 ROUND_S = 360.0
+HORIZON = 2.0
+"""Under ``same`` costs a run stops at this many times the last arrival (plus 100 rounds):
+rounds shorter than the jobs' checkpoint interval can make jobs that alternate lose all their
+work, round after round, and never end (their JCTs are then missing: ``jobs_unfinished``)."""
+REPORT_S = 60.0
+"""A job reports its rate this long after it starts (as in the simulated mesh)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Costs:
+    """What a preemption or a move costs a job (``paper``: nothing, and true throughputs)."""
+
+    name: str = "same"
+    checkpoint_s: float = 1800.0
+    grace_s: float = 30.0
+    restart_s: float = 60.0
+
+    @property
+    def free(self) -> bool:
+        return self.name == "paper"
 
 
 @dataclass(slots=True)
@@ -40,6 +70,12 @@ class _Job:
     time_on: dict[str, float] = field(default_factory=dict)
     last_nodes: tuple[str, ...] = ()
     last_type: str | None = None
+    ran_last: bool = False
+    """It ran in the round just past."""
+    seg_s: float = 0.0
+    """Seconds of progress since it last (re)started: its checkpoints fall every
+    ``checkpoint_s`` of them."""
+    seg_rate: float = 0.0
 
 
 class GavelSim:
@@ -53,9 +89,19 @@ class GavelSim:
         *,
         measure: tuple[int, int] | None = None,
         round_s: float = ROUND_S,
+        costs: Costs | None = None,
     ) -> None:
         self.truth = truth
         self.round_s = round_s
+        self.costs = costs or Costs()
+        self.model = ThroughputModel()
+        """What the LP is told of speeds under ``same`` costs: learned from reported rates."""
+        self.preemptions = 0
+        self.moves = 0
+        self.gave_up_at: float | None = None
+        """Under ``same`` costs, when the run stopped with jobs unfinished (:data:`HORIZON`)."""
+        self.lost_gpu_s = 0.0
+        """GPU-seconds of progress lost to preemptions and moves (checkpoints, restarts)."""
         self.types: dict[str, list[NodeSpec]] = {}
         for spec in nodes:
             self.types.setdefault(spec.model, []).append(spec)
@@ -77,6 +123,15 @@ class GavelSim:
             return 0.0
         return self.truth.rate(tj.job_class, t, j.scale, consolidated)
 
+    def _told(self, j: _Job, t: str) -> float:
+        """The throughput the LP is given: the truth (``paper``), else the learned model's."""
+        if self.costs.free:
+            return self._rate(j, t)
+        tj = j.trace
+        if tj.models and t not in tj.models:
+            return 0.0
+        return self.model.speed(tj.job_class, tj.kind, t, j.scale).value
+
     def _allocation(self, active: Sequence[_Job]) -> dict[int, dict[str, float]]:
         import numpy as np
         from scipy.optimize import linprog
@@ -84,7 +139,7 @@ class GavelSim:
 
         types = sorted(self.types)
         n, m = len(active), len(types)
-        thr = np.array([[self._rate(j, t) for t in types] for j in active])
+        thr = np.array([[self._told(j, t) for t in types] for j in active])
         scale = np.array([float(j.scale) for j in active])
         share = np.array([self.capacity[t] / n for t in types])
         if share.sum() > 1.0:
@@ -167,6 +222,23 @@ class GavelSim:
             out[id(j)] = (tuple(used), False)
         return out
 
+    def _stop(self, j: _Job, scheduled: Sequence[tuple[_Job, str]]) -> tuple[str, ...]:
+        """``j`` ran last round and does not go on where it was: a preemption, or a move if it
+        runs elsewhere this round. It loses the work since its last checkpoint (``same``);
+        the nodes it held, which a job starting there waits for."""
+        if any(o is j for o, _w in scheduled):
+            self.moves += 1
+        else:
+            self.preemptions += 1
+        if self.costs.free:
+            return ()
+        every = self.costs.checkpoint_s
+        since_s = j.seg_s - math.floor(j.seg_s / every) * every
+        j.remaining += j.seg_rate * since_s
+        self.lost_gpu_s += since_s * j.scale
+        j.seg_s = 0.0
+        return j.last_nodes
+
     def run(self, *, wall_limit_s: float | None = None) -> None:
         started = time.perf_counter()
         arrivals = sorted(self.jobs, key=lambda j: j.trace.arrival_s)
@@ -177,7 +249,12 @@ class GavelSim:
         worker_time = dict.fromkeys(self.types, 0.0)
         left = len(self.measured)
         t = 0.0
+        last_arrival = arrivals[-1].trace.arrival_s if arrivals else 0.0
+        horizon = math.inf if self.costs.free else HORIZON * last_arrival + 100 * self.round_s
         while nxt < len(arrivals) or active:
+            if t > horizon:
+                self.gave_up_at = t
+                break
             while nxt < len(arrivals) and arrivals[nxt].trace.arrival_s <= t:
                 active.append(arrivals[nxt])
                 nxt += 1
@@ -215,20 +292,43 @@ class GavelSim:
                 scheduled.append((j, w))
             placed = self._place(scheduled)
             self.decision_ms.append((time.perf_counter() - t0) * 1000.0)
+            going_on = {
+                id(j)
+                for j, w in scheduled
+                if j.ran_last and placed[id(j)][0] == j.last_nodes and w == j.last_type
+            }
+            freed: set[str] = set()
+            for j in active:
+                if j.ran_last and id(j) not in going_on:
+                    freed.update(self._stop(j, scheduled))
             busy = 0.0
             for j, w in scheduled:
                 nodes, consolidated = placed[id(j)]
                 rate = self._rate(j, w, consolidated)
+                wait_s = 0.0
+                if id(j) not in going_on:
+                    if not self.costs.free:
+                        if freed & set(nodes):
+                            wait_s += self.costs.grace_s
+                        if j.first_start is not None:
+                            wait_s += self.costs.restart_s
+                    j.seg_s = 0.0
                 if j.first_start is None:
                     j.first_start = t
-                run_s = min(self.round_s, j.remaining / rate) if rate > 0 else self.round_s
+                left_s = self.round_s - wait_s
+                run_s = min(left_s, j.remaining / rate) if rate > 0 else left_s
                 j.remaining -= rate * run_s
+                j.seg_s += run_s
+                j.seg_rate = rate
+                if run_s >= REPORT_S and not self.costs.free:
+                    tj = j.trace
+                    self.model.observe(tj.job_class, w, j.scale, rate, t + wait_s + REPORT_S)
                 j.time_on[w] = j.time_on.get(w, 0.0) + run_s
                 worker_time[w] += run_s
                 j.last_nodes, j.last_type = nodes, w
-                busy += run_s * j.scale
+                busy += (wait_s + run_s) * j.scale
                 if j.remaining <= 1e-9 * max(1.0, j.trace.work):
-                    j.finish = t + run_s
+                    j.finish = t + wait_s + run_s
                     self.last_finish = max(self.last_finish, j.finish)
                     if j.trace.index in self.measured:
                         left -= 1
@@ -237,6 +337,9 @@ class GavelSim:
             if waiting:
                 self.idle_waiting_area += self.total_gpus * self.round_s - busy
                 self.waiting_time += self.round_s
+            ran = {id(j) for j, _w in scheduled}
+            for j in active:
+                j.ran_last = id(j) in ran and j.finish is None
             done = [j for j in active if j.finish is not None]
             if done:
                 active = [j for j in active if j.finish is None]

@@ -56,7 +56,9 @@ def summarize(
         "p50_jct_s": pct(jct, 50),
         "p99_jct_s": pct(jct, 99),
         "makespan_s": makespan if finished_all else None,
-        "utilization": busy_area / (total_gpus * makespan) if makespan > 0 else None,
+        "utilization": (
+            busy_area / (total_gpus * makespan) if finished_all and makespan > 0 else None
+        ),
         "queue_delay_p50_s": pct(delay, 50),
         "queue_delay_p99_s": pct(delay, 99),
         "deadline_miss_rate": len(missed) / len(with_deadline) if with_deadline else None,
@@ -89,6 +91,14 @@ def ratios(results: Sequence[dict[str, Any]]) -> dict[str, float | None]:
     for base in ("fifo", "backfill", "gavel"):
         other = by.get(base)
         if other is None:
+            continue
+        if other.get("jobs_unfinished") or shoal.get("jobs_unfinished"):
+            # JCTs of the jobs that finished only: no ratio says anything fair
+            for key in ("avg_jct", "p99_jct", "makespan"):
+                name = (
+                    f"{key}_{base}_over_shoal" if key == "avg_jct" else f"{key}_lower_than_{base}"
+                )
+                out[name] = None
             continue
         out[f"avg_jct_{base}_over_shoal"] = div(other["avg_jct_s"], shoal["avg_jct_s"])
         for key in ("p99_jct_s", "makespan_s"):

@@ -15,10 +15,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agent.policy import apply
-from agent.policy.baselines import best_fit, first_fit
+from agent.policy.baselines import best_fit, best_fit_on, first_fit, pick
 from agent.policy.config import PolicyConfig
+from agent.policy.context import Context, req_key
 from agent.policy.decision import context, decide
 from agent.policy.forecast import _Duration, _Timeline, remaining_s
+from agent.policy.index import Group
 from agent.policy.place import could_fit_now
 from agent.policy.queue import Reservation, order_key, queue_order
 from agent.policy.snapshot import Job, Node, Placement, Snapshot
@@ -56,20 +58,135 @@ def _clashes(placement: Placement, offered: set[tuple[str, str]]) -> bool:
     )
 
 
+def _room_in(job: Job, group: Group) -> bool:
+    """Whether a node of ``group`` has the room ``job`` needs now, by the index's counts (idle
+    GPUs, share room, free CPU and memory): a necessary condition of :func:`first_fit` and
+    :func:`best_fit` placing it there, so handing them only such nodes changes nothing they
+    decide and spares them the nodes that are full (most of them, late in a fill)."""
+    if job.cpu_milli and group.cpu_free is not None and group.cpu_free < job.cpu_milli:
+        return False
+    if job.host_mem_bytes and group.mem_free is not None and group.mem_free < job.host_mem_bytes:
+        return False
+    if job.gpus_per_node == 0:
+        return True
+    if job.is_share:
+        return any(room > 0 for room in group.share_free.values())
+    return sum(group.whole_free.values()) >= job.gpus_per_node
+
+
+def _may_fit(job: Job, ctx: Context) -> list[Node]:
+    """The schedulable nodes with room for ``job`` now (:func:`_room_in`)."""
+    entries = ctx.index.entries
+    return [
+        entries[node_id].node
+        for group in ctx.index.groups.values()
+        if _room_in(job, group)
+        for node_id in group.members
+    ]
+
+
+def _requirements(job: Job) -> tuple[object, ...]:
+    """Everything :func:`pick` and :func:`best_fit_on` read of a job."""
+    return (
+        req_key(job),
+        job.os,
+        job.features,
+        tuple(sorted(job.affinity.items())),
+        tuple(sorted(job.anti_affinity.items())),
+        job.max_cost_per_hour,
+    )
+
+
+class _NodeMemo:
+    """:func:`pick` and :func:`best_fit_on` by job requirements and node, kept across passes:
+    a node's answer is asked again only once its record changed (snapshots are immutable, so an
+    unchanged node is the same object). A trace has few distinct requirements (openb's default
+    list: 162), so after the first passes nearly every answer is held."""
+
+    def __init__(self) -> None:
+        self._picks: dict[tuple[tuple[object, ...], str], tuple[Node, Placement | None]] = {}
+        self._best: dict[
+            tuple[tuple[object, ...], str], tuple[Node, tuple[float, Placement] | None]
+        ] = {}
+        self._reqs: dict[str, tuple[Job, tuple[object, ...]]] = {}
+
+    def _key(self, job: Job, node: Node) -> tuple[tuple[object, ...], str]:
+        held = self._reqs.get(job.job_id)
+        if held is None or held[0] is not job:
+            held = self._reqs[job.job_id] = (job, _requirements(job))
+        return (held[1], node.node_id)
+
+    def pick(self, job: Job, node: Node) -> Placement | None:
+        key = self._key(job, node)
+        held = self._picks.get(key)
+        if held is not None and held[0] is node:
+            return held[1]
+        value = pick(job, node)
+        if len(self._picks) > 1_000_000:
+            self._picks.clear()
+        self._picks[key] = (node, value)
+        return value
+
+    def best_fit_on(self, job: Job, node: Node) -> tuple[float, Placement] | None:
+        key = self._key(job, node)
+        held = self._best.get(key)
+        if held is not None and held[0] is node:
+            return held[1]
+        value = best_fit_on(job, node)
+        if len(self._best) > 1_000_000:
+            self._best.clear()
+        self._best[key] = (node, value)
+        return value
+
+
+def _room_key(job: Job) -> tuple[int, int, int, bool]:
+    """What :func:`_room_in` reads of a job."""
+    return (job.cpu_milli, job.host_mem_bytes, job.gpus_per_node, job.is_share)
+
+
+def _with_room(job: Job, ctx: Context, by_id: Sequence[tuple[str, Group]]) -> list[str]:
+    """The ids, in id order, of the nodes with room for ``job`` (:func:`_room_in`);
+    ``by_id``: every schedulable node's id and group, in id order."""
+    room = {group.serial: _room_in(job, group) for group in ctx.index.groups.values()}
+    return [node_id for node_id, group in by_id if room[group.serial]]
+
+
+def _first_fit(
+    job: Job, ctx: Context, with_room: Sequence[str], limit: int, memo: _NodeMemo
+) -> list[Placement]:
+    """``first_fit(job, nodes, limit=limit)`` over every node, asked of the nodes with room
+    (``with_room``, in id order) a few at a time until ``limit`` fit: the same answer, without
+    sorting the fleet and asking every node for every job."""
+    entries = ctx.index.entries
+    if job.is_gang:
+        nodes = [entries[node_id].node for node_id in with_room]
+        return first_fit(job, nodes, limit=limit, picker=memo.pick)
+    out: list[Placement] = []
+    for at in range(0, len(with_room), 32):
+        chunk = [entries[node_id].node for node_id in with_room[at : at + 32]]
+        out.extend(first_fit(job, chunk, limit=limit - len(out), picker=memo.pick))
+        if len(out) >= limit:
+            break
+    return out
+
+
 class FifoMesh:
     name = "fifo"
     central = False
 
     def __init__(self) -> None:
         self.state = PolicyState()
-        self._sorted: tuple[Node, ...] = ()
-        self._source: tuple[Node, ...] | None = None
+        self.memo = _NodeMemo()
 
     def plan(self, snapshot: Snapshot, sim: Simulation) -> Plan:
         ctx, _ = context(snapshot, sim.model, state=self.state)
-        if self._source is not snapshot.nodes:
-            self._source = snapshot.nodes
-            self._sorted = tuple(sorted(snapshot.nodes, key=lambda n: n.node_id))
+        entries = ctx.index.entries
+        by_id = [
+            (node_id, group)
+            for node_id in sorted(entries)
+            if (group := entries[node_id].group) is not None
+        ]
+        with_room: dict[tuple[int, int, int, bool], list[str]] = {}
         by_owner: dict[str, list[Job]] = {}
         for job in snapshot.pending:
             by_owner.setdefault(job.owner or "", []).append(job)
@@ -79,8 +196,12 @@ class FifoMesh:
             for job in sorted(by_owner[owner], key=order_key):
                 if not could_fit_now(job, ctx):
                     continue
+                room = _room_key(job)
+                ids = with_room.get(room)
+                if ids is None:
+                    ids = with_room[room] = _with_room(job, ctx, by_id)
                 cands = [
-                    p for p in first_fit(job, self._sorted, limit=6) if not _clashes(p, offered)
+                    p for p in _first_fit(job, ctx, ids, 6, self.memo) if not _clashes(p, offered)
                 ]
                 if not cands:
                     continue
@@ -142,6 +263,7 @@ class BestFitCentral:
 
     def __init__(self) -> None:
         self.state = PolicyState()
+        self.memo = _NodeMemo()
 
     def plan(self, snapshot: Snapshot, sim: Simulation) -> Plan:
         ctx, _ = context(snapshot, sim.model, state=self.state)
@@ -149,7 +271,7 @@ class BestFitCentral:
         for job in queue_order(snapshot.pending):
             if not could_fit_now(job, ctx):
                 continue
-            cands = best_fit(job, ctx.index.nodes())
+            cands = best_fit(job, _may_fit(job, ctx), fitter=self.memo.best_fit_on)
             if cands:
                 apply.take(ctx.index, job, cands[0])
                 starts.append(Start(job.job_id, tuple(cands[:4])))

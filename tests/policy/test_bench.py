@@ -75,3 +75,30 @@ def test_a_generic_jobs_csv(capsys: pytest.CaptureFixture[str]) -> None:
         _fields(result)
         assert result["jobs"] == 6
         assert result["makespan_s"] is not None
+
+
+@pytest.mark.parametrize("costs", ["same", "paper"])
+def test_gavel_under_either_costs(capsys: pytest.CaptureFixture[str], costs: str) -> None:
+    doc = _run(
+        capsys, "--trace", "gavel-synthetic", "--cluster", "v100:8,p100:8,k80:8",
+        "--load", "8", "--jobs", "40", "--policy", "gavel", "--seed", "3", "--costs", costs,
+    )  # fmt: skip
+    assert doc["costs"] == costs
+    (result,) = doc["runs"][0]["results"]
+    _fields(result)
+    for key in ("preemptions", "moves", "lost_gpu_s"):
+        assert key in result
+    assert (result["lost_gpu_s"] == 0.0) == (costs == "paper")
+
+
+def test_no_ratio_against_a_policy_that_left_measured_jobs_unfinished() -> None:
+    from bench.sched.metrics import ratios
+
+    shoal = {"policy": "shoal", "avg_jct_s": 100.0, "p99_jct_s": 300.0, "makespan_s": 900.0}
+    gavel = {"policy": "gavel", "avg_jct_s": 10.0, "p99_jct_s": 20.0, "makespan_s": None}
+    fifo = {"policy": "fifo", "avg_jct_s": 400.0, "p99_jct_s": 600.0, "makespan_s": 1800.0}
+    out = ratios([shoal, {**gavel, "jobs_unfinished": 247}, {**fifo, "jobs_unfinished": 0}])
+    assert out["avg_jct_gavel_over_shoal"] is None  # its 3 finished jobs say nothing
+    assert out["p99_jct_lower_than_gavel"] is None
+    assert out["avg_jct_fifo_over_shoal"] == 4.0
+    assert out["p99_jct_lower_than_fifo"] == 0.5

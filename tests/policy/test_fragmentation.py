@@ -1,0 +1,60 @@
+"""The fast fragmentation figures are FGD's formula to the last bit, whatever the weights."""
+
+from __future__ import annotations
+
+import random
+
+from agent.policy.fragmentation import (
+    FragVectors,
+    Shape,
+    node_fragmentation,
+    normalize,
+    shape_fragmentation,
+)
+
+
+def _shapes(rng: random.Random) -> tuple[Shape, ...]:
+    shapes = []
+    for _ in range(rng.randint(0, 24)):
+        if rng.random() < 0.4:
+            shape = Shape(1, rng.choice((0.1, 0.25, 0.5, 0.7, 0.999)), rng.choice((0, 4000, 32000)))
+        else:
+            shape = Shape(rng.choice((0, 1, 2, 4, 8)), 1.0, rng.choice((0, 8000, 64000)))
+        shapes.append(Shape(shape.gpus, shape.fraction, shape.cpu_milli, rng.random() * 50))
+    return normalize(shapes)
+
+
+def _free(rng: random.Random) -> tuple[float, ...]:
+    return tuple(
+        rng.choice((0.0, 1.0, 1.0, rng.random(), 0.5, 0.25)) for _ in range(rng.randint(0, 8))
+    )
+
+
+def test_node_fragmentation_equals_the_weighted_sum_of_each_shapes() -> None:
+    rng = random.Random(7)
+    vectors = FragVectors()
+    for _ in range(3000):
+        shapes = _shapes(rng)
+        free = _free(rng)
+        cpu = rng.choice((None, 0, 4000, 16000, 96000))
+        want = sum(s.weight * shape_fragmentation(free, cpu, s) for s in shapes)
+        assert node_fragmentation(free, cpu, shapes, {}) == want
+        table = vectors.for_shapes(shapes)
+        assert node_fragmentation(free, cpu, shapes, {}, table) == want
+        assert node_fragmentation(free, cpu, shapes, {}, table) == want  # from the table
+
+
+def test_kept_figures_are_reweighed_and_dropped_when_the_shapes_change() -> None:
+    vectors = FragVectors()
+    free, cpu = (1.0, 0.5, 0.0, 1.0), 8000
+    a = normalize([Shape(1, weight=3), Shape(2, weight=1), Shape(1, 0.5, weight=1)])
+    b = normalize([Shape(1, weight=1), Shape(2, weight=3), Shape(1, 0.5, weight=1)])
+    table = vectors.for_shapes(a)
+    node_fragmentation(free, cpu, a, {}, table)
+    assert vectors.for_shapes(b) is table  # the same sizes in the same order: weights differ
+    got = node_fragmentation(free, cpu, b, {}, vectors.for_shapes(b))
+    assert got == sum(s.weight * shape_fragmentation(free, cpu, s) for s in b)
+    c = normalize([Shape(2, weight=3), Shape(1, weight=1)])
+    assert vectors.for_shapes(c) is not table
+    got = node_fragmentation(free, cpu, c, {}, vectors.for_shapes(c))
+    assert got == sum(s.weight * shape_fragmentation(free, cpu, s) for s in c)
