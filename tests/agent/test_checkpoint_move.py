@@ -54,6 +54,8 @@ save()
 def starts(path: Path) -> dict[int, tuple[str, int]]:
     """Each attempt's start, from the trainer's file: attempt -> (SHOAL_RESUME, first step)."""
     out: dict[int, tuple[str, int]] = {}
+    if not path.exists():  # the job's process has not written its first line yet
+        return out
     for line in path.read_text().splitlines():
         attempt, resume, step = line.split()
         out[int(attempt)] = (resume, int(step))
@@ -264,6 +266,8 @@ def test_a_replica_back_ahead_of_the_old_one_gets_the_copy_of_a_job_its_owner_ru
         body = {"job_id": job_id, "spec": spec(argv, gpus=0)}
         assert mesh.command(owner, "submit", body)[0] == 200
         mesh.wait("running", lambda: mesh.job(owner, job_id)["state"] == "running")
+        # "running" is recorded as the process starts, before it writes its first line.
+        mesh.wait("the trainer's first line", lambda: bool(starts(log)))
         flags = ["--agent", owner.address, "--identity", str(mesh.cluster_dir)]
         # Moved until the owner runs it, with a checkpoint: the one its last stop saved.
         moves = [owner.node_id]

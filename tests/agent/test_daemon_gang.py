@@ -241,10 +241,10 @@ def test_a_failing_member_stops_the_others_and_fails_the_gang(tmp_path: Path) ->
         assert ends[1] == ("exit", 3)
         assert ends[0][0] == "fenced"  # stopped for it
         assert not (tmp_path / "rank0.end").exists()
-        if pidfile.exists():  # rank 0 had started: it is gone, not left running
-            pid = int(pidfile.read_text())
+        written = pidfile.read_text().strip() if pidfile.exists() else ""
+        if written:  # rank 0 had started and said so: it is gone, not left running
             with pytest.raises(ProcessLookupError):
-                os.kill(pid, 0)
+                os.kill(int(written), 0)
     finally:
         mesh.stop_all()
 

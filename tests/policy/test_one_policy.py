@@ -10,7 +10,7 @@ import agent.policy.filters as filters
 import agent.policy.preview as preview
 import bench.sched.policies as sim
 import tui.preview as tui_preview
-import tui.source as tui_sim
+import tui.simmesh as tui_sim
 from agent.job.jobspec import JobSpec, Resources
 from agent.policy import adapt, baselines
 from agent.policy.decision import context, rank_any
