@@ -23,7 +23,7 @@ import contextlib
 import logging
 import sqlite3
 import threading
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -40,7 +40,7 @@ from agent.history.history import (
     trim_before,
 )
 from agent.history.history_hints import WINDOW_S, GpuFacts, node_hints
-from agent.storage.store import StoreError, StoreFull, _private_files, _unwritable
+from agent.storage.sqlitefile import StoreError, StoreFull, migrate, private_files, transaction
 from agent.wire.history import HistoryDoc, HistoryHint, HistoryQuery, HistorySeries
 
 log = logging.getLogger("shoal.history")
@@ -96,7 +96,7 @@ class HistoryStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        _private_files(path)
+        private_files(path)
         try:
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA busy_timeout = 5000")
@@ -114,35 +114,12 @@ class HistoryStore:
         with self._lock:
             self._db.close()
 
-    @contextlib.contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    yield self._db
-                    self._db.execute("COMMIT")
-                except BaseException:
-                    with contextlib.suppress(sqlite3.Error):
-                        self._db.execute("ROLLBACK")
-                    raise
-            except sqlite3.OperationalError as exc:
-                if _unwritable(exc):
-                    raise StoreFull(f"cannot write to {self.path}: {exc}") from None
-                raise
+    def _tx(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return transaction(self._db, self._lock, self.path)
 
     def _migrate(self) -> None:
         with self._tx() as db:
-            version = int(db.execute("PRAGMA user_version").fetchone()[0])
-            if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"{self.path}: written by a newer Shoal (history schema {version}; "
-                    f"this one knows up to {SCHEMA_VERSION})"
-                )
-            for target in range(version + 1, SCHEMA_VERSION + 1):
-                for statement in MIGRATIONS[target - 1]:
-                    db.execute(statement)
-                db.execute(f"PRAGMA user_version = {target:d}")
+            migrate(db, self.path, MIGRATIONS, "history schema")
 
     # -- writing -----------------------------------------------------------------------------------
 

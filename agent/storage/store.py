@@ -22,14 +22,16 @@ import os
 import sqlite3
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from agent.job.jobspec import JobSpec
 from agent.job.jobstate import TERMINAL_JOB_STATES, JobState
-from gossip.fsmodes import ensure_dir, set_file_mode
+from agent.storage.sqlitefile import StoreError as StoreError
+from agent.storage.sqlitefile import StoreFull as StoreFull
+from agent.storage.sqlitefile import migrate, private_files, transaction
 
 log = logging.getLogger("shoal.store")
 
@@ -91,20 +93,6 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
 
-class StoreError(Exception):
-    """The store file cannot be used (newer schema, not a database...)."""
-
-
-class StoreFull(StoreError):
-    """A write that did not happen: the data folder's disk is full (or failed to write).
-    Nothing of it was kept (the transaction rolled back); what was stored before stays."""
-
-
-def _unwritable(exc: sqlite3.OperationalError) -> bool:
-    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF  # the primary code of an extended one
-    return code in (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR) or "disk is full" in str(exc)
-
-
 @dataclass(frozen=True, slots=True)
 class JobRecord:
     """A job as its owner (or a replica of the owner) keeps it."""
@@ -161,7 +149,7 @@ class Store:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        _private_files(path)
+        private_files(path)
         try:
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA busy_timeout = 5000")
@@ -189,36 +177,13 @@ class Store:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @contextlib.contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def _tx(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
         """One transaction; a full disk is :class:`StoreFull`, and leaves nothing half done."""
-        with self._lock:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    yield self._db
-                    self._db.execute("COMMIT")
-                except BaseException:
-                    with contextlib.suppress(sqlite3.Error):  # none open: COMMIT ended it
-                        self._db.execute("ROLLBACK")
-                    raise
-            except sqlite3.OperationalError as exc:
-                if _unwritable(exc):
-                    raise StoreFull(f"cannot write to {self.path}: {exc}") from None
-                raise
+        return transaction(self._db, self._lock, self.path)
 
     def _migrate(self) -> None:
         with self._tx() as db:
-            version = int(db.execute("PRAGMA user_version").fetchone()[0])
-            if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"{self.path}: written by a newer Shoal (schema {version}; "
-                    f"this one knows up to {SCHEMA_VERSION})"
-                )
-            for target in range(version + 1, SCHEMA_VERSION + 1):
-                for statement in MIGRATIONS[target - 1]:
-                    db.execute(statement)
-                db.execute(f"PRAGMA user_version = {target:d}")
+            migrate(db, self.path, MIGRATIONS, "schema")
 
     # -- node identity ---------------------------------------------------------------------------
 
@@ -462,19 +427,6 @@ class Store:
             rows = self._db.execute(query + " ORDER BY finished_at, job_id, attempt", args)
             found = rows.fetchall()
         return [ResultRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6]) for r in found]
-
-
-def _private_files(path: Path) -> None:
-    """The database and its -wal/-shm files are 0600 whatever the umask; its folder, when made
-    here, 0700. SQLite gives the -wal and -shm files the mode of the database file, so creating
-    that one first (and fixing the mode of files an older version made) covers all three."""
-    if not path.parent.is_dir():
-        ensure_dir(path.parent, 0o700)
-    if sys.platform != "win32":
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        os.close(os.open(path, flags, 0o600))
-    for name in (path.name, path.name + "-wal", path.name + "-shm"):
-        set_file_mode(path.with_name(name), 0o600)
 
 
 _JOB_COLUMNS: Final = (
