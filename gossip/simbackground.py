@@ -50,8 +50,9 @@ from gossip.config import GossipConfig
 from gossip.events import Event
 from gossip.membership import MemberInfo, digest_line
 from gossip.messages import Alive, Compound, Dead, Message, Ping, Record, Suspect, Update
-from gossip.peer import after_round, next_round_at, signed_accusation, signed_alive, signed_record
+from gossip.peer import signed_accusation, signed_alive, signed_record
 from gossip.relay import RelayNews, relay_round
+from gossip.spreading import after_round, next_round_at
 from gossip.stats import GossipStats
 from gossip.suspicion import Suspicion
 from gossip.trust import Signer
