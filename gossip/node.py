@@ -35,6 +35,7 @@ from aiohttp import web
 from gossip import revocation
 from gossip.addrbook import AddressBook
 from gossip.certtrust import CertSigner, CertTrust
+from gossip.client import GossipClient
 from gossip.codec import DecodeError, decode, encode
 from gossip.config import GossipConfig
 from gossip.events import (
@@ -51,16 +52,10 @@ from gossip.messages import MemberState, Message
 from gossip.peer import Peer
 from gossip.records import StoredRecord
 from gossip.revocation import RevocationError, RevocationList
+from gossip.server import GossipServer
 from gossip.streams import StreamLimits, StreamPool
 from gossip.tls import PeerIdentity
-from gossip.transport import (
-    AppSetup,
-    GossipClient,
-    GossipServer,
-    HandlerRejected,
-    RevokedByPeer,
-    TransportError,
-)
+from gossip.transport import AppSetup, HandlerRejected, RevokedByPeer, TransportError
 
 log = logging.getLogger(__name__)
 

@@ -60,6 +60,8 @@ import msgpack
 from aiohttp import web
 from cryptography import x509
 
+from gossip.addresses import split_address
+from gossip.admission import FrameGate
 from gossip.certtrust import Admission, CertTrust
 from gossip.droplist import dropped
 from gossip.identity import IdentityError, NodeIdentity, Role
@@ -72,8 +74,6 @@ from gossip.transport import (
     STREAM_CLOSE_TIMEOUT_S,
     STREAM_PATH,
     CloseStream,
-    FrameGate,
-    split_address,
 )
 
 log = logging.getLogger(__name__)
