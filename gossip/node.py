@@ -53,7 +53,8 @@ from gossip.peer import Peer
 from gossip.records import StoredRecord
 from gossip.revocation import RevocationError, RevocationList
 from gossip.server import GossipServer
-from gossip.streams import StreamLimits, StreamPool
+from gossip.streamparts import StreamLimits
+from gossip.streams import StreamPool
 from gossip.tls import PeerIdentity
 from gossip.transport import AppSetup, HandlerRejected, RevokedByPeer, TransportError
 
@@ -271,7 +272,7 @@ class GossipNode:
     ) -> tuple[int, bytes]:
         """Call ``path`` on the member at ``addr`` over the gossip stream between the two
         (:meth:`gossip.streams.StreamPool.call`): (status, answer body). Raises
-        :class:`gossip.streams.CallFailed` (``legacy``: the peer has no streams, use HTTP)."""
+        :class:`gossip.streamparts.CallFailed` (``legacy``: the peer has no streams, use HTTP)."""
         return await self._streams.call(addr, path, content_type, body, timeout_s)
 
     def serve_calls(self, handler: CallHandler) -> None:
@@ -372,7 +373,7 @@ class GossipNode:
             self._book.hint(node_id, claimed_addr)  # answer it where it says, on its stream
         return claimed_addr, message
 
-    # -- the stream pool's delegate (gossip.streams.StreamDelegate) ------------------------------
+    # -- the stream pool's delegate (gossip.streamparts.StreamDelegate) ----------------------------
 
     async def _accept_stream(self, peer: PeerIdentity, ws: web.WebSocketResponse) -> None:
         await self._streams.serve(peer, ws)

@@ -25,7 +25,7 @@ from agent.wire.codec import MAX_RECORD_BYTES
 from gossip.admission import ConnectionLimits
 from gossip.budgets import CpuBudget, RateLimit
 from gossip.replay import DEFAULT_WINDOW_S
-from gossip.streams import StreamLimits
+from gossip.streamparts import StreamLimits
 from tests.support import DOCS, documented
 
 ROOT = DOCS.parent

@@ -23,7 +23,7 @@ from agent.wire.codec import WireError
 from gossip.addresses import split_address
 from gossip.client import PeerCheckingRequest, PooledSession
 from gossip.identity import NodeIdentity
-from gossip.streams import CallFailed
+from gossip.streamparts import CallFailed
 from gossip.tls import client_context
 
 INTERNAL = "/v1/internal"

@@ -16,7 +16,7 @@ from gossip.identity import NodeIdentity, enroll_node, init_cluster
 from gossip.messages import MemberState
 from gossip.node import GossipNode
 from gossip.server import GossipServer
-from gossip.streams import CallFailed
+from gossip.streamparts import CallFailed
 from gossip.tls import PeerIdentity
 
 NOW = datetime.now(UTC)
