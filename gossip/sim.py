@@ -43,7 +43,8 @@ from gossip.config import GossipConfig
 from gossip.events import Event
 from gossip.messages import Compound, Message
 from gossip.peer import Peer
-from gossip.simbackground import BackgroundPeer, SharedView
+from gossip.simbackground import BackgroundPeer
+from gossip.simview import SharedView
 from gossip.trust import Signer, Trust
 
 # -- cheap identity --------------------------------------------------------------------------------
