@@ -11,6 +11,12 @@ the current time, and collects what to send and what happened::
 
 Nothing here reads a clock, sleeps, opens a socket or touches asyncio; randomness comes from the
 injected ``random.Random``; cryptography goes through the :mod:`gossip.trust` seams.
+
+:class:`Peer` is the facade and holds the state; the work is done by functions of that state in
+:mod:`gossip.probing` (probe rounds, indirect probes, fallback and reconnect pings),
+:mod:`gossip.verdicts` (Alive, Suspect and Dead judged, suspicions, refutations, tombstones),
+:mod:`gossip.spreading` (broadcast queues, gossip rounds, the ring relay, records) and
+:mod:`gossip.antientropy` (digests and push-pull).
 """
 
 from __future__ import annotations
