@@ -42,9 +42,9 @@ from gossip.identity import NodeIdentity, Role, enroll_node, init_cluster, issue
 from gossip.messages import Alive
 from gossip.node import GossipNode
 from gossip.peer import Peer
+from gossip.server import GossipServer
 from gossip.streams import StreamPool
 from gossip.tls import shrink_tls_read_buffers
-from gossip.transport import GossipServer
 
 UNLIMITED = RateLimit(rate_per_s=1e9, burst=1e9)
 

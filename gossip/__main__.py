@@ -21,11 +21,11 @@ from gossip.tls import import_aiohttp_without_system_cas, shrink_tls_read_buffer
 
 import_aiohttp_without_system_cas()  # before anything imports aiohttp: no system CA bundle
 
+from gossip.addresses import split_address  # noqa: E402
 from gossip.certtrust import CertTrust  # noqa: E402
 from gossip.events import Event  # noqa: E402
 from gossip.identity import IdentityError, load_identity  # noqa: E402
 from gossip.node import GossipNode  # noqa: E402
-from gossip.transport import split_address  # noqa: E402
 
 
 def _emit(obj: dict[str, object]) -> None:

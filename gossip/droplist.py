@@ -9,8 +9,9 @@ environment; an agent started by ``shoal bootstrap`` or a service unit never has
 that has it says so at WARNING each time the list changes.
 
 Where traffic is dropped (:func:`dropped`): the server refuses, and closes, every request and
-stream upgrade from a listed peer (``gossip.transport``); every client request to a listed peer
-fails as unreachable once the TLS handshake shows who answered (``PeerCheckingRequest``); and an
+stream upgrade from a listed peer (``gossip.server``); every client request to a listed peer
+fails as unreachable once the TLS handshake shows who answered (``gossip.client``'s
+``PeerCheckingRequest``); and an
 open gossip stream to or from a listed peer is cut at its next message either way
 (``gossip.streams``). So a partition looks like connections refused, not like a black hole.
 """

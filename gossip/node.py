@@ -35,6 +35,7 @@ from aiohttp import web
 from gossip import revocation
 from gossip.addrbook import AddressBook
 from gossip.certtrust import CertSigner, CertTrust
+from gossip.client import GossipClient
 from gossip.codec import DecodeError, decode, encode
 from gossip.config import GossipConfig
 from gossip.events import (
@@ -51,16 +52,11 @@ from gossip.messages import MemberState, Message
 from gossip.peer import Peer
 from gossip.records import StoredRecord
 from gossip.revocation import RevocationError, RevocationList
-from gossip.streams import StreamLimits, StreamPool
+from gossip.server import GossipServer
+from gossip.streamparts import StreamLimits
+from gossip.streams import StreamPool
 from gossip.tls import PeerIdentity
-from gossip.transport import (
-    AppSetup,
-    GossipClient,
-    GossipServer,
-    HandlerRejected,
-    RevokedByPeer,
-    TransportError,
-)
+from gossip.transport import AppSetup, HandlerRejected, RevokedByPeer, TransportError
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +272,7 @@ class GossipNode:
     ) -> tuple[int, bytes]:
         """Call ``path`` on the member at ``addr`` over the gossip stream between the two
         (:meth:`gossip.streams.StreamPool.call`): (status, answer body). Raises
-        :class:`gossip.streams.CallFailed` (``legacy``: the peer has no streams, use HTTP)."""
+        :class:`gossip.streamparts.CallFailed` (``legacy``: the peer has no streams, use HTTP)."""
         return await self._streams.call(addr, path, content_type, body, timeout_s)
 
     def serve_calls(self, handler: CallHandler) -> None:
@@ -377,7 +373,7 @@ class GossipNode:
             self._book.hint(node_id, claimed_addr)  # answer it where it says, on its stream
         return claimed_addr, message
 
-    # -- the stream pool's delegate (gossip.streams.StreamDelegate) ------------------------------
+    # -- the stream pool's delegate (gossip.streamparts.StreamDelegate) ----------------------------
 
     async def _accept_stream(self, peer: PeerIdentity, ws: web.WebSocketResponse) -> None:
         await self._streams.serve(peer, ws)

@@ -27,9 +27,7 @@ observers (see that module for what a background member does and does not do).
 from __future__ import annotations
 
 import gc
-import hashlib
 import heapq
-import hmac
 import itertools
 import random
 from collections import OrderedDict
@@ -43,86 +41,10 @@ from gossip.config import GossipConfig
 from gossip.events import Event
 from gossip.messages import Compound, Message
 from gossip.peer import Peer
-from gossip.simbackground import BackgroundPeer, SharedView
+from gossip.simbackground import BackgroundPeer
+from gossip.simkeys import SimKeyring, SimSigner, SimTrust
+from gossip.simview import SharedView
 from gossip.trust import Signer, Trust
-
-# -- cheap identity --------------------------------------------------------------------------------
-
-
-class SimKeyring:
-    """The simulated cluster CA: derives each node's key and credential from one secret."""
-
-    def __init__(self, secret: bytes = b"shoal-sim-ca") -> None:
-        self._secret = secret
-        self._keys: dict[str, bytes] = {}
-        self._creds: dict[str, bytes] = {}
-        self._verified: dict[tuple[str, bytes, bytes], bool] = {}
-        self.revoked: set[str] = set()
-
-    def key(self, node: str) -> bytes:
-        k = self._keys.get(node)
-        if k is None:
-            k = hashlib.blake2b(node.encode(), key=self._secret, digest_size=32).digest()
-            self._keys[node] = k
-        return k
-
-    def credential(self, node: str) -> bytes:
-        c = self._creds.get(node)
-        if c is None:
-            tag = hashlib.blake2b(b"cert:" + node.encode(), key=self._secret, digest_size=32)
-            c = self._creds[node] = b"simcert:" + tag.digest()
-        return c
-
-    def verify(self, node: str, data: bytes, signature: bytes) -> bool:
-        """Check a MAC, remembering the answer: every node verifies every update once, and the
-        answer depends only on these three values (a forgery still fails)."""
-        key = (node, data, signature)
-        ok = self._verified.get(key)
-        if ok is None:
-            mac = hashlib.blake2b(data, key=self.key(node), digest_size=32).digest()
-            ok = hmac.compare_digest(mac, signature)
-            if len(self._verified) >= 1 << 18:
-                self._verified.clear()
-            self._verified[key] = ok
-        return ok
-
-
-@dataclass(frozen=True, slots=True)
-class SimSigner:
-    node: str
-    keyring: SimKeyring
-
-    @property
-    def node_id(self) -> str:
-        return self.node
-
-    @property
-    def credential(self) -> bytes:
-        return self.keyring.credential(self.node)
-
-    def sign(self, data: bytes) -> bytes:
-        return hashlib.blake2b(data, key=self.keyring.key(self.node), digest_size=32).digest()
-
-
-@dataclass(frozen=True, slots=True)
-class SimTrust:
-    keyring: SimKeyring
-
-    def admit(self, node_id: str, credential: bytes, now: float) -> bool:
-        keyring = self.keyring
-        if node_id in keyring.revoked:
-            return False
-        issued = keyring._creds.get(node_id) or keyring.credential(node_id)
-        return hmac.compare_digest(credential, issued)
-
-    def verify(self, node_id: str, data: bytes, signature: bytes) -> bool:
-        return self.keyring.verify(node_id, data, signature)
-
-    def is_revoked(self, node_id: str) -> bool:
-        return node_id in self.keyring.revoked
-
-
-# -- the simulated cluster -------------------------------------------------------------------------
 
 
 @dataclass(slots=True)

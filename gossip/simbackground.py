@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import math
 import random
-from bisect import insort
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -48,126 +47,19 @@ from gossip.broadcast import BroadcastQueue
 from gossip.codec import encoded_size
 from gossip.config import GossipConfig
 from gossip.events import Event
-from gossip.membership import MemberInfo, digest_line
+from gossip.membership import MemberInfo
 from gossip.messages import Alive, Compound, Dead, Message, Ping, Record, Suspect, Update
-from gossip.peer import after_round, next_round_at, signed_accusation, signed_alive, signed_record
+from gossip.peer import signed_accusation, signed_alive, signed_record
 from gossip.relay import RelayNews, relay_round
+from gossip.simview import SharedView, Version, key_version
+from gossip.spreading import after_round, next_round_at
 from gossip.stats import GossipStats
 from gossip.suspicion import Suspicion
 from gossip.trust import Signer
 from gossip.vivaldi import VivaldiConfig, origin
 
-_ALIVE, _SUSPECT, _DEAD = 0, 1, 2  # broadcast classes and version ranks, as the core's
-_STATES = (wire.MemberState.ALIVE, wire.MemberState.SUSPECT, wire.MemberState.DEAD)
+_ALIVE = 0  # an Alive's version rank (see gossip.simview), as the core's broadcast class
 _COORD = origin(VivaldiConfig())
-_Version = tuple[int, int]
-
-
-def _key_version(u: Update) -> tuple[object, _Version, int]:
-    """The update's key (node, or record origin and kind), its version and its class."""
-    t = type(u)
-    if t is Record:
-        r: Record = u  # type: ignore[assignment]
-        return (r.origin, r.kind), (r.incarnation, r.counter), 0
-    if t is Alive:
-        return u.node, (u.incarnation, _ALIVE), _ALIVE  # type: ignore[union-attr]
-    if t is Suspect:
-        return u.node, (u.incarnation, _SUSPECT), _SUSPECT  # type: ignore[union-attr]
-    return u.node, (u.incarnation, _DEAD), _DEAD  # type: ignore[union-attr]
-
-
-class SharedView:
-    """The converged view every background member reads: each member's newest Alive and the
-    accusation behind its state, the newest record per key, and their digests (rebuilt only
-    after a change, and shared by every push-pull that carries them)."""
-
-    def __init__(self) -> None:
-        self.ids: list[str] = []
-        self.alive: dict[str, Alive] = {}
-        self.base: dict[str, int] = {}
-        """The incarnation of each member's Alive in the warm-start snapshot."""
-        self.state: dict[str, tuple[_Version, Suspect | Dead | None]] = {}
-        self.records: dict[tuple[str, str], Record] = {}
-        self.dead = 0
-        self.ring: list[str] = []
-        """``ids`` sorted."""
-        self._digest: tuple[wire.MemberDigest, ...] | None = None
-        self._rdigest: tuple[wire.RecordDigest, ...] | None = None
-
-    def add(self, alive: Alive) -> None:
-        if alive.node not in self.alive:
-            self.ids.append(alive.node)
-            insort(self.ring, alive.node)
-            self.base[alive.node] = alive.incarnation
-        self.learn(alive)
-
-    @property
-    def live(self) -> int:
-        return len(self.ids) - self.dead
-
-    def learn(self, u: Update) -> None:
-        """Take ``u`` into the view if it is newer than what the view holds."""
-        key, v, klass = _key_version(u)
-        if type(u) is Record:
-            old = self.records.get(key)  # type: ignore[call-overload]
-            if old is None or v > old.version:
-                self.records[key] = u  # type: ignore[index]
-                self._rdigest = None
-            return
-        held = self.state.get(key)  # type: ignore[call-overload]
-        if held is not None and v <= held[0]:
-            return
-        was_dead = held is not None and held[0][1] == _DEAD
-        if klass == _ALIVE:
-            self.alive[u.node] = u  # type: ignore[union-attr, assignment]
-            self.state[u.node] = (v, None)  # type: ignore[union-attr]
-        else:
-            self.state[u.node] = (v, u)  # type: ignore[union-attr, assignment]
-        self.dead += (klass == _DEAD) - was_dead
-        self._digest = None
-
-    def member_digest(self) -> tuple[wire.MemberDigest, ...]:
-        if self._digest is None:
-            lines = []
-            for node in sorted(self.state):
-                (inc, rank), _ = self.state[node]
-                lines.append(digest_line(node, inc, _STATES[rank]))
-            self._digest = tuple(lines)
-        return self._digest
-
-    def record_digest(self) -> tuple[wire.RecordDigest, ...]:
-        if self._rdigest is None:
-            self._rdigest = tuple(
-                wire.RecordDigest(r.origin, r.kind, r.incarnation, r.counter)
-                for r in self.records.values()
-            )
-        return self._rdigest
-
-    def _full(self, node: str) -> list[Update]:
-        out: list[Update] = [self.alive[node]]
-        acc = self.state[node][1]
-        if acc is not None:
-            out.append(acc)
-        return out
-
-    def missing_for(
-        self, members: Iterable[wire.MemberDigest], records: Iterable[wire.RecordDigest]
-    ) -> tuple[Update, ...]:
-        """Full updates the holder of these digests lacks or holds older than the view."""
-        out: list[Update] = []
-        ours = self.member_digest()
-        if members is not ours and tuple(members) != ours:
-            theirs = {d.node: (d.incarnation, min(int(d.state), _DEAD)) for d in members}
-            for node, (v, _) in self.state.items():
-                d = theirs.get(node)
-                if (d is None and v[1] != _DEAD) or (d is not None and v > d):
-                    out.extend(self._full(node))
-        rtheirs = {(d.origin, d.kind): (d.incarnation, d.counter) for d in records}
-        for key, r in self.records.items():
-            held = rtheirs.get(key)
-            if held is None or r.version > held:
-                out.append(r)
-        return tuple(out)
 
 
 @dataclass(slots=True)
@@ -234,7 +126,7 @@ class BackgroundPeer:
         self._out_reliable: list[tuple[str, Message]] = []
         self._events: list[Event] = []  # it emits none: the observers tell what happened
         self._seq = self._record_counter = 0
-        self._held: dict[object, _Version] = {}
+        self._held: dict[object, Version] = {}
         """Versions received beyond the warm-start snapshot, by key."""
         self._down: dict[str, float] = {}
         """Members this one holds dead, and since when."""
@@ -464,7 +356,7 @@ class BackgroundPeer:
 
     # -- dissemination -----------------------------------------------------------------------------
 
-    def _version(self, key: object) -> _Version:
+    def _version(self, key: object) -> Version:
         v = self._held.get(key)
         if v is not None:
             return v
@@ -472,7 +364,7 @@ class BackgroundPeer:
         return (base, _ALIVE) if base is not None else (-1, -1)
 
     def _receive_update(self, src: str, u: Update, now: float) -> None:
-        key, v, klass = _key_version(u)
+        key, v, klass = key_version(u)
         if isinstance(u, Record):
             if v > self._version(key):
                 self.stats.updates_applied += 1
@@ -511,7 +403,7 @@ class BackgroundPeer:
 
     def _learn(self, u: Update, now: float) -> None:
         """Hold ``u`` as the newest of its key, queue it, and put it in the shared view."""
-        key, v, klass = _key_version(u)
+        key, v, klass = key_version(u)
         self._held[key] = v
         self.view.learn(u)
         if type(u) is Record:

@@ -50,19 +50,33 @@ import asyncio
 import logging
 import ssl
 import time
-from collections import OrderedDict, deque
-from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from collections import OrderedDict
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import aiohttp
 import msgpack
 from aiohttp import web
 from cryptography import x509
 
+from gossip.addresses import split_address
+from gossip.admission import FrameGate
 from gossip.certtrust import Admission, CertTrust
 from gossip.droplist import dropped
-from gossip.identity import IdentityError, NodeIdentity, Role
+from gossip.identity import IdentityError, NodeIdentity
+from gossip.streamparts import (
+    CALL_ANSWER,
+    CALL_REQUEST,
+    CallFailed,
+    Stream,
+    StreamDelegate,
+    StreamLimits,
+    StreamStats,
+    WebSocket,
+    call_frame,
+    is_call,
+    transport_of,
+)
 from gossip.tls import PeerIdentity, client_context, peer_identity, resuming
 from gossip.transport import (
     DEFAULT_MAX_BODY_BYTES,
@@ -72,161 +86,12 @@ from gossip.transport import (
     STREAM_CLOSE_TIMEOUT_S,
     STREAM_PATH,
     CloseStream,
-    FrameGate,
-    split_address,
 )
 
 log = logging.getLogger(__name__)
 
-CALL_REQUEST, CALL_ANSWER = 0, 1
-_CALL_MARK = b"\x95"
-"""A call frame is a five-element msgpack array; a gossip body is a two-element one."""
 
-
-class CallFailed(Exception):
-    """A call over a stream got no answer (the stream could not be opened, ended, or its queue
-    was full): the peer may or may not have acted. ``legacy``: the peer predates streams, so the
-    caller may use HTTP instead (nothing was sent)."""
-
-    def __init__(self, reason: str, *, legacy: bool = False) -> None:
-        super().__init__(reason)
-        self.legacy = legacy
-
-
-def call_frame(kind: int, call_id: int, head: str | int, content_type: str, body: bytes) -> bytes:
-    frame: bytes = msgpack.packb([kind, call_id, head, content_type, body], use_bin_type=True)
-    return frame
-
-
-def _is_call(body: bytes) -> bool:
-    return body[:1] == _CALL_MARK
-
-
-WebSocket = aiohttp.ClientWebSocketResponse | web.WebSocketResponse
-
-
-@dataclass(frozen=True, slots=True)
-class StreamLimits:
-    """What one member holds for its streams."""
-
-    max_streams: int = 64
-    """Open streams, both directions together; the least recently used gives way. Sized for
-    the fan-out, not for N: a member probes one peer per interval, gossips to three per round
-    and answers whoever probes it, so up to 64 members every pair keeps its stream, and beyond
-    the bound a stream is reopened (on a resumed TLS session) rather than held for every peer."""
-    max_queued_frames: int = 256
-    """Messages waiting on one stream (while it connects, or while its peer is slow)."""
-    max_queued_bytes: int = 2 * DEFAULT_MAX_BODY_BYTES
-    send_timeout_s: float = 3.0
-    """A write that cannot drain this long closes its stream (the peer stalled)."""
-    connect_timeout_s: float = 3.0
-    """To open a stream: TCP, TLS and the upgrade (a starting mesh on two busy cores took up to
-    1.3 s for a handshake)."""
-    max_sessions: int = 1024
-    """TLS sessions kept for resumption, by address (a few KB each)."""
-    legacy_s: float = 300.0
-    """A peer without streams is sent POSTs this long before it is asked again."""
-
-
-@dataclass(slots=True)
-class StreamStats:
-    """Counters of one member's streams (mutable; read with ``snapshot``)."""
-
-    dialed: int = 0
-    """Streams this member opened (each a TLS handshake)."""
-    dialed_resumed: int = 0
-    """Of those, on a resumed TLS session."""
-    dial_failed: int = 0
-    accepted_resumed: int = 0
-    """Streams peers opened on a resumed session (``transport_streams_accepted`` counts all)."""
-    closed_lru: int = 0
-    closed_duplicate: int = 0
-    """Retired because the pair had opened two at once, or the peer opened a second."""
-    closed_gone: int = 0
-    """Closed because the peer was declared dead, left, or was revoked."""
-    closed_by_peer: int = 0
-    send_timeouts: int = 0
-    frames_sent: int = 0
-    frames_dropped: int = 0
-    """Messages never written: their stream's queue was full, or it failed or closed first."""
-    posted: int = 0
-    """Messages sent as POSTs, to peers that predate streams."""
-    calls_sent: int = 0
-    calls_failed: int = 0
-    """Calls that got no answer (stream gone, queue full, dial failed, timed out)."""
-    calls_served: int = 0
-    calls_malformed: int = 0
-
-    def snapshot(self) -> dict[str, int]:
-        return asdict(self)
-
-
-class StreamDelegate(Protocol):
-    """What the pool asks of the member it serves (the gossip adapter)."""
-
-    def stream_frame(self, node_id: str, role: Role, body: bytes) -> None:
-        """A message from authenticated ``node_id``; may raise ``HandlerRejected``."""
-
-    def node_at(self, addr: str) -> str | None:
-        """The one member whose signed Alive says it listens at ``addr`` (None: none known,
-        or more than one claims it)."""
-
-    def post(self, addr: str, body: bytes) -> None:
-        """Send ``body`` to ``addr`` as a POST (a peer without streams, or one that refused
-        this member's stream and may say why)."""
-
-    def undelivered(self, addr: str, bodies: Sequence[bytes]) -> None:
-        """No stream could be opened to ``addr``: these messages were not sent."""
-
-    def connection_lost(self, node_id: str | None, addr: str) -> None:
-        """A stream ended without this member closing it, or one to ``addr`` could not be
-        opened: the member at the other end (``node_id``, or the one listening at ``addr``)
-        may be gone. A hint only: a peer restarting or trimming its own streams looks the same."""
-
-    async def stream_call(
-        self, peer: PeerIdentity, path: str, content_type: str, body: bytes
-    ) -> tuple[int, bytes]:
-        """Answer a call from authenticated ``peer``: (status, answer body)."""
-
-
-class _Stream:
-    """One WebSocket to or from a peer, with its queue of messages to write."""
-
-    __slots__ = (
-        "addr",
-        "calls",
-        "closing",
-        "outbound",
-        "peer",
-        "queue",
-        "queued_bytes",
-        "serving",
-        "session_saved",
-        "task",
-        "writer",
-        "ws",
-    )
-
-    def __init__(self, addr: str, outbound: bool, peer: PeerIdentity | None = None) -> None:
-        self.addr = addr
-        """Dialed: the address it serves; accepted: "" until the peer is known by address."""
-        self.outbound = outbound
-        self.peer = peer
-        self.ws: WebSocket | None = None
-        self.queue: deque[bytes] = deque()
-        self.queued_bytes = 0
-        self.writer: asyncio.Task[None] | None = None
-        self.task: asyncio.Task[None] | None = None
-        self.closing = False
-        self.session_saved = False
-        self.calls: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
-        """This member's calls waiting for their answer on this stream."""
-        self.serving = 0
-        """The peer's calls this member is answering on this stream."""
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.queue) or self.writer is not None or bool(self.calls) or self.serving > 0
+_DEFAULT_LIMITS = StreamLimits()
 
 
 class StreamPool:
@@ -241,7 +106,7 @@ class StreamPool:
         delegate: StreamDelegate,
         *,
         trust: CertTrust | None = None,
-        limits: StreamLimits = StreamLimits(),
+        limits: StreamLimits = _DEFAULT_LIMITS,
         max_message_bytes: int = DEFAULT_MAX_BODY_BYTES,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
@@ -255,12 +120,12 @@ class StreamPool:
         self._max_message_bytes = max_message_bytes
         self._clock = clock
         self._wall_clock = wall_clock
-        self._out: dict[str, _Stream] = {}
+        self._out: dict[str, Stream] = {}
         """Streams this member dialed (or is dialing), by the address dialed."""
-        self._out_by_node: dict[str, _Stream] = {}
-        self._in: dict[str, _Stream] = {}
+        self._out_by_node: dict[str, Stream] = {}
+        self._in: dict[str, Stream] = {}
         """Streams peers dialed, by the peer's node id."""
-        self._lru: OrderedDict[_Stream, None] = OrderedDict()
+        self._lru: OrderedDict[Stream, None] = OrderedDict()
         self._sessions: OrderedDict[str, ssl.SSLSession] = OrderedDict()
         self._legacy: dict[str, float] = {}
         self._http: aiohttp.ClientSession | None = None
@@ -296,7 +161,7 @@ class StreamPool:
             stream = self._dial(addr)
         self._push(stream, body)
 
-    def _route(self, addr: str) -> _Stream | None:
+    def _route(self, addr: str) -> Stream | None:
         stream = self._out.get(addr)
         if stream is None:
             node = self._delegate.node_at(addr)
@@ -306,7 +171,7 @@ class StreamPool:
             return None
         return stream
 
-    def _push(self, stream: _Stream, body: bytes) -> bool:
+    def _push(self, stream: Stream, body: bytes) -> bool:
         limits = self._limits
         if (
             len(stream.queue) >= limits.max_queued_frames
@@ -356,12 +221,12 @@ class StreamPool:
             stream.calls.pop(call_id, None)
             self._idle(stream)
 
-    def _fail_calls(self, stream: _Stream, reason: str, *, legacy: bool = False) -> None:
+    def _fail_calls(self, stream: Stream, reason: str, *, legacy: bool = False) -> None:
         for future in stream.calls.values():
             if not future.done():
                 future.set_exception(CallFailed(reason, legacy=legacy))
 
-    def _on_call(self, stream: _Stream, peer: PeerIdentity, body: bytes) -> None:
+    def _on_call(self, stream: Stream, peer: PeerIdentity, body: bytes) -> None:
         """A call frame came: an answer to one of ours, or a request to serve."""
         try:
             kind, call_id, head, content_type, data = msgpack.unpackb(
@@ -384,7 +249,7 @@ class StreamPool:
 
     async def _serve_call(
         self,
-        stream: _Stream,
+        stream: Stream,
         peer: PeerIdentity,
         call_id: int,
         path: str,
@@ -405,12 +270,12 @@ class StreamPool:
             stream.serving -= 1
             self._idle(stream)
 
-    def _idle(self, stream: _Stream) -> None:
+    def _idle(self, stream: Stream) -> None:
         """A retired stream whose last call ended closes now."""
         if stream.closing and not stream.busy and stream.ws is not None and not stream.ws.closed:
             self._spawn(self._close_ws(stream))
 
-    async def _write(self, stream: _Stream, ws: WebSocket) -> None:
+    async def _write(self, stream: Stream, ws: WebSocket) -> None:
         """Write the stream's queue; a write that cannot drain in time closes the stream."""
         loop = asyncio.get_running_loop()
         timeout_s = self._limits.send_timeout_s
@@ -440,14 +305,14 @@ class StreamPool:
             self._http = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         return self._http
 
-    def _dial(self, addr: str) -> _Stream:
-        stream = _Stream(addr, outbound=True)
+    def _dial(self, addr: str) -> Stream:
+        stream = Stream(addr, outbound=True)
         self._out[addr] = stream
         self._add(stream)
         stream.task = self._spawn(self._connect(stream))
         return stream
 
-    async def _connect(self, stream: _Stream) -> None:
+    async def _connect(self, stream: Stream) -> None:
         addr = stream.addr
         host, port = split_address(addr)
         url_host = f"[{host}]" if ":" in host else host
@@ -519,7 +384,7 @@ class StreamPool:
                 return None
         return peer
 
-    def _refused(self, stream: _Stream, exc: aiohttp.WSServerHandshakeError) -> None:
+    def _refused(self, stream: Stream, exc: aiohttp.WSServerHandshakeError) -> None:
         """The peer answered the upgrade with an error: it predates streams (404, 405), or it
         refuses this member (403: a revoked one is shown its list on a POST)."""
         self._forget(stream)
@@ -541,7 +406,7 @@ class StreamPool:
             log.debug("stream to %s refused: %s", stream.addr, exc.status)
             self._delegate.undelivered(stream.addr, bodies)
 
-    def _undelivered(self, stream: _Stream) -> None:
+    def _undelivered(self, stream: Stream) -> None:
         self._forget(stream)
         bodies = self._take_queue(stream)
         if bodies:
@@ -554,7 +419,7 @@ class StreamPool:
         if self._closed:
             await ws.close()
             return
-        stream = _Stream("", outbound=False, peer=peer)
+        stream = Stream("", outbound=False, peer=peer)
         stream.ws = ws
         ssl_object = ws.get_extra_info("ssl_object")
         if ssl_object is not None and ssl_object.session_reused:
@@ -573,7 +438,7 @@ class StreamPool:
 
     # -- reading ---------------------------------------------------------------------------------
 
-    async def _read(self, stream: _Stream, ws: WebSocket, peer: PeerIdentity) -> None:
+    async def _read(self, stream: Stream, ws: WebSocket, peer: PeerIdentity) -> None:
         gate, deliver = self._gate, self._delegate.stream_frame
         while True:
             message = await ws.receive()
@@ -591,12 +456,12 @@ class StreamPool:
             self._touch(stream)
             if stream.outbound and not stream.session_saved:
                 self._save_session(stream, ws)
-            if _is_call(body):
+            if is_call(body):
                 self._on_call(stream, peer, body)
             else:
                 gate.handled(peer, deliver, body)
 
-    def _save_session(self, stream: _Stream, ws: WebSocket) -> None:
+    def _save_session(self, stream: Stream, ws: WebSocket) -> None:
         """Keep the dialed stream's TLS session for the next dial to that address (its ticket
         comes after the handshake, so it is looked for once the first message came)."""
         ssl_object: Any = ws.get_extra_info("ssl_object")
@@ -611,7 +476,7 @@ class StreamPool:
 
     # -- the bound, duplicates and endings -------------------------------------------------------
 
-    def _add(self, stream: _Stream) -> None:
+    def _add(self, stream: Stream) -> None:
         self._lru[stream] = None
         if len(self._lru) <= self._limits.max_streams:
             return
@@ -623,7 +488,7 @@ class StreamPool:
                 self._retire(old)
                 break
 
-    def _touch(self, stream: _Stream) -> None:
+    def _touch(self, stream: Stream) -> None:
         if stream in self._lru:
             self._lru.move_to_end(stream)
 
@@ -636,7 +501,7 @@ class StreamPool:
         if self._delegate.node_at(out.addr) == node:
             self._retire(out, duplicate=True)
 
-    def _forget(self, stream: _Stream) -> None:
+    def _forget(self, stream: Stream) -> None:
         """Route nothing more to ``stream``."""
         if stream.outbound:
             if self._out.get(stream.addr) is stream:
@@ -647,7 +512,7 @@ class StreamPool:
             del self._in[stream.peer.node_id]
         self._lru.pop(stream, None)
 
-    def _retire(self, stream: _Stream, *, duplicate: bool = False) -> None:
+    def _retire(self, stream: Stream, *, duplicate: bool = False) -> None:
         """Route nothing more to ``stream`` and close it once its queue is written."""
         if stream.closing:
             return
@@ -663,17 +528,17 @@ class StreamPool:
         elif not stream.busy:  # else its last write or call closes it (``_idle``)
             self._spawn(self._close_ws(stream))
 
-    def _abort(self, stream: _Stream) -> None:
+    def _abort(self, stream: Stream) -> None:
         """Close at once (a stalled or broken connection): its queue is lost."""
         stream.closing = True
         self._forget(stream)
         self.stats.frames_dropped += len(self._take_queue(stream))
         ws = stream.ws
-        transport = _transport_of(ws) if ws is not None else None
+        transport = transport_of(ws) if ws is not None else None
         if transport is not None:
             transport.abort()
 
-    async def _close_ws(self, stream: _Stream) -> None:
+    async def _close_ws(self, stream: Stream) -> None:
         ws = stream.ws
         if ws is None or ws.closed:
             return
@@ -681,11 +546,11 @@ class StreamPool:
             async with asyncio.timeout(STREAM_CLOSE_TIMEOUT_S):
                 await ws.close()
         except Exception:
-            transport = _transport_of(ws)
+            transport = transport_of(ws)
             if transport is not None:
                 transport.abort()
 
-    def _gone(self, stream: _Stream) -> None:
+    def _gone(self, stream: Stream) -> None:
         """The stream's connection ended (or never was): forget it and what it still held. Ended
         by the peer (closed, reset: not retired or aborted here), it is told to the delegate."""
         lost = stream.peer if not stream.closing and not self._closed else None
@@ -698,9 +563,9 @@ class StreamPool:
         if lost is not None:
             self._delegate.connection_lost(lost.node_id, stream.addr)
 
-    def _take_queue(self, stream: _Stream) -> list[bytes]:
+    def _take_queue(self, stream: Stream) -> list[bytes]:
         """Empty the stream's queue: the gossip bodies it held (its calls fail)."""
-        bodies = [body for body in stream.queue if not _is_call(body)]
+        bodies = [body for body in stream.queue if not is_call(body)]
         stream.queue.clear()
         stream.queued_bytes = 0
         self._fail_calls(stream, f"no stream to {stream.addr or 'the peer'}")
@@ -741,13 +606,3 @@ class StreamPool:
         if self._http is not None:
             await self._http.close()
             self._http = None
-
-
-def _transport_of(ws: WebSocket) -> asyncio.Transport | None:
-    """The connection under ``ws``, to abort it (aiohttp offers a graceful close only, which
-    would wait on the very peer that stalled)."""
-    if isinstance(ws, aiohttp.ClientWebSocketResponse):
-        conn = ws._response.connection
-        return conn.transport if conn is not None else None
-    writer = ws._writer
-    return writer.transport if writer is not None else None

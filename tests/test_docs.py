@@ -22,10 +22,10 @@ from agent.daemon.openapi import PATHS, SCHEMAS, document
 from agent.execution.logfiles import MAX_TAIL_BYTES, MAX_TAIL_LINES
 from agent.owning.gang import PREPARE_TTL_S
 from agent.wire.codec import MAX_RECORD_BYTES
+from gossip.admission import ConnectionLimits
 from gossip.budgets import CpuBudget, RateLimit
 from gossip.replay import DEFAULT_WINDOW_S
-from gossip.streams import StreamLimits
-from gossip.transport import ConnectionLimits
+from gossip.streamparts import StreamLimits
 from tests.support import DOCS, documented
 
 ROOT = DOCS.parent

@@ -67,13 +67,13 @@ from agent.storage import purging
 from agent.storage.store import Store, StoreFull
 from agent.wire.records import EVENTS, JOB_PREFIX, NODE, SUB_PREFIX, NodeRecord
 from gossip import revocation
+from gossip.addresses import split_address
 from gossip.certtrust import CertTrust
 from gossip.events import Event, MemberDead, MemberLeft, RecordChanged
 from gossip.identity import IdentityError, load_identity
 from gossip.node import GossipNode
 from gossip.replay import ReplayGuard
 from gossip.revocation import REVOCATIONS_FILE, RevocationError, RevocationList
-from gossip.transport import split_address
 from gossip.vivaldi import Coordinate, VivaldiConfig
 
 log = logging.getLogger("shoal.agent")

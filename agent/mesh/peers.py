@@ -20,10 +20,11 @@ import aiohttp
 
 from agent.common.parsing import json_loads
 from agent.wire.codec import WireError
+from gossip.addresses import split_address
+from gossip.client import PeerCheckingRequest, PooledSession
 from gossip.identity import NodeIdentity
-from gossip.streams import CallFailed
+from gossip.streamparts import CallFailed
 from gossip.tls import client_context
-from gossip.transport import PeerCheckingRequest, PooledSession, split_address
 
 INTERNAL = "/v1/internal"
 

@@ -26,11 +26,12 @@ from agent.wire.health import HealthDoc
 
 if TYPE_CHECKING:  # loaded by the reads that need them (an agent imports this client too)
     from agent.wire.documents import EventsDoc, JobDoc, NodeDoc
+from gossip.addresses import split_address
 from gossip.certtrust import CertSigner
+from gossip.client import PooledSession
 from gossip.envelope import seal
 from gossip.identity import NodeIdentity
 from gossip.tls import client_context
-from gossip.transport import PooledSession, split_address
 
 COMMANDS_PATH = "/v1/commands"
 SUBMIT_RETRY_WAITS_S = (0.5, 1.0, 2.0)

@@ -29,8 +29,9 @@ from hypothesis import strategies as st
 from agent.daemon import api, openapi
 from agent.job.jobspec import new_job_id
 from gossip.identity import load_identity
+from gossip.server import GossipServer
 from gossip.tls import client_context
-from gossip.transport import PROTOCOL_HEADER, PROTOCOL_VERSION, GossipServer
+from gossip.transport import PROTOCOL_HEADER, PROTOCOL_VERSION
 from tests.agent.agents import Mesh, spec, started
 from tests.agent.authority_kit import Kit
 from tests.hostile import JSON, NASTY_TEXT, mutated

@@ -1,6 +1,6 @@
 """Every network call Shoal makes ends against a listener that accepts and never answers: the
 agent-to-agent calls and log streams (``agent.mesh.peers``), the operator's client
-(``agent.operator.client``) and gossip (``gossip.transport``). Each raises its own "unreachable"
+(``agent.operator.client``) and gossip (``gossip.client``). Each raises its own "unreachable"
 error within its timeout.
 
 A listening socket that is never ``accept()``-ed is such a peer: the kernel completes the TCP
@@ -20,7 +20,8 @@ import pytest
 
 from agent.mesh.peers import PeerClient, PeerUnreachable
 from agent.operator.client import AgentUnreachable, ApiClient
-from gossip.transport import GossipClient, Unreachable
+from gossip.client import GossipClient
+from gossip.transport import Unreachable
 from tests.agent.authority_kit import Kit
 
 TIMEOUT_S = 0.5

@@ -8,7 +8,7 @@ from gossip.codec import signing_bytes
 from gossip.config import GossipConfig
 from gossip.messages import Alive, Dead, Record, Suspect
 from gossip.peer import Peer
-from gossip.sim import SimKeyring, SimSigner, SimTrust
+from gossip.simkeys import SimKeyring, SimSigner, SimTrust
 
 KEYRING = SimKeyring()
 

@@ -9,9 +9,10 @@ import asyncio
 import aiohttp
 import pytest
 
+from gossip.admission import FrameGate
 from gossip.budgets import Charged, CpuBuckets, CpuBudget, RateLimit, TokenBuckets
 from gossip.tls import PeerIdentity
-from gossip.transport import FrameGate, TransportStats
+from gossip.transport import TransportStats
 
 
 def test_token_buckets_refill_and_stay_bounded() -> None:

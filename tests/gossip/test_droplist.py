@@ -12,7 +12,8 @@ import pytest
 from gossip import droplist
 from gossip.certtrust import CertTrust
 from gossip.droplist import DropList
-from gossip.transport import GossipServer, RemoteRejected, Unreachable
+from gossip.server import GossipServer
+from gossip.transport import RemoteRejected, Unreachable
 from tests.gossip.test_transport import TIMEOUT_S, Lab, client_for, lab  # noqa: F401
 
 

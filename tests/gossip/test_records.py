@@ -12,7 +12,7 @@ from gossip.events import RecordChanged
 from gossip.messages import Alive, Compound, Record
 from gossip.peer import Peer
 from gossip.records import Offer, RecordStore
-from gossip.sim import SimSigner, SimTrust
+from gossip.simkeys import SimSigner, SimTrust
 from tests.gossip.helpers import KEYRING, alive, make_peer, record
 
 

@@ -15,9 +15,9 @@ from gossip.certtrust import CertTrust
 from gossip.identity import NodeIdentity, enroll_node, init_cluster
 from gossip.messages import MemberState
 from gossip.node import GossipNode
-from gossip.streams import CallFailed
+from gossip.server import GossipServer
+from gossip.streamparts import CallFailed
 from gossip.tls import PeerIdentity
-from gossip.transport import GossipServer
 
 NOW = datetime.now(UTC)
 DAY = timedelta(days=1)

@@ -15,8 +15,10 @@ import aiohttp
 import pytest
 from cryptography.hazmat.primitives.serialization import Encoding
 
+from gossip.admission import ConnectionLimits
 from gossip.budgets import RateLimit
 from gossip.certtrust import CertSigner, CertTrust
+from gossip.client import GossipClient
 from gossip.identity import (
     ClusterIdentity,
     NodeIdentity,
@@ -26,13 +28,11 @@ from gossip.identity import (
     issue_certificate,
 )
 from gossip.revocation import decode, issue_revocations
+from gossip.server import GossipServer
 from gossip.transport import (
     CONTENT_TYPE,
     PATH,
     PROTOCOL_HEADER,
-    ConnectionLimits,
-    GossipClient,
-    GossipServer,
     HandlerRejected,
     PeerMismatch,
     RemoteRejected,
