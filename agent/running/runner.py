@@ -53,16 +53,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from agent.checkpoints.transfer import TransferError
-from agent.execution.executor import (
-    ExecEvent,
-    Exited,
-    Launch,
-    LaunchError,
-    NoRoom,
-    ProcessExecutor,
-    ProgressChanged,
-    StopCause,
-)
+from agent.execution.executor import ExecEvent, Exited, ProcessExecutor, ProgressChanged, StopCause
+from agent.execution.launch import Launch, LaunchError, NoRoom
 from agent.execution.logfiles import Earlier, TailReader
 from agent.execution.pinning import GangRank
 from agent.job.authority import FeaturesLacking, SubmissionRefused

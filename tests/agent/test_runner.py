@@ -21,7 +21,8 @@ import pytest
 from agent.checkpoints.ckptfiles import Vault
 from agent.checkpoints.ckptmove import Checkpoints
 from agent.checkpoints.transfer import FileEntry, Frame, Manifest, TransferLimits
-from agent.execution.executor import ExecutorConfig, ProcessExecutor
+from agent.execution.executor import ProcessExecutor
+from agent.execution.launch import ExecutorConfig
 from agent.job.authority import SubmissionRefused
 from agent.job.jobspec import JobSpec, Resources, new_job_id
 from agent.job.ownership import rank
