@@ -29,7 +29,7 @@ MIN_RUN_S = 600.0
 
 @dataclass
 class Run:
-    """A job the runner runs (``agent.running.runner.LocalRun``'s fields that arbitration reads)."""
+    """A job the runner runs (``agent.running.runs.LocalRun``'s fields that arbitration reads)."""
 
     attempt: int
     devices: tuple[str, ...]

@@ -32,7 +32,8 @@ from agent.mesh.peers import PeerClient
 from agent.mesh.view import ClusterView
 from agent.owning.placement import ShoalPlacement
 from agent.running.confirming import NotConfirmed, Unconfirmed
-from agent.running.runner import Declined, LaunchFailed, NotAllowed, Runner
+from agent.running.runner import Runner
+from agent.running.runs import Declined, LaunchFailed, NotAllowed
 from agent.storage.store import Store
 from agent.wire.calls import AttemptResult, StartOffer, StopAnswer, StopRequest
 from gossip.certtrust import CertSigner
