@@ -42,7 +42,7 @@ def spec_from_mapping(data: Mapping[str, Any], *, human: bool, now: float | None
     if not isinstance(data, Mapping):
         raise ValueError(f"job spec must be a table/object, got {type(data).__name__}")
     check_declared(data)
-    r = Reader(data, "")
+    r = _Reader(data, "")
     declared = r.str_tuple("features")
     r.get("spec_version")
     command = r.str_tuple("command")
@@ -53,7 +53,7 @@ def spec_from_mapping(data: Mapping[str, Any], *, human: bool, now: float | None
         raise ValueError("resources: must be a table/object")
     max_runtime = r.get("max_runtime_s")
     if human and isinstance(max_runtime, str):
-        max_runtime_s: float | None = duration_field(max_runtime, "max_runtime_s")
+        max_runtime_s: float | None = _duration_field(max_runtime, "max_runtime_s")
     else:
         max_runtime_s = r.opt_float("max_runtime_s")
     if max_runtime_s is not None and max_runtime_s <= 0:
@@ -112,7 +112,7 @@ def resources_from_mapping(data: Mapping[str, Any], *, human: bool) -> Resources
     memory, ``gpus`` for ``gpus_per_node``, and a fraction of one GPU there (``0.5``: a share)."""
     if human:
         data = _human_gpus(data)
-    r = Reader(data, "resources")
+    r = _Reader(data, "resources")
     mem_bytes = r.opt_size("min_mem_per_gpu_bytes", human=human)
     if mem_bytes is not None and mem_bytes < 0:
         raise ValueError("resources.min_mem_per_gpu_bytes: must not be negative")
@@ -147,7 +147,7 @@ def resources_from_mapping(data: Mapping[str, Any], *, human: bool) -> Resources
     return out
 
 
-def _deadline(r: Reader, *, human: bool, now: float | None) -> float | None:
+def _deadline(r: _Reader, *, human: bool, now: float | None) -> float | None:
     raw = r.get("deadline")
     if human and isinstance(raw, _dt.datetime):
         if raw.tzinfo is None:
@@ -158,14 +158,14 @@ def _deadline(r: Reader, *, human: bool, now: float | None) -> float | None:
             import time
 
             now = time.time()
-        return now + duration_field(raw, "deadline")
+        return now + _duration_field(raw, "deadline")
     value = r.opt_float("deadline")
     if value is not None and value < 0:
         raise ValueError("deadline: must not be negative")
     return value
 
 
-def size_field(text: str, name: str) -> int:
+def _size_field(text: str, name: str) -> int:
     try:
         size = parse_size(text)
     except ValueError as exc:
@@ -173,7 +173,7 @@ def size_field(text: str, name: str) -> int:
     return wire_integer(size, name)
 
 
-def duration_field(text: str, name: str) -> float:
+def _duration_field(text: str, name: str) -> float:
     try:
         return parse_duration(text)
     except ValueError as exc:
@@ -243,7 +243,7 @@ def _check_range(r: Resources) -> None:
         raise ValueError("resources: a range of GPUs is of whole GPUs, not a share of one")
 
 
-def _share(r: Reader, *, human: bool) -> tuple[float | None, int | None]:
+def _share(r: _Reader, *, human: bool) -> tuple[float | None, int | None]:
     """A share's fraction of a GPU and its memory (``human``: a size string for memory)."""
     fraction = r.opt_float("share_fraction")
     if fraction is not None and not 0 < fraction < 1:
@@ -273,7 +273,7 @@ def _compute_capability(value: str | None) -> str | None:
 _MISSING: Final = object()
 
 
-class Reader:
+class _Reader:
     """Typed, named access to one mapping that remembers which keys were read."""
 
     def __init__(self, data: Mapping[str, Any], prefix: str) -> None:
@@ -313,7 +313,7 @@ class Reader:
         """Bytes; ``human`` also takes a size string (``"40GiB"``)."""
         value = self.get(key)
         if human and isinstance(value, str):
-            return size_field(value, self.name(key))
+            return _size_field(value, self.name(key))
         return self.opt_int(key)
 
     def opt_float(self, key: str) -> float | None:
