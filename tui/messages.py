@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from textual.message import Message
 
-from agent.bootstrap.runner import HostResult
+from agent.bootstrap.hostrun import HostResult
 from agent.job.jobspec import JobSpec
 from tui.model import MeshSnapshot
 from tui.source import MeshSource

@@ -26,7 +26,7 @@ from typing import Any
 from textual.message_pump import MessagePump
 
 from agent.bootstrap.display import failure_lines
-from agent.bootstrap.runner import HostResult
+from agent.bootstrap.hostrun import HostResult
 from agent.cli.bootstrap_cmd import BootstrapPlan, plan_bootstrap
 from tui.messages import HostsAdded, HostStep, OperationDone, OperationsChanged
 from tui.model import MeshSnapshot
@@ -133,7 +133,7 @@ class Operations:
 
 
 class PostingReporter:
-    """A :class:`~agent.bootstrap.runner.Reporter` that posts each step to the screen.
+    """A :class:`~agent.bootstrap.hostrun.Reporter` that posts each step to the screen.
 
     The run happens on the app's event loop, so posting is safe; once the screen is gone the
     messages are dropped.

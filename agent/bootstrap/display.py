@@ -9,12 +9,12 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from agent.bootstrap.runner import HostResult
+from agent.bootstrap.hostrun import HostResult
 from agent.operator.terminal import Column, fitted_table
 
 
 class ProgressDisplay:
-    """A :class:`~agent.bootstrap.runner.Reporter` drawing one spinner line per host."""
+    """A :class:`~agent.bootstrap.hostrun.Reporter` drawing one spinner line per host."""
 
     def __init__(self, console: Console, hosts: Sequence[str]) -> None:
         self._progress = Progress(

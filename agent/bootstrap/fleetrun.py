@@ -18,16 +18,9 @@ import asyncio
 from collections.abc import Sequence
 
 from agent.bootstrap.agentconfig import agent_address
+from agent.bootstrap.hostrun import BootstrapOptions, HostResult, HostRun, Reporter
 from agent.bootstrap.hosts import HostSpec
-from agent.bootstrap.runner import (
-    BootstrapOptions,
-    HostResult,
-    HostRun,
-    Reporter,
-    bootstrap_host,
-    connect_host,
-    uninstall_host,
-)
+from agent.bootstrap.runner import bootstrap_host, connect_host, uninstall_host
 from agent.bootstrap.wiring import Reached, confirm_one_mesh, plan_wiring
 from agent.operator.fleet import FleetAgent, load_fleet, save_fleet
 

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from agent.bootstrap.runner import HostResult, HostWiring
+from agent.bootstrap.hostrun import HostResult, HostWiring
 from agent.operator.client import ApiClient, ApiError
 from agent.operator.failover import first_answering
 from gossip.identity import NodeIdentity

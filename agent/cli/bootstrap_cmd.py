@@ -26,9 +26,9 @@ from agent.bootstrap.display import (
     warning_lines,
 )
 from agent.bootstrap.fleetrun import run_hosts
+from agent.bootstrap.hostrun import BootstrapOptions, HostResult, Reporter
 from agent.bootstrap.hosts import HostSpec, load_hosts_file, parse_target
 from agent.bootstrap.install import InstallSource
-from agent.bootstrap.runner import BootstrapOptions, HostResult, Reporter
 from agent.bootstrap.shipping import LocalBuild, build_checkout_wheel
 from agent.bootstrap.ssh import BootstrapError, SshOptions, default_known_hosts
 from agent.bootstrap.wheelhouse import build_wheelhouse, local_version, project_root

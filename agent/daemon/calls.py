@@ -34,7 +34,8 @@ from agent.owning.ownedjob import OwnerError, store_replica, stored_job
 from agent.owning.owner import LAUNCH_FAILED, Owner
 from agent.running.confirming import NotConfirmed, Unconfirmed
 from agent.running.gangdesk import GangDesk
-from agent.running.runner import Declined, LaunchFailed, NotAllowed, Runner
+from agent.running.runner import Runner
+from agent.running.runs import Declined, LaunchFailed, NotAllowed
 from agent.wire.calls import (
     AttemptResult,
     CheckpointNote,

@@ -46,7 +46,8 @@ from agent.daemon.metrics import AgentMetrics
 from agent.daemon.publisher import Publisher
 from agent.daemon.reads import Reads
 from agent.execution.containment import attempt_key
-from agent.execution.executor import ExecutorConfig, ProcessExecutor
+from agent.execution.executor import ProcessExecutor
+from agent.execution.launch import ExecutorConfig
 from agent.history.history_hints import GpuFacts
 from agent.history.history_sample import NodeSampler
 from agent.history.history_store import open_history

@@ -3,7 +3,7 @@
 - ``inventory`` once at start: host facts (hostname, or the configured name; OS, CPU
   architecture), API address, labels, boot count, the job-spec features this agent runs, and
   every device's static facts with its links and MIG instances. An inventory larger than one
-  record goes on in ``inventory/1``, ``inventory/2``... (``agent.wire.records.InventoryRecord``);
+  record goes on in ``inventory/1``, ``inventory/2``... (``agent.wire.inventory.InventoryRecord``);
   nothing is dropped.
 - ``telemetry``: on change beyond 5 utilization points, 1 GiB of memory or 3 degrees, at most
   once a second, and at least every ``telemetry_heartbeat_s``.
@@ -27,8 +27,9 @@ from agent.daemon.devices import HostDevices
 from agent.job.jobspec import SUPPORTED_FEATURES
 from agent.mesh.events import EventLog
 from agent.wire.codec import MAX_RECORD_BYTES, WireError
+from agent.wire.inventory import InventoryRecord
 from agent.wire.place import PLACE, PlaceRecord, coord_moved_s
-from agent.wire.records import InventoryRecord, NodeRecord, TelemetryRecord
+from agent.wire.records import NodeRecord, TelemetryRecord
 from gossip.vivaldi import Coordinate
 from probers.records import DeviceStatic
 

@@ -1,4 +1,5 @@
-"""Running jobs as local processes: the ``Executor`` seam and the ``ProcessExecutor``.
+"""Running jobs as local processes: the ``ProcessExecutor`` (its seam, ``Executor``, and what it
+is asked to run, ``Launch``, are ``agent.execution.launch``'s).
 
 Each attempt runs as a subprocess in its own session and process group (a new process group on
 Windows), as the job user (``agent.execution.jobuser``), from a clean environment, in its own folder
@@ -32,12 +33,11 @@ import subprocess
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Final, Protocol, cast
+from typing import Final, cast
 
-from agent.execution.containment import ContainmentChoice, attempt_key, open_cage
+from agent.execution.containment import attempt_key, open_cage
 from agent.execution.execevents import (
     Cancelled,
     ExecEvent,
@@ -58,16 +58,8 @@ from agent.execution.jobuser import (
     resolve_job_user,
     unreachable,
 )
-from agent.execution.logfiles import (
-    DEFAULT_BACKUPS,
-    DEFAULT_MAX_BYTES,
-    LOG_NAME,
-    Earlier,
-    RotatingLog,
-    follow,
-    tail,
-)
-from agent.execution.pinning import GangRank, job_env
+from agent.execution.launch import ExecutorConfig, Launch, LaunchError, NoRoom
+from agent.execution.logfiles import LOG_NAME, Earlier, RotatingLog, follow, tail
 from agent.execution.progress import (
     PROGRESS_FILE_ENV,
     PROGRESS_PREFIX,
@@ -78,19 +70,13 @@ from agent.execution.progress import (
 )
 from agent.execution.spawn import Unreachable, signal_name, spawn, use_pidfd_child_watcher
 from agent.execution.spawn import death_signal_launcher as _death_signal_launcher
-from agent.job.envnames import reserved_env
-from agent.job.jobspec import CHECKPOINT_SIGNALS, JobSpec, check_job_id
-from probers.records import DeviceStatic
+from agent.job.jobspec import check_job_id
 
 __all__ = [
     "Cancelled",
     "ExecEvent",
-    "Executor",
-    "ExecutorConfig",
     "ExitCause",
     "Exited",
-    "Launch",
-    "LaunchError",
     "ProcessExecutor",
     "ProgressChanged",
     "Started",
@@ -104,154 +90,6 @@ log = logging.getLogger("shoal.executor")
 _READ_CHUNK: Final = 64 * 1024
 _PIPE_DRAIN_S: Final = 2.0
 _FINISHED_KEPT: Final = 1024
-
-
-class LaunchError(Exception):
-    """The job's process could not be started (command not found, bad working directory...)."""
-
-
-class NoRoom(LaunchError):
-    """The job's folder or log could not be written here (the disk is full): the job itself
-    is not at fault, and may well start elsewhere."""
-
-
-# -- configuration and launch description --------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ExecutorConfig:
-    """How a ``ProcessExecutor`` runs jobs on this node."""
-
-    data_dir: Path
-    """The agent's data folder; jobs live under ``data_dir/jobs/<job_id>/``."""
-    grace_s: float = 10.0
-    """Between the stop signal and SIGKILL, unless a stop names its own."""
-    log_max_bytes: int = DEFAULT_MAX_BYTES
-    log_backups: int = DEFAULT_BACKUPS
-    progress_poll_s: float = 1.0
-    """How often the progress file is looked at."""
-    progress_event_interval_s: float = 1.0
-    """At most one ``ProgressChanged`` per job per this many seconds (the latest is always kept)."""
-    job_user: str | None = ""
-    """Who jobs run as: ``""`` the agent's own user (this class's default, for the executor used
-    alone); ``None`` a dedicated user when the agent runs as root (``shoal-job``, else
-    ``nobody``), else the agent's own; a name, that user (the agent must be root to switch).
-    ``AgentConfig.job_user`` is passed here unchanged, with ``None`` as its default."""
-    containment: ContainmentChoice = "auto"
-    """How every process of a job is found and killed (``agent.execution.containment``): ``auto``
-    takes a cgroup where the agent may make one, else the subreaper (Linux), else the process
-    group."""
-
-
-@dataclass(frozen=True, slots=True)
-class Launch:
-    """One attempt of one job, ready to run on this node."""
-
-    job_id: str
-    attempt: int
-    argv: tuple[str, ...]
-    env: Mapping[str, str] = field(default_factory=dict)
-    """Variables on top of the job user's clean base: the job's own, then Shoal's (pinning...)."""
-    cwd: str | None = None
-    """Working directory; ``None`` runs in the job's folder."""
-    max_runtime_s: float | None = None
-    stop_signal: str = "SIGTERM"
-    """Signal name sent to the group first when the job is stopped."""
-
-    def __post_init__(self) -> None:
-        check_job_id(self.job_id)
-        if self.attempt < 1:
-            raise ValueError(f"attempt numbers start at 1, got {self.attempt}")
-        if not self.argv:
-            raise ValueError("argv must not be empty")
-        if self.stop_signal not in CHECKPOINT_SIGNALS:
-            raise ValueError(f"stop_signal {self.stop_signal!r} is not one Shoal sends")
-        if self.max_runtime_s is not None and self.max_runtime_s <= 0:
-            raise ValueError("max_runtime_s must be positive")
-
-    @classmethod
-    def from_spec(
-        cls,
-        job_id: str,
-        spec: JobSpec,
-        *,
-        attempt: int,
-        devices: Sequence[DeviceStatic] = (),
-        gang: GangRank | None = None,
-        resume: bool = False,
-        share_bytes: int = 0,
-    ) -> Launch:
-        """The launch for ``spec``: its env (less any name Shoal reserves), then Shoal's
-        (``resume``: ``SHOAL_RESUME=1``, the checkpoint folder holds an earlier attempt's;
-        ``share_bytes``: a share of its one device, with the hints of ``pinning.share_env``)."""
-        if spec.image is not None:
-            raise LaunchError("container images are not supported by the process executor yet")
-        env = {k: v for k, v in spec.env.items() if reserved_env(k) is None}
-        env.update(
-            job_env(
-                devices,
-                job_id=job_id,
-                attempt=attempt,
-                checkpoint_dir=spec.checkpoint_dir,
-                gang=gang,
-                resume=resume,
-                share_bytes=share_bytes,
-            )
-        )
-        return cls(
-            job_id=job_id,
-            attempt=attempt,
-            argv=spec.command,
-            env=env,
-            cwd=spec.workdir,
-            max_runtime_s=spec.max_runtime_s,
-            stop_signal=spec.checkpoint_signal,
-        )
-
-
-# -- the seam ------------------------------------------------------------------------------------
-
-
-class Executor(Protocol):
-    """What the agent needs from whatever runs its jobs."""
-
-    async def start(self, launch: Launch) -> Started:
-        """Start one attempt; raises ``LaunchError`` when it cannot, ``ValueError`` when the job
-        already runs here."""
-        ...
-
-    async def stop(
-        self, job_id: str, *, cause: StopCause = "cancel", grace_s: float | None = None
-    ) -> Exited | None:
-        """Stop the job's attempt and wait for it to be gone; ``None`` if it does not run here."""
-        ...
-
-    async def wait(self, job_id: str) -> Exited:
-        """Wait for the job's attempt to end (or return how the last one ended)."""
-        ...
-
-    def running(self) -> tuple[str, ...]:
-        """Ids of the jobs running here."""
-        ...
-
-    def progress(self, job_id: str) -> ProgressReport | None:
-        """The latest progress of the job's current or last attempt."""
-        ...
-
-    def tail(self, job_id: str, lines: int) -> list[str]:
-        """The last lines of the job's log."""
-        ...
-
-    def follow(
-        self, job_id: str, *, from_lines: int = 0, earlier: Earlier | None = None
-    ) -> AsyncIterator[str]:
-        """The job's log lines as they come, ending when the attempt is over (``from_lines``,
-        ``earlier``: as :func:`agent.execution.logfiles.follow` takes them)."""
-        ...
-
-    async def close(self) -> None:
-        """Stop every job (cause ``shutdown``) and release everything."""
-        ...
 
 
 # -- the process executor ------------------------------------------------------------------------

@@ -1,12 +1,13 @@
 """What an agent knows of the mesh: the gossip records it holds, decoded.
 
-Every record kind is defined, encoded and decoded in :mod:`agent.wire.records`; here they are
-taken in, by node and by job. A record that does not decode (garbage, a field of the wrong type,
-more than 4 KiB) is refused and counted, by reason and by kind (``shoal_records_refused_total``,
-``shoal_records_refused_kinds_total``), and the node keeps what it had.
+Every record kind is defined, encoded and decoded in :mod:`agent.wire.records` (the inventory in
+:mod:`agent.wire.inventory`); here they are taken in, by node and by job. A record that does not
+decode (garbage, a field of the wrong type, more than 4 KiB) is refused and counted, by reason and
+by kind (``shoal_records_refused_total``, ``shoal_records_refused_kinds_total``), and the node
+keeps what it had.
 
 - ``inventory`` and its parts ``inventory/<n>``: the node's host and devices, believed once
-  every part of one set has arrived (:func:`agent.wire.records.assemble`).
+  every part of one set has arrived (:func:`agent.wire.inventory.assemble`).
 - ``telemetry``, ``node``, ``events``: the latest of each replaces the one before.
 - ``sub/<id>``: the operator's sealed submission of a job (``agent.job.authority``), published by
   each agent that owns the job. A job is believed to exist only once its submission verifies.
@@ -30,24 +31,26 @@ from typing import Any, Protocol
 from agent.job.authority import FeaturesLacking, Submission, SubmissionRefused
 from agent.job.jobstate import TERMINAL_JOB_STATES, JobState
 from agent.wire.codec import MAX_RECORD_BYTES, WireError, pack, unpack
+from agent.wire.inventory import (
+    INVENTORY,
+    INVENTORY_PART_PREFIX,
+    InventoryHead,
+    InventoryPart,
+    InventoryRecord,
+    assemble,
+)
 from agent.wire.place import PLACE, PlaceRecord
 from agent.wire.records import (
     EVENTS,
-    INVENTORY,
-    INVENTORY_PART_PREFIX,
     JOB_PREFIX,
     NODE,
     SUB_PREFIX,
     TELEMETRY,
     EventsRecord,
     GossipedEvent,
-    InventoryHead,
-    InventoryPart,
-    InventoryRecord,
     JobStatus,
     NodeRecord,
     TelemetryRecord,
-    assemble,
 )
 from gossip.membership import MemberInfo
 from gossip.messages import MemberState

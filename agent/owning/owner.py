@@ -30,6 +30,8 @@ what they use of it (``agent.owning.ownersteps``), not on this module:
 - ``agent.owning.handover``: when an owner is gone, the next agent in the job's rendezvous order
   takes over from the copy it holds (or is handed the copy by the agent that holds it) and asks the
   runner where things stand; a job is handed to the agent first in its order;
+- ``agent.owning.resuming``: after a restart, the jobs it owned taken back and the ends the mesh
+  may not have heard published again;
 - ``agent.owning.gang``: a gang (a job on several nodes) placed, followed and ended as a whole; the
   hooks here hand it the gang's placement, its members' reports and deaths.
 """
@@ -38,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections import Counter
@@ -49,8 +50,6 @@ from agent.job.authority import Submission
 from agent.job.deadlines import missed_line, newly_missed
 from agent.job.jobstate import (
     LIVE,
-    TERMINAL_JOB_STATES,
-    UNENDED_JOB_STATES,
     IllegalTransition,
     JobEvent,
     JobState,
@@ -60,8 +59,8 @@ from agent.job.jobstate import (
 from agent.job.ownership import rank
 from agent.mesh.context import AgentContext
 from agent.mesh.peers import PeerError, decoded_answer
-from agent.mesh.view import JOB_PREFIX, SUB_PREFIX, job_gen
-from agent.owning import handover
+from agent.mesh.view import JOB_PREFIX, SUB_PREFIX
+from agent.owning import handover, resuming
 from agent.owning.cancelling import Cancels
 from agent.owning.collecting import Collector
 from agent.owning.elastic import Grow, Growth, Resizes, shrink_reason
@@ -76,7 +75,7 @@ from agent.owning.placing import MAX_LAUNCH_FAILURES as MAX_LAUNCH_FAILURES
 from agent.owning.placing import RESTORE_TIMEOUT_S as RESTORE_TIMEOUT_S
 from agent.owning.placing import candidates_for, place_once, reserve
 from agent.owning.preempting import host_name, stopped_reason
-from agent.storage.store import JobRecord, StoreFull
+from agent.storage.store import StoreFull
 from agent.wire.calls import (
     AttemptResult,
     CheckpointNote,
@@ -172,66 +171,14 @@ class Owner:
         return sum(1 for j in self.jobs.values() if j.state == JobState.PENDING)
 
     def resume(self) -> int:
-        """After a restart: take back the jobs we owned unless a newer owner published them.
-
-        A job held already (submitted, handed over or adopted since the start) is live here: its
-        stored copy must not replace it, or the copy would re-check, fence and requeue it.
-        Returns how many jobs were taken back.
-        """
-        taken = 0
-        for rec in self.store.jobs(owner=self.node_id, states=UNENDED_JOB_STATES):
-            if rec.job_id in self.jobs:
-                continue
-            with one_job(self.job_errors, "resume", rec.job_id):
-                taken += self._resume_one(rec)
-        return taken
-
-    def _resume_one(self, rec: JobRecord) -> int:
-        """Take back one job stored as ours (1), unless a newer owner published it (0). A copy
-        whose details do not decode is taken back from its record's columns and brought up to
-        the newest record the mesh believes of it (``OwnedJob.from_record``), so that a restart
-        heals it."""
-        job = OwnedJob.from_record(rec)
-        job.note_repaired(self.job_errors)
-        doc = self.view.jobs.get(job.job_id)
-        newer = doc.get("owner") if doc is not None else None
-        if doc is not None and job_gen(doc) > job.gen and newer != self.node_id:
-            # Someone took over while we were away: we stay a replica, of that owner, so
-            # that our sweep takes the job over should it go too (the takeover brings the
-            # copy up to the newest record it believes).
-            if isinstance(newer, str) and newer:
-                self.store.put_job(dataclasses.replace(rec, owner=newer))
-            return 0
-        handover.adopt(self, job, why="resumed after restart")
-        return 1 if job.job_id in self.jobs else 0
+        """After a restart: take back the jobs we owned unless a newer owner published them
+        (``agent.owning.resuming.resume``). Returns how many jobs were taken back."""
+        return resuming.resume(self)
 
     def republish_ended(self, keep_s: float, kept: int) -> int:
-        """After a restart: publish again the ends of our jobs that the mesh may not have heard.
-
-        An owner killed just after it stored a job's end may have gossiped none of it; back, it
-        is live again, so nobody takes the job over, and its runner, which reported the end,
-        says nothing more: the mesh would list the job as it last heard of it, for good. The
-        jobs that ended within what the views keep (``keep_s``, the newest ``kept``) and whose
-        stored record is newer than what this agent's view believes go out again, unchanged.
-        Returns how many.
-        """
-        since = time.time() - keep_s
-        stored = self.store.jobs(
-            owner=self.node_id, states=TERMINAL_JOB_STATES, updated_since=since
-        )
-        ended = [rec for rec in stored if rec.job_id not in self.jobs]
-        ended.sort(key=lambda rec: rec.updated_at, reverse=True)
-        sent = 0
-        for rec in ended[:kept]:
-            with one_job(self.job_errors, "republish", rec.job_id):
-                job = OwnedJob.from_record(rec)
-                doc = self.view.jobs.get(job.job_id)
-                if doc is not None and job_gen(doc) >= job.gen:
-                    continue
-                self.jobs[job.job_id] = job  # as before the restart: forgotten once retired
-                self._announce(job)
-                sent += 1
-        return sent
+        """After a restart: publish again the ends of our jobs that the mesh may not have heard
+        (``agent.owning.resuming.republish_ended``). Returns how many."""
+        return resuming.republish_ended(self, keep_s, kept)
 
     # -- publishing ------------------------------------------------------------------------------
 

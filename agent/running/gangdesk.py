@@ -32,7 +32,8 @@ from collections.abc import Callable
 from agent.execution.pinning import GangRank
 from agent.job.jobspec import check_job_id
 from agent.running.reservations import Hold, HoldRefused
-from agent.running.runner import Declined, NotAllowed, Runner
+from agent.running.runner import Runner
+from agent.running.runs import Declined, NotAllowed
 from agent.wire.calls import (
     GangAbort,
     GangAborted,

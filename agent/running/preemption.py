@@ -43,7 +43,7 @@ from typing import NamedTuple, Protocol
 
 
 class RunFacts(Protocol):
-    """What the runner knows of a job it runs (``agent.running.runner.LocalRun``)."""
+    """What the runner knows of a job it runs (``agent.running.runs.LocalRun``)."""
 
     @property
     def attempt(self) -> int: ...

@@ -24,7 +24,8 @@ Shutdown (SIGTERM): offers are declined from then on; running jobs are stopped w
 checkpoint signal (cause ``shutdown``) and reported, so their owners requeue them elsewhere; the
 agent then leaves the mesh.
 
-This module holds :class:`Runner`: offers (admit, launch), stops and status, the executor's
+This module holds :class:`Runner` (what it answers and holds, its errors and a run here, are
+``agent.running.runs``'): offers (admit, launch), stops and status, the executor's
 events, shutdown, and the logs. Its parts depend on a protocol of what they use of
 it, not on this module:
 
@@ -48,31 +49,17 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any
 
 from agent.checkpoints.transfer import TransferError
-from agent.execution.executor import (
-    ExecEvent,
-    Exited,
-    Launch,
-    LaunchError,
-    NoRoom,
-    ProcessExecutor,
-    ProgressChanged,
-    StopCause,
-)
+from agent.execution.executor import ExecEvent, Exited, ProcessExecutor, ProgressChanged, StopCause
+from agent.execution.launch import Launch, LaunchError, NoRoom
 from agent.execution.logfiles import Earlier, TailReader
 from agent.execution.pinning import GangRank
 from agent.job.authority import FeaturesLacking, SubmissionRefused
 from agent.job.jobspec import JobSpec, check_job_id, lacking_reason
-from agent.job.jobstate import (
-    TERMINAL_JOB_STATES,
-    DrainEvent,
-    NodeDrainState,
-    accepts_work,
-)
+from agent.job.jobstate import TERMINAL_JOB_STATES, DrainEvent, NodeDrainState, accepts_work
 from agent.mesh.context import AgentContext
 from agent.running.admission import NodeFacts, NotAdmitted, Rebind, admit_or_rebind, local_node
 from agent.running.confirming import Confirmer
@@ -83,6 +70,7 @@ from agent.running.preemption import Ask, Preemptions, Refused
 from agent.running.reports import Reports, attempt_result
 from agent.running.reservations import Reservations
 from agent.running.runnerckpt import RunnerCheckpoints
+from agent.running.runs import Admitted, Declined, LaunchFailed, LocalDevices, LocalRun, NotAllowed
 from agent.storage.store import ResultRecord, RunRecord, StoreFull
 from agent.wire.calls import (
     AttemptResult,
@@ -93,7 +81,6 @@ from agent.wire.calls import (
     StopAnswer,
     StopRequest,
 )
-from probers.records import DeviceStatic
 
 if TYPE_CHECKING:
     from agent.checkpoints.ckptmove import Checkpoints
@@ -104,72 +91,14 @@ _STOP_CAUSES: frozenset[str] = frozenset(
     {"cancel", "preempt", "shrink", "migrate", "drain", "fenced", "shutdown"}
 )
 
-
-class Declined(Exception):
-    """An offer this node refuses; the message says why."""
-
-
-class LaunchFailed(Declined):
-    """The offer was taken but the job's process could not be started (its launch error)."""
-
-
-class NotAllowed(Exception):
-    """A call whose caller has no authority over the job (``agent.job.authority``)."""
-
-
-class Admitted(NamedTuple):
-    """What :meth:`Runner.admit` let in: a share's memory on its device (0: devices given
-    whole) and the victims it claimed, to stop before the job starts."""
-
-    share_bytes: int = 0
-    victims: tuple[str, ...] = ()
-    shrink: tuple[str, ...] = ()
-    """Those of ``victims`` that are shrunk (elastic), not preempted."""
-    keys: tuple[str, ...] = ()
-    """The devices the runner chose instead of those offered (``agent.running.admission`` late
-    binding); empty: those offered."""
-
+LOG_TAILS_AT_ONCE = 2
+"""Log tails searched for at once (each reads back up to ``MAX_TAIL_BYTES``)."""
 
 _GANG_HOLD = "(held for a gang)"
 """The holder :meth:`Runner.admit` names for a device a gang holds."""
 
 _WHOLE = Admitted()
 """Admitted on devices given whole, preempting nothing."""
-
-
-@dataclass(slots=True)
-class LocalRun:
-    job_id: str
-    attempt: int
-    owner: str
-    devices: tuple[str, ...]
-    share_bytes: int = 0
-    """The memory it holds of its one device when it is a share of a GPU; 0: devices whole."""
-    priority: int = 0
-    preemptible: bool = False
-    gpus_min: int | None = None
-    """An elastic job's fewest GPUs (``None``: not elastic). All three from the job's
-    operator-signed submission."""
-    started_at: float | None = None
-    """When its process started (``None`` while it launches)."""
-
-
-LOG_TAILS_AT_ONCE = 2
-"""Log tails searched for at once (each reads back up to ``MAX_TAIL_BYTES``)."""
-
-
-class LocalDevices(Protocol):
-    """The devices of this node, as the runner grants them
-    (``agent.daemon.devices.HostDevices``)."""
-
-    def statics(self) -> list[DeviceStatic]:
-        """The accelerators a job may be given (not the CPU)."""
-        ...
-
-    def set_load(self, key: str, jobs: Sequence[int]) -> None:
-        """What runs on the device now: the memory each job holds of it (0: a job given the
-        whole device); empty when idle. A simulated device shows the combined load."""
-        ...
 
 
 class Runner:

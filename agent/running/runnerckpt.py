@@ -40,7 +40,7 @@ CHECKPOINT_SCAN_S = 1.0
 
 
 class RunHere(Protocol):
-    """What is read of a job running here (``agent.running.runner.LocalRun``)."""
+    """What is read of a job running here (``agent.running.runs.LocalRun``)."""
 
     @property
     def attempt(self) -> int: ...

@@ -2,8 +2,9 @@
 
 - :mod:`agent.wire.codec`: the version, the record size limit, msgpack framing and the typed
   field readers every decoder uses (a field of the wrong type is refused, naming the field);
-- :mod:`agent.wire.records`: what agents gossip (``inventory`` and its parts, ``telemetry``,
-  ``node``, ``events``, ``job/<id>``; ``sub/<id>`` stays the operator's sealed envelope);
+- :mod:`agent.wire.records`: what agents gossip (``telemetry``, ``node``, ``events``,
+  ``job/<id>``; ``sub/<id>`` stays the operator's sealed envelope), and
+  :mod:`agent.wire.inventory`: ``inventory`` and its parts;
 - :mod:`agent.wire.documents`: what the HTTP API answers (``/v1/nodes``, ``/v1/jobs``,
   ``/v1/events``, ``/healthz``) and the bodies of the calls between agents (``replicate``,
   ``adopt``, ``start``, ``stop``, ``status``, ``report``).

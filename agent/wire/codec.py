@@ -9,7 +9,7 @@ ask for are never looked at: that is how a reader ignores what a newer writer ad
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Final, TypeVar
 
@@ -63,6 +63,13 @@ def obj(data: Any, name: str = "document") -> Mapping[str, Any]:
     if not isinstance(data, dict | Mapping):
         raise WireError(f"{name}: expected an object, got {type(data).__name__}")
     return data
+
+
+def row(value: Any, name: str, least: int) -> Sequence[Any]:
+    """``value`` when it is a list of at least ``least`` values, else a one-line error."""
+    if not isinstance(value, list | tuple) or len(value) < least:
+        raise WireError(f"{name}: expected a list of at least {least} values")
+    return value
 
 
 def _type_error(name: str, what: str, value: Any) -> WireError:

@@ -17,13 +17,8 @@ from typing import Any, NamedTuple
 
 from agent.wire import codec as c
 from agent.wire.codec import EMPTY_MAP
-from agent.wire.records import (
-    GangMember,
-    JobStatus,
-    host_from_wire,
-    host_to_wire,
-    shares_from_wire,
-)
+from agent.wire.inventory import host_from_wire, host_to_wire
+from agent.wire.records import GangMember, JobStatus, shares_from_wire
 from probers.records import DeviceSample, DeviceStatic, HostInfo, Link, MigDevice
 
 # -- devices and nodes ---------------------------------------------------------------------------

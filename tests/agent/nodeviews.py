@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from agent.mesh.view import NodeView
-from agent.wire.records import InventoryRecord, NodeRecord
+from agent.wire.inventory import InventoryRecord
+from agent.wire.records import NodeRecord
 from probers.records import DeviceStatic, HostInfo
 
 

@@ -20,14 +20,9 @@ import psutil
 import pytest
 
 from agent.execution.containment import ContainmentChoice, SubreaperCage, open_cage
-from agent.execution.executor import (
-    ExecutorConfig,
-    Exited,
-    Launch,
-    ProcessExecutor,
-    ProgressChanged,
-)
+from agent.execution.executor import Exited, ProcessExecutor, ProgressChanged
 from agent.execution.jobuser import SYSTEM_PATH
+from agent.execution.launch import ExecutorConfig, Launch
 from agent.job.jobspec import JobSpec, new_job_id
 from agent.storage.store import Store
 from gossip.identity import enroll_node, init_cluster

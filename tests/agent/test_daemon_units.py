@@ -15,7 +15,8 @@ from agent.mesh.events import GOSSIPED, GOSSIPED_FOR_S, EventLog
 from agent.mesh.view import NodeView
 from agent.owning.placement import FirstFit
 from agent.wire.documents import EventsDoc
-from agent.wire.records import GossipedEvent, InventoryRecord, NodeRecord
+from agent.wire.inventory import InventoryRecord
+from agent.wire.records import GossipedEvent, NodeRecord
 from probers.records import DeviceStatic, HostInfo
 
 NODES = ["node-a", "node-b", "node-c", "node-d"]

@@ -17,15 +17,13 @@ import pytest
 from agent.execution.executor import (
     Cancelled,
     ExecEvent,
-    ExecutorConfig,
     Exited,
-    Launch,
-    LaunchError,
     ProcessExecutor,
     ProgressChanged,
     Started,
     TimedOut,
 )
+from agent.execution.launch import ExecutorConfig, Launch, LaunchError
 from agent.execution.logfiles import (
     MAX_LINE_BYTES,
     RotatingLog,
@@ -548,7 +546,8 @@ def test_a_silent_job_dies_with_a_killed_agent(tmp_path: Path, launcher: str) ->
             if launcher != "setpriv"
             else ""
         )
-        + "from agent.execution.executor import ExecutorConfig, Launch, ProcessExecutor, Started\n"
+        + "from agent.execution.executor import ProcessExecutor, Started\n"
+        + "from agent.execution.launch import ExecutorConfig, Launch\n"
         "async def main():\n"
         f"    ex = ProcessExecutor(ExecutorConfig(data_dir=Path({str(tmp_path)!r})))\n"
         "    job = Launch(job_id='a' * 32, attempt=1, argv=('sleep', '60'))\n"
@@ -614,7 +613,8 @@ def test_an_agent_killed_before_the_death_signal_is_armed_leaves_no_job_started(
         "from pathlib import Path\n"
         "import agent.execution.executor\n"
         + _SLOW_LAUNCHES[launcher]
-        + "from agent.execution.executor import ExecutorConfig, Launch, ProcessExecutor\n"
+        + "from agent.execution.executor import ProcessExecutor\n"
+        + "from agent.execution.launch import ExecutorConfig, Launch\n"
         "async def main():\n"
         f"    ex = ProcessExecutor(ExecutorConfig(data_dir=Path({str(tmp_path)!r})))\n"
         f"    argv = ('/bin/sh', '-c', 'touch {started}; exec sleep 60')\n"

@@ -23,7 +23,8 @@ from agent.cli import build_parser, submit_cmd
 from agent.common.errors import UserError
 from agent.daemon.config import AgentConfig, config_from_mapping, load_config
 from agent.job.authority import SubmissionRefused, read_submission
-from agent.job.jobspec import JobSpec, Resources, parse_duration, parse_size
+from agent.job.jobspec import JobSpec, Resources
+from agent.job.units import parse_duration, parse_size
 from agent.operator.fleet import load_fleet
 from agent.wire.place import dataset_name_problem
 from gossip import envelope

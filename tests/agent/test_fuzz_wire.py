@@ -37,11 +37,11 @@ from agent.wire.documents import (
     nodes_from_wire,
 )
 from agent.wire.health import HealthDoc
+from agent.wire.inventory import InventoryRecord
 from agent.wire.records import (
     AttemptEntry,
     EventsRecord,
     GossipedEvent,
-    InventoryRecord,
     JobStatus,
     NodeRecord,
     TelemetryRecord,

@@ -13,7 +13,7 @@ import pytest
 
 from agent.job.jobspec import JobSpec, Resources
 from agent.running.gangdesk import GangDesk
-from agent.running.runner import Declined, NotAllowed
+from agent.running.runs import Declined, NotAllowed
 from agent.wire.calls import GangAbort, GangCommit, GangPrepare
 from agent.wire.records import GangMember
 from tests.agent.authority_kit import write_ahead

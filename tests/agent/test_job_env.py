@@ -22,9 +22,10 @@ import pytest
 
 import agent.execution.executor
 from agent.execution.containment import open_cage
-from agent.execution.executor import ExecutorConfig, Exited, Launch, LaunchError, ProcessExecutor
+from agent.execution.executor import Exited, ProcessExecutor
 from agent.execution.jobenv import CARRIER_PREFIX, LAUNCHER_ENV, after_switch, checked_env
 from agent.execution.jobuser import SYSTEM_PATH, lookup_job_user
+from agent.execution.launch import ExecutorConfig, Launch, LaunchError
 from agent.execution.spawn import check_program, death_signal_launcher
 from agent.job.jobspec import JobSpec, new_job_id
 from tests.support import require_system

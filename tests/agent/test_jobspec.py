@@ -12,9 +12,8 @@ from agent.job.jobspec import (
     UnknownFeatures,
     check_job_id,
     new_job_id,
-    parse_duration,
-    parse_size,
 )
+from agent.job.units import parse_duration, parse_size
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ from agent.owning.placing import place_once
 from agent.owning.recentoffers import HOLD_S
 from agent.storage.store import JobRecord, Store
 from agent.wire.calls import AttemptResult, StopAnswer
-from agent.wire.records import InventoryRecord
+from agent.wire.inventory import InventoryRecord
 from gossip.identity import NodeIdentity
 from gossip.tls import server_context
 from probers.records import DeviceStatic, HostInfo

@@ -19,7 +19,8 @@ from agent.policy import adapt
 from agent.policy.config import PolicyConfig
 from agent.running.preemption import Ask, Preemptions, Refused, arbitrate
 from agent.wire.calls import AttemptResult
-from agent.wire.records import InventoryRecord, JobStatus, NodeRecord
+from agent.wire.inventory import InventoryRecord
+from agent.wire.records import JobStatus, NodeRecord
 from probers.records import DeviceStatic, HostInfo
 from tests.agent.authority_kit import Kit
 
@@ -29,7 +30,7 @@ MIN_RUN_S = 600.0
 
 @dataclass
 class Run:
-    """A job the runner runs (``agent.running.runner.LocalRun``'s fields that arbitration reads)."""
+    """A job the runner runs (``agent.running.runs.LocalRun``'s fields that arbitration reads)."""
 
     attempt: int
     devices: tuple[str, ...]

@@ -21,7 +21,8 @@ import pytest
 from agent.checkpoints.ckptfiles import Vault
 from agent.checkpoints.ckptmove import Checkpoints
 from agent.checkpoints.transfer import FileEntry, Frame, Manifest, TransferLimits
-from agent.execution.executor import ExecutorConfig, ProcessExecutor
+from agent.execution.executor import ProcessExecutor
+from agent.execution.launch import ExecutorConfig
 from agent.job.authority import SubmissionRefused
 from agent.job.jobspec import JobSpec, Resources, new_job_id
 from agent.job.ownership import rank
@@ -31,7 +32,8 @@ from agent.mesh.peers import PeerClient
 from agent.mesh.view import ClusterView
 from agent.owning.placement import ShoalPlacement
 from agent.running.confirming import NotConfirmed, Unconfirmed
-from agent.running.runner import Declined, LaunchFailed, NotAllowed, Runner
+from agent.running.runner import Runner
+from agent.running.runs import Declined, LaunchFailed, NotAllowed
 from agent.storage.store import Store
 from agent.wire.calls import AttemptResult, StartOffer, StopAnswer, StopRequest
 from gossip.certtrust import CertSigner

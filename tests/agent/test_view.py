@@ -13,7 +13,8 @@ from agent.job.jobspec import JobSpec, new_job_id
 from agent.job.ownership import rank
 from agent.mesh.view import ClusterView, NodeView, pack
 from agent.policy.adapt import NodeMemo
-from agent.wire.records import InventoryRecord, NodeRecord
+from agent.wire.inventory import InventoryRecord
+from agent.wire.records import NodeRecord
 from gossip.certtrust import CertSigner, CertTrust
 from gossip.revocation import issue_revocations
 from probers.records import DeviceSample, DeviceStatic, HostInfo

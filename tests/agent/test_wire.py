@@ -44,12 +44,12 @@ from agent.wire.codec import (
 )
 from agent.wire.documents import DeviceDoc, EventDoc, EventsDoc, JobDoc, NodeDoc
 from agent.wire.health import HealthDoc
+from agent.wire.inventory import InventoryRecord
 from agent.wire.records import (
     AttemptEntry,
     EventsRecord,
     GangMember,
     GossipedEvent,
-    InventoryRecord,
     JobStatus,
     NodeRecord,
     TelemetryRecord,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.bootstrap.runner import HostResult, QuietReporter
+from agent.bootstrap.hostrun import HostResult, QuietReporter
 from agent.cli.bootstrap_args import add_bootstrap_arguments
 from agent.cli.bootstrap_cmd import bootstrap
 from agent.sandbox.localmesh import LocalMesh, free_ports

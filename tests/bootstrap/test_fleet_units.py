@@ -11,9 +11,9 @@ import asyncssh
 import pytest
 
 from agent.bootstrap.display import note_lines, summary_table, warning_lines
+from agent.bootstrap.hostrun import HostResult
 from agent.bootstrap.hosts import HostSpec
 from agent.bootstrap.mesh import describe_devices
-from agent.bootstrap.runner import HostResult
 from agent.bootstrap.shipping import (
     HostPlatform,
     _split_requirement,

@@ -12,10 +12,10 @@ import pytest
 from agent.bootstrap.agentconfig import agent_address, render_config
 from agent.bootstrap.certify import KeyReport, needs_certificate
 from agent.bootstrap.display import failure_lines
+from agent.bootstrap.hostrun import HostResult
 from agent.bootstrap.hosts import HostSpec, parse_hosts_file, parse_target
 from agent.bootstrap.layout import RemoteLayout
 from agent.bootstrap.probe import NoPython, parse_probe, require_python
-from agent.bootstrap.runner import HostResult
 from agent.bootstrap.service import Service, choose_kind, launchd_plist, systemd_unit
 from agent.bootstrap.ssh import keyscan_command
 from agent.common.errors import UserError

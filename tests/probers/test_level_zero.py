@@ -11,10 +11,16 @@ import pytest
 
 from probers.base import ProberUnavailable
 from probers.level_zero import (
+    LevelZeroProber,
+    pci_bus_id_from_address,
+    power_mw_from_counters,
+    util_pct_from_activity,
+    uuid_to_str,
+)
+from probers.level_zero_abi import (
     PROTOTYPES,
     ZE_RESULT_ERROR_DEVICE_LOST,
     ZE_RESULT_SUCCESS,
-    LevelZeroProber,
     ZeDeviceProperties,
     ZesDeviceProperties,
     ZesEngineProperties,
@@ -24,10 +30,6 @@ from probers.level_zero import (
     ZesPciProperties,
     ZesPowerProperties,
     ZesTempProperties,
-    pci_bus_id_from_address,
-    power_mw_from_counters,
-    util_pct_from_activity,
-    uuid_to_str,
 )
 
 # The Data Center GPU Max 1100 of the xpu-smi capture: xpu-smi prints its UUID as below.

@@ -32,8 +32,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, DataTable, Input, Label, Static
 
+from agent.bootstrap.hostrun import HostResult
 from agent.bootstrap.hosts import parse_target
-from agent.bootstrap.runner import HostResult
 from agent.bootstrap.ssh import BootstrapError
 from agent.cli.bootstrap_args import parse_bootstrap_args
 from agent.cli.bootstrap_cmd import collect_hosts

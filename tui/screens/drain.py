@@ -10,7 +10,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
-from agent.job.jobspec import parse_duration
+from agent.job.units import parse_duration
 from tui.model import HostView, JobView
 
 
