@@ -32,9 +32,10 @@ from typing import Any
 
 from agent.policy.config import PolicyConfig
 from bench.sched.cluster import NodeSpec, nodes_from_openb, nodes_from_spec
-from bench.sched.engine import SimConfig, Simulation
+from bench.sched.engine import Simulation
 from bench.sched.metrics import JobRecord, pct, ratios, summarize
 from bench.sched.policies import BackfillCentral, BestFitCentral, FifoMesh, ShoalMesh
+from bench.sched.simtypes import SimConfig
 from bench.sched.traces import TraceJob, gavel_synthetic, generic_csv, openb
 from bench.sched.truth import Truth
 

@@ -25,7 +25,8 @@ from agent.policy.place import could_fit_now
 from agent.policy.queue import Reservation, order_key, queue_order
 from agent.policy.snapshot import Job, Node, Placement, Snapshot
 from agent.policy.state import PolicyState
-from bench.sched.engine import MoveOrder, Plan, Simulation, Start
+from bench.sched.engine import Simulation
+from bench.sched.simtypes import MoveOrder, Plan, Start
 
 
 class ShoalMesh:

@@ -6,8 +6,9 @@ from agent.policy.decision import decide
 from agent.policy.model import ThroughputModel
 from agent.policy.snapshot import Snapshot
 from bench.sched.cluster import NodeSpec
-from bench.sched.engine import SimConfig, Simulation
+from bench.sched.engine import Simulation
 from bench.sched.policies import ShoalMesh
+from bench.sched.simtypes import SimConfig
 from bench.sched.traces import TraceJob
 from bench.sched.truth import Truth
 from tests.policy.helpers import job, node

@@ -15,8 +15,9 @@ import pytest
 from agent.policy.config import PolicyConfig
 from agent.policy.snapshot import Placement
 from bench.sched.cluster import NodeSpec, nodes_from_openb, nodes_from_spec
-from bench.sched.engine import MoveOrder, SimConfig, SimJob, Simulation
+from bench.sched.engine import Simulation
 from bench.sched.policies import BackfillCentral, BestFitCentral, FifoMesh, ShoalMesh
+from bench.sched.simtypes import MoveOrder, SimConfig, SimJob
 from bench.sched.traces import TraceJob, gavel_synthetic, openb
 from bench.sched.truth import Truth
 
