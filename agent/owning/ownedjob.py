@@ -9,16 +9,20 @@ verified, never one in the body (``agent.job.authority``).
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import dataclasses
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from agent.job.authority import Authority
 from agent.job.jobspec import JobSpec, check_job_id
 from agent.job.jobstate import JobState
-from agent.storage.store import JobRecord, Store
+from agent.storage.store import JobRecord, Store, StoreFull
 from agent.wire.calls import JobTransfer, OwnerDetail
 from agent.wire.codec import MAX_RECORD_BYTES, WireError
 from agent.wire.records import AttemptEntry, GangMember, JobStatus
@@ -297,3 +301,18 @@ def stored_job(store: Store, job_id: str) -> dict[str, Any] | None:
     replica's holder; ``None`` if it holds none."""
     stored = store.get_job(job_id)
     return OwnedJob.from_record(stored).to_json() if stored is not None else None
+
+
+@contextlib.contextmanager
+def kept_or_undone(job: OwnedJob) -> Iterator[None]:
+    """What a step changes in ``job`` stays only if its save is kept: a full disk
+    (:class:`StoreFull`) undoes it in memory too. The caller (a runner reporting how an attempt
+    ended) is answered 507 and asks again, and the step runs again, instead of finding the job
+    moved on in this owner's memory alone, never saved nor said to the mesh."""
+    before = copy.deepcopy(job)
+    try:
+        yield
+    except StoreFull:
+        for f in dataclasses.fields(job):
+            setattr(job, f.name, getattr(before, f.name))
+        raise

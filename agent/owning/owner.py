@@ -68,7 +68,7 @@ from agent.owning.gang import Gangs
 from agent.owning.handover import HANDOVER_SETTLE_S as HANDOVER_SETTLE_S
 from agent.owning.handover import UNHEARD_OWNER_GRACE_S as UNHEARD_OWNER_GRACE_S
 from agent.owning.meshqueue import MeshQueues
-from agent.owning.ownedjob import OwnedJob, OwnerError, gossip_payload, job_wire
+from agent.owning.ownedjob import OwnedJob, OwnerError, gossip_payload, job_wire, kept_or_undone
 from agent.owning.placement import Candidate, Placement
 from agent.owning.placing import LAUNCH_FAILED as LAUNCH_FAILED
 from agent.owning.placing import MAX_LAUNCH_FAILURES as MAX_LAUNCH_FAILURES
@@ -393,13 +393,14 @@ class Owner:
     def report(self, runner: str, r: AttemptResult) -> dict[str, Any]:
         """An attempt ended on ``runner``; stale reports (other attempt or runner) are dropped."""
         job = self._owned(r.job_id)
-        if job.members:
-            return self.gangs.report(job, runner, r)
-        if r.attempt != job.attempt or runner != job.runner or job.state not in LIVE:
-            return {"ok": True, "stale": True}
-        job.attempt_ended(job.attempt, r.cause, r.exit_code, _finished(r))
-        self._conclude(job, runner, r)
-        return {"ok": True}
+        with kept_or_undone(job):
+            if job.members:
+                return self.gangs.report(job, runner, r)
+            if r.attempt != job.attempt or runner != job.runner or job.state not in LIVE:
+                return {"ok": True, "stale": True}
+            job.attempt_ended(job.attempt, r.cause, r.exit_code, _finished(r))
+            self._conclude(job, runner, r)
+            return {"ok": True}
 
     def report_answered(self, runner: str, r: AttemptResult) -> None:
         """How an attempt ended, as the runner answered this owner's own call (a stop, a
