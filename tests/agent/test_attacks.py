@@ -588,9 +588,12 @@ def test_a_newer_attempt_confirmed_elsewhere_fences_the_older_copy_at_once(
     }
     try:
         assert intruder.call(second, "start", offer) == 200
+        # Attempt 2 was confirmed and started on the second runner; what the job's own owner
+        # process does with it afterwards (it placed no such attempt) is not this test's.
+        assert metric(mesh, second, "shoal_start_confirmations_total", outcome="confirmed") >= 1
         mesh.wait(
             "attempt 1 fenced on its runner",
-            lambda: not runs_here(mesh, first, job_id) and runs_here(mesh, second, job_id),
+            lambda: not runs_here(mesh, first, job_id),
             deadline_s=30.0,  # the stop and its report, on a busy 2-core machine
         )
         exits = [
@@ -652,9 +655,12 @@ def test_an_older_copy_the_other_owner_forgot_is_fenced_through_its_runners_reco
             "submission": base64.b64encode(sealed).decode(),
         }
         assert intruder.call(second, "start", offer) == 200
+        # Attempt 2 was confirmed and started on the second runner; what the job's own owner
+        # process does with it afterwards (it placed no such attempt) is not this test's.
+        assert metric(mesh, second, "shoal_start_confirmations_total", outcome="confirmed") >= 1
         mesh.wait(
             "attempt 1 fenced on its runner",
-            lambda: not runs_here(mesh, first, job_id) and runs_here(mesh, second, job_id),
+            lambda: not runs_here(mesh, first, job_id),
             deadline_s=30.0,  # the stop and its report, on a busy 2-core machine
         )
         assert metric(mesh, other, "shoal_start_confirmations_total", outcome="fenced") == 1
