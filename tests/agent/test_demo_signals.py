@@ -246,7 +246,13 @@ def test_the_plain_table_written_to_a_file_names_the_mesh_at_once(tmp_path: Path
         assert f"export SHOAL_HOME={root}\n" in content
         assert f"--identity {root / 'cluster'}\n" in content  # a whole line, not wrapped at 80
 
-        nodes = shoal("nodes", "--json", "--agent", address, "--identity", str(root / "cluster"))
+        # The address is named as the agents start; the mesh answers there once it listens.
+        argv = ("nodes", "--json", "--agent", address, "--identity", str(root / "cluster"))
+        deadline = time.monotonic() + READY_S
+        nodes = shoal(*argv)
+        while nodes.returncode != 0 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            nodes = shoal(*argv)
         assert nodes.returncode == 0, nodes.stderr
         content = _wait_for(log, "Host", READY_S)  # the nodes table, once converged
         assert "Host" in content and "GPUs" in content, content
