@@ -40,7 +40,7 @@ from agent.history.history import (
     trim_before,
 )
 from agent.history.history_hints import WINDOW_S, GpuFacts, node_hints
-from agent.storage.sqlitefile import StoreError, StoreFull, migrate, private_files, transaction
+from agent.storage.sqlitefile import StoreError, StoreFull, migrate, open_database, transaction
 from agent.wire.history import HistoryDoc, HistoryHint, HistoryQuery, HistorySeries
 
 log = logging.getLogger("shoal.history")
@@ -96,14 +96,7 @@ class HistoryStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        private_files(path)
-        try:
-            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-            self._db.execute("PRAGMA busy_timeout = 5000")
-            self._db.execute("PRAGMA journal_mode = WAL")
-            self._db.execute("PRAGMA synchronous = NORMAL")
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{path}: not a usable SQLite database ({exc})") from None
+        self._db = open_database(path, "NORMAL")
         self._lock = threading.Lock()
         self._ids: dict[SeriesKey, int] = {}
         self._migrate()

@@ -42,6 +42,22 @@ def private_files(path: Path) -> None:
         set_file_mode(path.with_name(name), 0o600)
 
 
+def open_database(path: Path, synchronous: str) -> sqlite3.Connection:
+    """``path`` opened as every agent file is: private, one connection shared between threads
+    (callers hold their own lock), WAL, ``synchronous`` as given (``FULL`` for what must survive
+    a power cut, ``NORMAL`` for what may lose its last seconds); a file that is not a usable
+    database is :class:`StoreError`."""
+    private_files(path)
+    try:
+        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA busy_timeout = 5000")
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute(f"PRAGMA synchronous = {synchronous}")
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"{path}: not a usable SQLite database ({exc})") from None
+    return db
+
+
 @contextlib.contextmanager
 def transaction(
     db: sqlite3.Connection, lock: contextlib.AbstractContextManager[Any], path: Path

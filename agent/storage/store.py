@@ -31,7 +31,7 @@ from agent.job.jobspec import JobSpec
 from agent.job.jobstate import TERMINAL_JOB_STATES, JobState
 from agent.storage.sqlitefile import StoreError as StoreError
 from agent.storage.sqlitefile import StoreFull as StoreFull
-from agent.storage.sqlitefile import migrate, private_files, transaction
+from agent.storage.sqlitefile import migrate, open_database, transaction
 
 log = logging.getLogger("shoal.store")
 
@@ -149,14 +149,7 @@ class Store:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        private_files(path)
-        try:
-            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-            self._db.execute("PRAGMA busy_timeout = 5000")
-            self._db.execute("PRAGMA journal_mode = WAL")
-            self._db.execute("PRAGMA synchronous = FULL")
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{path}: not a usable SQLite database ({exc})") from None
+        self._db = open_database(path, "FULL")
         self._lock = threading.RLock()
         self.unreadable_jobs = 0
         """Job rows read that did not decode (left out of what was read, each time)."""
