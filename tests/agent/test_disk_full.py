@@ -39,15 +39,16 @@ def _tmpfs_mountable(probe: Path) -> tuple[bool, str]:
     return True, ""
 
 
-@pytest.fixture
-def mesh(tmp_path: Path) -> Iterator[Mesh]:
+def small_disk_mesh(tmp_path: Path, profiles: list[str], size: str) -> Iterator[Mesh]:
+    """A mesh whose agent 0 keeps its data folder on a tmpfs of ``size`` that the test mounts
+    (the disk a test fills is its own), started; stopped and unmounted afterwards."""
     ok, why = _tmpfs_mountable(tmp_path / "probe")
     require_system(ok, why)
-    m = Mesh(tmp_path, ["h100:1", "l4:1", "mi300x:1"])
+    m = Mesh(tmp_path, profiles)
     folder = m.agents[0].directory
     kept = tmp_path / "kept"
     shutil.copytree(folder, kept)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(folder)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True)
     try:
         shutil.copytree(kept, folder, dirs_exist_ok=True)
         m.start_all()
@@ -55,6 +56,11 @@ def mesh(tmp_path: Path) -> Iterator[Mesh]:
     finally:
         m.stop_all()
         subprocess.run(["umount", "--lazy", str(folder)], check=False)
+
+
+@pytest.fixture
+def mesh(tmp_path: Path) -> Iterator[Mesh]:
+    yield from small_disk_mesh(tmp_path, ["h100:1", "l4:1", "mi300x:1"], "8m")
 
 
 def _fill(folder: Path) -> Path:

@@ -5,8 +5,6 @@ the mesh, its store takes writes again, and it runs the next job; no acknowledge
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,8 +13,7 @@ import pytest
 
 from agent.job.jobspec import Resources, new_job_id
 from tests.agent.agents import Mesh, spec
-from tests.agent.test_disk_full import _tmpfs_mountable
-from tests.support import require_system
+from tests.agent.test_disk_full import small_disk_mesh
 
 pytestmark = [pytest.mark.slow, pytest.mark.system]
 
@@ -39,20 +36,7 @@ ROCM = Resources(gpus_per_node=1, backends=("rocm",))
 
 @pytest.fixture
 def mesh(tmp_path: Path) -> Iterator[Mesh]:
-    ok, why = _tmpfs_mountable(tmp_path / "probe")
-    require_system(ok, why)
-    m = Mesh(tmp_path, ["mi300x:2", "h100:1", "l4:1"])
-    folder = m.agents[0].directory
-    kept = tmp_path / "kept"
-    shutil.copytree(folder, kept)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(folder)], check=True)
-    try:
-        shutil.copytree(kept, folder, dirs_exist_ok=True)
-        m.start_all()
-        yield m
-    finally:
-        m.stop_all()
-        subprocess.run(["umount", "--lazy", str(folder)], check=False)
+    yield from small_disk_mesh(tmp_path, ["mi300x:2", "h100:1", "l4:1"], "24m")
 
 
 def _submit(mesh: Mesh, via: int, argv: list[str]) -> str:
