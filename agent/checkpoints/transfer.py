@@ -24,6 +24,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from agent.content.manifest import path_problem
 from agent.job.jobspec import check_job_id
 from agent.wire import codec as c
 from agent.wire.codec import WireError
@@ -34,8 +35,6 @@ _HEADER: Final = struct.Struct("!4sBIQI32s")
 HEADER_BYTES: Final = _HEADER.size
 """A frame's header: magic, version, file index, offset, length, SHA-256 of the chunk."""
 _SHA_HEX: Final = re.compile(r"[0-9a-f]{64}")
-MAX_PATH_BYTES: Final = 1024
-MAX_DEPTH: Final = 32
 
 
 class TransferError(ValueError):
@@ -126,13 +125,9 @@ def _entry(value: Any, name: str) -> FileEntry:
 
 def check_path(path: str) -> str:
     """``path`` if it is a safe relative file path inside a checkpoint folder, else raises."""
-    if not path or len(path.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES:
-        raise TransferError(f"path {path[:40]!r}: empty or too long")
-    if "\\" in path or "\0" in path or path.startswith("/") or ":" in path.split("/")[0]:
-        raise TransferError(f"path {path[:40]!r}: not a relative path")
-    parts = path.split("/")
-    if len(parts) > MAX_DEPTH or any(p in ("", ".", "..") for p in parts):
-        raise TransferError(f"path {path[:40]!r}: not a plain relative path")
+    problem = path_problem(path)
+    if problem is not None:
+        raise TransferError(problem)
     return path
 
 
