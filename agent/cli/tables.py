@@ -187,6 +187,7 @@ NODE_COLUMNS: tuple[Column, ...] = (
     ("Util", "right", 5),
     ("Mem", "right", 4),
     ("Jobs", "right", 4),
+    ("Containers", "left", 10),
     ("GPUs", "left", None),
 )
 
@@ -211,6 +212,7 @@ def node_row(node: Mapping[str, Any]) -> list[str]:
         util,
         mem,
         str(len(node.get("running_jobs") or [])) if alive else "-",
+        str((node.get("labels") or {}).get("container_runtime") or "-"),
         (_shared(node) if alive else "") + _gpu_names(devices),
     ]
 
