@@ -1,0 +1,249 @@
+"""Jobs in containers through the real podman, pulling from a real local registry.
+
+Skipped with the reason where podman, docker-registry or busybox-static is missing (or the tests
+do not run as root); failed instead under ``SHOAL_REQUIRE_SYSTEM_TESTS=1``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from agent.execution.containers import DeviceView
+from agent.execution.executor import ProcessExecutor
+from agent.execution.jobuser import lookup_job_user
+from agent.execution.launch import ExecutorConfig, Launch, LaunchError
+from agent.job.jobspec import JobSpec, Resources, new_job_id
+from probers.records import DeviceStatic
+from tests.agent.containerkit import Registry, fake_dev, podman, registry, runtime
+
+__all__ = ["registry"]
+
+NVIDIA = tuple(
+    DeviceStatic(
+        key=f"GPU-{i}0000000-0000-0000-0000-000000000000",
+        vendor="nvidia",
+        backend="cuda",
+        name="NVIDIA H100",
+        source="test",
+        vendor_index=i,
+        uuid=f"GPU-{i}0000000-0000-0000-0000-000000000000",
+    )
+    for i in range(4)
+)
+AMD = DeviceStatic(
+    key="drm:card1", vendor="amd", backend="rocm", name="MI300X", source="test", vendor_index=1
+)
+DEV_NODES = (
+    *(f"nvidia{i}" for i in range(4)),
+    "nvidiactl",
+    "nvidia-uvm",
+    "kfd",
+    "dri/renderD128",
+    "dri/renderD129",
+)
+
+
+@pytest.fixture
+async def executor(tmp_path: Path, registry: Registry) -> AsyncIterator[ProcessExecutor]:
+    config = ExecutorConfig(
+        data_dir=tmp_path / "data",
+        grace_s=2.0,
+        job_user="nobody",
+        container_runtime=runtime(tmp_path / "podman", registry),
+        device_view=DeviceView(
+            dev_root=fake_dev(tmp_path / "dev", DEV_NODES),
+            sys_root=tmp_path / "sys",
+            cdi_dirs=(tmp_path / "cdi",),
+            library_dirs=(),
+        ),
+    )
+    ex = ProcessExecutor(config)
+    yield ex
+    await asyncio.wait_for(ex.close(), 30)
+
+
+def job(registry: Registry, script: str, **spec: object) -> tuple[str, JobSpec]:
+    return new_job_id(), JobSpec(command=("sh", "-c", script), image=registry.image, **spec)  # type: ignore[arg-type]
+
+
+async def run(ex: ProcessExecutor, launch: Launch) -> tuple[int | None, list[str]]:
+    await ex.start(launch)
+    exited = await asyncio.wait_for(ex.wait(launch.job_id), 60)
+    return exited.exit_code, ex.tail(launch.job_id, 100)
+
+
+async def test_a_container_sees_only_its_devices_and_its_variables(
+    executor: ProcessExecutor, registry: Registry
+) -> None:
+    job_id, spec = job(
+        registry,
+        "ls /dev; echo CUDA=$CUDA_VISIBLE_DEVICES; echo ROCR=$ROCR_VISIBLE_DEVICES;"
+        " echo HIP=$HIP_VISIBLE_DEVICES; echo MINE=$MINE; echo JOB=$SHOAL_JOB_ID; id -u; pwd",
+        env={"MINE": "a value with spaces = and 'quotes'"},
+        resources=Resources(gpus_per_node=1),
+    )
+    launch = Launch.from_spec(job_id, spec, attempt=1, devices=[NVIDIA[2]])
+    code, lines = await run(executor, launch)
+    assert code == 0, lines
+    nobody = lookup_job_user("nobody")
+    assert "nvidia2" in lines and "nvidiactl" in lines and "nvidia-uvm" in lines
+    assert not {"nvidia0", "nvidia1", "nvidia3", "kfd"} & set(lines), lines
+    assert f"CUDA={NVIDIA[2].uuid}" in lines
+    assert "ROCR=" in lines and "HIP=-1" in lines
+    assert "MINE=a value with spaces = and 'quotes'" in lines
+    assert f"JOB={job_id}" in lines
+    assert str(nobody.uid) in lines
+    assert str(executor.job_dir(job_id)) in lines  # its folder, at its own path, is its cwd
+
+    amd_id, amd_spec = job(registry, "ls /dev /dev/dri; echo ROCR=$ROCR_VISIBLE_DEVICES")
+    launch = Launch.from_spec(amd_id, amd_spec, attempt=1, devices=[AMD])
+    code, lines = await run(executor, launch)
+    assert code == 0, lines
+    assert "kfd" in lines and "renderD129" in lines and "renderD128" not in lines
+    assert not any(line.startswith("nvidia") for line in lines), lines
+    assert "ROCR=1" in lines
+
+
+async def test_exit_codes_pass_through(executor: ProcessExecutor, registry: Registry) -> None:
+    job_id, spec = job(registry, "echo out; echo err >&2; exit 3")
+    code, lines = await run(executor, Launch.from_spec(job_id, spec, attempt=1))
+    assert code == 3 and "out" in lines and "err" in lines
+    assert lines[-1].startswith("[shoal] attempt 1 exited with code 3")
+    missing = Launch(
+        job_id=new_job_id(), attempt=1, argv=("no-such-program",), image=registry.image
+    )
+    code, lines = await run(executor, missing)
+    # The container's init (``--init``) says it, and ends with 1 (a host job's shell: 127).
+    assert code == 1 and any("failed to exec pid1" in line for line in lines), lines
+
+
+async def test_a_read_only_mount_is_read_only_and_the_job_folder_writable(
+    executor: ProcessExecutor, registry: Registry, tmp_path: Path
+) -> None:
+    data = tmp_path / "dataset"
+    data.mkdir()
+    data.chmod(0o777)  # the job user may write there on the host: the mount alone forbids it
+    (data / "part-0").write_text("the data\n")
+    job_id, spec = job(
+        registry,
+        f"cat {data}/part-0; touch {data}/x && echo WROTE-DATA; touch ./mine && echo WROTE-OWN",
+    )
+    launch = Launch.from_spec(job_id, spec, attempt=1, read_only=[str(data)])
+    code, lines = await run(executor, launch)
+    assert code == 0 and "the data" in lines and "WROTE-OWN" in lines, lines
+    assert "WROTE-DATA" not in lines and not (data / "x").exists()
+    assert any("Read-only file system" in line for line in lines), lines
+    nobody = lookup_job_user("nobody")
+    assert (executor.job_dir(job_id) / "mine").stat().st_uid == nobody.uid
+
+
+async def test_a_stop_sends_the_signal_then_kills_after_the_grace(
+    executor: ProcessExecutor, registry: Registry
+) -> None:
+    # A job that ends on its signal: its own exit code.
+    job_id, spec = job(
+        registry, "trap 'echo got-term; exit 7' TERM; echo ready; while true; do sleep 0.1; done"
+    )
+    await executor.start(Launch.from_spec(job_id, spec, attempt=1))
+    await _line(executor, job_id, "ready")
+    exited = await asyncio.wait_for(executor.stop(job_id, grace_s=10), 60)
+    assert exited is not None and (exited.exit_code, exited.cause) == (7, "cancel")
+    assert "got-term" in executor.tail(job_id, 20)
+    # A job that ignores it: killed once the grace is over, exit 137.
+    job_id, spec = job(registry, "trap '' TERM; echo ready; while true; do sleep 0.1; done")
+    await executor.start(Launch.from_spec(job_id, spec, attempt=1))
+    await _line(executor, job_id, "ready")
+    began = time.monotonic()
+    exited = await asyncio.wait_for(executor.stop(job_id, grace_s=1.5), 60)
+    assert exited is not None and exited.exit_code == 137, executor.tail(job_id, 20)
+    assert time.monotonic() - began >= 1.5
+    rt = executor.config.container_runtime
+    assert rt is not None
+    assert podman(rt, "ps", "--all", "--format={{.Names}}").strip() == ""
+
+
+async def test_max_runtime_stops_a_container(executor: ProcessExecutor, registry: Registry) -> None:
+    job_id, spec = job(registry, "trap '' TERM; while true; do sleep 0.1; done", max_runtime_s=1.0)
+    code, lines = await run(executor, Launch.from_spec(job_id, spec, attempt=1))
+    assert code == 137
+    assert any("stopping (timeout)" in line for line in lines), lines
+
+
+async def test_an_image_that_cannot_be_pulled_fails_the_launch_in_one_line(
+    executor: ProcessExecutor, registry: Registry
+) -> None:
+    absent = f"{registry.address}/shoal/absent:1"
+    launch = Launch(job_id=new_job_id(), attempt=1, argv=("true",), image=absent)
+    with pytest.raises(LaunchError, match=f"cannot pull image {absent}") as info:
+        await executor.start(launch)
+    assert "\n" not in str(info.value)
+    assert executor.running() == ()
+
+
+async def test_a_value_that_could_inject_is_refused(
+    executor: ProcessExecutor, registry: Registry
+) -> None:
+    newline = Launch(
+        job_id=new_job_id(), attempt=1, argv=("true",), image=registry.image, env={"X": "a\nY=b"}
+    )
+    with pytest.raises(LaunchError, match="line break"):
+        await executor.start(newline)
+    with pytest.raises(ValueError, match="starts with '-'"):
+        Launch(job_id=new_job_id(), attempt=1, argv=("true",), image="--privileged")
+    with pytest.raises(ValueError, match="cannot hold"):
+        Launch(
+            job_id=new_job_id(),
+            attempt=1,
+            argv=("true",),
+            image=registry.image,
+            read_only=("/data:/etc",),
+        )
+
+
+async def test_a_restarted_executor_removes_what_a_dead_agent_left(
+    executor: ProcessExecutor, registry: Registry
+) -> None:
+    rt = executor.config.container_runtime
+    assert rt is not None
+    job_id, spec = job(registry, "echo ready; while true; do sleep 0.1; done")
+    started = await executor.start(Launch.from_spec(job_id, spec, attempt=1))
+    await _line(executor, job_id, "ready")
+    # The agent dies: its client goes (SIGKILL), the container would run on.
+    assert started.pgid is not None
+    os.killpg(started.pgid, signal.SIGKILL)
+    names = podman(rt, "ps", "--format={{.Names}}").split()
+    exited = await asyncio.wait_for(executor.wait(job_id), 60)
+    assert exited.exit_code is None or exited.exit_code != 0
+    assert podman(rt, "ps", "--all", "--format={{.Names}}").strip() == "", names
+    # Left by a run that died before it could clean up: the next run removes it.
+    podman(
+        rt,
+        "run",
+        "-d",
+        f"--name=shoal-{executor.container_key}-{job_id}-2",
+        f"--label=io.shoal.agent={executor.container_key}",
+        registry.image,
+        "sleep",
+        "600",
+    )
+    (executor.containers_folder / f"shoal-{executor.container_key}-{job_id}-2.env").write_text("")
+    again = ProcessExecutor(replace(executor.config))
+    assert podman(rt, "ps", "--all", "--format={{.Names}}").strip() == ""
+    await again.close()
+
+
+async def _line(ex: ProcessExecutor, job_id: str, text: str) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if text in ex.tail(job_id, 50):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no line {text!r} in {ex.tail(job_id, 50)}")
