@@ -136,7 +136,10 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
             str(base / "rootfs.tar"),
             image,
         )
-        podman(builder, "push", "--tls-verify=false", image)
+        try:
+            podman(builder, "push", "--tls-verify=false", image)
+        finally:
+            release(builder)
         yield Registry(address, image, conf)
     finally:
         proc.terminate()
@@ -155,3 +158,16 @@ def fake_dev(root: Path, names: tuple[str, ...]) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         os.mknod(path, 0o666 | 0o020000, os.makedev(1, 3))
     return root
+
+
+def release(rt: ContainerRuntime) -> None:
+    """Unmount what podman left mounted under ``rt``'s storage and remove its run folder."""
+    assert rt.root is not None
+    root = str(rt.root)
+    with open("/proc/self/mounts") as f:
+        mounted = [line.split()[1] for line in f]
+    for point in reversed(mounted):
+        if point == root or point.startswith(root + "/"):
+            subprocess.run(["umount", "-l", point], capture_output=True, check=False, timeout=30)
+    if not rt.run_root.is_relative_to(rt.root):
+        shutil.rmtree(rt.run_root, ignore_errors=True)

@@ -22,7 +22,8 @@ from agent.execution.jobuser import lookup_job_user
 from agent.execution.launch import ExecutorConfig, Launch, LaunchError
 from agent.job.jobspec import JobSpec, Resources, new_job_id
 from probers.records import DeviceStatic
-from tests.agent.containerkit import Registry, fake_dev, podman, registry, runtime
+from tests.agent.agents import Mesh, spec
+from tests.agent.containerkit import Registry, fake_dev, podman, registry, release, runtime
 
 __all__ = ["registry"]
 
@@ -66,8 +67,12 @@ async def executor(tmp_path: Path, registry: Registry) -> AsyncIterator[ProcessE
         ),
     )
     ex = ProcessExecutor(config)
-    yield ex
-    await asyncio.wait_for(ex.close(), 30)
+    try:
+        yield ex
+    finally:
+        await asyncio.wait_for(ex.close(), 30)
+        assert config.container_runtime is not None
+        release(config.container_runtime)
 
 
 def job(registry: Registry, script: str, **spec: object) -> tuple[str, JobSpec]:
@@ -247,3 +252,80 @@ async def _line(ex: ProcessExecutor, job_id: str, text: str) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"no line {text!r} in {ex.tail(job_id, 50)}")
+
+
+# -- real agents -----------------------------------------------------------------------------------
+
+
+def _agents_config(tmp_path: Path, registry: Registry) -> Path:
+    config = tmp_path / "containers.toml"
+    config.write_text(
+        f'container_runtime = "podman"\ncontainers_conf = "{registry.conf}"\n'
+        f'container_root = "{tmp_path / "podman"}"\n'
+        f'insecure_registries = ["{registry.address}"]\n'
+    )
+    return config
+
+
+@pytest.mark.slow
+def test_an_agent_pulls_and_runs_a_job_in_its_image(tmp_path: Path, registry: Registry) -> None:
+    config = _agents_config(tmp_path, registry)
+    mesh = Mesh(tmp_path, ["h100:2"], extra=("--config", str(config)))
+    mesh.start_all()
+    try:
+        (a,) = mesh.agents
+        node = mesh.get(a, "/v1/nodes")["nodes"][0]
+        assert node["labels"]["container_runtime"] == "podman" and "image" in node["features"]
+        job_id = new_job_id()
+        script = "echo CUDA=$CUDA_VISIBLE_DEVICES; echo GPUS=$SHOAL_GPUS; cat /etc/os-release"
+        body = {"job_id": job_id, "spec": spec(["sh", "-c", script], image=registry.image)}
+        assert mesh.command(a, "submit", body)[0] == 200
+        mesh.wait("the job to end", lambda: mesh.job(a, job_id)["state"] in ("succeeded", "failed"))
+        log = mesh.request(a, "GET", f"/v1/jobs/{job_id}/logs?lines=50")[1].decode()
+        # busybox's image has no /etc/os-release: the job ran in it, not on the host.
+        assert mesh.job(a, job_id)["state"] == "failed", log
+        assert "CUDA=GPU-" in log and "GPUS=1" in log and "No such file" in log, log
+    finally:
+        mesh.stop_all()
+        release(runtime(tmp_path / "podman", registry))
+
+
+@pytest.mark.slow
+def test_an_agent_killed_under_a_container_job_loses_it_not(
+    tmp_path: Path, registry: Registry
+) -> None:
+    config = _agents_config(tmp_path, registry)
+    mesh = Mesh(tmp_path, ["h100:1", "h100:1"], extra=("--config", str(config)))
+    mesh.start_all()
+    try:
+        a, b = mesh.agents
+        mesh.command(a, "drain", {"node": a.node_id, "grace_s": 0})
+        mesh.wait(
+            "b to see a drained",
+            lambda: (
+                {n["node_id"]: n for n in mesh.get(b, "/v1/nodes")["nodes"]}[a.node_id]["drain"]
+                == "drained"
+            ),
+        )
+        job_id = new_job_id()
+        ticker = "while true; do echo tick $SHOAL_ATTEMPT; sleep 0.1; done"
+        body = {"job_id": job_id, "spec": spec(["sh", "-c", ticker], image=registry.image)}
+        assert mesh.command(a, "submit", body)[0] == 200
+        mesh.wait("running on b", lambda: mesh.job(a, job_id)["runner"] == b.node_id)
+        rt = runtime(tmp_path / "podman", registry)
+        mesh.wait("its container up", lambda: f"{job_id}-1" in podman(rt, "ps"))
+        mesh.kill(mesh.node_index(b.node_id))
+        # Its output was the dead agent's pipe: the job ends at its next line.
+        mesh.wait("attempt 1's container gone", lambda: f"{job_id}-1" not in podman(rt, "ps"))
+        mesh.start(mesh.node_index(b.node_id))
+        mesh.command(a, "undrain", {"node": a.node_id})
+        mesh.wait(
+            "the lost job requeued and running again",
+            lambda: (j := mesh.job(a, job_id))["state"] == "running" and j["attempt"] >= 2,
+            deadline_s=60,
+        )
+        names = podman(rt, "ps", "--all", "--format={{.Names}}").split()
+        assert not any(n.endswith(f"{job_id}-1") for n in names), names
+    finally:
+        mesh.stop_all()
+        release(runtime(tmp_path / "podman", registry))
