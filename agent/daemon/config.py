@@ -30,6 +30,7 @@ from typing import Any
 
 from agent.common.errors import UserError
 from agent.common.parsing import toml_loads
+from agent.job.imageref import image_ref_problem
 from agent.wire.place import dataset_name_problem
 
 
@@ -164,6 +165,10 @@ def _coerce(name: str, value: Any, where: str) -> Any:
     if name in _TUPLES:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise UserError(f"{where}: {name} must be a list of strings")
+        if name == "insecure_registries":
+            for registry in value:
+                if image_ref_problem(f"{registry}/x") is not None or "/" in registry:
+                    raise UserError(f"{where}: insecure_registries: {registry!r} is not HOST:PORT")
         if name == "datasets":
             for dataset in value:
                 if (problem := dataset_name_problem(dataset)) is not None:
