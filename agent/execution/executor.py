@@ -448,7 +448,11 @@ class ProcessExecutor:
         _signal_group(run, "SIGKILL", leftovers=True)
         runtime = self.config.container_runtime
         if run.container is not None and runtime is not None:
-            await container_call(runtime, remove_argv(runtime, run.container.name))
+            # ``--rm`` removed a container that ended by itself; a stopped or killed one, or
+            # one whose client died, may be left.
+            code = run.transport.get_returncode()
+            if run.stop_cause is not None or code is None or code < 0:
+                await container_call(runtime, remove_argv(runtime, run.container.name))
             run.container.env_file.unlink(missing_ok=True)
         for task in (*run.timers, run.poller, run.sweeper):
             if task is not None:
