@@ -69,9 +69,12 @@ NVIDIA_LIBRARIES: Final = (
 )
 LIBRARY_DIRS: Final = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64")
 NVIDIA_PROGRAMS: Final = ("/usr/bin/nvidia-smi",)
-PULL_TIMEOUT_S: Final = 1800.0
+PULL_TIMEOUT_S: Final = 600.0
+"""A pull that takes longer fails the attempt (an owner waits as long for the start's answer)."""
 MAX_RUN_ROOT_CHARS: Final = 50
 _FORBIDDEN_IN_PATHS: Final = (":", ",", "\x00", "\n")
+_SYSTEM_FOLDERS: Final = ("/proc", "/sys", "/dev")
+"""Never mounted from a spec: the host's own devices and kernel interfaces (nor its root)."""
 
 
 class ContainerError(Exception):
@@ -199,7 +202,11 @@ def checked_path(path: str, what: str) -> str:
         raise ValueError(f"{what} {path!r} must be an absolute path in a container job")
     if any(c in path for c in _FORBIDDEN_IN_PATHS):
         raise ValueError(f"{what} {path!r}: a container mount cannot hold ':' or ','")
-    return os.path.normpath(path)
+    normal = os.path.normpath(path)
+    for seen in dict.fromkeys((normal, os.path.realpath(normal))):
+        if seen == "/" or any(Path(seen).is_relative_to(p) for p in _SYSTEM_FOLDERS):
+            raise ValueError(f"{what} {path!r}: a container is not given the host's {seen}")
+    return normal
 
 
 def env_file_text(env: Mapping[str, str]) -> str:

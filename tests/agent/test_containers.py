@@ -128,6 +128,9 @@ async def test_exit_codes_pass_through(executor: ProcessExecutor, registry: Regi
     code, lines = await run(executor, missing)
     # The container's init (``--init``) says it, and ends with 1 (a host job's shell: 127).
     assert code == 1 and any("failed to exec pid1" in line for line in lines), lines
+    rt = executor.config.container_runtime
+    assert rt is not None
+    assert podman(rt, "ps", "--all", "--format={{.Names}}").strip() == ""  # none left behind
 
 
 async def test_a_read_only_mount_is_read_only_and_the_job_folder_writable(
@@ -194,7 +197,7 @@ async def test_an_image_that_cannot_be_pulled_fails_the_launch_in_one_line(
 
 
 async def test_a_value_that_could_inject_is_refused(
-    executor: ProcessExecutor, registry: Registry
+    executor: ProcessExecutor, registry: Registry, tmp_path: Path
 ) -> None:
     newline = Launch(
         job_id=new_job_id(), attempt=1, argv=("true",), image=registry.image, env={"X": "a\nY=b"}
@@ -211,6 +214,21 @@ async def test_a_value_that_could_inject_is_refused(
             image=registry.image,
             read_only=("/data:/etc",),
         )
+    for system in ("/", "/dev", "/sys/class", "/proc/1/root/.."):
+        with pytest.raises(ValueError, match="is not given the host's"):
+            Launch(
+                job_id=new_job_id(),
+                attempt=1,
+                argv=("x",),
+                image=registry.image,
+                read_only=(system,),
+            )
+    (tmp_path / "devices").symlink_to("/dev")  # through a link too
+    host_dev = JobSpec(
+        command=("true",), image=registry.image, checkpoint_dir=str(tmp_path / "devices")
+    )
+    with pytest.raises(LaunchError, match="is not given the host's /dev"):
+        await executor.start(Launch.from_spec(new_job_id(), host_dev, attempt=1))
 
 
 async def test_a_restarted_executor_removes_what_a_dead_agent_left(
