@@ -187,7 +187,6 @@ NODE_COLUMNS: tuple[Column, ...] = (
     ("Util", "right", 5),
     ("Mem", "right", 4),
     ("Jobs", "right", 4),
-    ("Containers", "left", 10),
     ("GPUs", "left", None),
 )
 
@@ -212,9 +211,16 @@ def node_row(node: Mapping[str, Any]) -> list[str]:
         util,
         mem,
         str(len(node.get("running_jobs") or [])) if alive else "-",
-        str((node.get("labels") or {}).get("container_runtime") or "-"),
-        (_shared(node) if alive else "") + _gpu_names(devices),
+        (_shared(node) if alive else "") + _runtime(node) + _gpu_names(devices),
     ]
+
+
+def _runtime(node: Mapping[str, Any]) -> str:
+    """``podman; ``: the container runtime its agent runs jobs with an image through (its
+    ``container_runtime`` label); nothing where it has none."""
+    labels = node.get("labels") or {}
+    runtime = labels.get("container_runtime") if isinstance(labels, Mapping) else None
+    return f"{runtime}; " if isinstance(runtime, str) and runtime else ""
 
 
 def _shared(node: Mapping[str, Any]) -> str:
