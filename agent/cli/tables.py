@@ -216,10 +216,9 @@ def node_row(node: Mapping[str, Any]) -> list[str]:
 
 
 def _runtime(node: Mapping[str, Any]) -> str:
-    """``podman; ``: the container runtime its agent runs jobs with an image through (its
-    ``container_runtime`` label); nothing where it has none."""
-    labels = node.get("labels") or {}
-    runtime = labels.get("container_runtime") if isinstance(labels, Mapping) else None
+    """``podman; ``: the container runtime its agent runs jobs with an image through (from its
+    inventory); nothing where it has none."""
+    runtime = node.get("container_runtime")
     return f"{runtime}; " if isinstance(runtime, str) and runtime else ""
 
 

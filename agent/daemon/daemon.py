@@ -45,7 +45,7 @@ from agent.daemon.devices import HostDevices
 from agent.daemon.metrics import AgentMetrics
 from agent.daemon.publisher import Publisher
 from agent.daemon.reads import Reads
-from agent.execution.containers import CONTAINER_RUNTIME_LABEL, find_runtime
+from agent.execution.containers import find_runtime
 from agent.execution.containment import attempt_key
 from agent.execution.executor import ProcessExecutor
 from agent.execution.launch import ExecutorConfig
@@ -154,7 +154,7 @@ class Agent:
             elastic_grow_idle_s=config.elastic_grow_idle_s,
         )
         host_os = self.devices.report.host.os
-        self.container_runtime = find_runtime(
+        self.container_runtime = runtime = find_runtime(
             config.container_runtime,
             conf=config.containers_conf,
             root=config.container_root,
@@ -181,7 +181,7 @@ class Agent:
             self.ctx,
             self.executor,
             self.devices,
-            NodeFacts(os=host_os, labels=self._labels(), features=features),
+            NodeFacts(os=host_os, labels=config.all_labels(), features=features),
             rebind=placement.rebind,
         )
         self.owner = Owner(self.ctx, placement)
@@ -192,8 +192,8 @@ class Agent:
             self.events,
             self._node_doc,
             self._coordinate,
-            labels=self._labels(),
             features=features,
+            container_runtime=None if runtime is None else runtime.kind,
         )
         self.datasets = DatasetScanner(config.datasets_dir, config.datasets)
         self.metrics = AgentMetrics(self._metrics_snapshot)
@@ -300,14 +300,6 @@ class Agent:
     def publish(self, kind: str, payload: bytes) -> None:
         if self.node.started:
             self.node.publish(kind, payload)
-
-    def _labels(self) -> dict[str, str]:
-        """The labels gossiped: the config's (``AgentConfig.all_labels``) and, where this node
-        runs containers, ``container_runtime`` (``podman``, ``docker``)."""
-        labels = self.config.all_labels()
-        if self.container_runtime is not None:
-            labels[CONTAINER_RUNTIME_LABEL] = self.container_runtime.kind
-        return labels
 
     def _node_doc(self) -> NodeRecord:
         runner = self.runner

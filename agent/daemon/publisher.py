@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from agent.daemon.config import AgentConfig
 from agent.daemon.devices import HostDevices
@@ -62,17 +62,17 @@ class Publisher:
         node_doc: Callable[[], NodeRecord],
         coordinate: Callable[[], Coordinate | None] = lambda: None,
         *,
-        labels: Mapping[str, str] | None = None,
         features: frozenset[str] = SUPPORTED_FEATURES,
+        container_runtime: str | None = None,
     ) -> None:
         """``node_doc``: the ``node`` record as it would be now (drain, queue, running, free,
         progress); ``coordinate``: this node's network coordinate, ``None`` while unmeasured;
-        ``labels``: as gossiped (default the config's); ``features``: the job-spec features this
-        agent runs (``image`` only with a container runtime)."""
+        ``features``: the job-spec features this agent runs (``image`` only with a container
+        runtime); ``container_runtime``: which (``podman``, ``docker``), in its inventory."""
         self._publish = publish
         self._config = config
-        self._labels = dict(labels) if labels is not None else config.all_labels()
         self._features = features
+        self._container_runtime = container_runtime
         self._devices = devices
         self._events = events
         self._node_doc = node_doc
@@ -114,10 +114,11 @@ class Publisher:
         record = InventoryRecord(
             host=host,
             api=address,
-            labels=self._labels,
+            labels=self._config.all_labels(),
             boot=boot,
             devices=tuple(d.static for d in report.devices),
             features=tuple(sorted(self._features)),
+            container_runtime=self._container_runtime,
         )
         try:
             records = record.encode()

@@ -56,8 +56,6 @@ RuntimeKind = Literal["podman", "docker"]
 RUNTIME_KINDS: Final[tuple[RuntimeKind, ...]] = ("podman", "docker")
 NAME_PREFIX: Final = "shoal-"
 AGENT_LABEL: Final = "io.shoal.agent"
-CONTAINER_RUNTIME_LABEL: Final = "container_runtime"
-"""The node label that says which runtime it has (none: no label, and no ``image`` feature)."""
 CDI_DIRS: Final[tuple[Path, ...]] = (Path("/etc/cdi"), Path("/var/run/cdi"))
 NVIDIA_CONTROL: Final = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 NVIDIA_LIBRARIES: Final = (

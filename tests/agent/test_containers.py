@@ -293,7 +293,8 @@ def test_an_agent_pulls_and_runs_a_job_in_its_image(tmp_path: Path, registry: Re
     try:
         (a,) = mesh.agents
         node = mesh.get(a, "/v1/nodes")["nodes"][0]
-        assert node["labels"]["container_runtime"] == "podman" and "image" in node["features"]
+        assert node["container_runtime"] == "podman" and "image" in node["features"]
+        assert "container_runtime" not in node["labels"]
         job_id = new_job_id()
         script = "echo CUDA=$CUDA_VISIBLE_DEVICES; echo GPUS=$SHOAL_GPUS; cat /etc/os-release"
         body = {"job_id": job_id, "spec": spec(["sh", "-c", script], image=registry.image)}

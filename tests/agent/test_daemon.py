@@ -159,5 +159,5 @@ def _refused_image(mesh: Mesh) -> None:
     assert "no live agent is a Linux host with a container runtime" in answer["error"]
     nodes = mesh.get(mesh.agents[0], "/v1/nodes")["nodes"]
     assert all("image" not in n["features"] for n in nodes)
-    assert all("container_runtime" not in n["labels"] for n in nodes)
+    assert all(n["container_runtime"] is None for n in nodes)
     assert job_id not in {j["job_id"] for j in mesh.get(mesh.agents[1], "/v1/jobs")["jobs"]}
