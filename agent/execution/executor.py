@@ -358,8 +358,9 @@ class ProcessExecutor:
         if runtime is None:
             raise ContainerError("this node has no container runtime to run an image")
         await self.config.images.ensure(runtime, launch.image)
-        job_env = {k: v for k, v in env.items() if k not in launch.env and k != "PATH"}
-        job_env.update(launch.env, HOME=str(job_dir))
+        job_env = {k: v for k, v in env.items() if k != "PATH"}  # the image's, unless set
+        job_env["HOME"] = str(job_dir)  # the job user's on the host is not in the image
+        job_env.update(launch.env)
         return container_start(
             runtime,
             self.config.device_view,
