@@ -20,6 +20,7 @@ from agent.execution.containers import DeviceView
 from agent.execution.executor import ProcessExecutor
 from agent.execution.jobuser import lookup_job_user
 from agent.execution.launch import ExecutorConfig, Launch, LaunchError
+from agent.execution.pinning import GangRank
 from agent.job.jobspec import JobSpec, Resources, new_job_id
 from probers.records import DeviceStatic
 from tests.agent.agents import Mesh, spec
@@ -91,11 +92,13 @@ async def test_a_container_sees_only_its_devices_and_its_variables(
     job_id, spec = job(
         registry,
         "ls /dev; echo CUDA=$CUDA_VISIBLE_DEVICES; echo ROCR=$ROCR_VISIBLE_DEVICES;"
-        " echo HIP=$HIP_VISIBLE_DEVICES; echo MINE=$MINE; echo JOB=$SHOAL_JOB_ID; id -u; pwd",
+        " echo HIP=$HIP_VISIBLE_DEVICES; echo MINE=$MINE; echo JOB=$SHOAL_JOB_ID; id -u; pwd;"
+        " echo RANK=$RANK/$WORLD_SIZE@$MASTER_ADDR:$MASTER_PORT; echo HOME=$HOME",
         env={"MINE": "a value with spaces = and 'quotes'"},
         resources=Resources(gpus_per_node=1),
     )
-    launch = Launch.from_spec(job_id, spec, attempt=1, devices=[NVIDIA[2]])
+    gang = GangRank(1, 2, 0, "127.0.0.1", 29500, node_rank=1, nnodes=2)
+    launch = Launch.from_spec(job_id, spec, attempt=1, devices=[NVIDIA[2]], gang=gang)
     code, lines = await run(executor, launch)
     assert code == 0, lines
     nobody = lookup_job_user("nobody")
@@ -107,6 +110,8 @@ async def test_a_container_sees_only_its_devices_and_its_variables(
     assert f"JOB={job_id}" in lines
     assert str(nobody.uid) in lines
     assert str(executor.job_dir(job_id)) in lines  # its folder, at its own path, is its cwd
+    assert f"HOME={executor.job_dir(job_id)}" in lines
+    assert "RANK=1/2@127.0.0.1:29500" in lines  # the gang's variables, host networking
 
     amd_id, amd_spec = job(registry, "ls /dev /dev/dri; echo ROCR=$ROCR_VISIBLE_DEVICES")
     launch = Launch.from_spec(amd_id, amd_spec, attempt=1, devices=[AMD])
