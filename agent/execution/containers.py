@@ -19,7 +19,7 @@ user is the container's (``--user UID:GID``). :func:`run_argv` builds its whole 
   one), its checkpoint folder, and every read-only mount the launch lists (datasets);
 - the job's variables through an env file the client reads (:func:`env_file_text`), never through
   the client's own environment (``agent.execution.jobenv``: what the spec carries reaches no
-  process with more rights than the job), and no value in an argv;
+  process with more rights than the job), and no variable's value in an argv;
 - ``--name`` from the agent, the job and the attempt (:func:`container_name`) and labels, so a
   restarted agent finds what its previous run left and removes it (:func:`leftovers_argv`);
 - every value the spec carries is given as ``--option=value`` (it cannot become an option), the
