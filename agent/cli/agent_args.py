@@ -40,4 +40,9 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="USER",
         help='user jobs run as (root agents: default shoal-job, else nobody; "" the agent\'s own)',
     )
+    parser.add_argument(
+        "--container-runtime",
+        choices=("podman", "docker", "none"),
+        help="what runs jobs that name an image (default: podman if found, else docker)",
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")

@@ -95,6 +95,12 @@ def submit_arguments(p: argparse.ArgumentParser) -> None:
         help="a checkpoint folder you manage on shared storage (not copied); default: Shoal's "
         "own, moved with the job",
     )
+    p.add_argument(
+        "--image",
+        metavar="REF",
+        help="run the command in this container image (podman or docker on the runner; "
+        "e.g. registry.example:5000/team/train:1.2)",
+    )
     p.add_argument("--retries", type=int, default=0, help="further attempts on failure")
     p.add_argument(
         "--anyway",

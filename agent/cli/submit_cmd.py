@@ -75,6 +75,8 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         data["max_runtime_s"] = args.max_runtime
     if args.checkpoint_dir is not None:
         data["checkpoint_dir"] = args.checkpoint_dir
+    if args.image is not None:
+        data["image"] = args.image
     return JobSpec.from_human(data)
 
 

@@ -19,7 +19,7 @@ from agent.common.parsing import json_loads
 from agent.daemon.config import AgentConfig
 from agent.daemon.metrics import AgentMetrics
 from agent.job.authority import FeaturesLacking, SubmissionRefused
-from agent.job.jobspec import check_job_id, lacking_reason
+from agent.job.jobspec import HOST_ONLY_FEATURES, IMAGE_HOST, check_job_id, lacking_reason
 from agent.job.ownership import owner_of
 from agent.mesh.context import AgentContext
 from agent.mesh.mesh import GossipMesh
@@ -162,6 +162,8 @@ class Commands:
             # Accepted, it would wait for agents that do not exist: refused, with the reason.
             self._metrics.commands_rejected["features"] += 1
             reason = lacking_reason(sub.spec.features)
+            if needed & HOST_ONLY_FEATURES and not sub.spec.lacking:
+                reason = "the job names an image and no live agent is " + IMAGE_HOST
             return 400, {"error": f"no agent of this mesh runs it: {reason}"}
         owner = self._job_owner(sub.job_id) or owner_of(sub.job_id, self._mesh.live_agents())
         if forwarded or owner in (None, self._ctx.node_id):

@@ -30,6 +30,7 @@ from typing import Any
 
 from agent.common.errors import UserError
 from agent.common.parsing import toml_loads
+from agent.job.imageref import image_ref_problem
 from agent.wire.place import dataset_name_problem
 
 
@@ -105,6 +106,19 @@ class AgentConfig:
     exists, else ``nobody``; an agent that is not root cannot switch users and runs jobs as its own
     user (a job can then read the agent's key: it says so in its log). ``""``: the agent's own
     user, even as root. A name: that user (the agent must be root unless it is its own)."""
+    container_runtime: str | None = None
+    """What runs jobs that name an image: ``podman``, ``docker`` or ``none`` (such jobs are not
+    placed here). Unset: podman if the host has it, else docker, else none. Only a Linux host
+    runs them; the agent gossips which it has (``shoal nodes`` shows it)."""
+    containers_conf: Path | None = None
+    """A containers.conf for podman (``CONTAINERS_CONF``), where the host's default does not
+    work (see docs/operations/containers.md)."""
+    container_root: Path | None = None
+    """Podman's storage under this folder (``--root DIR/storage --runroot DIR/run``) instead of
+    the host's; the agent's own images then share no state with other podman users."""
+    insecure_registries: tuple[str, ...] = ()
+    """Registries (``HOST:PORT``) pulled from over plain HTTP or without checking their
+    certificate (``--tls-verify=false``): a local test registry, never one across a network."""
 
     @property
     def identity_path(self) -> Path:
@@ -123,8 +137,9 @@ class AgentConfig:
 
 
 PLACEMENT_NAMES = ("shoal", "fifo")
-_PATHS = {"data_dir", "identity_dir", "datasets_dir"}
-_TUPLES = {"join", "datasets"}
+CONTAINER_RUNTIMES = ("podman", "docker", "none")
+_PATHS = {"data_dir", "identity_dir", "datasets_dir", "containers_conf", "container_root"}
+_TUPLES = {"join", "datasets", "insecure_registries"}
 _FLOATS = {
     "cost_per_hour",
     "probe_interval_s",
@@ -150,6 +165,10 @@ def _coerce(name: str, value: Any, where: str) -> Any:
     if name in _TUPLES:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise UserError(f"{where}: {name} must be a list of strings")
+        if name == "insecure_registries":
+            for registry in value:
+                if image_ref_problem(f"{registry}/x") is not None or "/" in registry:
+                    raise UserError(f"{where}: insecure_registries: {registry!r} is not HOST:PORT")
         if name == "datasets":
             for dataset in value:
                 if (problem := dataset_name_problem(dataset)) is not None:
@@ -185,6 +204,11 @@ def _coerce(name: str, value: Any, where: str) -> Any:
         raise UserError(f"{where}: {name} must be a string")
     if name == "placement" and value not in PLACEMENT_NAMES:
         raise UserError(f"{where}: placement must be one of {', '.join(PLACEMENT_NAMES)}")
+    if name == "container_runtime" and value not in CONTAINER_RUNTIMES:
+        raise UserError(
+            f"{where}: container_runtime must be one of {', '.join(CONTAINER_RUNTIMES)},"
+            f" not {value!r}"
+        )
     return value
 
 

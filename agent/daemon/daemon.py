@@ -45,6 +45,7 @@ from agent.daemon.devices import HostDevices
 from agent.daemon.metrics import AgentMetrics
 from agent.daemon.publisher import Publisher
 from agent.daemon.reads import Reads
+from agent.execution.containers import find_runtime
 from agent.execution.containment import attempt_key
 from agent.execution.executor import ProcessExecutor
 from agent.execution.launch import ExecutorConfig
@@ -52,6 +53,7 @@ from agent.history.history_hints import GpuFacts
 from agent.history.history_sample import NodeSampler
 from agent.history.history_store import open_history
 from agent.job.authority import Authority
+from agent.job.jobspec import HOST_ONLY_FEATURES, SUPPORTED_FEATURES
 from agent.mesh import retiring
 from agent.mesh.context import AgentContext
 from agent.mesh.events import EventLog
@@ -151,9 +153,24 @@ class Agent:
             preempt_min_run_s=config.preempt_min_run_s,
             elastic_grow_idle_s=config.elastic_grow_idle_s,
         )
+        host_os = self.devices.report.host.os
+        self.container_runtime = runtime = find_runtime(
+            config.container_runtime,
+            conf=config.containers_conf,
+            root=config.container_root,
+            insecure_registries=config.insecure_registries,
+            platform=sys.platform if host_os in (None, "linux") else host_os,
+        )
+        """What runs this node's jobs that name an image (``None``: they are not placed here)."""
+        features = SUPPORTED_FEATURES
+        if self.container_runtime is None:
+            features -= HOST_ONLY_FEATURES
         self.executor = ProcessExecutor(
             ExecutorConfig(
-                data_dir=config.data_dir, grace_s=config.stop_grace_s, job_user=config.job_user
+                data_dir=config.data_dir,
+                grace_s=config.stop_grace_s,
+                job_user=config.job_user,
+                container_runtime=self.container_runtime,
             ),
             on_event=lambda e: self.runner.on_exec_event(e),
         )
@@ -164,12 +181,19 @@ class Agent:
             self.ctx,
             self.executor,
             self.devices,
-            NodeFacts(os=self.devices.report.host.os, labels=config.all_labels()),
+            NodeFacts(os=host_os, labels=config.all_labels(), features=features),
             rebind=placement.rebind,
         )
         self.owner = Owner(self.ctx, placement)
         self.publisher = Publisher(
-            self.publish, config, self.devices, self.events, self._node_doc, self._coordinate
+            self.publish,
+            config,
+            self.devices,
+            self.events,
+            self._node_doc,
+            self._coordinate,
+            features=features,
+            container_runtime=None if runtime is None else runtime.kind,
         )
         self.datasets = DatasetScanner(config.datasets_dir, config.datasets)
         self.metrics = AgentMetrics(self._metrics_snapshot)

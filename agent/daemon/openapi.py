@@ -113,6 +113,7 @@ SCHEMAS: Final[dict[str, Any]] = {
             "queue": _INT,
             "wire_version": _OPT_INT,
             "features": _STRS,
+            "container_runtime": _OPT_STR,
             "shares": {
                 "type": "object",
                 "description": "device key -> {job id -> bytes of its memory the job holds}: the"

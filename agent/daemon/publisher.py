@@ -61,11 +61,18 @@ class Publisher:
         events: EventLog,
         node_doc: Callable[[], NodeRecord],
         coordinate: Callable[[], Coordinate | None] = lambda: None,
+        *,
+        features: frozenset[str] = SUPPORTED_FEATURES,
+        container_runtime: str | None = None,
     ) -> None:
         """``node_doc``: the ``node`` record as it would be now (drain, queue, running, free,
-        progress); ``coordinate``: this node's network coordinate, ``None`` while unmeasured."""
+        progress); ``coordinate``: this node's network coordinate, ``None`` while unmeasured;
+        ``features``: the job-spec features this agent runs (``image`` only with a container
+        runtime); ``container_runtime``: which (``podman``, ``docker``), in its inventory."""
         self._publish = publish
         self._config = config
+        self._features = features
+        self._container_runtime = container_runtime
         self._devices = devices
         self._events = events
         self._node_doc = node_doc
@@ -110,7 +117,8 @@ class Publisher:
             labels=self._config.all_labels(),
             boot=boot,
             devices=tuple(d.static for d in report.devices),
-            features=tuple(sorted(SUPPORTED_FEATURES)),
+            features=tuple(sorted(self._features)),
+            container_runtime=self._container_runtime,
         )
         try:
             records = record.encode()

@@ -167,6 +167,7 @@ class Reads:
                     queue=status.queue if status else 0,
                     wire_version=inv.version if inv else None,
                     features=inv.features if inv else (),
+                    container_runtime=inv.container_runtime if inv else None,
                     datasets=node.datasets if node is not None else {},
                     rtt_s=view.rtt_s(self._ctx.node_id, m.node),
                     shares=status.shares if status else {},

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -37,6 +38,16 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Final, cast
 
+from agent.execution.containers import (
+    ContainerError,
+    ContainerStart,
+    agent_key,
+    container_start,
+    remove_argv,
+    remove_leftovers,
+    signal_argv,
+)
+from agent.execution.containers import call as container_call
 from agent.execution.containment import attempt_key, open_cage
 from agent.execution.execevents import (
     Cancelled,
@@ -90,6 +101,7 @@ log = logging.getLogger("shoal.executor")
 _READ_CHUNK: Final = 64 * 1024
 _PIPE_DRAIN_S: Final = 2.0
 _FINISHED_KEPT: Final = 1024
+_CONTAINER_KILL_S: Final = 10.0
 
 
 # -- the process executor ------------------------------------------------------------------------
@@ -149,6 +161,9 @@ class _Run:
         self.supervisor: asyncio.Task[None] | None = None
         self.sweeper: asyncio.Task[None] | None = None
         """Kills what the attempt started outside its group, once SIGKILL is due."""
+        self.container: ContainerStart | None = None
+        """The attempt's container, when it runs in one."""
+        self.signaller: asyncio.Task[tuple[int, str]] | None = None
 
 
 class ProcessExecutor:
@@ -171,6 +186,16 @@ class ProcessExecutor:
         self.cage = open_cage(config.containment, config.data_dir)
         """How every process of a job is killed with it (``agent.execution.containment``)."""
         log_job_user(self.user, self.cage.mode, unreachable(self.jobs_folder, self.user))
+        self.containers_folder = config.data_dir / "containers"
+        """The attempts' env files, the agent's alone (``agent.execution.containers``)."""
+        self.container_key = agent_key(config.data_dir)
+        """Names this agent's containers apart from other agents' on the host."""
+        if config.container_runtime is not None:
+            left = remove_leftovers(
+                config.container_runtime, self.container_key, self.containers_folder
+            )
+            if left:
+                log.warning("removed %d container(s) an earlier run left: %s", len(left), left)
 
     # paths
 
@@ -216,16 +241,26 @@ class ProcessExecutor:
         if "SHOAL_CHECKPOINT_DIR" not in launch.env:
             env["SHOAL_CHECKPOINT_DIR"] = str(job_dir / "checkpoint")
         run = _Run(launch, out, progress_file)
+        argv, user, cwd = launch.argv, self.user, launch.cwd or str(job_dir)
+        if launch.image is not None:
+            try:
+                run.container = await self._container(launch, env, job_dir)
+            except (ContainerError, ValueError, OSError) as exc:
+                out.write(_marker(f"attempt {launch.attempt} {exc}"))
+                out.close()
+                raise LaunchError(str(exc)) from None
+            argv, env, cwd = run.container.argv, dict(run.container.env), str(job_dir)
+            user = dataclasses.replace(self.user, switch=False)  # the container's is the job's
         protocol = _JobProtocol(lambda data: self._on_output(run, data))
         key = attempt_key(launch.job_id, launch.attempt)
         try:
             self.cage.enter(key)
             transport = await spawn(
                 protocol,
-                launch.argv,
+                argv,
                 env,
-                launch.cwd or str(job_dir),
-                user=self.user,
+                cwd,
+                user=user,
                 cgroup_procs=self.cage.cgroup_procs(key),
                 launcher=_death_signal_launcher(),
             )
@@ -314,6 +349,38 @@ class ProcessExecutor:
             await asyncio.gather(*(asyncio.shield(r.done) for r in runs))
         self.cage.close()
 
+    async def _container(
+        self, launch: Launch, env: dict[str, str], job_dir: Path
+    ) -> ContainerStart:
+        """Pull the attempt's image if absent and build its container (``containers``)."""
+        runtime = self.config.container_runtime
+        assert launch.image is not None
+        if runtime is None:
+            raise ContainerError("this node has no container runtime to run an image")
+        await self.config.images.ensure(runtime, launch.image)
+        job_env = {k: v for k, v in env.items() if k != "PATH"}  # the image's, unless set
+        job_env["HOME"] = str(job_dir)  # the job user's on the host is not in the image
+        job_env.update(launch.env)
+        return container_start(
+            runtime,
+            self.config.device_view,
+            key=self.container_key,
+            job_id=launch.job_id,
+            attempt=launch.attempt,
+            image=launch.image,
+            argv=launch.argv,
+            job_env=job_env,
+            job_dir=job_dir,
+            workdir=launch.cwd,
+            read_only=launch.read_only,
+            devices=launch.devices,
+            stop_signal=launch.stop_signal,
+            uid=self.user.uid,
+            gid=self.user.gid,
+            groups=self.user.groups,
+            private_dir=self.containers_folder,
+        )
+
     # stopping
 
     def _on_timeout(self, run: _Run) -> None:
@@ -336,7 +403,7 @@ class ProcessExecutor:
         run.stop_cause = cause
         sig = run.launch.stop_signal
         _note(run, _marker(f"attempt {run.launch.attempt} stopping ({cause}): {sig}"))
-        _signal_group(run, sig)
+        self._signal(run, sig)
         if cause != "timeout":
             stop_cause = cast(StopCause, cause)
             self._emit(Cancelled(run.launch.job_id, run.launch.attempt, stop_cause, sig, grace_s))
@@ -345,9 +412,33 @@ class ProcessExecutor:
         run.timers.append(loop.call_later(grace_s, self._kill, run))
 
     def _kill(self, run: _Run) -> None:
-        if not run.done.done():
-            _signal_group(run, "SIGKILL")
-            run.sweeper = asyncio.create_task(self.cage.kill(_key(run)))
+        if run.done.done():
+            return
+        if run.container is not None:
+            # The container first (the client then exits with its 137), the client after.
+            run.sweeper = asyncio.create_task(self._kill_container(run))
+            return
+        _signal_group(run, "SIGKILL")
+        run.sweeper = asyncio.create_task(self.cage.kill(_key(run)))
+
+    def _signal(self, run: _Run, name: str) -> None:
+        """The stop signal: to the container through its runtime, else to the job's group."""
+        runtime = self.config.container_runtime
+        if run.container is None or runtime is None:
+            _signal_group(run, name)
+            return
+        argv = signal_argv(runtime, run.container.name, name)
+        run.signaller = asyncio.create_task(container_call(runtime, argv))
+
+    async def _kill_container(self, run: _Run) -> None:
+        runtime = self.config.container_runtime
+        assert run.container is not None and runtime is not None
+        await container_call(runtime, signal_argv(runtime, run.container.name, "SIGKILL"))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(run.done), _CONTAINER_KILL_S)
+            return
+        _signal_group(run, "SIGKILL")  # the client did not end with its container
+        await self.cage.kill(_key(run))
 
     # watching
 
@@ -356,6 +447,14 @@ class ProcessExecutor:
         await run.protocol.exited
         # The leader is gone; whatever it left, in its group or out of it, goes too.
         _signal_group(run, "SIGKILL", leftovers=True)
+        runtime = self.config.container_runtime
+        if run.container is not None and runtime is not None:
+            # ``--rm`` removed a container that ended by itself; a stopped or killed one, or
+            # one whose client died, may be left.
+            code = run.transport.get_returncode()
+            if run.stop_cause is not None or code is None or code < 0:
+                await container_call(runtime, remove_argv(runtime, run.container.name))
+            run.container.env_file.unlink(missing_ok=True)
         for task in (*run.timers, run.poller, run.sweeper):
             if task is not None:
                 task.cancel()

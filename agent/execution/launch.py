@@ -11,12 +11,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from agent.execution.containers import (
+    ContainerRuntime,
+    DeviceView,
+    ImageSource,
+    RegistryPull,
+    checked_path,
+)
 from agent.execution.containment import ContainmentChoice
 from agent.execution.execevents import Exited, Started, StopCause
 from agent.execution.logfiles import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, Earlier
 from agent.execution.pinning import GangRank, job_env
 from agent.execution.progress import ProgressReport
 from agent.job.envnames import reserved_env
+from agent.job.imageref import check_image_ref
 from agent.job.jobspec import CHECKPOINT_SIGNALS, JobSpec, check_job_id
 from probers.records import DeviceStatic
 
@@ -56,6 +64,13 @@ class ExecutorConfig:
     """How every process of a job is found and killed (``agent.execution.containment``): ``auto``
     takes a cgroup where the agent may make one, else the subreaper (Linux), else the process
     group."""
+    container_runtime: ContainerRuntime | None = None
+    """What runs the attempts that name an image (``agent.execution.containers``); ``None``:
+    such an attempt fails to start."""
+    device_view: DeviceView = field(default_factory=DeviceView)
+    """Where the host's device nodes are, for a container's ``--device`` list."""
+    images: ImageSource = field(default_factory=RegistryPull)
+    """Makes an attempt's image present before it starts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +87,12 @@ class Launch:
     max_runtime_s: float | None = None
     stop_signal: str = "SIGTERM"
     """Signal name sent to the group first when the job is stopped."""
+    image: str | None = None
+    """Run ``argv`` in a container of this image (``agent.execution.containers``)."""
+    devices: tuple[DeviceStatic, ...] = ()
+    """The devices the attempt was given (a container gets their nodes and no other)."""
+    read_only: tuple[str, ...] = ()
+    """Host folders a container attempt sees read-only at the same path (its datasets)."""
 
     def __post_init__(self) -> None:
         check_job_id(self.job_id)
@@ -83,6 +104,10 @@ class Launch:
             raise ValueError(f"stop_signal {self.stop_signal!r} is not one Shoal sends")
         if self.max_runtime_s is not None and self.max_runtime_s <= 0:
             raise ValueError("max_runtime_s must be positive")
+        if self.image is not None:
+            check_image_ref(self.image)
+            for path in self.read_only:
+                checked_path(path, "read-only mount")
 
     @classmethod
     def from_spec(
@@ -95,12 +120,12 @@ class Launch:
         gang: GangRank | None = None,
         resume: bool = False,
         share_bytes: int = 0,
+        read_only: Sequence[str] = (),
     ) -> Launch:
         """The launch for ``spec``: its env (less any name Shoal reserves), then Shoal's
         (``resume``: ``SHOAL_RESUME=1``, the checkpoint folder holds an earlier attempt's;
-        ``share_bytes``: a share of its one device, with the hints of ``pinning.share_env``)."""
-        if spec.image is not None:
-            raise LaunchError("container images are not supported by the process executor yet")
+        ``share_bytes``: a share of its one device, with the hints of ``pinning.share_env``;
+        ``read_only``: what a container attempt mounts read-only, its datasets)."""
         env = {k: v for k, v in spec.env.items() if reserved_env(k) is None}
         env.update(
             job_env(
@@ -121,6 +146,9 @@ class Launch:
             cwd=spec.workdir,
             max_runtime_s=spec.max_runtime_s,
             stop_signal=spec.checkpoint_signal,
+            image=spec.image,
+            devices=tuple(devices),
+            read_only=tuple(read_only) if spec.image is not None else (),
         )
 
 

@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
+from agent.job.imageref import check_image_ref
+
 JobKind = Literal["training", "inference", "batch"]
 BackendName = Literal["cuda", "rocm", "xpu", "metal", "cpu"]
 InterconnectKind = Literal["nvlink", "xgmi", "pcie"]
@@ -60,15 +62,21 @@ GPUs, ``gpus = "2-8"``), ``gang`` (more than one node), ``image`` (a container i
 ``interconnect`` (a required link between the GPUs), ``os`` (a required operating system),
 ``share`` (part of one GPU, by fraction or memory)."""
 SUPPORTED_FEATURES: Final[frozenset[str]] = frozenset(
-    {"elastic", "gang", "interconnect", "os", "share"}
+    {"elastic", "gang", "image", "interconnect", "os", "share"}
 )
 """The features this agent runs, advertised in its inventory: ``elastic`` (the runner admits
 an offer of any number of devices in the job's range: ``agent.running.admission``); ``gang`` (all
 members start or none: ``agent.owning.gang``); ``interconnect``, ``os`` and ``share``, which the
 runner checks against its own node before it admits an offer (``agent.running.admission``: the link
-between the devices offered, its OS, and the memory a share holds on its device). Container
-images are still to come: a job that uses one is placed on no agent of this version, and its
-reason says which feature it waits for."""
+between the devices offered, its OS, and the memory a share holds on its device); ``image`` (the
+job runs in a container: ``agent.execution.containers``), which an agent advertises only where it
+found a container runtime on a Linux host (:data:`HOST_ONLY_FEATURES`)."""
+HOST_ONLY_FEATURES: Final[frozenset[str]] = frozenset({"image"})
+IMAGE_HOST: Final = "a Linux host with a container runtime"
+"""What a job with a container image needs of its node: macOS and Windows cannot give a
+container a GPU, and an agent advertises the ``image`` feature only where it found a runtime."""
+"""Features this version runs only on a host that has what they need (``image``: a Linux host
+with a container runtime): an agent without it advertises :data:`SUPPORTED_FEATURES` less these."""
 
 
 class UnknownFeatures(ValueError):
@@ -248,6 +256,8 @@ class JobSpec:
     def __post_init__(self) -> None:
         if not self.command:
             raise ValueError("command must not be empty")
+        if self.image is not None:
+            check_image_ref(self.image)
 
     @property
     def is_gang(self) -> bool:

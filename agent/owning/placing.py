@@ -47,6 +47,10 @@ LAUNCH_FAILED = 422
 """The status a runner answers an offer with when the job's process could not be started."""
 _REFUSALS = {LAUNCH_FAILED: "launch_failed", 403: "not_allowed"}
 RESTORE_TIMEOUT_S = 120.0
+IMAGE_PULL_TIMEOUT_S = 600.0
+"""How much longer an offer of a job with an image may take to answer: the runner pulls the
+image first when it lacks it (``agent.execution.containers``, which gives up on a pull after as
+long)."""
 """How long an offer that resumes from a checkpoint may take to answer (the runner copies the
 checkpoint into the job's folder first)."""
 
@@ -168,6 +172,8 @@ async def place_once(
             # preempting one waits for its victims to stop first.
             slow = resume is not None or cand.victims or cand.shrink
             timeout_s = RESTORE_TIMEOUT_S + o._stop_grace_s if slow else None
+            if job.spec.image is not None:  # the runner pulls an image it lacks first
+                timeout_s = (timeout_s or 0.0) + IMAGE_PULL_TIMEOUT_S
             answer = decoded_answer(
                 StartAnswer.from_wire,
                 await o.peers.call(addr, "start", offer.to_wire(), timeout_s=timeout_s),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from agent.job.jobspec import IMAGE_HOST
 from agent.policy.context import Context, req_key
 from agent.policy.filters import gib, static_fit
 from agent.policy.snapshot import Job
@@ -112,6 +113,10 @@ def _never_reason(job: Job, ctx: Context, state: PolicyState, version: int) -> s
         else:
             top = reasons.most_common(1)[0][0] if reasons else "room"
             answer = f"never fits: no node has {top}"
+            if reasons[IMAGE_HOST]:
+                n = job.gpus_per_node
+                gpus = f" and {n} GPU{'s' * (n != 1)}" if n else ""
+                answer = f"never fits: no {IMAGE_HOST.removeprefix('a ')}{gpus}"
     if len(state.never) > 10_000:
         state.never.clear()
     state.never[key] = (version, answer)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Final
 
+from agent.job.jobspec import IMAGE_HOST
 from agent.policy.snapshot import SCHEDULABLE, Device, Job, Node
 
 GIB: Final = 1024**3
@@ -101,6 +102,16 @@ def drain_filter(job: Job, n: Node) -> str | None:
     return None if n.drain == SCHEDULABLE else f"a schedulable node ({n.node_id} is {n.drain})"
 
 
+def image_filter(job: Job, n: Node) -> str | None:
+    if "image" not in job.features:
+        return None
+    if n.os is not None and n.os.lower() != "linux":
+        return IMAGE_HOST
+    if n.features is not None and "image" not in n.features:
+        return IMAGE_HOST
+    return None
+
+
 def features_filter(job: Job, n: Node) -> str | None:
     if n.features is None or not job.features:
         return None
@@ -144,6 +155,7 @@ def host_filter(job: Job, n: Node) -> str | None:
 
 NODE_FILTERS: Final[tuple[Callable[[Job, Node], str | None], ...]] = (
     drain_filter,
+    image_filter,
     features_filter,
     os_filter,
     affinity_filter,

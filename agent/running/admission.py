@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from agent.job.jobspec import SUPPORTED_FEATURES, JobSpec
+from agent.job.jobspec import HOST_ONLY_FEATURES, SUPPORTED_FEATURES, JobSpec
 from agent.policy.adapt import device_from_static, job_from_spec, link_domains
 from agent.policy.filters import device_reason, gib, linked_groups, node_reason
 from agent.policy.snapshot import Job, Node
@@ -48,6 +48,9 @@ class NodeFacts:
     """As its inventory says (``platform.system().lower()``, or the simulated host's)."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """Its labels as gossiped (``AgentConfig.all_labels``: free-form, zone, datasets, cost)."""
+    features: frozenset[str] = SUPPORTED_FEATURES - HOST_ONLY_FEATURES
+    """The job-spec features it runs, as its inventory says (``image`` only with a container
+    runtime: ``agent.job.jobspec.HOST_ONLY_FEATURES``; the default has none)."""
 
 
 class NotAdmitted(Exception):
@@ -83,7 +86,7 @@ def local_node(
         ),
         labels=dict(facts.labels),
         os=facts.os,
-        features=SUPPORTED_FEATURES,
+        features=facts.features,
     )
 
 

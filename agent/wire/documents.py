@@ -220,6 +220,8 @@ class NodeDoc(NamedTuple):
     """The wire version its agent writes (from its inventory)."""
     features: tuple[str, ...] = ()
     """The job-spec features its agent can run."""
+    container_runtime: str | None = None
+    """What runs its jobs that name an image (``podman``, ``docker``; ``None``: nothing)."""
     datasets: Mapping[str, int] = EMPTY_MAP
     """Dataset -> bytes the node holds (0: size not known)."""
     rtt_s: float | None = None
@@ -243,6 +245,7 @@ class NodeDoc(NamedTuple):
             "queue": self.queue,
             "wire_version": self.wire_version,
             "features": list(self.features),
+            "container_runtime": self.container_runtime,
             "datasets": dict(self.datasets),
             "rtt_s": self.rtt_s,
             "shares": {k: dict(jobs) for k, jobs in self.shares.items()},
@@ -270,6 +273,7 @@ class NodeDoc(NamedTuple):
             queue=c.field(d, "queue", c.or_default(c.integer, 0), p),
             wire_version=c.field(d, "wire_version", c.opt_integer, p),
             features=c.field(d, "features", c.texts, p),
+            container_runtime=c.field(d, "container_runtime", c.opt_text, p),
             datasets=c.field(d, "datasets", _sizes, p),
             rtt_s=c.field(d, "rtt_s", c.opt_number, p),
             shares=shares_from_wire(d.get("shares"), p + "shares"),

@@ -161,6 +161,9 @@ class InventoryRecord(NamedTuple):
     """The job-spec features this agent can run (``agent.job.jobspec.SUPPORTED_FEATURES``)."""
     version: int = WIRE_VERSION
     """The wire version of the agent that wrote it (1: before ``v`` was written)."""
+    container_runtime: str | None = None
+    """What runs its jobs that name an image (``podman``, ``docker``); ``None``: nothing (and
+    ``image`` is not among its features). Written as ``runtime`` only when set."""
 
     def encode(self, limit: int = c.MAX_RECORD_BYTES) -> list[tuple[str, bytes]]:
         """``(kind, payload)`` of every record: ``inventory`` first, then its parts, each at most
@@ -175,6 +178,7 @@ class InventoryRecord(NamedTuple):
             "labels": dict(self.labels),
             "boot": self.boot,
             "features": list(self.features),
+            **({"runtime": self.container_runtime} if self.container_runtime else {}),
             "set": set_id,
             "parts": 1,
             "devices": [],
@@ -219,6 +223,7 @@ class InventoryHead(NamedTuple):
     parts: int
     rows: tuple[Any, ...]
     version: int
+    container_runtime: str | None = None
 
     @classmethod
     def decode(cls, doc: Mapping[str, Any]) -> InventoryHead:
@@ -232,6 +237,7 @@ class InventoryHead(NamedTuple):
             parts=_part_count(doc),
             rows=c.items(doc.get("devices"), "devices", lambda v, n: c.obj(v, n)),
             version=c.field(doc, "v", c.or_default(c.integer, 1)),
+            container_runtime=c.field(doc, "runtime", c.opt_text),
         )
 
 
@@ -283,4 +289,5 @@ def assemble(head: InventoryHead, parts: Mapping[int, InventoryPart]) -> Invento
         devices=devices,
         features=head.features,
         version=head.version,
+        container_runtime=head.container_runtime,
     )

@@ -140,12 +140,24 @@ def test_unsigned_forged_and_replayed_commands_are_refused(mesh: Mesh) -> None:
     assert "# TYPE shoal_gossip_transport_handshake_slowest_ms gauge" in metrics
 
 
-def test_a_spec_no_agent_runs_is_refused_at_submission(mesh: Mesh) -> None:
-    # A container image is a feature no agent of this version runs: refused, not left waiting.
+def test_a_spec_no_agent_runs_is_refused_at_submission(tmp_path: Path) -> None:
+    # No agent has a container runtime: a job with an image is refused, not left waiting.
+    mesh = Mesh(tmp_path, ["h100:1", "mi300x:2"], extra=("--container-runtime", "none"))
+    mesh.start_all()
+    try:
+        _refused_image(mesh)
+    finally:
+        mesh.stop_all()
+
+
+def _refused_image(mesh: Mesh) -> None:
     job_id = new_job_id()
     boxed = spec(["true"], image="docker.io/library/python:3.12")
     status, answer = mesh.command(mesh.agents[0], "submit", {"job_id": job_id, "spec": boxed})
     assert status == 400, answer
     assert "no agent of this mesh runs it" in answer["error"]
-    assert "image" in answer["error"]
+    assert "no live agent is a Linux host with a container runtime" in answer["error"]
+    nodes = mesh.get(mesh.agents[0], "/v1/nodes")["nodes"]
+    assert all("image" not in n["features"] for n in nodes)
+    assert all(n["container_runtime"] is None for n in nodes)
     assert job_id not in {j["job_id"] for j in mesh.get(mesh.agents[1], "/v1/jobs")["jobs"]}

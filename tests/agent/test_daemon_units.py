@@ -113,6 +113,15 @@ def test_config_file_and_its_mistakes(tmp_path: Path) -> None:
         "cost_per_hour": "2",
     }
     path.write_text('listn = "x"\n')
+    bad = tmp_path / "runtime.toml"
+    bad.write_text('container_runtime = "lxc"\n')
+    with pytest.raises(UserError, match="container_runtime must be one of podman, docker, none"):
+        load_config(bad)
+    bad.write_text('container_runtime = "none"\ninsecure_registries = ["127.0.0.1:5000"]\n')
+    assert load_config(bad).insecure_registries == ("127.0.0.1:5000",)
+    bad.write_text('insecure_registries = ["--tls-verify=false"]\n')
+    with pytest.raises(UserError, match="is not HOST:PORT"):
+        load_config(bad)
     with pytest.raises(UserError, match="unknown option 'listn'"):
         load_config(path)
 

@@ -500,8 +500,19 @@ def test_launch_validation() -> None:
         Launch(job_id=new_job_id(), attempt=0, argv=("true",))
     with pytest.raises(ValueError, match="not one Shoal sends"):
         Launch(job_id=new_job_id(), attempt=1, argv=("true",), stop_signal="SIGKILL")
-    with pytest.raises(LaunchError, match="container images"):
-        Launch.from_spec(new_job_id(), JobSpec(command=("x",), image="nvcr.io/x"), attempt=1)
+    with pytest.raises(ValueError, match="not an image reference"):
+        Launch(job_id=new_job_id(), attempt=1, argv=("true",), image="Bad Image")
+    job = Launch.from_spec(new_job_id(), JobSpec(command=("x",), image="nvcr.io/x"), attempt=1)
+    assert job.image == "nvcr.io/x"
+
+
+async def test_an_image_without_a_container_runtime_fails_its_launch(tmp_path: Path) -> None:
+    ex = ProcessExecutor(ExecutorConfig(data_dir=tmp_path))
+    job = Launch.from_spec(new_job_id(), JobSpec(command=("x",), image="nvcr.io/x"), attempt=1)
+    with pytest.raises(LaunchError, match="no container runtime"):
+        await ex.start(job)
+    assert ex.running() == ()
+    await ex.close()
 
 
 def assert_gone(pid: int) -> None:

@@ -77,6 +77,9 @@ def _check_spec(spec: JobSpec) -> None:
             *PureWindowsPath(path).parts,
         )
     assert all(name and "=" not in name for name in spec.env)
+    if spec.image is not None:  # a reference, never a runtime's option, transport or a space
+        assert not spec.image.startswith("-") and not any(c.isspace() for c in spec.image)
+        assert "://" not in spec.image and spec.image.rpartition("/")[2][:1].isalnum()
     for name in spec.datasets:
         assert dataset_name_problem(name) is None
     JobSpec.from_dict(json.loads(json.dumps(spec.to_dict(), allow_nan=False)))
@@ -157,6 +160,7 @@ SUBMIT_FLAGS = st.sampled_from(
         "--env",
         "--label",
         "--checkpoint-dir",
+        "--image",
         "--retries",
     ]
 )
@@ -169,6 +173,7 @@ SUBMIT_FLAGS = st.sampled_from(
 )
 @example(flags=[("--max-runtime", "9" * 400 + "s")], command=["x"])
 @example(flags=[("--checkpoint-dir", "../../x")], command=["x"])
+@example(flags=[("--image", "-v /:/host")], command=["x"])
 def test_the_submit_arguments_make_a_spec_or_a_user_error(
     flags: list[tuple[str, str]], command: list[str]
 ) -> None:

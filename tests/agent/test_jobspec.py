@@ -390,3 +390,34 @@ def test_an_elastic_job_asks_for_a_range_of_gpus() -> None:
 def test_a_range_that_cannot_be_run_is_refused(resources: dict[str, object], error: str) -> None:
     with pytest.raises(ValueError, match=error):
         JobSpec.from_human({"command": ["x"], "resources": resources})
+
+
+@pytest.mark.parametrize(
+    ("ref", "why"),
+    [
+        ("--privileged", "starts with '-'"),
+        ("Busybox", "not an image reference"),
+        ("docker-archive:/etc/shadow", "not an image reference"),
+        ("bb latest", "not an image reference"),
+        ("bb:", "not an image reference"),
+        ("a/" + "b" * 260, "longer than 255"),
+    ],
+)
+def test_a_malformed_image_is_refused_in_one_line(ref: str, why: str) -> None:
+    with pytest.raises(ValueError, match=why) as info:
+        JobSpec.from_human({"command": ["true"], "image": ref})
+    assert "\n" not in str(info.value) and str(info.value).startswith("image: ")
+
+
+def test_image_references_as_registries_write_them() -> None:
+    from agent.job.imageref import registry_of
+
+    for ref, registry in [
+        ("busybox", "docker.io"),
+        ("library/busybox:1.36", "docker.io"),
+        ("127.0.0.1:5000/shoal/bb:1", "127.0.0.1:5000"),
+        ("localhost/bb", "localhost"),
+        ("nvcr.io/nvidia/pytorch:24.01-py3@sha256:" + "a" * 64, "nvcr.io"),
+    ]:
+        assert JobSpec.from_human({"command": ["true"], "image": ref}).image == ref
+        assert registry_of(ref) == registry

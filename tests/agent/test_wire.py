@@ -186,9 +186,18 @@ def _devices(draw: st.DrawFn) -> tuple[DeviceStatic, ...]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(devices=_devices(), labels=st.dictionaries(_text, _text, max_size=3))
-def test_inventory_round_trips(devices: tuple[DeviceStatic, ...], labels: dict[str, str]) -> None:
-    record = InventoryRecord(HOST, None, labels, 1, devices, features=("gang",))
+@given(
+    devices=_devices(),
+    labels=st.dictionaries(_text, _text, max_size=3),
+    runtime=st.sampled_from([None, "podman", "docker"]),
+)
+def test_inventory_round_trips(
+    devices: tuple[DeviceStatic, ...], labels: dict[str, str], runtime: str | None
+) -> None:
+    features = ("gang", "image") if runtime else ("gang",)
+    record = InventoryRecord(
+        HOST, None, labels, 1, devices, features=features, container_runtime=runtime
+    )
     view = ClusterView(authority=None)  # type: ignore[arg-type]  # no job records here
     for kind, payload in record.encode():
         view.apply(NODE, kind, payload, 0.0)

@@ -94,3 +94,15 @@ def test_a_busy_fleet_forecasts_a_later_start() -> None:
     assert check.forecast is not None
     assert abs(check.forecast.start_p50 - (3600.0 + 3 * 3600.0)) < 1.0
     assert check.line.startswith("starts in ~3.0 h")
+
+
+def test_a_job_with_an_image_goes_only_to_a_linux_host_with_a_runtime() -> None:
+    mac = node("mac", "v100", 2, os="darwin", features=frozenset({"image"}))
+    bare = node("bare", "v100", 2, os="linux", features=frozenset({"gang"}))
+    boxed = job("j", gpus_per_node=2, features=("image",))
+    check = check_submission(boxed, Snapshot(now=0.0, nodes=(mac, bare)), ThroughputModel())
+    assert check.never_fits
+    assert check.line == "never fits: no Linux host with a container runtime and 2 GPUs"
+    ready = node("ready", "v100", 2, os="linux", features=frozenset({"image"}))
+    d = decide(Snapshot(now=0.0, nodes=(mac, bare, ready), pending=(boxed,)), ThroughputModel())
+    assert [(a.job_id, a.placement.node_id) for a in d.assignments] == [("j", "ready")]
