@@ -358,6 +358,43 @@ class DiskStore:
             log.info("store: evicted %s (cache rules)", d[:12])
         return done
 
+    # ---- the hash cache of folders built in place (agent.content.build.HashCache) ---------
+
+    def cached_chunks(
+        self, path: str, stamp: tuple[int, int, int], chunk_bytes: int
+    ) -> tuple[str, ...] | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT chunks FROM hashes WHERE path = ? AND size_bytes = ? AND mtime_ns = ?"
+                " AND inode = ? AND chunk_bytes = ?",
+                (path, *stamp, chunk_bytes),
+            ).fetchone()
+        return None if row is None else tuple(json.loads(row[0]))
+
+    def remember_chunks(
+        self,
+        entries: Sequence[tuple[str, tuple[int, int, int], int, tuple[str, ...]]],
+        drop_under: str,
+    ) -> None:
+        prefix = drop_under.rstrip("/") + "/"
+        keep = {e[0] for e in entries}
+        with self._tx() as db:
+            gone = [
+                r[0]
+                for r in db.execute(
+                    "SELECT path FROM hashes WHERE substr(path, 1, ?) = ?", (len(prefix), prefix)
+                )
+                if r[0] not in keep
+            ]
+            db.executemany("DELETE FROM hashes WHERE path = ?", [(p,) for p in gone])
+            db.executemany(
+                "INSERT OR REPLACE INTO hashes VALUES (?, ?, ?, ?, ?, ?)",
+                [
+                    (path, *stamp, chunk_bytes, json.dumps(list(chunks)))
+                    for path, stamp, chunk_bytes, chunks in entries
+                ],
+            )
+
     # ---- inside -----------------------------------------------------------------------------
 
     def _add(self, manifest: ContentManifest, origin: str | None) -> None:
