@@ -40,7 +40,7 @@ from agent.daemon import api
 from agent.daemon.calls import Calls
 from agent.daemon.commands import Commands
 from agent.daemon.config import AgentConfig
-from agent.daemon.datasets import DatasetScanner
+from agent.daemon.datastore import NodeData
 from agent.daemon.devices import HostDevices
 from agent.daemon.metrics import AgentMetrics
 from agent.daemon.publisher import Publisher
@@ -171,7 +171,9 @@ class Agent:
         self.publisher = Publisher(
             self.publish, config, self.devices, self.events, self._node_doc, self._coordinate
         )
-        self.datasets = DatasetScanner(config.datasets_dir, config.datasets)
+        self.data = NodeData(config, self._datasets_in_use)
+        self.datasets = self.data.scanner
+        self.data.changed = self.datasets_changed
         self.metrics = AgentMetrics(self._metrics_snapshot)
         self.commands = Commands(
             self.ctx,
@@ -183,6 +185,7 @@ class Agent:
             runner=self.runner,
             node=self.node,
             mesh=self.mesh,
+            data=self.data,
         )
         self.checkpoints = Checkpoints(
             self.ctx,
@@ -249,7 +252,7 @@ class Agent:
             asyncio.create_task(self._disk_loop(), name="disk"),
             asyncio.create_task(self._history_loop(), name="history"),
         ]
-        if self.config.datasets_dir is not None:
+        if self.config.datasets_dir is not None or self.data.store.sources():
             self._tasks.append(asyncio.create_task(self._datasets_loop(), name="datasets"))
         devices = len(self.devices.report.devices)
         self.events.add(
@@ -272,6 +275,7 @@ class Agent:
         self.devices.probe.close()
         self.history.close(time.time())
         self.store.close()
+        self.data.store.close()
 
     def publish(self, kind: str, payload: bytes) -> None:
         if self.node.started:
@@ -444,9 +448,26 @@ class Agent:
 
     async def _datasets_loop(self) -> None:
         while True:
-            held = await asyncio.to_thread(self.datasets.scan)
-            self.publisher.datasets_scanned(held)
+            await self.datasets_rescan()
             await asyncio.sleep(self.config.datasets_rescan_s)
+
+    async def datasets_rescan(self) -> None:
+        """Index this host's datasets again (off the loop) and publish what is held."""
+        sizes, versions = await asyncio.to_thread(self.data.scan)
+        self.publisher.datasets_scanned(sizes, versions)
+
+    def datasets_changed(self) -> None:
+        """A data command changed what is held: published at the next tick."""
+        self.publisher.datasets_scanned(self.data.sizes(), self.data.versions())
+
+    def _datasets_in_use(self) -> list[str]:
+        """The dataset refs of the jobs running here (their versions are never evicted)."""
+        out: list[str] = []
+        for job_id in list(self.runner.runs):
+            spec = (self.view.jobs.get(job_id) or {}).get("spec")
+            if isinstance(spec, dict):
+                out.extend(d for d in spec.get("datasets") or () if isinstance(d, str))
+        return out
 
     def _coordinate(self) -> Coordinate | None:
         """This node's network coordinate once it has measured a round trip (before that it
@@ -500,5 +521,6 @@ class Agent:
             "start_confirmations": self.runner.confirmer.counts,
             "checkpoint": self.checkpoints.counts,
             "datasets_refused": self.datasets.refused,
+            "store": self.data.metrics(),
             "history_dropped": self.history.dropped(),
         }
