@@ -282,9 +282,13 @@ class DiskStore:
             self.stats.evictions += 1
             return True
 
-    def evict_over_budget(self, protected: Iterable[str] = (), force: bool = False) -> list[str]:
-        """Apply the cache rules (:func:`~agent.content.cache.plan_eviction`): the digests
-        evicted."""
+    def evict_over_budget(
+        self, protected: Iterable[str] | None = None, force: bool = False
+    ) -> list[str]:
+        """Apply the cache rules (:func:`~agent.content.cache.plan_eviction`), never evicting
+        ``protected`` (default: :attr:`protected`); the digests evicted."""
+        if protected is None:
+            protected = self.protected()
         with self._lock:
             entries = [
                 CacheEntry(

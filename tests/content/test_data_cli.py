@@ -16,6 +16,7 @@ import pytest
 from agent.content.manifest import ContentFile, ContentManifest
 from agent.content.store import DiskStore
 from tests.agent.agents import Mesh
+from tests.agent.test_attacks import metric
 from tests.shoal_cli import one_line_error, shoal
 
 CHUNK = 64 << 10
@@ -70,6 +71,7 @@ def test_data_commands_end_to_end(mesh: Mesh, tmp_path: Path) -> None:
     cached = _cached_copy(other.directory / "store", os.urandom(4 * CHUNK), chunks_held=1)
     mesh.start_all()
     op = Operator(mesh)
+    assert metric(mesh, other, "shoal_store_held_bytes") == CHUNK  # the partial copy's one chunk
 
     def rows() -> list[dict[str, Any]]:
         return list(op.json("data", "ls"))
@@ -111,6 +113,9 @@ def test_data_commands_end_to_end(mesh: Mesh, tmp_path: Path) -> None:
     assert evicted == [{"node": other.node_id, "evicted": [cached.digest]}]
     mesh.wait("cached gone", lambda: not any(r["name"] == "cached" for r in rows()))
     assert not list((other.directory / "store" / "partial").iterdir())
+    assert metric(mesh, other, "shoal_store_evictions_total") == 1
+    assert metric(mesh, other, "shoal_store_held_bytes") == 0
+    assert metric(mesh, other, "shoal_store_budget_bytes") > 0
 
 
 def test_data_refusals_are_one_line(mesh: Mesh, tmp_path: Path) -> None:
