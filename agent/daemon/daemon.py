@@ -65,6 +65,7 @@ from agent.running.admission import NodeFacts
 from agent.running.confirming import Placed
 from agent.running.runner import Runner
 from agent.storage import purging
+from agent.storage.sqlitefile import StoreError
 from agent.storage.store import Store, StoreFull
 from agent.wire.records import EVENTS, JOB_PREFIX, NODE, SUB_PREFIX, NodeRecord
 from gossip import revocation
@@ -251,9 +252,9 @@ class Agent:
             asyncio.create_task(self._purge_loop(), name="purge"),
             asyncio.create_task(self._disk_loop(), name="disk"),
             asyncio.create_task(self._history_loop(), name="history"),
+            # the store is always there: what it holds is published, a datasets folder or not
+            asyncio.create_task(self._datasets_loop(), name="datasets"),
         ]
-        if self.config.datasets_dir is not None or self.data.store.sources():
-            self._tasks.append(asyncio.create_task(self._datasets_loop(), name="datasets"))
         devices = len(self.devices.report.devices)
         self.events.add(
             "agent_started", f"boot {self.boot} at {self.node.address} with {devices} device(s)"
@@ -453,7 +454,11 @@ class Agent:
 
     async def datasets_rescan(self) -> None:
         """Index this host's datasets again (off the loop) and publish what is held."""
-        sizes, versions = await asyncio.to_thread(self.data.scan)
+        try:
+            sizes, versions = await asyncio.to_thread(self.data.scan)
+        except (StoreError, OSError) as exc:  # a full disk, say: the next scan tries again
+            log.warning("datasets: scan failed: %s", exc)
+            return
         self.publisher.datasets_scanned(sizes, versions)
 
     def datasets_changed(self) -> None:
