@@ -65,6 +65,8 @@ class NodeData:
         self.store.protected = self.protected
         self.scanner = DatasetScanner(config.datasets_dir, config.datasets)
         self.named = config.datasets
+        self._private = tuple(os.path.realpath(p) for p in (config.data_dir, config.identity_path))
+        """The agent's own folders: never a dataset (its key would be served to the mesh)."""
         self._in_use = in_use
         self._scan_lock = threading.Lock()
         self.refused: Counter[str] = Counter()
@@ -158,6 +160,12 @@ class NodeData:
             raise DataRefused(f"{path_text!r}: the path must be absolute (on the agent's host)")
         if not path.exists():
             raise DataRefused(f"{path}: no such file or folder on this host")
+        real = os.path.realpath(path)
+        for private in self._private:
+            if os.path.commonpath((real, private)) in (real, private):
+                raise DataRefused(
+                    f"{path}: holds or is inside the agent's own folder {private}: never a dataset"
+                )
         if not (path.is_dir() or path.is_file()) or not os.access(
             path, os.R_OK | (os.X_OK if path.is_dir() else 0)
         ):

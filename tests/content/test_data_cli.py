@@ -127,6 +127,8 @@ def test_data_refusals_are_one_line(mesh: Mesh, tmp_path: Path) -> None:
     assert "no such file or folder" in one_line_error(
         op("data", "add", "x", str(tmp_path / "nowhere"))
     )
+    for own in (holder.directory, holder.directory / "identity", holder.directory.parent):
+        assert "the agent's own folder" in one_line_error(op("data", "add", "keys", str(own)))
     assert "64 lowercase hex" in one_line_error(op("data", "where", "imagenet@abc"))
     assert "not held on this node" in one_line_error(
         op("data", "pin", "nothing", "--nodes", holder.node_id[:10])
