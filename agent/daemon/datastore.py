@@ -223,6 +223,8 @@ class NodeData:
             "hits": s.hits,
             "misses": s.misses,
             "evictions": s.evictions,
+            "refused_chunks": s.refused_chunks,
+            "corrupt": s.corrupt,
             "held_bytes": self.store.store_bytes(),
             "budget_bytes": self.store.rules.budget_bytes,
             "refused": dict(self.refused),
