@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -171,3 +172,33 @@ def test_the_store_folder_is_private(tmp_path: Path) -> None:
     DiskStore(tmp_path / "store")
     assert stat.S_IMODE(os.stat(tmp_path / "store").st_mode) == 0o700
     assert stat.S_IMODE(os.stat(tmp_path / "store" / "index.db").st_mode) == 0o600
+
+
+@pytest.mark.system
+def test_a_full_disk_refuses_the_chunk_and_keeps_what_was_held(tmp_path: Path) -> None:
+    from tests.agent.test_disk_full import _tmpfs_mountable
+    from tests.support import require_system
+
+    ok, why = _tmpfs_mountable(tmp_path / "probe")
+    require_system(ok, why)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], check=True)
+    try:
+        store = DiskStore(disk / "store", CacheRules(budget_bytes=1 << 40))
+        data = {"big": _blob(9, 40 * CHUNK)}  # 2.5 MiB: more than the disk
+        m = _manifest("big", data)
+        store.add_manifest(m)
+        with pytest.raises(StoreFull, match="disk is full"):
+            _fill(store, m, data)
+        held = store.held_bytes(m.digest)
+        assert 0 < held < m.total_bytes
+        assert store.store_bytes() == held
+        assert len(store.missing(m.digest)) == 40 - held // CHUNK
+        store.close()
+        again = DiskStore(disk / "store", CacheRules(budget_bytes=1 << 40))
+        assert again.held_bytes(m.digest) == held
+        assert again.evict(m.digest) and again.store_bytes() == 0
+        again.close()
+    finally:
+        subprocess.run(["umount", "--lazy", str(disk)], check=False)
