@@ -465,13 +465,14 @@ class Agent:
         """A data command changed what is held: published at the next tick."""
         self.publisher.datasets_scanned(self.data.sizes(), self.data.versions())
 
-    def _datasets_in_use(self) -> list[str]:
-        """The dataset refs of the jobs running here (their versions are never evicted)."""
-        out: list[str] = []
+    def _datasets_in_use(self) -> list[tuple[str, str]]:
+        """(job id, dataset ref) of the jobs running here: their versions are never evicted."""
+        out: list[tuple[str, str]] = []
         for job_id in list(self.runner.runs):
             spec = (self.view.jobs.get(job_id) or {}).get("spec")
             if isinstance(spec, dict):
-                out.extend(d for d in spec.get("datasets") or () if isinstance(d, str))
+                datasets = spec.get("datasets") or ()
+                out.extend((job_id, d) for d in datasets if isinstance(d, str))
         return out
 
     def _coordinate(self) -> Coordinate | None:

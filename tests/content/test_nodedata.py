@@ -16,7 +16,9 @@ from agent.daemon.datastore import DataRefused, NodeData
 CHUNK = 64 << 10
 
 
-def _node(tmp_path: Path, in_use: list[str], budget_bytes: int | None = None) -> NodeData:
+def _node(
+    tmp_path: Path, in_use: list[tuple[str, str]], budget_bytes: int | None = None
+) -> NodeData:
     config = AgentConfig(
         data_dir=tmp_path / "data", datasets_dir=tmp_path / "sets", store_budget_bytes=budget_bytes
     )
@@ -41,7 +43,7 @@ def test_a_changed_folder_is_a_new_version_and_the_old_one_is_forgotten(tmp_path
 
 
 def test_what_a_running_job_reads_is_not_evicted(tmp_path: Path) -> None:
-    in_use: list[str] = []
+    in_use: list[tuple[str, str]] = []
     node = _node(tmp_path, in_use, budget_bytes=CHUNK)  # one chunk held is over its watermark
     data = os.urandom(2 * CHUNK)
     pieces = [data[:CHUNK], data[CHUNK:]]
@@ -50,13 +52,18 @@ def test_what_a_running_job_reads_is_not_evicted(tmp_path: Path) -> None:
     node.store.add_manifest(m)
     first = node.store.missing(m.digest)[0]
     node.store.put_chunk(m.digest, first, pieces[0])
-    in_use.append("cached")
+    in_use.append(("job-1", "cached"))
     assert node.protected() == {m.digest}
     with pytest.raises(DataRefused, match="read by a job running here") as refused:
         node.evict("cached")
     assert refused.value.status == 409
     assert node.store.evict_over_budget() == []  # the cache rules keep it too
-    in_use[:] = [f"cached@{'0' * 64}"]  # another version: this one may go
+    before = node.store.held(m.digest)
+    node.count_uses()
+    node.count_uses()  # one job, one use
+    after = node.store.held(m.digest)
+    assert before is not None and after is not None and after.uses == before.uses + 1
+    in_use[:] = [("job-2", f"cached@{'0' * 64}")]  # another version: this one may go
     assert node.protected() == set()
     assert node.evict(f"cached@{m.digest}") == {"evicted": [m.digest]}
     with pytest.raises(DataRefused, match="not held on this node"):
