@@ -27,7 +27,7 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -338,25 +338,27 @@ class DiskStore:
 
     def remember_chunks(
         self,
-        entries: Sequence[tuple[str, tuple[int, int, int], int, tuple[str, ...]]],
+        fresh: Sequence[tuple[str, tuple[int, int, int], int, tuple[str, ...]]],
+        seen: Collection[str],
         drop_under: str,
     ) -> None:
         prefix = drop_under.rstrip("/") + "/"
-        keep = {e[0] for e in entries}
+        bounds = (prefix, prefix[:-1] + "0")  # "/" + 1: every path under the folder, by index
+        under = "path >= ? AND path < ?"
         with self._tx() as db:
-            gone = [
-                r[0]
-                for r in db.execute(
-                    "SELECT path FROM hashes WHERE substr(path, 1, ?) = ?", (len(prefix), prefix)
-                )
-                if r[0] not in keep
-            ]
-            db.executemany("DELETE FROM hashes WHERE path = ?", [(p,) for p in gone])
+            count = db.execute(f"SELECT COUNT(*) FROM hashes WHERE {under}", bounds).fetchone()
+            if fresh or int(count[0]) != sum(1 for p in seen if p.startswith(prefix)):
+                gone = [
+                    r[0]
+                    for r in db.execute(f"SELECT path FROM hashes WHERE {under}", bounds)
+                    if r[0] not in seen
+                ]
+                db.executemany("DELETE FROM hashes WHERE path = ?", [(p,) for p in gone])
             db.executemany(
                 "INSERT OR REPLACE INTO hashes VALUES (?, ?, ?, ?, ?, ?)",
                 [
                     (path, *stamp, chunk_bytes, json.dumps(list(chunks)))
-                    for path, stamp, chunk_bytes, chunks in entries
+                    for path, stamp, chunk_bytes, chunks in fresh
                 ],
             )
 
