@@ -124,11 +124,29 @@ class DiskStore:
         manifest = self.manifest(digest)
         if manifest is None:
             return ()
+        with self._lock:
+            empty = self._empty_chunks(digest)
+            if empty:
+                # held for another file, version or dataset: filled from there, no transfer
+                with contextlib.suppress(StoreFull):  # then it is fetched, and put says full
+                    self._spread(empty)
+                empty = self._empty_chunks(digest)
         first: dict[str, ChunkAt] = {}
         for at in manifest.chunk_places():
-            first.setdefault(at.digest, at)
-        held = self._held_chunks(list(first))
-        return tuple(at for d, at in first.items() if d not in held)
+            if at.digest in empty:
+                first.setdefault(at.digest, at)
+        return tuple(first.values())
+
+    def _empty_chunks(self, digest: str) -> set[str]:
+        """The chunk digests with a place in manifest ``digest`` not filled yet."""
+        return {
+            r[0]
+            for r in self._db.execute(
+                "SELECT DISTINCT p.chunk FROM entries e JOIN places p ON p.fkey = e.fkey"
+                " WHERE e.digest = ? AND p.held = 0",
+                (digest,),
+            )
+        }
 
     def put_chunk(self, digest: str, chunk: ChunkAt, data: bytes) -> None:
         try:
@@ -443,7 +461,10 @@ class DiskStore:
             self._parsed.pop(digest, None)
             # what others hold already fills this one; what this one holds fills others
             wanted = {d for f in manifest.files for d in f.chunks}
-            self._spread(wanted | newly_held)
+            try:
+                self._spread(wanted | newly_held)
+            except StoreFull as exc:  # what did not fit is fetched (missing() lists it)
+                log.info("store: %s not filled from what is held: %s", digest[:12], exc)
 
     def _held_chunks(self, digests: Sequence[str]) -> set[str]:
         out: set[str] = set()

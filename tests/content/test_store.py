@@ -202,3 +202,27 @@ def test_a_full_disk_refuses_the_chunk_and_keeps_what_was_held(tmp_path: Path) -
         again.close()
     finally:
         subprocess.run(["umount", "--lazy", str(disk)], check=False)
+
+
+def test_a_chunk_held_elsewhere_that_the_budget_cannot_copy_is_listed_missing(
+    tmp_path: Path,
+) -> None:
+    store = DiskStore(tmp_path / "store", CacheRules(budget_bytes=3 * CHUNK))
+    a = _blob(10, 2 * CHUNK)
+    first = _manifest("first", {"a": a})
+    store.add_manifest(first)
+    _fill(store, first, {"a": a})
+    store.pin(first.digest)
+    second = _manifest("second", {"b": a[:CHUNK] + _blob(11, CHUNK)})
+    store.add_manifest(second)  # a's first chunk is copied: 3 chunks held, the budget's all
+    assert store.held_bytes(second.digest) == CHUNK
+    store.pin(second.digest)
+    third = _manifest("third", {"c": a[CHUNK:]})
+    store.add_manifest(third)  # no room to copy a's second chunk: it is not hidden, but missing
+    assert [at.digest for at in store.missing(third.digest)] == list(third.files[0].chunks)
+    with pytest.raises(StoreFull, match="budget"):
+        _fill(store, third, {"c": a[CHUNK:]})
+    assert store.pin(second.digest, False)
+    assert store.evict(second.digest)
+    assert store.missing(third.digest) == ()  # now it fits: filled from first, no transfer
+    assert store.held_bytes(third.digest) == CHUNK
