@@ -60,12 +60,14 @@ from agent.mesh.peers import PeerClient
 from agent.mesh.view import STATE_NAMES, ClusterView
 from agent.owning.owner import Owner
 from agent.owning.placement import PLACEMENTS, Placement
+from agent.people.keeper import PolicyKeeper, PolicyRefused
 from agent.running import diskguard
 from agent.running.admission import NodeFacts
 from agent.running.confirming import Placed
 from agent.running.runner import Runner
 from agent.storage import purging
 from agent.storage.store import Store, StoreFull
+from agent.wire.policy import POLICY, POLICY_FILE
 from agent.wire.records import EVENTS, JOB_PREFIX, NODE, SUB_PREFIX, NodeRecord
 from gossip import revocation
 from gossip.addresses import split_address
@@ -96,6 +98,9 @@ class Agent:
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self._revocations_path = config.data_dir / REVOCATIONS_FILE
         self._load_revocations()
+        self.people = PolicyKeeper(self.trust, config.data_dir / POLICY_FILE)
+        """The team policy (:mod:`agent.people.keeper`), kept from before a restart."""
+        self.people.load(time.time())
         self.revoked = asyncio.Event()
         """Set once this node learns that its own certificate is revoked: it then stops."""
         self.store = Store(config.data_dir / "agent.sqlite")
@@ -183,6 +188,8 @@ class Agent:
             runner=self.runner,
             node=self.node,
             mesh=self.mesh,
+            people=self.people,
+            policy_changed=self._publish_policy,
         )
         self.checkpoints = Checkpoints(
             self.ctx,
@@ -194,7 +201,16 @@ class Agent:
         self.runner.checkpoints = self.owner.checkpoints = self.checkpoints
         self.runner.confirmer.owned = self._owned_placed
         self.calls = Calls(self.ctx, self.owner, self.runner, self.metrics)
-        self.reads = Reads(self.ctx, self.owner, self.runner, self.node, self.mesh, self.trust)
+        self.reads = Reads(
+            self.ctx,
+            self.owner,
+            self.runner,
+            self.node,
+            self.mesh,
+            self.trust,
+            people=self.people,
+            refused=self.metrics.refused,
+        )
         self.node.subscribe(self._on_gossip)
         self.node.serve_calls(api.stream_calls(self))
         self._tasks: list[asyncio.Task[None]] = []
@@ -236,6 +252,7 @@ class Agent:
         await self.node.start()
         self.events.on_own = self.publisher.events_changed
         self.node.publish_revocations()
+        self._publish_policy()
         self.publisher.inventory(self.node.address, self.boot)
         self.publisher.telemetry(force=True)
         self.publisher.node(time.monotonic())
@@ -277,6 +294,22 @@ class Agent:
         if self.node.started:
             self.node.publish(kind, payload)
 
+    def _publish_policy(self) -> None:
+        """Gossip the team policy held here as this agent's own record: every agent that holds
+        it spreads it, so it outlives any one publisher (each receiver verifies the admin's
+        signature inside)."""
+        record = self.people.encoded()
+        if record is not None:
+            self.publish(POLICY, record)
+
+    def _learn_policy(self, origin: str, payload: bytes) -> None:
+        try:
+            if self.people.offer(payload, time.time()):
+                log.info("team policy version %d, gossiped by %s", self.people.version, origin)
+                self._publish_policy()
+        except PolicyRefused as exc:
+            log.warning("refused a team policy gossiped by %s: %s", origin[:10], exc)
+
     def _node_doc(self) -> NodeRecord:
         runner = self.runner
         return NodeRecord(
@@ -302,6 +335,10 @@ class Agent:
 
     def _on_gossip(self, event: Event) -> None:
         if isinstance(event, RecordChanged):
+            if event.kind == POLICY:
+                if event.origin != self.node_id:
+                    self._learn_policy(event.origin, event.payload)
+                return
             job_id = self.view.apply(event.origin, event.kind, event.payload, time.monotonic())
             if job_id is not None:
                 self.runner.on_job_record(job_id)
@@ -487,6 +524,7 @@ class Agent:
             "queue": self.owner.queue_length(),
             "gossip": self.node.stats(),
             "records_refused": self.view.refused,
+            "policy_refused": self.people.refused,
             "records_refused_kinds": self.view.refused_kinds,
             "placements": self.owner.offers,
             "deadline_misses": self.owner.deadline_misses,

@@ -165,6 +165,7 @@ SCHEMAS: Final[dict[str, Any]] = {
         {"at": _OPT_NUM, "node": _OPT_STR, "job_id": _OPT_STR},
     ),
     "Events": _obj({"events": _array(_ref("Event")), "next": _INT}),
+    "Policy": _obj({"version": _INT, "record": _OPT_STR, "policy": _t("object", True)}),
     "Health": _obj({"ok": _BOOL, "node_id": _STR, "members": _INT}),
     "HistorySeries": _obj(
         {
@@ -392,6 +393,13 @@ PATHS: Final[dict[str, Any]] = {
             "summary": "The mesh's event log, from sequence number `since` on",
             "parameters": [_query("since", 0, (1 << 63) - 1, "the first sequence number")],
             "responses": _answers("Events", 400),
+        }
+    },
+    "/v1/policy": {
+        "get": {
+            "summary": "The team policy this agent holds: its version, the admin-signed record "
+            "(base64) and what it says (people, teams, ceilings, quotas)",
+            "responses": _answers("Policy"),
         }
     },
     "/v1/history": {
