@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from agent.cli import history_args, ops_args
+from agent.cli import history_args, ops_args, user_args
 from agent.cli.agent_args import add_agent_arguments
 from agent.common.errors import UserError
 from agent.common.paths import default_cluster_dir
@@ -214,6 +214,18 @@ COMMANDS: tuple[Command, ...] = (
         "revoke nodes' certificates; the mesh shuns them",
         ops_args.revoke_arguments,
         f"{OPS}:cmd_revoke",
+    ),
+    Command(
+        "user",
+        "people: request and install your certificate; admins add, set, revoke, list",
+        user_args.user_arguments,
+        "agent.cli.user_cmd:cmd_user",
+    ),
+    Command(
+        "team",
+        "admin: a team's priority ceiling and GPU quotas in the team policy",
+        user_args.team_arguments,
+        "agent.cli.user_cmd:cmd_team",
     ),
     Command(
         "enroll",

@@ -212,11 +212,8 @@ class Commands:
             return await self._forward(owner, data)
         signer = envelope.signer_of(data)
         held = self._owner.jobs.get(job_id)
-        submitter = (
-            self._ctx.authority.submission(held.submission, job_id).operator_id
-            if (held is not None and held.submission)
-            else None
-        )
+        # Verified when the job was accepted; its signer is the submitter even once revoked.
+        submitter = envelope.signer_of(held.submission) if held and held.submission else None
         if submitter is None:
             raise Refused("unknown_submitter", f"job {job_id} has no submission here")
         rules.check_job(self.standing(signer), kind, job_id, submitter)

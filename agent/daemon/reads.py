@@ -33,6 +33,7 @@ from agent.people import rules
 from agent.people.keeper import PolicyKeeper
 from agent.running.runner import Runner
 from agent.wire.records import JobStatus
+from gossip import envelope
 from gossip.certtrust import CertTrust
 from gossip.node import GossipNode
 from gossip.transport import request_peer
@@ -250,7 +251,7 @@ class Reads:
         owned = self._owner.jobs.get(job_id)
         submitter = held.operator_id if held is not None else None
         if submitter is None and owned is not None and owned.submission:
-            submitter = self._ctx.authority.submission(owned.submission, job_id).operator_id
+            submitter = envelope.signer_of(owned.submission)  # verified when accepted
         try:
             who = rules.standing(self._people.body, reader, self._trust.role_of(reader))
             rules.check_read_logs(who, job_id, submitter)
