@@ -29,6 +29,8 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in heavy))
 JSON_COMMANDS = frozenset(
     {
         "probe",
+        "user",
+        "team",
         "submit",
         "jobs",
         "nodes",

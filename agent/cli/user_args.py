@@ -17,30 +17,38 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from agent.cli.ops_args import add_connection_arguments, add_json_argument
+from agent.cli.ops_args import add_agent_and_identity_arguments, add_json_argument
 from agent.common.paths import default_cluster_dir
 
 ROLES = ("admin", "user", "viewer")
 
 
+def _json(p: argparse.ArgumentParser, what: str = "JSON instead of text") -> None:
+    """``--json`` before or after the action (``shoal user --json ls``, ``shoal user ls
+    --json``): the action's flag leaves the value alone when it is not given."""
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=f"print {what}")
+
+
 def _cluster(p: argparse.ArgumentParser) -> None:
-    add_connection_arguments(p)  # --identity: here the cluster directory of shoal init, the CA's
+    add_agent_and_identity_arguments(p)  # --identity: the cluster directory of shoal init
+    _json(p)
 
 
 def user_arguments(p: argparse.ArgumentParser) -> None:
+    add_json_argument(p)
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
 
     request = actions.add_parser("request", help="on your machine: your key and a request")
     request.add_argument("--dir", type=Path, required=True, metavar="DIR", help="your folder")
     request.add_argument("--name", required=True, metavar="NAME", help="your user name")
-    add_json_argument(request, "one JSON object")
+    _json(request, "one JSON object")
 
     install = actions.add_parser("install", help="on your machine: the certificate you were given")
     install.add_argument("--dir", type=Path, required=True, metavar="DIR", help="your folder")
     install.add_argument("install", type=Path, metavar="CERT", help="what 'shoal user add' wrote")
     install.add_argument("--ca", type=Path, metavar="CA.crt", help="unless CERT bundles it")
-    add_json_argument(install, "one JSON object")
+    _json(install, "one JSON object")
 
     add = actions.add_parser("add", help="admin: certify a person and add them to the policy")
     _cluster(add)
@@ -80,6 +88,7 @@ def _ceiling(text: str) -> int | None:
 
 
 def team_arguments(p: argparse.ArgumentParser) -> None:
+    add_json_argument(p)
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
     set_ = actions.add_parser("set", help="admin: a team's priority ceiling and GPU quotas")
