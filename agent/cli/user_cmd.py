@@ -161,19 +161,24 @@ def _set(args: argparse.Namespace) -> int:
     if args.team is None and args.role is None:
         raise UserError("say what changes: --team TEAM, --role ROLE or both")
 
+    demoted: list[bool] = []
+
     def change(body: PolicyBody) -> PolicyBody:
         person = body.person(args.name)
         if person is None:
             raise PolicyError(f"no user {args.name!r} in the team policy")
         changed = person._replace(team=args.team or person.team, role=args.role or person.role)
+        demoted.append(person.role == "admin" and changed.role != "admin")
         return people.with_person(body, changed)
 
     signed, refused = _change(args, change)
-    return _print(
-        args,
-        {"name": args.name, "policy_version": signed.version},
-        [f"{args.name} changed: team policy version {signed.version}{_offered(refused)}"],
-    )
+    lines = [f"{args.name} changed: team policy version {signed.version}{_offered(refused)}"]
+    if demoted and demoted[0]:
+        lines.append(
+            f"note: {args.name} keeps an admin's certificate (it can still sign revocation lists); "
+            f"to take it away: shoal user revoke {args.name}, then add them again as a user"
+        )
+    return _print(args, {"name": args.name, "policy_version": signed.version}, lines)
 
 
 def _revoke(args: argparse.Namespace) -> int:
