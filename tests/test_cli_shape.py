@@ -31,6 +31,7 @@ JSON_COMMANDS = frozenset(
         "probe",
         "user",
         "team",
+        "usage",
         "submit",
         "jobs",
         "nodes",

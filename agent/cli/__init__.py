@@ -228,6 +228,12 @@ COMMANDS: tuple[Command, ...] = (
         "agent.cli.user_cmd:cmd_team",
     ),
     Command(
+        "usage",
+        "GPU-hours and energy by day and team, user or model, summed over the mesh",
+        user_args.usage_arguments,
+        "agent.cli.usage_cmd:cmd_usage",
+    ),
+    Command(
         "enroll",
         "on a host: make its key and a certificate request, or install the certificate",
         ops_args.enroll_arguments,

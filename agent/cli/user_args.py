@@ -109,4 +109,20 @@ def team_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-__all__ = ["default_cluster_dir", "team_arguments", "user_arguments"]
+def usage_arguments(p: argparse.ArgumentParser) -> None:
+    add_agent_and_identity_arguments(p)
+    p.add_argument(
+        "--by", choices=("team", "user", "model"), help="one row per day and team, user or model"
+    )
+    p.add_argument(
+        "--since",
+        default="30d",
+        metavar="WHEN",
+        help="how far back: 30d, 12h, 90m or a date YYYY-MM-DD (default: 30d)",
+    )
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    out.add_argument("--csv", action="store_true", help="print CSV instead of a table")
+
+
+__all__ = ["default_cluster_dir", "team_arguments", "usage_arguments", "user_arguments"]

@@ -50,6 +50,7 @@ from agent.daemon.reads import Reads
 from agent.execution.logfiles import MAX_TAIL_LINES
 from agent.history.history_hints import GpuFacts
 from agent.history.history_store import History, QueryError
+from agent.history.usage_book import UsageBook
 from agent.mesh.events import EventLog
 from agent.mesh.mesh import GossipMesh
 from agent.mesh.peers import JSON_CONTENT_TYPE, stream_call_op
@@ -90,6 +91,9 @@ class AgentService(Protocol):
 
     @property
     def people(self) -> PolicyKeeper: ...
+
+    @property
+    def usage(self) -> UsageBook: ...
 
     @property
     def history(self) -> History: ...
@@ -339,6 +343,14 @@ def setup(app: web.Application, agent: AgentService) -> None:
         )
 
     @_guarded
+    async def usage(request: web.Request) -> web.StreamResponse:
+        from agent.wire.usage import UsageDoc
+
+        since = float(_query_int(request, "since", 0, 1 << 40))
+        rows, truncated = await asyncio.to_thread(agent.usage.rows, since)
+        return web.json_response(UsageDoc(agent.node_id, time.time(), rows, truncated).to_wire())
+
+    @_guarded
     async def metrics(request: web.Request) -> web.StreamResponse:
         body, content_type = agent.metrics.render()
         return web.Response(body=body, headers={"Content-Type": content_type})
@@ -396,6 +408,7 @@ def setup(app: web.Application, agent: AgentService) -> None:
     app.router.add_get("/v1/events", events)
     app.router.add_get("/v1/history", history)
     app.router.add_get("/v1/policy", policy)
+    app.router.add_get("/v1/usage", usage)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/v1/openapi.json", openapi)

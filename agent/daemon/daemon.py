@@ -51,6 +51,7 @@ from agent.execution.launch import ExecutorConfig
 from agent.history.history_hints import GpuFacts
 from agent.history.history_sample import NodeSampler
 from agent.history.history_store import open_history
+from agent.history.usage_book import UsageBook
 from agent.job.authority import Authority
 from agent.mesh import retiring
 from agent.mesh.context import AgentContext
@@ -199,6 +200,8 @@ class Agent:
             self.metrics.internal_refused,
         )
         self.runner.checkpoints = self.owner.checkpoints = self.checkpoints
+        self.usage = UsageBook(config.data_dir / "usage.sqlite", self.node_id, self._person)
+        self.runner.usage = self.usage
         self.runner.confirmer.owned = self._owned_placed
         self.calls = Calls(self.ctx, self.owner, self.runner, self.metrics)
         self.reads = Reads(
@@ -288,6 +291,7 @@ class Agent:
         await self.peers.close()
         self.devices.probe.close()
         self.history.close(time.time())
+        self.usage.close()
         self.store.close()
 
     def publish(self, kind: str, payload: bytes) -> None:
@@ -301,6 +305,12 @@ class Agent:
         record = self.people.encoded()
         if record is not None:
             self.publish(POLICY, record)
+
+    def _person(self, node_id: str | None) -> tuple[str | None, str | None]:
+        """A submitter's name and team in the policy held now (``None``s: not named)."""
+        body = self.people.body
+        person = None if body is None or node_id is None else body.person_by_id(node_id)
+        return (None, None) if person is None else (person.name, person.team)
 
     def _learn_policy(self, origin: str, payload: bytes) -> None:
         try:
@@ -365,6 +375,9 @@ class Agent:
             await asyncio.sleep(self.config.probe_interval_s)
             await self.devices.refresh()
             self.publisher.telemetry()
+            now = time.time()
+            power = {d.static.key: d.sample.power_mw for d in self.devices.report.devices}
+            self.usage.sample(now, power)
 
     async def _history_loop(self) -> None:
         """Sample every layer into the node's history on each whole second
@@ -437,6 +450,7 @@ class Agent:
         folders = (self.executor.job_dir, self.checkpoints.vault.job_folder)
         while True:
             await asyncio.sleep(purging.PURGE_EVERY_S)
+            self.usage.purge(time.time())  # accounting rows past a year and a month
             if time.monotonic() - strays_at >= purging.strays_every_s(keep_s):
                 strays_at = time.monotonic()
                 jobs = self.executor.jobs_folder

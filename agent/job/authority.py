@@ -145,6 +145,11 @@ class Authority:
         self._verified[sub.job_id] = sub
         return sub
 
+    def submitter(self, job_id: str) -> str | None:
+        """Who signed the submission of ``job_id`` verified here (``None``: none is held)."""
+        held = self._verified.get(job_id)
+        return None if held is None else held.operator_id
+
     def live_agents(self) -> list[str]:
         return self._live()
 
