@@ -171,12 +171,23 @@ def _set(args: argparse.Namespace) -> int:
         demoted.append(person.role == "admin" and changed.role != "admin")
         return people.with_person(body, changed)
 
-    signed, refused = _change(args, change)
+    async def resign(client: ApiClient) -> None:
+        """A demoted admin's revocation lists stop being believed where the new policy is held:
+        the list is signed again, as this admin, so a host that joins later still takes it."""
+        from agent.operator.revocations import publish, revoke_nodes
+
+        if demoted and demoted[0]:
+            refused = await publish(client, revoke_nodes(_cluster(args), set()))
+            if refused is not None:
+                raise PolicyError(f"the revocation list, signed again, was refused: {refused}")
+
+    signed, refused = _change(args, change, resign)
     lines = [f"{args.name} changed: team policy version {signed.version}{_offered(refused)}"]
     if demoted and demoted[0]:
         lines.append(
-            f"note: {args.name} keeps an admin's certificate (it can still sign revocation lists); "
-            f"to take it away: shoal user revoke {args.name}, then add them again as a user"
+            f"note: {args.name} keeps an admin's certificate, which an agent holding no team "
+            f"policy yet still believes; to take it away: shoal user revoke {args.name}, then "
+            "add them again as a user"
         )
     return _print(args, {"name": args.name, "policy_version": signed.version}, lines)
 

@@ -120,6 +120,7 @@ class Agent:
             seeds=config.join,
             app_setup=lambda app: api.setup(app, self),
             on_revocations=self._revocations_changed,
+            may_revoke=self._may_revoke,
         )
         self.mesh = GossipMesh(self.node_id, self.node, self.trust)
         self.authority = Authority(
@@ -305,6 +306,13 @@ class Agent:
         record = self.people.encoded()
         if record is not None:
             self.publish(POLICY, record)
+
+    def _may_revoke(self, signer: str) -> bool:
+        """Only an admin revokes: with a team policy held, one it names admin (an operator
+        certificate alone, with none; :mod:`agent.people.rules`)."""
+        body = self.people.body
+        person = None if body is None else body.person_by_id(signer)
+        return body is None or (person is not None and person.role == "admin")
 
     def _person(self, node_id: str | None) -> tuple[str | None, str | None]:
         """A submitter's name and team in the policy held now (``None``s: not named)."""

@@ -85,5 +85,12 @@ def test_a_person_joins_acts_as_themself_changes_role_and_is_revoked(tmp_path: P
         listed = json.loads(_ok("user", "ls", "--json", *admin))
         assert [u["name"] for u in listed["users"]] == ["operator"]
         _ok("cancel", job_id, *admin)
+        # An admin demoted by the policy: told what their certificate still carries.
+        bert = tmp_path / "bert"
+        _ok("user", "request", "--dir", str(bert), "--name", "bert")
+        _ok("user", "add", "bert", "--team", "ops", "--role", "admin",
+            "--request", str(bert / "node.csr"), *admin)  # fmt: skip
+        out = _ok("user", "set", "bert", "--role", "user", *admin)
+        assert "note: bert keeps an admin's certificate" in out
     finally:
         mesh.stop_all()

@@ -5,6 +5,7 @@ believed only from an admin, only when newer, and kept across restarts."""
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -101,7 +102,7 @@ def test_a_user_cancels_and_migrates_only_their_own_jobs(mesh: Mesh, cast: Cast)
     assert mesh.job(mesh.agents[0], job_id)["state"] == "running"
     status, error = cast.alice.command(mesh.agents[2], "cancel", {"job_id": job_id})
     assert status == 200, error
-    assert mesh.job(mesh.agents[0], job_id)["state"] == "cancelled"
+    mesh.wait("the job cancelled", lambda: mesh.job(mesh.agents[0], job_id)["state"] == "cancelled")
 
 
 def test_an_admin_may_cancel_anyones_job(mesh: Mesh, cast: Cast) -> None:
@@ -301,3 +302,31 @@ def test_the_policy_survives_a_restart_and_an_older_one_is_not_believed(lone: Me
     )
     assert status == 200, error  # alice is a user by version 2
     lone.command(agent, "cancel", {"job_id": job_id})
+
+
+def test_a_revocation_list_a_user_signed_is_not_believed(mesh: Mesh, cast: Cast) -> None:
+    import base64
+
+    from gossip import revocation
+    from gossip.certtrust import CertSigner
+
+    victim = mesh.agents[2].node_id
+    signed = revocation.issue_revocations(
+        CertSigner(cast.ursula.identity), {victim}, (), 99, time.time()
+    )
+    body = {"revocations": base64.b64encode(revocation.encode(signed)).decode()}
+    # Carried by the admin's own revoke command: the list's signer is what counts.
+    status, answer = mesh.command(mesh.agents[0], "revoke", body)
+    assert status == 400 and "may not revoke" in answer["error"], answer
+    # Gossiped by a member as its own record.
+    intruder = Intruder(mesh, 1)
+    assert intruder.gossip_record(
+        mesh.agents[0], "shoal/revocations", revocation.encode(signed)
+    ) in (
+        200,
+        204,
+    )
+    states = {n["node_id"]: n["state"] for n in mesh.get(mesh.agents[0], "/v1/nodes")["nodes"]}
+    assert states[victim] == "alive"
+    status, _ = mesh.request(mesh.agents[2], "GET", "/healthz")
+    assert status == 200
