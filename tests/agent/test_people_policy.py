@@ -254,6 +254,13 @@ def test_the_rules_row_by_row(role: str, kind: str, theirs: bool, allowed: bool)
         assert allowed
 
 
+def test_a_job_with_no_submission_held_is_an_admins_only() -> None:
+    rules.check_job(Standing("root", "admin"), "cancel", "j1", "")
+    with pytest.raises(Refused) as caught:
+        rules.check_job(Standing("me", "user", "me"), "cancel", "j1", "")
+    assert caught.value.why == "not_owner"
+
+
 def test_logs_and_priority() -> None:
     for role, theirs, allowed in [
         ("admin", False, True),
