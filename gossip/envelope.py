@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import msgpack
 
 from gossip.certtrust import Admission, CertTrust
+from gossip.identity import PERSON_ROLES
 from gossip.replay import ReplayGuard, Verdict
 from gossip.trust import Signer
 
@@ -163,6 +164,11 @@ def _decode(data: bytes) -> tuple[Command, bytes, bytes]:
     return command, _get(doc, "cred", bytes), _get(doc, "sig", bytes)
 
 
+def signer_of(data: bytes) -> str:
+    """The node id that signed a command :func:`open` already checked (who gives it)."""
+    return _decode(data)[0].operator_id
+
+
 def _authentic(data: bytes, trust: CertTrust, now: float, max_bytes: int) -> Command:
     if len(data) > max_bytes:
         raise Oversized(f"envelope of {len(data)} bytes exceeds {max_bytes}")
@@ -178,8 +184,8 @@ def _authentic(data: bytes, trust: CertTrust, now: float, max_bytes: int) -> Com
         raise UntrustedSigner(f"{command.operator_id}'s certificate: {admission.value}")
     if not trust.verify(command.operator_id, signed_payload(command), signature):
         raise Forged(f"signature does not match {command.operator_id}'s key")
-    if trust.role_of(command.operator_id) != "operator":
-        raise NotOperator(f"{command.operator_id} is not an operator")
+    if trust.role_of(command.operator_id) not in PERSON_ROLES:
+        raise NotOperator(f"{command.operator_id} is not a person (an operator or a user)")
     return command
 
 

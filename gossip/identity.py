@@ -52,8 +52,11 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gossip.fsmodes import ensure_dir, write_file
 
-Role = Literal["agent", "operator"]
-ROLES: tuple[Role, ...] = ("agent", "operator")
+Role = Literal["agent", "operator", "user"]
+ROLES: tuple[Role, ...] = ("agent", "operator", "user")
+PERSON_ROLES: tuple[Role, ...] = ("operator", "user")
+"""The roles of a person's certificate: ``operator`` (one who may be an admin: ``shoal init``'s,
+or ``shoal user add --role admin``), ``user`` (a user or viewer, never an admin)."""
 
 # A private OID from the UUID arc (ITU-T X.667), so no registration is needed.
 ROLE_OID = x509.ObjectIdentifier("2.25.62961453245723373676167086388390864577")

@@ -151,12 +151,16 @@ class GossipNode:
         app_setup: AppSetup | None = None,
         on_revocations: Callable[[RevocationList], None] | None = None,
         stream_limits: StreamLimits | None = None,
+        may_revoke: Callable[[str], bool] = lambda signer: True,
     ) -> None:
         """``on_revocations``: called with the revocation list whenever a newer one is applied
         (from an operator's command, from gossip, or shown by a peer that refused us), for the
-        caller to keep it and to see whether it names this node."""
+        caller to keep it and to see whether it names this node. ``may_revoke``: whether the
+        operator who signed a list may revoke at all (the application's word: an admin of its
+        team policy); a list it refuses is refused as a forged one is."""
         self.identity = identity
         self._on_revocations_changed = on_revocations
+        self._may_revoke = may_revoke
         self._call_handler: CallHandler | None = None
         self._trust = trust
         self._signer = CertSigner(identity)
@@ -312,7 +316,12 @@ class GossipNode:
 
     def _apply_revocations(self, revocations: RevocationList) -> bool:
         """Verify, merge, and when newer: gossip it as ours too (every member that holds the
-        list spreads it, so it outlives any one publisher), and tell the caller."""
+        list spreads it, so it outlives any one publisher), and tell the caller. A list that
+        would replace the one held is taken only from a signer the application lets revoke."""
+        held = self._trust.revocations
+        could_win = revocations.version >= held.version and revocations.digest() != held.digest()
+        if could_win and not self._may_revoke(revocations.signer_id):
+            raise RevocationError(f"revocation list signer {revocations.signer_id} may not revoke")
         changed = self._trust.apply_revocations(revocations, self._wall_clock())
         if changed:
             self._streams.close_revoked()

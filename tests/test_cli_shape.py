@@ -30,6 +30,9 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in heavy))
 JSON_COMMANDS = frozenset(
     {
         "probe",
+        "user",
+        "team",
+        "usage",
         "submit",
         "jobs",
         "nodes",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from agent.cli import data_args, history_args, ops_args
+from agent.cli import data_args, history_args, ops_args, user_args
 from agent.cli.agent_args import add_agent_arguments
 from agent.common.errors import UserError
 from agent.common.paths import default_cluster_dir
@@ -220,6 +220,24 @@ COMMANDS: tuple[Command, ...] = (
         "datasets: add one in place, list versions and copies, evict, pin",
         data_args.data_arguments,
         "agent.cli.data_cmd:cmd_data",
+    ),
+    Command(
+        "user",
+        "people: request and install your certificate; admins add, set, revoke, list",
+        user_args.user_arguments,
+        "agent.cli.user_cmd:cmd_user",
+    ),
+    Command(
+        "team",
+        "admin: a team's priority ceiling and GPU quotas in the team policy",
+        user_args.team_arguments,
+        "agent.cli.user_cmd:cmd_team",
+    ),
+    Command(
+        "usage",
+        "GPU-hours and energy by day and team, user or model, summed over the mesh",
+        user_args.usage_arguments,
+        "agent.cli.usage_cmd:cmd_usage",
     ),
     Command(
         "enroll",

@@ -168,7 +168,10 @@ def _install(args: argparse.Namespace) -> int:
             f"--install {args.install} certifies node {theirs}, not this host's key "
             f"(node {mine}): it answers another request"
         )
-    if role != "agent":
+    person = bool(getattr(args, "person", False))  # shoal user install
+    if person and role == "agent":
+        raise UserError(f"--install {args.install} is an agent's certificate, not a person's")
+    if not person and role != "agent":
         raise UserError(
             f"--install {args.install} is an {role} certificate; an agent needs an agent's"
         )
@@ -195,9 +198,15 @@ def _install(args: argparse.Namespace) -> int:
             f"installed node {identity.node_id} of cluster {common_name(ca)!r}",
             f"  CA sha256  {fingerprint} (compare with what 'shoal init' printed)",
             f"  valid until {cert.not_valid_after_utc:%Y-%m-%d}",
-            "Start the agent:",
-            f"  shoal agent --identity {directory} --data-dir DATA --join SEED:7946 "
-            "--listen 0.0.0.0:7946",
+            *(
+                [f"Act as yourself: shoal submit --identity {directory} --agent HOST:PORT ..."]
+                if person
+                else [
+                    "Start the agent:",
+                    f"  shoal agent --identity {directory} --data-dir DATA --join SEED:7946 "
+                    "--listen 0.0.0.0:7946",
+                ]
+            ),
         ],
     )
 

@@ -27,6 +27,7 @@ counters.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import time
@@ -49,9 +50,11 @@ from agent.daemon.reads import Reads
 from agent.execution.logfiles import MAX_TAIL_LINES
 from agent.history.history_hints import GpuFacts
 from agent.history.history_store import History, QueryError
+from agent.history.usage_book import UsageBook
 from agent.mesh.events import EventLog
 from agent.mesh.mesh import GossipMesh
 from agent.mesh.peers import JSON_CONTENT_TYPE, stream_call_op
+from agent.people.keeper import PolicyKeeper
 from agent.storage.store import StoreFull
 from agent.wire.codec import ENVELOPE_CONTENT_TYPE
 from agent.wire.health import MAX_HEALTH_WAIT_S, HealthDoc
@@ -85,6 +88,12 @@ class AgentService(Protocol):
 
     @property
     def calls(self) -> Calls: ...
+
+    @property
+    def people(self) -> PolicyKeeper: ...
+
+    @property
+    def usage(self) -> UsageBook: ...
 
     @property
     def history(self) -> History: ...
@@ -323,6 +332,25 @@ def setup(app: web.Application, agent: AgentService) -> None:
         return web.json_response(doc.to_wire())
 
     @_guarded
+    async def policy(request: web.Request) -> web.StreamResponse:
+        held = agent.people.held
+        return web.json_response(
+            {
+                "version": agent.people.version,
+                "record": None if held is None else base64.b64encode(held.encode()).decode(),
+                "policy": None if held is None else held.body.to_wire(),
+            }
+        )
+
+    @_guarded
+    async def usage(request: web.Request) -> web.StreamResponse:
+        from agent.wire.usage import UsageDoc
+
+        since = float(_query_int(request, "since", 0, 1 << 40))
+        rows, truncated = await asyncio.to_thread(agent.usage.rows, since)
+        return web.json_response(UsageDoc(agent.node_id, time.time(), rows, truncated).to_wire())
+
+    @_guarded
     async def metrics(request: web.Request) -> web.StreamResponse:
         body, content_type = agent.metrics.render()
         return web.Response(body=body, headers={"Content-Type": content_type})
@@ -379,6 +407,8 @@ def setup(app: web.Application, agent: AgentService) -> None:
     app.router.add_get("/v1/nodes", nodes)
     app.router.add_get("/v1/events", events)
     app.router.add_get("/v1/history", history)
+    app.router.add_get("/v1/policy", policy)
+    app.router.add_get("/v1/usage", usage)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/v1/openapi.json", openapi)

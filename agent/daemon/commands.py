@@ -5,12 +5,19 @@ it opens it (signature, operator role, freshness, uniqueness), stores its id bef
 restart keeps refusing a replay), and looks its kind up in one table: each handler either acts
 here or forwards the very same bytes to the agent that must act (the job's owner, the node to
 drain), which checks them again itself. A forwarded command is never forwarded further.
+
+Before it acts, the agent that executes a command checks that its signer may give it, by the
+team policy this agent holds (:mod:`agent.people.rules`): the kind for their role here, and the
+job's submitter and the priority ceiling where the job is (its owner). A refusal is one line,
+403, counted in ``shoal_refused_total{why}``; a forwarding agent checks the kind too, so most
+refusals cost no second hop, but only the executing agent's check is trusted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import functools
 import time
 from collections import Counter
@@ -29,6 +36,9 @@ from agent.mesh.mesh import GossipMesh
 from agent.mesh.peers import PeerUnreachable
 from agent.owning.ownedjob import OwnerError
 from agent.owning.owner import Owner
+from agent.people import rules
+from agent.people.keeper import PolicyKeeper, PolicyRefused
+from agent.people.rules import Refused, Standing
 from agent.running.runner import Runner
 from agent.wire.codec import ENVELOPE_CONTENT_TYPE, opt_number
 from gossip import envelope, revocation
@@ -69,7 +79,11 @@ class Commands:
         node: GossipNode,
         mesh: GossipMesh,
         data: NodeData,
+        people: PolicyKeeper,
+        policy_changed: Callable[[], None] = lambda: None,
     ) -> None:
+        """``people``: the team policy held here; ``policy_changed``: called when a ``policy``
+        command brought a newer one (the agent gossips it)."""
         self._ctx = ctx
         self._config = config
         self._trust = trust
@@ -80,6 +94,8 @@ class Commands:
         self._node = node
         self._mesh = mesh
         self._data = data
+        self._people = people
+        self._policy_changed = policy_changed
         self.rejections: Counter[str] = Counter()
         self._handlers: dict[str, Handler] = {
             "submit": self._submit,
@@ -93,6 +109,7 @@ class Commands:
             "data_evict": self._data_command,
             "data_pin": self._data_command,
             "data_unpin": self._data_command,
+            "policy": self._policy,
         }
 
     async def execute(self, data: bytes, *, forwarded: bool) -> Answer:
@@ -112,10 +129,14 @@ class Commands:
             self._metrics.commands_rejected["unknown_kind"] += 1
             return 400, {"error": f"unknown command kind {command.kind!r}"}
         try:
+            rules.check_kind(self.standing(command.operator_id), command.kind)
             body = json_loads(command.body)
             if not isinstance(body, dict):
                 raise ValueError("the command body must be a JSON object")
             status, answer = await handler(command.kind, body, data, forwarded)
+        except Refused as exc:
+            self._metrics.refused[exc.why] += 1
+            return 403, {"error": f"refused ({exc.why}): {exc}"}
         except (ValueError, KeyError, TypeError) as exc:
             self._metrics.commands_rejected["bad_body"] += 1
             return 400, {"error": f"bad {command.kind} command: {exc}"}
@@ -127,6 +148,11 @@ class Commands:
         if status < 300:
             self._metrics.commands_accepted[command.kind] += 1
         return status, answer
+
+    def standing(self, signer: str) -> Standing:
+        """The signer of a command, as the team policy held here sees them (:class:`Refused`
+        when they have no standing)."""
+        return rules.standing(self._people.body, signer, self._trust.role_of(signer))
 
     async def _forward(self, node: str, data: bytes) -> Answer:
         addr = self._mesh.addr_of(node)
@@ -174,6 +200,7 @@ class Commands:
             if needed & HOST_ONLY_FEATURES and not sub.spec.lacking:
                 reason = "the job names an image and no live agent is " + IMAGE_HOST
             return 400, {"error": f"no agent of this mesh runs it: {reason}"}
+        rules.check_priority(self.standing(sub.operator_id), sub.spec.priority)
         owner = self._job_owner(sub.job_id) or owner_of(sub.job_id, self._mesh.live_agents())
         if forwarded or owner in (None, self._ctx.node_id):
             return 200, await self._owner.submit(sub)
@@ -194,6 +221,11 @@ class Commands:
             if forwarded:
                 return 409, {"error": f"job {job_id} is owned by {owner[:8]}"}
             return await self._forward(owner, data)
+        signer = envelope.signer_of(data)
+        held = self._owner.jobs.get(job_id)
+        # Verified when the job was accepted; its signer is the submitter even once revoked.
+        submitter = envelope.signer_of(held.submission) if held and held.submission else ""
+        rules.check_job(self.standing(signer), kind, job_id, submitter)  # "": an admin's only
         if kind == "cancel":
             return 200, await self._owner.cancel(job_id)
         target = body.get("target")
@@ -256,6 +288,22 @@ class Commands:
         state = self._runner.command(kind, grace, self._config.drain_grace_s)
         self._owner.kick()
         return 200, {"node": self._ctx.node_id, "drain": state}
+
+    async def _policy(
+        self, kind: str, body: dict[str, Any], data: bytes, forwarded: bool
+    ) -> Answer:
+        """A newer team policy: verified (an admin signed it), kept and gossiped."""
+        try:
+            record = base64.b64decode(body["policy"], validate=True)
+            applied = self._people.offer(record, time.time())
+        except PolicyRefused as exc:
+            self._metrics.commands_rejected["bad_policy"] += 1
+            return 400, {"error": str(exc)}
+        except binascii.Error as exc:
+            raise ValueError(f"policy is not base64: {exc}") from None
+        if applied:
+            self._policy_changed()
+        return 200, {"version": self._people.version, "applied": applied}
 
     async def _revoke(
         self, kind: str, body: dict[str, Any], data: bytes, forwarded: bool

@@ -52,6 +52,7 @@ from agent.execution.launch import ExecutorConfig
 from agent.history.history_hints import GpuFacts
 from agent.history.history_sample import NodeSampler
 from agent.history.history_store import open_history
+from agent.history.usage_book import UsageBook
 from agent.job.authority import Authority
 from agent.job.jobspec import HOST_ONLY_FEATURES, SUPPORTED_FEATURES
 from agent.mesh import retiring
@@ -62,6 +63,7 @@ from agent.mesh.peers import PeerClient
 from agent.mesh.view import STATE_NAMES, ClusterView
 from agent.owning.owner import Owner
 from agent.owning.placement import PLACEMENTS, Placement
+from agent.people.keeper import PolicyKeeper, PolicyRefused
 from agent.running import diskguard
 from agent.running.admission import NodeFacts
 from agent.running.confirming import Placed
@@ -69,6 +71,7 @@ from agent.running.runner import Runner
 from agent.storage import purging
 from agent.storage.sqlitefile import StoreError
 from agent.storage.store import Store, StoreFull
+from agent.wire.policy import POLICY, POLICY_FILE
 from agent.wire.records import EVENTS, JOB_PREFIX, NODE, SUB_PREFIX, NodeRecord
 from gossip import revocation
 from gossip.addresses import split_address
@@ -99,6 +102,9 @@ class Agent:
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self._revocations_path = config.data_dir / REVOCATIONS_FILE
         self._load_revocations()
+        self.people = PolicyKeeper(self.trust, config.data_dir / POLICY_FILE)
+        """The team policy (:mod:`agent.people.keeper`), kept from before a restart."""
+        self.people.load(time.time())
         self.revoked = asyncio.Event()
         """Set once this node learns that its own certificate is revoked: it then stops."""
         self.store = Store(config.data_dir / "agent.sqlite")
@@ -117,6 +123,7 @@ class Agent:
             seeds=config.join,
             app_setup=lambda app: api.setup(app, self),
             on_revocations=self._revocations_changed,
+            may_revoke=self._may_revoke,
         )
         self.mesh = GossipMesh(self.node_id, self.node, self.trust)
         self.authority = Authority(
@@ -211,6 +218,8 @@ class Agent:
             node=self.node,
             mesh=self.mesh,
             data=self.data,
+            people=self.people,
+            policy_changed=self._publish_policy,
         )
         self.checkpoints = Checkpoints(
             self.ctx,
@@ -220,9 +229,20 @@ class Agent:
             self.metrics.internal_refused,
         )
         self.runner.checkpoints = self.owner.checkpoints = self.checkpoints
+        self.usage = UsageBook(config.data_dir / "usage.sqlite", self.node_id, self._person)
+        self.runner.usage = self.usage
         self.runner.confirmer.owned = self._owned_placed
         self.calls = Calls(self.ctx, self.owner, self.runner, self.metrics)
-        self.reads = Reads(self.ctx, self.owner, self.runner, self.node, self.mesh, self.trust)
+        self.reads = Reads(
+            self.ctx,
+            self.owner,
+            self.runner,
+            self.node,
+            self.mesh,
+            self.trust,
+            people=self.people,
+            refused=self.metrics.refused,
+        )
         self.node.subscribe(self._on_gossip)
         self.node.serve_calls(api.stream_calls(self))
         self._tasks: list[asyncio.Task[None]] = []
@@ -264,6 +284,7 @@ class Agent:
         await self.node.start()
         self.events.on_own = self.publisher.events_changed
         self.node.publish_revocations()
+        self._publish_policy()
         self.publisher.inventory(self.node.address, self.boot)
         self.publisher.telemetry(force=True)
         self.publisher.node(time.monotonic())
@@ -299,12 +320,42 @@ class Agent:
         await self.peers.close()
         self.devices.probe.close()
         self.history.close(time.time())
+        self.usage.close()
         self.store.close()
         self.data.store.close()
 
     def publish(self, kind: str, payload: bytes) -> None:
         if self.node.started:
             self.node.publish(kind, payload)
+
+    def _publish_policy(self) -> None:
+        """Gossip the team policy held here as this agent's own record: every agent that holds
+        it spreads it, so it outlives any one publisher (each receiver verifies the admin's
+        signature inside)."""
+        record = self.people.encoded()
+        if record is not None:
+            self.publish(POLICY, record)
+
+    def _may_revoke(self, signer: str) -> bool:
+        """Only an admin revokes: with a team policy held, one it names admin (an operator
+        certificate alone, with none; :mod:`agent.people.rules`)."""
+        body = self.people.body
+        person = None if body is None else body.person_by_id(signer)
+        return body is None or (person is not None and person.role == "admin")
+
+    def _person(self, node_id: str | None) -> tuple[str | None, str | None]:
+        """A submitter's name and team in the policy held now (``None``s: not named)."""
+        body = self.people.body
+        person = None if body is None or node_id is None else body.person_by_id(node_id)
+        return (None, None) if person is None else (person.name, person.team)
+
+    def _learn_policy(self, origin: str, payload: bytes) -> None:
+        try:
+            if self.people.offer(payload, time.time()):
+                log.info("team policy version %d, gossiped by %s", self.people.version, origin)
+                self._publish_policy()
+        except PolicyRefused as exc:
+            log.warning("refused a team policy gossiped by %s: %s", origin[:10], exc)
 
     def _node_doc(self) -> NodeRecord:
         runner = self.runner
@@ -331,6 +382,10 @@ class Agent:
 
     def _on_gossip(self, event: Event) -> None:
         if isinstance(event, RecordChanged):
+            if event.kind == POLICY:
+                if event.origin != self.node_id:
+                    self._learn_policy(event.origin, event.payload)
+                return
             job_id = self.view.apply(event.origin, event.kind, event.payload, time.monotonic())
             if job_id is not None:
                 self.runner.on_job_record(job_id)
@@ -357,6 +412,9 @@ class Agent:
             await asyncio.sleep(self.config.probe_interval_s)
             await self.devices.refresh()
             self.publisher.telemetry()
+            now = time.time()
+            power = {d.static.key: d.sample.power_mw for d in self.devices.report.devices}
+            self.usage.sample(now, power)
 
     async def _history_loop(self) -> None:
         """Sample every layer into the node's history on each whole second
@@ -429,6 +487,7 @@ class Agent:
         folders = (self.executor.job_dir, self.checkpoints.vault.job_folder)
         while True:
             await asyncio.sleep(purging.PURGE_EVERY_S)
+            self.usage.purge(time.time())  # accounting rows past a year and a month
             if time.monotonic() - strays_at >= purging.strays_every_s(keep_s):
                 strays_at = time.monotonic()
                 jobs = self.executor.jobs_folder
@@ -539,6 +598,7 @@ class Agent:
             "queue": self.owner.queue_length(),
             "gossip": self.node.stats(),
             "records_refused": self.view.refused,
+            "policy_refused": self.people.refused,
             "records_refused_kinds": self.view.refused_kinds,
             "placements": self.owner.offers,
             "deadline_misses": self.owner.deadline_misses,

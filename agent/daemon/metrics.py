@@ -6,7 +6,9 @@ Gauges are computed at scrape time from what the agent holds: this node's device
 as this agent sees the mesh (``shoal_jobs``), members by state, jobs running here, and every
 gossip counter (``shoal_gossip_<name>_total``). Counters: commands accepted by kind and rejected by
 reason (``shoal_commands_accepted_total``, ``shoal_commands_rejected_total``), agent calls
-refused for want of authority (``shoal_internal_refused_total``), gossip records refused or not
+refused for want of authority (``shoal_internal_refused_total``), commands and log reads the
+team policy's rules refused (``shoal_refused_total{why}``), policy records not believed
+(``shoal_policy_refused_total{reason}``), gossip records refused or not
 believed, by reason and by kind (``shoal_records_refused_total``,
 ``shoal_records_refused_kinds_total``), API requests refused by route and status
 (``shoal_api_refused_total``), the offers this agent made as an owner, by outcome
@@ -72,6 +74,13 @@ class _Snapshot:
         for name, text, label, counts in (
             ("commands_accepted", "Operator commands accepted", "kind", m.commands_accepted),
             ("commands_rejected", "Operator commands rejected", "reason", m.commands_rejected),
+            ("refused", "Commands and reads refused by the team policy's rules", "why", m.refused),
+            (
+                "policy_refused",
+                "Team policy records not believed, by reason",
+                "reason",
+                snap.get("policy_refused", {}),
+            ),
             (
                 "internal_refused",
                 "Agent calls refused for want of authority",
@@ -246,6 +255,8 @@ class AgentMetrics:
         """Operator commands accepted, by kind."""
         self.commands_rejected: Counter[str] = Counter()
         """Operator commands rejected, by reason."""
+        self.refused: Counter[str] = Counter()
+        """Commands and log reads refused by the rules of :mod:`agent.people.rules`, by why."""
         self.internal_refused: Counter[str] = Counter()
         """Agent-to-agent calls refused because the caller has no authority, by call."""
         self.api_refused: Counter[tuple[str, str]] = Counter()

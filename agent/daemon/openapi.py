@@ -178,6 +178,23 @@ SCHEMAS: Final[dict[str, Any]] = {
         {"at": _OPT_NUM, "node": _OPT_STR, "job_id": _OPT_STR},
     ),
     "Events": _obj({"events": _array(_ref("Event")), "next": _INT}),
+    "UsageRow": _obj(
+        {
+            "job_id": _STR,
+            "attempt": _INT,
+            "node": _STR,
+            "person": _OPT_STR,
+            "name": _OPT_STR,
+            "team": _OPT_STR,
+            "model": _STR,
+            "gpus": _NUM,
+            "started_at": _NUM,
+            "finished_at": _OPT_NUM,
+            "energy_j": _OPT_NUM,
+        }
+    ),
+    "Usage": _obj({"node": _STR, "at": _NUM, "rows": _array(_ref("UsageRow")), "truncated": _BOOL}),
+    "Policy": _obj({"version": _INT, "record": _OPT_STR, "policy": _t("object", True)}),
     "Health": _obj({"ok": _BOOL, "node_id": _STR, "members": _INT}),
     "HistorySeries": _obj(
         {
@@ -243,7 +260,8 @@ _REASONS: Final = {
     401: "no client certificate",
     403: "a certificate not admitted, or a role that may not do this",
     404: "no such job, call or route",
-    409: "refused in the current state (a replayed command, a lacking feature)",
+    409: "refused in the current state (a replayed command, a lacking feature, a checkpoint "
+    "asked of an attempt that did not run here last)",
     413: "body over the size limit",
     415: "wrong content type",
     429: "rate limited (per peer; Retry-After)",
@@ -407,6 +425,21 @@ PATHS: Final[dict[str, Any]] = {
             "responses": _answers("Events", 400),
         }
     },
+    "/v1/usage": {
+        "get": {
+            "summary": "Accounting: the attempts that ran on this node (open ones too) and ended "
+            "at or after `since`, oldest first, each with its GPUs, model, submitter and energy",
+            "parameters": [_query("since", 0, 1 << 40, "seconds since the epoch")],
+            "responses": _answers("Usage", 400),
+        }
+    },
+    "/v1/policy": {
+        "get": {
+            "summary": "The team policy this agent holds: its version, the admin-signed record "
+            "(base64) and what it says (people, teams, ceilings, quotas)",
+            "responses": _answers("Policy"),
+        }
+    },
     "/v1/history": {
         "get": {
             "summary": "This node's stored samples (1 s for a day, 1 min min/avg/max for 30 "
@@ -462,7 +495,10 @@ PATHS: Final[dict[str, Any]] = {
             "summary": "The manifest of a job's checkpoint (files, sizes, SHA-256) as this agent "
             "holds it for an attempt (role agent; the job's owners and its attempt's starter)",
             "parameters": [_JOB_ID, _needed("attempt", "the attempt that wrote it")],
-            "responses": {"200": _json_doc("the manifest"), **_answers(None, 400, 403, 404)},
+            "responses": {
+                "200": _json_doc("the manifest"),
+                **_answers(None, 400, 403, 404, 409),
+            },
         }
     },
     "/v1/internal/checkpoint/{job_id}/chunk": {
@@ -475,7 +511,7 @@ PATHS: Final[dict[str, Any]] = {
                 _needed("offset", "bytes into the file"),
                 _needed("length", "bytes wanted (at most the chunk limit)"),
             ],
-            "responses": {"200": _FRAME_ANSWER, **_answers(None, 400, 403, 404)},
+            "responses": {"200": _FRAME_ANSWER, **_answers(None, 400, 403, 404, 409)},
         },
         "post": {
             "summary": "A chunk of a checkpoint pushed to this agent (role agent, the job's "

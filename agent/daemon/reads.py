@@ -3,6 +3,8 @@
 Jobs come from the view's believed records (and, for the jobs this agent owns, its own copy:
 fresher by a gossip round); their progress and ETA from the runner's ``node`` record. A job's
 log is read where it runs, or ran last: here, or streamed from that agent over the internal API.
+A person's read of a log is checked first by the team policy held here
+(:func:`agent.people.rules.check_read_logs`: a user reads the logs of their own jobs).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -26,10 +29,14 @@ from agent.mesh.peers import PeerError
 from agent.mesh.view import STATE_NAMES
 from agent.owning.ownedjob import stored_job
 from agent.owning.owner import Owner
+from agent.people import rules
+from agent.people.keeper import PolicyKeeper
 from agent.running.runner import Runner
 from agent.wire.records import JobStatus
+from gossip import envelope
 from gossip.certtrust import CertTrust
 from gossip.node import GossipNode
+from gossip.transport import request_peer
 from probers.records import DeviceSample
 
 if TYPE_CHECKING:
@@ -81,7 +88,13 @@ class Reads:
         node: GossipNode,
         mesh: GossipMesh,
         trust: CertTrust,
+        people: PolicyKeeper | None = None,
+        refused: Counter[str] | None = None,
     ) -> None:
+        """``people``: the team policy held here (``None``: every reader reads every log);
+        ``refused``: where refused reads are counted, by why."""
+        self._people = people
+        self.refused: Counter[str] = Counter() if refused is None else refused
         self._ctx = ctx
         self._owner = owner
         self._runner = runner
@@ -193,6 +206,7 @@ class Reads:
         ``attempt``, that attempt's lines, from the agent it ran on (with ``node`` too, from
         that one of its nodes: a gang's member)."""
         check_job_id(job_id)
+        self._check_reader(request, job_id)
         doc = await self._doc(job_id)
         if doc is None:
             if attempt is None and self._last_runner(job_id) == self._ctx.node_id:
@@ -229,6 +243,25 @@ class Reads:
             await response.write(f"[shoal] log stream ended: {exc}\n".encode())
         await response.write_eof()
         return response
+
+    def _check_reader(self, request: web.Request, job_id: str) -> None:
+        """403, counted, when the person asking may not read this job's log (an agent may)."""
+        if self._people is None:
+            return
+        reader = request_peer(request).node_id
+        if self._trust.role_of(reader) == "agent":
+            return
+        held = self._ctx.view.submissions.get(job_id)
+        owned = self._owner.jobs.get(job_id)
+        submitter = held.operator_id if held is not None else None
+        if submitter is None and owned is not None and owned.submission:
+            submitter = envelope.signer_of(owned.submission)  # verified when accepted
+        try:
+            who = rules.standing(self._people.body, reader, self._trust.role_of(reader))
+            rules.check_read_logs(who, job_id, submitter)
+        except rules.Refused as exc:
+            self.refused[exc.why] += 1
+            raise ApiError(403, f"refused ({exc.why}): {exc}") from None
 
     def _last_runner(self, job_id: str) -> str | None:
         if self._ctx.store.results(job_id) or job_id in self._runner.runs:

@@ -37,6 +37,7 @@ from agent.job.jobspec import JobSpec, UnknownFeatures, check_job_id
 from agent.job.ownership import rank
 from gossip import envelope
 from gossip.certtrust import CertTrust
+from gossip.identity import PERSON_ROLES
 
 OWNER_WINDOW = 2
 """How many agents at the head of a job's rendezvous order may act as its owner."""
@@ -133,7 +134,7 @@ class Authority:
         if (
             held is not None
             and held.sealed == sealed
-            and self._trust.role_of(held.operator_id) == "operator"  # not revoked or expired since
+            and self._trust.role_of(held.operator_id) in PERSON_ROLES  # not revoked or expired
         ):
             return held
         sub = read_submission(sealed, self._trust, self._wall_clock())
@@ -143,6 +144,11 @@ class Authority:
             self._verified.pop(next(iter(self._verified)))
         self._verified[sub.job_id] = sub
         return sub
+
+    def submitter(self, job_id: str) -> str | None:
+        """Who signed the submission of ``job_id`` verified here (``None``: none is held)."""
+        held = self._verified.get(job_id)
+        return None if held is None else held.operator_id
 
     def live_agents(self) -> list[str]:
         return self._live()

@@ -25,6 +25,7 @@ from agent.storage.store import ResultRecord, process_alive, reconcile
 
 if TYPE_CHECKING:
     from agent.mesh.events import EventLog
+    from agent.running.runs import UsageSink
     from agent.storage.store import Store
     from agent.wire.calls import AttemptResult
 
@@ -45,6 +46,8 @@ def reconcile_lost(runner: RestartedRunner) -> None:
         lost = ResultRecord(
             run.job_id, run.attempt, None, None, "lost", run.started_at, time.time()
         )
+        if runner.usage is not None:
+            runner.usage.closed(run.job_id, run.attempt, lost.started_at, lost.finished_at)
         runner.queue_report(attempt_result(lost), None)
 
 
@@ -64,5 +67,6 @@ class RestartedRunner(Protocol):
     store: Store
     fence: Fences
     events: EventLog
+    usage: UsageSink | None
 
     def queue_report(self, report: AttemptResult, owner_hint: str | None) -> None: ...

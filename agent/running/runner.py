@@ -70,7 +70,15 @@ from agent.running.preemption import Ask, Preemptions, Refused
 from agent.running.reports import Reports, attempt_result
 from agent.running.reservations import Reservations
 from agent.running.runnerckpt import RunnerCheckpoints
-from agent.running.runs import Admitted, Declined, LaunchFailed, LocalDevices, LocalRun, NotAllowed
+from agent.running.runs import (
+    Admitted,
+    Declined,
+    LaunchFailed,
+    LocalDevices,
+    LocalRun,
+    NotAllowed,
+    UsageSink,
+)
 from agent.storage.store import ResultRecord, RunRecord, StoreFull
 from agent.wire.calls import (
     AttemptResult,
@@ -140,6 +148,8 @@ class Runner:
         self._log_tails = asyncio.Semaphore(LOG_TAILS_AT_ONCE)
         self.checkpoints: Checkpoints | None = None
         """Set by the agent once made (it reads the jobs run here through this runner)."""
+        self.usage: UsageSink | None = None
+        """Where each attempt's accounting row is kept; set by the agent."""
         self.holds = Reservations()
         """Devices held for gangs between prepare and commit (``agent.running.gangdesk``)."""
         self.saved_at: dict[str, float] = {}
@@ -375,6 +385,7 @@ class Runner:
             # A run this agent could not remember would outlive a restart unknown: not started.
             await self.executor.stop(job_id, cause="fenced", grace_s=0)
             raise Declined(f"cannot record the run here: {exc}") from None
+        self._book_opened(run, keys, statics, started.started_at)
         self._show_load(keys)
         self._on_change()
         self.events.add("running", f"attempt {attempt} pid {started.pid}", job_id=job_id)
@@ -468,6 +479,8 @@ class Runner:
             log.warning(
                 "job %s: the end of attempt %d not stored: %s", e.job_id[:8], e.attempt, exc
             )
+        if self.usage is not None:
+            self.usage.closed(e.job_id, e.attempt, e.started_at, e.finished_at)
         how = f"code {e.exit_code}" if e.exit_code is not None else f"signal {e.signal}"
         self.events.add("exited", f"attempt {e.attempt} {e.cause} {how}", job_id=e.job_id)
         self._on_change()
@@ -479,6 +492,21 @@ class Runner:
         )
         if self.drain == NodeDrainState.DRAINING and not self.runs:
             self.draining.set(DrainEvent.DRAINED)
+
+    def _book_opened(
+        self, run: LocalRun, keys: tuple[str, ...], statics: dict[str, Any], at: float
+    ) -> None:
+        """Open the attempt's accounting row (:mod:`agent.history.usage_book`)."""
+        if self.usage is None:
+            return
+        models = sorted({statics[k].name for k in keys if k in statics})
+        gpus = float(len(keys))
+        if run.share_bytes and keys and keys[0] in statics:
+            total = statics[keys[0]].mem_total_bytes or 0
+            gpus = run.share_bytes / total if total else 1.0
+        model = "+".join(models) or "cpu"
+        who = self.authority.submitter(run.job_id)
+        self.usage.opened(run.job_id, run.attempt, who, model, gpus, keys, at)
 
     def queue_report(self, report: AttemptResult, owner_hint: str | None) -> None:
         self.reports.queue(report, owner_hint)

@@ -54,6 +54,24 @@ class LocalRun:
     """When its process started (``None`` while it launches)."""
 
 
+class UsageSink(Protocol):
+    """Where the runner keeps what ran here, for accounting
+    (``agent.history.usage_book.UsageBook``)."""
+
+    def opened(
+        self,
+        job_id: str,
+        attempt: int,
+        person: str | None,
+        model: str,
+        gpus: float,
+        devices: tuple[str, ...],
+        started_at: float,
+    ) -> None: ...
+
+    def closed(self, job_id: str, attempt: int, started_at: float, finished_at: float) -> None: ...
+
+
 class LocalDevices(Protocol):
     """The devices of this node, as the runner grants them
     (``agent.daemon.devices.HostDevices``)."""
