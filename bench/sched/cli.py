@@ -105,6 +105,7 @@ def run_policy(
                 "rounds": len(g.decision_ms),
                 "preemptions": g.preemptions,
                 "moves": g.moves,
+                "kept_to_checkpoint": g.kept,
                 "lost_gpu_s": g.lost_gpu_s,
                 "stopped_unfinished_at_s": g.gave_up_at,
             },
