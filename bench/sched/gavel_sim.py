@@ -48,8 +48,9 @@ from bench.sched.truth import Truth
 
 ROUND_S = 360.0
 SAME_ROUND_S = 720.0
-"""Gavel's round under ``same`` costs: of 360, 540, 720, 1,080 and 1,800 s, the one that gave it
-the lowest average JCT on the synthetic trace at 4 jobs/h (seed 1), its best on those terms."""
+"""Gavel's round under ``same`` costs: of 360, 540, 720, 1,080 and 1,800 s, the only one with
+which it finished every measured job of the synthetic trace at 4 jobs/h, seed 1 (the docs'
+performance page gives the figures)."""
 HORIZON = 2.0
 """Under ``same`` costs a run stops at this many times the last arrival (plus 100 rounds):
 rounds shorter than the jobs' checkpoint interval can make jobs that alternate lose all their
