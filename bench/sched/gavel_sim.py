@@ -51,7 +51,7 @@ SAME_ROUND_S = 720.0
 """Gavel's round under ``same`` costs: of 360, 540, 720, 1,080 and 1,800 s, the only one with
 which it finished every measured job of the synthetic trace at 4 jobs/h, seed 1 (the docs'
 performance page gives the figures)."""
-HORIZON = 2.0
+HORIZON = 4.0
 """Under ``same`` costs a run stops at this many times the last arrival (plus 100 rounds):
 rounds shorter than the jobs' checkpoint interval can make jobs that alternate lose all their
 work, round after round, and never end (their JCTs are then missing: ``jobs_unfinished``)."""
