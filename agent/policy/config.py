@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from agent.policy.snapshot import JobKind
+
 Objective = Literal["performance", "energy", "cost"]
 
 
@@ -42,6 +44,10 @@ class PolicyConfig:
     objective: Objective = "performance"
     """``energy``: inference jobs prefer performance per watt; ``cost``: every job prefers
     performance per unit of the node's cost per hour."""
+    efficient_kinds: tuple[JobKind, ...] = ("inference",)
+    """Job kinds whose fastest device is not needed (a service runs until stopped: a faster GPU
+    does not end it sooner): placed by performance per watt under the ``performance`` objective
+    too. Empty: only the ``energy`` objective weighs watts."""
     weights: Weights = field(default_factory=Weights)
     backfill: bool = True
     """EASY backfill: a job may start ahead of the first blocked one when it does not delay it."""

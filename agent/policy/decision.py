@@ -37,6 +37,7 @@ from agent.policy.preempt import Preemption, may_preempt, preempt_for
 from agent.policy.queue import Reservation, level, queue_order
 from agent.policy.snapshot import Job, Placement, Running, Snapshot
 from agent.policy.state import PolicyState
+from agent.policy.teams import Ledger
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +153,10 @@ def decide(
     out the lines of jobs that wait for busy capacity (a simulator has no one to tell)."""
     ctx, state = context(snapshot, model, config, state=state, owner=owner)
     cfg = ctx.config
-    order = queue_order(snapshot.pending, cfg.time_slice)
+    order = queue_order(snapshot.pending, cfg.time_slice, snapshot.teams)
+    ledger = Ledger(snapshot.teams, snapshot.running)
+    if ledger.active:  # within a priority, what teams are guaranteed before what they borrow
+        order.sort(key=lambda j: (-j.priority, not ledger.below_guarantee(j)))
     busy: set[str] = set()
     starts: list[_Start] = []
     preemptions: list[Preemption] = []
@@ -171,14 +175,23 @@ def decide(
         if never is not None:
             waiting.append(Waiting(job.job_id, never, never_fits=True))
             continue
-        may_preempt = lowest is not None and (
-            job.priority > lowest or (slicing and job.preemptible and job.priority >= lowest)
+        quota = ledger.over_max(job, None) if ledger.active else None
+        if quota is not None:
+            line = f"waiting: team {job.team} is at its maximum of {quota.max_gpus:g} GPUs"
+            waiting.append(Waiting(job.job_id, line))
+            continue
+        reclaims = ledger.active and ledger.below_guarantee(job)
+        may_preempt = reclaims or (
+            lowest is not None
+            and (job.priority > lowest or (slicing and job.preemptible and job.priority >= lowest))
         )
         no_room = job.gpus_per_node > 0 and not idle and not may_preempt
         if blocked or no_room:
             held.append((job, i))
             continue
         cands = rank_any(job, ctx)
+        if ledger.active and job.team:
+            cands = [c for c in cands if ledger.over_max(job, c.model) is None]
         backfilled = False
         if reservation is not None and cands:
             cands = [
@@ -191,14 +204,19 @@ def decide(
             best = cands[0]
             apply.take(ctx.index, job, best.placement)
             starts.append(_Start(job, best, tuple(cands[1:]), backfilled))
+            ledger.add(job, best.model)
             idle = ctx.index.has_idle()
             continue
-        pre = None
-        if tries < cfg.preempt_tries:
+        pre = _reclaim(job, ctx, state, busy, ledger) if reclaims else None
+        if pre is None and tries < cfg.preempt_tries:
             tries += 1
-            pre = _preempt(job, ctx, state, busy)
+            pre = _preempt(job, ctx, state, busy, ledger)
         if pre is not None:
             preemptions.append(pre)
+            for victim_id in pre.victims:
+                victim = state.running.jobs[victim_id]
+                ledger.remove(victim.job, victim.device_model)
+            ledger.add(job, _model_of(pre, ctx))
             cand = Candidate(pre.placement, 0.0, (("preemption", 0.0),), 1.0, _model_of(pre, ctx))
             starts.append(_Start(job, cand, (), after=pre.victims))
             continue
@@ -269,7 +287,11 @@ def _model_of(pre: Preemption, ctx: Context) -> str:
     return next((d.model for d in node.devices if d.key in keys), "")
 
 
-def _preempt(job: Job, ctx: Context, state: PolicyState, busy: set[str]) -> Preemption | None:
+def _preempt(
+    job: Job, ctx: Context, state: PolicyState, busy: set[str], ledger: Ledger
+) -> Preemption | None:
+    """A preemption by priority or time slicing; with team quotas, never one that leaves
+    another team below its guarantee (it would take the GPUs straight back)."""
     if not ctx.config.preemption or job.gpus_per_node == 0:
         return None
     if not _may_preempt_any(job, state, bool(ctx.config.time_slice)):
@@ -285,13 +307,58 @@ def _preempt(job: Job, ctx: Context, state: PolicyState, busy: set[str]) -> Pree
             if eligible:
                 held[node_id] = eligible
     by_node: dict[str, list[Running]] = {}
+    teams = ledger.active
     for node_id, may in held.items():
-        free = [r for r in may if r.job.job_id not in busy]
+        free = [
+            r
+            for r in may
+            if r.job.job_id not in busy and (not teams or ledger.reclaimable((r,), job.team))
+        ]
         if free:
             by_node[node_id] = free
     if not by_node:
         return None
     pre = preempt_for(job, ctx, by_node, checked=True)
+    if teams and pre is not None:
+        victims = (state.running.jobs[v] for v in pre.victims)
+        if not ledger.reclaimable(victims, job.team):
+            return None
+    return _take_over(job, pre, ctx, state, busy)
+
+
+def _reclaim(
+    job: Job, ctx: Context, state: PolicyState, busy: set[str], ledger: Ledger
+) -> Preemption | None:
+    """A team below its guarantee takes GPUs back: preemptible jobs of other teams that hold
+    more than they are guaranteed (borrowers) may be stopped, whatever their priority and
+    however briefly they ran, as long as no borrower is left below its own guarantee (so one
+    reclaim never sets off another; :mod:`agent.policy.teams`)."""
+    if not ctx.config.preemption or job.gpus_per_node == 0:
+        return None
+    by_node: dict[str, list[Running]] = {}
+    for node_id, runs in state.running.by_node.items():
+        borrowed = [
+            r
+            for r in runs.values()
+            if r.job.preemptible
+            and r.job.job_id not in busy
+            and r.job.team != job.team
+            and ledger.reclaimable((r,))
+        ]
+        if borrowed:
+            by_node[node_id] = borrowed
+    if not by_node:
+        return None
+    pre = preempt_for(job, ctx, by_node, checked=True)
+    if pre is None or not ledger.reclaimable(state.running.jobs[v] for v in pre.victims):
+        return None
+    return _take_over(job, pre, ctx, state, busy)
+
+
+def _take_over(
+    job: Job, pre: Preemption | None, ctx: Context, state: PolicyState, busy: set[str]
+) -> Preemption | None:
+    """Free a preemption's victims in the index and give their devices to ``job``."""
     if pre is None:
         return None
     for victim_id in pre.victims:

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from agent.policy.snapshot import Job
+from agent.policy.teams import Teams, fair_key
 
 
 def order_key(job: Job) -> tuple[float, float, float, str]:
@@ -29,16 +30,21 @@ def level(attained_gpu_s: float, levels: Sequence[float]) -> int:
     return bisect.bisect_right(levels, attained_gpu_s)
 
 
-def queue_order(jobs: Iterable[Job], levels: Sequence[float] = ()) -> list[Job]:
+def queue_order(
+    jobs: Iterable[Job], levels: Sequence[float] = (), teams: Teams | None = None
+) -> list[Job]:
     """Pending jobs in the order they get capacity; with ``levels`` (time slicing), a
-    preemptible job that has had more service waits behind the others of its priority."""
-    if not levels:
+    preemptible job that has had more service waits behind the others of its priority; with
+    ``teams``, after priority and deadline, the team that used least for its share first, then
+    within a team the user that used least (:func:`agent.policy.teams.fair_key`)."""
+    if not levels and teams is None:
         return sorted(jobs, key=order_key)
 
-    def key(job: Job) -> tuple[float, float, int, float, str]:
+    def key(job: Job) -> tuple[float, float, float, float, int, float, str]:
         p, deadline, submitted, job_id = order_key(job)
-        served = level(job.attained_gpu_s, levels) if job.preemptible else 0
-        return (p, deadline, served, submitted, job_id)
+        served = level(job.attained_gpu_s, levels) if levels and job.preemptible else 0
+        team, user = fair_key(job, teams)
+        return (p, deadline, team, user, served, submitted, job_id)
 
     return sorted(jobs, key=key)
 

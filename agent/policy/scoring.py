@@ -7,8 +7,9 @@ Device-level terms (the same on every node of a group of interchangeable nodes):
   settled when a pass starts several jobs at once (:mod:`agent.policy.decision`), not here;
 - ``fragmentation``: the capacity the placement leaves unusable to the workload's shapes (FGD);
 - ``link``: a multi-GPU job's GPUs on one NVLink/xGMI domain;
-- ``energy``: with the ``energy`` objective, an inference job's watts, so that with ``speed`` the
-  score is its performance per watt.
+- ``energy``: an inference job's watts with the ``energy`` objective, and under ``performance``
+  a job's of a kind whose fastest device is not needed (``efficient_kinds``: inference), so that
+  with ``speed`` the score is its performance per watt.
 
 Node-level terms:
 
@@ -63,7 +64,11 @@ def link_term(job: Job, fit: Fit, ctx: Context) -> float:
 
 def energy_term(job: Job, fit: Fit, ctx: Context) -> float:
     """With ``speed``, log of performance per watt (at the default weights)."""
-    if ctx.config.objective != "energy" or job.kind != "inference":
+    cfg = ctx.config
+    if cfg.objective == "energy":
+        if job.kind != "inference":
+            return 0.0
+    elif cfg.objective != "performance" or job.kind not in cfg.efficient_kinds:
         return 0.0
     watts, ref = catalog_watts(fit.model), catalog_watts(REFERENCE_MODEL)
     if not watts or not ref:

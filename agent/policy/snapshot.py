@@ -13,10 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from agent.policy.fragmentation import Shape
 from gossip.vivaldi import Coordinate
+
+if TYPE_CHECKING:
+    from agent.policy.teams import Teams
 
 SCHEDULABLE: Final = "schedulable"
 JobKind = Literal["training", "inference", "batch"]
@@ -160,6 +163,10 @@ class Job:
     """The job-spec features it uses: only a node whose agent runs them all may host it."""
     attained_gpu_s: float = 0.0
     """GPU-seconds it ran in earlier attempts (it was preempted and queued again)."""
+    team: str = ""
+    """The team it counts against (quotas, fair share); empty: none."""
+    user: str = ""
+    """The person who submitted it (fair share within a team)."""
 
     @property
     def is_share(self) -> bool:
@@ -235,3 +242,5 @@ class Snapshot:
     shapes: tuple[Shape, ...] = ()
     """The recent workload's task shapes, weighted by how common each is: what fragmentation is
     measured against (FGD). Empty: the shapes of the jobs in this snapshot."""
+    teams: Teams | None = None
+    """Team quotas and fair-share usage (:mod:`agent.policy.teams`); ``None``: no teams."""

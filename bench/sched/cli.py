@@ -36,6 +36,7 @@ from bench.sched.engine import Simulation
 from bench.sched.metrics import JobRecord, pct, ratios, summarize
 from bench.sched.policies import BackfillCentral, BestFitCentral, FifoMesh, ShoalMesh
 from bench.sched.simtypes import SimConfig
+from bench.sched.teamstats import equal_quotas
 from bench.sched.traces import TraceJob, gavel_synthetic, generic_csv, openb
 from bench.sched.truth import Truth
 
@@ -105,6 +106,7 @@ def run_policy(
                 "rounds": len(g.decision_ms),
                 "preemptions": g.preemptions,
                 "moves": g.moves,
+                "kept_to_checkpoint": g.kept,
                 "lost_gpu_s": g.lost_gpu_s,
                 "stopped_unfinished_at_s": g.gave_up_at,
             },
@@ -152,6 +154,9 @@ def run_policy(
     )
     if sim_config.fill:
         out.update(_fill_figures(sim, total))
+    if sim.book is not None:
+        sim.book.advance(sim.now, sim.running.values(), sim.pending.values())
+        out.update(sim.book.figures())
     out["wall_s"] = time.perf_counter() - started
     return out
 
@@ -202,6 +207,13 @@ def main(argv: list[str] | None = None) -> int:
         help="same: Gavel pays the mesh's preemption costs and learns throughputs; "
         "paper: its paper's free preemption and true throughputs",
     )
+    ap.add_argument(
+        "--teams",
+        type=int,
+        default=0,
+        help="gavel-synthetic: jobs drawn among N equal teams, each guaranteed 1/N of the GPUs "
+        "and at most 2/N; reports the teams' figures",
+    )
     ap.add_argument("--wall-limit", type=float, default=None, help="seconds per policy run")
     ap.add_argument("--json", action="store_true", help="print one JSON object (the default)")
     a = ap.parse_args(argv)
@@ -222,7 +234,10 @@ def main(argv: list[str] | None = None) -> int:
         nodes = nodes_from_spec(a.cluster, a.gpus_per_node)
     total = sum(n.gpus for n in nodes)
     loads = [float(x) for x in a.load.split(",")]
-    sim_config = SimConfig(owners=a.owners, gossip_delay_s=a.gossip_delay, fill=fill)
+    if a.teams and path is not None:
+        ap.error("--teams draws teams in the synthetic trace only")
+    quotas = equal_quotas(a.teams, total) if a.teams > 0 else ()
+    sim_config = SimConfig(owners=a.owners, gossip_delay_s=a.gossip_delay, fill=fill, quotas=quotas)
     runs: list[dict[str, Any]] = []
     for load in loads if not fill and path is None else [loads[0]]:
         if path is None:
@@ -233,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                 multi_gpu=not a.single_gpu,
                 gpus_per_node=a.gpus_per_node,
                 priorities=a.priorities,
+                teams=a.teams,
             )
         elif fill:
             jobs = openb(path, a.seed, fill=a.fill, capacity_gpus=total, interval_s=1.0 / load)
@@ -269,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         "owners": a.owners,
         "gossip_delay_s": a.gossip_delay,
         "costs": a.costs,
+        "teams": a.teams,
         "runs": runs,
     }
     json.dump(doc, sys.stdout)

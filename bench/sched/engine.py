@@ -42,6 +42,7 @@ from bench.sched.simtypes import (
     SimNode,
     Start,
 )
+from bench.sched.teamstats import TeamBook
 from bench.sched.traces import TraceJob
 from bench.sched.truth import Truth
 
@@ -115,6 +116,7 @@ class Simulation:
         self.arrived_gpus = 0.0
         self.fill_points: list[tuple[float, float]] = []
         self.last_finish = 0.0
+        self.book = TeamBook(config.quotas) if config.quotas else None
 
     # -- events ----------------------------------------------------------------------------------
 
@@ -155,6 +157,8 @@ class Simulation:
                 break
 
     def _advance(self, t: float) -> None:
+        if self.book is not None:
+            self.book.advance(t, self.running.values(), self.pending.values())
         dt = t - self._area_at
         if dt > 0:
             self.busy_area += self.alloc_gpus * dt
@@ -224,6 +228,7 @@ class Simulation:
             pending=self._pending_tuple,
             running=self._running_tuple,
             shapes=self.shapes(),
+            teams=None if self.book is None else self.book.teams_now(self.now),
         )
 
     def _review(self, payload: object) -> None:
@@ -308,6 +313,8 @@ class Simulation:
 
     def _hold_for(self, sj: SimJob, start: Start) -> None:
         """A start that waits for jobs to stop: it goes ahead after the grace period."""
+        if self.book is not None:
+            self.book.starting(sj.job, +1)
         sj.in_flight = True
         self._pending_tuple = None
         self._push(self.now + self.config.grace_s, "start", (sj.job.job_id, start.placements))
@@ -315,6 +322,8 @@ class Simulation:
     def _delayed_start(self, payload: object) -> None:
         job_id, placements = cast(tuple[str, tuple[Placement, ...]], payload)
         sj = self.jobs[job_id]
+        if self.book is not None:
+            self.book.starting(sj.job, -1)
         sj.in_flight = False
         self._pending_tuple = None
         if sj.state != "pending" or not self._offer(sj, placements):
@@ -569,4 +578,6 @@ def _policy_job(job_id: str, tj: TraceJob, owner: str) -> Job:
         submitted_at=tj.arrival_s,
         cpu_milli=tj.cpu_milli,
         host_mem_bytes=tj.host_mem_bytes,
+        team=tj.team,
+        user=tj.user,
     )

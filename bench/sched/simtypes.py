@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from agent.policy.snapshot import Device, Job, Node, Placement, Running, Share, Snapshot
+from agent.policy.teams import TeamQuota
 from bench.sched.cluster import NodeSpec
 from bench.sched.traces import TraceJob
 
@@ -58,6 +59,9 @@ class SimConfig:
     review_s: float = 600.0
     """While jobs run, owners look again at least this often (moves need no event)."""
     fill: bool = False
+    quotas: tuple[TeamQuota, ...] = ()
+    """Team quotas (``--teams``): the policy is told them and the run reports the teams' figures
+    (:mod:`bench.sched.teamstats`)."""
 
 
 @dataclass(slots=True)

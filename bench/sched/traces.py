@@ -12,7 +12,7 @@ import csv
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from agent.policy.gavel import gavel_matrix
@@ -41,6 +41,8 @@ class TraceJob:
     priority: int = 0
     preemptible: bool = True
     deadline_s: float | None = None
+    team: str = ""
+    user: str = ""
 
 
 def _scale_factor(rng: random.Random) -> int:
@@ -78,9 +80,12 @@ def gavel_synthetic(
     multi_gpu: bool,
     gpus_per_node: int,
     priorities: bool = False,
+    teams: int = 0,
 ) -> list[TraceJob]:
     """Gavel's continuous trace: Poisson arrivals, Philly durations and GPU counts, a model drawn
-    from Gavel's 26 (``utils.generate_job`` in Gavel, written here from its description)."""
+    from Gavel's 26 (``utils.generate_job`` in Gavel, written here from its description). With
+    ``teams``, each job is drawn a team (``team0``...) and one of its three users, uniformly, by
+    a generator of its own (the jobs are the same with or without teams)."""
     rng = random.Random(seed)
     matrix = gavel_matrix()
     out: list[TraceJob] = []
@@ -105,6 +110,11 @@ def gavel_synthetic(
                 priority=priority,
             )
         )
+    if teams > 0:
+        draw = random.Random(f"teams/{seed}")
+        for i, job in enumerate(out):
+            k = draw.randrange(teams)
+            out[i] = replace(job, team=f"team{k}", user=f"team{k}-user{draw.randrange(3)}")
     return out
 
 

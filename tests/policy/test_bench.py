@@ -102,3 +102,27 @@ def test_no_ratio_against_a_policy_that_left_measured_jobs_unfinished() -> None:
     assert out["p99_jct_lower_than_gavel"] is None
     assert out["avg_jct_fifo_over_shoal"] == 4.0
     assert out["p99_jct_lower_than_fifo"] == 0.5
+
+
+TEAM_FIELDS = (
+    "team_guarantee_wait_s_max", "jain_fairness", "quota_overshoot_gpus_max",
+    "quota_overshoot_s_max",
+)  # fmt: skip
+
+
+def test_teams_emit_the_bars_fields_and_shoal_keeps_each_team_under_its_maximum(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    doc = _run(
+        capsys, "--trace", "gavel-synthetic", "--cluster", "v100:8,p100:8,k80:8",
+        "--load", "8", "--jobs", "60", "--policy", "fifo,shoal", "--seed", "3", "--teams", "4",
+    )  # fmt: skip
+    assert doc["teams"] == 4
+    by_policy = {r["policy"]: r for r in doc["runs"][0]["results"]}
+    for result in by_policy.values():
+        _fields(result)
+        for key in TEAM_FIELDS:
+            assert key in result, key
+    # first fit knows no quotas: a team takes more than twice its quarter of the 24 GPUs
+    assert by_policy["fifo"]["quota_overshoot_gpus_max"] > 0
+    assert by_policy["shoal"]["quota_overshoot_gpus_max"] == 0

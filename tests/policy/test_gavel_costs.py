@@ -42,7 +42,7 @@ def test_paper_terms_preempt_for_free() -> None:
 def test_same_terms_lose_the_work_since_the_last_checkpoint_and_pay_the_restart() -> None:
     jobs, truth = _two_jobs_on_one_gpu(3)
     costs = Costs("same", checkpoint_s=100.0, grace_s=30.0, restart_s=60.0)
-    g = GavelSim(nodes_from_spec("v100:1", 8), jobs, truth, costs=costs)
+    g = GavelSim(nodes_from_spec("v100:1", 8), jobs, truth, round_s=ROUND_S, costs=costs)
     g.run()
     assert all(j.finish is not None for j in g.jobs)
     assert g.preemptions > 0
@@ -52,10 +52,34 @@ def test_same_terms_lose_the_work_since_the_last_checkpoint_and_pay_the_restart(
 
 
 def test_same_terms_stop_a_run_that_cannot_end() -> None:
-    """Rounds shorter than the checkpoint interval: two alternating jobs lose every round's
-    work; the run stops at its horizon with both unfinished instead of running for ever."""
+    """A Gavel that stops jobs every round, with rounds shorter than the checkpoint interval:
+    two alternating jobs lose every round's work; the run stops at its horizon with both
+    unfinished instead of running for ever."""
     jobs, truth = _two_jobs_on_one_gpu(3)
-    g = GavelSim(nodes_from_spec("v100:1", 8), jobs, truth, costs=Costs("same"))
+    g = GavelSim(
+        nodes_from_spec("v100:1", 8),
+        jobs,
+        truth,
+        round_s=ROUND_S,
+        costs=Costs("same"),
+        keep_until_checkpoint=False,
+    )
     g.run()
     assert g.gave_up_at is not None
     assert all(j.finish is None for j in g.jobs)
+
+
+def test_a_fair_gavel_under_same_terms_stops_a_job_only_past_a_checkpoint() -> None:
+    """The Gavel the benchmark runs under ``same``: a job goes on until its run has passed a
+    checkpoint less than a round old, so the two jobs that never end above both end, and no
+    stop loses more than one round of work."""
+    jobs, truth = _two_jobs_on_one_gpu(8)
+    costs = Costs("same", checkpoint_s=1000.0)
+    g = GavelSim(nodes_from_spec("v100:1", 8), jobs, truth, round_s=ROUND_S, costs=costs)
+    g.run()
+    assert g.gave_up_at is None
+    assert all(j.finish is not None for j in g.jobs)
+    assert g.kept > 0 and g.preemptions > 0
+    assert g.lost_gpu_s <= ROUND_S * g.preemptions
+    # rounds under ``same`` are longer unless told
+    assert GavelSim(nodes_from_spec("v100:1", 8), jobs, truth, costs=costs).round_s > ROUND_S

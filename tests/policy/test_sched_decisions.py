@@ -84,7 +84,7 @@ SYNTHETIC = {
 OPENB = {
     "bestfit": ("4864c0054aebb236", 801),
     "fifo": ("8ff15012f655900a", 842),
-    "shoal": ("077555f4312e3e2d", 865),
+    "shoal": ("c6f0d7e7d2855c3a", 849),
 }
 
 

@@ -90,9 +90,23 @@ def test_link_a_multi_gpu_job_on_one_nvlink_domain() -> None:
 def test_energy_objective_prefers_performance_per_watt_for_inference() -> None:
     l4, h100 = node("a-l4", "l4", 1), node("b-h100", "h100", 1)
     inference = job("j", kind="inference", job_class="llm")
-    assert ranked(inference, [l4, h100])[0] == "b-h100"
-    energy = PolicyConfig(objective="energy")
+    fastest = PolicyConfig(efficient_kinds=())
+    assert ranked(inference, [l4, h100], config=fastest)[0] == "b-h100"
+    energy = PolicyConfig(objective="energy", efficient_kinds=())
     assert ranked(inference, [l4, h100], config=energy)[0] == "a-l4"
+
+
+def test_inference_needs_no_fastest_device_it_goes_where_it_does_most_per_watt() -> None:
+    """The issue's fleet: an 8x H100 NVLink host, 4 L4 and 2 A100. A quarter-GPU inference job
+    and a one-GPU one go to the L4s (inference per watt) under the default objective; a training
+    job of one GPU still goes to the fastest device, and under ``cost`` watts do not count."""
+    nodes = [node("h", "h100", 8), node("l", "l4", 4, link=None), node("a", "a100-80gb", 2)]
+    share = job("s", kind="inference", job_class="llm", share_fraction=0.25)
+    whole = job("w", kind="inference", job_class="llm")
+    assert ranked(share, nodes)[0] == "l"
+    assert ranked(whole, nodes)[0] == "l"
+    assert ranked(job("t", job_class="llm"), nodes)[0] == "h"
+    assert ranked(whole, nodes, config=PolicyConfig(objective="cost"))[0] == "h"
 
 
 def test_cost_objective_prefers_performance_per_cost() -> None:
