@@ -9,6 +9,7 @@ drain), which checks them again itself. A forwarded command is never forwarded f
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 from collections import Counter
@@ -16,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agent.common.parsing import json_loads
+from agent.content.stage import StageAsk, Stager
 from agent.daemon.config import AgentConfig
 from agent.daemon.metrics import AgentMetrics
 from agent.job.authority import FeaturesLacking, SubmissionRefused
@@ -65,6 +67,7 @@ class Commands:
         runner: Runner,
         node: GossipNode,
         mesh: GossipMesh,
+        stager: Stager,
     ) -> None:
         self._ctx = ctx
         self._config = config
@@ -75,6 +78,7 @@ class Commands:
         self._runner = runner
         self._node = node
         self._mesh = mesh
+        self._stager = stager
         self.rejections: Counter[str] = Counter()
         self._handlers: dict[str, Handler] = {
             "submit": self._submit,
@@ -84,6 +88,7 @@ class Commands:
             "drain": self._drain,
             "undrain": self._drain,
             "revoke": self._revoke,
+            "stage": self._stage,
         }
 
     async def execute(self, data: bytes, *, forwarded: bool) -> Answer:
@@ -218,3 +223,25 @@ class Commands:
             "applied": applied,
             "revoked": sorted(self._node.revocations.node_ids),
         }
+
+    async def _stage(self, kind: str, body: dict[str, Any], data: bytes, forwarded: bool) -> Answer:
+        """stage: each named node fetches the content now; the answer is each one's stage."""
+        ask = StageAsk.from_body(body)
+        me = self._ctx.node_id
+        if forwarded and me not in ask.nodes:
+            return 409, {"error": f"this is {me[:8]}, not one of the nodes named"}
+        answers: dict[str, dict[str, Any]] = {}
+        if me in ask.nodes:
+            answers[me] = self._stager.start(ask.name, ask.digest, ask.source).to_wire()
+
+        async def forward(node: str) -> None:
+            if node not in self._mesh.live_agents():
+                answers[node] = {"error": f"no live agent {node}"}
+                return
+            status, answer = await self._forward(node, data)
+            got = answer.get("nodes", {}).get(node) if status == 200 else None
+            answers[node] = got if isinstance(got, dict) else {"error": answer.get("error", "")}
+
+        if not forwarded:
+            await asyncio.gather(*(forward(n) for n in ask.nodes if n != me))
+        return 200, {"name": ask.name, "nodes": answers}

@@ -36,6 +36,9 @@ from agent.checkpoints.ckptfiles import Vault
 from agent.checkpoints.ckptmove import Checkpoints
 from agent.checkpoints.transfer import TransferLimits
 from agent.common.eachjob import one_job
+from agent.content.routes import ContentServer
+from agent.content.stage import Stager
+from agent.content.store import DiskStore
 from agent.daemon import api
 from agent.daemon.calls import Calls
 from agent.daemon.commands import Commands
@@ -173,6 +176,18 @@ class Agent:
         )
         self.datasets = DatasetScanner(config.datasets_dir, config.datasets)
         self.metrics = AgentMetrics(self._metrics_snapshot)
+        self.content_counts: Counter[str] = Counter()
+        """``shoal_content_total`` and ``shoal_content_fetched_bytes_total`` (``bytes_<kind>``)."""
+        self.content_store = DiskStore(config.data_dir / "store")
+        self.content = ContentServer(self.content_store, self.content_counts)
+        self.stager = Stager(
+            self.node_id,
+            self.peers,
+            self.mesh,
+            self.content_store,
+            config.data_dir / "staging",
+            self.content_counts,
+        )
         self.commands = Commands(
             self.ctx,
             config,
@@ -183,6 +198,7 @@ class Agent:
             runner=self.runner,
             node=self.node,
             mesh=self.mesh,
+            stager=self.stager,
         )
         self.checkpoints = Checkpoints(
             self.ctx,
@@ -267,8 +283,10 @@ class Agent:
         await self.runner.shutdown()
         await self.owner.close()
         await self.runner.close()
+        await self.stager.close()
         await self.node.stop(leave=True)
         await self.peers.close()
+        self.content_store.close()
         self.devices.probe.close()
         self.history.close(time.time())
         self.store.close()
@@ -499,6 +517,7 @@ class Agent:
             "gang_holds": self.runner.holds.counts,
             "start_confirmations": self.runner.confirmer.counts,
             "checkpoint": self.checkpoints.counts,
+            "content": self.content_counts,
             "datasets_refused": self.datasets.refused,
             "history_dropped": self.history.dropped(),
         }
