@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 from collections import Counter, OrderedDict
 from typing import Final
@@ -36,6 +37,9 @@ _DIGEST: Final = re.compile(r"[0-9a-f]{64}")
 READ_TIMEOUT_S: Final = 30.0
 _SETS_KEPT: Final = 16
 CHUNK_CONTENT_TYPE: Final = "application/octet-stream"
+CORRUPT_ENV: Final = "SHOAL_TEST_CORRUPT_CHUNKS"
+"""Tests only: ``1`` makes this agent serve every chunk with its first byte changed (a holder
+whose disk or memory lies), to show that the fetcher drops it."""
 
 
 def check_digest(text: str, what: str = "digest") -> str:
@@ -53,6 +57,7 @@ class ContentServer:
         self.store = store
         self.counts = counts
         self._sets: OrderedDict[str, frozenset[str]] = OrderedDict()
+        self._corrupt = os.environ.get(CORRUPT_ENV) == "1"
 
     def _refuse(self, status: int, message: str) -> ApiError:
         self.counts["served_refused"] += 1
@@ -92,6 +97,8 @@ class ContentServer:
             raise self._refuse(404, f"chunk {chunk_digest[:12]} is not held here")
         self.counts["served_chunks"] += 1
         self.counts["served_bytes"] += len(data)
+        if self._corrupt and data:
+            return bytes([data[0] ^ 0xFF]) + data[1:]
         return data
 
 

@@ -65,6 +65,8 @@ class AgentConfig:
     size; scanned again every ``datasets_rescan_s`` (datasets may come and go)."""
     datasets_rescan_s: float = 60.0
     """How often ``datasets_dir`` is scanned again."""
+    content_link_bytes_per_s: float = 0.0
+    """The most bytes per second content is fetched at from any one holder (0: no cap)."""
     cost_per_hour: float | None = None
     """What an hour of this host costs; gossiped as the ``cost_per_hour`` label."""
     probe_interval_s: float = 1.0
@@ -135,6 +137,7 @@ _FLOATS = {
     "elastic_grow_idle_s",
     "rpc_timeout_s",
     "datasets_rescan_s",
+    "content_link_bytes_per_s",
     "ended_jobs_keep_s",
     "ended_jobs_disk_keep_s",
 }

@@ -39,6 +39,7 @@ from agent.common.eachjob import one_job
 from agent.content.routes import ContentServer
 from agent.content.stage import Stager
 from agent.content.store import DiskStore
+from agent.content.swarm import SwarmLimits
 from agent.daemon import api
 from agent.daemon.calls import Calls
 from agent.daemon.commands import Commands
@@ -187,6 +188,7 @@ class Agent:
             self.content_store,
             config.data_dir / "staging",
             self.content_counts,
+            SwarmLimits(link_bytes_per_s=int(config.content_link_bytes_per_s)),
         )
         self.commands = Commands(
             self.ctx,
