@@ -228,3 +228,51 @@ def test_a_holder_killed_and_the_stager_restarted_mid_fetch(tmp_path: Path) -> N
     finally:
         mesh.stop_all()
     assert held_bytes(stager, m) == (m.total_bytes, 0)
+
+
+def test_a_dataset_staged_from_an_http_listing_is_content_members_fetch(tmp_path: Path) -> None:
+    from tests.content.test_external import http_server, tree
+
+    served = tmp_path / "served"
+    files = tree(served / "cifar", {"train/a.bin": 5 * CHUNK + 3, "test/b.bin": 1000})
+    mesh = Mesh(tmp_path / "mesh", ["h100:1"] * 2)
+    first, second = mesh.agents
+    mesh.start_all()
+    try:
+        with http_server(served) as base:
+            url = f"{base}/cifar/"
+            status, answer = mesh.command(
+                second, "stage", {"name": "cifar", "source": url, "nodes": [first.node_id]}
+            )
+            assert status == 200, answer
+            mesh.wait(
+                "cifar from http",
+                lambda: any(
+                    s["source"] == url and s["state"] in ("done", "failed")
+                    for s in mesh.get(first, "/v1/content/stages")["stages"]
+                ),
+                WAIT_S,
+            )
+        (s,) = mesh.get(first, "/v1/content/stages")["stages"]
+        assert s["state"] == "done" and s["held_bytes"] == sum(map(len, files.values())), s
+        assert fetched(mesh, first, "http") == s["held_bytes"]
+        digest = s["digest"]
+        status, answer = mesh.command(
+            first, "stage", {"name": "cifar", "digest": digest, "nodes": [second.node_id]}
+        )
+        assert status == 200, answer
+        mesh.wait(
+            "cifar from the first agent",
+            lambda: any(
+                x["digest"] == digest and x["state"] == "done"
+                for x in mesh.get(second, "/v1/content/stages")["stages"]
+            ),
+            WAIT_S,
+        )
+        assert fetched(mesh, second, "peer") == s["held_bytes"]
+        status, answer = mesh.command(
+            first, "stage", {"name": "cifar", "source": "file:///etc/passwd", "nodes": ["x"]}
+        )
+        assert status == 400 and "http" in answer["error"], answer
+    finally:
+        mesh.stop_all()
