@@ -288,3 +288,21 @@ def test_a_dataset_staged_from_an_http_listing_is_content_members_fetch(
         assert status == 400 and "http" in answer["error"], answer
     finally:
         mesh.stop_all()
+
+
+def test_the_transfer_benchmark_runs_on_a_tiny_size() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.content_xfer", "--mib", "8", "--holders", "1,2", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert {"mib", "chunk_bytes", "cores", "runs"} <= set(out)
+    assert [r["holders"] for r in out["runs"]] == [1, 2]
+    for r in out["runs"]:
+        assert r["mb_per_s"] > 0 and sum(r["served_chunks"]) == 2
