@@ -185,6 +185,10 @@ class Fetcher:
             except (PeerError, ContentError) as exc:
                 log.info("manifest %s from %s: %s", digest[:12], holder.name[:8], exc)
                 continue
+            if manifest.digest != digest:
+                log.warning("%s served another manifest for %s", holder.name[:8], digest[:12])
+                self.counts["manifests_refused"] += 1
+                continue
             await asyncio.to_thread(self.store.add_manifest, manifest)
             return manifest
         raise FetchError(f"no holder serves the manifest {digest[:12]}")
