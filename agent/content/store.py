@@ -7,8 +7,9 @@ every chunk is in, it is checked whole and becomes ``objects/ab/<sha256>`` (read
 manifest's tree, :meth:`DiskStore.tree`, is hardlinks to objects, never a second copy).
 
 The index (``index.db``, SQLite through :func:`~agent.storage.sqlitefile.open_database`) holds
-the manifests (digest, kind, name, created, total and held bytes, last use, uses, pinned, local
-origin), each manifest's files, and every place a chunk sits (file key, chunk number) with
+the manifests (digest, kind, name, created, total and held bytes, last use, uses, pinned), the
+names each is known by (two datasets of equal bytes are one manifest under two names, each with
+its own local origin), each manifest's files, and every place a chunk sits (file key, chunk number) with
 whether it is held: a chunk put for one manifest is written at every place it sits, in every
 manifest, and a manifest added later takes what is held already, so nothing held is fetched
 twice. What is recorded held was written and flushed first, so a restart resumes where it was.
@@ -28,7 +29,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -36,34 +36,23 @@ from agent.content.cache import CacheEntry, CacheRules, plan_eviction
 from agent.content.manifest import (
     ChunkAt,
     ContentError,
-    ContentFile,
     ContentManifest,
     check_chunk,
 )
 from agent.content.storefiles import StoreFiles
+from agent.content.storefolders import FolderIndex
+from agent.content.storeindex import (
+    HELD_SELECT,
+    MIGRATIONS,
+    Held,
+    StoreStats,
+    file_key,
+    held_row,
+)
 from agent.storage.sqlitefile import StoreError, StoreFull, migrate, open_database, transaction
 
 log = logging.getLogger("shoal.agent")
 
-_MIGRATIONS: Final = (
-    (
-        "CREATE TABLE manifests (digest TEXT PRIMARY KEY, kind TEXT NOT NULL, name TEXT NOT"
-        " NULL, body TEXT NOT NULL, created_s REAL NOT NULL, total_bytes INTEGER NOT NULL,"
-        " held_bytes INTEGER NOT NULL, last_use_s REAL NOT NULL, uses INTEGER NOT NULL,"
-        " pinned INTEGER NOT NULL, origin TEXT)",
-        "CREATE TABLE files (fkey TEXT PRIMARY KEY, size_bytes INTEGER NOT NULL, chunk_bytes"
-        " INTEGER NOT NULL, object TEXT, local TEXT)",
-        "CREATE TABLE entries (digest TEXT NOT NULL, idx INTEGER NOT NULL, fkey TEXT NOT NULL,"
-        " path TEXT NOT NULL, PRIMARY KEY (digest, idx))",
-        "CREATE INDEX entries_fkey ON entries (fkey)",
-        "CREATE TABLE places (fkey TEXT NOT NULL, n INTEGER NOT NULL, chunk TEXT NOT NULL,"
-        " length INTEGER NOT NULL, held INTEGER NOT NULL, PRIMARY KEY (fkey, n))",
-        "CREATE INDEX places_chunk ON places (chunk, held)",
-        "CREATE TABLE hashes (path TEXT PRIMARY KEY, size_bytes INTEGER NOT NULL, mtime_ns"
-        " INTEGER NOT NULL, inode INTEGER NOT NULL, chunk_bytes INTEGER NOT NULL, chunks TEXT"
-        " NOT NULL)",
-    ),
-)
 _PARSED_KEPT: Final = 16
 RESERVE_FRACTION: Final = 0.05
 RESERVE_MAX_BYTES: Final = 1 << 30
@@ -71,47 +60,7 @@ RESERVE_MAX_BYTES: Final = 1 << 30
 _BATCH: Final = 500
 
 
-def file_key(chunk_bytes: int, f: ContentFile) -> str:
-    """The content key of a file: equal for equal bytes cut the same way, whatever its path."""
-    canon = json.dumps([chunk_bytes, f.size_bytes, list(f.chunks)], separators=(",", ":"))
-    return hashlib.sha256(canon.encode()).hexdigest()
-
-
-@dataclass(frozen=True, slots=True)
-class Held:
-    """One manifest as the index records it."""
-
-    digest: str
-    kind: str
-    name: str
-    created_s: float
-    total_bytes: int
-    held_bytes: int
-    last_use_s: float
-    uses: int
-    pinned: bool
-    origin: str | None
-    """The folder a manifest of local origin was built from; ``None`` for the store's own."""
-
-    @property
-    def complete(self) -> bool:
-        return self.held_bytes >= self.total_bytes
-
-
-@dataclass(slots=True)
-class StoreStats:
-    hits: int = 0
-    """Chunks asked of this store (to serve, or to fill another place) that it had."""
-    misses: int = 0
-    evictions: int = 0
-    refused_chunks: int = 0
-    """Chunks put that did not match their digest or length."""
-    corrupt: int = 0
-    """Held chunks found not matching when read again (unmarked, fetched again)."""
-    by_reason: dict[str, int] = field(default_factory=dict)
-
-
-class DiskStore:
+class DiskStore(FolderIndex):
     """The :class:`~agent.content.store_api.ContentStore` of one node. Thread-safe: every
     method may block on the disk (async callers run it in a thread)."""
 
@@ -129,7 +78,7 @@ class DiskStore:
         self._db = open_database(self.path, "NORMAL")
         try:
             with self._tx() as db:
-                migrate(db, self.path, _MIGRATIONS, "store schema")
+                migrate(db, self.path, MIGRATIONS, "store schema")
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: {exc}") from None
         _free, disk_total = self.files.disk_free()
@@ -177,11 +126,29 @@ class DiskStore:
         manifest = self.manifest(digest)
         if manifest is None:
             return ()
+        with self._lock:
+            empty = self._empty_chunks(digest)
+            if empty:
+                # held for another file, version or dataset: filled from there, no transfer
+                with contextlib.suppress(StoreFull):  # then it is fetched, and put says full
+                    self._spread(empty)
+                empty = self._empty_chunks(digest)
         first: dict[str, ChunkAt] = {}
         for at in manifest.chunk_places():
-            first.setdefault(at.digest, at)
-        held = self._held_chunks(list(first))
-        return tuple(at for d, at in first.items() if d not in held)
+            if at.digest in empty:
+                first.setdefault(at.digest, at)
+        return tuple(first.values())
+
+    def _empty_chunks(self, digest: str) -> set[str]:
+        """The chunk digests with a place in manifest ``digest`` not filled yet."""
+        return {
+            r[0]
+            for r in self._db.execute(
+                "SELECT DISTINCT p.chunk FROM entries e JOIN places p ON p.fkey = e.fkey"
+                " WHERE e.digest = ? AND p.held = 0",
+                (digest,),
+            )
+        }
 
     def put_chunk(self, digest: str, chunk: ChunkAt, data: bytes) -> None:
         try:
@@ -240,13 +207,16 @@ class DiskStore:
 
     def held(self, digest: str) -> Held | None:
         with self._lock:
-            row = self._db.execute(_HELD_SELECT + " WHERE digest = ?", (digest,)).fetchone()
-        return None if row is None else _held(row)
+            row = self._db.execute(
+                HELD_SELECT + " WHERE m.digest = ? ORDER BY n.origin IS NULL, n.created_s",
+                (digest,),
+            ).fetchone()
+        return None if row is None else held_row(row)
 
     def all_held(self) -> tuple[Held, ...]:
         with self._lock:
-            rows = self._db.execute(_HELD_SELECT + " ORDER BY name, created_s").fetchall()
-        return tuple(_held(r) for r in rows)
+            rows = self._db.execute(HELD_SELECT + " ORDER BY n.name, n.created_s").fetchall()
+        return tuple(held_row(r) for r in rows)
 
     def store_bytes(self) -> int:
         """Bytes of chunks the store keeps on its own disk (local origins not counted)."""
@@ -290,7 +260,8 @@ class DiskStore:
         """Forget manifest ``digest`` and delete what no other manifest uses; whether it was
         held. Pinned or not: the caller decides (:meth:`evict_over_budget` skips pinned)."""
         with self._lock:
-            if self.held(digest) is None:
+            known = self._db.execute("SELECT 1 FROM manifests WHERE digest = ?", (digest,))
+            if known.fetchone() is None:
                 return False
             gone = [
                 r[0]
@@ -320,6 +291,7 @@ class DiskStore:
                     if obj is not None:
                         objects.append(obj)
                 db.execute("DELETE FROM entries WHERE digest = ?", (digest,))
+                db.execute("DELETE FROM names WHERE digest = ?", (digest,))
                 db.execute("DELETE FROM manifests WHERE digest = ?", (digest,))
             self._store_bytes -= freed
             self._parsed.pop(digest, None)
@@ -335,20 +307,44 @@ class DiskStore:
             self.stats.evictions += 1
             return True
 
-    def evict_over_budget(self, protected: Iterable[str] = (), force: bool = False) -> list[str]:
-        """Apply the cache rules (:func:`~agent.content.cache.plan_eviction`): the digests
-        evicted."""
+    def forget(self, name: str, digest: str) -> bool:
+        """Forget ``digest`` under ``name`` (a version replaced, a folder gone, an operator's
+        evict); the manifest and what only it holds go with its last name. Whether it was
+        held under that name."""
         with self._lock:
+            with self._tx() as db:
+                gone = db.execute(
+                    "DELETE FROM names WHERE name = ? AND digest = ?", (name, digest)
+                ).rowcount
+                left = db.execute(
+                    "SELECT origin FROM names WHERE digest = ? ORDER BY origin IS NULL",
+                    (digest,),
+                ).fetchone()
+                if left is not None and left[0] is not None:
+                    self._point_local(db, digest, left[0])  # its files are in that folder
+            if gone and left is None:
+                self.evict(digest)
+            return bool(gone)
+
+    def evict_over_budget(
+        self, protected: Iterable[str] | None = None, force: bool = False
+    ) -> list[str]:
+        """Apply the cache rules (:func:`~agent.content.cache.plan_eviction`), never evicting
+        ``protected`` (default: :attr:`protected`); the digests evicted."""
+        if protected is None:
+            protected = self.protected()
+        with self._lock:
+            local = {h.digest for h in self.all_held() if h.origin is not None}
             entries = [
                 CacheEntry(
                     h.digest,
-                    h.held_bytes if h.origin is None else 0,
+                    0 if h.digest in local else h.held_bytes,
                     h.last_use_s,
                     h.uses,
                     h.pinned,
-                    h.origin is not None,
+                    h.digest in local,
                 )
-                for h in self.all_held()
+                for h in {h.digest: h for h in self.all_held()}.values()
             ]
             plan = plan_eviction(
                 entries, self._store_bytes, self.rules, self.clock(), protected, force
@@ -363,17 +359,18 @@ class DiskStore:
     def _add(self, manifest: ContentManifest, origin: str | None) -> None:
         digest = manifest.digest
         with self._lock:
-            row = self._db.execute(
-                "SELECT origin FROM manifests WHERE digest = ?", (digest,)
+            row = self._db.execute("SELECT 1 FROM manifests WHERE digest = ?", (digest,)).fetchone()
+            named = self._db.execute(
+                "SELECT origin FROM names WHERE name = ? AND digest = ?", (manifest.name, digest)
             ).fetchone()
-            if row is not None and (origin is None or row[0] == origin):
+            if row is not None and named is not None and origin in (None, named[0]):
                 return
             now = self.clock()
             newly_held: set[str] = set()
             with self._tx() as db:
                 if row is None:
                     db.execute(
-                        "INSERT INTO manifests VALUES (?, ?, ?, ?, ?, ?, 0, ?, 0, 0, ?)",
+                        "INSERT INTO manifests VALUES (?, ?, ?, ?, ?, ?, 0, ?, 0, 0)",
                         (
                             digest,
                             manifest.kind,
@@ -382,11 +379,15 @@ class DiskStore:
                             now,
                             manifest.total_bytes,
                             now,
-                            origin,
                         ),
                     )
-                else:
-                    db.execute("UPDATE manifests SET origin = ? WHERE digest = ?", (origin, digest))
+                db.execute(
+                    "INSERT INTO names VALUES (?, ?, ?, ?) ON CONFLICT (name, digest) DO UPDATE"
+                    " SET origin = COALESCE(excluded.origin, origin)",
+                    (manifest.name, digest, origin, now),
+                )
+                if row is not None and origin is None:
+                    return  # the same bytes under another name: nothing more to hold
                 for i, f in enumerate(manifest.files):
                     fkey = file_key(manifest.chunk_bytes, f)
                     local = None if origin is None else str(Path(origin) / f.path)
@@ -439,7 +440,10 @@ class DiskStore:
             self._parsed.pop(digest, None)
             # what others hold already fills this one; what this one holds fills others
             wanted = {d for f in manifest.files for d in f.chunks}
-            self._spread(wanted | newly_held)
+            try:
+                self._spread(wanted | newly_held)
+            except StoreFull as exc:  # what did not fit is fetched (missing() lists it)
+                log.info("store: %s not filled from what is held: %s", digest[:12], exc)
 
     def _held_chunks(self, digests: Sequence[str]) -> set[str]:
         out: set[str] = set()
@@ -564,6 +568,19 @@ class DiskStore:
         return sorted(out)
 
     @staticmethod
+    def _point_local(db: sqlite3.Connection, digest: str, origin: str) -> None:
+        """The files of ``digest`` read from a folder are read from ``origin`` from now on."""
+        rows = db.execute(
+            "SELECT e.fkey, e.path FROM entries e JOIN files f USING (fkey) WHERE e.digest = ?"
+            " AND f.local IS NOT NULL",
+            (digest,),
+        ).fetchall()
+        db.executemany(
+            "UPDATE files SET local = ? WHERE fkey = ?",
+            [(str(Path(origin) / path), fkey) for fkey, path in rows],
+        )
+
+    @staticmethod
     def _recount(db: sqlite3.Connection, digests: Sequence[str]) -> None:
         for digest in digests:
             db.execute(
@@ -572,24 +589,3 @@ class DiskStore:
                 " WHERE digest = ?",
                 (digest, digest),
             )
-
-
-_HELD_SELECT: Final = (
-    "SELECT digest, kind, name, created_s, total_bytes, held_bytes, last_use_s, uses, pinned,"
-    " origin FROM manifests"
-)
-
-
-def _held(row: Sequence[object]) -> Held:
-    return Held(
-        digest=str(row[0]),
-        kind=str(row[1]),
-        name=str(row[2]),
-        created_s=float(row[3]),  # type: ignore[arg-type]
-        total_bytes=int(row[4]),  # type: ignore[call-overload]
-        held_bytes=int(row[5]),  # type: ignore[call-overload]
-        last_use_s=float(row[6]),  # type: ignore[arg-type]
-        uses=int(row[7]),  # type: ignore[call-overload]
-        pinned=bool(row[8]),
-        origin=None if row[9] is None else str(row[9]),
-    )

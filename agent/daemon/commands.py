@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -19,6 +20,7 @@ from typing import Any
 from agent.common.parsing import json_loads
 from agent.content.stage import StageAsk, Stager
 from agent.daemon.config import AgentConfig
+from agent.daemon.datastore import DataRefused, NodeData
 from agent.daemon.metrics import AgentMetrics
 from agent.job.authority import FeaturesLacking, SubmissionRefused
 from agent.job.jobspec import check_job_id, lacking_reason
@@ -68,6 +70,7 @@ class Commands:
         node: GossipNode,
         mesh: GossipMesh,
         stager: Stager,
+        data: NodeData,
     ) -> None:
         self._ctx = ctx
         self._config = config
@@ -79,6 +82,7 @@ class Commands:
         self._node = node
         self._mesh = mesh
         self._stager = stager
+        self._data = data
         self.rejections: Counter[str] = Counter()
         self._handlers: dict[str, Handler] = {
             "submit": self._submit,
@@ -89,6 +93,10 @@ class Commands:
             "undrain": self._drain,
             "revoke": self._revoke,
             "stage": self._stage,
+            "data_add": self._data_command,
+            "data_evict": self._data_command,
+            "data_pin": self._data_command,
+            "data_unpin": self._data_command,
         }
 
     async def execute(self, data: bytes, *, forwarded: bool) -> Answer:
@@ -195,17 +203,55 @@ class Commands:
             raise ValueError("target must be a node id or null")
         return 200, await self._owner.migrate(job_id, target)
 
-    async def _drain(self, kind: str, body: dict[str, Any], data: bytes, forwarded: bool) -> Answer:
-        """cordon, drain and undrain: carried out by the node itself."""
+    async def _to_node(self, body: dict[str, Any], data: bytes, forwarded: bool) -> Answer | None:
+        """``None`` when the command's ``node`` is this one; else the answer of the node it
+        names (forwarded once), or a refusal."""
         node = body["node"]
         if not isinstance(node, str):
             raise ValueError("node must be a node id")
-        if node != self._ctx.node_id:
-            if forwarded:
-                return 409, {"error": f"this is {self._ctx.node_id[:8]}, not {node[:8]}"}
-            if node not in self._mesh.live_agents():
-                return 404, {"error": f"no live agent {node}"}
-            return await self._forward(node, data)
+        if node == self._ctx.node_id:
+            return None
+        if forwarded:
+            return 409, {"error": f"this is {self._ctx.node_id[:8]}, not {node[:8]}"}
+        if node not in self._mesh.live_agents():
+            return 404, {"error": f"no live agent {node}"}
+        return await self._forward(node, data)
+
+    async def _data_command(
+        self, kind: str, body: dict[str, Any], data: bytes, forwarded: bool
+    ) -> Answer:
+        """data_add, data_evict, data_pin, data_unpin: carried out by the node that holds (or
+        is to index) the dataset."""
+        # data_add names no node when it is for the agent it was sent to
+        elsewhere = await self._to_node(body, data, forwarded) if "node" in body else None
+        if elsewhere is not None:
+            return elsewhere
+        if kind == "data_add":
+            name, path = body["name"], body["path"]
+            if not isinstance(name, str) or not isinstance(path, str):
+                raise ValueError("name and path must be strings")
+            act = functools.partial(self._data.add, name, path)
+        else:
+            ref = body["dataset"]
+            if not isinstance(ref, str):
+                raise ValueError("dataset must be NAME or NAME@DIGEST")
+            if kind == "data_evict":
+                act = functools.partial(self._data.evict, ref)
+            else:
+                act = functools.partial(self._data.pin, ref, kind == "data_pin")
+        try:
+            answer = await asyncio.to_thread(act)
+        except DataRefused as exc:
+            self._metrics.commands_rejected["data_refused"] += 1
+            return exc.status, {"error": str(exc)}
+        self._data.changed()
+        return 200, {"node": self._ctx.node_id, **answer}
+
+    async def _drain(self, kind: str, body: dict[str, Any], data: bytes, forwarded: bool) -> Answer:
+        """cordon, drain and undrain: carried out by the node itself."""
+        elsewhere = await self._to_node(body, data, forwarded)
+        if elsewhere is not None:
+            return elsewhere
         grace = opt_number(body.get("grace_s"), "grace_s")  # bounded, as any wire number
         if grace is not None and grace < 0:
             raise ValueError("grace_s must be a non-negative number")

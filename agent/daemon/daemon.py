@@ -38,13 +38,12 @@ from agent.checkpoints.transfer import TransferLimits
 from agent.common.eachjob import one_job
 from agent.content.routes import ContentServer
 from agent.content.stage import Stager
-from agent.content.store import DiskStore
 from agent.content.swarm import SwarmLimits
 from agent.daemon import api
 from agent.daemon.calls import Calls
 from agent.daemon.commands import Commands
 from agent.daemon.config import AgentConfig
-from agent.daemon.datasets import DatasetScanner
+from agent.daemon.datastore import NodeData
 from agent.daemon.devices import HostDevices
 from agent.daemon.metrics import AgentMetrics
 from agent.daemon.publisher import Publisher
@@ -69,6 +68,7 @@ from agent.running.admission import NodeFacts
 from agent.running.confirming import Placed
 from agent.running.runner import Runner
 from agent.storage import purging
+from agent.storage.sqlitefile import StoreError
 from agent.storage.store import Store, StoreFull
 from agent.wire.records import EVENTS, JOB_PREFIX, NODE, SUB_PREFIX, NodeRecord
 from gossip import revocation
@@ -175,11 +175,13 @@ class Agent:
         self.publisher = Publisher(
             self.publish, config, self.devices, self.events, self._node_doc, self._coordinate
         )
-        self.datasets = DatasetScanner(config.datasets_dir, config.datasets)
+        self.data = NodeData(config, self._datasets_in_use)
+        self.datasets = self.data.scanner
+        self.data.changed = self.datasets_changed
         self.metrics = AgentMetrics(self._metrics_snapshot)
         self.content_counts: Counter[str] = Counter()
         """``shoal_content_total`` and ``shoal_content_fetched_bytes_total`` (``bytes_<kind>``)."""
-        self.content_store = DiskStore(config.data_dir / "store")
+        self.content_store = self.data.store
         self.content = ContentServer(self.content_store, self.content_counts)
         self.stager = Stager(
             self.node_id,
@@ -201,6 +203,7 @@ class Agent:
             node=self.node,
             mesh=self.mesh,
             stager=self.stager,
+            data=self.data,
         )
         self.checkpoints = Checkpoints(
             self.ctx,
@@ -266,9 +269,9 @@ class Agent:
             asyncio.create_task(self._purge_loop(), name="purge"),
             asyncio.create_task(self._disk_loop(), name="disk"),
             asyncio.create_task(self._history_loop(), name="history"),
+            # the store is always there: what it holds is published, a datasets folder or not
+            asyncio.create_task(self._datasets_loop(), name="datasets"),
         ]
-        if self.config.datasets_dir is not None:
-            self._tasks.append(asyncio.create_task(self._datasets_loop(), name="datasets"))
         devices = len(self.devices.report.devices)
         self.events.add(
             "agent_started", f"boot {self.boot} at {self.node.address} with {devices} device(s)"
@@ -288,10 +291,10 @@ class Agent:
         await self.stager.close()
         await self.node.stop(leave=True)
         await self.peers.close()
-        self.content_store.close()
         self.devices.probe.close()
         self.history.close(time.time())
         self.store.close()
+        self.data.store.close()
 
     def publish(self, kind: str, payload: bytes) -> None:
         if self.node.started:
@@ -464,9 +467,31 @@ class Agent:
 
     async def _datasets_loop(self) -> None:
         while True:
-            held = await asyncio.to_thread(self.datasets.scan)
-            self.publisher.datasets_scanned(held)
+            await self.datasets_rescan()
             await asyncio.sleep(self.config.datasets_rescan_s)
+
+    async def datasets_rescan(self) -> None:
+        """Index this host's datasets again (off the loop) and publish what is held."""
+        try:
+            sizes, versions = await asyncio.to_thread(self.data.scan)
+        except (StoreError, OSError) as exc:  # a full disk, say: the next scan tries again
+            log.warning("datasets: scan failed: %s", exc)
+            return
+        self.publisher.datasets_scanned(sizes, versions)
+
+    def datasets_changed(self) -> None:
+        """A data command changed what is held: published at the next tick."""
+        self.publisher.datasets_scanned(self.data.sizes(), self.data.versions())
+
+    def _datasets_in_use(self) -> list[tuple[str, str]]:
+        """(job id, dataset ref) of the jobs running here: their versions are never evicted."""
+        out: list[tuple[str, str]] = []
+        for job_id in list(self.runner.runs):
+            spec = (self.view.jobs.get(job_id) or {}).get("spec")
+            if isinstance(spec, dict):
+                datasets = spec.get("datasets") or ()
+                out.extend((job_id, d) for d in datasets if isinstance(d, str))
+        return out
 
     def _coordinate(self) -> Coordinate | None:
         """This node's network coordinate once it has measured a round trip (before that it
@@ -521,5 +546,6 @@ class Agent:
             "checkpoint": self.checkpoints.counts,
             "content": self.content_counts,
             "datasets_refused": self.datasets.refused,
+            "store": self.data.metrics(),
             "history_dropped": self.history.dropped(),
         }

@@ -24,7 +24,12 @@ source kind (``shoal_content_total``, ``shoal_content_fetched_bytes_total{source
 ``agent.content.fetch``), entries of the datasets folder refused, by reason (``name``,
 ``link_out``: ``shoal_datasets_refused_total``, ``agent.daemon.datasets``), and errors in one job's
 step of a loop over many, by step, the loop having gone on (``shoal_job_step_errors_total``,
-``agent.common.eachjob``).
+``agent.common.eachjob``). The content store (``agent.content.store``): chunks it had and did
+not have when asked (``shoal_store_hits_total``, ``shoal_store_misses_total``), manifests evicted
+(``shoal_store_evictions_total``), chunks refused on arrival and found rotten when read
+(``shoal_store_refused_chunks_total``, ``shoal_store_corrupt_total``), the bytes it keeps and
+may keep (``shoal_store_held_bytes``, ``shoal_store_budget_bytes``), and datasets that could not
+be indexed (``shoal_datasets_unindexed_total``).
 
 The counters are plain ``collections.Counter`` objects and everything is turned into Prometheus
 families at scrape time, so ``prometheus_client`` (and the HTTP server modules it brings, ~1 MB
@@ -158,6 +163,36 @@ class _Snapshot:
             for key, count in sorted(counts.items()):
                 family.add_metric([key], count)
             yield family
+        store = snap.get("store", {})
+        for name, text in (
+            ("hits", "Chunks the content store had when asked (to serve a peer or fill a file)"),
+            ("misses", "Chunks asked of the content store that it did not have"),
+            ("evictions", "Manifests the content store evicted (cache rules or an operator)"),
+            ("refused_chunks", "Chunks refused before they were kept: not their digest or length"),
+            (
+                "corrupt",
+                "Chunks held that no longer matched their digest when read (fetched again)",
+            ),
+        ):
+            yield CounterMetricFamily(f"shoal_store_{name}", text, value=store.get(name, 0))
+        yield GaugeMetricFamily(
+            "shoal_store_held_bytes",
+            "Bytes the content store keeps on its disk (datasets indexed in place not counted)",
+            value=store.get("held_bytes", 0),
+        )
+        yield GaugeMetricFamily(
+            "shoal_store_budget_bytes",
+            "What the content store may keep (store_budget_bytes or a share of its disk)",
+            value=store.get("budget_bytes", 0),
+        )
+        datasets_unindexed = CounterMetricFamily(
+            "shoal_datasets_unindexed",
+            "Datasets of this host that could not be indexed (unreadable, over the limits)",
+            labels=["reason"],
+        )
+        for reason, count in sorted(store.get("refused", {}).items()):
+            datasets_unindexed.add_metric([reason], count)
+        yield datasets_unindexed
         yield CounterMetricFamily(
             "shoal_deadline_misses",
             "Jobs this agent owns whose deadline passed before they ended (each said once)",

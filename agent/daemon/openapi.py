@@ -113,6 +113,18 @@ SCHEMAS: Final[dict[str, Any]] = {
             "queue": _INT,
             "wire_version": _OPT_INT,
             "features": _STRS,
+            "datasets": {"type": "object", "additionalProperties": _INT},
+            "dataset_versions": _array(
+                _obj(
+                    {
+                        "name": _STR,
+                        "digest": _STR,
+                        "total_bytes": _INT,
+                        "held_bytes": _INT,
+                        "created_s": _NUM,
+                    }
+                )
+            ),
             "shares": {
                 "type": "object",
                 "description": "device key -> {job id -> bytes of its memory the job holds}: the"
