@@ -101,6 +101,8 @@ class Stager:
         self.fetcher = Fetcher(store, limits=limits, counts=counts)
         self._states: dict[str, StageState] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.changed: Callable[[], None] = lambda: None
+        """Called when a stage ended with the content held (the agent republishes its data)."""
 
     def states(self) -> list[StageState]:
         return list(self._states.values())
@@ -178,6 +180,7 @@ class Stager:
             self._set(key, state="failed", error=f"internal error: {type(exc).__name__}")
         else:
             self._set(key, state="done")
+            self.changed()
 
     def holders(self) -> list[Holder]:
         found: list[Holder] = []

@@ -192,6 +192,7 @@ class Agent:
             self.content_counts,
             SwarmLimits(link_bytes_per_s=int(config.content_link_bytes_per_s)),
         )
+        self.stager.changed = self.datasets_changed
         self.commands = Commands(
             self.ctx,
             config,

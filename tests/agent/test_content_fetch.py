@@ -267,8 +267,17 @@ def test_a_dataset_staged_from_an_http_listing_is_content_members_fetch(
         parser = argparse.ArgumentParser()
         add_stage_parser(parser.add_subparsers(dest="data_command"))
         flags = ["--agent", first.address, "--identity", str(mesh.cluster_dir)]
+        mesh.wait(
+            "the first agent's copy gossiped",
+            lambda: any(
+                v["digest"] == digest
+                for n in mesh.get(second, "/v1/nodes")["nodes"]
+                for v in n.get("dataset_versions", ())
+            ),
+        )
+        # NAME alone: the newest version a node holds whole.
         args = parser.parse_args(
-            ["stage", f"cifar@{digest}", "--nodes", f"{second.node_id[:12]},", "--wait", *flags]
+            ["stage", "cifar", "--nodes", f"{second.node_id[:12]},", "--wait", *flags]
         )
         assert cmd_stage(args) == 0
         out = capsys.readouterr().out
@@ -279,8 +288,8 @@ def test_a_dataset_staged_from_an_http_listing_is_content_members_fetch(
         assert cmd_stage(args) == 0
         doc = json.loads(capsys.readouterr().out)
         assert doc["nodes"][second.node_id]["state"] == "done", doc
-        with pytest.raises(UserError, match="NAME@DIGEST"):
-            cmd_stage(parser.parse_args(["stage", "cifar", "--nodes", "x", *flags]))
+        with pytest.raises(UserError, match="no node holds all of 'nothing'"):
+            cmd_stage(parser.parse_args(["stage", "nothing", "--nodes", second.node_id, *flags]))
         assert fetched(mesh, second, "peer") == s["held_bytes"]
         status, answer = mesh.command(
             first, "stage", {"name": "cifar", "source": "file:///etc/passwd", "nodes": ["x"]}
