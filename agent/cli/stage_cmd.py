@@ -73,11 +73,15 @@ def _ended(answer: Mapping[str, Any]) -> bool:
 
 def cmd_stage(args: argparse.Namespace) -> int:
     body = stage_body(args.dataset, args.source)
+    if args.cancel:
+        if args.wait:
+            raise UserError("--cancel and --wait do not go together")
+        body["cancel"] = True
 
     async def call(client: ApiClient) -> dict[str, Any]:
         listed = await client.nodes()
         body["nodes"] = [str(pick_node(listed, t)["node_id"]) for t in _node_texts(args.nodes)]
-        if "digest" not in body and "source" not in body:
+        if "digest" not in body and "source" not in body and not args.cancel:
             body["digest"] = newest_version(listed, body["name"])
         answer = await client.command("stage", body)
         if not args.wait:

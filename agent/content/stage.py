@@ -130,12 +130,16 @@ class Stager:
         self._tasks[key] = asyncio.create_task(self._guard(key, run), name=f"stage {name}")
         return state
 
-    def cancel(self, key: str) -> bool:
-        task = self._tasks.get(key)
-        if task is None or task.done():
-            return False
-        task.cancel()
-        return True
+    async def cancel(self, key: str) -> StageState | None:
+        """Stop the stages of ``key`` (a digest, or a name: every stage of it); what they
+        fetched stays held. The state of one of them once stopped (``None``: none here)."""
+        keys = [k for k, st in self._states.items() if key in (k, st.name)]
+        for k in keys:
+            task = self._tasks.get(k)
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        return self._states[keys[0]] if keys else None
 
     async def close(self) -> None:
         for task in self._tasks.values():
@@ -243,6 +247,12 @@ class StageAsk:
     digest: str | None
     source: str | None
     nodes: tuple[str, ...]
+    cancel: bool = False
+    """Stop the stage instead (a pre-fetch no longer wanted): what it fetched stays held."""
+
+    @property
+    def key(self) -> str:
+        return self.digest or self.name
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> StageAsk:
@@ -266,8 +276,10 @@ class StageAsk:
                 raise ValueError(f"source must be a URL of at most {MAX_SOURCE_CHARS} characters")
             if not source.startswith(("http://", "https://", "s3://")):
                 raise ValueError("source must be an http://, https:// or s3:// URL")
-        if (digest is None) == (source is None):
+        if digest is not None and source is not None:
             raise ValueError("give the content's digest (NAME@DIGEST) or a source URL, not both")
+        if digest is None and source is None and not body.get("cancel"):
+            raise ValueError("give the content's digest (NAME@DIGEST) or a source URL")
         nodes = body.get("nodes")
         if (
             not isinstance(nodes, list)
@@ -275,4 +287,7 @@ class StageAsk:
             or not all(isinstance(n, str) and 0 < len(n) <= 128 for n in nodes)
         ):
             raise ValueError(f"nodes must be a list of 1 to {MAX_NODES} node ids")
-        return cls(name, digest, source, tuple(dict.fromkeys(nodes)))
+        cancel = body.get("cancel", False)
+        if not isinstance(cancel, bool):
+            raise ValueError("cancel must be true or false")
+        return cls(name, digest, source, tuple(dict.fromkeys(nodes)), cancel)

@@ -278,7 +278,11 @@ class Commands:
             return 409, {"error": f"this is {me[:8]}, not one of the nodes named"}
         answers: dict[str, dict[str, Any]] = {}
         if me in ask.nodes:
-            answers[me] = self._stager.start(ask.name, ask.digest, ask.source).to_wire()
+            if ask.cancel:
+                state = await self._stager.cancel(ask.key)
+                answers[me] = state.to_wire() if state else {"error": "no such stage here"}
+            else:
+                answers[me] = self._stager.start(ask.name, ask.digest, ask.source).to_wire()
 
         async def forward(node: str) -> None:
             if node not in self._mesh.live_agents():
