@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agent.common.parsing import json_loads
+from agent.content.stage import StageAsk, Stager
 from agent.daemon.config import AgentConfig
 from agent.daemon.datastore import DataRefused, NodeData
 from agent.daemon.metrics import AgentMetrics
@@ -78,6 +79,7 @@ class Commands:
         runner: Runner,
         node: GossipNode,
         mesh: GossipMesh,
+        stager: Stager,
         data: NodeData,
         people: PolicyKeeper,
         policy_changed: Callable[[], None] = lambda: None,
@@ -93,6 +95,7 @@ class Commands:
         self._runner = runner
         self._node = node
         self._mesh = mesh
+        self._stager = stager
         self._data = data
         self._people = people
         self._policy_changed = policy_changed
@@ -105,6 +108,7 @@ class Commands:
             "drain": self._drain,
             "undrain": self._drain,
             "revoke": self._revoke,
+            "stage": self._stage,
             "data_add": self._data_command,
             "data_evict": self._data_command,
             "data_pin": self._data_command,
@@ -315,3 +319,29 @@ class Commands:
             "applied": applied,
             "revoked": sorted(self._node.revocations.node_ids),
         }
+
+    async def _stage(self, kind: str, body: dict[str, Any], data: bytes, forwarded: bool) -> Answer:
+        """stage: each named node fetches the content now; the answer is each one's stage."""
+        ask = StageAsk.from_body(body)
+        me = self._ctx.node_id
+        if forwarded and me not in ask.nodes:
+            return 409, {"error": f"this is {me[:8]}, not one of the nodes named"}
+        answers: dict[str, dict[str, Any]] = {}
+        if me in ask.nodes:
+            if ask.cancel:
+                state = await self._stager.cancel(ask.key)
+                answers[me] = state.to_wire() if state else {"error": "no such stage here"}
+            else:
+                answers[me] = self._stager.start(ask.name, ask.digest, ask.source).to_wire()
+
+        async def forward(node: str) -> None:
+            if node not in self._mesh.live_agents():
+                answers[node] = {"error": f"no live agent {node}"}
+                return
+            status, answer = await self._forward(node, data)
+            got = answer.get("nodes", {}).get(node) if status == 200 else None
+            answers[node] = got if isinstance(got, dict) else {"error": answer.get("error", "")}
+
+        if not forwarded:
+            await asyncio.gather(*(forward(n) for n in ask.nodes if n != me))
+        return 200, {"name": ask.name, "nodes": answers}

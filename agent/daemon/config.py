@@ -66,6 +66,8 @@ class AgentConfig:
     size; scanned again every ``datasets_rescan_s`` (datasets may come and go)."""
     datasets_rescan_s: float = 60.0
     """How often ``datasets_dir`` is scanned again."""
+    content_link_bytes_per_s: float = 0.0
+    """The most bytes per second content is fetched at from any one holder (0: no cap)."""
     store_budget_bytes: int | None = None
     """What the content store (``<data_dir>/store/``) may keep, in bytes; unset:
     ``store_budget_share`` of its disk. Datasets indexed in place do not count."""
@@ -159,6 +161,7 @@ _FLOATS = {
     "elastic_grow_idle_s",
     "rpc_timeout_s",
     "datasets_rescan_s",
+    "content_link_bytes_per_s",
     "ended_jobs_keep_s",
     "ended_jobs_disk_keep_s",
 }
