@@ -211,15 +211,16 @@ def node_row(node: Mapping[str, Any]) -> list[str]:
         util,
         mem,
         str(len(node.get("running_jobs") or [])) if alive else "-",
-        (_shared(node) if alive else "") + _runtime(node) + _gpu_names(devices),
+        (_shared(node) if alive else "") + _gpu_names(devices) + _runtime(node),
     ]
 
 
 def _runtime(node: Mapping[str, Any]) -> str:
-    """``podman; ``: the container runtime its agent runs jobs with an image through (from its
-    inventory); nothing where it has none."""
+    """``; podman``: the container runtime its agent runs jobs with an image through (from its
+    inventory), after the GPUs, which a narrow column must show first; nothing where it has
+    none."""
     runtime = node.get("container_runtime")
-    return f"{runtime}; " if isinstance(runtime, str) and runtime else ""
+    return f"; {runtime}" if isinstance(runtime, str) and runtime else ""
 
 
 def _shared(node: Mapping[str, Any]) -> str:

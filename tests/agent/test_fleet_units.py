@@ -172,6 +172,6 @@ def test_a_cpu_only_node_lists_no_gpu_and_a_node_that_left_no_readings() -> None
     mixed = node_row(_node("h", [dict(_gpu("g", "NVIDIA L4"), util_pct=50.0), cpu]))
     assert mixed[4] == "50%" and mixed[7] == "1x NVIDIA L4"
     boxed = node_row(_node("h", [_gpu("g", "NVIDIA L4")], container_runtime="podman"))
-    assert boxed[7] == "podman; 1x NVIDIA L4"  # its agent runs jobs with an image through podman
+    assert boxed[7] == "1x NVIDIA L4; podman"  # its agent runs jobs with an image through podman
     left = node_row(_node("old", [cpu], state="left"))
     assert left[2:7] == ["left", "schedulable", "-", "-", "-"]
