@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agent.common.parsing import json_loads
+from agent.content.stage import StageAsk, Stager
 from agent.daemon.config import AgentConfig
 from agent.daemon.datastore import DataRefused, NodeData
 from agent.daemon.metrics import AgentMetrics
@@ -69,6 +70,7 @@ class Commands:
         node: GossipNode,
         mesh: GossipMesh,
         data: NodeData,
+        stager: Stager,
     ) -> None:
         self._ctx = ctx
         self._config = config
@@ -80,6 +82,7 @@ class Commands:
         self._node = node
         self._mesh = mesh
         self._data = data
+        self._stager = stager
         self.rejections: Counter[str] = Counter()
         self._handlers: dict[str, Handler] = {
             "submit": self._submit,
@@ -93,6 +96,7 @@ class Commands:
             "data_evict": self._data_command,
             "data_pin": self._data_command,
             "data_unpin": self._data_command,
+            "stage": self._stage,
         }
 
     async def execute(self, data: bytes, *, forwarded: bool) -> Answer:
@@ -264,3 +268,25 @@ class Commands:
             "applied": applied,
             "revoked": sorted(self._node.revocations.node_ids),
         }
+
+    async def _stage(self, kind: str, body: dict[str, Any], data: bytes, forwarded: bool) -> Answer:
+        """stage: each named node fetches the content now; the answer is each one's stage."""
+        ask = StageAsk.from_body(body)
+        me = self._ctx.node_id
+        if forwarded and me not in ask.nodes:
+            return 409, {"error": f"this is {me[:8]}, not one of the nodes named"}
+        answers: dict[str, dict[str, Any]] = {}
+        if me in ask.nodes:
+            answers[me] = self._stager.start(ask.name, ask.digest, ask.source).to_wire()
+
+        async def forward(node: str) -> None:
+            if node not in self._mesh.live_agents():
+                answers[node] = {"error": f"no live agent {node}"}
+                return
+            status, answer = await self._forward(node, data)
+            got = answer.get("nodes", {}).get(node) if status == 200 else None
+            answers[node] = got if isinstance(got, dict) else {"error": answer.get("error", "")}
+
+        if not forwarded:
+            await asyncio.gather(*(forward(n) for n in ask.nodes if n != me))
+        return 200, {"name": ask.name, "nodes": answers}

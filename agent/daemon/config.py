@@ -74,6 +74,8 @@ class AgentConfig:
     """Past this share of its budget the store evicts (least recently used, weighted by uses)..."""
     store_low: float = 0.70
     """...down to this share (pinned versions and those running jobs read are kept)."""
+    content_link_bytes_per_s: float = 0.0
+    """The most bytes per second content is fetched at from any one holder (0: no cap)."""
     cost_per_hour: float | None = None
     """What an hour of this host costs; gossiped as the ``cost_per_hour`` label."""
     probe_interval_s: float = 1.0
@@ -144,6 +146,7 @@ _FLOATS = {
     "elastic_grow_idle_s",
     "rpc_timeout_s",
     "datasets_rescan_s",
+    "content_link_bytes_per_s",
     "ended_jobs_keep_s",
     "ended_jobs_disk_keep_s",
 }

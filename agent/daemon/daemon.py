@@ -36,6 +36,9 @@ from agent.checkpoints.ckptfiles import Vault
 from agent.checkpoints.ckptmove import Checkpoints
 from agent.checkpoints.transfer import TransferLimits
 from agent.common.eachjob import one_job
+from agent.content.routes import ContentServer
+from agent.content.stage import Stager
+from agent.content.swarm import SwarmLimits
 from agent.daemon import api
 from agent.daemon.calls import Calls
 from agent.daemon.commands import Commands
@@ -175,6 +178,19 @@ class Agent:
         self.datasets = self.data.scanner
         self.data.changed = self.datasets_changed
         self.metrics = AgentMetrics(self._metrics_snapshot)
+        self.content_counts: Counter[str] = Counter()
+        """``shoal_content_total`` and ``shoal_content_fetched_bytes_total`` (``bytes_<kind>``)."""
+        self.content_store = self.data.store
+        self.content = ContentServer(self.content_store, self.content_counts)
+        self.stager = Stager(
+            self.node_id,
+            self.peers,
+            self.mesh,
+            self.content_store,
+            config.data_dir / "staging",
+            self.content_counts,
+            SwarmLimits(link_bytes_per_s=int(config.content_link_bytes_per_s)),
+        )
         self.commands = Commands(
             self.ctx,
             config,
@@ -186,6 +202,7 @@ class Agent:
             node=self.node,
             mesh=self.mesh,
             data=self.data,
+            stager=self.stager,
         )
         self.checkpoints = Checkpoints(
             self.ctx,
@@ -270,6 +287,7 @@ class Agent:
         await self.runner.shutdown()
         await self.owner.close()
         await self.runner.close()
+        await self.stager.close()
         await self.node.stop(leave=True)
         await self.peers.close()
         self.devices.probe.close()
@@ -520,6 +538,7 @@ class Agent:
             "gang_holds": self.runner.holds.counts,
             "start_confirmations": self.runner.confirmer.counts,
             "checkpoint": self.checkpoints.counts,
+            "content": self.content_counts,
             "datasets_refused": self.datasets.refused,
             "store": self.data.metrics(),
             "history_dropped": self.history.dropped(),

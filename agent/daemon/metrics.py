@@ -19,7 +19,9 @@ restarted with fewer GPUs for another, ``refused``: a preempting offer refused:
 ``shoal_preemptions_total``), starts confirmed by a job's other owner (``agent.running.confirming``:
 ``shoal_start_confirmations_total``), and checkpoint transfers by what happened (``pulled``,
 ``pushed``, ``resumed``, ``failed``, ``refused``, ``refused_not_owner``:
-``shoal_checkpoint_total``), entries of the datasets folder refused, by reason (``name``,
+``shoal_checkpoint_total``), the content transfer by what happened and the bytes fetched by
+source kind (``shoal_content_total``, ``shoal_content_fetched_bytes_total{source=peer|http|s3}``,
+``agent.content.fetch``), entries of the datasets folder refused, by reason (``name``,
 ``link_out``: ``shoal_datasets_refused_total``, ``agent.daemon.datasets``), and errors in one job's
 step of a loop over many, by step, the loop having gone on (``shoal_job_step_errors_total``,
 ``agent.common.eachjob``). The content store (``agent.content.store``): chunks it had and did
@@ -102,6 +104,24 @@ class _Snapshot:
                 "Checkpoint transfers (pulled, pushed, resumed, failed) and refusals",
                 "what",
                 snap.get("checkpoint", {}),
+            ),
+            (
+                "content",
+                "Content transfer: chunks refused (corrupt), holders dropped (served a corrupt"
+                " chunk) or given up (unreachable), resumes, fetches ended or failed, stages"
+                " failed, chunks served and refusals of members' asks",
+                "what",
+                {k: v for k, v in snap.get("content", {}).items() if not k.startswith("bytes_")},
+            ),
+            (
+                "content_fetched_bytes",
+                "Bytes of content fetched, by source kind (peer, http, s3)",
+                "source",
+                {
+                    k.removeprefix("bytes_"): v
+                    for k, v in snap.get("content", {}).items()
+                    if k.startswith("bytes_")
+                },
             ),
             (
                 "datasets_refused",
