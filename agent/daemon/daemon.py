@@ -66,6 +66,7 @@ from agent.owning.placement import PLACEMENTS, Placement
 from agent.running import diskguard
 from agent.running.admission import NodeFacts
 from agent.running.confirming import Placed
+from agent.running.datastage import JobData
 from agent.running.runner import Runner
 from agent.storage import purging
 from agent.storage.store import Store, StoreFull
@@ -212,6 +213,11 @@ class Agent:
             self.metrics.internal_refused,
         )
         self.runner.checkpoints = self.owner.checkpoints = self.checkpoints
+        self.data_counts: Counter[str] = Counter()
+        """``shoal_job_data_total``: datasets jobs found here (hits), staged (misses), failed."""
+        self.runner.data = JobData(
+            self.view, self.data.store, self.stager, self.data_counts, self.ctx.changed
+        )
         self.runner.confirmer.owned = self._owned_placed
         self.calls = Calls(self.ctx, self.owner, self.runner, self.metrics)
         self.reads = Reads(self.ctx, self.owner, self.runner, self.node, self.mesh, self.trust)
@@ -309,6 +315,7 @@ class Agent:
             progress={j: p for j, p in runner.progress.items() if j in runner.runs},
             shares=runner.shares(),
             saved={j: at for j, at in runner.saved_at.items() if j in runner.runs},
+            staging=runner.data.lines() if runner.data is not None else {},
         )
 
     def device_keys(self) -> dict[int, str]:
@@ -479,8 +486,10 @@ class Agent:
         self.publisher.datasets_scanned(self.data.sizes(), self.data.versions())
 
     def _datasets_in_use(self) -> list[str]:
-        """The dataset refs of the jobs running here (their versions are never evicted)."""
-        out: list[str] = []
+        """The dataset refs of the jobs running here, and the versions of those starting or
+        pre-fetched here (never evicted)."""
+        data = self.runner.data
+        out = [] if data is None else [f"{v.name}@{v.digest}" for v in data.protected()]
         for job_id in list(self.runner.runs):
             spec = (self.view.jobs.get(job_id) or {}).get("spec")
             if isinstance(spec, dict):
@@ -541,5 +550,7 @@ class Agent:
             "content": self.content_counts,
             "datasets_refused": self.datasets.refused,
             "store": self.data.metrics(),
+            "job_data": self.data_counts,
+            "job_data_wait": self.runner.data.waits if self.runner.data is not None else None,
             "history_dropped": self.history.dropped(),
         }

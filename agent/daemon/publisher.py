@@ -214,7 +214,7 @@ class Publisher:
         doc = self._node_doc()
         sent = self._node_sent
         if sent is not None and doc.placement_view() == sent.placement_view():
-            if doc.progress == sent.progress and doc.saved == sent.saved:
+            if (doc.progress, doc.saved, doc.staging) == (sent.progress, sent.saved, sent.staging):
                 self._node_dirty = False  # an owner's save that changed nothing others read
                 return
             if now - self._node_at < PROGRESS_EVERY_S:
