@@ -220,6 +220,11 @@ class JobData:
         )
         return env
 
+    async def ended(self, job_dir: Path) -> None:
+        """An attempt ended: its datasets' links go (another job run as the same user must not
+        find them in its folder; the store keeps the data)."""
+        await asyncio.to_thread(_remove, job_dir / DATASETS_DIR)
+
     def started(self, job_id: str) -> None:
         """The attempt started (or did not): its versions are the running job's now."""
         self.needed.pop(job_id, None)
@@ -289,18 +294,22 @@ class JobData:
         return out
 
 
-def _fresh_dir(job_dir: Path, top: Path) -> None:
-    """An empty ``top`` (the agent's, 0755) in ``job_dir``, whatever an earlier attempt left."""
-    job_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+def _remove(top: Path) -> None:
+    """``top`` gone, whatever it is (never following a link the job may have put there)."""
     try:
         st = os.lstat(top)
     except FileNotFoundError:
-        pass
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(top)  # does not follow links (an earlier job may have left some)
     else:
-        if stat.S_ISDIR(st.st_mode):
-            shutil.rmtree(top)  # does not follow links (an earlier job may have left some)
-        else:
-            os.unlink(top)
+        os.unlink(top)
+
+
+def _fresh_dir(job_dir: Path, top: Path) -> None:
+    """An empty ``top`` (the agent's, 0755) in ``job_dir``, whatever an earlier attempt left."""
+    job_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _remove(top)
     os.mkdir(top, 0o755)
     os.chmod(top, 0o755)
 
