@@ -171,6 +171,10 @@ class JobData:
         """Job -> the version its launch waits for now."""
         self.needed: dict[str, tuple[Version, ...]] = {}
         """Job -> the versions of a launch under way (kept from eviction)."""
+        self.prefetched: Callable[[], set[Version]] = set
+        """The versions pre-fetched here for waiting jobs (``agent.running.prefetch``)."""
+        self.prefetch_done: Callable[[str], None] = lambda _job_id: None
+        """Told when a job's launch begins here: its pre-fetch, if any, is its launch now."""
 
     def line(self, job_id: str) -> str | None:
         """What the job waits for, with the fetch's progress; ``None``: it does not wait."""
@@ -190,13 +194,14 @@ class JobData:
         return {v.digest for v in self.staging.values()}
 
     def protected(self) -> set[Version]:
-        """The versions of the launches under way here (never evicted meanwhile)."""
-        return {v for vs in self.needed.values() for v in vs}
+        """The versions of the launches and pre-fetches under way here (never evicted)."""
+        return {v for vs in self.needed.values() for v in vs} | self.prefetched()
 
     async def prepare(self, job_id: str, refs: Sequence[str], job_dir: Path) -> dict[str, str]:
         """Stage and expose the job's datasets; the variables the job gets. Raises
         :class:`StagingFailed` (decline), :class:`BadDatasets` (the launch fails)."""
         parsed = check_names(refs)
+        self.prefetch_done(job_id)
         began = self.clock()
         versions = tuple(resolve(r, self.view, self.store) for r in parsed)
         self.needed[job_id] = versions

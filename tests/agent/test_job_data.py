@@ -274,3 +274,119 @@ def test_a_job_reads_only_the_datasets_its_spec_names(tmp_path: Path) -> None:
     finally:
         mesh.stop_all()
         shutil.rmtree(root, ignore_errors=True)
+
+
+HOLD = """
+import os, sys, time
+end = time.time() + 120
+while not os.path.exists(sys.argv[1]) and time.time() < end:
+    time.sleep(0.1)
+"""
+
+
+def running(mesh: Mesh, a: AgentProcess, job_id: str) -> dict[str, Any]:
+    mesh.wait(f"job {job_id[:8]} running", lambda: mesh.job(a, job_id)["state"] == "running")
+    return mesh.job(a, job_id)
+
+
+def stage_state(mesh: Mesh, a: AgentProcess, m: ContentManifest) -> str | None:
+    for s in mesh.get(a, "/v1/content/stages")["stages"]:
+        if s["digest"] == m.digest:
+            return str(s["state"])
+    return None
+
+
+def data_count(mesh: Mesh, a: AgentProcess, what: str) -> float:
+    return metric(mesh, a, "shoal_job_data_total", what=what)
+
+
+def test_a_waiting_job_is_prefetched_and_starts_with_no_data_wait(tmp_path: Path) -> None:
+    mesh = Mesh(tmp_path, ["h100:1", "l4:1", "l4:1"])
+    m, chunks = make_dataset("imagenet", {"a.bin": 12 * CHUNK + 7})
+    preload(mesh.agents[1], m, chunks)
+    mesh.start_all()
+    try:
+        runner = mesh.agents[0]
+        release = tmp_path / "release"
+        first = submit(mesh, runner, [sys.executable, "-c", HOLD, str(release)], resources=BIG_GPU)
+        running(mesh, runner, first)
+        out = tmp_path / "read.json"
+        job_id = submit(
+            mesh,
+            runner,
+            [sys.executable, "-c", READER, str(out)],
+            resources=BIG_GPU,
+            datasets=("imagenet",),
+        )
+        mesh.wait(
+            "the waiting job's data pre-fetched on the only node it fits",
+            lambda: stage_state(mesh, runner, m) == "done",
+            WAIT_S,
+        )
+        assert mesh.job(runner, job_id)["state"] == "pending"
+        assert data_count(mesh, runner, "prefetch_started") == 1
+        assert sum(metric(mesh, a, "shoal_prefetch_total", what="asked") for a in mesh.agents) >= 1
+        release.touch()
+        job = ended(mesh, runner, job_id)
+        assert job["state"] == "succeeded", (job, mesh.logs())
+        assert json.loads(out.read_text())["files"] == expected_hashes(m, chunks)
+        assert (data_count(mesh, runner, "hits"), data_count(mesh, runner, "misses")) == (1, 0)
+        assert metric(mesh, runner, "shoal_job_data_wait_seconds_sum") < 1.0
+    finally:
+        mesh.stop_all()
+
+
+def test_a_stale_prefetch_is_cancelled_when_the_forecast_moves(tmp_path: Path) -> None:
+    cap = 64 << 10
+    mesh = Mesh(
+        tmp_path,
+        ["h100:1", "h100:1", "l4:1"],
+        extra=("--content-link-bytes-per-s", str(cap)),
+    )
+    m, chunks = make_dataset("imagenet", {"a.bin": 32 * CHUNK + 7})
+    preload(mesh.agents[2], m, chunks)
+    mesh.start_all()
+    try:
+        a0 = mesh.agents[0]
+        release = tmp_path / "release"
+        hold = [sys.executable, "-c", HOLD, str(release)]
+        for _ in range(2):
+            running(mesh, a0, submit(mesh, a0, hold, resources=BIG_GPU))
+        out = tmp_path / "read.json"
+        job_id = submit(
+            mesh,
+            a0,
+            [sys.executable, "-c", READER, str(out)],
+            resources=BIG_GPU,
+            datasets=("imagenet",),
+        )
+        big = mesh.agents[:2]
+        mesh.wait(
+            "a pre-fetch on one of the two nodes it fits",
+            lambda: any(data_count(mesh, a, "prefetch_started") == 1 for a in big),
+            WAIT_S,
+        )
+        first = next(a for a in big if data_count(mesh, a, "prefetch_started") == 1)
+        other = big[1] if first is big[0] else big[0]
+        assert stage_state(mesh, first, m) == "staging"
+        status, answer = mesh.command(a0, "cordon", {"node": first.node_id})
+        assert status == 200, answer
+        mesh.wait(
+            "the forecast moved: the stale pre-fetch cancelled, the other node asked",
+            lambda: (
+                data_count(mesh, first, "prefetch_cancelled") == 1
+                and data_count(mesh, other, "prefetch_started") == 1
+            ),
+            WAIT_S,
+        )
+        mesh.wait(
+            "the stale stage ended", lambda: stage_state(mesh, first, m) == "cancelled", WAIT_S
+        )
+        assert sum(metric(mesh, a, "shoal_prefetch_total", what="moved") for a in mesh.agents) >= 1
+        release.touch()
+        job = ended(mesh, a0, job_id, 2 * WAIT_S)
+        assert job["state"] == "succeeded", (job, mesh.logs())
+        assert job["runner"] == other.node_id
+        assert json.loads(out.read_text())["files"] == expected_hashes(m, chunks)
+    finally:
+        mesh.stop_all()
