@@ -27,7 +27,7 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -124,11 +124,29 @@ class DiskStore:
         manifest = self.manifest(digest)
         if manifest is None:
             return ()
+        with self._lock:
+            empty = self._empty_chunks(digest)
+            if empty:
+                # held for another file, version or dataset: filled from there, no transfer
+                with contextlib.suppress(StoreFull):  # then it is fetched, and put says full
+                    self._spread(empty)
+                empty = self._empty_chunks(digest)
         first: dict[str, ChunkAt] = {}
         for at in manifest.chunk_places():
-            first.setdefault(at.digest, at)
-        held = self._held_chunks(list(first))
-        return tuple(at for d, at in first.items() if d not in held)
+            if at.digest in empty:
+                first.setdefault(at.digest, at)
+        return tuple(first.values())
+
+    def _empty_chunks(self, digest: str) -> set[str]:
+        """The chunk digests with a place in manifest ``digest`` not filled yet."""
+        return {
+            r[0]
+            for r in self._db.execute(
+                "SELECT DISTINCT p.chunk FROM entries e JOIN places p ON p.fkey = e.fkey"
+                " WHERE e.digest = ? AND p.held = 0",
+                (digest,),
+            )
+        }
 
     def put_chunk(self, digest: str, chunk: ChunkAt, data: bytes) -> None:
         try:
@@ -282,9 +300,13 @@ class DiskStore:
             self.stats.evictions += 1
             return True
 
-    def evict_over_budget(self, protected: Iterable[str] = (), force: bool = False) -> list[str]:
-        """Apply the cache rules (:func:`~agent.content.cache.plan_eviction`): the digests
-        evicted."""
+    def evict_over_budget(
+        self, protected: Iterable[str] | None = None, force: bool = False
+    ) -> list[str]:
+        """Apply the cache rules (:func:`~agent.content.cache.plan_eviction`), never evicting
+        ``protected`` (default: :attr:`protected`); the digests evicted."""
+        if protected is None:
+            protected = self.protected()
         with self._lock:
             entries = [
                 CacheEntry(
@@ -334,25 +356,27 @@ class DiskStore:
 
     def remember_chunks(
         self,
-        entries: Sequence[tuple[str, tuple[int, int, int], int, tuple[str, ...]]],
+        fresh: Sequence[tuple[str, tuple[int, int, int], int, tuple[str, ...]]],
+        seen: Collection[str],
         drop_under: str,
     ) -> None:
         prefix = drop_under.rstrip("/") + "/"
-        keep = {e[0] for e in entries}
+        bounds = (prefix, prefix[:-1] + "0")  # "/" + 1: every path under the folder, by index
+        under = "path >= ? AND path < ?"
         with self._tx() as db:
-            gone = [
-                r[0]
-                for r in db.execute(
-                    "SELECT path FROM hashes WHERE substr(path, 1, ?) = ?", (len(prefix), prefix)
-                )
-                if r[0] not in keep
-            ]
-            db.executemany("DELETE FROM hashes WHERE path = ?", [(p,) for p in gone])
+            count = db.execute(f"SELECT COUNT(*) FROM hashes WHERE {under}", bounds).fetchone()
+            if fresh or int(count[0]) != sum(1 for p in seen if p.startswith(prefix)):
+                gone = [
+                    r[0]
+                    for r in db.execute(f"SELECT path FROM hashes WHERE {under}", bounds)
+                    if r[0] not in seen
+                ]
+                db.executemany("DELETE FROM hashes WHERE path = ?", [(p,) for p in gone])
             db.executemany(
                 "INSERT OR REPLACE INTO hashes VALUES (?, ?, ?, ?, ?, ?)",
                 [
                     (path, *stamp, chunk_bytes, json.dumps(list(chunks)))
-                    for path, stamp, chunk_bytes, chunks in entries
+                    for path, stamp, chunk_bytes, chunks in fresh
                 ],
             )
 
@@ -437,7 +461,10 @@ class DiskStore:
             self._parsed.pop(digest, None)
             # what others hold already fills this one; what this one holds fills others
             wanted = {d for f in manifest.files for d in f.chunks}
-            self._spread(wanted | newly_held)
+            try:
+                self._spread(wanted | newly_held)
+            except StoreFull as exc:  # what did not fit is fetched (missing() lists it)
+                log.info("store: %s not filled from what is held: %s", digest[:12], exc)
 
     def _held_chunks(self, digests: Sequence[str]) -> set[str]:
         out: set[str] = set()
