@@ -221,6 +221,7 @@ class Agent:
             self.view, self.data.store, self.stager, self.data_counts, self.ctx.changed
         )
         self.runner.confirmer.owned = self._owned_placed
+        self.publisher.rates = self.stager.fetcher.rates.snapshot
         self.prefetches = Prefetches(self.runner, self.runner.data)
         self.calls = Calls(self.ctx, self.owner, self.runner, self.metrics, self.prefetches)
         self.reads = Reads(self.ctx, self.owner, self.runner, self.node, self.mesh, self.trust)
