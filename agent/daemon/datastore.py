@@ -111,14 +111,14 @@ class NodeData:
                 and h.origin == str(base)
                 and h.digest != built.manifest.digest
             ):
-                self.store.evict(h.digest)  # that version's files are no longer there
+                self.store.forget(name, h.digest)  # that version's files are no longer there
 
     def _forget_gone(self, found: dict[str, Path]) -> None:
         origins = {str(p if p.is_dir() else p.parent) for p in found.values()}
         for h in self.store.all_held():
             gone = h.name not in found or h.origin not in origins
             if h.kind == DATASET and h.origin is not None and gone:
-                self.store.evict(h.digest)
+                self.store.forget(h.name, h.digest)
 
     def _say(self, name: str, reason: str, line: str) -> None:
         if (name, reason) not in self._said:
@@ -226,7 +226,7 @@ class NodeData:
                     409,
                 )
         for h in held:
-            self.store.evict(h.digest)
+            self.store.forget(h.name, h.digest)
         return {"evicted": [h.digest for h in held]}
 
     def pin(self, ref_text: str, pinned: bool) -> dict[str, Any]:

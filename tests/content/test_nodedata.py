@@ -68,3 +68,22 @@ def test_what_a_running_job_reads_is_not_evicted(tmp_path: Path) -> None:
     assert node.evict(f"cached@{m.digest}") == {"evicted": [m.digest]}
     with pytest.raises(DataRefused, match="not held on this node"):
         node.pin("cached", True)
+
+
+def test_two_datasets_of_equal_bytes_are_both_listed_and_outlive_each_other(
+    tmp_path: Path,
+) -> None:
+    node = _node(tmp_path, [])
+    for name in ("a", "b"):
+        (tmp_path / "sets" / name).mkdir()
+        (tmp_path / "sets" / name / "x").write_bytes(b"same bytes")
+    _sizes, versions = node.scan()
+    assert [v.name for v in versions] == ["a", "b"]
+    assert versions[0].digest == versions[1].digest
+    assert node.scan()[1] == versions  # stable across scans
+    chunk = ContentFile("x", 10, 0o644, (hashlib.sha256(b"same bytes").hexdigest(),)).chunks[0]
+    (tmp_path / "sets" / "a" / "x").unlink()
+    (tmp_path / "sets" / "a").rmdir()
+    _sizes, left = node.scan()
+    assert [(v.name, v.held_bytes) for v in left] == [("b", 10)]
+    assert node.store.read_chunk(chunk) == b"same bytes"  # now read from b's folder
