@@ -109,11 +109,13 @@ class Stager:
         return self._states.get(key)
 
     def start(self, name: str, digest: str | None, source: str | None) -> StageState:
-        """Stage ``digest`` from members, or ``name`` from ``source`` (a URL); the state now."""
+        """Stage ``digest`` from members, or ``name`` from ``source`` (a URL); the state now. A
+        stage running or done is answered as it stands; one failed or cancelled starts again."""
         key = digest or name
         task = self._tasks.get(key)
-        if task is not None and not task.done():
-            return self._states[key]
+        old = self._states.get(key)
+        if (task is not None and not task.done()) or (old is not None and old.state == "done"):
+            return self._states[key]  # asked again: the stage as it stands (a poll)
         state = StageState(name, digest, source or "peers", "staging")
         self._states.pop(key, None)
         self._states[key] = state

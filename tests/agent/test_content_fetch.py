@@ -4,6 +4,7 @@ never fetches a held chunk again), and a certificate that is not an agent's refu
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -12,6 +13,9 @@ from typing import Any
 
 import pytest
 
+from agent.cli.stage_args import add_stage_parser
+from agent.cli.stage_cmd import cmd_stage
+from agent.common.errors import UserError
 from agent.content.manifest import MIN_CHUNK_BYTES, ContentFile, ContentManifest
 from agent.content.store import DiskStore
 from agent.sandbox.localmesh import AgentProcess
@@ -230,7 +234,9 @@ def test_a_holder_killed_and_the_stager_restarted_mid_fetch(tmp_path: Path) -> N
     assert held_bytes(stager, m) == (m.total_bytes, 0)
 
 
-def test_a_dataset_staged_from_an_http_listing_is_content_members_fetch(tmp_path: Path) -> None:
+def test_a_dataset_staged_from_an_http_listing_is_content_members_fetch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from tests.content.test_external import http_server, tree
 
     served = tmp_path / "served"
@@ -257,18 +263,24 @@ def test_a_dataset_staged_from_an_http_listing_is_content_members_fetch(tmp_path
         assert s["state"] == "done" and s["held_bytes"] == sum(map(len, files.values())), s
         assert fetched(mesh, first, "http") == s["held_bytes"]
         digest = s["digest"]
-        status, answer = mesh.command(
-            first, "stage", {"name": "cifar", "digest": digest, "nodes": [second.node_id]}
+        # The operator's command line: stage it on the second agent from the first, and wait.
+        parser = argparse.ArgumentParser()
+        add_stage_parser(parser.add_subparsers(dest="data_command"))
+        flags = ["--agent", first.address, "--identity", str(mesh.cluster_dir)]
+        args = parser.parse_args(
+            ["stage", f"cifar@{digest}", "--nodes", f"{second.node_id[:12]},", "--wait", *flags]
         )
-        assert status == 200, answer
-        mesh.wait(
-            "cifar from the first agent",
-            lambda: any(
-                x["digest"] == digest and x["state"] == "done"
-                for x in mesh.get(second, "/v1/content/stages")["stages"]
-            ),
-            WAIT_S,
+        assert cmd_stage(args) == 0
+        out = capsys.readouterr().out
+        assert f"{second.node_id[:8]}: cifar done" in out, out
+        args = parser.parse_args(
+            ["stage", f"cifar@{digest}", "--nodes", second.node_id, "--json", *flags]
         )
+        assert cmd_stage(args) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["nodes"][second.node_id]["state"] == "done", doc
+        with pytest.raises(UserError, match="NAME@DIGEST"):
+            cmd_stage(parser.parse_args(["stage", "cifar", "--nodes", "x", *flags]))
         assert fetched(mesh, second, "peer") == s["held_bytes"]
         status, answer = mesh.command(
             first, "stage", {"name": "cifar", "source": "file:///etc/passwd", "nodes": ["x"]}
@@ -276,3 +288,21 @@ def test_a_dataset_staged_from_an_http_listing_is_content_members_fetch(tmp_path
         assert status == 400 and "http" in answer["error"], answer
     finally:
         mesh.stop_all()
+
+
+def test_the_transfer_benchmark_runs_on_a_tiny_size() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.content_xfer", "--mib", "8", "--holders", "1,2", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert {"mib", "chunk_bytes", "cores", "runs"} <= set(out)
+    assert [r["holders"] for r in out["runs"]] == [1, 2]
+    for r in out["runs"]:
+        assert r["mb_per_s"] > 0 and sum(r["served_chunks"]) == 2
