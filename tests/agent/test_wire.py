@@ -234,6 +234,7 @@ def test_telemetry_round_trips(at: float | None, samples: tuple[DeviceSample, ..
             max_size=3,
         ),
         saved=st.dictionaries(_text, st.floats(0, 2e9), max_size=3),
+        staging=st.dictionaries(_text, st.text(max_size=100), max_size=3),
     ),
     events=st.lists(
         st.builds(
