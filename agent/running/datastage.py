@@ -175,6 +175,10 @@ class JobData:
         """The versions pre-fetched here for waiting jobs (``agent.running.prefetch``)."""
         self.prefetch_done: Callable[[str], None] = lambda _job_id: None
         """Told when a job's launch begins here: its pre-fetch, if any, is its launch now."""
+        self.link_wanted: Callable[[], None] = lambda: None
+        """Told when a starting job must fetch: pre-fetches give it the link."""
+        self.link_free: Callable[[], None] = lambda: None
+        """Told when no starting job fetches any more: pre-fetches go on."""
 
     def line(self, job_id: str) -> str | None:
         """What the job waits for, with the fetch's progress; ``None``: it does not wait."""
@@ -217,7 +221,8 @@ class JobData:
             self.needed.pop(job_id, None)
             raise
         finally:
-            self.staging.pop(job_id, None)
+            if self.staging.pop(job_id, None) is not None and not self.staging:
+                self.link_free()
         self.waits.observe(max(0.0, self.clock() - began))
         env = {env_name(v.name): str(p) for v, p in zip(versions, paths, strict=True)}
         env["SHOAL_DATASETS"] = ":".join(
@@ -242,6 +247,7 @@ class JobData:
             return
         self.counts["misses"] += 1
         self.staging[job_id] = v
+        self.link_wanted()
         for _ in range(MAX_TRIES):
             self.stager.start(v.name, v.digest, None)
             state = await self._wait(v.digest)

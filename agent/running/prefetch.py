@@ -10,7 +10,9 @@ store as cache.
 
 Bounds, so a pre-fetch never starves the jobs that start here:
 
-- it is refused while a job starting here stages its own data (the owner asks again later);
+- it is refused while a job starting here stages its own data (the owner asks again later), and
+  the stages of those under way stop when such a job begins to fetch (what they fetched stays) and
+  go on once no starting job fetches (:meth:`Prefetches.pause`, :meth:`Prefetches.resume`);
 - at most :data:`MAX_PREFETCHES` jobs' pre-fetches at once;
 - what all of them still lack may be at most :data:`PREFETCH_BUDGET_SHARE` of the store's budget;
 - a pre-fetch is forgotten after :data:`PREFETCH_TTL_S` (its owner may be gone; the stage it
@@ -18,7 +20,7 @@ Bounds, so a pre-fetch never starves the jobs that start here:
 
 The versions of a pre-fetch are kept from eviction while it is remembered (a job queued for
 here). Counted in ``shoal_job_data_total``: ``prefetch_started``, ``prefetch_cancelled``,
-``prefetch_refused``.
+``prefetch_refused``, ``prefetch_paused``.
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ class Prefetches:
         self.jobs: dict[str, Prefetch] = {}
         data.prefetched = self.versions
         data.prefetch_done = self.started
+        data.link_wanted = self.pause
+        data.link_free = self.resume
 
     def versions(self) -> set[Version]:
         self._expire()
@@ -121,6 +125,20 @@ class Prefetches:
                 self.data.stager.cancel(v.digest)
         self.data.counts["prefetch_cancelled"] += 1
         return cancelled
+
+    def pause(self) -> None:
+        """A starting job fetches: the pre-fetches' stages stop (what they fetched stays),
+        but those of a version a starting job waits for."""
+        waited = self.data.waited_on()
+        for digest in {v.digest for v in self.versions()} - waited:
+            if self.data.stager.cancel(digest):
+                self.data.counts["prefetch_paused"] += 1
+
+    def resume(self) -> None:
+        """No starting job fetches any more: the pre-fetches still lacking data go on."""
+        for v in sorted(self.versions(), key=lambda v: v.digest):
+            if not self._whole(v):
+                self.data.stager.start(v.name, v.digest, None)
 
     def started(self, job_id: str) -> None:
         """The job starts here: its own launch holds its versions from now on."""
