@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -99,6 +99,9 @@ class Stager:
         self.staging_dir = staging_dir
         self.counts = counts
         self.fetcher = Fetcher(store, limits=limits, counts=counts)
+        self.listed: Callable[[str], Sequence[str]] = lambda _digest: ()
+        """The members whose ``place`` records say they hold a digest, whole or in part (asked
+        first: in a large mesh the holders need not be among the first ids)."""
         self._states: dict[str, StageState] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
@@ -179,9 +182,15 @@ class Stager:
         else:
             self._set(key, state="done")
 
-    def holders(self) -> list[Holder]:
+    def holders(self, digest: str | None = None) -> list[Holder]:
+        """The live members to ask, at most :data:`MAX_HOLDERS_ASKED`: first those whose
+        ``place`` records list ``digest`` (:attr:`listed`), then the others by id."""
+        live = sorted(self.mesh.live_agents())
+        alive = set(live)
+        listed = [n for n in dict.fromkeys(self.listed(digest)) if n in alive] if digest else []
+        first = set(listed)
         found: list[Holder] = []
-        for node in sorted(self.mesh.live_agents()):
+        for node in [*listed, *(n for n in live if n not in first)]:
             addr = self.mesh.addr_of(node)
             if node != self.node_id and addr is not None:
                 found.append(PeerHolder(self.peers, node, addr))
@@ -191,7 +200,7 @@ class Stager:
 
     async def _from_peers(self, key: str, name: str, digest: str) -> None:
         got = await self.fetcher.fetch(
-            digest, self.holders(), kind="peer", on_progress=self._progress(key)
+            digest, self.holders(digest), kind="peer", on_progress=self._progress(key)
         )
         self._set(key, progress=got.progress)
 

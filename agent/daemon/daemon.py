@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import sys
 import time
@@ -66,7 +67,7 @@ from agent.owning.placement import PLACEMENTS, Placement
 from agent.running import diskguard
 from agent.running.admission import NodeFacts
 from agent.running.confirming import Placed
-from agent.running.datastage import JobData
+from agent.running.datastage import JobData, holders_of
 from agent.running.prefetch import Prefetches
 from agent.running.runner import Runner
 from agent.storage import purging
@@ -222,6 +223,7 @@ class Agent:
         )
         self.runner.confirmer.owned = self._owned_placed
         self.publisher.rates = self.stager.fetcher.rates.snapshot
+        self.stager.listed = functools.partial(holders_of, self.view)
         self.prefetches = Prefetches(self.runner, self.runner.data)
         self.calls = Calls(self.ctx, self.owner, self.runner, self.metrics, self.prefetches)
         self.reads = Reads(self.ctx, self.owner, self.runner, self.node, self.mesh, self.trust)

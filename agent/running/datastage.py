@@ -123,6 +123,16 @@ def newest_version(name: str, view: ClusterView, store: DiskStore) -> str | None
     return None if best is None else best[1]
 
 
+def holders_of(view: ClusterView, digest: str) -> list[str]:
+    """The members whose ``place`` records hold some of ``digest``, the most held first."""
+    found: list[tuple[int, str]] = []
+    for node_id, node in list(view.nodes.items()):
+        for v in node.place.versions if node.place is not None else ():
+            if v.digest == digest and v.held_bytes > 0:
+                found.append((-v.held_bytes, node_id))
+    return [n for _held, n in sorted(found)]
+
+
 def resolve(ref: DatasetRef, view: ClusterView, store: DiskStore) -> Version:
     if ref.digest is not None:
         return Version(ref.name, ref.digest)
