@@ -40,7 +40,7 @@ import shutil
 import stat
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -109,10 +109,15 @@ class WaitHistogram:
         ]
 
 
-def newest_version(name: str, view: ClusterView, store: DiskStore) -> str | None:
-    """The digest of the newest version of ``name`` in the place records and this store."""
+def newest_version(
+    name: str, view: ClusterView, store: DiskStore, live: Collection[str] | None = None
+) -> str | None:
+    """The digest of the newest version of ``name`` in the place records (of the ``live``
+    members, when given) and this store."""
     best: tuple[float, str] | None = None
-    for node in list(view.nodes.values()):
+    for node_id, node in list(view.nodes.items()):
+        if live is not None and node_id not in live:
+            continue
         for v in node.place.versions if node.place is not None else ():
             if v.name == name and (best is None or (v.created_s, v.digest) > best):
                 best = (v.created_s, v.digest)
@@ -133,10 +138,13 @@ def holders_of(view: ClusterView, digest: str) -> list[str]:
     return [n for _held, n in sorted(found)]
 
 
-def resolve(ref: DatasetRef, view: ClusterView, store: DiskStore) -> Version:
+def resolve(
+    ref: DatasetRef, view: ClusterView, store: DiskStore, live: Collection[str] | None = None
+) -> Version:
+    """The version ``ref`` names: its digest, or the newest of ``NAME`` (:func:`newest_version`)."""
     if ref.digest is not None:
         return Version(ref.name, ref.digest)
-    digest = newest_version(ref.name, view, store)
+    digest = newest_version(ref.name, view, store, live)
     if digest is None:
         raise StagingFailed(f"dataset {ref.name}: no member holds any version of it")
     return Version(ref.name, digest)
@@ -218,7 +226,8 @@ class JobData:
         self.prefetch_done(job_id)
         began = self.clock()
         try:
-            versions = tuple(resolve(r, self.view, self.store) for r in parsed)
+            live = set(self.stager.mesh.live_agents())
+            versions = tuple(resolve(r, self.view, self.store, live) for r in parsed)
             self.needed[job_id] = versions
             for v in versions:
                 await self._stage(job_id, v)

@@ -97,7 +97,8 @@ class Prefetches:
             return {"started": [], "refused": refused}
         try:
             parsed = check_names(spec.datasets)
-            versions = tuple(resolve(r, self.data.view, self.data.store) for r in parsed)
+            live = set(self.data.stager.mesh.live_agents())
+            versions = tuple(resolve(r, self.data.view, self.data.store, live) for r in parsed)
         except (StagingFailed, BadDatasets, ValueError) as exc:
             counts["prefetch_refused"] += 1
             return {"started": [], "refused": str(exc)}

@@ -39,8 +39,14 @@ class Store:
         return ()
 
 
+class Mesh:
+    def live_agents(self) -> list[str]:
+        return []
+
+
 @dataclass
 class Stager:
+    mesh: Mesh = field(default_factory=Mesh)
     running: set[str] = field(default_factory=set)
     started: list[str] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
