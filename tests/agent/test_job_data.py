@@ -304,8 +304,8 @@ def data_count(mesh: Mesh, a: AgentProcess, what: str) -> float:
 
 
 def test_a_waiting_job_is_prefetched_and_starts_with_no_data_wait(tmp_path: Path) -> None:
-    mesh = Mesh(tmp_path, ["h100:1", "l4:1", "l4:1"])
-    m, chunks = make_dataset("imagenet", {"a.bin": 12 * CHUNK + 7})
+    mesh = Mesh(tmp_path, ["h100:1", "l4:1", "l4:1"], extra=("--datasets-rescan-s", "1"))
+    m, chunks = make_dataset("imagenet", {"a.bin": 20 * CHUNK + 7})
     preload(mesh.agents[1], m, chunks)
     mesh.start_all()
     try:
@@ -335,6 +335,16 @@ def test_a_waiting_job_is_prefetched_and_starts_with_no_data_wait(tmp_path: Path
         assert json.loads(out.read_text())["files"] == expected_hashes(m, chunks)
         assert (data_count(mesh, runner, "hits"), data_count(mesh, runner, "misses")) == (1, 0)
         assert metric(mesh, runner, "shoal_job_data_wait_seconds_sum") < 1.0
+        # The rate the runner measured from the holder reaches the others' view (its place
+        # record), where the scheduler's data term reads it.
+        holder = mesh.agents[1].node_id
+
+        def rate_seen() -> float:
+            nodes = mesh.get(mesh.agents[2], "/v1/nodes")["nodes"]
+            doc = next(n for n in nodes if n["node_id"] == runner.node_id)
+            return float(doc.get("fetch_rates", {}).get(holder, 0.0))
+
+        mesh.wait("the measured rate gossiped", lambda: rate_seen() > 0, WAIT_S)
     finally:
         mesh.stop_all()
 

@@ -314,6 +314,7 @@ def test_api_documents_and_call_bodies_round_trip_and_ignore_unknown_fields() ->
     )
     docs: list[Any] = [
         node,
+        node._replace(fetch_rates={"m" * 32: 1.5e8}),
         JobDoc(status, JobSpec(command=("true",)).to_dict(), 0.5, 10.0),
         JobDoc(
             status._replace(
