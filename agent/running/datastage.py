@@ -239,9 +239,6 @@ class JobData:
         except BaseException:
             self.needed.pop(job_id, None)
             raise
-        finally:
-            if self.staging.pop(job_id, None) is not None and not self.staging:
-                self.link_free()
         self.waits.observe(max(0.0, self.clock() - began))
         env = {env_name(v.name): str(p) for v, p in zip(versions, paths, strict=True)}
         env["SHOAL_DATASETS"] = ":".join(
@@ -267,6 +264,14 @@ class JobData:
         self.counts["misses"] += 1
         self.staging[job_id] = v
         self.link_wanted()
+        try:
+            await self._fetch(v)
+        finally:
+            del self.staging[job_id]
+            if not self.staging:
+                self.link_free()
+
+    async def _fetch(self, v: Version) -> None:
         for _ in range(MAX_TRIES):
             self.stager.start(v.name, v.digest, None)
             state = await self._wait(v.digest)

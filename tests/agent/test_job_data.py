@@ -90,8 +90,10 @@ def test_a_job_waits_while_its_dataset_stages_then_reads_it_whole(tmp_path: Path
         tmp_path, ["h100:1", "l4:1", "l4:1"], extra=("--content-link-bytes-per-s", str(cap))
     )
     m, chunks = make_dataset("imagenet", {"train/a.bin": 20 * CHUNK + 5, "val/b.bin": 3 * CHUNK})
+    labels, label_chunks = make_dataset("labels.v2", {"l.txt": 100})
     for holder in mesh.agents[1:]:
         preload(holder, m, chunks)
+    preload(mesh.agents[2], labels, label_chunks)
     mesh.start_all()
     try:
         runner = mesh.agents[0]
@@ -101,7 +103,7 @@ def test_a_job_waits_while_its_dataset_stages_then_reads_it_whole(tmp_path: Path
             runner,
             [sys.executable, "-c", READER, str(out)],
             resources=BIG_GPU,
-            datasets=("imagenet",),
+            datasets=("imagenet", "labels.v2"),
         )
         reasons: list[str] = []
 
@@ -117,10 +119,12 @@ def test_a_job_waits_while_its_dataset_stages_then_reads_it_whole(tmp_path: Path
         read = json.loads(out.read_text())
         assert read["files"] == expected_hashes(m, chunks), read
         root = read["env"]["SHOAL_DATA_IMAGENET"]
-        assert read["env"]["SHOAL_DATASETS"] == f"imagenet={root}"
+        second = read["env"]["SHOAL_DATA_LABELS_V2"]
+        assert read["env"]["SHOAL_DATASETS"] == f"imagenet={root}:labels.v2={second}"
         assert root.endswith(f"/jobs/{job_id}/datasets/imagenet"), root
+        assert second.endswith(f"/jobs/{job_id}/datasets/labels.v2"), second
         assert job.get("reason") in (None, ""), job
-        assert metric(mesh, runner, "shoal_job_data_total", what="misses") == 1
+        assert metric(mesh, runner, "shoal_job_data_total", what="misses") == 2
         assert metric(mesh, runner, "shoal_job_data_wait_seconds_count") == 1
         assert metric(mesh, runner, "shoal_job_data_wait_seconds_sum") > 1.0
         # Held here now: the next job naming it waits for nothing.
