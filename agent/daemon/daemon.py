@@ -496,11 +496,12 @@ class Agent:
         self.publisher.datasets_scanned(self.data.sizes(), self.data.versions())
 
     def _datasets_in_use(self) -> list[tuple[str, str]]:
-        """(job id, dataset ref) of the jobs running here: their versions are never evicted;
-        nor those of jobs starting or pre-fetched here (under the job id ``""``)."""
+        """(job id, dataset ref) of the jobs running here or holding devices here to start:
+        their versions are never evicted; nor those of jobs starting or pre-fetched here (under
+        the job id ``""``)."""
         data = self.runner.data
         out = [] if data is None else [("", f"{v.name}@{v.digest}") for v in data.protected()]
-        for job_id in list(self.runner.runs):
+        for job_id in dict.fromkeys([*self.runner.runs, *self.runner.holds.job_ids()]):
             spec = (self.view.jobs.get(job_id) or {}).get("spec")
             if isinstance(spec, dict):
                 datasets = spec.get("datasets") or ()
