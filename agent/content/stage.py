@@ -104,6 +104,8 @@ class Stager:
         first: in a large mesh the holders need not be among the first ids)."""
         self._states: dict[str, StageState] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.changed: Callable[[], None] = lambda: None
+        """Called when a stage ended with the content held (the agent republishes its data)."""
 
     def states(self) -> list[StageState]:
         return list(self._states.values())
@@ -111,13 +113,17 @@ class Stager:
     def state(self, key: str) -> StageState | None:
         return self._states.get(key)
 
-    def start(self, name: str, digest: str | None, source: str | None) -> StageState:
+    def start(
+        self, name: str, digest: str | None, source: str | None, *, again: bool = False
+    ) -> StageState:
         """Stage ``digest`` from members, or ``name`` from ``source`` (a URL); the state now. A
-        stage running or done is answered as it stands; one failed or cancelled starts again."""
+        stage running or done is answered as it stands; one failed or cancelled starts again, and
+        one done too with ``again`` (a job needs what was evicted since)."""
         key = digest or name
         task = self._tasks.get(key)
         old = self._states.get(key)
-        if (task is not None and not task.done()) or (old is not None and old.state == "done"):
+        done = old is not None and old.state == "done" and not again
+        if (task is not None and not task.done()) or done:
             return self._states[key]  # asked again: the stage as it stands (a poll)
         state = StageState(name, digest, source or "peers", "staging")
         self._states.pop(key, None)
@@ -131,12 +137,16 @@ class Stager:
         self._tasks[key] = asyncio.create_task(self._guard(key, run), name=f"stage {name}")
         return state
 
-    def cancel(self, key: str) -> bool:
-        task = self._tasks.get(key)
-        if task is None or task.done():
-            return False
-        task.cancel()
-        return True
+    async def cancel(self, key: str) -> StageState | None:
+        """Stop the stages of ``key`` (a digest, or a name: every stage of it); what they
+        fetched stays held. The state of one of them once stopped (``None``: none here)."""
+        keys = [k for k, st in self._states.items() if key in (k, st.name)]
+        for k in keys:
+            task = self._tasks.get(k)
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        return self._states[keys[0]] if keys else None
 
     async def close(self) -> None:
         for task in self._tasks.values():
@@ -181,6 +191,7 @@ class Stager:
             self._set(key, state="failed", error=f"internal error: {type(exc).__name__}")
         else:
             self._set(key, state="done")
+            self.changed()
 
     def holders(self, digest: str | None = None) -> list[Holder]:
         """The live members to ask, at most :data:`MAX_HOLDERS_ASKED`: first those whose
@@ -249,6 +260,12 @@ class StageAsk:
     digest: str | None
     source: str | None
     nodes: tuple[str, ...]
+    cancel: bool = False
+    """Stop the stage instead (a pre-fetch no longer wanted): what it fetched stays held."""
+
+    @property
+    def key(self) -> str:
+        return self.digest or self.name
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> StageAsk:
@@ -272,8 +289,10 @@ class StageAsk:
                 raise ValueError(f"source must be a URL of at most {MAX_SOURCE_CHARS} characters")
             if not source.startswith(("http://", "https://", "s3://")):
                 raise ValueError("source must be an http://, https:// or s3:// URL")
-        if (digest is None) == (source is None):
+        if digest is not None and source is not None:
             raise ValueError("give the content's digest (NAME@DIGEST) or a source URL, not both")
+        if digest is None and source is None and not body.get("cancel"):
+            raise ValueError("give the content's digest (NAME@DIGEST) or a source URL")
         nodes = body.get("nodes")
         if (
             not isinstance(nodes, list)
@@ -281,4 +300,7 @@ class StageAsk:
             or not all(isinstance(n, str) and 0 < len(n) <= 128 for n in nodes)
         ):
             raise ValueError(f"nodes must be a list of 1 to {MAX_NODES} node ids")
-        return cls(name, digest, source, tuple(dict.fromkeys(nodes)))
+        cancel = body.get("cancel", False)
+        if not isinstance(cancel, bool):
+            raise ValueError("cancel must be true or false")
+        return cls(name, digest, source, tuple(dict.fromkeys(nodes)), cancel)

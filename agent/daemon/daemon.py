@@ -195,6 +195,7 @@ class Agent:
             self.content_counts,
             SwarmLimits(link_bytes_per_s=int(config.content_link_bytes_per_s)),
         )
+        self.stager.changed = self.datasets_changed
         self.commands = Commands(
             self.ctx,
             config,
@@ -205,8 +206,8 @@ class Agent:
             runner=self.runner,
             node=self.node,
             mesh=self.mesh,
-            data=self.data,
             stager=self.stager,
+            data=self.data,
         )
         self.checkpoints = Checkpoints(
             self.ctx,

@@ -273,7 +273,7 @@ class JobData:
 
     async def _fetch(self, v: Version) -> None:
         for _ in range(MAX_TRIES):
-            self.stager.start(v.name, v.digest, None)
+            self.stager.start(v.name, v.digest, None, again=True)  # not whole here: fetch
             state = await self._wait(v.digest)
             if state is None:
                 continue  # a pre-fetch of it was cancelled under us: start it again

@@ -25,6 +25,7 @@ here). Counted in ``shoal_job_data_total``: ``prefetch_started``, ``prefetch_can
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -72,6 +73,7 @@ class Prefetches:
         self.data = data
         self.clock = clock
         self.jobs: dict[str, Prefetch] = {}
+        self._stopping: set[asyncio.Future[Any]] = set()
         data.prefetched = self.versions
         data.prefetch_done = self.started
         data.link_wanted = self.pause
@@ -109,7 +111,7 @@ class Prefetches:
             return {"started": [], "refused": f"over the pre-fetch share ({share}) of the store"}
         self.jobs[ask.job_id] = Prefetch(ask.owner, versions, self.clock())
         for v in lacking:
-            self.data.stager.start(v.name, v.digest, None)
+            self.data.stager.start(v.name, v.digest, None, again=True)
         if lacking:
             counts["prefetch_started"] += 1
         return {"started": [v.name for v in lacking], "held": [v.name for v in versions]}
@@ -123,7 +125,7 @@ class Prefetches:
         cancelled = [v.name for v in gone.versions if v.digest not in keep]
         for v in gone.versions:
             if v.digest not in keep:
-                self.data.stager.cancel(v.digest)
+                self._stop(v.digest)
         self.data.counts["prefetch_cancelled"] += 1
         return cancelled
 
@@ -131,15 +133,25 @@ class Prefetches:
         """A starting job fetches: the pre-fetches' stages stop (what they fetched stays),
         but those of a version a starting job waits for."""
         waited = self.data.waited_on()
-        for digest in {v.digest for v in self.versions()} - waited:
-            if self.data.stager.cancel(digest):
+        for digest in sorted({v.digest for v in self.versions()} - waited):
+            if self._stop(digest):
                 self.data.counts["prefetch_paused"] += 1
 
     def resume(self) -> None:
         """No starting job fetches any more: the pre-fetches still lacking data go on."""
         for v in sorted(self.versions(), key=lambda v: v.digest):
             if not self._whole(v):
-                self.data.stager.start(v.name, v.digest, None)
+                self.data.stager.start(v.name, v.digest, None, again=True)
+
+    def _stop(self, digest: str) -> bool:
+        """End the stage of ``digest`` if it runs (what it fetched stays); whether it ran."""
+        state = self.data.stager.state(digest)
+        if state is None or state.state != "staging":
+            return False
+        task = asyncio.ensure_future(self.data.stager.cancel(digest))
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+        return True
 
     def started(self, job_id: str) -> None:
         """The job starts here: its own launch holds its versions from now on."""

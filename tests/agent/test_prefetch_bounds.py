@@ -4,6 +4,7 @@ fetches and resumed after, a cancelled one ending only the stages no one else ne
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,17 +52,22 @@ class Stager:
     started: list[str] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
 
-    def start(self, name: str, digest: str | None, source: str | None) -> None:
-        assert digest is not None
+    def start(self, name: str, digest: str | None, source: str | None, *, again: bool) -> None:
+        assert digest is not None and again
         self.started.append(digest)
         self.running.add(digest)
 
-    def cancel(self, key: str) -> bool:
-        if key not in self.running:
-            return False
+    def state(self, key: str) -> Any:
+        return State("staging" if key in self.running else "done")
+
+    async def cancel(self, key: str) -> None:
         self.running.discard(key)
         self.cancelled.append(key)
-        return True
+
+
+@dataclass
+class State:
+    state: str
 
 
 class View:
@@ -108,6 +114,10 @@ def test_a_prefetch_stages_what_is_missing_within_the_budget_share() -> None:
 
 
 def test_at_most_a_few_jobs_and_none_while_a_starting_job_fetches() -> None:
+    asyncio.run(_few())
+
+
+async def _few() -> None:
     p, data, store, _stager, runner = setup()
     store.rules = CacheRules(10**9)
     for n in range(MAX_PREFETCHES):
@@ -116,17 +126,23 @@ def test_at_most_a_few_jobs_and_none_while_a_starting_job_fetches() -> None:
     store.held_by[C] = Held(10)
     assert "already" in p.answer(ask(runner, job(99), C), "owner")["refused"]
     p.cancel(job(0))
+    await asyncio.sleep(0)
     data.staging[job(50)] = Version("dc", C)
     assert "starting" in p.answer(ask(runner, job(99), C), "owner")["refused"]
 
 
 def test_a_starting_job_that_fetches_pauses_the_prefetches_then_they_go_on() -> None:
+    asyncio.run(_pauses())
+
+
+async def _pauses() -> None:
     p, data, store, stager, runner = setup()
     store.held_by = {A: Held(100), B: Held(100)}
     p.answer(ask(runner, job(1), A), "owner")
     p.answer(ask(runner, job(2), B), "owner")
     data.staging[job(3)] = Version("db", B)  # a job starting here waits for B
     data.link_wanted()
+    await asyncio.sleep(0)
     assert stager.cancelled == [A], "B is what the starting job waits for"
     assert data.counts["prefetch_paused"] == 1
     del data.staging[job(3)]
@@ -136,11 +152,16 @@ def test_a_starting_job_that_fetches_pauses_the_prefetches_then_they_go_on() -> 
 
 
 def test_a_cancelled_prefetch_ends_only_the_stages_no_one_else_needs() -> None:
+    asyncio.run(_cancels())
+
+
+async def _cancels() -> None:
     p, data, store, stager, runner = setup()
     store.held_by = {A: Held(100), B: Held(100)}
     p.answer(ask(runner, job(1), A, B), "owner")
     p.answer(ask(runner, job(2), B), "owner")
     assert p.cancel(job(1)) == ["da"]
+    await asyncio.sleep(0)
     assert stager.cancelled == [A] and B in stager.running
     assert data.counts["prefetch_cancelled"] == 1
     assert p.cancel(job(1)) == []
