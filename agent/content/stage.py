@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -99,6 +99,9 @@ class Stager:
         self.staging_dir = staging_dir
         self.counts = counts
         self.fetcher = Fetcher(store, limits=limits, counts=counts)
+        self.listed: Callable[[str], Sequence[str]] = lambda _digest: ()
+        """The members whose ``place`` records say they hold a digest, whole or in part (asked
+        first: in a large mesh the holders need not be among the first ids)."""
         self._states: dict[str, StageState] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.changed: Callable[[], None] = lambda: None
@@ -110,13 +113,17 @@ class Stager:
     def state(self, key: str) -> StageState | None:
         return self._states.get(key)
 
-    def start(self, name: str, digest: str | None, source: str | None) -> StageState:
+    def start(
+        self, name: str, digest: str | None, source: str | None, *, again: bool = False
+    ) -> StageState:
         """Stage ``digest`` from members, or ``name`` from ``source`` (a URL); the state now. A
-        stage running or done is answered as it stands; one failed or cancelled starts again."""
+        stage running or done is answered as it stands; one failed or cancelled starts again, and
+        one done too with ``again`` (a job needs what was evicted since)."""
         key = digest or name
         task = self._tasks.get(key)
         old = self._states.get(key)
-        if (task is not None and not task.done()) or (old is not None and old.state == "done"):
+        done = old is not None and old.state == "done" and not again
+        if (task is not None and not task.done()) or done:
             return self._states[key]  # asked again: the stage as it stands (a poll)
         state = StageState(name, digest, source or "peers", "staging")
         self._states.pop(key, None)
@@ -186,9 +193,15 @@ class Stager:
             self._set(key, state="done")
             self.changed()
 
-    def holders(self) -> list[Holder]:
+    def holders(self, digest: str | None = None) -> list[Holder]:
+        """The live members to ask, at most :data:`MAX_HOLDERS_ASKED`: first those whose
+        ``place`` records list ``digest`` (:attr:`listed`), then the others by id."""
+        live = sorted(self.mesh.live_agents())
+        alive = set(live)
+        listed = [n for n in dict.fromkeys(self.listed(digest)) if n in alive] if digest else []
+        first = set(listed)
         found: list[Holder] = []
-        for node in sorted(self.mesh.live_agents()):
+        for node in [*listed, *(n for n in live if n not in first)]:
             addr = self.mesh.addr_of(node)
             if node != self.node_id and addr is not None:
                 found.append(PeerHolder(self.peers, node, addr))
@@ -198,7 +211,7 @@ class Stager:
 
     async def _from_peers(self, key: str, name: str, digest: str) -> None:
         got = await self.fetcher.fetch(
-            digest, self.holders(), kind="peer", on_progress=self._progress(key)
+            digest, self.holders(digest), kind="peer", on_progress=self._progress(key)
         )
         self._set(key, progress=got.progress)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import sys
 import time
@@ -70,6 +71,8 @@ from agent.people.keeper import PolicyKeeper, PolicyRefused
 from agent.running import diskguard
 from agent.running.admission import NodeFacts
 from agent.running.confirming import Placed
+from agent.running.datastage import JobData, holders_of
+from agent.running.prefetch import Prefetches
 from agent.running.runner import Runner
 from agent.storage import purging
 from agent.storage.sqlitefile import StoreError
@@ -249,8 +252,16 @@ class Agent:
         self.runner.checkpoints = self.owner.checkpoints = self.checkpoints
         self.usage = UsageBook(config.data_dir / "usage.sqlite", self.node_id, self._person)
         self.runner.usage = self.usage
+        self.data_counts: Counter[str] = Counter()
+        """``shoal_job_data_total``: datasets jobs found here (hits), staged (misses), failed."""
+        self.runner.data = JobData(
+            self.view, self.data.store, self.stager, self.data_counts, self.ctx.changed
+        )
         self.runner.confirmer.owned = self._owned_placed
-        self.calls = Calls(self.ctx, self.owner, self.runner, self.metrics)
+        self.publisher.rates = self.stager.fetcher.rates.snapshot
+        self.stager.listed = functools.partial(holders_of, self.view)
+        self.prefetches = Prefetches(self.runner, self.runner.data)
+        self.calls = Calls(self.ctx, self.owner, self.runner, self.metrics, self.prefetches)
         self.reads = Reads(
             self.ctx,
             self.owner,
@@ -386,6 +397,7 @@ class Agent:
             progress={j: p for j, p in runner.progress.items() if j in runner.runs},
             shares=runner.shares(),
             saved={j: at for j, at in runner.saved_at.items() if j in runner.runs},
+            staging=runner.data.lines() if runner.data is not None else {},
         )
 
     def device_keys(self) -> dict[int, str]:
@@ -569,8 +581,10 @@ class Agent:
 
     def _datasets_in_use(self) -> list[tuple[str, str]]:
         """(job id, dataset ref) of the jobs running here or holding devices here to start:
-        their versions are never evicted."""
-        out: list[tuple[str, str]] = []
+        their versions are never evicted; nor those of jobs starting or pre-fetched here (under
+        the job id ``""``)."""
+        data = self.runner.data
+        out = [] if data is None else [("", f"{v.name}@{v.digest}") for v in data.protected()]
         for job_id in dict.fromkeys([*self.runner.runs, *self.runner.holds.job_ids()]):
             spec = (self.view.jobs.get(job_id) or {}).get("spec")
             if isinstance(spec, dict):
@@ -633,5 +647,8 @@ class Agent:
             "content": self.content_counts,
             "datasets_refused": self.datasets.refused,
             "store": self.data.metrics(),
+            "job_data": self.data_counts,
+            "prefetch": self.owner.prefetcher.counts,
+            "job_data_wait": self.runner.data.waits if self.runner.data is not None else None,
             "history_dropped": self.history.dropped(),
         }

@@ -31,7 +31,10 @@ not have when asked (``shoal_store_hits_total``, ``shoal_store_misses_total``), 
 (``shoal_store_evictions_total``), chunks refused on arrival and found rotten when read
 (``shoal_store_refused_chunks_total``, ``shoal_store_corrupt_total``), the bytes it keeps and
 may keep (``shoal_store_held_bytes``, ``shoal_store_budget_bytes``), and datasets that could not
-be indexed (``shoal_datasets_unindexed_total``).
+be indexed (``shoal_datasets_unindexed_total``). Jobs' datasets (``agent.running.datastage``):
+hits, misses, failed stagings and pre-fetches by outcome (``shoal_job_data_total``), each job's
+wait for its data (the histogram ``shoal_job_data_wait_seconds``); the pre-fetches this agent
+asked as an owner (``shoal_prefetch_total``, ``agent.owning.prefetching``).
 
 The counters are plain ``collections.Counter`` objects and everything is turned into Prometheus
 families at scrape time, so ``prometheus_client`` (and the HTTP server modules it brings, ~1 MB
@@ -61,7 +64,11 @@ class _Snapshot:
         self._metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
 
         refused = CounterMetricFamily(
             "shoal_api_refused",
@@ -134,6 +141,20 @@ class _Snapshot:
                 },
             ),
             (
+                "job_data",
+                "Datasets of jobs starting here: held already (hits), staged first (misses),"
+                " stagings failed (failed); pre-fetches started, cancelled, refused",
+                "what",
+                snap.get("job_data", {}),
+            ),
+            (
+                "prefetch",
+                "Pre-fetches this owner asked of its waiting jobs' likely nodes: asked, moved (the"
+                " forecast moved: the old node told to stop), refused, failed",
+                "what",
+                snap.get("prefetch", {}),
+            ),
+            (
                 "datasets_refused",
                 "Entries of the datasets folder refused (name: not a dataset name; link_out: a"
                 " link out of the folder), each counted once",
@@ -172,6 +193,14 @@ class _Snapshot:
             for key, count in sorted(counts.items()):
                 family.add_metric([key], count)
             yield family
+        waits = snap.get("job_data_wait")
+        if waits is not None:
+            yield HistogramMetricFamily(
+                "shoal_job_data_wait_seconds",
+                "Each job's wait for its datasets before it started here",
+                buckets=waits.cumulative(),
+                sum_value=waits.sum_s,
+            )
         store = snap.get("store", {})
         for name, text in (
             ("hits", "Chunks the content store had when asked (to serve a peer or fill a file)"),

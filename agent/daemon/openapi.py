@@ -34,6 +34,7 @@ INTERNAL_CALLS: Final = (
     "gang_commit",
     "gang_abort",
     "confirm_start",
+    "prefetch",
 )
 """The agent-to-agent calls of ``POST /v1/internal/{op}`` (``agent.daemon.calls``)."""
 
@@ -126,6 +127,11 @@ SCHEMAS: Final[dict[str, Any]] = {
                     }
                 )
             ),
+            "fetch_rates": {
+                "type": "object",
+                "description": "member -> bytes/s this node measured fetching content from it",
+                "additionalProperties": _NUM,
+            },
             "shares": {
                 "type": "object",
                 "description": "device key -> {job id -> bytes of its memory the job holds}: the"
