@@ -1,0 +1,559 @@
+"""Data that moves: ``python -m bench.data [--hosts N] [--scale X] [--link-mbit M] --seed K``.
+
+Real agents, each in its own network namespace on one bridge (:class:`bench.netlab.Lab`), every
+host's link throttled by ``tc`` to ``--link-mbit`` each way. A seeded workload
+(:mod:`bench.dataload`): a few datasets of a few hundred MB to a few GB (times ``--scale``), each
+held at first by one or two hosts, with Zipf popularity; jobs arriving over ``--window-s``, each
+naming one dataset, reading it whole while hashing it (``bench/datajob.py``: a job on an
+incomplete or corrupt copy is caught and counted), then computing for a few seconds. The same
+workload runs in each mode, on a fresh mesh (new agents, empty stores) on the same lab:
+
+- ``none``: the jobs do not name their dataset to Shoal; each copies it itself from a holder's
+  plain HTTP server when it starts (what users do without Shoal);
+- ``stage``: the jobs name their dataset; the runner stages it before the job starts, with no
+  pre-fetch and no cache kept between jobs;
+- ``shoal``: the same with pre-fetch while a job waits and the cache.
+
+A mode whose parts this checkout lacks is reported with ``null`` figures and a ``missing``
+reason, never with invented ones.
+
+Bytes on the network are the kernel's interface counters: the bytes every host's ``eth0``
+received while the mode ran (this process talks to the agents from the bridge's own address; it
+polls nothing while jobs run, it watches the jobs' ledger on disk). Every namespace, process and
+folder it made is removed at the end, also on Ctrl-C or SIGTERM (``--keep`` keeps the folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Final
+
+from agent.cli.demo import _Signals
+from agent.job.jobspec import JobSpec, new_job_id
+from agent.operator.client import ApiError
+from agent.sandbox.localmesh import AgentProcess, LocalMesh
+from bench import dataload
+from bench.dataload import JobOutcome, Workload
+from bench.netlab import Lab
+from gossip.identity import enroll_node, init_cluster
+
+MODES: Final = ("none", "stage", "shoal")
+AGENT_PORT: Final = 7400
+HTTP_PORT: Final = 8080
+PROFILE: Final = "l4:1"
+"""One GPU per host: a job holds its host, and the next waits for the slot."""
+SETTLE_S: Final = 600.0
+"""The longest a mode waits for its last job once all are submitted."""
+BACKGROUND_S: Final = 5.0
+"""How long the idle mesh's own traffic (gossip) is measured before each mode."""
+PARTS: Final = ("agent.content.store", "agent.content.fetch")
+
+
+# -- the lab's agents ----------------------------------------------------------------------------
+
+
+@dataclass
+class DataMesh(LocalMesh):
+    """A :class:`LocalMesh` whose agent i runs in the lab's host i, at that host's address."""
+
+    lab: Lab | None = None
+    config_text: str = ""
+
+    def create(self) -> None:
+        assert self.lab is not None
+        now = datetime.now(UTC)
+        cluster = init_cluster(self.root / "cluster", "shoal-data", "operator", now)
+        self.operator = cluster.operator
+        for i in range(self.nodes):
+            directory = self.root / f"agent-{i:02d}"
+            address = self.lab.address(i)
+            identity = enroll_node(
+                cluster.ca, directory / "identity", "agent", [address], timedelta(days=1), now
+            )
+            agent = AgentProcess(i, directory, f"{address}:{AGENT_PORT}", PROFILE, identity.node_id)
+            self.agents.append(agent)
+            if self.config_text:
+                agent.config_path.write_text(self.config_text)
+
+    def command(self, agent: AgentProcess) -> list[str]:
+        assert self.lab is not None
+        argv = super().command(agent)
+        if self.config_text and self.placement is None:
+            argv += ["--config", str(agent.config_path)]
+        return self.lab.command(agent.index, argv)
+
+
+def mode_missing(mode: str) -> str | None:
+    """Why this checkout cannot run ``mode`` yet, or ``None``."""
+    if mode == "none":
+        return None
+    absent = [p for p in PARTS if importlib.util.find_spec(p) is None]
+    if absent:
+        return f"not on this checkout yet: {', '.join(absent)} (the store and the transfer)"
+    return "the runner does not stage a job's datasets before it starts yet"
+
+
+def mode_config(mode: str) -> str:
+    """The agents' config file for ``mode`` (the store's budget, pre-fetch on or off)."""
+    return ""
+
+
+# -- the data --------------------------------------------------------------------------------------
+
+
+def make_data(root: Path, workload: Workload) -> dict[str, dict[str, str]]:
+    """Every dataset's files under ``root/NAME`` (seeded bytes); each file's SHA-256."""
+    import hashlib
+
+    hashes: dict[str, dict[str, str]] = {}
+    for plan in workload.datasets:
+        rng = random.Random(f"{workload.seed}/{plan.name}")
+        files = hashes[plan.name] = {}
+        for k, size in enumerate(plan.file_bytes):
+            path = f"part-{k:02d}.bin"
+            target = root / plan.name / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            h = hashlib.sha256()
+            with target.open("wb") as out:
+                left = size
+                while left > 0:
+                    block = rng.randbytes(min(left, 4 << 20))
+                    h.update(block)
+                    out.write(block)
+                    left -= len(block)
+            target.chmod(0o644)
+            files[path] = h.hexdigest()
+    return hashes
+
+
+def lay_out(data: Path, folder: Path, names: list[str]) -> None:
+    """Hard links of datasets ``names`` from ``data`` under ``folder`` (one entry each)."""
+    for name in names:
+        for source in sorted((data / name).iterdir()):
+            target = folder / name / source.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(source, target)
+        (folder / name).chmod(0o755)
+
+
+# -- one mode -------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModeRun:
+    mode: str
+    mesh: DataMesh
+    workload: Workload
+    ledger: Path
+    plan: Path
+    script: Path
+    rng: random.Random
+    submitted: dict[str, tuple[str, float]] = field(default_factory=dict)
+    """job id -> (dataset, when submitted)."""
+    submit_failures: list[str] = field(default_factory=list)
+
+    async def submit_all(self) -> None:
+        python = self.mesh.job_python().executable
+        t0 = time.monotonic()
+        clients = [self.mesh.client(i) for i in range(self.mesh.nodes)]
+        try:
+            for job in self.workload.jobs:
+                delay = job.at_s - (time.monotonic() - t0)
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                command = [python, str(self.script), str(self.ledger), str(self.plan)]
+                command += [self.mode, job.dataset, f"{job.compute_s:.3f}"]
+                fields: dict[str, Any] = {
+                    "command": command,
+                    "resources": {"gpus_per_node": 1},
+                    "max_runtime_s": 3600,
+                }
+                if self.mode != "none":
+                    fields["datasets"] = [job.dataset]
+                spec = JobSpec.from_human(fields)
+                job_id, at = new_job_id(), time.time()
+                through = clients[self.rng.randrange(len(clients))]
+                try:
+                    await through.submit(spec, job_id)
+                    self.submitted[job_id] = (job.dataset, at)
+                except (ApiError, OSError, TimeoutError) as exc:
+                    self.submit_failures.append(f"{job_id}: {exc}")
+        finally:
+            await asyncio.gather(*(c.close() for c in clients))
+
+    def ledger_lines(self) -> list[dict[str, Any]]:
+        lines = []
+        with contextlib.suppress(OSError), self.ledger.open() as f:
+            for raw in f:
+                with contextlib.suppress(ValueError):
+                    lines.append(json.loads(raw))
+        return lines
+
+    def ended(self) -> set[str]:
+        """Jobs whose last line says they are done: ``end``, or a failed check."""
+        return {
+            line["job"]
+            for line in self.ledger_lines()
+            if line["kind"] == "end" or (line["kind"] == "verified" and not line["ok"])
+        }
+
+    async def records(self) -> dict[str, dict[str, Any]]:
+        """The newest record of each job any agent lists."""
+        newest: dict[str, dict[str, Any]] = {}
+        for i in range(self.mesh.nodes):
+            client = self.mesh.client(i)
+            try:
+                listing = await client.jobs()
+            except (ApiError, OSError, TimeoutError):
+                continue
+            finally:
+                await client.close()
+            for rec in listing:
+                old = newest.get(rec["job_id"])
+                if old is None or int(rec.get("gen") or 0) >= int(old.get("gen") or 0):
+                    newest[rec["job_id"]] = rec
+        return newest
+
+    def outcomes(self, records: dict[str, dict[str, Any]]) -> list[JobOutcome]:
+        index = {a.node_id: a.index for a in self.mesh.agents}
+        lines: dict[str, list[dict[str, Any]]] = {}
+        for line in self.ledger_lines():
+            lines.setdefault(line["job"], []).append(line)
+        out = []
+        for job_id, (dataset, at) in self.submitted.items():
+            rec = records.get(job_id, {})
+            mine = lines.get(job_id, [])
+            last = max((line["attempt"] for line in mine), default=None)
+            mine = [line for line in mine if line["attempt"] == last]
+            ready = next((line["t"] for line in mine if line["kind"] == "ready"), None)
+            verified = next((line["ok"] for line in mine if line["kind"] == "verified"), None)
+            out.append(
+                JobOutcome(
+                    job_id=job_id,
+                    dataset=dataset,
+                    state=str(rec.get("state", "unknown")),
+                    runner=index.get(rec.get("runner") or ""),
+                    submitted_at=float(rec.get("submitted_at") or at),
+                    started_at=rec.get("started_at"),
+                    finished_at=rec.get("finished_at"),
+                    ready_at=ready,
+                    verified=verified,
+                )
+            )
+        return out
+
+
+def network_bytes(lab: Lab) -> int:
+    """What every host's link has received so far."""
+    return sum(lab.link_bytes(i).rx_bytes for i in range(lab.hosts))
+
+
+async def _run_mode(run: ModeRun, lab: Lab) -> dict[str, Any]:
+    mesh = run.mesh
+    converged_s = await mesh.wait_converged()
+    idle_from = network_bytes(lab)
+    await asyncio.sleep(BACKGROUND_S)
+    background_per_s = (network_bytes(lab) - idle_from) / BACKGROUND_S
+    before, started = network_bytes(lab), time.monotonic()
+    await run.submit_all()
+    deadline = time.monotonic() + SETTLE_S
+    while time.monotonic() < deadline and not set(run.submitted) <= run.ended():
+        await asyncio.sleep(0.5)
+    await asyncio.sleep(1.0)  # the last ends reach their owners
+    on_network = network_bytes(lab) - before
+    seconds = time.monotonic() - started
+    records = await run.records()
+    figures = dataload.mode_figures(
+        run.workload, run.outcomes(records), on_network, len(run.workload.jobs)
+    )
+    figures.update(
+        converged_s=round(converged_s, 3),
+        mode_s=round(seconds, 1),
+        bytes_background=int(background_per_s * seconds),
+        submit_failures=run.submit_failures[:5],
+    )
+    return figures
+
+
+def run_mode(
+    mode: str, lab: Lab, root: Path, data: Path, workload: Workload, plan: Path, script: Path
+) -> dict[str, Any]:
+    folder = root / mode
+    folder.mkdir()
+    folder.chmod(0o711)
+    ledger = folder / "ledger.jsonl"
+    ledger.touch()
+    ledger.chmod(0o666)
+    mesh = DataMesh(folder, lab.hosts, profiles=(PROFILE,), lab=lab, config_text=mode_config(mode))
+    mesh.create()
+    for agent in mesh.agents:
+        held = [d.name for d in workload.datasets if agent.index in d.holders]
+        lay_out(data, agent.datasets_dir, held)
+    run = ModeRun(mode, mesh, workload, ledger, plan, script, random.Random(workload.seed))
+    try:
+        mesh.start()
+        return asyncio.run(_run_mode(run, lab))
+    finally:
+        mesh.stop()
+        _kill_jobs(run)
+
+
+def _kill_jobs(run: ModeRun) -> None:
+    """Any job process still alive once its agent is gone (none should be)."""
+    import psutil
+
+    for line in run.ledger_lines():
+        if line["kind"] == "start":
+            with contextlib.suppress(psutil.Error):
+                p = psutil.Process(line["pid"])
+                if abs(p.create_time() - line["t"]) < 5:
+                    p.kill()
+
+
+def missing_mode(reason: str, jobs: int) -> dict[str, Any]:
+    """A mode this checkout cannot run: its figures ``null``, and why."""
+    return {**dict.fromkeys(dataload.MODE_FIELDS), "jobs": jobs, "missing": reason}
+
+
+# -- one stream, the plain servers ----------------------------------------------------------------
+
+_GET = """
+import sys, time, urllib.request
+t = time.monotonic(); n = 0
+with urllib.request.urlopen(sys.argv[1], timeout=60) as r:
+    while b := r.read(1 << 20):
+        n += len(b)
+print(n, time.monotonic() - t)
+"""
+
+
+def one_stream(lab: Lab, url: str, to: int) -> float:
+    """Bytes per second of one HTTP download into host ``to``."""
+    out = subprocess.run(
+        lab.command(to, [sys.executable, "-c", _GET, url]),
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    ).stdout.split()
+    return int(out[0]) / float(out[1])
+
+
+@contextlib.contextmanager
+def plain_servers(lab: Lab, root: Path, data: Path, workload: Workload) -> Any:
+    """Each holder's plain HTTP server (``python -m http.server``) on its own address, serving
+    the datasets it holds; yields each holder's base URL."""
+    procs: list[subprocess.Popen[bytes]] = []
+    urls: dict[int, str] = {}
+    try:
+        for i in range(lab.hosts):
+            held = [d.name for d in workload.datasets if i in d.holders]
+            if not held:
+                continue
+            folder = root / "served" / f"h{i}"
+            lay_out(data, folder, held)
+            argv = [sys.executable, "-m", "http.server", str(HTTP_PORT)]
+            argv += ["--bind", lab.address(i), "--directory", str(folder)]
+            procs.append(
+                subprocess.Popen(
+                    lab.command(i, argv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                )
+            )
+            urls[i] = f"http://{lab.address(i)}:{HTTP_PORT}"
+        _wait_serving(lab, urls)
+        yield urls
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=5)
+
+
+def _wait_serving(lab: Lab, urls: dict[int, str]) -> None:
+    probe = "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)"
+    for i, url in urls.items():
+        for _ in range(100):
+            done = subprocess.run(lab.command(i, [sys.executable, "-c", probe, url + "/"]),
+                                  capture_output=True, timeout=10)  # fmt: skip
+            if done.returncode == 0:
+                break
+            time.sleep(0.1)
+        else:
+            raise TimeoutError(f"the plain server of host {i} did not answer")
+
+
+# -- the run ---------------------------------------------------------------------------------------
+
+
+def run(
+    *,
+    hosts: int,
+    datasets: int,
+    jobs: int,
+    scale: float,
+    window_s: float,
+    link_mbit: float,
+    seed: int,
+    modes: tuple[str, ...] = MODES,
+    faults: bool = False,
+    keep: bool = False,
+) -> dict[str, Any]:
+    workload = dataload.draw(
+        seed, hosts=hosts, datasets=datasets, jobs=jobs, scale=scale, window_s=window_s
+    )
+    started = time.monotonic()
+    root = Path(tempfile.mkdtemp(prefix="shoal-data-"))
+    root.chmod(0o711)  # jobs run as the job user when the agents run as root
+    lab = Lab(hosts, prefix=f"sd{os.getpid() % 100000}", subnet=100 + os.getpid() % 100)
+    figures: dict[str, Any] = {}
+    with _Signals() as signals:
+        try:
+            data = root / "data"
+            hashes = make_data(data, workload)
+            script = root / "datajob.py"
+            shutil.copyfile(Path(__file__).with_name("datajob.py"), script)
+            script.chmod(0o644)
+            lab.open()
+            for i in range(hosts):
+                lab.shape(i, link_mbit)
+            with plain_servers(lab, root, data, workload) as urls:
+                plan = root / "plan.json"
+                plan.write_text(json.dumps(_plan(workload, hashes, urls, root)))
+                plan.chmod(0o644)
+                first = workload.datasets[0]
+                reader = next(i for i in range(hosts) if i not in first.holders)
+                stream_url = f"{urls[first.holders[0]]}/{first.name}/part-00.bin"
+                link_bytes_per_s = one_stream(lab, stream_url, reader)
+                modes_out: dict[str, Any] = {}
+                with lab.inside_switch():
+                    for mode in modes:
+                        reason = mode_missing(mode)
+                        if reason is not None:
+                            modes_out[mode] = missing_mode(reason, len(workload.jobs))
+                            continue
+                        modes_out[mode] = run_mode(mode, lab, root, data, workload, plan, script)
+        finally:
+            signals.hold()
+            lab.close()
+            if not keep:
+                shutil.rmtree(root, ignore_errors=True)
+    staging_missing = mode_missing("stage")
+    figures.update(
+        modes=modes_out,
+        link_bytes_per_s=round(link_bytes_per_s),
+        link_rate_bytes_per_s=round(link_mbit * 1e6 / 8),
+        stage_throughput_bytes_per_s={"1": None, "3": None},
+        jobs_on_bad_copy=sum(m.get("jobs_on_bad_copy") or 0 for m in modes_out.values()),
+    )
+    if staging_missing is not None:
+        figures["stage_throughput_missing"] = staging_missing
+    if faults:
+        figures["faults"] = {"missing": staging_missing or "not written yet"}
+    figures.update(
+        seed=seed,
+        hosts=hosts,
+        scale=scale,
+        link_mbit=link_mbit,
+        window_s=window_s,
+        datasets=[
+            {
+                "name": d.name,
+                "bytes": d.total_bytes,
+                "holders": list(d.holders),
+                "popularity": round(d.popularity, 3),
+            }
+            for d in workload.datasets
+        ],
+        cores=os.cpu_count(),
+        wall_s=round(time.monotonic() - started, 1),
+    )
+    if keep:
+        figures["kept"] = str(root)
+    return figures
+
+
+def _plan(
+    workload: Workload, hashes: dict[str, dict[str, str]], urls: dict[int, str], root: Path
+) -> dict[str, Any]:
+    """What the jobs read: each dataset's files and SHA-256, and its holders' servers."""
+    return {
+        "datasets": {
+            d.name: {
+                "files": hashes[d.name],
+                "sources": [
+                    {"url": urls[h], "dirs": [str(root / m / f"agent-{h:02d}") for m in MODES]}
+                    for h in d.holders
+                ],
+            }
+            for d in workload.datasets
+        }
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.data", description=__doc__.split("\n")[0])
+    p.add_argument("--hosts", type=int, default=5)
+    p.add_argument("--datasets", type=int, default=4)
+    p.add_argument("--jobs", type=int, default=24)
+    p.add_argument("--scale", type=float, default=1.0, help="dataset sizes times this")
+    p.add_argument("--window-s", type=float, default=120.0, help="jobs arrive over this")
+    p.add_argument("--link-mbit", type=float, default=200.0, help="each host's link, each way")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--modes", default=",".join(MODES), help="which modes, comma-separated")
+    p.add_argument("--faults", action="store_true", help="also the fault scenarios")
+    p.add_argument("--keep", action="store_true", help="keep the folder (agent logs, ledgers)")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    modes = tuple(m for m in args.modes.split(",") if m)
+    if any(m not in MODES for m in modes):
+        p.error(f"--modes takes {', '.join(MODES)}")
+    if args.hosts < 2 or args.hosts > 200 or args.jobs < 1 or args.datasets < 1:
+        p.error("--hosts must be 2..200, --jobs and --datasets at least 1")
+    if args.scale <= 0 or args.link_mbit <= 0 or args.window_s < 0:
+        p.error("--scale and --link-mbit must be positive, --window-s not negative")
+    try:
+        figures = run(
+            hosts=args.hosts,
+            datasets=args.datasets,
+            jobs=args.jobs,
+            scale=args.scale,
+            window_s=args.window_s,
+            link_mbit=args.link_mbit,
+            seed=args.seed,
+            modes=modes,
+            faults=args.faults,
+            keep=args.keep,
+        )
+    except KeyboardInterrupt:
+        print("stopped; every namespace, agent and job process it started is gone", file=sys.stderr)
+        return 130
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        for key, value in figures.items():
+            print(f"{key:32} {value}")
+    return 0 if figures["jobs_on_bad_copy"] == 0 else 1
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    sys.exit(main())
