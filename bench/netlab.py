@@ -58,7 +58,21 @@ def tc_available() -> tuple[bool, str]:
     try:
         _ip("netns", "add", probe)
         _ip("link", "set", "lo", "up", netns=probe)
-        _tc(probe, "qdisc", "add", "dev", "lo", "root", "tbf", "rate", "100mbit", "burst", "256kb")
+        _tc(
+            probe,
+            "qdisc",
+            "add",
+            "dev",
+            "lo",
+            "root",
+            "tbf",
+            "rate",
+            "100mbit",
+            "burst",
+            "256kb",
+            "latency",
+            "50ms",
+        )
     except subprocess.CalledProcessError as exc:
         return False, f"tc tbf refused: {exc.stderr.strip()}"
     finally:
