@@ -515,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--datasets", type=int, default=4)
     p.add_argument("--jobs", type=int, default=24)
     p.add_argument("--scale", type=float, default=1.0, help="dataset sizes times this")
-    p.add_argument("--window-s", type=float, default=120.0, help="jobs arrive over this")
+    p.add_argument("--window-s", type=float, default=60.0, help="jobs arrive over this")
     p.add_argument("--link-mbit", type=float, default=200.0, help="each host's link, each way")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--modes", default=",".join(MODES), help="which modes, comma-separated")
