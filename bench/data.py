@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import importlib.util
 import json
 import os
@@ -42,6 +43,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
+
+import psutil
 
 from agent.cli.demo import _Signals
 from agent.job.jobspec import JobSpec, new_job_id
@@ -118,8 +121,6 @@ def mode_config(mode: str) -> str:
 
 def make_data(root: Path, workload: Workload) -> dict[str, dict[str, str]]:
     """Every dataset's files under ``root/NAME`` (seeded bytes); each file's SHA-256."""
-    import hashlib
-
     hashes: dict[str, dict[str, str]] = {}
     for plan in workload.datasets:
         rng = random.Random(f"{workload.seed}/{plan.name}")
@@ -315,8 +316,6 @@ def run_mode(
 
 def _kill_jobs(run: ModeRun) -> None:
     """Any job process still alive once its agent is gone (none should be)."""
-    import psutil
-
     for line in run.ledger_lines():
         if line["kind"] == "start":
             with contextlib.suppress(psutil.Error):
