@@ -28,7 +28,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -36,79 +35,27 @@ from agent.content.cache import CacheEntry, CacheRules, plan_eviction
 from agent.content.manifest import (
     ChunkAt,
     ContentError,
-    ContentFile,
     ContentManifest,
     check_chunk,
 )
 from agent.content.storefiles import StoreFiles
+from agent.content.storeindex import (
+    HELD_SELECT,
+    MIGRATIONS,
+    Held,
+    StoreStats,
+    file_key,
+    held_row,
+)
 from agent.storage.sqlitefile import StoreError, StoreFull, migrate, open_database, transaction
 
 log = logging.getLogger("shoal.agent")
 
-_MIGRATIONS: Final = (
-    (
-        "CREATE TABLE manifests (digest TEXT PRIMARY KEY, kind TEXT NOT NULL, name TEXT NOT"
-        " NULL, body TEXT NOT NULL, created_s REAL NOT NULL, total_bytes INTEGER NOT NULL,"
-        " held_bytes INTEGER NOT NULL, last_use_s REAL NOT NULL, uses INTEGER NOT NULL,"
-        " pinned INTEGER NOT NULL, origin TEXT)",
-        "CREATE TABLE files (fkey TEXT PRIMARY KEY, size_bytes INTEGER NOT NULL, chunk_bytes"
-        " INTEGER NOT NULL, object TEXT, local TEXT)",
-        "CREATE TABLE entries (digest TEXT NOT NULL, idx INTEGER NOT NULL, fkey TEXT NOT NULL,"
-        " path TEXT NOT NULL, PRIMARY KEY (digest, idx))",
-        "CREATE INDEX entries_fkey ON entries (fkey)",
-        "CREATE TABLE places (fkey TEXT NOT NULL, n INTEGER NOT NULL, chunk TEXT NOT NULL,"
-        " length INTEGER NOT NULL, held INTEGER NOT NULL, PRIMARY KEY (fkey, n))",
-        "CREATE INDEX places_chunk ON places (chunk, held)",
-        "CREATE TABLE hashes (path TEXT PRIMARY KEY, size_bytes INTEGER NOT NULL, mtime_ns"
-        " INTEGER NOT NULL, inode INTEGER NOT NULL, chunk_bytes INTEGER NOT NULL, chunks TEXT"
-        " NOT NULL)",
-    ),
-)
 _PARSED_KEPT: Final = 16
 RESERVE_FRACTION: Final = 0.05
 RESERVE_MAX_BYTES: Final = 1 << 30
 """What the store leaves free on its disk, as the agent's disk guard does: 5%, at most 1 GiB."""
 _BATCH: Final = 500
-
-
-def file_key(chunk_bytes: int, f: ContentFile) -> str:
-    """The content key of a file: equal for equal bytes cut the same way, whatever its path."""
-    canon = json.dumps([chunk_bytes, f.size_bytes, list(f.chunks)], separators=(",", ":"))
-    return hashlib.sha256(canon.encode()).hexdigest()
-
-
-@dataclass(frozen=True, slots=True)
-class Held:
-    """One manifest as the index records it."""
-
-    digest: str
-    kind: str
-    name: str
-    created_s: float
-    total_bytes: int
-    held_bytes: int
-    last_use_s: float
-    uses: int
-    pinned: bool
-    origin: str | None
-    """The folder a manifest of local origin was built from; ``None`` for the store's own."""
-
-    @property
-    def complete(self) -> bool:
-        return self.held_bytes >= self.total_bytes
-
-
-@dataclass(slots=True)
-class StoreStats:
-    hits: int = 0
-    """Chunks asked of this store (to serve, or to fill another place) that it had."""
-    misses: int = 0
-    evictions: int = 0
-    refused_chunks: int = 0
-    """Chunks put that did not match their digest or length."""
-    corrupt: int = 0
-    """Held chunks found not matching when read again (unmarked, fetched again)."""
-    by_reason: dict[str, int] = field(default_factory=dict)
 
 
 class DiskStore:
@@ -129,7 +76,7 @@ class DiskStore:
         self._db = open_database(self.path, "NORMAL")
         try:
             with self._tx() as db:
-                migrate(db, self.path, _MIGRATIONS, "store schema")
+                migrate(db, self.path, MIGRATIONS, "store schema")
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: {exc}") from None
         _free, disk_total = self.files.disk_free()
@@ -240,13 +187,13 @@ class DiskStore:
 
     def held(self, digest: str) -> Held | None:
         with self._lock:
-            row = self._db.execute(_HELD_SELECT + " WHERE digest = ?", (digest,)).fetchone()
-        return None if row is None else _held(row)
+            row = self._db.execute(HELD_SELECT + " WHERE digest = ?", (digest,)).fetchone()
+        return None if row is None else held_row(row)
 
     def all_held(self) -> tuple[Held, ...]:
         with self._lock:
-            rows = self._db.execute(_HELD_SELECT + " ORDER BY name, created_s").fetchall()
-        return tuple(_held(r) for r in rows)
+            rows = self._db.execute(HELD_SELECT + " ORDER BY name, created_s").fetchall()
+        return tuple(held_row(r) for r in rows)
 
     def store_bytes(self) -> int:
         """Bytes of chunks the store keeps on its own disk (local origins not counted)."""
@@ -357,6 +304,57 @@ class DiskStore:
         for d in done:
             log.info("store: evicted %s (cache rules)", d[:12])
         return done
+
+    # ---- folders an operator added as datasets (``shoal data add``) ---------------------------
+
+    def add_source(self, name: str, path: Path) -> None:
+        """Remember that dataset ``name`` is built from ``path`` on this node (across restarts)."""
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO sources VALUES (?, ?, ?)", (name, str(path), self.clock())
+            )
+
+    def sources(self) -> dict[str, Path]:
+        with self._lock:
+            rows = self._db.execute("SELECT name, path FROM sources ORDER BY name").fetchall()
+        return {str(n): Path(p) for n, p in rows}
+
+    # ---- the hash cache of folders built in place (agent.content.build.HashCache) ---------
+
+    def cached_chunks(
+        self, path: str, stamp: tuple[int, int, int], chunk_bytes: int
+    ) -> tuple[str, ...] | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT chunks FROM hashes WHERE path = ? AND size_bytes = ? AND mtime_ns = ?"
+                " AND inode = ? AND chunk_bytes = ?",
+                (path, *stamp, chunk_bytes),
+            ).fetchone()
+        return None if row is None else tuple(json.loads(row[0]))
+
+    def remember_chunks(
+        self,
+        entries: Sequence[tuple[str, tuple[int, int, int], int, tuple[str, ...]]],
+        drop_under: str,
+    ) -> None:
+        prefix = drop_under.rstrip("/") + "/"
+        keep = {e[0] for e in entries}
+        with self._tx() as db:
+            gone = [
+                r[0]
+                for r in db.execute(
+                    "SELECT path FROM hashes WHERE substr(path, 1, ?) = ?", (len(prefix), prefix)
+                )
+                if r[0] not in keep
+            ]
+            db.executemany("DELETE FROM hashes WHERE path = ?", [(p,) for p in gone])
+            db.executemany(
+                "INSERT OR REPLACE INTO hashes VALUES (?, ?, ?, ?, ?, ?)",
+                [
+                    (path, *stamp, chunk_bytes, json.dumps(list(chunks)))
+                    for path, stamp, chunk_bytes, chunks in entries
+                ],
+            )
 
     # ---- inside -----------------------------------------------------------------------------
 
@@ -572,24 +570,3 @@ class DiskStore:
                 " WHERE digest = ?",
                 (digest, digest),
             )
-
-
-_HELD_SELECT: Final = (
-    "SELECT digest, kind, name, created_s, total_bytes, held_bytes, last_use_s, uses, pinned,"
-    " origin FROM manifests"
-)
-
-
-def _held(row: Sequence[object]) -> Held:
-    return Held(
-        digest=str(row[0]),
-        kind=str(row[1]),
-        name=str(row[2]),
-        created_s=float(row[3]),  # type: ignore[arg-type]
-        total_bytes=int(row[4]),  # type: ignore[call-overload]
-        held_bytes=int(row[5]),  # type: ignore[call-overload]
-        last_use_s=float(row[6]),  # type: ignore[arg-type]
-        uses=int(row[7]),  # type: ignore[call-overload]
-        pinned=bool(row[8]),
-        origin=None if row[9] is None else str(row[9]),
-    )

@@ -168,6 +168,9 @@ class Reads:
                     wire_version=inv.version if inv else None,
                     features=inv.features if inv else (),
                     datasets=node.datasets if node is not None else {},
+                    dataset_versions=node.place.versions
+                    if node is not None and node.place is not None
+                    else (),
                     rtt_s=view.rtt_s(self._ctx.node_id, m.node),
                     shares=status.shares if status else {},
                 )

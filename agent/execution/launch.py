@@ -95,10 +95,12 @@ class Launch:
         gang: GangRank | None = None,
         resume: bool = False,
         share_bytes: int = 0,
+        data_env: Mapping[str, str] | None = None,
     ) -> Launch:
         """The launch for ``spec``: its env (less any name Shoal reserves), then Shoal's
         (``resume``: ``SHOAL_RESUME=1``, the checkpoint folder holds an earlier attempt's;
-        ``share_bytes``: a share of its one device, with the hints of ``pinning.share_env``)."""
+        ``share_bytes``: a share of its one device, with the hints of ``pinning.share_env``;
+        ``data_env``: where its datasets are, ``agent.running.datastage``)."""
         if spec.image is not None:
             raise LaunchError("container images are not supported by the process executor yet")
         env = {k: v for k, v in spec.env.items() if reserved_env(k) is None}
@@ -113,6 +115,7 @@ class Launch:
                 share_bytes=share_bytes,
             )
         )
+        env.update(data_env or {})
         return cls(
             job_id=job_id,
             attempt=attempt,

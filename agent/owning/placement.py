@@ -296,6 +296,7 @@ class ShoalPlacement(_Held):
             now=self._clock(),
             nodes=self._nodes(views),
             dataset_bytes=adapt.dataset_bytes(views),
+            dataset_newest=adapt.dataset_newest(views),
         )
         return self._snapshot
 
@@ -340,6 +341,7 @@ class ShoalPlacement(_Held):
                 pending=queue.jobs,
                 running=queue.running,
                 dataset_bytes=adapt.dataset_bytes(views),
+                dataset_newest=adapt.dataset_newest(views),
             )
             self._snapshot = snapshot
             decisions = decide(
@@ -440,6 +442,7 @@ class ShoalPlacement(_Held):
             nodes=adapt.nodes_from_views(views, adapt.holders(running)),
             running=tuple(running),
             dataset_bytes=adapt.dataset_bytes(views),
+            dataset_newest=adapt.dataset_newest(views),
         )
         config = replace(self.config, time_slice=())
         ctx, _ = context(snapshot, self.model, config, owner=self.owner)

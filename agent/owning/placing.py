@@ -16,6 +16,7 @@ which the job fails with the runner's reason. A gang is placed by ``agent.owning
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Collection
@@ -26,6 +27,7 @@ from agent.checkpoints.transfer import TransferError
 from agent.job.authority import SubmissionRefused
 from agent.job.jobstate import JobEvent, JobState
 from agent.mesh.peers import PeerError, PeerRefused, PeerUnreachable, decoded_answer
+from agent.owning.datawait import STAGE_TIMEOUT_S, clear_staging, watch_staging
 from agent.owning.meshqueue import MeshQueue
 from agent.owning.ownersteps import OwnerSteps
 from agent.owning.preempting import preemption_candidates, saved_at, waiting_reason
@@ -163,11 +165,15 @@ async def place_once(
             cand.shrink,
             rebind=True,
         )
+        watch = None
         try:
             # A resumed attempt's checkpoint is copied into its folder before it starts; a
-            # preempting one waits for its victims to stop first.
+            # preempting one waits for its victims to stop first; datasets are staged first.
             slow = resume is not None or cand.victims or cand.shrink
             timeout_s = RESTORE_TIMEOUT_S + o._stop_grace_s if slow else None
+            if job.spec.datasets:
+                timeout_s = max(timeout_s or 0.0, STAGE_TIMEOUT_S)
+                watch = asyncio.create_task(watch_staging(o, job, cand.node_id, attempt))
             answer = decoded_answer(
                 StartAnswer.from_wire,
                 await o.peers.call(addr, "start", offer.to_wire(), timeout_s=timeout_s),
@@ -191,6 +197,9 @@ async def place_once(
             log.info("job %s: start on %s unanswered: %s", job.job_id[:8], cand.node_id, exc)
             await o._stop_until_done(job.job_id, cand.node_id, attempt, "fenced")
             return
+        finally:
+            if watch is not None:
+                watch.cancel()
         if job.attempt != attempt or _state(job) != JobState.PLACING:
             return  # cancelled or reported meanwhile
         o.offers["started"] += 1
@@ -204,6 +213,7 @@ async def place_once(
         job.devices = cand.devices
         job.started_at = answer.started_at or time.time()
         job.attempt_started(cand.node_id, job.started_at)
+        clear_staging(job)
         o._save(job)
         o.events.add("started", f"attempt {attempt} on {cand.node_id[:8]}", job_id=job.job_id)
         o.resizes.started(job.job_id, cand.devices)

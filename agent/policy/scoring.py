@@ -80,14 +80,23 @@ GROUP_TERMS: Final[tuple[tuple[str, Callable[[Job, Fit, Context], float]], ...]]
 
 
 def transfer_s(job: Job, node: Node, ctx: Context) -> float:
-    """Seconds for the datasets the node lacks to arrive from their nearest holders."""
+    """Seconds for the bytes of the job's datasets the node lacks (partial copies count) to
+    arrive from their nearest holders. ``NAME`` is the newest version in the mesh."""
     total = 0.0
-    for name in job.datasets:
-        if name in node.datasets:
+    snap = ctx.snapshot
+    for ref in job.datasets:
+        name = ref.partition("@")[0]
+        newest = snap.dataset_newest.get(name) if name == ref else None
+        key = ref if newest is None else f"{name}@{newest}"
+        if key in node.datasets or (newest is None and ref in node.datasets):
             continue
-        size = ctx.snapshot.dataset_bytes.get(name, 0)
+        size = snap.dataset_bytes.get(key, snap.dataset_bytes.get(ref, 0))
+        held = node.dataset_held.get(key, 0)
+        if size and held >= size:
+            continue
+        size = max(0, size - held)
         rtt = 0.0
-        holders = ctx.index.datasets.get(name)
+        holders = ctx.index.datasets.get(key) or ctx.index.datasets.get(ref)
         if holders and node.coord is not None:
             best = math.inf
             for i, holder_id in enumerate(holders):
