@@ -62,7 +62,7 @@ PROFILE: Final = "l4:1"
 """One GPU per host: a job holds its host, and the next waits for the slot."""
 SETTLE_S: Final = 600.0
 """The longest a mode waits for its last job once all are submitted."""
-BACKGROUND_S: Final = 5.0
+BACKGROUND_S: Final = 3.0
 """How long the idle mesh's own traffic (gossip) is measured before each mode."""
 PARTS: Final = ("agent.content.store", "agent.content.fetch")
 
@@ -102,18 +102,36 @@ class DataMesh(LocalMesh):
 
 
 def mode_missing(mode: str) -> str | None:
-    """Why this checkout cannot run ``mode`` yet, or ``None``."""
+    """Why this checkout cannot run ``mode`` at all, or ``None``."""
     if mode == "none":
         return None
-    absent = [p for p in PARTS if importlib.util.find_spec(p) is None]
-    if absent:
-        return f"not on this checkout yet: {', '.join(absent)} (the store and the transfer)"
-    return "the runner does not stage a job's datasets before it starts yet"
+    if importlib.util.find_spec("agent.running.datastage") is None:
+        return "the runner does not stage a job's datasets before it starts on this checkout"
+    return None
 
 
-def mode_config(mode: str) -> str:
-    """The agents' config file for ``mode`` (the store's budget, pre-fetch on or off)."""
-    return ""
+def mode_lacks(mode: str) -> str | None:
+    """What ``mode`` runs without on this checkout (its figures are real, of less), or ``None``."""
+    if mode == "shoal" and importlib.util.find_spec("agent.running.prefetch") is None:
+        return "pre-fetch while a job waits is not on this checkout: the cache alone"
+    return None
+
+
+def mode_config(mode: str, workload: Workload) -> str:
+    """The agents' config file for ``mode``.
+
+    ``stage``: the store may hold the largest dataset and no more, and evicts what no job here
+    reads at its next scan (every second): nothing is kept between jobs. ``shoal``: the
+    defaults (half the disk, evicting from 90% of it to 70%).
+    """
+    if mode != "stage":
+        return ""
+    largest = max(d.total_bytes for d in workload.datasets)
+    budget = largest + largest // 20 + (16 << 20)
+    return (
+        f"store_budget_bytes = {budget}\n"
+        "store_high = 0.02\nstore_low = 0.01\ndatasets_rescan_s = 1.0\n"
+    )
 
 
 # -- the data --------------------------------------------------------------------------------------
@@ -300,7 +318,8 @@ def run_mode(
     ledger = folder / "ledger.jsonl"
     ledger.touch()
     ledger.chmod(0o666)
-    mesh = DataMesh(folder, lab.hosts, profiles=(PROFILE,), lab=lab, config_text=mode_config(mode))
+    config = mode_config(mode, workload)
+    mesh = DataMesh(folder, lab.hosts, profiles=(PROFILE,), lab=lab, config_text=config)
     mesh.create()
     for agent in mesh.agents:
         held = [d.name for d in workload.datasets if agent.index in d.holders]
@@ -450,6 +469,8 @@ def run(
                             modes_out[mode] = missing_mode(reason, len(workload.jobs))
                             continue
                         modes_out[mode] = run_mode(mode, lab, root, data, workload, plan, script)
+                        if (lacks := mode_lacks(mode)) is not None:
+                            modes_out[mode]["without"] = lacks
         finally:
             signals.hold()
             lab.close()

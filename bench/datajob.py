@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import sys
 import time
@@ -34,8 +33,9 @@ HTTP_TIMEOUT_S = 60.0
 
 
 def env_name(dataset: str) -> str:
-    """``SHOAL_DATA_<NAME>``: the name upper-cased, every other character than A-Z, 0-9 a ``_``."""
-    return "SHOAL_DATA_" + re.sub(r"[^A-Z0-9]", "_", dataset.upper())
+    """``SHOAL_DATA_<NAME>``: the name upper-cased, ``.`` and ``-`` made ``_`` (as the runner
+    names it: ``agent.running.datastage.env_name``)."""
+    return "SHOAL_DATA_" + dataset.upper().replace(".", "_").replace("-", "_")
 
 
 def copy_from_holder(plan: dict[str, Any], dataset: str, job: str) -> str:
