@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.running.datastage import env_name as runner_env_name
 from bench import dataload
 from bench.data import MODES, main
-from agent.running.datastage import env_name as runner_env_name
 from bench.datajob import check, env_name
 from bench.dataload import JobOutcome, Workload
 from bench.netlab import tc_available
