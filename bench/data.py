@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
 import importlib.util
 import json
 import os
@@ -40,7 +39,6 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
@@ -49,56 +47,21 @@ import psutil
 from agent.cli.demo import _Signals
 from agent.job.jobspec import JobSpec, new_job_id
 from agent.operator.client import ApiError
-from agent.sandbox.localmesh import AgentProcess, LocalMesh
-from bench import dataload
+from bench import dataload, datastaging
 from bench.dataload import JobOutcome, Workload
+from bench.datamesh import PROFILE, DataMesh, lay_out, write_dataset, write_plan
 from bench.netlab import Lab
-from gossip.identity import enroll_node, init_cluster
 
 MODES: Final = ("none", "stage", "shoal")
-AGENT_PORT: Final = 7400
 HTTP_PORT: Final = 8080
-PROFILE: Final = "l4:1"
-"""One GPU per host: a job holds its host, and the next waits for the slot."""
 SETTLE_S: Final = 600.0
 """The longest a mode waits for its last job once all are submitted."""
 BACKGROUND_S: Final = 3.0
+THROUGHPUT_S: Final = 20.0
+"""The staging probe's dataset: this many seconds of one link at full scale."""
+FAULT_S: Final = 4.0
+"""Each fault's dataset: this many seconds of one link at full scale."""
 """How long the idle mesh's own traffic (gossip) is measured before each mode."""
-PARTS: Final = ("agent.content.store", "agent.content.fetch")
-
-
-# -- the lab's agents ----------------------------------------------------------------------------
-
-
-@dataclass
-class DataMesh(LocalMesh):
-    """A :class:`LocalMesh` whose agent i runs in the lab's host i, at that host's address."""
-
-    lab: Lab | None = None
-    config_text: str = ""
-
-    def create(self) -> None:
-        assert self.lab is not None
-        now = datetime.now(UTC)
-        cluster = init_cluster(self.root / "cluster", "shoal-data", "operator", now)
-        self.operator = cluster.operator
-        for i in range(self.nodes):
-            directory = self.root / f"agent-{i:02d}"
-            address = self.lab.address(i)
-            identity = enroll_node(
-                cluster.ca, directory / "identity", "agent", [address], timedelta(days=1), now
-            )
-            agent = AgentProcess(i, directory, f"{address}:{AGENT_PORT}", PROFILE, identity.node_id)
-            self.agents.append(agent)
-            if self.config_text:
-                agent.config_path.write_text(self.config_text)
-
-    def command(self, agent: AgentProcess) -> list[str]:
-        assert self.lab is not None
-        argv = super().command(agent)
-        if self.config_text and self.placement is None:
-            argv += ["--config", str(agent.config_path)]
-        return self.lab.command(agent.index, argv)
 
 
 def mode_missing(mode: str) -> str | None:
@@ -132,42 +95,6 @@ def mode_config(mode: str, workload: Workload) -> str:
         f"store_budget_bytes = {budget}\n"
         "store_high = 0.02\nstore_low = 0.01\ndatasets_rescan_s = 1.0\n"
     )
-
-
-# -- the data --------------------------------------------------------------------------------------
-
-
-def make_data(root: Path, workload: Workload) -> dict[str, dict[str, str]]:
-    """Every dataset's files under ``root/NAME`` (seeded bytes); each file's SHA-256."""
-    hashes: dict[str, dict[str, str]] = {}
-    for plan in workload.datasets:
-        rng = random.Random(f"{workload.seed}/{plan.name}")
-        files = hashes[plan.name] = {}
-        for k, size in enumerate(plan.file_bytes):
-            path = f"part-{k:02d}.bin"
-            target = root / plan.name / path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            h = hashlib.sha256()
-            with target.open("wb") as out:
-                left = size
-                while left > 0:
-                    block = rng.randbytes(min(left, 4 << 20))
-                    h.update(block)
-                    out.write(block)
-                    left -= len(block)
-            target.chmod(0o644)
-            files[path] = h.hexdigest()
-    return hashes
-
-
-def lay_out(data: Path, folder: Path, names: list[str]) -> None:
-    """Hard links of datasets ``names`` from ``data`` under ``folder`` (one entry each)."""
-    for name in names:
-        for source in sorted((data / name).iterdir()):
-            target = folder / name / source.name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.link(source, target)
-        (folder / name).chmod(0o755)
 
 
 # -- one mode -------------------------------------------------------------------------------------
@@ -310,7 +237,7 @@ async def _run_mode(run: ModeRun, lab: Lab) -> dict[str, Any]:
 
 
 def run_mode(
-    mode: str, lab: Lab, root: Path, data: Path, workload: Workload, plan: Path, script: Path
+    mode: str, lab: Lab, root: Path, workload: Workload, plan: Path, script: Path
 ) -> dict[str, Any]:
     folder = root / mode
     folder.mkdir()
@@ -323,7 +250,7 @@ def run_mode(
     mesh.create()
     for agent in mesh.agents:
         held = [d.name for d in workload.datasets if agent.index in d.holders]
-        lay_out(data, agent.datasets_dir, held)
+        lay_out(root / "data", agent.datasets_dir, held)
     run = ModeRun(mode, mesh, workload, ledger, plan, script, random.Random(workload.seed))
     try:
         mesh.start()
@@ -433,6 +360,7 @@ def run(
     seed: int,
     modes: tuple[str, ...] = MODES,
     faults: bool = False,
+    throughput: bool = True,
     keep: bool = False,
 ) -> dict[str, Any]:
     workload = dataload.draw(
@@ -442,11 +370,16 @@ def run(
     root = Path(tempfile.mkdtemp(prefix="shoal-data-"))
     root.chmod(0o711)  # jobs run as the job user when the agents run as root
     lab = Lab(hosts, prefix=f"sd{os.getpid() % 100000}", subnet=100 + os.getpid() % 100)
-    figures: dict[str, Any] = {}
+    link_rate = link_mbit * 1e6 / 8
+    figures: dict[str, Any] = {"modes": {}}
+    staging_missing = mode_missing("stage")
     with _Signals() as signals:
         try:
             data = root / "data"
-            hashes = make_data(data, workload)
+            hashes = {
+                d.name: write_dataset(data / d.name, f"{seed}/{d.name}", d.file_bytes)
+                for d in workload.datasets
+            }
             script = root / "datajob.py"
             shutil.copyfile(Path(__file__).with_name("datajob.py"), script)
             script.chmod(0o644)
@@ -454,40 +387,45 @@ def run(
             for i in range(hosts):
                 lab.shape(i, link_mbit)
             with plain_servers(lab, root, data, workload) as urls:
-                plan = root / "plan.json"
-                plan.write_text(json.dumps(_plan(workload, hashes, urls, root)))
-                plan.chmod(0o644)
+                plan = write_plan(root / "plan.json", _plan(workload, hashes, urls, root))
                 first = workload.datasets[0]
                 reader = next(i for i in range(hosts) if i not in first.holders)
                 stream_url = f"{urls[first.holders[0]]}/{first.name}/part-00.bin"
-                link_bytes_per_s = one_stream(lab, stream_url, reader)
-                modes_out: dict[str, Any] = {}
+                figures["link_bytes_per_s"] = round(one_stream(lab, stream_url, reader))
+                figures["link_rate_bytes_per_s"] = round(link_rate)
                 with lab.inside_switch():
                     for mode in modes:
                         reason = mode_missing(mode)
                         if reason is not None:
-                            modes_out[mode] = missing_mode(reason, len(workload.jobs))
+                            figures["modes"][mode] = missing_mode(reason, len(workload.jobs))
                             continue
-                        modes_out[mode] = run_mode(mode, lab, root, data, workload, plan, script)
+                        out = run_mode(mode, lab, root, workload, plan, script)
                         if (lacks := mode_lacks(mode)) is not None:
-                            modes_out[mode]["without"] = lacks
+                            out["without"] = lacks
+                        figures["modes"][mode] = out
+            probe = datastaging.Probe(lab, root, link_mbit, seed)
+            with lab.inside_switch():
+                figures["stage_throughput_bytes_per_s"] = {"1": None, "3": None}
+                if staging_missing is not None:
+                    figures["stage_throughput_missing"] = staging_missing
+                elif throughput:
+                    size = max(8 << 20, int(link_rate * THROUGHPUT_S * min(1.0, scale)))
+                    figures.update(datastaging.throughput(probe, size))
+                if faults:
+                    size = max(8 << 20, int(link_rate * FAULT_S * min(1.0, scale)))
+                    figures["faults"] = (
+                        {"missing": staging_missing}
+                        if staging_missing is not None
+                        else datastaging.faults(probe, size, script)
+                    )
         finally:
             signals.hold()
             lab.close()
             if not keep:
                 shutil.rmtree(root, ignore_errors=True)
-    staging_missing = mode_missing("stage")
-    figures.update(
-        modes=modes_out,
-        link_bytes_per_s=round(link_bytes_per_s),
-        link_rate_bytes_per_s=round(link_mbit * 1e6 / 8),
-        stage_throughput_bytes_per_s={"1": None, "3": None},
-        jobs_on_bad_copy=sum(m.get("jobs_on_bad_copy") or 0 for m in modes_out.values()),
+    figures["jobs_on_bad_copy"] = sum(
+        m.get("jobs_on_bad_copy") or 0 for m in figures["modes"].values()
     )
-    if staging_missing is not None:
-        figures["stage_throughput_missing"] = staging_missing
-    if faults:
-        figures["faults"] = {"missing": staging_missing or "not written yet"}
     figures.update(
         seed=seed,
         hosts=hosts,
@@ -516,16 +454,14 @@ def _plan(
 ) -> dict[str, Any]:
     """What the jobs read: each dataset's files and SHA-256, and its holders' servers."""
     return {
-        "datasets": {
-            d.name: {
-                "files": hashes[d.name],
-                "sources": [
-                    {"url": urls[h], "dirs": [str(root / m / f"agent-{h:02d}") for m in MODES]}
-                    for h in d.holders
-                ],
-            }
-            for d in workload.datasets
+        d.name: {
+            "files": hashes[d.name],
+            "sources": [
+                {"url": urls[h], "dirs": [str(root / m / f"agent-{h:02d}") for m in MODES]}
+                for h in d.holders
+            ],
         }
+        for d in workload.datasets
     }
 
 
@@ -540,6 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--modes", default=",".join(MODES), help="which modes, comma-separated")
     p.add_argument("--faults", action="store_true", help="also the fault scenarios")
+    p.add_argument("--no-throughput", action="store_true", help="skip staging from 1 and 3 holders")
     p.add_argument("--keep", action="store_true", help="keep the folder (agent logs, ledgers)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
@@ -561,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             modes=modes,
             faults=args.faults,
+            throughput=not args.no_throughput,
             keep=args.keep,
         )
     except KeyboardInterrupt:

@@ -145,12 +145,18 @@ class Lab:
     def heal(self, i: int) -> None:
         _ip("link", "set", self._link(i), "up", netns=self.switch)
 
-    def shape(self, i: int, mbit: float, burst_bytes: int = 256 << 10) -> None:
-        """Host i's link carries at most ``mbit`` Mbit/s each way: a token bucket on ``eth0``
-        (what the host sends) and on its port on the switch (what it receives)."""
-        rate = f"{int(mbit * 1000)}kbit"
+    def shape(
+        self, i: int, mbit: float, burst_bytes: int = 256 << 10, down_mbit: float | None = None
+    ) -> None:
+        """Host i's link carries at most ``mbit`` Mbit/s each way (``down_mbit``: what it
+        receives, when that differs): a token bucket on ``eth0`` (what the host sends) and on
+        its port on the switch (what it receives)."""
         burst = f"{burst_bytes}b"
-        for ns, dev in ((self.host(i), "eth0"), (self.switch, self._link(i))):
+        for ns, dev, rate_mbit in (
+            (self.host(i), "eth0", mbit),
+            (self.switch, self._link(i), mbit if down_mbit is None else down_mbit),
+        ):
+            rate = f"{int(rate_mbit * 1000)}kbit"
             _tc(ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", burst,
                 "latency", "50ms")  # fmt: skip
 

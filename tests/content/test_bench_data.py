@@ -112,3 +112,30 @@ def test_a_tiny_run_emits_the_contract_and_its_figures_agree(
     assert none["bytes_minimum"] == 0 or none["data_wait_s_p99"] > 0
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"sd{os.getpid() % 100000}-" not in left  # the lab is gone
+
+
+@pytest.mark.slow
+@pytest.mark.system
+def test_staging_from_holders_and_the_faults_end_verified_and_run_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ok, why = tc_available()
+    require_system(ok, why)
+    args = ["--hosts", "5", "--datasets", "1", "--jobs", "1", "--scale", "0.002", "--modes", "none"]
+    code = main(
+        [*args, "--window-s", "0", "--link-mbit", "100", "--faults", "--seed", "3", "--json"]
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    rates = out["stage_throughput_bytes_per_s"]
+    # each holder sends at most its link's rate (its bucket's burst aside)
+    assert 0 < rates["1"] < 1.5 * out["link_rate_bytes_per_s"]
+    assert rates["3"] > 0
+    assert [f["fault"] for f in out["faults"]] == [
+        "holder_killed",
+        "corrupt_holder",
+        "stager_restarted",
+    ]
+    for fault in out["faults"]:
+        assert fault["ok"], fault
+        assert fault["dataset_verified"] and fault["job_runs"] == 1, fault
