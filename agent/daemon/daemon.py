@@ -67,6 +67,7 @@ from agent.running import diskguard
 from agent.running.admission import NodeFacts
 from agent.running.confirming import Placed
 from agent.running.datastage import JobData
+from agent.running.prefetch import Prefetches
 from agent.running.runner import Runner
 from agent.storage import purging
 from agent.storage.store import Store, StoreFull
@@ -219,7 +220,8 @@ class Agent:
             self.view, self.data.store, self.stager, self.data_counts, self.ctx.changed
         )
         self.runner.confirmer.owned = self._owned_placed
-        self.calls = Calls(self.ctx, self.owner, self.runner, self.metrics)
+        self.prefetches = Prefetches(self.runner, self.runner.data)
+        self.calls = Calls(self.ctx, self.owner, self.runner, self.metrics, self.prefetches)
         self.reads = Reads(self.ctx, self.owner, self.runner, self.node, self.mesh, self.trust)
         self.node.subscribe(self._on_gossip)
         self.node.serve_calls(api.stream_calls(self))
@@ -551,6 +553,7 @@ class Agent:
             "datasets_refused": self.datasets.refused,
             "store": self.data.metrics(),
             "job_data": self.data_counts,
+            "prefetch": self.owner.prefetcher.counts,
             "job_data_wait": self.runner.data.waits if self.runner.data is not None else None,
             "history_dropped": self.history.dropped(),
         }

@@ -30,7 +30,8 @@ not have when asked (``shoal_store_hits_total``, ``shoal_store_misses_total``), 
 ``shoal_store_budget_bytes``), and datasets that could not be indexed
 (``shoal_datasets_unindexed_total``). Jobs' datasets (``agent.running.datastage``): hits,
 misses, failed stagings and pre-fetches by outcome (``shoal_job_data_total``), each job's wait
-for its data (the histogram ``shoal_job_data_wait_seconds``).
+for its data (the histogram ``shoal_job_data_wait_seconds``); the pre-fetches this agent asked
+as an owner (``shoal_prefetch_total``, ``agent.owning.prefetching``).
 
 The counters are plain ``collections.Counter`` objects and everything is turned into Prometheus
 families at scrape time, so ``prometheus_client`` (and the HTTP server modules it brings, ~1 MB
@@ -135,6 +136,13 @@ class _Snapshot:
                 " stagings failed (failed); pre-fetches started, cancelled, refused",
                 "what",
                 snap.get("job_data", {}),
+            ),
+            (
+                "prefetch",
+                "Pre-fetches this owner asked of its waiting jobs' likely nodes: asked, moved (the"
+                " forecast moved: the old node told to stop), refused, failed",
+                "what",
+                snap.get("prefetch", {}),
             ),
             (
                 "datasets_refused",

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from agent.owning.elastic import Resizes
     from agent.owning.ownedjob import OwnedJob
     from agent.owning.placement import Candidate
+    from agent.owning.prefetching import Prefetcher
 
 log = logging.getLogger("shoal.owner")
 
@@ -61,6 +62,7 @@ class PlacingOwner(OwnerSteps, Protocol):
     authority: Authority
     resizes: Resizes
     collector: Collector
+    prefetcher: Prefetcher
     _stop_grace_s: float
 
 
@@ -84,6 +86,7 @@ def candidates_for(o: PlacingOwner, job: OwnedJob) -> list[Candidate]:
     if not candidates:
         candidates = preemption_candidates(o.placement, job.spec, nodes, o.view, live)
     if not candidates:
+        o.prefetcher.waiting(job, nodes, queue, live)
         reason = waiting_reason(job.reason, o.placement.why_pending(job.spec, queue))
         if reason != job.reason:
             job.reason = reason
@@ -214,6 +217,7 @@ async def place_once(
         job.started_at = answer.started_at or time.time()
         job.attempt_started(cand.node_id, job.started_at)
         clear_staging(job)
+        o.prefetcher.placed(job, cand.node_id)
         o._save(job)
         o.events.add("started", f"attempt {attempt} on {cand.node_id[:8]}", job_id=job.job_id)
         o.resizes.started(job.job_id, cand.devices)

@@ -171,6 +171,10 @@ class JobData:
         """Job -> the version its launch waits for now."""
         self.needed: dict[str, tuple[Version, ...]] = {}
         """Job -> the versions of a launch under way (kept from eviction)."""
+        self.prefetched: Callable[[], set[Version]] = set
+        """The versions pre-fetched here for waiting jobs (``agent.running.prefetch``)."""
+        self.prefetch_done: Callable[[str], None] = lambda _job_id: None
+        """Told when a job's launch begins here: its pre-fetch, if any, is its launch now."""
 
     def line(self, job_id: str) -> str | None:
         """What the job waits for, with the fetch's progress; ``None``: it does not wait."""
@@ -190,13 +194,14 @@ class JobData:
         return {v.digest for v in self.staging.values()}
 
     def protected(self) -> set[Version]:
-        """The versions of the launches under way here (never evicted meanwhile)."""
-        return {v for vs in self.needed.values() for v in vs}
+        """The versions of the launches and pre-fetches under way here (never evicted)."""
+        return {v for vs in self.needed.values() for v in vs} | self.prefetched()
 
     async def prepare(self, job_id: str, refs: Sequence[str], job_dir: Path) -> dict[str, str]:
         """Stage and expose the job's datasets; the variables the job gets. Raises
         :class:`StagingFailed` (decline), :class:`BadDatasets` (the launch fails)."""
         parsed = check_names(refs)
+        self.prefetch_done(job_id)
         began = self.clock()
         versions = tuple(resolve(r, self.view, self.store) for r in parsed)
         self.needed[job_id] = versions
@@ -219,6 +224,11 @@ class JobData:
             f"{v.name}={p}" for v, p in zip(versions, paths, strict=True)
         )
         return env
+
+    async def ended(self, job_dir: Path) -> None:
+        """An attempt ended: its datasets' links go (another job run as the same user must not
+        find them in its folder; the store keeps the data)."""
+        await asyncio.to_thread(_remove, job_dir / DATASETS_DIR)
 
     def started(self, job_id: str) -> None:
         """The attempt started (or did not): its versions are the running job's now."""
@@ -289,18 +299,22 @@ class JobData:
         return out
 
 
-def _fresh_dir(job_dir: Path, top: Path) -> None:
-    """An empty ``top`` (the agent's, 0755) in ``job_dir``, whatever an earlier attempt left."""
-    job_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+def _remove(top: Path) -> None:
+    """``top`` gone, whatever it is (never following a link the job may have put there)."""
     try:
         st = os.lstat(top)
     except FileNotFoundError:
-        pass
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(top)  # does not follow links (an earlier job may have left some)
     else:
-        if stat.S_ISDIR(st.st_mode):
-            shutil.rmtree(top)  # does not follow links (an earlier job may have left some)
-        else:
-            os.unlink(top)
+        os.unlink(top)
+
+
+def _fresh_dir(job_dir: Path, top: Path) -> None:
+    """An empty ``top`` (the agent's, 0755) in ``job_dir``, whatever an earlier attempt left."""
+    job_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _remove(top)
     os.mkdir(top, 0o755)
     os.chmod(top, 0o755)
 

@@ -488,6 +488,8 @@ class Runner:
             log.warning(
                 "job %s: the end of attempt %d not stored: %s", e.job_id[:8], e.attempt, exc
             )
+        if self.data is not None:
+            self.spawn(self.data.ended(self.executor.job_dir(e.job_id)))
         how = f"code {e.exit_code}" if e.exit_code is not None else f"signal {e.signal}"
         self.events.add("exited", f"attempt {e.attempt} {e.cause} {how}", job_id=e.job_id)
         self._on_change()
