@@ -224,6 +224,8 @@ async def _run_mode(run: ModeRun, lab: Lab) -> dict[str, Any]:
     on_network = network_bytes(lab) - before
     seconds = time.monotonic() - started
     records = await run.records()
+    job_data = await asyncio.to_thread(mesh.counters, "shoal_job_data_total")
+    prefetch = await asyncio.to_thread(mesh.counters, "shoal_prefetch_total")
     figures = dataload.mode_figures(
         run.workload, run.outcomes(records), on_network, len(run.workload.jobs)
     )
@@ -231,6 +233,8 @@ async def _run_mode(run: ModeRun, lab: Lab) -> dict[str, Any]:
         converged_s=round(converged_s, 3),
         mode_s=round(seconds, 1),
         bytes_background=int(background_per_s * seconds),
+        agents_job_data=dict(sorted(job_data.items())),
+        agents_prefetch=dict(sorted(prefetch.items())),
         submit_failures=run.submit_failures[:5],
     )
     return figures
@@ -246,7 +250,14 @@ def run_mode(
     ledger.touch()
     ledger.chmod(0o666)
     config = mode_config(mode, workload)
-    mesh = DataMesh(folder, lab.hosts, profiles=(PROFILE,), lab=lab, config_text=config)
+    mesh = DataMesh(
+        folder,
+        lab.hosts,
+        profiles=(PROFILE,),
+        lab=lab,
+        config_text=config,
+        prefetch=mode != "stage",
+    )
     mesh.create()
     for agent in mesh.agents:
         held = [d.name for d in workload.datasets if agent.index in d.holders]

@@ -8,6 +8,9 @@ import hashlib
 import json
 import os
 import random
+import re
+import urllib.request
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -18,6 +21,7 @@ from agent.operator.client import ApiClient
 from agent.sandbox.localmesh import AgentProcess, LocalMesh
 from bench.netlab import Lab
 from gossip.identity import enroll_node, init_cluster
+from gossip.tls import client_context
 
 AGENT_PORT: Final = 7400
 PROFILE: Final = "l4:1"
@@ -25,16 +29,20 @@ PROFILE: Final = "l4:1"
 CORRUPT_ENV: Final = "SHOAL_TEST_CORRUPT_CHUNKS"
 """The agents' test hook: an agent started with it set serves corrupt chunks."""
 BLOCK_BYTES: Final = 4 << 20
+_SAMPLE: Final = re.compile(r'(?P<family>\w+)\{what="(?P<what>[^"]*)"\} (?P<value>\S+)')
 
 
 @dataclass
 class DataMesh(LocalMesh):
     """A :class:`LocalMesh` whose agent i runs in the lab's host i, at that host's address;
-    the agents of ``corrupt`` serve corrupt chunks."""
+    the agents of ``corrupt`` serve corrupt chunks; with ``prefetch`` off, each refuses every
+    pre-fetch."""
 
     lab: Lab | None = None
     config_text: str = ""
     corrupt: Sequence[int] = ()
+    prefetch: bool = True
+    """``False``: every pre-fetch refused (``bench.stageonly``)."""
     _clients: dict[int, ApiClient] = field(default_factory=dict, repr=False)
 
     def create(self) -> None:
@@ -56,6 +64,8 @@ class DataMesh(LocalMesh):
     def command(self, agent: AgentProcess) -> list[str]:
         assert self.lab is not None
         argv = super().command(agent)
+        if not self.prefetch:
+            argv[argv.index("agent.cli")] = "bench.stageonly"
         if self.config_text and self.placement is None:
             argv += ["--config", str(agent.config_path)]
         return self.lab.command(agent.index, argv)
@@ -70,6 +80,27 @@ class DataMesh(LocalMesh):
         if client is None:
             client = self._clients[agent.index] = self.client(agent.index)
         return client
+
+    def counters(self, family: str) -> Counter[str]:
+        """Prometheus counter ``family`` summed over every running agent, by its ``what``
+        label (read from each agent's ``/metrics``, as the operator)."""
+        assert self.operator is not None
+        context = client_context(self.operator, self.operator.ca_certificate)
+        total: Counter[str] = Counter()
+        for agent in self.agents:
+            if not agent.running:
+                continue
+            try:
+                with urllib.request.urlopen(
+                    f"https://{agent.address}/metrics", context=context, timeout=10
+                ) as answer:
+                    text = answer.read().decode()
+            except OSError:
+                continue
+            for line in text.splitlines():
+                if (m := _SAMPLE.fullmatch(line)) and m["family"] == family:
+                    total[m["what"]] += int(float(m["value"]))
+        return total
 
     async def close_clients(self) -> None:
         for client in self._clients.values():
