@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
@@ -40,10 +40,14 @@ class HashCache(Protocol):
         ...
 
     def remember_chunks(
-        self, entries: Sequence[tuple[str, Stamp, int, tuple[str, ...]]], drop_under: str
+        self,
+        fresh: Sequence[tuple[str, Stamp, int, tuple[str, ...]]],
+        seen: Collection[str],
+        drop_under: str,
     ) -> None:
-        """Keep (path, stamp, chunk_bytes, chunks) rows, and forget the other paths under the
-        folder ``drop_under`` (files gone since)."""
+        """Keep the (path, stamp, chunk_bytes, chunks) rows of the files just hashed, and forget
+        the paths under the folder ``drop_under`` that are not in ``seen`` (files gone since);
+        an unchanged folder writes nothing."""
         ...
 
 
@@ -97,7 +101,8 @@ def _build(
     count: WalkCount,
 ) -> Built:
     files: list[ContentFile] = []
-    remember: list[tuple[str, Stamp, int, tuple[str, ...]]] = []
+    fresh: list[tuple[str, Stamp, int, tuple[str, ...]]] = []
+    seen: set[str] = set()
     hashed = 0
     total = 0
     for f in found:
@@ -116,12 +121,13 @@ def _build(
                 count.skipped += 1
                 continue
             hashed += f.st.st_size
-        remember.append((path, stamp, chunk_bytes, chunks))
+            fresh.append((path, stamp, chunk_bytes, chunks))
+        seen.add(path)
         files.append(ContentFile(f.rel, f.st.st_size, f.st.st_mode & _MODE_BITS, chunks))
     files.sort(key=lambda f: f.path)
     manifest = ContentManifest(kind, name, chunk_bytes, tuple(files))
     check_content(manifest, limits)
-    cache.remember_chunks(remember, drop_under)
+    cache.remember_chunks(fresh, seen, drop_under)
     return Built(manifest, count.skipped, hashed)
 
 

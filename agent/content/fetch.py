@@ -173,6 +173,9 @@ class Fetcher:
         self.limits = limits or SwarmLimits()
         self.counts: Counter[str] = counts if counts is not None else Counter()
         self.clock = clock
+        self.rates = HolderRates()
+        """The bytes/s measured from each holder (its ``place`` record carries them: the
+        policy's data term reads them, ``agent.policy.scoring.transfer_s``)."""
 
     async def learn(self, digest: str, holders: Sequence[Holder]) -> ContentManifest:
         """The manifest of ``digest``: the store's, or the first holder's that serves it."""
@@ -248,12 +251,14 @@ class Fetcher:
         on_progress: Callable[[Progress], None] | None,
     ) -> None:
         flying: dict[asyncio.Task[bytes], Ask] = {}
+        measure = _Measure()
         try:
             while not swarm.done:
                 now = self.clock()
                 for ask in swarm.next_asks(now):
                     task = asyncio.create_task(holders[ask.holder].chunk(manifest, ask.chunk))
                     flying[task] = ask
+                    measure.asked(ask.holder, now)
                 if not flying:
                     if swarm.stuck:
                         raise FetchError(
@@ -270,7 +275,9 @@ class Fetcher:
                     flying, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
                 )
                 for task in finished:
-                    await self._answer(swarm, manifest, flying.pop(task), task, kind)
+                    ask = flying.pop(task)
+                    if await self._answer(swarm, manifest, ask, task, kind):
+                        measure.got(ask.holder, ask.chunk.length_bytes, self.clock())
                 if finished and on_progress is not None:
                     on_progress(swarm.progress(self.clock()))
         finally:
@@ -278,6 +285,9 @@ class Fetcher:
                 task.cancel()
             if flying:
                 await asyncio.gather(*flying, return_exceptions=True)
+            if kind == "peer":
+                for holder, rate in measure.rates().items():
+                    self.rates.note(holder, rate)
 
     async def _answer(
         self,
@@ -286,23 +296,70 @@ class Fetcher:
         ask: Ask,
         task: asyncio.Task[bytes],
         kind: SourceKind,
-    ) -> None:
+    ) -> bool:
+        """Whether the chunk arrived whole and was kept."""
         try:
             data = task.result()
         except PeerRefused as exc:
             log.info("%s refused chunk %s: %s", ask.holder[:8], ask.chunk.digest[:12], exc)
             swarm.failed(ask, self.clock())
-            return
+            return False
         except PeerError as exc:
             log.info("%s failed chunk %s: %s", ask.holder[:8], ask.chunk.digest[:12], exc)
             swarm.failed(ask, self.clock())
-            return
+            return False
         try:
             check_chunk(ask.chunk.digest, data, ask.chunk.length_bytes)
             await asyncio.to_thread(self.store.put_chunk, manifest.digest, ask.chunk, data)
         except ContentError as exc:
             log.warning("dropping %s as a holder of %s: %s", ask.holder[:8], manifest.name, exc)
             swarm.corrupt(ask)
-            return
+            return False
         self.counts[f"bytes_{kind}"] += len(data)
         swarm.got(ask, self.clock())
+        return True
+
+
+MIN_MEASURED_BYTES: Final = 1 << 20
+"""A holder's rate is measured from a fetch that took at least this much from it."""
+MAX_RATES_KEPT: Final = 64
+
+
+class _Measure:
+    """Bytes each holder served in one fetch, from its first ask to its last chunk."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, float] = {}
+        self.last: dict[str, float] = {}
+        self.bytes: Counter[str] = Counter()
+
+    def asked(self, holder: str, now: float) -> None:
+        self.first.setdefault(holder, now)
+
+    def got(self, holder: str, length_bytes: int, now: float) -> None:
+        self.bytes[holder] += length_bytes
+        self.last[holder] = now
+
+    def rates(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for holder, got in self.bytes.items():
+            spent = self.last[holder] - self.first[holder]
+            if got >= MIN_MEASURED_BYTES and spent > 0:
+                out[holder] = got / spent
+        return out
+
+
+class HolderRates:
+    """The rate measured from each holder, smoothed over fetches (the newest weighs half)."""
+
+    def __init__(self) -> None:
+        self.by_holder: dict[str, float] = {}
+
+    def note(self, holder: str, rate_bytes_per_s: float) -> None:
+        old = self.by_holder.pop(holder, None)
+        self.by_holder[holder] = rate_bytes_per_s if old is None else (old + rate_bytes_per_s) / 2
+        while len(self.by_holder) > MAX_RATES_KEPT:
+            del self.by_holder[next(iter(self.by_holder))]
+
+    def snapshot(self) -> dict[str, float]:
+        return dict(self.by_holder)

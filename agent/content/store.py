@@ -7,8 +7,9 @@ every chunk is in, it is checked whole and becomes ``objects/ab/<sha256>`` (read
 manifest's tree, :meth:`DiskStore.tree`, is hardlinks to objects, never a second copy).
 
 The index (``index.db``, SQLite through :func:`~agent.storage.sqlitefile.open_database`) holds
-the manifests (digest, kind, name, created, total and held bytes, last use, uses, pinned, local
-origin), each manifest's files, and every place a chunk sits (file key, chunk number) with
+the manifests (digest, kind, name, created, total and held bytes, last use, uses, pinned), the
+names each is known by (two datasets of equal bytes are one manifest under two names, each with
+its own local origin), each manifest's files, and every place a chunk sits (file key, chunk number) with
 whether it is held: a chunk put for one manifest is written at every place it sits, in every
 manifest, and a manifest added later takes what is held already, so nothing held is fetched
 twice. What is recorded held was written and flushed first, so a restart resumes where it was.
@@ -39,6 +40,7 @@ from agent.content.manifest import (
     check_chunk,
 )
 from agent.content.storefiles import StoreFiles
+from agent.content.storefolders import FolderIndex
 from agent.content.storeindex import (
     HELD_SELECT,
     MIGRATIONS,
@@ -58,7 +60,7 @@ RESERVE_MAX_BYTES: Final = 1 << 30
 _BATCH: Final = 500
 
 
-class DiskStore:
+class DiskStore(FolderIndex):
     """The :class:`~agent.content.store_api.ContentStore` of one node. Thread-safe: every
     method may block on the disk (async callers run it in a thread)."""
 
@@ -124,11 +126,29 @@ class DiskStore:
         manifest = self.manifest(digest)
         if manifest is None:
             return ()
+        with self._lock:
+            empty = self._empty_chunks(digest)
+            if empty:
+                # held for another file, version or dataset: filled from there, no transfer
+                with contextlib.suppress(StoreFull):  # then it is fetched, and put says full
+                    self._spread(empty)
+                empty = self._empty_chunks(digest)
         first: dict[str, ChunkAt] = {}
         for at in manifest.chunk_places():
-            first.setdefault(at.digest, at)
-        held = self._held_chunks(list(first))
-        return tuple(at for d, at in first.items() if d not in held)
+            if at.digest in empty:
+                first.setdefault(at.digest, at)
+        return tuple(first.values())
+
+    def _empty_chunks(self, digest: str) -> set[str]:
+        """The chunk digests with a place in manifest ``digest`` not filled yet."""
+        return {
+            r[0]
+            for r in self._db.execute(
+                "SELECT DISTINCT p.chunk FROM entries e JOIN places p ON p.fkey = e.fkey"
+                " WHERE e.digest = ? AND p.held = 0",
+                (digest,),
+            )
+        }
 
     def put_chunk(self, digest: str, chunk: ChunkAt, data: bytes) -> None:
         try:
@@ -187,12 +207,15 @@ class DiskStore:
 
     def held(self, digest: str) -> Held | None:
         with self._lock:
-            row = self._db.execute(HELD_SELECT + " WHERE digest = ?", (digest,)).fetchone()
+            row = self._db.execute(
+                HELD_SELECT + " WHERE m.digest = ? ORDER BY n.origin IS NULL, n.created_s",
+                (digest,),
+            ).fetchone()
         return None if row is None else held_row(row)
 
     def all_held(self) -> tuple[Held, ...]:
         with self._lock:
-            rows = self._db.execute(HELD_SELECT + " ORDER BY name, created_s").fetchall()
+            rows = self._db.execute(HELD_SELECT + " ORDER BY n.name, n.created_s").fetchall()
         return tuple(held_row(r) for r in rows)
 
     def store_bytes(self) -> int:
@@ -237,7 +260,8 @@ class DiskStore:
         """Forget manifest ``digest`` and delete what no other manifest uses; whether it was
         held. Pinned or not: the caller decides (:meth:`evict_over_budget` skips pinned)."""
         with self._lock:
-            if self.held(digest) is None:
+            known = self._db.execute("SELECT 1 FROM manifests WHERE digest = ?", (digest,))
+            if known.fetchone() is None:
                 return False
             gone = [
                 r[0]
@@ -267,6 +291,7 @@ class DiskStore:
                     if obj is not None:
                         objects.append(obj)
                 db.execute("DELETE FROM entries WHERE digest = ?", (digest,))
+                db.execute("DELETE FROM names WHERE digest = ?", (digest,))
                 db.execute("DELETE FROM manifests WHERE digest = ?", (digest,))
             self._store_bytes -= freed
             self._parsed.pop(digest, None)
@@ -282,20 +307,44 @@ class DiskStore:
             self.stats.evictions += 1
             return True
 
-    def evict_over_budget(self, protected: Iterable[str] = (), force: bool = False) -> list[str]:
-        """Apply the cache rules (:func:`~agent.content.cache.plan_eviction`): the digests
-        evicted."""
+    def forget(self, name: str, digest: str) -> bool:
+        """Forget ``digest`` under ``name`` (a version replaced, a folder gone, an operator's
+        evict); the manifest and what only it holds go with its last name. Whether it was
+        held under that name."""
         with self._lock:
+            with self._tx() as db:
+                gone = db.execute(
+                    "DELETE FROM names WHERE name = ? AND digest = ?", (name, digest)
+                ).rowcount
+                left = db.execute(
+                    "SELECT origin FROM names WHERE digest = ? ORDER BY origin IS NULL",
+                    (digest,),
+                ).fetchone()
+                if left is not None and left[0] is not None:
+                    self._point_local(db, digest, left[0])  # its files are in that folder
+            if gone and left is None:
+                self.evict(digest)
+            return bool(gone)
+
+    def evict_over_budget(
+        self, protected: Iterable[str] | None = None, force: bool = False
+    ) -> list[str]:
+        """Apply the cache rules (:func:`~agent.content.cache.plan_eviction`), never evicting
+        ``protected`` (default: :attr:`protected`); the digests evicted."""
+        if protected is None:
+            protected = self.protected()
+        with self._lock:
+            local = {h.digest for h in self.all_held() if h.origin is not None}
             entries = [
                 CacheEntry(
                     h.digest,
-                    h.held_bytes if h.origin is None else 0,
+                    0 if h.digest in local else h.held_bytes,
                     h.last_use_s,
                     h.uses,
                     h.pinned,
-                    h.origin is not None,
+                    h.digest in local,
                 )
-                for h in self.all_held()
+                for h in {h.digest: h for h in self.all_held()}.values()
             ]
             plan = plan_eviction(
                 entries, self._store_bytes, self.rules, self.clock(), protected, force
@@ -305,73 +354,23 @@ class DiskStore:
             log.info("store: evicted %s (cache rules)", d[:12])
         return done
 
-    # ---- folders an operator added as datasets (``shoal data add``) ---------------------------
-
-    def add_source(self, name: str, path: Path) -> None:
-        """Remember that dataset ``name`` is built from ``path`` on this node (across restarts)."""
-        with self._tx() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO sources VALUES (?, ?, ?)", (name, str(path), self.clock())
-            )
-
-    def sources(self) -> dict[str, Path]:
-        with self._lock:
-            rows = self._db.execute("SELECT name, path FROM sources ORDER BY name").fetchall()
-        return {str(n): Path(p) for n, p in rows}
-
-    # ---- the hash cache of folders built in place (agent.content.build.HashCache) ---------
-
-    def cached_chunks(
-        self, path: str, stamp: tuple[int, int, int], chunk_bytes: int
-    ) -> tuple[str, ...] | None:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT chunks FROM hashes WHERE path = ? AND size_bytes = ? AND mtime_ns = ?"
-                " AND inode = ? AND chunk_bytes = ?",
-                (path, *stamp, chunk_bytes),
-            ).fetchone()
-        return None if row is None else tuple(json.loads(row[0]))
-
-    def remember_chunks(
-        self,
-        entries: Sequence[tuple[str, tuple[int, int, int], int, tuple[str, ...]]],
-        drop_under: str,
-    ) -> None:
-        prefix = drop_under.rstrip("/") + "/"
-        keep = {e[0] for e in entries}
-        with self._tx() as db:
-            gone = [
-                r[0]
-                for r in db.execute(
-                    "SELECT path FROM hashes WHERE substr(path, 1, ?) = ?", (len(prefix), prefix)
-                )
-                if r[0] not in keep
-            ]
-            db.executemany("DELETE FROM hashes WHERE path = ?", [(p,) for p in gone])
-            db.executemany(
-                "INSERT OR REPLACE INTO hashes VALUES (?, ?, ?, ?, ?, ?)",
-                [
-                    (path, *stamp, chunk_bytes, json.dumps(list(chunks)))
-                    for path, stamp, chunk_bytes, chunks in entries
-                ],
-            )
-
     # ---- inside -----------------------------------------------------------------------------
 
     def _add(self, manifest: ContentManifest, origin: str | None) -> None:
         digest = manifest.digest
         with self._lock:
-            row = self._db.execute(
-                "SELECT origin FROM manifests WHERE digest = ?", (digest,)
+            row = self._db.execute("SELECT 1 FROM manifests WHERE digest = ?", (digest,)).fetchone()
+            named = self._db.execute(
+                "SELECT origin FROM names WHERE name = ? AND digest = ?", (manifest.name, digest)
             ).fetchone()
-            if row is not None and (origin is None or row[0] == origin):
+            if row is not None and named is not None and origin in (None, named[0]):
                 return
             now = self.clock()
             newly_held: set[str] = set()
             with self._tx() as db:
                 if row is None:
                     db.execute(
-                        "INSERT INTO manifests VALUES (?, ?, ?, ?, ?, ?, 0, ?, 0, 0, ?)",
+                        "INSERT INTO manifests VALUES (?, ?, ?, ?, ?, ?, 0, ?, 0, 0)",
                         (
                             digest,
                             manifest.kind,
@@ -380,11 +379,15 @@ class DiskStore:
                             now,
                             manifest.total_bytes,
                             now,
-                            origin,
                         ),
                     )
-                else:
-                    db.execute("UPDATE manifests SET origin = ? WHERE digest = ?", (origin, digest))
+                db.execute(
+                    "INSERT INTO names VALUES (?, ?, ?, ?) ON CONFLICT (name, digest) DO UPDATE"
+                    " SET origin = COALESCE(excluded.origin, origin)",
+                    (manifest.name, digest, origin, now),
+                )
+                if row is not None and origin is None:
+                    return  # the same bytes under another name: nothing more to hold
                 for i, f in enumerate(manifest.files):
                     fkey = file_key(manifest.chunk_bytes, f)
                     local = None if origin is None else str(Path(origin) / f.path)
@@ -437,7 +440,10 @@ class DiskStore:
             self._parsed.pop(digest, None)
             # what others hold already fills this one; what this one holds fills others
             wanted = {d for f in manifest.files for d in f.chunks}
-            self._spread(wanted | newly_held)
+            try:
+                self._spread(wanted | newly_held)
+            except StoreFull as exc:  # what did not fit is fetched (missing() lists it)
+                log.info("store: %s not filled from what is held: %s", digest[:12], exc)
 
     def _held_chunks(self, digests: Sequence[str]) -> set[str]:
         out: set[str] = set()
@@ -560,6 +566,19 @@ class DiskStore:
                 )
             )
         return sorted(out)
+
+    @staticmethod
+    def _point_local(db: sqlite3.Connection, digest: str, origin: str) -> None:
+        """The files of ``digest`` read from a folder are read from ``origin`` from now on."""
+        rows = db.execute(
+            "SELECT e.fkey, e.path FROM entries e JOIN files f USING (fkey) WHERE e.digest = ?"
+            " AND f.local IS NOT NULL",
+            (digest,),
+        ).fetchall()
+        db.executemany(
+            "UPDATE files SET local = ? WHERE fkey = ?",
+            [(str(Path(origin) / path), fkey) for fkey, path in rows],
+        )
 
     @staticmethod
     def _recount(db: sqlite3.Connection, digests: Sequence[str]) -> None:

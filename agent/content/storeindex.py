@@ -15,7 +15,10 @@ MIGRATIONS: Final = (
         "CREATE TABLE manifests (digest TEXT PRIMARY KEY, kind TEXT NOT NULL, name TEXT NOT"
         " NULL, body TEXT NOT NULL, created_s REAL NOT NULL, total_bytes INTEGER NOT NULL,"
         " held_bytes INTEGER NOT NULL, last_use_s REAL NOT NULL, uses INTEGER NOT NULL,"
-        " pinned INTEGER NOT NULL, origin TEXT)",
+        " pinned INTEGER NOT NULL)",
+        "CREATE TABLE names (name TEXT NOT NULL, digest TEXT NOT NULL, origin TEXT, created_s"
+        " REAL NOT NULL, PRIMARY KEY (name, digest))",
+        "CREATE INDEX names_digest ON names (digest)",
         "CREATE TABLE files (fkey TEXT PRIMARY KEY, size_bytes INTEGER NOT NULL, chunk_bytes"
         " INTEGER NOT NULL, object TEXT, local TEXT)",
         "CREATE TABLE entries (digest TEXT NOT NULL, idx INTEGER NOT NULL, fkey TEXT NOT NULL,"
@@ -27,8 +30,8 @@ MIGRATIONS: Final = (
         "CREATE TABLE hashes (path TEXT PRIMARY KEY, size_bytes INTEGER NOT NULL, mtime_ns"
         " INTEGER NOT NULL, inode INTEGER NOT NULL, chunk_bytes INTEGER NOT NULL, chunks TEXT"
         " NOT NULL)",
+        "CREATE TABLE sources (name TEXT PRIMARY KEY, path TEXT NOT NULL, added_s REAL NOT NULL)",
     ),
-    ("CREATE TABLE sources (name TEXT PRIMARY KEY, path TEXT NOT NULL, added_s REAL NOT NULL)",),
 )
 
 
@@ -40,7 +43,8 @@ def file_key(chunk_bytes: int, f: ContentFile) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Held:
-    """One manifest as the index records it."""
+    """One manifest under one of its names, as the index records it (the same bytes under two
+    names, two datasets whose contents are equal, are one manifest and two rows)."""
 
     digest: str
     kind: str
@@ -52,7 +56,7 @@ class Held:
     uses: int
     pinned: bool
     origin: str | None
-    """The folder a manifest of local origin was built from; ``None`` for the store's own."""
+    """The folder it was built from under this name (local origin); ``None``: the store's own."""
 
     @property
     def complete(self) -> bool:
@@ -73,8 +77,8 @@ class StoreStats:
 
 
 HELD_SELECT: Final = (
-    "SELECT digest, kind, name, created_s, total_bytes, held_bytes, last_use_s, uses, pinned,"
-    " origin FROM manifests"
+    "SELECT m.digest, m.kind, n.name, n.created_s, m.total_bytes, m.held_bytes, m.last_use_s,"
+    " m.uses, m.pinned, n.origin FROM names n JOIN manifests m ON m.digest = n.digest"
 )
 
 

@@ -222,7 +222,8 @@ class Commands:
     ) -> Answer:
         """data_add, data_evict, data_pin, data_unpin: carried out by the node that holds (or
         is to index) the dataset."""
-        elsewhere = await self._to_node(body, data, forwarded)
+        # data_add names no node when it is for the agent it was sent to
+        elsewhere = await self._to_node(body, data, forwarded) if "node" in body else None
         if elsewhere is not None:
             return elsewhere
         if kind == "data_add":

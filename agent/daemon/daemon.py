@@ -70,6 +70,7 @@ from agent.running.datastage import JobData
 from agent.running.prefetch import Prefetches
 from agent.running.runner import Runner
 from agent.storage import purging
+from agent.storage.sqlitefile import StoreError
 from agent.storage.store import Store, StoreFull
 from agent.wire.records import EVENTS, JOB_PREFIX, NODE, SUB_PREFIX, NodeRecord
 from gossip import revocation
@@ -220,6 +221,7 @@ class Agent:
             self.view, self.data.store, self.stager, self.data_counts, self.ctx.changed
         )
         self.runner.confirmer.owned = self._owned_placed
+        self.publisher.rates = self.stager.fetcher.rates.snapshot
         self.prefetches = Prefetches(self.runner, self.runner.data)
         self.calls = Calls(self.ctx, self.owner, self.runner, self.metrics, self.prefetches)
         self.reads = Reads(self.ctx, self.owner, self.runner, self.node, self.mesh, self.trust)
@@ -276,9 +278,9 @@ class Agent:
             asyncio.create_task(self._purge_loop(), name="purge"),
             asyncio.create_task(self._disk_loop(), name="disk"),
             asyncio.create_task(self._history_loop(), name="history"),
+            # the store is always there: what it holds is published, a datasets folder or not
+            asyncio.create_task(self._datasets_loop(), name="datasets"),
         ]
-        if self.config.datasets_dir is not None or self.data.store.sources():
-            self._tasks.append(asyncio.create_task(self._datasets_loop(), name="datasets"))
         devices = len(self.devices.report.devices)
         self.events.add(
             "agent_started", f"boot {self.boot} at {self.node.address} with {devices} device(s)"
@@ -480,22 +482,27 @@ class Agent:
 
     async def datasets_rescan(self) -> None:
         """Index this host's datasets again (off the loop) and publish what is held."""
-        sizes, versions = await asyncio.to_thread(self.data.scan)
+        try:
+            sizes, versions = await asyncio.to_thread(self.data.scan)
+        except (StoreError, OSError) as exc:  # a full disk, say: the next scan tries again
+            log.warning("datasets: scan failed: %s", exc)
+            return
         self.publisher.datasets_scanned(sizes, versions)
 
     def datasets_changed(self) -> None:
         """A data command changed what is held: published at the next tick."""
         self.publisher.datasets_scanned(self.data.sizes(), self.data.versions())
 
-    def _datasets_in_use(self) -> list[str]:
-        """The dataset refs of the jobs running here, and the versions of those starting or
-        pre-fetched here (never evicted)."""
+    def _datasets_in_use(self) -> list[tuple[str, str]]:
+        """(job id, dataset ref) of the jobs running here: their versions are never evicted;
+        nor those of jobs starting or pre-fetched here (under the job id ``""``)."""
         data = self.runner.data
-        out = [] if data is None else [f"{v.name}@{v.digest}" for v in data.protected()]
+        out = [] if data is None else [("", f"{v.name}@{v.digest}") for v in data.protected()]
         for job_id in list(self.runner.runs):
             spec = (self.view.jobs.get(job_id) or {}).get("spec")
             if isinstance(spec, dict):
-                out.extend(d for d in spec.get("datasets") or () if isinstance(d, str))
+                datasets = spec.get("datasets") or ()
+                out.extend((job_id, d) for d in datasets if isinstance(d, str))
         return out
 
     def _coordinate(self) -> Coordinate | None:

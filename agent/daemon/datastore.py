@@ -56,8 +56,11 @@ def store_rules(config: AgentConfig, disk_total_bytes: int) -> CacheRules:
 class NodeData:
     """The store, the datasets scan and the data commands of one agent."""
 
-    def __init__(self, config: AgentConfig, in_use: Callable[[], Iterable[str]] = tuple) -> None:
-        """``in_use``: the dataset refs (``NAME``, ``NAME@DIGEST``) of the jobs that run here."""
+    def __init__(
+        self, config: AgentConfig, in_use: Callable[[], Iterable[tuple[str, str]]] = tuple
+    ) -> None:
+        """``in_use``: (job id, dataset ref: ``NAME`` or ``NAME@DIGEST``) for each dataset of
+        each job that runs here."""
         root = config.data_dir / "store"
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         st = os.statvfs(root)
@@ -65,11 +68,15 @@ class NodeData:
         self.store.protected = self.protected
         self.scanner = DatasetScanner(config.datasets_dir, config.datasets)
         self.named = config.datasets
+        self._private = tuple(os.path.realpath(p) for p in (config.data_dir, config.identity_path))
+        """The agent's own folders: never a dataset (its key would be served to the mesh)."""
         self._in_use = in_use
         self._scan_lock = threading.Lock()
         self.refused: Counter[str] = Counter()
         """Datasets that could not be indexed (over the limits, unreadable), by reason."""
         self._said: set[tuple[str, str]] = set()
+        self._used: set[tuple[str, str]] = set()
+        """(job id, digest) already counted as a use."""
         self.changed: Callable[[], None] = lambda: None
         """Called after a command changed what is held (the agent republishes)."""
 
@@ -85,6 +92,7 @@ class NodeData:
             for name, path in sorted(found.items()):
                 self._index(name, path)
             self._forget_gone(found)
+            self.count_uses()
             self.store.evict_over_budget(self.protected())
             return self.sizes(), self.versions()
 
@@ -103,14 +111,14 @@ class NodeData:
                 and h.origin == str(base)
                 and h.digest != built.manifest.digest
             ):
-                self.store.evict(h.digest)  # that version's files are no longer there
+                self.store.forget(name, h.digest)  # that version's files are no longer there
 
     def _forget_gone(self, found: dict[str, Path]) -> None:
         origins = {str(p if p.is_dir() else p.parent) for p in found.values()}
         for h in self.store.all_held():
             gone = h.name not in found or h.origin not in origins
             if h.kind == DATASET and h.origin is not None and gone:
-                self.store.evict(h.digest)
+                self.store.forget(h.name, h.digest)
 
     def _say(self, name: str, reason: str, line: str) -> None:
         if (name, reason) not in self._said:
@@ -137,14 +145,26 @@ class NodeData:
 
     def protected(self) -> set[str]:
         """The versions held here that jobs running here read (never evicted)."""
-        refs = list(self._in_use())
-        out: set[str] = set()
+        return {digest for _job, digest in self._reading()}
+
+    def _reading(self) -> set[tuple[str, str]]:
+        """(job id, digest) of each version held here that a job running here reads."""
+        pairs = list(self._in_use())
+        out: set[tuple[str, str]] = set()
         for h in self.store.all_held():
-            for ref in refs:
+            for job_id, ref in pairs:
                 name, _, digest = ref.partition("@")
-                if h.name == name and digest in ("", h.digest):
-                    out.add(h.digest)
+                if h.kind == DATASET and h.name == name and digest in ("", h.digest):
+                    out.add((job_id, h.digest))
         return out
+
+    def count_uses(self) -> None:
+        """Each version a job running here reads is used once per job: the most recently used,
+        and once more popular (the cache rules keep it longer)."""
+        reading = self._reading()
+        for _job, digest in sorted(reading - self._used):
+            self.store.use(digest)
+        self._used = reading
 
     # -- the operator's commands (blocking: run them in a thread) -----------------------------
 
@@ -158,6 +178,12 @@ class NodeData:
             raise DataRefused(f"{path_text!r}: the path must be absolute (on the agent's host)")
         if not path.exists():
             raise DataRefused(f"{path}: no such file or folder on this host")
+        real = os.path.realpath(path)
+        for private in self._private:
+            if os.path.commonpath((real, private)) in (real, private):
+                raise DataRefused(
+                    f"{path}: holds or is inside the agent's own folder {private}: never a dataset"
+                )
         if not (path.is_dir() or path.is_file()) or not os.access(
             path, os.R_OK | (os.X_OK if path.is_dir() else 0)
         ):
@@ -200,7 +226,7 @@ class NodeData:
                     409,
                 )
         for h in held:
-            self.store.evict(h.digest)
+            self.store.forget(h.name, h.digest)
         return {"evicted": [h.digest for h in held]}
 
     def pin(self, ref_text: str, pinned: bool) -> dict[str, Any]:
@@ -215,6 +241,8 @@ class NodeData:
             "hits": s.hits,
             "misses": s.misses,
             "evictions": s.evictions,
+            "refused_chunks": s.refused_chunks,
+            "corrupt": s.corrupt,
             "held_bytes": self.store.store_bytes(),
             "budget_bytes": self.store.rules.budget_bytes,
             "refused": dict(self.refused),

@@ -26,12 +26,13 @@ source kind (``shoal_content_total``, ``shoal_content_fetched_bytes_total{source
 step of a loop over many, by step, the loop having gone on (``shoal_job_step_errors_total``,
 ``agent.common.eachjob``). The content store (``agent.content.store``): chunks it had and did
 not have when asked (``shoal_store_hits_total``, ``shoal_store_misses_total``), manifests evicted
-(``shoal_store_evictions_total``), the bytes it keeps and may keep (``shoal_store_held_bytes``,
-``shoal_store_budget_bytes``), and datasets that could not be indexed
-(``shoal_datasets_unindexed_total``). Jobs' datasets (``agent.running.datastage``): hits,
-misses, failed stagings and pre-fetches by outcome (``shoal_job_data_total``), each job's wait
-for its data (the histogram ``shoal_job_data_wait_seconds``); the pre-fetches this agent asked
-as an owner (``shoal_prefetch_total``, ``agent.owning.prefetching``).
+(``shoal_store_evictions_total``), chunks refused on arrival and found rotten when read
+(``shoal_store_refused_chunks_total``, ``shoal_store_corrupt_total``), the bytes it keeps and
+may keep (``shoal_store_held_bytes``, ``shoal_store_budget_bytes``), and datasets that could not
+be indexed (``shoal_datasets_unindexed_total``). Jobs' datasets (``agent.running.datastage``):
+hits, misses, failed stagings and pre-fetches by outcome (``shoal_job_data_total``), each job's
+wait for its data (the histogram ``shoal_job_data_wait_seconds``); the pre-fetches this agent
+asked as an owner (``shoal_prefetch_total``, ``agent.owning.prefetching``).
 
 The counters are plain ``collections.Counter`` objects and everything is turned into Prometheus
 families at scrape time, so ``prometheus_client`` (and the HTTP server modules it brings, ~1 MB
@@ -196,6 +197,11 @@ class _Snapshot:
             ("hits", "Chunks the content store had when asked (to serve a peer or fill a file)"),
             ("misses", "Chunks asked of the content store that it did not have"),
             ("evictions", "Manifests the content store evicted (cache rules or an operator)"),
+            ("refused_chunks", "Chunks refused before they were kept: not their digest or length"),
+            (
+                "corrupt",
+                "Chunks held that no longer matched their digest when read (fetched again)",
+            ),
         ):
             yield CounterMetricFamily(f"shoal_store_{name}", text, value=store.get(name, 0))
         yield GaugeMetricFamily(

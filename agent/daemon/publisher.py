@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from agent.daemon.config import AgentConfig
 from agent.daemon.devices import HostDevices
@@ -69,6 +69,9 @@ class Publisher:
         self._devices = devices
         self._events = events
         self._node_doc = node_doc
+        self.rates: Callable[[], Mapping[str, float]] = dict
+        """The bytes/s this node measured from each holder it fetched from (the place record
+        carries them; a holder measured for the first time republishes it at its next look)."""
         self._node_dirty = True
         self._node_sent: NodeRecord | None = None
         self._node_at = float("-inf")
@@ -188,16 +191,20 @@ class Publisher:
         """The ``place`` record, when its datasets changed or its coordinate moved."""
         coord = self._coordinate()
         sent = self._place_sent
+        rates = self.rates()
         if (
             not self._place_dirty
             and sent is not None
             and coord_moved_s(sent.coord, coord) < COORD_MOVED_S
+            and set(rates) <= set(sent.rates)
         ):
             self._place_at = now
             return
         self._place_dirty = False
         self._place_at = now
-        record = PlaceRecord(datasets=dict(self._datasets), coord=coord, versions=self._versions)
+        record = PlaceRecord(
+            datasets=dict(self._datasets), coord=coord, versions=self._versions, rates=rates
+        )
         if sent is None and not record.datasets and not record.versions and coord is None:
             return  # nothing to say yet: no record until a dataset or a measured round trip
         payload, left_out = record.encode()

@@ -27,7 +27,12 @@ from agent.checkpoints.transfer import TransferError
 from agent.job.authority import SubmissionRefused
 from agent.job.jobstate import JobEvent, JobState
 from agent.mesh.peers import PeerError, PeerRefused, PeerUnreachable, decoded_answer
-from agent.owning.datawait import STAGE_TIMEOUT_S, clear_staging, watch_staging
+from agent.owning.datawait import (
+    STAGE_TIMEOUT_S,
+    clear_staging,
+    unheld_reason,
+    watch_staging,
+)
 from agent.owning.meshqueue import MeshQueue
 from agent.owning.ownersteps import OwnerSteps
 from agent.owning.preempting import preemption_candidates, saved_at, waiting_reason
@@ -75,6 +80,12 @@ def queue_of(o: OwnerSteps, job: OwnedJob, live: Collection[str]) -> MeshQueue:
 def candidates_for(o: PlacingOwner, job: OwnedJob) -> list[Candidate]:
     """Where the job may run, best first; none: the reason is saved on the job."""
     live = set(o._live())
+    unheld = unheld_reason(job.spec, o.view, live)
+    if unheld is not None:
+        if unheld != job.reason:
+            job.reason = unheld
+            o._save(job, replicate=False)
+        return []
     nodes = [o.view.node(n) for n in sorted(live)]
     exclude = frozenset({job.avoid}) if job.avoid else frozenset()
     queue = queue_of(o, job, live)

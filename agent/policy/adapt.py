@@ -227,6 +227,7 @@ def node_from_view(view: NodeFacts, holders: Mapping[str, str] | None = None) ->
         datasets=frozenset(view.datasets)  # the place record's, else the datasets label
         | {f"{v.name}@{v.digest}" for v in _versions(view) if v.held_bytes >= v.total_bytes},
         dataset_held={f"{v.name}@{v.digest}": v.held_bytes for v in _versions(view)},
+        fetch_rates=_field(view.place, "rates") or {},
         coord=_field(view.place, "coord"),
         cost_per_hour=cost,
         features=view.features,

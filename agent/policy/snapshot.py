@@ -90,6 +90,9 @@ class Node:
     """The datasets held whole here: by name, and as ``NAME@DIGEST`` for each version."""
     dataset_held: Mapping[str, int] = field(default_factory=dict)
     """``NAME@DIGEST`` -> bytes of that version held here, whole or in part."""
+    fetch_rates: Mapping[str, float] = field(default_factory=dict)
+    """Member -> bytes/s this node measured fetching content from it (its ``place`` record);
+    the data term divides what is missing by these, not by a guessed link."""
     coord: Coordinate | None = None
     """Its Vivaldi coordinate: the RTT to another node is the distance between the two."""
     cost_per_hour: float | None = None

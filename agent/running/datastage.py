@@ -203,9 +203,9 @@ class JobData:
         parsed = check_names(refs)
         self.prefetch_done(job_id)
         began = self.clock()
-        versions = tuple(resolve(r, self.view, self.store) for r in parsed)
-        self.needed[job_id] = versions
         try:
+            versions = tuple(resolve(r, self.view, self.store) for r in parsed)
+            self.needed[job_id] = versions
             for v in versions:
                 await self._stage(job_id, v)
             paths = await asyncio.to_thread(self._expose, job_dir, versions)

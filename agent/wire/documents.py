@@ -232,7 +232,7 @@ class NodeDoc(NamedTuple):
     """The dataset versions the node holds, whole or in part (its ``place`` record)."""
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        doc = {
             "node_id": self.node_id,
             "addr": self.addr,
             "state": self.state,
@@ -249,8 +249,10 @@ class NodeDoc(NamedTuple):
             "datasets": dict(self.datasets),
             "rtt_s": self.rtt_s,
             "shares": {k: dict(jobs) for k, jobs in self.shares.items()},
-            "dataset_versions": [v._asdict() for v in self.dataset_versions],
         }
+        if self.dataset_versions:  # left out when none: a node doc as older agents write it
+            doc["dataset_versions"] = [v._asdict() for v in self.dataset_versions]
+        return doc
 
     @classmethod
     def from_wire(cls, value: Any, name: str = "node", *, devices: bool = True) -> NodeDoc:

@@ -33,6 +33,7 @@ from gossip.vivaldi import Coordinate
 PLACE: Final = "place"
 MAX_DATASET_NAME_CHARS: Final = 128
 MAX_COORD_DIMENSIONS: Final = 16
+MAX_RATES: Final = 32
 _DATASET_NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 """A dataset name's one character set: safe in a path, an argv, a shell line and a log."""
 
@@ -117,6 +118,9 @@ class PlaceRecord(NamedTuple):
     """The node's Vivaldi coordinate; ``None`` before its first measured round trip."""
     versions: tuple[HeldVersion, ...] = ()
     """The dataset versions held here, whole or in part (largest held first)."""
+    rates: Mapping[str, float] = EMPTY_MAP
+    """Member -> the bytes/s this node measured fetching content from it (at most
+    :data:`MAX_RATES`, the fastest kept): what the policy's data term divides by."""
 
     def rtt_s(self, other: PlaceRecord) -> float | None:
         """Estimated round trip between this node and ``other``; ``None`` if either is unknown."""
@@ -138,6 +142,9 @@ class PlaceRecord(NamedTuple):
             }
             if versions:
                 doc["versions"] = [list(v) for v in versions[:kept_v]]
+            if self.rates:
+                fastest = sorted(self.rates.items(), key=lambda kv: (-kv[1], kv[0]))
+                doc["rates"] = [[n, round(r, 1)] for n, r in fastest[:MAX_RATES]]
             payload = c.pack(doc)
             if len(payload) <= limit_bytes or kept + kept_v == 0:
                 return payload, len(names) - kept + len(versions) - kept_v
@@ -159,10 +166,19 @@ class PlaceRecord(NamedTuple):
             datasets[name] = size
         coord = doc.get("coord")
         versions = c.items(doc.get("versions"), "versions", _version)
+        rates: dict[str, float] = {}
+        for i, row in enumerate(c.items(doc.get("rates"), "rates", _row)):
+            if i >= MAX_RATES:
+                raise WireError(f"rates: at most {MAX_RATES}")
+            rate = c.number(row[1], f"rates[{i}][1]")
+            if not (math.isfinite(rate) and rate >= 0):
+                raise WireError(f"rates[{i}][1]: a rate is a finite number, not negative")
+            rates[c.text(row[0], f"rates[{i}][0]")] = rate
         return cls(
             datasets=datasets,
             coord=None if coord is None else _coord_from_wire(coord),
             versions=versions,
+            rates=rates,
         )
 
 

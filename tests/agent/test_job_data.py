@@ -13,6 +13,7 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,10 @@ from agent.content.manifest import ContentManifest
 from agent.job.jobspec import Resources, new_job_id
 from agent.job.ownership import rank
 from agent.sandbox.localmesh import AgentProcess
+from agent.wire.calls import PrefetchAsk
+from gossip import envelope
 from tests.agent.agents import Mesh, spec
-from tests.agent.test_attacks import metric
+from tests.agent.test_attacks import Intruder, metric
 from tests.agent.test_content_fetch import CHUNK, make_dataset, preload
 from tests.support import require_system
 
@@ -388,5 +391,72 @@ def test_a_stale_prefetch_is_cancelled_when_the_forecast_moves(tmp_path: Path) -
         assert job["state"] == "succeeded", (job, mesh.logs())
         assert job["runner"] == other.node_id
         assert json.loads(out.read_text())["files"] == expected_hashes(m, chunks)
+    finally:
+        mesh.stop_all()
+
+
+def test_a_job_naming_a_dataset_no_member_holds_waits_until_one_is_added(tmp_path: Path) -> None:
+    mesh = Mesh(tmp_path, ["h100:1", "l4:1"])
+    mesh.start_all()
+    try:
+        runner, host = mesh.agents
+        out = tmp_path / "read.json"
+        job_id = submit(
+            mesh,
+            runner,
+            [sys.executable, "-c", READER, str(out)],
+            resources=BIG_GPU,
+            datasets=("imagenet",),
+        )
+        said = "waiting: dataset imagenet: no member holds it"
+        mesh.wait("the reason", lambda: mesh.job(runner, job_id).get("reason") == said)
+        assert mesh.job(runner, job_id)["state"] == "pending"
+        assert (
+            sum(metric(mesh, a, "shoal_placements_total", outcome="declined") for a in mesh.agents)
+            == 0
+        )
+        src = tmp_path / "imagenet"
+        (src / "train").mkdir(parents=True)
+        files = {"train/a.bin": os.urandom(3 * CHUNK + 11), "b.txt": b"labels\n"}
+        for rel, data in files.items():
+            (src / rel).write_bytes(data)
+        status, answer = mesh.command(host, "data_add", {"name": "imagenet", "path": str(src)})
+        assert status == 200, answer
+        job = ended(mesh, runner, job_id)
+        assert job["state"] == "succeeded", (job, mesh.logs())
+        want = {rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()}
+        assert json.loads(out.read_text())["files"] == want
+    finally:
+        mesh.stop_all()
+
+
+def test_a_prefetch_needs_the_operators_submission_and_an_owner(tmp_path: Path) -> None:
+    """A member asks a node to pre-fetch: for a job it may not own (with the operator's genuine
+    submission), and for a job of its window with a submission it signed itself. Both refused
+    (403), nothing staged."""
+    mesh = Mesh(tmp_path, ["h100:1", "l4:1", "l4:1"])
+    m, chunks = make_dataset("imagenet", {"a.bin": 4 * CHUNK})
+    preload(mesh.agents[1], m, chunks)
+    mesh.start_all()
+    try:
+        runner = mesh.agents[0]
+        intruder = Intruder(mesh, 2)
+        live = [a.node_id for a in mesh.agents]
+        body = spec(["true"], resources=BIG_GPU, datasets=(f"imagenet@{m.digest}",))
+        theirs = next(j for j in iter(new_job_id, "") if intruder.node_id not in rank(j, live)[:2])
+        sealed = mesh.seal("submit", {"job_id": theirs, "spec": body})
+        mine = next(j for j in iter(new_job_id, "") if rank(j, live)[0] == intruder.node_id)
+        forged = envelope.seal(
+            intruder.signer,
+            "submit",
+            json.dumps({"job_id": mine, "spec": body}).encode(),
+            time.time(),
+        )
+        for job_id, submission in ((theirs, sealed), (mine, forged)):
+            ask = PrefetchAsk(job_id, intruder.node_id, submission).to_wire()
+            assert intruder.call(runner, "prefetch", ask) == 403
+        assert metric(mesh, runner, "shoal_internal_refused_total", call="prefetch") == 2
+        assert stage_state(mesh, runner, m) is None
+        assert data_count(mesh, runner, "prefetch_started") == 0
     finally:
         mesh.stop_all()

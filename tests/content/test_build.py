@@ -99,3 +99,23 @@ def test_what_cannot_be_built_is_said_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "f").write_bytes(b"one file")
     one = build_manifest(tmp_path / "f", "f", "dataset", store, CHUNK).manifest
     assert [f.path for f in one.files] == ["f"]
+
+
+def test_the_cache_forgets_files_that_are_gone(tmp_path: Path) -> None:
+    top = tmp_path / "ds"
+    _tree(top)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "kept").write_bytes(b"kept")
+    store = DiskStore(tmp_path / "store")
+    build_manifest(other, "other", "dataset", store, CHUNK)
+    build_manifest(top, "ds", "dataset", store, CHUNK)
+    st = os.lstat(top / "sub" / "b.txt")
+    stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
+    assert store.cached_chunks(str(top / "sub" / "b.txt"), stamp, CHUNK) is not None
+    (top / "sub" / "b.txt").unlink()
+    build_manifest(top, "ds", "dataset", store, CHUNK)
+    assert store.cached_chunks(str(top / "sub" / "b.txt"), stamp, CHUNK) is None
+    st = os.lstat(other / "kept")  # another folder's rows are not touched
+    kept = (st.st_size, st.st_mtime_ns, st.st_ino)
+    assert store.cached_chunks(str(other / "kept"), kept, CHUNK) is not None

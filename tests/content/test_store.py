@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,7 @@ def test_chunks_are_checked_kept_once_and_a_complete_file_is_a_read_only_object(
     first = next(at for at in store.missing(m.digest) if at.length_bytes)
     with pytest.raises(ContentError, match="do not match"):
         store.put_chunk(m.digest, first, b"x" * first.length_bytes)
-    assert store.held_bytes(m.digest) == 0
+    assert store.held_bytes(m.digest) == 0 and store.stats.refused_chunks == 1
     assert _fill(store, m, data) == 5
     assert store.missing(m.digest) == ()
     assert store.held_bytes(m.digest) == m.total_bytes
@@ -171,3 +172,57 @@ def test_the_store_folder_is_private(tmp_path: Path) -> None:
     DiskStore(tmp_path / "store")
     assert stat.S_IMODE(os.stat(tmp_path / "store").st_mode) == 0o700
     assert stat.S_IMODE(os.stat(tmp_path / "store" / "index.db").st_mode) == 0o600
+
+
+@pytest.mark.system
+def test_a_full_disk_refuses_the_chunk_and_keeps_what_was_held(tmp_path: Path) -> None:
+    from tests.agent.test_disk_full import _tmpfs_mountable
+    from tests.support import require_system
+
+    ok, why = _tmpfs_mountable(tmp_path / "probe")
+    require_system(ok, why)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], check=True)
+    try:
+        store = DiskStore(disk / "store", CacheRules(budget_bytes=1 << 40))
+        data = {"big": _blob(9, 40 * CHUNK)}  # 2.5 MiB: more than the disk
+        m = _manifest("big", data)
+        store.add_manifest(m)
+        with pytest.raises(StoreFull, match="disk is full"):
+            _fill(store, m, data)
+        held = store.held_bytes(m.digest)
+        assert 0 < held < m.total_bytes
+        assert store.store_bytes() == held
+        assert len(store.missing(m.digest)) == 40 - held // CHUNK
+        store.close()
+        again = DiskStore(disk / "store", CacheRules(budget_bytes=1 << 40))
+        assert again.held_bytes(m.digest) == held
+        assert again.evict(m.digest) and again.store_bytes() == 0
+        again.close()
+    finally:
+        subprocess.run(["umount", "--lazy", str(disk)], check=False)
+
+
+def test_a_chunk_held_elsewhere_that_the_budget_cannot_copy_is_listed_missing(
+    tmp_path: Path,
+) -> None:
+    store = DiskStore(tmp_path / "store", CacheRules(budget_bytes=3 * CHUNK))
+    a = _blob(10, 2 * CHUNK)
+    first = _manifest("first", {"a": a})
+    store.add_manifest(first)
+    _fill(store, first, {"a": a})
+    store.pin(first.digest)
+    second = _manifest("second", {"b": a[:CHUNK] + _blob(11, CHUNK)})
+    store.add_manifest(second)  # a's first chunk is copied: 3 chunks held, the budget's all
+    assert store.held_bytes(second.digest) == CHUNK
+    store.pin(second.digest)
+    third = _manifest("third", {"c": a[CHUNK:]})
+    store.add_manifest(third)  # no room to copy a's second chunk: it is not hidden, but missing
+    assert [at.digest for at in store.missing(third.digest)] == list(third.files[0].chunks)
+    with pytest.raises(StoreFull, match="budget"):
+        _fill(store, third, {"c": a[CHUNK:]})
+    assert store.pin(second.digest, False)
+    assert store.evict(second.digest)
+    assert store.missing(third.digest) == ()  # now it fits: filled from first, no transfer
+    assert store.held_bytes(third.digest) == CHUNK
