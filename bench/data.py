@@ -151,11 +151,11 @@ class ModeRun:
         return lines
 
     def ended(self) -> set[str]:
-        """Jobs whose last line says they are done: ``end``, or a failed check."""
+        """Jobs whose last line says they are done: ``end``, a failed check, a failed copy."""
         return {
             line["job"]
             for line in self.ledger_lines()
-            if line["kind"] == "end" or (line["kind"] == "verified" and not line["ok"])
+            if line["kind"] in ("end", "failed") or (line["kind"] == "verified" and not line["ok"])
         }
 
     async def records(self) -> dict[str, dict[str, Any]]:

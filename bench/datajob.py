@@ -14,7 +14,8 @@ would copy it from (each holder's plain HTTP server, and the holder's agent fold
 Then it reads every file whole, hashing as it reads, and checks each against the plan: a job on
 an incomplete or corrupt copy says so (``verified`` with ``ok`` false) and fails. Then it
 computes (sleeps) ``COMPUTE_S``. Each line it appends to the ledger (``O_APPEND``, one ``write``
-each): ``start``, ``ready`` (its data is there), ``verified``, ``end``.
+each): ``start``, ``ready`` (its data is there), ``verified``, ``end``; ``failed`` when its own
+copy failed (``none``).
 """
 
 from __future__ import annotations
@@ -97,9 +98,9 @@ def main() -> int:
             if not folder:
                 line("verified", ok=False, bytes=0, why=f"{env_name(dataset)} is not set")
                 return 3
-    except OSError as exc:
-        line("verified", ok=False, bytes=0, why=f"copy failed: {exc}")
-        return 3
+    except OSError as exc:  # the copy failed: no data, so nothing read (not a bad copy)
+        line("failed", why=f"copy failed: {exc}")
+        return 4
     line("ready", folder=folder)
     ok, read, why = check(folder, plan["datasets"][dataset]["files"])
     line("verified", ok=ok, bytes=read, why=why)

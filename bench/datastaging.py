@@ -310,5 +310,7 @@ async def _ended(ledger: Path, job_id: str) -> list[dict[str, Any]] | None:
             line = json.loads(raw)
             if line["job"] == job_id:
                 lines.append(line)
-    done = any(x["kind"] == "end" or (x["kind"] == "verified" and not x["ok"]) for x in lines)
+    done = any(
+        x["kind"] in ("end", "failed") or (x["kind"] == "verified" and not x["ok"]) for x in lines
+    )
     return lines if done else None
