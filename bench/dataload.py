@@ -86,7 +86,8 @@ def draw(
         size = math.exp(rng.uniform(math.log(MIN_DATASET_BYTES), math.log(MAX_DATASET_BYTES)))
         size = max(1 << 20, int(size * scale))
         files = rng.randint(*FILES_PER_DATASET)
-        cuts = sorted(rng.sample(range(1, size), files - 1))
+        # as shares of the size, so --scale changes the sizes and nothing else a seed draws
+        cuts = sorted({min(size - 1, max(1, int(rng.random() * size))) for _ in range(files - 1)})
         sizes = tuple(b - a for a, b in zip([0, *cuts], [*cuts, size], strict=True))
         held = rng.sample(range(hosts), 1 if hosts < 4 or rng.random() < 0.5 else 2)
         plans.append(DatasetPlan(f"ds{i}", sizes, tuple(sorted(held)), weights[i] / total_weight))

@@ -31,6 +31,13 @@ def test_the_workload_is_the_seeds_and_popularity_is_skewed() -> None:
         assert 1 <= len(d.holders) <= 2 and all(0 <= h < 5 for h in d.holders)
         assert 3 << 20 <= d.total_bytes <= 31 << 20  # 300 MB..3 GB at 1%
     assert [j.at_s for j in a.jobs] == sorted(j.at_s for j in a.jobs)
+    for seed in range(1, 6):  # --scale changes the sizes, nothing else a seed draws
+        small = dataload.draw(seed, hosts=5, datasets=4, jobs=40, scale=0.01, window_s=60)
+        full = dataload.draw(seed, hosts=5, datasets=4, jobs=40, scale=1.0, window_s=60)
+        assert full.jobs == small.jobs
+        for s, f in zip(small.datasets, full.datasets, strict=True):
+            assert (s.holders, len(s.file_bytes)) == (f.holders, len(f.file_bytes))
+            assert abs(s.total_bytes - f.total_bytes // 100) <= 1
     assert all(dataload.COMPUTE_S[0] <= j.compute_s <= dataload.COMPUTE_S[1] for j in a.jobs)
 
 
