@@ -233,6 +233,11 @@ async def _run_mode(run: ModeRun, lab: Lab) -> dict[str, Any]:
         converged_s=round(converged_s, 3),
         mode_s=round(seconds, 1),
         bytes_background=int(background_per_s * seconds),
+        store_hit_rate=(
+            round(job_data["hits"] / looked, 3)
+            if (looked := job_data["hits"] + job_data["misses"])
+            else None
+        ),
         agents_job_data=dict(sorted(job_data.items())),
         agents_prefetch=dict(sorted(prefetch.items())),
         submit_failures=run.submit_failures[:5],

@@ -114,6 +114,14 @@ def test_a_tiny_run_emits_the_contract_and_its_figures_agree(
         assert m["data_wait_s_p50"] <= m["data_wait_s_p99"]
         assert 0 <= m["cache_hit_rate"] <= 1
         assert m["avg_jct_s"] >= m["data_wait_s_p50"] + dataload.COMPUTE_S[0]
+        if mode == "none":
+            assert m["store_hit_rate"] is None and m["agents_job_data"] == {}
+        else:  # the runners counted every job: its datasets held already, or staged first
+            data = m["agents_job_data"]
+            assert data["hits"] + data["misses"] >= m["jobs"], data
+            assert 0 <= m["store_hit_rate"] <= 1
+        if mode == "stage":
+            assert m["agents_job_data"].get("prefetch_started", 0) == 0  # pre-fetch is off
     none = out["modes"]["none"]
     # a job off the holders copies the whole dataset, over a link of 12.5 MB/s
     assert none["bytes_minimum"] == 0 or none["data_wait_s_p99"] > 0
