@@ -4,14 +4,19 @@ never fetches a held chunk again), and a certificate that is not an agent's refu
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent.cli.stage_args import add_stage_parser
+from agent.cli.stage_cmd import cmd_stage
+from agent.common.errors import UserError
 from agent.content.manifest import MIN_CHUNK_BYTES, ContentFile, ContentManifest
 from agent.content.store import DiskStore
 from agent.sandbox.localmesh import AgentProcess
@@ -230,7 +235,9 @@ def test_a_holder_killed_and_the_stager_restarted_mid_fetch(tmp_path: Path) -> N
     assert held_bytes(stager, m) == (m.total_bytes, 0)
 
 
-def test_a_dataset_staged_from_an_http_listing_is_content_members_fetch(tmp_path: Path) -> None:
+def test_a_dataset_staged_from_an_http_listing_is_content_members_fetch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from tests.content.test_external import http_server, tree
 
     served = tmp_path / "served"
@@ -257,22 +264,83 @@ def test_a_dataset_staged_from_an_http_listing_is_content_members_fetch(tmp_path
         assert s["state"] == "done" and s["held_bytes"] == sum(map(len, files.values())), s
         assert fetched(mesh, first, "http") == s["held_bytes"]
         digest = s["digest"]
-        status, answer = mesh.command(
-            first, "stage", {"name": "cifar", "digest": digest, "nodes": [second.node_id]}
-        )
-        assert status == 200, answer
+        # The operator's command line: stage it on the second agent from the first, and wait.
+        parser = argparse.ArgumentParser()
+        add_stage_parser(parser.add_subparsers(dest="data_command"))
+        flags = ["--agent", first.address, "--identity", str(mesh.cluster_dir)]
         mesh.wait(
-            "cifar from the first agent",
+            "the first agent's copy gossiped",
             lambda: any(
-                x["digest"] == digest and x["state"] == "done"
-                for x in mesh.get(second, "/v1/content/stages")["stages"]
+                v["digest"] == digest
+                for n in mesh.get(second, "/v1/nodes")["nodes"]
+                for v in n.get("dataset_versions", ())
             ),
-            WAIT_S,
         )
+        # NAME alone: the newest version a node holds whole.
+        args = parser.parse_args(
+            ["stage", "cifar", "--nodes", f"{second.node_id[:12]},", "--wait", *flags]
+        )
+        assert cmd_stage(args) == 0
+        out = capsys.readouterr().out
+        assert f"{second.node_id[:8]}: cifar done" in out, out
+        args = parser.parse_args(
+            ["stage", f"cifar@{digest}", "--nodes", second.node_id, "--json", *flags]
+        )
+        assert cmd_stage(args) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["nodes"][second.node_id]["state"] == "done", doc
+        with pytest.raises(UserError, match="no node holds all of 'nothing'"):
+            cmd_stage(parser.parse_args(["stage", "nothing", "--nodes", second.node_id, *flags]))
         assert fetched(mesh, second, "peer") == s["held_bytes"]
         status, answer = mesh.command(
             first, "stage", {"name": "cifar", "source": "file:///etc/passwd", "nodes": ["x"]}
         )
         assert status == 400 and "http" in answer["error"], answer
+    finally:
+        mesh.stop_all()
+
+
+def test_the_transfer_benchmark_runs_on_a_tiny_size() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.content_xfer", "--mib", "8", "--holders", "1,2", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert {"mib", "chunk_bytes", "cores", "runs"} <= set(out)
+    assert [r["holders"] for r in out["runs"]] == [1, 2]
+    for r in out["runs"]:
+        assert r["mb_per_s"] > 0 and sum(r["served_chunks"]) == 2
+
+
+def test_a_stage_no_longer_wanted_is_cancelled_and_keeps_what_it_fetched(tmp_path: Path) -> None:
+    mesh = Mesh(tmp_path, ["h100:1"] * 2, extra=("--content-link-bytes-per-s", "131072"))
+    m, chunks = make_dataset("unwanted", {"a.bin": 32 * CHUNK})  # 2 MiB at 128 KiB/s: 16 s
+    holder, stager = mesh.agents
+    preload(holder, m, chunks)
+    mesh.start_all()
+    try:
+        stage(mesh, holder, m, stager)
+        mesh.wait("some held", lambda: stage_of(mesh, stager, m).get("held_bytes", 0) >= 4 * CHUNK)
+        status, answer = mesh.command(
+            holder, "stage", {"name": m.name, "nodes": [stager.node_id], "cancel": True}
+        )
+        assert status == 200, answer
+        assert answer["nodes"][stager.node_id]["state"] == "cancelled", answer
+        got = fetched(mesh, stager)
+        assert 0 < got < m.total_bytes
+        time.sleep(1.0)  # at this rate, a stage still running would have fetched 2 chunks more
+        assert fetched(mesh, stager) == got
+        assert stage_of(mesh, stager, m)["state"] == "cancelled"
+        # Asked again, it goes on from what it holds.
+        stage(mesh, holder, m, stager)
+        staged(mesh, stager, m)
+        assert fetched(mesh, stager) == m.total_bytes
+        assert content(mesh, stager, "resumes") == 1
     finally:
         mesh.stop_all()

@@ -186,3 +186,20 @@ def test_have_bitmap_round_trips_and_refuses_what_does_not_fit() -> None:
         have_from_wire(m, {"whole": False, "bitmap": "AAAA"})
     with pytest.raises(ContentError, match="whole"):
         have_from_wire(m, {"bitmap": ""})
+
+
+async def test_a_manifest_other_than_the_one_named_is_refused() -> None:
+    m, _ = dataset(3)
+    other, other_chunks = dataset(3, "other")
+
+    class Swapper(LocalHolder):
+        async def manifest(self, digest: str) -> ContentManifest:
+            return other
+
+    store = MemStore()
+    counts: Counter[str] = Counter()
+    with pytest.raises(FetchError, match="no holder serves the manifest"):
+        await Fetcher(store, counts=counts).fetch(
+            m.digest, [Swapper("liar", full_store(other, other_chunks))]
+        )
+    assert counts["manifests_refused"] == 1 and store.manifests == {}
