@@ -42,7 +42,7 @@ class DataMesh(LocalMesh):
     config_text: str = ""
     corrupt: Sequence[int] = ()
     prefetch: bool = True
-    """``False``: every pre-fetch refused (``bench.stageonly``)."""
+    """``False``: the agents run with ``--no-prefetch`` (every pre-fetch refused)."""
     _clients: dict[int, ApiClient] = field(default_factory=dict, repr=False)
 
     def create(self) -> None:
@@ -65,7 +65,7 @@ class DataMesh(LocalMesh):
         assert self.lab is not None
         argv = super().command(agent)
         if not self.prefetch:
-            argv[argv.index("agent.cli")] = "bench.stageonly"
+            argv.append("--no-prefetch")
         if self.config_text and self.placement is None:
             argv += ["--config", str(agent.config_path)]
         return self.lab.command(agent.index, argv)

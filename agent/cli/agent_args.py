@@ -42,6 +42,13 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
         help="the most bytes/s content is fetched at from any one holder (default 0: no cap)",
     )
     parser.add_argument(
+        "--no-prefetch",
+        dest="prefetch",
+        action="store_false",
+        default=None,
+        help="fetch no waiting job's datasets ahead of its start (staging at the start stays)",
+    )
+    parser.add_argument(
         "--job-user",
         metavar="USER",
         help='user jobs run as (root agents: default shoal-job, else nobody; "" the agent\'s own)',

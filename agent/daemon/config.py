@@ -68,6 +68,10 @@ class AgentConfig:
     """How often ``datasets_dir`` is scanned again."""
     content_link_bytes_per_s: float = 0.0
     """The most bytes per second content is fetched at from any one holder (0: no cap)."""
+    prefetch: bool = True
+    """Whether this node fetches a waiting job's datasets before the job is offered to it, when
+    its owner forecasts it runs here (``false``: a metered or shared link; staging at the start
+    still happens)."""
     store_budget_bytes: int | None = None
     """What the content store (``<data_dir>/store/``) may keep, in bytes; unset:
     ``store_budget_share`` of its disk. Datasets indexed in place do not count."""
@@ -167,6 +171,7 @@ _FLOATS = {
 }
 _POSITIVE = {"probe_interval_s", "telemetry_heartbeat_s", "rpc_timeout_s", "datasets_rescan_s"}
 _COUNTS = {"ended_jobs_kept"}
+_BOOLS = {"prefetch"}
 _SHARES = {"store_budget_share", "store_high", "store_low"}
 
 
@@ -205,6 +210,10 @@ def _coerce(name: str, value: Any, where: str) -> Any:
         ):
             raise UserError(f"{where}: labels must be a table of strings")
         return dict(value)
+    if name in _BOOLS:
+        if not isinstance(value, bool):
+            raise UserError(f"{where}: {name} must be true or false")
+        return value
     if name == "sim_seed":
         if isinstance(value, bool) or not isinstance(value, int):
             raise UserError(f"{where}: sim_seed must be an integer")

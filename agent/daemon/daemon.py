@@ -260,7 +260,7 @@ class Agent:
         self.runner.confirmer.owned = self._owned_placed
         self.publisher.rates = self.stager.fetcher.rates.snapshot
         self.stager.listed = functools.partial(holders_of, self.view)
-        self.prefetches = Prefetches(self.runner, self.runner.data)
+        self.prefetches = Prefetches(self.runner, self.runner.data, enabled=config.prefetch)
         self.calls = Calls(self.ctx, self.owner, self.runner, self.metrics, self.prefetches)
         self.reads = Reads(
             self.ctx,

@@ -60,6 +60,9 @@ class Prefetch:
     at: float
 
 
+OFF: Final = "pre-fetch is off on this agent (prefetch = false)"
+
+
 class Prefetches:
     """The pre-fetches this node runs for waiting jobs (see the module docstring)."""
 
@@ -68,8 +71,12 @@ class Prefetches:
         runner: Authorises,
         data: JobData,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        enabled: bool = True,
     ) -> None:
+        """``enabled``: ``False`` refuses every ask (the agent's ``prefetch = false``)."""
         self.runner = runner
+        self.enabled = enabled
         self.data = data
         self.clock = clock
         self.jobs: dict[str, Prefetch] = {}
@@ -158,6 +165,8 @@ class Prefetches:
         self.jobs.pop(job_id, None)
 
     def _refusal(self, job_id: str) -> str | None:
+        if not self.enabled:
+            return OFF
         if self.data.staging:
             return "a job starting here stages its data: later"
         if job_id not in self.jobs and len(self.jobs) >= MAX_PREFETCHES:

@@ -9,7 +9,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
+from agent.common.errors import UserError
 from agent.content.cache import CacheRules
+from agent.daemon.config import config_from_mapping
 from agent.job.jobspec import JobSpec
 from agent.running.datastage import JobData, Version
 from agent.running.prefetch import MAX_PREFETCHES, Prefetches
@@ -165,3 +169,19 @@ async def _cancels() -> None:
     assert stager.cancelled == [A] and B in stager.running
     assert data.counts["prefetch_cancelled"] == 1
     assert p.cancel(job(1)) == []
+
+
+def test_an_agent_with_prefetch_off_refuses_every_ask_and_fetches_nothing() -> None:
+    p, data, store, stager, runner = setup()
+    p.enabled = False
+    store.held_by = {A: Held(300)}
+    answer = p.answer(ask(runner, job(1), A), "owner")
+    assert answer == {"started": [], "refused": "pre-fetch is off on this agent (prefetch = false)"}
+    assert stager.started == [] and data.counts["prefetch_refused"] == 1
+
+
+def test_prefetch_is_a_true_or_false_setting() -> None:
+    assert config_from_mapping({"prefetch": False}).prefetch is False
+    assert config_from_mapping({}).prefetch is True
+    with pytest.raises(UserError, match="prefetch must be true or false"):
+        config_from_mapping({"prefetch": "no"})
