@@ -160,6 +160,7 @@ class Agent:
             stop_grace_s=config.stop_grace_s,
             preempt_min_run_s=config.preempt_min_run_s,
             elastic_grow_idle_s=config.elastic_grow_idle_s,
+            policy=lambda: self.people.body,
         )
         host_os = self.devices.report.host.os
         self.container_runtime = runtime = find_runtime(

@@ -79,6 +79,7 @@ from agent.running.runs import (
     NotAllowed,
     UsageSink,
 )
+from agent.running.teamdesk import TeamDesk
 from agent.storage.store import ResultRecord, RunRecord, StoreFull
 from agent.wire.calls import (
     AttemptResult,
@@ -137,6 +138,8 @@ class Runner:
         self._on_change = ctx.changed
         self._stop_grace_s = ctx.stop_grace_s
         self.runs: dict[str, LocalRun] = {}
+        self.teams = TeamDesk(ctx.node_id, ctx.view, ctx.policy, devices.statics)
+        """The team quota checks of an offer (``agent.running.teamdesk``)."""
         self.fence = Fences(self.store.last_attempt_run)
         self.progress: dict[str, tuple[float, float | None]] = {}
         self.draining = Drain(self)
@@ -210,10 +213,26 @@ class Runner:
         spec = self.authorised_spec(job_id, owner, caller, offer.submission, "start")
         if spec.is_gang:
             raise Declined("a gang starts through gang_prepare and gang_commit, not start")
+        sub = self.authority.submission(offer.submission, job_id)
+        reclaim = self.teams.reclaim(sub, offer.devices, offer.victims, self.runs)
         admitted = await self.admit(
-            job_id, attempt, owner, spec, offer.devices, offer.victims, offer.shrink, offer.rebind
+            job_id,
+            attempt,
+            owner,
+            spec,
+            offer.devices,
+            offer.victims,
+            offer.shrink,
+            offer.rebind,
+            reclaim,
         )
         keys = admitted.keys or offer.devices
+        # No await between this count and the run's entry in launch: two offers here never
+        # pass a team's maximum together (agent.running.teamdesk).
+        over = self.teams.over_max(sub, keys, self.runs, admitted.victims)
+        if over is not None:
+            self.preemptions.release(admitted.victims)
+            raise Declined(over)
         answer = await self.launch(
             job_id, attempt, owner, spec, keys, offer.resume, admitted=admitted
         )
@@ -247,6 +266,7 @@ class Runner:
         victims: tuple[str, ...] = (),
         shrink: tuple[str, ...] = (),
         may_rebind: bool = False,
+        reclaim: bool = False,
     ) -> Admitted:
         """``Declined`` unless attempt ``attempt`` may start here now on ``keys``: the agent
         runs, the node takes work, the attempt is not fenced, no newer one runs, the job's
@@ -278,7 +298,7 @@ class Runner:
         if victims or shrink:  # checked and claimed first; the devices they hold count as free
             try:
                 claimed = self.preemptions.claim(
-                    Ask(job_id, spec.priority, keys, victims, shrink),
+                    Ask(job_id, spec.priority, keys, victims, shrink, reclaim),
                     self.runs,
                     set(self.free_devices()),
                 )
