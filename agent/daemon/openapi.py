@@ -34,6 +34,7 @@ INTERNAL_CALLS: Final = (
     "gang_commit",
     "gang_abort",
     "confirm_start",
+    "quota_claim",
 )
 """The agent-to-agent calls of ``POST /v1/internal/{op}`` (``agent.daemon.calls``)."""
 

@@ -138,7 +138,7 @@ class Runner:
         self._on_change = ctx.changed
         self._stop_grace_s = ctx.stop_grace_s
         self.runs: dict[str, LocalRun] = {}
-        self.teams = TeamDesk(ctx.node_id, ctx.view, ctx.policy, devices.statics)
+        self.teams = TeamDesk(ctx, devices.statics, self.runs)
         """The team quota checks of an offer (``agent.running.teamdesk``)."""
         self.fence = Fences(self.store.last_attempt_run)
         self.progress: dict[str, tuple[float, float | None]] = {}
@@ -227,12 +227,14 @@ class Runner:
             reclaim,
         )
         keys = admitted.keys or offer.devices
-        # No await between this count and the run's entry in launch: two offers here never
-        # pass a team's maximum together (agent.running.teamdesk).
-        over = self.teams.over_max(sub, keys, self.runs, admitted.victims)
-        if over is not None:
+        try:  # the team's desk, then this node's own count, with no await before launch
+            await self.teams.claim(sub, attempt, keys)  # (agent.running.teamdesk)
+            over = self.teams.over_max(sub, keys, self.runs, admitted.victims)
+            if over is not None:
+                raise Declined(over)
+        except Declined:
             self.preemptions.release(admitted.victims)
-            raise Declined(over)
+            raise
         answer = await self.launch(
             job_id, attempt, owner, spec, keys, offer.resume, admitted=admitted
         )

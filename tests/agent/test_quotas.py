@@ -191,7 +191,9 @@ def test_fair_share_starts_the_team_that_used_less_first(two: Mesh, tmp_path: Pa
         )
     (tmp_path / "ops0.stop").touch()
     wait_state(two, late_second, "running")
-    assert state(two, late_first)["state"] == "pending", state(two, late_first)
+    time.sleep(2.0)  # an owner whose view lags may offer it the freed GPU: the runner declines
+    assert state(two, late_first)["state"] in ("pending", "placing"), state(two, late_first)
+    assert not (tmp_path / "vision2").exists(), "vision's second job ran"
     for p in ("ops1", "ops2", "ops3", "vision2", "nlp2"):
         (tmp_path / f"{p}.stop").touch()
 
