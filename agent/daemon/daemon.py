@@ -611,6 +611,7 @@ class Agent:
             "preemptions": self.runner.preemptions.counts,
             "gang_holds": self.runner.holds.counts,
             "start_confirmations": self.runner.confirmer.counts,
+            "quota": self.runner.teams.counts,
             "checkpoint": self.checkpoints.counts,
             "datasets_refused": self.datasets.refused,
             "store": self.data.metrics(),

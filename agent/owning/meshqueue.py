@@ -23,6 +23,11 @@ An owner builds the order once per change of its view (:class:`QueueIndex`, kept
 ``ClusterView.generation`` stays the same) and every job of its own among the first
 :data:`MAX_AHEAD` is given the same pass (``MeshQueue.behind``: the jobs after it in that pass),
 so one decision pass serves all of them (``agent.owning.placement.ShoalPlacement`` keeps it).
+
+With a team policy that gives any team a quota (:mod:`agent.people.quotas`), every job of the
+pass carries its team and user, the running jobs theirs, and every job is given the whole pass
+(with what runs), even the first in the order: the decision pass re-orders by fair share and
+counts each team's GPUs, so what the order key puts first may wait for its team's maximum.
 """
 
 from __future__ import annotations

@@ -41,6 +41,11 @@ pass over those and the job, so room a job ahead takes is not offered, and the f
 cannot start holds a reservation later jobs backfill around. First fit keeps no order across
 owners.
 
+With team quotas in the held policy (``MeshQueue.teams``), the Shoal placement always runs the
+decision pass: a job past its team's maximum gets no candidate and the policy's line, and a
+team under its guarantee may reclaim (:meth:`ShoalPlacement.reclaim`: other teams' borrowed,
+preemptible jobs, whatever their priority; the runner counts again, ``agent.running.teamdesk``).
+
 What the live mesh does not do yet: preempting for a gang, and moving running jobs.
 """
 

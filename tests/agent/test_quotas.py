@@ -26,6 +26,7 @@ from agent.sandbox.localmesh import AgentProcess
 from agent.wire.policy import Person, PolicyBody, Quota, Team
 from tests.agent.agents import Mesh, spec
 from tests.agent.people_kit import PersonAt, held_version, policy_command, signed_by
+from tests.agent.test_attacks import metric
 
 pytestmark = pytest.mark.slow
 
@@ -258,5 +259,7 @@ def test_several_owners_starting_one_teams_jobs_at_once_overshoot_at_most_bounde
         gpus, seconds = overshoot(paths, 2)
         print(f"quota_overshoot_gpus_max={gpus} quota_overshoot_s_max={seconds:.2f}")
         assert gpus <= 1 and seconds <= 5.0, (gpus, seconds)
+        granted = sum(metric(m, a, "shoal_quota_total", outcome="granted") for a in m.agents)
+        assert granted >= len(jobs), granted  # every start went through the team's desk
     finally:
         m.stop_all()
