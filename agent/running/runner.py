@@ -227,9 +227,11 @@ class Runner:
             reclaim,
         )
         keys = admitted.keys or offer.devices
-        try:  # the team's desk, then this node's own count, with no await before launch
-            await self.teams.claim(sub, attempt, keys)  # (agent.running.teamdesk)
+        try:  # this node's count (no grant asked in vain), the team's desk, the count again
             over = self.teams.over_max(sub, keys, self.runs, admitted.victims)
+            if over is None:  # with no await before launch (agent.running.teamdesk)
+                await self.teams.claim(sub, attempt, keys)
+                over = self.teams.over_max(sub, keys, self.runs, admitted.victims)
             if over is not None:
                 raise Declined(over)
         except Declined:

@@ -22,7 +22,9 @@ inside: the desk reads the team and GPUs itself). The desk answers one claim at 
 the team's running jobs as its view says plus every grant it made that its view does not yet
 show running (for :data:`GRANT_KEPT_S` at most, or until the job's record says it ended), and
 grants only what stays under the maximum. A desk that does not answer declines the start (the
-owner tries again; membership moves the desk to the next agent when it is gone).
+owner tries again; membership moves the desk to the next agent when it is gone). A grant whose
+start does not happen after all holds the team's room until the job claims again, its record
+says it ended, or :data:`GRANT_KEPT_S` pass: a delay for the team, never an overshoot.
 
 What this bounds: while the live agents agree on who the desk is, starts never pass a maximum,
 whatever the owners' and runners' views. When the desk changes (an agent joins or dies), the new
