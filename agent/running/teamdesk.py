@@ -30,7 +30,9 @@ What this bounds: while the live agents agree on who the desk is, starts never p
 whatever the owners' and runners' views. When the desk changes (an agent joins or dies), the new
 desk has made no grants: starts granted by the old one within the last gossip delay may be
 counted by neither, and the team may overshoot by those, until their records arrive (about a
-second on a healthy mesh). Gangs start through ``gang_prepare``, which does not ask a desk yet.
+second on a healthy mesh). A gang is cleared once, for all its members' GPUs, by its rank 0's
+runner at ``gang_prepare`` (``agent.running.gangdesk``); the other members' runners do not count
+it themselves.
 """
 
 from __future__ import annotations
@@ -70,9 +72,12 @@ def _model(statics: Sequence[DeviceStatic], keys: Collection[str]) -> str:
 
 
 def _gpus(sub: Submission, keys: Collection[str]) -> float:
+    """The GPUs a start takes: the offered devices, a share as one, a gang all its members'."""
     r = sub.spec.resources
     if r.share_mem_bytes is not None or r.share_fraction is not None:
         return 1.0
+    if r.nodes > 1:
+        return quotas.submission_gpus(sub)
     return float(len(keys))
 
 

@@ -169,3 +169,22 @@ def test_a_runner_asks_no_desk_for_a_team_without_a_maximum_and_declines_on_a_re
     free = desk_over(fleet, nobody, [0.0])
     asyncio.run(free.claim(sub, 1, ("g0",)))  # no team, no quota: nothing asked
     assert free.counts["granted"] == 0
+
+
+def test_a_gang_is_cleared_with_the_desk_for_all_its_members_gpus(tmp_path: Path) -> None:
+    fleet = Fleet(tmp_path, 1)
+    body = policy(fleet.kit.cluster.operator.node_id, Quota("any", 0, 4))
+    desk = desk_over(fleet, body, [0.0])
+    job_id = new_job_id()
+    spec = JobSpec(command=("train",), resources=Resources(gpus_per_node=2, nodes=2))
+    sub = fleet.view.authority.submission(fleet.kit.submission(job_id, spec), job_id)
+    asyncio.run(desk.claim(sub, 1, ("g0", "g1")))  # rank 0's two devices: the gang's four
+    assert desk.grants[job_id][1] == 4.0
+    with pytest.raises(Declined, match="maximum of 4 GPUs"):
+        other = new_job_id()
+        one = JobSpec(command=("train",), resources=Resources(gpus_per_node=1))
+        asyncio.run(
+            desk.claim(
+                fleet.view.authority.submission(fleet.kit.submission(other, one), other), 1, ("g2",)
+            )
+        )
