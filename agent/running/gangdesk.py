@@ -97,14 +97,14 @@ class GangDesk:
                 f"the member has {len(member.devices)} devices, the job needs"
                 f" {spec.resources.gpus_per_node} per node"
             )
+        if member.rank == 0:  # the whole gang's GPUs, cleared with its team's desk once,
+            sub = r.authority.submission(req.submission, job_id)  # before admit's device checks
+            await r.teams.claim(sub, req.attempt, member.devices)
         admitted = await r.admit(
             job_id, req.attempt, req.owner, spec, member.devices, may_rebind=req.rebind
         )
         if admitted.keys:  # late binding: others of the same models, as the runner chose
             member = member._replace(devices=admitted.keys)
-        if member.rank == 0:  # the whole gang's GPUs, cleared with its team's desk once
-            sub = r.authority.submission(req.submission, job_id)
-            await r.teams.claim(sub, req.attempt, member.devices)
         master_addr = master_port = None
         if member.rank == 0:
             addr = r.ctx.mesh.addr_of(self.node_id)

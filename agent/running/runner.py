@@ -214,6 +214,13 @@ class Runner:
         if spec.is_gang:
             raise Declined("a gang starts through gang_prepare and gang_commit, not start")
         sub = self.authority.submission(offer.submission, job_id)
+        # The team's quota: this node's count (no grant asked in vain), then the team's desk,
+        # before admit, whose device checks and the run's entry in launch have no await between
+        # them; the count again after it (agent.running.teamdesk).
+        over = self.teams.over_max(sub, offer.devices, self.runs, offer.victims)
+        if over is not None:
+            raise Declined(over)
+        await self.teams.claim(sub, attempt, offer.devices)
         reclaim = self.teams.reclaim(sub, offer.devices, offer.victims, self.runs)
         admitted = await self.admit(
             job_id,
@@ -227,16 +234,10 @@ class Runner:
             reclaim,
         )
         keys = admitted.keys or offer.devices
-        try:  # this node's count (no grant asked in vain), the team's desk, the count again
-            over = self.teams.over_max(sub, keys, self.runs, admitted.victims)
-            if over is None:  # with no await before launch (agent.running.teamdesk)
-                await self.teams.claim(sub, attempt, keys)
-                over = self.teams.over_max(sub, keys, self.runs, admitted.victims)
-            if over is not None:
-                raise Declined(over)
-        except Declined:
+        over = self.teams.over_max(sub, keys, self.runs, admitted.victims)
+        if over is not None:
             self.preemptions.release(admitted.victims)
-            raise
+            raise Declined(over)
         answer = await self.launch(
             job_id, attempt, owner, spec, keys, offer.resume, admitted=admitted
         )

@@ -4,9 +4,10 @@ Owners decide from their own views; two that decide at once may each start a job
 that fits under the team's maximum alone and overshoot it together. The runner an offer lands
 on checks again, as it sees the mesh (:mod:`agent.people.quotas`): the GPUs the team holds are
 the running jobs of the gossiped job records on other nodes plus this node's own runs, which it
-counts exactly (an offer admitted here is counted before the next is checked: the check and the
-run's entry happen with no await between them). A start that would take the team past a maximum
-is declined with the policy's line, and the owner places the job again later.
+counts exactly (an offer admitted here is counted before the next is checked: the last check
+and the run's entry happen with no await between them; the desk is asked before the runner's
+device checks, never between them and the run's entry). A start that would take the team past
+a maximum is declined with the policy's line, and the owner places the job again later.
 
 The same count decides a reclaim: an offer may stop preemptible jobs of equal or higher priority
 only when the offered job's team stays within its guarantee and every victim's team holds more

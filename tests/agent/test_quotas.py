@@ -193,6 +193,13 @@ def test_fair_share_starts_the_team_that_used_less_first(two: Mesh, tmp_path: Pa
     (tmp_path / "ops0.stop").touch()
     wait_state(two, late_second, "running")
     time.sleep(2.0)  # an owner whose view lags may offer it the freed GPU: the runner declines
+    held = [
+        (d["runner"], key)
+        for d in (state(two, j) for j in [*blockers, late_first, late_second])
+        if d["state"] == "running"
+        for key in d["devices"]
+    ]
+    assert len(held) == len(set(held)), f"a device runs two jobs: {held}"
     assert state(two, late_first)["state"] in ("pending", "placing"), state(two, late_first)
     assert not (tmp_path / "vision2").exists(), "vision's second job ran"
     for p in ("ops1", "ops2", "ops3", "vision2", "nlp2"):
@@ -263,3 +270,4 @@ def test_several_owners_starting_one_teams_jobs_at_once_overshoot_at_most_bounde
         assert granted >= len(jobs), granted  # every start went through the team's desk
     finally:
         m.stop_all()
+
