@@ -24,7 +24,7 @@ An owner builds the order once per change of its view (:class:`QueueIndex`, kept
 :data:`MAX_AHEAD` is given the same pass (``MeshQueue.behind``: the jobs after it in that pass),
 so one decision pass serves all of them (``agent.owning.placement.ShoalPlacement`` keeps it).
 
-With a team policy that gives any team a quota (:mod:`agent.people.quotas`), every job of the
+With a team policy that gives any team a quota (:mod:`agent.owning.teamquotas`), every job of the
 pass carries its team and user, the running jobs theirs, and every job is given the whole pass
 (with what runs), even the first in the order: the decision pass re-orders by fair share and
 counts each team's GPUs, so what the order key puts first may wait for its team's maximum.
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.job.jobspec import JobSpec
 from agent.job.jobstate import JobState
-from agent.people import quotas
+from agent.owning.teamquotas import TeamsNow, teams_now
 from agent.policy import adapt
 from agent.policy.queue import order_key
 from agent.policy.snapshot import Job, Running
@@ -48,7 +48,6 @@ from agent.policy.teams import Teams
 if TYPE_CHECKING:
     from agent.job.authority import Submission
     from agent.mesh.view import ClusterView
-    from agent.people.quotas import TeamsNow
     from agent.wire.policy import PolicyBody
 
 MAX_AHEAD = 256
@@ -71,7 +70,7 @@ class MeshQueue:
     generation: int | None = None
     """The view's generation the queue was read at (``None``: not to be kept)."""
     teams: Teams | None = None
-    """The held team policy's quotas and usage (:mod:`agent.people.quotas`); ``None``: none.
+    """The held team policy's quotas and usage (:mod:`agent.owning.teamquotas`); ``None``: none.
     With teams, ``running`` is always given (the team's holdings count) and every job carries
     its team and user."""
 
@@ -97,7 +96,7 @@ class QueueIndex:
     ) -> None:
         """``pending``: the ids of the jobs whose records say pending (others are skipped);
         ``checkpoints``: when each running job last saved one, asked only if a job is ahead;
-        ``teams``: the team policy's quotas and each job's team (:mod:`agent.people.quotas`)."""
+        ``teams``: the team policy's quotas and each job's team (:mod:`agent.owning.teamquotas`)."""
         self._teams = teams
         order: list[tuple[tuple[float, float, float, str], Job]] = []
         for job_id in pending:
@@ -189,7 +188,7 @@ class MeshQueues:
         quotas and teams count, with the usage decayed to ``now``)."""
         key = (view.generation, tuple(sorted(live)), id(policy))
         if self._read is None or self._read[0] != key:
-            teams = quotas.teams_now(policy, view.jobs, view.submissions, now)
+            teams = teams_now(policy, view.jobs, view.submissions, now)
             index = QueueIndex(
                 view.jobs,
                 _Specs(view.submissions),

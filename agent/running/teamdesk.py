@@ -2,7 +2,7 @@
 
 Owners decide from their own views; two that decide at once may each start a job of one team
 that fits under the team's maximum alone and overshoot it together. The runner an offer lands
-on checks again, as it sees the mesh (:mod:`agent.people.quotas`): the GPUs the team holds are
+on checks again, as it sees the mesh (:mod:`agent.job.teamquota`): the GPUs the team holds are
 the running jobs of the gossiped job records on other nodes plus this node's own runs, which it
 counts exactly (an offer admitted here is counted before the next is checked: the last check
 and the run's entry happen with no await between them; the desk is asked before the runner's
@@ -11,7 +11,7 @@ a maximum is declined with the policy's line, and the owner places the job again
 
 The same count decides a reclaim: an offer may stop preemptible jobs of equal or higher priority
 only when the offered job's team stays within its guarantee and every victim's team holds more
-than its own (:func:`agent.people.quotas.reclaim_allows`). The runner never takes an owner's word
+than its own (:func:`agent.job.teamquota.reclaim_allows`). The runner never takes an owner's word
 for either.
 
 Runners that count alone still overshoot together: two offers landing on different runners at
@@ -43,9 +43,9 @@ from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from agent.job import teamquota as quotas
 from agent.job.ownership import rank
 from agent.mesh.peers import PeerError, decoded_answer
-from agent.people import quotas
 from agent.running.runs import Declined
 from agent.wire.policy import PolicyBody
 from agent.wire.quotacalls import QuotaClaim, QuotaGrant
@@ -246,4 +246,4 @@ class TeamDesk:
 
 
 def _has_max(body: PolicyBody, team: str) -> bool:
-    return any(q.team == team and q.max_gpus is not None for q in quotas.quotas_of(body))
+    return any(t == team for t, _g, _m, _model in quotas.quota_rows(body))

@@ -1,6 +1,6 @@
 """Team quotas' sans-I/O parts: the held policy turned into the pure policy's teams, the
 decayed usage read from the job records, the runner's count against a maximum and a reclaim,
-and the quota desk's grants (``agent.people.quotas``, ``agent.running.teamdesk``)."""
+and the quota desk's grants (``agent.job.teamquota``, ``agent.running.teamdesk``)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
+from agent.job import teamquota as quotas
 from agent.job.jobspec import JobSpec, Resources, new_job_id
 from agent.job.ownership import rank
-from agent.people import quotas
+from agent.owning.teamquotas import quotas_of, teams_now
 from agent.running.preemption import Ask, Refused, arbitrate
 from agent.running.runs import Declined
 from agent.running.teamdesk import GRANT_KEPT_S, TeamDesk
@@ -34,7 +35,7 @@ def policy(operator_id: str, *quota: Quota, team: str = "vision") -> PolicyBody:
 
 def test_the_policy_quotas_become_the_policys_and_any_means_every_model() -> None:
     body = policy("op", Quota("any", 1, 2), Quota("H100", 0, 1))
-    got = quotas.quotas_of(body)
+    got = quotas_of(body)
     assert [(q.team, q.guaranteed_gpus, q.max_gpus, q.model) for q in got] == [
         ("vision", 1.0, 2.0, None),
         ("vision", 0.0, 1.0, "H100"),
@@ -44,7 +45,7 @@ def test_the_policy_quotas_become_the_policys_and_any_means_every_model() -> Non
     assert quotas.who_signed(body, "stranger") == ("", "")
     assert quotas.who_signed(None, "op") == ("", "")
     bare = PolicyBody(1, NOW, (Team("vision", None),), (Person("alice", "vision", "user", "op"),))
-    assert quotas.teams_now(bare, {}, {}, NOW) is None  # no quota: nothing to enforce
+    assert teams_now(bare, {}, {}, NOW) is None  # no quota: nothing to enforce
 
 
 def test_a_maximum_counts_any_model_and_its_own_model_and_says_why_in_one_line() -> None:
@@ -102,7 +103,7 @@ def test_usage_decays_by_when_each_attempt_ended_and_counts_team_and_user(tmp_pa
             {"attempt": 2, "node": node, "started_at": NOW - 10, "finished_at": None},
         ]
     }
-    now = quotas.teams_now(body, {job_id: doc}, fleet.view.submissions, NOW)
+    now = teams_now(body, {job_id: doc}, fleet.view.submissions, NOW)
     assert now is not None
     # 100 s x 2 GPUs a half-life ago (100), and 10 s x 2 GPUs running now (20)
     assert now.teams.usage_ref_s["vision"] == pytest.approx(120.0)

@@ -1,5 +1,5 @@
 """Team quotas and fair share on real agent processes: the admin-signed team policy's quotas are
-what owners place by and what runners admit by (``agent.people.quotas``,
+what owners place by and what runners admit by (``agent.job.teamquota``,
 ``agent.running.teamdesk``).
 
 - a team at its maximum waits with the policy's line, and starts when its own job ends;
@@ -270,4 +270,3 @@ def test_several_owners_starting_one_teams_jobs_at_once_overshoot_at_most_bounde
         assert granted >= len(jobs), granted  # every start went through the team's desk
     finally:
         m.stop_all()
-

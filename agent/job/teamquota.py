@@ -1,13 +1,10 @@
-"""Team quotas and fair share on a live agent: the held team policy and the gossiped job records
-turned into the pure policy's :class:`~agent.policy.teams.Teams`, and the runner's own check of
-a start against its team's maximum.
-
-The policy room never reads wire types; this module is where the admin-signed policy record
-(:class:`~agent.wire.policy.PolicyBody`) meets it. It is read by both sides of a start:
+"""A job's team and the quotas it counts against, from the admin-signed team policy
+(:class:`~agent.wire.policy.PolicyBody`) and the gossiped job records: what both sides of a
+start read (the owner's side turns it into the pure policy's teams: ``agent.owning.teamquotas``).
 
 - the owner (``agent.owning``) gives its decision pass the quotas, each job's team and user
   (the team policy's entry for the key that signed the job's submission), and the decayed usage
-  of each team and ``team/user`` (:func:`teams_now`);
+  of each team and ``team/user`` (:func:`decayed_usage`);
 - the runner (``agent.running.runner``) checks an offer against the team's maximum and, for a
   reclaim, its guarantee, as it sees the mesh itself (:func:`over_max`, :func:`reclaim_allows`):
   owners that decided at once from their own views are caught by whichever runner they offer
@@ -26,11 +23,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from agent.policy.snapshot import Job, Running
-from agent.policy.teams import TeamQuota, Teams
 from agent.wire.policy import ANY_CLASS, PolicyBody
 
 if TYPE_CHECKING:
@@ -43,37 +37,10 @@ Who = tuple[str, str]
 """A job's team and user (empty strings: the policy names neither)."""
 
 
-def quotas_of(body: PolicyBody) -> tuple[TeamQuota, ...]:
-    """The policy's quotas as the pure policy takes them (class ``any``: every model)."""
-    return tuple(
-        TeamQuota(
-            team.name,
-            float(q.guaranteed_gpus),
-            float(q.max_gpus),
-            None if q.gpu_class == ANY_CLASS else q.gpu_class,
-        )
-        for team in body.teams
-        for q in team.quotas
-    )
-
-
 def who_signed(body: PolicyBody | None, operator_id: str) -> Who:
     """The team and name of the person whose key signed a submission."""
     person = body.person_by_id(operator_id) if body is not None else None
     return (person.team, person.name) if person is not None else ("", "")
-
-
-def tag(job: Job, who: Who) -> Job:
-    """``job`` counted against ``who``'s team and user."""
-    if (job.team, job.user) == who:
-        return job
-    return replace(job, team=who[0], user=who[1])
-
-
-def tag_running(running: Iterable[Running], who: Mapping[str, Who]) -> tuple[Running, ...]:
-    return tuple(
-        replace(r, job=tag(r.job, who[r.job.job_id])) if r.job.job_id in who else r for r in running
-    )
 
 
 def submission_gpus(sub: Submission) -> float:
@@ -118,40 +85,6 @@ def decayed_usage(
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class TeamsNow:
-    """What the held policy and the view say of teams now: the pure policy's input, and each
-    job's team and user by job id."""
-
-    teams: Teams
-    who: Mapping[str, Who]
-
-    def job(self, job: Job) -> Job:
-        held = self.who.get(job.job_id)
-        return tag(job, held) if held is not None else job
-
-
-def teams_now(
-    body: PolicyBody | None,
-    jobs: Mapping[str, Mapping[str, Any]],
-    submissions: Mapping[str, Submission],
-    now: float,
-    *,
-    starting_gpus: Mapping[str, float] | None = None,
-    half_life_s: float = HALF_LIFE_S,
-) -> TeamsNow | None:
-    """The teams of ``body`` over the view's ``jobs`` and ``submissions``; ``None`` when the
-    policy gives no team a quota (nothing to enforce, nothing to share)."""
-    if body is None:
-        return None
-    quotas = quotas_of(body)
-    if not quotas:
-        return None
-    who = {job_id: who_signed(body, sub.operator_id) for job_id, sub in submissions.items()}
-    usage = decayed_usage(jobs, who, submissions, now, half_life_s)
-    return TeamsNow(Teams(quotas, usage, dict(starting_gpus or {})), who)
-
-
 # -- the runner's check --------------------------------------------------------------------------
 
 
@@ -170,6 +103,24 @@ def held_by_team(
     return held
 
 
+QuotaRow = tuple[str, float, float, str | None]
+"""One quota: team, GPUs guaranteed, the most it may hold, the model (``None``: any)."""
+
+
+def quota_rows(body: PolicyBody) -> tuple[QuotaRow, ...]:
+    """The policy's quotas, class ``any`` as ``None`` (every model)."""
+    return tuple(
+        (
+            team.name,
+            float(q.guaranteed_gpus),
+            float(q.max_gpus),
+            None if q.gpu_class == ANY_CLASS else q.gpu_class,
+        )
+        for team in body.teams
+        for q in team.quotas
+    )
+
+
 def over_max(
     body: PolicyBody | None,
     team: str,
@@ -181,14 +132,14 @@ def over_max(
     its maximums as ``held`` counts it; ``None``: it would not."""
     if body is None or not team:
         return None
-    for q in quotas_of(body):
-        if q.team != team or q.max_gpus is None or (q.model is not None and q.model != model):
+    for qteam, _guaranteed, max_gpus, qmodel in quota_rows(body):
+        if qteam != team or (qmodel is not None and qmodel != model):
             continue
-        now_gpus = held.get((team, q.model), 0.0)
-        if now_gpus + gpus > q.max_gpus + 1e-9:
-            on = f" of {q.model}" if q.model else ""
+        now_gpus = held.get((team, qmodel), 0.0)
+        if now_gpus + gpus > max_gpus + 1e-9:
+            on = f" of {qmodel}" if qmodel else ""
             return (
-                f"team {team} is at its maximum of {q.max_gpus:g} GPUs{on} "
+                f"team {team} is at its maximum of {max_gpus:g} GPUs{on} "
                 f"({now_gpus:g} held as this agent sees the mesh)"
             )
     return None
@@ -198,7 +149,7 @@ def guaranteed(body: PolicyBody | None, team: str) -> float | None:
     """What ``team`` is guaranteed on any model (``None``: no quota on any model)."""
     if body is None or not team:
         return None
-    found = [q.guaranteed_gpus for q in quotas_of(body) if q.team == team and q.model is None]
+    found = [g for t, g, _m, model in quota_rows(body) if t == team and model is None]
     return max(found) if found else None
 
 
