@@ -51,6 +51,7 @@ from agent.wire.calls import (
     StatusRequest,
     StopRequest,
 )
+from agent.wire.quotacalls import QuotaClaim
 
 log = logging.getLogger("shoal.agent")
 
@@ -109,6 +110,11 @@ class Calls:
             "confirm_start": self._sync(
                 lambda body, caller: runner.confirmer.answer(
                     StartConfirm.from_wire(body), caller
+                ).to_wire()
+            ),
+            "quota_claim": self._sync(
+                lambda body, caller: runner.teams.grant(
+                    QuotaClaim.from_wire(body), caller
                 ).to_wire()
             ),
         }

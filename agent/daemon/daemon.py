@@ -166,6 +166,7 @@ class Agent:
             stop_grace_s=config.stop_grace_s,
             preempt_min_run_s=config.preempt_min_run_s,
             elastic_grow_idle_s=config.elastic_grow_idle_s,
+            policy=lambda: self.people.body,
         )
         host_os = self.devices.report.host.os
         self.container_runtime = runtime = find_runtime(
@@ -643,6 +644,7 @@ class Agent:
             "preemptions": self.runner.preemptions.counts,
             "gang_holds": self.runner.holds.counts,
             "start_confirmations": self.runner.confirmer.counts,
+            "quota": self.runner.teams.counts,
             "checkpoint": self.checkpoints.counts,
             "content": self.content_counts,
             "datasets_refused": self.datasets.refused,

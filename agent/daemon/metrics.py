@@ -18,7 +18,8 @@ whose deadline passed before they ended
 (``shoal_deadline_misses_total``, ``agent.job.deadlines``), preemptions on this runner, by outcome
 (``preempted``: a job stopped for one of higher priority, ``shrunk``: an elastic job
 restarted with fewer GPUs for another, ``refused``: a preempting offer refused:
-``shoal_preemptions_total``), starts confirmed by a job's other owner (``agent.running.confirming``:
+``shoal_preemptions_total``), team quota checks of starts (``agent.running.teamdesk``:
+``shoal_quota_total``), starts confirmed by a job's other owner (``agent.running.confirming``:
 ``shoal_start_confirmations_total``), and checkpoint transfers by what happened (``pulled``,
 ``pushed``, ``resumed``, ``failed``, ``refused``, ``refused_not_owner``:
 ``shoal_checkpoint_total``), the content transfer by what happened and the bytes fetched by
@@ -108,6 +109,13 @@ class _Snapshot:
                 "Gang holds on this runner: held, committed, aborted, expired, refused (budget)",
                 "outcome",
                 snap.get("gang_holds", {}),
+            ),
+            (
+                "quota",
+                "Team quota checks of starts: refused here for a maximum, and, as a team's"
+                " quota desk, granted and denied; unanswered: the desk did not answer",
+                "outcome",
+                snap.get("quota", {}),
             ),
             (
                 "start_confirmations",

@@ -35,6 +35,7 @@ INTERNAL_CALLS: Final = (
     "gang_abort",
     "confirm_start",
     "prefetch",
+    "quota_claim",
 )
 """The agent-to-agent calls of ``POST /v1/internal/{op}`` (``agent.daemon.calls``)."""
 

@@ -16,6 +16,7 @@ from agent.mesh.events import EventLog
 from agent.mesh.peers import PeerClient
 from agent.mesh.view import ClusterView
 from agent.storage.store import Store
+from agent.wire.policy import PolicyBody
 
 
 class Mesh(Protocol):
@@ -56,3 +57,5 @@ class AgentContext:
     elastic_grow_idle_s: float = 30.0
     """How long GPUs an elastic job could use sit idle before it grows onto them
     (``AgentConfig.elastic_grow_idle_s``)."""
+    policy: Callable[[], PolicyBody | None] = lambda: None
+    """The team policy held now (``agent.people.keeper``): quotas and who is in which team."""

@@ -23,24 +23,32 @@ An owner builds the order once per change of its view (:class:`QueueIndex`, kept
 ``ClusterView.generation`` stays the same) and every job of its own among the first
 :data:`MAX_AHEAD` is given the same pass (``MeshQueue.behind``: the jobs after it in that pass),
 so one decision pass serves all of them (``agent.owning.placement.ShoalPlacement`` keeps it).
+
+With a team policy that gives any team a quota (:mod:`agent.owning.teamquotas`), every job of the
+pass carries its team and user, the running jobs theirs, and every job is given the whole pass
+(with what runs), even the first in the order: the decision pass re-orders by fair share and
+counts each team's GPUs, so what the order key puts first may wait for its team's maximum.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from agent.job.jobspec import JobSpec
 from agent.job.jobstate import JobState
+from agent.owning.teamquotas import TeamsNow, teams_now
 from agent.policy import adapt
 from agent.policy.queue import order_key
 from agent.policy.snapshot import Job, Running
+from agent.policy.teams import Teams
 
 if TYPE_CHECKING:
     from agent.job.authority import Submission
     from agent.mesh.view import ClusterView
+    from agent.wire.policy import PolicyBody
 
 MAX_AHEAD = 256
 """Pending jobs ahead of a job that its placement looks at, the first in the queue order."""
@@ -61,6 +69,10 @@ class MeshQueue:
     every job in it; they do not change whether ``job`` starts)."""
     generation: int | None = None
     """The view's generation the queue was read at (``None``: not to be kept)."""
+    teams: Teams | None = None
+    """The held team policy's quotas and usage (:mod:`agent.owning.teamquotas`); ``None``: none.
+    With teams, ``running`` is always given (the team's holdings count) and every job carries
+    its team and user."""
 
     @property
     def jobs(self) -> tuple[Job, ...]:
@@ -80,9 +92,12 @@ class QueueIndex:
         live: Collection[str],
         checkpoints: Callable[[], Mapping[str, float]] | None = None,
         generation: int | None = None,
+        teams: TeamsNow | None = None,
     ) -> None:
         """``pending``: the ids of the jobs whose records say pending (others are skipped);
-        ``checkpoints``: when each running job last saved one, asked only if a job is ahead."""
+        ``checkpoints``: when each running job last saved one, asked only if a job is ahead;
+        ``teams``: the team policy's quotas and each job's team (:mod:`agent.owning.teamquotas`)."""
+        self._teams = teams
         order: list[tuple[tuple[float, float, float, str], Job]] = []
         for job_id in pending:
             doc = jobs.get(job_id)
@@ -93,6 +108,8 @@ class QueueIndex:
             if isinstance(submitted, bool) or not isinstance(submitted, int | float):
                 continue  # no place in the order
             job = adapt.job_from_record(job_id, doc, spec)
+            if teams is not None:
+                job = teams.job(job)
             order.append((order_key(job), job))
         order.sort(key=lambda kj: kj[0])
         self._keys = [k for k, _ in order]
@@ -107,7 +124,10 @@ class QueueIndex:
         if self._running is None:
             jobs, specs, live, checkpoints = self._args
             saved = checkpoints() if checkpoints is not None else None
-            self._running = adapt.running_from_jobs(jobs, specs, live=live, checkpoints=saved)
+            running = adapt.running_from_jobs(jobs, specs, live=live, checkpoints=saved)
+            if self._teams is not None:
+                running = tuple(replace(r, job=self._teams.job(r.job)) for r in running)
+            self._running = running
         return self._running
 
     def queue(self, job: Job) -> MeshQueue:
@@ -118,6 +138,13 @@ class QueueIndex:
         if at is None:  # not pending in the view yet: by its own order key
             at = bisect.bisect_left(self._keys, order_key(job))
         ahead = tuple(self._jobs[: min(at, MAX_AHEAD)])
+        held = self._teams
+        if held is not None:  # its team and user, what each team holds, and fair share count:
+            job = held.job(job)  # the whole pass, whatever the order key puts first
+            if listed and at < MAX_AHEAD:
+                shared = self._shared[at + 1 :]
+                return MeshQueue(job, ahead, self.running(), shared, self.generation, held.teams)
+            return MeshQueue(job, ahead, self.running(), teams=held.teams)
         if not ahead:
             return MeshQueue(job)
         if listed and at < MAX_AHEAD:  # one of the first: it shares their pass
@@ -146,18 +173,22 @@ class MeshQueues:
     when its view has changed or the live agents have."""
 
     def __init__(self) -> None:
-        self._read: tuple[tuple[int, tuple[str, ...]], QueueIndex] | None = None
+        self._read: tuple[tuple[int, tuple[str, ...], int], QueueIndex] | None = None
 
     def index(
         self,
         view: ClusterView,
         live: Collection[str],
         checkpoints: Callable[[], Mapping[str, float]],
+        policy: PolicyBody | None = None,
+        now: float = 0.0,
     ) -> QueueIndex:
         """The queue as ``view`` holds it now (``checkpoints``: when each running job last
-        saved one, asked only if a job is ahead)."""
-        key = (view.generation, tuple(sorted(live)))
+        saved one, asked only if a job is ahead; ``policy``: the team policy held, whose
+        quotas and teams count, with the usage decayed to ``now``)."""
+        key = (view.generation, tuple(sorted(live)), id(policy))
         if self._read is None or self._read[0] != key:
+            teams = teams_now(policy, view.jobs, view.submissions, now)
             index = QueueIndex(
                 view.jobs,
                 _Specs(view.submissions),
@@ -165,6 +196,7 @@ class MeshQueues:
                 live=live,
                 checkpoints=checkpoints,
                 generation=view.generation,
+                teams=teams,
             )
             self._read = (key, index)
         return self._read[1]

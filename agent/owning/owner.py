@@ -115,6 +115,7 @@ class Owner:
         self.jobs: dict[str, OwnedJob] = {}
         self._placing: set[str] = set()
         self.queues = MeshQueues()
+        self.policy = ctx.policy
         """This owner's read of the mesh's queue, kept while its view stays the same."""
         self._unlisted_since: dict[str, float] = {}
         """Running jobs whose runner's node record does not list them, since when (monotonic)."""

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from collections import Counter
-    from collections.abc import Coroutine
+    from collections.abc import Callable, Coroutine
 
     from agent.job.jobstate import JobEvent
     from agent.mesh.events import EventLog
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from agent.owning.meshqueue import MeshQueues
     from agent.owning.ownedjob import OwnedJob
     from agent.owning.placement import Placement
+    from agent.wire.policy import PolicyBody
 
 
 class OwnerSteps(Protocol):
@@ -34,6 +35,8 @@ class OwnerSteps(Protocol):
     placement: Placement
     offers: Counter[str]
     queues: MeshQueues
+    policy: Callable[[], PolicyBody | None]
+    """The team policy held now (quotas, who is in which team)."""
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
     def _live(self) -> list[str]: ...

@@ -41,6 +41,11 @@ pass over those and the job, so room a job ahead takes is not offered, and the f
 cannot start holds a reservation later jobs backfill around. First fit keeps no order across
 owners.
 
+With team quotas in the held policy (``MeshQueue.teams``), the Shoal placement always runs the
+decision pass: a job past its team's maximum gets no candidate and the policy's line, and a
+team under its guarantee may reclaim (:meth:`ShoalPlacement.reclaim`: other teams' borrowed,
+preemptible jobs, whatever their priority; the runner counts again, ``agent.running.teamdesk``).
+
 What the live mesh does not do yet: preempting for a gang, and moving running jobs.
 """
 
@@ -68,6 +73,7 @@ from agent.policy.shrink import shrink_for, spare_gpus
 from agent.policy.snapshot import Job, Node, Running, Snapshot
 from agent.policy.snapshot import Placement as PolicyPlacement
 from agent.policy.state import PolicyState
+from agent.policy.teams import Ledger, Teams
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +131,13 @@ class Placement(Protocol):
         self, spec: JobSpec, nodes: Sequence[NodeView], running: Sequence[Running]
     ) -> Candidate | None:
         """Where the job may start by shrinking elastic jobs of ``running``, and which."""
+        ...
+
+    def reclaim(
+        self, job: Job, nodes: Sequence[NodeView], running: Sequence[Running], teams: Teams
+    ) -> Candidate | None:
+        """Where ``job`` (with its team) may start by taking back GPUs its team is guaranteed
+        from other teams' borrowed, preemptible jobs of ``running``, and whom; or ``None``."""
         ...
 
     def offered(self, candidate: Candidate) -> None:
@@ -270,6 +283,12 @@ class FirstFit(_Held):
         """First fit, the baseline, never shrinks a job."""
         return None
 
+    def reclaim(
+        self, job: Job, nodes: Sequence[NodeView], running: Sequence[Running], teams: Teams
+    ) -> Candidate | None:
+        """First fit, the baseline, never preempts."""
+        return None
+
     def rebind(self, spec: JobSpec, node: Node, keys: tuple[str, ...]) -> tuple[str, ...] | None:
         placed = first_fit(_job(_member(spec)), [same_models(node, keys)], limit=1)
         return placed[0].devices[0] if placed else None
@@ -324,7 +343,7 @@ class ShoalPlacement(_Held):
         whole sets); behind ``queue``'s jobs ahead when there are any. A job moved away from a
         node (``exclude``) is placed on its own: the operator asked for it."""
         self._waiting = None
-        if queue is not None and queue.ahead and not exclude:
+        if queue is not None and (queue.ahead or queue.teams is not None) and not exclude:
             return self._behind(queue, nodes)
         snapshot = self._context(nodes)
         ctx, _ = context(snapshot, self.model, self.config, state=self._state, owner=self.owner)
@@ -355,6 +374,7 @@ class ShoalPlacement(_Held):
                 running=queue.running,
                 dataset_bytes=adapt.dataset_bytes(views),
                 dataset_newest=adapt.dataset_newest(views),
+                teams=queue.teams,
             )
             self._snapshot = snapshot
             decisions = decide(
@@ -461,6 +481,34 @@ class ShoalPlacement(_Held):
         if found is None:
             return None
         return Candidate(found.placement.node_id, found.placement.devices[0], shrink=found.victims)
+
+    def reclaim(
+        self, job: Job, nodes: Sequence[NodeView], running: Sequence[Running], teams: Teams
+    ) -> Candidate | None:
+        """The policy's reclaim for ``job`` (:func:`agent.policy.decision.decide` over it alone:
+        its team under its guarantee stops other teams' borrowed, preemptible jobs, whatever
+        their priority); the runner counts again before it stops anyone."""
+        if not job.team or not Ledger(teams, running).below_guarantee(job):
+            return None
+        views = [n for n in nodes if n.inventory is not None]
+        snapshot = Snapshot(
+            now=self._clock(),
+            nodes=adapt.nodes_from_views(views, adapt.holders(running)),
+            pending=(job,),
+            running=tuple(running),
+            dataset_bytes=adapt.dataset_bytes(views),
+            dataset_newest=adapt.dataset_newest(views),
+            teams=teams,
+        )
+        config = replace(self.config, preemption=True, time_slice=(), moves=False)
+        found = decide(snapshot, self.model, config, owner=self.owner, explain=False)
+        start = found.assignment(job.job_id)
+        if start is None or not start.after or len(start.placement.node_ids) != 1:
+            return None
+        node_id, keys = start.placement.node_id, start.placement.devices[0]
+        held = {r.job.job_id: set(r.placement.devices[0]) for r in running}
+        victims = tuple(v for v in start.after if held.get(v, set()) & set(keys))
+        return Candidate(node_id, keys, victims) if victims else None
 
     def _running_context(
         self, nodes: Sequence[NodeView], running: Sequence[Running]

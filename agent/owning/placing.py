@@ -78,7 +78,9 @@ class PlacingOwner(OwnerSteps, Protocol):
 def queue_of(o: OwnerSteps, job: OwnedJob, live: Collection[str]) -> MeshQueue:
     """The job's place in the mesh's one queue, as this owner's gossip view holds it."""
     me = adapt.job_from_spec(job.job_id, job.spec, owner=o.node_id, submitted_at=job.submitted_at)
-    return o.queues.index(o.view, live, lambda: saved_at(o.view)).queue(me)
+    policy = o.policy()
+    index = o.queues.index(o.view, live, lambda: saved_at(o.view), policy, time.time())
+    return index.queue(me)
 
 
 def candidates_for(o: PlacingOwner, job: OwnedJob) -> list[Candidate]:
@@ -99,7 +101,7 @@ def candidates_for(o: PlacingOwner, job: OwnedJob) -> list[Candidate]:
     if not candidates and job.avoid:
         candidates = o.placement.candidates(job.spec, nodes, prefer=job.prefer, queue=queue)
     if not candidates:
-        candidates = preemption_candidates(o.placement, job.spec, nodes, o.view, live)
+        candidates = preemption_candidates(o.placement, job.spec, nodes, o.view, live, queue)
     if not candidates:
         o.prefetcher.waiting(job, nodes, queue, live)
         reason = waiting_reason(job.reason, o.placement.why_pending(job.spec, queue))

@@ -19,6 +19,7 @@ from typing import Any
 
 from agent.job.jobspec import JobSpec
 from agent.mesh.view import ClusterView, NodeView
+from agent.owning.meshqueue import MeshQueue
 from agent.owning.placement import Candidate, Placement
 from agent.policy import adapt
 from agent.wire.calls import AttemptResult
@@ -32,17 +33,29 @@ def preemption_candidates(
     nodes: Sequence[NodeView],
     view: ClusterView,
     live: Collection[str],
+    queue: MeshQueue | None = None,
 ) -> list[Candidate]:
     """The one place the job may start by shrinking elastic jobs (first: it needs no priority)
-    or else by preempting others (as the policy decides), or none."""
+    or else by preempting others (as the policy decides: with team quotas, ``queue``'s teams,
+    a team under its guarantee reclaims borrowed GPUs whatever their priority), or none."""
+    teams = queue.teams if queue is not None else None
     elastic = any(_may_shrink(view, job_id, doc) for job_id, doc in view.jobs.items())
-    if not elastic and not any(
-        _may_yield(view, job_id, doc, spec.priority) for job_id, doc in view.jobs.items()
+    if (
+        not elastic
+        and teams is None
+        and not any(
+            _may_yield(view, job_id, doc, spec.priority) for job_id, doc in view.jobs.items()
+        )
     ):
         return []  # nothing that may be shrunk or stopped runs anywhere
-    specs = {j: s.spec for j, s in view.submissions.items()}
-    running = adapt.running_from_jobs(view.jobs, specs, live=live, checkpoints=saved_at(view))
+    if queue is not None and teams is not None:
+        running = queue.running  # each with its team
+    else:
+        specs = {j: s.spec for j, s in view.submissions.items()}
+        running = adapt.running_from_jobs(view.jobs, specs, live=live, checkpoints=saved_at(view))
     found = placement.shrink(spec, nodes, running) if elastic else None
+    if found is None and queue is not None and teams is not None:
+        found = placement.reclaim(queue.job, nodes, running, teams)
     if found is None:
         found = placement.preemption(spec, nodes, running)
     return [found] if found is not None else []

@@ -97,6 +97,9 @@ class GangDesk:
                 f"the member has {len(member.devices)} devices, the job needs"
                 f" {spec.resources.gpus_per_node} per node"
             )
+        if member.rank == 0:  # the whole gang's GPUs, cleared with its team's desk once,
+            sub = r.authority.submission(req.submission, job_id)  # before admit's device checks
+            await r.teams.claim(sub, req.attempt, member.devices)
         admitted = await r.admit(
             job_id, req.attempt, req.owner, spec, member.devices, may_rebind=req.rebind
         )

@@ -9,7 +9,9 @@ the offer's own signed submission. Each victim must:
 - run here (an attempt this runner started and still runs), and not be claimed already by
   another preempting offer (two offers racing for one victim: the second is refused);
 - be preemptible, and of a lower priority than the offered job (equal never: time slicing runs
-  in the simulator only);
+  in the simulator only), unless the runner finds the offer a team's reclaim by its own count
+  (``agent.running.teamdesk``: the job's team within its guarantee, each victim's team above its
+  own);
 - have run at least ``min_run_s`` (``AgentConfig.preempt_min_run_s``) since its attempt started;
 - hold at least one of the offered devices;
 
@@ -72,6 +74,10 @@ class Ask(NamedTuple):
     devices: tuple[str, ...]
     victims: tuple[str, ...]
     shrink: tuple[str, ...] = ()
+    reclaim: bool = False
+    """The runner found the offer a reclaim by its own count (``agent.running.teamdesk``): the
+    job's team is within its guarantee and every victim's team holds more than its own, so the
+    victims may be of any priority."""
 
     def cause_of(self, victim: str) -> str:
         """The stop cause of one of its victims: ``shrink`` or ``preempt``."""
@@ -128,7 +134,7 @@ def arbitrate(
             _check_shrink(v, run, wanted)
         elif not run.preemptible:
             raise Refused(f"victim {v} is not preemptible")
-        elif run.priority >= priority:
+        elif run.priority >= priority and not ask.reclaim:
             raise Refused(f"victim {v} has priority {run.priority}, not lower than {priority}")
         if not wanted & set(run.devices):
             raise Refused(f"victim {v} holds none of the offered devices")

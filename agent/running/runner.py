@@ -80,6 +80,7 @@ from agent.running.runs import (
     NotAllowed,
     UsageSink,
 )
+from agent.running.teamdesk import TeamDesk
 from agent.storage.store import ResultRecord, RunRecord, StoreFull
 from agent.wire.calls import (
     AttemptResult,
@@ -138,6 +139,8 @@ class Runner:
         self._on_change = ctx.changed
         self._stop_grace_s = ctx.stop_grace_s
         self.runs: dict[str, LocalRun] = {}
+        self.teams = TeamDesk(ctx, devices.statics, self.runs)
+        """The team quota checks of an offer (``agent.running.teamdesk``)."""
         self.fence = Fences(self.store.last_attempt_run)
         self.progress: dict[str, tuple[float, float | None]] = {}
         self.draining = Drain(self)
@@ -214,10 +217,31 @@ class Runner:
         spec = self.authorised_spec(job_id, owner, caller, offer.submission, "start")
         if spec.is_gang:
             raise Declined("a gang starts through gang_prepare and gang_commit, not start")
+        sub = self.authority.submission(offer.submission, job_id)
+        # The team's quota: this node's count (no grant asked in vain), then the team's desk,
+        # before admit, whose device checks and the run's entry in launch have no await between
+        # them; the count again after it (agent.running.teamdesk).
+        over = self.teams.over_max(sub, offer.devices, self.runs, offer.victims)
+        if over is not None:
+            raise Declined(over)
+        await self.teams.claim(sub, attempt, offer.devices)
+        reclaim = self.teams.reclaim(sub, offer.devices, offer.victims, self.runs)
         admitted = await self.admit(
-            job_id, attempt, owner, spec, offer.devices, offer.victims, offer.shrink, offer.rebind
+            job_id,
+            attempt,
+            owner,
+            spec,
+            offer.devices,
+            offer.victims,
+            offer.shrink,
+            offer.rebind,
+            reclaim,
         )
         keys = admitted.keys or offer.devices
+        over = self.teams.over_max(sub, keys, self.runs, admitted.victims)
+        if over is not None:
+            self.preemptions.release(admitted.victims)
+            raise Declined(over)
         answer = await self.launch(
             job_id, attempt, owner, spec, keys, offer.resume, admitted=admitted
         )
@@ -251,6 +275,7 @@ class Runner:
         victims: tuple[str, ...] = (),
         shrink: tuple[str, ...] = (),
         may_rebind: bool = False,
+        reclaim: bool = False,
     ) -> Admitted:
         """``Declined`` unless attempt ``attempt`` may start here now on ``keys``: the agent
         runs, the node takes work, the attempt is not fenced, no newer one runs, the job's
@@ -282,7 +307,7 @@ class Runner:
         if victims or shrink:  # checked and claimed first; the devices they hold count as free
             try:
                 claimed = self.preemptions.claim(
-                    Ask(job_id, spec.priority, keys, victims, shrink),
+                    Ask(job_id, spec.priority, keys, victims, shrink, reclaim),
                     self.runs,
                     set(self.free_devices()),
                 )
