@@ -393,8 +393,10 @@ class Agent:
 
     def gpu_facts(self) -> dict[str, GpuFacts]:
         free = set(self.runner.free_devices())
+        holder = {k: job_id for job_id, run in self.runner.runs.items() for k in run.devices}
         return {
-            s.key: GpuFacts(s.key not in free, s.temp_slowdown_c) for s in self.devices.statics()
+            s.key: GpuFacts(s.key not in free, s.temp_slowdown_c, holder.get(s.key))
+            for s in self.devices.statics()
         }
 
     # -- gossip events ---------------------------------------------------------------------------

@@ -33,4 +33,4 @@ def test_bench_history_runs_small_and_emits_the_fields() -> None:
     assert set(out["not_measured"]) == {"year_bytes_8gpu"}
     assert out["forecast_jobs"] == 5 and 0 <= out["forecast_error_at_half_p50"] <= 1
     assert 0 <= out["rules_precision"] <= 1 and 0 <= out["rules_recall"] <= 1
-    assert out["rules_windows"] == 20  # 2 windows of each of 10 labels
+    assert out["rules_windows"] == 32  # 2 windows of each of 16 labels
