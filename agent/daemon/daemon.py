@@ -394,8 +394,11 @@ class Agent:
     def gpu_facts(self) -> dict[str, GpuFacts]:
         free = set(self.runner.free_devices())
         holder = {k: job_id for job_id, run in self.runner.runs.items() for k in run.devices}
+        link = {d.static.key: d.sample.pcie_link_bytes_per_s for d in self.devices.report.devices}
         return {
-            s.key: GpuFacts(s.key not in free, s.temp_slowdown_c, holder.get(s.key))
+            s.key: GpuFacts(
+                s.key not in free, s.temp_slowdown_c, holder.get(s.key), link.get(s.key)
+            )
             for s in self.devices.statics()
         }
 

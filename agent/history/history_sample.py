@@ -3,11 +3,14 @@
 Series (the measure's unit is in its name; the subject is a device key, a job id, or the host):
 
 - per GPU, from the probers' latest sample: ``gpu.util_pct``, ``gpu.mem_used_bytes``,
-  ``gpu.temp_c``, ``gpu.power_mw``, ``gpu.power_limit_mw``; and the fields no prober reads yet,
-  recorded as unsupported (never 0): ``gpu.mem_bw_pct``, ``gpu.sm_clock_mhz``,
-  ``gpu.throttle``. A field a device has never given since the agent started is unsupported
-  (the prober cannot read it there); once given, a missing reading is a gap, as is every field
-  of a device that stopped answering.
+  ``gpu.temp_c``, ``gpu.power_mw``, ``gpu.power_limit_mw``, ``gpu.mem_bw_pct`` (memory-bandwidth
+  activity: NVML's memory utilization, amdgpu's ``mem_busy_percent`` or its ``gpu_metrics``
+  UMC activity), ``gpu.sm_clock_mhz``, ``gpu.throttle`` (1 while the clocks are held down for
+  a reason other than idling, else 0), ``gpu.pcie_rx_bytes_per_s`` and
+  ``gpu.pcie_tx_bytes_per_s`` (NVML). A field a device has never given since the agent started
+  is unsupported (the prober cannot read it there: amdgpu has no PCIe byte counters, an A10's
+  NVML no clocks), never 0; once given, a missing reading is a gap, as is every field of a
+  device that stopped answering.
 - per host (psutil): ``host.cpu_pct``, ``host.mem_used_bytes``, ``host.swap_used_bytes``,
   ``host.net_rx_bytes_per_s``, ``host.net_tx_bytes_per_s``, ``host.disk_read_bytes_per_s``,
   ``host.disk_write_bytes_per_s`` (rates from the counters' change since the last sample).
@@ -31,9 +34,22 @@ from typing import Final
 from agent.history.history import SeriesKey, Unsupported
 from probers.records import Device
 
-GPU_FIELDS: Final = ("util_pct", "mem_used_bytes", "temp_c", "power_mw", "power_limit_mw")
-GPU_NOT_PROBED: Final = ("mem_bw_pct", "sm_clock_mhz", "throttle")
-"""Fields worth keeping that no prober reads yet: recorded as unsupported, by name."""
+GPU_FIELDS: Final = (
+    "util_pct",
+    "mem_used_bytes",
+    "temp_c",
+    "power_mw",
+    "power_limit_mw",
+    "mem_bw_pct",
+    "sm_clock_mhz",
+    "throttle",
+    "pcie_rx_bytes_per_s",
+    "pcie_tx_bytes_per_s",
+)
+_SAMPLE_FIELD: Final = {"throttle": "throttled"}
+"""A series whose sample field is named otherwise."""
+GPU_NOT_PROBED: Final[tuple[str, ...]] = ()
+"""Fields worth keeping that no prober reads yet (recorded as unsupported, by name): none now."""
 NOT_PROBED: Final = Unsupported("no prober of this device reads it yet")
 NEVER_GIVEN: Final = Unsupported("this device has not given it")
 NO_CGROUP: Final = Unsupported("the job runs without a cgroup of its own")
@@ -54,7 +70,7 @@ class DeviceFields:
                 continue  # the host series cover it
             key, sample = device.static.key, device.sample
             for name in GPU_FIELDS:
-                value = getattr(sample, name)
+                value = getattr(sample, _SAMPLE_FIELD.get(name, name))
                 series = SeriesKey("gpu." + name, key)
                 if value is not None and sample.healthy:
                     self.given.add((key, name))

@@ -27,7 +27,7 @@ def test_bench_history_runs_small_and_emits_the_fields() -> None:
     out = json.loads(done.stdout)
     assert set(FIELDS) <= set(out)
     assert out["sampling_cpu_pct_of_one_core"] > 0 and out["series_sampled"] > 40
-    assert out["store_bytes"] > 0 and out["year_series_stored"] == 12  # 5 GPU fields, 7 host
+    assert out["store_bytes"] > 0 and out["year_series_stored"] == 17  # 10 GPU fields, 7 host
     assert out["query_24h_raw_points"] == 86_400 and out["query_24h_raw_tier"] == 1
     assert out["year_bytes_8gpu"] is None  # not a year of 8 GPUs: not measured, and named so
     assert set(out["not_measured"]) == {"year_bytes_8gpu"}
