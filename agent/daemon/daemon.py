@@ -53,7 +53,7 @@ from agent.execution.containment import attempt_key
 from agent.execution.executor import ProcessExecutor
 from agent.execution.launch import ExecutorConfig
 from agent.history.history_hints import GpuFacts
-from agent.history.history_sample import NodeSampler
+from agent.history.history_sample import NodeSampler, link_readings
 from agent.history.history_store import open_history
 from agent.history.usage_book import UsageBook
 from agent.job.authority import Authority
@@ -458,6 +458,7 @@ class Agent:
             }
             try:
                 readings = self.sampler.sample(self.devices.report.devices, progress, folders)
+                readings.update(link_readings(self.mesh.link_rtts()))
                 self.history.sample(time.time(), readings)
             except Exception:  # history must never stop: the next second tries again
                 failures = self.history.write_failures = self.history.write_failures + 1

@@ -14,6 +14,9 @@ Series (the measure's unit is in its name; the subject is a device key, a job id
 - per host (psutil): ``host.cpu_pct``, ``host.mem_used_bytes``, ``host.swap_used_bytes``,
   ``host.net_rx_bytes_per_s``, ``host.net_tx_bytes_per_s``, ``host.disk_read_bytes_per_s``,
   ``host.disk_write_bytes_per_s`` (rates from the counters' change since the last sample).
+- per link to each live peer (the subject is the peer's node id): ``link.rtt_ms``, the Vivaldi
+  estimate of the round trip, and ``link.probe_rtt_ms``, the median of the recent measured
+  probe round trips, from the gossip layer's own numbers (:func:`link_readings`).
 - per job running here: ``job.progress_pct`` (what the job reports), and from its cgroup where
   the job has one (``cpu.stat``, ``memory.current``: two small reads) ``job.cpu_pct`` and
   ``job.mem_bytes``; unsupported where the job runs without a cgroup.
@@ -200,6 +203,18 @@ def job_readings(
             if span_s > 0 and now.cpu_usec >= before.cpu_usec:
                 cpu = (now.cpu_usec - before.cpu_usec) / 1e6 / span_s * 100
         out[SeriesKey("job.cpu_pct", job_id)] = cpu
+    return out
+
+
+def link_readings(rtts: Mapping[str, tuple[float | None, float | None]]) -> Readings:
+    """Each peer's ``(Vivaldi estimate, measured median)`` round trip in seconds, as series in
+    milliseconds (``None``: not known yet, a gap)."""
+    out: Readings = {}
+    for peer, (estimate_s, measured_s) in rtts.items():
+        out[SeriesKey("link.rtt_ms", peer)] = None if estimate_s is None else estimate_s * 1000
+        out[SeriesKey("link.probe_rtt_ms", peer)] = (
+            None if measured_s is None else measured_s * 1000
+        )
     return out
 
 

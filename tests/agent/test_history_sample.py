@@ -12,6 +12,7 @@ from agent.history.history_sample import (
     NodeSampler,
     host_readings,
     job_readings,
+    link_readings,
     read_cgroup,
 )
 from probers.records import Device, DeviceSample, DeviceStatic
@@ -47,6 +48,14 @@ def test_the_memory_bandwidth_clock_throttle_and_pcie_series() -> None:
     calm = fields.readings([_gpu(mem_bw_pct=0.0, throttled=False)])
     assert calm[SeriesKey("gpu.throttle", "GPU-a")] == 0.0  # a real 0: it was given
     assert calm[SeriesKey("gpu.mem_bw_pct", "GPU-a")] == 0.0
+
+
+def test_a_links_round_trips_in_milliseconds_and_unknown_a_gap() -> None:
+    got = link_readings({"peer-a": (0.0021, 0.0018), "peer-b": (None, 0.004)})
+    assert got[SeriesKey("link.rtt_ms", "peer-a")] == 2.1
+    assert got[SeriesKey("link.probe_rtt_ms", "peer-a")] == 1.8
+    assert got[SeriesKey("link.rtt_ms", "peer-b")] is None  # no coordinate yet: a gap
+    assert got[SeriesKey("link.probe_rtt_ms", "peer-b")] == 4.0
 
 
 def _host(at_s: float, rx: int | None, disk: int | None = 0) -> HostCounters:
