@@ -3,7 +3,10 @@
 Each window is a few minutes of 1 s samples of one GPU drawn for one label: one of the rules
 (what it should fire), or a healthy case built to sit near a rule's edge (busy and cool, warm
 but below its slowdown, drawing 90 % of its power limit, bursty but with an idle CPU, idle and
-free). Noise, and a few gaps, in every series; the seed draws it all.
+free, a gang's rank a little behind its peers, heavy PCIe traffic on a busy GPU, swap in use but
+flat with memory at 85-90 %). Every window has the series of every rule (its host's memory and
+swap, its PCIe traffic; gang peers for some), so every rule judges every window. Noise, and a
+few gaps, in every series; the seed draws it all.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from typing import Final
 from agent.history.history_hints import Window
 
 LIMIT_MW: Final = 700_000.0
+LINK_BYTES_PER_S: Final = 32e9
+"""PCIe 5.0 x16, each way (about 32 GB/s usable)."""
+MEM_TOTAL_BYTES: Final = 2.0 * 2**40
 SLOWDOWN_C: Final = 87.0
 LABELS: Final = (
     "idle_allocated",
@@ -22,13 +28,19 @@ LABELS: Final = (
     "memory_bandwidth_bound",
     "thermally_throttled",
     "power_capped",
+    "straggler",
+    "pcie_bound",
+    "host_memory_pressure",
     "busy_healthy",
     "warm_healthy",
     "near_cap_healthy",
     "bursty_idle_cpu_healthy",
     "idle_free_healthy",
+    "gang_even_healthy",
+    "pcie_busy_healthy",
+    "swap_flat_healthy",
 )
-RULE_LABELS: Final = frozenset(LABELS[:5])
+RULE_LABELS: Final = frozenset(LABELS[:8])
 
 
 def _series(
@@ -59,6 +71,14 @@ def window(label: str, rng: random.Random) -> Window:
     temp = _series(rng, n, rng.uniform(55, 72), 1.5, 20, 110)
     power = _series(rng, n, LIMIT_MW * rng.uniform(0.55, 0.8), LIMIT_MW * 0.02, 0, LIMIT_MW)
     bw = _series(rng, n, rng.uniform(20, 60), 5, 0, 100)
+    link = LINK_BYTES_PER_S
+    rx = _series(rng, n, link * rng.uniform(0.02, 0.4), link * 0.03, 0, link)
+    tx = _series(rng, n, link * rng.uniform(0.01, 0.1), link * 0.01, 0, link)
+    mem = _series(rng, n, MEM_TOTAL_BYTES * rng.uniform(0.2, 0.8), 2**30, 0, MEM_TOTAL_BYTES)
+    swap_level = rng.choice((0.0, rng.uniform(0, 8 * 2**30)))
+    swap = _series(rng, n, swap_level, 2**20 if swap_level else 0, 0, 2**40)
+    peers: list[list[float | None]] = []
+    in_gang = rng.random() < 0.4  # one of a gang's ranks, its peers about as busy as it is
     allocated = True
     if label == "idle_allocated":
         util = _series(rng, n, rng.uniform(0, 1.5), 0.8, 0, 100)
@@ -83,8 +103,55 @@ def window(label: str, rng: random.Random) -> Window:
     elif label == "idle_free_healthy":
         util = _series(rng, n, 0.3, 0.3, 0, 100)
         allocated = False
+        peers = []
+    elif label == "straggler":
+        peers = [_series(rng, n, rng.uniform(80, 99), 3, 0, 100) for _ in range(rng.randint(1, 7))]
+        util = _series(rng, n, rng.uniform(25, 55), 4, 0, 100)
+    elif label == "gang_even_healthy":
+        peers = [_series(rng, n, rng.uniform(80, 99), 3, 0, 100) for _ in range(rng.randint(1, 7))]
+        util = _series(rng, n, rng.uniform(72, 90), 3, 0, 100)
+    elif label == "pcie_bound":
+        util = _series(rng, n, rng.uniform(25, 60), 5, 0, 100)
+        rx = _series(rng, n, link * rng.uniform(0.78, 0.95), link * 0.03, 0, link)
+    elif label == "pcie_busy_healthy":
+        rx = _series(rng, n, link * rng.uniform(0.75, 0.95), link * 0.03, 0, link)
+    elif label == "host_memory_pressure":
+        if rng.random() < 0.5:
+            mem = _series(rng, n, MEM_TOTAL_BYTES * rng.uniform(0.965, 0.99), 2**29, 0, 2**41)
+        else:
+            start, grow = rng.uniform(0, 4 * 2**30), rng.uniform(0.2, 4) * 2**30
+            swap = [
+                None if rng.random() < 0.01 else start + grow * i / n + rng.gauss(0, 2**20)
+                for i in range(n)
+            ]
+    elif label == "swap_flat_healthy":
+        mem = _series(rng, n, MEM_TOTAL_BYTES * rng.uniform(0.85, 0.9), 2**30, 0, 2**41)
+        swap = _series(rng, n, rng.uniform(1, 8) * 2**30, 4 * 2**20, 0, 2**40)
+    if in_gang and allocated and not peers:
+        known = [u for u in util if u is not None]
+        level = sum(known) / len(known)
+        peers = [
+            _series(rng, n, level * rng.uniform(0.9, 1.1), 3, 0, 100)
+            for _ in range(rng.randint(1, 7))
+        ]
     limit: list[float | None] = [LIMIT_MW] * n
-    return Window(util, cpu, allocated, temp, power, limit, bw, SLOWDOWN_C)
+    return Window(
+        util,
+        cpu,
+        allocated,
+        temp,
+        power,
+        limit,
+        bw,
+        SLOWDOWN_C,
+        peers_util_pct=peers,
+        pcie_rx_bytes_per_s=rx,
+        pcie_tx_bytes_per_s=tx,
+        pcie_link_bytes_per_s=link,
+        host_mem_used_bytes=mem,
+        host_swap_used_bytes=swap,
+        host_mem_total_bytes=MEM_TOTAL_BYTES,
+    )
 
 
 def labelled_set(seed: int, per_label: int) -> list[tuple[str, Window]]:

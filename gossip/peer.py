@@ -365,6 +365,10 @@ class Peer:
             return None
         return ca.distance_s(cb)
 
+    def measured_rtt(self, node: str) -> float | None:
+        """The median of the recent measured probe RTTs to ``node`` in seconds, if any."""
+        return self._vivaldi.measured_rtt_s(node)
+
     def probe_soon(self, node: str, now: float) -> bool:
         """A hint that ``node`` may be gone (the transport saw its connection end, or could not
         open one): probe it next, out of turn. The hint decides nothing, the probe does; only the

@@ -100,6 +100,13 @@ class VivaldiClient:
         rec = self._peers.get(node)
         return None if rec is None else self._unpack(rec)
 
+    def measured_rtt_s(self, node: str) -> float | None:
+        """The median of the recent measured probe RTTs to ``node`` (what its coordinate is
+        fitted to), ``None`` before the first."""
+        rec = self._peers.get(node)
+        window = () if rec is None else self._samples(rec)
+        return sorted(window)[len(window) // 2] if window else None
+
     def _pack(self, c: Coordinate, samples: tuple[float, ...]) -> bytes:
         pad = (0.0,) * (self.config.latency_filter_size - len(samples))
         return self._layout.pack(

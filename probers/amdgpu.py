@@ -46,7 +46,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from probers.base import ProberUnavailable
+from probers.gpu_metrics import NOT_PARSED, GpuMetrics
+from probers.gpu_metrics import parse as parse_metrics
 from probers.kfd import KfdNode, KfdTopology, read_topology
+from probers.pcie import link_bytes_per_s, parse_link_speed
 from probers.records import DeviceSample, DeviceStatic, Link
 from probers.sysfs import drm_cards, hwmon_dirs, pci_bus_id, read_int, read_text, read_uevent
 
@@ -247,6 +250,12 @@ class _Reading:
     power_mw: int | None
     power_limit_mw: int | None
     answered: frozenset[str]
+    mem_bw_pct: float | None = None
+    sm_clock_mhz: float | None = None
+    throttled: bool | None = None
+    pcie_link_bytes_per_s: float | None = None
+    metrics_note: str | None = None
+    """Why the ``gpu_metrics`` blob gave nothing, when it did not (an unparsed revision)."""
 
 
 def _read_dynamic(
@@ -273,6 +282,13 @@ def _read_dynamic(
         if power is None:
             power = take("power1_input", read_int(hwmon / "power1_input"))
         cap = take("power1_cap", read_int(hwmon / "power1_cap"))
+    mem_busy = take("mem_busy_percent", read_int(device_dir / "mem_busy_percent"))
+    metrics, note = _metrics(device_dir)
+    link = metrics.pcie_link_bytes_per_s
+    if link is None:
+        speed = read_text(device_dir / "current_link_speed")
+        width = read_int(device_dir / "current_link_width")
+        link = link_bytes_per_s(None if speed is None else parse_link_speed(speed), width)
     return _Reading(
         mem_used_bytes=mem_used,
         util_pct=None if busy is None else float(busy),
@@ -280,7 +296,28 @@ def _read_dynamic(
         power_mw=_micro_to_milli(power),
         power_limit_mw=_micro_to_milli(cap) or None,
         answered=frozenset(answered),
+        mem_bw_pct=float(mem_busy) if mem_busy is not None else metrics.umc_activity_pct,
+        sm_clock_mhz=metrics.gfx_clock_mhz,
+        throttled=metrics.throttled,
+        pcie_link_bytes_per_s=link,
+        metrics_note=note,
     )
+
+
+def _metrics(device_dir: Path) -> tuple[GpuMetrics, str | None]:
+    """The ``gpu_metrics`` blob's fields, and why none where it gave none."""
+    try:
+        with (device_dir / "gpu_metrics").open("rb") as f:
+            blob = f.read(4096)
+    except OSError:
+        return NOT_PARSED, None  # no blob: this card's driver has none
+    try:
+        revision, metrics = parse_metrics(blob)
+    except ValueError as exc:
+        return NOT_PARSED, str(exc)
+    if metrics is NOT_PARSED:
+        return metrics, f"gpu_metrics {revision}: a layout not read yet"
+    return metrics, None
 
 
 class AmdgpuProber:
@@ -455,7 +492,11 @@ class AmdgpuProber:
             temp_c=reading.temp_c,
             power_mw=reading.power_mw,
             power_limit_mw=reading.power_limit_mw,
-            error=f"not readable now: {', '.join(missing)}" if missing else None,
+            error=f"not readable now: {', '.join(missing)}" if missing else reading.metrics_note,
+            mem_bw_pct=reading.mem_bw_pct,
+            sm_clock_mhz=reading.sm_clock_mhz,
+            throttled=reading.throttled,
+            pcie_link_bytes_per_s=reading.pcie_link_bytes_per_s,
         )
 
 

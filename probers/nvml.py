@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from probers.base import ProberUnavailable
+from probers.pcie import gen_bytes_per_s
 from probers.records import DeviceSample, DeviceStatic, Link, MigDevice
 
 T = TypeVar("T")
@@ -65,6 +66,13 @@ _FUNCTION_NOT_FOUND = 13
 _ARGUMENT_VERSION_MISMATCH = 25
 _NO_MEMORY_V2 = frozenset({_FUNCTION_NOT_FOUND, _ARGUMENT_VERSION_MISMATCH})
 _NOT_SUPPORTED = 3
+PCIE_TX = 0
+PCIE_RX = 1
+"""``NVML_PCIE_UTIL_TX_BYTES`` and ``..._RX_BYTES``."""
+NOT_THROTTLING = 0x1 | 0x2 | 0x100
+"""Clock reasons that are not a slowdown: the GPU is idle, applications clocks are set, the
+display clock is set (``nvmlClocksThrottleReasonGpuIdle`` ...)."""
+_REFUSALS = ("Not Supported", "Function Not Found")
 _NVLINK_DEVICE_TYPE_SWITCH = 2
 _MIG_ENABLED = 1
 _FEATURE_ENABLED = 1
@@ -174,6 +182,10 @@ class NvmlProber:
         self._nvml: Any = None
         self._gpus: list[_Gpu] = []
         self._no_memory_v2: set[int] = set()
+        self._refused: dict[int, dict[str, str]] = {}
+        """By GPU index: readings it refused as not supported, and NVML's words."""
+        self._pcie: dict[int, tuple[float | None, float | None]] = {}
+        self._pcie_turn = 0
 
     # -- discover ---------------------------------------------------------------------------
 
@@ -407,7 +419,9 @@ class NvmlProber:
     # -- sample -----------------------------------------------------------------------------
 
     def sample(self) -> Sequence[DeviceSample]:
-        return [self._sample(gpu) for gpu in self._gpus]
+        out = [self._sample(gpu) for gpu in self._gpus]
+        self._pcie_turn += 1
+        return out
 
     def _sample(self, gpu: _Gpu) -> DeviceSample:
         nvml = self._nvml
@@ -425,6 +439,7 @@ class NvmlProber:
             )
             power = reads.get("power_mw", nvml.nvmlDeviceGetPowerUsage, handle)
             limit = reads.get("power_limit_mw", nvml.nvmlDeviceGetEnforcedPowerLimit, handle)
+            more = self._more(gpu, reads)
         except nvml.NVMLError as err:
             return DeviceSample(key=gpu.key, healthy=False, error=str(err))
         return DeviceSample(
@@ -435,7 +450,50 @@ class NvmlProber:
             power_mw=int(power) if power is not None else None,
             power_limit_mw=int(limit) if limit is not None else None,
             error=reads.note(),
+            mem_bw_pct=float(util.memory) if util is not None else None,
+            **more,
         )
+
+    def _more(self, gpu: _Gpu, reads: _Reads) -> dict[str, Any]:
+        """The SM clock, throttle reasons, PCIe link and traffic. A reading the device refused
+        as not supported is not asked again (its note stays). PCIe traffic is read for one GPU
+        a sample, in turn (NVML's counter takes about 20 ms to read), and each GPU's last
+        reading is given until its turn comes again."""
+        nvml, handle = self._nvml, gpu.handle
+        known = self._refused.setdefault(gpu.index, {})
+
+        def get(label: str, fn: Callable[..., T], *args: Any) -> T | None:
+            if label in known:
+                reads.missing[label] = known[label]
+                return None
+            value = reads.get(label, fn, *args)
+            if value is None and any(r in reads.missing.get(label, "") for r in _REFUSALS):
+                known[label] = reads.missing[label]
+            return value
+
+        clock = get("sm_clock_mhz", nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM)
+        reasons = get("throttle", nvml.nvmlDeviceGetCurrentClocksThrottleReasons, handle)
+        gen = get("pcie_link", nvml.nvmlDeviceGetCurrPcieLinkGeneration, handle)
+        width = get("pcie_link", nvml.nvmlDeviceGetCurrPcieLinkWidth, handle)
+        if self._gpus and self._gpus[self._pcie_turn % len(self._gpus)] is gpu:
+            rx = get("pcie_rx", nvml.nvmlDeviceGetPcieThroughput, handle, PCIE_RX)
+            tx = get("pcie_tx", nvml.nvmlDeviceGetPcieThroughput, handle, PCIE_TX)
+            self._pcie[gpu.index] = (
+                None if rx is None else float(rx) * 1024,  # NVML counts KB/s
+                None if tx is None else float(tx) * 1024,
+            )
+        else:
+            for label in ("pcie_rx", "pcie_tx"):
+                if label in known:
+                    reads.missing[label] = known[label]
+        rx_bps, tx_bps = self._pcie.get(gpu.index, (None, None))
+        return {
+            "sm_clock_mhz": None if clock is None else float(clock),
+            "throttled": None if reasons is None else bool(int(reasons) & ~NOT_THROTTLING),
+            "pcie_link_bytes_per_s": gen_bytes_per_s(gen, width),
+            "pcie_rx_bytes_per_s": rx_bps,
+            "pcie_tx_bytes_per_s": tx_bps,
+        }
 
     def close(self) -> None:
         """Shut NVML down once; later calls do nothing."""

@@ -85,6 +85,18 @@ class DeviceSample:
     healthy: bool = True
     error: str | None = None
     """Why the device is unhealthy or why a reading is missing, in one line."""
+    mem_bw_pct: float | None = None
+    """Memory-bandwidth activity: NVML's memory utilization, amdgpu's ``mem_busy_percent`` or
+    its ``gpu_metrics`` memory-controller (UMC) activity."""
+    sm_clock_mhz: float | None = None
+    """The graphics/SM clock now."""
+    throttled: bool | None = None
+    """Whether the clocks are held down now for a reason other than idling (power, heat, a
+    slowdown the driver applies); ``None`` where the device does not tell."""
+    pcie_rx_bytes_per_s: float | None = None
+    pcie_tx_bytes_per_s: float | None = None
+    pcie_link_bytes_per_s: float | None = None
+    """The PCIe link's bandwidth each way at its current generation and width."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -344,6 +344,38 @@ def setup(app: web.Application, agent: AgentService) -> None:
         return web.json_response(doc.to_wire())
 
     @_guarded
+    async def query_range(request: web.Request) -> web.StreamResponse:
+        from agent.wire import prom_range
+
+        params = dict(request.query)
+        if request.method == "POST":  # Grafana posts the form
+            params.update({k: str(v) for k, v in (await request.post()).items()})
+        now = time.time()
+        try:
+            q = prom_range.parse(params)
+            node = q.labels.get("node")
+            if node is not None and node != agent.node_id:
+                raise prom_range.PromError(f"this agent is node {agent.node_id}: ask {node[:40]}'s")
+            subject = q.labels.get("subject")
+            agent.history.flush(now)
+            keys = [
+                k
+                for k in agent.history.select([q.name], None if subject is None else [subject])
+                if k.name == q.name
+            ]
+            answers = await asyncio.to_thread(
+                agent.history.query, now, keys, int(q.start_s), int(q.end_s) + 1, q.step_s
+            )
+        except (prom_range.PromError, QueryError) as exc:
+            return web.json_response(prom_range.error(str(exc)), status=400)
+        series = [
+            (a.key.subject, [(p.t_s, p.avg) for p in a.points])
+            for a in answers
+            if a.unsupported is None
+        ]
+        return web.json_response(prom_range.matrix(agent.node_id, q, series))
+
+    @_guarded
     async def policy(request: web.Request) -> web.StreamResponse:
         held = agent.people.held
         return web.json_response(
@@ -428,6 +460,8 @@ def setup(app: web.Application, agent: AgentService) -> None:
     app.router.add_get("/v1/policy", policy)
     app.router.add_get("/v1/usage", usage)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/api/v1/query_range", query_range)
+    app.router.add_post("/api/v1/query_range", query_range)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/v1/openapi.json", openapi)
     app.router.add_post("/v1/internal/command", i_command)

@@ -54,7 +54,7 @@ from agent.execution.containment import attempt_key
 from agent.execution.executor import ProcessExecutor
 from agent.execution.launch import ExecutorConfig
 from agent.history.history_hints import GpuFacts
-from agent.history.history_sample import NodeSampler
+from agent.history.history_sample import NodeSampler, link_readings
 from agent.history.history_store import open_history
 from agent.history.usage_book import UsageBook
 from agent.job.authority import Authority
@@ -406,8 +406,13 @@ class Agent:
 
     def gpu_facts(self) -> dict[str, GpuFacts]:
         free = set(self.runner.free_devices())
+        holder = {k: job_id for job_id, run in self.runner.runs.items() for k in run.devices}
+        link = {d.static.key: d.sample.pcie_link_bytes_per_s for d in self.devices.report.devices}
         return {
-            s.key: GpuFacts(s.key not in free, s.temp_slowdown_c) for s in self.devices.statics()
+            s.key: GpuFacts(
+                s.key not in free, s.temp_slowdown_c, holder.get(s.key), link.get(s.key)
+            )
+            for s in self.devices.statics()
         }
 
     # -- gossip events ---------------------------------------------------------------------------
@@ -466,6 +471,7 @@ class Agent:
             }
             try:
                 readings = self.sampler.sample(self.devices.report.devices, progress, folders)
+                readings.update(link_readings(self.mesh.link_rtts()))
                 self.history.sample(time.time(), readings)
             except Exception:  # history must never stop: the next second tries again
                 failures = self.history.write_failures = self.history.write_failures + 1

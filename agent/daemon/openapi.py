@@ -465,6 +465,27 @@ PATHS: Final[dict[str, Any]] = {
             "responses": _answers("History", 400),
         }
     },
+    "/api/v1/query_range": {
+        op: {
+            "summary": "A subset of Prometheus's query_range over this node's history (one "
+            "series selector, `=` label matchers on subject and node), for Grafana",
+            "parameters": [
+                {"name": n, "in": "query", "required": True, "schema": {"type": "string"}}
+                for n in ("query", "start", "end", "step")
+            ],
+            "responses": {
+                "200": {
+                    "description": "Prometheus's matrix answer",
+                    "content": {"application/json": {"schema": {"type": "object"}}},
+                },
+                "400": {
+                    "description": "Prometheus's error answer (bad_data)",
+                    "content": {"application/json": {"schema": {"type": "object"}}},
+                },
+            },
+        }
+        for op in ("get", "post")
+    },
     "/metrics": {
         "get": {
             "summary": "Prometheus metrics",

@@ -9,16 +9,25 @@ A job reports progress in either of two ways:
 The fraction is between 0 and 1; ``42%`` is accepted too. Anything else is ignored, never an error:
 a job's output is not ours to reject.
 
-The ETA is the remaining fraction over the rate seen in a sliding window (a few minutes), so a job
-that speeds up or slows down is re-estimated quickly without jumping at every report. A fraction
-that goes backwards (a restart from a checkpoint) starts the window afresh.
+The ETA comes from the job's own progress history (:mod:`agent.history.history_forecast`): a
+robust (Theil-Sen) slope over the attempt's reports, so a few wild or stalled reports do not make
+it jump, with a p50 and a p90. The tracker keeps at most
+:data:`~agent.history.history_forecast.MAX_POINTS` reports, thinning the history (every other one
+dropped) when full, so the whole attempt stays covered; with ``window_s`` only the reports of
+that last span count. Once it holds a few reports, at most one a second is fitted (a job
+printing progress a thousand times a second costs no more than one that prints it once). Small
+steps back are noise and are fitted; a report far back (more than :data:`RESTART_DROP` below the
+last ones) is set aside, and if the next is far back too the job went back (a restart from its
+own checkpoint) and the history starts afresh from those two.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
+
+from agent.history.history_forecast import MAX_POINTS, completion
 
 PROGRESS_PREFIX: Final = "SHOAL_PROGRESS"
 PROGRESS_FILE_ENV: Final = "SHOAL_PROGRESS_FILE"
@@ -36,8 +45,10 @@ class ProgressReport:
     rate_per_s: float | None
     """Fraction per second over the window; ``None`` until two reports are apart in time."""
     eta_s: float | None
-    """Seconds left at that rate, from ``updated_at``; ``None`` when the rate is unknown or not
-    positive; 0 when done."""
+    """Seconds left at that rate (the p50), from ``updated_at``; ``None`` when the rate is
+    unknown or not positive; 0 when done."""
+    eta_p90_s: float | None = None
+    """Seconds left at the slow end of the rate's spread (the p90), from ``updated_at``."""
 
 
 def parse_fraction(text: str) -> tuple[float, str | None] | None:
@@ -68,38 +79,92 @@ def parse_progress_line(line: str) -> tuple[float, str | None] | None:
 
 
 class ProgressTracker:
-    """Keeps one job's progress and the recent history that its ETA is computed from."""
+    """Keeps one job's progress and the history that its ETA is computed from."""
 
-    def __init__(self, window_s: float = 300.0, max_points: int = 256) -> None:
+    def __init__(
+        self,
+        window_s: float | None = None,
+        max_points: int = MAX_POINTS,
+        min_gap_s: float = 1.0,
+    ) -> None:
         self._window_s = window_s
-        self._points: deque[tuple[float, float]] = deque(maxlen=max_points)
+        self._max_points = max(2, max_points)
+        self._min_gap_s = min_gap_s
+        self._points: list[tuple[float, float]] = []
+        self._suspect: tuple[float, float] | None = None
+        """A report far below the last ones, held until the next says whether the job went
+        back (a restart from its checkpoint) or the report was wild."""
         self._latest: ProgressReport | None = None
 
     @property
     def latest(self) -> ProgressReport | None:
         return self._latest
 
+    @property
+    def points(self) -> tuple[tuple[float, float], ...]:
+        """The reports the ETA is fitted to, ``(t, fraction)``, oldest first."""
+        return tuple(self._points)
+
     def update(self, fraction: float, message: str | None, now: float) -> ProgressReport:
         """Record a report taken at ``now`` and return the resulting progress."""
         fraction = min(1.0, max(0.0, fraction))
-        if self._points and fraction < self._points[-1][1]:
-            self._points.clear()
+        if self._points and fraction < _median(f for _, f in self._points[-3:]) - RESTART_DROP:
+            if self._suspect is None:  # one report far back: wild, unless the next agrees
+                self._suspect = (now, fraction)
+                return self._carry(fraction, message, now)
+            self._points = [self._suspect]  # two in a row: the job went back; start afresh
+        self._suspect = None
+        if (
+            len(self._points) >= _ALWAYS_FITTED
+            and fraction < 1.0
+            and now - self._points[-1][0] < self._min_gap_s
+        ):
+            return self._carry(fraction, message, now)
         self._points.append((now, fraction))
-        while len(self._points) > 2 and now - self._points[0][0] > self._window_s:
-            self._points.popleft()
-        rate = self._rate()
+        if self._window_s is not None:
+            while len(self._points) > 2 and now - self._points[0][0] > self._window_s:
+                del self._points[0]
+        if len(self._points) > self._max_points:
+            self._points = self._points[-1::-2][::-1]  # every other one, the newest kept
+        fit = completion(self._points)
+        rate = None if fit is None else fit.rate_per_s
+        eta: float | None = None if fit is None else fit.remaining_p50_s
+        eta90 = None if fit is None else fit.remaining_p90_s
         if fraction >= 1.0:
-            eta: float | None = 0.0
-        elif rate is not None and rate > 0:
-            eta = (1.0 - fraction) / rate
-        else:
-            eta = None
-        self._latest = ProgressReport(fraction, message, now, rate, eta)
+            eta = eta90 = 0.0
+        self._latest = ProgressReport(fraction, message, now, rate, eta, eta90)
         return self._latest
 
-    def _rate(self) -> float | None:
-        t0, f0 = self._points[0]
-        t1, f1 = self._points[-1]
-        if t1 <= t0:
-            return None
-        return (f1 - f0) / (t1 - t0)
+    def _carry(self, fraction: float, message: str | None, now: float) -> ProgressReport:
+        """A report not fitted: the fraction is shown, the last fit's ETA counts down."""
+        latest = self._latest
+        if latest is None:
+            self._latest = ProgressReport(fraction, message, now, None, None)
+            return self._latest
+        elapsed = max(0.0, now - latest.updated_at)
+        self._latest = ProgressReport(
+            fraction,
+            message,
+            now,
+            latest.rate_per_s,
+            _less(latest.eta_s, elapsed),
+            _less(latest.eta_p90_s, elapsed),
+        )
+        return self._latest
+
+
+_ALWAYS_FITTED: Final = 8
+"""Below this many reports every report is fitted (a few pairs: cheap)."""
+RESTART_DROP: Final = 0.05
+"""A report this far below the median of the last three fitted is a step back: taken as a
+restart when the next report is as far back too, else as a wild report (not fitted)."""
+
+
+def _median(values: Iterable[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+
+def _less(eta_s: float | None, elapsed_s: float) -> float | None:
+    return None if eta_s is None else max(0.0, eta_s - elapsed_s)

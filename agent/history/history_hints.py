@@ -23,7 +23,24 @@ rule                       fires when (over the window)
 ``power_capped``           the power draw is at least :data:`POWER_CAP_SHARE` (97 %) of the
                            limit for at least half of the samples while utilization averages at
                            least :data:`POWER_UTIL_MIN_PCT` (80 %)
+``straggler``              the GPU is one of a gang's (a job's GPUs, this one and its peers),
+                           the peers' median utilization averages at least
+                           :data:`STRAGGLER_PEER_MIN_PCT` (50 %), and this GPU's is at most
+                           :data:`STRAGGLER_SHARE` (70 %) of it and at least
+                           :data:`STRAGGLER_GAP_PCT` (20) points below: one rank holds the
+                           others back
+``pcie_bound``             PCIe traffic in either direction is at least :data:`PCIE_LINK_SHARE`
+                           (70 %) of the link's bandwidth for at least :data:`PCIE_TIME_SHARE`
+                           (50 %) of the samples while utilization averages under
+                           :data:`PCIE_UTIL_MAX_PCT` (70 %): the GPU waits on transfers
+``host_memory_pressure``   swap is in use and grew by at least :data:`SWAP_GROWTH_BYTES`
+                           (64 MiB) over the window (the median of its last quarter over that of
+                           its first), or the host's memory is at least
+                           :data:`MEM_PRESSURE_SHARE` (95 %) used for at least half the samples
 =========================  ==================================================================
+
+``host_memory_pressure`` is the host's, not a GPU's: a node's hints give it once, for the host
+(subject ``host``).
 """
 
 from __future__ import annotations
@@ -48,6 +65,14 @@ DEFAULT_SLOWDOWN_C: Final = 85.0
 THERMAL_SHARE: Final = 0.3
 POWER_CAP_SHARE: Final = 0.97
 POWER_UTIL_MIN_PCT: Final = 80.0
+STRAGGLER_PEER_MIN_PCT: Final = 50.0
+STRAGGLER_SHARE: Final = 0.7
+STRAGGLER_GAP_PCT: Final = 20.0
+PCIE_LINK_SHARE: Final = 0.7
+PCIE_TIME_SHARE: Final = 0.5
+PCIE_UTIL_MAX_PCT: Final = 70.0
+SWAP_GROWTH_BYTES: Final = 64 * 2**20
+MEM_PRESSURE_SHARE: Final = 0.95
 
 Samples = Sequence[float | None]
 
@@ -67,6 +92,16 @@ class Window:
     mem_bw_pct: Samples | None = None
     slowdown_c: float | None = None
     """The GPU's own slowdown temperature, when it tells."""
+    peers_util_pct: Sequence[Samples] = ()
+    """The utilization of the other GPUs of the same job (its gang's other ranks); empty for a
+    job on this GPU alone, or a free GPU."""
+    pcie_rx_bytes_per_s: Samples | None = None
+    pcie_tx_bytes_per_s: Samples | None = None
+    pcie_link_bytes_per_s: float | None = None
+    """The PCIe link's bandwidth each way at its current generation and width, when known."""
+    host_mem_used_bytes: Samples | None = None
+    host_swap_used_bytes: Samples | None = None
+    host_mem_total_bytes: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,13 +194,84 @@ def power_capped(w: Window) -> Hint | None:
     return None
 
 
+def straggler(w: Window) -> Hint | None:
+    mine = _mean(w.util_pct)
+    peers = sorted(m for p in w.peers_util_pct if (m := _mean(p)) is not None)
+    if not w.allocated or mine is None or not peers:
+        return None
+    median = statistics.median(peers)
+    behind = mine <= STRAGGLER_SHARE * median and median - mine >= STRAGGLER_GAP_PCT
+    if median >= STRAGGLER_PEER_MIN_PCT and behind:
+        return Hint(
+            "straggler",
+            f"utilization {mine:.0f}% while its {len(peers)} gang peers average {median:.0f}%",
+        )
+    return None
+
+
+def pcie_bound(w: Window) -> Hint | None:
+    link = w.pcie_link_bytes_per_s
+    if w.pcie_rx_bytes_per_s is None or w.pcie_tx_bytes_per_s is None or not link:
+        return Hint("pcie_bound", "this GPU does not tell its PCIe traffic or link", unjudged=True)
+    pairs = [
+        max(rx, tx)
+        for rx, tx in zip(w.pcie_rx_bytes_per_s, w.pcie_tx_bytes_per_s, strict=False)
+        if rx is not None and tx is not None
+    ]
+    util = _mean(w.util_pct)
+    if not pairs or util is None:
+        return None
+    busy = sum(1 for b in pairs if b >= PCIE_LINK_SHARE * link) / len(pairs)
+    if busy >= PCIE_TIME_SHARE and util < PCIE_UTIL_MAX_PCT:
+        peak = max(pairs)
+        return Hint(
+            "pcie_bound",
+            f"PCIe at >= {PCIE_LINK_SHARE:.0%} of its {link / 1e9:.1f} GB/s link {busy:.0%} of"
+            f" the time (peak {peak / 1e9:.1f} GB/s), util {util:.0f}%",
+        )
+    return None
+
+
+def host_memory_pressure(w: Window) -> Hint | None:
+    total = w.host_mem_total_bytes
+    used = _known(w.host_mem_used_bytes or [])
+    swap = _known(w.host_swap_used_bytes or [])
+    if not swap and (not used or not total):
+        return Hint(
+            "host_memory_pressure", "this host does not tell its memory or swap", unjudged=True
+        )
+    if len(swap) >= 4:
+        quarter = len(swap) // 4
+        first = statistics.median(swap[:quarter])
+        last = statistics.median(swap[-quarter:])
+        if last > 0 and last - first >= SWAP_GROWTH_BYTES:
+            return Hint(
+                "host_memory_pressure",
+                f"swap in use grew {(last - first) / 2**20:.0f} MiB to {last / 2**20:.0f} MiB",
+            )
+    if used and total:
+        full = sum(1 for u in used if u >= MEM_PRESSURE_SHARE * total) / len(used)
+        if full >= 0.5:
+            return Hint(
+                "host_memory_pressure",
+                f"memory >= {MEM_PRESSURE_SHARE:.0%} used {full:.0%} of the time"
+                f" (peak {max(used) / total:.1%})",
+            )
+    return None
+
+
 RULES: Final[dict[str, Callable[[Window], Hint | None]]] = {
     "idle_allocated": idle_allocated,
     "input_bound": input_bound,
     "memory_bandwidth_bound": memory_bandwidth_bound,
     "thermally_throttled": thermally_throttled,
     "power_capped": power_capped,
+    "straggler": straggler,
+    "pcie_bound": pcie_bound,
+    "host_memory_pressure": host_memory_pressure,
 }
+HOST_RULES: Final = frozenset({"host_memory_pressure"})
+"""The rules about the host, not the GPU (a node's hints give them once)."""
 
 
 def judge(window: Window) -> list[Hint]:
@@ -188,19 +294,33 @@ class GpuFacts:
 
     allocated: bool
     slowdown_c: float | None = None
+    job_id: str | None = None
+    """The job holding it (whole or a share), when one does: its other GPUs are its peers."""
+    pcie_link_bytes_per_s: float | None = None
 
 
 def node_hints(
-    gpus: Mapping[str, GpuFacts], fetch: Callable[[SeriesKey], Samples | None]
+    gpus: Mapping[str, GpuFacts],
+    fetch: Callable[[SeriesKey], Samples | None],
+    mem_total_bytes: float | None = None,
 ) -> list[tuple[str, Hint]]:
-    """Every GPU's hints; ``fetch`` gives a series' samples over the window (``None``: the GPU
-    does not expose it)."""
+    """Every GPU's hints, then the host's (subject ``host``); ``fetch`` gives a series' samples
+    over the window (``None``: the GPU does not expose it)."""
     cpu = fetch(SeriesKey("host.cpu_pct")) or []
+    mem = fetch(SeriesKey("host.mem_used_bytes"))
+    swap = fetch(SeriesKey("host.swap_used_bytes"))
+    utils = {key: fetch(SeriesKey("gpu.util_pct", key)) for key in gpus}
     out: list[tuple[str, Hint]] = []
     for key, facts in sorted(gpus.items()):
-        util = fetch(SeriesKey("gpu.util_pct", key))
+        util = utils[key]
         if util is None:
             continue
+        peers = [
+            u
+            for other, f in sorted(gpus.items())
+            if other != key and facts.job_id is not None and f.job_id == facts.job_id
+            if (u := utils[other]) is not None
+        ]
         window = Window(
             util,
             cpu,
@@ -210,6 +330,24 @@ def node_hints(
             power_limit_mw=fetch(SeriesKey("gpu.power_limit_mw", key)),
             mem_bw_pct=fetch(SeriesKey("gpu.mem_bw_pct", key)),
             slowdown_c=facts.slowdown_c,
+            peers_util_pct=peers,
+            pcie_rx_bytes_per_s=fetch(SeriesKey("gpu.pcie_rx_bytes_per_s", key)),
+            pcie_tx_bytes_per_s=fetch(SeriesKey("gpu.pcie_tx_bytes_per_s", key)),
+            pcie_link_bytes_per_s=facts.pcie_link_bytes_per_s,
         )
-        out += [(key, hint) for hint in judge(window)]
+        out += [
+            (key, h)
+            for name, rule in RULES.items()
+            if name not in HOST_RULES
+            if (h := rule(window))
+        ]
+    host = Window(
+        [],
+        cpu,
+        False,
+        host_mem_used_bytes=mem,
+        host_swap_used_bytes=swap,
+        host_mem_total_bytes=mem_total_bytes,
+    )
+    out += [("host", h) for name in sorted(HOST_RULES) if (h := RULES[name](host))]
     return out

@@ -3,14 +3,20 @@
 Series (the measure's unit is in its name; the subject is a device key, a job id, or the host):
 
 - per GPU, from the probers' latest sample: ``gpu.util_pct``, ``gpu.mem_used_bytes``,
-  ``gpu.temp_c``, ``gpu.power_mw``, ``gpu.power_limit_mw``; and the fields no prober reads yet,
-  recorded as unsupported (never 0): ``gpu.mem_bw_pct``, ``gpu.sm_clock_mhz``,
-  ``gpu.throttle``. A field a device has never given since the agent started is unsupported
-  (the prober cannot read it there); once given, a missing reading is a gap, as is every field
-  of a device that stopped answering.
+  ``gpu.temp_c``, ``gpu.power_mw``, ``gpu.power_limit_mw``, ``gpu.mem_bw_pct`` (memory-bandwidth
+  activity: NVML's memory utilization, amdgpu's ``mem_busy_percent`` or its ``gpu_metrics``
+  UMC activity), ``gpu.sm_clock_mhz``, ``gpu.throttle`` (1 while the clocks are held down for
+  a reason other than idling, else 0), ``gpu.pcie_rx_bytes_per_s`` and
+  ``gpu.pcie_tx_bytes_per_s`` (NVML). A field a device has never given since the agent started
+  is unsupported (the prober cannot read it there: amdgpu has no PCIe byte counters, an A10's
+  NVML no clocks), never 0; once given, a missing reading is a gap, as is every field of a
+  device that stopped answering.
 - per host (psutil): ``host.cpu_pct``, ``host.mem_used_bytes``, ``host.swap_used_bytes``,
   ``host.net_rx_bytes_per_s``, ``host.net_tx_bytes_per_s``, ``host.disk_read_bytes_per_s``,
   ``host.disk_write_bytes_per_s`` (rates from the counters' change since the last sample).
+- per link to each live peer (the subject is the peer's node id): ``link.rtt_ms``, the Vivaldi
+  estimate of the round trip, and ``link.probe_rtt_ms``, the median of the recent measured
+  probe round trips, from the gossip layer's own numbers (:func:`link_readings`).
 - per job running here: ``job.progress_pct`` (what the job reports), and from its cgroup where
   the job has one (``cpu.stat``, ``memory.current``: two small reads) ``job.cpu_pct`` and
   ``job.mem_bytes``; unsupported where the job runs without a cgroup.
@@ -31,9 +37,22 @@ from typing import Final
 from agent.history.history import SeriesKey, Unsupported
 from probers.records import Device
 
-GPU_FIELDS: Final = ("util_pct", "mem_used_bytes", "temp_c", "power_mw", "power_limit_mw")
-GPU_NOT_PROBED: Final = ("mem_bw_pct", "sm_clock_mhz", "throttle")
-"""Fields worth keeping that no prober reads yet: recorded as unsupported, by name."""
+GPU_FIELDS: Final = (
+    "util_pct",
+    "mem_used_bytes",
+    "temp_c",
+    "power_mw",
+    "power_limit_mw",
+    "mem_bw_pct",
+    "sm_clock_mhz",
+    "throttle",
+    "pcie_rx_bytes_per_s",
+    "pcie_tx_bytes_per_s",
+)
+_SAMPLE_FIELD: Final = {"throttle": "throttled"}
+"""A series whose sample field is named otherwise."""
+GPU_NOT_PROBED: Final[tuple[str, ...]] = ()
+"""Fields worth keeping that no prober reads yet (recorded as unsupported, by name): none now."""
 NOT_PROBED: Final = Unsupported("no prober of this device reads it yet")
 NEVER_GIVEN: Final = Unsupported("this device has not given it")
 NO_CGROUP: Final = Unsupported("the job runs without a cgroup of its own")
@@ -54,7 +73,7 @@ class DeviceFields:
                 continue  # the host series cover it
             key, sample = device.static.key, device.sample
             for name in GPU_FIELDS:
-                value = getattr(sample, name)
+                value = getattr(sample, _SAMPLE_FIELD.get(name, name))
                 series = SeriesKey("gpu." + name, key)
                 if value is not None and sample.healthy:
                     self.given.add((key, name))
@@ -184,6 +203,18 @@ def job_readings(
             if span_s > 0 and now.cpu_usec >= before.cpu_usec:
                 cpu = (now.cpu_usec - before.cpu_usec) / 1e6 / span_s * 100
         out[SeriesKey("job.cpu_pct", job_id)] = cpu
+    return out
+
+
+def link_readings(rtts: Mapping[str, tuple[float | None, float | None]]) -> Readings:
+    """Each peer's ``(Vivaldi estimate, measured median)`` round trip in seconds, as series in
+    milliseconds (``None``: not known yet, a gap)."""
+    out: Readings = {}
+    for peer, (estimate_s, measured_s) in rtts.items():
+        out[SeriesKey("link.rtt_ms", peer)] = None if estimate_s is None else estimate_s * 1000
+        out[SeriesKey("link.probe_rtt_ms", peer)] = (
+            None if measured_s is None else measured_s * 1000
+        )
     return out
 
 

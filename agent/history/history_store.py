@@ -351,7 +351,9 @@ class History:
         )
         hints: tuple[HistoryHint, ...] = ()
         if query.hints:
-            found = node_hints(gpus or {}, lambda key: self._window(now_s, key, query.to_s))
+            found = node_hints(
+                gpus or {}, lambda key: self._window(now_s, key, query.to_s), _mem_total_bytes()
+            )
             hints = tuple(HistoryHint(k, h.rule, h.evidence, h.unjudged) for k, h in found)
         return HistoryDoc(node_id, query.from_s, query.to_s, series, hints)
 
@@ -360,6 +362,16 @@ class History:
         if found.unsupported is not None or key not in self.store.series():
             return None
         return [p.avg for p in found.points]
+
+
+def _mem_total_bytes() -> float | None:
+    """The host's memory, for the memory-pressure hint (``None``: psutil cannot tell)."""
+    import psutil
+
+    try:
+        return float(psutil.virtual_memory().total)
+    except (OSError, RuntimeError, psutil.Error):
+        return None
 
 
 def open_history(data_dir: Path, now_s: float) -> History:

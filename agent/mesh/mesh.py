@@ -67,6 +67,18 @@ class GossipMesh:
         member = self._member(node_id)
         return member.addr if member is not None and member.addr else None
 
+    def link_rtts(self) -> dict[str, tuple[float | None, float | None]]:
+        """Each live peer: the Vivaldi estimate of the round trip to it and the median of the
+        measured probe round trips (seconds; ``None`` where not known yet)."""
+        if not self._node.started:
+            return {}
+        peer = self._node.peer
+        return {
+            m.node: (peer.rtt_estimate(self.node_id, m.node), peer.measured_rtt(m.node))
+            for m in self._members()
+            if m.node != self.node_id and m.state in _LIVE
+        }
+
     def member_count(self) -> int:
         """Members alive or suspect, this one included."""
         return sum(1 for m in self._members() if m.state in _LIVE)

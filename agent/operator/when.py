@@ -75,7 +75,16 @@ def snapshot_of(
         elif s.runner:
             placement = Placement((s.runner,), (tuple(s.devices),))
             started = s.started_at if s.started_at is not None else now
-            running.append(Running(job, placement, started, progress=doc.progress, progress_at=now))
+            running.append(
+                Running(
+                    job,
+                    placement,
+                    started,
+                    progress=doc.progress,
+                    progress_at=now,
+                    eta_s=doc.eta_s,
+                )
+            )
     return Snapshot(
         now=now, nodes=tuple(policy_nodes), pending=tuple(pending), running=tuple(running)
     )

@@ -1,11 +1,12 @@
 """Forecasts: when each pending job should start and each job should end, as p50 and p90.
 
-A running job's remaining time comes from the progress it reports (the remaining fraction over its
-recent rate) or, before it reports, from its class's work distribution less what it has run. The
-pending jobs are then laid out in queue order on a timeline of device release times (list
-scheduling): each takes the node where it would end soonest, at its speed there. The p50 forecast
-uses p50 durations throughout, the p90 forecast p90 durations, so a p90 start already allows for
-the jobs ahead running long.
+A running job's remaining time comes from the progress it reports: the ETA its runner fits to the
+job's own progress history (a robust slope, p50 and p90: :mod:`agent.history.history_forecast`),
+else the remaining fraction over its recent rate, or, before it reports, from its class's work
+distribution less what it has run. The pending jobs are then laid out in queue order on a
+timeline of device release times (list scheduling): each takes the node where it would end
+soonest, at its speed there. The p50 forecast uses p50 durations throughout, the p90 forecast p90
+durations, so a p90 start already allows for the jobs ahead running long.
 """
 
 from __future__ import annotations
@@ -52,6 +53,12 @@ def remaining_s(r: Running, ctx: Context) -> tuple[float, float]:
     if r.progress is not None and r.progress >= 1.0:
         return 0.0, 0.0
     at = r.progress_at if r.progress_at is not None else now
+    if r.eta_s is not None:
+        rem = max(r.eta_s - max(0.0, now - at), 0.0)
+        spread = rem * (1.0 + 1.2816 * RATE_SD)
+        if r.eta_p90_s is not None:
+            return rem, max(r.eta_p90_s - max(0.0, now - at), rem)
+        return rem, spread
     if r.progress is not None and r.rate_per_s and r.rate_per_s > 0:
         rem = (1.0 - r.progress) / r.rate_per_s - max(0.0, now - at)
         rem = max(rem, 0.0)

@@ -90,9 +90,12 @@ def test_progress_going_back_starts_afresh() -> None:
     tracker = ProgressTracker()
     tracker.update(0.2, None, now=0.0)
     tracker.update(0.6, None, now=10.0)
-    restarted = tracker.update(0.5, None, now=20.0)
-    assert restarted.rate_per_s is None and restarted.eta_s is None
-    assert tracker.update(0.55, None, now=30.0).eta_s == pytest.approx(90.0)
+    assert tracker.update(0.7, None, now=15.0).eta_s == pytest.approx(9.0)
+    back = tracker.update(0.3, None, now=20.0)  # set aside until the next report agrees
+    assert back.fraction == 0.3 and back.eta_s == pytest.approx(4.0)  # the last ETA, less 5 s
+    restarted = tracker.update(0.35, None, now=30.0)  # it went back: afresh from those two
+    assert tracker.points == ((20.0, 0.3), (30.0, 0.35))
+    assert restarted.eta_s == pytest.approx(130.0)
 
 
 def test_no_progress_means_no_eta() -> None:

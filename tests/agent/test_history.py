@@ -239,6 +239,8 @@ def test_the_answer_carries_each_gpus_hints_when_asked(tmp_path: Path) -> None:
         ("GPU-0", "idle_allocated", False),
         ("GPU-0", "memory_bandwidth_bound", True),  # the GPU does not expose it
         ("GPU-0", "power_capped", True),
+        ("GPU-0", "pcie_bound", True),
+        ("host", "host_memory_pressure", True),  # nor memory, in this store
     ]
     free = history.answer(query, "n", {}, T0 + 400, {"GPU-0": GpuFacts(allocated=False)})
     assert "idle_allocated" not in {h.rule for h in free.hints}

@@ -92,7 +92,22 @@ def test_history_survives_a_restart_and_the_cli_agrees(tmp_path: Path) -> None:
         status, body = mesh.request(mesh.agents[0], "GET", f"/v1/history?node={node}")
         assert status == 400 and b"answers for itself" in body
 
+        peer = mesh.agents[0].node_id
 
+        def links() -> dict[str, list[float]]:
+            doc = _history(mesh, 1, series="link", **window)
+            return {
+                s["name"]: [avg for _, _, avg, _ in s["points"] if avg is not None]
+                for s in doc["series"]
+                if s["subject"] == peer
+            }
+
+        # each link's round trips: the Vivaldi estimate and the measured probes, in ms
+        mesh.wait("a link's round trips", lambda: all(links().get(n) for n in LINK_SERIES))
+        assert all(0 < ms < 1000 for n in LINK_SERIES for ms in links()[n])
+
+
+LINK_SERIES = ("link.rtt_ms", "link.probe_rtt_ms")
 PROGRESS = "import time; print('SHOAL_PROGRESS 0.25', flush=True); time.sleep(600)"
 
 

@@ -12,6 +12,7 @@ from agent.history.history_sample import (
     NodeSampler,
     host_readings,
     job_readings,
+    link_readings,
     read_cgroup,
 )
 from probers.records import Device, DeviceSample, DeviceStatic
@@ -33,6 +34,28 @@ def test_a_field_never_given_is_unsupported_and_a_lost_one_a_gap() -> None:
     assert isinstance(later[SeriesKey("gpu.temp_c", "GPU-a")], Unsupported)
     sick = fields.readings([_gpu(util_pct=99.0, healthy=False)])
     assert sick[SeriesKey("gpu.util_pct", "GPU-a")] is None
+
+
+def test_the_memory_bandwidth_clock_throttle_and_pcie_series() -> None:
+    fields = DeviceFields()
+    got = fields.readings(
+        [_gpu(mem_bw_pct=62.0, sm_clock_mhz=1980.0, throttled=True, pcie_rx_bytes_per_s=3e9)]
+    )
+    gpu = {k.name: v for k, v in got.items()}
+    assert gpu["gpu.mem_bw_pct"] == 62.0 and gpu["gpu.sm_clock_mhz"] == 1980.0
+    assert gpu["gpu.throttle"] == 1.0 and gpu["gpu.pcie_rx_bytes_per_s"] == 3e9
+    assert isinstance(gpu["gpu.pcie_tx_bytes_per_s"], Unsupported)  # never given: not 0
+    calm = fields.readings([_gpu(mem_bw_pct=0.0, throttled=False)])
+    assert calm[SeriesKey("gpu.throttle", "GPU-a")] == 0.0  # a real 0: it was given
+    assert calm[SeriesKey("gpu.mem_bw_pct", "GPU-a")] == 0.0
+
+
+def test_a_links_round_trips_in_milliseconds_and_unknown_a_gap() -> None:
+    got = link_readings({"peer-a": (0.0021, 0.0018), "peer-b": (None, 0.004)})
+    assert got[SeriesKey("link.rtt_ms", "peer-a")] == 2.1
+    assert got[SeriesKey("link.probe_rtt_ms", "peer-a")] == 1.8
+    assert got[SeriesKey("link.rtt_ms", "peer-b")] is None  # no coordinate yet: a gap
+    assert got[SeriesKey("link.probe_rtt_ms", "peer-b")] == 4.0
 
 
 def _host(at_s: float, rx: int | None, disk: int | None = 0) -> HostCounters:

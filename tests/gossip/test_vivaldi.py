@@ -56,3 +56,14 @@ def test_last_look_runs_alongside_the_timeout() -> None:
     assert s.due == 18.0  # then the verdict waits for the timeout itself
     s.confirm("b")  # a confirmation cannot cut the ping's own wait short
     assert s.deadline == 15.0 and s.due == 17.15 + 0.85
+
+
+def test_the_measured_round_trip_is_the_median_of_the_recent_probes() -> None:
+    client = VivaldiClient(VivaldiConfig(), random.Random(1))
+    other = VivaldiClient(VivaldiConfig(), random.Random(2))
+    assert client.measured_rtt_s("b") is None
+    for rtt in (0.004, 0.002, 0.050, 0.003):  # one slow probe does not move the median
+        client.update("b", other.coord, rtt)
+    assert client.measured_rtt_s("b") == 0.003  # the filter's last three: 2, 50 and 3 ms
+    client.drop("b")
+    assert client.measured_rtt_s("b") is None

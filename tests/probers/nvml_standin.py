@@ -70,6 +70,12 @@ class StandinGpu:
     nvswitch_links: set[int] = field(default_factory=set)
     nvlink_speed_mbytes: int | None = None
     lost: bool = False
+    sm_clock_mhz: int | None = None
+    throttle_reasons: int | None = None
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
+    pcie_kb_per_s: tuple[int, int] | None = None
+    """``(rx, tx)`` as nvmlDeviceGetPcieThroughput gives them, in KB/s."""
 
 
 @dataclass
@@ -253,6 +259,10 @@ def install(monkeypatch: pytest.MonkeyPatch, nvml: StandinNvml) -> StandinNvml:
         pair = (min(a.gpu, b.gpu), max(a.gpu, b.gpu))
         return int(known(nvml.topology.get(pair)))
 
+    def pcie_throughput(handle: Handle, counter: int) -> int:
+        rx, tx = known(gpu_of(handle).pcie_kb_per_s)
+        return int(rx if counter == pynvml.NVML_PCIE_UTIL_RX_BYTES else tx)
+
     functions: dict[str, Callable[..., Any]] = {
         "nvmlInit": init,
         "nvmlShutdown": lambda: None,
@@ -278,6 +288,11 @@ def install(monkeypatch: pytest.MonkeyPatch, nvml: StandinNvml) -> StandinNvml:
         "nvmlDeviceGetNvLinkRemotePciInfo": nvlink_remote_pci,
         "nvmlDeviceGetFieldValues": field_values,
         "nvmlDeviceGetTopologyCommonAncestor": common_ancestor,
+        "nvmlDeviceGetClockInfo": lambda h, clock: known(gpu_of(h).sm_clock_mhz),
+        "nvmlDeviceGetCurrentClocksThrottleReasons": lambda h: known(gpu_of(h).throttle_reasons),
+        "nvmlDeviceGetCurrPcieLinkGeneration": lambda h: known(gpu_of(h).pcie_gen),
+        "nvmlDeviceGetCurrPcieLinkWidth": lambda h: known(gpu_of(h).pcie_width),
+        "nvmlDeviceGetPcieThroughput": pcie_throughput,
     }
     for fn_name, fn in functions.items():
         monkeypatch.setattr(pynvml, fn_name, _counted(nvml, fn_name, fn))

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from probers.amdgpu import AmdgpuProber, parse_amdgpu_ids
 from probers.base import ProberUnavailable
+from probers.gpu_metrics import parse as parse_metrics
 from probers.records import DeviceStatic
 from tests.support import SYSFS
 
@@ -69,6 +71,27 @@ def test_rx6900xt_sample() -> None:
     assert sample.power_limit_mw == 289000
     assert sample.healthy is True
     assert sample.error is None
+    # mem_busy_percent (0); the gpu_metrics 1.3 blob: current gfx clock 500 MHz (pp_dpm_sclk
+    # marks 500Mhz too), no throttling, PCIe 16 GT/s x16 (as current_link_speed/width say)
+    assert sample.mem_bw_pct == 0.0
+    assert sample.sm_clock_mhz == 500.0 and sample.throttled is False
+    assert sample.pcie_link_bytes_per_s == pytest.approx(31.5e9, rel=0.01)
+    assert sample.pcie_rx_bytes_per_s is None  # amdgpu has no PCIe byte counters: unsupported
+
+
+def test_gpu_metrics_blob_fields_and_refusals() -> None:
+    blob = (SYSFS / "amd-rx6900xt/sys/class/drm/card0/device/gpu_metrics").read_bytes()
+    revision, metrics = parse_metrics(blob)
+    assert revision == "1.3" and metrics.umc_activity_pct == 0.0
+    busy = bytearray(blob)
+    busy[18:20] = (87).to_bytes(2, "little")  # average_umc_activity
+    busy[68:72] = (0x2).to_bytes(4, "little")  # a throttle status bit
+    assert parse_metrics(bytes(busy))[1] == replace(metrics, umc_activity_pct=87.0, throttled=True)
+    unfilled = bytearray(blob)
+    unfilled[18:20] = b"\xff\xff"
+    assert parse_metrics(bytes(unfilled))[1].umc_activity_pct is None  # not filled: unsupported
+    with pytest.raises(ValueError, match="bytes of 120"):
+        parse_metrics(blob[:60])
 
 
 def test_rx580_static_and_sample() -> None:
@@ -87,6 +110,8 @@ def test_rx580_static_and_sample() -> None:
     assert sample.key == "drm:card0"
     assert sample.mem_used_bytes == 536870912
     assert sample.util_pct == 11.0
+    assert sample.mem_bw_pct == 2.0  # mem_busy_percent; Polaris has no gpu_metrics blob
+    assert sample.sm_clock_mhz is None and sample.throttled is None
     assert sample.temp_c == 44.0
     assert sample.power_mw == 41045
     assert sample.power_limit_mw == 155000
@@ -117,7 +142,9 @@ def test_phoenix_apu() -> None:
     assert sample.temp_c == 25.0
     assert sample.power_mw == 3103  # power1_average wins over power1_input (3142000)
     assert sample.power_limit_mw is None
-    assert sample.error is None
+    # its gpu_metrics is the APUs' 2.1, a layout not read yet: said so, its fields unsupported
+    assert sample.error == "gpu_metrics 2.1: a layout not read yet"
+    assert sample.mem_bw_pct is None and sample.sm_clock_mhz is None and sample.throttled is None
 
 
 # --- unavailable ---------------------------------------------------------------------------------

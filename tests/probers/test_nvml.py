@@ -347,3 +347,43 @@ def test_pynvml_without_module_is_only_deprecated(monkeypatch: pytest.MonkeyPatc
 )
 def test_normalise_bus_id(raw: str | bytes, expected: str | None) -> None:
     assert normalise_bus_id(raw) == expected
+
+
+def test_memory_bandwidth_clocks_throttle_and_pcie(
+    monkeypatch: pytest.MonkeyPatch, nvml: StandinNvml
+) -> None:
+    """The capture's memory utilization (0: an idle A10) is memory-bandwidth activity; what the
+    capture does not hold (clocks, throttle reasons, PCIe) the stand-in refuses as NVML does on
+    a device without them: unsupported, never 0, and not asked again."""
+    prober = start(monkeypatch, nvml)
+    prober.discover()
+    gpu0, gpu1 = prober.sample()
+    assert gpu0.mem_bw_pct == 0.0 and gpu1.mem_bw_pct == 0.0
+    assert gpu0.sm_clock_mhz is None and gpu0.throttled is None
+    assert gpu0.pcie_rx_bytes_per_s is None and gpu0.pcie_link_bytes_per_s is None
+    assert gpu0.error is not None and "sm_clock_mhz: Not Supported" in gpu0.error
+    assert "pcie_rx: Not Supported" in gpu0.error
+    asked = nvml.calls["nvmlDeviceGetClockInfo"]
+    again = prober.sample()[0]
+    assert nvml.calls["nvmlDeviceGetClockInfo"] == asked  # refused once: not asked again
+    assert again.error is not None and "sm_clock_mhz: Not Supported" in again.error
+
+    # An A10 is PCIe 4.0 x16 (NVIDIA's published specifications); traffic and clocks set here.
+    for gpu in nvml.gpus:
+        gpu.sm_clock_mhz, gpu.pcie_gen, gpu.pcie_width = 1695, 4, 16
+        gpu.throttle_reasons = 0x1  # idle: not a slowdown
+        gpu.pcie_kb_per_s = (2_000_000, 500_000)
+    nvml.gpus[1].throttle_reasons = 0x4 | 0x1  # the software power cap
+    fresh = start(monkeypatch, nvml)
+    fresh.discover()
+    first = fresh.sample()
+    assert first[0].sm_clock_mhz == 1695.0 and first[0].throttled is False
+    assert first[1].throttled is True
+    assert first[0].pcie_link_bytes_per_s == pytest.approx(31.5e9, rel=0.01)
+    assert first[0].pcie_rx_bytes_per_s == 2_000_000 * 1024
+    assert first[1].pcie_rx_bytes_per_s is None  # its turn is the next sample
+    second = fresh.sample()
+    assert second[1].pcie_tx_bytes_per_s == 500_000 * 1024
+    assert second[0].pcie_rx_bytes_per_s == 2_000_000 * 1024  # its last reading, kept
+    # rx and tx of one GPU a sample: four samples in all (two refused, two read), not sixteen
+    assert nvml.calls["nvmlDeviceGetPcieThroughput"] == 4 * 2
