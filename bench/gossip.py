@@ -46,7 +46,7 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gossip.config import GossipConfig
 from gossip.events import Event, MemberDead, RecordChanged
@@ -190,14 +190,22 @@ def run(
     partition_s: float | None = None,
     streams: int = 0,
     observers: int | None = None,
+    probe_rings: int | None = None,
 ) -> dict[str, object]:
     if observers is not None and starved:
         raise ValueError("--starved needs real cores: background members have no local health")
     t_wall = time.perf_counter()
     tr = _Tracker()
     model = StreamModel(streams) if streams else None
+    rings = (lambda c: replace(c, probe_rings=probe_rings)) if probe_rings is not None else None
     sim = Simulation(
-        n=nodes, seed=seed, loss=loss, on_event=tr.on_event, streams=model, observers=observers
+        n=nodes,
+        seed=seed,
+        loss=loss,
+        on_event=tr.on_event,
+        streams=model,
+        observers=observers,
+        config=rings,
     )
     setup_s = time.perf_counter() - t_wall
     rng = sim.rng
@@ -284,8 +292,10 @@ def run(
     rounds = [d / gossip_s for d in diss_s]
     total = sim.net.bytes - bytes0
     records = sim.net.record_bytes - rbytes0
+    rings_used = GossipConfig(node_id="x", addr="x", boot_incarnation=0).probe_rings
     return {
         "nodes": nodes,
+        "probe_rings": rings_used if probe_rings is None else probe_rings,
         "loss": loss,
         "seconds": seconds,
         "seed": seed,
@@ -421,6 +431,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="S",
         help="only S real cores, the other nodes background members (counts from the S)",
     )
+    ap.add_argument(
+        "--probe-rings",
+        type=int,
+        default=None,
+        metavar="K",
+        help="probe and gossip over K rings (0: every member in turn; default: the config's)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object (the default)")
     a = ap.parse_args(argv)
     if a.observers is not None and a.starved:
@@ -445,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
                     partition_s=a.partition_s,
                     streams=a.streams,
                     observers=a.observers,
+                    probe_rings=a.probe_rings,
                 )
             )
     result = runs[0] if a.seeds is None else sweep(runs)

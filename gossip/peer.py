@@ -50,9 +50,10 @@ from gossip.messages import (
     Record,
     Suspect,
 )
-from gossip.probing import Probe, RelayedPing
+from gossip.probing import Neighbourhood, Probe, RelayedPing
 from gossip.records import RecordStore, StoredRecord
 from gossip.relay import RelayNews
+from gossip.rings import Rings
 from gossip.stats import GossipStats
 from gossip.suspicion import Suspicion
 from gossip.trust import Signer, Trust
@@ -148,7 +149,8 @@ class Peer:
         "_catch_up_until",
         "_quiet_exchanges",
         "_news",
-        "_ring",
+        "_rings",
+        "_contacts",
     )
 
     def __init__(
@@ -199,7 +201,9 @@ class Peer:
         self._rqueue = BroadcastQueue(1)
         self._pending, self._rpending = self._queue.pending, self._rqueue.pending  # (emptiness)
         self._news = RelayNews()  # what the next round passes to our ring successors
-        self._ring: list[str] | None = None  # every member's id, sorted (None: to be sorted)
+        self._rings = Rings(max(1, config.probe_rings))  # ring 0: ids sorted (the relay's)
+        self._rings.add(self.node_id)
+        self._contacts: Neighbourhood | None = None  # the ring neighbours (None: to be found)
         self._records = RecordStore()
         self._awareness = Awareness(config.awareness_max_multiplier)
         self._awareness.apply_delta(config.start_health_score)

@@ -50,6 +50,8 @@ class GossipStats:
     accuser's word) or a suspect nobody else accused yet. One member cannot kill a node."""
     dead_confirmed: int = 0
     """Held-back Deads applied later, when an independent accuser confirmed them."""
+    neighbourhoods: int = 0
+    """Times the ring neighbours were found again (a neighbour went down, a member joined)."""
     push_pulls: int = 0
     relayed: int = 0
     """Updates passed to ring successors (one count per update per successor)."""
