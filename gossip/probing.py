@@ -1,6 +1,7 @@
 """Probing, the SWIM half of :class:`gossip.peer.Peer`: one member probed per interval in a shuffled
-round (of the ring subjects, :mod:`gossip.rings`; of every member with the rings off), indirect probes through ``indirect_checks`` others with Lifeguard's nacks, the reliable
-fallback ping, the relay of other members' indirect probes, and the reconnect pings to the dead.
+round (of its ring subjects, :mod:`gossip.rings`; of every member with the rings off), indirect
+probes through ``indirect_checks`` others with Lifeguard's nacks, the reliable fallback ping,
+the relay of other members' indirect probes, and the reconnect pings to the dead.
 
 Functions of the peer's state, which they take as ``peer``; sans-I/O like the peer.
 """
