@@ -493,10 +493,15 @@ class Peer:
         if now >= self._next_push_pull:
             # catching up: the join found nobody up yet, or the mesh may still be starting
             alone = self._live <= 1 and bool(self._seeds)
-            catching_up = alone or now < self._catch_up_until
-            every = cfg.catch_up_push_pull_s if catching_up else self._push_pull_every_s()
+            catching_up = now < self._catch_up_until
+            if alone:
+                every = cfg.catch_up_push_pull_s
+            elif catching_up:  # backs off while Lifeguard's local health says we are slow
+                every = self._awareness.scale(cfg.catch_up_push_pull_s)
+            else:
+                every = self._push_pull_every_s()
             self._next_push_pull = now + every
-            self._start_push_pull()
+            self._start_push_pull(catching_up and not alone)
         if now >= self._next_reconnect:
             self._next_reconnect = now + cfg.reconnect_interval_s
             self._reconnect(now)

@@ -9,7 +9,14 @@ import random
 import pytest
 
 from bench.gossip import run
+from gossip.config import GossipConfig
+from gossip.messages import PushPull
+from gossip.peer import Peer
+from gossip.probing import neighbourhood
 from gossip.rings import Rings
+from gossip.sim import Simulation, StreamModel
+from gossip.simkeys import SimSigner, SimTrust
+from tests.gossip.helpers import KEYRING, alive
 
 K = 4
 
@@ -84,3 +91,64 @@ def test_without_rings_handshakes_grow_with_n() -> None:
     r = run(nodes=256, loss=0.01, seconds=30.0, seed=2, streams=64, probe_rings=0)
     assert isinstance(r["handshakes_per_node_per_s"], float)
     assert r["handshakes_per_node_per_s"] > 5.0
+
+
+def _formed(sim: Simulation) -> bool:
+    n = len(sim.nodes)
+    return all(node.peer.live_count() == n for node in sim.nodes.values())
+
+
+@pytest.mark.slow
+def test_a_mesh_starting_at_once_opens_a_bounded_number_of_streams_per_member() -> None:
+    """128 members start at once, all joining through one seed: each opens streams to its ring
+    neighbours and the catch-up push-pulls ride them, so formation costs each member a bounded
+    number of handshakes (SWIM's order: ~77 each by the full view, ~230 30 s later)."""
+    model = StreamModel(64)
+    sim = Simulation(n=128, seed=1, warm=False, streams=model)
+    now = 0.0
+    while not _formed(sim):
+        assert now < 30.0, "no full view everywhere within 30 simulated seconds"
+        now += 0.25
+        sim.run_until(now)
+    sim.run_until(now + 30.0)  # the catch-up window and the first regular push-pulls
+    ends_per_member = 2 * model.handshakes / len(sim.nodes)
+    assert ends_per_member <= 4 * K + 8, ends_per_member
+    held = sorted(model.open_counts(sim.nodes))
+    assert held[-2] < 64  # only the seed, which every member joined through, filled its pool
+
+
+def _starting_peer(health: int) -> Peer:
+    cfg = GossipConfig(
+        node_id="me",
+        addr="me:1",
+        boot_incarnation=100,
+        start_health_score=health,
+        probe_interval_s=1000.0,  # no probe in the window (nobody here would answer one)
+    )
+    peer = Peer(cfg, SimSigner("me", KEYRING), SimTrust(KEYRING), [], 0.0, random.Random(1))
+    for i in range(40):
+        peer.receive("x:1", alive(f"m{i:02d}", 1), 0.0)
+    peer.take_outgoing()
+    return peer
+
+
+def test_catch_up_push_pulls_go_to_ring_neighbours_and_back_off_when_slow() -> None:
+    """A member still catching up push-pulls a neighbour (its stream is open), every 1.5 s
+    while healthy and slower while its local health says it is slow."""
+    paces: dict[int, float] = {}
+    for health in (0, 3):
+        peer = _starting_peer(health)
+        nb = neighbourhood(peer)
+        assert nb is not None and len(nb.contacts) <= 2 * K
+        neighbours = {m.addr for m in nb.contacts}
+        sends = 0
+        now = 0.0
+        while now < 20.0:
+            now = max(now + 0.01, min(peer.get_timer() or now + 0.1, now + 0.1))
+            peer.handle_timer(now)
+            for addr, msg in peer.take_outgoing()[0]:
+                if isinstance(msg, PushPull) and msg.phase == 0:
+                    assert addr in neighbours
+                    sends += 1
+        paces[health] = sends
+    assert paces[0] >= 6 and paces[3] <= paces[0] / 2, paces
