@@ -30,52 +30,83 @@ import hashlib
 from bisect import bisect_left
 from collections.abc import Callable
 
-_KEYS: dict[tuple[str, int], bytes] = {}
+_KEYS: dict[tuple[str, int], str] = {}
 """Ring keys shared by every core in the process (the simulator runs thousands)."""
 _MAX_KEYS = 1 << 18
+_BULK = 16
+"""More members than this added since the last look: sort each ring again instead of inserting."""
 
 
-def ring_key(node: str, ring: int) -> bytes:
+def ring_key(node: str, ring: int) -> str:
     """Where ``node`` sits on ``ring``: its id on ring 0, else a hash of (ring, id)."""
     if ring == 0:
-        return node.encode()
+        return node
     k = (node, ring)
     key = _KEYS.get(k)
     if key is None:
         if len(_KEYS) >= _MAX_KEYS:
             _KEYS.clear()
-        key = _KEYS[k] = hashlib.blake2b(f"{ring}:{node}".encode(), digest_size=8).digest()
+        key = _KEYS[k] = hashlib.blake2b(f"{ring}:{node}".encode(), digest_size=8).hexdigest()
     return key
 
 
 class Rings:
     """Each ring's order of the members one member holds (dead ones too: a member's state only
-    changes who is skipped, not the orders); a member is added when it joins and removed when
-    it is reaped, each in O(log N) comparisons."""
+    changes who is skipped, not the orders). Members added are placed at the next look (a warm
+    start's thousand members in one sort); a member is removed when it is reaped."""
 
-    __slots__ = ("_orders",)
+    __slots__ = ("_count", "_keys", "_nodes", "_pending", "_placed")
 
     def __init__(self, count: int) -> None:
-        self._orders: list[list[str]] = [[] for _ in range(count)]
+        self._count = count
+        self._keys: list[list[str]] = [[] for _ in range(count)]
+        self._nodes: list[list[str]] = [[] for _ in range(count)]
+        self._pending: dict[str, None] = {}
+        self._placed: set[str] = set()
 
     def add(self, node: str) -> None:
-        for r, order in enumerate(self._orders):
-            key = ring_key(node, r)
-            i = bisect_left(order, key, key=lambda n, r=r: ring_key(n, r))  # type: ignore[misc]
-            if i == len(order) or order[i] != node:
-                order.insert(i, node)
+        if node not in self._placed:
+            self._pending[node] = None
 
     def remove(self, node: str) -> None:
-        for r, order in enumerate(self._orders):
+        if node in self._pending:
+            del self._pending[node]
+        if node not in self._placed:
+            return
+        self._placed.discard(node)
+        for r in range(self._count):
             i = self._index(r, node)
             if i is not None:
-                del order[i]
+                del self._keys[r][i], self._nodes[r][i]
+
+    def _place(self) -> None:
+        pending = self._pending
+        self._pending = {}
+        self._placed.update(pending)
+        for r in range(self._count):
+            keys, nodes = self._keys[r], self._nodes[r]
+            if len(pending) > _BULK:
+                pairs = sorted(
+                    [*zip(keys, nodes, strict=True), *((ring_key(n, r), n) for n in pending)]
+                )
+                keys[:] = [k for k, _ in pairs]
+                nodes[:] = [n for _, n in pairs]
+                continue
+            for n in pending:
+                k = ring_key(n, r)
+                i = bisect_left(keys, k)
+                keys.insert(i, k)
+                nodes.insert(i, n)
 
     def _index(self, ring: int, node: str) -> int | None:
-        order = self._orders[ring]
-        key = ring_key(node, ring)
-        i = bisect_left(order, key, key=lambda n: ring_key(n, ring))
-        return i if i < len(order) and order[i] == node else None
+        keys, nodes = self._keys[ring], self._nodes[ring]
+        k = ring_key(node, ring)
+        i = bisect_left(keys, k)
+        while i < len(keys) and keys[i] == k:
+            if nodes[i] == node:
+                return i
+            i += 1
+        return None
 
     def neighbours(
         self, me: str, live: Callable[[str], bool]
@@ -83,10 +114,13 @@ class Rings:
         """(subjects, observers, dead after us): on each ring the first live member after ``me``,
         the first live one before it, and the non-live ones skipped on the way to the first.
         Each list names a member at most once, in ring order."""
+        if self._pending:
+            self._place()
         subjects: dict[str, None] = {}
         observers: dict[str, None] = {}
         skipped: dict[str, None] = {}
-        for r, order in enumerate(self._orders):
+        for r in range(self._count):
+            order = self._nodes[r]
             i = self._index(r, me)
             n = len(order)
             if i is None or n < 2:
@@ -106,11 +140,13 @@ class Rings:
 
     def order(self, ring: int) -> list[str]:
         """The members in ``ring``'s order (ring 0: sorted node ids)."""
-        return self._orders[ring]
+        if self._pending:
+            self._place()
+        return self._nodes[ring]
 
     def successor(self, ring: int, me: str, eligible: Callable[[str], bool]) -> str | None:
         """The first member after ``me`` on ``ring`` for which ``eligible`` holds."""
-        order = self._orders[ring]
+        order = self.order(ring)
         i = self._index(ring, me)
         if i is None:
             return None
