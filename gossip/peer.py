@@ -221,9 +221,12 @@ class Peer:
         alive = self._signed_alive()
         self._self = Member(self.node_id, config.addr, self._incarnation, _A, now, alive)
         self._members[self.node_id] = self._self
-        for seed in self._seeds:
-            if seed != config.addr:
-                self._send(seed, self._push_pull(0, (alive,)))
+        seeds = [seed for seed in self._seeds if seed != config.addr]
+        if seeds:
+            # One seed, drawn at random: a mesh starting at once spreads its joins over the
+            # seeds instead of sending each of them every joiner's full exchange. If it does
+            # not answer, the catch-up push-pulls try a random seed again until one does.
+            self._send(seeds[int(rng.random() * len(seeds))], self._push_pull(0, (alive,)))
         if self._seeds:
             # A cold join also gossips its own Alive (memberlist does): once the seed's answer
             # names the members, they hear of the newcomer from it as well as from the seed.
