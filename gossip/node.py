@@ -152,6 +152,7 @@ class GossipNode:
         app_setup: AppSetup | None = None,
         on_revocations: Callable[[RevocationList], None] | None = None,
         stream_limits: StreamLimits | None = None,
+        probe_rings: int | None = None,
     ) -> None:
         """``on_revocations``: called with the revocation list whenever a newer one is applied
         (from an operator's command, from gossip, or shown by a peer that refused us), for the
@@ -166,6 +167,8 @@ class GossipNode:
         self._advertise_host = advertise_host or host
         self._seeds = list(seeds)
         self._config = config
+        self._probe_rings = probe_rings
+        """Overrides the config's ``probe_rings`` (None: keep it)."""
         self._rng = rng or random.Random()
         self._clock = clock
         self._wall_clock = wall_clock
@@ -239,6 +242,8 @@ class GossipNode:
             start_health_score=START_HEALTH_SCORE,
         )
         config = replace(base, node_id=self.node_id, addr=self.address)
+        if self._probe_rings is not None:
+            config = replace(config, probe_rings=self._probe_rings)
         trust = _WallClockTrust(self._trust, self._wall_clock)
         self._peer = Peer(config, self._signer, trust, self._seeds, self._clock(), self._rng)
         self._flush()
