@@ -78,6 +78,9 @@ def test_bench_counts_streams_and_handshakes(capsys: pytest.CaptureFixture[str])
     assert 0 < counted["open_streams_mean"] <= counted["open_streams_max"] <= 4
     assert counted["handshakes_per_node_per_s"] > 0  # 4 streams for 11 peers: they churn
     assert "handshakes_per_node_per_s" not in plain
+    assert counted["probe_rings"] == 4
+    assert counted["observer_signatures_checked_per_s"] > 0
+    assert 0 < counted["observer_cpu_model_pct"] < 5
 
 
 def test_member_processes_bench_emits_fields(capsys: pytest.CaptureFixture[str]) -> None:
