@@ -377,11 +377,16 @@ class Peer:
         open one): probe it next, out of turn. The hint decides nothing, the probe does; only the
         order changes, not the pace, and a member is moved at most once a probe round (one
         interval per live member), so however many hints come this member probes no more often,
-        and no member more than twice a round. False if nothing changed (not an alive member, or
-        hinted this round already)."""
+        and no member more than twice a round. False if nothing changed (not an alive member, not
+        a ring neighbour, or hinted this round already)."""
         m = self._members.get(node)
         if m is None or m is self._self or m.state is not _A:
             return False  # a suspect is being judged already
+        if not probing.is_contact(self, m):
+            # Not a ring neighbour: its observers, which hold streams to it, got the same hint
+            # if it died. Probing it here would open a stream (a mesh's joins all ending at
+            # the seed's bound would send every member to it at once).
+            return False
         return self._probe_next(m, now)
 
     def report_loop_lag(self, lag_s: float) -> None:

@@ -152,3 +152,15 @@ def test_catch_up_push_pulls_go_to_ring_neighbours_and_back_off_when_slow() -> N
                     sends += 1
         paces[health] = sends
     assert paces[0] >= 6 and paces[3] <= paces[0] / 2, paces
+
+
+def test_a_hint_moves_only_a_ring_neighbour_to_the_front_of_the_probes() -> None:
+    """A stream that ended is a hint to probe its peer next; on the rings only a neighbour's
+    counts (a non-neighbour's observers hold its streams and got the same hint)."""
+    peer = _starting_peer(0)
+    nb = neighbourhood(peer)
+    assert nb is not None
+    near = nb.subjects[0].node
+    far = next(m.node for m in peer._others if m not in nb.contacts)
+    assert not peer.probe_soon(far, 1.0)
+    assert peer.probe_soon(near, 1.0)
