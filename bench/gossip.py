@@ -28,7 +28,9 @@ Per-node counts for the cost model, over the measured window, averaged over the 
 (every node, unless ``--observers``): ``observer_messages_out_per_s``,
 ``observer_messages_in_per_s``, ``observer_bytes_in_per_s``, ``observer_bytes_out_per_s`` and,
 with ``--streams``,
-``observer_handshakes_per_s`` (handshakes it took part in) and ``observer_open_streams_mean``.
+``observer_handshakes_per_s`` (handshakes it took part in), ``observer_open_streams_mean``,
+``observer_signatures_checked_per_s`` and ``observer_cpu_model_pct``: the CPU those counts cost
+a real member (:data:`MESSAGE_CPU_S`, :data:`HANDSHAKE_END_CPU_S`, :data:`VERIFY_CPU_S`).
 
 ``--observers S`` runs only S real cores (spread evenly over the ids) among N-S background
 members (``gossip/simbackground.py``: the protocol's traffic over one shared converged view, no
@@ -46,7 +48,7 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gossip.config import GossipConfig
 from gossip.events import Event, MemberDead, RecordChanged
@@ -142,6 +144,15 @@ def _stream_counts(
     }
 
 
+MESSAGE_CPU_S = 60e-6
+"""CPU to handle one gossip message and send its answer, measured on real members
+(``bench.members``: ``cpu_us_per_message`` of pings and acks in steady state, 55-65 us)."""
+HANDSHAKE_END_CPU_S = 1.5e-3
+"""One end of a resumed stream handshake (``bench.costs``: 3.0 ms for both ends together)."""
+VERIFY_CPU_S = 97e-6
+"""One Ed25519 signature checked (``bench.costs``)."""
+
+
 class _Counts:
     """The live observers' own counters, from the start of the measured window."""
 
@@ -149,18 +160,19 @@ class _Counts:
         self._sim, self._model = sim, model
         self._start = {nid: self._read(nid) for nid in sim.live_observers()}
 
-    def _read(self, nid: str) -> tuple[int, int, int, int, int]:
+    def _read(self, nid: str) -> tuple[int, int, int, int, int, int]:
         st = self._sim.nodes[nid].peer.stats
         ends = self._model.ends.get(nid, 0) if self._model is not None else 0
-        return (st.messages_out, st.messages_in, st.bytes_in, st.bytes_out, ends)
+        checked = st.updates_applied + st.rejected_signature
+        return (st.messages_out, st.messages_in, st.bytes_in, st.bytes_out, ends, checked)
 
     def result(self, seconds: float) -> dict[str, object]:
         # observers that crashed or restarted since are left out
         ids = [i for i in self._sim.live_observers() if i in self._start]
-        sums = [0] * 5
+        sums = [0] * 6
         for nid in ids:
             now, then = self._read(nid), self._start[nid]
-            for k in range(5):
+            for k in range(6):
                 sums[k] += now[k] - then[k]
         per = [x / max(1, len(ids)) / seconds for x in sums]
         out: dict[str, object] = {
@@ -174,6 +186,9 @@ class _Counts:
             held = self._model.open_counts(ids)
             out["observer_handshakes_per_s"] = per[4]
             out["observer_open_streams_mean"] = sum(held) / max(1, len(held))
+            cpu_s = per[1] * MESSAGE_CPU_S + per[4] * HANDSHAKE_END_CPU_S + per[5] * VERIFY_CPU_S
+            out["observer_signatures_checked_per_s"] = per[5]
+            out["observer_cpu_model_pct"] = 100.0 * cpu_s
         return out
 
 
@@ -190,14 +205,22 @@ def run(
     partition_s: float | None = None,
     streams: int = 0,
     observers: int | None = None,
+    probe_rings: int | None = None,
 ) -> dict[str, object]:
     if observers is not None and starved:
         raise ValueError("--starved needs real cores: background members have no local health")
     t_wall = time.perf_counter()
     tr = _Tracker()
     model = StreamModel(streams) if streams else None
+    rings = (lambda c: replace(c, probe_rings=probe_rings)) if probe_rings is not None else None
     sim = Simulation(
-        n=nodes, seed=seed, loss=loss, on_event=tr.on_event, streams=model, observers=observers
+        n=nodes,
+        seed=seed,
+        loss=loss,
+        on_event=tr.on_event,
+        streams=model,
+        observers=observers,
+        config=rings,
     )
     setup_s = time.perf_counter() - t_wall
     rng = sim.rng
@@ -284,8 +307,10 @@ def run(
     rounds = [d / gossip_s for d in diss_s]
     total = sim.net.bytes - bytes0
     records = sim.net.record_bytes - rbytes0
+    rings_used = GossipConfig(node_id="x", addr="x", boot_incarnation=0).probe_rings
     return {
         "nodes": nodes,
+        "probe_rings": rings_used if probe_rings is None else probe_rings,
         "loss": loss,
         "seconds": seconds,
         "seed": seed,
@@ -421,6 +446,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="S",
         help="only S real cores, the other nodes background members (counts from the S)",
     )
+    ap.add_argument(
+        "--probe-rings",
+        type=int,
+        default=None,
+        metavar="K",
+        help="probe and gossip over K rings (0: every member in turn; default: the config's)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object (the default)")
     a = ap.parse_args(argv)
     if a.observers is not None and a.starved:
@@ -445,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
                     partition_s=a.partition_s,
                     streams=a.streams,
                     observers=a.observers,
+                    probe_rings=a.probe_rings,
                 )
             )
     result = runs[0] if a.seeds is None else sweep(runs)

@@ -8,6 +8,11 @@ member 0. Measured (see BENCHMARKS.md, "real processes"):
 - converged_s: from the moment the last member said it listens until every member sees every
   other alive; start_false_deaths / start_suspicions: Deads and Suspects of live members until
   then (and until the idle window ends);
+- ``formation`` (per member from the first member listening until a full view everywhere) and
+  ``steady`` (over the idle window): TLS handshakes, streams opened and evicted per second,
+  streams held, and per kind of message received (ping, ack, indirect, nack, push_pull, gossip)
+  messages per second and CPU microseconds per message; ``handshakes_per_s`` and
+  ``streams_opened_per_s`` / ``streams_evicted_per_s`` at the top level are the steady ones;
 - the idle footprint over ``--idle-s`` seconds, ``--settle-s`` after the last member was ready
   (the start-up's catch-up exchanges over): CPU % of one core and RSS per member, established
   TCP connections per member, and each counter a member keeps per member per second
@@ -42,6 +47,11 @@ from bench.memberprocs import STATE_OF_EVENT, MemberProc, MemberSet
 from gossip.identity import enroll_node, init_cluster
 
 DEADLINE_S = 120.0
+START_S_PER_MEMBER = 2.0
+"""Starting N interpreters at once on two cores takes about a second of CPU each (imports, keys,
+TLS contexts): the wait for every member to listen grows with N (128 members at load 8 did not
+all listen within 120 s). Convergence is measured from the last one listening, so this only
+bounds the wait."""
 STARVE_STOP_S, STARVE_CONT_S = 0.4, 0.6
 STARVE_SETTLE_S = 10.0
 
@@ -155,10 +165,43 @@ def _rates(
     for m in after:
         old = before.get(m.index, {})
         for key, value in m.stats.items():
-            if key in old and not key.endswith("_ms"):
+            if key in old and not key.endswith("_ms") and key != "streams_open":
                 totals[key] = totals.get(key, 0.0) + value - old[key]
     n = max(1, len(after))
     return {k: round(v / n / seconds, 3) for k, v in sorted(totals.items()) if v}
+
+
+KINDS = ("ping", "ack", "indirect", "nack", "push_pull", "gossip", "other")
+
+
+def _costs(
+    before: dict[int, dict[str, int]], after: dict[int, dict[str, int]], seconds: float
+) -> dict[str, object]:
+    """Per member over a window (``before`` empty: since each member started): handshakes and
+    streams opened and evicted per second, streams held at the end, and per message kind
+    received, messages per second and CPU microseconds per message (handling it and sending
+    what it caused)."""
+    n = max(1, len(after))
+
+    def grown(key: str) -> float:
+        return sum(a.get(key, 0) - before.get(i, {}).get(key, 0) for i, a in after.items())
+
+    by_kind: dict[str, float] = {}
+    cpu_per: dict[str, float] = {}
+    for kind in KINDS:
+        count = grown(f"messages_in_{kind}")
+        if count > 0:
+            by_kind[kind] = round(count / n / seconds, 3)
+            cpu_per[kind] = round(grown(f"cpu_us_{kind}") / count, 1)
+    return {
+        "seconds": round(seconds, 1),
+        "handshakes_per_s": round(grown("handshakes") / n / seconds, 3),
+        "streams_opened_per_s": round(grown("streams_opened") / n / seconds, 3),
+        "streams_evicted_per_s": round(grown("streams_evicted") / n / seconds, 3),
+        "streams_open_mean": round(sum(a.get("streams_open", 0) for a in after.values()) / n, 1),
+        "messages_in_per_s": by_kind,
+        "cpu_us_per_message": cpu_per,
+    }
 
 
 def _collect_stats(run: _Run) -> dict[int, dict[str, int]]:
@@ -169,9 +212,8 @@ def _collect_stats(run: _Run) -> dict[int, dict[str, int]]:
     return {m.index: dict(m.stats) for m in live}
 
 
-def _idle(run: _Run, idle_s: float) -> dict[str, object]:
+def _idle(run: _Run, idle_s: float, before: dict[int, dict[str, int]]) -> dict[str, object]:
     live = run.running()
-    before = _collect_stats(run)
     cpu0 = {m.index: m.cpu_s() for m in live}
     t0 = time.monotonic()
     run.sleep(idle_s / 2)
@@ -180,8 +222,13 @@ def _idle(run: _Run, idle_s: float) -> dict[str, object]:
     took = time.monotonic() - t0
     cpu = [100.0 * (m.cpu_s() - cpu0[m.index]) / took for m in live]
     rss = [m.rss_bytes() / 2**20 for m in live]
-    _collect_stats(run)
+    after = _collect_stats(run)
+    steady = _costs(before, after, took)
     return {
+        "handshakes_per_s": steady["handshakes_per_s"],
+        "streams_opened_per_s": steady["streams_opened_per_s"],
+        "streams_evicted_per_s": steady["streams_evicted_per_s"],
+        "steady": steady,
         "idle_s": round(took, 1),
         "idle_cpu_pct_mean": _r(statistics.fmean(cpu), 3),
         "idle_cpu_pct_max": _r(max(cpu), 3),
@@ -274,7 +321,11 @@ def run(
         try:
             for m in procs.members:  # all at once; member 0 is everyone's seed
                 procs.start(m, join if m.index else [])
-            state.wait("every member to listen", lambda: all(m.ready_at for m in procs.members))
+            state.wait(
+                "every member to listen",
+                lambda: all(m.ready_at for m in procs.members),
+                max(DEADLINE_S, START_S_PER_MEMBER * members),
+            )
             last_ready = max(m.ready_at or 0.0 for m in procs.members)
             result["start_spread_s"] = _r(
                 last_ready - min(m.ready_at or 0.0 for m in procs.members), 2
@@ -282,9 +333,12 @@ def run(
             state.wait("a full view everywhere", state.all_see_all)
             converged_at = max(state.changed_at.values(), default=last_ready)
             result["converged_s"] = _r(max(0.0, converged_at - last_ready))
+            formed = _collect_stats(state)
+            first_ready = min(m.ready_at or last_ready for m in procs.members)
+            result["formation"] = _costs({}, formed, time.monotonic() - first_ready)
             state.sleep(max(0.0, last_ready + settle_s - time.monotonic()))
             state.phase = "idle"
-            result.update(_idle(state, idle_s))
+            result.update(_idle(state, idle_s, _collect_stats(state)))
             result["start_false_deaths"] = state.false_deaths.get("start", 0) + (
                 state.false_deaths.get("idle", 0)
             )

@@ -1,6 +1,7 @@
 """A standalone gossip member, for operators debugging a mesh and for the process-level tests.
 
-``python -m gossip --identity DIR [--listen HOST:PORT] [--join HOST:PORT ...]``
+``python -m gossip --identity DIR [--listen HOST:PORT] [--join HOST:PORT ...] [--max-streams N]
+[--probe-rings K]``
 
 Prints one JSON object per line on stdout: first ``{"event": "listening", ...}``, then one line
 per membership event, and on SIGUSR1 (or every ``--report-s``) a ``{"event": "view", ...}`` line
@@ -26,6 +27,7 @@ from gossip.certtrust import CertTrust  # noqa: E402
 from gossip.events import Event  # noqa: E402
 from gossip.identity import IdentityError, load_identity  # noqa: E402
 from gossip.node import GossipNode  # noqa: E402
+from gossip.streamparts import StreamLimits  # noqa: E402
 
 
 def _emit(obj: dict[str, object]) -> None:
@@ -58,7 +60,16 @@ async def _run(args: argparse.Namespace) -> int:
     identity = load_identity(args.identity)
     trust = CertTrust(identity.ca_certificate)
     host, port = split_address(args.listen, allow_any_port=True)
-    node = GossipNode(identity, trust, host=host, port=port, seeds=args.join)
+    limits = StreamLimits(max_streams=args.max_streams) if args.max_streams else None
+    node = GossipNode(
+        identity,
+        trust,
+        host=host,
+        port=port,
+        seeds=args.join,
+        stream_limits=limits,
+        probe_rings=args.probe_rings,
+    )
     node.subscribe(lambda event: _emit(_event_line(event)))
     await node.start()
     _emit({"event": "listening", "node": node.node_id, "addr": node.address})
@@ -85,6 +96,16 @@ def main() -> int:
     parser.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT")
     parser.add_argument("--join", action="append", default=[], metavar="HOST:PORT")
     parser.add_argument("--report-s", type=float, default=1.0, metavar="S")
+    parser.add_argument(
+        "--max-streams", type=int, default=None, metavar="N", help="streams held at most"
+    )
+    parser.add_argument(
+        "--probe-rings",
+        type=int,
+        default=None,
+        metavar="K",
+        help="probe and gossip over K rings (0: every member in turn)",
+    )
     args = parser.parse_args()
     try:
         return asyncio.run(_run(args))

@@ -23,6 +23,7 @@ from gossip.messages import (
     Suspect,
     Update,
 )
+from gossip.probing import contact_members
 
 if TYPE_CHECKING:
     from gossip.peer import Peer
@@ -72,10 +73,17 @@ def push_pull(peer: Peer, phase: int, updates: tuple[Update, ...]) -> PushPull:
     )
 
 
-def start_push_pull(peer: Peer) -> None:
+def start_push_pull(peer: Peer, catching_up: bool = False) -> None:
+    """Push-pull with a random alive member; while ``catching_up`` (the start-up's pace), with
+    a ring neighbour: its stream is open already, so a mesh starting at once does not open a
+    TLS handshake to a random member every few seconds per member (the neighbours' digests
+    still reach the whole mesh: the rings are connected)."""
     if peer._left:
         return
-    picks = peer._random_members(1, lambda m: m.state == _A, True)
+    if catching_up:
+        picks = contact_members(peer, 1, lambda m: m.state == _A, True)
+    else:
+        picks = peer._random_members(1, lambda m: m.state == _A, True)
     if picks:
         peer.stats.push_pulls += 1
         peer._send(picks[0].addr, push_pull(peer, 0, ()))

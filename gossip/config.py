@@ -53,6 +53,15 @@ class GossipConfig:
     indirect_checks: int = 3
     """Peers asked to probe on our behalf (SWIM's k; memberlist's default)."""
 
+    probe_rings: int = 4
+    """Probe and gossip over this many pseudo-random rings of the members (see
+    :mod:`gossip.rings`): a member probes its next member on each ring in turn and gossips to
+    its ring neighbours, so it talks to at most ``2 * probe_rings`` members every few seconds,
+    whatever N is, and the transport keeps one stream to each instead of opening a TLS
+    handshake for most probes past its stream bound. Each member is still probed about once an
+    interval (by one observer per ring in turn). 0: SWIM's own order (every member in turn,
+    gossip to random members)."""
+
     suspicion_mult: int = 3
     """Minimum suspicion timeout = mult * log10(N) * probe_interval (4.5 s at N=1,000, 2.3 s at
     N=32). memberlist uses 4 at 1 s; 3 at 0.5 s is what the 7 s detection bar leaves room for."""

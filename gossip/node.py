@@ -53,6 +53,7 @@ from gossip.peer import Peer
 from gossip.records import StoredRecord
 from gossip.revocation import RevocationError, RevocationList
 from gossip.server import GossipServer
+from gossip.stats import MessageCosts, kind_of
 from gossip.streamparts import StreamLimits
 from gossip.streams import StreamPool
 from gossip.tls import PeerIdentity
@@ -152,6 +153,7 @@ class GossipNode:
         on_revocations: Callable[[RevocationList], None] | None = None,
         stream_limits: StreamLimits | None = None,
         may_revoke: Callable[[str], bool] = lambda signer: True,
+        probe_rings: int | None = None,
     ) -> None:
         """``on_revocations``: called with the revocation list whenever a newer one is applied
         (from an operator's command, from gossip, or shown by a peer that refused us), for the
@@ -169,6 +171,8 @@ class GossipNode:
         self._advertise_host = advertise_host or host
         self._seeds = list(seeds)
         self._config = config
+        self._probe_rings = probe_rings
+        """Overrides the config's ``probe_rings`` (None: keep it)."""
         self._rng = rng or random.Random()
         self._clock = clock
         self._wall_clock = wall_clock
@@ -202,6 +206,7 @@ class GossipNode:
         self._sends: set[asyncio.Task[None]] = set()
         self._subscribers: list[Callable[[Event], None]] = []
         self._stopped = False
+        self._costs = MessageCosts()
         self.send_failures = 0
         self.sends_dropped = 0
         self.revocations_rejected = 0
@@ -241,6 +246,8 @@ class GossipNode:
             start_health_score=START_HEALTH_SCORE,
         )
         config = replace(base, node_id=self.node_id, addr=self.address)
+        if self._probe_rings is not None:
+            config = replace(config, probe_rings=self._probe_rings)
         trust = _WallClockTrust(self._trust, self._wall_clock)
         self._peer = Peer(config, self._signer, trust, self._seeds, self._clock(), self._rng)
         self._flush()
@@ -349,7 +356,22 @@ class GossipNode:
         return self._streams.open_streams
 
     def stats(self) -> dict[str, Any]:
+        """The core's counters, the listener's (``transport_``) and the streams' (``stream_``),
+        and what they add up to: ``handshakes`` (TLS handshakes this member took part in, as
+        dialer or listener), ``streams_opened``, ``streams_evicted`` (closed for the bound's
+        sake), ``streams_open`` (a level), and per message kind received
+        (ping, ack, indirect, nack, push_pull, gossip) ``messages_in_<kind>`` and ``cpu_us_<kind>``
+        (handling it and sending what it caused)."""
+        transport, streams = self._server.stats, self._streams.stats
+        dialed_ok = streams.dialed - streams.dial_failed
         snapshot: dict[str, Any] = dict(self.peer.stats.as_dict())
+        snapshot.update(
+            handshakes=dialed_ok + transport.handshakes,
+            streams_opened=dialed_ok + transport.streams_accepted,
+            streams_evicted=streams.closed_lru,
+            streams_open=self._streams.open_streams,
+            **self._costs.snapshot(),
+        )
         snapshot.update(
             {f"transport_{k}": v for k, v in self._server.stats.snapshot().items()},
             **{f"stream_{k}": v for k, v in self._streams.stats.snapshot().items()},
@@ -448,11 +470,14 @@ class GossipNode:
 
     def _deliver(self, src: str, message: Message, size: int, *, answering: bool) -> bytes | None:
         """Hand a message from ``src`` to the core and send what it has to send. ``answering``
-        (a request): the first message back to ``src`` is returned, to go in the response."""
+        (a request): the first message back to ``src`` is returned, to go in the response.
+        The CPU it took is counted by the message's kind."""
+        cpu0 = time.process_time_ns()
         self.peer.count_bytes(inbound=size)
         self.peer.receive(src, message, self._clock())
         reply = self._flush(reply_to=src if answering else None)
         self._arm()
+        self._costs.add(kind_of(message), time.process_time_ns() - cpu0)
         return reply
 
     def _flush(self, reply_to: str | None = None) -> bytes | None:

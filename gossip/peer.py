@@ -50,9 +50,10 @@ from gossip.messages import (
     Record,
     Suspect,
 )
-from gossip.probing import Probe, RelayedPing
+from gossip.probing import Neighbourhood, Probe, RelayedPing
 from gossip.records import RecordStore, StoredRecord
 from gossip.relay import RelayNews
+from gossip.rings import Rings
 from gossip.stats import GossipStats
 from gossip.suspicion import Suspicion
 from gossip.trust import Signer, Trust
@@ -148,7 +149,8 @@ class Peer:
         "_catch_up_until",
         "_quiet_exchanges",
         "_news",
-        "_ring",
+        "_rings",
+        "_contacts",
     )
 
     def __init__(
@@ -199,7 +201,9 @@ class Peer:
         self._rqueue = BroadcastQueue(1)
         self._pending, self._rpending = self._queue.pending, self._rqueue.pending  # (emptiness)
         self._news = RelayNews()  # what the next round passes to our ring successors
-        self._ring: list[str] | None = None  # every member's id, sorted (None: to be sorted)
+        self._rings = Rings(max(1, config.probe_rings))  # ring 0: ids sorted (the relay's)
+        self._rings.add(self.node_id)
+        self._contacts: Neighbourhood | None = None  # the ring neighbours (None: to be found)
         self._records = RecordStore()
         self._awareness = Awareness(config.awareness_max_multiplier)
         self._awareness.apply_delta(config.start_health_score)
@@ -217,9 +221,12 @@ class Peer:
         alive = self._signed_alive()
         self._self = Member(self.node_id, config.addr, self._incarnation, _A, now, alive)
         self._members[self.node_id] = self._self
-        for seed in self._seeds:
-            if seed != config.addr:
-                self._send(seed, self._push_pull(0, (alive,)))
+        seeds = [seed for seed in self._seeds if seed != config.addr]
+        if seeds:
+            # One seed, drawn at random: a mesh starting at once spreads its joins over the
+            # seeds instead of sending each of them every joiner's full exchange. If it does
+            # not answer, the catch-up push-pulls try a random seed again until one does.
+            self._send(seeds[int(rng.random() * len(seeds))], self._push_pull(0, (alive,)))
         if self._seeds:
             # A cold join also gossips its own Alive (memberlist does): once the seed's answer
             # names the members, they hear of the newcomer from it as well as from the seed.
@@ -374,11 +381,16 @@ class Peer:
         open one): probe it next, out of turn. The hint decides nothing, the probe does; only the
         order changes, not the pace, and a member is moved at most once a probe round (one
         interval per live member), so however many hints come this member probes no more often,
-        and no member more than twice a round. False if nothing changed (not an alive member, or
-        hinted this round already)."""
+        and no member more than twice a round. False if nothing changed (not an alive member, not
+        a ring neighbour, or hinted this round already)."""
         m = self._members.get(node)
         if m is None or m is self._self or m.state is not _A:
             return False  # a suspect is being judged already
+        if not probing.is_contact(self, m):
+            # Not a ring neighbour: its observers, which hold streams to it, got the same hint
+            # if it died. Probing it here would open a stream (a mesh's joins all ending at
+            # the seed's bound would send every member to it at once).
+            return False
         return self._probe_next(m, now)
 
     def report_loop_lag(self, lag_s: float) -> None:
@@ -493,10 +505,15 @@ class Peer:
         if now >= self._next_push_pull:
             # catching up: the join found nobody up yet, or the mesh may still be starting
             alone = self._live <= 1 and bool(self._seeds)
-            catching_up = alone or now < self._catch_up_until
-            every = cfg.catch_up_push_pull_s if catching_up else self._push_pull_every_s()
+            catching_up = now < self._catch_up_until
+            if alone:
+                every = cfg.catch_up_push_pull_s
+            elif catching_up:  # backs off while Lifeguard's local health says we are slow
+                every = self._awareness.scale(cfg.catch_up_push_pull_s)
+            else:
+                every = self._push_pull_every_s()
             self._next_push_pull = now + every
-            self._start_push_pull()
+            self._start_push_pull(catching_up and not alone)
         if now >= self._next_reconnect:
             self._next_reconnect = now + cfg.reconnect_interval_s
             self._reconnect(now)

@@ -1,6 +1,7 @@
 """Probing, the SWIM half of :class:`gossip.peer.Peer`: one member probed per interval in a shuffled
-round, indirect probes through ``indirect_checks`` others with Lifeguard's nacks, the reliable
-fallback ping, the relay of other members' indirect probes, and the reconnect pings to the dead.
+round (of its ring subjects, :mod:`gossip.rings`; of every member with the rings off), indirect
+probes through ``indirect_checks`` others with Lifeguard's nacks, the reliable fallback ping,
+the relay of other members' indirect probes, and the reconnect pings to the dead.
 
 Functions of the peer's state, which they take as ``peer``; sans-I/O like the peer.
 """
@@ -8,6 +9,7 @@ Functions of the peer's state, which they take as ``peer``; sans-I/O like the pe
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -47,6 +49,64 @@ class Probe:
     fallback_end_at: float = 0.0
     datagrams_failed: bool = False
     """The interval ended with no ack by datagram; only the fallback can still answer."""
+
+
+@dataclass(frozen=True, slots=True)
+class Neighbourhood:
+    """This member's ring neighbours (:mod:`gossip.rings`), found again when one of them stops
+    being live or a member joins, comes back, or is reaped."""
+
+    subjects: tuple[Member, ...]
+    """The first live member after us on each ring: whom we probe, in turn."""
+    contacts: tuple[Member, ...]
+    """The subjects and the observers (the first live member before us on each ring): whom we
+    gossip to and ask for indirect probes."""
+    dead_after: tuple[Member, ...]
+    """Dead (not left) members between us and a subject: whom we ping to reconnect."""
+
+
+def neighbourhood(peer: Peer) -> Neighbourhood | None:
+    """Our ring neighbours, or None when the rings are off (``probe_rings`` 0)."""
+    if peer.config.probe_rings <= 0:
+        return None
+    nb = peer._contacts
+    if nb is not None:
+        for m in nb.contacts:
+            if m.state not in _LIVE:
+                break
+        else:
+            return nb
+    members = peer._members
+    me = peer.node_id
+    subjects, observers, skipped = peer._rings.neighbours(
+        me, lambda n: n != me and members[n].state in _LIVE
+    )
+    subs = tuple(members[n] for n in subjects)
+    contacts = subs + tuple(members[n] for n in observers if n not in subjects)
+    dead = tuple(members[n] for n in skipped if members[n].state == _D)
+    nb = peer._contacts = Neighbourhood(subs, contacts, dead)
+    peer.stats.neighbourhoods += 1
+    return nb
+
+
+def is_contact(peer: Peer, m: Member) -> bool:
+    """``m`` is one of our ring neighbours (always true with the rings off)."""
+    nb = neighbourhood(peer)
+    return nb is None or m in nb.contacts
+
+
+def contact_members(
+    peer: Peer, k: int, pred: Callable[[Member], bool], alive_pass: bool = False
+) -> list[Member]:
+    """Up to ``k`` random ring neighbours for which ``pred`` holds (random members with the
+    rings off, see :func:`gossip.spreading.random_members`)."""
+    nb = neighbourhood(peer)
+    if nb is None:
+        return peer._random_members(k, pred, alive_pass)
+    pool = [m for m in nb.contacts if pred(m)]
+    if len(pool) <= k:
+        return pool
+    return peer._rng.sample(pool, k)
 
 
 @dataclass(slots=True)
@@ -100,7 +160,9 @@ def next_probe_target(peer: Peer) -> Member | None:
             m = peer._members.get(node)
             if m is not None and m.state in _LIVE:
                 return m
-        order[:] = [m.node for m in peer._others if m.state in _LIVE]
+        nb = neighbourhood(peer)
+        pool = peer._others if nb is None else nb.subjects
+        order[:] = [m.node for m in pool if m.state in _LIVE]
         peer._rng.shuffle(order)
         peer._probe_idx = 0
         if not order:
@@ -120,9 +182,8 @@ def send_indirect(peer: Peer, p: Probe, now: float) -> None:
         peer._out_reliable.append((target.addr, Ping(p.fallback_seq, peer.node_id, p.target)))
         peer.stats.messages_out += 1
         peer.stats.reliable_probes += 1
-    relays = peer._random_members(
-        peer.config.indirect_checks,
-        lambda m: m.state == _A and m.node != p.target,
+    relays = contact_members(
+        peer, peer.config.indirect_checks, lambda m: m.state == _A and m.node != p.target
     )
     for r in relays:
         peer._send(r.addr, IndirectPingReq(p.seq, peer.node_id, p.target, target.addr, True))
@@ -210,7 +271,12 @@ def on_indirect(
 
 def reconnect(peer: Peer, now: float) -> None:
     peer._reconnects = {s: v for s, v in peer._reconnects.items() if v[1] > now}
-    if peer._left_down:
+    if not peer._down:
+        return
+    nb = neighbourhood(peer)
+    if nb is not None:  # the dead just after us on a ring: each dead one has one pinger a ring
+        cands = [m.node for m in nb.dead_after]
+    elif peer._left_down:
         cands = [n for n in peer._down if peer._members[n].state == _D]
     else:
         cands = list(peer._down)  # all dead
@@ -237,6 +303,9 @@ def probe_next(peer: Peer, m: Member, now: float) -> bool:
 
 
 def insert_probe(peer: Peer, node: str) -> None:
+    if peer.config.probe_rings > 0:  # it may be a ring neighbour now; the rings order probes
+        peer._contacts = None
+        return
     if peer._bulk:
         peer._probe_order.append(node)
         return

@@ -420,6 +420,9 @@ class GossipServer:
         (once idle) past its share."""
         ssl_object = transport.get_extra_info("ssl_object")
         der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+        self.stats.handshakes += 1
+        if ssl_object is not None and ssl_object.session_reused:
+            self.stats.handshakes_resumed += 1
         conn.peer_key = der or b""
         conns = self._peers.setdefault(conn.peer_key, OrderedDict())
         conns[conn] = None
@@ -565,7 +568,14 @@ class GossipServer:
             self.stats.frames_malformed += 1
             return self._refuse(400, "not a WebSocket upgrade", close=True)
         assert self._stream_acceptor is not None
-        await ws.prepare(request)
+        try:
+            await ws.prepare(request)
+        except ConnectionError as exc:  # aiohttp's ClientConnectionResetError included
+            # The peer went away before the upgrade was answered (its dial timed out on a busy
+            # machine, or it was killed): an everyday event in a large mesh, not an error.
+            self.stats.streams_peer_gone += 1
+            log.debug("stream upgrade from %s: the peer went away (%r)", peer.node_id, exc)
+            return web.Response(status=499)  # aiohttp finds the connection gone and drops it
         self.stats.streams_accepted += 1
         await self._stream_acceptor(peer, ws)
         return ws

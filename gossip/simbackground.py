@@ -77,10 +77,13 @@ class BackgroundPeer:
     :class:`gossip.peer.Peer`, over a :class:`SharedView`."""
 
     __slots__ = (
+        "_cycle",
         "_down",
         "_events",
         "_gossip_phase",
         "_held",
+        "_nb",
+        "_nb_ids",
         "_news",
         "_next_gossip",
         "_next_probe",
@@ -137,6 +140,11 @@ class BackgroundPeer:
         self._relays: dict[int, tuple[str, int, bool, float]] = {}
         self._suspicions: dict[str, tuple[Suspicion, Suspect | Dead]] = {}
         self._order = (0, 1, 0, 0)  # (stride, offset, step, pass length): a pass in turn
+        self._nb: tuple[list[str], list[str], list[str]] | None = None
+        """With the probe rings: (subjects, contacts, dead after us), found again when a
+        member joins or this one's dead change."""
+        self._nb_ids = 0
+        self._cycle: list[str] = []
         jitter = rng.random()
         self._next_probe = now + jitter * config.probe_interval_s
         self._gossip_phase = now + jitter * config.gossip_interval_s
@@ -226,8 +234,8 @@ class BackgroundPeer:
                 self._send(target[0], self._push_pull(0, ()))
         if now >= self._next_reconnect:
             self._next_reconnect = now + cfg.reconnect_interval_s
-            if self._down:
-                downs = list(self._down)
+            downs = list(self._down) if cfg.probe_rings <= 0 else self._neighbours()[2]
+            if downs:
                 node = downs[int(self._rng.random() * len(downs))]
                 self._send(self._addr(node), Ping(self._next_seq(), self.node_id, node))
 
@@ -263,7 +271,29 @@ class BackgroundPeer:
     def _addr(self, node: str) -> str:
         return self.view.alive[node].addr
 
+    def _neighbours(self) -> tuple[list[str], list[str], list[str]]:
+        """(subjects, contacts, dead after us) on the probe rings, as the core finds them."""
+        nb = self._nb
+        ids = len(self.view.ids)
+        if nb is None or self._nb_ids != ids:
+            down, me = self._down, self.node_id
+            rings = self.view.rings(self.config.probe_rings)
+            subjects, observers, skipped = rings.neighbours(me, lambda n: n != me and n not in down)
+            contacts = subjects + [n for n in observers if n not in subjects]
+            nb = self._nb = (subjects, contacts, skipped)
+            self._nb_ids = ids
+        return nb
+
     def _next_target(self) -> str | None:
+        if self.config.probe_rings > 0:
+            for _ in range(2):
+                while self._cycle:
+                    node = self._cycle.pop()
+                    if node not in self._down:
+                        return node
+                self._cycle = list(self._neighbours()[0])
+                self._rng.shuffle(self._cycle)
+            return None
         ids = self.view.ids
         n = len(ids)
         for _ in range(n):
@@ -397,9 +427,11 @@ class BackgroundPeer:
             return
         self._suspicions.pop(node, None)
         if isinstance(u, Dead):
-            self._down.setdefault(node, now)
-        else:
-            self._down.pop(node, None)
+            if node not in self._down:
+                self._down[node] = now
+                self._nb = None
+        elif self._down.pop(node, None) is not None:
+            self._nb = None
 
     def _learn(self, u: Update, now: float) -> None:
         """Hold ``u`` as the newest of its key, queue it, and put it in the shared view."""
@@ -476,6 +508,10 @@ class BackgroundPeer:
         """Up to ``k`` distinct random addresses of members this one may gossip to: alive,
         suspect, or dead for less than ``gossip_to_the_dead_s``; never itself."""
         ids, alive = self.view.ids, self.view.alive
+        if self.config.probe_rings > 0:  # the ring neighbours (see gossip.rings)
+            contacts = self._neighbours()[1]
+            pick = contacts if len(contacts) <= k else self._rng.sample(contacts, k)
+            return [alive[n].addr for n in pick]
         n = len(ids)
         horizon = self.config.gossip_to_the_dead_s
         picked: dict[str, None] = {}

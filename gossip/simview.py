@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from gossip import messages as wire
 from gossip.membership import digest_line
 from gossip.messages import Alive, Dead, Record, Suspect, Update
+from gossip.rings import Rings
 
 _ALIVE, _SUSPECT, _DEAD = 0, 1, 2  # broadcast classes and version ranks, as the core's
 _STATES = (wire.MemberState.ALIVE, wire.MemberState.SUSPECT, wire.MemberState.DEAD)
@@ -45,6 +46,7 @@ class SharedView:
         self.dead = 0
         self.ring: list[str] = []
         """``ids`` sorted."""
+        self._rings: dict[int, Rings] = {}
         self._digest: tuple[wire.MemberDigest, ...] | None = None
         self._rdigest: tuple[wire.RecordDigest, ...] | None = None
 
@@ -52,8 +54,19 @@ class SharedView:
         if alive.node not in self.alive:
             self.ids.append(alive.node)
             insort(self.ring, alive.node)
+            for rings in self._rings.values():
+                rings.add(alive.node)
             self.base[alive.node] = alive.incarnation
         self.learn(alive)
+
+    def rings(self, count: int) -> Rings:
+        """The probe rings (:mod:`gossip.rings`) over every member, shared by all."""
+        rings = self._rings.get(count)
+        if rings is None:
+            rings = self._rings[count] = Rings(count)
+            for node in self.ids:
+                rings.add(node)
+        return rings
 
     @property
     def live(self) -> int:

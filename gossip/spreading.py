@@ -22,6 +22,7 @@ from gossip.messages import (
     Record,
     Update,
 )
+from gossip.probing import contact_members
 from gossip.records import Offer
 from gossip.relay import relay_round
 
@@ -101,9 +102,7 @@ def relay_later(peer: Peer, key: object, u: Update, size: int) -> None:
 
 def relay(peer: Peer) -> None:
     """Pass the news since the last round to our ring successors (:mod:`gossip.relay`)."""
-    ring = peer._ring
-    if ring is None:
-        ring = peer._ring = sorted(peer._members)
+    ring = peer._rings.order(0)
     members = peer._members
     ok = lambda n: members[n].state is _A  # noqa: E731
     for node, msg in relay_round(peer._news, peer.config, peer.stats, ring, ok):
@@ -148,7 +147,7 @@ def gossip_round(peer: Peer, now: float) -> None:
     peer.stats.gossip_rounds += 1
     if peer._news:
         relay(peer)
-    targets = random_members(peer, peer.config.gossip_nodes, gossipable(peer, now), True)
+    targets = contact_members(peer, peer.config.gossip_nodes, gossipable(peer, now), True)
     for m in targets:
         parts = take_piggyback(peer)
         if not parts:

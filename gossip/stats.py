@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+
+from gossip.messages import (
+    Ack,
+    Alive,
+    Compound,
+    Dead,
+    IndirectPingReq,
+    Message,
+    Nack,
+    Ping,
+    PushPull,
+    Record,
+    Suspect,
+)
 
 
 @dataclass(slots=True)
@@ -50,6 +64,8 @@ class GossipStats:
     accuser's word) or a suspect nobody else accused yet. One member cannot kill a node."""
     dead_confirmed: int = 0
     """Held-back Deads applied later, when an independent accuser confirmed them."""
+    neighbourhoods: int = 0
+    """Times the ring neighbours were found again (a neighbour went down, a member joined)."""
     push_pulls: int = 0
     relayed: int = 0
     """Updates passed to ring successors (one count per update per successor)."""
@@ -59,3 +75,41 @@ class GossipStats:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+
+KINDS: dict[type, str] = {
+    Ping: "ping",
+    Ack: "ack",
+    IndirectPingReq: "indirect",
+    Nack: "nack",
+    PushPull: "push_pull",
+    Alive: "gossip",
+    Suspect: "gossip",
+    Dead: "gossip",
+    Record: "gossip",
+}
+"""A message's kind, for its counts and CPU: a compound is the kind of its first part (a ping
+or ack with updates piggybacked is a ping or an ack; a gossip round's updates are gossip)."""
+
+
+def kind_of(message: Message) -> str:
+    m = message.parts[0] if isinstance(message, Compound) and message.parts else message
+    return KINDS.get(type(m), "other")
+
+
+@dataclass(slots=True)
+class MessageCosts:
+    """Messages received by kind, and the CPU each kind took to handle and answer (counted by
+    the transport around the core's ``receive`` and the sends it made)."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    cpu_ns: dict[str, int] = field(default_factory=dict)
+
+    def add(self, kind: str, cpu_ns: int) -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        self.cpu_ns[kind] = self.cpu_ns.get(kind, 0) + cpu_ns
+
+    def snapshot(self) -> dict[str, int]:
+        out = {f"messages_in_{k}": n for k, n in self.counts.items()}
+        out.update({f"cpu_us_{k}": ns // 1000 for k, ns in self.cpu_ns.items()})
+        return out

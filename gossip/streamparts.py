@@ -54,9 +54,10 @@ class StreamLimits:
 
     max_streams: int = 64
     """Open streams, both directions together; the least recently used gives way. Sized for
-    the fan-out, not for N: a member probes one peer per interval, gossips to three per round
-    and answers whoever probes it, so up to 64 members every pair keeps its stream, and beyond
-    the bound a stream is reopened (on a resumed TLS session) rather than held for every peer."""
+    the fan-out, not for N: a member probes and gossips to its ring neighbours (at most
+    ``2 * probe_rings``, :mod:`gossip.rings`) and answers its observers, so those streams stay;
+    the rest of the bound serves push-pull partners, indirect probes and calls, and beyond it a
+    stream is reopened (on a resumed TLS session) rather than held for every peer."""
     max_queued_frames: int = 256
     """Messages waiting on one stream (while it connects, or while its peer is slow)."""
     max_queued_bytes: int = 2 * DEFAULT_MAX_BODY_BYTES

@@ -108,6 +108,12 @@ class TransportStats:
     """The longest a successful handshake took, from accept to its end (a gauge)."""
     streams_accepted: int = 0
     """Stream upgrades accepted (each then counts its frames as ``accepted`` or refused)."""
+    streams_peer_gone: int = 0
+    """Stream upgrades whose peer went away before the answer (counted, logged at DEBUG)."""
+    handshakes: int = 0
+    """TLS handshakes this listener completed (each a peer's new connection)."""
+    handshakes_resumed: int = 0
+    """Of those, on a resumed TLS session (no certificate signatures made or checked)."""
     frames_malformed: int = 0
     """Stream messages that were not one binary body (text, a protocol error): the stream is
     closed."""

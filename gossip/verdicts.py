@@ -31,6 +31,7 @@ from gossip.messages import (
     Suspect,
     Update,
 )
+from gossip.probing import is_contact
 from gossip.suspicion import Suspicion
 
 if TYPE_CHECKING:
@@ -107,7 +108,8 @@ def on_alive(peer: Peer, u: Alive, now: float, broadcast: bool = True) -> None:
     if m is None:
         m = Member(u.node, u.addr, u.incarnation, _A, now, u)
         peer._members[u.node] = m
-        peer._digest = peer._by_node = peer._ring = None
+        peer._digest = peer._by_node = None
+        peer._rings.add(u.node)
         peer._other_pos[u.node] = len(peer._others)
         peer._others.append(m)
         peer._live += 1
@@ -204,9 +206,11 @@ def start_suspicion(peer: Peer, m: Member, u: Suspect | Dead, now: float) -> Sus
     peer._dirty.append(m)
     peer._emit(MemberSuspect(u.node, u.incarnation, u.accuser, now))
     peer._broadcast(u.node, u, _SUSPECT, now)
-    if u.accuser != peer.node_id:
-        # Look for ourselves next: a confirmation if it is gone, and a live one hears the
-        # accusation with our ping (the buddy system) and refutes sooner.
+    # Look for ourselves next: a confirmation if it is gone, and a live one hears the
+    # accusation with our ping (the buddy system) and refutes sooner. Only a ring neighbour
+    # does (its probes need no new stream): past the rings, every member of a large mesh
+    # would open a stream to the suspect at once, on a member already slow.
+    if u.accuser != peer.node_id and is_contact(peer, m):
         peer._probe_next(m, now)
     return s
 
@@ -346,5 +350,6 @@ def reap(peer: Peer, now: float) -> None:
         peer._records.drop_origin(node)
         peer._vivaldi.drop(node)
         peer._queue.drop(node)
+        peer._rings.remove(node)
     if expired:
-        peer._ring = None
+        peer._contacts = None

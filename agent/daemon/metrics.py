@@ -54,7 +54,9 @@ if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
 
-GOSSIP_GAUGES = frozenset({"transport_handshake_slowest_ms", "records_held", "records_tombstones"})
+GOSSIP_GAUGES = frozenset(
+    {"transport_handshake_slowest_ms", "records_held", "records_tombstones", "streams_open"}
+)
 """The gossip figures that are levels; all others are counts since the agent started."""
 
 

@@ -69,11 +69,14 @@ def start(
     join: Sequence[str] = (),
     *,
     wrap: Callable[[list[str]], list[str]] = lambda argv: argv,
+    extra: Sequence[str] = (),
 ) -> Member:
-    """Start a member; ``wrap`` may put the command inside a network namespace."""
+    """Start a member; ``wrap`` may put the command inside a network namespace; ``extra``:
+    more arguments (``--max-streams 12``)."""
     argv = [sys.executable, "-m", "gossip", "--identity", str(directory), "--listen", listen]
     for seed in join:
         argv += ["--join", seed]
+    argv += list(extra)
     argv += ["--report-s", "0.25"]
     process = subprocess.Popen(
         wrap(argv), stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -78,9 +78,13 @@ def test_bench_counts_streams_and_handshakes(capsys: pytest.CaptureFixture[str])
     assert 0 < counted["open_streams_mean"] <= counted["open_streams_max"] <= 4
     assert counted["handshakes_per_node_per_s"] > 0  # 4 streams for 11 peers: they churn
     assert "handshakes_per_node_per_s" not in plain
+    assert counted["probe_rings"] == 4
+    assert counted["observer_signatures_checked_per_s"] > 0
+    assert 0 < counted["observer_cpu_model_pct"] < 5
 
 
 def test_member_processes_bench_emits_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.members import KINDS
     from bench.members import main as members
 
     args = ["--members", "3", "--idle-s", "1", "--settle-s", "1", "--kills", "1"]
@@ -89,10 +93,16 @@ def test_member_processes_bench_emits_fields(capsys: pytest.CaptureFixture[str])
     for key in (
         "members", "converged_s", "idle_cpu_pct_mean", "idle_rss_mb_max", "start_false_deaths",
         "detect_s_median", "detect_s_max", "rejoin_s", "starve_false_deaths", "false_deaths",
-        "load_avg_start",
+        "load_avg_start", "handshakes_per_s", "streams_opened_per_s", "streams_evicted_per_s",
+        "formation", "steady",
     ):  # fmt: skip
         assert key in out
     assert out["members"] == 3 and len(out["detect_s"]) == 1
+    for window in (out["formation"], out["steady"]):
+        assert window["handshakes_per_s"] >= 0 and window["streams_open_mean"] >= 1
+        kinds = window["messages_in_per_s"]
+        assert kinds and set(kinds) == set(window["cpu_us_per_message"]) <= set(KINDS)
+    assert out["formation"]["handshakes_per_s"] > 0  # the members dialed each other
 
 
 def test_transport_costs_bench_emits_fields(capsys: pytest.CaptureFixture[str]) -> None:

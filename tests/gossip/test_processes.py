@@ -122,3 +122,41 @@ def test_one_members_signed_dead_kills_no_live_member(
     )
     assert victim.stats["refutations"] >= 1
     assert all(victim.node_id not in m.declared_dead for m in running)
+
+
+TIGHT_STREAMS = 12
+"""A stream bound below the mesh's size (16 members), as 64 is below a fleet of hundreds."""
+
+
+def test_past_the_stream_bound_probes_open_no_streams(
+    cluster: tuple[list[Path], list[Member]],
+) -> None:
+    """With fewer streams allowed than there are members, probes on the rings keep to the
+    ring neighbours' streams: over forty more probes per member, members open 1-4 streams
+    each (push-pulls with random partners), the busiest up to ~9 (26 once, at load 12, its
+    probes timing out and their indirect probes reaching beyond its neighbours). In SWIM's order
+    (``--probe-rings 0``) nearly every probe opened one: 42-60 handshakes each, 15-35
+    streams evicted."""
+    dirs, running = cluster
+    extra = ["--max-streams", str(TIGHT_STREAMS)]
+    first = start(dirs[0], "127.0.0.1:0", extra=extra)
+    running.append(first)
+    wait_until([first], "the seed to listen", lambda m: bool(m.addr))
+    running += [start(d, "127.0.0.1:0", [first.addr], extra=extra) for d in dirs[1:]]
+    wait_until(running, "a full view", lambda m: m.sees_all_alive(MEMBERS))
+    wait_until(running, "the catch-up to end", lambda m: m.stats.get("probes_sent", 0) >= 40)
+    before = {m.node_id: dict(m.stats) for m in running}
+    wait_until(
+        running,
+        "forty more probes each",
+        lambda m: m.stats["probes_sent"] >= before[m.node_id]["probes_sent"] + 40,
+        deadline_s=120.0,
+    )
+    handshakes = []
+    for m in running:
+        grew = {k: m.stats[k] - before[m.node_id][k] for k in ("handshakes", "streams_evicted")}
+        # on busy cores probes time out and their indirect probes reach beyond the neighbours
+        assert grew["handshakes"] <= 30 and grew["streams_evicted"] <= 30, grew
+        assert m.stats["streams_open"] <= TIGHT_STREAMS
+        handshakes.append(grew["handshakes"])
+    assert sum(handshakes) / len(handshakes) <= 8, handshakes

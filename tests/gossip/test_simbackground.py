@@ -19,6 +19,10 @@ from tests.gossip.helpers import suspect
 
 TOLERANCE = 0.10
 """Observer counts of the light mesh against the full one: within 10% (seen: within 3%)."""
+HANDSHAKES_SLACK_PER_S = 0.1
+"""Handshakes are rare events on the probe rings (push-pulls, crashes: ~0.2 per member per
+second, a few hundred in the light run), so they agree within 10% or this much (0.1 handshakes
+a second cost ~0.04% of a core)."""
 
 COUNTS = (
     "observer_messages_out_per_s",
@@ -38,8 +42,11 @@ def test_observer_counts_agree_with_a_mesh_of_real_cores() -> None:
     for key in COUNTS:
         a, b = full[key], light[key]
         assert isinstance(a, float) and isinstance(b, float) and a > 0
-        assert abs(b - a) <= TOLERANCE * a, f"{key}: {b:.1f} light against {a:.1f} full"
-    assert light["observer_open_streams_mean"] > 60  # bound 64, ~200 peers: the pool is full
+        slack = HANDSHAKES_SLACK_PER_S if key == "observer_handshakes_per_s" else 0.0
+        assert abs(b - a) <= max(TOLERANCE * a, slack), f"{key}: {b:.2f} light, {a:.2f} full"
+    # bound 64, ~200 peers: the ring neighbours (at most 8) and a few push-pull partners
+    opened = (light["observer_open_streams_mean"], full["observer_open_streams_mean"])
+    assert all(10 < x < 40 for x in opened), opened
     # crashes and records reach every observer through the background members
     assert light["crashes"] == full["crashes"] and light["undetected"] == 0
     assert light["dissemination_samples"] > 0 and light["dissemination_undelivered"] == 0
