@@ -3,6 +3,7 @@ something, and a closed pipe ends a command quietly. Every check runs the real c
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -44,6 +45,7 @@ JSON_COMMANDS = frozenset(
         "enroll",
         "certify",
         "demo",
+        "data",
     }
 )
 """The commands that print something a script reads; every other one refuses ``--json``."""
@@ -93,13 +95,21 @@ def test_the_console_script_answers_help() -> None:
     assert done.returncode == 0 and "events" in done.stdout and "enroll" in done.stdout
 
 
+def _offers_json(parser: argparse.ArgumentParser) -> bool:
+    """``--json`` is an option of ``parser``, or of every subcommand it has (``shoal data``)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return all(_offers_json(p) for p in action.choices.values())
+    return any("--json" in action.option_strings for action in parser._actions)
+
+
 def test_json_is_offered_exactly_where_it_means_something() -> None:
     parser = build_parser()
     subparsers = next(a for a in parser._actions if a.dest == "subcommand")
     offers = {
         name
         for name, sub in subparsers.choices.items()  # type: ignore[attr-defined]
-        if any("--json" in action.option_strings for action in sub._actions)
+        if _offers_json(sub)
     }
     assert offers == JSON_COMMANDS
 

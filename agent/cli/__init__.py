@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from agent.cli import history_args, ops_args
+from agent.cli import data_args, history_args, ops_args
 from agent.cli.agent_args import add_agent_arguments
 from agent.common.errors import UserError
 from agent.common.paths import default_cluster_dir
@@ -214,6 +214,12 @@ COMMANDS: tuple[Command, ...] = (
         "revoke nodes' certificates; the mesh shuns them",
         ops_args.revoke_arguments,
         f"{OPS}:cmd_revoke",
+    ),
+    Command(
+        "data",
+        "datasets: add one in place, list versions and copies, evict, pin",
+        data_args.data_arguments,
+        "agent.cli.data_cmd:cmd_data",
     ),
     Command(
         "enroll",

@@ -36,6 +36,12 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
         help="how often the datasets folder is scanned again (default 60)",
     )
     parser.add_argument(
+        "--content-link-bytes-per-s",
+        type=float,
+        metavar="B",
+        help="the most bytes/s content is fetched at from any one holder (default 0: no cap)",
+    )
+    parser.add_argument(
         "--job-user",
         metavar="USER",
         help='user jobs run as (root agents: default shoal-job, else nobody; "" the agent\'s own)',

@@ -41,6 +41,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         zone=args.zone,
         datasets_dir=args.datasets_dir,
         datasets_rescan_s=args.datasets_rescan_s,
+        content_link_bytes_per_s=args.content_link_bytes_per_s,
         job_user=args.job_user,
         container_runtime=args.container_runtime,
         labels=labels,

@@ -13,7 +13,9 @@ the job protocol (``agent.daemon.calls``: ``replicate``, ``adopt``, ``start``, `
 ``gang_prepare``, ``gang_commit``, ``gang_abort``, and ``confirm_start``, a runner asking the
 job's other owner before it starts an attempt),
 ``GET /v1/internal/logs/{id}`` (the runner's log, proxied by the API), and the checkpoint
-transfers under ``/v1/internal/checkpoint/{id}`` (``agent.checkpoints.ckptmove``). A job's log takes
+transfers under ``/v1/internal/checkpoint/{id}`` (``agent.checkpoints.ckptmove``), and the content
+store's manifests, holdings and chunks under ``/v1/internal/content/`` (``agent.content.routes``);
+``GET /v1/content/stages`` shows this node's stages (``agent.content.stage``). A job's log takes
 ``attempt`` and, with it, ``node``: that attempt's part on one of a gang's members.
 
 Refusals: a sealed command must come as ``application/octet-stream`` and an internal JSON call as
@@ -42,6 +44,10 @@ from agent.checkpoints.ckptmove import Checkpoints
 from agent.checkpoints.ckptmove import Routes as CheckpointRoutes
 from agent.common.errors import ApiError
 from agent.common.parsing import json_loads
+from agent.content.fetch import PATH as CONTENT_PATH
+from agent.content.routes import ContentServer
+from agent.content.routes import Routes as ContentRoutes
+from agent.content.stage import Stager
 from agent.daemon.calls import Calls
 from agent.daemon.commands import Commands
 from agent.daemon.metrics import AgentMetrics
@@ -102,6 +108,12 @@ class AgentService(Protocol):
 
     @property
     def checkpoints(self) -> Checkpoints: ...
+
+    @property
+    def content(self) -> ContentServer: ...
+
+    @property
+    def stager(self) -> Stager: ...
 
 
 INSUFFICIENT_STORAGE = 507
@@ -365,6 +377,12 @@ def setup(app: web.Application, agent: AgentService) -> None:
         return await agent.reads.local_logs(request, job_id, lines, follow, attempt)
 
     ckpt = CheckpointRoutes(agent.checkpoints)
+    content = ContentRoutes(agent.content)
+
+    @_guarded
+    async def stages(request: web.Request) -> web.StreamResponse:
+        states = [s.to_wire() for s in agent.stager.states()]
+        return web.json_response({"node": agent.node_id, "stages": states})
 
     def _ckpt(fn: Callable[[web.Request, str], Awaitable[web.StreamResponse]]) -> Handler:
         async def handler(request: web.Request) -> web.StreamResponse:
@@ -388,4 +406,8 @@ def setup(app: web.Application, agent: AgentService) -> None:
     app.router.add_get(f"{CHECKPOINT_PATH}/{{job_id}}/chunk", _ckpt(ckpt.chunk))
     app.router.add_post(f"{CHECKPOINT_PATH}/{{job_id}}/offer", _ckpt(ckpt.offer))
     app.router.add_post(f"{CHECKPOINT_PATH}/{{job_id}}/chunk", _ckpt(ckpt.put))
+    app.router.add_get("/v1/content/stages", stages)
+    app.router.add_get(f"{CONTENT_PATH}/chunk/{{chunk}}", _internal(content.chunk))
+    app.router.add_get(f"{CONTENT_PATH}/{{digest}}", _internal(content.manifest))
+    app.router.add_get(f"{CONTENT_PATH}/{{digest}}/have", _internal(content.have))
     app.router.add_post("/v1/internal/{op}", i_op)

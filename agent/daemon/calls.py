@@ -16,7 +16,9 @@ process could not be launched (:data:`agent.owning.owner.LAUNCH_FAILED`).
   runner (``agent.running.gangdesk``), authorised as ``start`` and ``stop`` are;
 - ``confirm_start``: a runner offered an attempt asks the job's other owner whether its copy
   places that attempt there (``agent.running.confirming``); one it does not confirm is refused as a
-  call without authority (403), one it could not be asked about declined (409).
+  call without authority (403), one it could not be asked about declined (409);
+- ``prefetch``: stage a waiting job's datasets here now, or stop (``agent.running.prefetch``),
+  authorised as ``start`` is.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from agent.owning.ownedjob import OwnerError, store_replica, stored_job
 from agent.owning.owner import LAUNCH_FAILED, Owner
 from agent.running.confirming import NotConfirmed, Unconfirmed
 from agent.running.gangdesk import GangDesk
+from agent.running.prefetch import Prefetches
 from agent.running.runner import Runner
 from agent.running.runs import Declined, LaunchFailed, NotAllowed
 from agent.wire.calls import (
@@ -42,6 +45,7 @@ from agent.wire.calls import (
     GangAbort,
     GangCommit,
     GangPrepare,
+    PrefetchAsk,
     StartConfirm,
     StartOffer,
     StatusRequest,
@@ -56,7 +60,12 @@ Call = Callable[[Body, str], Awaitable[Body]]
 
 class Calls:
     def __init__(
-        self, ctx: AgentContext, owner: Owner, runner: Runner, metrics: AgentMetrics
+        self,
+        ctx: AgentContext,
+        owner: Owner,
+        runner: Runner,
+        metrics: AgentMetrics,
+        prefetches: Prefetches | None = None,
     ) -> None:
         self._ctx = ctx
         self._metrics = metrics
@@ -96,6 +105,7 @@ class Calls:
             "gang_abort": self._sync(
                 lambda body, caller: desk.abort(GangAbort.from_wire(body), caller).to_wire()
             ),
+            "prefetch": self._sync(lambda body, caller: self._prefetch(prefetches, body, caller)),
             "confirm_start": self._sync(
                 lambda body, caller: runner.confirmer.answer(
                     StartConfirm.from_wire(body), caller
@@ -109,6 +119,12 @@ class Calls:
             return fn(body, caller)
 
         return call
+
+    @staticmethod
+    def _prefetch(prefetches: Prefetches | None, body: Body, caller: str) -> Body:
+        if prefetches is None:
+            raise ApiError(404, "this agent stages no datasets")
+        return prefetches.answer(PrefetchAsk.from_wire(body), caller)
 
     def _stored_job(self, body: Body) -> Body:
         """A retired job's record from this agent's store (``agent.mesh.retiring``), or none."""

@@ -9,14 +9,18 @@ drain), which checks them again itself. A forwarded command is never forwarded f
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import functools
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agent.common.parsing import json_loads
+from agent.content.stage import StageAsk, Stager
 from agent.daemon.config import AgentConfig
+from agent.daemon.datastore import DataRefused, NodeData
 from agent.daemon.metrics import AgentMetrics
 from agent.job.authority import FeaturesLacking, SubmissionRefused
 from agent.job.jobspec import HOST_ONLY_FEATURES, IMAGE_HOST, check_job_id, lacking_reason
@@ -65,6 +69,8 @@ class Commands:
         runner: Runner,
         node: GossipNode,
         mesh: GossipMesh,
+        data: NodeData,
+        stager: Stager,
     ) -> None:
         self._ctx = ctx
         self._config = config
@@ -75,6 +81,8 @@ class Commands:
         self._runner = runner
         self._node = node
         self._mesh = mesh
+        self._data = data
+        self._stager = stager
         self.rejections: Counter[str] = Counter()
         self._handlers: dict[str, Handler] = {
             "submit": self._submit,
@@ -84,6 +92,11 @@ class Commands:
             "drain": self._drain,
             "undrain": self._drain,
             "revoke": self._revoke,
+            "data_add": self._data_command,
+            "data_evict": self._data_command,
+            "data_pin": self._data_command,
+            "data_unpin": self._data_command,
+            "stage": self._stage,
         }
 
     async def execute(self, data: bytes, *, forwarded: bool) -> Answer:
@@ -192,17 +205,55 @@ class Commands:
             raise ValueError("target must be a node id or null")
         return 200, await self._owner.migrate(job_id, target)
 
-    async def _drain(self, kind: str, body: dict[str, Any], data: bytes, forwarded: bool) -> Answer:
-        """cordon, drain and undrain: carried out by the node itself."""
+    async def _to_node(self, body: dict[str, Any], data: bytes, forwarded: bool) -> Answer | None:
+        """``None`` when the command's ``node`` is this one; else the answer of the node it
+        names (forwarded once), or a refusal."""
         node = body["node"]
         if not isinstance(node, str):
             raise ValueError("node must be a node id")
-        if node != self._ctx.node_id:
-            if forwarded:
-                return 409, {"error": f"this is {self._ctx.node_id[:8]}, not {node[:8]}"}
-            if node not in self._mesh.live_agents():
-                return 404, {"error": f"no live agent {node}"}
-            return await self._forward(node, data)
+        if node == self._ctx.node_id:
+            return None
+        if forwarded:
+            return 409, {"error": f"this is {self._ctx.node_id[:8]}, not {node[:8]}"}
+        if node not in self._mesh.live_agents():
+            return 404, {"error": f"no live agent {node}"}
+        return await self._forward(node, data)
+
+    async def _data_command(
+        self, kind: str, body: dict[str, Any], data: bytes, forwarded: bool
+    ) -> Answer:
+        """data_add, data_evict, data_pin, data_unpin: carried out by the node that holds (or
+        is to index) the dataset."""
+        # data_add names no node when it is for the agent it was sent to
+        elsewhere = await self._to_node(body, data, forwarded) if "node" in body else None
+        if elsewhere is not None:
+            return elsewhere
+        if kind == "data_add":
+            name, path = body["name"], body["path"]
+            if not isinstance(name, str) or not isinstance(path, str):
+                raise ValueError("name and path must be strings")
+            act = functools.partial(self._data.add, name, path)
+        else:
+            ref = body["dataset"]
+            if not isinstance(ref, str):
+                raise ValueError("dataset must be NAME or NAME@DIGEST")
+            if kind == "data_evict":
+                act = functools.partial(self._data.evict, ref)
+            else:
+                act = functools.partial(self._data.pin, ref, kind == "data_pin")
+        try:
+            answer = await asyncio.to_thread(act)
+        except DataRefused as exc:
+            self._metrics.commands_rejected["data_refused"] += 1
+            return exc.status, {"error": str(exc)}
+        self._data.changed()
+        return 200, {"node": self._ctx.node_id, **answer}
+
+    async def _drain(self, kind: str, body: dict[str, Any], data: bytes, forwarded: bool) -> Answer:
+        """cordon, drain and undrain: carried out by the node itself."""
+        elsewhere = await self._to_node(body, data, forwarded)
+        if elsewhere is not None:
+            return elsewhere
         grace = opt_number(body.get("grace_s"), "grace_s")  # bounded, as any wire number
         if grace is not None and grace < 0:
             raise ValueError("grace_s must be a non-negative number")
@@ -220,3 +271,25 @@ class Commands:
             "applied": applied,
             "revoked": sorted(self._node.revocations.node_ids),
         }
+
+    async def _stage(self, kind: str, body: dict[str, Any], data: bytes, forwarded: bool) -> Answer:
+        """stage: each named node fetches the content now; the answer is each one's stage."""
+        ask = StageAsk.from_body(body)
+        me = self._ctx.node_id
+        if forwarded and me not in ask.nodes:
+            return 409, {"error": f"this is {me[:8]}, not one of the nodes named"}
+        answers: dict[str, dict[str, Any]] = {}
+        if me in ask.nodes:
+            answers[me] = self._stager.start(ask.name, ask.digest, ask.source).to_wire()
+
+        async def forward(node: str) -> None:
+            if node not in self._mesh.live_agents():
+                answers[node] = {"error": f"no live agent {node}"}
+                return
+            status, answer = await self._forward(node, data)
+            got = answer.get("nodes", {}).get(node) if status == 200 else None
+            answers[node] = got if isinstance(got, dict) else {"error": answer.get("error", "")}
+
+        if not forwarded:
+            await asyncio.gather(*(forward(n) for n in ask.nodes if n != me))
+        return 200, {"name": ask.name, "nodes": answers}

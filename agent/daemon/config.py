@@ -66,6 +66,17 @@ class AgentConfig:
     size; scanned again every ``datasets_rescan_s`` (datasets may come and go)."""
     datasets_rescan_s: float = 60.0
     """How often ``datasets_dir`` is scanned again."""
+    store_budget_bytes: int | None = None
+    """What the content store (``<data_dir>/store/``) may keep, in bytes; unset:
+    ``store_budget_share`` of its disk. Datasets indexed in place do not count."""
+    store_budget_share: float = 0.5
+    """The share of the data folder's disk the store may keep when no byte budget is set."""
+    store_high: float = 0.90
+    """Past this share of its budget the store evicts (least recently used, weighted by uses)..."""
+    store_low: float = 0.70
+    """...down to this share (pinned versions and those running jobs read are kept)."""
+    content_link_bytes_per_s: float = 0.0
+    """The most bytes per second content is fetched at from any one holder (0: no cap)."""
     cost_per_hour: float | None = None
     """What an hour of this host costs; gossiped as the ``cost_per_hour`` label."""
     probe_interval_s: float = 1.0
@@ -150,11 +161,13 @@ _FLOATS = {
     "elastic_grow_idle_s",
     "rpc_timeout_s",
     "datasets_rescan_s",
+    "content_link_bytes_per_s",
     "ended_jobs_keep_s",
     "ended_jobs_disk_keep_s",
 }
 _POSITIVE = {"probe_interval_s", "telemetry_heartbeat_s", "rpc_timeout_s", "datasets_rescan_s"}
 _COUNTS = {"ended_jobs_kept"}
+_SHARES = {"store_budget_share", "store_high", "store_low"}
 
 
 def _coerce(name: str, value: Any, where: str) -> Any:
@@ -196,6 +209,14 @@ def _coerce(name: str, value: Any, where: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise UserError(f"{where}: sim_seed must be an integer")
         return value
+    if name == "store_budget_bytes":
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise UserError(f"{where}: store_budget_bytes must be a whole number of bytes above 0")
+        return value
+    if name in _SHARES:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+            raise UserError(f"{where}: {name} must be a number above 0 and at most 1")
+        return float(value)
     if name in _COUNTS:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise UserError(f"{where}: {name} must be a whole number, 0 or more")
@@ -224,6 +245,8 @@ def config_from_mapping(doc: dict[str, Any], where: str = "config") -> AgentConf
             raise UserError(f"{where}: unknown option {name!r}")
         values[name] = _coerce(name, value, where)
     config = AgentConfig(**values)
+    if config.store_low >= config.store_high:
+        raise UserError(f"{where}: store_low must be less than store_high")
     if config.ended_jobs_disk_keep_s < config.ended_jobs_keep_s:
         raise UserError(
             f"{where}: ended_jobs_disk_keep_s must not be less than ended_jobs_keep_s "

@@ -36,11 +36,14 @@ from agent.checkpoints.ckptfiles import Vault
 from agent.checkpoints.ckptmove import Checkpoints
 from agent.checkpoints.transfer import TransferLimits
 from agent.common.eachjob import one_job
+from agent.content.routes import ContentServer
+from agent.content.stage import Stager
+from agent.content.swarm import SwarmLimits
 from agent.daemon import api
 from agent.daemon.calls import Calls
 from agent.daemon.commands import Commands
 from agent.daemon.config import AgentConfig
-from agent.daemon.datasets import DatasetScanner
+from agent.daemon.datastore import NodeData
 from agent.daemon.devices import HostDevices
 from agent.daemon.metrics import AgentMetrics
 from agent.daemon.publisher import Publisher
@@ -65,8 +68,11 @@ from agent.owning.placement import PLACEMENTS, Placement
 from agent.running import diskguard
 from agent.running.admission import NodeFacts
 from agent.running.confirming import Placed
+from agent.running.datastage import JobData
+from agent.running.prefetch import Prefetches
 from agent.running.runner import Runner
 from agent.storage import purging
+from agent.storage.sqlitefile import StoreError
 from agent.storage.store import Store, StoreFull
 from agent.wire.records import EVENTS, JOB_PREFIX, NODE, SUB_PREFIX, NodeRecord
 from gossip import revocation
@@ -195,8 +201,23 @@ class Agent:
             features=features,
             container_runtime=None if runtime is None else runtime.kind,
         )
-        self.datasets = DatasetScanner(config.datasets_dir, config.datasets)
+        self.data = NodeData(config, self._datasets_in_use)
+        self.datasets = self.data.scanner
+        self.data.changed = self.datasets_changed
         self.metrics = AgentMetrics(self._metrics_snapshot)
+        self.content_counts: Counter[str] = Counter()
+        """``shoal_content_total`` and ``shoal_content_fetched_bytes_total`` (``bytes_<kind>``)."""
+        self.content_store = self.data.store
+        self.content = ContentServer(self.content_store, self.content_counts)
+        self.stager = Stager(
+            self.node_id,
+            self.peers,
+            self.mesh,
+            self.content_store,
+            config.data_dir / "staging",
+            self.content_counts,
+            SwarmLimits(link_bytes_per_s=int(config.content_link_bytes_per_s)),
+        )
         self.commands = Commands(
             self.ctx,
             config,
@@ -207,6 +228,8 @@ class Agent:
             runner=self.runner,
             node=self.node,
             mesh=self.mesh,
+            data=self.data,
+            stager=self.stager,
         )
         self.checkpoints = Checkpoints(
             self.ctx,
@@ -216,8 +239,15 @@ class Agent:
             self.metrics.internal_refused,
         )
         self.runner.checkpoints = self.owner.checkpoints = self.checkpoints
+        self.data_counts: Counter[str] = Counter()
+        """``shoal_job_data_total``: datasets jobs found here (hits), staged (misses), failed."""
+        self.runner.data = JobData(
+            self.view, self.data.store, self.stager, self.data_counts, self.ctx.changed
+        )
         self.runner.confirmer.owned = self._owned_placed
-        self.calls = Calls(self.ctx, self.owner, self.runner, self.metrics)
+        self.publisher.rates = self.stager.fetcher.rates.snapshot
+        self.prefetches = Prefetches(self.runner, self.runner.data)
+        self.calls = Calls(self.ctx, self.owner, self.runner, self.metrics, self.prefetches)
         self.reads = Reads(self.ctx, self.owner, self.runner, self.node, self.mesh, self.trust)
         self.node.subscribe(self._on_gossip)
         self.node.serve_calls(api.stream_calls(self))
@@ -272,9 +302,9 @@ class Agent:
             asyncio.create_task(self._purge_loop(), name="purge"),
             asyncio.create_task(self._disk_loop(), name="disk"),
             asyncio.create_task(self._history_loop(), name="history"),
+            # the store is always there: what it holds is published, a datasets folder or not
+            asyncio.create_task(self._datasets_loop(), name="datasets"),
         ]
-        if self.config.datasets_dir is not None:
-            self._tasks.append(asyncio.create_task(self._datasets_loop(), name="datasets"))
         devices = len(self.devices.report.devices)
         self.events.add(
             "agent_started", f"boot {self.boot} at {self.node.address} with {devices} device(s)"
@@ -291,11 +321,13 @@ class Agent:
         await self.runner.shutdown()
         await self.owner.close()
         await self.runner.close()
+        await self.stager.close()
         await self.node.stop(leave=True)
         await self.peers.close()
         self.devices.probe.close()
         self.history.close(time.time())
         self.store.close()
+        self.data.store.close()
 
     def publish(self, kind: str, payload: bytes) -> None:
         if self.node.started:
@@ -311,6 +343,7 @@ class Agent:
             progress={j: p for j, p in runner.progress.items() if j in runner.runs},
             shares=runner.shares(),
             saved={j: at for j, at in runner.saved_at.items() if j in runner.runs},
+            staging=runner.data.lines() if runner.data is not None else {},
         )
 
     def device_keys(self) -> dict[int, str]:
@@ -468,9 +501,33 @@ class Agent:
 
     async def _datasets_loop(self) -> None:
         while True:
-            held = await asyncio.to_thread(self.datasets.scan)
-            self.publisher.datasets_scanned(held)
+            await self.datasets_rescan()
             await asyncio.sleep(self.config.datasets_rescan_s)
+
+    async def datasets_rescan(self) -> None:
+        """Index this host's datasets again (off the loop) and publish what is held."""
+        try:
+            sizes, versions = await asyncio.to_thread(self.data.scan)
+        except (StoreError, OSError) as exc:  # a full disk, say: the next scan tries again
+            log.warning("datasets: scan failed: %s", exc)
+            return
+        self.publisher.datasets_scanned(sizes, versions)
+
+    def datasets_changed(self) -> None:
+        """A data command changed what is held: published at the next tick."""
+        self.publisher.datasets_scanned(self.data.sizes(), self.data.versions())
+
+    def _datasets_in_use(self) -> list[tuple[str, str]]:
+        """(job id, dataset ref) of the jobs running here: their versions are never evicted;
+        nor those of jobs starting or pre-fetched here (under the job id ``""``)."""
+        data = self.runner.data
+        out = [] if data is None else [("", f"{v.name}@{v.digest}") for v in data.protected()]
+        for job_id in list(self.runner.runs):
+            spec = (self.view.jobs.get(job_id) or {}).get("spec")
+            if isinstance(spec, dict):
+                datasets = spec.get("datasets") or ()
+                out.extend((job_id, d) for d in datasets if isinstance(d, str))
+        return out
 
     def _coordinate(self) -> Coordinate | None:
         """This node's network coordinate once it has measured a round trip (before that it
@@ -523,6 +580,11 @@ class Agent:
             "gang_holds": self.runner.holds.counts,
             "start_confirmations": self.runner.confirmer.counts,
             "checkpoint": self.checkpoints.counts,
+            "content": self.content_counts,
             "datasets_refused": self.datasets.refused,
+            "store": self.data.metrics(),
+            "job_data": self.data_counts,
+            "prefetch": self.owner.prefetcher.counts,
+            "job_data_wait": self.runner.data.waits if self.runner.data is not None else None,
             "history_dropped": self.history.dropped(),
         }

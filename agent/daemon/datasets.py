@@ -21,10 +21,11 @@ import os
 import stat
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
 
+from agent.content.walk import WalkCount, walk_files
 from agent.wire.place import dataset_name_problem
 
 log = logging.getLogger("shoal.agent")
@@ -52,10 +53,15 @@ class DatasetScan:
     held: dict[str, int]
     """Dataset name -> bytes: those in the folder measured, those only named as 0."""
     refused: tuple[Refused, ...] = ()
+    paths: dict[str, Path] = field(default_factory=dict)
+    """Dataset name -> where it is (a link inside the folder resolved)."""
 
 
-def scan_datasets(folder: Path | None, named: Iterable[str] = ()) -> DatasetScan:
-    """Measure the datasets under ``folder`` (see the module docstring); nothing is logged."""
+def scan_datasets(
+    folder: Path | None, named: Iterable[str] = (), measure: bool = True
+) -> DatasetScan:
+    """Measure the datasets under ``folder`` (see the module docstring; ``measure=False``: find
+    them, their sizes left 0); nothing is logged."""
     held = dict.fromkeys(named, 0)
     if folder is None:
         return DatasetScan(held)
@@ -66,6 +72,7 @@ def scan_datasets(folder: Path | None, named: Iterable[str] = ()) -> DatasetScan
         log.warning("datasets folder %s: %s", folder, exc.strerror or exc)
         return DatasetScan(held)
     refused: list[Refused] = []
+    paths: dict[str, Path] = {}
     for entry in entries:
         if entry.name.startswith("."):
             continue
@@ -84,8 +91,9 @@ def scan_datasets(folder: Path | None, named: Iterable[str] = ()) -> DatasetScan
                 refused.append(Refused(entry.name, "link_out", why))
                 continue
             path = target
-        held[entry.name] = _size_bytes(Path(path))
-    return DatasetScan(held, tuple(refused))
+        paths[entry.name] = Path(path)
+        held[entry.name] = _size_bytes(Path(path)) if measure else 0
+    return DatasetScan(held, tuple(refused), paths)
 
 
 class DatasetScanner:
@@ -100,7 +108,14 @@ class DatasetScanner:
 
     def scan(self) -> dict[str, int]:
         """Dataset name -> bytes (blocking: run it off the event loop)."""
-        found = scan_datasets(self.folder, self.named)
+        return self._said_once(scan_datasets(self.folder, self.named)).held
+
+    def scan_paths(self) -> dict[str, Path]:
+        """Dataset name -> where it is in the folder, unmeasured (the content store indexes
+        each one: ``agent.daemon.datastore``); blocking."""
+        return self._said_once(scan_datasets(self.folder, (), measure=False)).paths
+
+    def _said_once(self, found: DatasetScan) -> DatasetScan:
         for r in found.refused:
             if (r.entry, r.reason) in self._said:
                 continue
@@ -109,7 +124,7 @@ class DatasetScanner:
             self._said.add((r.entry, r.reason))
             self.refused[r.reason] += 1
             log.warning("datasets folder %s: %s", self.folder, r.why)
-        return found.held
+        return found
 
 
 def _size_bytes(path: Path) -> int:
@@ -121,17 +136,10 @@ def _size_bytes(path: Path) -> int:
         return st.st_size
     if not stat.S_ISDIR(st.st_mode):
         return 0
-    total, files = 0, 0
-    for root, _dirs, names in os.walk(path, followlinks=False):
-        for name in names:
-            try:
-                st = os.lstat(os.path.join(root, name))
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode):
-                total += st.st_size
-            files += 1
-            if files >= MAX_FILES_PER_DATASET:
-                log.warning("dataset %s: over %d files, size counted so far", path, files)
-                return total
+    total = 0
+    for files, found in enumerate(walk_files(path, WalkCount()), start=1):
+        total += found.st.st_size
+        if files >= MAX_FILES_PER_DATASET:
+            log.warning("dataset %s: over %d files, size counted so far", path, files)
+            return total
     return total

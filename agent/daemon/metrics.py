@@ -19,10 +19,20 @@ restarted with fewer GPUs for another, ``refused``: a preempting offer refused:
 ``shoal_preemptions_total``), starts confirmed by a job's other owner (``agent.running.confirming``:
 ``shoal_start_confirmations_total``), and checkpoint transfers by what happened (``pulled``,
 ``pushed``, ``resumed``, ``failed``, ``refused``, ``refused_not_owner``:
-``shoal_checkpoint_total``), entries of the datasets folder refused, by reason (``name``,
+``shoal_checkpoint_total``), the content transfer by what happened and the bytes fetched by
+source kind (``shoal_content_total``, ``shoal_content_fetched_bytes_total{source=peer|http|s3}``,
+``agent.content.fetch``), entries of the datasets folder refused, by reason (``name``,
 ``link_out``: ``shoal_datasets_refused_total``, ``agent.daemon.datasets``), and errors in one job's
 step of a loop over many, by step, the loop having gone on (``shoal_job_step_errors_total``,
-``agent.common.eachjob``).
+``agent.common.eachjob``). The content store (``agent.content.store``): chunks it had and did
+not have when asked (``shoal_store_hits_total``, ``shoal_store_misses_total``), manifests evicted
+(``shoal_store_evictions_total``), chunks refused on arrival and found rotten when read
+(``shoal_store_refused_chunks_total``, ``shoal_store_corrupt_total``), the bytes it keeps and
+may keep (``shoal_store_held_bytes``, ``shoal_store_budget_bytes``), and datasets that could not
+be indexed (``shoal_datasets_unindexed_total``). Jobs' datasets (``agent.running.datastage``):
+hits, misses, failed stagings and pre-fetches by outcome (``shoal_job_data_total``), each job's
+wait for its data (the histogram ``shoal_job_data_wait_seconds``); the pre-fetches this agent
+asked as an owner (``shoal_prefetch_total``, ``agent.owning.prefetching``).
 
 The counters are plain ``collections.Counter`` objects and everything is turned into Prometheus
 families at scrape time, so ``prometheus_client`` (and the HTTP server modules it brings, ~1 MB
@@ -52,7 +62,11 @@ class _Snapshot:
         self._metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
 
         refused = CounterMetricFamily(
             "shoal_api_refused",
@@ -100,6 +114,38 @@ class _Snapshot:
                 snap.get("checkpoint", {}),
             ),
             (
+                "content",
+                "Content transfer: chunks refused (corrupt), holders dropped (served a corrupt"
+                " chunk) or given up (unreachable), resumes, fetches ended or failed, stages"
+                " failed, chunks served and refusals of members' asks",
+                "what",
+                {k: v for k, v in snap.get("content", {}).items() if not k.startswith("bytes_")},
+            ),
+            (
+                "content_fetched_bytes",
+                "Bytes of content fetched, by source kind (peer, http, s3)",
+                "source",
+                {
+                    k.removeprefix("bytes_"): v
+                    for k, v in snap.get("content", {}).items()
+                    if k.startswith("bytes_")
+                },
+            ),
+            (
+                "job_data",
+                "Datasets of jobs starting here: held already (hits), staged first (misses),"
+                " stagings failed (failed); pre-fetches started, cancelled, refused",
+                "what",
+                snap.get("job_data", {}),
+            ),
+            (
+                "prefetch",
+                "Pre-fetches this owner asked of its waiting jobs' likely nodes: asked, moved (the"
+                " forecast moved: the old node told to stop), refused, failed",
+                "what",
+                snap.get("prefetch", {}),
+            ),
+            (
                 "datasets_refused",
                 "Entries of the datasets folder refused (name: not a dataset name; link_out: a"
                 " link out of the folder), each counted once",
@@ -138,6 +184,44 @@ class _Snapshot:
             for key, count in sorted(counts.items()):
                 family.add_metric([key], count)
             yield family
+        waits = snap.get("job_data_wait")
+        if waits is not None:
+            yield HistogramMetricFamily(
+                "shoal_job_data_wait_seconds",
+                "Each job's wait for its datasets before it started here",
+                buckets=waits.cumulative(),
+                sum_value=waits.sum_s,
+            )
+        store = snap.get("store", {})
+        for name, text in (
+            ("hits", "Chunks the content store had when asked (to serve a peer or fill a file)"),
+            ("misses", "Chunks asked of the content store that it did not have"),
+            ("evictions", "Manifests the content store evicted (cache rules or an operator)"),
+            ("refused_chunks", "Chunks refused before they were kept: not their digest or length"),
+            (
+                "corrupt",
+                "Chunks held that no longer matched their digest when read (fetched again)",
+            ),
+        ):
+            yield CounterMetricFamily(f"shoal_store_{name}", text, value=store.get(name, 0))
+        yield GaugeMetricFamily(
+            "shoal_store_held_bytes",
+            "Bytes the content store keeps on its disk (datasets indexed in place not counted)",
+            value=store.get("held_bytes", 0),
+        )
+        yield GaugeMetricFamily(
+            "shoal_store_budget_bytes",
+            "What the content store may keep (store_budget_bytes or a share of its disk)",
+            value=store.get("budget_bytes", 0),
+        )
+        datasets_unindexed = CounterMetricFamily(
+            "shoal_datasets_unindexed",
+            "Datasets of this host that could not be indexed (unreadable, over the limits)",
+            labels=["reason"],
+        )
+        for reason, count in sorted(store.get("refused", {}).items()):
+            datasets_unindexed.add_metric([reason], count)
+        yield datasets_unindexed
         yield CounterMetricFamily(
             "shoal_deadline_misses",
             "Jobs this agent owns whose deadline passed before they ended (each said once)",

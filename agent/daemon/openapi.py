@@ -34,6 +34,7 @@ INTERNAL_CALLS: Final = (
     "gang_commit",
     "gang_abort",
     "confirm_start",
+    "prefetch",
 )
 """The agent-to-agent calls of ``POST /v1/internal/{op}`` (``agent.daemon.calls``)."""
 
@@ -114,6 +115,18 @@ SCHEMAS: Final[dict[str, Any]] = {
             "wire_version": _OPT_INT,
             "features": _STRS,
             "container_runtime": _OPT_STR,
+            "datasets": {"type": "object", "additionalProperties": _INT},
+            "dataset_versions": _array(
+                _obj(
+                    {
+                        "name": _STR,
+                        "digest": _STR,
+                        "total_bytes": _INT,
+                        "held_bytes": _INT,
+                        "created_s": _NUM,
+                    }
+                )
+            ),
             "shares": {
                 "type": "object",
                 "description": "device key -> {job id -> bytes of its memory the job holds}: the"
@@ -248,6 +261,16 @@ _JOB_ID = {
     "required": True,
     "schema": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
 }
+
+
+def _digest(name: str, description: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "description": description,
+        "schema": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+    }
 
 
 def _query(name: str, low: int, high: int, description: str) -> dict[str, Any]:
@@ -443,6 +466,41 @@ PATHS: Final[dict[str, Any]] = {
             "summary": "The log this agent holds of a job it runs or ran (role agent)",
             "parameters": [_JOB_ID, *_LOG_QUERY],
             "responses": {"200": _TEXT_ANSWER, **_answers(None, 400, 404)},
+        }
+    },
+    "/v1/content/stages": {
+        "get": {
+            "summary": "This node's stages of content (`shoal data stage`): state, bytes held of"
+            " the total, rate, holders, ETA",
+            "responses": {"200": _json_doc("{node, stages}"), **_answers(None)},
+        }
+    },
+    "/v1/internal/content/{digest}": {
+        "get": {
+            "summary": "The manifest of content this agent knows (role agent)",
+            "parameters": [_digest("digest", "the manifest's digest")],
+            "responses": {"200": _json_doc("the manifest"), **_answers(None, 400, 403, 404)},
+        }
+    },
+    "/v1/internal/content/{digest}/have": {
+        "get": {
+            "summary": "The chunks of the content this agent holds: whole, or a bitmap (role"
+            " agent)",
+            "parameters": [_digest("digest", "the manifest's digest")],
+            "responses": {"200": _json_doc("{whole, bitmap}"), **_answers(None, 400, 403, 404)},
+        }
+    },
+    "/v1/internal/content/chunk/{chunk}": {
+        "get": {
+            "summary": "One chunk's bytes, of content this agent holds (role agent)",
+            "parameters": [
+                _digest("chunk", "the chunk's SHA-256"),
+                {**_digest("of", "the digest of the manifest it is a chunk of"), "in": "query"},
+            ],
+            "responses": {
+                "200": {"description": "the chunk's bytes", "content": _FRAME},
+                **_answers(None, 400, 403, 404, 503),
+            },
         }
     },
     "/v1/internal/checkpoint/{job_id}": {

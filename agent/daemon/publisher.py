@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from agent.daemon.config import AgentConfig
 from agent.daemon.devices import HostDevices
@@ -28,7 +28,7 @@ from agent.job.jobspec import SUPPORTED_FEATURES
 from agent.mesh.events import EventLog
 from agent.wire.codec import MAX_RECORD_BYTES, WireError
 from agent.wire.inventory import InventoryRecord
-from agent.wire.place import PLACE, PlaceRecord, coord_moved_s
+from agent.wire.place import PLACE, HeldVersion, PlaceRecord, coord_moved_s
 from agent.wire.records import NodeRecord, TelemetryRecord
 from gossip.vivaldi import Coordinate
 from probers.records import DeviceStatic
@@ -76,6 +76,9 @@ class Publisher:
         self._devices = devices
         self._events = events
         self._node_doc = node_doc
+        self.rates: Callable[[], Mapping[str, float]] = dict
+        """The bytes/s this node measured from each holder it fetched from (the place record
+        carries them; a holder measured for the first time republishes it at its next look)."""
         self._node_dirty = True
         self._node_sent: NodeRecord | None = None
         self._node_at = float("-inf")
@@ -85,6 +88,7 @@ class Publisher:
         self._telemetry_at = float("-inf")
         self._coordinate = coordinate
         self._datasets: dict[str, int] = dict.fromkeys(config.datasets, 0)
+        self._versions: tuple[HeldVersion, ...] = ()
         self._place_sent: PlaceRecord | None = None
         self._place_at = float("-inf")
         self._place_dirty = True
@@ -99,10 +103,13 @@ class Publisher:
         self._events_dirty = True
         self.wake()
 
-    def datasets_scanned(self, held: dict[str, int]) -> None:
+    def datasets_scanned(
+        self, held: dict[str, int], versions: tuple[HeldVersion, ...] = ()
+    ) -> None:
         """What a scan of the datasets found; published at the next tick if it changed."""
-        if held != self._datasets:
+        if held != self._datasets or versions != self._versions:
             self._datasets = held
+            self._versions = versions
             self._place_dirty = True
             self.wake()
 
@@ -192,20 +199,26 @@ class Publisher:
         """The ``place`` record, when its datasets changed or its coordinate moved."""
         coord = self._coordinate()
         sent = self._place_sent
+        rates = self.rates()
         if (
             not self._place_dirty
             and sent is not None
             and coord_moved_s(sent.coord, coord) < COORD_MOVED_S
+            and set(rates) <= set(sent.rates)
         ):
             self._place_at = now
             return
         self._place_dirty = False
         self._place_at = now
-        record = PlaceRecord(datasets=dict(self._datasets), coord=coord)
-        if sent is None and not record.datasets and coord is None:
+        record = PlaceRecord(
+            datasets=dict(self._datasets), coord=coord, versions=self._versions, rates=rates
+        )
+        if sent is None and not record.datasets and not record.versions and coord is None:
             return  # nothing to say yet: no record until a dataset or a measured round trip
         payload, left_out = record.encode()
-        if left_out and (sent is None or sent.datasets != record.datasets):
+        if left_out and (
+            sent is None or (sent.datasets, sent.versions) != (record.datasets, record.versions)
+        ):
             log.warning("place record: %d dataset(s) do not fit and are not gossiped", left_out)
             self._events.add("datasets_not_gossiped", f"{left_out} dataset(s) do not fit")
         self._place_sent = record
@@ -216,7 +229,7 @@ class Publisher:
         doc = self._node_doc()
         sent = self._node_sent
         if sent is not None and doc.placement_view() == sent.placement_view():
-            if doc.progress == sent.progress and doc.saved == sent.saved:
+            if (doc.progress, doc.saved, doc.staging) == (sent.progress, sent.saved, sent.staging):
                 self._node_dirty = False  # an owner's save that changed nothing others read
                 return
             if now - self._node_at < PROGRESS_EVERY_S:

@@ -169,6 +169,9 @@ class Reads:
                     features=inv.features if inv else (),
                     container_runtime=inv.container_runtime if inv else None,
                     datasets=node.datasets if node is not None else {},
+                    dataset_versions=node.place.versions
+                    if node is not None and node.place is not None
+                    else (),
                     rtt_s=view.rtt_s(self._ctx.node_id, m.node),
                     shares=status.shares if status else {},
                 )

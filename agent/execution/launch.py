@@ -121,11 +121,13 @@ class Launch:
         resume: bool = False,
         share_bytes: int = 0,
         read_only: Sequence[str] = (),
+        data_env: Mapping[str, str] | None = None,
     ) -> Launch:
         """The launch for ``spec``: its env (less any name Shoal reserves), then Shoal's
         (``resume``: ``SHOAL_RESUME=1``, the checkpoint folder holds an earlier attempt's;
         ``share_bytes``: a share of its one device, with the hints of ``pinning.share_env``;
-        ``read_only``: what a container attempt mounts read-only, its datasets)."""
+        ``read_only``: what a container attempt mounts read-only; ``data_env``: where its
+        datasets are, ``agent.running.datastage``)."""
         env = {k: v for k, v in spec.env.items() if reserved_env(k) is None}
         env.update(
             job_env(
@@ -138,6 +140,7 @@ class Launch:
                 share_bytes=share_bytes,
             )
         )
+        env.update(data_env or {})
         return cls(
             job_id=job_id,
             attempt=attempt,

@@ -237,7 +237,9 @@ class JobSpec:
     max_runtime_s: float | None = None
     """Wall-clock limit of one attempt; the executor stops the job when it is reached."""
     datasets: tuple[str, ...] = ()
-    """Names of datasets the job reads, so placement can prefer hosts that hold them."""
+    """Datasets the job reads, so placement prefers hosts that hold them (counting partial
+    copies): ``NAME`` (its newest version in the mesh) or ``NAME@DIGEST`` (one version),
+    ``agent.wire.place.parse_dataset_ref``."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """The job's own labels (shown in listings, matched by other jobs' selectors)."""
     affinity: Mapping[str, str] = field(default_factory=dict)

@@ -33,7 +33,7 @@ from agent.job.jobspec import (
 )
 from agent.job.units import parse_duration, parse_size
 from agent.wire.codec import integer as wire_integer
-from agent.wire.place import dataset_name_problem
+from agent.wire.place import dataset_ref_problem
 
 
 def spec_from_mapping(data: Mapping[str, Any], *, human: bool, now: float | None) -> JobSpec:
@@ -385,10 +385,11 @@ class _Reader:
         return value
 
     def datasets(self, key: str) -> tuple[str, ...]:
-        """Dataset names, each one path component (``agent.wire.place.dataset_name_problem``)."""
+        """Datasets, each ``NAME`` (its newest version) or ``NAME@DIGEST`` (one version):
+        ``agent.wire.place.parse_dataset_ref``."""
         values = self.str_tuple(key)
         for value in values:
-            if (problem := dataset_name_problem(value)) is not None:
+            if (problem := dataset_ref_problem(value)) is not None:
                 raise ValueError(f"{self.name(key)}: {problem}")
         return values
 

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.job.jobstate import LIVE, JobEvent, JobState
 from agent.mesh.peers import PeerError, PeerRefused, PeerUnreachable
+from agent.owning.datawait import STAGE_TIMEOUT_S, clear_staging, watch_staging
 from agent.owning.ownedjob import ATTEMPTS_KEPT
 from agent.owning.ownersteps import OwnerSteps
 from agent.owning.placing import queue_of
@@ -332,11 +333,15 @@ class Gangs:
         job.attempts.extend(AttemptEntry(attempt, m.node, None, rank=m.rank) for m in a.members)
         del job.attempts[:-ATTEMPTS_KEPT]
         body = GangCommit(job.job_id, attempt, master[0], master[1]).to_wire()
+        # Each member stages the job's datasets before it starts it (agent.owning.datawait).
+        timeout_s = STAGE_TIMEOUT_S if job.spec.datasets else None
 
         async def one(m: GangMember) -> float | None:
             try:
                 answer = StartAnswer.from_wire(
-                    await o.peers.call(addrs[m.node] or "", "gang_commit", body)
+                    await o.peers.call(
+                        addrs[m.node] or "", "gang_commit", body, timeout_s=timeout_s
+                    )
                 )
             except PeerRefused as exc:
                 if exc.status == 422:  # the member's process could not be launched
@@ -350,7 +355,16 @@ class Gangs:
                 return None
             return answer.started_at or time.time()
 
-        started = await asyncio.gather(*(one(m) for m in a.members))
+        watches = [
+            asyncio.create_task(watch_staging(o, job, m.node, attempt))
+            for m in (a.members if job.spec.datasets else ())
+        ]
+        try:
+            started = await asyncio.gather(*(one(m) for m in a.members))
+        finally:
+            for w in watches:
+                w.cancel()
+        clear_staging(job)
         for m, at in zip(a.members, started, strict=True):
             if at is not None:
                 _entry(job, attempt, m.node, started_at=at)

@@ -75,6 +75,7 @@ from agent.owning.placing import MAX_LAUNCH_FAILURES as MAX_LAUNCH_FAILURES
 from agent.owning.placing import RESTORE_TIMEOUT_S as RESTORE_TIMEOUT_S
 from agent.owning.placing import candidates_for, place_once, reserve
 from agent.owning.preempting import host_name, stopped_reason
+from agent.owning.prefetching import Prefetcher
 from agent.storage.store import StoreFull
 from agent.wire.calls import (
     AttemptResult,
@@ -146,6 +147,8 @@ class Owner:
         self.resizes = Resizes(self.events)
         """Elastic jobs restarting at another size (``agent.owning.elastic``)."""
         self.growth = Growth(ctx.elastic_grow_idle_s, ctx.preempt_min_run_s)
+        self.prefetcher = Prefetcher(self)
+        """Has a waiting job's likely node stage its datasets (``agent.owning.prefetching``)."""
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -188,6 +191,7 @@ class Owner:
         self._announce(job)
         if is_terminal(job.state):
             self.resizes.forget(job.job_id)
+            self.prefetcher.placed(job, None)  # a pre-fetch for it is stale now
         if is_terminal(job.state) and self.checkpoints is not None:
             self.checkpoints.forget(job.job_id)
         if replicate:

@@ -46,6 +46,7 @@ What the live mesh does not do yet: preempting for a gang, and moving running jo
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
@@ -130,6 +131,13 @@ class Placement(Protocol):
         """A runner started or declined an offer of ``candidate``'s devices just now."""
         ...
 
+    def likely_node(
+        self, spec: JobSpec, nodes: Sequence[NodeView], queue: MeshQueue, running: Sequence[Running]
+    ) -> str | None:
+        """Where the policy's p50 forecast starts the waiting job of ``queue`` once what runs
+        (``running``) ends (:func:`agent.policy.forecast.forecast`); ``None``: no forecast."""
+        ...
+
     def rebind(self, spec: JobSpec, node: Node, keys: tuple[str, ...]) -> tuple[str, ...] | None:
         """Asked by a runner whose devices ``keys`` an offer (or a gang's prepare: its member)
         named are taken meanwhile: the devices of the same models this placement would give the
@@ -172,6 +180,11 @@ class _Held:
     def _nodes(self, views: Sequence[NodeView]) -> tuple[Node, ...]:
         """The policy's nodes of ``views``, recently offered devices busy."""
         return mark_held(self._memo.nodes(views), self._recent.held(self._clock()))
+
+    def likely_node(
+        self, spec: JobSpec, nodes: Sequence[NodeView], queue: MeshQueue, running: Sequence[Running]
+    ) -> str | None:
+        return None  # first fit makes no forecast
 
 
 def same_models(node: Node, keys: Sequence[str]) -> Node:
@@ -296,6 +309,7 @@ class ShoalPlacement(_Held):
             now=self._clock(),
             nodes=self._nodes(views),
             dataset_bytes=adapt.dataset_bytes(views),
+            dataset_newest=adapt.dataset_newest(views),
         )
         return self._snapshot
 
@@ -340,6 +354,7 @@ class ShoalPlacement(_Held):
                 pending=queue.jobs,
                 running=queue.running,
                 dataset_bytes=adapt.dataset_bytes(views),
+                dataset_newest=adapt.dataset_newest(views),
             )
             self._snapshot = snapshot
             decisions = decide(
@@ -380,6 +395,24 @@ class ShoalPlacement(_Held):
         if prefer is not None:
             out.sort(key=lambda c: c.node_id != prefer)
         return out
+
+    def likely_node(
+        self, spec: JobSpec, nodes: Sequence[NodeView], queue: MeshQueue, running: Sequence[Running]
+    ) -> str | None:
+        views = [n for n in nodes if n.inventory is not None]
+        snapshot = Snapshot(
+            now=self._clock(),
+            nodes=adapt.nodes_from_views(views, adapt.holders(running)),
+            pending=queue.jobs,
+            running=tuple(running),
+            dataset_bytes=adapt.dataset_bytes(views),
+            dataset_newest=adapt.dataset_newest(views),
+        )
+        decisions = decide(
+            snapshot, self.model, self._queue_config, owner=self.owner, forecasts=True
+        )
+        found = decisions.forecasts.get(queue.job.job_id)
+        return None if found is None or found.start_p50 == math.inf else found.node_id
 
     def rebind(self, spec: JobSpec, node: Node, keys: tuple[str, ...]) -> tuple[str, ...] | None:
         snapshot = Snapshot(now=self._clock(), nodes=(same_models(node, keys),))
@@ -440,6 +473,7 @@ class ShoalPlacement(_Held):
             nodes=adapt.nodes_from_views(views, adapt.holders(running)),
             running=tuple(running),
             dataset_bytes=adapt.dataset_bytes(views),
+            dataset_newest=adapt.dataset_newest(views),
         )
         config = replace(self.config, time_slice=())
         ctx, _ = context(snapshot, self.model, config, owner=self.owner)

@@ -16,6 +16,7 @@ which the job fails with the runner's reason. A gang is placed by ``agent.owning
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Collection
@@ -26,6 +27,12 @@ from agent.checkpoints.transfer import TransferError
 from agent.job.authority import SubmissionRefused
 from agent.job.jobstate import JobEvent, JobState
 from agent.mesh.peers import PeerError, PeerRefused, PeerUnreachable, decoded_answer
+from agent.owning.datawait import (
+    STAGE_TIMEOUT_S,
+    clear_staging,
+    unheld_reason,
+    watch_staging,
+)
 from agent.owning.meshqueue import MeshQueue
 from agent.owning.ownersteps import OwnerSteps
 from agent.owning.preempting import preemption_candidates, saved_at, waiting_reason
@@ -38,6 +45,7 @@ if TYPE_CHECKING:
     from agent.owning.elastic import Resizes
     from agent.owning.ownedjob import OwnedJob
     from agent.owning.placement import Candidate
+    from agent.owning.prefetching import Prefetcher
 
 log = logging.getLogger("shoal.owner")
 
@@ -63,6 +71,7 @@ class PlacingOwner(OwnerSteps, Protocol):
     authority: Authority
     resizes: Resizes
     collector: Collector
+    prefetcher: Prefetcher
     _stop_grace_s: float
 
 
@@ -75,6 +84,12 @@ def queue_of(o: OwnerSteps, job: OwnedJob, live: Collection[str]) -> MeshQueue:
 def candidates_for(o: PlacingOwner, job: OwnedJob) -> list[Candidate]:
     """Where the job may run, best first; none: the reason is saved on the job."""
     live = set(o._live())
+    unheld = unheld_reason(job.spec, o.view, live)
+    if unheld is not None:
+        if unheld != job.reason:
+            job.reason = unheld
+            o._save(job, replicate=False)
+        return []
     nodes = [o.view.node(n) for n in sorted(live)]
     exclude = frozenset({job.avoid}) if job.avoid else frozenset()
     queue = queue_of(o, job, live)
@@ -86,6 +101,7 @@ def candidates_for(o: PlacingOwner, job: OwnedJob) -> list[Candidate]:
     if not candidates:
         candidates = preemption_candidates(o.placement, job.spec, nodes, o.view, live)
     if not candidates:
+        o.prefetcher.waiting(job, nodes, queue, live)
         reason = waiting_reason(job.reason, o.placement.why_pending(job.spec, queue))
         if reason != job.reason:
             job.reason = reason
@@ -167,11 +183,15 @@ async def place_once(
             cand.shrink,
             rebind=True,
         )
+        watch = None
         try:
             # A resumed attempt's checkpoint is copied into its folder before it starts; a
-            # preempting one waits for its victims to stop first.
+            # preempting one waits for its victims to stop first; datasets are staged first.
             slow = resume is not None or cand.victims or cand.shrink
             timeout_s = RESTORE_TIMEOUT_S + o._stop_grace_s if slow else None
+            if job.spec.datasets:
+                timeout_s = max(timeout_s or 0.0, STAGE_TIMEOUT_S)
+                watch = asyncio.create_task(watch_staging(o, job, cand.node_id, attempt))
             if job.spec.image is not None:  # the runner pulls an image it lacks first
                 timeout_s = (timeout_s or 0.0) + IMAGE_PULL_TIMEOUT_S
             answer = decoded_answer(
@@ -197,6 +217,9 @@ async def place_once(
             log.info("job %s: start on %s unanswered: %s", job.job_id[:8], cand.node_id, exc)
             await o._stop_until_done(job.job_id, cand.node_id, attempt, "fenced")
             return
+        finally:
+            if watch is not None:
+                watch.cancel()
         if job.attempt != attempt or _state(job) != JobState.PLACING:
             return  # cancelled or reported meanwhile
         o.offers["started"] += 1
@@ -210,6 +233,8 @@ async def place_once(
         job.devices = cand.devices
         job.started_at = answer.started_at or time.time()
         job.attempt_started(cand.node_id, job.started_at)
+        clear_staging(job)
+        o.prefetcher.placed(job, cand.node_id)
         o._save(job)
         o.events.add("started", f"attempt {attempt} on {cand.node_id[:8]}", job_id=job.job_id)
         o.resizes.started(job.job_id, cand.devices)

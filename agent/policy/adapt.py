@@ -224,7 +224,10 @@ def node_from_view(view: NodeFacts, holders: Mapping[str, str] | None = None) ->
         labels=labels,
         zone=zone,
         os=_os(view.inventory),
-        datasets=frozenset(view.datasets),  # the place record's, else the datasets label
+        datasets=frozenset(view.datasets)  # the place record's, else the datasets label
+        | {f"{v.name}@{v.digest}" for v in _versions(view) if v.held_bytes >= v.total_bytes},
+        dataset_held={f"{v.name}@{v.digest}": v.held_bytes for v in _versions(view)},
+        fetch_rates=_field(view.place, "rates") or {},
         coord=_field(view.place, "coord"),
         cost_per_hour=cost,
         features=view.features,
@@ -324,12 +327,31 @@ def holders(running: Iterable[Running]) -> dict[str, dict[str, str]]:
 
 
 def dataset_bytes(views: Iterable[NodeFacts]) -> dict[str, int]:
-    """How big each dataset is: the most any node holding it says (0 where none knows)."""
+    """How big each dataset is: the most any node holding it says (0 where none knows), by
+    name and by ``NAME@DIGEST`` for each version a node holds whole or in part."""
     sizes: dict[str, int] = {}
     for view in views:
         for name, size in view.datasets.items():
             sizes[name] = max(size, sizes.get(name, 0))
+        for v in _versions(view):
+            sizes[f"{v.name}@{v.digest}"] = v.total_bytes
     return sizes
+
+
+def dataset_newest(views: Iterable[NodeFacts]) -> dict[str, str]:
+    """Dataset name -> the digest of its newest version any node holds (what ``NAME`` means)."""
+    best: dict[str, tuple[float, str]] = {}
+    for view in views:
+        for v in _versions(view):
+            held = best.get(v.name)
+            if held is None or (v.created_s, v.digest) > held:
+                best[v.name] = (v.created_s, v.digest)
+    return {name: digest for name, (_t, digest) in best.items()}
+
+
+def _versions(view: NodeFacts) -> tuple[Any, ...]:
+    """The dataset versions of a node's ``place`` record (none from an older agent)."""
+    return tuple(_field(view.place, "versions") or ())
 
 
 def node_from_host(host: HostFacts, busy: Iterable[str]) -> Node:
@@ -418,6 +440,7 @@ __all__ = [
     "HostFacts",
     "NodeFacts",
     "NodeMemo",
+    "dataset_newest",
     "holders",
     "job_class",
     "job_from_spec",

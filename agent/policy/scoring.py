@@ -12,8 +12,10 @@ Device-level terms (the same on every node of a group of interchangeable nodes):
 
 Node-level terms:
 
-- ``data``: the time its datasets take to arrive (from the nearest holder by Vivaldi RTT, at the
-  node's bandwidth), as a fraction of the job's expected run;
+- ``data``: the time the bytes of its datasets the node lacks take to arrive (partial copies
+  count), at the rates the node measured from their holders (its ``place`` record; the node's
+  bandwidth only when it measured none), plus the RTT to the nearest holder, as a fraction of the
+  job's expected run;
 - ``heat``, ``power``: a GPU close to its slowdown temperature or its power limit;
 - ``cost``: with the ``cost`` objective, the node's cost per hour, so that with ``speed`` the score
   is performance per unit of cost;
@@ -23,7 +25,7 @@ Node-level terms:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -80,15 +82,26 @@ GROUP_TERMS: Final[tuple[tuple[str, Callable[[Job, Fit, Context], float]], ...]]
 
 
 def transfer_s(job: Job, node: Node, ctx: Context) -> float:
-    """Seconds for the datasets the node lacks to arrive from their nearest holders."""
+    """Seconds for the bytes of the job's datasets the node lacks (partial copies count) to
+    arrive from their nearest holders. ``NAME`` is the newest version in the mesh."""
     total = 0.0
-    for name in job.datasets:
-        if name in node.datasets:
+    snap = ctx.snapshot
+    for ref in job.datasets:
+        name = ref.partition("@")[0]
+        newest = snap.dataset_newest.get(name) if name == ref else None
+        key = ref if newest is None else f"{name}@{newest}"
+        if key in node.datasets or (newest is None and ref in node.datasets):
             continue
-        size = ctx.snapshot.dataset_bytes.get(name, 0)
+        size = snap.dataset_bytes.get(key, snap.dataset_bytes.get(ref, 0))
+        held = node.dataset_held.get(key, 0)
+        if size and held >= size:
+            continue
+        size = max(0, size - held)
         rtt = 0.0
-        holders = ctx.index.datasets.get(name)
-        if holders and node.coord is not None:
+        holders = ctx.index.datasets.get(key) or ctx.index.datasets.get(ref)
+        if not holders:
+            continue  # held by no node: it comes from outside the mesh wherever the job runs
+        if node.coord is not None:
             best = math.inf
             for i, holder_id in enumerate(holders):
                 if i >= 32:
@@ -97,10 +110,25 @@ def transfer_s(job: Job, node: Node, ctx: Context) -> float:
                 if holder is not None and holder.coord is not None:
                     best = min(best, node.coord.distance_s(holder.coord))
             rtt = 0.0 if best == math.inf else best
-        elif not holders:
-            continue  # held by no node: it comes from outside the mesh wherever the job runs
-        total += size / (node.network_gbps * 1e9 / 8) + rtt
+        total += size / fetch_rate(node, holders) + rtt
     return total
+
+
+MAX_HOLDERS_RATED: Final = 8
+"""The swarm takes from several holders at once: the measured rates of the fastest this many
+add up (``agent.content.swarm``)."""
+
+
+def fetch_rate(node: Node, holders: Collection[str]) -> float:
+    """Bytes/s the node fetches at from ``holders``: the sum of the fastest rates it measured
+    from them; none measured, its link's guess (``network_gbps``)."""
+    rates = node.fetch_rates
+    if rates:
+        measured = sorted((rates[h] for h in holders if h in rates), reverse=True)
+        rate = sum(measured[:MAX_HOLDERS_RATED])
+        if rate > 0:
+            return rate
+    return node.network_gbps * 1e9 / 8
 
 
 def data_term(job: Job, node: Node, devices: Sequence[Device], fit: Fit, ctx: Context) -> float:

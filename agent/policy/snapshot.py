@@ -87,6 +87,12 @@ class Node:
     zone: str | None = None
     os: str | None = None
     datasets: frozenset[str] = frozenset()
+    """The datasets held whole here: by name, and as ``NAME@DIGEST`` for each version."""
+    dataset_held: Mapping[str, int] = field(default_factory=dict)
+    """``NAME@DIGEST`` -> bytes of that version held here, whole or in part."""
+    fetch_rates: Mapping[str, float] = field(default_factory=dict)
+    """Member -> bytes/s this node measured fetching content from it (its ``place`` record);
+    the data term divides what is missing by these, not by a guessed link."""
     coord: Coordinate | None = None
     """Its Vivaldi coordinate: the RTT to another node is the distance between the two."""
     cost_per_hour: float | None = None
@@ -225,7 +231,10 @@ class Snapshot:
     pending: tuple[Job, ...] = ()
     running: tuple[Running, ...] = ()
     dataset_bytes: Mapping[str, int] = field(default_factory=dict)
-    """How big each dataset is (for the time a transfer takes); unknown: 0."""
+    """How big each dataset is, by name and by ``NAME@DIGEST`` (for the time a transfer takes);
+    unknown: 0."""
+    dataset_newest: Mapping[str, str] = field(default_factory=dict)
+    """Dataset name -> the digest of its newest version in the mesh (what ``NAME`` means)."""
     shapes: tuple[Shape, ...] = ()
     """The recent workload's task shapes, weighted by how common each is: what fragmentation is
     measured against (FGD). Empty: the shapes of the jobs in this snapshot."""

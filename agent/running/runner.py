@@ -63,6 +63,7 @@ from agent.job.jobstate import TERMINAL_JOB_STATES, DrainEvent, NodeDrainState, 
 from agent.mesh.context import AgentContext
 from agent.running.admission import NodeFacts, NotAdmitted, Rebind, admit_or_rebind, local_node
 from agent.running.confirming import Confirmer
+from agent.running.datastage import BadDatasets, JobData, StagingFailed
 from agent.running.draining import Drain
 from agent.running.fencing import Fences, fence_cause
 from agent.running.lostruns import reconcile_lost
@@ -140,6 +141,9 @@ class Runner:
         self._log_tails = asyncio.Semaphore(LOG_TAILS_AT_ONCE)
         self.checkpoints: Checkpoints | None = None
         """Set by the agent once made (it reads the jobs run here through this runner)."""
+        self.data: JobData | None = None
+        """Stages a job's datasets before it starts (``agent.running.datastage``); set by the
+        agent (``None``: a spec naming datasets starts without them, as in unit tests)."""
         self.holds = Reservations()
         """Devices held for gangs between prepare and commit (``agent.running.gangdesk``)."""
         self.saved_at: dict[str, float] = {}
@@ -332,6 +336,7 @@ class Runner:
             self._on_change()
             raise Declined(f"checkpoint: {exc}") from None
         try:
+            data_env = await self._stage_data(job_id, attempt, spec)
             launch = Launch.from_spec(
                 job_id,
                 spec,
@@ -340,18 +345,22 @@ class Runner:
                 gang=gang,
                 resume=resumed,
                 share_bytes=admitted.share_bytes,
+                data_env=data_env,
             )
             started = await self.executor.start(launch)
-        except NoRoom as exc:  # not the job's fault: declined, it may start elsewhere
+        except (NoRoom, StagingFailed) as exc:  # not the job's fault: it may start elsewhere
             self.runs.pop(job_id, None)
             self._on_change()
             raise Declined(str(exc)) from None
-        except (LaunchError, ValueError) as exc:
+        except (LaunchError, ValueError, BadDatasets) as exc:
             self.runs.pop(job_id, None)
             self._on_change()
             # The offer is declined (it ran nowhere: the owner may offer this attempt again); the
             # owner tries elsewhere, and gives up after a few (a bad command fails everywhere).
             raise LaunchFailed(str(exc)) from None
+        finally:
+            if self.data is not None:
+                self.data.started(job_id)
         if self._closing or attempt <= self.fence.get(job_id):
             # Fenced by a stop, or the agent began to shut down, while it launched: end it now.
             await self.executor.stop(
@@ -385,6 +394,17 @@ class Runner:
                 job_id=job_id,
             )
         return StartAnswer(ok=True, started_at=started.started_at, pid=started.pid)
+
+    async def _stage_data(self, job_id: str, attempt: int, spec: JobSpec) -> dict[str, str]:
+        """The job's datasets staged and exposed (``agent.running.datastage``): their variables.
+        ``StagingFailed`` also when the attempt was fenced, or the agent began to shut down,
+        while they staged."""
+        if not spec.datasets or self.data is None:
+            return {}
+        env = await self.data.prepare(job_id, spec.datasets, self.executor.job_dir(job_id))
+        if self._closing or attempt <= self.fence.get(job_id):
+            raise StagingFailed(f"attempt {attempt} was stopped while its data staged")
+        return env
 
     async def _preempt(self, job_id: str, attempt: int, cause: str) -> None:
         self.fence.raise_to(job_id, attempt)
@@ -468,6 +488,8 @@ class Runner:
             log.warning(
                 "job %s: the end of attempt %d not stored: %s", e.job_id[:8], e.attempt, exc
             )
+        if self.data is not None:
+            self.spawn(self.data.ended(self.executor.job_dir(e.job_id)))
         how = f"code {e.exit_code}" if e.exit_code is not None else f"signal {e.signal}"
         self.events.add("exited", f"attempt {e.attempt} {e.cause} {how}", job_id=e.job_id)
         self._on_change()

@@ -568,3 +568,32 @@ class StartConfirmed(NamedTuple):
             confirmed=c.field(d, "confirmed", c.or_default(c.flag, False)),
             reason=c.field(d, "reason", c.or_default(c.text, "")),
         )
+
+
+class PrefetchAsk(NamedTuple):
+    """``prefetch``: stage job ``job_id``'s datasets on the callee now, for the job's owner
+    ``owner`` (the operator's ``submission`` authorises it, as an offer's does); ``cancel``:
+    stop (the forecast moved). ``agent.running.prefetch``."""
+
+    job_id: str
+    owner: str
+    submission: bytes
+    cancel: bool = False
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "owner": self.owner,
+            "submission": _b64_out(self.submission),
+            "cancel": self.cancel,
+        }
+
+    @classmethod
+    def from_wire(cls, value: Any) -> PrefetchAsk:
+        d = c.obj(value, "body")
+        return cls(
+            job_id=c.field(d, "job_id", c.text),
+            owner=c.field(d, "owner", c.text),
+            submission=_b64_in(d.get("submission"), "submission"),
+            cancel=c.field(d, "cancel", c.or_default(c.flag, False)),
+        )

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 from agent.wire import codec as c
 from agent.wire.codec import EMPTY_MAP
 from agent.wire.inventory import host_from_wire, host_to_wire
+from agent.wire.place import HeldVersion
 from agent.wire.records import GangMember, JobStatus, shares_from_wire
 from probers.records import DeviceSample, DeviceStatic, HostInfo, Link, MigDevice
 
@@ -229,9 +230,11 @@ class NodeDoc(NamedTuple):
     shares: Mapping[str, Mapping[str, int]] = EMPTY_MAP
     """Device key -> {job -> bytes of its memory the job holds}: the devices shared by jobs that
     each asked for a share of one GPU (as its node record says)."""
+    dataset_versions: tuple[HeldVersion, ...] = ()
+    """The dataset versions the node holds, whole or in part (its ``place`` record)."""
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        doc = {
             "node_id": self.node_id,
             "addr": self.addr,
             "state": self.state,
@@ -250,6 +253,9 @@ class NodeDoc(NamedTuple):
             "rtt_s": self.rtt_s,
             "shares": {k: dict(jobs) for k, jobs in self.shares.items()},
         }
+        if self.dataset_versions:  # left out when none: a node doc as older agents write it
+            doc["dataset_versions"] = [v._asdict() for v in self.dataset_versions]
+        return doc
 
     @classmethod
     def from_wire(cls, value: Any, name: str = "node", *, devices: bool = True) -> NodeDoc:
@@ -277,7 +283,20 @@ class NodeDoc(NamedTuple):
             datasets=c.field(d, "datasets", _sizes, p),
             rtt_s=c.field(d, "rtt_s", c.opt_number, p),
             shares=shares_from_wire(d.get("shares"), p + "shares"),
+            dataset_versions=c.items(d.get("dataset_versions"), p + "dataset_versions", _version),
         )
+
+
+def _version(value: Any, name: str) -> HeldVersion:
+    d = c.obj(value, name)
+    p = name + "."
+    return HeldVersion(
+        name=c.field(d, "name", c.text, p),
+        digest=c.field(d, "digest", c.text, p),
+        total_bytes=c.field(d, "total_bytes", c.integer, p),
+        held_bytes=c.field(d, "held_bytes", c.integer, p),
+        created_s=c.field(d, "created_s", c.number, p),
+    )
 
 
 def _sizes(value: Any, name: str) -> dict[str, int]:

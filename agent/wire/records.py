@@ -108,6 +108,10 @@ class NodeRecord(NamedTuple):
     saved: Mapping[str, float] = EMPTY_MAP
     """Running job -> when its checkpoint folder last changed here (epoch seconds): what a
     preemption would lose is the work since (``agent.policy.preempt``)."""
+    staging: Mapping[str, str] = EMPTY_MAP
+    """Job whose start waits here for its data -> the line that says how far it is
+    (``staging imagenet 43% (1.2 GB/s from 3 holders, ~40 s)``, ``agent.running.datastage``);
+    at most :data:`MAX_STAGING_LINES`, each at most :data:`MAX_STAGING_LINE_CHARS`."""
 
     def placement_view(
         self,
@@ -126,6 +130,7 @@ class NodeRecord(NamedTuple):
                 "progress": {j: [f, eta] for j, (f, eta) in self.progress.items()},
                 "shares": _shares_to_rows(self.shares, self.running),
                 **({"saved": dict(self.saved)} if self.saved else {}),
+                **({"staging": _staging_out(self.staging)} if self.staging else {}),
             }
         )
 
@@ -141,7 +146,32 @@ class NodeRecord(NamedTuple):
             progress=_progress_from_wire(doc.get("progress")),
             shares=_shares_from_rows(doc.get("shares"), running),
             saved=_saved_from_wire(doc.get("saved")),
+            staging=_staging_from_wire(doc.get("staging")),
         )
+
+
+MAX_STAGING_LINES = 16
+MAX_STAGING_LINE_CHARS = 120
+
+
+def _staging_out(staging: Mapping[str, str]) -> dict[str, str]:
+    kept = sorted(staging.items())[:MAX_STAGING_LINES]
+    return {j: line[:MAX_STAGING_LINE_CHARS] for j, line in kept}
+
+
+def _staging_from_wire(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    lines = c.obj(value, "staging")
+    if len(lines) > MAX_STAGING_LINES:
+        raise WireError(f"staging: at most {MAX_STAGING_LINES} jobs")
+    out: dict[str, str] = {}
+    for job_id, line in lines.items():
+        text = c.text(line, f"staging.{job_id}")
+        if len(text) > MAX_STAGING_LINE_CHARS:
+            raise WireError(f"staging.{job_id}: at most {MAX_STAGING_LINE_CHARS} characters")
+        out[c.text(job_id, "staging")] = text
+    return out
 
 
 def _shares_to_rows(

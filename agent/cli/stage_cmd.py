@@ -1,0 +1,93 @@
+"""``shoal data stage NAME[@DIGEST] --nodes N1,N2 [--from URL] [--wait] [--json]``: an
+operator-signed ``stage`` command; each named node fetches the dataset now and answers its
+stage (state, bytes held of the total, rate, holders, ETA). ``--wait`` asks again every
+:data:`POLL_S` until every node is done or failed (stage is idempotent: a node answers the stage
+it runs), printing each node's line as it changes."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+
+from agent.cli.ops_cmd import print_json, run_with_client
+from agent.common.errors import UserError
+from agent.operator.client import ApiClient
+from agent.operator.resolve import pick_node
+from agent.operator.terminal import short
+
+POLL_S: Final = 2.0
+MAX_WAIT_S: Final = 7 * 24 * 3600.0
+_DIGEST: Final = re.compile(r"[0-9a-f]{64}")
+
+
+def stage_body(dataset: str, source: str | None) -> dict[str, Any]:
+    """The command's body without its nodes; a mistake is a one-line :class:`UserError`."""
+    name, at, digest = dataset.partition("@")
+    if at and not _DIGEST.fullmatch(digest):
+        raise UserError(f"{dataset!r}: the digest after @ must be 64 lowercase hex digits")
+    if at and source is not None:
+        raise UserError("give NAME@DIGEST (from members) or --from URL, not both")
+    if not at and source is None:
+        raise UserError(
+            "give NAME@DIGEST (see 'shoal data ls') to stage from members, or --from URL"
+        )
+    body: dict[str, Any] = {"name": name}
+    if at:
+        body["digest"] = digest
+    else:
+        body["source"] = source
+    return body
+
+
+def _node_texts(values: list[str]) -> list[str]:
+    return [t for v in values for t in v.split(",") if t]
+
+
+def _line(node: Mapping[str, Any], state: Mapping[str, Any]) -> str:
+    text = state.get("line") or f"error: {state.get('error', '?')}"
+    return f"{short(str(node))}: {text}"
+
+
+def _ended(answer: Mapping[str, Any]) -> bool:
+    nodes = answer.get("nodes", {})
+    return all(
+        ("error" in s and "state" not in s) or s.get("state") in ("done", "failed", "cancelled")
+        for s in nodes.values()
+    )
+
+
+def cmd_stage(args: argparse.Namespace) -> int:
+    body = stage_body(args.dataset, args.source)
+
+    async def call(client: ApiClient) -> dict[str, Any]:
+        listed = await client.nodes()
+        body["nodes"] = [str(pick_node(listed, t)["node_id"]) for t in _node_texts(args.nodes)]
+        answer = await client.command("stage", body)
+        if not args.wait:
+            return answer
+        said: dict[str, str] = {}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + MAX_WAIT_S
+        while True:
+            if not args.json:
+                for node, state in answer.get("nodes", {}).items():
+                    line = _line(node, state)
+                    if said.get(node) != line:
+                        print(line, flush=True)
+                        said[node] = line
+            if _ended(answer) or loop.time() > deadline:
+                return answer
+            await asyncio.sleep(POLL_S)
+            answer = await client.command("stage", body)
+
+    answer = run_with_client(args, call)
+    if args.json:
+        print_json(answer)
+    elif not args.wait:
+        for node, state in answer.get("nodes", {}).items():
+            print(_line(node, state))
+    failed = any(s.get("state") == "failed" or "state" not in s for s in answer["nodes"].values())
+    return 1 if args.wait and failed else 0

@@ -1,0 +1,275 @@
+"""Staging content on this node now, as an operator's ``stage`` command asks: from the members
+that hold it, or from an HTTP(S) or S3-compatible source.
+
+One stage runs per name or digest at a time (asked again while it runs, the running one is
+answered); each is a task the agent can cancel. Its :class:`StageState` (state, bytes held of
+the total, rate, holders in use, ETA, the one-line reason) is what the command answers and what
+``GET /v1/content/stages`` shows.
+
+From members: the live agents of the mesh (at most :data:`MAX_HOLDERS_ASKED` of them) are asked
+what they hold of the digest; those that answer are the swarm's holders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from agent.content.fetch import Fetcher, FetchError, Holder, PeerHolder
+from agent.content.manifest import ContentError
+from agent.content.store_api import ContentStore
+from agent.content.swarm import Progress, SwarmLimits
+from agent.mesh.context import Mesh
+from agent.mesh.peers import PeerClient, PeerError
+from agent.storage.sqlitefile import StoreFull
+
+log = logging.getLogger("shoal.content")
+
+MAX_HOLDERS_ASKED: Final = 64
+MAX_STAGES_KEPT: Final = 64
+"""Stages remembered (the oldest ended ones are forgotten first)."""
+
+State = Literal["staging", "done", "failed", "cancelled"]
+
+
+@dataclass(frozen=True, slots=True)
+class StageState:
+    name: str
+    digest: str | None
+    """``None`` while an external source is read and its manifest not yet made."""
+    source: str
+    """``peers``, or the URL."""
+    state: State
+    progress: Progress | None = None
+    error: str = ""
+
+    def line(self) -> str:
+        if self.state == "staging":
+            if self.progress is None:
+                return f"staging {self.name}: finding holders"
+            if self.progress.total_bytes == 0:  # an external source: its size is not known yet
+                held = self.progress.held_bytes
+                return f"staging {self.name}: {held} bytes from {self.source} so far"
+            return self.progress.line(self.name)
+        if self.state == "failed":
+            return f"staging {self.name} failed: {self.error}"
+        return f"{self.name} {self.state}"
+
+    def to_wire(self) -> dict[str, Any]:
+        p = self.progress
+        return {
+            "name": self.name,
+            "digest": self.digest,
+            "source": self.source,
+            "state": self.state,
+            "held_bytes": p.held_bytes if p else 0,
+            "total_bytes": p.total_bytes if p else 0,
+            "rate_bytes_per_s": round(p.rate_bytes_per_s, 1) if p else 0.0,
+            "holders": p.holders_in_use if p else 0,
+            "eta_s": None if p is None or p.eta_s is None else round(p.eta_s, 1),
+            "line": self.line(),
+            "error": self.error,
+        }
+
+
+class Stager:
+    """This agent's stages (see the module docstring)."""
+
+    def __init__(
+        self,
+        node_id: str,
+        peers: PeerClient,
+        mesh: Mesh,
+        store: ContentStore,
+        staging_dir: Path,
+        counts: Counter[str],
+        limits: SwarmLimits | None = None,
+    ) -> None:
+        """``counts``: the agent's ``shoal_content_total`` counter."""
+        self.node_id = node_id
+        self.peers = peers
+        self.mesh = mesh
+        self.store = store
+        self.staging_dir = staging_dir
+        self.counts = counts
+        self.fetcher = Fetcher(store, limits=limits, counts=counts)
+        self._states: dict[str, StageState] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def states(self) -> list[StageState]:
+        return list(self._states.values())
+
+    def state(self, key: str) -> StageState | None:
+        return self._states.get(key)
+
+    def start(self, name: str, digest: str | None, source: str | None) -> StageState:
+        """Stage ``digest`` from members, or ``name`` from ``source`` (a URL); the state now. A
+        stage running or done is answered as it stands; one failed or cancelled starts again."""
+        key = digest or name
+        task = self._tasks.get(key)
+        old = self._states.get(key)
+        if (task is not None and not task.done()) or (old is not None and old.state == "done"):
+            return self._states[key]  # asked again: the stage as it stands (a poll)
+        state = StageState(name, digest, source or "peers", "staging")
+        self._states.pop(key, None)
+        self._states[key] = state
+        self._forget_old()
+        if source is None:
+            assert digest is not None
+            run = self._from_peers(key, name, digest)
+        else:
+            run = self._from_source(key, name, source)
+        self._tasks[key] = asyncio.create_task(self._guard(key, run), name=f"stage {name}")
+        return state
+
+    def cancel(self, key: str) -> bool:
+        task = self._tasks.get(key)
+        if task is None or task.done():
+            return False
+        task.cancel()
+        return True
+
+    async def close(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+    async def wait(self, key: str) -> StageState:
+        """The stage's state once it has ended (tests, and a command that waits)."""
+        task = self._tasks.get(key)
+        if task is not None:
+            await asyncio.shield(task)
+        return self._states[key]
+
+    # -- inside ----------------------------------------------------------------------------------
+
+    def _progress(self, key: str) -> Callable[[Progress], None]:
+        def update(progress: Progress) -> None:
+            old = self._states.get(key)
+            if old is not None:
+                self._states[key] = replace(old, progress=progress)
+
+        return update
+
+    def _set(self, key: str, **changes: Any) -> None:
+        old = self._states.get(key)
+        if old is not None:
+            self._states[key] = replace(old, **changes)
+
+    async def _guard(self, key: str, run: Any) -> None:
+        try:
+            await run
+        except asyncio.CancelledError:
+            self._set(key, state="cancelled")
+            raise
+        except (FetchError, ContentError, PeerError, StoreFull, OSError) as exc:
+            log.warning("staging %s failed: %s", key[:40], exc)
+            self.counts["stages_failed"] += 1
+            self._set(key, state="failed", error=" ".join(str(exc).split())[:200])
+        except Exception as exc:
+            log.exception("staging %s failed", key[:40])
+            self.counts["stages_failed"] += 1
+            self._set(key, state="failed", error=f"internal error: {type(exc).__name__}")
+        else:
+            self._set(key, state="done")
+
+    def holders(self) -> list[Holder]:
+        found: list[Holder] = []
+        for node in sorted(self.mesh.live_agents()):
+            addr = self.mesh.addr_of(node)
+            if node != self.node_id and addr is not None:
+                found.append(PeerHolder(self.peers, node, addr))
+            if len(found) >= MAX_HOLDERS_ASKED:
+                break
+        return found
+
+    async def _from_peers(self, key: str, name: str, digest: str) -> None:
+        got = await self.fetcher.fetch(
+            digest, self.holders(), kind="peer", on_progress=self._progress(key)
+        )
+        self._set(key, progress=got.progress)
+
+    async def _from_source(self, key: str, name: str, source: str) -> None:
+        from agent.content import external
+
+        started = time.monotonic()
+
+        def update(held_bytes: int, total_bytes: int) -> None:
+            spent = max(1e-3, time.monotonic() - started)
+            rate = held_bytes / spent
+            left = max(0, total_bytes - held_bytes)
+            eta = None if rate <= 0 else left / rate
+            self._progress(key)(Progress(held_bytes, total_bytes, rate, 1, eta))
+
+        manifest = await external.import_source(
+            source,
+            name,
+            self.store,
+            self.staging_dir,
+            counts=self.counts,
+            on_progress=update,
+        )
+        total = manifest.total_bytes
+        self._set(key, digest=manifest.digest, progress=Progress(total, total, 0.0, 0, 0.0))
+
+    def _forget_old(self) -> None:
+        for key in list(self._states):
+            if len(self._states) <= MAX_STAGES_KEPT:
+                break
+            task = self._tasks.get(key)
+            if task is None or task.done():
+                self._states.pop(key)
+                self._tasks.pop(key, None)
+
+
+MAX_NODES: Final = 256
+MAX_SOURCE_CHARS: Final = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class StageAsk:
+    """An operator's ``stage`` command: which content, from where, on which nodes."""
+
+    name: str
+    digest: str | None
+    source: str | None
+    nodes: tuple[str, ...]
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> StageAsk:
+        """Decode and check the command's body; :class:`ValueError` says what is wrong."""
+        from agent.content.routes import check_digest
+        from agent.wire.place import dataset_name_problem
+
+        name = body.get("name")
+        if not isinstance(name, str) or (problem := dataset_name_problem(name)) is not None:
+            raise ValueError(problem if isinstance(name, str) else "name must be a dataset name")
+        digest, source = body.get("digest"), body.get("source")
+        if digest is not None:
+            if not isinstance(digest, str):
+                raise ValueError("digest must be 64 lowercase hex digits")
+            try:
+                check_digest(digest)
+            except Exception:
+                raise ValueError("digest must be 64 lowercase hex digits") from None
+        if source is not None:
+            if not isinstance(source, str) or len(source) > MAX_SOURCE_CHARS:
+                raise ValueError(f"source must be a URL of at most {MAX_SOURCE_CHARS} characters")
+            if not source.startswith(("http://", "https://", "s3://")):
+                raise ValueError("source must be an http://, https:// or s3:// URL")
+        if (digest is None) == (source is None):
+            raise ValueError("give the content's digest (NAME@DIGEST) or a source URL, not both")
+        nodes = body.get("nodes")
+        if (
+            not isinstance(nodes, list)
+            or not 1 <= len(nodes) <= MAX_NODES
+            or not all(isinstance(n, str) and 0 < len(n) <= 128 for n in nodes)
+        ):
+            raise ValueError(f"nodes must be a list of 1 to {MAX_NODES} node ids")
+        return cls(name, digest, source, tuple(dict.fromkeys(nodes)))
