@@ -18,17 +18,22 @@ takes as the same job, so a retry never makes a second one.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from agent.cli.ops_cmd import print_json, run_with_client
 from agent.cli.tables import hostnames
 from agent.common.errors import UserError
+from agent.content.workdir import Packed, pack_workdir
 from agent.job.jobspec import JobSpec, check_job_id, new_job_id
+from agent.job.units import parse_size
 from agent.operator.client import AgentUnreachable, ApiClient
 from agent.operator.fit import Fit, asks, fit
 from agent.operator.terminal import short
+from agent.operator.upload import Uploaded, upload_workdir
 from agent.operator.when import when
 from agent.policy.submit import SubmissionCheck
 
@@ -160,12 +165,27 @@ def lost_answer(exc: AgentUnreachable, job_id: str) -> str:
     )
 
 
+def _packed(args: argparse.Namespace, spec: JobSpec) -> tuple[JobSpec, Packed | None]:
+    """The spec with its working folder's digest, and the folder packed (``--workdir``)."""
+    top: Path | None = getattr(args, "workdir", None)
+    if top is None:
+        return spec, None
+    try:
+        cap = parse_size(str(getattr(args, "workdir_max", "512MiB")))
+        packed = pack_workdir(top.resolve(), cap)
+        return dataclasses.replace(spec, workdir_digest=packed.manifest.digest), packed
+    except ValueError as exc:  # ContentError, a bad size, a spec naming a host workdir too
+        raise UserError(str(exc)) from None
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     try:
         spec = spec_from_args(args)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    spec, packed = _packed(args, spec)
     job_id = _job_id(args.job_id)
+    uploaded: list[Uploaded] = []
 
     async def call(
         client: ApiClient,
@@ -181,6 +201,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 raise UserError(f"{late.line}; nothing submitted (--anyway submits it)")
         names = hostnames(nodes)
         preempts = yielding(spec, where, jobs, names)
+        if packed is not None:
+            try:
+                uploaded.append(await upload_workdir(client, args.workdir.resolve(), packed))
+            except (ValueError, OSError) as exc:
+                raise UserError(f"--workdir {args.workdir}: {exc}; nothing submitted") from None
         try:
             answer = await client.submit(spec, job_id)
         except AgentUnreachable as exc:
@@ -190,6 +215,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
     answer, where, late, names, preempts = run_with_client(args, call)
     if args.json:
         extra: dict[str, Any] = {"asks": asks(spec), "fits_now": bool(where.now)}
+        for up in uploaded:
+            extra["workdir"] = {
+                "digest": up.digest,
+                "total_bytes": up.total_bytes,
+                "sent_bytes": up.sent_bytes,
+                "sent_chunks": up.sent_chunks,
+            }
         if late is not None:
             extra["deadline_met"] = late.deadline_met
             extra["forecast"] = late.line
@@ -202,6 +234,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
         f"(owner {names.get(owner, short(owner))}, durable on {copies} agent{'s' * (copies != 1)})"
     )
     print(f"asks for {asks(spec)}")
+    for up in uploaded:
+        print(
+            f"working folder {up.digest[:12]}: {up.total_bytes} bytes,"
+            f" {up.sent_bytes} sent ({up.total_bytes - up.sent_bytes} held already)"
+        )
     if late is not None:
         print(("deadline met: " if late.deadline_met else "") + late.line)
     if where.never:

@@ -69,6 +69,8 @@ class Calls:
     ) -> None:
         self._ctx = ctx
         self._metrics = metrics
+        self.hold_workdir: Callable[[str], None] | None = None
+        """Fetch a replicated job's working folder here (``agent.daemon.workdirput``)."""
 
         async def start(body: Body, caller: str) -> Body:
             return (await runner.start(StartOffer.from_wire(body), caller)).to_wire()
@@ -132,7 +134,9 @@ class Calls:
         return {"job": stored_job(self._ctx.store, job_id)}
 
     async def _replicate(self, body: Body, caller: str) -> Body:
-        store_replica(self._ctx.store, body, caller, self._ctx.authority)
+        job = store_replica(self._ctx.store, body, caller, self._ctx.authority)
+        if job.spec.workdir_digest is not None and self.hold_workdir is not None:
+            self.hold_workdir(job.spec.workdir_digest)  # kept here as the submission is
         return {"ok": True}
 
     async def handle(self, op: str, body: Body, caller: str) -> Body:

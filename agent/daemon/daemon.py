@@ -248,6 +248,7 @@ class Agent:
         self.publisher.rates = self.stager.fetcher.rates.snapshot
         self.prefetches = Prefetches(self.runner, self.runner.data)
         self.calls = Calls(self.ctx, self.owner, self.runner, self.metrics, self.prefetches)
+        self.calls.hold_workdir = self.commands.holds.hold
         self.reads = Reads(self.ctx, self.owner, self.runner, self.node, self.mesh, self.trust)
         self.node.subscribe(self._on_gossip)
         self.node.serve_calls(api.stream_calls(self))

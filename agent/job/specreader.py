@@ -76,6 +76,7 @@ def spec_from_mapping(data: Mapping[str, Any], *, human: bool, now: float | None
         env=env,
         workdir=r.path("workdir"),
         image=r.opt_str("image"),
+        workdir_digest=r.opt_str("workdir_digest"),
         resources=resources_from_mapping(resources_raw, human=human),
         kind=cast(JobKind, r.choice("kind", JOB_KINDS, "batch")),
         priority=r.int_("priority", 0, least=None),

@@ -46,6 +46,7 @@ it, not on this module:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
@@ -72,6 +73,7 @@ from agent.running.reports import Reports, attempt_result
 from agent.running.reservations import Reservations
 from agent.running.runnerckpt import RunnerCheckpoints
 from agent.running.runs import Admitted, Declined, LaunchFailed, LocalDevices, LocalRun, NotAllowed
+from agent.running.workstage import stage_workdir
 from agent.storage.store import ResultRecord, RunRecord, StoreFull
 from agent.wire.calls import (
     AttemptResult,
@@ -337,6 +339,7 @@ class Runner:
             raise Declined(f"checkpoint: {exc}") from None
         try:
             data_env = await self._stage_data(job_id, attempt, spec)
+            cwd = await self._stage_workdir(job_id, attempt, spec)
             launch = Launch.from_spec(
                 job_id,
                 spec,
@@ -347,6 +350,8 @@ class Runner:
                 share_bytes=admitted.share_bytes,
                 data_env=data_env,
             )
+            if cwd is not None:
+                launch = dataclasses.replace(launch, cwd=cwd)
             started = await self.executor.start(launch)
         except (NoRoom, StagingFailed) as exc:  # not the job's fault: it may start elsewhere
             self.runs.pop(job_id, None)
@@ -405,6 +410,21 @@ class Runner:
         if self._closing or attempt <= self.fence.get(job_id):
             raise StagingFailed(f"attempt {attempt} was stopped while its data staged")
         return env
+
+    async def _stage_workdir(self, job_id: str, attempt: int, spec: JobSpec) -> str | None:
+        """The job's working folder staged and copied (``agent.running.workstage``): where it
+        starts; ``None`` when the spec names none."""
+        if spec.workdir_digest is None:
+            return None
+        if self.data is None:
+            raise StagingFailed("this agent keeps no content store: no working folder here")
+        ex = self.executor
+        where = await stage_workdir(
+            self.data, self.data.store, job_id, spec.workdir_digest, ex.job_dir(job_id), ex.user
+        )
+        if self._closing or attempt <= self.fence.get(job_id):
+            raise StagingFailed(f"attempt {attempt} was stopped while its working folder staged")
+        return where
 
     async def _preempt(self, job_id: str, attempt: int, cause: str) -> None:
         self.fence.raise_to(job_id, attempt)
