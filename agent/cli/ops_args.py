@@ -114,6 +114,17 @@ def submit_arguments(p: argparse.ArgumentParser) -> None:
         default="512MiB",
         help="refuse a --workdir folder larger than this (default 512MiB)",
     )
+    p.add_argument(
+        "--python-lock",
+        metavar="FILE",
+        help="a uv.lock in --workdir (its pyproject.toml beside it): the runner builds its "
+        "environment once per node and runs the job with it activated",
+    )
+    p.add_argument(
+        "--python-requirements",
+        metavar="FILE",
+        help="a requirements file in --workdir, built into the job's environment likewise",
+    )
     p.add_argument("--retries", type=int, default=0, help="further attempts on failure")
     p.add_argument(
         "--anyway",

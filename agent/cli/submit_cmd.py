@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 from agent.cli.ops_cmd import print_json, run_with_client
 from agent.cli.tables import hostnames
 from agent.common.errors import UserError
+from agent.common.parsing import toml_loads
 from agent.content.workdir import Packed, pack_workdir
 from agent.job.jobspec import JobSpec, check_job_id, new_job_id
 from agent.job.units import parse_size
@@ -46,7 +48,14 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
             raise UserError(f"--file {args.file}: {exc.strerror or exc}") from None
         if args.command:
             raise UserError("give the command either in --file or after --, not both")
-        return JobSpec.from_toml(text)
+        if getattr(args, "workdir", None) is None:
+            return JobSpec.from_toml(text)
+        try:
+            doc = toml_loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise UserError(f"job file is not valid TOML: {exc}") from None
+        doc["workdir_digest"] = PENDING_DIGEST  # the folder's, once packed (_packed)
+        return JobSpec.from_human(doc)
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
@@ -82,7 +91,27 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         data["checkpoint_dir"] = args.checkpoint_dir
     if args.image is not None:
         data["image"] = args.image
+    python_env = _python_env(args)
+    if python_env is not None:
+        if getattr(args, "workdir", None) is None:
+            raise UserError("--python-lock and --python-requirements name a file of --workdir")
+        data["python_env"] = python_env
+        data["workdir_digest"] = PENDING_DIGEST  # the folder's, once packed (_packed)
     return JobSpec.from_human(data)
+
+
+PENDING_DIGEST = "0" * 64
+
+
+def _python_env(args: argparse.Namespace) -> dict[str, str] | None:
+    lock, reqs = getattr(args, "python_lock", None), getattr(args, "python_requirements", None)
+    if lock is not None and reqs is not None:
+        raise UserError("give --python-lock or --python-requirements, not both")
+    if lock is not None:
+        return {"lock": lock}
+    if reqs is not None:
+        return {"requirements": reqs}
+    return None
 
 
 def _pairs(values: Sequence[str], flag: str) -> list[tuple[str, str]]:

@@ -30,12 +30,15 @@ import logging
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from agent.checkpoints.ckptfiles import Vault
 from agent.checkpoints.ckptmove import Checkpoints
 from agent.checkpoints.transfer import TransferLimits
 from agent.common.eachjob import one_job
+from agent.content.build import build_manifest
+from agent.content.manifest import ContentError
 from agent.content.routes import ContentServer
 from agent.content.stage import Stager
 from agent.content.swarm import SwarmLimits
@@ -70,6 +73,7 @@ from agent.running.admission import NodeFacts
 from agent.running.confirming import Placed
 from agent.running.datastage import JobData
 from agent.running.prefetch import Prefetches
+from agent.running.pyenvs import PythonEnvs
 from agent.running.runner import Runner
 from agent.storage import purging
 from agent.storage.sqlitefile import StoreError
@@ -244,6 +248,13 @@ class Agent:
         self.runner.data = JobData(
             self.view, self.data.store, self.stager, self.data_counts, self.ctx.changed
         )
+        self.runner.envs = PythonEnvs(
+            config.data_dir / "envs",
+            config.uv,
+            config.wheelhouse,
+            config.index_url,
+            on_built=self._env_built,
+        )
         self.runner.confirmer.owned = self._owned_placed
         self.publisher.rates = self.stager.fetcher.rates.snapshot
         self.prefetches = Prefetches(self.runner, self.runner.data)
@@ -344,8 +355,20 @@ class Agent:
             progress={j: p for j, p in runner.progress.items() if j in runner.runs},
             shares=runner.shares(),
             saved={j: at for j, at in runner.saved_at.items() if j in runner.runs},
-            staging=runner.data.lines() if runner.data is not None else {},
+            staging={
+                **(runner.data.lines() if runner.data is not None else {}),
+                **(runner.envs.building if runner.envs is not None else {}),
+            },
         )
+
+    def _env_built(self, key: str, folder: Path) -> None:
+        """A Python environment built here: indexed in the store as kind ``env`` (listed with
+        the node's other content: ``shoal cache``). Runs in a thread."""
+        try:
+            built = build_manifest(folder, f"env-{key[:12]}", "env", self.data.store)
+            self.data.store.add_local(built.manifest, folder)
+        except (ContentError, OSError) as exc:
+            log.warning("environment %s: not indexed in the store: %s", key[:12], exc)
 
     def device_keys(self) -> dict[int, str]:
         return {d.index: d.static.key for d in self.devices.report.devices}
@@ -585,6 +608,8 @@ class Agent:
             "datasets_refused": self.datasets.refused,
             "store": self.data.metrics(),
             "job_data": self.data_counts,
+            "env_builds": self.runner.envs.counts if self.runner.envs is not None else {},
+            "workdir_uploads": self.commands.uploads.counts,
             "prefetch": self.owner.prefetcher.counts,
             "job_data_wait": self.runner.data.waits if self.runner.data is not None else None,
             "history_dropped": self.history.dropped(),

@@ -139,6 +139,20 @@ class _Snapshot:
                 snap.get("job_data", {}),
             ),
             (
+                "env_builds",
+                "Python environments of jobs starting here: found built (hits), built (builds),"
+                " builds failed (failed)",
+                "what",
+                snap.get("env_builds", {}),
+            ),
+            (
+                "workdir_uploads",
+                "Working folders sent up to this agent: manifests, chunks and bytes received,"
+                " manifests and chunks refused",
+                "what",
+                snap.get("workdir_uploads", {}),
+            ),
+            (
                 "prefetch",
                 "Pre-fetches this owner asked of its waiting jobs' likely nodes: asked, moved (the"
                 " forecast moved: the old node told to stop), refused, failed",

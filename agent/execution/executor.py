@@ -234,6 +234,8 @@ class ProcessExecutor:
             raise error(f"cannot prepare the job's folder {job_dir}: {why}") from None
         env = base_env(self.user, os.environ)
         env.update(launch.env)
+        if launch.path_prefix is not None:
+            env["PATH"] = launch.path_prefix + os.pathsep + env.get("PATH", os.defpath)
         # The marker the subreaper tells a job's orphans by (agent.execution.containment), never the
         # job's.
         env["SHOAL_JOB_ID"], env["SHOAL_ATTEMPT"] = launch.job_id, str(launch.attempt)

@@ -69,11 +69,12 @@ from agent.running.draining import Drain
 from agent.running.fencing import Fences, fence_cause
 from agent.running.lostruns import reconcile_lost
 from agent.running.preemption import Ask, Preemptions, Refused
+from agent.running.pyenvs import EnvBuildFailed, NoBuilder, PythonEnvs
 from agent.running.reports import Reports, attempt_result
 from agent.running.reservations import Reservations
 from agent.running.runnerckpt import RunnerCheckpoints
 from agent.running.runs import Admitted, Declined, LaunchFailed, LocalDevices, LocalRun, NotAllowed
-from agent.running.workstage import stage_workdir
+from agent.running.workstage import Workdir, prepare_workdir
 from agent.storage.store import ResultRecord, RunRecord, StoreFull
 from agent.wire.calls import (
     AttemptResult,
@@ -144,6 +145,7 @@ class Runner:
         self.checkpoints: Checkpoints | None = None
         """Set by the agent once made (it reads the jobs run here through this runner)."""
         self.data: JobData | None = None
+        self.envs: PythonEnvs | None = None
         """Stages a job's datasets before it starts (``agent.running.datastage``); set by the
         agent (``None``: a spec naming datasets starts without them, as in unit tests)."""
         self.holds = Reservations()
@@ -339,7 +341,7 @@ class Runner:
             raise Declined(f"checkpoint: {exc}") from None
         try:
             data_env = await self._stage_data(job_id, attempt, spec)
-            cwd = await self._stage_workdir(job_id, attempt, spec)
+            work = await self._stage_workdir(job_id, attempt, spec)
             launch = Launch.from_spec(
                 job_id,
                 spec,
@@ -350,14 +352,19 @@ class Runner:
                 share_bytes=admitted.share_bytes,
                 data_env=data_env,
             )
-            if cwd is not None:
-                launch = dataclasses.replace(launch, cwd=cwd)
+            if work is not None:
+                launch = dataclasses.replace(
+                    launch,
+                    cwd=work.cwd,
+                    env={**launch.env, **work.env},
+                    path_prefix=work.path_prefix,
+                )
             started = await self.executor.start(launch)
-        except (NoRoom, StagingFailed) as exc:  # not the job's fault: it may start elsewhere
+        except (NoRoom, StagingFailed, NoBuilder) as exc:  # not the job's fault: elsewhere
             self.runs.pop(job_id, None)
             self._on_change()
             raise Declined(str(exc)) from None
-        except (LaunchError, ValueError, BadDatasets) as exc:
+        except (LaunchError, ValueError, BadDatasets, EnvBuildFailed) as exc:
             self.runs.pop(job_id, None)
             self._on_change()
             # The offer is declined (it ran nowhere: the owner may offer this attempt again); the
@@ -411,16 +418,16 @@ class Runner:
             raise StagingFailed(f"attempt {attempt} was stopped while its data staged")
         return env
 
-    async def _stage_workdir(self, job_id: str, attempt: int, spec: JobSpec) -> str | None:
-        """The job's working folder staged and copied (``agent.running.workstage``): where it
-        starts; ``None`` when the spec names none."""
+    async def _stage_workdir(self, job_id: str, attempt: int, spec: JobSpec) -> Workdir | None:
+        """The job's working folder staged and copied, its environment built
+        (``agent.running.workstage``); ``None`` when the spec names no working folder."""
         if spec.workdir_digest is None:
             return None
         if self.data is None:
             raise StagingFailed("this agent keeps no content store: no working folder here")
         ex = self.executor
-        where = await stage_workdir(
-            self.data, self.data.store, job_id, spec.workdir_digest, ex.job_dir(job_id), ex.user
+        where = await prepare_workdir(
+            self.data, self.envs, job_id, spec, ex.job_dir(job_id), ex.user
         )
         if self._closing or attempt <= self.fence.get(job_id):
             raise StagingFailed(f"attempt {attempt} was stopped while its working folder staged")

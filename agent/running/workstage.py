@@ -10,15 +10,51 @@ attempt gets a fresh copy; what the job writes elsewhere in its folder stays, as
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from agent.content.store import DiskStore
 from agent.content.workdir import WORK_DIR_NAME, chown_tree, copy_out
 from agent.execution.jobuser import JobUser
+from agent.job.jobspec import JobSpec
 from agent.running.datastage import JobData, StagingFailed
+from agent.running.pyenvs import NoBuilder, PythonEnvs
 
 WORKDIR_NAME = "workdir"
 """The name the store keeps a working folder under (the job's reason: ``staging workdir``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Workdir:
+    cwd: str
+    """The job's copy of its working folder: its working directory."""
+    env: Mapping[str, str]
+    """``VIRTUAL_ENV`` of its Python environment, if it names one."""
+    path_prefix: str | None
+    """The environment's ``bin`` folder, first on the job's PATH."""
+
+
+async def prepare_workdir(
+    data: JobData,
+    envs: PythonEnvs | None,
+    job_id: str,
+    spec: JobSpec,
+    job_dir: Path,
+    user: JobUser,
+) -> Workdir | None:
+    """The job's working folder copied and its Python environment built, when it names them.
+    Raises :class:`StagingFailed` and :class:`NoBuilder` (declined: another node may),
+    :class:`EnvBuildFailed` (the attempt fails)."""
+    if spec.workdir_digest is None:
+        return None
+    cwd = await stage_workdir(data, data.store, job_id, spec.workdir_digest, job_dir, user)
+    if spec.python_env is None:
+        return Workdir(cwd, {}, None)
+    if envs is None:
+        raise NoBuilder("python_env: this agent builds no environments")
+    env = await envs.prepare(job_id, spec.python_env, Path(cwd))
+    return Workdir(cwd, env, str(Path(env["VIRTUAL_ENV"]) / "bin"))
 
 
 async def stage_workdir(
