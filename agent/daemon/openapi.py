@@ -475,6 +475,16 @@ PATHS: Final[dict[str, Any]] = {
             "responses": {"200": _json_doc("{node, stages}"), **_answers(None)},
         }
     },
+    "/v1/cache": {
+        "get": {
+            "summary": "What this node's content store keeps (`shoal cache`): datasets, images,"
+            " environments and working folders, with sizes, pins and last use",
+            "responses": {
+                "200": _json_doc("{node, store_bytes, budget_bytes, items}"),
+                **_answers(None),
+            },
+        }
+    },
     "/v1/internal/content/{digest}": {
         "get": {
             "summary": "The manifest of content this agent knows (role agent)",

@@ -117,6 +117,14 @@ def test_an_environment_is_built_once_and_reused_and_a_failed_build_says_why(
         assert metric(mesh, a, "shoal_env_builds_total", what="builds") == 1
         assert metric(mesh, a, "shoal_env_builds_total", what="hits") == 1
 
+        def env_listed() -> bool:
+            done = shoal("cache", *flags, "--json")
+            assert done.returncode == 0, done.stderr
+            (doc,) = json.loads(done.stdout)["nodes"]
+            return any(i["kind"] == "env" and i["in_place"] for i in doc["items"])
+
+        mesh.wait("the environment listed in the node's cache", env_listed, WAIT_S)
+
         # A requirement the wheelhouse lacks: the attempt fails with uv's own words.
         (top / "requirements.txt").write_text("shoalprobe==9.9\n")
         done = shoal(

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from agent.job.ownership import rank
 from tests.agent.agents import Mesh
 from tests.shoal_cli import one_line_error, shoal
 
@@ -93,6 +94,27 @@ def test_a_gang_runs_in_the_working_folder_and_an_unchanged_one_is_not_sent_agai
             listing = json.loads(Path(f"{out}.{r}").read_text())
             assert listing["cwd"].endswith(f"/jobs/{first['job_id']}/work"), listing
             assert listing["files"] == {k: sha(v) for k, v in kept.items()}, listing
+
+        # The job's owner and replica keep the folder, as they keep the submission.
+        keepers = rank(first["job_id"], [a.node_id for a in mesh.agents])[:2]
+
+        def kept_whole() -> bool:
+            done = shoal("cache", *flags, "--json")
+            assert done.returncode == 0, done.stderr
+            docs = {d["node"]: d for d in json.loads(done.stdout)["nodes"]}
+            return all(
+                any(
+                    i["kind"] == "workdir"
+                    and i["digest"] == sent["digest"]
+                    and i["held_bytes"] == i["total_bytes"]
+                    for i in docs[k]["items"]
+                )
+                for k in keepers
+            )
+
+        mesh.wait("the owner and the replica hold the folder", kept_whole, WAIT_S)
+        listed = shoal("cache", *flags)
+        assert listed.returncode == 0 and "folder" in listed.stdout, listed
 
         # The same folder again: only its manifest goes up.
         again = shoal("submit", *flags, "--json", "--workdir", str(top), "--", *argv)
