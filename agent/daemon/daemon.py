@@ -72,6 +72,7 @@ from agent.running import diskguard
 from agent.running.admission import NodeFacts
 from agent.running.confirming import Placed
 from agent.running.datastage import JobData
+from agent.running.peerimages import PeerImages
 from agent.running.prefetch import Prefetches
 from agent.running.pyenvs import PythonEnvs
 from agent.running.runner import Runner
@@ -175,12 +176,15 @@ class Agent:
         features = SUPPORTED_FEATURES
         if self.container_runtime is None:
             features -= HOST_ONLY_FEATURES
+        self.images = PeerImages(config.data_dir)
+        self.images.runtime = self.container_runtime
         self.executor = ProcessExecutor(
             ExecutorConfig(
                 data_dir=config.data_dir,
                 grace_s=config.stop_grace_s,
                 job_user=config.job_user,
                 container_runtime=self.container_runtime,
+                images=self.images,
             ),
             on_event=lambda e: self.runner.on_exec_event(e),
         )
@@ -260,6 +264,14 @@ class Agent:
         self.prefetches = Prefetches(self.runner, self.runner.data)
         self.calls = Calls(self.ctx, self.owner, self.runner, self.metrics, self.prefetches)
         self.calls.hold_workdir = self.commands.holds.hold
+        self.calls.export_image = self.images.export
+        self.images.store, self.images.stager = self.data.store, self.stager
+        self.images.ask = lambda addr, op, body: self.ctx.peers.call(addr, op, body)
+        self.images.peers = lambda: [
+            addr
+            for n in sorted(self.mesh.live_agents())
+            if n != self.node_id and (addr := self.mesh.addr_of(n)) is not None
+        ]
         self.reads = Reads(self.ctx, self.owner, self.runner, self.node, self.mesh, self.trust)
         self.node.subscribe(self._on_gossip)
         self.node.serve_calls(api.stream_calls(self))
@@ -609,6 +621,7 @@ class Agent:
             "store": self.data.metrics(),
             "job_data": self.data_counts,
             "env_builds": self.runner.envs.counts if self.runner.envs is not None else {},
+            "image_pulls": self.images.counts,
             "workdir_uploads": self.commands.uploads.counts,
             "prefetch": self.owner.prefetcher.counts,
             "job_data_wait": self.runner.data.waits if self.runner.data is not None else None,

@@ -146,6 +146,13 @@ class _Snapshot:
                 snap.get("env_builds", {}),
             ),
             (
+                "image_pulls",
+                "Images of container jobs starting here: held already (present), pulled from the"
+                " registry, moved from a peer, failed; archives exported for peers (exported)",
+                "what",
+                snap.get("image_pulls", {}),
+            ),
+            (
                 "workdir_uploads",
                 "Working folders sent up to this agent: manifests, chunks and bytes received,"
                 " manifests and chunks refused",

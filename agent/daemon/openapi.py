@@ -35,6 +35,7 @@ INTERNAL_CALLS: Final = (
     "gang_abort",
     "confirm_start",
     "prefetch",
+    "image_export",
 )
 """The agent-to-agent calls of ``POST /v1/internal/{op}`` (``agent.daemon.calls``)."""
 
