@@ -343,7 +343,10 @@ class MeshSnapshot:
         return JobTimes(None, ends, forecast)
 
     def why_waiting(self, job: JobView) -> str | None:
-        """Why a pending job waits: its owner's reason, else the policy's line."""
+        """Why a pending job waits: its owner's reason, else the policy's line; a placing job
+        whose runner stages its datasets: how far (its owner's reason)."""
+        if job.state == "placing":
+            return job.reason
         if job.state != "pending":
             return None
         return job.reason or self.outlook().waiting.get(job.job_id)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from agent.cli.ops_args import NODE_HELP, add_connection_arguments
+from agent.cli.stage_args import add_stage_parser
 
 REF_HELP = "NAME (every version held there) or NAME@DIGEST (one version)"
 
@@ -40,3 +41,4 @@ def data_arguments(p: argparse.ArgumentParser) -> None:
         add_connection_arguments(q)
         q.add_argument("dataset", metavar="DATASET", help=REF_HELP)
         q.add_argument("--nodes", nargs="+", required=True, metavar="NODE", help=NODE_HELP)
+    add_stage_parser(sub)

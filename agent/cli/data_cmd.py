@@ -28,8 +28,15 @@ def cmd_data(args: argparse.Namespace) -> int:
         "evict": _on_nodes,
         "pin": _on_nodes,
         "unpin": _on_nodes,
+        "stage": _stage,
     }[args.data_command]
     return run(args)
+
+
+def _stage(args: argparse.Namespace) -> int:
+    from agent.cli.stage_cmd import cmd_stage
+
+    return cmd_stage(args)
 
 
 def _ref(text: str) -> str:

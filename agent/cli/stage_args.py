@@ -43,6 +43,11 @@ def stage_arguments(p: argparse.ArgumentParser) -> None:
         " environment says where and as whom)",
     )
     p.add_argument(
+        "--cancel",
+        action="store_true",
+        help="stop the stage on those nodes instead (what they fetched stays held)",
+    )
+    p.add_argument(
         "--wait",
         action="store_true",
         help="show progress until every node has it (or failed); Ctrl-C stops waiting, not"

@@ -1,5 +1,6 @@
 """``shoal data stage NAME[@DIGEST] --nodes N1,N2 [--from URL] [--wait] [--json]``: an
-operator-signed ``stage`` command; each named node fetches the dataset now and answers its
+operator-signed ``stage`` command; each named node fetches the dataset now (``NAME`` alone: the
+newest version some node holds whole, as ``GET /v1/nodes`` lists them) and answers its
 stage (state, bytes held of the total, rate, holders, ETA). ``--wait`` asks again every
 :data:`POLL_S` until every node is done or failed (stage is idempotent: a node answers the stage
 it runs), printing each node's line as it changes."""
@@ -30,16 +31,27 @@ def stage_body(dataset: str, source: str | None) -> dict[str, Any]:
         raise UserError(f"{dataset!r}: the digest after @ must be 64 lowercase hex digits")
     if at and source is not None:
         raise UserError("give NAME@DIGEST (from members) or --from URL, not both")
-    if not at and source is None:
-        raise UserError(
-            "give NAME@DIGEST (see 'shoal data ls') to stage from members, or --from URL"
-        )
     body: dict[str, Any] = {"name": name}
     if at:
         body["digest"] = digest
-    else:
+    elif source is not None:
         body["source"] = source
     return body
+
+
+def newest_version(nodes: list[dict[str, Any]], name: str) -> str:
+    """The digest ``NAME`` alone means: the newest version of it some node holds whole."""
+    found: dict[str, float] = {}
+    for node in nodes:
+        for v in node.get("dataset_versions") or ():
+            whole = v.get("held_bytes", 0) >= v.get("total_bytes", 1)
+            if v.get("name") == name and whole and isinstance(v.get("digest"), str):
+                found[v["digest"]] = max(found.get(v["digest"], 0.0), float(v["created_s"]))
+    if not found:
+        raise UserError(
+            f"no node holds all of {name!r}: give NAME@DIGEST (see 'shoal data ls') or --from URL"
+        )
+    return max(found, key=lambda d: (found[d], d))
 
 
 def _node_texts(values: list[str]) -> list[str]:
@@ -61,10 +73,16 @@ def _ended(answer: Mapping[str, Any]) -> bool:
 
 def cmd_stage(args: argparse.Namespace) -> int:
     body = stage_body(args.dataset, args.source)
+    if args.cancel:
+        if args.wait:
+            raise UserError("--cancel and --wait do not go together")
+        body["cancel"] = True
 
     async def call(client: ApiClient) -> dict[str, Any]:
         listed = await client.nodes()
         body["nodes"] = [str(pick_node(listed, t)["node_id"]) for t in _node_texts(args.nodes)]
+        if "digest" not in body and "source" not in body and not args.cancel:
+            body["digest"] = newest_version(listed, body["name"])
         answer = await client.command("stage", body)
         if not args.wait:
             return answer

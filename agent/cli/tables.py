@@ -92,8 +92,9 @@ def job_row(job: Mapping[str, Any], names: Mapping[str, str], now: float) -> lis
     members = job.get("members") or ()
     if members:  # a gang: one row, its members in the job's detail
         where = f"{len(members)} node{'s' * (len(members) != 1)}"
-    # Why it waits or why it failed (a launch error says so in one line), else what it runs.
-    why = job.get("reason") if job.get("state") in ("pending", "failed") else None
+    # Why it waits (placing: its runner stages its datasets) or why it failed (a launch error
+    # says so in one line), else what it runs.
+    why = job.get("reason") if job.get("state") in ("pending", "placing", "failed") else None
     return [
         short(job.get("job_id")),
         str(job.get("state", "?")),

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -99,8 +99,13 @@ class Stager:
         self.staging_dir = staging_dir
         self.counts = counts
         self.fetcher = Fetcher(store, limits=limits, counts=counts)
+        self.listed: Callable[[str], Sequence[str]] = lambda _digest: ()
+        """The members whose ``place`` records say they hold a digest, whole or in part (asked
+        first: in a large mesh the holders need not be among the first ids)."""
         self._states: dict[str, StageState] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.changed: Callable[[], None] = lambda: None
+        """Called when a stage ended with the content held (the agent republishes its data)."""
 
     def states(self) -> list[StageState]:
         return list(self._states.values())
@@ -108,13 +113,17 @@ class Stager:
     def state(self, key: str) -> StageState | None:
         return self._states.get(key)
 
-    def start(self, name: str, digest: str | None, source: str | None) -> StageState:
+    def start(
+        self, name: str, digest: str | None, source: str | None, *, again: bool = False
+    ) -> StageState:
         """Stage ``digest`` from members, or ``name`` from ``source`` (a URL); the state now. A
-        stage running or done is answered as it stands; one failed or cancelled starts again."""
+        stage running or done is answered as it stands; one failed or cancelled starts again, and
+        one done too with ``again`` (a job needs what was evicted since)."""
         key = digest or name
         task = self._tasks.get(key)
         old = self._states.get(key)
-        if (task is not None and not task.done()) or (old is not None and old.state == "done"):
+        done = old is not None and old.state == "done" and not again
+        if (task is not None and not task.done()) or done:
             return self._states[key]  # asked again: the stage as it stands (a poll)
         state = StageState(name, digest, source or "peers", "staging")
         self._states.pop(key, None)
@@ -128,12 +137,16 @@ class Stager:
         self._tasks[key] = asyncio.create_task(self._guard(key, run), name=f"stage {name}")
         return state
 
-    def cancel(self, key: str) -> bool:
-        task = self._tasks.get(key)
-        if task is None or task.done():
-            return False
-        task.cancel()
-        return True
+    async def cancel(self, key: str) -> StageState | None:
+        """Stop the stages of ``key`` (a digest, or a name: every stage of it); what they
+        fetched stays held. The state of one of them once stopped (``None``: none here)."""
+        keys = [k for k, st in self._states.items() if key in (k, st.name)]
+        for k in keys:
+            task = self._tasks.get(k)
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        return self._states[keys[0]] if keys else None
 
     async def close(self) -> None:
         for task in self._tasks.values():
@@ -178,10 +191,17 @@ class Stager:
             self._set(key, state="failed", error=f"internal error: {type(exc).__name__}")
         else:
             self._set(key, state="done")
+            self.changed()
 
-    def holders(self) -> list[Holder]:
+    def holders(self, digest: str | None = None) -> list[Holder]:
+        """The live members to ask, at most :data:`MAX_HOLDERS_ASKED`: first those whose
+        ``place`` records list ``digest`` (:attr:`listed`), then the others by id."""
+        live = sorted(self.mesh.live_agents())
+        alive = set(live)
+        listed = [n for n in dict.fromkeys(self.listed(digest)) if n in alive] if digest else []
+        first = set(listed)
         found: list[Holder] = []
-        for node in sorted(self.mesh.live_agents()):
+        for node in [*listed, *(n for n in live if n not in first)]:
             addr = self.mesh.addr_of(node)
             if node != self.node_id and addr is not None:
                 found.append(PeerHolder(self.peers, node, addr))
@@ -191,7 +211,7 @@ class Stager:
 
     async def _from_peers(self, key: str, name: str, digest: str) -> None:
         got = await self.fetcher.fetch(
-            digest, self.holders(), kind="peer", on_progress=self._progress(key)
+            digest, self.holders(digest), kind="peer", on_progress=self._progress(key)
         )
         self._set(key, progress=got.progress)
 
@@ -240,6 +260,12 @@ class StageAsk:
     digest: str | None
     source: str | None
     nodes: tuple[str, ...]
+    cancel: bool = False
+    """Stop the stage instead (a pre-fetch no longer wanted): what it fetched stays held."""
+
+    @property
+    def key(self) -> str:
+        return self.digest or self.name
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> StageAsk:
@@ -263,8 +289,10 @@ class StageAsk:
                 raise ValueError(f"source must be a URL of at most {MAX_SOURCE_CHARS} characters")
             if not source.startswith(("http://", "https://", "s3://")):
                 raise ValueError("source must be an http://, https:// or s3:// URL")
-        if (digest is None) == (source is None):
+        if digest is not None and source is not None:
             raise ValueError("give the content's digest (NAME@DIGEST) or a source URL, not both")
+        if digest is None and source is None and not body.get("cancel"):
+            raise ValueError("give the content's digest (NAME@DIGEST) or a source URL")
         nodes = body.get("nodes")
         if (
             not isinstance(nodes, list)
@@ -272,4 +300,7 @@ class StageAsk:
             or not all(isinstance(n, str) and 0 < len(n) <= 128 for n in nodes)
         ):
             raise ValueError(f"nodes must be a list of 1 to {MAX_NODES} node ids")
-        return cls(name, digest, source, tuple(dict.fromkeys(nodes)))
+        cancel = body.get("cancel", False)
+        if not isinstance(cancel, bool):
+            raise ValueError("cancel must be true or false")
+        return cls(name, digest, source, tuple(dict.fromkeys(nodes)), cancel)

@@ -10,9 +10,10 @@ The index (``index.db``, SQLite through :func:`~agent.storage.sqlitefile.open_da
 the manifests (digest, kind, name, created, total and held bytes, last use, uses, pinned), the
 names each is known by (two datasets of equal bytes are one manifest under two names, each with
 its own local origin), each manifest's files, and every place a chunk sits (file key, chunk
-number) with whether it is held: a chunk put for one manifest is written at every place it sits,
-in every manifest, and a manifest added later takes what is held already, so nothing held is fetched
-twice. What is recorded held was written and flushed first, so a restart resumes where it was.
+number) with whether it is held: a chunk put for one manifest is written at every place it
+sits, in every manifest, and a manifest added later takes what is held already, so nothing held
+is fetched twice. What is recorded held was written and flushed first, so a restart resumes
+where it was.
 
 A manifest of *local origin* (a dataset in the agent's datasets folder) keeps its bytes where
 they are: its files are read at their offset, and checked, when a chunk is served.

@@ -151,5 +151,5 @@ class StoreFiles:
 
     def disk_free(self) -> tuple[int, int]:
         """Bytes free (to an unprivileged user) and in all, on the store's disk."""
-        st = os.statvfs(self.root)
-        return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+        usage = shutil.disk_usage(self.root)
+        return usage.free, usage.total

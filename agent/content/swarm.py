@@ -149,6 +149,8 @@ class Swarm:
         self._arrived: deque[tuple[float, int, str]] = deque()
         self._max_chunk = max((c.length_bytes for c in missing), default=0)
         self._ranked: list[str] | None = None
+        self._head = 0
+        """Every chunk of ``_ranked`` before it is held."""
         self.counts = _Counts()
 
     # -- holders ---------------------------------------------------------------------------------
@@ -201,7 +203,11 @@ class Swarm:
         ready = [h for h in self._holders.values() if self._ready(h, now)]
         if not ready:
             return asks
-        for digest in self._rank():
+        ranked = self._rank()
+        while self._head < len(ranked) and ranked[self._head] not in self._pending:
+            self._head += 1  # held since: never pending again
+        for i in range(self._head, len(ranked)):
+            digest = ranked[i]
             chunk = self._pending.get(digest)
             if chunk is None or digest in self._in_flight:
                 continue
@@ -323,8 +329,7 @@ class Swarm:
             self._ranked = sorted(
                 self._pending, key=lambda d: (wholes + partial[d], self._order[d])
             )
-        elif len(self._ranked) > 2 * len(self._pending) + 64:
-            self._ranked = [d for d in self._ranked if d in self._pending]
+            self._head = 0
         return self._ranked
 
     def _burst(self) -> int:
@@ -337,7 +342,15 @@ class Swarm:
         h.refilled_at = max(h.refilled_at, now)
 
     def _ready(self, h: _Holder, now: float) -> bool:
-        return not h.out and now >= h.until and h.in_flight < self.limits.max_in_flight_per_holder
+        """May ``h`` be asked now: usable, not backing off, under its cap, and (with a rate
+        cap) its bucket holds a whole chunk, so that a ready holder never makes the asking
+        scan every pending chunk for nothing."""
+        if h.out or now < h.until or h.in_flight >= self.limits.max_in_flight_per_holder:
+            return False
+        if not self.limits.link_bytes_per_s:
+            return True
+        self._refill(h, now)
+        return h.tokens >= self._max_chunk
 
     def _may_take(self, h: _Holder, chunk: ChunkAt, now: float) -> bool:
         if not self.limits.link_bytes_per_s:

@@ -70,8 +70,8 @@ class Commands:
         runner: Runner,
         node: GossipNode,
         mesh: GossipMesh,
-        data: NodeData,
         stager: Stager,
+        data: NodeData,
     ) -> None:
         self._ctx = ctx
         self._config = config
@@ -82,8 +82,8 @@ class Commands:
         self._runner = runner
         self._node = node
         self._mesh = mesh
-        self._data = data
         self._stager = stager
+        self._data = data
         self.rejections: Counter[str] = Counter()
         self.uploads = WorkdirUploads(data.store, Counter())
         self.holds = WorkdirHolds(data.store, stager)
@@ -95,11 +95,11 @@ class Commands:
             "drain": self._drain,
             "undrain": self._drain,
             "revoke": self._revoke,
+            "stage": self._stage,
             "data_add": self._data_command,
             "data_evict": self._data_command,
             "data_pin": self._data_command,
             "data_unpin": self._data_command,
-            "stage": self._stage,
             "workdir_missing": self._workdir,
             "workdir_put": self._workdir,
         }
@@ -298,7 +298,11 @@ class Commands:
             return 409, {"error": f"this is {me[:8]}, not one of the nodes named"}
         answers: dict[str, dict[str, Any]] = {}
         if me in ask.nodes:
-            answers[me] = self._stager.start(ask.name, ask.digest, ask.source).to_wire()
+            if ask.cancel:
+                state = await self._stager.cancel(ask.key)
+                answers[me] = state.to_wire() if state else {"error": "no such stage here"}
+            else:
+                answers[me] = self._stager.start(ask.name, ask.digest, ask.source).to_wire()
 
         async def forward(node: str) -> None:
             if node not in self._mesh.live_agents():

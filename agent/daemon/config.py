@@ -66,6 +66,8 @@ class AgentConfig:
     size; scanned again every ``datasets_rescan_s`` (datasets may come and go)."""
     datasets_rescan_s: float = 60.0
     """How often ``datasets_dir`` is scanned again."""
+    content_link_bytes_per_s: float = 0.0
+    """The most bytes per second content is fetched at from any one holder (0: no cap)."""
     store_budget_bytes: int | None = None
     """What the content store (``<data_dir>/store/``) may keep, in bytes; unset:
     ``store_budget_share`` of its disk. Datasets indexed in place do not count."""
@@ -75,8 +77,6 @@ class AgentConfig:
     """Past this share of its budget the store evicts (least recently used, weighted by uses)..."""
     store_low: float = 0.70
     """...down to this share (pinned versions and those running jobs read are kept)."""
-    content_link_bytes_per_s: float = 0.0
-    """The most bytes per second content is fetched at from any one holder (0: no cap)."""
     cost_per_hour: float | None = None
     """What an hour of this host costs; gossiped as the ``cost_per_hour`` label."""
     probe_interval_s: float = 1.0

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import sys
 import time
@@ -71,7 +72,7 @@ from agent.owning.placement import PLACEMENTS, Placement
 from agent.running import diskguard
 from agent.running.admission import NodeFacts
 from agent.running.confirming import Placed
-from agent.running.datastage import JobData
+from agent.running.datastage import JobData, holders_of
 from agent.running.peerimages import PeerImages
 from agent.running.prefetch import Prefetches
 from agent.running.pyenvs import PythonEnvs
@@ -226,6 +227,7 @@ class Agent:
             self.content_counts,
             SwarmLimits(link_bytes_per_s=int(config.content_link_bytes_per_s)),
         )
+        self.stager.changed = self.datasets_changed
         self.commands = Commands(
             self.ctx,
             config,
@@ -236,8 +238,8 @@ class Agent:
             runner=self.runner,
             node=self.node,
             mesh=self.mesh,
-            data=self.data,
             stager=self.stager,
+            data=self.data,
         )
         self.checkpoints = Checkpoints(
             self.ctx,
@@ -261,6 +263,7 @@ class Agent:
         )
         self.runner.confirmer.owned = self._owned_placed
         self.publisher.rates = self.stager.fetcher.rates.snapshot
+        self.stager.listed = functools.partial(holders_of, self.view)
         self.prefetches = Prefetches(self.runner, self.runner.data)
         self.calls = Calls(self.ctx, self.owner, self.runner, self.metrics, self.prefetches)
         self.calls.hold_workdir = self.commands.holds.hold
@@ -554,11 +557,12 @@ class Agent:
         self.publisher.datasets_scanned(self.data.sizes(), self.data.versions())
 
     def _datasets_in_use(self) -> list[tuple[str, str]]:
-        """(job id, dataset ref) of the jobs running here: their versions are never evicted;
-        nor those of jobs starting or pre-fetched here (under the job id ``""``)."""
+        """(job id, dataset ref) of the jobs running here or holding devices here to start:
+        their versions are never evicted; nor those of jobs starting or pre-fetched here (under
+        the job id ``""``)."""
         data = self.runner.data
         out = [] if data is None else [("", f"{v.name}@{v.digest}") for v in data.protected()]
-        for job_id in list(self.runner.runs):
+        for job_id in dict.fromkeys([*self.runner.runs, *self.runner.holds.job_ids()]):
             spec = (self.view.jobs.get(job_id) or {}).get("spec")
             if isinstance(spec, dict):
                 datasets = spec.get("datasets") or ()

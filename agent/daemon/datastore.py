@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -63,8 +64,7 @@ class NodeData:
         each job that runs here."""
         root = config.data_dir / "store"
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        st = os.statvfs(root)
-        self.store = DiskStore(root, store_rules(config, st.f_blocks * st.f_frsize))
+        self.store = DiskStore(root, store_rules(config, shutil.disk_usage(root).total))
         self.store.protected = self.protected
         self.scanner = DatasetScanner(config.datasets_dir, config.datasets)
         self.named = config.datasets

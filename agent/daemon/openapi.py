@@ -128,6 +128,11 @@ SCHEMAS: Final[dict[str, Any]] = {
                     }
                 )
             ),
+            "fetch_rates": {
+                "type": "object",
+                "description": "member -> bytes/s this node measured fetching content from it",
+                "additionalProperties": _NUM,
+            },
             "shares": {
                 "type": "object",
                 "description": "device key -> {job id -> bytes of its memory the job holds}: the"

@@ -172,6 +172,9 @@ class Reads:
                     dataset_versions=node.place.versions
                     if node is not None and node.place is not None
                     else (),
+                    fetch_rates=node.place.rates
+                    if node is not None and node.place is not None
+                    else {},
                     rtt_s=view.rtt_s(self._ctx.node_id, m.node),
                     shares=status.shares if status else {},
                 )

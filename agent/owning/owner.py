@@ -147,8 +147,7 @@ class Owner:
         self.resizes = Resizes(self.events)
         """Elastic jobs restarting at another size (``agent.owning.elastic``)."""
         self.growth = Growth(ctx.elastic_grow_idle_s, ctx.preempt_min_run_s)
-        self.prefetcher = Prefetcher(self)
-        """Has a waiting job's likely node stage its datasets (``agent.owning.prefetching``)."""
+        self.prefetcher = Prefetcher(self)  # a waiting job's datasets to its likely node
 
     # -- lifecycle -------------------------------------------------------------------------------
 

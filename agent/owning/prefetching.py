@@ -8,7 +8,9 @@ internal call ``prefetch`` with the operator's signed submission (the node check
 this owner may own the job: ``agent.running.prefetch``). When the forecast moves to another node,
 the stale pre-fetch is cancelled there (what it fetched stays as cache) and the new node is asked;
 when the job starts, a pre-fetch on another node is cancelled. A node that refused (its bounds)
-is asked again at the next look. Gangs are not pre-fetched (each member stages as it starts).
+is asked again at the next look, one that took it every :data:`PREFETCH_RENEW_S` (so the node
+keeps the job's data from eviction while it waits). Gangs are not pre-fetched (each member
+stages as it starts).
 
 Counted in ``shoal_prefetch_total`` by what happened: ``asked``, ``moved`` (the forecast moved and
 the old node was told), ``refused``, ``failed`` (the call did not go through).
@@ -39,10 +41,16 @@ PREFETCH_EVERY_S: Final = 5.0
 PREFETCH_TIMEOUT_S: Final = 10.0
 
 
+PREFETCH_RENEW_S: Final = 600.0
+"""A pre-fetch the node took is asked again this often while the job waits (the node forgets
+one not renewed for ``agent.running.prefetch.PREFETCH_TTL_S``)."""
+
+
 @dataclass(slots=True)
 class _Asked:
     node: str
     at: float
+    sent_at: float
     ok: bool = False
 
 
@@ -75,6 +83,10 @@ class Prefetcher:
             return
         if prev is not None and prev.node == node and prev.ok:
             prev.at = now
+            if now - prev.sent_at < PREFETCH_RENEW_S:
+                return
+            prev.sent_at = now
+            o.spawn(self._send(job, node, cancel=False))
             return
         if prev is not None and prev.node != node:
             self.counts["moved"] += 1
@@ -82,7 +94,7 @@ class Prefetcher:
                 "prefetch", f"forecast moved {prev.node[:8]} -> {node[:8]}", job_id=job.job_id
             )
             o.spawn(self._send(job, prev.node, cancel=True))
-        self.asked[job.job_id] = _Asked(node, now)
+        self.asked[job.job_id] = _Asked(node, now, now)
         o.spawn(self._send(job, node, cancel=False))
 
     def placed(self, job: OwnedJob, node: str | None) -> None:

@@ -40,7 +40,7 @@ import shutil
 import stat
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -109,10 +109,15 @@ class WaitHistogram:
         ]
 
 
-def newest_version(name: str, view: ClusterView, store: DiskStore) -> str | None:
-    """The digest of the newest version of ``name`` in the place records and this store."""
+def newest_version(
+    name: str, view: ClusterView, store: DiskStore, live: Collection[str] | None = None
+) -> str | None:
+    """The digest of the newest version of ``name`` in the place records (of the ``live``
+    members, when given) and this store."""
     best: tuple[float, str] | None = None
-    for node in list(view.nodes.values()):
+    for node_id, node in list(view.nodes.items()):
+        if live is not None and node_id not in live:
+            continue
         for v in node.place.versions if node.place is not None else ():
             if v.name == name and (best is None or (v.created_s, v.digest) > best):
                 best = (v.created_s, v.digest)
@@ -123,10 +128,23 @@ def newest_version(name: str, view: ClusterView, store: DiskStore) -> str | None
     return None if best is None else best[1]
 
 
-def resolve(ref: DatasetRef, view: ClusterView, store: DiskStore) -> Version:
+def holders_of(view: ClusterView, digest: str) -> list[str]:
+    """The members whose ``place`` records hold some of ``digest``, the most held first."""
+    found: list[tuple[int, str]] = []
+    for node_id, node in list(view.nodes.items()):
+        for v in node.place.versions if node.place is not None else ():
+            if v.digest == digest and v.held_bytes > 0:
+                found.append((-v.held_bytes, node_id))
+    return [n for _held, n in sorted(found)]
+
+
+def resolve(
+    ref: DatasetRef, view: ClusterView, store: DiskStore, live: Collection[str] | None = None
+) -> Version:
+    """The version ``ref`` names: its digest, or the newest of ``NAME`` (:func:`newest_version`)."""
     if ref.digest is not None:
         return Version(ref.name, ref.digest)
-    digest = newest_version(ref.name, view, store)
+    digest = newest_version(ref.name, view, store, live)
     if digest is None:
         raise StagingFailed(f"dataset {ref.name}: no member holds any version of it")
     return Version(ref.name, digest)
@@ -175,6 +193,10 @@ class JobData:
         """The versions pre-fetched here for waiting jobs (``agent.running.prefetch``)."""
         self.prefetch_done: Callable[[str], None] = lambda _job_id: None
         """Told when a job's launch begins here: its pre-fetch, if any, is its launch now."""
+        self.link_wanted: Callable[[], None] = lambda: None
+        """Told when a starting job must fetch: pre-fetches give it the link."""
+        self.link_free: Callable[[], None] = lambda: None
+        """Told when no starting job fetches any more: pre-fetches go on."""
 
     def line(self, job_id: str) -> str | None:
         """What the job waits for, with the fetch's progress; ``None``: it does not wait."""
@@ -204,7 +226,8 @@ class JobData:
         self.prefetch_done(job_id)
         began = self.clock()
         try:
-            versions = tuple(resolve(r, self.view, self.store) for r in parsed)
+            live = set(self.stager.mesh.live_agents())
+            versions = tuple(resolve(r, self.view, self.store, live) for r in parsed)
             self.needed[job_id] = versions
             for v in versions:
                 await self._stage(job_id, v)
@@ -216,8 +239,6 @@ class JobData:
         except BaseException:
             self.needed.pop(job_id, None)
             raise
-        finally:
-            self.staging.pop(job_id, None)
         self.waits.observe(max(0.0, self.clock() - began))
         env = {env_name(v.name): str(p) for v, p in zip(versions, paths, strict=True)}
         env["SHOAL_DATASETS"] = ":".join(
@@ -257,8 +278,17 @@ class JobData:
             return
         self.counts["misses"] += 1
         self.staging[job_id] = v
+        self.link_wanted()
+        try:
+            await self._fetch(v)
+        finally:
+            del self.staging[job_id]
+            if not self.staging:
+                self.link_free()
+
+    async def _fetch(self, v: Version) -> None:
         for _ in range(MAX_TRIES):
-            self.stager.start(v.name, v.digest, None)
+            self.stager.start(v.name, v.digest, None, again=True)  # not whole here: fetch
             state = await self._wait(v.digest)
             if state is None:
                 continue  # a pre-fetch of it was cancelled under us: start it again

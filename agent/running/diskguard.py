@@ -10,6 +10,8 @@ most, if that is at least the reserve (:func:`culprit`: otherwise the disk was n
 job, and no job is stopped for it), is killed at once (cause ``disk``), everything in its
 folder but its current log is removed (no link followed), and a line in that log says why. Its
 owner fails it, with that reason, and does not offer it again (it would fill the next disk too).
+What a job's folder holds does not count its datasets' links (:func:`job_bytes`): those bytes are
+the content store's.
 
 The choice is sans-I/O (:func:`culprit`); :func:`folder_bytes` and :func:`clear` do the file
 work, in a thread.
@@ -19,11 +21,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Final
 
 from agent.execution.logfiles import LOG_NAME
+from agent.running.datastage import DATASETS_DIR
 
 CHECK_S: Final = 1.0
 """How often the disk's free space is looked at (one ``statvfs``)."""
@@ -75,6 +79,21 @@ def folder_bytes(folder: Path, limit: int = WALK_ENTRIES_MAX) -> int:
     return total
 
 
+def job_bytes(folder: Path) -> int:
+    """What a job's folder holds that the job wrote: its datasets' links (``datasets/``, the
+    agent's own folder of hardlinks to the content store, ``agent.running.datastage``) are the
+    store's bytes, not the job's. A ``datasets`` the agent does not own (the job made it) counts."""
+    total = folder_bytes(folder)
+    top = folder / DATASETS_DIR
+    try:
+        st = os.lstat(top)
+    except OSError:
+        return total
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+        total -= folder_bytes(top) + st.st_blocks * 512
+    return max(0, total)
+
+
 def clear(folder: Path) -> int:
     """Remove everything in ``folder`` but the job's current log (its rotated backups go
     too: a job printing without end fills a small disk within their bound), no link
@@ -107,7 +126,7 @@ def look(jobs_folder: Path, running: Iterable[str]) -> tuple[str, int, int] | No
     reserve = reserve_bytes(total)
     if free >= reserve:
         return None
-    held = {job_id: folder_bytes(jobs_folder / job_id) for job_id in running}
+    held = {job_id: job_bytes(jobs_folder / job_id) for job_id in running}
     job_id = culprit(free, reserve, held)
     return None if job_id is None else (job_id, held[job_id], free)
 

@@ -10,7 +10,9 @@ store as cache.
 
 Bounds, so a pre-fetch never starves the jobs that start here:
 
-- it is refused while a job starting here stages its own data (the owner asks again later);
+- it is refused while a job starting here stages its own data (the owner asks again later), and
+  the stages of those under way stop when such a job begins to fetch (what they fetched stays) and
+  go on once no starting job fetches (:meth:`Prefetches.pause`, :meth:`Prefetches.resume`);
 - at most :data:`MAX_PREFETCHES` jobs' pre-fetches at once;
 - what all of them still lack may be at most :data:`PREFETCH_BUDGET_SHARE` of the store's budget;
 - a pre-fetch is forgotten after :data:`PREFETCH_TTL_S` (its owner may be gone; the stage it
@@ -18,11 +20,12 @@ Bounds, so a pre-fetch never starves the jobs that start here:
 
 The versions of a pre-fetch are kept from eviction while it is remembered (a job queued for
 here). Counted in ``shoal_job_data_total``: ``prefetch_started``, ``prefetch_cancelled``,
-``prefetch_refused``.
+``prefetch_refused``, ``prefetch_paused``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,8 +73,11 @@ class Prefetches:
         self.data = data
         self.clock = clock
         self.jobs: dict[str, Prefetch] = {}
+        self._stopping: set[asyncio.Future[Any]] = set()
         data.prefetched = self.versions
         data.prefetch_done = self.started
+        data.link_wanted = self.pause
+        data.link_free = self.resume
 
     def versions(self) -> set[Version]:
         self._expire()
@@ -93,7 +99,8 @@ class Prefetches:
             return {"started": [], "refused": refused}
         try:
             parsed = check_names(spec.datasets)
-            versions = tuple(resolve(r, self.data.view, self.data.store) for r in parsed)
+            live = set(self.data.stager.mesh.live_agents())
+            versions = tuple(resolve(r, self.data.view, self.data.store, live) for r in parsed)
         except (StagingFailed, BadDatasets, ValueError) as exc:
             counts["prefetch_refused"] += 1
             return {"started": [], "refused": str(exc)}
@@ -104,7 +111,7 @@ class Prefetches:
             return {"started": [], "refused": f"over the pre-fetch share ({share}) of the store"}
         self.jobs[ask.job_id] = Prefetch(ask.owner, versions, self.clock())
         for v in lacking:
-            self.data.stager.start(v.name, v.digest, None)
+            self.data.stager.start(v.name, v.digest, None, again=True)
         if lacking:
             counts["prefetch_started"] += 1
         return {"started": [v.name for v in lacking], "held": [v.name for v in versions]}
@@ -118,9 +125,33 @@ class Prefetches:
         cancelled = [v.name for v in gone.versions if v.digest not in keep]
         for v in gone.versions:
             if v.digest not in keep:
-                self.data.stager.cancel(v.digest)
+                self._stop(v.digest)
         self.data.counts["prefetch_cancelled"] += 1
         return cancelled
+
+    def pause(self) -> None:
+        """A starting job fetches: the pre-fetches' stages stop (what they fetched stays),
+        but those of a version a starting job waits for."""
+        waited = self.data.waited_on()
+        for digest in sorted({v.digest for v in self.versions()} - waited):
+            if self._stop(digest):
+                self.data.counts["prefetch_paused"] += 1
+
+    def resume(self) -> None:
+        """No starting job fetches any more: the pre-fetches still lacking data go on."""
+        for v in sorted(self.versions(), key=lambda v: v.digest):
+            if not self._whole(v):
+                self.data.stager.start(v.name, v.digest, None, again=True)
+
+    def _stop(self, digest: str) -> bool:
+        """End the stage of ``digest`` if it runs (what it fetched stays); whether it ran."""
+        state = self.data.stager.state(digest)
+        if state is None or state.state != "staging":
+            return False
+        task = asyncio.ensure_future(self.data.stager.cancel(digest))
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+        return True
 
     def started(self, job_id: str) -> None:
         """The job starts here: its own launch holds its versions from now on."""

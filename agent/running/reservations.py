@@ -155,6 +155,10 @@ class Reservations:
             return None
         return held
 
+    def job_ids(self) -> list[str]:
+        """The jobs holding devices here (about to start on them)."""
+        return list(self._holds)
+
     def holder(self, job_id: str) -> Hold | None:
         """The job's hold, live or run out (who prepared it: for the abort's authority)."""
         return self._holds.get(job_id)

@@ -232,6 +232,9 @@ class NodeDoc(NamedTuple):
     each asked for a share of one GPU (as its node record says)."""
     dataset_versions: tuple[HeldVersion, ...] = ()
     """The dataset versions the node holds, whole or in part (its ``place`` record)."""
+    fetch_rates: Mapping[str, float] = EMPTY_MAP
+    """Member -> the bytes/s this node measured fetching content from it (its ``place``
+    record; the scheduler's data term divides by these)."""
 
     def to_wire(self) -> dict[str, Any]:
         doc = {
@@ -255,6 +258,8 @@ class NodeDoc(NamedTuple):
         }
         if self.dataset_versions:  # left out when none: a node doc as older agents write it
             doc["dataset_versions"] = [v._asdict() for v in self.dataset_versions]
+        if self.fetch_rates:  # left out when none, as dataset_versions
+            doc["fetch_rates"] = dict(self.fetch_rates)
         return doc
 
     @classmethod
@@ -284,7 +289,14 @@ class NodeDoc(NamedTuple):
             rtt_s=c.field(d, "rtt_s", c.opt_number, p),
             shares=shares_from_wire(d.get("shares"), p + "shares"),
             dataset_versions=c.items(d.get("dataset_versions"), p + "dataset_versions", _version),
+            fetch_rates=_rates(d.get("fetch_rates"), p + "fetch_rates"),
         )
+
+
+def _rates(value: Any, name: str) -> dict[str, float]:
+    if value is None:
+        return {}
+    return {c.text(k, name): c.number(v, f"{name}.{k}") for k, v in c.obj(value, name).items()}
 
 
 def _version(value: Any, name: str) -> HeldVersion:

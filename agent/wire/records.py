@@ -150,8 +150,8 @@ class NodeRecord(NamedTuple):
         )
 
 
-MAX_STAGING_LINES = 16
-MAX_STAGING_LINE_CHARS = 120
+MAX_STAGING_LINES = 8
+MAX_STAGING_LINE_CHARS = 100
 
 
 def _staging_out(staging: Mapping[str, str]) -> dict[str, str]:

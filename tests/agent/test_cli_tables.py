@@ -173,3 +173,10 @@ def test_a_migration_target_is_refused_unless_live_schedulable_and_elsewhere(
 ) -> None:
     with pytest.raises(UserError, match=why):
         check_migration_target(node, _job("a" * 32), {})
+
+
+def test_a_job_whose_data_stages_says_how_far_in_its_row() -> None:
+    line = "staging imagenet 43% (1.2 GB/s from 3 holders, ~40 s)"
+    row = job_row(_job("s" * 32, "placing", reason=line), {}, NOW)
+    assert row[1] == "placing" and row[-1] == line
+    assert job_row(_job("t" * 32, "placing"), {}, NOW)[-1] == "sleep 5"

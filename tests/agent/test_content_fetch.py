@@ -8,6 +8,7 @@ import argparse
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -267,8 +268,17 @@ def test_a_dataset_staged_from_an_http_listing_is_content_members_fetch(
         parser = argparse.ArgumentParser()
         add_stage_parser(parser.add_subparsers(dest="data_command"))
         flags = ["--agent", first.address, "--identity", str(mesh.cluster_dir)]
+        mesh.wait(
+            "the first agent's copy gossiped",
+            lambda: any(
+                v["digest"] == digest
+                for n in mesh.get(second, "/v1/nodes")["nodes"]
+                for v in n.get("dataset_versions", ())
+            ),
+        )
+        # NAME alone: the newest version a node holds whole.
         args = parser.parse_args(
-            ["stage", f"cifar@{digest}", "--nodes", f"{second.node_id[:12]},", "--wait", *flags]
+            ["stage", "cifar", "--nodes", f"{second.node_id[:12]},", "--wait", *flags]
         )
         assert cmd_stage(args) == 0
         out = capsys.readouterr().out
@@ -279,8 +289,8 @@ def test_a_dataset_staged_from_an_http_listing_is_content_members_fetch(
         assert cmd_stage(args) == 0
         doc = json.loads(capsys.readouterr().out)
         assert doc["nodes"][second.node_id]["state"] == "done", doc
-        with pytest.raises(UserError, match="NAME@DIGEST"):
-            cmd_stage(parser.parse_args(["stage", "cifar", "--nodes", "x", *flags]))
+        with pytest.raises(UserError, match="no node holds all of 'nothing'"):
+            cmd_stage(parser.parse_args(["stage", "nothing", "--nodes", second.node_id, *flags]))
         assert fetched(mesh, second, "peer") == s["held_bytes"]
         status, answer = mesh.command(
             first, "stage", {"name": "cifar", "source": "file:///etc/passwd", "nodes": ["x"]}
@@ -306,3 +316,31 @@ def test_the_transfer_benchmark_runs_on_a_tiny_size() -> None:
     assert [r["holders"] for r in out["runs"]] == [1, 2]
     for r in out["runs"]:
         assert r["mb_per_s"] > 0 and sum(r["served_chunks"]) == 2
+
+
+def test_a_stage_no_longer_wanted_is_cancelled_and_keeps_what_it_fetched(tmp_path: Path) -> None:
+    mesh = Mesh(tmp_path, ["h100:1"] * 2, extra=("--content-link-bytes-per-s", "131072"))
+    m, chunks = make_dataset("unwanted", {"a.bin": 32 * CHUNK})  # 2 MiB at 128 KiB/s: 16 s
+    holder, stager = mesh.agents
+    preload(holder, m, chunks)
+    mesh.start_all()
+    try:
+        stage(mesh, holder, m, stager)
+        mesh.wait("some held", lambda: stage_of(mesh, stager, m).get("held_bytes", 0) >= 4 * CHUNK)
+        status, answer = mesh.command(
+            holder, "stage", {"name": m.name, "nodes": [stager.node_id], "cancel": True}
+        )
+        assert status == 200, answer
+        assert answer["nodes"][stager.node_id]["state"] == "cancelled", answer
+        got = fetched(mesh, stager)
+        assert 0 < got < m.total_bytes
+        time.sleep(1.0)  # at this rate, a stage still running would have fetched 2 chunks more
+        assert fetched(mesh, stager) == got
+        assert stage_of(mesh, stager, m)["state"] == "cancelled"
+        # Asked again, it goes on from what it holds.
+        stage(mesh, holder, m, stager)
+        staged(mesh, stager, m)
+        assert fetched(mesh, stager) == m.total_bytes
+        assert content(mesh, stager, "resumes") == 1
+    finally:
+        mesh.stop_all()

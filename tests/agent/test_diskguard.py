@@ -5,7 +5,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agent.running.diskguard import clear, culprit, folder_bytes, note, reserve_bytes
+from agent.running.diskguard import (
+    clear,
+    culprit,
+    folder_bytes,
+    job_bytes,
+    note,
+    reserve_bytes,
+)
 
 MIB = 1 << 20
 
@@ -57,3 +64,20 @@ def test_the_note_goes_into_the_log_never_through_a_link(tmp_path: Path) -> None
     log.symlink_to(target)
     note(log, "nothing")
     assert target.read_text() == ""
+
+
+def test_a_jobs_dataset_links_are_not_what_it_holds(tmp_path: Path) -> None:
+    """The agent's ``datasets/`` in a job's folder is hardlinks to the content store: not the
+    job's bytes. A ``datasets`` folder someone else owns (the job made it) counts."""
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "object").write_bytes(b"\1" * (2 * MIB))
+    job = tmp_path / "job"
+    (job / "datasets" / "imagenet").mkdir(parents=True)
+    os.link(store / "object", job / "datasets" / "imagenet" / "a.bin")
+    (job / "own").write_bytes(b"\2" * MIB)
+    assert folder_bytes(job) >= 3 * MIB
+    assert MIB <= job_bytes(job) < 2 * MIB
+    if os.geteuid() == 0:  # a job user's own folder of that name is the job's
+        os.chown(job / "datasets", 65534, 65534)
+        assert job_bytes(job) >= 3 * MIB

@@ -50,6 +50,16 @@ def test_held_devices_are_busy_for_every_other_job_until_they_run_out() -> None:
     assert table.devices(31.0) == {"g1", "g2"}
 
 
+def test_the_jobs_holding_devices_are_listed() -> None:
+    table = Reservations()
+    assert table.job_ids() == []
+    table.hold(hold(devices=("g0",)), now=0.0)
+    table.hold(hold(OTHER, devices=("g1",)), now=0.0)
+    assert sorted(table.job_ids()) == sorted([JOB, OTHER])
+    table.release(JOB, 1)
+    assert table.job_ids() == [OTHER]
+
+
 def test_a_newer_attempt_replaces_the_older_hold_and_an_older_one_is_refused() -> None:
     table = Reservations()
     table.hold(hold(attempt=2), now=0.0)

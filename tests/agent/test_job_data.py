@@ -90,8 +90,10 @@ def test_a_job_waits_while_its_dataset_stages_then_reads_it_whole(tmp_path: Path
         tmp_path, ["h100:1", "l4:1", "l4:1"], extra=("--content-link-bytes-per-s", str(cap))
     )
     m, chunks = make_dataset("imagenet", {"train/a.bin": 20 * CHUNK + 5, "val/b.bin": 3 * CHUNK})
+    labels, label_chunks = make_dataset("labels.v2", {"l.txt": 100})
     for holder in mesh.agents[1:]:
         preload(holder, m, chunks)
+    preload(mesh.agents[2], labels, label_chunks)
     mesh.start_all()
     try:
         runner = mesh.agents[0]
@@ -101,7 +103,7 @@ def test_a_job_waits_while_its_dataset_stages_then_reads_it_whole(tmp_path: Path
             runner,
             [sys.executable, "-c", READER, str(out)],
             resources=BIG_GPU,
-            datasets=("imagenet",),
+            datasets=("imagenet", "labels.v2"),
         )
         reasons: list[str] = []
 
@@ -117,10 +119,12 @@ def test_a_job_waits_while_its_dataset_stages_then_reads_it_whole(tmp_path: Path
         read = json.loads(out.read_text())
         assert read["files"] == expected_hashes(m, chunks), read
         root = read["env"]["SHOAL_DATA_IMAGENET"]
-        assert read["env"]["SHOAL_DATASETS"] == f"imagenet={root}"
+        second = read["env"]["SHOAL_DATA_LABELS_V2"]
+        assert read["env"]["SHOAL_DATASETS"] == f"imagenet={root}:labels.v2={second}"
         assert root.endswith(f"/jobs/{job_id}/datasets/imagenet"), root
+        assert second.endswith(f"/jobs/{job_id}/datasets/labels.v2"), second
         assert job.get("reason") in (None, ""), job
-        assert metric(mesh, runner, "shoal_job_data_total", what="misses") == 1
+        assert metric(mesh, runner, "shoal_job_data_total", what="misses") == 2
         assert metric(mesh, runner, "shoal_job_data_wait_seconds_count") == 1
         assert metric(mesh, runner, "shoal_job_data_wait_seconds_sum") > 1.0
         # Held here now: the next job naming it waits for nothing.
@@ -304,8 +308,8 @@ def data_count(mesh: Mesh, a: AgentProcess, what: str) -> float:
 
 
 def test_a_waiting_job_is_prefetched_and_starts_with_no_data_wait(tmp_path: Path) -> None:
-    mesh = Mesh(tmp_path, ["h100:1", "l4:1", "l4:1"])
-    m, chunks = make_dataset("imagenet", {"a.bin": 12 * CHUNK + 7})
+    mesh = Mesh(tmp_path, ["h100:1", "l4:1", "l4:1"], extra=("--datasets-rescan-s", "1"))
+    m, chunks = make_dataset("imagenet", {"a.bin": 20 * CHUNK + 7})
     preload(mesh.agents[1], m, chunks)
     mesh.start_all()
     try:
@@ -335,6 +339,16 @@ def test_a_waiting_job_is_prefetched_and_starts_with_no_data_wait(tmp_path: Path
         assert json.loads(out.read_text())["files"] == expected_hashes(m, chunks)
         assert (data_count(mesh, runner, "hits"), data_count(mesh, runner, "misses")) == (1, 0)
         assert metric(mesh, runner, "shoal_job_data_wait_seconds_sum") < 1.0
+        # The rate the runner measured from the holder reaches the others' view (its place
+        # record), where the scheduler's data term reads it.
+        holder = mesh.agents[1].node_id
+
+        def rate_seen() -> float:
+            nodes = mesh.get(mesh.agents[2], "/v1/nodes")["nodes"]
+            doc = next(n for n in nodes if n["node_id"] == runner.node_id)
+            return float(doc.get("fetch_rates", {}).get(holder, 0.0))
+
+        mesh.wait("the measured rate gossiped", lambda: rate_seen() > 0, WAIT_S)
     finally:
         mesh.stop_all()
 

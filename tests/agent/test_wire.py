@@ -243,6 +243,7 @@ def test_telemetry_round_trips(at: float | None, samples: tuple[DeviceSample, ..
             max_size=3,
         ),
         saved=st.dictionaries(_text, st.floats(0, 2e9), max_size=3),
+        staging=st.dictionaries(_text, st.text(max_size=100), max_size=3),
     ),
     events=st.lists(
         st.builds(
@@ -322,6 +323,7 @@ def test_api_documents_and_call_bodies_round_trip_and_ignore_unknown_fields() ->
     )
     docs: list[Any] = [
         node,
+        node._replace(fetch_rates={"m" * 32: 1.5e8}),
         JobDoc(status, JobSpec(command=("true",)).to_dict(), 0.5, 10.0),
         JobDoc(
             status._replace(

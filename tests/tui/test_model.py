@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 from collections.abc import Mapping
 from typing import Any
@@ -204,3 +205,6 @@ def test_a_jobs_times_are_its_own_eta_else_the_policys_forecast() -> None:
     assert snap.why_waiting(pending) == pending.reason == snap.outlook().waiting[pending.job_id]
     done = next(j for j in snap.jobs if j.state == "succeeded")
     assert snap.times(done) == (None, None, None) and snap.why_waiting(done) is None
+    line = "staging imagenet 43% (1.2 GB/s from 3 holders, ~40 s)"
+    staging = dataclasses.replace(pending, state="placing", reason=line)
+    assert snap.why_waiting(staging) == line
