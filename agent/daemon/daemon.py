@@ -31,19 +31,16 @@ import logging
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 from agent.checkpoints.ckptfiles import Vault
 from agent.checkpoints.ckptmove import Checkpoints
 from agent.checkpoints.transfer import TransferLimits
 from agent.common.eachjob import one_job
-from agent.content.build import build_manifest
-from agent.content.manifest import ContentError
 from agent.content.routes import ContentServer
 from agent.content.stage import Stager
 from agent.content.swarm import SwarmLimits
-from agent.daemon import api
+from agent.daemon import api, jobenvs
 from agent.daemon.calls import Calls
 from agent.daemon.commands import Commands
 from agent.daemon.config import AgentConfig
@@ -75,7 +72,6 @@ from agent.running.confirming import Placed
 from agent.running.datastage import JobData, holders_of
 from agent.running.peerimages import PeerImages
 from agent.running.prefetch import Prefetches
-from agent.running.pyenvs import PythonEnvs
 from agent.running.runner import Runner
 from agent.storage import purging
 from agent.storage.sqlitefile import StoreError
@@ -254,28 +250,13 @@ class Agent:
         self.runner.data = JobData(
             self.view, self.data.store, self.stager, self.data_counts, self.ctx.changed
         )
-        self.runner.envs = PythonEnvs(
-            config.data_dir / "envs",
-            config.uv,
-            config.wheelhouse,
-            config.index_url,
-            on_built=self._env_built,
-        )
         self.runner.confirmer.owned = self._owned_placed
         self.publisher.rates = self.stager.fetcher.rates.snapshot
         self.stager.listed = functools.partial(holders_of, self.view)
         self.prefetches = Prefetches(self.runner, self.runner.data)
         self.calls = Calls(self.ctx, self.owner, self.runner, self.metrics, self.prefetches)
-        self.calls.hold_workdir = self.commands.holds.hold
-        self.calls.export_image = self.images.export
-        self.images.store, self.images.stager = self.data.store, self.stager
-        self.images.ask = lambda addr, op, body: self.ctx.peers.call(addr, op, body)
-        self.images.peers = lambda: [
-            addr
-            for n in sorted(self.mesh.live_agents())
-            if n != self.node_id and (addr := self.mesh.addr_of(n)) is not None
-        ]
         self.reads = Reads(self.ctx, self.owner, self.runner, self.node, self.mesh, self.trust)
+        jobenvs.wire(self)
         self.node.subscribe(self._on_gossip)
         self.node.serve_calls(api.stream_calls(self))
         self._tasks: list[asyncio.Task[None]] = []
@@ -375,15 +356,6 @@ class Agent:
                 **(runner.envs.building if runner.envs is not None else {}),
             },
         )
-
-    def _env_built(self, key: str, folder: Path) -> None:
-        """A Python environment built here: indexed in the store as kind ``env`` (listed with
-        the node's other content: ``shoal cache``). Runs in a thread."""
-        try:
-            built = build_manifest(folder, f"env-{key[:12]}", "env", self.data.store)
-            self.data.store.add_local(built.manifest, folder)
-        except (ContentError, OSError) as exc:
-            log.warning("environment %s: not indexed in the store: %s", key[:12], exc)
 
     def device_keys(self) -> dict[int, str]:
         return {d.index: d.static.key for d in self.devices.report.devices}

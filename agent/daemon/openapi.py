@@ -133,6 +133,9 @@ SCHEMAS: Final[dict[str, Any]] = {
                 "description": "member -> bytes/s this node measured fetching content from it",
                 "additionalProperties": _NUM,
             },
+            "content": _array(
+                _obj({"kind": _STR, "name": _STR, "digest": _STR, "total_bytes": _INT})
+            ),
             "shares": {
                 "type": "object",
                 "description": "device key -> {job id -> bytes of its memory the job holds}: the"

@@ -55,6 +55,10 @@ class PeerImages:
         self.runtime: ContainerRuntime | None = None
         self.peers: Callable[[], list[str]] = list
         """Addresses of live members to ask, this node's left out."""
+        self.changed: Callable[[], None] = lambda: None
+        """Told when an image's archive is added here (the node gossips what it holds)."""
+        self.holders: Callable[[str], list[str]] = lambda _image: []
+        """Addresses of the members whose place records list ``image``: asked first."""
         self.ask: Callable[[str, str, dict[str, Any]], Any] | None = None
         """``ask(addr, op, body)``: an internal call to a member (``PeerClient.call``)."""
 
@@ -76,7 +80,9 @@ class PeerImages:
     async def _from_peers(self, runtime: ContainerRuntime, image: str) -> bool:
         if self.store is None or self.stager is None or self.ask is None:
             return False
-        for addr in self.peers()[:MAX_PEERS_ASKED]:
+        listed = self.holders(image)
+        others = [a for a in self.peers() if a not in listed]
+        for addr in [*listed, *others][:MAX_PEERS_ASKED]:
             try:
                 answer = await self.ask(addr, "image_export", {"image": image})
             except (PeerError, PeerUnreachable):
@@ -99,6 +105,7 @@ class PeerImages:
                 continue
             if await _present(runtime, image):
                 await asyncio.to_thread(self.store.use, digest)
+                self.changed()
                 return True
         return False
 
@@ -129,9 +136,11 @@ class PeerImages:
             return {"digest": built.manifest.digest, "total_bytes": built.manifest.total_bytes}
 
         try:
-            return await asyncio.to_thread(index)
+            answer = await asyncio.to_thread(index)
         except (ContentError, OSError) as exc:
             raise LookupError(f"image {image}: cannot index its archive: {exc}") from None
+        self.changed()
+        return answer
 
 
 async def _present(runtime: ContainerRuntime, image: str) -> bool:

@@ -99,6 +99,8 @@ class PythonEnvs:
         self.build_seconds: list[float] = []
         self._locks: dict[str, asyncio.Lock] = {}
         self.on_built = on_built
+        self.changed: Callable[[], None] = lambda: None
+        """Told when an environment is built (the node gossips what it holds)."""
 
     def held(self) -> list[str]:
         """The keys of the environments built here."""
@@ -133,6 +135,7 @@ class PythonEnvs:
                 self.build_seconds.append(time.monotonic() - began)
                 if self.on_built is not None:
                     await asyncio.to_thread(self.on_built, key.key, dest)
+                self.changed()
         return {"VIRTUAL_ENV": str(dest)}
 
     async def _build(self, key: EnvKey, dest: Path) -> None:

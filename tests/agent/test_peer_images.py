@@ -73,6 +73,16 @@ def test_an_image_no_registry_serves_moves_from_the_member_that_holds_it(tmp_pat
         assert "ran-in-image" in log, log
         assert metric(mesh, runner, "shoal_image_pulls_total", what="peer") == 1
         assert metric(mesh, keeper, "shoal_image_pulls_total", what="exported") == 1
+
+        # Each node gossips the images it holds: the mesh sees both copies.
+        def gossiped() -> bool:
+            nodes = mesh.get(runner, "/v1/nodes")["nodes"]
+            return all(
+                any(h["kind"] == "image" and h["name"] == IMAGE for h in n.get("content", []))
+                for n in nodes
+            )
+
+        mesh.wait("both copies gossiped", gossiped, 60.0)
         # The archive is content now: both stores list it, as kind image.
         for a in (runner, keeper):
             doc = mesh.get(a, "/v1/cache")
