@@ -354,6 +354,7 @@ class Agent:
             staging={
                 **(runner.data.lines() if runner.data is not None else {}),
                 **(runner.envs.building if runner.envs is not None else {}),
+                **self.images.lines(),
             },
         )
 

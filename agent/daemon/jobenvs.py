@@ -53,6 +53,7 @@ def wire(agent: Agent) -> None:
     images = agent.images
     agent.publisher.content = lambda: held_content(store)
     images.changed = envs.changed = agent.publisher.content_changed
+    images.waiting_changed = agent.ctx.changed
     agent.calls.hold_workdir = agent.commands.holds.hold
     agent.calls.export_image = images.export
     images.store, images.stager = store, agent.stager

@@ -359,7 +359,7 @@ class ProcessExecutor:
         assert launch.image is not None
         if runtime is None:
             raise ContainerError("this node has no container runtime to run an image")
-        await self.config.images.ensure(runtime, launch.image)
+        await self.config.images.ensure(runtime, launch.image, launch.job_id)
         job_env = {k: v for k, v in env.items() if k != "PATH"}  # the image's, unless set
         job_env["HOME"] = str(job_dir)  # the job user's on the host is not in the image
         job_env.update(launch.env)

@@ -358,7 +358,7 @@ class Gangs:
 
         watches = [
             asyncio.create_task(watch_staging(o, job, m.node, attempt))
-            for m in (a.members if stages(job.spec) else ())
+            for m in (a.members if stages(job.spec) or job.spec.image is not None else ())
         ]
         try:
             started = await asyncio.gather(*(one(m) for m in a.members))

@@ -195,6 +195,8 @@ async def place_once(
                 watch = asyncio.create_task(watch_staging(o, job, cand.node_id, attempt))
             if job.spec.image is not None:  # the runner pulls an image it lacks first
                 timeout_s = (timeout_s or 0.0) + IMAGE_PULL_TIMEOUT_S
+                if watch is None:  # its reason says so ("pulling image ...")
+                    watch = asyncio.create_task(watch_staging(o, job, cand.node_id, attempt))
             answer = decoded_answer(
                 StartAnswer.from_wire,
                 await o.peers.call(addr, "start", offer.to_wire(), timeout_s=timeout_s),

@@ -47,6 +47,8 @@ class PeerImages:
     def __init__(self, data_dir: Path) -> None:
         self.folder = data_dir / "images"
         self.registry = RegistryPull()
+        self._waiting: dict[str, tuple[str, str]] = {}
+        """Job -> (its image, the digest of the archive coming from a peer, or "")."""
         self.counts: Counter[str] = Counter()
         """``present``, ``registry``, ``peer``, ``failed``, ``exported``
         (``shoal_image_pulls_total``)."""
@@ -57,27 +59,45 @@ class PeerImages:
         """Addresses of live members to ask, this node's left out."""
         self.changed: Callable[[], None] = lambda: None
         """Told when an image's archive is added here (the node gossips what it holds)."""
+        self.waiting_changed: Callable[[], None] = lambda: None
+        """Told when a job starts or stops waiting for its image (the node record's lines)."""
         self.holders: Callable[[str], list[str]] = lambda _image: []
         """Addresses of the members whose place records list ``image``: asked first."""
         self.ask: Callable[[str, str, dict[str, Any]], Any] | None = None
         """``ask(addr, op, body)``: an internal call to a member (``PeerClient.call``)."""
 
-    async def ensure(self, runtime: ContainerRuntime, image: str) -> None:
+    def lines(self) -> dict[str, str]:
+        """Job -> what it waits for while its image comes (the node record's staging lines)."""
+        out: dict[str, str] = {}
+        for job_id, (image, digest) in list(self._waiting.items()):
+            state = self.stager.state(digest) if self.stager is not None and digest else None
+            if state is not None and state.state == "staging":
+                out[job_id] = "pulling image from a peer: " + state.line().removeprefix("staging ")
+            else:
+                out[job_id] = f"pulling image {image}"
+        return out
+
+    async def ensure(self, runtime: ContainerRuntime, image: str, job_id: str = "") -> None:
         check_image_ref(image)
         if await _present(runtime, image):
             self.counts["present"] += 1
             return
+        self._waiting[job_id] = (image, "")
+        self.waiting_changed()
         try:
             await self.registry.ensure(runtime, image)
         except ContainerError as pulled:
-            if not await self._from_peers(runtime, image):
+            if not await self._from_peers(runtime, image, job_id):
                 self.counts["failed"] += 1
                 raise ContainerError(f"{pulled}; and no member holds it") from None
             self.counts["peer"] += 1
             return
+        finally:
+            self._waiting.pop(job_id, None)
+            self.waiting_changed()
         self.counts["registry"] += 1
 
-    async def _from_peers(self, runtime: ContainerRuntime, image: str) -> bool:
+    async def _from_peers(self, runtime: ContainerRuntime, image: str, job_id: str) -> bool:
         if self.store is None or self.stager is None or self.ask is None:
             return False
         listed = self.holders(image)
@@ -90,6 +110,7 @@ class PeerImages:
             digest = answer.get("digest") if isinstance(answer, dict) else None
             if not isinstance(digest, str):
                 continue
+            self._waiting[job_id] = (image, digest)
             self.stager.start(image, digest, None)
             state = await self.stager.wait(digest)
             tree = await asyncio.to_thread(self.store.tree, digest)
