@@ -5,6 +5,8 @@ images and environments it holds, gossiped in its ``place`` record."""
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,15 +20,26 @@ if TYPE_CHECKING:
     from agent.daemon.daemon import Agent
 
 log = logging.getLogger("shoal.agent")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def held_content(store: DiskStore) -> tuple[HeldContent, ...]:
-    """The images and environments ``store`` holds whole (the ``place`` record's ``content``)."""
-    return tuple(
+def held_content(
+    store: DiskStore, in_runtime: Mapping[str, tuple[str, int]]
+) -> tuple[HeldContent, ...]:
+    """The images and environments ``store`` holds whole, and the images the runtime holds for
+    jobs here that have no archive in it (the ``place`` record's ``content``)."""
+    out = [
         HeldContent(h.kind, h.name, h.digest, h.total_bytes)
         for h in store.all_held()
         if h.kind in CONTENT_KINDS and h.complete
-    )
+    ]
+    archived = {h.name for h in out if h.kind == "image"}
+    out += [
+        HeldContent("image", ref, image_id, size)
+        for ref, (image_id, size) in sorted(in_runtime.items())
+        if ref not in archived and _SHA256.fullmatch(image_id)
+    ]
+    return tuple(out)
 
 
 def index_env(store: DiskStore, key: str, folder: Path) -> None:
@@ -43,6 +56,7 @@ def wire(agent: Agent) -> None:
     """Give ``agent``'s runner its environments, its image source its peers and store, and its
     place record what it holds."""
     config, store, mesh, me = agent.config, agent.data.store, agent.mesh, agent.node_id
+    images = agent.images
     agent.runner.envs = envs = PythonEnvs(
         config.data_dir / "envs",
         config.uv,
@@ -50,8 +64,7 @@ def wire(agent: Agent) -> None:
         config.index_url,
         on_built=lambda key, folder: index_env(store, key, folder),
     )
-    images = agent.images
-    agent.publisher.content = lambda: held_content(store)
+    agent.publisher.content = lambda: held_content(store, images.in_runtime)
     images.changed = envs.changed = agent.publisher.content_changed
     images.waiting_changed = agent.ctx.changed
     agent.calls.hold_workdir = agent.commands.holds.hold

@@ -47,6 +47,9 @@ class PeerImages:
     def __init__(self, data_dir: Path) -> None:
         self.folder = data_dir / "images"
         self.registry = RegistryPull()
+        self.in_runtime: dict[str, tuple[str, int]] = {}
+        """Image -> (its id, its size in bytes): the images this agent had its runtime pull, load
+        or find for a job (gossiped with the archives in its store)."""
         self._waiting: dict[str, tuple[str, str]] = {}
         """Job -> (its image, the digest of the archive coming from a peer, or "")."""
         self.counts: Counter[str] = Counter()
@@ -81,6 +84,7 @@ class PeerImages:
         check_image_ref(image)
         if await _present(runtime, image):
             self.counts["present"] += 1
+            await self._note(runtime, image)
             return
         self._waiting[job_id] = (image, "")
         self.waiting_changed()
@@ -91,11 +95,25 @@ class PeerImages:
                 self.counts["failed"] += 1
                 raise ContainerError(f"{pulled}; and no member holds it") from None
             self.counts["peer"] += 1
+            await self._note(runtime, image)
             return
         finally:
             self._waiting.pop(job_id, None)
             self.waiting_changed()
         self.counts["registry"] += 1
+        await self._note(runtime, image)
+
+    async def _note(self, runtime: ContainerRuntime, image: str) -> None:
+        """Remember ``image`` as held by the runtime (its id and size), gossiped if new."""
+        argv = runtime.command("image", "inspect", "--format", "{{.Id}} {{.Size}}", image)
+        code, out = await call(runtime, argv, 60.0)
+        parts = out.split()
+        if code != 0 or len(parts) != 2 or not parts[1].isdigit():
+            return
+        held = (parts[0].removeprefix("sha256:"), int(parts[1]))
+        if self.in_runtime.get(image) != held:
+            self.in_runtime[image] = held
+            self.changed()
 
     async def _from_peers(self, runtime: ContainerRuntime, image: str, job_id: str) -> bool:
         if self.store is None or self.stager is None or self.ask is None:

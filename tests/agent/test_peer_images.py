@@ -14,10 +14,20 @@ import pytest
 from agent.execution.containers import ContainerRuntime
 from agent.job.jobspec import Resources, new_job_id
 from tests.agent.agents import Mesh, spec
-from tests.agent.containerkit import CONTAINERS_CONF, _rootfs, podman, release, require_containers
+from tests.agent.containerkit import (
+    CONTAINERS_CONF,
+    Registry,
+    _rootfs,
+    podman,
+    registry,
+    release,
+    require_containers,
+    runtime,
+)
 from tests.agent.test_attacks import metric
 
 pytestmark = pytest.mark.slow
+__all__ = ["registry"]
 
 IMAGE = "localhost/shoal/air:1"
 BIG_GPU = Resources(gpus_per_node=1, min_mem_per_gpu_bytes=40 << 30)
@@ -94,3 +104,39 @@ def test_an_image_no_registry_serves_moves_from_the_member_that_holds_it(tmp_pat
         for root in roots:
             if root.exists():
                 release(own_runtime(root, conf))
+
+
+def test_an_image_pulled_from_a_registry_is_gossiped_as_held(
+    tmp_path: Path, registry: Registry
+) -> None:
+    """The runner pulled the job's image: the mesh learns the node holds it (its id and size),
+    so the policy counts it present there and a peer may ask that node for it."""
+    config = tmp_path / "containers.toml"
+    config.write_text(
+        f'container_runtime = "podman"\ncontainers_conf = "{registry.conf}"\n'
+        f'container_root = "{tmp_path / "podman"}"\n'
+        f'insecure_registries = ["{registry.address}"]\n'
+    )
+    mesh = Mesh(tmp_path, ["h100:1", "l4:1"], extra=("--config", str(config)))
+    mesh.start_all()
+    try:
+        runner = mesh.agents[0]
+        job_id = new_job_id()
+        body = {"job_id": job_id, "spec": spec(["true"], image=registry.image, resources=BIG_GPU)}
+        assert mesh.command(mesh.agents[1], "submit", body)[0] == 200
+
+        def listed() -> bool:
+            nodes = {n["node_id"]: n for n in mesh.get(mesh.agents[1], "/v1/nodes")["nodes"]}
+            held = nodes[runner.node_id].get("content", [])
+            return any(h["kind"] == "image" and h["name"] == registry.image for h in held)
+
+        mesh.wait("the pulled image gossiped", listed, 120.0)
+        mesh.wait(
+            "the job to end",
+            lambda: mesh.job(runner, job_id)["state"] in ("succeeded", "failed"),
+            60.0,
+        )
+        assert mesh.job(runner, job_id)["state"] == "succeeded"
+    finally:
+        mesh.stop_all()
+        release(runtime(tmp_path / "podman", registry))
