@@ -69,6 +69,7 @@ def wire(agent: Agent) -> None:
     images.waiting_changed = agent.ctx.changed
     agent.calls.hold_workdir = agent.commands.holds.hold
     agent.calls.export_image = images.export
+    agent.prefetches.pull_image = images.prefetch
     images.store, images.stager = store, agent.stager
     images.ask = lambda addr, op, body: agent.ctx.peers.call(addr, op, body)
     images.peers = lambda: [

@@ -51,6 +51,8 @@ class PeerImages:
         """Image -> (its id, its size in bytes): the images this agent had its runtime pull, load
         or find for a job (gossiped with the archives in its store)."""
         self._waiting: dict[str, tuple[str, str]] = {}
+        self._prefetching: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         """Job -> (its image, the digest of the archive coming from a peer, or "")."""
         self.counts: Counter[str] = Counter()
         """``present``, ``registry``, ``peer``, ``failed``, ``exported``
@@ -84,9 +86,11 @@ class PeerImages:
         check_image_ref(image)
         if await _present(runtime, image):
             self.counts["present"] += 1
-            await self._note(runtime, image)
+            if image not in self.in_runtime:
+                await self._note(runtime, image)
             return
-        self._waiting[job_id] = (image, "")
+        if job_id:
+            self._waiting[job_id] = (image, "")
         self.waiting_changed()
         try:
             await self.registry.ensure(runtime, image)
@@ -102,6 +106,28 @@ class PeerImages:
             self.waiting_changed()
         self.counts["registry"] += 1
         await self._note(runtime, image)
+
+    def prefetch(self, image: str) -> bool:
+        """Pull ``image`` now, for a job that waits for a slot here (its owner's forecast);
+        whether a pull began. What it pulls stays in the runtime; a failure is only counted."""
+        runtime = self.runtime
+        if runtime is None or image in self._prefetching or image in self.in_runtime:
+            return False
+        self._prefetching.add(image)
+
+        async def pull() -> None:
+            try:
+                await self.ensure(runtime, image, "")
+                self.counts["prefetched"] += 1
+            except (ContainerError, ValueError) as exc:
+                log.info("image %s: pre-pull failed: %s", image, exc)
+            finally:
+                self._prefetching.discard(image)
+
+        task = asyncio.create_task(pull(), name=f"pre-pull {image}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return True
 
     async def _note(self, runtime: ContainerRuntime, image: str) -> None:
         """Remember ``image`` as held by the runtime (its id and size), gossiped if new."""
@@ -128,7 +154,8 @@ class PeerImages:
             digest = answer.get("digest") if isinstance(answer, dict) else None
             if not isinstance(digest, str):
                 continue
-            self._waiting[job_id] = (image, digest)
+            if job_id:
+                self._waiting[job_id] = (image, digest)
             self.stager.start(image, digest, None)
             state = await self.stager.wait(digest)
             tree = await asyncio.to_thread(self.store.tree, digest)

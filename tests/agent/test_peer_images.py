@@ -140,3 +140,44 @@ def test_an_image_pulled_from_a_registry_is_gossiped_as_held(
     finally:
         mesh.stop_all()
         release(runtime(tmp_path / "podman", registry))
+
+
+def test_a_waiting_jobs_image_is_pulled_on_its_forecast_node_before_its_slot_frees(
+    tmp_path: Path, registry: Registry
+) -> None:
+    config = tmp_path / "containers.toml"
+    config.write_text(
+        f'container_runtime = "podman"\ncontainers_conf = "{registry.conf}"\n'
+        f'container_root = "{tmp_path / "podman"}"\n'
+        f'insecure_registries = ["{registry.address}"]\n'
+    )
+    mesh = Mesh(tmp_path, ["h100:1"], extra=("--config", str(config)))
+    mesh.start_all()
+    try:
+        (a,) = mesh.agents
+        blocker = new_job_id()
+        body = {"job_id": blocker, "spec": spec(["sleep", "300"], resources=BIG_GPU)}
+        assert mesh.command(a, "submit", body)[0] == 200
+        mesh.wait("the blocker running", lambda: mesh.job(a, blocker)["state"] == "running")
+        job_id = new_job_id()
+        body = {"job_id": job_id, "spec": spec(["true"], image=registry.image, resources=BIG_GPU)}
+        assert mesh.command(a, "submit", body)[0] == 200
+        mesh.wait(
+            "the image pre-pulled while the job waits",
+            lambda: metric(mesh, a, "shoal_image_pulls_total", what="prefetched") == 1,
+            120.0,
+        )
+        assert mesh.job(a, job_id)["state"] == "pending"
+        assert mesh.command(a, "cancel", {"job_id": blocker})[0] == 200
+        mesh.wait(
+            "the job to end",
+            lambda: mesh.job(a, job_id)["state"] in ("succeeded", "failed"),
+            120.0,
+        )
+        assert mesh.job(a, job_id)["state"] == "succeeded"
+        # It found its image held: pulled once, by the pre-pull.
+        assert metric(mesh, a, "shoal_image_pulls_total", what="registry") == 1
+        assert metric(mesh, a, "shoal_image_pulls_total", what="present") == 1
+    finally:
+        mesh.stop_all()
+        release(runtime(tmp_path / "podman", registry))
