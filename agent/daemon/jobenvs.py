@@ -4,6 +4,7 @@ images and environments it holds, gossiped in its ``place`` record."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Mapping
@@ -13,7 +14,8 @@ from typing import TYPE_CHECKING
 from agent.content.build import build_manifest
 from agent.content.manifest import ContentError
 from agent.content.store import DiskStore
-from agent.running.pyenvs import PythonEnvs
+from agent.job.jobspec import JobSpec
+from agent.running.pyenvs import EnvBuildFailed, NoBuilder, PythonEnvs
 from agent.wire.place import CONTENT_KINDS, HeldContent
 
 if TYPE_CHECKING:
@@ -52,6 +54,41 @@ def index_env(store: DiskStore, key: str, folder: Path) -> None:
         log.warning("environment %s: not indexed in the store: %s", key[:12], exc)
 
 
+_PREBUILDS: set[asyncio.Task[None]] = set()
+
+
+def prebuild(agent: Agent, envs: PythonEnvs, spec: JobSpec) -> bool:
+    """Build a waiting job's Python environment now, on the node its owner forecast: its
+    working folder staged into the store (not copied out), the environment built from the file
+    there. Whether a build began (not without uv, nor for a key being built)."""
+    digest, env = spec.workdir_digest, spec.python_env
+    if digest is None or env is None or envs.uv is None or digest in envs.prebuilding:
+        return False
+    store, stager = agent.data.store, agent.stager
+    envs.prebuilding.add(digest)
+
+    async def build() -> None:
+        try:
+            held = await asyncio.to_thread(store.held, digest)
+            if held is None or not held.complete:
+                stager.start("workdir", digest, None)
+                await stager.wait(digest)
+            tree = await asyncio.to_thread(store.tree, digest)
+            if tree is None:
+                return
+            await envs.prepare("", env, tree)
+            envs.counts["prebuilt"] += 1
+        except (EnvBuildFailed, NoBuilder, OSError) as exc:
+            log.info("environment pre-build for %s failed: %s", digest[:12], exc)
+        finally:
+            envs.prebuilding.discard(digest)
+
+    task = asyncio.create_task(build(), name=f"pre-build {digest[:12]}")
+    _PREBUILDS.add(task)
+    task.add_done_callback(_PREBUILDS.discard)
+    return True
+
+
 def wire(agent: Agent) -> None:
     """Give ``agent``'s runner its environments, its image source its peers and store, and its
     place record what it holds."""
@@ -70,6 +107,7 @@ def wire(agent: Agent) -> None:
     agent.calls.hold_workdir = agent.commands.holds.hold
     agent.calls.export_image = images.export
     agent.prefetches.pull_image = images.prefetch
+    agent.prefetches.build_env = lambda spec: prebuild(agent, envs, spec)
     images.store, images.stager = store, agent.stager
     images.ask = lambda addr, op, body: agent.ctx.peers.call(addr, op, body)
     images.peers = lambda: [

@@ -68,7 +68,7 @@ class Prefetcher:
     ) -> None:
         """``job`` found no room now: have its likely node stage its datasets and pull its
         image."""
-        if not (job.spec.datasets or job.spec.image) or job.spec.is_gang:
+        if not (job.spec.datasets or job.spec.image or job.spec.python_env) or job.spec.is_gang:
             return
         now = self.clock()
         prev = self.asked.get(job.job_id)

@@ -73,6 +73,9 @@ class Prefetches:
         self.data = data
         self.clock = clock
         self.jobs: dict[str, Prefetch] = {}
+        self.build_env: Callable[[JobSpec], bool] | None = None
+        """Start building a waiting job's Python environment here (``agent.daemon.jobenvs``);
+        whether a build began."""
         self.pull_image: Callable[[str], bool] | None = None
         """Start pulling a waiting job's image here (``agent.running.peerimages``); whether a
         pull began (not when held, already pulling, or no runtime)."""
@@ -118,6 +121,8 @@ class Prefetches:
         started = [v.name for v in lacking]
         if spec.image is not None and self.pull_image is not None and self.pull_image(spec.image):
             started.append(f"image {spec.image}")
+        if spec.python_env is not None and self.build_env is not None and self.build_env(spec):
+            started.append("environment")
         if started:
             counts["prefetch_started"] += 1
         return {"started": started, "held": [v.name for v in versions]}

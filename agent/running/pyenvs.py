@@ -94,6 +94,8 @@ class PythonEnvs:
         self.index_url = index_url
         self.counts: Counter[str] = Counter()
         """``hits``, ``builds``, ``failed`` (``shoal_env_builds_total``)."""
+        self.prebuilding: set[str] = set()
+        """Working-folder digests whose environment is being built ahead of their job."""
         self.building: dict[str, str] = {}
         """Job -> its waiting line while its environment builds."""
         self.build_seconds: list[float] = []
@@ -122,7 +124,8 @@ class PythonEnvs:
             else:
                 if self.uv is None:
                     raise NoBuilder("python_env: no uv on this node (the agent's --uv or PATH)")
-                self.building[job_id] = BUILDING_LINE
+                if job_id:
+                    self.building[job_id] = BUILDING_LINE
                 began = time.monotonic()
                 try:
                     await self._build(key, dest)

@@ -148,3 +148,55 @@ def test_an_environment_is_built_once_and_reused_and_a_failed_build_says_why(
         assert metric(mesh, a, "shoal_env_builds_total", what="failed") >= 1
     finally:
         mesh.stop_all()
+
+
+def test_a_waiting_jobs_environment_is_built_on_its_forecast_node_before_its_slot_frees(
+    tmp_path: Path,
+) -> None:
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels)
+    mesh = Mesh(tmp_path, ["h100:1"], extra=("--uv", find_uv(), "--wheelhouse", str(wheels)))
+    top = tmp_path / "proj"
+    top.mkdir()
+    (top / "requirements.txt").write_text("shoalprobe==1.0\n")
+    mesh.start_all()
+    try:
+        (a,) = mesh.agents
+        flags = ["--agent", a.address, "--identity", str(mesh.cluster_dir)]
+        gpu = ["--gpus", "1", "--mem", "40GiB"]
+        blocker = shoal("submit", *flags, "--json", *gpu, "--", "sleep", "300")
+        assert blocker.returncode == 0, blocker.stderr
+        blocker_id = json.loads(blocker.stdout)["job_id"]
+        mesh.wait("the blocker running", lambda: mesh.job(a, blocker_id)["state"] == "running")
+        out = tmp_path / "probe.json"
+        done = shoal(
+            "submit",
+            *flags,
+            "--json",
+            *gpu,
+            "--workdir",
+            str(top),
+            "--python-requirements",
+            "requirements.txt",
+            "--",
+            "python",
+            "-c",
+            PROBE,
+            str(out),
+        )
+        assert done.returncode == 0, done.stderr
+        job_id = json.loads(done.stdout)["job_id"]
+        mesh.wait(
+            "the environment built while the job waits",
+            lambda: metric(mesh, a, "shoal_env_builds_total", what="prebuilt") == 1,
+            WAIT_S,
+        )
+        assert mesh.job(a, job_id)["state"] == "pending"
+        assert mesh.command(a, "cancel", {"job_id": blocker_id})[0] == 200
+        job = ended(mesh, job_id)
+        assert job["state"] == "succeeded", (job, mesh.logs())
+        assert json.loads(out.read_text())["value"] == 42
+        assert metric(mesh, a, "shoal_env_builds_total", what="builds") == 1
+        assert metric(mesh, a, "shoal_env_builds_total", what="hits") == 1
+    finally:
+        mesh.stop_all()
