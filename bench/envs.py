@@ -5,8 +5,7 @@
 waits, and the blocker ends: each start is measured from the moment the slot frees (the
 blocker's last file, written as it exits) to the measured job's first file (both mtimes, on the
 runner's disk). Cold: the runner lacks the image (pulled from a local registry) or the
-environment (built with uv from a local wheelhouse); pre-fetched: it holds it already, as a
-pre-fetch leaves it. One JSON object:
+environment (built with uv from a local wheelhouse). One JSON object:
 
 - ``image_cold_start_s``, ``image_prefetched_start_s``: a job in a ``--image-mib`` image
   (busybox and a layer of random bytes, pushed to Debian's ``docker-registry`` on 127.0.0.1);
@@ -14,7 +13,14 @@ pre-fetch leaves it. One JSON object:
   made here (no network);
 - ``workdir_remote_run_s``: ``shoal submit --workdir`` of ``--workdir-mib`` MiB in
   ``--workdir-files`` files through one agent, run on the other, from the command to the job's end;
-- ``container_overhead_s``: a container job's start (image held) less a host job's.
+- ``container_overhead_s``: a container job's start (image held) less a host job's
+  (``host_start_s``, measured the same way); ``*_prefetched_over_host_s``: a pre-fetched start
+  less a host job's (the slot-frees-to-start step the scheduler adds to every job cancels).
+
+Cold starts are measured on a free slot from the submission (no time for a pre-fetch);
+pre-fetched ones after the owner's forecast had the runner pull the image or build the
+environment while the job waited (the runner's ``shoal_image_pulls_total{what="prefetched"}`` or
+``shoal_env_builds_total{what="prebuilt"}`` went up before the blocker ended).
 
 The image figures are ``null`` (with ``image_skipped``) where podman, docker-registry or
 busybox-static is missing or the bench does not run as root.
@@ -114,20 +120,49 @@ class Bench:
     def folder(self, job_id: str) -> Path:
         return self.runner.directory / "jobs" / job_id
 
-    def start_after_slot_frees(self, command: list[str], mark: str, **extra: Any) -> float:
-        """Seconds from the blocker's exit to the measured job's ``mark`` file."""
-        blocker = self.submit(
-            [sys.executable, "-c", "import time; time.sleep(1.5); open('freed', 'w').close()"]
-        )
+    def metric(self, name: str, what: str) -> float:
+        url = f"https://{self.runner.address}/metrics"
+        with urllib.request.urlopen(url, context=self.ctx, timeout=30) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(f'{name}{{what="{what}"}} '):
+                    return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def start_on_a_free_slot(self, command: list[str], mark: str, **extra: Any) -> float:
+        """Seconds from the submission, the slot free, to the job's ``mark`` file (cold: no
+        time for a pre-fetch)."""
+        began = time.time()
+        measured = self.submit(command, **extra)
+        self._succeeded(measured)
+        return round((self.folder(measured) / mark).stat().st_mtime - began, 3)
+
+    def start_after_slot_frees(
+        self, command: list[str], mark: str, ready: tuple[str, str] | None = None, **extra: Any
+    ) -> float:
+        """Seconds from the blocker's exit to the measured job's ``mark`` file. The blocker
+        holds the slot until the runner's metric ``ready`` (name, what) goes up: the waiting
+        job's pre-fetch is done."""
+        waiter = "import os, time\nwhile not os.path.exists('go'): time.sleep(0.02)\n"
+        blocker = self.submit([sys.executable, "-c", waiter + "open('freed', 'w').close()"])
         while self.job(blocker).get("state") != "running":
             time.sleep(0.05)
+        before = self.metric(*ready) if ready is not None else 0.0
         measured = self.submit(command, **extra)
+        deadline = time.monotonic() + 300
+        while ready is not None and self.metric(*ready) <= before:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"no pre-fetch ({ready}) within 300 s")
+            time.sleep(0.1)
+        (self.folder(blocker) / "go").touch()
         for job_id in (blocker, measured):
-            doc = self.ended(job_id)
-            if doc.get("state") != "succeeded":
-                raise SystemExit(f"job {job_id} ended {doc.get('state')}: {doc.get('reason')}")
+            self._succeeded(job_id)
         freed = (self.folder(blocker) / "freed").stat().st_mtime
         return round((self.folder(measured) / mark).stat().st_mtime - freed, 3)
+
+    def _succeeded(self, job_id: str) -> None:
+        doc = self.ended(job_id)
+        if doc.get("state") != "succeeded":
+            raise SystemExit(f"job {job_id} ended {doc.get('state')}: {doc.get('reason')}")
 
 
 def _wheel(folder: Path, name: str = "shoalbench", version: str = "1.0") -> None:
@@ -285,37 +320,52 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             raise SystemExit(f"shoal submit --workdir: {done.stderr.strip()}")
         bench.ended(json.loads(done.stdout)["job_id"])
         out["workdir_remote_run_s"] = round(time.monotonic() - began, 3)
-        # Python environments: cold (built on the way), then held; a folder of one file.
-        small = root / "small"
-        small.mkdir()
-        (small / "requirements.txt").write_text("shoalbench==1.0\n")
-        sent = subprocess.run(
-            [*shoal, "submit", *flags, "--json", "--workdir", str(small), *GPU_FLAGS, *PASS],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        if sent.returncode != 0:
-            raise SystemExit(f"shoal submit --workdir: {sent.stderr.strip()}")
-        bench.ended(json.loads(sent.stdout)["job_id"])
+        # Python environments: cold (built on the way), then pre-built while the job waits;
+        # two folders of one file each, so each has its own environment.
+        digests = []
+        for n in (1, 2):
+            small = root / f"small{n}"
+            small.mkdir()
+            (small / "requirements.txt").write_text(f"shoalbench==1.0\n# folder {n}\n")
+            sent = subprocess.run(
+                [*shoal, "submit", *flags, "--json", "--workdir", str(small), *GPU_FLAGS, *PASS],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+            if sent.returncode != 0:
+                raise SystemExit(f"shoal submit --workdir: {sent.stderr.strip()}")
+            bench.ended(json.loads(sent.stdout)["job_id"])
+            digests.append(json.loads(sent.stdout)["workdir"]["digest"])
         probe = ["python", "-c", "import shoalbench; open('../started', 'w')"]
-        workdir_spec = {
-            "workdir_digest": json.loads(sent.stdout)["workdir"]["digest"],
-            "python_env": {"requirements": "requirements.txt"},
-        }
-        for key in ("env_cold_start_s", "env_prefetched_start_s"):
-            out[key] = bench.start_after_slot_frees(probe, "started", **workdir_spec)
+        reqs = {"requirements": "requirements.txt"}
+        out["env_cold_start_s"] = bench.start_on_a_free_slot(
+            probe, "started", workdir_digest=digests[0], python_env=reqs
+        )
+        out["env_prefetched_start_s"] = bench.start_after_slot_frees(
+            probe,
+            "started",
+            ("shoal_env_builds_total", "prebuilt"),
+            workdir_digest=digests[1],
+            python_env=reqs,
+        )
         out["image_skipped"] = skipped
         for key in ("image_cold_start_s", "image_prefetched_start_s", "container_overhead_s"):
             out[key] = None
         if registry is not None:
             touch = ["touch", "started"]
-            out["image_cold_start_s"] = bench.start_after_slot_frees(touch, "started", image=image)
-            warm = bench.start_after_slot_frees(touch, "started", image=image)
-            out["image_prefetched_start_s"] = warm
-            out["container_overhead_s"] = round(warm - host, 3)
+            out["image_cold_start_s"] = bench.start_on_a_free_slot(touch, "started", image=image)
+            held = bench.start_after_slot_frees(touch, "started", image=image)
+            out["container_overhead_s"] = round(held - host, 3)
+            _podman(root / "podman", conf, "rmi", image)
+            out["image_prefetched_start_s"] = bench.start_after_slot_frees(
+                touch, "started", ("shoal_image_pulls_total", "prefetched"), image=image
+            )
             out["image_mib"] = args.image_mib
+        for key in ("env_prefetched_start_s", "image_prefetched_start_s"):
+            if out.get(key) is not None:
+                out[key.replace("_start_s", "_over_host_s")] = round(out[key] - host, 3)
     finally:
         bench.mesh.stop(grace_s=20.0)
         if registry is not None:

@@ -111,7 +111,7 @@ class PeerImages:
         """Pull ``image`` now, for a job that waits for a slot here (its owner's forecast);
         whether a pull began. What it pulls stays in the runtime; a failure is only counted."""
         runtime = self.runtime
-        if runtime is None or image in self._prefetching or image in self.in_runtime:
+        if runtime is None or image in self._prefetching:
             return False
         self._prefetching.add(image)
 
