@@ -474,3 +474,35 @@ def test_a_prefetch_needs_the_operators_submission_and_an_owner(tmp_path: Path) 
         assert data_count(mesh, runner, "prefetch_started") == 0
     finally:
         mesh.stop_all()
+
+
+def test_a_copy_evicted_since_it_was_staged_is_staged_again(tmp_path: Path) -> None:
+    mesh = Mesh(tmp_path, ["h100:1", "l4:1"])
+    m, chunks = make_dataset("imagenet", {"a.bin": 3 * CHUNK + 1})
+    preload(mesh.agents[1], m, chunks)
+    mesh.start_all()
+    try:
+        runner = mesh.agents[0]
+        ref = f"imagenet@{m.digest}"
+        first = submit(mesh, runner, ["true"], resources=BIG_GPU, datasets=(ref,))
+        assert ended(mesh, runner, first)["state"] == "succeeded", mesh.logs()
+        body = {"dataset": ref, "node": runner.node_id}
+        status, answer = mesh.command(runner, "data_evict", body)
+        assert status == 200, answer
+        out = tmp_path / "read.json"
+        again = submit(
+            mesh,
+            runner,
+            [sys.executable, "-c", READER, str(out)],
+            resources=BIG_GPU,
+            datasets=(ref,),
+        )
+        job = ended(mesh, runner, again)
+        assert job["state"] == "succeeded", (job, mesh.logs())
+        assert json.loads(out.read_text())["files"] == expected_hashes(m, chunks)
+        # Fetched twice: by its launch, or by a pre-fetch while it waited for the device the
+        # first job had just been offered.
+        fetched = metric(mesh, runner, "shoal_content_fetched_bytes_total", source="peer")
+        assert fetched == 2 * (3 * CHUNK + 1)
+    finally:
+        mesh.stop_all()
