@@ -200,3 +200,44 @@ def test_a_waiting_jobs_environment_is_built_on_its_forecast_node_before_its_slo
         assert metric(mesh, a, "shoal_env_builds_total", what="hits") == 1
     finally:
         mesh.stop_all()
+
+
+async def test_a_uv_lock_builds_its_environment_once(tmp_path: Path) -> None:
+    """``python_env = {lock = "uv.lock"}``: ``uv sync --frozen`` from the wheelhouse; the same
+    lock again is a hit; a lock changed is another environment."""
+    import subprocess
+    import sys
+
+    from agent.job.jobspec import PythonEnv
+    from agent.running.pyenvs import PythonEnvs
+
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels)
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "pyproject.toml").write_text(
+        '[project]\nname = "proj"\nversion = "0.1"\nrequires-python = ">=3.11"\n'
+        'dependencies = ["shoalprobe==1.0"]\n'
+    )
+    uv = find_uv()
+    lock = [uv, "lock", "--offline", "--no-index", "--find-links", str(wheels)]
+    subprocess.run(lock, cwd=proj, check=True, capture_output=True, timeout=60)
+    envs = PythonEnvs(tmp_path / "envs", Path(uv), wheels)
+    first = await envs.prepare("j1", PythonEnv("lock", "uv.lock"), proj)
+    again = await envs.prepare("j2", PythonEnv("lock", "uv.lock"), proj)
+    assert first == again and (envs.counts["builds"], envs.counts["hits"]) == (1, 1)
+    python = Path(first["VIRTUAL_ENV"]) / "bin" / "python"
+    done = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import shoalprobe, sys; print(shoalprobe.VALUE, sys.version_info[:2])",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.split()[0] == "42" and f"{sys.version_info[:2]}" in done.stdout
+    (proj / "pyproject.toml").write_text((proj / "pyproject.toml").read_text() + "\n")
+    other = await envs.prepare("j3", PythonEnv("lock", "uv.lock"), proj)
+    assert other != first and envs.counts["builds"] == 2
