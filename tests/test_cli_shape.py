@@ -49,6 +49,7 @@ JSON_COMMANDS = frozenset(
         "certify",
         "demo",
         "data",
+        "cache",
     }
 )
 """The commands that print something a script reads; every other one refuses ``--json``."""

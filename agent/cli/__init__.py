@@ -240,6 +240,12 @@ COMMANDS: tuple[Command, ...] = (
         "agent.cli.usage_cmd:cmd_usage",
     ),
     Command(
+        "cache",
+        "what each node keeps: datasets, images, environments, working folders",
+        data_args.cache_arguments,
+        "agent.cli.cache_cmd:cmd_cache",
+    ),
+    Command(
         "enroll",
         "on a host: make its key and a certificate request, or install the certificate",
         ops_args.enroll_arguments,

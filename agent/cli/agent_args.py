@@ -58,4 +58,16 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("podman", "docker", "none"),
         help="what runs jobs that name an image (default: podman if found, else docker)",
     )
+    parser.add_argument(
+        "--uv", type=Path, metavar="PATH", help="the uv that builds jobs' Python environments"
+    )
+    parser.add_argument(
+        "--wheelhouse",
+        type=Path,
+        metavar="DIR",
+        help="build jobs' Python environments from these wheels only (no index)",
+    )
+    parser.add_argument(
+        "--index-url", metavar="URL", help="the package index jobs' environments are built from"
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")

@@ -11,6 +11,12 @@ from agent.cli.stage_args import add_stage_parser
 REF_HELP = "NAME (every version held there) or NAME@DIGEST (one version)"
 
 
+def cache_arguments(p: argparse.ArgumentParser) -> None:
+    """``shoal cache``'s (:mod:`agent.cli.cache_cmd`)."""
+    add_connection_arguments(p)
+    p.add_argument("--node", metavar="NODE", help="only this node (its id, or a prefix of it)")
+
+
 def data_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="data_command", metavar="SUBCOMMAND", parser_class=type(p))
     sub.required = True

@@ -101,6 +101,30 @@ def submit_arguments(p: argparse.ArgumentParser) -> None:
         help="run the command in this container image (podman or docker on the runner; "
         "e.g. registry.example:5000/team/train:1.2)",
     )
+    p.add_argument(
+        "--workdir",
+        metavar="DIR",
+        type=Path,
+        help="send this folder with the job (less .git and what .gitignore and .shoalignore "
+        "leave out): the job starts inside its copy on the runner",
+    )
+    p.add_argument(
+        "--workdir-max",
+        metavar="SIZE",
+        default="512MiB",
+        help="refuse a --workdir folder larger than this (default 512MiB)",
+    )
+    p.add_argument(
+        "--python-lock",
+        metavar="FILE",
+        help="a uv.lock in --workdir (its pyproject.toml beside it): the runner builds its "
+        "environment once per node and runs the job with it activated",
+    )
+    p.add_argument(
+        "--python-requirements",
+        metavar="FILE",
+        help="a requirements file in --workdir, built into the job's environment likewise",
+    )
     p.add_argument("--retries", type=int, default=0, help="further attempts on failure")
     p.add_argument(
         "--anyway",

@@ -18,17 +18,24 @@ takes as the same job, so a retry never makes a second one.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
+import tomllib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from agent.cli.ops_cmd import print_json, run_with_client
 from agent.cli.tables import hostnames
 from agent.common.errors import UserError
+from agent.common.parsing import toml_loads
+from agent.content.workdir import Packed, pack_workdir
 from agent.job.jobspec import JobSpec, check_job_id, new_job_id
+from agent.job.units import parse_size
 from agent.operator.client import AgentUnreachable, ApiClient
 from agent.operator.fit import Fit, asks, fit
 from agent.operator.terminal import short
+from agent.operator.upload import Uploaded, upload_workdir
 from agent.operator.when import when
 from agent.policy.submit import SubmissionCheck
 
@@ -41,7 +48,14 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
             raise UserError(f"--file {args.file}: {exc.strerror or exc}") from None
         if args.command:
             raise UserError("give the command either in --file or after --, not both")
-        return JobSpec.from_toml(text)
+        if getattr(args, "workdir", None) is None:
+            return JobSpec.from_toml(text)
+        try:
+            doc = toml_loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise UserError(f"job file is not valid TOML: {exc}") from None
+        doc["workdir_digest"] = PENDING_DIGEST  # the folder's, once packed (_packed)
+        return JobSpec.from_human(doc)
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
@@ -77,7 +91,27 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         data["checkpoint_dir"] = args.checkpoint_dir
     if args.image is not None:
         data["image"] = args.image
+    python_env = _python_env(args)
+    if python_env is not None:
+        if getattr(args, "workdir", None) is None:
+            raise UserError("--python-lock and --python-requirements name a file of --workdir")
+        data["python_env"] = python_env
+        data["workdir_digest"] = PENDING_DIGEST  # the folder's, once packed (_packed)
     return JobSpec.from_human(data)
+
+
+PENDING_DIGEST = "0" * 64
+
+
+def _python_env(args: argparse.Namespace) -> dict[str, str] | None:
+    lock, reqs = getattr(args, "python_lock", None), getattr(args, "python_requirements", None)
+    if lock is not None and reqs is not None:
+        raise UserError("give --python-lock or --python-requirements, not both")
+    if lock is not None:
+        return {"lock": lock}
+    if reqs is not None:
+        return {"requirements": reqs}
+    return None
 
 
 def _pairs(values: Sequence[str], flag: str) -> list[tuple[str, str]]:
@@ -160,12 +194,27 @@ def lost_answer(exc: AgentUnreachable, job_id: str) -> str:
     )
 
 
+def _packed(args: argparse.Namespace, spec: JobSpec) -> tuple[JobSpec, Packed | None]:
+    """The spec with its working folder's digest, and the folder packed (``--workdir``)."""
+    top: Path | None = getattr(args, "workdir", None)
+    if top is None:
+        return spec, None
+    try:
+        cap = parse_size(str(getattr(args, "workdir_max", "512MiB")))
+        packed = pack_workdir(top.resolve(), cap)
+        return dataclasses.replace(spec, workdir_digest=packed.manifest.digest), packed
+    except ValueError as exc:  # ContentError, a bad size, a spec naming a host workdir too
+        raise UserError(str(exc)) from None
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     try:
         spec = spec_from_args(args)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    spec, packed = _packed(args, spec)
     job_id = _job_id(args.job_id)
+    uploaded: list[Uploaded] = []
 
     async def call(
         client: ApiClient,
@@ -181,6 +230,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 raise UserError(f"{late.line}; nothing submitted (--anyway submits it)")
         names = hostnames(nodes)
         preempts = yielding(spec, where, jobs, names)
+        if packed is not None:
+            try:
+                uploaded.append(await upload_workdir(client, args.workdir.resolve(), packed))
+            except (ValueError, OSError) as exc:
+                raise UserError(f"--workdir {args.workdir}: {exc}; nothing submitted") from None
         try:
             answer = await client.submit(spec, job_id)
         except AgentUnreachable as exc:
@@ -190,6 +244,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
     answer, where, late, names, preempts = run_with_client(args, call)
     if args.json:
         extra: dict[str, Any] = {"asks": asks(spec), "fits_now": bool(where.now)}
+        for up in uploaded:
+            extra["workdir"] = {
+                "digest": up.digest,
+                "total_bytes": up.total_bytes,
+                "sent_bytes": up.sent_bytes,
+                "sent_chunks": up.sent_chunks,
+            }
         if late is not None:
             extra["deadline_met"] = late.deadline_met
             extra["forecast"] = late.line
@@ -202,6 +263,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
         f"(owner {names.get(owner, short(owner))}, durable on {copies} agent{'s' * (copies != 1)})"
     )
     print(f"asks for {asks(spec)}")
+    for up in uploaded:
+        print(
+            f"working folder {up.digest[:12]}: {up.total_bytes} bytes,"
+            f" {up.sent_bytes} sent ({up.total_bytes - up.sent_bytes} held already)"
+        )
     if late is not None:
         print(("deadline met: " if late.deadline_met else "") + late.line)
     if where.never:

@@ -45,6 +45,9 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         prefetch=args.prefetch,
         job_user=args.job_user,
         container_runtime=args.container_runtime,
+        uv=getattr(args, "uv", None),
+        wheelhouse=getattr(args, "wheelhouse", None),
+        index_url=getattr(args, "index_url", None),
         labels=labels,
     )
 

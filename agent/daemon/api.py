@@ -49,6 +49,7 @@ from agent.content.fetch import PATH as CONTENT_PATH
 from agent.content.routes import ContentServer
 from agent.content.routes import Routes as ContentRoutes
 from agent.content.stage import Stager
+from agent.content.store import DiskStore
 from agent.daemon.calls import Calls
 from agent.daemon.commands import Commands
 from agent.daemon.metrics import AgentMetrics
@@ -123,6 +124,9 @@ class AgentService(Protocol):
 
     @property
     def stager(self) -> Stager: ...
+
+    @property
+    def content_store(self) -> DiskStore: ...
 
 
 INSUFFICIENT_STORAGE = 507
@@ -444,6 +448,15 @@ def setup(app: web.Application, agent: AgentService) -> None:
         states = [s.to_wire() for s in agent.stager.states()]
         return web.json_response({"node": agent.node_id, "stages": states})
 
+    @_guarded
+    async def cache(request: web.Request) -> web.StreamResponse:
+        from agent.daemon.cachelist import cache_doc
+
+        store = agent.content_store
+        held = await asyncio.to_thread(store.all_held)
+        doc = cache_doc(agent.node_id, held, store.store_bytes(), store.rules.budget_bytes)
+        return web.json_response(doc)
+
     def _ckpt(fn: Callable[[web.Request, str], Awaitable[web.StreamResponse]]) -> Handler:
         async def handler(request: web.Request) -> web.StreamResponse:
             return await fn(request, request_peer(request).node_id)
@@ -471,6 +484,7 @@ def setup(app: web.Application, agent: AgentService) -> None:
     app.router.add_post(f"{CHECKPOINT_PATH}/{{job_id}}/offer", _ckpt(ckpt.offer))
     app.router.add_post(f"{CHECKPOINT_PATH}/{{job_id}}/chunk", _ckpt(ckpt.put))
     app.router.add_get("/v1/content/stages", stages)
+    app.router.add_get("/v1/cache", cache)
     app.router.add_get(f"{CONTENT_PATH}/chunk/{{chunk}}", _internal(content.chunk))
     app.router.add_get(f"{CONTENT_PATH}/{{digest}}", _internal(content.manifest))
     app.router.add_get(f"{CONTENT_PATH}/{{digest}}/have", _internal(content.have))

@@ -70,6 +70,10 @@ class Calls:
     ) -> None:
         self._ctx = ctx
         self._metrics = metrics
+        self.hold_workdir: Callable[[str], None] | None = None
+        self.export_image: Callable[[str], Awaitable[Body]] | None = None
+        """Save an image this node's runtime holds into its store (``agent.running.peerimages``)."""
+        """Fetch a replicated job's working folder here (``agent.daemon.workdirput``)."""
 
         async def start(body: Body, caller: str) -> Body:
             return (await runner.start(StartOffer.from_wire(body), caller)).to_wire()
@@ -88,6 +92,7 @@ class Calls:
 
         self._calls: dict[str, Call] = {
             "replicate": self._replicate,
+            "image_export": self._image_export,
             "adopt": self._sync(owner.adopt_wire),
             "start": start,
             "stop": stop,
@@ -138,8 +143,21 @@ class Calls:
         return {"job": stored_job(self._ctx.store, job_id)}
 
     async def _replicate(self, body: Body, caller: str) -> Body:
-        store_replica(self._ctx.store, body, caller, self._ctx.authority)
+        job = store_replica(self._ctx.store, body, caller, self._ctx.authority)
+        if job.spec.workdir_digest is not None and self.hold_workdir is not None:
+            self.hold_workdir(job.spec.workdir_digest)  # kept here as the submission is
         return {"ok": True}
+
+    async def _image_export(self, body: Body, caller: str) -> Body:
+        image = body.get("image")
+        if not isinstance(image, str):
+            raise ApiError(400, "image must be a string")
+        if self.export_image is None:
+            raise ApiError(404, "this agent exports no images")
+        try:
+            return await self.export_image(image)
+        except (LookupError, ValueError) as exc:
+            raise ApiError(404, str(exc)) from None
 
     async def handle(self, op: str, body: Body, caller: str) -> Body:
         call = self._calls.get(op)

@@ -29,6 +29,7 @@ from agent.content.stage import StageAsk, Stager
 from agent.daemon.config import AgentConfig
 from agent.daemon.datastore import DataRefused, NodeData
 from agent.daemon.metrics import AgentMetrics
+from agent.daemon.workdirput import WorkdirHolds, WorkdirUploads
 from agent.job.authority import FeaturesLacking, SubmissionRefused
 from agent.job.jobspec import HOST_ONLY_FEATURES, IMAGE_HOST, check_job_id, lacking_reason
 from agent.job.ownership import owner_of
@@ -100,6 +101,8 @@ class Commands:
         self._people = people
         self._policy_changed = policy_changed
         self.rejections: Counter[str] = Counter()
+        self.uploads = WorkdirUploads(data.store, Counter())
+        self.holds = WorkdirHolds(data.store, stager)
         self._handlers: dict[str, Handler] = {
             "submit": self._submit,
             "cancel": self._job_command,
@@ -114,6 +117,8 @@ class Commands:
             "data_pin": self._data_command,
             "data_unpin": self._data_command,
             "policy": self._policy,
+            "workdir_missing": self._workdir,
+            "workdir_put": self._workdir,
         }
 
     async def execute(self, data: bytes, *, forwarded: bool) -> Answer:
@@ -207,6 +212,11 @@ class Commands:
         rules.check_priority(self.standing(sub.operator_id), sub.spec.priority)
         owner = self._job_owner(sub.job_id) or owner_of(sub.job_id, self._mesh.live_agents())
         if forwarded or owner in (None, self._ctx.node_id):
+            if sub.spec.workdir_digest is not None:  # kept here as the submission is
+                problem = await self.holds.fetch(sub.spec.workdir_digest)
+                if problem is not None:
+                    self._metrics.commands_rejected["workdir"] += 1
+                    return 409, {"error": f"{problem}; nothing submitted"}
             return 200, await self._owner.submit(sub)
         return await self._forward(owner or "", data)
 
@@ -280,6 +290,14 @@ class Commands:
             return exc.status, {"error": str(exc)}
         self._data.changed()
         return 200, {"node": self._ctx.node_id, **answer}
+
+    async def _workdir(
+        self, kind: str, body: dict[str, Any], data: bytes, forwarded: bool
+    ) -> Answer:
+        """workdir_missing, workdir_put: a working folder comes up into this agent's store."""
+        if kind == "workdir_missing":
+            return 200, await self.uploads.missing(body)
+        return 200, await self.uploads.put(body)
 
     async def _drain(self, kind: str, body: dict[str, Any], data: bytes, forwarded: bool) -> Answer:
         """cordon, drain and undrain: carried out by the node itself."""

@@ -131,6 +131,13 @@ class AgentConfig:
     container_root: Path | None = None
     """Podman's storage under this folder (``--root DIR/storage --runroot DIR/run``) instead of
     the host's; the agent's own images then share no state with other podman users."""
+    uv: Path | None = None
+    """The ``uv`` that builds jobs' Python environments (``agent.running.pyenvs``). Unset: the
+    one on the agent's PATH; none there, a job naming an environment is declined here."""
+    wheelhouse: Path | None = None
+    """A folder of wheels environments are built from, with no index (an air-gapped fleet)."""
+    index_url: str | None = None
+    """The package index environments are built from (default: uv's own, PyPI)."""
     insecure_registries: tuple[str, ...] = ()
     """Registries (``HOST:PORT``) pulled from over plain HTTP or without checking their
     certificate (``--tls-verify=false``): a local test registry, never one across a network."""
@@ -153,7 +160,15 @@ class AgentConfig:
 
 PLACEMENT_NAMES = ("shoal", "fifo")
 CONTAINER_RUNTIMES = ("podman", "docker", "none")
-_PATHS = {"data_dir", "identity_dir", "datasets_dir", "containers_conf", "container_root"}
+_PATHS = {
+    "data_dir",
+    "identity_dir",
+    "datasets_dir",
+    "containers_conf",
+    "container_root",
+    "uv",
+    "wheelhouse",
+}
 _TUPLES = {"join", "datasets", "insecure_registries"}
 _FLOATS = {
     "cost_per_hour",

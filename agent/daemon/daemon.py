@@ -40,7 +40,7 @@ from agent.common.eachjob import one_job
 from agent.content.routes import ContentServer
 from agent.content.stage import Stager
 from agent.content.swarm import SwarmLimits
-from agent.daemon import api
+from agent.daemon import api, jobenvs
 from agent.daemon.calls import Calls
 from agent.daemon.commands import Commands
 from agent.daemon.config import AgentConfig
@@ -72,6 +72,7 @@ from agent.running import diskguard
 from agent.running.admission import NodeFacts
 from agent.running.confirming import Placed
 from agent.running.datastage import JobData, holders_of
+from agent.running.peerimages import PeerImages
 from agent.running.prefetch import Prefetches
 from agent.running.runner import Runner
 from agent.storage import purging
@@ -180,12 +181,15 @@ class Agent:
         features = SUPPORTED_FEATURES
         if self.container_runtime is None:
             features -= HOST_ONLY_FEATURES
+        self.images = PeerImages(config.data_dir)
+        self.images.runtime = self.container_runtime
         self.executor = ProcessExecutor(
             ExecutorConfig(
                 data_dir=config.data_dir,
                 grace_s=config.stop_grace_s,
                 job_user=config.job_user,
                 container_runtime=self.container_runtime,
+                images=self.images,
             ),
             on_event=lambda e: self.runner.on_exec_event(e),
         )
@@ -273,6 +277,7 @@ class Agent:
             people=self.people,
             refused=self.metrics.refused,
         )
+        jobenvs.wire(self)
         self.node.subscribe(self._on_gossip)
         self.node.serve_calls(api.stream_calls(self))
         self._tasks: list[asyncio.Task[None]] = []
@@ -398,7 +403,11 @@ class Agent:
             progress={j: p for j, p in runner.progress.items() if j in runner.runs},
             shares=runner.shares(),
             saved={j: at for j, at in runner.saved_at.items() if j in runner.runs},
-            staging=runner.data.lines() if runner.data is not None else {},
+            staging={
+                **(runner.data.lines() if runner.data is not None else {}),
+                **(runner.envs.building if runner.envs is not None else {}),
+                **self.images.lines(),
+            },
         )
 
     def device_keys(self) -> dict[int, str]:
@@ -656,6 +665,9 @@ class Agent:
             "datasets_refused": self.datasets.refused,
             "store": self.data.metrics(),
             "job_data": self.data_counts,
+            "env_builds": self.runner.envs.counts if self.runner.envs is not None else {},
+            "image_pulls": self.images.counts,
+            "workdir_uploads": self.commands.uploads.counts,
             "prefetch": self.owner.prefetcher.counts,
             "job_data_wait": self.runner.data.waits if self.runner.data is not None else None,
             "history_dropped": self.history.dropped(),

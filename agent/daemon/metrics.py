@@ -158,6 +158,27 @@ class _Snapshot:
                 snap.get("job_data", {}),
             ),
             (
+                "env_builds",
+                "Python environments of jobs starting here: found built (hits), built (builds),"
+                " builds failed (failed)",
+                "what",
+                snap.get("env_builds", {}),
+            ),
+            (
+                "image_pulls",
+                "Images of container jobs starting here: held already (present), pulled from the"
+                " registry, moved from a peer, failed; archives exported for peers (exported)",
+                "what",
+                snap.get("image_pulls", {}),
+            ),
+            (
+                "workdir_uploads",
+                "Working folders sent up to this agent: manifests, chunks and bytes received,"
+                " manifests and chunks refused",
+                "what",
+                snap.get("workdir_uploads", {}),
+            ),
+            (
                 "prefetch",
                 "Pre-fetches this owner asked of its waiting jobs' likely nodes: asked, moved (the"
                 " forecast moved: the old node told to stop), refused, failed",

@@ -36,6 +36,7 @@ INTERNAL_CALLS: Final = (
     "confirm_start",
     "prefetch",
     "quota_claim",
+    "image_export",
 )
 """The agent-to-agent calls of ``POST /v1/internal/{op}`` (``agent.daemon.calls``)."""
 
@@ -133,6 +134,9 @@ SCHEMAS: Final[dict[str, Any]] = {
                 "description": "member -> bytes/s this node measured fetching content from it",
                 "additionalProperties": _NUM,
             },
+            "content": _array(
+                _obj({"kind": _STR, "name": _STR, "digest": _STR, "total_bytes": _INT})
+            ),
             "shares": {
                 "type": "object",
                 "description": "device key -> {job id -> bytes of its memory the job holds}: the"
@@ -533,6 +537,16 @@ PATHS: Final[dict[str, Any]] = {
             "summary": "This node's stages of content (`shoal data stage`): state, bytes held of"
             " the total, rate, holders, ETA",
             "responses": {"200": _json_doc("{node, stages}"), **_answers(None)},
+        }
+    },
+    "/v1/cache": {
+        "get": {
+            "summary": "What this node's content store keeps (`shoal cache`): datasets, images,"
+            " environments and working folders, with sizes, pins and last use",
+            "responses": {
+                "200": _json_doc("{node, store_bytes, budget_bytes, items}"),
+                **_answers(None),
+            },
         }
     },
     "/v1/internal/content/{digest}": {

@@ -28,7 +28,7 @@ from agent.job.jobspec import SUPPORTED_FEATURES
 from agent.mesh.events import EventLog
 from agent.wire.codec import MAX_RECORD_BYTES, WireError
 from agent.wire.inventory import InventoryRecord
-from agent.wire.place import PLACE, HeldVersion, PlaceRecord, coord_moved_s
+from agent.wire.place import PLACE, HeldContent, HeldVersion, PlaceRecord, coord_moved_s
 from agent.wire.records import NodeRecord, TelemetryRecord
 from gossip.vivaldi import Coordinate
 from probers.records import DeviceStatic
@@ -79,6 +79,8 @@ class Publisher:
         self.rates: Callable[[], Mapping[str, float]] = dict
         """The bytes/s this node measured from each holder it fetched from (the place record
         carries them; a holder measured for the first time republishes it at its next look)."""
+        self.content: Callable[[], tuple[HeldContent, ...]] = tuple
+        """The images and environments held here whole, for the ``place`` record."""
         self._node_dirty = True
         self._node_sent: NodeRecord | None = None
         self._node_at = float("-inf")
@@ -112,6 +114,12 @@ class Publisher:
             self._versions = versions
             self._place_dirty = True
             self.wake()
+
+    def content_changed(self) -> None:
+        """An image or environment was added or removed here: the place record says so at the
+        next tick."""
+        self._place_dirty = True
+        self.wake()
 
     def inventory(self, address: str, boot: int) -> None:
         report = self._devices.report
@@ -211,9 +219,19 @@ class Publisher:
         self._place_dirty = False
         self._place_at = now
         record = PlaceRecord(
-            datasets=dict(self._datasets), coord=coord, versions=self._versions, rates=rates
+            datasets=dict(self._datasets),
+            coord=coord,
+            versions=self._versions,
+            rates=rates,
+            content=self.content(),
         )
-        if sent is None and not record.datasets and not record.versions and coord is None:
+        if (
+            sent is None
+            and not record.datasets
+            and not record.versions
+            and not record.content
+            and coord is None
+        ):
             return  # nothing to say yet: no record until a dataset or a measured round trip
         payload, left_out = record.encode()
         if left_out and (

@@ -188,6 +188,9 @@ class Reads:
                     fetch_rates=node.place.rates
                     if node is not None and node.place is not None
                     else {},
+                    content=node.place.content
+                    if node is not None and node.place is not None
+                    else (),
                     rtt_s=view.rtt_s(self._ctx.node_id, m.node),
                     shares=status.shares if status else {},
                 )

@@ -360,15 +360,16 @@ def last_line(output: str) -> str:
 class ImageSource(Protocol):
     """Makes an image present in the runtime's storage before an attempt starts."""
 
-    async def ensure(self, runtime: ContainerRuntime, image: str) -> None:
-        """Return once ``image`` is present; raise :class:`ContainerError` (one line) if not."""
+    async def ensure(self, runtime: ContainerRuntime, image: str, job_id: str = "") -> None:
+        """Return once ``image`` is present (for job ``job_id``: what it waits for); raise
+        :class:`ContainerError` (one line) if not."""
         ...
 
 
 class RegistryPull:
     """Pulls an absent image from its registry (the default source)."""
 
-    async def ensure(self, runtime: ContainerRuntime, image: str) -> None:
+    async def ensure(self, runtime: ContainerRuntime, image: str, job_id: str = "") -> None:
         check_image_ref(image)
         probe = "exists" if runtime.kind == "podman" else "inspect"
         code, _ = await call(runtime, runtime.command("image", probe, image), 60.0)

@@ -234,6 +234,8 @@ class ProcessExecutor:
             raise error(f"cannot prepare the job's folder {job_dir}: {why}") from None
         env = base_env(self.user, os.environ)
         env.update(launch.env)
+        if launch.path_prefix is not None:
+            env["PATH"] = launch.path_prefix + os.pathsep + env.get("PATH", os.defpath)
         # The marker the subreaper tells a job's orphans by (agent.execution.containment), never the
         # job's.
         env["SHOAL_JOB_ID"], env["SHOAL_ATTEMPT"] = launch.job_id, str(launch.attempt)
@@ -357,7 +359,7 @@ class ProcessExecutor:
         assert launch.image is not None
         if runtime is None:
             raise ContainerError("this node has no container runtime to run an image")
-        await self.config.images.ensure(runtime, launch.image)
+        await self.config.images.ensure(runtime, launch.image, launch.job_id)
         job_env = {k: v for k, v in env.items() if k != "PATH"}  # the image's, unless set
         job_env["HOME"] = str(job_dir)  # the job user's on the host is not in the image
         job_env.update(launch.env)

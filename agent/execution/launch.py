@@ -84,6 +84,8 @@ class Launch:
     """Variables on top of the job user's clean base: the job's own, then Shoal's (pinning...)."""
     cwd: str | None = None
     """Working directory; ``None`` runs in the job's folder."""
+    path_prefix: str | None = None
+    """A folder put first on the job's PATH (its Python environment's ``bin``)."""
     max_runtime_s: float | None = None
     stop_signal: str = "SIGTERM"
     """Signal name sent to the group first when the job is stopped."""

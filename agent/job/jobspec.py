@@ -56,13 +56,15 @@ FEATURES: Final[Mapping[str, int]] = {
     "interconnect": 2,
     "os": 3,
     "share": 3,
+    "workdir": 4,
+    "python_env": 4,
 }
 """Every feature a spec can use, with the spec version that brought it: ``elastic`` (a range of
 GPUs, ``gpus = "2-8"``), ``gang`` (more than one node), ``image`` (a container image),
 ``interconnect`` (a required link between the GPUs), ``os`` (a required operating system),
 ``share`` (part of one GPU, by fraction or memory)."""
 SUPPORTED_FEATURES: Final[frozenset[str]] = frozenset(
-    {"elastic", "gang", "image", "interconnect", "os", "share"}
+    {"elastic", "gang", "image", "interconnect", "os", "python_env", "share", "workdir"}
 )
 """The features this agent runs, advertised in its inventory: ``elastic`` (the runner admits
 an offer of any number of devices in the job's range: ``agent.running.admission``); ``gang`` (all
@@ -70,13 +72,36 @@ members start or none: ``agent.owning.gang``); ``interconnect``, ``os`` and ``sh
 runner checks against its own node before it admits an offer (``agent.running.admission``: the link
 between the devices offered, its OS, and the memory a share holds on its device); ``image`` (the
 job runs in a container: ``agent.execution.containers``), which an agent advertises only where it
-found a container runtime on a Linux host (:data:`HOST_ONLY_FEATURES`)."""
+found a container runtime on a Linux host (:data:`HOST_ONLY_FEATURES`); ``workdir`` (the job
+starts in a copy of the submitter's working folder: ``agent.running.workstage``); ``python_env``
+(the runner builds the job's Python environment with uv: ``agent.running.pyenvs``)."""
 HOST_ONLY_FEATURES: Final[frozenset[str]] = frozenset({"image"})
 IMAGE_HOST: Final = "a Linux host with a container runtime"
 """What a job with a container image needs of its node: macOS and Windows cannot give a
 container a GPU, and an agent advertises the ``image`` feature only where it found a runtime."""
 """Features this version runs only on a host that has what they need (``image``: a Linux host
 with a container runtime): an agent without it advertises :data:`SUPPORTED_FEATURES` less these."""
+
+
+_SHA256_HEX: Final = re.compile(r"[0-9a-f]{64}")
+PythonEnvKind = Literal["lock", "requirements"]
+PYTHON_ENV_KINDS: Final[tuple[PythonEnvKind, ...]] = ("lock", "requirements")
+
+
+@dataclass(frozen=True, slots=True)
+class PythonEnv:
+    """``lock``: a ``uv.lock`` (its ``pyproject.toml`` beside it); ``requirements``: a
+    requirements file. ``file``: its path in the working folder."""
+
+    kind: PythonEnvKind
+    file: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in PYTHON_ENV_KINDS:
+            raise ValueError(f"python_env: {self.kind!r} is not lock or requirements")
+        parts = self.file.split("/")
+        if not self.file or self.file.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"python_env: {self.file!r} is not a path inside the working folder")
 
 
 class UnknownFeatures(ValueError):
@@ -225,6 +250,13 @@ class JobSpec:
     """Working directory on the runner; ``None`` runs in the job's own folder."""
     image: str | None = None
     """Container image to run the command in; ``None`` runs it on the host."""
+    workdir_digest: str | None = None
+    """The digest of the submitter's working folder packed as content (kind ``workdir``:
+    ``agent.content.workdir``); the job starts inside its copy, checked against this digest."""
+    python_env: PythonEnv | None = None
+    """A Python environment built from a file of the working folder (``{lock = "uv.lock"}``
+    or ``{requirements = "requirements.txt"}``), cached on each node by the file's hash; the job
+    runs with it activated (``agent.running.pyenvs``)."""
     resources: Resources = field(default_factory=Resources)
     kind: JobKind = "batch"
     priority: int = 0
@@ -260,6 +292,14 @@ class JobSpec:
             raise ValueError("command must not be empty")
         if self.image is not None:
             check_image_ref(self.image)
+        if self.workdir_digest is not None and not _SHA256_HEX.fullmatch(self.workdir_digest):
+            raise ValueError("workdir_digest: must be a SHA-256 (64 lowercase hex digits)")
+        if self.python_env is not None and self.image is not None:
+            raise ValueError("python_env: a job in a container brings its Python in its image")
+        if self.python_env is not None and self.workdir_digest is None:
+            raise ValueError("python_env: names a file of the working folder: submit with one")
+        if self.workdir_digest is not None and self.workdir is not None:
+            raise ValueError("workdir: a job runs in its packed working folder or in a host path")
 
     @property
     def is_gang(self) -> bool:
@@ -281,6 +321,10 @@ class JobSpec:
             used.append("share")
         if self.resources.is_elastic:
             used.append("elastic")
+        if self.workdir_digest is not None:
+            used.append("workdir")
+        if self.python_env is not None:
+            used.append("python_env")
         return tuple(sorted(used))
 
     @property
@@ -310,6 +354,10 @@ class JobSpec:
             "checkpoint_signal": self.checkpoint_signal,
             "retries": self.retries,
         }
+        if self.workdir_digest is not None:  # absent otherwise: the form older agents read
+            doc["workdir_digest"] = self.workdir_digest
+        if self.python_env is not None:
+            doc["python_env"] = {self.python_env.kind: self.python_env.file}
         features = self.features
         if features:
             doc["features"] = list(features)

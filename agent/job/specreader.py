@@ -28,6 +28,7 @@ from agent.job.jobspec import (
     InterconnectKind,
     JobKind,
     JobSpec,
+    PythonEnv,
     Resources,
     check_declared,
 )
@@ -76,6 +77,8 @@ def spec_from_mapping(data: Mapping[str, Any], *, human: bool, now: float | None
         env=env,
         workdir=r.path("workdir"),
         image=r.opt_str("image"),
+        workdir_digest=r.opt_str("workdir_digest"),
+        python_env=_python_env(r.get("python_env")),
         resources=resources_from_mapping(resources_raw, human=human),
         kind=cast(JobKind, r.choice("kind", JOB_KINDS, "batch")),
         priority=r.int_("priority", 0, least=None),
@@ -96,6 +99,17 @@ def spec_from_mapping(data: Mapping[str, Any], *, human: bool, now: float | None
             f"features: the spec declares {list(declared)} but uses {list(spec.features)}"
         )
     return spec
+
+
+def _python_env(value: Any) -> PythonEnv | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or len(value) != 1:
+        raise ValueError('python_env: must be {lock = "FILE"} or {requirements = "FILE"}')
+    ((kind, file),) = value.items()
+    if kind not in ("lock", "requirements") or not isinstance(file, str):
+        raise ValueError('python_env: must be {lock = "FILE"} or {requirements = "FILE"}')
+    return PythonEnv(kind, file)
 
 
 def spec_from_toml(text: str, *, now: float | None) -> JobSpec:

@@ -45,6 +45,12 @@ async def watch_staging(o: OwnerSteps, job: OwnedJob, node_id: str, attempt: int
             o._save(job, replicate=False)
 
 
+def stages(spec: JobSpec) -> bool:
+    """Whether a runner stages content before it starts ``spec``: its datasets, its working
+    folder (``agent.running.workstage``)."""
+    return bool(spec.datasets) or spec.workdir_digest is not None
+
+
 def clear_staging(job: OwnedJob) -> None:
     """Once the job started, the staging line is no longer its reason."""
     if job.reason is not None and job.reason.startswith(STAGING_PREFIX):

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.job.jobstate import LIVE, JobEvent, JobState
 from agent.mesh.peers import PeerError, PeerRefused, PeerUnreachable
-from agent.owning.datawait import STAGE_TIMEOUT_S, clear_staging, watch_staging
+from agent.owning.datawait import STAGE_TIMEOUT_S, clear_staging, stages, watch_staging
 from agent.owning.ownedjob import ATTEMPTS_KEPT
 from agent.owning.ownersteps import OwnerSteps
 from agent.owning.placing import queue_of
@@ -333,8 +333,9 @@ class Gangs:
         job.attempts.extend(AttemptEntry(attempt, m.node, None, rank=m.rank) for m in a.members)
         del job.attempts[:-ATTEMPTS_KEPT]
         body = GangCommit(job.job_id, attempt, master[0], master[1]).to_wire()
-        # Each member stages the job's datasets before it starts it (agent.owning.datawait).
-        timeout_s = STAGE_TIMEOUT_S if job.spec.datasets else None
+        # Each member stages the job's datasets and working folder before it starts it
+        # (agent.owning.datawait).
+        timeout_s = STAGE_TIMEOUT_S if stages(job.spec) else None
 
         async def one(m: GangMember) -> float | None:
             try:
@@ -357,7 +358,7 @@ class Gangs:
 
         watches = [
             asyncio.create_task(watch_staging(o, job, m.node, attempt))
-            for m in (a.members if job.spec.datasets else ())
+            for m in (a.members if stages(job.spec) or job.spec.image is not None else ())
         ]
         try:
             started = await asyncio.gather(*(one(m) for m in a.members))

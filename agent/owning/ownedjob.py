@@ -271,7 +271,9 @@ def job_from_wire(body: dict[str, Any], authority: Authority) -> OwnedJob:
     )
 
 
-def store_replica(store: Store, body: dict[str, Any], caller: str, authority: Authority) -> None:
+def store_replica(
+    store: Store, body: dict[str, Any], caller: str, authority: Authority
+) -> OwnedJob:
     """Keep a copy sent by the job's owner, unless we already hold a newer version. Refused
     (``OwnerError`` 403) unless the caller names itself as the owner and is one here: among the
     first :data:`~agent.job.authority.OWNER_WINDOW` of the job's order, as this agent sees the mesh.
@@ -283,8 +285,9 @@ def store_replica(store: Store, body: dict[str, Any], caller: str, authority: Au
         raise OwnerError(403, f"{caller[:8]} may not replicate job {job.job_id}")
     held = store.get_job(job.job_id)
     if held is not None and held_gen(held) > job.gen:
-        return
+        return job
     store.put_job(job.record())
+    return job
 
 
 def held_gen(rec: JobRecord) -> int:

@@ -30,6 +30,7 @@ from agent.mesh.peers import PeerError, PeerRefused, PeerUnreachable, decoded_an
 from agent.owning.datawait import (
     STAGE_TIMEOUT_S,
     clear_staging,
+    stages,
     unheld_reason,
     watch_staging,
 )
@@ -191,11 +192,13 @@ async def place_once(
             # preempting one waits for its victims to stop first; datasets are staged first.
             slow = resume is not None or cand.victims or cand.shrink
             timeout_s = RESTORE_TIMEOUT_S + o._stop_grace_s if slow else None
-            if job.spec.image is not None:  # the runner pulls an image it lacks first
-                timeout_s = (timeout_s or 0.0) + IMAGE_PULL_TIMEOUT_S
-            if job.spec.datasets:
+            if stages(job.spec):
                 timeout_s = max(timeout_s or 0.0, STAGE_TIMEOUT_S)
                 watch = asyncio.create_task(watch_staging(o, job, cand.node_id, attempt))
+            if job.spec.image is not None:  # the runner pulls an image it lacks first
+                timeout_s = (timeout_s or 0.0) + IMAGE_PULL_TIMEOUT_S
+                if watch is None:  # its reason says so ("pulling image ...")
+                    watch = asyncio.create_task(watch_staging(o, job, cand.node_id, attempt))
             answer = decoded_answer(
                 StartAnswer.from_wire,
                 await o.peers.call(addr, "start", offer.to_wire(), timeout_s=timeout_s),

@@ -66,8 +66,9 @@ class Prefetcher:
     def waiting(
         self, job: OwnedJob, nodes: Sequence[NodeView], queue: MeshQueue, live: Collection[str]
     ) -> None:
-        """``job`` found no room now: have its likely node stage its datasets."""
-        if not job.spec.datasets or job.spec.is_gang:
+        """``job`` found no room now: have its likely node stage its datasets and pull its
+        image."""
+        if not (job.spec.datasets or job.spec.image or job.spec.python_env) or job.spec.is_gang:
             return
         now = self.clock()
         prev = self.asked.get(job.job_id)

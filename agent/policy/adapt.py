@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os.path
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from agent.job.jobspec import JobSpec
 from agent.policy.snapshot import SCHEDULABLE, Device, Job, Node, Placement, Running, Share
@@ -225,8 +225,12 @@ def node_from_view(view: NodeFacts, holders: Mapping[str, str] | None = None) ->
         zone=zone,
         os=_os(view.inventory),
         datasets=frozenset(view.datasets)  # the place record's, else the datasets label
-        | {f"{v.name}@{v.digest}" for v in _versions(view) if v.held_bytes >= v.total_bytes},
-        dataset_held={f"{v.name}@{v.digest}": v.held_bytes for v in _versions(view)},
+        | {f"{v.name}@{v.digest}" for v in _versions(view) if v.held_bytes >= v.total_bytes}
+        | {image_key(h.name) for h in _images(view)},
+        dataset_held={
+            **{f"{v.name}@{v.digest}": v.held_bytes for v in _versions(view)},
+            **{image_key(h.name): h.total_bytes for h in _images(view)},
+        },
         fetch_rates=_field(view.place, "rates") or {},
         coord=_field(view.place, "coord"),
         cost_per_hour=cost,
@@ -335,6 +339,9 @@ def dataset_bytes(views: Iterable[NodeFacts]) -> dict[str, int]:
             sizes[name] = max(size, sizes.get(name, 0))
         for v in _versions(view):
             sizes[f"{v.name}@{v.digest}"] = v.total_bytes
+        for h in _images(view):
+            key = image_key(h.name)
+            sizes[key] = max(h.total_bytes, sizes.get(key, 0))
     return sizes
 
 
@@ -347,6 +354,20 @@ def dataset_newest(views: Iterable[NodeFacts]) -> dict[str, str]:
             if held is None or (v.created_s, v.digest) > held:
                 best[v.name] = (v.created_s, v.digest)
     return {name: digest for name, (_t, digest) in best.items()}
+
+
+IMAGE_KEY_PREFIX: Final = "image:"
+
+
+def image_key(ref: str) -> str:
+    """The data term's name for a container image: its bytes count as a dataset's do (missing
+    where no member's archive of it is held; ``agent.running.peerimages``)."""
+    return IMAGE_KEY_PREFIX + ref
+
+
+def _images(view: NodeFacts) -> tuple[Any, ...]:
+    """The image archives a node's ``place`` record lists (none from an older agent)."""
+    return tuple(h for h in _field(view.place, "content") or () if h.kind == "image")
 
 
 def _versions(view: NodeFacts) -> tuple[Any, ...]:
@@ -423,7 +444,7 @@ def job_from_spec(
         os=r.os,
         affinity=dict(spec.affinity),
         anti_affinity=dict(spec.anti_affinity),
-        datasets=tuple(spec.datasets),
+        datasets=tuple(spec.datasets) + ((image_key(spec.image),) if spec.image else ()),
         priority=spec.priority,
         preemptible=spec.preemptible,
         deadline=spec.deadline,

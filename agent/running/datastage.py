@@ -252,6 +252,21 @@ class JobData:
         )
         return env
 
+    async def stage_content(self, job_id: str, name: str, digest: str) -> None:
+        """Stage one piece of content the job's signed spec names by digest (its working folder,
+        ``agent.running.workstage``) as a dataset version is staged: shown as the job's reason
+        while it moves, kept from eviction while the launch is under way. Raises
+        :class:`StagingFailed`."""
+        v = Version(name, digest)
+        self.needed[job_id] = (*self.needed.get(job_id, ()), v)
+        try:
+            await self._stage(job_id, v)
+        except StagingFailed:
+            self.counts["failed"] += 1
+            raise
+        finally:
+            self.staging.pop(job_id, None)
+
     async def ended(self, job_dir: Path) -> None:
         """An attempt ended: its datasets' links go (another job run as the same user must not
         find them in its folder; the store keeps the data)."""

@@ -80,6 +80,12 @@ class Prefetches:
         self.data = data
         self.clock = clock
         self.jobs: dict[str, Prefetch] = {}
+        self.build_env: Callable[[JobSpec], bool] | None = None
+        """Start building a waiting job's Python environment here (``agent.daemon.jobenvs``);
+        whether a build began."""
+        self.pull_image: Callable[[str], bool] | None = None
+        """Start pulling a waiting job's image here (``agent.running.peerimages``); whether a
+        pull began (not when held, already pulling, or no runtime)."""
         self._stopping: set[asyncio.Future[Any]] = set()
         data.prefetched = self.versions
         data.prefetch_done = self.started
@@ -119,9 +125,14 @@ class Prefetches:
         self.jobs[ask.job_id] = Prefetch(ask.owner, versions, self.clock())
         for v in lacking:
             self.data.stager.start(v.name, v.digest, None, again=True)
-        if lacking:
+        started = [v.name for v in lacking]
+        if spec.image is not None and self.pull_image is not None and self.pull_image(spec.image):
+            started.append(f"image {spec.image}")
+        if spec.python_env is not None and self.build_env is not None and self.build_env(spec):
+            started.append("environment")
+        if started:
             counts["prefetch_started"] += 1
-        return {"started": [v.name for v in lacking], "held": [v.name for v in versions]}
+        return {"started": started, "held": [v.name for v in versions]}
 
     def cancel(self, job_id: str) -> list[str]:
         """Forget the job's pre-fetch; the stages no other job needs end (what arrived stays)."""

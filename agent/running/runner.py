@@ -46,6 +46,7 @@ it, not on this module:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
@@ -68,6 +69,7 @@ from agent.running.draining import Drain
 from agent.running.fencing import Fences, fence_cause
 from agent.running.lostruns import reconcile_lost
 from agent.running.preemption import Ask, Preemptions, Refused
+from agent.running.pyenvs import EnvBuildFailed, NoBuilder, PythonEnvs
 from agent.running.reports import Reports, attempt_result
 from agent.running.reservations import Reservations
 from agent.running.runnerckpt import RunnerCheckpoints
@@ -81,6 +83,7 @@ from agent.running.runs import (
     UsageSink,
 )
 from agent.running.teamdesk import TeamDesk
+from agent.running.workstage import Workdir, prepare_workdir
 from agent.storage.store import ResultRecord, RunRecord, StoreFull
 from agent.wire.calls import (
     AttemptResult,
@@ -155,6 +158,7 @@ class Runner:
         self.usage: UsageSink | None = None
         """Where each attempt's accounting row is kept; set by the agent."""
         self.data: JobData | None = None
+        self.envs: PythonEnvs | None = None
         """Stages a job's datasets before it starts (``agent.running.datastage``); set by the
         agent (``None``: a spec naming datasets starts without them, as in unit tests)."""
         self.holds = Reservations()
@@ -372,6 +376,7 @@ class Runner:
             raise Declined(f"checkpoint: {exc}") from None
         try:
             data_env = await self._stage_data(job_id, attempt, spec)
+            work = await self._stage_workdir(job_id, attempt, spec)
             launch = Launch.from_spec(
                 job_id,
                 spec,
@@ -383,12 +388,19 @@ class Runner:
                 data_env=data_env,
                 read_only=dataset_paths(data_env),
             )
+            if work is not None:
+                launch = dataclasses.replace(
+                    launch,
+                    cwd=work.cwd,
+                    env={**launch.env, **work.env},
+                    path_prefix=work.path_prefix,
+                )
             started = await self.executor.start(launch)
-        except (NoRoom, StagingFailed) as exc:  # not the job's fault: it may start elsewhere
+        except (NoRoom, StagingFailed, NoBuilder) as exc:  # not the job's fault: elsewhere
             self.runs.pop(job_id, None)
             self._on_change()
             raise Declined(str(exc)) from None
-        except (LaunchError, ValueError, BadDatasets) as exc:
+        except (LaunchError, ValueError, BadDatasets, EnvBuildFailed) as exc:
             self.runs.pop(job_id, None)
             self._on_change()
             # The offer is declined (it ran nowhere: the owner may offer this attempt again); the
@@ -442,6 +454,21 @@ class Runner:
         if self._closing or attempt <= self.fence.get(job_id):
             raise StagingFailed(f"attempt {attempt} was stopped while its data staged")
         return env
+
+    async def _stage_workdir(self, job_id: str, attempt: int, spec: JobSpec) -> Workdir | None:
+        """The job's working folder staged and copied, its environment built
+        (``agent.running.workstage``); ``None`` when the spec names no working folder."""
+        if spec.workdir_digest is None:
+            return None
+        if self.data is None:
+            raise StagingFailed("this agent keeps no content store: no working folder here")
+        ex = self.executor
+        where = await prepare_workdir(
+            self.data, self.envs, job_id, spec, ex.job_dir(job_id), ex.user
+        )
+        if self._closing or attempt <= self.fence.get(job_id):
+            raise StagingFailed(f"attempt {attempt} was stopped while its working folder staged")
+        return where
 
     async def _preempt(self, job_id: str, attempt: int, cause: str) -> None:
         self.fence.raise_to(job_id, attempt)

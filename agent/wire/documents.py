@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from agent.wire import codec as c
 from agent.wire.codec import EMPTY_MAP
 from agent.wire.inventory import host_from_wire, host_to_wire
-from agent.wire.place import HeldVersion
+from agent.wire.place import HeldContent, HeldVersion
 from agent.wire.records import GangMember, JobStatus, shares_from_wire
 from probers.records import DeviceSample, DeviceStatic, HostInfo, Link, MigDevice
 
@@ -235,6 +235,8 @@ class NodeDoc(NamedTuple):
     fetch_rates: Mapping[str, float] = EMPTY_MAP
     """Member -> the bytes/s this node measured fetching content from it (its ``place``
     record; the scheduler's data term divides by these)."""
+    content: tuple[HeldContent, ...] = ()
+    """The images and Python environments the node holds whole (its ``place`` record)."""
 
     def to_wire(self) -> dict[str, Any]:
         doc = {
@@ -260,6 +262,8 @@ class NodeDoc(NamedTuple):
             doc["dataset_versions"] = [v._asdict() for v in self.dataset_versions]
         if self.fetch_rates:  # left out when none, as dataset_versions
             doc["fetch_rates"] = dict(self.fetch_rates)
+        if self.content:  # left out when none, as dataset_versions
+            doc["content"] = [h._asdict() for h in self.content]
         return doc
 
     @classmethod
@@ -290,7 +294,18 @@ class NodeDoc(NamedTuple):
             shares=shares_from_wire(d.get("shares"), p + "shares"),
             dataset_versions=c.items(d.get("dataset_versions"), p + "dataset_versions", _version),
             fetch_rates=_rates(d.get("fetch_rates"), p + "fetch_rates"),
+            content=c.items(d.get("content"), p + "content", _held_content),
         )
+
+
+def _held_content(value: Any, name: str) -> HeldContent:
+    d = c.obj(value, name)
+    return HeldContent(
+        kind=c.field(d, "kind", c.text, name + "."),
+        name=c.field(d, "name", c.text, name + "."),
+        digest=c.field(d, "digest", c.text, name + "."),
+        total_bytes=c.field(d, "total_bytes", c.integer, name + "."),
+    )
 
 
 def _rates(value: Any, name: str) -> dict[str, float]:

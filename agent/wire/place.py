@@ -111,6 +111,21 @@ class HeldVersion(NamedTuple):
         return self.held_bytes >= self.total_bytes
 
 
+class HeldContent(NamedTuple):
+    """An image or a built Python environment a node holds whole (``shoal cache`` lists it; a
+    runner that lacks an image asks the nodes that list it first)."""
+
+    kind: str
+    """``image`` (an exported archive, named by its reference) or ``env``."""
+    name: str
+    digest: str
+    total_bytes: int
+
+
+CONTENT_KINDS: Final = ("image", "env")
+MAX_CONTENT: Final = 256
+
+
 class PlaceRecord(NamedTuple):
     datasets: Mapping[str, int] = EMPTY_MAP
     """Dataset name -> bytes on this node (0: not known)."""
@@ -121,6 +136,9 @@ class PlaceRecord(NamedTuple):
     rates: Mapping[str, float] = EMPTY_MAP
     """Member -> the bytes/s this node measured fetching content from it (at most
     :data:`MAX_RATES`, the fastest kept): what the policy's data term divides by."""
+    content: tuple[HeldContent, ...] = ()
+    """Images and environments held here whole (at most :data:`MAX_CONTENT`, largest first);
+    absent from the payload when none, as older agents write it."""
 
     def rtt_s(self, other: PlaceRecord) -> float | None:
         """Estimated round trip between this node and ``other``; ``None`` if either is unknown."""
@@ -145,6 +163,9 @@ class PlaceRecord(NamedTuple):
             if self.rates:
                 fastest = sorted(self.rates.items(), key=lambda kv: (-kv[1], kv[0]))
                 doc["rates"] = [[n, round(r, 1)] for n, r in fastest[:MAX_RATES]]
+            if self.content:
+                largest = sorted(self.content, key=lambda h: (-h.total_bytes, h.kind, h.name))
+                doc["content"] = [list(h) for h in largest[:MAX_CONTENT]]
             payload = c.pack(doc)
             if len(payload) <= limit_bytes or kept + kept_v == 0:
                 return payload, len(names) - kept + len(versions) - kept_v
@@ -174,12 +195,30 @@ class PlaceRecord(NamedTuple):
             if not (math.isfinite(rate) and rate >= 0):
                 raise WireError(f"rates[{i}][1]: a rate is a finite number, not negative")
             rates[c.text(row[0], f"rates[{i}][0]")] = rate
+        content = c.items(doc.get("content"), "content", _content)
+        if len(content) > MAX_CONTENT:
+            raise WireError(f"content: at most {MAX_CONTENT}")
         return cls(
             datasets=datasets,
             coord=None if coord is None else _coord_from_wire(coord),
             versions=versions,
             rates=rates,
+            content=content,
         )
+
+
+def _content(value: Any, name: str) -> HeldContent:
+    row = c.row(value, name, 4)
+    kind = c.text(row[0], f"{name}[0]")
+    if kind not in CONTENT_KINDS:
+        raise WireError(f"{name}[0]: {kind[:20]!r} is not one of {', '.join(CONTENT_KINDS)}")
+    digest = c.text(row[2], f"{name}[2]")
+    if not _DIGEST.fullmatch(digest):
+        raise WireError(f"{name}[2]: a digest is a SHA-256 in hex")
+    total = c.integer(row[3], f"{name}[3]")
+    if total < 0:
+        raise WireError(f"{name}[3]: a size is not negative")
+    return HeldContent(kind, c.text(row[1], f"{name}[1]"), digest, total)
 
 
 def _version(value: Any, name: str) -> HeldVersion:

@@ -688,3 +688,21 @@ def test_a_node_record_names_a_shared_devices_jobs_by_their_place_in_running() -
     assert NodeRecord.decode(doc) == record
     with pytest.raises(WireError, match="no running job 2"):
         NodeRecord.decode({**doc, "shares": {"k0": [[2, 1]]}})
+
+
+def test_a_place_record_carries_the_images_and_environments_held() -> None:
+    from agent.wire.place import HeldContent, PlaceRecord
+
+    digest = "ab" * 32
+    held = (HeldContent("image", "reg:5000/team/train:1", digest, 200 << 20),)
+    record = PlaceRecord(content=(*held, HeldContent("env", "env-0123", "cd" * 32, 5 << 20)))
+    payload, left_out = record.encode()
+    assert left_out == 0
+    from agent.wire import codec
+
+    back = PlaceRecord.decode(codec.unpack(payload))
+    assert back.content == record.content
+    assert "content" not in codec.unpack(PlaceRecord().encode()[0])  # as older agents write it
+    for bad in (["image", "x", "nothex", 1], ["dataset", "x", digest, 1], ["env", "x", digest, -1]):
+        with pytest.raises(WireError):
+            PlaceRecord.decode({"content": [bad]})

@@ -51,3 +51,27 @@ def test_only_the_missing_bytes_count_and_holders_add_up() -> None:
     both = node("b", "v100", 1, fetch_rates={"h": 1e9, "h2": 1e9})
     ctx = ctx_of(holder(), second, both)
     assert transfer_s(reader(), both, ctx) == SIZE / 2e9
+
+
+def test_an_image_counts_its_missing_bytes_as_a_dataset_does() -> None:
+    from types import SimpleNamespace
+
+    from agent.job.jobspec import JobSpec
+    from agent.policy import adapt
+    from agent.wire.place import HeldContent, PlaceRecord
+
+    image = "reg.example:5000/team/train:1"
+    size = 2 * 10**9
+    place = PlaceRecord(content=(HeldContent("image", image, "cd" * 32, size),))
+    view = SimpleNamespace(datasets={}, place=place)
+    assert adapt.dataset_bytes([view]) == {adapt.image_key(image): size}  # type: ignore[list-item]
+    spec = JobSpec(command=("python", "train.py"), image=image)
+    wanted = adapt.job_from_spec("j", spec)
+    assert wanted.datasets == (adapt.image_key(image),)
+    key = adapt.image_key(image)
+    keeper = node("h", "v100", 1, busy=[0], datasets=frozenset({key}), dataset_held={key: size})
+    lacking = node("a", "v100", 1, fetch_rates={"h": 1e9})
+    snapshot = Snapshot(now=0.0, nodes=(keeper, lacking), dataset_bytes={key: size})
+    ctx = context(snapshot, ThroughputModel())[0]
+    assert transfer_s(wanted, lacking, ctx) == size / 1e9
+    assert transfer_s(wanted, keeper, ctx) == 0.0

@@ -1,0 +1,124 @@
+"""A submitter's working folder coming up into the agent it talks to, before the submission.
+
+Two operator commands (signed, as every command is): ``workdir_missing`` carries a manifest of
+kind ``workdir``; the agent keeps it in its content store and answers the chunks it lacks (none
+when an earlier submission brought the same files: nothing is sent twice). ``workdir_put`` carries
+a few of those chunks (base64), each checked against its digest before it is kept. From there the
+content moves as any other: the job's owner and replica fetch it when they take the submission,
+and the runner and every gang member stage it before the start (``agent.running.workstage``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from collections import Counter
+from typing import Any, Final
+
+from agent.content.manifest import ContentError, ContentLimits, ContentManifest
+from agent.content.stage import Stager
+from agent.content.store import DiskStore
+from agent.content.workdir import DEFAULT_MAX_BYTES, MAX_FILES
+
+MAX_PUT_CHUNKS: Final = 64
+WORKDIR_STORE_NAME: Final = "workdir"
+LIMITS: Final = ContentLimits(max_total_bytes=DEFAULT_MAX_BYTES, max_files=MAX_FILES)
+
+
+class WorkdirUploads:
+    def __init__(self, store: DiskStore, counts: Counter[str]) -> None:
+        """``counts``: ``chunks_received``, ``bytes_received``, ``chunks_refused``,
+        ``manifests`` (``shoal_workdir_uploads_total``)."""
+        self.store = store
+        self.counts = counts
+
+    async def missing(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Keep the manifest; the distinct chunk digests this store still lacks."""
+        try:
+            manifest = ContentManifest.from_wire(body.get("manifest"), LIMITS)
+        except ContentError as exc:
+            self.counts["manifests_refused"] += 1
+            raise ValueError(str(exc)) from None
+        if manifest.kind != "workdir":
+            self.counts["manifests_refused"] += 1
+            raise ValueError(f"manifest of kind {manifest.kind!r}, not a working folder")
+        digest = manifest.digest
+        if await asyncio.to_thread(self.store.manifest, digest) is None:
+            await asyncio.to_thread(self.store.add_manifest, manifest)
+        self.counts["manifests"] += 1
+        lacking = await asyncio.to_thread(self.store.missing, digest)
+        return {
+            "digest": digest,
+            "missing": [at.digest for at in lacking],
+            "total_bytes": manifest.total_bytes,
+        }
+
+    async def put(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Keep each chunk of ``body["chunks"]`` (``[[digest, base64], ...]``) of manifest
+        ``body["digest"]`` this store lacks; what it still lacks after."""
+        digest = body.get("digest")
+        chunks = body.get("chunks")
+        if not isinstance(digest, str) or not isinstance(chunks, list):
+            raise ValueError("digest must be a string and chunks a list")
+        if len(chunks) > MAX_PUT_CHUNKS:
+            raise ValueError(f"more than {MAX_PUT_CHUNKS} chunks in one command")
+        manifest = await asyncio.to_thread(self.store.manifest, digest)
+        if manifest is None or manifest.kind != "workdir":
+            raise ValueError(f"no working folder {digest[:12]} here: send workdir_missing first")
+        lacking = {at.digest: at for at in await asyncio.to_thread(self.store.missing, digest)}
+        for row in chunks:
+            if not _chunk_row(row):
+                raise ValueError("each chunk must be [digest, base64]")
+            at = lacking.get(row[0])
+            if at is None:
+                continue  # held already (another upload brought it)
+            try:
+                data = base64.b64decode(row[1], validate=True)
+                await asyncio.to_thread(self.store.put_chunk, digest, at, data)
+            except (binascii.Error, ContentError) as exc:
+                self.counts["chunks_refused"] += 1
+                raise ValueError(f"chunk {row[0][:12]}: {exc}") from None
+            self.counts["chunks_received"] += 1
+            self.counts["bytes_received"] += len(data)
+        left = await asyncio.to_thread(self.store.missing, digest)
+        return {"digest": digest, "missing": len(left)}
+
+
+def _chunk_row(row: Any) -> bool:
+    return isinstance(row, list) and len(row) == 2 and all(isinstance(x, str) for x in row)
+
+
+HOLD_WAIT_S: Final = 8.0
+"""How long the owner waits for its own copy of a working folder before it takes a submission
+(within the operator's request); a fetch still under way then goes on after the answer."""
+
+
+class WorkdirHolds:
+    """The job's owner and replica keep its working folder, as they keep the submission."""
+
+    def __init__(self, store: DiskStore, stager: Stager) -> None:
+        self.store = store
+        self.stager = stager
+
+    def hold(self, digest: str) -> None:
+        """Fetch ``digest`` from the members that hold it unless it is held whole here (the
+        replica, told of a job: not waited for)."""
+        held = self.store.held(digest)
+        if held is None or not held.complete:
+            self.stager.start(WORKDIR_STORE_NAME, digest, None)
+
+    async def fetch(self, digest: str) -> str | None:
+        """Hold ``digest`` whole here (the owner, before it takes the submission); why it could
+        not (no member holds it), or ``None`` (held, or still coming after :data:`HOLD_WAIT_S`)."""
+        held = await asyncio.to_thread(self.store.held, digest)
+        if held is not None and held.complete:
+            return None
+        self.stager.start(WORKDIR_STORE_NAME, digest, None)
+        try:
+            state = await asyncio.wait_for(asyncio.shield(self.stager.wait(digest)), HOLD_WAIT_S)
+        except TimeoutError:
+            return None  # a large folder on a slow link: it goes on
+        if state.state != "done":
+            return f"working folder {digest[:12]}: {state.error or state.state}"
+        return None

@@ -1,0 +1,64 @@
+"""Sending a packed working folder up to the agent the operator talks to.
+
+The operator first sends the manifest (``workdir_missing``) and learns which chunks the agent
+lacks; only those go up (``workdir_put``, a few to a command, under the envelope's size). An
+unchanged folder submitted again sends nothing but its manifest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from agent.content.workdir import Packed, read_chunks
+from agent.operator.client import ApiClient
+
+PUT_BATCH_BYTES: Final = 600 << 10
+"""Raw bytes of chunks in one command: base64 and JSON keep it under the 1 MiB envelope."""
+
+
+@dataclass(frozen=True, slots=True)
+class Uploaded:
+    digest: str
+    total_bytes: int
+    sent_chunks: int
+    sent_bytes: int
+
+
+async def upload_workdir(client: ApiClient, top: Path, packed: Packed) -> Uploaded:
+    """Have the agent behind ``client`` hold ``packed`` whole; what had to be sent."""
+    manifest = packed.manifest
+    answer = await client.command("workdir_missing", {"manifest": manifest.to_wire()})
+    if answer.get("digest") != manifest.digest:
+        raise ValueError("the agent answered for another working folder")
+    wanted = {str(d) for d in answer.get("missing", [])}
+    sent_chunks = sent_bytes = 0
+    batch: list[list[str]] = []
+    batch_bytes = 0
+
+    async def flush() -> None:
+        nonlocal batch, batch_bytes
+        if batch:
+            await client.command("workdir_put", {"digest": manifest.digest, "chunks": batch})
+        batch, batch_bytes = [], 0
+
+    chunks = await asyncio.to_thread(lambda: list(read_chunks(top, manifest, wanted)))
+    for at, data in chunks:
+        if batch and batch_bytes + len(data) > PUT_BATCH_BYTES:
+            await flush()
+        batch.append([at.digest, base64.b64encode(data).decode()])
+        batch_bytes += len(data)
+        sent_chunks += 1
+        sent_bytes += len(data)
+    await flush()
+    if wanted:
+        check = await client.command("workdir_missing", {"manifest": manifest.to_wire()})
+        if check.get("missing"):
+            raise ValueError(
+                f"--workdir {top}: {len(check['missing'])} chunks changed while they were sent;"
+                " submit again"
+            )
+    return Uploaded(manifest.digest, manifest.total_bytes, sent_chunks, sent_bytes)
