@@ -27,7 +27,7 @@ Measures, for an 8-GPU node (the simulated ``dgx-h100``: its probe's devices, th
   (:mod:`bench.history_synth`, drawn by ``--seed``, ``--windows`` per label):
   ``rules_precision`` and ``rules_recall``, micro-averaged over the rules.
 
-- **completion forecasts** (:mod:`agent.history.history_forecast`, through the agent's own
+- **completion forecasts** (:mod:`agent.job.progressfit`, through the agent's own
   progress tracker) on a seeded set of noisy-progress jobs (:mod:`bench.history_forecast`,
   ``--jobs`` of them): ``forecast_error_at_half_p50``, the median of ``|predicted end - true
   end| / duration`` at half-way, its p90, the share of jobs ended by the p90 forecast, and the

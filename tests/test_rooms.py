@@ -9,7 +9,17 @@ from pathlib import Path
 AGENT = Path(__file__).resolve().parents[1] / "agent"
 
 MAY_IMPORT: dict[str, set[str]] = {
-    "cli": {"operator", "bootstrap", "sandbox", "policy", "job", "wire", "common", "daemon.config"},
+    "cli": {
+        "operator",
+        "content",
+        "bootstrap",
+        "sandbox",
+        "policy",
+        "job",
+        "wire",
+        "common",
+        "daemon.config",
+    },
     "daemon": {
         "owning",
         "running",
@@ -41,7 +51,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "history": {"storage", "job", "wire", "common"},
     "checkpoints": {"content", "mesh", "execution", "job", "wire", "common"},
     "content": {"mesh", "execution", "storage", "job", "wire", "common"},
-    "operator": {"people", "policy", "job", "wire", "common"},
+    "operator": {"content", "people", "policy", "job", "wire", "common"},
     "mesh": {"storage", "job", "wire", "common"},
     "execution": {"job", "common"},
     "storage": {"job", "common"},

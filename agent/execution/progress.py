@@ -9,10 +9,10 @@ A job reports progress in either of two ways:
 The fraction is between 0 and 1; ``42%`` is accepted too. Anything else is ignored, never an error:
 a job's output is not ours to reject.
 
-The ETA comes from the job's own progress history (:mod:`agent.history.history_forecast`): a
+The ETA comes from the job's own progress history (:mod:`agent.job.progressfit`): a
 robust (Theil-Sen) slope over the attempt's reports, so a few wild or stalled reports do not make
 it jump, with a p50 and a p90. The tracker keeps at most
-:data:`~agent.history.history_forecast.MAX_POINTS` reports, thinning the history (every other one
+:data:`~agent.job.progressfit.MAX_POINTS` reports, thinning the history (every other one
 dropped) when full, so the whole attempt stays covered; with ``window_s`` only the reports of
 that last span count. Once it holds a few reports, at most one a second is fitted (a job
 printing progress a thousand times a second costs no more than one that prints it once). Small
@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
-from agent.history.history_forecast import MAX_POINTS, completion
+from agent.job.progressfit import MAX_POINTS, completion
 
 PROGRESS_PREFIX: Final = "SHOAL_PROGRESS"
 PROGRESS_FILE_ENV: Final = "SHOAL_PROGRESS_FILE"

@@ -1,7 +1,7 @@
 """Forecasts: when each pending job should start and each job should end, as p50 and p90.
 
 A running job's remaining time comes from the progress it reports: the ETA its runner fits to the
-job's own progress history (a robust slope, p50 and p90: :mod:`agent.history.history_forecast`),
+job's own progress history (a robust slope, p50 and p90: :mod:`agent.job.progressfit`),
 else the remaining fraction over its recent rate, or, before it reports, from its class's work
 distribution less what it has run. The pending jobs are then laid out in queue order on a
 timeline of device release times (list scheduling): each takes the node where it would end

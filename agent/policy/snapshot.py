@@ -226,7 +226,7 @@ class Running:
     """Fraction per second over the recent reports."""
     eta_s: float | None = None
     """Seconds left as of ``progress_at``, p50, from the job's own progress history (the
-    runner's robust fit, :mod:`agent.history.history_forecast`)."""
+    runner's robust fit, :mod:`agent.job.progressfit`)."""
     eta_p90_s: float | None = None
     """The same at p90, where known (else the policy widens the p50 by the rate's spread)."""
     last_checkpoint_at: float | None = None

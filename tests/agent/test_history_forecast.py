@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from agent.execution.progress import ProgressTracker
-from agent.history.history_forecast import MAX_POINTS, completion, theil_sen
+from agent.job.progressfit import MAX_POINTS, completion, theil_sen
 from agent.policy.decision import decide
 from agent.policy.model import ThroughputModel
 from agent.policy.snapshot import Snapshot
