@@ -1,11 +1,13 @@
 """The Shoal agent: probes + gossip + owner and runner logic + the HTTP API, in one process.
 
-This module wires the parts together and runs their loops; each part lives in its own module:
+This module wires the parts together and starts their loops (``agent.daemon.loops``); each part
+lives in its own module:
 ``agent.mesh.mesh`` (membership as the agent reads it), ``agent.daemon.devices`` and
 ``agent.daemon.publisher`` (what the agent says of itself), ``agent.owning.owner`` and
 ``agent.running.runner`` (the job protocol, sharing one ``agent.mesh.context.AgentContext``),
 ``agent.daemon.commands`` and ``agent.daemon.calls`` (operator commands and calls between agents,
-each a table), ``agent.daemon.reads`` (what the API reads), ``agent.daemon.api`` (routes).
+each a table), ``agent.daemon.reads`` (what the API reads), ``agent.daemon.api`` (routes),
+``agent.daemon.policywire`` (the team policy held, gossiped and learnt).
 
 Startup: load the identity (role ``agent``) and the revocation list kept from before, open the
 store (count a boot, refuse another node's file, restore the replay memory), open the probe,
@@ -25,7 +27,6 @@ exits (see ``revoked``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import sys
@@ -40,26 +41,25 @@ from agent.common.eachjob import one_job
 from agent.content.routes import ContentServer
 from agent.content.stage import Stager
 from agent.content.swarm import SwarmLimits
-from agent.daemon import api, jobenvs
+from agent.daemon import api, jobenvs, loops
 from agent.daemon.calls import Calls
 from agent.daemon.commands import Commands
 from agent.daemon.config import AgentConfig
 from agent.daemon.datastore import NodeData
 from agent.daemon.devices import HostDevices
 from agent.daemon.metrics import AgentMetrics
+from agent.daemon.policywire import PolicyWire
 from agent.daemon.publisher import Publisher
 from agent.daemon.reads import Reads
 from agent.execution.containers import find_runtime
-from agent.execution.containment import attempt_key
 from agent.execution.executor import ProcessExecutor
 from agent.execution.launch import ExecutorConfig
 from agent.history.history_hints import GpuFacts
-from agent.history.history_sample import NodeSampler, link_readings
+from agent.history.history_sample import NodeSampler
 from agent.history.history_store import open_history
 from agent.history.usage_book import UsageBook
 from agent.job.authority import Authority
 from agent.job.jobspec import HOST_ONLY_FEATURES, SUPPORTED_FEATURES
-from agent.mesh import retiring
 from agent.mesh.context import AgentContext
 from agent.mesh.events import EventLog
 from agent.mesh.mesh import GossipMesh
@@ -67,19 +67,16 @@ from agent.mesh.peers import PeerClient
 from agent.mesh.view import STATE_NAMES, ClusterView
 from agent.owning.owner import Owner
 from agent.owning.placement import PLACEMENTS, Placement
-from agent.people.keeper import PolicyKeeper, PolicyRefused
-from agent.running import diskguard
+from agent.people.keeper import PolicyKeeper
 from agent.running.admission import NodeFacts
 from agent.running.confirming import Placed
 from agent.running.datastage import JobData, holders_of
 from agent.running.peerimages import PeerImages
 from agent.running.prefetch import Prefetches
 from agent.running.runner import Runner
-from agent.storage import purging
-from agent.storage.sqlitefile import StoreError
-from agent.storage.store import Store, StoreFull
+from agent.storage.store import Store
 from agent.wire.policy import POLICY, POLICY_FILE
-from agent.wire.records import EVENTS, JOB_PREFIX, NODE, SUB_PREFIX, NodeRecord
+from agent.wire.records import EVENTS, NODE, NodeRecord
 from gossip import revocation
 from gossip.addresses import split_address
 from gossip.certtrust import CertTrust
@@ -93,9 +90,6 @@ from gossip.vivaldi import Coordinate, VivaldiConfig
 log = logging.getLogger("shoal.agent")
 
 RESUME_AFTER_S = 3.0
-SWEEP_S = 1.0
-TICK_SPACING_S = 0.1
-"""Changes that come closer together than this are published together (one record, not many)."""
 
 
 class Agent:
@@ -112,6 +106,8 @@ class Agent:
         self.people = PolicyKeeper(self.trust, config.data_dir / POLICY_FILE)
         """The team policy (:mod:`agent.people.keeper`), kept from before a restart."""
         self.people.load(time.time())
+        self.policy_wire = PolicyWire(self.people, self.publish)
+        """Gossips the team policy held here and learns newer ones (``agent.daemon.policywire``)."""
         self.revoked = asyncio.Event()
         """Set once this node learns that its own certificate is revoked: it then stops."""
         self.store = Store(config.data_dir / "agent.sqlite")
@@ -130,7 +126,7 @@ class Agent:
             seeds=config.join,
             app_setup=lambda app: api.setup(app, self),
             on_revocations=self._revocations_changed,
-            may_revoke=self._may_revoke,
+            may_revoke=self.policy_wire.may_revoke,
         )
         self.mesh = GossipMesh(self.node_id, self.node, self.trust)
         self.authority = Authority(
@@ -245,7 +241,7 @@ class Agent:
             stager=self.stager,
             data=self.data,
             people=self.people,
-            policy_changed=self._publish_policy,
+            policy_changed=self.policy_wire.publish_policy,
         )
         self.checkpoints = Checkpoints(
             self.ctx,
@@ -255,7 +251,9 @@ class Agent:
             self.metrics.internal_refused,
         )
         self.runner.checkpoints = self.owner.checkpoints = self.checkpoints
-        self.usage = UsageBook(config.data_dir / "usage.sqlite", self.node_id, self._person)
+        self.usage = UsageBook(
+            config.data_dir / "usage.sqlite", self.node_id, self.policy_wire.person
+        )
         self.runner.usage = self.usage
         self.data_counts: Counter[str] = Counter()
         """``shoal_job_data_total``: datasets jobs found here (hits), staged (misses), failed."""
@@ -319,21 +317,21 @@ class Agent:
         await self.node.start()
         self.events.on_own = self.publisher.events_changed
         self.node.publish_revocations()
-        self._publish_policy()
+        self.policy_wire.publish_policy()
         self.publisher.inventory(self.node.address, self.boot)
         self.publisher.telemetry(force=True)
         self.publisher.node(time.monotonic())
         self.owner.start()
         self._tasks = [
-            asyncio.create_task(self._telemetry_loop(), name="telemetry"),
-            asyncio.create_task(self._sweep_loop(), name="sweep"),
+            asyncio.create_task(loops.telemetry(self), name="telemetry"),
+            asyncio.create_task(loops.sweep(self), name="sweep"),
             asyncio.create_task(self._resume_later(), name="resume"),
             asyncio.create_task(self.runner.watch_checkpoints(), name="checkpoints"),
-            asyncio.create_task(self._purge_loop(), name="purge"),
-            asyncio.create_task(self._disk_loop(), name="disk"),
-            asyncio.create_task(self._history_loop(), name="history"),
+            asyncio.create_task(loops.purge(self), name="purge"),
+            asyncio.create_task(loops.disk(self), name="disk"),
+            asyncio.create_task(loops.history(self), name="history"),
             # the store is always there: what it holds is published, a datasets folder or not
-            asyncio.create_task(self._datasets_loop(), name="datasets"),
+            asyncio.create_task(loops.datasets(self), name="datasets"),
         ]
         devices = len(self.devices.report.devices)
         self.events.add(
@@ -363,35 +361,6 @@ class Agent:
     def publish(self, kind: str, payload: bytes) -> None:
         if self.node.started:
             self.node.publish(kind, payload)
-
-    def _publish_policy(self) -> None:
-        """Gossip the team policy held here as this agent's own record: every agent that holds
-        it spreads it, so it outlives any one publisher (each receiver verifies the admin's
-        signature inside)."""
-        record = self.people.encoded()
-        if record is not None:
-            self.publish(POLICY, record)
-
-    def _may_revoke(self, signer: str) -> bool:
-        """Only an admin revokes: with a team policy held, one it names admin (an operator
-        certificate alone, with none; :mod:`agent.people.rules`)."""
-        body = self.people.body
-        person = None if body is None else body.person_by_id(signer)
-        return body is None or (person is not None and person.role == "admin")
-
-    def _person(self, node_id: str | None) -> tuple[str | None, str | None]:
-        """A submitter's name and team in the policy held now (``None``s: not named)."""
-        body = self.people.body
-        person = None if body is None or node_id is None else body.person_by_id(node_id)
-        return (None, None) if person is None else (person.name, person.team)
-
-    def _learn_policy(self, origin: str, payload: bytes) -> None:
-        try:
-            if self.people.offer(payload, time.time()):
-                log.info("team policy version %d, gossiped by %s", self.people.version, origin)
-                self._publish_policy()
-        except PolicyRefused as exc:
-            log.warning("refused a team policy gossiped by %s: %s", origin[:10], exc)
 
     def _node_doc(self) -> NodeRecord:
         runner = self.runner
@@ -430,7 +399,7 @@ class Agent:
         if isinstance(event, RecordChanged):
             if event.kind == POLICY:
                 if event.origin != self.node_id:
-                    self._learn_policy(event.origin, event.payload)
+                    self.policy_wire.learn_policy(event.origin, event.payload)
                 return
             job_id = self.view.apply(event.origin, event.kind, event.payload, time.monotonic())
             if job_id is not None:
@@ -451,145 +420,11 @@ class Agent:
             if not self._stopping:  # leaving: the agents that stay take over, not us
                 self.owner.member_gone(event.node)
 
-    # -- loops -----------------------------------------------------------------------------------
-
-    async def _telemetry_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.probe_interval_s)
-            await self.devices.refresh()
-            self.publisher.telemetry()
-            now = time.time()
-            power = {d.static.key: d.sample.power_mw for d in self.devices.report.devices}
-            self.usage.sample(now, power)
-
-    async def _history_loop(self) -> None:
-        """Sample every layer into the node's history on each whole second
-        (:mod:`agent.history.history_sample`, :mod:`agent.history.history_store`)."""
-        while True:
-            await asyncio.sleep(1.0 - time.time() % 1.0)
-            runs = self.runner.runs
-            progress = {j: self.runner.progress.get(j, (None, None))[0] for j in runs}
-            cage = self.executor.cage
-            folders = {
-                j: (
-                    procs.parent
-                    if (procs := cage.cgroup_procs(attempt_key(j, r.attempt)))
-                    else None
-                )
-                for j, r in runs.items()
-            }
-            try:
-                readings = self.sampler.sample(self.devices.report.devices, progress, folders)
-                readings.update(link_readings(self.mesh.link_rtts()))
-                self.history.sample(time.time(), readings)
-            except Exception:  # history must never stop: the next second tries again
-                failures = self.history.write_failures = self.history.write_failures + 1
-                if failures & (failures - 1) == 0:  # the 1st, 2nd, 4th, 8th... not every second
-                    log.exception("history sampling failed (%d times)", failures)
-
-    async def _sweep_loop(self) -> None:
-        """Publish what is due as soon as it is (changes closer than ``TICK_SPACING_S`` go out
-        together) and sweep the stored jobs every ``SWEEP_S``; asleep in between, so an idle
-        agent wakes about once a second, not ten times."""
-        wake = asyncio.Event()
-        self.publisher.wake = wake.set
-        swept = ticked = retired = time.monotonic()
-        while True:
-            now = time.monotonic()
-            wait_s = min(self.publisher.due_in_s(now), swept + SWEEP_S - now)
-            if wait_s > 0:
-                wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(wait_s):
-                        await wake.wait()
-            await asyncio.sleep(max(0.0, ticked + TICK_SPACING_S - time.monotonic()))
-            now = ticked = time.monotonic()
-            self.publisher.tick(now)
-            if now - swept >= SWEEP_S:
-                swept = now
-                with one_job(self.owner.job_errors, "sweep_all", "(every job)"):
-                    self.owner.sweep()  # an error here must not end publishing
-            if now - retired >= retiring.RETIRE_EVERY_S:
-                retired = now
-                self._retire_ended()
-
-    def _retire_ended(self) -> None:
-        """Forget the jobs that ended long enough ago (:mod:`agent.mesh.retiring`)."""
-        config = self.config
-        job_ids = retiring.due(
-            self.view.jobs, time.time(), config.ended_jobs_keep_s, config.ended_jobs_kept
-        )
-        if not job_ids:
-            return
-        for job_id in job_ids:
-            self.view.retire(job_id)
-        self.owner.forget(job_ids)
-        self.authority.forget(job_ids)
-        self.node.retire({JOB_PREFIX + j for j in job_ids} | {SUB_PREFIX + j for j in job_ids})
-
-    async def _purge_loop(self) -> None:
-        """Let ended jobs go from disk once they are old enough (:mod:`agent.storage.purging`)."""
-        keep_s = self.config.ended_jobs_disk_keep_s
-        strays_at = time.monotonic()
-        folders = (self.executor.job_dir, self.checkpoints.vault.job_folder)
-        while True:
-            await asyncio.sleep(purging.PURGE_EVERY_S)
-            self.usage.purge(time.time())  # accounting rows past a year and a month
-            if time.monotonic() - strays_at >= purging.strays_every_s(keep_s):
-                strays_at = time.monotonic()
-                jobs = self.executor.jobs_folder
-                old = await asyncio.to_thread(purging.old_folders, jobs, time.time() - keep_s)
-                strays = purging.stray_folders(self.store, old, self.view.jobs, self.runner.runs)
-                await asyncio.to_thread(purging.remove_folders, strays, folders)
-            job_ids = purging.due(self.store, self.view.jobs, time.time(), keep_s)
-            if not job_ids:
-                continue
-            await asyncio.to_thread(purging.remove_folders, job_ids, folders)
-            self.runner.forget_fences(job_ids)
-            try:
-                self.store.forget_jobs(job_ids)
-            except StoreFull as exc:  # their folders went: the next pass frees the rows
-                log.warning("could not let go of ended jobs' records: %s", exc)
-                continue
-            log.debug("let go of %d ended job(s) from disk", len(job_ids))
-
-    async def _disk_loop(self) -> None:
-        """Stop a job that fills this agent's disk, and free it (:mod:`agent.running.diskguard`)."""
-        jobs = self.executor.jobs_folder
-        while True:
-            await asyncio.sleep(diskguard.CHECK_S)
-            try:
-                found = await asyncio.to_thread(diskguard.look, jobs, self.executor.running())
-            except OSError as exc:
-                log.warning("cannot look at the disk of %s: %s", jobs, exc)
-                continue
-            if found is None:
-                continue
-            job_id, held_bytes, free_bytes = found
-            why = (
-                f"its folder filled the disk ({held_bytes >> 20} MiB; {free_bytes >> 10} KiB free)"
-            )
-            log.warning("job %s: %s: stopped, its files removed", job_id[:8], why)
-            await self.executor.stop(job_id, cause="disk", grace_s=0.0)
-            freed = await asyncio.to_thread(diskguard.clear, self.executor.job_dir(job_id))
-            line = f"stopped: {why}; its files here were removed, its log kept"
-            await asyncio.to_thread(diskguard.note, self.executor.log_path(job_id), line)
-            self.disk_stops += 1
-            self.events.add("disk_full", f"{line} ({freed >> 20} MiB freed)", job_id=job_id)
-
-    async def _datasets_loop(self) -> None:
-        while True:
-            await self.datasets_rescan()
-            await asyncio.sleep(self.config.datasets_rescan_s)
+    # -- loops (agent.daemon.loops) --------------------------------------------------------------
 
     async def datasets_rescan(self) -> None:
         """Index this host's datasets again (off the loop) and publish what is held."""
-        try:
-            sizes, versions = await asyncio.to_thread(self.data.scan)
-        except (StoreError, OSError) as exc:  # a full disk, say: the next scan tries again
-            log.warning("datasets: scan failed: %s", exc)
-            return
-        self.publisher.datasets_scanned(sizes, versions)
+        await loops.datasets_rescan(self)
 
     def datasets_changed(self) -> None:
         """A data command changed what is held: published at the next tick."""

@@ -31,6 +31,10 @@ it, not on this module:
 
 - ``agent.running.reports``: the reports of ended attempts, told to each job's owner until it has
   heard;
+- ``agent.running.launching``: what a launch prepares (datasets, working folder, environment)
+  and books once started (the attempt's accounting row);
+- ``agent.running.offering``: an owner's offer checked (its submission, the team's quota), then
+  admitted and launched;
 - ``agent.running.runnerckpt``: an attempt starts from the checkpoint its offer names or from an
   empty folder; a change in a running job's checkpoint folder is told to its owner, which pulls a
   copy;
@@ -46,7 +50,6 @@ it, not on this module:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
@@ -55,18 +58,19 @@ from typing import TYPE_CHECKING, Any
 
 from agent.checkpoints.transfer import TransferError
 from agent.execution.executor import ExecEvent, Exited, ProcessExecutor, ProgressChanged, StopCause
-from agent.execution.launch import Launch, LaunchError, NoRoom
+from agent.execution.launch import LaunchError, NoRoom
 from agent.execution.logfiles import Earlier, TailReader
 from agent.execution.pinning import GangRank
-from agent.job.authority import FeaturesLacking, SubmissionRefused
-from agent.job.jobspec import JobSpec, check_job_id, lacking_reason
+from agent.job.jobspec import JobSpec, check_job_id
 from agent.job.jobstate import TERMINAL_JOB_STATES, DrainEvent, NodeDrainState, accepts_work
 from agent.mesh.context import AgentContext
+from agent.running import offering
 from agent.running.admission import NodeFacts, NotAdmitted, Rebind, admit_or_rebind, local_node
 from agent.running.confirming import Confirmer
-from agent.running.datastage import BadDatasets, JobData, StagingFailed, dataset_paths
+from agent.running.datastage import BadDatasets, JobData, StagingFailed
 from agent.running.draining import Drain
 from agent.running.fencing import Fences, fence_cause
+from agent.running.launching import book_opened, prepare_launch
 from agent.running.lostruns import reconcile_lost
 from agent.running.preemption import Ask, Preemptions, Refused
 from agent.running.pyenvs import EnvBuildFailed, NoBuilder, PythonEnvs
@@ -83,7 +87,6 @@ from agent.running.runs import (
     UsageSink,
 )
 from agent.running.teamdesk import TeamDesk
-from agent.running.workstage import Workdir, prepare_workdir
 from agent.storage.store import ResultRecord, RunRecord, StoreFull
 from agent.wire.calls import (
     AttemptResult,
@@ -211,63 +214,15 @@ class Runner:
     # -- offers ----------------------------------------------------------------------------------
 
     async def start(self, offer: StartOffer, caller: str) -> StartAnswer:
-        """An offer from ``caller``: run the operator's submission it carries, if the caller may
-        act as the job's owner here (``NotAllowed`` otherwise, ``Declined`` when it cannot run
-        here, or the job needs a feature this agent lacks; ``LaunchFailed`` when its process
-        could not start)."""
-        job_id = check_job_id(offer.job_id)
-        attempt = offer.attempt
-        owner = offer.owner
-        spec = self.authorised_spec(job_id, owner, caller, offer.submission, "start")
-        if spec.is_gang:
-            raise Declined("a gang starts through gang_prepare and gang_commit, not start")
-        sub = self.authority.submission(offer.submission, job_id)
-        # The team's quota: this node's count (no grant asked in vain), then the team's desk,
-        # before admit, whose device checks and the run's entry in launch have no await between
-        # them; the count again after it (agent.running.teamdesk).
-        over = self.teams.over_max(sub, offer.devices, self.runs, offer.victims)
-        if over is not None:
-            raise Declined(over)
-        await self.teams.claim(sub, attempt, offer.devices)
-        reclaim = self.teams.reclaim(sub, offer.devices, offer.victims, self.runs)
-        admitted = await self.admit(
-            job_id,
-            attempt,
-            owner,
-            spec,
-            offer.devices,
-            offer.victims,
-            offer.shrink,
-            offer.rebind,
-            reclaim,
-        )
-        keys = admitted.keys or offer.devices
-        over = self.teams.over_max(sub, keys, self.runs, admitted.victims)
-        if over is not None:
-            self.preemptions.release(admitted.victims)
-            raise Declined(over)
-        answer = await self.launch(
-            job_id, attempt, owner, spec, keys, offer.resume, admitted=admitted
-        )
-        return answer._replace(devices=admitted.keys)
+        """An owner's offer, answered (``agent.running.offering``)."""
+        return await offering.start(self, offer, caller)
 
     def authorised_spec(
         self, job_id: str, owner: str, caller: str, submission: bytes, verb: str
     ) -> JobSpec:
         """The spec of the operator's ``submission`` for ``job_id``, when ``caller`` says it is
-        the job's owner and may be (``NotAllowed`` otherwise, or for a submission that is not an
-        operator's; ``Declined`` when the job needs a feature this agent does not run)."""
-        if owner != caller or not self.authority.may_own(job_id, caller):
-            raise NotAllowed(f"{caller[:8]} may not {verb} job {job_id}")
-        try:
-            spec = self.authority.submission(submission, job_id).spec
-        except FeaturesLacking as exc:
-            raise Declined(str(exc)) from None
-        except SubmissionRefused as exc:
-            raise NotAllowed(str(exc)) from None
-        if spec.lacking:
-            raise Declined(lacking_reason(spec.lacking))
-        return spec
+        the job's owner and may be (``agent.running.offering``)."""
+        return offering.authorised_spec(self.authority, job_id, owner, caller, submission, verb)
 
     async def admit(
         self,
@@ -375,26 +330,10 @@ class Runner:
             self._on_change()
             raise Declined(f"checkpoint: {exc}") from None
         try:
-            data_env = await self._stage_data(job_id, attempt, spec)
-            work = await self._stage_workdir(job_id, attempt, spec)
-            launch = Launch.from_spec(
-                job_id,
-                spec,
-                attempt=attempt,
-                devices=[statics[k] for k in keys],
-                gang=gang,
-                resume=resumed,
-                share_bytes=admitted.share_bytes,
-                data_env=data_env,
-                read_only=dataset_paths(data_env),
+            devices = [statics[k] for k in keys]
+            launch = await prepare_launch(
+                self, job_id, attempt, spec, devices, gang, resumed, admitted.share_bytes
             )
-            if work is not None:
-                launch = dataclasses.replace(
-                    launch,
-                    cwd=work.cwd,
-                    env={**launch.env, **work.env},
-                    path_prefix=work.path_prefix,
-                )
             started = await self.executor.start(launch)
         except (NoRoom, StagingFailed, NoBuilder) as exc:  # not the job's fault: elsewhere
             self.runs.pop(job_id, None)
@@ -409,7 +348,7 @@ class Runner:
         finally:
             if self.data is not None:
                 self.data.started(job_id)
-        if self._closing or attempt <= self.fence.get(job_id):
+        if self.stopped_since(job_id, attempt):
             # Fenced by a stop, or the agent began to shut down, while it launched: end it now.
             await self.executor.stop(
                 job_id, cause="shutdown" if self._closing else "fenced", grace_s=0
@@ -432,7 +371,8 @@ class Runner:
             # A run this agent could not remember would outlive a restart unknown: not started.
             await self.executor.stop(job_id, cause="fenced", grace_s=0)
             raise Declined(f"cannot record the run here: {exc}") from None
-        self._book_opened(run, keys, statics, started.started_at)
+        who = self.authority.submitter(run.job_id)
+        book_opened(self.usage, who, run, keys, statics, started.started_at)
         self._show_load(keys)
         self._on_change()
         self.events.add("running", f"attempt {attempt} pid {started.pid}", job_id=job_id)
@@ -444,31 +384,10 @@ class Runner:
             )
         return StartAnswer(ok=True, started_at=started.started_at, pid=started.pid)
 
-    async def _stage_data(self, job_id: str, attempt: int, spec: JobSpec) -> dict[str, str]:
-        """The job's datasets staged and exposed (``agent.running.datastage``): their variables.
-        ``StagingFailed`` also when the attempt was fenced, or the agent began to shut down,
-        while they staged."""
-        if not spec.datasets or self.data is None:
-            return {}
-        env = await self.data.prepare(job_id, spec.datasets, self.executor.job_dir(job_id))
-        if self._closing or attempt <= self.fence.get(job_id):
-            raise StagingFailed(f"attempt {attempt} was stopped while its data staged")
-        return env
-
-    async def _stage_workdir(self, job_id: str, attempt: int, spec: JobSpec) -> Workdir | None:
-        """The job's working folder staged and copied, its environment built
-        (``agent.running.workstage``); ``None`` when the spec names no working folder."""
-        if spec.workdir_digest is None:
-            return None
-        if self.data is None:
-            raise StagingFailed("this agent keeps no content store: no working folder here")
-        ex = self.executor
-        where = await prepare_workdir(
-            self.data, self.envs, job_id, spec, ex.job_dir(job_id), ex.user
-        )
-        if self._closing or attempt <= self.fence.get(job_id):
-            raise StagingFailed(f"attempt {attempt} was stopped while its working folder staged")
-        return where
+    def stopped_since(self, job_id: str, attempt: int) -> bool:
+        """Whether attempt ``attempt`` was fenced, or the agent began to shut down, since it was
+        admitted (``agent.running.launching`` asks while it stages)."""
+        return self._closing or attempt <= self.fence.get(job_id)
 
     async def _preempt(self, job_id: str, attempt: int, cause: str) -> None:
         self.fence.raise_to(job_id, attempt)
@@ -567,21 +486,6 @@ class Runner:
         )
         if self.drain == NodeDrainState.DRAINING and not self.runs:
             self.draining.set(DrainEvent.DRAINED)
-
-    def _book_opened(
-        self, run: LocalRun, keys: tuple[str, ...], statics: dict[str, Any], at: float
-    ) -> None:
-        """Open the attempt's accounting row (:mod:`agent.history.usage_book`)."""
-        if self.usage is None:
-            return
-        models = sorted({statics[k].name for k in keys if k in statics})
-        gpus = float(len(keys))
-        if run.share_bytes and keys and keys[0] in statics:
-            total = statics[keys[0]].mem_total_bytes or 0
-            gpus = run.share_bytes / total if total else 1.0
-        model = "+".join(models) or "cpu"
-        who = self.authority.submitter(run.job_id)
-        self.usage.opened(run.job_id, run.attempt, who, model, gpus, keys, at)
 
     def queue_report(self, report: AttemptResult, owner_hint: str | None) -> None:
         self.reports.queue(report, owner_hint)
