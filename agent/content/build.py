@@ -8,6 +8,8 @@ rescan of a terabyte dataset costs one ``lstat`` per file.
 
 from __future__ import annotations
 
+import errno
+import functools
 import hashlib
 import os
 import stat
@@ -143,6 +145,9 @@ def _hash_file(f: Found, chunk_bytes: int) -> tuple[str, ...] | None:
         out: list[str] = []
         for n in range(chunk_count(f.st.st_size, chunk_bytes)):
             want = max(0, min(chunk_bytes, f.st.st_size - n * chunk_bytes))
+            if _in_hole(fd, n * chunk_bytes, want):
+                out.append(zeros_digest(want))
+                continue
             data = os.pread(fd, want, n * chunk_bytes) if want else b""
             if len(data) != want:
                 return None
@@ -152,3 +157,22 @@ def _hash_file(f: Found, chunk_bytes: int) -> tuple[str, ...] | None:
         return None
     finally:
         os.close(fd)
+
+
+@functools.lru_cache(maxsize=8)
+def zeros_digest(length_bytes: int) -> str:
+    """The digest of a chunk of ``length_bytes`` zero bytes (a hole of a sparse file)."""
+    return hashlib.sha256(bytes(length_bytes)).hexdigest()
+
+
+def _in_hole(fd: int, offset_bytes: int, length_bytes: int) -> bool:
+    """Whether the ``length_bytes`` from ``offset_bytes`` are all a hole of a sparse file (they
+    read as zeros: hashed without reading them), where the OS can say (``SEEK_DATA``)."""
+    seek_data = getattr(os, "SEEK_DATA", None)
+    if seek_data is None or length_bytes == 0:
+        return False
+    try:
+        data_at = os.lseek(fd, offset_bytes, seek_data)
+    except OSError as exc:  # ENXIO: no data at or after the offset
+        return exc.errno == errno.ENXIO
+    return data_at >= offset_bytes + length_bytes

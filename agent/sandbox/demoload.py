@@ -8,9 +8,9 @@ their class in the ``class`` label (what :func:`agent.policy.adapt.job_class` re
 kind in the spec. The mix: 1, 2 or 4 GPUs; some need CUDA or ROCm; a fifth at a higher priority;
 a third with a deadline of 1.2x their time on the reference device (met on a fast device, missed
 on a slow one, or after a long wait); the ResNet classes read ``imagenet`` and the language models
-``wikitext``, which some demo hosts hold (:func:`lay_out_datasets`, sparse files of the real
-sizes): the policy weighs them; the synthetic job does not yet pay for fetching a dataset its
-host lacks (a job cannot tell what its host holds). Work is scaled so a job takes 1 to 10 s on
+``wikitext``, which some demo hosts hold (:func:`lay_out_datasets`, small sparse files): a job
+placed on a host without its dataset waits while the host stages it from a holder, so the policy
+weighs where the data is. Work is scaled so a job takes 1 to 10 s on
 the fastest device of the demo's fleet (:data:`FLEET`) and up to about two minutes on the
 slowest: a run stays short.
 
@@ -76,12 +76,14 @@ P100 and V100, whose speeds are Gavel's measurements. Fast GPUs are a minority, 
 such a fleet: what first fit lands on depends on the order of node ids, what the policy picks
 does not."""
 HOST_DATASETS: Final[Mapping[int, Mapping[str, int]]] = {
-    1: {"imagenet": 150 * 10**9},
-    5: {"imagenet": 150 * 10**9},
-    3: {"wikitext": 40 * 10**9},
-    6: {"wikitext": 40 * 10**9},
+    1: {"imagenet": 48 << 20},
+    5: {"imagenet": 48 << 20},
+    3: {"wikitext": 16 << 20},
+    6: {"wikitext": 16 << 20},
 }
-"""Demo agent index -> datasets it holds, with their sizes in bytes."""
+"""Demo agent index -> datasets it holds, with their sizes in bytes; in a smaller demo the
+index wraps around its hosts, so every dataset has a holder. Small enough that a job placed away
+from its data stages it in seconds: the jobs of a demo run short."""
 
 WORK_S: Final = (15.0, 60.0)
 """Work of a job, reference seconds (a V100's), drawn log-uniformly."""
@@ -172,12 +174,12 @@ def job_spec(job: DemoJob, now: float, python: JobPython = HERE) -> JobSpec:
 
 
 def lay_out_datasets(datasets_dirs: Sequence[Path]) -> None:
-    """The datasets :data:`HOST_DATASETS` gives each demo host: sparse files of their size, so
-    the agents measure and gossip the real sizes without the disk holding them."""
+    """The datasets :data:`HOST_DATASETS` gives each demo host (its index wrapped around the
+    hosts there are): sparse files of their size, so the disk does not hold them."""
+    if not datasets_dirs:
+        return
     for index, held in HOST_DATASETS.items():
-        if index >= len(datasets_dirs):
-            continue
-        folder = datasets_dirs[index]
+        folder = datasets_dirs[index % len(datasets_dirs)]
         folder.mkdir(parents=True, exist_ok=True)
         for name, size in held.items():
             with (folder / name).open("wb") as f:

@@ -119,3 +119,26 @@ def test_the_cache_forgets_files_that_are_gone(tmp_path: Path) -> None:
     st = os.lstat(other / "kept")  # another folder's rows are not touched
     kept = (st.st_size, st.st_mtime_ns, st.st_ino)
     assert store.cached_chunks(str(other / "kept"), kept, CHUNK) is not None
+
+
+def test_a_sparse_file_hashes_as_its_bytes_read_without_reading_its_holes(tmp_path: Path) -> None:
+    from agent.content.build import _in_hole, zeros_digest
+
+    chunk = 64 << 10
+    top = tmp_path / "sparse"
+    top.mkdir()
+    path = top / "disk.img"
+    with path.open("wb") as f:
+        f.truncate(4 * chunk)
+        f.seek(chunk)
+        f.write(b"x" * 10)
+    data = path.read_bytes()
+    want = [hashlib.sha256(data[i : i + chunk]).hexdigest() for i in range(0, len(data), chunk)]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        holes = [_in_hole(fd, i, chunk) for i in range(0, len(data), chunk)]
+    finally:
+        os.close(fd)
+    assert holes[1] is False and want[0] == zeros_digest(chunk)
+    built = build_manifest(top, "sparse", "dataset", DiskStore(tmp_path / "store"), chunk)
+    assert list(built.manifest.files[0].chunks) == want
