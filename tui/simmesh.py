@@ -29,6 +29,7 @@ from probers.sim import SimProber, parse_profile
 from tui.decode import snapshot_from_json
 from tui.model import HISTORY_POINTS, HISTORY_STEP_S
 from tui.preview import offers
+from tui.simdata import held_versions
 from tui.source import Identity
 
 SIM_PROFILES: Final[tuple[str, ...]] = (
@@ -392,6 +393,7 @@ class SimSource:
                 queue=queued.get(host.node_id, 0),
                 wire_version=WIRE_VERSION,
                 features=tuple(sorted(SUPPORTED_FEATURES)),
+                dataset_versions=held_versions(host.index, len(self._hosts), self.now()),
             )
             # the devices' documents are kept between reads (their facts do not change)
             out.append({**doc.to_wire(), "devices": self._devices(host)})

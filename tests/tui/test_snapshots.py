@@ -23,6 +23,7 @@ SCREENS: dict[str, tuple[str | None, tuple[str, ...]]] = {
     "gpus": ("gpus", ()),
     "jobs": ("jobs", ()),
     "events": ("events", ()),
+    "datasets": ("data", ()),
     "drill": (None, ("j", "enter")),
     "describe": (None, ("j", "d")),
     "json": (None, ("j", "y")),

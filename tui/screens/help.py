@@ -20,6 +20,7 @@ HELP_ROWS: tuple[tuple[str, str, str, bool], ...] = (
     ("global", "shoal.palette", "command palette", False),
     ("global", "shoal.quit", "quit", False),
     ("global", "shoal.next_view", "next view", False),
+    ("views", "view.datasets", "datasets: versions, sizes, copies (also :data)", False),
     ("tables", "table.down / table.up", "move", False),
     ("tables", "table.top / table.bottom", "first / last row", False),
     ("tables", "table.drill", "drill down: host -> GPUs -> jobs", False),

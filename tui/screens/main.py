@@ -39,6 +39,7 @@ from tui.screens.logs import LogsScreen
 from tui.screens.migrate import ANY_HOST, MigrateScreen
 from tui.screens.submit import SubmitScreen
 from tui.widgets.base import NO_SCOPE, VIEW_NAMES, Drill, Scope, Selection, SortKey, ViewContext
+from tui.widgets.dataviews import DatasetsTable
 from tui.widgets.footer import KeyFooter
 from tui.widgets.header import MeshHeader
 from tui.widgets.tables import MeshTable
@@ -85,6 +86,7 @@ class MainScreen(Screen[None]):
         Binding("l", "logs", "Logs", id="job.logs"),
         Binding("ctrl+d", "cancel", "Cancel", id="job.cancel"),
         Binding("a", "add_host", "Add host", id="host.add"),
+        Binding("D", "show('datasets')", "Data", id="view.datasets"),
     ]
 
     def __init__(self) -> None:
@@ -108,6 +110,7 @@ class MainScreen(Screen[None]):
             yield GpusTable(id="gpus")
             yield JobsTable(id="jobs")
             yield EventsTable(id="events")
+            yield DatasetsTable(id="datasets")
         yield Input(id="bar", placeholder="")
         yield KeyFooter()
 
@@ -224,7 +227,7 @@ class MainScreen(Screen[None]):
 
     def action_command(self) -> None:
         self._open_bar(
-            "command", "", ":hosts :gpus :jobs :events :topology :logs JOB :add USER@HOST :q"
+            "command", "", ":hosts :gpus :jobs :events :data :topology :logs JOB :add USER@HOST :q"
         )
 
     def action_filter(self) -> None:
@@ -261,7 +264,8 @@ class MainScreen(Screen[None]):
             self.run_command(event.value)
 
     def run_command(self, text: str) -> None:
-        """``hosts``, ``gpus``, ``jobs``, ``events``, ``topology``, ``logs JOB``,
+        """``hosts``, ``gpus``, ``jobs``, ``events``, ``datasets`` (``data``), ``topology``,
+        ``logs JOB``,
         ``add USER@HOST[:PORT] ...`` (the add-host form, filled in), ``q``."""
         words = text.strip().lstrip(":").split()
         if not words:
@@ -270,6 +274,7 @@ class MainScreen(Screen[None]):
         aliases = {
             "host": "hosts", "nodes": "hosts", "node": "hosts", "no": "hosts", "gpu": "gpus",
             "job": "jobs", "ev": "events", "event": "events", "topo": "topology", "top": "topology",
+            "data": "datasets", "dataset": "datasets", "ds": "datasets",
         }  # fmt: skip
         verb = aliases.get(verb, verb)
         if verb in VIEW_NAMES:
@@ -310,6 +315,10 @@ class MainScreen(Screen[None]):
         refused = self.shoal.operations.add_host_refusal()
         hidden = frozenset({"host.add"}) if refused else frozenset()
         self.app.push_screen(HelpScreen(self.shoal.key_display(), self.shoal.readonly, hidden))
+
+    def action_show(self, name: str) -> None:
+        """One view's own key (``D``: datasets)."""
+        self.show_view(name)
 
     def action_next_view(self) -> None:
         names: tuple[str, ...] = VIEW_NAMES
