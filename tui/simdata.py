@@ -7,9 +7,11 @@ same copies at every read, so screenshots and snapshot tests are stable.
 from __future__ import annotations
 
 import hashlib
-from typing import Final
+from collections.abc import Mapping, Sequence
+from typing import Final, NamedTuple
 
 from agent.wire.place import HeldVersion
+from agent.wire.usage import UsageRow
 
 GB: Final[int] = 1024**3
 DAY_S: Final[float] = 86400.0
@@ -49,3 +51,71 @@ def held_versions(index: int, hosts: int, now: float) -> tuple[HeldVersion, ...]
             created = round(now - age_s, 1)
             out.append(HeldVersion(name, _digest(name, age_s), size, held, created))
     return tuple(out)
+
+
+TEAMS: Final[Mapping[str, str]] = {
+    "alice": "vision",
+    "bob": "vision",
+    "carol": "language",
+    "dmitri": "language",
+    "erin": "platform",
+}
+_WATTS_PER_GPU: Final[float] = 320.0
+HISTORY_DAYS: Final[int] = 7
+
+
+class Attempt(NamedTuple):
+    """One attempt of a simulated job, as its runner's usage ledger keeps it."""
+
+    job_id: str
+    attempt: int
+    node: str
+    user: str
+    model: str
+    gpus: int
+    started_at: float
+    finished_at: float | None
+
+
+def _row(a: Attempt, now: float) -> UsageRow:
+    end = a.finished_at if a.finished_at is not None else now
+    measured = "apple" not in a.model.lower() and not a.model.startswith("M")
+    energy = a.gpus * _WATTS_PER_GPU * max(0.0, end - a.started_at) if measured else None
+    return UsageRow(
+        job_id=a.job_id,
+        attempt=a.attempt,
+        node=a.node,
+        person=hashlib.sha256(a.user.encode()).hexdigest()[:16],
+        name=a.user,
+        team=TEAMS.get(a.user),
+        model=a.model,
+        gpus=float(a.gpus),
+        started_at=a.started_at,
+        finished_at=a.finished_at,
+        energy_j=None if energy is None else round(energy, 1),
+    )
+
+
+def usage_rows(
+    attempts: Sequence[Attempt], hosts: Sequence[tuple[str, str, int]], now: float, since: float
+) -> list[UsageRow]:
+    """The usage rows of the mesh's jobs (``attempts``) and of a week of earlier work on
+    ``hosts`` (``(node id, GPU model, GPUs)``), those that overlap ``[since, now]``."""
+    past: list[Attempt] = []
+    owners = tuple(TEAMS)
+    for day in range(1, HISTORY_DAYS + 1):
+        for i, (node, model, count) in enumerate(hosts):
+            if count == 0 or (i + day) % 4 == 3:
+                continue
+            start = now - day * DAY_S + (i * 37 % 12) * 3600.0
+            hours = 2 + (i * day) % 7
+            user = owners[(i + day) % len(owners)]
+            gpus = max(1, count // (1 + (i + day) % 3))
+            job_id = hashlib.sha256(f"shoal-sim-past|{day}|{i}".encode()).hexdigest()[:32]
+            past.append(Attempt(job_id, 1, node, user, model, gpus, start, start + hours * 3600.0))
+    out = []
+    for a in (*past, *attempts):
+        end = a.finished_at if a.finished_at is not None else now
+        if end >= since and a.started_at <= now:
+            out.append(_row(a, now))
+    return out

@@ -24,12 +24,13 @@ from agent.operator.client import ApiError
 from agent.wire.codec import WIRE_VERSION
 from agent.wire.documents import EventDoc, EventsDoc, JobDoc, NodeDoc, sample_json, static_json
 from agent.wire.records import JobStatus
+from agent.wire.usage import UsageRow
 from probers.records import DeviceStatic, HostInfo
 from probers.sim import SimProber, parse_profile
 from tui.decode import snapshot_from_json
 from tui.model import HISTORY_POINTS, HISTORY_STEP_S
 from tui.preview import offers
-from tui.simdata import held_versions
+from tui.simdata import Attempt, held_versions, usage_rows
 from tui.source import Identity
 
 SIM_PROFILES: Final[tuple[str, ...]] = (
@@ -437,6 +438,18 @@ class SimSource:
 
     async def events(self, since: int = 0) -> dict[str, Any]:
         return self.events_now(since)
+
+    async def usage(self, since: float) -> tuple[list[UsageRow], list[str]]:
+        now = self.now()
+        model = {h.node_id: h.statics[0].name if h.statics else "cpu" for h in self._hosts}
+        attempts = [
+            Attempt(j.job_id, j.attempt, j.runner, j.user, model.get(j.runner, "cpu"),
+                    len(j.devices), j.started_at, j.finished_at)
+            for j in self._jobs.values()
+            if j.runner is not None and j.started_at is not None
+        ]  # fmt: skip
+        hosts = [(h.node_id, model[h.node_id], len(h.statics)) for h in self._hosts]
+        return usage_rows(attempts, hosts, now, since), []
 
     async def logs(self, job_id: str, lines: int = 100, follow: bool = False) -> AsyncIterator[str]:
         job = self._jobs.get(job_id)

@@ -13,8 +13,10 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from agent.cli.usage_cmd import gather_usage
 from agent.job.jobspec import JobSpec
 from agent.operator.client import ApiClient
+from agent.wire.usage import UsageRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +47,11 @@ class MeshSource(Protocol):
     async def jobs(self) -> list[dict[str, Any]]: ...
 
     async def events(self, since: int = 0) -> dict[str, Any]: ...
+
+    async def usage(self, since: float) -> tuple[list[UsageRow], list[str]]:
+        """Every live agent's usage rows since ``since`` (``GET /v1/usage``), and one line
+        for each agent that did not answer."""
+        ...
 
     def logs(self, job_id: str, lines: int = 100, follow: bool = False) -> AsyncIterator[str]: ...
 
@@ -86,6 +93,9 @@ class ApiSource:
 
     async def events(self, since: int = 0) -> dict[str, Any]:
         return await self.client.events(since)
+
+    async def usage(self, since: float) -> tuple[list[UsageRow], list[str]]:
+        return await gather_usage(self.client, self.client.identity, since)
 
     def logs(self, job_id: str, lines: int = 100, follow: bool = False) -> AsyncIterator[str]:
         return self.client.logs(job_id, lines, follow)

@@ -24,6 +24,7 @@ SCREENS: dict[str, tuple[str | None, tuple[str, ...]]] = {
     "jobs": ("jobs", ()),
     "events": ("events", ()),
     "datasets": ("data", ()),
+    "usage": ("usage", ()),
     "drill": (None, ("j", "enter")),
     "describe": (None, ("j", "d")),
     "json": (None, ("j", "y")),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, cast
 
+from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
@@ -17,7 +18,7 @@ from textual.timer import Timer
 from textual.widgets import ContentSwitcher, Input
 
 from agent.job.jobspec import JobSpec
-from agent.operator.client import agent_address
+from agent.operator.client import ApiError, agent_address
 from tui.context import ShoalContext
 from tui.messages import (
     CancelJob,
@@ -27,6 +28,7 @@ from tui.messages import (
     MigrateJob,
     SubmitJob,
     UndrainHost,
+    UsageWanted,
 )
 from tui.model import NO_FILTER, RowFilter
 from tui.preview import offers
@@ -39,7 +41,7 @@ from tui.screens.logs import LogsScreen
 from tui.screens.migrate import ANY_HOST, MigrateScreen
 from tui.screens.submit import SubmitScreen
 from tui.widgets.base import NO_SCOPE, VIEW_NAMES, Drill, Scope, Selection, SortKey, ViewContext
-from tui.widgets.dataviews import DatasetsTable
+from tui.widgets.dataviews import DatasetsTable, UsageTable, usage_report
 from tui.widgets.footer import KeyFooter
 from tui.widgets.header import MeshHeader
 from tui.widgets.tables import MeshTable
@@ -87,6 +89,7 @@ class MainScreen(Screen[None]):
         Binding("ctrl+d", "cancel", "Cancel", id="job.cancel"),
         Binding("a", "add_host", "Add host", id="host.add"),
         Binding("D", "show('datasets')", "Data", id="view.datasets"),
+        Binding("H", "show('usage')", "Usage", id="view.usage"),
     ]
 
     def __init__(self) -> None:
@@ -111,6 +114,7 @@ class MainScreen(Screen[None]):
             yield JobsTable(id="jobs")
             yield EventsTable(id="events")
             yield DatasetsTable(id="datasets")
+            yield UsageTable(id="usage")
         yield Input(id="bar", placeholder="")
         yield KeyFooter()
 
@@ -193,6 +197,32 @@ class MainScreen(Screen[None]):
         header.filter_text = self.state.row_filter.text
         self.refresh_bindings()
         self.post_message(ForecastsWanted(self.state.view == "jobs"))
+        if self.state.view == "usage":
+            self.post_message(UsageWanted())
+
+    def on_usage_wanted(self, message: UsageWanted) -> None:
+        message.stop()
+        self.load_usage()
+
+    @work(exclusive=True, group="usage", name="usage")
+    async def load_usage(self) -> None:
+        """Every live agent's usage over the view's window, as ``shoal usage`` adds it up."""
+        table = self.query_one("#usage", UsageTable)
+        source = self.shoal.source
+        now = source.now()
+        since = now - table.window_s
+        try:
+            rows, missing = await source.usage(since)
+        except ApiError as exc:
+            self.notify(f"usage: {exc}", severity="error", timeout=6)
+            return
+        report = usage_report(rows, table.by, table.window, since, now, missing)
+        table.show_report(report, self.context())
+        if self.state.view == "usage":
+            header = self.query_one(MeshHeader)
+            header.view_label = f"usage > by {report.by}, last {report.window}"
+        if missing:
+            self.notify("usage without " + "; ".join(missing), severity="warning", timeout=6)
 
     def on_drill(self, message: Drill) -> None:
         message.stop()
@@ -227,7 +257,9 @@ class MainScreen(Screen[None]):
 
     def action_command(self) -> None:
         self._open_bar(
-            "command", "", ":hosts :gpus :jobs :events :data :topology :logs JOB :add USER@HOST :q"
+            "command",
+            "",
+            ":hosts :gpus :jobs :events :data :usage :topology :logs JOB :add USER@HOST :q",
         )
 
     def action_filter(self) -> None:
@@ -264,7 +296,8 @@ class MainScreen(Screen[None]):
             self.run_command(event.value)
 
     def run_command(self, text: str) -> None:
-        """``hosts``, ``gpus``, ``jobs``, ``events``, ``datasets`` (``data``), ``topology``,
+        """``hosts``, ``gpus``, ``jobs``, ``events``, ``datasets`` (``data``), ``usage``,
+        ``topology``,
         ``logs JOB``,
         ``add USER@HOST[:PORT] ...`` (the add-host form, filled in), ``q``."""
         words = text.strip().lstrip(":").split()
@@ -274,7 +307,7 @@ class MainScreen(Screen[None]):
         aliases = {
             "host": "hosts", "nodes": "hosts", "node": "hosts", "no": "hosts", "gpu": "gpus",
             "job": "jobs", "ev": "events", "event": "events", "topo": "topology", "top": "topology",
-            "data": "datasets", "dataset": "datasets", "ds": "datasets",
+            "data": "datasets", "dataset": "datasets", "ds": "datasets", "use": "usage",
         }  # fmt: skip
         verb = aliases.get(verb, verb)
         if verb in VIEW_NAMES:
@@ -317,7 +350,7 @@ class MainScreen(Screen[None]):
         self.app.push_screen(HelpScreen(self.shoal.key_display(), self.shoal.readonly, hidden))
 
     def action_show(self, name: str) -> None:
-        """One view's own key (``D``: datasets)."""
+        """One view's own key (``D``: datasets, ``H``: usage)."""
         self.show_view(name)
 
     def action_next_view(self) -> None:

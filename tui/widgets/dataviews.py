@@ -1,16 +1,27 @@
-"""The datasets view: each dataset version in the mesh, its size, and where its copies are.
+"""The datasets and usage views.
 
-Its rows are ``shoal data ls``'s (:func:`agent.cli.data_cmd.copies`, grouped by version), read
-from the nodes' ``dataset_versions`` in the snapshot the other views show: no second read.
+Datasets: each dataset version in the mesh, its size, and where its copies are. Its rows are
+``shoal data ls``'s (:func:`agent.cli.data_cmd.copies`, grouped by version), read from the
+nodes' ``dataset_versions`` in the snapshot the other views show: no second read.
+
+Usage: GPU-hours and energy by team, user or GPU model over a window, ``shoal usage``'s totals
+(:func:`agent.operator.usage.totals`) over every live agent's ``GET /v1/usage`` rows, read when
+the view is shown or switched (not on every tick: it asks every agent).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, NamedTuple
+
+from textual.binding import Binding, BindingType
 
 from agent.cli.data_cmd import by_version, copies, held_pct
 from agent.operator.units import fmt_bytes
+from agent.operator.usage import BY, DAY_S, UsageTotal, grand_total, totals
+from agent.wire.usage import UsageRow
+from tui.messages import UsageWanted
 from tui.model import MeshSnapshot
 from tui.widgets.base import Selection, ViewContext
 from tui.widgets.render import Part, duration
@@ -123,3 +134,128 @@ class DatasetsTable(MeshTable):
             return None
         title = f"{row.name}@{(row.digest or '-')[:12]}"
         return Selection("dataset", raw=row.raw(), title=title)
+
+
+USAGE_BY: tuple[str, ...] = BY
+"""What the usage view groups by, in the order ``b`` cycles through."""
+USAGE_WINDOWS: tuple[tuple[str, float], ...] = (
+    ("24h", DAY_S),
+    ("7d", 7 * DAY_S),
+    ("30d", 30 * DAY_S),
+)
+"""The windows ``w`` cycles through."""
+
+
+@dataclass(frozen=True, slots=True)
+class UsageReport:
+    """The mesh's usage over one window, grouped one way (what the usage view shows)."""
+
+    by: str
+    window: str
+    since_s: float
+    until_s: float
+    totals: tuple[UsageTotal, ...]
+    """One per team, user or model, summed over the window's days, most GPU-hours first."""
+    total: UsageTotal
+    missing: tuple[str, ...] = ()
+    """Agents that did not answer, one line each."""
+
+
+def usage_report(
+    rows: Sequence[UsageRow], by: str, window: str, since: float, now: float, missing: Sequence[str]
+) -> UsageReport:
+    """``shoal usage --by BY``'s totals over ``[since, now]``, each key's days added up."""
+    per_key: dict[str, list[UsageTotal]] = {}
+    for t in totals(rows, by, since, now):
+        per_key.setdefault(t.key, []).append(t)
+    summed = [replace(grand_total(days), day=window, key=key) for key, days in per_key.items()]
+    summed.sort(key=lambda t: (-t.gpu_s, t.key))
+    return UsageReport(by, window, since, now, tuple(summed), grand_total(summed), tuple(missing))
+
+
+def kwh(energy_j: float | None) -> str:
+    return "N/A" if energy_j is None else f"{energy_j / 3.6e6:,.1f}"
+
+
+class UsageTable(MeshTable):
+    """GPU-hours and energy by team, user or GPU model over a window (``b``, ``w`` switch)."""
+
+    view_name = "usage"
+    COLUMNS = (
+        Column("key", "Team/user/model", 18, grow=8),
+        Column("hours", "GPU-hours", 10, right=True),
+        Column("share", "Share", 6, right=True),
+        Column("energy", "kWh", 9, right=True),
+        Column("attempts", "Runs", 5, right=True),
+        Column("bar", "", 10, stretch=True),
+    )
+    SORTS: ClassVar[Mapping[str, SortSpec]] = {
+        "name": (lambda t: t.key, False),
+        "util": (lambda t: t.gpu_s, True),
+        "mem": (lambda t: t.energy_j or -1.0, True),
+    }
+    """For usage: N by name, U by GPU-hours, M by energy."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        *MeshTable.BINDINGS,
+        Binding("b", "by", "By", id="usage.by"),
+        Binding("w", "window", "Window", id="usage.window"),
+    ]
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.report: UsageReport | None = None
+        self.by = USAGE_BY[0]
+        self.window = USAGE_WINDOWS[1][0]
+
+    @property
+    def window_s(self) -> float:
+        return dict(USAGE_WINDOWS)[self.window]
+
+    def action_by(self) -> None:
+        """Group by the next of team, user and GPU model."""
+        self.by = USAGE_BY[(USAGE_BY.index(self.by) + 1) % len(USAGE_BY)]
+        self.post_message(UsageWanted())
+
+    def action_window(self) -> None:
+        """The next window: 24 hours, 7 days, 30 days."""
+        names = [name for name, _ in USAGE_WINDOWS]
+        self.window = names[(names.index(self.window) + 1) % len(names)]
+        self.post_message(UsageWanted())
+
+    def show_report(self, report: UsageReport, ctx: ViewContext) -> None:
+        self.report = report
+        self.apply(ctx)
+
+    def table_rows(self, ctx: ViewContext) -> Iterable[Row]:
+        if self.report is None:
+            return
+        for t in self.report.totals:
+            yield t.key, t
+        yield "\x00all", self.report.total
+
+    def haystack(self, item: Any, ctx: ViewContext) -> str:
+        t: UsageTotal = item
+        return t.key
+
+    def cells(self, item: Any, ctx: ViewContext) -> Sequence[Part]:
+        t: UsageTotal = item
+        p = ctx.palette
+        total_s = self.report.total.gpu_s if self.report is not None else 0.0
+        share = t.gpu_s / total_s if total_s > 0 else 0.0
+        is_total = t.key == "all" and self.report is not None and t is self.report.total
+        bar = "" if is_total else ctx.glyphs.bar(share, 10)[0]
+        return (
+            ("total" if is_total else t.key, p.muted if is_total else None),
+            (f"{t.gpu_s / 3600:,.1f}", None),
+            (f"{100 * share:.0f}%", p.muted),
+            (kwh(t.energy_j), p.muted if t.energy_j is None else None),
+            (str(t.attempts), None),
+            (bar, p.of("ok")),
+        )
+
+    def selection_for(self, key: str, snapshot: MeshSnapshot) -> Selection | None:
+        if self.report is None:
+            return None
+        found = next((t for t in self.report.totals if t.key == key), self.report.total)
+        return Selection("usage", raw=found.to_wire(), title=f"{self.report.by} {found.key}")
