@@ -23,11 +23,13 @@ from agent.job.jobspec import SUPPORTED_FEATURES, JobSpec, new_job_id
 from agent.operator.client import ApiError
 from agent.wire.codec import WIRE_VERSION
 from agent.wire.documents import EventDoc, EventsDoc, JobDoc, NodeDoc, sample_json, static_json
+from agent.wire.history import HistoryDoc, HistoryQuery
 from agent.wire.records import JobStatus
 from agent.wire.usage import UsageRow
 from probers.records import DeviceStatic, HostInfo
 from probers.sim import SimProber, parse_profile
 from tui.decode import snapshot_from_json
+from tui.history import simulated
 from tui.model import HISTORY_POINTS, HISTORY_STEP_S
 from tui.preview import offers
 from tui.simdata import Attempt, held_versions, usage_rows
@@ -438,6 +440,13 @@ class SimSource:
 
     async def events(self, since: int = 0) -> dict[str, Any]:
         return self.events_now(since)
+
+    async def history(self, query: HistoryQuery, address: str) -> HistoryDoc:
+        host = self._host(query.node or "")
+        keys = tuple(d.key for d in host.statics if query.device in (None, d.key))
+        jobs = (query.job,) if query.job else ()
+        subjects = {"gpu": keys, "job": jobs}
+        return simulated(query, {n: subjects.get(n.split(".")[0], ("",)) for n in query.series})
 
     async def usage(self, since: float) -> tuple[list[UsageRow], list[str]]:
         now = self.now()

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from agent.cli.usage_cmd import gather_usage
 from agent.job.jobspec import JobSpec
 from agent.operator.client import ApiClient
+from agent.wire.history import HistoryDoc, HistoryQuery
 from agent.wire.usage import UsageRow
 
 
@@ -54,6 +55,10 @@ class MeshSource(Protocol):
         ...
 
     def logs(self, job_id: str, lines: int = 100, follow: bool = False) -> AsyncIterator[str]: ...
+
+    async def history(self, query: HistoryQuery, address: str) -> HistoryDoc:
+        """``GET /v1/history`` of the node whose agent listens at ``address``."""
+        ...
 
     async def submit(self, spec: JobSpec, job_id: str | None = None) -> dict[str, Any]: ...
 
@@ -99,6 +104,13 @@ class ApiSource:
 
     def logs(self, job_id: str, lines: int = 100, follow: bool = False) -> AsyncIterator[str]:
         return self.client.logs(job_id, lines, follow)
+
+    async def history(self, query: HistoryQuery, address: str) -> HistoryDoc:
+        """Asked of the node itself (each node keeps its own history), as the operator."""
+        if address == self.client.address:
+            return HistoryDoc.from_wire(await self.client.get("/v1/history", query.to_params()))
+        async with ApiClient(self.client.identity, address) as there:
+            return HistoryDoc.from_wire(await there.get("/v1/history", query.to_params()))
 
     async def submit(self, spec: JobSpec, job_id: str | None = None) -> dict[str, Any]:
         return await self.client.submit(spec, job_id)

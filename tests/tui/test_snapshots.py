@@ -25,6 +25,7 @@ SCREENS: dict[str, tuple[str | None, tuple[str, ...]]] = {
     "events": ("events", ()),
     "datasets": ("data", ()),
     "usage": ("usage", ()),
+    "history": ("gpus", ("h",)),
     "drill": (None, ("j", "enter")),
     "describe": (None, ("j", "d")),
     "json": (None, ("j", "y")),

@@ -31,6 +31,7 @@ HELP_ROWS: tuple[tuple[str, str, str, bool], ...] = (
     ("topology", "topology.group", "group hosts by vendor, OS or zone", False),
     ("any row", "row.describe", "describe", False),
     ("any row", "row.json", "raw JSON", False),
+    ("any row", "row.history", "history of a GPU, host or job (1-4: 5m 1h 24h 7d)", False),
     ("host", "host.cordon", "cordon (no new jobs)", True),
     ("host", "host.drain", "drain (confirm, grace period)", True),
     ("host", "host.undrain", "undrain (schedulable again)", True),

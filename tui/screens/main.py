@@ -20,6 +20,7 @@ from textual.widgets import ContentSwitcher, Input
 from agent.job.jobspec import JobSpec
 from agent.operator.client import ApiError, agent_address
 from tui.context import ShoalContext
+from tui.history import HistoryTarget
 from tui.messages import (
     CancelJob,
     CordonHost,
@@ -30,13 +31,14 @@ from tui.messages import (
     UndrainHost,
     UsageWanted,
 )
-from tui.model import NO_FILTER, RowFilter
+from tui.model import NO_FILTER, MeshSnapshot, RowFilter
 from tui.preview import offers
 from tui.screens.addhost import AddHostScreen, AddHostSettings
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.describe import DescribeScreen, describe, json_body
 from tui.screens.drain import DrainScreen
 from tui.screens.help import HelpScreen
+from tui.screens.history import HistoryScreen
 from tui.screens.logs import LogsScreen
 from tui.screens.migrate import ANY_HOST, MigrateScreen
 from tui.screens.submit import SubmitScreen
@@ -90,6 +92,7 @@ class MainScreen(Screen[None]):
         Binding("a", "add_host", "Add host", id="host.add"),
         Binding("D", "show('datasets')", "Data", id="view.datasets"),
         Binding("H", "show('usage')", "Usage", id="view.usage"),
+        Binding("h", "history", "History", id="row.history"),
     ]
 
     def __init__(self) -> None:
@@ -370,6 +373,8 @@ class MainScreen(Screen[None]):
             return view in ADD_HOST_VIEWS and self.shoal.operations.add_host_refusal() is None
         if action in HOST_ACTIONS:
             return view in ("topology", "hosts", "gpus")
+        if action == "history":
+            return view in ("topology", "hosts", "gpus", "jobs", "events")
         if action in JOB_ACTIONS:
             return view in ("jobs", "gpus", "topology", "events")
         return True
@@ -412,6 +417,17 @@ class MainScreen(Screen[None]):
         if s is None:
             return
         self.app.push_screen(DescribeScreen(f"{s.kind} {s.title} (JSON)", json_body(s.raw)))
+
+    def action_history(self) -> None:
+        """The selected GPU's, host's or job's history, from its node's own store."""
+        s = self.selection()
+        target = None if s is None else history_target(s, self.shoal.snapshot)
+        if target is None:
+            self.notify("select a host, a GPU or a job that ran", severity="warning", timeout=3)
+            return
+        self.app.push_screen(
+            HistoryScreen(self.shoal.source, target, ascii=self.shoal.glyphs.ascii)
+        )
 
     def action_cordon(self) -> None:
         node = self._selected_host()
@@ -520,6 +536,24 @@ def main_screen(app: App[Any]) -> MainScreen:
         if isinstance(screen, MainScreen):
             return screen
     raise LookupError("no main screen")
+
+
+def history_target(s: Selection, snapshot: MeshSnapshot) -> HistoryTarget | None:
+    """Whose history the selection asks for, and which node's agent keeps it."""
+    node = s.node_id
+    if s.kind == "job" and s.job_id is not None:
+        job = snapshot.job(s.job_id)
+        node = None if job is None else job.runner
+    host = snapshot.host(node)
+    if host is None:
+        return None
+    if s.kind == "gpu" and s.device_key is not None:
+        return HistoryTarget("gpu", host.node_id, host.addr, s.title, device=s.device_key)
+    if s.kind == "job" and s.job_id is not None:
+        return HistoryTarget("job", host.node_id, host.addr, s.job_id[:8], job=s.job_id)
+    if s.kind == "host":
+        return HistoryTarget("host", host.node_id, host.addr, host.hostname)
+    return None
 
 
 def _selection_key(selection: Selection | None) -> str | None:
