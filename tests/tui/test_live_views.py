@@ -14,9 +14,10 @@ from agent.cli.usage_cmd import gather_usage
 from agent.job.jobspec import JobSpec
 from agent.operator.usage import dedupe
 from agent.sandbox.localmesh import LocalMesh
-from tests.tui.helpers import api_until, wait_for
+from tests.tui.helpers import api_until, command, filter_rows, wait_for
 from tui.app import ShoalApp
 from tui.cli import api_source
+from tui.screens.history import HistoryScreen
 from tui.widgets.dataviews import DatasetsTable, UsageTable
 
 pytestmark = pytest.mark.slow
@@ -70,6 +71,23 @@ async def test_datasets_and_usage_views_show_what_the_agents_hold_and_count(
             assert missing == [] and any(r.job_id == job_id for r in rows)
             assert report.total.attempts == len(dedupe(rows))
             assert report.total.gpu_s == pytest.approx(sum(r.gpu_s(report.until_s) for r in rows))
+
+            # h on a GPU of the other node: its agent answers from its own store
+            await command(pilot, "gpus")
+            await filter_rows(pilot, "h100")
+            selected = screen.selection()
+            assert selected is not None and selected.node_id == mesh.agents[0].node_id
+            await pilot.press("h")
+            await wait_for(
+                pilot, "the history panel", lambda: isinstance(app.screen, HistoryScreen)
+            )
+            history = app.screen
+            assert isinstance(history, HistoryScreen)
+            await wait_for(pilot, "the history", lambda: history.doc is not None, 30)
+            doc = history.doc
+            assert doc is not None and doc.node == selected.node_id
+            assert "gpu.util_pct" in {s.name for s in doc.series}
+            assert {s.subject for s in doc.series} == {selected.device_key}
         await peer.close()
     finally:
         mesh.stop()
