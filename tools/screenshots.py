@@ -26,6 +26,7 @@ from agent.job.jobspec import JobSpec
 from tui.app import ShoalApp
 from tui.simmesh import SimSource
 from tui.source import MeshSource
+from tui.widgets.dataviews import UsageTable
 
 Step = Callable[[Pilot[None]], Awaitable[None]]
 
@@ -37,6 +38,15 @@ async def _wait(pilot: Pilot[None], app: ShoalApp, serial: int = 1) -> None:
             return
         await asyncio.sleep(0.02)
     raise TimeoutError("the app never showed the mesh")
+
+
+async def _until(
+    pilot: Pilot[None], condition: Callable[[], bool], timeout_s: float = 30.0
+) -> None:
+    """Let the app run until ``condition()`` holds (at most ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        await pilot.pause(0.05)
 
 
 async def shoot(
@@ -97,6 +107,19 @@ async def shoot(
         await snap(pilot, "logs")
         await pilot.press("escape", "question_mark")
         await snap(pilot, "help")
+        await pilot.press("escape", "escape", "D")
+        await snap(pilot, "datasets")
+        await pilot.press("H")
+        usage = app.main_screen().query_one("#usage", UsageTable)
+        await _until(pilot, lambda: usage.report is not None)
+        await snap(pilot, "usage")
+        await pilot.press("colon", *"gpus", "enter", "h")
+        await _until(pilot, lambda: getattr(app.screen, "doc", None) is not None)
+        await snap(pilot, "history-gpu")
+        hour = getattr(app.screen, "doc", None)
+        await pilot.press("4")
+        await _until(pilot, lambda: getattr(app.screen, "doc", None) is not hour)
+        await snap(pilot, "history-gpu-week")
         await pilot.press("escape")
         if identity_dir is not None:
             await pilot.press("colon", *"hosts", "enter", "a", *"alice@gpu-new-01")

@@ -94,3 +94,21 @@ def simulated(query: HistoryQuery, subjects: dict[str, tuple[str, ...]]) -> Hist
                 points.append((t, round(avg - spread, 2), avg, round(avg + spread, 2)))
             out.append(HistorySeries(name, subject, None, "sim", step, tuple(points)))
     return HistoryDoc(query.node or "", query.from_s, query.to_s, tuple(out))
+
+
+def padded(doc: HistoryDoc) -> HistoryDoc:
+    """``doc`` with every series given a point (``None`` where no sample) at each step of the
+    whole window, so a chart puts what there is where it belongs in time: a node that started a
+    minute ago shows a minute at the right end of an hour, not an hour's width of it."""
+    series = []
+    for s in doc.series:
+        if s.unsupported is not None or not s.points or s.step_s <= 0:
+            series.append(s)
+            continue
+        have = {p[0]: p for p in s.points}
+        first = s.points[0][0] - (s.points[0][0] - doc.from_s) // s.step_s * s.step_s
+        steps = range(first, max(doc.to_s, s.points[-1][0] + 1), s.step_s)
+        points = tuple(have.get(t, (t, None, None, None)) for t in steps)
+        extra = tuple(p for p in s.points if p[0] not in set(steps))
+        series.append(s._replace(points=tuple(sorted(points + extra))))
+    return doc._replace(series=tuple(series))

@@ -16,7 +16,7 @@ from agent.cli.history_cmd import chart_lines
 from agent.operator.client import ApiError
 from agent.wire.codec import WireError
 from agent.wire.history import HistoryDoc
-from tui.history import WINDOWS, HistoryTarget, history_query
+from tui.history import WINDOWS, HistoryTarget, history_query, padded
 from tui.source import MeshSource
 from tui.widgets.footer import KeyFooter
 
@@ -79,5 +79,5 @@ class HistoryScreen(Screen[None]):
         if self.doc is None:
             return
         width = max(20, self.size.width - 2)
-        lines = chart_lines(self.doc, width, ascii_only=self.ascii)
+        lines = chart_lines(padded(self.doc), width, ascii_only=self.ascii)
         self.query_one("#history-chart", Static).update("\n".join(lines))

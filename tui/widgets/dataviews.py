@@ -174,7 +174,16 @@ def usage_report(
 
 
 def kwh(energy_j: float | None) -> str:
-    return "N/A" if energy_j is None else f"{energy_j / 3.6e6:,.1f}"
+    if energy_j is None:
+        return "N/A"
+    value = energy_j / 3.6e6
+    return f"{value:,.1f}" if value >= 10 else f"{value:.3f}"
+
+
+def _hours(gpu_s: float) -> str:
+    """GPU-hours: one decimal from 10 on, three below (a young mesh's minutes still show)."""
+    hours = gpu_s / 3600
+    return f"{hours:,.1f}" if hours >= 10 else f"{hours:.3f}"
 
 
 class UsageTable(MeshTable):
@@ -246,8 +255,11 @@ class UsageTable(MeshTable):
         is_total = t.key == "all" and self.report is not None and t is self.report.total
         bar = "" if is_total else ctx.glyphs.bar(share, 10)[0]
         return (
-            ("total" if is_total else t.key, p.muted if is_total else None),
-            (f"{t.gpu_s / 3600:,.1f}", None),
+            (
+                "total" if is_total else "(none)" if t.key == "-" else t.key,
+                p.muted if is_total else None,
+            ),
+            (_hours(t.gpu_s), None),
             (f"{100 * share:.0f}%", p.muted),
             (kwh(t.energy_j), p.muted if t.energy_j is None else None),
             (str(t.attempts), None),
