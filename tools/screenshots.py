@@ -23,6 +23,7 @@ from pathlib import Path
 from textual.pilot import Pilot
 
 from agent.job.jobspec import JobSpec
+from agent.operator.client import ApiClient
 from tui.app import ShoalApp
 from tui.simmesh import SimSource
 from tui.source import MeshSource
@@ -167,6 +168,16 @@ def live_jobs(python: str, script: Path) -> list[JobSpec]:
     ]
 
 
+async def _live_datasets(client: ApiClient, root: Path, nodes: list[str]) -> None:
+    """Two small datasets indexed on the first two agents, for the datasets view."""
+    for i, (name, files) in enumerate((("corpus", 3), ("tokenized-c4", 5))):
+        folder = root / "datasets-src" / name
+        folder.mkdir(parents=True)
+        for n in range(files):
+            (folder / f"part-{n:03d}.bin").write_bytes(os.urandom(1024 * 1024 * (n + 1)))
+        await client.command("data_add", {"name": name, "path": str(folder), "node": nodes[i]})
+
+
 async def _live(outdir: Path, size: tuple[int, int], nodes: int) -> list[Path]:
     from agent.sandbox.localmesh import LocalMesh
     from gossip.identity import common_name
@@ -188,6 +199,7 @@ async def _live(outdir: Path, size: tuple[int, int], nodes: int) -> list[Path]:
         python = system[0] if system else "python3" if shutil.which("python3") else sys.executable
         client = mesh.client(0)
         try:
+            await _live_datasets(client, Path(root), [a.node_id for a in mesh.agents[:2]])
             for spec in live_jobs(python, script):
                 await client.submit(spec)
             deadline = time.monotonic() + 60
