@@ -23,9 +23,11 @@ from pathlib import Path
 from textual.pilot import Pilot
 
 from agent.job.jobspec import JobSpec
+from agent.operator.client import ApiClient
 from tui.app import ShoalApp
 from tui.simmesh import SimSource
 from tui.source import MeshSource
+from tui.widgets.dataviews import UsageTable
 
 Step = Callable[[Pilot[None]], Awaitable[None]]
 
@@ -37,6 +39,15 @@ async def _wait(pilot: Pilot[None], app: ShoalApp, serial: int = 1) -> None:
             return
         await asyncio.sleep(0.02)
     raise TimeoutError("the app never showed the mesh")
+
+
+async def _until(
+    pilot: Pilot[None], condition: Callable[[], bool], timeout_s: float = 30.0
+) -> None:
+    """Let the app run until ``condition()`` holds (at most ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        await pilot.pause(0.05)
 
 
 async def shoot(
@@ -97,6 +108,19 @@ async def shoot(
         await snap(pilot, "logs")
         await pilot.press("escape", "question_mark")
         await snap(pilot, "help")
+        await pilot.press("escape", "escape", "D")
+        await snap(pilot, "datasets")
+        await pilot.press("H")
+        usage = app.main_screen().query_one("#usage", UsageTable)
+        await _until(pilot, lambda: usage.report is not None)
+        await snap(pilot, "usage")
+        await pilot.press("colon", *"gpus", "enter", "h")
+        await _until(pilot, lambda: getattr(app.screen, "doc", None) is not None)
+        await snap(pilot, "history-gpu")
+        hour = getattr(app.screen, "doc", None)
+        await pilot.press("4")
+        await _until(pilot, lambda: getattr(app.screen, "doc", None) is not hour)
+        await snap(pilot, "history-gpu-week")
         await pilot.press("escape")
         if identity_dir is not None:
             await pilot.press("colon", *"hosts", "enter", "a", *"alice@gpu-new-01")
@@ -144,6 +168,16 @@ def live_jobs(python: str, script: Path) -> list[JobSpec]:
     ]
 
 
+async def _live_datasets(client: ApiClient, root: Path, nodes: list[str]) -> None:
+    """Two small datasets indexed on the first two agents, for the datasets view."""
+    for i, (name, files) in enumerate((("corpus", 3), ("tokenized-c4", 5))):
+        folder = root / "datasets-src" / name
+        folder.mkdir(parents=True)
+        for n in range(files):
+            (folder / f"part-{n:03d}.bin").write_bytes(os.urandom(1024 * 1024 * (n + 1)))
+        await client.command("data_add", {"name": name, "path": str(folder), "node": nodes[i]})
+
+
 async def _live(outdir: Path, size: tuple[int, int], nodes: int) -> list[Path]:
     from agent.sandbox.localmesh import LocalMesh
     from gossip.identity import common_name
@@ -165,6 +199,7 @@ async def _live(outdir: Path, size: tuple[int, int], nodes: int) -> list[Path]:
         python = system[0] if system else "python3" if shutil.which("python3") else sys.executable
         client = mesh.client(0)
         try:
+            await _live_datasets(client, Path(root), [a.node_id for a in mesh.agents[:2]])
             for spec in live_jobs(python, script):
                 await client.submit(spec)
             deadline = time.monotonic() + 60

@@ -302,11 +302,12 @@ class ShoalApp(App[None]):
 
     def key_display(self) -> dict[str, str]:
         """Binding id -> the key it is on now (after the keymap), for the help screen."""
+        from tui.widgets.dataviews import UsageTable
         from tui.widgets.tables import MeshTable
         from tui.widgets.topology import TopologyView
 
         out: dict[str, str] = {}
-        for cls in (ShoalApp, MainScreen, MeshTable, TopologyView):
+        for cls in (ShoalApp, MainScreen, MeshTable, TopologyView, UsageTable):
             for spec in cls.BINDINGS:
                 if isinstance(spec, Binding) and spec.id:
                     keys = self.keymap_overrides.get(spec.id, spec.key)

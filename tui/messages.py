@@ -48,6 +48,13 @@ class ForecastsWanted(Message):
         return isinstance(message, ForecastsWanted)
 
 
+class UsageWanted(Message):
+    """The usage view was shown, or switched to another grouping or window: read it again."""
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, UsageWanted)
+
+
 class OperatorAction(Message):
     """The operator asked for a change to the mesh; the app runs it as a worker.
 

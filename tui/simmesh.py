@@ -23,12 +23,16 @@ from agent.job.jobspec import SUPPORTED_FEATURES, JobSpec, new_job_id
 from agent.operator.client import ApiError
 from agent.wire.codec import WIRE_VERSION
 from agent.wire.documents import EventDoc, EventsDoc, JobDoc, NodeDoc, sample_json, static_json
+from agent.wire.history import HistoryDoc, HistoryQuery
 from agent.wire.records import JobStatus
+from agent.wire.usage import UsageRow
 from probers.records import DeviceStatic, HostInfo
 from probers.sim import SimProber, parse_profile
 from tui.decode import snapshot_from_json
+from tui.history import simulated
 from tui.model import HISTORY_POINTS, HISTORY_STEP_S
 from tui.preview import offers
+from tui.simdata import Attempt, held_versions, usage_rows
 from tui.source import Identity
 
 SIM_PROFILES: Final[tuple[str, ...]] = (
@@ -392,6 +396,7 @@ class SimSource:
                 queue=queued.get(host.node_id, 0),
                 wire_version=WIRE_VERSION,
                 features=tuple(sorted(SUPPORTED_FEATURES)),
+                dataset_versions=held_versions(host.index, len(self._hosts), self.now()),
             )
             # the devices' documents are kept between reads (their facts do not change)
             out.append({**doc.to_wire(), "devices": self._devices(host)})
@@ -435,6 +440,25 @@ class SimSource:
 
     async def events(self, since: int = 0) -> dict[str, Any]:
         return self.events_now(since)
+
+    async def history(self, query: HistoryQuery, address: str) -> HistoryDoc:
+        host = self._host(query.node or "")
+        keys = tuple(d.key for d in host.statics if query.device in (None, d.key))
+        jobs = (query.job,) if query.job else ()
+        subjects = {"gpu": keys, "job": jobs}
+        return simulated(query, {n: subjects.get(n.split(".")[0], ("",)) for n in query.series})
+
+    async def usage(self, since: float) -> tuple[list[UsageRow], list[str]]:
+        now = self.now()
+        model = {h.node_id: h.statics[0].name if h.statics else "cpu" for h in self._hosts}
+        attempts = [
+            Attempt(j.job_id, j.attempt, j.runner, j.user, model.get(j.runner, "cpu"),
+                    len(j.devices), j.started_at, j.finished_at)
+            for j in self._jobs.values()
+            if j.runner is not None and j.started_at is not None
+        ]  # fmt: skip
+        hosts = [(h.node_id, model[h.node_id], len(h.statics)) for h in self._hosts]
+        return usage_rows(attempts, hosts, now, since), []
 
     async def logs(self, job_id: str, lines: int = 100, follow: bool = False) -> AsyncIterator[str]:
         job = self._jobs.get(job_id)

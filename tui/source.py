@@ -13,8 +13,11 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from agent.cli.usage_cmd import gather_usage
 from agent.job.jobspec import JobSpec
 from agent.operator.client import ApiClient
+from agent.wire.history import HistoryDoc, HistoryQuery
+from agent.wire.usage import UsageRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +49,16 @@ class MeshSource(Protocol):
 
     async def events(self, since: int = 0) -> dict[str, Any]: ...
 
+    async def usage(self, since: float) -> tuple[list[UsageRow], list[str]]:
+        """Every live agent's usage rows since ``since`` (``GET /v1/usage``), and one line
+        for each agent that did not answer."""
+        ...
+
     def logs(self, job_id: str, lines: int = 100, follow: bool = False) -> AsyncIterator[str]: ...
+
+    async def history(self, query: HistoryQuery, address: str) -> HistoryDoc:
+        """``GET /v1/history`` of the node whose agent listens at ``address``."""
+        ...
 
     async def submit(self, spec: JobSpec, job_id: str | None = None) -> dict[str, Any]: ...
 
@@ -87,8 +99,18 @@ class ApiSource:
     async def events(self, since: int = 0) -> dict[str, Any]:
         return await self.client.events(since)
 
+    async def usage(self, since: float) -> tuple[list[UsageRow], list[str]]:
+        return await gather_usage(self.client, self.client.identity, since)
+
     def logs(self, job_id: str, lines: int = 100, follow: bool = False) -> AsyncIterator[str]:
         return self.client.logs(job_id, lines, follow)
+
+    async def history(self, query: HistoryQuery, address: str) -> HistoryDoc:
+        """Asked of the node itself (each node keeps its own history), as the operator."""
+        if address == self.client.address:
+            return HistoryDoc.from_wire(await self.client.get("/v1/history", query.to_params()))
+        async with ApiClient(self.client.identity, address) as there:
+            return HistoryDoc.from_wire(await there.get("/v1/history", query.to_params()))
 
     async def submit(self, spec: JobSpec, job_id: str | None = None) -> dict[str, Any]:
         return await self.client.submit(spec, job_id)

@@ -103,7 +103,18 @@ def copies(nodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _pct(row: Mapping[str, Any]) -> str:
+def by_version(
+    rows: Sequence[dict[str, Any]],
+) -> dict[tuple[str, str | None], list[dict[str, Any]]]:
+    """The rows of :func:`copies` grouped by (dataset, version), in their order."""
+    out: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
+    for r in rows:
+        out.setdefault((r["name"], r["digest"]), []).append(r)
+    return out
+
+
+def held_pct(row: Mapping[str, Any]) -> str:
+    """How much of a version a copy holds: ``100%``, ``40%``."""
     total = int(row["total_bytes"])
     return "100%" if total <= 0 else f"{100 * int(row['held_bytes']) // total}%"
 
@@ -116,13 +127,10 @@ def _ls(args: argparse.Namespace) -> int:
     if not rows:
         print("no datasets")
         return 0
-    by_version: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
-    for r in rows:
-        by_version.setdefault((r["name"], r["digest"]), []).append(r)
     print(f"{'DATASET':<20} {'VERSION':<12} {'SIZE':>9}  COPIES")
-    for (name, digest), held in by_version.items():
+    for (name, digest), held in by_version(rows).items():
         size = max(int(r["total_bytes"]) for r in held)
-        where = ", ".join(f"{r['host']} {_pct(r)}" for r in held)
+        where = ", ".join(f"{r['host']} {held_pct(r)}" for r in held)
         print(f"{name:<20} {(digest or '-')[:12]:<12} {fmt_bytes(size):>9}  {where}")
     return 0
 
@@ -141,7 +149,7 @@ def _where(args: argparse.Namespace) -> int:
         raise UserError(f"{ref}: no node holds it")
     for r in rows:
         held = f"{fmt_bytes(r['held_bytes'])} of {fmt_bytes(r['total_bytes'])}"
-        print(f"{r['host']:<20} {(r['digest'] or '-')[:12]:<12} {held} ({_pct(r)})")
+        print(f"{r['host']:<20} {(r['digest'] or '-')[:12]:<12} {held} ({held_pct(r)})")
     return 0
 
 

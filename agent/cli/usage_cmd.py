@@ -17,14 +17,21 @@ from agent.operator.client import ApiClient, ApiError
 from agent.operator.usage import grand_total, since_s, totals
 from agent.wire.codec import WireError
 from agent.wire.usage import UsageDoc, UsageRow
+from gossip.identity import NodeIdentity
 
 
 async def _gather(
     client: ApiClient, args: argparse.Namespace, since: float
 ) -> tuple[list[UsageRow], list[str]]:
-    """Every live agent's rows (the one asked answers for itself), and the agents that did not
-    answer, one line each."""
     identity, _ = operator_identity(args)
+    return await gather_usage(client, identity, since)
+
+
+async def gather_usage(
+    client: ApiClient, identity: NodeIdentity, since: float
+) -> tuple[list[UsageRow], list[str]]:
+    """Every live agent's rows since ``since`` (the one asked answers for itself), and the
+    agents that did not answer, one line each (the TUI's usage view reads the same)."""
     nodes = await client.nodes()
     live = [
         n

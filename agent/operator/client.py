@@ -90,6 +90,11 @@ class ApiClient(PooledSession):
     def node_id(self) -> str:
         return self._identity.node_id
 
+    @property
+    def identity(self) -> NodeIdentity:
+        """Who this client speaks as (to ask other agents as the same operator)."""
+        return self._identity
+
     def _make_session(self) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=self._ssl, keepalive_timeout=self._keepalive_s),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, cast
 
+from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
@@ -17,8 +18,9 @@ from textual.timer import Timer
 from textual.widgets import ContentSwitcher, Input
 
 from agent.job.jobspec import JobSpec
-from agent.operator.client import agent_address
+from agent.operator.client import ApiError, agent_address
 from tui.context import ShoalContext
+from tui.history import HistoryTarget
 from tui.messages import (
     CancelJob,
     CordonHost,
@@ -27,18 +29,21 @@ from tui.messages import (
     MigrateJob,
     SubmitJob,
     UndrainHost,
+    UsageWanted,
 )
-from tui.model import NO_FILTER, RowFilter
+from tui.model import NO_FILTER, MeshSnapshot, RowFilter
 from tui.preview import offers
 from tui.screens.addhost import AddHostScreen, AddHostSettings
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.describe import DescribeScreen, describe, json_body
 from tui.screens.drain import DrainScreen
 from tui.screens.help import HelpScreen
+from tui.screens.history import HistoryScreen
 from tui.screens.logs import LogsScreen
 from tui.screens.migrate import ANY_HOST, MigrateScreen
 from tui.screens.submit import SubmitScreen
 from tui.widgets.base import NO_SCOPE, VIEW_NAMES, Drill, Scope, Selection, SortKey, ViewContext
+from tui.widgets.dataviews import DatasetsTable, UsageTable, usage_report
 from tui.widgets.footer import KeyFooter
 from tui.widgets.header import MeshHeader
 from tui.widgets.tables import MeshTable
@@ -85,6 +90,9 @@ class MainScreen(Screen[None]):
         Binding("l", "logs", "Logs", id="job.logs"),
         Binding("ctrl+d", "cancel", "Cancel", id="job.cancel"),
         Binding("a", "add_host", "Add host", id="host.add"),
+        Binding("D", "show('datasets')", "Data", id="view.datasets"),
+        Binding("H", "show('usage')", "Usage", id="view.usage"),
+        Binding("h", "history", "History", id="row.history"),
     ]
 
     def __init__(self) -> None:
@@ -108,6 +116,8 @@ class MainScreen(Screen[None]):
             yield GpusTable(id="gpus")
             yield JobsTable(id="jobs")
             yield EventsTable(id="events")
+            yield DatasetsTable(id="datasets")
+            yield UsageTable(id="usage")
         yield Input(id="bar", placeholder="")
         yield KeyFooter()
 
@@ -190,6 +200,32 @@ class MainScreen(Screen[None]):
         header.filter_text = self.state.row_filter.text
         self.refresh_bindings()
         self.post_message(ForecastsWanted(self.state.view == "jobs"))
+        if self.state.view == "usage":
+            self.post_message(UsageWanted())
+
+    def on_usage_wanted(self, message: UsageWanted) -> None:
+        message.stop()
+        self.load_usage()
+
+    @work(exclusive=True, group="usage", name="usage")
+    async def load_usage(self) -> None:
+        """Every live agent's usage over the view's window, as ``shoal usage`` adds it up."""
+        table = self.query_one("#usage", UsageTable)
+        source = self.shoal.source
+        now = source.now()
+        since = now - table.window_s
+        try:
+            rows, missing = await source.usage(since)
+        except ApiError as exc:
+            self.notify(f"usage: {exc}", severity="error", timeout=6)
+            return
+        report = usage_report(rows, table.by, table.window, since, now, missing)
+        table.show_report(report, self.context())
+        if self.state.view == "usage":
+            header = self.query_one(MeshHeader)
+            header.view_label = f"usage > by {report.by}, last {report.window}"
+        if missing:
+            self.notify("usage without " + "; ".join(missing), severity="warning", timeout=6)
 
     def on_drill(self, message: Drill) -> None:
         message.stop()
@@ -224,7 +260,9 @@ class MainScreen(Screen[None]):
 
     def action_command(self) -> None:
         self._open_bar(
-            "command", "", ":hosts :gpus :jobs :events :topology :logs JOB :add USER@HOST :q"
+            "command",
+            "",
+            ":hosts :gpus :jobs :events :data :usage :topology :logs JOB :add USER@HOST :q",
         )
 
     def action_filter(self) -> None:
@@ -261,7 +299,9 @@ class MainScreen(Screen[None]):
             self.run_command(event.value)
 
     def run_command(self, text: str) -> None:
-        """``hosts``, ``gpus``, ``jobs``, ``events``, ``topology``, ``logs JOB``,
+        """``hosts``, ``gpus``, ``jobs``, ``events``, ``datasets`` (``data``), ``usage``,
+        ``topology``,
+        ``logs JOB``,
         ``add USER@HOST[:PORT] ...`` (the add-host form, filled in), ``q``."""
         words = text.strip().lstrip(":").split()
         if not words:
@@ -270,6 +310,7 @@ class MainScreen(Screen[None]):
         aliases = {
             "host": "hosts", "nodes": "hosts", "node": "hosts", "no": "hosts", "gpu": "gpus",
             "job": "jobs", "ev": "events", "event": "events", "topo": "topology", "top": "topology",
+            "data": "datasets", "dataset": "datasets", "ds": "datasets", "use": "usage",
         }  # fmt: skip
         verb = aliases.get(verb, verb)
         if verb in VIEW_NAMES:
@@ -311,6 +352,10 @@ class MainScreen(Screen[None]):
         hidden = frozenset({"host.add"}) if refused else frozenset()
         self.app.push_screen(HelpScreen(self.shoal.key_display(), self.shoal.readonly, hidden))
 
+    def action_show(self, name: str) -> None:
+        """One view's own key (``D``: datasets, ``H``: usage)."""
+        self.show_view(name)
+
     def action_next_view(self) -> None:
         names: tuple[str, ...] = VIEW_NAMES
         index = names.index(self.state.view) if self.state.view in names else 0
@@ -328,6 +373,8 @@ class MainScreen(Screen[None]):
             return view in ADD_HOST_VIEWS and self.shoal.operations.add_host_refusal() is None
         if action in HOST_ACTIONS:
             return view in ("topology", "hosts", "gpus")
+        if action == "history":
+            return view in ("topology", "hosts", "gpus", "jobs", "events")
         if action in JOB_ACTIONS:
             return view in ("jobs", "gpus", "topology", "events")
         return True
@@ -370,6 +417,17 @@ class MainScreen(Screen[None]):
         if s is None:
             return
         self.app.push_screen(DescribeScreen(f"{s.kind} {s.title} (JSON)", json_body(s.raw)))
+
+    def action_history(self) -> None:
+        """The selected GPU's, host's or job's history, from its node's own store."""
+        s = self.selection()
+        target = None if s is None else history_target(s, self.shoal.snapshot)
+        if target is None:
+            self.notify("select a host, a GPU or a job that ran", severity="warning", timeout=3)
+            return
+        self.app.push_screen(
+            HistoryScreen(self.shoal.source, target, ascii=self.shoal.glyphs.ascii)
+        )
 
     def action_cordon(self) -> None:
         node = self._selected_host()
@@ -478,6 +536,24 @@ def main_screen(app: App[Any]) -> MainScreen:
         if isinstance(screen, MainScreen):
             return screen
     raise LookupError("no main screen")
+
+
+def history_target(s: Selection, snapshot: MeshSnapshot) -> HistoryTarget | None:
+    """Whose history the selection asks for, and which node's agent keeps it."""
+    node = s.node_id
+    if s.kind == "job" and s.job_id is not None:
+        job = snapshot.job(s.job_id)
+        node = None if job is None else job.runner
+    host = snapshot.host(node)
+    if host is None:
+        return None
+    if s.kind == "gpu" and s.device_key is not None:
+        return HistoryTarget("gpu", host.node_id, host.addr, s.title, device=s.device_key)
+    if s.kind == "job" and s.job_id is not None:
+        return HistoryTarget("job", host.node_id, host.addr, s.job_id[:8], job=s.job_id)
+    if s.kind == "host":
+        return HistoryTarget("host", host.node_id, host.addr, host.hostname)
+    return None
 
 
 def _selection_key(selection: Selection | None) -> str | None:

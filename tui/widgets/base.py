@@ -12,8 +12,16 @@ from textual.message import Message
 from tui.model import EMPTY_SNAPSHOT, NO_FILTER, History, MeshSnapshot, RowFilter
 from tui.widgets.render import DEFAULT_PALETTE, UNICODE_GLYPHS, Glyphs, Palette
 
-ViewName = Literal["topology", "hosts", "gpus", "jobs", "events"]
-VIEW_NAMES: tuple[ViewName, ...] = ("topology", "hosts", "gpus", "jobs", "events")
+ViewName = Literal["topology", "hosts", "gpus", "jobs", "events", "datasets", "usage"]
+VIEW_NAMES: tuple[ViewName, ...] = (
+    "topology",
+    "hosts",
+    "gpus",
+    "jobs",
+    "events",
+    "datasets",
+    "usage",
+)
 SortKey = Literal["name", "util", "mem", "temp"]
 
 
@@ -49,7 +57,7 @@ class ViewContext:
 class Selection:
     """What the cursor is on, in terms the actions understand."""
 
-    kind: Literal["host", "gpu", "job", "event"]
+    kind: Literal["host", "gpu", "job", "event", "dataset", "usage"]
     node_id: str | None = None
     device_key: str | None = None
     job_id: str | None = None
