@@ -21,8 +21,9 @@ ADMIN_ONLY: Final = frozenset({"cordon", "drain", "undrain", "revoke", "policy"}
 """Kinds only an admin may give."""
 OWN_JOB: Final = frozenset({"cancel", "migrate"})
 """Kinds a user may give for the jobs they submitted (an admin for any job)."""
-SUBMITTING: Final = frozenset({"submit"})
-"""Kinds a user or an admin may give (at a priority within their ceiling)."""
+SUBMITTING: Final = frozenset({"submit", "workdir_missing", "workdir_put"})
+"""Kinds a user or an admin may give: a submission (at a priority within their ceiling), and
+sending up the working folder it names (content the store keeps within its budget)."""
 
 
 class Refused(Exception):

@@ -234,6 +234,11 @@ ROWS = [
     ("user", "revoke", True, False),
     ("user", "policy", True, False),
     ("user", "newkind", True, False),
+    ("user", "workdir_put", True, True),
+    ("user", "workdir_missing", True, True),
+    ("user", "data_add", True, False),
+    ("user", "stage", True, False),
+    ("viewer", "workdir_put", True, False),
     ("viewer", "submit", True, False),
     ("viewer", "cancel", True, False),
 ]
