@@ -33,9 +33,17 @@ def _keys(nodes: list[dict[str, Any]], jobs: list[dict[str, Any]], events: dict[
 
 def test_agents_and_the_simulated_mesh_write_the_same_documents(tmp_path: Path) -> None:
     mesh = Mesh(tmp_path, ["h100:8", "linux-a100"])
+    first = mesh.agents[0]
+    # A dataset on the host with links, so its node document lists dataset_versions as the
+    # simulated mesh's hosts do (a node holding none leaves the field out).
+    first.datasets_dir.mkdir(parents=True, exist_ok=True)
+    (first.datasets_dir / "imagenet").write_bytes(b"x" * 4096)
     try:
         mesh.start_all()
-        first = mesh.agents[0]
+        mesh.wait(
+            "its dataset listed",
+            lambda: any("dataset_versions" in n for n in mesh.get(first, "/v1/nodes")["nodes"]),
+        )
         job_id = new_job_id()
         spec = {"command": ["true"], "resources": {"gpus_per_node": 1}}
         assert mesh.command(first, "submit", {"job_id": job_id, "spec": spec})[0] == 200
