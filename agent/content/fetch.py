@@ -44,6 +44,9 @@ PATH: Final = "/v1/internal/content"
 MAX_MANIFEST_BYTES: Final = 64 << 20
 CHUNK_TIMEOUT_S: Final = 30.0
 HAVE_TIMEOUT_S: Final = 10.0
+HAVE_TRIES: Final = 3
+"""How often a holder that did not answer what it has is asked (a refusal is not asked again)."""
+HAVE_RETRY_S: Final = 1.0
 
 SourceKind = Literal["peer", "http", "s3"]
 
@@ -237,12 +240,22 @@ class Fetcher:
         self, swarm: Swarm, manifest: ContentManifest, holders: Sequence[Holder]
     ) -> None:
         async def one(holder: Holder) -> None:
-            try:
-                have = await holder.have(manifest)
-            except PeerError as exc:
-                log.info("%s has nothing of %s: %s", holder.name[:8], manifest.name, exc)
+            # A holder slow to answer (a loaded host, a peer restarting) is asked again before
+            # it counts as holding nothing: a fetch whose only holder missed one answer would
+            # otherwise end at once, "no holder has" its chunks.
+            for attempt in range(HAVE_TRIES):
+                try:
+                    have = await holder.have(manifest)
+                except PeerError as exc:
+                    if attempt + 1 < HAVE_TRIES and isinstance(exc, PeerUnreachable):
+                        await asyncio.sleep(HAVE_RETRY_S * (attempt + 1))
+                        continue
+                    log.info("%s has nothing of %s: %s", holder.name[:8], manifest.name, exc)
+                    return
+                swarm.add_holder(
+                    holder.name, whole=have.whole, chunks=have.chunks, now=self.clock()
+                )
                 return
-            swarm.add_holder(holder.name, whole=have.whole, chunks=have.chunks, now=self.clock())
 
         await asyncio.gather(*(one(h) for h in holders))
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.content import fetch
 from agent.content.fetch import (
     Fetcher,
     FetchError,
@@ -203,3 +204,25 @@ async def test_a_manifest_other_than_the_one_named_is_refused() -> None:
             m.digest, [Swapper("liar", full_store(other, other_chunks))]
         )
     assert counts["manifests_refused"] == 1 and store.manifests == {}
+
+
+async def test_a_holder_that_missed_one_answer_of_what_it_has_is_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(fetch, "HAVE_RETRY_S", 0.01)
+    m, chunks = dataset(4)
+
+    class Slow(LocalHolder):
+        missed = 0
+
+        async def have(self, manifest: ContentManifest) -> Have:
+            if self.missed == 0:
+                self.missed += 1
+                raise PeerUnreachable("timed out")
+            return await super().have(manifest)
+
+    only = Slow("slow", full_store(m, chunks))
+    store = MemStore()
+    store.add_manifest(m)
+    await asyncio.wait_for(Fetcher(store).fetch(m.digest, [only]), 30)
+    assert store.missing(m.digest) == [] and only.missed == 1
