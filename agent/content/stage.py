@@ -33,6 +33,9 @@ log = logging.getLogger("shoal.content")
 
 MAX_HOLDERS_ASKED: Final = 64
 MAX_STAGES_KEPT: Final = 64
+FIND_HOLDERS_S: Final = 30.0
+"""How long a stage looks again for members holding what it lacks before it fails."""
+FIND_HOLDERS_RETRY_S: Final = 2.0
 """Stages remembered (the oldest ended ones are forgotten first)."""
 
 State = Literal["staging", "done", "failed", "cancelled"]
@@ -210,10 +213,31 @@ class Stager:
         return found
 
     async def _from_peers(self, key: str, name: str, digest: str) -> None:
-        got = await self.fetcher.fetch(
-            digest, self.holders(digest), kind="peer", on_progress=self._progress(key)
-        )
-        self._set(key, progress=got.progress)
+        """Fetch from the members that hold it. When none has what is missing, look for a while
+        (:data:`FIND_HOLDERS_S`) for a member not asked yet, and fetch again with it: just after
+        this agent starts, its view may not list the members that hold the content yet. What
+        was fetched is kept; a holder already asked is not waited for again."""
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + FIND_HOLDERS_S
+        holders = self.holders(digest)
+        asked: set[str] = set()
+        while True:
+            asked.update(h.name for h in holders)
+            try:
+                got = await self.fetcher.fetch(
+                    digest, holders, kind="peer", on_progress=self._progress(key)
+                )
+            except FetchError:
+                while True:
+                    if loop.time() >= give_up_at:
+                        raise
+                    await asyncio.sleep(FIND_HOLDERS_RETRY_S)
+                    holders = self.holders(digest)
+                    if any(h.name not in asked for h in holders):
+                        break
+                continue
+            self._set(key, progress=got.progress)
+            return
 
     async def _from_source(self, key: str, name: str, source: str) -> None:
         from agent.content import external

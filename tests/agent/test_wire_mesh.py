@@ -16,9 +16,14 @@ from tui.simmesh import SimSource
 pytestmark = pytest.mark.slow
 
 
+def _linked(nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first node with a linked device: the one whose documents are compared."""
+    return next(n for n in nodes if any(d["links"] for d in n["devices"]))
+
+
 def _keys(nodes: list[dict[str, Any]], jobs: list[dict[str, Any]], events: dict[str, Any]) -> Any:
     """The fields of every kind of document and sub-document (values aside)."""
-    node = next(n for n in nodes if any(d["links"] for d in n["devices"]))
+    node = _linked(nodes)
     device = next(d for d in node["devices"] if d["links"])
     return {
         "node": sorted(node),
@@ -34,15 +39,16 @@ def _keys(nodes: list[dict[str, Any]], jobs: list[dict[str, Any]], events: dict[
 def test_agents_and_the_simulated_mesh_write_the_same_documents(tmp_path: Path) -> None:
     mesh = Mesh(tmp_path, ["h100:8", "linux-a100"])
     first = mesh.agents[0]
-    # A dataset on the host with links, so its node document lists dataset_versions as the
+    # A dataset on every host, so the compared node document lists dataset_versions as the
     # simulated mesh's hosts do (a node holding none leaves the field out).
-    first.datasets_dir.mkdir(parents=True, exist_ok=True)
-    (first.datasets_dir / "imagenet").write_bytes(b"x" * 4096)
+    for agent in mesh.agents:
+        agent.datasets_dir.mkdir(parents=True, exist_ok=True)
+        (agent.datasets_dir / "imagenet").write_bytes(b"x" * 4096)
     try:
         mesh.start_all()
         mesh.wait(
             "its dataset listed",
-            lambda: any("dataset_versions" in n for n in mesh.get(first, "/v1/nodes")["nodes"]),
+            lambda: "dataset_versions" in _linked(mesh.get(first, "/v1/nodes")["nodes"]),
         )
         job_id = new_job_id()
         spec = {"command": ["true"], "resources": {"gpus_per_node": 1}}

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from agent.content import stage
+from agent.content.fetch import FetchError
 from agent.content.stage import StageAsk, StageState
 from agent.content.swarm import Progress
+from tests.content.memstore import MemStore
 
 D = "ab" * 32
 
@@ -52,3 +59,35 @@ def test_a_stage_says_where_it_stands_in_one_line() -> None:
     assert failed.line() == "staging imagenet failed: no holder has 3 of its chunks"
     url = StageState("cifar", None, "http://h/c/", "staging", Progress(5000, 0, 10.0, 1, None))
     assert url.line() == "staging cifar: 5000 bytes from http://h/c/ so far"
+
+
+def test_a_stage_with_no_holder_yet_looks_again_before_it_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Just after an agent starts its view may not list the members that hold what it lacks: a
+    stage looks for a member it has not asked yet (what it fetched is kept) instead of failing at
+    once; one whose members were all asked fails once its time to look is up."""
+    monkeypatch.setattr(stage, "FIND_HOLDERS_RETRY_S", 0.01)
+    stager = stage.Stager("me", None, None, MemStore(), tmp_path, Counter())  # type: ignore[arg-type]
+    dead, holder = SimpleNamespace(name="dead"), SimpleNamespace(name="holder")
+    views = iter([[dead], [dead], [], [dead, holder]])
+    stager.holders = lambda digest=None: next(views)  # type: ignore[assignment,method-assign]
+    asked: list[list[str]] = []
+    done = Progress(100, 100, 1.0, 1, 0.0)
+
+    async def fetch(digest: str, holders: list[Any], **_: Any) -> Any:
+        asked.append([h.name for h in holders])
+        if "holder" not in asked[-1]:
+            raise FetchError("slow: no holder has 3 of its chunks")
+        return SimpleNamespace(progress=done)
+
+    stager.fetcher.fetch = fetch  # type: ignore[method-assign]
+    asyncio.run(stager._from_peers(D, "imagenet", D))
+    assert asked == [["dead"], ["dead", "holder"]]
+
+    monkeypatch.setattr(stage, "FIND_HOLDERS_S", 0.05)
+    stager.holders = lambda digest=None: [dead]  # type: ignore[assignment,method-assign]
+    asked.clear()
+    with pytest.raises(FetchError, match="no holder"):
+        asyncio.run(stager._from_peers(D, "imagenet", D))
+    assert asked == [["dead"]]
