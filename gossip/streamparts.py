@@ -6,20 +6,25 @@ record with its queue.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
 import msgpack
 from aiohttp import web
 
-from gossip.identity import Role
-from gossip.tls import PeerIdentity
+from gossip.certtrust import Admission, CertTrust
+from gossip.droplist import dropped
+from gossip.identity import IdentityError, Role
+from gossip.tls import PeerIdentity, peer_identity
 from gossip.transport import (
     DEFAULT_MAX_BODY_BYTES,
 )
+
+log = logging.getLogger("gossip.streams")
 
 CALL_REQUEST, CALL_ANSWER = 0, 1
 _CALL_MARK = b"\x95"
@@ -181,3 +186,26 @@ def transport_of(ws: WebSocket) -> asyncio.Transport | None:
         return conn.transport if conn is not None else None
     writer = ws._writer
     return writer.transport if writer is not None else None
+
+
+def answering_member(
+    ws: aiohttp.ClientWebSocketResponse, trust: CertTrust | None, now: float
+) -> PeerIdentity | None:
+    """Who answered a stream this member dialed, if it is a member this one admits (its
+    certificate checked again: the TLS layer only proved the CA signed it)."""
+    ssl_object: Any = ws.get_extra_info("ssl_object")
+    der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+    if not der:
+        return None
+    try:
+        peer = peer_identity(der)
+    except IdentityError:
+        return None
+    if dropped(peer.node_id):
+        return None
+    if trust is not None:
+        admission = trust.check(peer.node_id, der, now)
+        if admission is not Admission.ADMITTED:
+            log.debug("stream server %s refused: %s", peer.node_id, admission.value)
+            return None
+    return peer

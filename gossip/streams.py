@@ -61,9 +61,9 @@ from cryptography import x509
 
 from gossip.addresses import split_address
 from gossip.admission import FrameGate
-from gossip.certtrust import Admission, CertTrust
+from gossip.certtrust import CertTrust
 from gossip.droplist import dropped
-from gossip.identity import IdentityError, NodeIdentity
+from gossip.identity import NodeIdentity
 from gossip.streamparts import (
     CALL_ANSWER,
     CALL_REQUEST,
@@ -73,11 +73,12 @@ from gossip.streamparts import (
     StreamLimits,
     StreamStats,
     WebSocket,
+    answering_member,
     call_frame,
     is_call,
     transport_of,
 )
-from gossip.tls import PeerIdentity, client_context, peer_identity, resuming
+from gossip.tls import PeerIdentity, client_context, resuming
 from gossip.transport import (
     DEFAULT_MAX_BODY_BYTES,
     PROTOCOL_HEADER,
@@ -342,7 +343,7 @@ class StreamPool:
                 self._delegate.connection_lost(None, addr)
             return
         try:
-            peer = self._server(ws)
+            peer = answering_member(ws, self._trust, self._wall_clock())
             if peer is None or stream.closing:
                 await ws.close()
                 self._undelivered(stream)
@@ -363,26 +364,6 @@ class StreamPool:
         finally:
             self._gone(stream)
             await self._close_ws(stream)
-
-    def _server(self, ws: aiohttp.ClientWebSocketResponse) -> PeerIdentity | None:
-        """Who answered, if it is a member this one admits (its certificate checked again: the
-        TLS layer only proved the CA signed it)."""
-        ssl_object: Any = ws.get_extra_info("ssl_object")
-        der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
-        if not der:
-            return None
-        try:
-            peer = peer_identity(der)
-        except IdentityError:
-            return None
-        if dropped(peer.node_id):
-            return None
-        if self._trust is not None:
-            admission = self._trust.check(peer.node_id, der, self._wall_clock())
-            if admission is not Admission.ADMITTED:
-                log.debug("stream server %s refused: %s", peer.node_id, admission.value)
-                return None
-        return peer
 
     def _refused(self, stream: Stream, exc: aiohttp.WSServerHandshakeError) -> None:
         """The peer answered the upgrade with an error: it predates streams (404, 405), or it

@@ -7,6 +7,7 @@ same copies at every read, so screenshots and snapshot tests are stable.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping, Sequence
 from typing import Final, NamedTuple
 
@@ -119,3 +120,9 @@ def usage_rows(
         if end >= since and a.started_at <= now:
             out.append(_row(a, now))
     return out
+
+
+def log_line(step: int) -> str:
+    """Line ``step`` of a simulated training job's log: a falling loss, a steady throughput."""
+    loss = 2.5 * math.exp(-step / 40.0) + 0.05 * math.sin(step)
+    return f"step {step:5d}  loss {loss:.4f}  tok/s {9000 + (step * 37) % 700}"

@@ -16,7 +16,6 @@ import math
 import time
 from base64 import b32encode
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 from agent.job.jobspec import SUPPORTED_FEATURES, JobSpec, new_job_id
@@ -26,13 +25,14 @@ from agent.wire.documents import EventDoc, EventsDoc, JobDoc, NodeDoc, sample_js
 from agent.wire.history import HistoryDoc, HistoryQuery
 from agent.wire.records import JobStatus
 from agent.wire.usage import UsageRow
-from probers.records import DeviceStatic, HostInfo
+from probers.records import HostInfo
 from probers.sim import SimProber, parse_profile
 from tui.decode import snapshot_from_json
 from tui.history import simulated
 from tui.model import HISTORY_POINTS, HISTORY_STEP_S
 from tui.preview import offers
-from tui.simdata import Attempt, held_versions, usage_rows
+from tui.simdata import Attempt, held_versions, log_line, usage_rows
+from tui.simrecords import SimHost, SimJob
 from tui.source import Identity
 
 SIM_PROFILES: Final[tuple[str, ...]] = (
@@ -82,50 +82,6 @@ def _job_id(seed: int, n: int) -> str:
     return hashlib.sha256(f"shoal-sim-job|{seed}|{n}".encode()).hexdigest()[:32]
 
 
-@dataclass
-class _SimHost:
-    index: int
-    node_id: str
-    hostname: str
-    addr: str
-    prober: SimProber
-    statics: list[DeviceStatic]
-    host: HostInfo
-    zone: str
-    state: str = "alive"
-    drain: str = "schedulable"
-    drain_deadline: float | None = None
-    age_s: float = 1.0
-    frozen: list[dict[str, Any]] | None = None
-    static_json: list[dict[str, Any]] | None = None
-    """The last devices seen, kept for a host that stopped reporting."""
-    frozen_at: float | None = None
-    """The clock reading ``frozen`` was sampled at: a second read at the same moment reuses it."""
-
-
-@dataclass
-class _SimJob:
-    job_id: str
-    spec: JobSpec
-    owner: str
-    submitted_at: float
-    user: str
-    state: str = "pending"
-    attempt: int = 1
-    runner: str | None = None
-    devices: list[str] = field(default_factory=list)
-    started_at: float | None = None
-    finished_at: float | None = None
-    exit_code: int | None = None
-    reason: str | None = None
-    duration_s: float = 3600.0
-    done_before_s: float = 0.0
-    """Seconds of work done in earlier placements (kept across a migration)."""
-
-    def live_on(self, node_id: str) -> bool:
-        return self.runner == node_id and self.state in ("running", "migrating", "placing")
-
-
 class SimSource:
     """``hosts`` simulated hosts; deterministic for a given ``seed`` (see the module doc).
 
@@ -161,7 +117,7 @@ class SimSource:
         self.actions: list[tuple[str, dict[str, Any]]] = []
         """Every action received, in order: ``(kind, arguments)``."""
         self._events: list[EventDoc] = []
-        self._jobs: dict[str, _SimJob] = {}
+        self._jobs: dict[str, SimJob] = {}
         self._job_counter = 0
         self._hosts = [self._make_host(i, profiles[i % len(profiles)]) for i in range(hosts)]
         self._by_id = {h.node_id: h for h in self._hosts}
@@ -188,7 +144,7 @@ class SimSource:
 
     # -- building ------------------------------------------------------------------------------
 
-    def _make_host(self, i: int, profile: str) -> _SimHost:
+    def _make_host(self, i: int, profile: str) -> SimHost:
         groups = parse_profile(profile)
         model = groups[0][0]
         apple = model.vendor == "apple"
@@ -208,7 +164,7 @@ class SimSource:
             if ref
             else (192 if apple else 512 if len(statics) < 8 else 2048) * 1024**3,
         )
-        return _SimHost(
+        return SimHost(
             index=i,
             node_id=node_id,
             hostname=hostname,
@@ -273,17 +229,15 @@ class SimSource:
         failed.state, failed.runner = "failed", self._hosts[min(1, len(self._hosts) - 1)].node_id
         failed.started_at, failed.finished_at, failed.exit_code = now - 1990, now - 1900, 3
 
-    def _new_job(
-        self, spec: JobSpec, *, user: str, at: float, job_id: str | None = None
-    ) -> _SimJob:
+    def _new_job(self, spec: JobSpec, *, user: str, at: float, job_id: str | None = None) -> SimJob:
         self._job_counter += 1
         job_id = job_id or _job_id(self.seed, self._job_counter)
         owner = self._hosts[self._job_counter % len(self._hosts)].node_id
-        job = _SimJob(job_id=job_id, spec=spec, owner=owner, submitted_at=at, user=user)
+        job = SimJob(job_id=job_id, spec=spec, owner=owner, submitted_at=at, user=user)
         self._jobs[job_id] = job
         return job
 
-    def _start(self, job: _SimJob, host: _SimHost, keys: list[str], *, at: float) -> None:
+    def _start(self, job: SimJob, host: SimHost, keys: list[str], *, at: float) -> None:
         job.state, job.runner, job.devices = "running", host.node_id, keys
         job.started_at, job.reason = at, None
         util, mem_frac = _LOAD_BY_KIND.get(job.spec.kind, (70.0, 0.4))
@@ -292,7 +246,7 @@ class SimSource:
             mem = int((total or 0) * mem_frac)
             host.prober.set_load(key, util, mem)
 
-    def _stop(self, job: _SimJob, state: str, exit_code: int | None) -> None:
+    def _stop(self, job: SimJob, state: str, exit_code: int | None) -> None:
         host = self._by_id.get(job.runner or "")
         if host is not None:
             for key in job.devices:
@@ -307,7 +261,7 @@ class SimSource:
 
     # -- the passing of time -------------------------------------------------------------------
 
-    def _progress(self, job: _SimJob) -> float | None:
+    def _progress(self, job: SimJob) -> float | None:
         if job.state not in ("running", "migrating") or job.started_at is None:
             return 1.0 if job.state == "succeeded" else None
         done = job.done_before_s + max(0.0, self.now() - job.started_at)
@@ -356,7 +310,7 @@ class SimSource:
                 out[f"{host.node_id}/{d.key}"] = values
         return out
 
-    def _devices(self, host: _SimHost) -> list[dict[str, Any]]:
+    def _devices(self, host: SimHost) -> list[dict[str, Any]]:
         now = self.now()
         if host.frozen is not None and (host.state != "alive" or host.frozen_at == now):
             return host.frozen
@@ -471,22 +425,17 @@ class SimSource:
         ]
 
         def steps_done() -> int:
-            progress = self._progress(job) or 0.0
-            return int(progress * job.duration_s / LOG_STEP_S)
-
-        def line(step: int) -> str:
-            loss = 2.5 * math.exp(-step / 40.0) + 0.05 * math.sin(step)
-            return f"step {step:5d}  loss {loss:.4f}  tok/s {9000 + (step * 37) % 700}"
+            return int((self._progress(job) or 0.0) * job.duration_s / LOG_STEP_S)
 
         shown = steps_done()
-        body = [line(s) for s in range(max(0, shown - lines), shown)]
+        body = [log_line(s) for s in range(max(0, shown - lines), shown)]
         for text in (header + body)[-lines:]:
             yield text
         while follow and job.state in ("running", "migrating", "pending", "placing"):
             await asyncio.sleep(0.2)
             now_steps = steps_done()
             for s in range(shown, now_steps):
-                yield line(s)
+                yield log_line(s)
             shown = max(shown, now_steps)
         if job.state in ("succeeded", "failed", "cancelled"):
             yield f"[shoal] job {job.state} (exit {job.exit_code})"
@@ -498,13 +447,13 @@ class SimSource:
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
 
-    def _host(self, node: str) -> _SimHost:
+    def _host(self, node: str) -> SimHost:
         host = self._by_id.get(node)
         if host is None:
             raise ApiError(404, f"no node {node}")
         return host
 
-    def _job(self, job_id: str) -> _SimJob:
+    def _job(self, job_id: str) -> SimJob:
         job = self._jobs.get(job_id)
         if job is None:
             raise ApiError(404, f"no job {job_id}")
@@ -518,7 +467,7 @@ class SimSource:
         rows, answer = offers(spec, snapshot, exclude=exclude)
         return [(f.node_id, f.devices) for f in rows], answer.line
 
-    def _move(self, job: _SimJob, target: str | None, *, reason: str) -> bool:
+    def _move(self, job: SimJob, target: str | None, *, reason: str) -> bool:
         """Restart a running job elsewhere (``target`` or the best fit); False when none fits."""
         source = job.runner
         fits, _ = self._fits(job.spec, exclude=frozenset({source or ""}))
@@ -582,23 +531,23 @@ class SimSource:
 
     async def cordon(self, node: str) -> dict[str, Any]:
         await self._act("cordon", node=node)
-        host = self._host(node)
-        host.drain = "cordoned"
-        self._event("drain", node, None, f"{host.hostname} cordoned")
-        return {"node": node, "drain": host.drain}
+        return self._set_drain(node, "cordoned", None, "cordoned")
 
     async def drain(self, node: str, grace_s: float = 300.0) -> dict[str, Any]:
         await self._act("drain", node=node, grace_s=grace_s)
-        host = self._host(node)
-        host.drain, host.drain_deadline = "draining", self.now() + grace_s
-        self._event("drain", node, None, f"{host.hostname} draining (grace {grace_s:g} s)")
-        return {"node": node, "drain": host.drain}
+        deadline = self.now() + grace_s
+        return self._set_drain(node, "draining", deadline, f"draining (grace {grace_s:g} s)")
 
     async def undrain(self, node: str) -> dict[str, Any]:
         await self._act("undrain", node=node)
+        return self._set_drain(node, "schedulable", None, "schedulable again")
+
+    def _set_drain(
+        self, node: str, drain: str, deadline: float | None, said: str
+    ) -> dict[str, Any]:
         host = self._host(node)
-        host.drain, host.drain_deadline = "schedulable", None
-        self._event("drain", node, None, f"{host.hostname} schedulable again")
+        host.drain, host.drain_deadline = drain, deadline
+        self._event("drain", node, None, f"{host.hostname} {said}")
         return {"node": node, "drain": host.drain}
 
     async def close(self) -> None:

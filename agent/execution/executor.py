@@ -29,8 +29,6 @@ import dataclasses
 import errno
 import logging
 import os
-import signal
-import subprocess
 import sys
 import time
 from collections import OrderedDict
@@ -79,7 +77,13 @@ from agent.execution.progress import (
     parse_fraction,
     parse_progress_line,
 )
-from agent.execution.spawn import Unreachable, signal_name, spawn, use_pidfd_child_watcher
+from agent.execution.spawn import (
+    Unreachable,
+    signal_group,
+    signal_name,
+    spawn,
+    use_pidfd_child_watcher,
+)
 from agent.execution.spawn import death_signal_launcher as _death_signal_launcher
 from agent.job.jobspec import check_job_id
 
@@ -574,28 +578,8 @@ def _note(run: _Run, data: bytes) -> None:
 
 
 def _signal_group(run: _Run, name: str, *, leftovers: bool = False) -> None:
-    """Send the named signal to the job's whole process group; missing processes are fine."""
-    if sys.platform == "win32":
-        if leftovers or run.transport is None:
-            return  # Windows has no group to sweep once the leader is gone
-        try:
-            if name == "SIGKILL":
-                subprocess.run(
-                    ["taskkill", "/F", "/T", "/PID", str(run.pid)],
-                    capture_output=True,
-                    timeout=10,
-                    check=False,
-                )
-                run.transport.kill()
-            else:
-                run.transport.send_signal(signal.CTRL_BREAK_EVENT)
-        except (OSError, subprocess.SubprocessError):
-            pass
-        return
-    assert run.pgid is not None
-    sig = getattr(signal, name, signal.SIGTERM)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(run.pgid, sig)
+    """Send the named signal to the job's whole process group (:func:`spawn.signal_group`)."""
+    signal_group(run.pgid, run.pid, run.transport, name, leftovers=leftovers)
 
 
 def _key(run: _Run) -> str:

@@ -38,6 +38,7 @@ cgroup. Windows: a new process group, the agent's user.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import functools
 import os
@@ -256,3 +257,37 @@ def signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
+
+
+def signal_group(
+    pgid: int | None,
+    pid: int | None,
+    transport: asyncio.SubprocessTransport | None,
+    name: str,
+    *,
+    leftovers: bool = False,
+) -> None:
+    """Send the named signal to a job's whole process group; missing processes are fine. On
+    Windows (no groups) the leader's tree: ``taskkill /T`` for SIGKILL, else CTRL_BREAK;
+    ``leftovers`` (the leader is gone) has nothing to sweep there."""
+    if sys.platform == "win32":
+        if leftovers or transport is None:
+            return  # Windows has no group to sweep once the leader is gone
+        try:
+            if name == "SIGKILL":
+                subprocess.run(
+                    ["taskkill", "/F", "/T", "/PID", str(pid)],
+                    capture_output=True,
+                    timeout=10,
+                    check=False,
+                )
+                transport.kill()
+            else:
+                transport.send_signal(signal.CTRL_BREAK_EVENT)
+        except (OSError, subprocess.SubprocessError):
+            pass
+        return
+    assert pgid is not None
+    sig = getattr(signal, name, signal.SIGTERM)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)

@@ -63,7 +63,8 @@ from agent.mesh.view import JOB_PREFIX, SUB_PREFIX
 from agent.owning import handover, resuming
 from agent.owning.cancelling import Cancels
 from agent.owning.collecting import Collector
-from agent.owning.elastic import Grow, Growth, Resizes, shrink_reason
+from agent.owning.concluding import conclude, finished_at
+from agent.owning.elastic import Grow, Growth, Resizes
 from agent.owning.gang import Gangs
 from agent.owning.handover import HANDOVER_SETTLE_S as HANDOVER_SETTLE_S
 from agent.owning.handover import UNHEARD_OWNER_GRACE_S as UNHEARD_OWNER_GRACE_S
@@ -74,7 +75,6 @@ from agent.owning.placing import LAUNCH_FAILED as LAUNCH_FAILED
 from agent.owning.placing import MAX_LAUNCH_FAILURES as MAX_LAUNCH_FAILURES
 from agent.owning.placing import RESTORE_TIMEOUT_S as RESTORE_TIMEOUT_S
 from agent.owning.placing import candidates_for, place_once, reserve
-from agent.owning.preempting import host_name, stopped_reason
 from agent.owning.prefetching import Prefetcher
 from agent.storage.store import StoreFull
 from agent.wire.calls import (
@@ -402,7 +402,7 @@ class Owner:
                 return self.gangs.report(job, runner, r)
             if r.attempt != job.attempt or runner != job.runner or job.state not in LIVE:
                 return {"ok": True, "stale": True}
-            job.attempt_ended(job.attempt, r.cause, r.exit_code, _finished(r))
+            job.attempt_ended(job.attempt, r.cause, r.exit_code, finished_at(r))
             self._conclude(job, runner, r)
             return {"ok": True}
 
@@ -416,60 +416,8 @@ class Owner:
             log.debug("job %s: %s's answer dropped: %s", r.job_id[:8], runner[:8], exc)
 
     def _conclude(self, job: OwnedJob, runner: str, r: AttemptResult) -> None:
-        """The current attempt ended with ``r`` (on ``runner``; a gang's deciding member):
-        succeeded, retried, failed, cancelled or requeued."""
-        job_id = job.job_id
-        attempt = r.attempt
-        cause = r.cause
-        code = r.exit_code
-        if job.state == JobState.PLACING:
-            self._move(job, JobEvent.STARTED)
-        job.exit_code, job.signal = code, r.signal
-        job.started_at = r.started_at if r.started_at is not None else job.started_at
-        if cause == "exit" and code == 0:
-            self._move(job, JobEvent.EXITED_OK)
-            job.finished_at, job.reason = _finished(r), None
-            self._save(job)
-            self.events.add("succeeded", f"on {runner[:8]}, attempt {attempt}", job_id=job_id)
-        elif cause == "disk":  # never offered again: it would fill the next node's disk too
-            self._move(job, JobEvent.EXITED_ERROR)
-            host = host_name(self.view, runner)
-            job.finished_at = _finished(r)
-            job.reason = f"stopped: its folder filled the disk of {host} (its files there removed)"
-            self._save(job)
-            self.events.add("failed", job.reason, job_id=job_id)
-        elif cause in ("exit", "timeout"):
-            why = "timed out" if cause == "timeout" else f"exited with {code or job.signal}"
-            job.failures += 1
-            if job.failures <= job.spec.retries:
-                self._move(job, JobEvent.RETRY)
-                job.runner, job.devices = None, ()
-                job.reason = f"attempt {attempt} {why}; retrying"
-                self._save(job)
-                self.events.add("retrying", job.reason, job_id=job_id)
-                self.kick()
-            else:
-                self._move(job, JobEvent.EXITED_ERROR)
-                job.finished_at, job.reason = _finished(r), why
-                self._save(job)
-                self.events.add("failed", f"{why} on {runner[:8]}", job_id=job_id)
-        elif cause == "cancel":
-            self._move(job, JobEvent.CANCEL)
-            job.finished_at = _finished(r)
-            self._save(job)
-        else:
-            if cause in ("drain", "shutdown"):
-                # The report can beat the gossip that says so: do not offer it straight back.
-                job.avoid = runner
-            if cause == "shrink":
-                self.resizes.stopping(job_id, len(job.devices), shrink_reason(r.preempted_by))
-            elif r.preempted_by:
-                self.events.add(
-                    "preempted",
-                    f"by {r.preempted_by} on {host_name(self.view, runner)}",
-                    job_id=job_id,
-                )
-            self._requeue(job, stopped_reason(r, runner, self.view))
+        """The current attempt ended with ``r`` (:func:`agent.owning.concluding.conclude`)."""
+        conclude(self, job, runner, r)
 
     # -- membership and takeovers (``agent.owning.handover``) --------------------------------------
 
@@ -593,10 +541,6 @@ class Owner:
         job.finished_at, job.reason = time.time(), reason
         self._save(job)
         self.events.add("failed", reason, job_id=job.job_id)
-
-
-def _finished(r: AttemptResult) -> float:
-    return r.finished_at if r.finished_at is not None else time.time()
 
 
 def _store_full_is_a_warning(task: asyncio.Task[Any]) -> None:
