@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from agent.content.manifest import DEFAULT_CHUNK_BYTES
 from agent.job.jobspec import JobSpec, new_job_id
 from agent.operator.client import ApiClient, ApiError
 from agent.sandbox.localmesh import AgentProcess
@@ -185,6 +186,8 @@ def throughput(probe: Probe, size_bytes: int) -> dict[str, Any]:
 # -- faults -----------------------------------------------------------------------------------
 
 FAULTS: Final = ("holder_killed", "corrupt_holder", "stager_restarted")
+FAULT_CHUNKS: Final = 8
+"""The fewest chunks in each fault's dataset."""
 
 
 def faults(probe: Probe, size_bytes: int, script: Path) -> Any:
@@ -192,6 +195,9 @@ def faults(probe: Probe, size_bytes: int, script: Path) -> Any:
     lab = probe.lab
     if lab.hosts < 5:
         return {"missing": "the faults need 5 hosts (3 holders, 2 to run jobs)"}
+    # A link's burst is one chunk, so each holder's first chunk comes at once: a dataset of two
+    # chunks from two holders is whole before a fault can hit it. Eight chunks leave six to go.
+    size_bytes = max(size_bytes, FAULT_CHUNKS * DEFAULT_CHUNK_BYTES)
     holdings: list[dict[str, int]] = [{} for _ in range(lab.hosts)]
     for name, holders in (("f1", (0, 1)), ("f2", (2, 1)), ("f3", (1,))):
         for h in holders:

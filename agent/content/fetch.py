@@ -206,14 +206,16 @@ class Fetcher:
         *,
         kind: SourceKind = "peer",
         on_progress: Callable[[Progress], None] | None = None,
+        again: bool = False,
     ) -> Fetched:
         """Fetch what this node lacks of ``digest`` from ``holders``; raises
-        :class:`FetchError` when it cannot end, the store's ``StoreFull`` when it is full."""
+        :class:`FetchError` when it cannot end, the store's ``StoreFull`` when it is full.
+        ``again``: the same stage's next try (with holders it found since), not a resume."""
         manifest = await self.learn(digest, holders)
         missing = await asyncio.to_thread(self.store.missing, digest)
         held = await asyncio.to_thread(self.store.held_bytes, digest)
         resumed = held > 0 and bool(missing)
-        if resumed:
+        if resumed and not again:
             self.counts["resumes"] += 1
         swarm = Swarm(
             missing, total_bytes=manifest.total_bytes, held_bytes=held, limits=self.limits

@@ -33,10 +33,11 @@ log = logging.getLogger("shoal.content")
 
 MAX_HOLDERS_ASKED: Final = 64
 MAX_STAGES_KEPT: Final = 64
-FIND_HOLDERS_S: Final = 30.0
-"""How long a stage looks again for members holding what it lacks before it fails."""
-FIND_HOLDERS_RETRY_S: Final = 2.0
 """Stages remembered (the oldest ended ones are forgotten first)."""
+FIND_HOLDERS_S: Final = 30.0
+"""How long after its first failed fetch a stage looks for members holding what it lacks."""
+FIND_HOLDERS_RETRY_S: Final = 2.0
+"""How often it looks again meanwhile."""
 
 State = Literal["staging", "done", "failed", "cancelled"]
 
@@ -218,16 +219,19 @@ class Stager:
         this agent starts, its view may not list the members that hold the content yet. What
         was fetched is kept; a holder already asked is not waited for again."""
         loop = asyncio.get_running_loop()
-        give_up_at = loop.time() + FIND_HOLDERS_S
+        give_up_at: float | None = None
         holders = self.holders(digest)
         asked: set[str] = set()
         while True:
+            again = bool(asked)
             asked.update(h.name for h in holders)
             try:
                 got = await self.fetcher.fetch(
-                    digest, holders, kind="peer", on_progress=self._progress(key)
+                    digest, holders, kind="peer", on_progress=self._progress(key), again=again
                 )
             except FetchError:
+                if give_up_at is None:
+                    give_up_at = loop.time() + FIND_HOLDERS_S
                 while True:
                     if loop.time() >= give_up_at:
                         raise

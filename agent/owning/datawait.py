@@ -6,8 +6,8 @@ A runner stages a job's datasets before it starts it (``agent.running.datastage`
 (``staging imagenet 43% (1.2 GB/s from 3 holders, ~40 s)``) and :func:`watch_staging` makes that
 line the job's reason, so ``shoal jobs`` and the TUI say what the job waits for.
 
-A job naming a dataset no member holds (no version of ``NAME``, or no copy of ``NAME@DIGEST``,
-whole or in part, in any ``place`` record) is not offered at all: it waits, saying so
+A job naming a dataset no live member holds whole (no whole version of ``NAME``, or no whole copy
+of ``NAME@DIGEST``, in any ``place`` record) is not offered at all: it waits, saying so
 (:func:`unheld_reason`), until a member holds one.
 """
 
@@ -58,22 +58,31 @@ def clear_staging(job: OwnedJob) -> None:
 
 
 def unheld_reason(spec: JobSpec, view: ClusterView, live: Collection[str]) -> str | None:
-    """Why the job cannot start anywhere now for want of its data, or ``None``."""
+    """Why the job cannot start anywhere now for want of its data, or ``None``: some dataset it
+    names has no whole copy on a live member (a runner stages from members, and a partial copy
+    alone cannot finish a stage; the reason says how much of it the fullest copy holds)."""
     if not spec.datasets:
         return None
     names: set[str] = set()
     digests: set[str] = set()
+    partial: dict[str, float] = {}
     for node_id in live:
         node = view.nodes.get(node_id)
         if node is None:
             continue
-        names.update(node.datasets)
+        names.update(node.datasets)  # whole versions' sizes, by name
         for v in node.place.versions if node.place is not None else ():
-            names.add(v.name)
-            if v.held_bytes > 0:
+            if v.complete:
+                names.add(v.name)
                 digests.add(v.digest)
+            elif v.held_bytes > 0:
+                share = v.held_bytes / v.total_bytes
+                for key in (v.name, v.digest):
+                    partial[key] = max(partial.get(key, 0.0), share)
     for ref in spec.datasets:
         name, _, digest = ref.partition("@")
         if (digest and digest not in digests) or (not digest and name not in names):
-            return f"waiting: dataset {ref[:80]}: no member holds it"
+            line = f"waiting: dataset {ref[:80]}: no member holds it"
+            fullest = partial.get(digest or name)
+            return line if fullest is None else f"{line} whole (the fullest copy: {fullest:.0%})"
     return None

@@ -56,12 +56,12 @@ LAUNCH_FAILED = 422
 """The status a runner answers an offer with when the job's process could not be started."""
 _REFUSALS = {LAUNCH_FAILED: "launch_failed", 403: "not_allowed"}
 RESTORE_TIMEOUT_S = 120.0
+"""How long an offer that resumes from a checkpoint may take to answer (the runner copies the
+checkpoint into the job's folder first)."""
 IMAGE_PULL_TIMEOUT_S = 600.0
 """How much longer an offer of a job with an image may take to answer: the runner pulls the
 image first when it lacks it (``agent.execution.containers``, which gives up on a pull after as
 long)."""
-"""How long an offer that resumes from a checkpoint may take to answer (the runner copies the
-checkpoint into the job's folder first)."""
 
 
 class PlacingOwner(OwnerSteps, Protocol):

@@ -21,8 +21,9 @@ picks a job's owner, :func:`agent.job.ownership.rank`, here over ``team:<name>``
 starts a job of such a team, the runner asks the desk (``quota_claim``, the signed submission
 inside: the desk reads the team and GPUs itself). The desk answers one claim at a time, counting
 the team's running jobs as its view says plus every grant it made that its view does not yet
-show running (for :data:`GRANT_KEPT_S` at most, or until the job's record says it ended), and
-grants only what stays under the maximum. A desk that does not answer declines the start (the
+count (running, with its submission: the desk's own run may come before its submission does),
+for :data:`GRANT_KEPT_S` at most or until the job's record says it ended, and grants only what
+stays under the maximum. A desk that does not answer declines the start (the
 owner tries again; membership moves the desk to the next agent when it is gone). A grant whose
 start does not happen after all holds the team's room until the job claims again, its record
 says it ended, or :data:`GRANT_KEPT_S` pass: a delay for the team, never an overshoot.
@@ -112,6 +113,14 @@ class TeamDesk:
     def _held(
         self, body: PolicyBody, runs: Mapping[str, LocalRun], but: Collection[str]
     ) -> tuple[dict[tuple[str, str | None], float], dict[str, quotas.Who]]:
+        held, who, _counted = self._held_counted(body, runs, but)
+        return held, who
+
+    def _held_counted(
+        self, body: PolicyBody, runs: Mapping[str, LocalRun], but: Collection[str]
+    ) -> tuple[dict[tuple[str, str | None], float], dict[str, quotas.Who], set[str]]:
+        """GPUs held by team, who signed each job, and the jobs counted: those whose team is
+        known (a run here whose submission has not come by gossip yet is not counted)."""
         who = self._who(body)
         rows: list[tuple[str, float, str]] = []
         for job_id, doc in self.view.jobs.items():
@@ -132,7 +141,8 @@ class TeamDesk:
                 continue
             gpus = 1.0 if run.share_bytes else float(len(run.devices))
             rows.append((job_id, gpus, _model(mine, run.devices)))
-        return quotas.held_by_team(rows, who), who
+        counted = {job_id for job_id, _g, _m in rows if who.get(job_id, ("", ""))[0]}
+        return quotas.held_by_team(rows, who), who, counted
 
     def reclaim(
         self,
@@ -223,15 +233,15 @@ class TeamDesk:
         if body is None or not team:
             return QuotaGrant(True)
         now = self._clock()
-        held, _ = self._held(body, self._runs, (ask.job_id,))
+        held, _, counted = self._held_counted(body, self._runs, (ask.job_id,))
         for job_id, (gteam, gpus, model, at) in list(self.grants.items()):
             doc = self.view.jobs.get(job_id)
             state = doc.get("state") if doc is not None else None
             if now - at > GRANT_KEPT_S or state in _ENDED:
                 del self.grants[job_id]
                 continue
-            if job_id == ask.job_id or state == "running" or job_id in self._runs:
-                continue  # counted from its record or as this node's own run
+            if job_id == ask.job_id or job_id in counted:
+                continue  # counted from its record, or as this node's own run
             for key in ((gteam, None), (gteam, model)):
                 held[key] = held.get(key, 0.0) + gpus
         why = quotas.over_max(body, team, ask.gpus, ask.model, held)

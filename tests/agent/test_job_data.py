@@ -200,9 +200,11 @@ def test_a_job_never_starts_on_a_partial_copy(tmp_path: Path) -> None:
         )
         mesh.kill(2)
         mesh.wait(
-            "the offer declined for want of a holder",
+            "the offer declined for want of a holder, the job waiting for one",
             lambda: (
-                "staging imagenet" in (mesh.job(runner, job_id).get("reason") or "")
+                (mesh.job(runner, job_id).get("reason") or "").startswith(
+                    "waiting: dataset imagenet: no member holds it"
+                )
                 and mesh.job(runner, job_id)["state"] == "pending"
             ),
             WAIT_S,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -153,6 +153,26 @@ def test_the_desk_counts_its_grants_until_the_view_shows_them_and_grants_one_at_
     assert claim(fleet, desk)[1].granted
     assert desk.counts["granted"] == 3 and desk.counts["denied"] == 2
     assert running and second
+
+
+def test_the_desks_own_run_stays_counted_by_its_grant_until_its_submission_comes(
+    tmp_path: Path,
+) -> None:
+    """The desk runs a job it granted; the offer brought the submission, gossip has not yet:
+    the desk cannot tell the run's team from its view, so it goes on counting the grant."""
+    fleet = Fleet(tmp_path, 2)
+    body = policy(fleet.kit.cluster.operator.node_id, Quota("any", 0, 1))
+    desk = desk_over(fleet, body, [100.0])
+    first, granted = claim(fleet, desk)
+    assert granted.granted
+    runs = cast(dict[str, Any], desk._runs)
+    runs[first] = SimpleNamespace(devices=("g0",), share_bytes=None)
+    assert first not in fleet.view.submissions
+    assert not claim(fleet, desk)[1].granted
+    spec = JobSpec(command=("train",), resources=Resources(gpus_per_node=1))
+    owner = rank(first, fleet.ids)[0]
+    fleet.view.apply(owner, "sub/" + first, fleet.kit.submission(first, spec), NOW)
+    assert not claim(fleet, desk)[1].granted  # now counted as the desk's own run
 
 
 def test_a_runner_asks_no_desk_for_a_team_without_a_maximum_and_declines_on_a_refusal(

@@ -4,11 +4,14 @@ versions (partial copies counted, old readers unaffected), and the missing bytes
 from __future__ import annotations
 
 import hashlib
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
 from agent.job.specreader import spec_from_mapping
-from agent.mesh.view import NodeView
+from agent.mesh.view import ClusterView, NodeView
+from agent.owning.datawait import unheld_reason
 from agent.policy import adapt
 from agent.policy.decision import context
 from agent.policy.model import ThroughputModel
@@ -129,3 +132,29 @@ def test_placement_counts_the_bytes_each_node_lacks_partial_copies_included() ->
     pinned = Job(job_id="k", datasets=(f"imagenet@{D1}",))
     assert transfer_s(pinned, nodes[2], ctx) == 0.0  # type: ignore[arg-type]
     assert transfer_s(pinned, nodes[0], ctx) > 0.0  # type: ignore[arg-type]
+
+
+def test_a_job_waits_while_no_live_member_holds_its_dataset_whole() -> None:
+    half = NodeView(
+        "half", place=PlaceRecord(versions=(HeldVersion("imagenet", D2, 100 * GIB, 20 * GIB, 2.0),))
+    )
+    whole = NodeView(
+        "whole",
+        place=PlaceRecord(versions=(HeldVersion("imagenet", D2, 100 * GIB, 100 * GIB, 2.0),)),
+    )
+    view = cast(ClusterView, SimpleNamespace(nodes={"half": half, "whole": whole}))
+    by_name = spec_from_mapping(
+        {"command": ["true"], "datasets": ["imagenet"]}, human=False, now=None
+    )
+    by_digest = spec_from_mapping(
+        {"command": ["true"], "datasets": [f"imagenet@{D2}"]}, human=False, now=None
+    )
+    for spec in (by_name, by_digest):
+        assert unheld_reason(spec, view, {"half", "whole"}) is None
+        reason = unheld_reason(spec, view, {"half"})
+        assert reason is not None and reason.endswith(
+            ": no member holds it whole (the fullest copy: 20%)"
+        )
+        assert unheld_reason(spec, view, set()) == (
+            f"waiting: dataset {spec.datasets[0]}: no member holds it"
+        )
