@@ -56,6 +56,8 @@ class _Open:
     energy_j: float | None = None
     last_at: float | None = None
     written_at: float = 0.0
+    watts: float | None = None
+    """The power drawn at the last sample, counted on to the attempt's end."""
 
 
 class UsageBook:
@@ -101,7 +103,7 @@ class UsageBook:
     ) -> None:
         """An attempt's process started here."""
         name, team = self._who(person)
-        self._open[(job_id, attempt)] = _Open(devices)
+        self._open[(job_id, attempt)] = _Open(devices, last_at=started_at)
         self._write(
             "INSERT OR REPLACE INTO usage VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL)",
             (job_id, attempt, person, name, team, model, gpus, ",".join(devices), started_at),
@@ -115,13 +117,14 @@ class UsageBook:
                 sharing[key] = sharing.get(key, 0) + 1
         for (job_id, attempt), run in self._open.items():
             step_s = 0.0 if run.last_at is None else min(MAX_STEP_S, max(0.0, now - run.last_at))
-            run.last_at = now
+            run.last_at = now if run.last_at is None else max(now, run.last_at)
             measured = [power_mw.get(k) for k in run.devices]
             if not measured or any(p is None for p in measured):
                 continue
             watts = sum(
                 (p or 0) / 1000.0 / sharing[k] for p, k in zip(measured, run.devices, strict=True)
             )
+            run.watts = watts
             run.energy_j = (run.energy_j or 0.0) + watts * step_s
             if now - run.written_at >= ENERGY_WRITE_S:
                 run.written_at = now
@@ -136,6 +139,9 @@ class UsageBook:
         run = self._open.pop((job_id, attempt), None)
         if run is None:
             return
+        if run.watts is not None and run.last_at is not None:  # from the last sample to the end
+            step_s = min(MAX_STEP_S, max(0.0, finished_at - run.last_at))
+            run.energy_j = (run.energy_j or 0.0) + run.watts * step_s
         self._write(
             "UPDATE usage SET started_at = ?, finished_at = ?, energy_j = ? "
             "WHERE job_id = ? AND attempt = ?",

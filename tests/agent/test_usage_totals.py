@@ -69,13 +69,17 @@ def test_the_book_measures_energy_and_keeps_open_rows_across_a_restart(tmp_path:
     book.opened("a", 1, "p1", "H100", 1.0, ("gpu0",), 100.0)
     book.opened("b", 1, "p2", "H100", 0.5, ("gpu0",), 100.0)  # a share of the same GPU
     book.opened("c", 1, None, "L4", 1.0, ("gpu1",), 100.0)
-    book.sample(100.0, {"gpu0": 300_000, "gpu1": None})
-    book.sample(110.0, {"gpu0": 300_000, "gpu1": None})  # 300 W for 10 s, shared by two jobs
+    book.opened("d", 1, None, "H100", 1.0, ("gpu2",), 105.0)
+    book.sample(100.0, {"gpu0": 300_000, "gpu1": None, "gpu2": 200_000})
+    # 300 W for 10 s, shared by two jobs; d: 200 W from its start
+    book.sample(110.0, {"gpu0": 300_000, "gpu1": None, "gpu2": 200_000})
     book.closed("a", 1, 100.5, 110.0)
+    book.closed("d", 1, 105.0, 112.0)  # and on to its end at the last power measured
     book.closed("zz", 1, 0.0, 1.0)  # never opened here: not counted
     rows, truncated = book.rows(0.0)
     assert not truncated
-    a, b, c = sorted(rows)
+    a, b, c, d = sorted(rows)
+    assert d.energy_j == pytest.approx(200.0 * 7)
     assert (a.started_at, a.finished_at, a.energy_j) == (100.5, 110.0, 1500.0)
     assert (a.name, a.team) == ("alice", "vision") and b.name is None
     assert b.finished_at is None and b.energy_j == 1500.0
@@ -84,8 +88,13 @@ def test_the_book_measures_energy_and_keeps_open_rows_across_a_restart(tmp_path:
     again = UsageBook(path, "n1")
     again.closed("b", 1, 100.0, 120.0)  # the open row outlived the restart
     rows, _ = again.rows(0.0)
-    assert {r.job_id: r.finished_at for r in rows} == {"a": 110.0, "b": 120.0, "c": None}
+    assert {r.job_id: r.finished_at for r in rows} == {
+        "a": 110.0,
+        "b": 120.0,
+        "c": None,
+        "d": 112.0,
+    }
     assert again.rows(115.0)[0] and {r.job_id for r in again.rows(115.0)[0]} == {"b", "c"}
-    again.purge(110.0 + 400 * 86400 + 1)
+    again.purge(112.0 + 400 * 86400 + 1)
     assert {r.job_id for r in again.rows(0.0)[0]} == {"b", "c"}
     again.close()
