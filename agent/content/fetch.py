@@ -51,6 +51,10 @@ HAVE_RETRY_S: Final = 1.0
 SourceKind = Literal["peer", "http", "s3"]
 
 
+MAX_RESUMED_KEPT = 4096
+"""Resumed digests remembered (then forgotten all at once: a rare recount, never a leak)."""
+
+
 class FetchError(Exception):
     """A fetch that cannot end: no holder has some chunk, or none serves the manifest."""
 
@@ -176,6 +180,8 @@ class Fetcher:
         self.limits = limits or SwarmLimits()
         self.counts: Counter[str] = counts if counts is not None else Counter()
         self.clock = clock
+        self._resumed: set[str] = set()
+        """Digests counted as resumed: a copy is resumed once, however many tries it takes."""
         self.rates = HolderRates()
         """The bytes/s measured from each holder (its ``place`` record carries them: the
         policy's data term reads them, ``agent.policy.scoring.transfer_s``)."""
@@ -206,16 +212,18 @@ class Fetcher:
         *,
         kind: SourceKind = "peer",
         on_progress: Callable[[Progress], None] | None = None,
-        again: bool = False,
     ) -> Fetched:
         """Fetch what this node lacks of ``digest`` from ``holders``; raises
         :class:`FetchError` when it cannot end, the store's ``StoreFull`` when it is full.
-        ``again``: the same stage's next try (with holders it found since), not a resume."""
+        A copy held in part counts one resume, however many tries it takes."""
         manifest = await self.learn(digest, holders)
         missing = await asyncio.to_thread(self.store.missing, digest)
         held = await asyncio.to_thread(self.store.held_bytes, digest)
         resumed = held > 0 and bool(missing)
-        if resumed and not again:
+        if resumed and digest not in self._resumed:
+            if len(self._resumed) >= MAX_RESUMED_KEPT:
+                self._resumed.clear()
+            self._resumed.add(digest)
             self.counts["resumes"] += 1
         swarm = Swarm(
             missing, total_bytes=manifest.total_bytes, held_bytes=held, limits=self.limits

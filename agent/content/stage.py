@@ -223,11 +223,10 @@ class Stager:
         holders = self.holders(digest)
         asked: set[str] = set()
         while True:
-            again = bool(asked)
             asked.update(h.name for h in holders)
             try:
                 got = await self.fetcher.fetch(
-                    digest, holders, kind="peer", on_progress=self._progress(key), again=again
+                    digest, holders, kind="peer", on_progress=self._progress(key)
                 )
             except FetchError:
                 if give_up_at is None:

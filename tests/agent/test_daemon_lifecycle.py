@@ -9,6 +9,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -96,7 +97,11 @@ def test_jobs_submitted_as_the_mesh_starts_run_once_under_one_owner(tmp_path: Pa
         for i, job_id in enumerate(jobs):
             argv = [sys.executable, "-c", ONCE, str(tmp_path / f"runs-{i}")]
             a = mesh.agents[i % len(mesh.agents)]
-            status, answer = mesh.command(a, "submit", {"job_id": job_id, "spec": spec(argv)})
+            for _ in range(20):  # a 503 (no replica reached yet) is retried with the same id
+                status, answer = mesh.command(a, "submit", {"job_id": job_id, "spec": spec(argv)})
+                if status != 503:
+                    break
+                time.sleep(0.5)
             assert status == 200, answer
         if any(_resumed(a) for a in mesh.agents):
             pytest.skip("an agent resumed its store before the jobs came: too slow a machine")

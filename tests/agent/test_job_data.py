@@ -56,8 +56,9 @@ for probe in sys.argv[2:]:
 with open(sys.argv[1], "w") as fh:
     json.dump(out, fh)
 """
-GANG_TAIL = """
-os.rename(sys.argv[1], sys.argv[1] + "." + os.environ["RANK"])
+GANG_HEAD = """
+import os, sys
+sys.argv[1] += "." + os.environ["RANK"]  # each rank its own file: both ranks run at once
 """
 
 
@@ -150,7 +151,7 @@ def test_a_gang_stages_on_every_member(tmp_path: Path) -> None:
     mesh.start_all()
     try:
         a = mesh.agents[0]
-        argv = [sys.executable, "-c", READER + GANG_TAIL, str(tmp_path / "rank")]
+        argv = [sys.executable, "-c", GANG_HEAD + READER, str(tmp_path / "rank")]
         gang = Resources(gpus_per_node=1, nodes=2, min_mem_per_gpu_bytes=40 << 30)
         job_id = submit(mesh, a, argv, resources=gang, datasets=("imagenet",))
         job = ended(mesh, a, job_id)

@@ -132,7 +132,7 @@ class Fleet:
                 "--python",
                 sys.executable,
                 "--join-timeout",
-                "60",
+                "120",  # the default: a loaded CI machine took over 60 s to join three at once
                 *extra,
             ]
         )
