@@ -178,9 +178,10 @@ def test_events_as_a_table_as_json_lines_and_followed(mesh: Mesh) -> None:
         text=True,
         env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # SIGABRT prints where it is
     )
+    lines: queue.Queue[str | None] = queue.Queue()
+    reader = threading.Thread(target=_lines_of, args=(follower, lines), daemon=True)
     try:
-        lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=_lines_of, args=(follower, lines), daemon=True).start()
+        reader.start()
         seen: list[dict[str, Any]] = []
 
         def saw(job_id: str, kind: str) -> bool:
@@ -200,7 +201,12 @@ def test_events_as_a_table_as_json_lines_and_followed(mesh: Mesh) -> None:
     finally:
         if follower.poll() is None:
             follower.kill()
-            follower.wait()
+        follower.wait()
+        if reader.is_alive():
+            reader.join(timeout=10)
+        for pipe in (follower.stdout, follower.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 def test_node_commands_take_a_host_name_or_a_prefix(mesh: Mesh) -> None:

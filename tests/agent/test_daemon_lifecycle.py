@@ -145,6 +145,7 @@ def test_logs_follow_streams_a_running_job_until_it_ends(tmp_path: Path) -> None
     mesh = Mesh(tmp_path, ["h100:1", "mi300x:1"])
     mesh.start_all()
     cli: subprocess.Popen[str] | None = None
+    reader: threading.Thread | None = None
     try:
         gate = tmp_path / "gate"
         job_id = new_job_id()
@@ -202,10 +203,21 @@ def test_logs_follow_streams_a_running_job_until_it_ends(tmp_path: Path) -> None
         assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))  # none lost
         assert "the end" in seen
     finally:
-        if cli is not None and cli.poll() is None:
-            cli.kill()
-            cli.wait()
+        if cli is not None:
+            _ended(cli, reader)
         mesh.stop_all()
+
+
+def _ended(process: subprocess.Popen[str], reader: threading.Thread | None) -> None:
+    """The process ended (killed if it still runs), its reader done, its pipes closed."""
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+    if reader is not None:
+        reader.join(timeout=10)
+    for pipe in (process.stdout, process.stderr):
+        if pipe is not None:
+            pipe.close()
 
 
 def _read_lines(process: subprocess.Popen[str], out: queue.Queue[str | None]) -> None:

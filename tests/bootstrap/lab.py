@@ -118,11 +118,12 @@ class SshLab:
             f"hostname {self.name(i)} && mount --bind {self.opt(i)} /opt && "
             f"exec {SSHD} -D -e -f {config}"
         )
-        process = subprocess.Popen(
-            self.net.command(i, ["unshare", "--uts", "sh", "-c", script]),
-            stdout=subprocess.DEVNULL,
-            stderr=(directory / "sshd.log").open("wb"),
-        )
+        with (directory / "sshd.log").open("wb") as log:  # sshd keeps its own copy of the file
+            process = subprocess.Popen(
+                self.net.command(i, ["unshare", "--uts", "sh", "-c", script]),
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
         deadline = time.monotonic() + 10
         probe = ["bash", "-c", f"exec 3<>/dev/tcp/{self.address(i)}/{SSH_PORT}"]
         while time.monotonic() < deadline:
