@@ -48,14 +48,17 @@ def misses(mesh: Mesh, job_id: str) -> list[dict[str, object]]:
 
 def test_a_missed_deadline_is_said_once_counted_and_marked(mesh: Mesh) -> None:
     now = time.time()
-    running = submit(mesh, SLEEPER, now + 2)
+    # Deadlines 6 s away: time for the first job to be running before its own passes, on a
+    # loaded machine too.
+    running = submit(mesh, SLEEPER, now + 6)
     waiting = submit(
-        mesh, SLEEPER, now + 2, resources=Resources(gpus_per_node=1, backends=("rocm",))
+        mesh, SLEEPER, now + 6, resources=Resources(gpus_per_node=1, backends=("rocm",))
     )
     in_time = submit(mesh, ["true"], now + 600)
     op = Operator(mesh, mesh.agents[0])
     mesh.wait("the quick job done", lambda: op.job(in_time)["state"] == "succeeded")
-    assert op.job(running)["state"] == "running" and op.job(waiting)["state"] == "pending"
+    mesh.wait("the sleeper running", lambda: op.job(running).get("state") == "running", 5.0)
+    assert op.job(waiting)["state"] == "pending"
     for job_id, state in ((running, "running"), (waiting, "pending")):
         mesh.wait(
             f"the {state} job's miss", lambda j=job_id: len(misses(mesh, j)) == len(mesh.agents)
