@@ -80,6 +80,13 @@ def start_push_pull(peer: Peer, catching_up: bool = False) -> None:
     still reach the whole mesh: the rings are connected)."""
     if peer._left:
         return
+    peer._seed_turn = not peer._seed_turn
+    if peer._seed_turn:
+        seed = unmet_seed(peer)
+        if seed is not None:
+            peer.stats.push_pulls += 1
+            peer._send(seed, push_pull(peer, 0, (peer._self.alive,)))
+            return
     if catching_up:
         picks = contact_members(peer, 1, lambda m: m.state == _A, True)
     else:
@@ -91,6 +98,25 @@ def start_push_pull(peer: Peer, catching_up: bool = False) -> None:
         seed = peer._seeds[int(peer._rng.random() * len(peer._seeds))]
         if seed != peer.config.addr:
             peer._send(seed, push_pull(peer, 0, (peer._self.alive,)))
+
+
+def unmet_seed(peer: Peer) -> str | None:
+    """A seed no live member of our view sits at, drawn at random; None when every seed is met.
+
+    Every other push-pull goes to one while any is left: agents started together whose joins
+    each reached only another newcomer (a busy seed, or a seed list naming each other) formed
+    an island that knew nobody of the mesh, and nothing else ever sent it there. A seed address
+    no member advertises (a name where members give addresses, an agent gone for good) keeps
+    getting every other push-pull: one exchange per interval, the price of never being cut off.
+    """
+    if not peer._seeds:
+        return None
+    me = peer.config.addr
+    met = {m.addr for m in peer._members.values() if m.state in _LIVE}
+    unmet = [s for s in peer._seeds if s != me and s not in met]
+    if not unmet:
+        return None
+    return unmet[int(peer._rng.random() * len(unmet))]
 
 
 def full_updates(peer: Peer, m: Member) -> list[Update]:

@@ -151,6 +151,7 @@ class Peer:
         "_news",
         "_rings",
         "_contacts",
+        "_seed_turn",
     )
 
     def __init__(
@@ -204,6 +205,7 @@ class Peer:
         self._rings = Rings(max(1, config.probe_rings))  # ring 0: ids sorted (the relay's)
         self._rings.add(self.node_id)
         self._contacts: Neighbourhood | None = None  # the ring neighbours (None: to be found)
+        self._seed_turn = False  # push-pulls alternate with seeds not yet met (antientropy)
         self._records = RecordStore()
         self._awareness = Awareness(config.awareness_max_multiplier)
         self._awareness.apply_delta(config.start_health_score)

@@ -95,6 +95,26 @@ def test_partition_heals_within_30s() -> None:
     assert _views_full(sim, ids), "partition did not heal within 30 simulated s"
 
 
+def test_newcomers_that_joined_only_each_other_find_the_mesh_through_their_seed() -> None:
+    """Three agents started at once, each seeding the mesh's agent and the other two: while the
+    mesh's agent cannot be reached they join each other, an island; once it can, the island
+    finds it (their push-pulls go to the seed none of them has met) and the views merge."""
+    sim = Simulation(n=2, seed=11)
+    mesh = sorted(sim.nodes)
+    new = ["n0100", "n0101", "n0102"]
+    sim.partition(mesh, new)  # a busy seed: the newcomers' joins to it are lost
+    for i, nid in enumerate(new):
+        sim.restart(nid, [mesh[0], *(new[(i + k) % 3] for k in (1, 2))])
+    sim.run_until(sim.now + 20.0)
+    assert _views_full(sim, new), "the newcomers did not join each other"
+    sim.heal()
+    healed = sim.now
+    ids = [*mesh, *new]
+    while not _views_full(sim, ids) and sim.now < healed + 60.0:
+        sim.run_for(0.5)
+    assert _views_full(sim, ids), "the island never joined the mesh"
+
+
 def test_restart_with_new_boot_beats_stale_reports() -> None:
     joined: list[tuple[str, MemberJoined]] = []
     sim = Simulation(n=20, seed=8, on_event=lambda n, e: joined.extend(
