@@ -141,7 +141,8 @@ class Placement(Protocol):
         ...
 
     def offered(self, candidate: Candidate) -> None:
-        """A runner started or declined an offer of ``candidate``'s devices just now."""
+        """``candidate``'s devices are being offered, or a runner started or declined an offer
+        of them, just now."""
         ...
 
     def likely_node(

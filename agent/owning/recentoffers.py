@@ -8,8 +8,10 @@ devices were in use (another owner got there first) ranks the same stale devices
 its next pass, and is declined again. Every policy that ranks the same best place for every
 owner (first fit's first node, the Shoal policy's fastest device) collides there most.
 
-:class:`RecentOffers` keeps the devices of each offer a runner started or declined as in use for
-``hold_s``, a few gossip rounds; the placements count them as busy. Sans-I/O: ``now`` is passed.
+:class:`RecentOffers` keeps the devices of each offer as in use from the moment the owner reserves
+them for it (the job is then neither pending nor running in anyone's view), and again from when a
+runner started or declined it, for ``hold_s``, a few gossip rounds; the placements count them as
+busy. Sans-I/O: ``now`` is passed.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ class RecentOffers:
     _until: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def note(self, node_id: str, devices: Iterable[str], now: float) -> None:
-        """An offer of ``devices`` on ``node_id`` was started or declined at ``now``."""
+        """``devices`` on ``node_id`` were reserved for an offer, or an offer of them was
+        started or declined, at ``now``."""
         for key in devices:
             self._until[(node_id, key)] = now + self.hold_s
 

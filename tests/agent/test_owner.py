@@ -28,7 +28,7 @@ from agent.mesh.view import ClusterView, pack
 from agent.owning.ownedjob import OwnedJob
 from agent.owning.owner import UNHEARD_OWNER_GRACE_S, Owner
 from agent.owning.placement import FirstFit
-from agent.owning.placing import place_once
+from agent.owning.placing import candidates_for, place_once, reserve
 from agent.owning.recentoffers import HOLD_S
 from agent.storage.store import JobRecord, Store
 from agent.wire.calls import AttemptResult, StopAnswer
@@ -308,6 +308,26 @@ async def test_the_submissions_replica_copy_is_the_write_ahead_of_attempt_1(fx: 
     second_start = next(i for i, c in enumerate(fx.calls) if c[0] == "start" and c[1] == "runner-b")
     between = [b for op, _, b in fx.calls[first_start:second_start] if op == "replicate"]
     assert [(b["record"]["attempt"], b["record"]["runner"]) for b in between] == [(2, "runner-b")]
+    await owner.close()
+
+
+async def test_devices_reserved_for_an_offer_are_not_placed_again_meanwhile(fx: Fixture) -> None:
+    """From its reservation until the runner's record says the devices are taken, a job being
+    offered is neither pending nor running in the view: its devices must not look free to the
+    next job's placement (CI: fair share's pick lost its GPU to the job it was meant to beat)."""
+    runners = dict(fx.runners)
+    fx.runners.clear()  # nothing live to run on: both jobs wait
+    owner = fx.owner()
+    first, second = new_job_id(), new_job_id()
+    await owner.submit(fx.submission(first))
+    await owner.submit(fx.submission(second))
+    fx.runners.update(runners)
+    cand = candidates_for(owner, owner.jobs[first])[0]
+    assert (cand.node_id, cand.devices) == ("runner-a", ("h0",))
+    reserve(owner, owner.jobs[first], cand)  # its offer is on its way
+    assert [(c.node_id, c.devices) for c in candidates_for(owner, owner.jobs[second])] == [
+        ("runner-b", ("h0",))
+    ]
     await owner.close()
 
 
