@@ -47,6 +47,13 @@ HAVE_TIMEOUT_S: Final = 10.0
 HAVE_TRIES: Final = 3
 """How often a holder that did not answer what it has is asked (a refusal is not asked again)."""
 HAVE_RETRY_S: Final = 1.0
+SLOT_BYTES: Final = 4 << 20
+"""An ask of a chunk this big or bigger counts one against the swarm's caps; a smaller one its
+share (``SwarmLimits.slot_bytes``)."""
+BUNDLE_CHUNK_BYTES: Final = 1 << 20
+"""Chunks up to this size asked of one holder at once go in one request (``/chunks``)."""
+MAX_BUNDLE_CHUNKS: Final = 128
+MAX_BUNDLE_BYTES: Final = 8 << 20
 
 SourceKind = Literal["peer", "http", "s3"]
 
@@ -114,6 +121,41 @@ class Holder(Protocol):
 
     async def chunk(self, manifest: ContentManifest, chunk: ChunkAt) -> bytes: ...
 
+    async def chunks(self, manifest: ContentManifest, chunks: Sequence[ChunkAt]) -> list[bytes]:
+        """Several small chunks in one ask (:func:`bundles`), in order."""
+        ...
+
+
+def bundles(asks: Sequence[Ask]) -> list[list[Ask]]:
+    """``asks`` as the requests that carry them: the small chunks asked of one holder together
+    (up to :data:`MAX_BUNDLE_CHUNKS` and :data:`MAX_BUNDLE_BYTES` a request), every other
+    alone."""
+    out: list[list[Ask]] = []
+    open_: dict[str, tuple[list[Ask], int]] = {}
+    for ask in asks:
+        size = ask.chunk.length_bytes
+        if size > BUNDLE_CHUNK_BYTES:
+            out.append([ask])
+            continue
+        group, total = open_.get(ask.holder, ([], 0))
+        if not group or len(group) >= MAX_BUNDLE_CHUNKS or total + size > MAX_BUNDLE_BYTES:
+            group, total = [], 0
+            out.append(group)
+        group.append(ask)
+        open_[ask.holder] = (group, total + size)
+    return out
+
+
+def split_bundle(body: bytes, chunks: Sequence[ChunkAt], holder: str) -> list[bytes]:
+    """A ``/chunks`` answer cut into its chunks (each checked later, against its digest)."""
+    if len(body) != sum(c.length_bytes for c in chunks):
+        raise PeerUnreachable(f"{holder[:8]}: {len(chunks)} chunks answered cut short or long")
+    out, at = [], 0
+    for c in chunks:
+        out.append(body[at : at + c.length_bytes])
+        at += c.length_bytes
+    return out
+
 
 class PeerHolder:
     """A member that may hold the manifest, asked over the agents' channel."""
@@ -121,6 +163,8 @@ class PeerHolder:
     def __init__(self, peers: PeerClient, node_id: str, addr: str) -> None:
         self._peers, self._addr = peers, addr
         self.name = node_id
+        self._places: tuple[str, dict[str, int]] = ("", {})
+        """The last manifest's distinct chunks, by digest: their places (``/chunks?n=``)."""
 
     async def manifest(self, digest: str) -> ContentManifest:
         raw = await self._peers.fetch(
@@ -154,6 +198,20 @@ class PeerHolder:
             timeout_s=CHUNK_TIMEOUT_S,
         )
 
+    async def chunks(self, manifest: ContentManifest, chunks: Sequence[ChunkAt]) -> list[bytes]:
+        digest, places = self._places
+        if digest != manifest.digest:
+            places = {d: n for n, d in enumerate(distinct_chunks(manifest))}
+            self._places = (manifest.digest, places)
+        numbers = ",".join(str(places[c.digest]) for c in chunks)
+        body = await self._peers.fetch(
+            self._addr,
+            f"{PATH}/{manifest.digest}/chunks?n={numbers}",
+            max_bytes=sum(c.length_bytes for c in chunks),
+            timeout_s=CHUNK_TIMEOUT_S,
+        )
+        return split_bundle(body, chunks, self.name)
+
 
 @dataclass(frozen=True, slots=True)
 class Fetched:
@@ -177,7 +235,7 @@ class Fetcher:
         """``counts``: ``bytes_peer``/``bytes_http``/``bytes_s3``, ``chunks_refused``,
         ``holders_dropped``, ``holders_given_up``, ``resumes``, ``fetched``, ``failed``."""
         self.store = store
-        self.limits = limits or SwarmLimits()
+        self.limits = limits or SwarmLimits(slot_bytes=SLOT_BYTES)
         self.counts: Counter[str] = counts if counts is not None else Counter()
         self.clock = clock
         self._resumed: set[str] = set()
@@ -277,15 +335,16 @@ class Fetcher:
         kind: SourceKind,
         on_progress: Callable[[Progress], None] | None,
     ) -> None:
-        flying: dict[asyncio.Task[bytes], Ask] = {}
+        flying: dict[asyncio.Task[list[bytes]], list[Ask]] = {}
         measure = _Measure()
         try:
             while not swarm.done:
                 now = self.clock()
-                for ask in swarm.next_asks(now):
-                    task = asyncio.create_task(holders[ask.holder].chunk(manifest, ask.chunk))
-                    flying[task] = ask
-                    measure.asked(ask.holder, now)
+                for group in bundles(swarm.next_asks(now)):
+                    holder = group[0].holder
+                    task = asyncio.create_task(_ask(holders[holder], manifest, group))
+                    flying[task] = group
+                    measure.asked(holder, now)
                 if not flying:
                     if swarm.stuck:
                         raise FetchError(
@@ -302,9 +361,10 @@ class Fetcher:
                     flying, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
                 )
                 for task in finished:
-                    ask = flying.pop(task)
-                    if await self._answer(swarm, manifest, ask, task, kind):
-                        measure.got(ask.holder, ask.chunk.length_bytes, self.clock())
+                    group = flying.pop(task)
+                    kept = await self._answer(swarm, manifest, group, task, kind)
+                    if kept:
+                        measure.got(group[0].holder, kept, self.clock())
                 if finished and on_progress is not None:
                     on_progress(swarm.progress(self.clock()))
         finally:
@@ -320,35 +380,61 @@ class Fetcher:
         self,
         swarm: Swarm,
         manifest: ContentManifest,
-        ask: Ask,
-        task: asyncio.Task[bytes],
+        group: list[Ask],
+        task: asyncio.Task[list[bytes]],
         kind: SourceKind,
-    ) -> bool:
-        """Whether the chunk arrived whole and was kept."""
+    ) -> int:
+        """The bytes of ``group``'s chunks that arrived whole and were kept."""
+        first = group[0]
         try:
-            data = task.result()
-        except PeerRefused as exc:
-            log.info("%s refused chunk %s: %s", ask.holder[:8], ask.chunk.digest[:12], exc)
-            swarm.failed(ask, self.clock())
-            return False
+            datas = task.result()
         except PeerError as exc:
-            log.info("%s failed chunk %s: %s", ask.holder[:8], ask.chunk.digest[:12], exc)
-            swarm.failed(ask, self.clock())
-            return False
-        try:  # hashing 4 MiB takes milliseconds: off the event loop, with the write
-            await asyncio.to_thread(self._keep, manifest.digest, ask.chunk, data)
-        except ContentError as exc:
-            log.warning("dropping %s as a holder of %s: %s", ask.holder[:8], manifest.name, exc)
+            what = "refused" if isinstance(exc, PeerRefused) else "failed"
+            log.info("%s %s chunk %s: %s", first.holder[:8], what, first.chunk.digest[:12], exc)
+            swarm.failed(first, self.clock())  # one failure of the holder, however many chunks
+            for ask in group[1:]:
+                swarm.returned(ask)
+            return 0
+        # hashing 4 MiB takes milliseconds: off the event loop, with the write
+        good, bad = await asyncio.to_thread(self._keep, manifest.digest, group, datas)
+        if bad:
+            log.warning("dropping %s as a holder of %s: %s", first.holder[:8], manifest.name, bad)
+        for ask in bad:
             swarm.corrupt(ask)
-            return False
-        self.counts[f"bytes_{kind}"] += len(data)
-        swarm.got(ask, self.clock())
-        return True
+        now, kept = self.clock(), 0
+        for ask in good:
+            swarm.got(ask, now)
+            kept += ask.chunk.length_bytes
+        self.counts[f"bytes_{kind}"] += kept
+        return kept
 
-    def _keep(self, digest: str, chunk: ChunkAt, data: bytes) -> None:
-        """Check ``data`` against the chunk (whatever the store does), then keep it."""
-        check_chunk(chunk.digest, data, chunk.length_bytes)
-        self.store.put_chunk(digest, chunk, data)
+    def _keep(
+        self, digest: str, group: Sequence[Ask], datas: Sequence[bytes]
+    ) -> tuple[list[Ask], list[Ask]]:
+        """Check each chunk against its digest (whatever the store does), then keep those that
+        match, together; the asks kept and those refused."""
+        good: list[tuple[Ask, bytes]] = []
+        bad: list[Ask] = []
+        for ask, data in zip(group, datas, strict=True):
+            try:
+                check_chunk(ask.chunk.digest, data, ask.chunk.length_bytes)
+            except ContentError:
+                bad.append(ask)
+                continue
+            good.append((ask, data))
+        if good:
+            try:
+                self.store.put_chunks(digest, [(ask.chunk, data) for ask, data in good])
+            except ContentError:
+                return [], [*bad, *(ask for ask, _ in good)]
+        return [ask for ask, _ in good], bad
+
+
+async def _ask(holder: Holder, manifest: ContentManifest, group: Sequence[Ask]) -> list[bytes]:
+    """The bytes of ``group``'s chunks, from one request (:func:`bundles`)."""
+    if len(group) == 1:
+        return [await holder.chunk(manifest, group[0].chunk)]
+    return await holder.chunks(manifest, [ask.chunk for ask in group])
 
 
 MIN_MEASURED_BYTES: Final = 1 << 20

@@ -9,7 +9,11 @@ Routes, role ``agent`` only (a certificate of another role is refused 403 by
   :func:`agent.content.fetch.have_to_wire`);
 - ``GET /chunk/<chunk digest>?of=<digest>``: one chunk's bytes, only when it is a chunk of the
   manifest ``of`` and this node holds that manifest (whole or in part) and the chunk: a member
-  can read nothing of this node's store but the chunks of content it names by digest.
+  can read nothing of this node's store but the chunks of content it names by digest;
+- ``GET /<digest>/chunks?n=3,4,17``: several small chunks of ``digest`` in one answer, named by
+  their place among its distinct chunks (the order of the ``have`` bitmap), their bytes one after
+  another: at most :data:`~agent.content.fetch.MAX_BUNDLE_CHUNKS` of them and
+  :data:`~agent.content.fetch.MAX_BUNDLE_BYTES` in all, every one held here (else 404).
 
 A digest that is not 64 lowercase hex digits is refused 400; each refusal is counted
 (``shoal_content_total{what="served_refused"}``). A chunk is at most
@@ -24,12 +28,18 @@ import json
 import os
 import re
 from collections import Counter, OrderedDict
+from dataclasses import dataclass
 from typing import Final
 
 from aiohttp import web
 
 from agent.common.errors import ApiError
-from agent.content.fetch import have_to_wire
+from agent.content.fetch import (
+    MAX_BUNDLE_BYTES,
+    MAX_BUNDLE_CHUNKS,
+    distinct_chunks,
+    have_to_wire,
+)
 from agent.content.manifest import ContentManifest
 from agent.content.store_api import ContentStore
 
@@ -56,7 +66,7 @@ class ContentServer:
         ``served_bytes``, ``served_refused``)."""
         self.store = store
         self.counts = counts
-        self._sets: OrderedDict[str, frozenset[str]] = OrderedDict()
+        self._sets: OrderedDict[str, _Chunks] = OrderedDict()
         self._corrupt = os.environ.get(CORRUPT_ENV) == "1"
 
     def _refuse(self, status: int, message: str) -> ApiError:
@@ -77,29 +87,64 @@ class ContentServer:
         missing = await asyncio.to_thread(self.store.missing, digest)
         return have_to_wire(manifest, missing)
 
-    async def chunk(self, chunk_digest: str, of: str) -> bytes:
+    async def _chunks(self, of: str) -> _Chunks:
         chunks = self._sets.get(of)
         if chunks is None:
-            chunks = (await self._manifest(of)).chunk_digests()
+            manifest = await self._manifest(of)
+            lengths = {c.digest: c.length_bytes for c in manifest.chunk_places()}
+            chunks = _Chunks(distinct_chunks(manifest), lengths)
             self._sets[of] = chunks
             while len(self._sets) > _SETS_KEPT:
                 self._sets.popitem(last=False)
         else:
             self._sets.move_to_end(of)
-        if chunk_digest not in chunks:
+        return chunks
+
+    async def chunk(self, chunk_digest: str, of: str) -> bytes:
+        if chunk_digest not in (await self._chunks(of)).lengths:
             raise self._refuse(404, f"chunk {chunk_digest[:12]} is not of content {of[:12]}")
+        [data] = await self._read([chunk_digest])
+        return data
+
+    async def bundle(self, of: str, numbers: str) -> bytes:
+        """The chunks of ``of`` at places ``numbers`` (``3,4,17``), one after another."""
+        chunks = await self._chunks(of)
+        try:
+            places = [int(n) for n in numbers.split(",")]
+        except ValueError:
+            raise self._refuse(400, "n must be chunk numbers, comma-separated") from None
+        if not 0 < len(places) <= MAX_BUNDLE_CHUNKS:
+            raise self._refuse(400, f"from 1 to {MAX_BUNDLE_CHUNKS} chunks in one ask")
+        if any(not 0 <= n < len(chunks.order) for n in places):
+            raise self._refuse(404, f"a chunk number beyond those of content {of[:12]}")
+        digests = [chunks.order[n] for n in places]
+        if sum(chunks.lengths[d] for d in digests) > MAX_BUNDLE_BYTES:
+            raise self._refuse(400, f"over {MAX_BUNDLE_BYTES} bytes in one ask")
+        return b"".join(await self._read(digests))
+
+    async def _read(self, digests: list[str]) -> list[bytes]:
+        """The chunks' bytes, read in one thread (404 when one is not held here)."""
         try:
             async with asyncio.timeout(READ_TIMEOUT_S):
-                data = await asyncio.to_thread(self.store.read_chunk, chunk_digest)
+                read = await asyncio.to_thread(lambda: [self.store.read_chunk(d) for d in digests])
         except TimeoutError:
-            raise self._refuse(503, f"chunk {chunk_digest[:12]}: the disk did not answer") from None
-        if data is None:
-            raise self._refuse(404, f"chunk {chunk_digest[:12]} is not held here")
-        self.counts["served_chunks"] += 1
-        self.counts["served_bytes"] += len(data)
-        if self._corrupt and data:
-            return bytes([data[0] ^ 0xFF]) + data[1:]
-        return data
+            raise self._refuse(503, f"chunk {digests[0][:12]}: the disk did not answer") from None
+        out: list[bytes] = []
+        for digest, data in zip(digests, read, strict=True):
+            if data is None:
+                raise self._refuse(404, f"chunk {digest[:12]} is not held here")
+            self.counts["served_chunks"] += 1
+            self.counts["served_bytes"] += len(data)
+            out.append(bytes([data[0] ^ 0xFF]) + data[1:] if self._corrupt and data else data)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Chunks:
+    """A manifest's distinct chunks as a holder serves them: in order, and their lengths."""
+
+    order: list[str]
+    lengths: dict[str, int]
 
 
 class Routes:
@@ -126,4 +171,9 @@ class Routes:
     async def chunk(self, request: web.Request) -> web.StreamResponse:
         chunk_digest = self._digest(request, "chunk")
         data = await self.server.chunk(chunk_digest, self._digest(request, "of"))
+        return web.Response(body=data, content_type=CHUNK_CONTENT_TYPE)
+
+    async def bundle(self, request: web.Request) -> web.StreamResponse:
+        digest = self._digest(request, "digest")
+        data = await self.server.bundle(digest, request.query.get("n", ""))
         return web.Response(body=data, content_type=CHUNK_CONTENT_TYPE)

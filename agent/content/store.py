@@ -29,7 +29,7 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -43,12 +43,16 @@ from agent.content.manifest import (
 from agent.content.storefiles import StoreFiles
 from agent.content.storefolders import FolderIndex
 from agent.content.storeindex import (
+    BATCH,
     HELD_SELECT,
     MIGRATIONS,
     Held,
     StoreStats,
+    digests_of,
     file_key,
     held_row,
+    point_local,
+    recount,
 )
 from agent.storage.sqlitefile import StoreError, StoreFull, migrate, open_database, transaction
 
@@ -58,7 +62,6 @@ _PARSED_KEPT: Final = 16
 RESERVE_FRACTION: Final = 0.05
 RESERVE_MAX_BYTES: Final = 1 << 30
 """What the store leaves free on its disk, as the agent's disk guard does: 5%, at most 1 GiB."""
-_BATCH: Final = 500
 
 
 class DiskStore(FolderIndex):
@@ -152,23 +155,33 @@ class DiskStore(FolderIndex):
         }
 
     def put_chunk(self, digest: str, chunk: ChunkAt, data: bytes) -> None:
-        try:
-            check_chunk(chunk.digest, data, chunk.length_bytes)
-        except ContentError:
-            self.stats.refused_chunks += 1
-            raise
-        with self._lock:
-            known = self._db.execute(
-                "SELECT 1 FROM entries e JOIN places p USING (fkey) WHERE e.digest = ? AND"
-                " p.chunk = ? LIMIT 1",
-                (digest, chunk.digest),
-            ).fetchone()
-            if known is None:
+        self.put_chunks(digest, ((chunk, data),))
+
+    def put_chunks(self, digest: str, items: Sequence[tuple[ChunkAt, bytes]]) -> None:
+        for chunk, data in items:
+            try:
+                check_chunk(chunk.digest, data, chunk.length_bytes)
+            except ContentError:
                 self.stats.refused_chunks += 1
-                raise ContentError(
-                    f"chunk {chunk.digest[:12]}: not a chunk of manifest {digest[:12]} held here"
+                raise
+        with self._lock:
+            marks = ",".join("?" * len(items))
+            known = {
+                r[0]
+                for r in self._db.execute(
+                    "SELECT DISTINCT p.chunk FROM entries e JOIN places p USING (fkey) WHERE"
+                    f" e.digest = ? AND p.chunk IN ({marks})",
+                    (digest, *(chunk.digest for chunk, _ in items)),
                 )
-            self._fill(chunk.digest, data)
+            }
+            for chunk, _ in items:
+                if chunk.digest not in known:
+                    self.stats.refused_chunks += 1
+                    raise ContentError(
+                        f"chunk {chunk.digest[:12]}: not a chunk of manifest {digest[:12]} held"
+                        " here"
+                    )
+            self._fill({chunk.digest: data for chunk, data in items})
 
     def read_chunk(self, chunk_digest: str) -> bytes | None:
         with self._lock:
@@ -322,7 +335,7 @@ class DiskStore(FolderIndex):
                     (digest,),
                 ).fetchone()
                 if left is not None and left[0] is not None:
-                    self._point_local(db, digest, left[0])  # its files are in that folder
+                    point_local(db, digest, left[0])  # its files are in that folder
             if gone and left is None:
                 self.evict(digest)
             return bool(gone)
@@ -437,7 +450,7 @@ class DiskStore(FolderIndex):
                         db.execute("UPDATE files SET local = ? WHERE fkey = ?", (local, fkey))
                         db.execute("UPDATE places SET held = 1 WHERE fkey = ?", (fkey,))
                         newly_held.update(f.chunks)
-                self._recount(db, [digest])
+                recount(db, [digest])
             self._parsed.pop(digest, None)
             # what others hold already fills this one; what this one holds fills others
             wanted = {d for f in manifest.files for d in f.chunks}
@@ -449,8 +462,8 @@ class DiskStore(FolderIndex):
     def _held_chunks(self, digests: Sequence[str]) -> set[str]:
         out: set[str] = set()
         with self._lock:
-            for i in range(0, len(digests), _BATCH):
-                part = digests[i : i + _BATCH]
+            for i in range(0, len(digests), BATCH):
+                part = digests[i : i + BATCH]
                 marks = ",".join("?" * len(part))
                 out.update(
                     r[0]
@@ -475,21 +488,29 @@ class DiskStore(FolderIndex):
                 continue
             data = self.read_chunk(chunk)
             if data is not None:
-                self._fill(chunk, data)
+                self._fill({chunk: data})
 
-    def _fill(self, chunk: str, data: bytes) -> None:
-        """Write ``data`` (checked) at every empty place of ``chunk``; finish the files it
-        completes."""
-        places = self._db.execute(
-            "SELECT p.fkey, p.n, f.size_bytes, f.chunk_bytes FROM places p JOIN files f USING"
-            " (fkey) WHERE p.chunk = ? AND p.held = 0",
-            (chunk,),
-        ).fetchall()
+    def _fill(self, chunks: Mapping[str, bytes]) -> None:
+        """Write each chunk's bytes (checked) at every empty place of it, in one transaction;
+        finish the files they complete."""
+        places: list[tuple[str, int, int, int, bytes]] = []
+        digests = list(chunks)
+        for i in range(0, len(digests), BATCH):
+            part = digests[i : i + BATCH]
+            places += [
+                (fkey, n, size_bytes, chunk_bytes, chunks[chunk])
+                for fkey, n, size_bytes, chunk_bytes, chunk in self._db.execute(
+                    "SELECT p.fkey, p.n, f.size_bytes, f.chunk_bytes, p.chunk FROM places p JOIN"
+                    f" files f USING (fkey) WHERE p.chunk IN ({','.join('?' * len(part))})"
+                    " AND p.held = 0",
+                    part,
+                )
+            ]
         if not places:
             return
-        need = len(data) * len(places)
+        need = sum(len(p[4]) for p in places)
         if self._store_bytes + need > self.rules.budget_bytes:
-            keep = set(self.protected()) | set(self._digests_of(self._db, [p[0] for p in places]))
+            keep = set(self.protected()) | set(digests_of(self._db, [p[0] for p in places]))
             self.evict_over_budget(keep, force=True)
         if self._store_bytes + need > self.rules.budget_bytes:
             self.stats.by_reason["budget"] = self.stats.by_reason.get("budget", 0) + 1
@@ -501,8 +522,12 @@ class DiskStore(FolderIndex):
         if free - need < min(RESERVE_MAX_BYTES, int(total * RESERVE_FRACTION)):
             self.stats.by_reason["disk"] = self.stats.by_reason.get("disk", 0) + 1
             raise StoreFull(f"store {self.root}: the disk is full ({free} bytes free)")
-        for fkey, n, size_bytes, chunk_bytes in places:
-            self.files.write_at(fkey, size_bytes, n * chunk_bytes, data)
+        self.files.write_many(
+            [
+                (fkey, size_bytes, n * chunk_bytes, data)
+                for fkey, n, size_bytes, chunk_bytes, data in places
+            ]
+        )
         fkeys = sorted({p[0] for p in places})
         with self._tx() as db:
             db.executemany(
@@ -510,21 +535,25 @@ class DiskStore(FolderIndex):
                 [(p[0], p[1]) for p in places],
             )
             self._store_bytes += need
-            self._recount(db, self._digests_of(db, fkeys))
-        for fkey in fkeys:
-            self._maybe_finish(fkey)
+            recount(db, digests_of(db, fkeys))
+        objects = [(sha, fkey) for fkey in fkeys if (sha := self._maybe_finish(fkey))]
+        if objects:  # one transaction for the files this fill completed
+            with self._tx() as db:
+                db.executemany("UPDATE files SET object = ? WHERE fkey = ?", objects)
 
-    def _maybe_finish(self, fkey: str) -> None:
+    def _maybe_finish(self, fkey: str) -> str | None:
+        """The SHA-256 of partial file ``fkey`` once every chunk of it is held and checked
+        again, moved under ``objects/`` (the caller records it); else None."""
         empty = self._db.execute(
             "SELECT 1 FROM places WHERE fkey = ? AND held = 0 LIMIT 1", (fkey,)
         ).fetchone()
         if empty is not None:
-            return
+            return None
         row = self._db.execute(
             "SELECT chunk_bytes, object, local FROM files WHERE fkey = ?", (fkey,)
         ).fetchone()
         if row is None or row[1] is not None or row[2] is not None:
-            return
+            return None
         chunks = [
             r[0]
             for r in self._db.execute(
@@ -532,12 +561,9 @@ class DiskStore(FolderIndex):
             ).fetchall()
         ]
         sha, bad = self.files.finish(fkey, int(row[0]), chunks)
-        if sha is not None:
-            with self._tx() as db:
-                db.execute("UPDATE files SET object = ? WHERE fkey = ?", (sha, fkey))
-            return
         for n in bad:
             self._found_bad(fkey, n, False)
+        return sha
 
     def _found_bad(self, fkey: str, n: int, local: bool) -> None:
         """A held chunk read back did not match: no longer held (fetched again)."""
@@ -552,41 +578,4 @@ class DiskStore(FolderIndex):
             db.execute("UPDATE places SET held = 0 WHERE fkey = ? AND n = ?", (fkey, n))
             if not local:
                 self._store_bytes -= int(length[0])
-            self._recount(db, self._digests_of(db, [fkey]))
-
-    @staticmethod
-    def _digests_of(db: sqlite3.Connection, fkeys: Sequence[str]) -> list[str]:
-        out: set[str] = set()
-        for i in range(0, len(fkeys), _BATCH):
-            part = fkeys[i : i + _BATCH]
-            marks = ",".join("?" * len(part))
-            out.update(
-                r[0]
-                for r in db.execute(
-                    f"SELECT DISTINCT digest FROM entries WHERE fkey IN ({marks})", part
-                )
-            )
-        return sorted(out)
-
-    @staticmethod
-    def _point_local(db: sqlite3.Connection, digest: str, origin: str) -> None:
-        """The files of ``digest`` read from a folder are read from ``origin`` from now on."""
-        rows = db.execute(
-            "SELECT e.fkey, e.path FROM entries e JOIN files f USING (fkey) WHERE e.digest = ?"
-            " AND f.local IS NOT NULL",
-            (digest,),
-        ).fetchall()
-        db.executemany(
-            "UPDATE files SET local = ? WHERE fkey = ?",
-            [(str(Path(origin) / path), fkey) for fkey, path in rows],
-        )
-
-    @staticmethod
-    def _recount(db: sqlite3.Connection, digests: Sequence[str]) -> None:
-        for digest in digests:
-            db.execute(
-                "UPDATE manifests SET held_bytes = (SELECT COALESCE(SUM(p.length), 0) FROM"
-                " entries e JOIN places p ON p.fkey = e.fkey AND p.held = 1 WHERE e.digest = ?)"
-                " WHERE digest = ?",
-                (digest, digest),
-            )
+            recount(db, digests_of(db, [fkey]))

@@ -35,6 +35,11 @@ class ContentStore(Protocol):
         :class:`~agent.storage.sqlitefile.StoreFull` when the disk or the budget is full."""
         ...
 
+    def put_chunks(self, digest: str, items: Sequence[tuple[ChunkAt, bytes]]) -> None:
+        """:meth:`put_chunk` of several chunks of manifest ``digest`` at once (a few hundred at
+        most): one index transaction for all; nothing is kept when one does not match."""
+        ...
+
     def read_chunk(self, chunk_digest: str) -> bytes | None:
         """The bytes of a chunk this node holds (checked again before they are served), or
         ``None``."""

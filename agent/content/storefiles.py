@@ -5,14 +5,16 @@ decides what to write where."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import hashlib
 import os
 import shutil
 import stat
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Final, cast
 
 from agent.storage.sqlitefile import StoreFull
 from gossip.fsmodes import ensure_dir
@@ -23,6 +25,36 @@ _READ: Final = os.O_RDONLY | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NONBLOCK", 0)
 _WRITE: Final = os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC
 _FULL_ERRNOS: Final = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
 _HASH_BLOCK: Final = 1 << 20
+
+
+_fdatasync: Final = getattr(os, "fdatasync", os.fsync)
+
+
+def _load_syncfs() -> Callable[[int], int] | None:
+    if sys.platform != "linux":
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        call = libc.syncfs
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int]
+    call.restype = ctypes.c_int
+    return cast("Callable[[int], int]", call)
+
+
+_SYNCFS: Final = _load_syncfs()
+
+
+def _syncfs(fd: int) -> bool:
+    """Flush the whole file system ``fd`` is on to the disk (Linux); False where this cannot
+    be done (then each file is synced on its own)."""
+    if _SYNCFS is None:
+        return False
+    if _SYNCFS(fd) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return True
 
 
 def full(exc: OSError) -> bool:
@@ -48,23 +80,31 @@ class StoreFiles:
     def tree_path(self, digest: str) -> Path:
         return self.root / "trees" / digest
 
-    def write_at(self, fkey: str, size_bytes: int, offset_bytes: int, data: bytes) -> None:
-        """Write ``data`` into the partial file ``fkey`` (made at ``size_bytes``, sparse) and
-        flush it to the disk before returning (the index records it held only after)."""
+    def write_many(self, writes: Sequence[tuple[str, int, int, bytes]]) -> None:
+        """Write each ``(file key, size, offset, data)`` into its partial file (made at its
+        size, sparse) and flush them all to the disk before returning (the index records them
+        held only after): one ``syncfs`` of the store's file system where there is one (Linux),
+        else each file synced on its own."""
+        fds: list[int] = []
         try:
-            fd = os.open(self.partial_path(fkey), _WRITE, 0o600)
-            try:
+            for fkey, size_bytes, offset_bytes, data in writes:
+                fd = os.open(self.partial_path(fkey), _WRITE, 0o600)
+                fds.append(fd)
                 if os.fstat(fd).st_size != size_bytes:
                     os.ftruncate(fd, size_bytes)
                 if data:
                     os.pwrite(fd, data, offset_bytes)
-                    getattr(os, "fdatasync", os.fsync)(fd)
-            finally:
-                os.close(fd)
+            if len(fds) > 1 and _syncfs(fds[0]):
+                return
+            for fd in fds:
+                _fdatasync(fd)
         except OSError as exc:
             if full(exc):
                 raise StoreFull(f"store {self.root}: the disk is full ({exc.strerror})") from None
             raise
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def read_at(self, path: Path, offset_bytes: int, length_bytes: int) -> bytes | None:
         """``length_bytes`` of the regular file ``path`` from ``offset_bytes``, no link

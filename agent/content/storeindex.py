@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Final
 
 from agent.content.manifest import ContentFile
 
+BATCH: Final = 500
+"""Values bound in one ``IN (...)`` at most."""
 MIGRATIONS: Final = (
     (
         "CREATE TABLE manifests (digest TEXT PRIMARY KEY, kind TEXT NOT NULL, name TEXT NOT"
@@ -95,3 +99,42 @@ def held_row(row: Sequence[object]) -> Held:
         pinned=bool(row[8]),
         origin=None if row[9] is None else str(row[9]),
     )
+
+
+def digests_of(db: sqlite3.Connection, fkeys: Sequence[str]) -> list[str]:
+    """The manifests with a file among ``fkeys``."""
+    out: set[str] = set()
+    for i in range(0, len(fkeys), BATCH):
+        part = fkeys[i : i + BATCH]
+        marks = ",".join("?" * len(part))
+        out.update(
+            r[0]
+            for r in db.execute(
+                f"SELECT DISTINCT digest FROM entries WHERE fkey IN ({marks})", part
+            )
+        )
+    return sorted(out)
+
+
+def point_local(db: sqlite3.Connection, digest: str, origin: str) -> None:
+    """The files of ``digest`` read from a folder are read from ``origin`` from now on."""
+    rows = db.execute(
+        "SELECT e.fkey, e.path FROM entries e JOIN files f USING (fkey) WHERE e.digest = ?"
+        " AND f.local IS NOT NULL",
+        (digest,),
+    ).fetchall()
+    db.executemany(
+        "UPDATE files SET local = ? WHERE fkey = ?",
+        [(str(Path(origin) / path), fkey) for fkey, path in rows],
+    )
+
+
+def recount(db: sqlite3.Connection, digests: Sequence[str]) -> None:
+    """Each manifest's ``held_bytes`` from its places held."""
+    for digest in digests:
+        db.execute(
+            "UPDATE manifests SET held_bytes = (SELECT COALESCE(SUM(p.length), 0) FROM"
+            " entries e JOIN places p ON p.fkey = e.fkey AND p.held = 1 WHERE e.digest = ?)"
+            " WHERE digest = ?",
+            (digest, digest),
+        )

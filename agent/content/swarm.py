@@ -4,8 +4,9 @@ A :class:`Swarm` is told the chunks still missing here (``ContentStore.missing``
 holder says it has (a whole copy, or a partial one with its set of chunk digests). It hands out
 :class:`Ask` values, rarest chunk first (the chunk the fewest usable holders have goes first, so
 that a holder about to vanish has given what only it had), spread over several holders at once,
-within a cap of asks in flight (in all and per holder) and of bytes per second per link (a token
-bucket per holder, refilled from the ``now`` passed in). Each ask ends in one of three ways:
+within a cap of asks in flight (in all and per holder; a small chunk counts its share of a slot,
+``SwarmLimits.slot_bytes``) and of bytes per second per link (a token bucket per holder, refilled
+from the ``now`` passed in). Each ask ends in one of three ways:
 
 - :meth:`Swarm.got`: the chunk is held; it is never asked again;
 - :meth:`Swarm.corrupt`: the holder served bytes that do not match the chunk's digest: the holder
@@ -31,6 +32,8 @@ from agent.content.manifest import ChunkAt
 
 RATE_WINDOW_S: Final = 5.0
 """The rate is what arrived over this last span."""
+SLOT_PARTS: Final = 64
+"""The parts of a slot (``SwarmLimits.slot_bytes``): the smallest share an ask counts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,12 +50,26 @@ class SwarmLimits:
     max_backoff_s: float = 30.0
     max_failures: int = 6
     """Failures in a row after which a holder is given up for this manifest."""
+    slot_bytes: int = 0
+    """With it, an ask counts against the caps above as its chunk's share of a slot (at least
+    1/:data:`SLOT_PARTS` of one, at most one): a working folder's thousand small files go many
+    at a time, and the fetcher sends those asked of one holder together as one request. 0:
+    every ask counts one."""
 
     def __post_init__(self) -> None:
         if self.max_in_flight < 1 or self.max_in_flight_per_holder < 1:
             raise ValueError("swarm limits: at least one ask must be allowed in flight")
         if self.link_bytes_per_s < 0 or self.burst_bytes < 0 or self.max_failures < 1:
             raise ValueError("swarm limits: negative rate, burst or no failure allowed")
+        if self.slot_bytes < 0:
+            raise ValueError("swarm limits: a negative slot")
+
+    def parts(self, chunk: ChunkAt) -> int:
+        """What an ask of ``chunk`` counts, in parts of a slot (:data:`SLOT_PARTS` a slot)."""
+        if not self.slot_bytes:
+            return SLOT_PARTS
+        share = -(-chunk.length_bytes * SLOT_PARTS // self.slot_bytes)  # rounded up
+        return max(1, min(SLOT_PARTS, share))
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +124,7 @@ class _Holder:
     tokens: float = 0.0
     refilled_at: float = 0.0
     in_flight: int = 0
+    """In parts of a slot (``SwarmLimits.parts``)."""
     failures: int = 0
     until: float = 0.0
     """Backing off until then."""
@@ -145,6 +163,8 @@ class Swarm:
         self._order = {c.digest: n for n, c in enumerate(missing)}
         self._pending: dict[str, ChunkAt] = {c.digest: c for c in missing}
         self._in_flight: dict[str, Ask] = {}
+        self._flying = 0
+        """The parts of a slot the asks in flight count (``SwarmLimits.parts``)."""
         self._holders: dict[str, _Holder] = {}
         self._arrived: deque[tuple[float, int, str]] = deque()
         self._max_chunk = max((c.length_bytes for c in missing), default=0)
@@ -198,7 +218,7 @@ class Swarm:
     def next_asks(self, now: float) -> list[Ask]:
         """The asks to send now (possibly none), each marked in flight until it ends."""
         asks: list[Ask] = []
-        if len(self._in_flight) >= self.limits.max_in_flight:
+        if self._flying >= self._cap:
             return asks
         ready = [h for h in self._holders.values() if self._ready(h, now)]
         if not ready:
@@ -211,6 +231,8 @@ class Swarm:
             chunk = self._pending.get(digest)
             if chunk is None or digest in self._in_flight:
                 continue
+            if self._flying and self._flying + self.limits.parts(chunk) > self._cap:
+                break
             choices = [h for h in ready if h.has(digest) and self._may_take(h, chunk, now)]
             if not choices:
                 continue
@@ -219,7 +241,7 @@ class Swarm:
             ask = Ask(holder.name, chunk)
             self._in_flight[digest] = ask
             asks.append(ask)
-            if len(self._in_flight) >= self.limits.max_in_flight:
+            if self._flying >= self._cap:
                 break
             ready = [h for h in ready if self._ready(h, now)]
             if not ready:
@@ -229,11 +251,11 @@ class Swarm:
     def wake_at(self, now: float) -> float | None:
         """When asking again may give something (a bucket refilled, a back-off over): ``None``
         when only an ask ending can."""
-        if not self._pending or len(self._in_flight) >= self.limits.max_in_flight:
+        if not self._pending or self._flying >= self._cap:
             return None
         times: list[float] = []
         for h in self._holders.values():
-            if h.out or h.in_flight >= self.limits.max_in_flight_per_holder:
+            if h.out or h.in_flight >= self._holder_cap:
                 continue
             if not self._has_work(h):
                 continue
@@ -287,6 +309,11 @@ class Swarm:
         wait = self.limits.backoff_s * 2 ** (holder.failures - 1)
         holder.until = max(holder.until, now + min(wait, self.limits.max_backoff_s))
 
+    def returned(self, ask: Ask) -> None:
+        """The ask went in one request with others that failed (the holder is charged once,
+        with :meth:`failed`): the chunk goes back, nothing counted."""
+        self._end(ask)
+
     def held_elsewhere(self, digest: str) -> None:
         """The chunk turned out to be held already (another fetch put it): nothing to ask."""
         chunk = self._pending.pop(digest, None)
@@ -309,12 +336,22 @@ class Swarm:
 
     # -- inside ----------------------------------------------------------------------------------
 
+    @property
+    def _cap(self) -> int:
+        return self.limits.max_in_flight * SLOT_PARTS
+
+    @property
+    def _holder_cap(self) -> int:
+        return self.limits.max_in_flight_per_holder * SLOT_PARTS
+
     def _end(self, ask: Ask) -> None:
         if self._in_flight.get(ask.chunk.digest) == ask:
             del self._in_flight[ask.chunk.digest]
+            parts = self.limits.parts(ask.chunk)
+            self._flying -= parts
             holder = self._holders.get(ask.holder)
             if holder is not None:
-                holder.in_flight -= 1
+                holder.in_flight -= parts
 
     def _rank(self) -> list[str]:
         """Pending chunks, rarest first (then in manifest order); recomputed when holders
@@ -345,7 +382,7 @@ class Swarm:
         """May ``h`` be asked now: usable, not backing off, under its cap, and (with a rate
         cap) its bucket holds a whole chunk, so that a ready holder never makes the asking
         scan every pending chunk for nothing."""
-        if h.out or now < h.until or h.in_flight >= self.limits.max_in_flight_per_holder:
+        if h.out or now < h.until or h.in_flight >= self._holder_cap:
             return False
         if not self.limits.link_bytes_per_s:
             return True
@@ -353,13 +390,17 @@ class Swarm:
         return h.tokens >= self._max_chunk
 
     def _may_take(self, h: _Holder, chunk: ChunkAt, now: float) -> bool:
+        if h.in_flight and h.in_flight + self.limits.parts(chunk) > self._holder_cap:
+            return False
         if not self.limits.link_bytes_per_s:
             return True
         self._refill(h, now)
         return h.tokens >= chunk.length_bytes
 
     def _take(self, h: _Holder, chunk: ChunkAt, now: float) -> None:
-        h.in_flight += 1
+        parts = self.limits.parts(chunk)
+        h.in_flight += parts
+        self._flying += parts
         if self.limits.link_bytes_per_s:
             h.tokens -= chunk.length_bytes
 

@@ -19,6 +19,7 @@ import os
 import shutil
 import stat
 from collections.abc import Collection, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -35,6 +36,8 @@ WORKDIR_CHUNK_BYTES: Final = 256 << 10
 time."""
 IGNORE_FILES: Final = (".gitignore", ".shoalignore")
 ALWAYS_LEFT_OUT: Final = (".git",)
+COPY_THREADS: Final = 8
+"""Files copied into a job's folder at once."""
 WORK_DIR_NAME: Final = "work"
 """The job's copy of its working folder, inside its folder."""
 
@@ -168,6 +171,7 @@ def copy_out(tree: Path, dest: Path) -> None:
         else:
             os.unlink(dest)
     os.mkdir(dest, 0o755)
+    copies: list[tuple[Path, Path, int]] = []
     for root, dirs, files in os.walk(tree):
         rel = Path(root).relative_to(tree)
         for d in dirs:
@@ -176,10 +180,21 @@ def copy_out(tree: Path, dest: Path) -> None:
         for f in files:
             src = Path(root) / f
             st = os.lstat(src)
-            if not stat.S_ISREG(st.st_mode):
-                continue
-            shutil.copyfile(src, dest / rel / f, follow_symlinks=False)
-            os.chmod(dest / rel / f, (st.st_mode & 0o777) | stat.S_IWUSR)
+            if stat.S_ISREG(st.st_mode):
+                copies.append((src, dest / rel / f, (st.st_mode & 0o777) | stat.S_IWUSR))
+    if len(copies) < COPY_THREADS * 4:
+        for copy in copies:
+            _copy(*copy)
+        return
+    # a folder of many small files: the copies wait on the disk more than on Python
+    with ThreadPoolExecutor(COPY_THREADS) as pool:
+        for _ in pool.map(lambda c: _copy(*c), copies):
+            pass
+
+
+def _copy(src: Path, dst: Path, mode: int) -> None:
+    shutil.copyfile(src, dst, follow_symlinks=False)
+    os.chmod(dst, mode)
 
 
 def chown_tree(top: Path, uid: int, gid: int) -> None:

@@ -488,4 +488,5 @@ def setup(app: web.Application, agent: AgentService) -> None:
     app.router.add_get(f"{CONTENT_PATH}/chunk/{{chunk}}", _internal(content.chunk))
     app.router.add_get(f"{CONTENT_PATH}/{{digest}}", _internal(content.manifest))
     app.router.add_get(f"{CONTENT_PATH}/{{digest}}/have", _internal(content.have))
+    app.router.add_get(f"{CONTENT_PATH}/{{digest}}/chunks", _internal(content.bundle))
     app.router.add_post("/v1/internal/{op}", i_op)

@@ -38,6 +38,7 @@ from agent.checkpoints.ckptfiles import Vault
 from agent.checkpoints.ckptmove import Checkpoints
 from agent.checkpoints.transfer import TransferLimits
 from agent.common.eachjob import one_job
+from agent.content.fetch import SLOT_BYTES
 from agent.content.routes import ContentServer
 from agent.content.stage import Stager
 from agent.content.swarm import SwarmLimits
@@ -225,7 +226,9 @@ class Agent:
             self.content_store,
             config.data_dir / "staging",
             self.content_counts,
-            SwarmLimits(link_bytes_per_s=int(config.content_link_bytes_per_s)),
+            SwarmLimits(
+                link_bytes_per_s=int(config.content_link_bytes_per_s), slot_bytes=SLOT_BYTES
+            ),
         )
         self.stager.changed = self.datasets_changed
         self.commands = Commands(

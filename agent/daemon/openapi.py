@@ -369,6 +369,23 @@ PATHS: Final[dict[str, Any]] = {
             "responses": {"200": _json_doc("{whole, bitmap}"), **_answers(None, 400, 403, 404)},
         }
     },
+    "/v1/internal/content/{digest}/chunks": {
+        "get": {
+            "summary": "Several small chunks of content this agent holds, one after another, by"
+            " their place among its distinct chunks (role agent)",
+            "parameters": [
+                _digest("digest", "the manifest's digest"),
+                {
+                    **_needed("n", "the chunks' places, comma-separated (at most 128, 8 MiB)"),
+                    "schema": {"type": "string", "pattern": "^[0-9]+(,[0-9]+)*$"},
+                },
+            ],
+            "responses": {
+                "200": {"description": "the chunks' bytes", "content": _FRAME},
+                **_answers(None, 400, 403, 404, 503),
+            },
+        }
+    },
     "/v1/internal/content/chunk/{chunk}": {
         "get": {
             "summary": "One chunk's bytes, of content this agent holds (role agent)",

@@ -16,7 +16,13 @@ import binascii
 from collections import Counter
 from typing import Any, Final
 
-from agent.content.manifest import ContentError, ContentLimits, ContentManifest
+from agent.content.manifest import (
+    ChunkAt,
+    ContentError,
+    ContentLimits,
+    ContentManifest,
+    check_chunk,
+)
 from agent.content.stage import Stager
 from agent.content.store import DiskStore
 from agent.content.workdir import DEFAULT_MAX_BYTES, MAX_FILES
@@ -56,7 +62,8 @@ class WorkdirUploads:
 
     async def put(self, body: dict[str, Any]) -> dict[str, Any]:
         """Keep each chunk of ``body["chunks"]`` (``[[digest, base64], ...]``) of manifest
-        ``body["digest"]`` this store lacks; what it still lacks after."""
+        ``body["digest"]``; how many were kept (the operator asks ``workdir_missing`` again at
+        the end)."""
         digest = body.get("digest")
         chunks = body.get("chunks")
         if not isinstance(digest, str) or not isinstance(chunks, list):
@@ -66,23 +73,29 @@ class WorkdirUploads:
         manifest = await asyncio.to_thread(self.store.manifest, digest)
         if manifest is None or manifest.kind != "workdir":
             raise ValueError(f"no working folder {digest[:12]} here: send workdir_missing first")
-        lacking = {at.digest: at for at in await asyncio.to_thread(self.store.missing, digest)}
+        # The manifest's chunks by digest (not what is missing: working out that costs a query
+        # over every file of the folder, and a chunk held already is kept again as a no-op).
+        places = {at.digest: at for at in manifest.chunk_places()}
+        items: dict[str, tuple[ChunkAt, bytes]] = {}
         for row in chunks:
             if not _chunk_row(row):
                 raise ValueError("each chunk must be [digest, base64]")
-            at = lacking.get(row[0])
+            at = places.get(row[0])
             if at is None:
-                continue  # held already (another upload brought it)
+                self.counts["chunks_refused"] += 1
+                raise ValueError(f"chunk {row[0][:12]} is not of working folder {digest[:12]}")
             try:
                 data = base64.b64decode(row[1], validate=True)
-                await asyncio.to_thread(self.store.put_chunk, digest, at, data)
+                check_chunk(at.digest, data, at.length_bytes)
             except (binascii.Error, ContentError) as exc:
                 self.counts["chunks_refused"] += 1
                 raise ValueError(f"chunk {row[0][:12]}: {exc}") from None
-            self.counts["chunks_received"] += 1
-            self.counts["bytes_received"] += len(data)
-        left = await asyncio.to_thread(self.store.missing, digest)
-        return {"digest": digest, "missing": len(left)}
+            items[at.digest] = (at, data)
+        if items:  # kept together: one index transaction for the command's chunks
+            await asyncio.to_thread(self.store.put_chunks, digest, list(items.values()))
+        self.counts["chunks_received"] += len(items)
+        self.counts["bytes_received"] += sum(len(data) for _, data in items.values())
+        return {"digest": digest, "kept": len(items)}
 
 
 def _chunk_row(row: Any) -> bool:

@@ -18,6 +18,8 @@ from agent.operator.client import ApiClient
 
 PUT_BATCH_BYTES: Final = 600 << 10
 """Raw bytes of chunks in one command: base64 and JSON keep it under the 1 MiB envelope."""
+PUTS_IN_FLIGHT: Final = 4
+"""Commands sent at once: the operator signing the next while the agent keeps the last."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,24 +38,25 @@ async def upload_workdir(client: ApiClient, top: Path, packed: Packed) -> Upload
         raise ValueError("the agent answered for another working folder")
     wanted = {str(d) for d in answer.get("missing", [])}
     sent_chunks = sent_bytes = 0
-    batch: list[list[str]] = []
+    batches: list[list[tuple[str, bytes]]] = [[]]
     batch_bytes = 0
-
-    async def flush() -> None:
-        nonlocal batch, batch_bytes
-        if batch:
-            await client.command("workdir_put", {"digest": manifest.digest, "chunks": batch})
-        batch, batch_bytes = [], 0
-
     chunks = await asyncio.to_thread(lambda: list(read_chunks(top, manifest, wanted)))
     for at, data in chunks:
-        if batch and batch_bytes + len(data) > PUT_BATCH_BYTES:
-            await flush()
-        batch.append([at.digest, base64.b64encode(data).decode()])
+        if batches[-1] and batch_bytes + len(data) > PUT_BATCH_BYTES:
+            batches.append([])
+            batch_bytes = 0
+        batches[-1].append((at.digest, data))
         batch_bytes += len(data)
         sent_chunks += 1
         sent_bytes += len(data)
-    await flush()
+    slots = asyncio.Semaphore(PUTS_IN_FLIGHT)
+
+    async def put(batch: list[tuple[str, bytes]]) -> None:
+        async with slots:
+            rows = [[digest, base64.b64encode(data).decode()] for digest, data in batch]
+            await client.command("workdir_put", {"digest": manifest.digest, "chunks": rows})
+
+    await asyncio.gather(*(put(batch) for batch in batches if batch))
     if wanted:
         check = await client.command("workdir_missing", {"manifest": manifest.to_wire()})
         if check.get("missing"):

@@ -17,6 +17,7 @@ import pytest
 from agent.cli.stage_args import add_stage_parser
 from agent.cli.stage_cmd import cmd_stage
 from agent.common.errors import UserError
+from agent.content.fetch import distinct_chunks
 from agent.content.manifest import MIN_CHUNK_BYTES, ContentFile, ContentManifest
 from agent.content.store import DiskStore
 from agent.sandbox.localmesh import AgentProcess
@@ -155,6 +156,16 @@ def test_three_holders_serve_a_share_each_and_a_non_member_is_refused(tmp_path: 
             stager, "GET", f"/v1/internal/content/chunk/{chunk}?of={m.digest}", identity=member
         )
         assert status == 200 and hashlib.sha256(body).hexdigest() == chunk
+        # Small chunks, several to an ask, by their place among the distinct chunks.
+        order = distinct_chunks(m)
+        bundle = f"/v1/internal/content/{m.digest}/chunks?n="
+        status, body = mesh.request(stager, "GET", bundle + "2,0,5", identity=member)
+        assert status == 200 and body == b"".join(chunks[order[n]] for n in (2, 0, 5))
+        for numbers, want in (("x", 400), ("", 400), (",".join(["0"] * 129), 400), ("99", 404)):
+            status, _ = mesh.request(stager, "GET", bundle + numbers, identity=member)
+            assert status == want, numbers
+        status, _ = mesh.request(stager, "GET", bundle + "0")
+        assert status == 403
         other = "0" * 64
         status, _ = mesh.request(
             stager, "GET", f"/v1/internal/content/chunk/{other}?of={m.digest}", identity=member

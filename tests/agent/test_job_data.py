@@ -333,7 +333,12 @@ def test_a_waiting_job_is_prefetched_and_starts_with_no_data_wait(tmp_path: Path
             lambda: stage_state(mesh, runner, m) == "done",
             WAIT_S,
         )
-        assert mesh.job(runner, job_id)["state"] == "pending"
+        # Still waiting for the GPU (the job's record may reach this agent after its data).
+        mesh.wait(
+            "the job pending, as the runner sees it",
+            lambda: mesh.job(runner, job_id)["state"] == "pending",
+            WAIT_S,
+        )
         assert data_count(mesh, runner, "prefetch_started") == 1
         assert sum(metric(mesh, a, "shoal_prefetch_total", what="asked") for a in mesh.agents) >= 1
         release.touch()

@@ -55,6 +55,12 @@ class MemStore:
             if self.folder is not None:
                 (self.folder / f"{chunk.digest}.chunk").write_bytes(data)
 
+    def put_chunks(self, digest: str, items: Sequence[tuple[ChunkAt, bytes]]) -> None:
+        for chunk, data in items:
+            check_chunk(chunk.digest, data, chunk.length_bytes)
+        for chunk, data in items:
+            self.put_chunk(digest, chunk, data)
+
     def read_chunk(self, chunk_digest: str) -> bytes | None:
         return self.chunks.get(chunk_digest)
 

@@ -8,20 +8,24 @@ import asyncio
 import hashlib
 import os
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from agent.content import fetch
 from agent.content.fetch import (
+    BUNDLE_CHUNK_BYTES,
+    MAX_BUNDLE_CHUNKS,
     Fetcher,
     FetchError,
     Have,
+    bundles,
     have_from_wire,
     have_to_wire,
 )
 from agent.content.manifest import ChunkAt, ContentError, ContentFile, ContentManifest
-from agent.content.swarm import SwarmLimits
+from agent.content.swarm import Ask, SwarmLimits
 from agent.mesh.peers import PeerUnreachable
 from tests.content.memstore import MemStore
 
@@ -56,6 +60,8 @@ class LocalHolder:
         self.dead = False
         self.dead_chunks = False
         self.asked = 0
+        self.bundles = 0
+        self.delay_s = 0.0
         self.served: Counter[str] = Counter()
         self.pause_after: int | None = None
         """Serve that many chunks, then hang until cancelled."""
@@ -74,7 +80,7 @@ class LocalHolder:
     async def chunk(self, manifest: ContentManifest, chunk: ChunkAt) -> bytes:
         if self.pause_after is not None and sum(self.served.values()) >= self.pause_after:
             await asyncio.Event().wait()
-        await asyncio.sleep(0)
+        await asyncio.sleep(self.delay_s)
         self.asked += 1
         if self.dead or self.dead_chunks:
             raise PeerUnreachable("dead")
@@ -82,6 +88,10 @@ class LocalHolder:
         assert data is not None
         self.served[chunk.digest] += 1
         return b"x" + data[1:] if self.corrupt else data
+
+    async def chunks(self, manifest: ContentManifest, chunks: Sequence[ChunkAt]) -> list[bytes]:
+        self.bundles += 1
+        return [await self.chunk(manifest, c) for c in chunks]
 
 
 async def test_three_holders_share_the_work() -> None:
@@ -125,6 +135,7 @@ async def test_a_dead_holder_is_given_up_and_the_others_finish() -> None:
     dead = LocalHolder("dead", full_store(m, chunks))
     live = LocalHolder("live", full_store(m, chunks))
     dead.dead_chunks = True  # it said what it has, then died
+    live.delay_s = 0.01  # slow enough that the dead one, backing off, is asked again
     store = MemStore()
     counts: Counter[str] = Counter()
     fetcher = Fetcher(store, counts=counts, limits=SwarmLimits(backoff_s=0.01, max_failures=2))
@@ -226,3 +237,27 @@ async def test_a_holder_that_missed_one_answer_of_what_it_has_is_asked_again(
     store.add_manifest(m)
     await asyncio.wait_for(Fetcher(store).fetch(m.digest, [only]), 30)
     assert store.missing(m.digest) == [] and only.missed == 1
+
+
+def test_small_chunks_asked_of_one_holder_go_in_one_request() -> None:
+    asks = [
+        Ask(h, ChunkAt(f"{i:064x}", 0, 0, size))
+        for i, (h, size) in enumerate(
+            [("a", 10), ("b", 10), ("a", 10), ("a", BUNDLE_CHUNK_BYTES + 1), ("b", 10)]
+        )
+    ]
+    groups = bundles(asks)
+    assert [[asks.index(a) for a in g] for g in groups] == [[0, 2], [1, 4], [3]]
+    many = [Ask("a", ChunkAt(f"{i:064x}", 0, 0, 1)) for i in range(MAX_BUNDLE_CHUNKS + 1)]
+    assert [len(g) for g in bundles(many)] == [MAX_BUNDLE_CHUNKS, 1]
+    heavy = [Ask("a", ChunkAt(f"{i:064x}", 0, 0, BUNDLE_CHUNK_BYTES)) for i in range(9)]
+    assert [len(g) for g in bundles(heavy)] == [8, 1]  # 8 MiB a request at most
+
+
+async def test_a_fetch_of_many_small_chunks_asks_for_them_together() -> None:
+    m, chunks = dataset(40)
+    holder = LocalHolder("a", full_store(m, chunks))
+    store = MemStore()
+    await Fetcher(store).fetch(m.digest, [holder])
+    assert store.missing(m.digest) == []
+    assert holder.bundles <= 2 and sum(holder.served.values()) == 40

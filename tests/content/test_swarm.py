@@ -172,3 +172,24 @@ def test_resumed_swarm_asks_only_what_is_missing() -> None:
 def test_bad_limits_are_refused() -> None:
     with pytest.raises(ValueError, match="in flight"):
         SwarmLimits(max_in_flight=0)
+
+
+def test_with_a_slot_small_chunks_go_many_at_a_time_and_big_ones_one_slot_each() -> None:
+    """A working folder's thousand small files would otherwise be fetched four at a time."""
+    limits = SwarmLimits(max_in_flight=2, max_in_flight_per_holder=1, slot_bytes=64 * CHUNK)
+    small = _swarm(100, limits)
+    small.add_holder("a", whole=True, now=0)
+    first = small.next_asks(0)
+    assert len(first) == 64  # each 1/64 of a slot: a slot's worth from the one holder
+    assert small.next_asks(0) == []
+    small.returned(first[0])  # went back with a request of others that failed: asked again
+    assert [a.chunk for a in small.next_asks(0)] == [first[0].chunk]
+    big = Swarm(
+        [ChunkAt(f"{i:064x}", 0, 0, 64 * CHUNK) for i in range(4)],
+        total_bytes=4 * 64 * CHUNK,
+        held_bytes=0,
+        limits=limits,
+    )
+    big.add_holder("a", whole=True, now=0)
+    big.add_holder("b", whole=True, now=0)
+    assert sorted(a.holder for a in big.next_asks(0)) == ["a", "b"]  # one slot each, as before
