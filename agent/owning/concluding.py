@@ -37,6 +37,7 @@ def conclude(o: Concluding, job: OwnedJob, runner: str, r: AttemptResult) -> Non
     attempt = r.attempt
     cause = r.cause
     code = r.exit_code
+    o.placement.released(runner, job.devices)
     if job.state == JobState.PLACING:
         o._move(job, JobEvent.STARTED)
     job.exit_code, job.signal = code, r.signal

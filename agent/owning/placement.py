@@ -140,9 +140,18 @@ class Placement(Protocol):
         from other teams' borrowed, preemptible jobs of ``running``, and whom; or ``None``."""
         ...
 
+    def reserving(self, candidate: Candidate) -> None:
+        """``candidate``'s devices are being offered (no answer yet)."""
+        ...
+
     def offered(self, candidate: Candidate) -> None:
-        """``candidate``'s devices are being offered, or a runner started or declined an offer
-        of them, just now."""
+        """A runner started or declined an offer of ``candidate``'s devices just now."""
+        ...
+
+    def released(self, node_id: str, devices: Sequence[str]) -> None:
+        """The job on ``devices`` of ``node_id`` ended, as its runner reported: its offer is
+        over, and what the view says of them is to be believed again (a job that ended a moment
+        after its start left its GPU held in this owner's eyes for the rest of the hold)."""
         ...
 
     def likely_node(
@@ -187,13 +196,27 @@ class _Held:
         self._clock = clock
         self._recent = RecentOffers()
         self._memo = adapt.NodeMemo()
+        self._records: dict[str, object | None] = {}
+        """Each node's status record in the last views placed over (``RecentOffers.held``)."""
+
+    def reserving(self, candidate: Candidate) -> None:
+        self._recent.note(candidate.node_id, candidate.devices, self._clock())
 
     def offered(self, candidate: Candidate) -> None:
-        self._recent.note(candidate.node_id, candidate.devices, self._clock())
+        record = self._records.get(candidate.node_id)
+        self._recent.note(candidate.node_id, candidate.devices, self._clock(), record)
+
+    def _held(self, views: Sequence[NodeView]) -> dict[str, frozenset[str]]:
+        """The devices held now, the views' records in hand."""
+        self._records.update((v.node_id, v.status) for v in views)
+        return self._recent.held(self._clock(), self._records)
+
+    def released(self, node_id: str, devices: Sequence[str]) -> None:
+        self._recent.forget(node_id, devices)
 
     def _nodes(self, views: Sequence[NodeView]) -> tuple[Node, ...]:
         """The policy's nodes of ``views``, recently offered devices busy."""
-        return mark_held(self._memo.nodes(views), self._recent.held(self._clock()))
+        return mark_held(self._memo.nodes(views), self._held(views))
 
     def likely_node(
         self, spec: JobSpec, nodes: Sequence[NodeView], queue: MeshQueue, running: Sequence[Running]
@@ -357,7 +380,7 @@ class ShoalPlacement(_Held):
         (:mod:`agent.owning.meshqueue`): where it starts now, if it does, and the alternates; else
         none, and why."""
         now = self._clock()
-        held = self._recent.held(now)
+        held = self._held(nodes)
         key = None
         if queue.generation is not None:  # one pass for every job in it, while nothing changes
             ids = tuple(j.job_id for j in queue.jobs)

@@ -116,10 +116,10 @@ def reserve(o: PlacingOwner, job: OwnedJob, cand: Candidate) -> int:
     """Pending -> placing on ``cand``, saved here; the caller makes it durable on the replica
     before the offer (write-ahead: a successor must know this attempt). The attempt.
 
-    ``cand``'s devices are held from now (``Placement.offered``): while the offer is on its way
-    the job is neither pending nor running in the view, and another job's pass would see them
+    ``cand``'s devices are held from now (``Placement.reserving``): while the offer is on its
+    way the job is neither pending nor running in the view, and another job's pass would see them
     free (CI: a team's job placed while fair share's pick was being offered the same GPU)."""
-    o.placement.offered(cand)
+    o.placement.reserving(cand)
     o._move(job, JobEvent.PLACED)
     if job.refused_by != cand.node_id:
         job.attempt += 1

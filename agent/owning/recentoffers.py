@@ -10,8 +10,11 @@ owner (first fit's first node, the Shoal policy's fastest device) collides there
 
 :class:`RecentOffers` keeps the devices of each offer as in use from the moment the owner reserves
 them for it (the job is then neither pending nor running in anyone's view), and again from when a
-runner started or declined it, for ``hold_s``, a few gossip rounds; the placements count them as
-busy. Sans-I/O: ``now`` is passed.
+runner started or declined it, for ``hold_s``, a few gossip rounds, or, once the offer was
+answered, until the runner's next status record arrives (it says what became of them), or the
+job's end is reported; the placements count them as busy. Without the record's word a GPU whose
+job ended a moment after a declined offer stood idle for the rest of the hold. Sans-I/O: ``now``
+and the records are passed in.
 """
 
 from __future__ import annotations
@@ -30,22 +33,48 @@ every agent of a loaded 32-agent loopback mesh in well under this)."""
 @dataclass(slots=True)
 class RecentOffers:
     hold_s: float = HOLD_S
-    _until: dict[tuple[str, str], float] = field(default_factory=dict)
+    _until: dict[tuple[str, str], tuple[float, object | None]] = field(default_factory=dict)
+    """(node, device) -> until when, and the node's record it was noted against (or None)."""
 
-    def note(self, node_id: str, devices: Iterable[str], now: float) -> None:
+    def note(
+        self, node_id: str, devices: Iterable[str], now: float, record: object | None = None
+    ) -> None:
         """``devices`` on ``node_id`` were reserved for an offer, or an offer of them was
-        started or declined, at ``now``."""
+        started or declined, at ``now``. ``record``: the node's status record as the view held
+        it then (an answered offer): a newer one says what became of the devices, and ends the
+        hold (:meth:`held`); ``None``: an offer on its way, held for the whole ``hold_s``."""
         for key in devices:
-            self._until[(node_id, key)] = now + self.hold_s
+            self._until[(node_id, key)] = (now + self.hold_s, record)
 
-    def held(self, now: float) -> dict[str, frozenset[str]]:
-        """Node id -> the devices still held at ``now`` (the expired ones are forgotten)."""
-        for k in [k for k, until in self._until.items() if until <= now]:
+    def forget(self, node_id: str, devices: Iterable[str]) -> None:
+        """The offer of ``devices`` on ``node_id`` is over (its job ended): no longer held."""
+        for key in devices:
+            self._until.pop((node_id, key), None)
+
+    def held(
+        self, now: float, records: Mapping[str, object | None] | None = None
+    ) -> dict[str, frozenset[str]]:
+        """Node id -> the devices still held at ``now`` (the expired ones are forgotten, and,
+        with ``records``, the node's status record in the view now, those whose node has sent
+        a newer record than the one they were noted against)."""
+        for k in [k for k, v in self._until.items() if _over(k[0], v, now, records)]:
             del self._until[k]
         out: dict[str, set[str]] = {}
         for node_id, key in self._until:
             out.setdefault(node_id, set()).add(key)
         return {n: frozenset(keys) for n, keys in out.items()}
+
+
+def _over(
+    node_id: str,
+    held: tuple[float, object | None],
+    now: float,
+    records: Mapping[str, object | None] | None,
+) -> bool:
+    until, record = held
+    if until <= now:
+        return True
+    return record is not None and records is not None and records.get(node_id) is not record
 
 
 def mark_held(nodes: Iterable[Node], held: Mapping[str, frozenset[str]]) -> tuple[Node, ...]:

@@ -61,3 +61,44 @@ def test_a_placement_skips_what_it_offered_until_the_hold_ends(kind: str) -> Non
     assert [c.node_id for c in placement.candidates(spec, views)] == ["b"]
     now[0] += HOLD_S
     assert placement.candidates(spec, views)[0] == first  # the view is to be believed again
+
+
+@pytest.mark.parametrize("kind", ["fifo", "shoal"])
+def test_a_job_that_ended_gives_its_devices_back_before_the_hold_ends(kind: str) -> None:
+    """A job that ends a moment after its start (a short job, a crash at launch): the runner's
+    report is newer than the offer, so the next job may have the GPU at once."""
+    now = [100.0]
+    placement = (
+        FirstFit(clock=lambda: now[0]) if kind == "fifo" else ShoalPlacement(clock=lambda: now[0])
+    )
+    views = [node_view("a", 1, "NVIDIA H100 SXM")]
+    spec = JobSpec(command=("x",), resources=Resources(gpus_per_node=1))
+    first = placement.candidates(spec, views)[0]
+    placement.offered(first)
+    assert placement.candidates(spec, views) == []
+    placement.released(first.node_id, first.devices)
+    assert placement.candidates(spec, views)[0] == first
+    recent = RecentOffers(hold_s=3.0)
+    recent.note("n1", ("d0", "d1"), now=10.0)
+    recent.forget("n1", ("d0", "d9"))
+    assert recent.held(11.0) == {"n1": {"d1"}}
+
+
+@pytest.mark.parametrize("kind", ["fifo", "shoal"])
+def test_an_answered_offer_is_held_until_the_runner_says_more(kind: str) -> None:
+    """After its answer, an offer's devices are held until the runner's next status record (it
+    says what became of them); an offer on its way, for the whole hold."""
+    now = [100.0]
+    placement = (
+        FirstFit(clock=lambda: now[0]) if kind == "fifo" else ShoalPlacement(clock=lambda: now[0])
+    )
+    view = node_view("a", 1, "NVIDIA H100 SXM")
+    spec = JobSpec(command=("x",), resources=Resources(gpus_per_node=1))
+    first = placement.candidates(spec, [view])[0]
+    placement.reserving(first)
+    fresh = node_view("a", 1, "NVIDIA H100 SXM")  # a newer record, still saying free
+    assert placement.candidates(spec, [fresh]) == []  # the offer is on its way: held
+    placement.offered(first)  # declined, say: the devices were taken meanwhile
+    assert placement.candidates(spec, [fresh]) == []
+    newer = node_view("a", 1, "NVIDIA H100 SXM")  # what the runner said after the answer
+    assert placement.candidates(spec, [newer])[0] == first
