@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from textual.message import Message
@@ -121,13 +122,15 @@ class SubmitJob(OperatorAction):
     """Submit a new job."""
 
     spec: JobSpec
+    workdir: Path | None = None
+    """A folder to pack and send with it (``shoal submit --workdir``)."""
     kind: ClassVar[str] = "submit"
 
     def label(self, snapshot: MeshSnapshot) -> str:
         return f"submit {' '.join(self.spec.command)[:40]}"
 
     def send(self, source: MeshSource) -> Awaitable[Mapping[str, Any]]:
-        return source.submit(self.spec)
+        return source.submit(self.spec, workdir=self.workdir)
 
 
 @dataclass(eq=False)

@@ -11,13 +11,16 @@ called.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import math
 import time
 from base64 import b32encode
 from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Final
 
+from agent.content.workdir import DEFAULT_MAX_BYTES, pack_workdir
 from agent.job.jobspec import SUPPORTED_FEATURES, JobSpec, new_job_id
 from agent.operator.client import ApiError
 from agent.wire.codec import WIRE_VERSION
@@ -494,8 +497,17 @@ class SimSource:
         host = self._by_id.get(node or "")
         return host.hostname if host else (node or "-")[:8]
 
-    async def submit(self, spec: JobSpec, job_id: str | None = None) -> dict[str, Any]:
+    async def submit(
+        self, spec: JobSpec, job_id: str | None = None, workdir: Path | None = None
+    ) -> dict[str, Any]:
         job_id = job_id or new_job_id()
+        if workdir is not None:  # packed as for a real mesh (its refusals), sent nowhere
+            try:
+                folder = workdir.expanduser().resolve()
+                packed = await asyncio.to_thread(pack_workdir, folder, DEFAULT_MAX_BYTES)
+            except (ValueError, OSError) as exc:
+                raise ApiError(400, f"workdir {workdir}: {exc}; nothing submitted") from None
+            spec = dataclasses.replace(spec, workdir_digest=packed.manifest.digest)
         await self._act("submit", job_id=job_id, spec=spec.to_dict())
         job = self._new_job(spec, user=self.identity.role, at=self.now(), job_id=job_id)
         fits, why = self._fits(spec)

@@ -11,11 +11,13 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from agent.cli.usage_cmd import gather_usage
 from agent.job.jobspec import JobSpec
-from agent.operator.client import ApiClient
+from agent.operator.client import ApiClient, ApiError
+from agent.operator.upload import send_workdir
 from agent.wire.history import HistoryDoc, HistoryQuery
 from agent.wire.usage import UsageRow
 
@@ -60,7 +62,12 @@ class MeshSource(Protocol):
         """``GET /v1/history`` of the node whose agent listens at ``address``."""
         ...
 
-    async def submit(self, spec: JobSpec, job_id: str | None = None) -> dict[str, Any]: ...
+    async def submit(
+        self, spec: JobSpec, job_id: str | None = None, workdir: Path | None = None
+    ) -> dict[str, Any]:
+        """Submit ``spec``; with ``workdir``, the folder packed and sent first (its digest in
+        the spec); a folder that cannot be is ``ApiError`` 400, nothing submitted."""
+        ...
 
     async def cancel(self, job_id: str) -> dict[str, Any]: ...
 
@@ -112,7 +119,14 @@ class ApiSource:
         async with ApiClient(self.client.identity, address) as there:
             return HistoryDoc.from_wire(await there.get("/v1/history", query.to_params()))
 
-    async def submit(self, spec: JobSpec, job_id: str | None = None) -> dict[str, Any]:
+    async def submit(
+        self, spec: JobSpec, job_id: str | None = None, workdir: Path | None = None
+    ) -> dict[str, Any]:
+        if workdir is not None:
+            try:
+                spec, _ = await send_workdir(self.client, spec, workdir)
+            except (ValueError, OSError) as exc:
+                raise ApiError(400, f"workdir {workdir}: {exc}; nothing submitted") from None
         return await self.client.submit(spec, job_id)
 
     async def cancel(self, job_id: str) -> dict[str, Any]:

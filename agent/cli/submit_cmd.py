@@ -29,7 +29,7 @@ from agent.cli.ops_cmd import print_json, run_with_client
 from agent.cli.tables import hostnames
 from agent.common.errors import UserError
 from agent.common.parsing import toml_loads
-from agent.content.workdir import Packed, pack_workdir
+from agent.content.workdir import PENDING_DIGEST, Packed, pack_workdir
 from agent.job.jobspec import JobSpec, check_job_id, new_job_id
 from agent.job.units import parse_size
 from agent.operator.client import AgentUnreachable, ApiClient
@@ -98,9 +98,6 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         data["python_env"] = python_env
         data["workdir_digest"] = PENDING_DIGEST  # the folder's, once packed (_packed)
     return JobSpec.from_human(data)
-
-
-PENDING_DIGEST = "0" * 64
 
 
 def _python_env(args: argparse.Namespace) -> dict[str, str] | None:

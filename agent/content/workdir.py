@@ -36,6 +36,9 @@ WORKDIR_CHUNK_BYTES: Final = 256 << 10
 time."""
 IGNORE_FILES: Final = (".gitignore", ".shoalignore")
 ALWAYS_LEFT_OUT: Final = (".git",)
+PENDING_DIGEST: Final = "0" * 64
+"""A spec's ``workdir_digest`` before its folder is packed (the submitter's tools set the real
+one before they sign)."""
 COPY_THREADS: Final = 8
 """Files copied into a job's folder at once."""
 WORK_DIR_NAME: Final = "work"

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
-from agent.content.workdir import Packed, read_chunks
+from agent.content.workdir import DEFAULT_MAX_BYTES, Packed, pack_workdir, read_chunks
+from agent.job.jobspec import JobSpec
 from agent.operator.client import ApiClient
 
 PUT_BATCH_BYTES: Final = 600 << 10
@@ -28,6 +29,15 @@ class Uploaded:
     total_bytes: int
     sent_chunks: int
     sent_bytes: int
+
+
+async def send_workdir(client: ApiClient, spec: JobSpec, top: Path) -> tuple[JobSpec, Uploaded]:
+    """Pack ``top`` (the cap of :data:`~agent.content.workdir.DEFAULT_MAX_BYTES`), send what the
+    agent lacks, and the spec naming it; ``ValueError`` or ``OSError`` when it cannot be."""
+    folder = top.expanduser().resolve()
+    packed = await asyncio.to_thread(pack_workdir, folder, DEFAULT_MAX_BYTES)
+    uploaded = await upload_workdir(client, folder, packed)
+    return replace(spec, workdir_digest=packed.manifest.digest), uploaded
 
 
 async def upload_workdir(client: ApiClient, top: Path, packed: Packed) -> Uploaded:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from textual.widgets import Input
 
+from agent.content.workdir import PENDING_DIGEST
 from agent.operator.client import ApiClient
 from agent.sandbox.localmesh import LocalMesh
 from tests.tui.helpers import api_until, command, filter_rows, wait_for
@@ -120,13 +121,16 @@ async def test_operator_drains_submits_follows_logs_and_cancels_on_real_agents(
             assert _job(waiting_job, waiting["job_id"])["state"] == "pending"
             assert _job(waiting_job, waiting["job_id"])["runner"] in (None, "")
 
-            # A job for one CUDA GPU runs on the L4 host, the only schedulable CUDA one.
-            script = tmp_path / "steps.py"
-            script.write_text(STEPS, encoding="utf-8")
+            # A job for one CUDA GPU runs on the L4 host, the only schedulable CUDA one, from
+            # the operator's working folder (packed, sent up and staged on the runner).
+            project = tmp_path / "proj"
+            project.mkdir()
+            (project / "steps.py").write_text(STEPS, encoding="utf-8")
             await pilot.press("n")
             form = app.screen
             assert isinstance(form, SubmitScreen)
-            form.query_one("#f-command", Input).value = f"{sys.executable} {script}"
+            form.query_one("#f-command", Input).value = f"{sys.executable} steps.py"
+            form.query_one("#f-workdir", Input).value = str(project)
             form.query_one("#f-gpus", Input).focus()
             await pilot.press("ctrl+u", "1")
             form.query_one("#f-backends", Input).focus()
@@ -136,9 +140,8 @@ async def test_operator_drains_submits_follows_logs_and_cancels_on_real_agents(
             await pilot.press("ctrl+s")
             await wait_for(pilot, "the second submit", lambda: len(app.outcomes) == 3)
             assert app.outcomes[-1].ok, app.outcomes[-1].detail
-            [steps] = await _jobs_where(
-                peers[0], lambda j: str(script) in " ".join(j["spec"]["command"])
-            )
+            [steps] = await _jobs_where(peers[0], lambda j: "steps.py" in j["spec"]["command"])
+            assert steps["spec"]["workdir_digest"] not in (None, PENDING_DIGEST)
             job_id = steps["job_id"]
             running = await api_until(
                 "the job to run",

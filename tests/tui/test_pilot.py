@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from textual.widgets import Input, OptionList
 
+from agent.content.workdir import DEFAULT_MAX_BYTES, pack_workdir
 from tests.tui.helpers import command, filter_rows, settled, sim_app, started, wait_until
 from tui.app import ShoalApp
 from tui.screens.confirm import ConfirmScreen
@@ -148,6 +150,37 @@ async def test_submit_form_refuses_a_bad_size() -> None:
         await pilot.press("escape")
         assert isinstance(app.screen, MainScreen)
         assert source.actions == []
+
+
+async def test_submit_form_sends_a_working_folder_and_an_image(tmp_path: Path) -> None:
+    """The form's Workdir is packed (``.gitignore`` honoured, as ``shoal submit --workdir``)
+    and its digest signed into the spec; a path that is no folder is refused in the preview."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text("print('hi')\n")
+    (project / ".gitignore").write_text("*.ckpt\n")
+    (project / "big.ckpt").write_bytes(b"x" * 1000)
+    app, source = sim_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await started(pilot)
+        await pilot.press("n")
+        form = app.screen
+        form.query_one("#f-command", Input).value = "python train.py"
+        form.query_one("#f-workdir", Input).value = str(tmp_path / "nowhere")
+        await pilot.pause()
+        assert "is not a folder" in str(form.query_one("#preview").render())
+        form.query_one("#f-workdir", Input).value = str(project)
+        form.query_one("#f-image", Input).value = "127.0.0.1:5000/train:1"
+        await pilot.pause()
+        serial = app.snapshot_serial
+        await pilot.press("ctrl+s")
+        await settled(pilot, app, serial)
+        kind, args = source.actions[-1]
+        assert kind == "submit"
+        packed = pack_workdir(project.resolve(), DEFAULT_MAX_BYTES)
+        assert [f.path for f in packed.manifest.files] == [".gitignore", "train.py"]
+        assert args["spec"]["workdir_digest"] == packed.manifest.digest
+        assert args["spec"]["image"] == "127.0.0.1:5000/train:1"
 
 
 async def _select_job(pilot, app: ShoalApp, hostname: str) -> str:  # type: ignore[no-untyped-def]

@@ -41,7 +41,7 @@ from tui.screens.help import HelpScreen
 from tui.screens.history import HistoryScreen
 from tui.screens.logs import LogsScreen
 from tui.screens.migrate import ANY_HOST, MigrateScreen
-from tui.screens.submit import SubmitScreen
+from tui.screens.submit import FormSubmission, SubmitScreen
 from tui.widgets.base import NO_SCOPE, VIEW_NAMES, Drill, Scope, Selection, SortKey, ViewContext
 from tui.widgets.dataviews import DatasetsTable, UsageTable, usage_report
 from tui.widgets.footer import KeyFooter
@@ -456,9 +456,9 @@ class MainScreen(Screen[None]):
         if self.shoal.readonly:
             return
 
-        def done(spec: JobSpec | None) -> None:
-            if spec is not None:
-                self.post_message(SubmitJob(spec))
+        def done(form: FormSubmission | None) -> None:
+            if form is not None:
+                self.post_message(SubmitJob(form.spec, form.workdir))
 
         app = self.shoal
         self.app.push_screen(SubmitScreen(lambda: app.snapshot, app.source.now), done)

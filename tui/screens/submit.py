@@ -13,6 +13,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Final
 
 from rich.text import Text
@@ -23,6 +24,7 @@ from textual.screen import ModalScreen
 from textual.widget import Widget
 from textual.widgets import Button, Input, Label, Select, Static
 
+from agent.content.workdir import PENDING_DIGEST
 from agent.job.jobspec import BACKENDS, CHECKPOINT_SIGNALS, INTERCONNECTS, JOB_KINDS, JobSpec
 from tui.model import MeshSnapshot
 from tui.preview import offers
@@ -62,6 +64,8 @@ FIELDS: Final[tuple[Field, ...]] = (
     Field("anti_affinity", "Avoid", "rack=r7"),
     Field("labels", "Labels", "team=ml on_late=refuse"),
     Field("preemptible", "Preempt", choices=("no", "yes")),
+    Field("image", "Image", "none, reg:5000/app:1"),
+    Field("workdir", "Workdir", "none, e.g. ~/proj"),
 )
 """The form's inputs in tab order, laid out two to a row unless ``wide``."""
 
@@ -144,15 +148,40 @@ def spec_from_form(values: dict[str, str], now: float) -> JobSpec:
         data["max_runtime_s"] = text("max_runtime")
     if text("signal"):
         data["checkpoint_signal"] = text("signal")
+    if text("image"):
+        data["image"] = text("image")
+    if workdir_of(values) is not None:
+        data["workdir_digest"] = PENDING_DIGEST  # the folder's, once packed (on submission)
     return JobSpec.from_human(data, now=now)
+
+
+def workdir_of(values: dict[str, str]) -> Path | None:
+    """The form's working folder, to pack and send with the job (``ValueError``: not a
+    folder)."""
+    text = values.get("workdir", "").strip()
+    if not text:
+        return None
+    folder = Path(text).expanduser()
+    if not folder.is_dir():
+        raise ValueError(f"workdir: {text} is not a folder")
+    return folder
+
+
+@dataclass(frozen=True, slots=True)
+class FormSubmission:
+    """What the form answers: the spec, and the folder to send with it (its ``workdir_digest``
+    is a placeholder until the folder is packed)."""
+
+    spec: JobSpec
+    workdir: Path | None = None
 
 
 PREVIEW_HOSTS: Final = 4
 """Hosts the preview lists under its first line."""
 
 
-class SubmitScreen(ModalScreen[JobSpec | None]):
-    """Answers the spec to submit, or None."""
+class SubmitScreen(ModalScreen[FormSubmission | None]):
+    """Answers the spec to submit and its working folder, or None."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "cancel", "Cancel", id="dialog.cancel"),
@@ -271,7 +300,7 @@ class SubmitScreen(ModalScreen[JobSpec | None]):
     def action_submit(self) -> None:
         self._update_preview()
         if self.spec is not None:
-            self.dismiss(self.spec)
+            self.dismiss(FormSubmission(self.spec, workdir_of(self.form_values())))
         else:
             self.notify("fix the form first", severity="warning", timeout=3)
 
