@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.cli.ops_args import AGENT_ENV
-from agent.cli.tables import hostnames, job_detail, jobs_table, nodes_table
+from agent.cli.tables import hostnames, job_detail, job_hints, jobs_table, nodes_table
 from agent.common.errors import UserError
 from agent.common.paths import default_cluster_dir
 from agent.job.jobstate import TERMINAL_JOB_STATES
@@ -113,14 +113,20 @@ async def _jobs_and_nodes(client: ApiClient) -> tuple[list[dict[str, Any]], list
 def cmd_jobs(args: argparse.Namespace) -> int:
     if args.job is not None:
 
-        async def one(client: ApiClient) -> tuple[Mapping[str, Any], list[dict[str, Any]]]:
-            return await resolve_job(client, args.job), await client.nodes()
+        async def one(
+            client: ApiClient,
+        ) -> tuple[Mapping[str, Any], list[dict[str, Any]], dict[str, Any]]:
+            job = await resolve_job(client, args.job)
+            return job, await client.nodes(), await client.events()
 
-        job, nodes = run_with_client(args, one)
+        job, nodes, events = run_with_client(args, one)
+        hints = job_hints(events.get("events") or (), str(job.get("job_id")))
         if args.json:
-            print_json(job)
+            print_json({**job, "hints": hints})
         else:
-            for label, value in job_detail(job, hostnames(nodes), time.time()):
+            rows = job_detail(job, hostnames(nodes), time.time())
+            rows += [("Hint" if i == 0 else "", h["message"]) for i, h in enumerate(hints)]
+            for label, value in rows:
                 print(f"{label:<9} {value}")
         return 0
     jobs, nodes = run_with_client(args, _jobs_and_nodes)

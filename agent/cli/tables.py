@@ -138,6 +138,17 @@ def job_detail(
     return rows
 
 
+def job_hints(events: Sequence[Mapping[str, Any]], job_id: str) -> list[dict[str, Any]]:
+    """The bottleneck hints told of ``job_id`` (events of kind ``hint``), the newest of each
+    rule on each device, oldest first: ``{at, node, message}``."""
+    latest: dict[str, Mapping[str, Any]] = {}
+    for event in events:
+        if event.get("kind") == "hint" and event.get("job_id") == job_id:
+            latest[str(event.get("message", "")).split(": ", 1)[0]] = event
+    ordered = sorted(latest.values(), key=lambda e: float(e.get("at") or 0.0))
+    return [{k: e.get(k) for k in ("at", "node", "message")} for e in ordered]
+
+
 def jobs_table(
     jobs: Sequence[Mapping[str, Any]], names: Mapping[str, str], now: float, width: int
 ) -> Table:

@@ -398,7 +398,13 @@ class Fetcher:
         # hashing 4 MiB takes milliseconds: off the event loop, with the write
         good, bad = await asyncio.to_thread(self._keep, manifest.digest, group, datas)
         if bad:
-            log.warning("dropping %s as a holder of %s: %s", first.holder[:8], manifest.name, bad)
+            log.warning(
+                "dropping %s as a holder of %s: %d chunk(s) do not match (%s...)",
+                first.holder[:8],
+                manifest.name,
+                len(bad),
+                bad[0].chunk.digest[:12],
+            )
         for ask in bad:
             swarm.corrupt(ask)
         now, kept = self.clock(), 0

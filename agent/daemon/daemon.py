@@ -333,6 +333,7 @@ class Agent:
             asyncio.create_task(loops.purge(self), name="purge"),
             asyncio.create_task(loops.disk(self), name="disk"),
             asyncio.create_task(loops.history(self), name="history"),
+            asyncio.create_task(loops.hints(self), name="hints"),
             # the store is always there: what it holds is published, a datasets folder or not
             asyncio.create_task(loops.datasets(self), name="datasets"),
         ]

@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING
 
 from agent.common.eachjob import one_job
 from agent.execution.containment import attempt_key
+from agent.history import hint_notices
+from agent.history.hint_notices import HintNotices
+from agent.history.history_hints import Hint
 from agent.history.history_sample import link_readings
 from agent.mesh import retiring
 from agent.running import diskguard
@@ -60,6 +63,27 @@ async def history(agent: Agent) -> None:
             failures = agent.history.write_failures = agent.history.write_failures + 1
             if failures & (failures - 1) == 0:  # the 1st, 2nd, 4th, 8th... not every second
                 log.exception("history sampling failed (%d times)", failures)
+
+
+async def hints(agent: Agent) -> None:
+    """Tell each job running here the bottleneck hints that fire on its GPUs, once each, as
+    events (:mod:`agent.history.hint_notices`): ``shoal jobs JOB`` and the TUI show them."""
+    notices = HintNotices()
+    while True:
+        await asyncio.sleep(hint_notices.EVERY_S)
+        gpus = agent.gpu_facts()
+        holders = {key: facts.job_id for key, facts in gpus.items()}
+        now = time.time()
+        fired: list[tuple[str, Hint]] = []
+        if any(holders.values()):
+            try:
+                agent.history.flush(now)
+                fired = await asyncio.to_thread(agent.history.hints, now, gpus)
+            except Exception:  # a hint is advice: the next round tries again
+                log.exception("judging the bottleneck hints failed")
+                continue
+        for notice in notices.update(fired, holders, now):
+            agent.events.add("hint", notice.line(), job_id=notice.job_id)
 
 
 async def sweep(agent: Agent) -> None:

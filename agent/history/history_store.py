@@ -39,7 +39,7 @@ from agent.history.history import (
     points,
     trim_before,
 )
-from agent.history.history_hints import WINDOW_S, GpuFacts, node_hints
+from agent.history.history_hints import WINDOW_S, GpuFacts, Hint, node_hints
 from agent.storage.sqlitefile import StoreError, StoreFull, migrate, open_database, transaction
 from agent.wire.history import HistoryDoc, HistoryHint, HistoryQuery, HistorySeries
 
@@ -351,11 +351,17 @@ class History:
         )
         hints: tuple[HistoryHint, ...] = ()
         if query.hints:
-            found = node_hints(
-                gpus or {}, lambda key: self._window(now_s, key, query.to_s), _mem_total_bytes()
-            )
+            found = self.hints(now_s, gpus or {}, query.to_s)
             hints = tuple(HistoryHint(k, h.rule, h.evidence, h.unjudged) for k, h in found)
         return HistoryDoc(node_id, query.from_s, query.to_s, series, hints)
+
+    def hints(
+        self, now_s: float, gpus: Mapping[str, GpuFacts], to_s: int | None = None
+    ) -> list[tuple[str, Hint]]:
+        """Each GPU's bottleneck hints (and the host's) over the window ending at ``to_s``
+        (default: now)."""
+        end = int(now_s) if to_s is None else to_s
+        return node_hints(gpus, lambda key: self._window(now_s, key, end), _mem_total_bytes())
 
     def _window(self, now_s: float, key: SeriesKey, to_s: int) -> list[float | None] | None:
         [found] = self.query(now_s, [key], to_s - WINDOW_S, to_s, 1)

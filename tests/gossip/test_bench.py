@@ -98,10 +98,13 @@ def test_member_processes_bench_emits_fields(capsys: pytest.CaptureFixture[str])
     ):  # fmt: skip
         assert key in out
     assert out["members"] == 3 and len(out["detect_s"]) == 1
-    for window in (out["formation"], out["steady"]):
+    windows = (out["formation"], out["steady"])
+    for window in windows:
         assert window["handshakes_per_s"] >= 0 and window["streams_open_mean"] >= 1
         kinds = window["messages_in_per_s"]
-        assert kinds and set(kinds) == set(window["cpu_us_per_message"]) <= set(KINDS)
+        assert set(kinds) == set(window["cpu_us_per_message"]) <= set(KINDS)
+    # Three idle members send a message every few seconds each: a short window may see none.
+    assert any(window["messages_in_per_s"] for window in windows)
     assert out["formation"]["handshakes_per_s"] > 0  # the members dialed each other
 
 
