@@ -61,6 +61,7 @@ from agent.history.history_store import open_history
 from agent.history.usage_book import UsageBook
 from agent.job.authority import Authority
 from agent.job.jobspec import HOST_ONLY_FEATURES, SUPPORTED_FEATURES
+from agent.job.jobstate import TERMINAL_JOB_STATES
 from agent.mesh.context import AgentContext
 from agent.mesh.events import EventLog
 from agent.mesh.mesh import GossipMesh
@@ -211,7 +212,7 @@ class Agent:
             features=features,
             container_runtime=None if runtime is None else runtime.kind,
         )
-        self.data = NodeData(config, self._datasets_in_use)
+        self.data = NodeData(config, self._datasets_in_use, self._workdirs_of_unended_jobs)
         self.datasets = self.data.scanner
         self.data.changed = self.datasets_changed
         self.metrics = AgentMetrics(self._metrics_snapshot)
@@ -433,6 +434,17 @@ class Agent:
     def datasets_changed(self) -> None:
         """A data command changed what is held: published at the next tick."""
         self.publisher.datasets_scanned(self.data.sizes(), self.data.versions())
+
+    def _workdirs_of_unended_jobs(self) -> set[str]:
+        """The working folders of the jobs the view holds not ended, whoever owns them: kept
+        wherever they are (the owner's and the replica's copies are what the runner stages)."""
+        ended = {s.value for s in TERMINAL_JOB_STATES}
+        return {
+            digest
+            for job_id, sub in self.view.submissions.items()
+            if (digest := sub.spec.workdir_digest) is not None
+            and (self.view.jobs.get(job_id) or {}).get("state") not in ended
+        }
 
     def _datasets_in_use(self) -> list[tuple[str, str]]:
         """(job id, dataset ref) of the jobs running here or holding devices here to start:

@@ -58,10 +58,14 @@ class NodeData:
     """The store, the datasets scan and the data commands of one agent."""
 
     def __init__(
-        self, config: AgentConfig, in_use: Callable[[], Iterable[tuple[str, str]]] = tuple
+        self,
+        config: AgentConfig,
+        in_use: Callable[[], Iterable[tuple[str, str]]] = tuple,
+        kept: Callable[[], Iterable[str]] = tuple,
     ) -> None:
         """``in_use``: (job id, dataset ref: ``NAME`` or ``NAME@DIGEST``) for each dataset of
-        each job that runs here."""
+        each job that runs here; ``kept``: other content never evicted (the working folders of
+        the jobs not ended: they are durable with their job, as its submission is)."""
         root = config.data_dir / "store"
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.store = DiskStore(root, store_rules(config, shutil.disk_usage(root).total))
@@ -71,6 +75,7 @@ class NodeData:
         self._private = tuple(os.path.realpath(p) for p in (config.data_dir, config.identity_path))
         """The agent's own folders: never a dataset (its key would be served to the mesh)."""
         self._in_use = in_use
+        self._kept = kept
         self._scan_lock = threading.Lock()
         self.refused: Counter[str] = Counter()
         """Datasets that could not be indexed (over the limits, unreadable), by reason."""
@@ -144,8 +149,9 @@ class NodeData:
         )
 
     def protected(self) -> set[str]:
-        """The versions held here that jobs running here read (never evicted)."""
-        return {digest for _job, digest in self._reading()}
+        """The versions held here that jobs running here read, and what ``kept`` names (never
+        evicted)."""
+        return {digest for _job, digest in self._reading()} | set(self._kept())
 
     def _reading(self) -> set[tuple[str, str]]:
         """(job id, digest) of each version held here that a job running here reads."""

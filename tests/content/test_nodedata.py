@@ -87,3 +87,22 @@ def test_two_datasets_of_equal_bytes_are_both_listed_and_outlive_each_other(
     _sizes, left = node.scan()
     assert [(v.name, v.held_bytes) for v in left] == [("b", 10)]
     assert node.store.read_chunk(chunk) == b"same bytes"  # now read from b's folder
+
+
+def test_the_working_folder_of_a_job_not_ended_is_never_evicted(tmp_path: Path) -> None:
+    """The owner's and the replica's copies are what the runner stages: kept while the job
+    waits, whatever the cache's budget; once it ended, the folder is cache like any other."""
+    kept: set[str] = set()
+    config = AgentConfig(
+        data_dir=tmp_path / "data", datasets_dir=tmp_path / "sets", store_budget_bytes=CHUNK
+    )
+    node = NodeData(config, lambda: (), lambda: kept)
+    data = os.urandom(CHUNK)  # one chunk held is over the watermark
+    f = ContentFile("train.py", len(data), 0o644, (hashlib.sha256(data).hexdigest(),))
+    m = ContentManifest("workdir", "workdir", CHUNK, (f,))
+    node.store.add_manifest(m)
+    node.store.put_chunk(m.digest, node.store.missing(m.digest)[0], data)
+    kept.add(m.digest)
+    assert node.store.evict_over_budget() == []
+    kept.clear()  # the job ended
+    assert node.store.evict_over_budget() == [m.digest]
