@@ -5,12 +5,14 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from rich.console import Console
 from textual.widgets import Input, OptionList
 
 from agent.content.workdir import DEFAULT_MAX_BYTES, pack_workdir
 from tests.tui.helpers import command, filter_rows, settled, sim_app, started, wait_until
 from tui.app import ShoalApp
 from tui.screens.confirm import ConfirmScreen
+from tui.screens.describe import describe_job
 from tui.screens.drain import DrainScreen
 from tui.screens.logs import LogsScreen
 from tui.screens.main import MainScreen
@@ -379,3 +381,20 @@ async def test_a_big_mesh_makes_forecasts_only_while_the_jobs_view_shows() -> No
         app.poke()
         await wait_until(pilot, lambda: app.snapshot_serial > serial, tries=1000)
         assert app.snapshot.outlook() is NO_OUTLOOK
+
+
+async def test_a_jobs_description_lists_the_hints_told_of_it() -> None:
+    app, source = sim_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await started(pilot)
+        job = next(j for j in app.snapshot.jobs if j.state == "running")
+        told = "idle_allocated on gpu0: utilization under 5% for 300 s while a job holds it"
+        source._event("hint", job.runner, job.job_id, told)
+        source._event("hint", job.runner, "another-job", "power_capped on gpu1: at its limit")
+        serial = app.snapshot_serial
+        app.poke()
+        await wait_until(pilot, lambda: app.snapshot_serial > serial)
+        console = Console(record=True, width=200)
+        console.print(describe_job(job, app.snapshot))
+        text = console.export_text()
+        assert "hints" in text and told in text and "power_capped" not in text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -16,6 +17,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
+from agent.cli.tables import job_hints
 from tui.model import JobView, MeshSnapshot
 from tui.widgets.base import Selection
 from tui.widgets.render import bandwidth, duration, gib, mem_pair, pct, temp, watts
@@ -88,6 +90,8 @@ def describe_job(job: JobView, snapshot: MeshSnapshot) -> RenderableType:
         rows.append(("reason", job.reason))
     if job.spec.get("datasets"):
         rows.append(("datasets", ", ".join(job.spec["datasets"])))
+    told = job_hints([dataclasses.asdict(e) for e in snapshot.events], job.job_id)
+    rows += [("hints" if i == 0 else "", h["message"]) for i, h in enumerate(told)]
     return _kv(rows)
 
 
