@@ -76,7 +76,7 @@ class WorkdirUploads:
         # The manifest's chunks by digest (not what is missing: working out that costs a query
         # over every file of the folder, and a chunk held already is kept again as a no-op).
         places = {at.digest: at for at in manifest.chunk_places()}
-        items: dict[str, tuple[ChunkAt, bytes]] = {}
+        rows: list[tuple[ChunkAt, str]] = []
         for row in chunks:
             if not _chunk_row(row):
                 raise ValueError("each chunk must be [digest, base64]")
@@ -84,18 +84,33 @@ class WorkdirUploads:
             if at is None:
                 self.counts["chunks_refused"] += 1
                 raise ValueError(f"chunk {row[0][:12]} is not of working folder {digest[:12]}")
+            rows.append((at, row[1]))
+        try:  # decoding and hashing ~600 KiB: off the event loop, with the write
+            kept = await asyncio.to_thread(self._keep, digest, rows)
+        except ValueError:
+            self.counts["chunks_refused"] += 1
+            raise
+        self.counts["chunks_received"] += len(kept)
+        self.counts["bytes_received"] += sum(len(data) for _, data in kept)
+        return {"digest": digest, "kept": len(kept)}
+
+    def _keep(self, digest: str, rows: list[tuple[ChunkAt, str]]) -> list[tuple[ChunkAt, bytes]]:
+        """Decode and check each chunk, then keep them together (one index transaction);
+        ``ValueError`` naming the first that is not what it says (nothing kept then)."""
+        items: dict[str, tuple[ChunkAt, bytes]] = {}
+        for at, text in rows:
             try:
-                data = base64.b64decode(row[1], validate=True)
+                data = base64.b64decode(text, validate=True)
                 check_chunk(at.digest, data, at.length_bytes)
             except (binascii.Error, ContentError) as exc:
-                self.counts["chunks_refused"] += 1
-                raise ValueError(f"chunk {row[0][:12]}: {exc}") from None
+                raise ValueError(f"chunk {at.digest[:12]}: {exc}") from None
             items[at.digest] = (at, data)
-        if items:  # kept together: one index transaction for the command's chunks
-            await asyncio.to_thread(self.store.put_chunks, digest, list(items.values()))
-        self.counts["chunks_received"] += len(items)
-        self.counts["bytes_received"] += sum(len(data) for _, data in items.values())
-        return {"digest": digest, "kept": len(items)}
+        if items:
+            try:
+                self.store.put_chunks(digest, list(items.values()))
+            except ContentError as exc:  # the folder's manifest gone meanwhile (evicted)
+                raise ValueError(str(exc)) from None
+        return list(items.values())
 
 
 def _chunk_row(row: Any) -> bool:
