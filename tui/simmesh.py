@@ -20,9 +20,9 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from agent.content.workdir import DEFAULT_MAX_BYTES, pack_workdir
 from agent.job.jobspec import SUPPORTED_FEATURES, JobSpec, new_job_id
 from agent.operator.client import ApiError
+from agent.operator.upload import pack_folder
 from agent.wire.codec import WIRE_VERSION
 from agent.wire.documents import EventDoc, EventsDoc, JobDoc, NodeDoc, sample_json, static_json
 from agent.wire.history import HistoryDoc, HistoryQuery
@@ -503,8 +503,7 @@ class SimSource:
         job_id = job_id or new_job_id()
         if workdir is not None:  # packed as for a real mesh (its refusals), sent nowhere
             try:
-                folder = workdir.expanduser().resolve()
-                packed = await asyncio.to_thread(pack_workdir, folder, DEFAULT_MAX_BYTES)
+                _, packed = await pack_folder(workdir)
             except (ValueError, OSError) as exc:
                 raise ApiError(400, f"workdir {workdir}: {exc}; nothing submitted") from None
             spec = dataclasses.replace(spec, workdir_digest=packed.manifest.digest)

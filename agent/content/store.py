@@ -131,10 +131,7 @@ class DiskStore(FolderIndex):
         if manifest is None:
             return ()
         with self._lock:
-            row = self._db.execute(
-                "SELECT held_bytes FROM manifests WHERE digest = ?", (digest,)
-            ).fetchone()
-            if row is not None and int(row[0]) >= manifest.total_bytes:
+            if self.held_bytes(digest) >= manifest.total_bytes:
                 return ()  # whole: what a holder answers most, without reading every place
             empty = self._empty_chunks(digest)
             if empty:

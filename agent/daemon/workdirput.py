@@ -21,7 +21,6 @@ from agent.content.manifest import (
     ContentError,
     ContentLimits,
     ContentManifest,
-    check_chunk,
 )
 from agent.content.stage import Stager
 from agent.content.store import DiskStore
@@ -95,20 +94,19 @@ class WorkdirUploads:
         return {"digest": digest, "kept": len(kept)}
 
     def _keep(self, digest: str, rows: list[tuple[ChunkAt, str]]) -> list[tuple[ChunkAt, bytes]]:
-        """Decode and check each chunk, then keep them together (one index transaction);
-        ``ValueError`` naming the first that is not what it says (nothing kept then)."""
+        """Decode each chunk, then keep them together (one index transaction: the store checks
+        each against its digest); ``ValueError`` naming the first that is not what it says, or
+        not of the folder's manifest held here (nothing kept then)."""
         items: dict[str, tuple[ChunkAt, bytes]] = {}
         for at, text in rows:
             try:
-                data = base64.b64decode(text, validate=True)
-                check_chunk(at.digest, data, at.length_bytes)
-            except (binascii.Error, ContentError) as exc:
+                items[at.digest] = (at, base64.b64decode(text, validate=True))
+            except binascii.Error as exc:
                 raise ValueError(f"chunk {at.digest[:12]}: {exc}") from None
-            items[at.digest] = (at, data)
         if items:
             try:
                 self.store.put_chunks(digest, list(items.values()))
-            except ContentError as exc:  # the folder's manifest gone meanwhile (evicted)
+            except ContentError as exc:
                 raise ValueError(str(exc)) from None
         return list(items.values())
 

@@ -31,11 +31,18 @@ class Uploaded:
     sent_bytes: int
 
 
-async def send_workdir(client: ApiClient, spec: JobSpec, top: Path) -> tuple[JobSpec, Uploaded]:
-    """Pack ``top`` (the cap of :data:`~agent.content.workdir.DEFAULT_MAX_BYTES`), send what the
-    agent lacks, and the spec naming it; ``ValueError`` or ``OSError`` when it cannot be."""
+async def pack_folder(top: Path) -> tuple[Path, Packed]:
+    """``top`` resolved, and packed under the cap of
+    :data:`~agent.content.workdir.DEFAULT_MAX_BYTES`; ``ValueError`` or ``OSError`` when it
+    cannot be."""
     folder = top.expanduser().resolve()
-    packed = await asyncio.to_thread(pack_workdir, folder, DEFAULT_MAX_BYTES)
+    return folder, await asyncio.to_thread(pack_workdir, folder, DEFAULT_MAX_BYTES)
+
+
+async def send_workdir(client: ApiClient, spec: JobSpec, top: Path) -> tuple[JobSpec, Uploaded]:
+    """Pack ``top`` (:func:`pack_folder`), send what the agent lacks, and the spec naming it;
+    ``ValueError`` or ``OSError`` when it cannot be."""
+    folder, packed = await pack_folder(top)
     uploaded = await upload_workdir(client, folder, packed)
     return replace(spec, workdir_digest=packed.manifest.digest), uploaded
 
