@@ -72,6 +72,12 @@ class PolicyConfig:
     """What a move costs a job: checkpoint, transfer, restart."""
     max_moves: int = 4
     """Moves decided in one pass, at most."""
+    defrag_max_moves: int = 4
+    """Jobs moved off one node, at most, to make room there for a job that needs several of its
+    GPUs (:mod:`agent.policy.defrag`); 0: never."""
+    defrag_hold_s: float = 600.0
+    """How long a node emptied for a waiting job is held for it, and no new plan is made for
+    that job meanwhile."""
     swap_ratio: float = 1.5
     """A job starting on a fast device yields it to a running job on a slower one when the
     running job's speedup there is this many times the starter's."""

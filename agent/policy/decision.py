@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from agent.policy import apply
 from agent.policy.config import PolicyConfig
 from agent.policy.context import Context, workload_shapes
+from agent.policy.defrag import defrag_for, wants_defrag
 from agent.policy.explain import behind_line, busy_line, never_reason
 from agent.policy.forecast import Forecast, _Duration, _Timeline, forecast, remaining_s
 from agent.policy.gangs import rank_gang
@@ -170,6 +171,7 @@ def decide(
     slicing = bool(cfg.time_slice)
     reserve_tried = False
     tries = 0
+    held_for = _held_nodes(state, snapshot)
     for i, job in enumerate(order):
         never = never_reason(job, ctx, state)
         if never is not None:
@@ -189,7 +191,7 @@ def decide(
         if blocked or no_room:
             held.append((job, i))
             continue
-        cands = rank_any(job, ctx)
+        cands = rank_any(job, ctx, exclude=_held_from(job, held_for))
         if ledger.active and job.team:
             cands = [c for c in cands if ledger.over_max(job, c.model) is None]
         backfilled = False
@@ -248,6 +250,10 @@ def decide(
         moves.append(move)
     if ctx.index.has_idle():
         reserved = frozenset(reservation.node_ids) if reservation is not None else frozenset()
+        reserved |= frozenset(held_for)
+        owed = [(job, i) for job, i in held if ledger.active and ledger.below_guarantee(job)]
+        moves.extend(_defrag(owed, ctx, state, busy, reserved))
+        reserved |= frozenset(node_id for node_id, _ in state.defrag.values())
         moves.extend(moves_to_idle(ctx, state.running.groups, busy, reserved, state.move_potential))
     fc: dict[str, Forecast] = {}
     if forecasts:
@@ -277,6 +283,45 @@ def decide(
         tuple(waiting),
         fc,
     )
+
+
+def _held_nodes(state: PolicyState, snapshot: Snapshot) -> dict[str, str]:
+    """Nodes being emptied for a waiting job (:mod:`agent.policy.defrag`), by node: the job's id.
+    A plan ends when its job no longer waits or its hold ran out."""
+    if not state.defrag:
+        return {}
+    waiting = {j.job_id for j in snapshot.pending}
+    for job_id, (_node, until) in list(state.defrag.items()):
+        if job_id not in waiting or until <= snapshot.now:
+            del state.defrag[job_id]
+    return {node_id: job_id for job_id, (node_id, _) in state.defrag.items()}
+
+
+def _held_from(job: Job, held_for: Mapping[str, str]) -> frozenset[str]:
+    """The held nodes ``job`` may not take: those held for another job."""
+    if not held_for:
+        return frozenset()
+    return frozenset(n for n, owner in held_for.items() if owner != job.job_id)
+
+
+def _defrag(
+    held: Sequence[tuple[Job, int]],
+    ctx: Context,
+    state: PolicyState,
+    busy: set[str],
+    reserved: frozenset[str],
+) -> list[Move]:
+    """Moves that empty a node for the first of ``held`` that needs several GPUs of one node and
+    has no plan under way; the node is held for it from now on."""
+    for job, _ in held:
+        if not wants_defrag(job) or job.is_gang or job.job_id in state.defrag:
+            continue
+        plan = defrag_for(job, ctx, state.running.by_node, busy, reserved)
+        if plan is None:
+            continue
+        state.defrag[job.job_id] = (plan.node_id, ctx.snapshot.now + ctx.config.defrag_hold_s)
+        return list(plan.moves)
+    return []
 
 
 def _model_of(pre: Preemption, ctx: Context) -> str:

@@ -102,4 +102,6 @@ class PolicyState:
     """Whether a job can ever go to a node, and on which devices (see :data:`StaticFits`)."""
     frag_vectors: FragVectors = field(default_factory=FragVectors)
     """Per-shape fragmentation of the node states seen, while the shapes keep their sizes."""
+    defrag: dict[str, tuple[str, float]] = field(default_factory=dict)
+    """Nodes being emptied for a waiting job: job id -> (node id, held until)."""
     passes: int = 0
