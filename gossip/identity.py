@@ -9,10 +9,12 @@ without padding (32 characters), so it can be recomputed from any certificate an
 by accident.
 
 Certificate: Subject CN = node id; issuer = the cluster CA (CN = cluster name); SANs carry the
-node's DNS names and IP addresses; the role (``agent`` or ``operator``) is a non-critical private
-extension (:data:`ROLE_OID`, value a DER UTF8String). It is non-critical because OpenSSL rejects
-any certificate with an unknown critical extension; Shoal reads the role only through
-:func:`role_of_certificate`, which refuses a certificate without it.
+node's DNS names and IP addresses, and the role (``agent`` or ``operator``) as one URI,
+``shoal:role:<role>`` (:data:`ROLE_URI`). Shoal reads the role only through
+:func:`role_of_certificate`, which refuses a certificate without one, or with two. Certificates
+issued before carry the role in a private extension instead (:data:`ROLE_OID`, value a DER
+UTF8String), which Shoal still reads; but that OID's arc (a UUID) is wider than Go's x509 parser
+takes, so Prometheus and Grafana cannot load such a certificate: renewed ones have only the URI.
 
 On-disk layout, the same for an agent's state directory and for the operator's cluster directory::
 
@@ -25,7 +27,7 @@ On-disk layout, the same for an agent's state directory and for the operator's c
 
 Enrolling by hand (``shoal enroll``, ``shoal certify``): the node makes its key and a PKCS#10
 request signed with it (:func:`certificate_request`: subject CN = node id, the names as SANs, the
-requested role in the same private extension); the CA's keeper checks it
+requested role as the same SAN URI); the CA's keeper checks it
 (:func:`read_certificate_request`) and signs with :func:`issue_certificate`.
 """
 
@@ -60,6 +62,8 @@ or ``shoal user add --role admin``), ``user`` (a user or viewer, never an admin)
 
 # A private OID from the UUID arc (ITU-T X.667), so no registration is needed.
 ROLE_OID = x509.ObjectIdentifier("2.25.62961453245723373676167086388390864577")
+ROLE_URI = "shoal:role:"
+"""The prefix of the SAN URI that names a certificate's role (``shoal:role:agent``)."""
 
 NODE_KEY = "node.key"
 NODE_CERT = "node.crt"
@@ -191,7 +195,26 @@ def role_of_certificate(cert: x509.Certificate) -> Role:
 
 
 def _role_of(extensions: x509.Extensions) -> Role | None:
-    """The Shoal role in ``extensions``: None when there is none, IdentityError when unknown."""
+    """The Shoal role in ``extensions`` (the SAN URI, else the older private extension): None
+    when there is none, IdentityError when unknown or named twice."""
+    try:
+        san = extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        uris: list[str] = []
+    else:
+        uris = [u for u in san.get_values_for_type(x509.UniformResourceIdentifier)]
+    named = [u.removeprefix(ROLE_URI) for u in uris if u.startswith(ROLE_URI)]
+    if len(named) > 1:
+        raise IdentityError("certificate names more than one Shoal role")
+    if named:
+        for role in ROLES:
+            if named[0] == role:
+                return role
+        raise IdentityError("unknown Shoal role in certificate")
+    return _legacy_role_of(extensions)
+
+
+def _legacy_role_of(extensions: x509.Extensions) -> Role | None:
     try:
         ext = extensions.get_extension_for_oid(ROLE_OID)
     except x509.ExtensionNotFound:
@@ -259,8 +282,11 @@ def new_certificate_authority(cluster_name: str, now: datetime) -> CertificateAu
     return CertificateAuthority(name=cluster_name, key=key, certificate=cert)
 
 
-def _san(names: Sequence[str]) -> list[x509.GeneralName]:
+def _san(names: Sequence[str], role: Role | None = None) -> list[x509.GeneralName]:
+    """The SANs for ``names`` (IP addresses, else DNS names), and ``role``'s URI."""
     out: list[x509.GeneralName] = []
+    if role is not None:
+        out.append(x509.UniformResourceIdentifier(ROLE_URI + role))
     for name in names:
         try:
             out.append(x509.IPAddress(ipaddress.ip_address(name)))
@@ -323,11 +349,8 @@ def issue_certificate(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()),
             critical=False,
         )
-        .add_extension(x509.UnrecognizedExtension(ROLE_OID, _role_value(role)), critical=False)
+        .add_extension(x509.SubjectAlternativeName(_san(names, role)), critical=False)
     )
-    san = _san(names)
-    if san:
-        builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
     return builder.sign(ca.key, None)
 
 
@@ -388,17 +411,14 @@ def load_node_key(directory: Path) -> Ed25519PrivateKey:
 
 def certificate_request(key: Ed25519PrivateKey, role: Role, names: Sequence[str]) -> bytes:
     """A PEM certificate signing request for ``key``, signed with it (proof that the requester
-    holds the key): CN = its node id, ``names`` as SANs, ``role`` as the Shoal role extension."""
+    holds the key): CN = its node id, ``names`` and ``role``'s URI as SANs."""
     builder = (
         x509.CertificateSigningRequestBuilder()
         .subject_name(
             x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node_id_for(key.public_key()))])
         )
-        .add_extension(x509.UnrecognizedExtension(ROLE_OID, _role_value(role)), critical=False)
+        .add_extension(x509.SubjectAlternativeName(_san(names, role)), critical=False)
     )
-    san = _san(names)
-    if san:
-        builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
     return builder.sign(key, None).public_bytes(serialization.Encoding.PEM)
 
 

@@ -4,12 +4,10 @@ in Prometheus's own JSON shape."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import shutil
 import socket
 import subprocess
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -57,27 +55,6 @@ def _prom_get(port: int, path: str, **params: str) -> Any:
         return json.loads(resp.read())
 
 
-def _forwarder(mesh: Mesh) -> http.server.ThreadingHTTPServer:
-    """A loopback HTTP server that asks agent 0 each GET over its mutual TLS, as the
-    operator."""
-
-    class Forward(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            status, body = mesh.request(mesh.agents[0], "GET", self.path)
-            self.send_response(status)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Forward)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
 def _range(mesh: Mesh, **params: Any) -> tuple[int, Any]:
     query = urllib.parse.urlencode({k: str(v) for k, v in params.items()})
     status, body = mesh.request(mesh.agents[0], "GET", "/api/v1/query_range?" + query)
@@ -116,17 +93,18 @@ def test_query_range_answers_in_prometheus_shape_and_prometheus_scrapes(tmp_path
         binary = shutil.which("prometheus")
         if binary is None:
             pytest.skip("Debian's prometheus package is not installed here")
-        # Go's x509 (Prometheus's, Grafana's) cannot load a Shoal certificate: the role
-        # extension's OID (2.25.<a UUID>) has an arc wider than Go's parser takes ("malformed
-        # extension OID field"). So Prometheus scrapes through a loopback forwarder that holds
-        # the operator's certificate and speaks the agent's mutual TLS.
-        forwarder = _forwarder(mesh)
+        # Prometheus scrapes the agent itself over its mutual TLS, with the operator's
+        # certificate: Go's x509 must load Shoal's certificates (their role is a SAN URI).
+        ident = mesh.cluster_dir
         config = tmp_path / "prometheus.yml"
         config.write_text(
             "global: {scrape_interval: 1s, scrape_timeout: 1s}\n"
             "scrape_configs:\n"
             "  - job_name: shoal\n"
-            f"    static_configs: [{{targets: ['127.0.0.1:{forwarder.server_port}']}}]\n"
+            "    scheme: https\n"
+            f"    tls_config: {{ca_file: '{ident / 'ca.crt'}', cert_file: '{ident / 'node.crt'}',"
+            f" key_file: '{ident / 'node.key'}'}}\n"
+            f"    static_configs: [{{targets: ['{agent.address}']}}]\n"
         )
         port = _free_port()
         log = (tmp_path / "prometheus.log").open("wb")
@@ -153,5 +131,3 @@ def test_query_range_answers_in_prometheus_shape_and_prometheus_scrapes(tmp_path
             prom.terminate()
             prom.wait(timeout=30)
             log.close()
-            forwarder.shutdown()
-            forwarder.server_close()

@@ -135,6 +135,48 @@ def test_certificate_binds_id_role_expiry_and_names(
     assert san.get_values_for_type(x509.DNSName) == ["gpu-a"]
     assert san.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("10.0.0.7")]
     assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is False
+    # the role is a SAN URI; no extension with an OID Go's x509 (Prometheus's) cannot parse
+    assert san.get_values_for_type(x509.UniformResourceIdentifier) == ["shoal:role:agent"]
+    assert all(not e.oid.dotted_string.startswith("2.25.") for e in cert.extensions)
+
+
+def _with_roles(
+    cluster: ClusterIdentity, uris: list[str], legacy: bytes | None = None
+) -> x509.Certificate:
+    key = Ed25519PrivateKey.generate()
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(
+            x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node_id_for(key.public_key()))])
+        )
+        .issuer_name(cluster.ca.certificate.subject)
+        .public_key(key.public_key())
+        .serial_number(11)
+        .not_valid_before(NOW - DAY)
+        .not_valid_after(NOW + DAY)
+    )
+    if uris:
+        names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(u) for u in uris]
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    if legacy is not None:
+        oid = x509.ObjectIdentifier("2.25.62961453245723373676167086388390864577")
+        builder = builder.add_extension(x509.UnrecognizedExtension(oid, legacy), critical=False)
+    return builder.sign(cluster.ca.key, None)
+
+
+def test_a_certificate_names_one_known_role(cluster: ClusterIdentity) -> None:
+    """Certificates issued before the role moved to a SAN URI (a private extension) still
+    read; two roles, an unknown one, or none are refused."""
+    assert role_of_certificate(_with_roles(cluster, [], b"\x0c\x08operator")) == "operator"
+    assert role_of_certificate(_with_roles(cluster, ["shoal:role:operator"])) == "operator"
+    for uris, why in (
+        (["shoal:role:agent", "shoal:role:operator"], "more than one"),
+        (["shoal:role:root"], "unknown"),
+        (["https://example.org/role/agent"], "no Shoal role"),
+        ([], "no Shoal role"),
+    ):
+        with pytest.raises(IdentityError, match=why):
+            role_of_certificate(_with_roles(cluster, uris))
 
 
 def test_load_identity_refuses_a_certificate_from_another_ca(
