@@ -7,7 +7,11 @@ in, the manifest is made, the store told of it and given the chunks it still mis
 from the staged files); the staging folder is then removed. The dataset is content like any
 other from then on: members fetch it from this node by digest. A file downloaded whole is
 recorded (``done.json``): a stage cut off, or an agent restarted, downloads only the rest
-(``shoal_content_total{what="resumes"}``).
+(``shoal_content_total{what="resumes"}``). A file cut off midway goes on from its last byte on
+disk when the source can say the file is still the one begun (HTTP: a ``Range`` request with
+``If-Range`` naming the first answer's strong ``ETag`` or ``Last-Modified``; S3: ``Range`` with
+``IfMatch`` on its ``ETag``; ``shoal_content_total{what="range_resumes"}``); a source that cannot,
+or whose file changed, sends the whole file again, and the download starts over from byte 0.
 
 Limits (:class:`SourceLimits`): files, depth of a listing, bytes of a listing page, bytes in all;
 over any of them the stage fails with one line that says which.
@@ -30,6 +34,7 @@ import ssl
 import urllib.parse
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -72,13 +77,30 @@ class RemoteFile:
     """What the source reads it by (a URL, an object key)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """A file being read from a source."""
+
+    start_bytes: int
+    """Where ``blocks`` begin: the offset asked for, or 0 when the source sends the whole file
+    (it cannot send part of one, or the file is no longer the one named by the validator)."""
+    validator: str | None
+    """What names this version of the file at the source (a strong ETag, a Last-Modified
+    date), to resume it later; ``None``: it cannot be resumed."""
+    blocks: AsyncIterator[bytes]
+
+
 class Source(Protocol):
     kind: str
     """``http`` or ``s3`` (the label of ``shoal_content_fetched_bytes_total``)."""
 
     async def files(self) -> list[RemoteFile]: ...
 
-    def read(self, f: RemoteFile) -> AsyncIterator[bytes]: ...
+    def open(
+        self, f: RemoteFile, offset_bytes: int = 0, validator: str | None = None
+    ) -> AbstractAsyncContextManager[Opened]:
+        """Read ``f`` from ``offset_bytes`` if it is still the version ``validator`` names."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -204,16 +226,60 @@ class HttpSource:
                 raise ContentError(f"{url}: a listing over {self.limits.max_listing_bytes} bytes")
             return body.decode(response.charset or "utf-8", "replace")
 
-    async def read(self, f: RemoteFile) -> AsyncIterator[bytes]:
+    @asynccontextmanager
+    async def open(
+        self, f: RemoteFile, offset_bytes: int = 0, validator: str | None = None
+    ) -> AsyncIterator[Opened]:
+        if offset_bytes > 0 and validator is not None:
+            headers = {"Range": f"bytes={offset_bytes}-", "If-Range": validator}
+            async with self._session.get(f.locator, headers=headers) as response:
+                now = http_validator(
+                    response.headers.get("ETag"), response.headers.get("Last-Modified")
+                )
+                # a server that does not know If-Range (aiohttp's takes only dates) may send
+                # the range of a changed file: the answer's own version says so
+                if response.status == 206 and now == validator:
+                    start = range_start(response.headers.get("Content-Range", ""))
+                    if start != offset_bytes:
+                        raise ContentError(
+                            f"{f.locator}: answered bytes from {start}, asked from {offset_bytes}"
+                        )
+                    yield Opened(start, now, response.content.iter_chunked(READ_BLOCK_BYTES))
+                    return
+                if response.status == 200:
+                    yield Opened(0, now, response.content.iter_chunked(READ_BLOCK_BYTES))
+                    return
+                if response.status != 206:
+                    _check_status(f.locator, response.status)
         async with self._session.get(f.locator) as response:
             _check_status(f.locator, response.status)
-            async for block in response.content.iter_chunked(READ_BLOCK_BYTES):
-                yield block
+            yield Opened(
+                0,
+                http_validator(response.headers.get("ETag"), response.headers.get("Last-Modified")),
+                response.content.iter_chunked(READ_BLOCK_BYTES),
+            )
 
 
 def _check_status(url: str, status: int) -> None:
     if status != 200:
         raise ContentError(f"{url}: answered {status}")
+
+
+def range_start(content_range: str) -> int:
+    """The first byte of a 206 answer's ``Content-Range: bytes 100-199/1000``; -1 if unreadable."""
+    unit, _, spec = content_range.strip().partition(" ")
+    first = spec.partition("-")[0]
+    if unit != "bytes" or not first.isdigit():
+        return -1
+    return int(first)
+
+
+def http_validator(etag: str | None, last_modified: str | None) -> str | None:
+    """What ``If-Range`` may name: a strong ETag, else the Last-Modified date (RFC 9110 lets a
+    date stand for a version when it is all the server gives); a weak ETag cannot."""
+    if etag and not etag.startswith("W/"):
+        return etag
+    return last_modified or None
 
 
 # -- the import ----------------------------------------------------------------------------------
@@ -290,21 +356,56 @@ async def _download(
     target = folder / "files" / f.path
     await asyncio.to_thread(target.parent.mkdir, parents=True, exist_ok=True)
     part = target.with_name(target.name + ".part")
-    hasher = ChunkHasher(chunk_bytes)
-    out = await asyncio.to_thread(open, part, "wb")
-    try:
-        async for block in src.read(f):
-            hasher.feed(block)
-            if held + hasher.size_bytes > limits.max_total_bytes:
-                raise ContentError(f"{f.locator}: over {limits.max_total_bytes} bytes in all")
-            await asyncio.to_thread(out.write, block)
-            counts[f"bytes_{src.kind}"] += len(block)
-            if on_progress is not None:
-                on_progress(held + hasher.size_bytes, 0)
-    finally:
-        await asyncio.to_thread(out.close)
+    version = target.with_name(target.name + ".version")
+    hasher, validator = await asyncio.to_thread(_begun, part, version, chunk_bytes)
+    async with src.open(f, hasher.size_bytes, validator) as opened:
+        if opened.start_bytes != hasher.size_bytes:  # the whole file again
+            hasher = ChunkHasher(chunk_bytes)
+        elif opened.start_bytes:
+            counts["range_resumes"] += 1
+        out = await asyncio.to_thread(open, part, "ab" if opened.start_bytes else "wb")
+        try:
+            if not opened.start_bytes:
+                await asyncio.to_thread(_write_version, version, opened.validator)
+            async for block in opened.blocks:
+                hasher.feed(block)
+                if held + hasher.size_bytes > limits.max_total_bytes:
+                    raise ContentError(f"{f.locator}: over {limits.max_total_bytes} bytes in all")
+                await asyncio.to_thread(out.write, block)
+                counts[f"bytes_{src.kind}"] += len(block)
+                if on_progress is not None:
+                    on_progress(held + hasher.size_bytes, 0)
+        finally:
+            await asyncio.to_thread(out.close)
     await asyncio.to_thread(os.replace, part, target)
+    await asyncio.to_thread(version.unlink, True)
     return hasher.size_bytes, hasher.finish()
+
+
+def _begun(part: Path, version: Path, chunk_bytes: int) -> tuple[ChunkHasher, str | None]:
+    """What an earlier try left of a file: its bytes hashed, and the version they are of (no
+    bytes when that version is unknown: they could not be resumed)."""
+    hasher = ChunkHasher(chunk_bytes)
+    try:
+        validator = version.read_text().strip() or None
+    except OSError:
+        validator = None
+    if validator is None:
+        return hasher, None
+    try:
+        with open(part, "rb") as fh:
+            while block := fh.read(READ_BLOCK_BYTES):
+                hasher.feed(block)
+    except OSError:
+        return ChunkHasher(chunk_bytes), None
+    return hasher, validator
+
+
+def _write_version(version: Path, validator: str | None) -> None:
+    if validator is None:
+        version.unlink(missing_ok=True)
+    else:
+        version.write_text(validator)
 
 
 def _load_done(folder: Path) -> dict[str, tuple[int, tuple[str, ...]]]:

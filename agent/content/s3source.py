@@ -15,9 +15,10 @@ import asyncio
 import importlib
 import urllib.parse
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
-from agent.content.external import READ_BLOCK_BYTES, RemoteFile, SourceLimits
+from agent.content.external import READ_BLOCK_BYTES, Opened, RemoteFile, SourceLimits
 from agent.content.manifest import ContentError, path_problem
 
 
@@ -86,18 +87,43 @@ class S3Source:
             raise ContentError(f"{self.url}: no object under it")
         return found
 
-    async def read(self, f: RemoteFile) -> AsyncIterator[bytes]:
+    @asynccontextmanager
+    async def open(
+        self, f: RemoteFile, offset_bytes: int = 0, validator: str | None = None
+    ) -> AsyncIterator[Opened]:
         s3 = await self._client()
-        try:
-            answer = await asyncio.to_thread(s3.get_object, Bucket=self.bucket, Key=f.locator)
-        except Exception as exc:
-            raise ContentError(f"s3://{self.bucket}/{f.locator}: {exc}") from None
+        start = offset_bytes if offset_bytes > 0 and validator is not None else 0
+        answer = None
+        if start:  # the rest of the same object, or (412: it changed) the whole object again
+            ranged = {"Range": f"bytes={start}-", "IfMatch": validator}
+            answer = await self._get(s3, f, ranged, precondition_ok=True)
+        if answer is None:
+            start = 0
+            answer = await self._get(s3, f, {}, precondition_ok=False)
         body = answer["Body"]
         try:
-            while True:
-                block = await asyncio.to_thread(body.read, READ_BLOCK_BYTES)
-                if not block:
-                    break
-                yield block
+            yield Opened(start, answer.get("ETag"), _blocks(body))
         finally:
             body.close()
+
+    async def _get(
+        self, s3: Any, f: RemoteFile, extra: dict[str, Any], *, precondition_ok: bool
+    ) -> Any:
+        """``get_object``; ``None`` for a failed precondition when ``precondition_ok``."""
+        try:
+            return await asyncio.to_thread(
+                s3.get_object, Bucket=self.bucket, Key=f.locator, **extra
+            )
+        except Exception as exc:
+            code = getattr(exc, "response", {}).get("Error", {}).get("Code")
+            if precondition_ok and code in ("PreconditionFailed", "412"):
+                return None
+            raise ContentError(f"s3://{self.bucket}/{f.locator}: {exc}") from None
+
+
+async def _blocks(body: Any) -> AsyncIterator[bytes]:
+    while True:
+        block = await asyncio.to_thread(body.read, READ_BLOCK_BYTES)
+        if not block:
+            return
+        yield block

@@ -12,12 +12,20 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiohttp import web
 
-from agent.content.external import ChunkHasher, SourceLimits, import_source, listing_links
+from agent.content.external import (
+    READ_BLOCK_BYTES,
+    ChunkHasher,
+    SourceLimits,
+    import_source,
+    listing_links,
+)
 from agent.content.manifest import MIN_CHUNK_BYTES, ContentError, ContentManifest
 from agent.content.store import DiskStore
 from tests.content.memstore import MemStore
@@ -218,3 +226,113 @@ async def test_an_s3_prefix_is_fetched_from_a_real_s3_server(
         assert [f.path for f in one.files] == ["x.bin"]
         with pytest.raises(ContentError, match="no object"):
             await import_source("s3://lab/none/", "n", store, tmp_path / "st", counts=counts)
+
+
+@contextlib.asynccontextmanager
+async def ranged_server(folder: Path, seen: list[dict[str, str]]) -> AsyncIterator[str]:
+    """aiohttp's static files (``Range``, ``ETag``, ``If-Range`` by date only) on 127.0.0.1;
+    each request's headers are put in ``seen``."""
+
+    @web.middleware
+    async def record(request: web.Request, handler: Any) -> web.StreamResponse:
+        seen.append(dict(request.headers))
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    app = web.Application(middlewares=[record])
+    app.router.add_static("/ds/", folder)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}/ds"
+    finally:
+        await runner.cleanup()
+
+
+def _part_bytes(staging: Path) -> int:
+    [part] = list(staging.rglob("*.part"))
+    return part.stat().st_size
+
+
+@pytest.mark.parametrize("changed", [False, True])
+async def test_a_file_cut_midway_goes_on_from_its_last_byte(tmp_path: Path, changed: bool) -> None:
+    """A download stopped partway (here: past a byte limit) asks for the rest with ``Range``
+    and ``If-Range``; if the file changed meanwhile it is fetched whole again, never spliced
+    (aiohttp's server ignores an ``If-Range`` ETag: the answer's own ETag tells)."""
+    size = 3 * READ_BLOCK_BYTES + 12_345
+    files = tree(tmp_path / "served", {"big.bin": size})
+    store = MemStore()
+    staging = tmp_path / "staging"
+    seen: list[dict[str, str]] = []
+    async with ranged_server(tmp_path / "served", seen) as base:
+        with pytest.raises(ContentError, match="bytes in all"):
+            await import_source(
+                f"{base}/big.bin",
+                "big",
+                store,
+                staging,
+                counts=Counter(),
+                chunk_bytes=CHUNK,
+                limits=SourceLimits(max_total_bytes=2 * READ_BLOCK_BYTES),
+            )
+        had = _part_bytes(staging)
+        assert 0 < had < size
+        if changed:
+            files = tree(tmp_path / "served", {"big.bin": size})
+            os.utime(tmp_path / "served" / "big.bin", (time.time() + 5, time.time() + 5))
+        again: Counter[str] = Counter()
+        m = await import_source(
+            f"{base}/big.bin", "big", store, staging, counts=again, chunk_bytes=CHUNK
+        )
+    [ranged] = [h for h in seen if "Range" in h]
+    assert ranged["Range"] == f"bytes={had}-" and ranged["If-Range"]
+    assert read_back(store, m) == files
+    if changed:
+        assert again["range_resumes"] == 0 and again["bytes_http"] == size
+    else:
+        assert again["range_resumes"] == 1 and again["bytes_http"] == size - had
+    assert not list(staging.rglob("*.part")) and not list(staging.rglob("*.version"))
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("boto3") is None or importlib.util.find_spec("moto") is None,
+    reason="boto3 and moto[server] are not installed (not Shoal dependencies yet)",
+)
+async def test_an_s3_object_cut_midway_goes_on_from_its_last_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import boto3
+
+    with s3_server() as endpoint:
+        for k, v in {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }.items():
+            monkeypatch.setenv(k, v)
+        s3 = boto3.client("s3")
+        s3.create_bucket(Bucket="lab")
+        data = os.urandom(3 * READ_BLOCK_BYTES + 999)
+        s3.put_object(Bucket="lab", Key="big.bin", Body=data)
+        store, staging = MemStore(), tmp_path / "st"
+        with pytest.raises(ContentError, match="bytes in all"):
+            await import_source(
+                "s3://lab/big.bin",
+                "big",
+                store,
+                staging,
+                counts=Counter(),
+                chunk_bytes=CHUNK,
+                limits=SourceLimits(max_total_bytes=2 * READ_BLOCK_BYTES),
+            )
+        had = _part_bytes(staging)
+        again: Counter[str] = Counter()
+        m = await import_source(
+            "s3://lab/big.bin", "big", store, staging, counts=again, chunk_bytes=CHUNK
+        )
+    assert read_back(store, m) == {"big.bin": data}
+    assert again["range_resumes"] == 1 and again["bytes_s3"] == len(data) - had
