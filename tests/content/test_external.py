@@ -172,6 +172,23 @@ async def test_a_cut_import_resumes_without_downloading_whole_files_again(tmp_pa
     assert read_back(store, m) == files
 
 
+def s3_bucket(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A client of the S3 server at ``endpoint``, with the bucket ``lab`` made; the agent's
+    environment names the server as an AWS client reads it."""
+    import boto3
+
+    for k, v in {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(k, v)
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="lab")
+    return s3
+
+
 @contextlib.contextmanager
 def s3_server() -> Iterator[str]:
     from moto.server import ThreadedMotoServer
@@ -192,18 +209,8 @@ def s3_server() -> Iterator[str]:
 async def test_an_s3_prefix_is_fetched_from_a_real_s3_server(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import boto3
-
     with s3_server() as endpoint:
-        for k, v in {
-            "AWS_ENDPOINT_URL": endpoint,
-            "AWS_ACCESS_KEY_ID": "test",
-            "AWS_SECRET_ACCESS_KEY": "test",
-            "AWS_DEFAULT_REGION": "us-east-1",
-        }.items():
-            monkeypatch.setenv(k, v)
-        s3 = boto3.client("s3")
-        s3.create_bucket(Bucket="lab")
+        s3 = s3_bucket(endpoint, monkeypatch)
         files = {"train/a.bin": os.urandom(3 * CHUNK + 1), "val/b.bin": os.urandom(100)}
         for rel, data in files.items():
             s3.put_object(Bucket="lab", Key=f"sets/imagenet/{rel}", Body=data)
@@ -304,18 +311,8 @@ async def test_a_file_cut_midway_goes_on_from_its_last_byte(tmp_path: Path, chan
 async def test_an_s3_object_cut_midway_goes_on_from_its_last_byte(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import boto3
-
     with s3_server() as endpoint:
-        for k, v in {
-            "AWS_ENDPOINT_URL": endpoint,
-            "AWS_ACCESS_KEY_ID": "test",
-            "AWS_SECRET_ACCESS_KEY": "test",
-            "AWS_DEFAULT_REGION": "us-east-1",
-        }.items():
-            monkeypatch.setenv(k, v)
-        s3 = boto3.client("s3")
-        s3.create_bucket(Bucket="lab")
+        s3 = s3_bucket(endpoint, monkeypatch)
         data = os.urandom(3 * READ_BLOCK_BYTES + 999)
         s3.put_object(Bucket="lab", Key="big.bin", Body=data)
         store, staging = MemStore(), tmp_path / "st"
