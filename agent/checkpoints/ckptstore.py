@@ -73,6 +73,10 @@ COPY_TIMEOUT_S: Final = 600.0
 MAX_GRANTS: Final = 10_000
 
 
+class FolderChanged(ContentError):
+    """The job rewrote a file of its checkpoint folder while it was read (read again)."""
+
+
 class LocalJobs(Protocol):
     """What the checkpoints read of the jobs run here (``agent.running.runner.Runner``)."""
 
@@ -230,7 +234,7 @@ class Checkpoints:
             for tries in range(READ_TRIES):
                 try:
                     return await asyncio.to_thread(self._read_folder, job_id, attempt, folder)
-                except ContentError as exc:
+                except FolderChanged as exc:
                     if tries + 1 == READ_TRIES:
                         self.counts["failed"] += 1
                         raise
@@ -257,11 +261,11 @@ class Checkpoints:
                     batch, size = [], 0
             if batch:
                 self.store.put_chunks(manifest.digest, batch)
-        except ContentError:
+        except ContentError as exc:
             held = self.held(job_id)
             if held is None or held.digest != manifest.digest:
                 self.store.forget(job_id, manifest.digest)
-            raise
+            raise FolderChanged(str(exc)) from None
         ref = CheckpointRef(attempt, manifest.digest)
         self._hold(job_id, ref)
         self.counts["read"] += 1
@@ -313,6 +317,8 @@ class Checkpoints:
             named = dataclasses.replace(got.manifest, name=job_id)
             async with self.lock(job_id):
                 await asyncio.to_thread(self.store.add_manifest, named)
+                if got.manifest.name != job_id:  # a holder's name for it is not kept
+                    await asyncio.to_thread(self.store.forget, got.manifest.name, ref.digest)
                 await asyncio.to_thread(self._hold, job_id, ref)
         finally:
             self._fetching.discard(ref.digest)
@@ -361,6 +367,13 @@ class Checkpoints:
         while len(self._holders) > MAX_GRANTS:
             del self._holders[next(iter(self._holders))]
 
+    def _other_holders(self, job_id: str, digest: str, node: str) -> list[str]:
+        """The live agents besides this one and ``node`` known to hold ``digest`` whole (a dead
+        runner is never asked: it would only hold the fetch up)."""
+        live = set(self.authority.live_agents())
+        known = self._holders.get((job_id, digest), set())
+        return sorted(n for n in known if n in live and n not in (node, self.node_id))
+
     async def hand(self, job_id: str, node: str) -> CheckpointRef | None:
         """Have ``node`` (the job's replica, its next owner) fetch the copy held here; what it
         then holds (``None``: nothing held here to hand on). Raises :class:`PeerError` when the
@@ -371,7 +384,7 @@ class Checkpoints:
         addr = self.addr_of(node)
         if addr is None:
             raise PeerUnreachable(f"no address for {node[:8]}")
-        others = sorted(self._holders.get((job_id, held.digest), set()) - {node})
+        others = self._other_holders(job_id, held.digest, node)
         order = CheckpointCopy(job_id, held.attempt, held.digest, tuple(others))
         await self.peers.call(addr, "checkpoint_copy", order.to_wire(), timeout_s=COPY_TIMEOUT_S)
         self._note_holder(job_id, held.digest, node)
@@ -409,7 +422,7 @@ class Checkpoints:
         holders = [self.node_id]
         if node != self.node_id:
             self.grant(job_id, node)
-            for other in sorted(self._holders.get((job_id, held.digest), set()) - {node}):
+            for other in self._other_holders(job_id, held.digest, node):
                 if await self._grant_on(other, job_id, node):
                     holders.append(other)
         return ResumeFrom(held.attempt, held.digest, tuple(holders))

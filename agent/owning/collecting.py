@@ -23,6 +23,7 @@ from agent.content.manifest import ContentError
 from agent.job.jobstate import LIVE
 from agent.job.ownership import replica_of
 from agent.mesh.peers import PeerError
+from agent.storage.sqlitefile import StoreError
 from agent.wire.calls import CheckpointNote, ResumeFrom
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ class Collector:
             return
         try:
             got = await cp.pull(job_id, node, attempt)
-        except (PeerError, FetchError, ContentError, OSError) as exc:
+        except (PeerError, FetchError, ContentError, StoreError, OSError) as exc:
             log.info("job %s: checkpoint pull from %s: %s", job_id[:8], node[:8], exc)
             return
         if got is None or node != self.o.node_id:

@@ -174,13 +174,18 @@ def test_migrate_moves_the_checkpoint_through_a_cut_and_never_resumes_a_stale_on
         resumed, step = starts(log)[3]
         assert resumed == "1" and step == saved_step(there) >= left + 20
         # The record says so once the runner has answered and gossip has carried it (an offer
-        # of attempt 3 whose checkpoint push was cut is made again: pending meanwhile).
+        # of attempt 3 whose checkpoint fetch was cut is made again: pending meanwhile).
         mesh.wait(
             "attempt 3 listed on the first node",
             lambda: (j := mesh.job(a, job_id))["attempt"] == 3 and j["runner"] == first,
         )
         # The stale folder was replaced (attempt 3 saves on from there), not resumed.
         assert saved_step(source) >= step > left
+        # The first node's store still held attempt 1's weights: of attempt 2's checkpoint it
+        # fetched only the chunks it lacked (the step), never the weights again.
+        back = mesh.agents[mesh.node_index(first)]
+        assert metric(mesh, back, "shoal_checkpoint_total", what="fetched") >= 1
+        assert 0 < fetched_bytes(mesh, back) < 1_300_000
     finally:
         mesh.stop_all()
 
