@@ -69,7 +69,8 @@ READ_TRIES: Final = 3
 """Reads of a folder the job rewrote while it was read, before the read is given up."""
 PUT_BATCH_BYTES: Final = 32 << 20
 COPY_TIMEOUT_S: Final = 600.0
-"""How long a ``checkpoint_copy`` may take (the receiver fetches before it answers)."""
+"""How long a ``checkpoint_copy`` or ``checkpoint_of`` may take (the receiver fetches, the runner
+reads its folder, before it answers)."""
 MAX_GRANTS: Final = 10_000
 
 
@@ -341,7 +342,10 @@ class Checkpoints:
             return None
         try:
             answer = await self.peers.call(
-                addr, "checkpoint_of", CheckpointNote(job_id, attempt).to_wire()
+                addr,
+                "checkpoint_of",
+                CheckpointNote(job_id, attempt).to_wire(),
+                timeout_s=COPY_TIMEOUT_S,  # the runner reads the folder (hashes it) first
             )
         except PeerRefused as exc:  # a refusal would only be repeated
             self.counts["failed"] += 1
