@@ -1,1 +1,1 @@
-"""Checkpoint files and their transfer between agents (later: the content store)."""
+"""Checkpoints as content of the store: a job's folder read in, held, fetched and restored."""

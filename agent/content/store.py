@@ -229,6 +229,12 @@ class DiskStore(FolderIndex):
             ).fetchone()
         return None if row is None else held_row(row)
 
+    def names_of(self, digest: str) -> tuple[str, ...]:
+        """The names manifest ``digest`` is known by here (a checkpoint's: its jobs)."""
+        with self._lock:
+            rows = self._db.execute("SELECT name FROM names WHERE digest = ?", (digest,))
+            return tuple(sorted(str(r[0]) for r in rows))
+
     def all_held(self) -> tuple[Held, ...]:
         with self._lock:
             rows = self._db.execute(HELD_SELECT + " ORDER BY n.name, n.created_s").fetchall()

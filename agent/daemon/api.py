@@ -12,9 +12,10 @@ the job protocol (``agent.daemon.calls``: ``replicate``, ``adopt``, ``start``, `
 ``report``, ``checkpointed``, ``stored_job`` (a retired job's stored record), and a gang's
 ``gang_prepare``, ``gang_commit``, ``gang_abort``, and ``confirm_start``, a runner asking the
 job's other owner before it starts an attempt),
-``GET /v1/internal/logs/{id}`` (the runner's log, proxied by the API), and the checkpoint
-transfers under ``/v1/internal/checkpoint/{id}`` (``agent.checkpoints.ckptmove``), and the content
-store's manifests, holdings and chunks under ``/v1/internal/content/`` (``agent.content.routes``);
+``GET /v1/internal/logs/{id}`` (the runner's log, proxied by the API), and the content
+store's manifests, holdings and chunks under ``/v1/internal/content/`` (``agent.content.routes``:
+datasets, working folders, environments, images and checkpoints alike, a checkpoint only to an
+agent with a say over its job);
 ``GET /v1/content/stages`` shows this node's stages (``agent.content.stage``). A job's log takes
 ``attempt`` and, with it, ``node``: that attempt's part on one of a gang's members.
 
@@ -40,9 +41,6 @@ from typing import Any, Protocol
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from agent.checkpoints.ckptmove import PATH as CHECKPOINT_PATH
-from agent.checkpoints.ckptmove import Checkpoints
-from agent.checkpoints.ckptmove import Routes as CheckpointRoutes
 from agent.common.errors import ApiError
 from agent.common.parsing import json_loads
 from agent.content.fetch import PATH as CONTENT_PATH
@@ -115,9 +113,6 @@ class AgentService(Protocol):
 
     @property
     def reads(self) -> Reads: ...
-
-    @property
-    def checkpoints(self) -> Checkpoints: ...
 
     @property
     def content(self) -> ContentServer: ...
@@ -440,7 +435,6 @@ def setup(app: web.Application, agent: AgentService) -> None:
         job_id = request.match_info["job_id"]
         return await agent.reads.local_logs(request, job_id, lines, follow, attempt)
 
-    ckpt = CheckpointRoutes(agent.checkpoints)
     content = ContentRoutes(agent.content)
 
     @_guarded
@@ -457,7 +451,7 @@ def setup(app: web.Application, agent: AgentService) -> None:
         doc = cache_doc(agent.node_id, held, store.store_bytes(), store.rules.budget_bytes)
         return web.json_response(doc)
 
-    def _ckpt(fn: Callable[[web.Request, str], Awaitable[web.StreamResponse]]) -> Handler:
+    def _member(fn: Callable[[web.Request, str], Awaitable[web.StreamResponse]]) -> Handler:
         async def handler(request: web.Request) -> web.StreamResponse:
             return await fn(request, request_peer(request).node_id)
 
@@ -479,14 +473,10 @@ def setup(app: web.Application, agent: AgentService) -> None:
     app.router.add_get("/v1/openapi.json", openapi)
     app.router.add_post("/v1/internal/command", i_command)
     app.router.add_get("/v1/internal/logs/{job_id}", i_logs)
-    app.router.add_get(f"{CHECKPOINT_PATH}/{{job_id}}", _ckpt(ckpt.manifest))
-    app.router.add_get(f"{CHECKPOINT_PATH}/{{job_id}}/chunk", _ckpt(ckpt.chunk))
-    app.router.add_post(f"{CHECKPOINT_PATH}/{{job_id}}/offer", _ckpt(ckpt.offer))
-    app.router.add_post(f"{CHECKPOINT_PATH}/{{job_id}}/chunk", _ckpt(ckpt.put))
     app.router.add_get("/v1/content/stages", stages)
     app.router.add_get("/v1/cache", cache)
-    app.router.add_get(f"{CONTENT_PATH}/chunk/{{chunk}}", _internal(content.chunk))
-    app.router.add_get(f"{CONTENT_PATH}/{{digest}}", _internal(content.manifest))
-    app.router.add_get(f"{CONTENT_PATH}/{{digest}}/have", _internal(content.have))
-    app.router.add_get(f"{CONTENT_PATH}/{{digest}}/chunks", _internal(content.bundle))
+    app.router.add_get(f"{CONTENT_PATH}/chunk/{{chunk}}", _member(content.chunk))
+    app.router.add_get(f"{CONTENT_PATH}/{{digest}}", _member(content.manifest))
+    app.router.add_get(f"{CONTENT_PATH}/{{digest}}/have", _member(content.have))
+    app.router.add_get(f"{CONTENT_PATH}/{{digest}}/chunks", _member(content.bundle))
     app.router.add_post("/v1/internal/{op}", i_op)

@@ -10,8 +10,12 @@ process could not be launched (:data:`agent.owning.owner.LAUNCH_FAILED`).
 - ``replicate``: keep a copy of a job for its owner; ``adopt``: take a job over;
 - ``start``: an offer to run an attempt; ``stop``: stop and fence an attempt;
 - ``status``: what runs or ran here of a job; ``report``: an attempt ended (to the owner);
-- ``checkpointed``: the job's checkpoint changed on its runner (to the owner, which pulls it:
-  ``agent.checkpoints.ckptmove``, whose routes are beside these);
+- ``checkpointed``: the job's checkpoint changed on its runner (to the owner, which pulls it);
+  ``checkpoint_of``: the owner asks the runner for the checkpoint an attempt left (read into the
+  runner's store, answered by digest); ``checkpoint_copy``: an owner has this node (the job's
+  replica, its next owner) fetch its copy; ``checkpoint_grant``: an owner lets the node that
+  runs the next attempt read the copy held here (``agent.checkpoints.ckptstore``: the bytes move
+  through the content routes);
 - ``gang_prepare``, ``gang_commit``, ``gang_abort``: a gang's two-phase start on each member's
   runner (``agent.running.gangdesk``), authorised as ``start`` and ``stop`` are;
 - ``confirm_start``: a runner offered an attempt asks the job's other owner whether its copy
@@ -27,6 +31,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from agent.checkpoints.ckptstore import Checkpoints
 from agent.common.errors import ApiError
 from agent.daemon.metrics import AgentMetrics
 from agent.job.authority import FeaturesLacking, SubmissionRefused
@@ -41,11 +46,14 @@ from agent.running.runner import Runner
 from agent.running.runs import Declined, LaunchFailed, NotAllowed
 from agent.wire.calls import (
     AttemptResult,
+    CheckpointCopy,
+    CheckpointGrant,
     CheckpointNote,
     GangAbort,
     GangCommit,
     GangPrepare,
     PrefetchAsk,
+    ResumeFrom,
     StartConfirm,
     StartOffer,
     StatusRequest,
@@ -90,6 +98,24 @@ class Calls:
         async def gang_commit(body: Body, caller: str) -> Body:
             return (await desk.commit(GangCommit.from_wire(body), caller)).to_wire()
 
+        async def checkpoint_of(body: Body, caller: str) -> Body:
+            note = CheckpointNote.from_wire(body)
+            ref = await self._checkpoints(runner).of_attempt(
+                check_job_id(note.job_id), note.attempt, caller
+            )
+            at = None if ref is None else ResumeFrom(ref.attempt, ref.digest).to_wire()
+            return {"checkpoint": at}
+
+        async def checkpoint_copy(body: Body, caller: str) -> Body:
+            order = CheckpointCopy.from_wire(body)
+            check_job_id(order.job_id)
+            return await self._checkpoints(runner).receive_copy(order, caller)
+
+        def checkpoint_grant(body: Body, caller: str) -> Body:
+            order = CheckpointGrant.from_wire(body)
+            check_job_id(order.job_id)
+            return self._checkpoints(runner).receive_grant(order, caller)
+
         self._calls: dict[str, Call] = {
             "replicate": self._replicate,
             "image_export": self._image_export,
@@ -105,6 +131,9 @@ class Calls:
             "checkpointed": self._sync(
                 lambda body, caller: owner.checkpointed(caller, CheckpointNote.from_wire(body))
             ),
+            "checkpoint_of": checkpoint_of,
+            "checkpoint_copy": checkpoint_copy,
+            "checkpoint_grant": self._sync(checkpoint_grant),
             "gang_prepare": gang_prepare,
             "gang_commit": gang_commit,
             "stored_job": self._sync(lambda body, caller: self._stored_job(body)),
@@ -130,6 +159,12 @@ class Calls:
             return fn(body, caller)
 
         return call
+
+    @staticmethod
+    def _checkpoints(runner: Runner) -> Checkpoints:
+        if runner.checkpoints is None:
+            raise ApiError(404, "this agent keeps no checkpoints")
+        return runner.checkpoints
 
     @staticmethod
     def _prefetch(prefetches: Prefetches | None, body: Body, caller: str) -> Body:

@@ -34,9 +34,8 @@ import time
 from collections import Counter
 from typing import Any
 
-from agent.checkpoints.ckptfiles import Vault
-from agent.checkpoints.ckptmove import Checkpoints
-from agent.checkpoints.transfer import TransferLimits
+from agent.checkpoints.ckptstore import KIND as CHECKPOINT
+from agent.checkpoints.ckptstore import Checkpoints
 from agent.common.eachjob import one_job
 from agent.content.fetch import SLOT_BYTES
 from agent.content.routes import ContentServer
@@ -212,7 +211,7 @@ class Agent:
             features=features,
             container_runtime=None if runtime is None else runtime.kind,
         )
-        self.data = NodeData(config, self._datasets_in_use, self._workdirs_of_unended_jobs)
+        self.data = NodeData(config, self._datasets_in_use, self._kept_content)
         self.datasets = self.data.scanner
         self.data.changed = self.datasets_changed
         self.metrics = AgentMetrics(self._metrics_snapshot)
@@ -249,11 +248,14 @@ class Agent:
         )
         self.checkpoints = Checkpoints(
             self.ctx,
-            Vault(config.data_dir, TransferLimits()),
+            self.content_store,
+            self.stager.fetcher,
             self.runner,
             None if sys.platform == "win32" else self.executor.user.uid,
             self.metrics.internal_refused,
+            config.data_dir,
         )
+        self.content.gates[CHECKPOINT] = self.checkpoints.gate
         self.runner.checkpoints = self.owner.checkpoints = self.checkpoints
         self.usage = UsageBook(
             config.data_dir / "usage.sqlite", self.node_id, self.policy_wire.person
@@ -434,6 +436,22 @@ class Agent:
     def datasets_changed(self) -> None:
         """A data command changed what is held: published at the next tick."""
         self.publisher.datasets_scanned(self.data.sizes(), self.data.versions())
+
+    def _kept_content(self) -> set[str]:
+        """Content never evicted here: the working folders and the checkpoints of the jobs not
+        ended."""
+        return self._workdirs_of_unended_jobs() | self._checkpoints_of_unended_jobs()
+
+    def _checkpoints_of_unended_jobs(self) -> set[str]:
+        """Every checkpoint held here (whole, or being fetched) of a job the view does not hold
+        ended: once it ended, its copies are forgotten (``Checkpoints.forget``)."""
+        ended = {s.value for s in TERMINAL_JOB_STATES}
+        return {
+            digest
+            for job_id, digests in self.checkpoints.by_job().items()
+            if (self.view.jobs.get(job_id) or {}).get("state") not in ended
+            for digest in digests
+        }
 
     def _workdirs_of_unended_jobs(self) -> set[str]:
         """The working folders of the jobs the view holds not ended, whoever owns them: kept

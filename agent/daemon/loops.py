@@ -133,7 +133,7 @@ async def purge(agent: Agent) -> None:
     keep_s = agent.config.ended_jobs_disk_keep_s
     strays_at = time.monotonic()
     executor = agent.executor
-    folders = (executor.job_dir, agent.checkpoints.vault.job_folder)
+    folders = (executor.job_dir,)
     while True:
         await asyncio.sleep(purging.PURGE_EVERY_S)
         agent.usage.purge(time.time())  # accounting rows past a year and a month
@@ -143,10 +143,12 @@ async def purge(agent: Agent) -> None:
             old = await asyncio.to_thread(purging.old_folders, jobs, time.time() - keep_s)
             strays = purging.stray_folders(agent.store, old, agent.view.jobs, agent.runner.runs)
             await asyncio.to_thread(purging.remove_folders, strays, folders)
+            await asyncio.to_thread(_forget_checkpoints, agent, strays)
         job_ids = purging.due(agent.store, agent.view.jobs, time.time(), keep_s)
         if not job_ids:
             continue
         await asyncio.to_thread(purging.remove_folders, job_ids, folders)
+        await asyncio.to_thread(_forget_checkpoints, agent, job_ids)
         agent.runner.forget_fences(job_ids)
         try:
             agent.store.forget_jobs(job_ids)
@@ -154,6 +156,12 @@ async def purge(agent: Agent) -> None:
             log.warning("could not let go of ended jobs' records: %s", exc)
             continue
         log.debug("let go of %d ended job(s) from disk", len(job_ids))
+
+
+def _forget_checkpoints(agent: Agent, job_ids: list[str]) -> None:
+    """The checkpoints the store holds of jobs let go of (blocking)."""
+    for job_id in job_ids:
+        agent.checkpoints.forget(job_id)
 
 
 async def disk(agent: Agent) -> None:

@@ -20,8 +20,8 @@ whose deadline passed before they ended
 restarted with fewer GPUs for another, ``refused``: a preempting offer refused:
 ``shoal_preemptions_total``), team quota checks of starts (``agent.running.teamdesk``:
 ``shoal_quota_total``), starts confirmed by a job's other owner (``agent.running.confirming``:
-``shoal_start_confirmations_total``), and checkpoint transfers by what happened (``pulled``,
-``pushed``, ``resumed``, ``failed``, ``refused``, ``refused_not_owner``:
+``shoal_start_confirmations_total``), and checkpoints by what happened (``read`` into the store,
+``pulled``, ``handed`` on, ``fetched``, ``resumed``, ``failed``, ``refused``, ``refused_not_owner``:
 ``shoal_checkpoint_total``), the content transfer by what happened and the bytes fetched by
 source kind (``shoal_content_total``, ``shoal_content_fetched_bytes_total{source=peer|http|s3}``,
 ``agent.content.fetch``), entries of the datasets folder refused, by reason (``name``,
@@ -128,7 +128,7 @@ class _Snapshot:
             ),
             (
                 "checkpoint",
-                "Checkpoint transfers (pulled, pushed, resumed, failed) and refusals",
+                "Checkpoints read, pulled, handed on, fetched, resumed, failed, and refusals",
                 "what",
                 snap.get("checkpoint", {}),
             ),

@@ -33,6 +33,9 @@ INTERNAL_CALLS: Final = (
     "status",
     "report",
     "checkpointed",
+    "checkpoint_of",
+    "checkpoint_copy",
+    "checkpoint_grant",
     "stored_job",
     "gang_prepare",
     "gang_commit",
@@ -177,10 +180,6 @@ _HISTORY_QUERY = [
 _BINARY: Final = {"schema": {"type": "string", "format": "binary"}}
 _MSGPACK: Final = {"application/msgpack": _BINARY}
 _FRAME: Final = {"application/octet-stream": _BINARY}
-_FRAME_ANSWER = {
-    "description": "the chunk's frame (`agent.checkpoints.transfer.Frame`)",
-    "content": _FRAME,
-}
 
 
 def _json_doc(description: str) -> dict[str, Any]:
@@ -356,7 +355,9 @@ PATHS: Final[dict[str, Any]] = {
     },
     "/v1/internal/content/{digest}": {
         "get": {
-            "summary": "The manifest of content this agent knows (role agent)",
+            "summary": "The manifest of content this agent knows (role agent; a checkpoint only "
+            "to an agent with a say over its job: its owners, its attempt's starter, the node an "
+            "owner named to run its next attempt)",
             "parameters": [_digest("digest", "the manifest's digest")],
             "responses": {"200": _json_doc("the manifest"), **_answers(None, 400, 403, 404)},
         }
@@ -397,52 +398,6 @@ PATHS: Final[dict[str, Any]] = {
                 "200": {"description": "the chunk's bytes", "content": _FRAME},
                 **_answers(None, 400, 403, 404, 503),
             },
-        }
-    },
-    "/v1/internal/checkpoint/{job_id}": {
-        "get": {
-            "summary": "The manifest of a job's checkpoint (files, sizes, SHA-256) as this agent "
-            "holds it for an attempt (role agent; the job's owners and its attempt's starter)",
-            "parameters": [_JOB_ID, _needed("attempt", "the attempt that wrote it")],
-            "responses": {
-                "200": _json_doc("the manifest"),
-                **_answers(None, 400, 403, 404, 409),
-            },
-        }
-    },
-    "/v1/internal/checkpoint/{job_id}/chunk": {
-        "get": {
-            "summary": "One checksummed chunk of a checkpoint's file (role agent)",
-            "parameters": [
-                _JOB_ID,
-                _needed("attempt", "the attempt that wrote it"),
-                _needed("file", "the file's index in the manifest"),
-                _needed("offset", "bytes into the file"),
-                _needed("length", "bytes wanted (at most the chunk limit)"),
-            ],
-            "responses": {"200": _FRAME_ANSWER, **_answers(None, 400, 403, 404, 409)},
-        },
-        "post": {
-            "summary": "A chunk of a checkpoint pushed to this agent (role agent, the job's "
-            "owners)",
-            "parameters": [_JOB_ID],
-            "requestBody": {"required": True, "content": _FRAME},
-            "responses": {
-                "200": _json_doc("whether the copy is whole"),
-                **_answers(None, 400, 403, 415),
-            },
-        },
-    },
-    "/v1/internal/checkpoint/{job_id}/offer": {
-        "post": {
-            "summary": "A checkpoint's manifest offered to this agent; answers the bytes of "
-            "each file it already holds, to resume from (role agent, the job's owners)",
-            "parameters": [_JOB_ID],
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": {"type": "object"}}},
-            },
-            "responses": {"200": _json_doc("the offsets held"), **_answers(None, 400, 403, 415)},
         }
     },
     "/v1/internal/{op}": {

@@ -14,8 +14,8 @@ The agent's folder, with a separate job user (the modes are set explicitly, what
     <data_dir>/jobs/<job id>/   the job user's, 0700: its working folder, ``progress`` and
                                 ``checkpoint/`` (also the job user's, 0700)
         output.log[.N]          the agent's, 0600, opened by the agent only through O_NOFOLLOW
-    <data_dir>/checkpoints/     the agent's, 0700: copies of checkpoints
-    (``agent.checkpoints.ckptfiles``)
+    <data_dir>/checkpoints/     the agent's, 0700: which checkpoint of each job is held here
+    (its bytes are in ``<data_dir>/store/``, ``agent.checkpoints.ckptstore``)
 
 Without a separate job user, ``<data_dir>`` and ``jobs/`` are 0700. The agent reads a file the
 job could have replaced (the progress file) only without following symlinks, without blocking on

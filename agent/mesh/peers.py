@@ -32,7 +32,7 @@ INTERNAL = "/v1/internal"
 def stream_call_op(path: str) -> str | None:
     """The call a path names when it may ride a gossip stream: ``/v1/internal/<op>``, one
     segment (a forwarded command, the job protocol's calls); None for anything else (the
-    checkpoint transfer's routes, log streams), which stays on HTTP."""
+    content store's routes, log streams), which stays on HTTP."""
     op = path.removeprefix(f"{INTERNAL}/")
     if op == path or not op or "/" in op or "?" in op:
         return None

@@ -1,13 +1,14 @@
-"""The owner's side of moving checkpoints (``agent.checkpoints.ckptmove``): what it collects, and
+"""The owner's side of moving checkpoints (``agent.checkpoints.ckptstore``): what it collects, and
 when.
 
-When a runner says a job's checkpoint changed, the owner pulls a copy into its vault (once more
-when it changed again during the pull), and, when it is itself the runner, pushes that copy on to
-the job's replica, so a copy outlives the node. Before each new attempt it pulls what the last
-attempt left, if its node is alive (once per ended attempt: nothing newer can come), then pushes
-the newest copy it holds to the chosen node (to the replica when that node is this one) and
-names it in the offer: the attempt resumes from it (``SHOAL_RESUME=1``). With no copy, the
-attempt starts afresh. A job handed to its next owner goes with the copy held here.
+When a runner says a job's checkpoint changed, the owner pulls a copy into its store (once more
+when it changed again during the pull), and, when it is itself the runner, has the job's replica
+fetch that copy, so a copy outlives the node. Before each new attempt it pulls what the last
+attempt left, if its node is alive (once per ended attempt: nothing newer can come), then names
+the newest copy it holds, and its holders, in the offer: the chosen node fetches it and the
+attempt resumes from it (``SHOAL_RESUME=1``); when that node is this one, the replica fetches the
+copy first. With no copy, the attempt starts afresh. A job handed to its next owner: the next
+owner fetches the copy held here.
 
 A gang's members keep their checkpoints (``agent.owning.gang``): nothing is collected for them.
 """
@@ -17,16 +18,18 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agent.checkpoints.transfer import TransferError
+from agent.content.fetch import FetchError
+from agent.content.manifest import ContentError
 from agent.job.jobstate import LIVE
 from agent.job.ownership import replica_of
 from agent.mesh.peers import PeerError
+from agent.storage.sqlitefile import StoreError
 from agent.wire.calls import CheckpointNote, ResumeFrom
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
 
-    from agent.checkpoints.ckptmove import Checkpoints
+    from agent.checkpoints.ckptstore import Checkpoints
     from agent.owning.ownedjob import OwnedJob
 
 log = logging.getLogger("shoal.owner")
@@ -89,7 +92,7 @@ class Collector:
             return
         try:
             got = await cp.pull(job_id, node, attempt)
-        except (PeerError, TransferError, OSError) as exc:
+        except (PeerError, FetchError, ContentError, StoreError, OSError) as exc:
             log.info("job %s: checkpoint pull from %s: %s", job_id[:8], node[:8], exc)
             return
         if got is None or node != self.o.node_id:
@@ -110,12 +113,12 @@ class Collector:
             self._collected.clear()
 
     async def hand_copy(self, job_id: str, node: str) -> bool:
-        """Push the copy held of the job's checkpoint to ``node`` (its replica, its next owner);
-        whether it got there (or there was none to send)."""
+        """Have ``node`` (the job's replica, its next owner) fetch the copy held of the job's
+        checkpoint; whether it got there (or there was none to hand on)."""
         assert self.o.checkpoints is not None
         try:
-            await self.o.checkpoints.push(job_id, node)
-        except (PeerError, TransferError, OSError) as exc:
+            await self.o.checkpoints.hand(job_id, node)
+        except (PeerError, ContentError, OSError) as exc:
             log.info("job %s: checkpoint copy to %s: %s", job_id[:8], node[:8], exc)
             return False
         return True
@@ -138,7 +141,7 @@ class Collector:
             replica = replica_of(job_id, self.o._live(), self.o.node_id)
         if replica is None:
             return
-        held = self.o.checkpoints.vault.held(job_id)
+        held = self.o.checkpoints.held(job_id)
         handed = (replica, *((held.attempt, held.digest) if held else (0, "")))
         if self._on_replica.get(job_id) != handed and await self.hand_copy(job_id, replica):
             self._on_replica[job_id] = handed
@@ -147,10 +150,11 @@ class Collector:
         """The job is no longer owned here."""
         self._on_replica.pop(job_id, None)
 
-    async def push(self, job: OwnedJob, node: str) -> ResumeFrom | None:
-        """The newest copy held, sent to ``node`` ahead of the offer; what the offer names.
+    async def resume_from(self, job: OwnedJob, node: str) -> ResumeFrom | None:
+        """What the offer to ``node`` names: the newest copy held and its holders (``node``
+        fetches it from them before it starts the attempt).
 
-        When ``node`` is this very one, the copy goes to the replica instead, before the
+        When ``node`` is this very one, the replica fetches the copy first, before the
         attempt starts: an owner killed as it starts the job would otherwise take with it the
         only copy of what the attempt resumes from (a moved job's checkpoint, pulled here from
         a runner that may clear it next)."""
@@ -158,5 +162,4 @@ class Collector:
             return None
         if node == self.o.node_id:
             await self._copy_to_replica(job.job_id)
-        ref = await self.o.checkpoints.push(job.job_id, node)
-        return None if ref is None else ResumeFrom(ref.attempt, ref.digest)
+        return await self.o.checkpoints.offer_to(job.job_id, node)

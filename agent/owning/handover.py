@@ -6,9 +6,9 @@ order. When a node dies or leaves (:func:`member_gone`), its owner requeues what
 every agent sweeps its stored copies (:func:`sweep`): a job whose owner is gone is taken over by
 the next agent in its order (:func:`adopt`), or handed to it by the agent that holds the copy
 (:func:`hand_over`). A job whose order now puts another agent first, live here for
-:data:`HANDOVER_SETTLE_S`, is handed to it between steps, with the checkpoint copy held here.
-The agent handed a job (:func:`adopt_wire`) checks who may hand it over, keeps one copy when
-each side of a healed partition held it, and asks the runner where the attempt stands
+:data:`HANDOVER_SETTLE_S`, is handed to it between steps; it then fetches the checkpoint copy
+held here. The agent handed a job (:func:`adopt_wire`) checks who may hand it over, keeps one
+copy when each side of a healed partition held it, and asks the runner where the attempt stands
 (:func:`check_runner`): still running, ended (its report), or neither (fenced, then requeued).
 """
 
@@ -36,7 +36,7 @@ from agent.owning.ownersteps import OwnerSteps
 from agent.wire.calls import StatusAnswer, StatusRequest
 
 if TYPE_CHECKING:
-    from agent.checkpoints.ckptmove import Checkpoints
+    from agent.checkpoints.ckptstore import Checkpoints
     from agent.job.authority import Authority
     from agent.owning.collecting import Collector
     from agent.owning.gang import Gangs
@@ -223,7 +223,7 @@ async def _give(o: HandoverOwner, job: OwnedJob, node: str) -> None:
         if o.jobs.get(job.job_id) is not job:
             return
         _keep_as_copy(o, job, node, "handed_over", f"to {node[:8]}, first in its order")
-        if o.checkpoints is not None:  # the new owner starts with the copy we hold
+        if o.checkpoints is not None:  # the new owner fetches the copy we hold
             o.spawn(o.collector.hand_copy(job.job_id, node))
     finally:
         o._handing.discard(job.job_id)

@@ -24,9 +24,9 @@ what they use of it (``agent.owning.ownersteps``), not on this module:
 
 - ``agent.owning.placing``: placing one job on one node (candidates, the write-ahead, offers in
   turn);
-- ``agent.owning.collecting``: the jobs' checkpoints, pulled from their runners and pushed ahead of
-  each offer (over ``agent.checkpoints.ckptmove``), so an attempt resumes from the newest copy the
-  owner holds;
+- ``agent.owning.collecting``: the jobs' checkpoints, pulled from their runners and named in
+  each offer (content of the store, ``agent.checkpoints.ckptstore``), so an attempt resumes from
+  the newest copy the owner holds;
 - ``agent.owning.handover``: when an owner is gone, the next agent in the job's rendezvous order
   takes over from the copy it holds (or is handed the copy by the agent that holds it) and asks the
   runner where things stand; a job is handed to the agent first in its order;
@@ -91,7 +91,7 @@ UNLISTED_CHECK_S = 15.0
 owner asks the runner where the attempt stands (gossip brings a start within a few seconds)."""
 
 if TYPE_CHECKING:
-    from agent.checkpoints.ckptmove import Checkpoints
+    from agent.checkpoints.ckptstore import Checkpoints
 
 log = logging.getLogger("shoal.owner")
 
@@ -136,9 +136,10 @@ class Owner:
         """Jobs being handed to a higher-ranked owner (no placement meanwhile)."""
         self._loop_task: asyncio.Task[None] | None = None
         self.checkpoints: Checkpoints | None = None
-        """Set by the agent once made: moves checkpoints (``agent.checkpoints.ckptmove``)."""
+        """Set by the agent once made: the checkpoints held here
+        (``agent.checkpoints.ckptstore``)."""
         self.collector = Collector(self)
-        """Pulls and pushes the jobs' checkpoints (``agent.owning.collecting``)."""
+        """Pulls the jobs' checkpoints and hands them on (``agent.owning.collecting``)."""
         self._started_at = time.time()
         """A copy stored before a restart is judged by what was heard since (the sweep)."""
         self.cancels = Cancels(self)

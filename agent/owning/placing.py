@@ -5,8 +5,8 @@ one place the job may start by shrinking an elastic job or preempting others
 (``agent.owning.preempting``); with none, the job keeps waiting and its reason says why. Each offer
 is a new attempt (:func:`reserve`), written to the replica *before* the offer goes out, so whoever
 takes over knows which attempt may be running where. Before the first offer the owner pulls what
-the last attempt left; before each, it pushes the newest checkpoint copy it holds to the node
-and names it in the offer (``agent.owning.collecting``).
+the last attempt left; each offer names the newest checkpoint copy it holds and its holders,
+from which the node fetches it (``agent.owning.collecting``).
 
 An offer that got no answer is "maybe running": the owner fences that attempt on the runner (a
 stop that also forbids a late start) and moves on only once it is confirmed. A runner that could
@@ -23,7 +23,6 @@ from collections.abc import Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
-from agent.checkpoints.transfer import TransferError
 from agent.job.authority import SubmissionRefused
 from agent.job.jobstate import JobEvent, JobState
 from agent.mesh.peers import PeerError, PeerRefused, PeerUnreachable, decoded_answer
@@ -56,8 +55,8 @@ LAUNCH_FAILED = 422
 """The status a runner answers an offer with when the job's process could not be started."""
 _REFUSALS = {LAUNCH_FAILED: "launch_failed", 403: "not_allowed"}
 RESTORE_TIMEOUT_S = 120.0
-"""How long an offer that resumes from a checkpoint may take to answer (the runner copies the
-checkpoint into the job's folder first)."""
+"""How long an offer that resumes from a checkpoint may take to answer (the runner fetches the
+checkpoint and copies it into the job's folder first)."""
 IMAGE_PULL_TIMEOUT_S = 600.0
 """How much longer an offer of a job with an image may take to answer: the runner pulls the
 image first when it lacks it (``agent.execution.containers``, which gives up on a pull after as
@@ -170,8 +169,8 @@ async def place_once(
             attempt = reserve(o, job, cand)
             await o._replicate(job)
         try:
-            resume = await o.collector.push(job, cand.node_id)
-        except (PeerError, TransferError, OSError) as exc:
+            resume = await o.collector.resume_from(job, cand.node_id)
+        except (PeerError, OSError) as exc:
             declines.append(f"{cand.node_id[:8]}: checkpoint not sent ({exc})")
             if job.attempt == attempt and _state(job) == JobState.PLACING:
                 o._move(job, JobEvent.DECLINED)
@@ -193,7 +192,7 @@ async def place_once(
         )
         watch = None
         try:
-            # A resumed attempt's checkpoint is copied into its folder before it starts; a
+            # A resumed attempt's checkpoint is fetched into its folder before it starts; a
             # preempting one waits for its victims to stop first; datasets are staged first.
             slow = resume is not None or cand.victims or cand.shrink
             timeout_s = RESTORE_TIMEOUT_S + o._stop_grace_s if slow else None

@@ -20,7 +20,7 @@ the whole offer with one line, and nothing is stopped. An accepted offer claims 
 its devices before the first await, stops the victims with cause ``preempt`` (their checkpoint
 signal and the grace period, so each saves its checkpoint), then starts the job. Each victim's
 report names the job it was stopped for, so its owner requeues it saying so; its checkpoint
-travels with it (``agent.checkpoints.ckptmove``) and its next attempt resumes from it.
+travels with it (``agent.checkpoints.ckptstore``) and its next attempt resumes from it.
 
 An offer may also name elastic jobs to shrink (``StartOffer.shrink``: :mod:`agent.policy.shrink`),
 checked on the same path: each must run here, unclaimed, be elastic (its own signed submission

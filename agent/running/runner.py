@@ -56,7 +56,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.checkpoints.transfer import TransferError
+from agent.content.fetch import FetchError
 from agent.execution.executor import ExecEvent, Exited, ProcessExecutor, ProgressChanged, StopCause
 from agent.execution.launch import LaunchError, NoRoom
 from agent.execution.logfiles import Earlier, TailReader
@@ -64,6 +64,7 @@ from agent.execution.pinning import GangRank
 from agent.job.jobspec import JobSpec, check_job_id
 from agent.job.jobstate import TERMINAL_JOB_STATES, DrainEvent, NodeDrainState, accepts_work
 from agent.mesh.context import AgentContext
+from agent.mesh.peers import PeerError
 from agent.running import offering
 from agent.running.admission import NodeFacts, NotAdmitted, Rebind, admit_or_rebind, local_node
 from agent.running.confirming import Confirmer
@@ -87,6 +88,7 @@ from agent.running.runs import (
     UsageSink,
 )
 from agent.running.teamdesk import TeamDesk
+from agent.storage.sqlitefile import StoreError
 from agent.storage.store import ResultRecord, RunRecord, StoreFull
 from agent.wire.calls import (
     AttemptResult,
@@ -99,7 +101,7 @@ from agent.wire.calls import (
 )
 
 if TYPE_CHECKING:
-    from agent.checkpoints.ckptmove import Checkpoints
+    from agent.checkpoints.ckptstore import Checkpoints
 
 log = logging.getLogger("shoal.runner")
 
@@ -325,7 +327,7 @@ class Runner:
             await self.preemptions.stop(ask, admitted.victims, self.runs, self._preempt, self._note)
         try:
             resumed = await self.ckpts.prepare(job_id, resume, spec.checkpoint_dir is None)
-        except (TransferError, OSError, ValueError) as exc:
+        except (PeerError, FetchError, StoreError, OSError, ValueError) as exc:  # ContentError too
             self.runs.pop(job_id, None)
             self._on_change()
             raise Declined(f"checkpoint: {exc}") from None
@@ -397,7 +399,7 @@ class Runner:
     def _note(self, job_id: str, kind: str, message: str) -> None:
         self.events.add(kind, message, job_id=job_id)
 
-    # -- checkpoints (agent.running.runnerckpt; agent.checkpoints.ckptmove.LocalJobs) --------------
+    # -- checkpoints (agent.running.runnerckpt; agent.checkpoints.ckptstore.LocalJobs) -------------
 
     def checkpoint_folder(self, job_id: str) -> Path:
         return self.ckpts.folder(job_id)

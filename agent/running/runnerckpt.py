@@ -1,14 +1,14 @@
 """The checkpoints of the jobs a runner (:class:`agent.running.runner.Runner`) runs, on its side.
 
-An attempt starts from the checkpoint its offer names (restored from the copy the owner pushed
-here, with ``SHOAL_RESUME=1``) or from an empty folder, never from what an earlier attempt left on
-this node. While a job runs, its checkpoint folder is looked at every ``CHECKPOINT_SCAN_S``; a
-change is noted (``saved_at``, gossiped in the node record) and told to the job's owner
-(``checkpointed``), which pulls a copy (``agent.checkpoints.ckptmove``,
-``agent.owning.collecting``). The folders and the last attempt run here are what
-``agent.checkpoints.ckptmove.LocalJobs`` reads of the runner. What this uses of the runner is named
-in :class:`CheckpointingRunner` (as ``agent.running.reports`` does), so it never imports
-``agent.running.runner``.
+An attempt starts from the checkpoint its offer names (fetched from the holders the offer names
+into this node's store, then copied into the job's folder, with ``SHOAL_RESUME=1``) or from an
+empty folder, never from what an earlier attempt left on this node. While a job runs, its
+checkpoint folder is looked at every ``CHECKPOINT_SCAN_S``; a change is noted (``saved_at``,
+gossiped in the node record) and told to the job's owner (``checkpointed``), which pulls a copy
+(``agent.checkpoints.ckptstore``, ``agent.owning.collecting``). The folders and the last attempt
+run here are what ``agent.checkpoints.ckptstore.LocalJobs`` reads of the runner. What this uses
+of the runner is named in :class:`CheckpointingRunner` (as ``agent.running.reports`` does), so it
+never imports ``agent.running.runner``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agent.checkpoints.ckptfiles import clear_folder
+from agent.checkpoints.ckptfiles import clear_folder, stamp
 from agent.execution.jobuser import prepare_job_folder
 from agent.mesh.peers import PeerError, PeerRefused
 from agent.wire.calls import CheckpointNote
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from collections.abc import Coroutine, Mapping
     from pathlib import Path
 
-    from agent.checkpoints.ckptmove import Checkpoints
+    from agent.checkpoints.ckptstore import Checkpoints
     from agent.execution.executor import ProcessExecutor
     from agent.mesh.peers import PeerClient
     from agent.storage.store import Store
@@ -86,8 +86,7 @@ class RunnerCheckpoints:
         if resume is None or self.r.checkpoints is None:
             await asyncio.to_thread(clear_folder, dest, user)
             return False
-        vault = self.r.checkpoints.vault
-        await asyncio.to_thread(vault.restore, job_id, resume.digest, dest, user)
+        await self.r.checkpoints.restore(job_id, resume, dest, user)
         return True
 
     def folder(self, job_id: str) -> Path:
@@ -106,14 +105,13 @@ class RunnerCheckpoints:
             await asyncio.sleep(CHECKPOINT_SCAN_S)
             if self.r.checkpoints is None:
                 continue
-            reader = self.r.checkpoints.reader
             for job_id, run in list(self.r.runs.items()):
                 folder = self.folder(job_id)
-                stamp = await asyncio.to_thread(reader.stamp, folder)
+                now = await asyncio.to_thread(stamp, folder)
                 key = (job_id, run.attempt)
-                if not stamp or self._stamps.get(key) == stamp:
+                if not now or self._stamps.get(key) == now:
                     continue
-                self._stamps[key] = stamp
+                self._stamps[key] = now
                 self.r.saved_at[job_id] = time.time()
                 self.r._on_change()
                 self.r.spawn(self._tell_checkpointed(job_id, run))

@@ -133,22 +133,74 @@ class JobTransfer(NamedTuple):
 
 class ResumeFrom(NamedTuple):
     """The checkpoint an attempt starts from: the one attempt ``attempt`` wrote, whose content
-    is ``digest`` (``agent.checkpoints.transfer.Manifest.digest``); the runner holds it already,
-    pushed by the owner before the offer."""
+    is ``digest`` (a manifest of kind ``checkpoint`` in the content store); the runner fetches
+    what it lacks of it from ``holders`` (the owner first, then others the owner let serve it)
+    through the content routes before it starts."""
 
     attempt: int
     digest: str
+    holders: tuple[str, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
-        return {"attempt": self.attempt, "digest": self.digest}
+        doc: dict[str, Any] = {"attempt": self.attempt, "digest": self.digest}
+        if self.holders:
+            doc["holders"] = list(self.holders)
+        return doc
 
     @classmethod
     def from_wire(cls, value: Any, name: str = "resume") -> ResumeFrom:
         d = c.obj(value, name)
         p = name + "."
         return cls(
-            attempt=c.field(d, "attempt", c.integer, p), digest=c.field(d, "digest", c.text, p)
+            attempt=c.field(d, "attempt", c.integer, p),
+            digest=c.field(d, "digest", c.text, p),
+            holders=c.field(d, "holders", c.texts, p),
         )
+
+
+class CheckpointCopy(NamedTuple):
+    """``checkpoint_copy``, from an agent that may act as the job's owner: fetch the job's
+    checkpoint ``digest`` (written by attempt ``attempt``) from the caller and ``holders`` and
+    keep it (the replica's copy, the next owner's)."""
+
+    job_id: str
+    attempt: int
+    digest: str
+    holders: tuple[str, ...] = ()
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+            "digest": self.digest,
+            "holders": list(self.holders),
+        }
+
+    @classmethod
+    def from_wire(cls, value: Any) -> CheckpointCopy:
+        d = c.obj(value, "body")
+        return cls(
+            job_id=c.field(d, "job_id", c.text),
+            attempt=c.field(d, "attempt", c.integer),
+            digest=c.field(d, "digest", c.text),
+            holders=c.field(d, "holders", c.texts),
+        )
+
+
+class CheckpointGrant(NamedTuple):
+    """``checkpoint_grant``, from an agent that may act as the job's owner: serve the job's
+    checkpoint to ``node``, which runs the job's next attempt."""
+
+    job_id: str
+    node: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "node": self.node}
+
+    @classmethod
+    def from_wire(cls, value: Any) -> CheckpointGrant:
+        d = c.obj(value, "body")
+        return cls(job_id=c.field(d, "job_id", c.text), node=c.field(d, "node", c.text))
 
 
 class StartOffer(NamedTuple):
@@ -325,7 +377,9 @@ class StopAnswer(NamedTuple):
 
 
 class CheckpointNote(NamedTuple):
-    """``checkpointed``: the runner of attempt ``attempt`` saw its checkpoint folder change."""
+    """``checkpointed``: the runner of attempt ``attempt`` saw its checkpoint folder change;
+    ``checkpoint_of``: the owner asks the runner for the checkpoint that attempt left (answered
+    with its :class:`ResumeFrom`, under ``checkpoint``, or none)."""
 
     job_id: str
     attempt: int

@@ -51,9 +51,7 @@ async def test_every_route_is_described_and_every_description_is_a_route(tmp_pat
         apps.append(app)
         api.setup(
             app,
-            SimpleNamespace(
-                metrics=SimpleNamespace(api_refused=Counter()), checkpoints=None, content=None
-            ),
+            SimpleNamespace(metrics=SimpleNamespace(api_refused=Counter()), content=None),
         )  # type: ignore[arg-type]
 
     async def echo(data: bytes, peer: Any) -> bytes:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
-import hashlib
 import json
 import os
 import sys
@@ -18,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from agent.checkpoints.ckptfiles import Vault
-from agent.checkpoints.ckptmove import Checkpoints
-from agent.checkpoints.transfer import FileEntry, Frame, Manifest, TransferLimits
+from agent.checkpoints.ckptstore import Checkpoints
+from agent.content.fetch import Fetcher
+from agent.content.store import DiskStore
 from agent.execution.executor import ProcessExecutor
 from agent.execution.launch import ExecutorConfig
 from agent.job.authority import SubmissionRefused
@@ -319,14 +318,22 @@ async def test_a_report_the_owner_has_moved_past_is_dropped(rig: Rig) -> None:
             await asyncio.sleep(0.05)
 
 
+def checkpoints_of(rig: Rig) -> Checkpoints:
+    """The runner's checkpoints, in a content store of its own."""
+    store = DiskStore(rig.tmp_path / "store")
+    ctx = rig.runner.ctx
+    checkpoints = Checkpoints(
+        ctx, store, Fetcher(store), rig.runner, os.geteuid(), Counter(), rig.tmp_path
+    )
+    rig.runner.checkpoints = checkpoints
+    return checkpoints
+
+
 async def test_an_attempt_starts_from_the_checkpoint_its_offer_names_or_from_nothing(
     rig: Rig,
 ) -> None:
     runner, tmp_path = rig.runner, rig.tmp_path
-    checkpoints = Checkpoints(
-        runner.ctx, Vault(tmp_path, TransferLimits()), runner, os.geteuid(), Counter()
-    )
-    runner.checkpoints = checkpoints
+    checkpoints = checkpoints_of(rig)
     out = tmp_path / "seen"
     look = (
         "import json, os; d = os.environ['SHOAL_CHECKPOINT_DIR']; "
@@ -342,22 +349,24 @@ async def test_an_attempt_starts_from_the_checkpoint_its_offer_names_or_from_not
 
     # What an earlier attempt left on this node is cleared, never resumed.
     offer = rig.offer(attempt=3, command=(sys.executable, "-c", look))
-    folder = runner.checkpoint_folder(offer["job_id"])
+    job_id = offer["job_id"]
+    folder = runner.checkpoint_folder(job_id)
     folder.mkdir(parents=True)
     (folder / "step").write_text("1")
     assert await run(offer) == [[], None]
-    # The copy the owner pushed here is put in the folder, with SHOAL_RESUME=1.
+    # A checkpoint this node's store holds (attempt 3's folder, read in) is put in the folder,
+    # with SHOAL_RESUME=1.
     data = b"step 40"
-    job_id = offer["job_id"]
-    held = Manifest(job_id, 4, (FileEntry("step", len(data), hashlib.sha256(data).hexdigest()),))
-    checkpoints.vault.begin(held)
-    assert checkpoints.vault.put(job_id, Frame(0, 0, data))
-    offer = {**offer, "attempt": 5, "resume": {"attempt": 4, "digest": held.digest}}
+    (folder / "step").write_bytes(data)
+    ref = await checkpoints.read_folder(job_id, 3)
+    assert ref is not None and checkpoints.held(job_id) == ref
+    offer = {**offer, "attempt": 5, "resume": {"attempt": 3, "digest": ref.digest}}
     assert await run(offer) == [["step"], "1"]
     assert (folder / "step").read_bytes() == data
-    # A checkpoint it does not hold: the offer is declined, not started afresh.
-    offer = {**offer, "attempt": 6, "resume": {"attempt": 4, "digest": "0" * 64}}
-    with pytest.raises(Declined, match="not held"):
+    # A checkpoint it does not hold, and no holder to fetch it from: the offer is declined,
+    # not started afresh.
+    offer = {**offer, "attempt": 6, "resume": {"attempt": 5, "digest": "0" * 64}}
+    with pytest.raises(Declined, match="checkpoint"):
         await rig.start(offer)
     assert job_id not in runner.runs
 
@@ -372,16 +381,14 @@ async def test_pulling_from_itself_a_checkpoint_of_an_attempt_not_run_here_last_
     a refusal (as a remote folder's is), again at every round. It is a refusal now: nothing
     pulled, nothing raised."""
     runner = rig.runner
-    checkpoints = Checkpoints(
-        runner.ctx, Vault(rig.tmp_path, TransferLimits()), runner, os.geteuid(), Counter()
-    )
-    runner.checkpoints = checkpoints
+    checkpoints = checkpoints_of(rig)
     offer = rig.offer(attempt=3, command=(sys.executable, "-c", "pass"))
     await rig.start(offer)
     await runner.executor.wait(offer["job_id"])
     (runner.checkpoint_folder(offer["job_id"]) / "step").write_text("3")
     assert await checkpoints.pull(offer["job_id"], runner.ctx.node_id, 2) is None
     assert checkpoints.counts["failed"] == 1
+    assert checkpoints.held(offer["job_id"]) is None
 
 
 async def test_a_run_that_ended_leaves_no_progress_and_a_purged_job_no_fence(rig: Rig) -> None:

@@ -1,5 +1,5 @@
 """Which agent-to-agent calls ride the gossip streams: one-segment ``/v1/internal/<call>`` only;
-the checkpoint transfer and log streams stay on HTTP."""
+the content store's routes (checkpoints among them) and log streams stay on HTTP."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from agent.mesh.peers import stream_call_op
         ("/v1/internal/command", "command"),
         ("/v1/internal/start", "start"),
         ("/v1/internal/replicate", "replicate"),
-        ("/v1/internal/checkpoint/j1/chunk", None),
-        ("/v1/internal/checkpoint/j1/offer", None),
+        ("/v1/internal/checkpoint_of", "checkpoint_of"),
+        ("/v1/internal/content/chunk/ab?of=cd", None),
+        ("/v1/internal/content/ab/have", None),
         ("/v1/internal/logs/j1?lines=10", None),
         ("/v1/internal/", None),
         ("/v1/internal", None),
