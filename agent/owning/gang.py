@@ -48,6 +48,7 @@ from agent.owning.datawait import STAGE_TIMEOUT_S, clear_staging, stages, watch_
 from agent.owning.ownedjob import ATTEMPTS_KEPT
 from agent.owning.ownersteps import OwnerSteps
 from agent.owning.placing import queue_of
+from agent.owning.prefetching import Prefetcher
 from agent.wire.calls import (
     MAX_HOLD_S,
     AttemptResult,
@@ -174,6 +175,8 @@ class GangOwner(OwnerSteps, Protocol):
     view and peers, and its steps of one job's life (``agent.owning.ownersteps``), and how it ends a
     job."""
 
+    prefetcher: Prefetcher
+
     def _conclude(self, job: OwnedJob, runner: str, r: AttemptResult) -> None: ...
 
 
@@ -214,6 +217,7 @@ class Gangs:
         if not sets and job.avoid:
             sets = o.placement.gang_candidates(job.spec, nodes, queue=queue)
         if not sets:
+            o.prefetcher.waiting(job, nodes, queue, live)
             reason = o.placement.why_pending(job.spec, queue)
             if reason != job.reason:
                 job.reason = reason
@@ -379,6 +383,7 @@ class Gangs:
         o._move(job, JobEvent.RESERVED)
         o._move(job, JobEvent.STARTED)
         job.started_at = min(at for at in started if at is not None)
+        o.prefetcher.placed(job, {m.node for m in a.members})
         o._save(job)
         o.events.add(
             "started",

@@ -192,7 +192,7 @@ class Owner:
         self._announce(job)
         if is_terminal(job.state):
             self.resizes.forget(job.job_id)
-            self.prefetcher.placed(job, None)  # a pre-fetch for it is stale now
+            self.prefetcher.placed(job, ())  # a pre-fetch for it is stale now
         if is_terminal(job.state) and self.checkpoints is not None:
             self.checkpoints.forget(job.job_id)
         if replicate:

@@ -154,11 +154,12 @@ class Placement(Protocol):
         after its start left its GPU held in this owner's eyes for the rest of the hold)."""
         ...
 
-    def likely_node(
+    def likely_nodes(
         self, spec: JobSpec, nodes: Sequence[NodeView], queue: MeshQueue, running: Sequence[Running]
-    ) -> str | None:
+    ) -> tuple[str, ...]:
         """Where the policy's p50 forecast starts the waiting job of ``queue`` once what runs
-        (``running``) ends (:func:`agent.policy.forecast.forecast`); ``None``: no forecast."""
+        (``running``) ends (:func:`agent.policy.forecast.forecast`): its node, a gang's every
+        member's; empty: no forecast."""
         ...
 
     def rebind(self, spec: JobSpec, node: Node, keys: tuple[str, ...]) -> tuple[str, ...] | None:
@@ -218,10 +219,10 @@ class _Held:
         """The policy's nodes of ``views``, recently offered devices busy."""
         return mark_held(self._memo.nodes(views), self._held(views))
 
-    def likely_node(
+    def likely_nodes(
         self, spec: JobSpec, nodes: Sequence[NodeView], queue: MeshQueue, running: Sequence[Running]
-    ) -> str | None:
-        return None  # first fit makes no forecast
+    ) -> tuple[str, ...]:
+        return ()  # first fit makes no forecast
 
 
 def same_models(node: Node, keys: Sequence[str]) -> Node:
@@ -440,9 +441,9 @@ class ShoalPlacement(_Held):
             out.sort(key=lambda c: c.node_id != prefer)
         return out
 
-    def likely_node(
+    def likely_nodes(
         self, spec: JobSpec, nodes: Sequence[NodeView], queue: MeshQueue, running: Sequence[Running]
-    ) -> str | None:
+    ) -> tuple[str, ...]:
         views = [n for n in nodes if n.inventory is not None]
         snapshot = Snapshot(
             now=self._clock(),
@@ -456,7 +457,7 @@ class ShoalPlacement(_Held):
             snapshot, self.model, self._queue_config, owner=self.owner, forecasts=True
         )
         found = decisions.forecasts.get(queue.job.job_id)
-        return None if found is None or found.start_p50 == math.inf else found.node_id
+        return () if found is None or found.start_p50 == math.inf else found.node_ids
 
     def rebind(self, spec: JobSpec, node: Node, keys: tuple[str, ...]) -> tuple[str, ...] | None:
         snapshot = Snapshot(now=self._clock(), nodes=(same_models(node, keys),))

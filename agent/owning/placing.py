@@ -243,7 +243,7 @@ async def place_once(
         job.started_at = answer.started_at or time.time()
         job.attempt_started(cand.node_id, job.started_at)
         clear_staging(job)
-        o.prefetcher.placed(job, cand.node_id)
+        o.prefetcher.placed(job, (cand.node_id,))
         o._save(job)
         o.events.add("started", f"attempt {attempt} on {cand.node_id[:8]}", job_id=job.job_id)
         o.resizes.started(job.job_id, cand.devices)

@@ -2,15 +2,15 @@
 forecast starts it on stages them already.
 
 Each time the owner finds no room for such a job (at most every :data:`PREFETCH_EVERY_S`), it asks
-the placement where the job's p50 forecast starts it (:meth:`Placement.likely_node`, the forecast
-``agent.policy.forecast`` makes over the mesh's queue and what runs) and sends that node the
-internal call ``prefetch`` with the operator's signed submission (the node checks it, and that
-this owner may own the job: ``agent.running.prefetch``). When the forecast moves to another node,
-the stale pre-fetch is cancelled there (what it fetched stays as cache) and the new node is asked;
-when the job starts, a pre-fetch on another node is cancelled. A node that refused (its bounds)
-is asked again at the next look, one that took it every :data:`PREFETCH_RENEW_S` (so the node
-keeps the job's data from eviction while it waits). Gangs are not pre-fetched (each member
-stages as it starts).
+the placement where the job's p50 forecast starts it (:meth:`Placement.likely_nodes`, the forecast
+``agent.policy.forecast`` makes over the mesh's queue and what runs: one node, or a gang's every
+member) and sends each of those nodes the internal call ``prefetch`` with the operator's signed
+submission (the node checks it, and that this owner may own the job: ``agent.running.prefetch``).
+When the forecast moves a node away, the stale pre-fetch is cancelled there (what it fetched
+stays as cache) and the new node is asked; when the job starts, a pre-fetch on a node it did not
+start on is cancelled. A node that refused (its bounds) is asked again at the next look, one that
+took it every :data:`PREFETCH_RENEW_S` (so the node keeps the job's data from eviction while it
+waits).
 
 Counted in ``shoal_prefetch_total`` by what happened: ``asked``, ``moved`` (the forecast moved and
 the old node was told), ``refused``, ``failed`` (the call did not go through).
@@ -48,10 +48,18 @@ one not renewed for ``agent.running.prefetch.PREFETCH_TTL_S``)."""
 
 @dataclass(slots=True)
 class _Asked:
-    node: str
-    at: float
+    """One node asked to pre-fetch a job."""
+
     sent_at: float
     ok: bool = False
+
+
+@dataclass(slots=True)
+class _Forecast:
+    """Where a job's pre-fetch was last asked for, and when the forecast was last asked."""
+
+    at: float
+    nodes: dict[str, _Asked]
 
 
 class Prefetcher:
@@ -60,15 +68,15 @@ class Prefetcher:
     def __init__(self, o: OwnerSteps, clock: Callable[[], float] = time.monotonic) -> None:
         self.o = o
         self.clock = clock
-        self.asked: dict[str, _Asked] = {}
+        self.asked: dict[str, _Forecast] = {}
         self.counts: Counter[str] = Counter()
 
     def waiting(
         self, job: OwnedJob, nodes: Sequence[NodeView], queue: MeshQueue, live: Collection[str]
     ) -> None:
-        """``job`` found no room now: have its likely node stage its datasets and pull its
+        """``job`` found no room now: have its likely nodes stage its datasets and pull its
         image."""
-        if not (job.spec.datasets or job.spec.image or job.spec.python_env) or job.spec.is_gang:
+        if not (job.spec.datasets or job.spec.image or job.spec.python_env):
             return
         now = self.clock()
         prev = self.asked.get(job.job_id)
@@ -79,30 +87,36 @@ class Prefetcher:
         running = adapt.running_from_jobs(
             o.view.jobs, specs, live=live, checkpoints=saved_at(o.view)
         )
-        node = o.placement.likely_node(job.spec, nodes, queue, running)
-        if node is None:
+        likely = o.placement.likely_nodes(job.spec, nodes, queue, running)
+        if not likely:
             return
-        if prev is not None and prev.node == node and prev.ok:
-            prev.at = now
-            if now - prev.sent_at < PREFETCH_RENEW_S:
-                return
-            prev.sent_at = now
-            o.spawn(self._send(job, node, cancel=False))
-            return
-        if prev is not None and prev.node != node:
+        if prev is None:
+            prev = self.asked[job.job_id] = _Forecast(now, {})
+        prev.at = now
+        for node in [n for n in prev.nodes if n not in likely]:
             self.counts["moved"] += 1
             o.events.add(
-                "prefetch", f"forecast moved {prev.node[:8]} -> {node[:8]}", job_id=job.job_id
+                "prefetch", f"forecast moved off {node[:8]} -> {likely[0][:8]}", job_id=job.job_id
             )
-            o.spawn(self._send(job, prev.node, cancel=True))
-        self.asked[job.job_id] = _Asked(node, now, now)
-        o.spawn(self._send(job, node, cancel=False))
+            del prev.nodes[node]
+            o.spawn(self._send(job, node, cancel=True))
+        for node in likely:
+            held = prev.nodes.get(node)
+            if held is not None and held.ok and now - held.sent_at < PREFETCH_RENEW_S:
+                continue
+            if held is None:
+                held = prev.nodes[node] = _Asked(now)
+            held.sent_at = now
+            o.spawn(self._send(job, node, cancel=False))
 
-    def placed(self, job: OwnedJob, node: str | None) -> None:
-        """The job started on ``node`` (``None``: it ended): a pre-fetch elsewhere is stale."""
+    def placed(self, job: OwnedJob, nodes: Collection[str]) -> None:
+        """The job started on ``nodes`` (none: it ended): a pre-fetch elsewhere is stale."""
         prev = self.asked.pop(job.job_id, None)
-        if prev is not None and prev.node != node:
-            self.o.spawn(self._send(job, prev.node, cancel=True))
+        if prev is None:
+            return
+        for node in prev.nodes:
+            if node not in nodes:
+                self.o.spawn(self._send(job, node, cancel=True))
 
     async def _send(self, job: OwnedJob, node: str, *, cancel: bool) -> None:
         addr = self.o._addr_of(node)
@@ -121,11 +135,14 @@ class Prefetcher:
             return
         self.counts["asked"] += 1
         refused = answer.get("refused") if isinstance(answer, dict) else None
-        held = self.asked.get(job.job_id)
+        forecast = self.asked.get(job.job_id)
+        held = forecast.nodes.get(node) if forecast is not None else None
         if refused:
             self.counts["refused"] += 1
             log.info("job %s: prefetch on %s refused: %s", job.job_id[:8], node[:8], refused)
-        elif held is not None and held.node == node:
+            if held is not None:
+                held.ok = False
+        elif held is not None:
             held.ok = True
             started = answer.get("started") if isinstance(answer, dict) else None
             if started:

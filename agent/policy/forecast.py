@@ -36,7 +36,9 @@ class Forecast:
     end_p50: float
     end_p90: float
     node_id: str | None = None
-    """Where the p50 forecast puts it."""
+    """Where the p50 forecast puts it (a gang: its first member)."""
+    node_ids: tuple[str, ...] = ()
+    """Every node the p50 forecast puts it on (a gang: each member's)."""
 
 
 def speed_of(r: Running, ctx: Context) -> float:
@@ -285,5 +287,6 @@ def forecast(
             placed50[1],
             max(placed90[1], placed50[1]),
             placed50[2][0],
+            placed50[2],
         )
     return out

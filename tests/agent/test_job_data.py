@@ -361,6 +361,48 @@ def test_a_waiting_job_is_prefetched_and_starts_with_no_data_wait(tmp_path: Path
         mesh.stop_all()
 
 
+def test_a_waiting_gang_is_prefetched_on_every_member_it_is_forecast_on(tmp_path: Path) -> None:
+    """Both H100s are busy; a 2-node gang naming a dataset the L4 holds waits, and both H100
+    nodes (its forecast members) stage the dataset meanwhile: once they free, every rank starts
+    on a whole copy with no data wait."""
+    mesh = Mesh(tmp_path, ["h100:1", "h100:1", "l4:1"], extra=("--datasets-rescan-s", "1"))
+    m, chunks = make_dataset("imagenet", {"a.bin": 12 * CHUNK + 5})
+    preload(mesh.agents[2], m, chunks)
+    mesh.start_all()
+    try:
+        a0 = mesh.agents[0]
+        release = tmp_path / "release"
+        hold = [sys.executable, "-c", HOLD, str(release)]
+        for _ in range(2):
+            running(mesh, a0, submit(mesh, a0, hold, resources=BIG_GPU))
+        argv = [sys.executable, "-c", GANG_HEAD + READER, str(tmp_path / "rank")]
+        gang = Resources(gpus_per_node=1, nodes=2, min_mem_per_gpu_bytes=40 << 30)
+        job_id = submit(mesh, a0, argv, resources=gang, datasets=("imagenet",))
+        big = mesh.agents[:2]
+        mesh.wait(
+            "the waiting gang's data pre-fetched on both members",
+            lambda: all(stage_state(mesh, a, m) == "done" for a in big),
+            WAIT_S,
+        )
+        # Still waiting for the GPUs (its record may reach this agent after its data).
+        mesh.wait(
+            "the gang pending, as this agent sees it",
+            lambda: mesh.job(a0, job_id)["state"] == "pending",
+            WAIT_S,
+        )
+        assert all(data_count(mesh, a, "prefetch_started") == 1 for a in big)
+        release.touch()
+        job = ended(mesh, a0, job_id)
+        assert job["state"] == "succeeded", (job, mesh.logs())
+        for rank in (0, 1):
+            read = json.loads((tmp_path / f"rank.{rank}").read_text())
+            assert read["files"] == expected_hashes(m, chunks), (rank, read)
+        for member in big:
+            assert (data_count(mesh, member, "hits"), data_count(mesh, member, "misses")) == (1, 0)
+    finally:
+        mesh.stop_all()
+
+
 def test_a_stale_prefetch_is_cancelled_when_the_forecast_moves(tmp_path: Path) -> None:
     cap = 64 << 10
     mesh = Mesh(

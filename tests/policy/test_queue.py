@@ -96,6 +96,26 @@ def test_a_busy_fleet_forecasts_a_later_start() -> None:
     assert check.line.startswith("starts in ~3.0 h")
 
 
+def test_a_waiting_gang_is_forecast_on_every_member() -> None:
+    """Each node's one GPU is busy for an hour; a 2-node gang's forecast names both nodes it
+    would start on (the owner asks each to pre-fetch), not only the first."""
+    nodes, runs = [], []
+    for name in ("a", "b", "c"):
+        blocker = job(f"hold-{name}")
+        nodes.append(holding(node(name, "v100", 1), blocker, [0]))
+        ends = 0.5 if name == "c" else 0.9  # c frees last
+        runs.append(running(blocker, name, [f"{name}/0"], progress=ends, rate=ends / 3600,
+                            progress_at=3600.0))  # fmt: skip
+    gang = job("g", nodes=2)
+    d = decide(
+        Snapshot(now=3600.0, nodes=tuple(nodes), pending=(gang,), running=tuple(runs)),
+        ThroughputModel(),
+        forecasts=True,
+    )
+    fc = d.forecasts["g"]
+    assert sorted(fc.node_ids) == ["a", "b"] and fc.node_id in ("a", "b")
+
+
 def test_a_job_with_an_image_goes_only_to_a_linux_host_with_a_runtime() -> None:
     mac = node("mac", "v100", 2, os="darwin", features=frozenset({"image"}))
     bare = node("bare", "v100", 2, os="linux", features=frozenset({"gang"}))
