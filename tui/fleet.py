@@ -148,8 +148,13 @@ def _last(values: Sequence[float | None]) -> float | None:
 
 
 def _hours(gpu_s: float) -> str:
+    """GPU-seconds as GPU-hours: ``0``, ``<0.01``, ``0.04``, ``3.5``, ``1,132``."""
     hours = gpu_s / 3600
-    return f"{hours:.1f}" if hours < 1000 else f"{hours:,.0f}"
+    if hours <= 0:
+        return "0"
+    if hours < 0.01:
+        return "<0.01"
+    return f"{hours:.2f}" if hours < 0.1 else f"{hours:.1f}" if hours < 1000 else f"{hours:,.0f}"
 
 
 _VENDOR_WORDS: Final = frozenset({"nvidia", "amd", "intel", "apple"})
@@ -168,14 +173,12 @@ def _label(name: str, width: int) -> str:
 
 Row = list[tuple[str, str]]
 """One line as ``(text, role)`` runs; roles: ``""``, ``title``, ``busy``, ``alloc``, ``idle``,
-``muted``, ``value`` (the view gives each a style of the theme). No styled run starts with a
-space: padding is a run of its own, so every run starts in its own column wherever the text is
-drawn (an SVG screenshot drops a run's leading spaces)."""
+``muted``, ``value`` (the view gives each a style of the theme)."""
 
 
 def _right(text: str, width: int, role: str = "value") -> Row:
-    """``text`` right-aligned in ``width`` columns, its padding a run of its own."""
-    return [(" " * max(0, width - len(text)), ""), (text, role)]
+    """``text`` right-aligned in ``width`` columns."""
+    return [(text.rjust(width), role)]
 
 
 def fleet_rows(report: FleetReport, width: int, *, ascii_only: bool = False) -> list[Row]:
@@ -227,7 +230,12 @@ def fleet_rows(report: FleetReport, width: int, *, ascii_only: bool = False) -> 
         spark = level_line(line.idle_gpu_s, chart_w, top, bars).ljust(chart_w)
         figure = _right(_hours(line.total_gpu_s) + " h", 10)
         rows.append(
-            [(_label(line.model, label_w) + " ", ""), ("idle  ", "idle"), (spark, "idle"), *figure]
+            [
+                (_label(short_model(line.model), label_w) + " ", ""),
+                ("idle  ", "idle"),
+                (spark, "idle"),
+                *figure,
+            ]
         )
     if report.missing:
         shown = "; ".join(report.missing[:3])

@@ -73,5 +73,8 @@ class FleetScreen(WindowScreen):
             if n:
                 text.append("\n")
             for part, role in row:
-                text.append(part, styles.get(role, ""))
+                # leading spaces a run of their own: a screenshot's SVG drops them from a run
+                body = part.lstrip(" ")
+                text.append(part[: len(part) - len(body)])
+                text.append(body, styles.get(role, ""))
         self.query_one("#fleet-chart", Static).update(text)
