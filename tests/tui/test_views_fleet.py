@@ -24,7 +24,7 @@ def panel(app: ShoalApp) -> FleetScreen:
 
 
 async def test_f_charts_the_fleet_by_vendor_and_model_and_the_keys_switch_windows() -> None:
-    app, source = sim_app()
+    app, _ = sim_app()
     async with app.run_test(size=(120, 40)) as pilot:
         await started(pilot)
         await pilot.press("F")
