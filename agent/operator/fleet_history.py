@@ -3,8 +3,8 @@ idle while jobs waited, from every node's ``gpu.util_pct`` history, the usage ro
 which GPUs when) and the job records.
 
 Nothing gossips history: each node answers for its own GPUs (``GET /v1/history``), each runner
-for the attempts it ran (``GET /v1/usage``). The adapters (the TUI's fleet view,
-:mod:`tui.fleet`) ask them and hand the answers here on one grid of time steps (:class:`Grid`).
+for the attempts it ran (``GET /v1/usage``). :mod:`agent.operator.fleet_read` asks them and hands
+the answers here on one grid of time steps (:class:`Grid`).
 
 What is counted, step by step (a step is ``step_s`` long):
 

@@ -9,10 +9,10 @@ import asyncio
 
 import pytest
 
+from agent.operator.fleet_read import IN_FLIGHT, read_fleet
 from agent.wire.history import HistoryDoc, HistoryQuery
 from tests.tui.helpers import NARROW, command, sim_app, started, wait_until
 from tui.app import ShoalApp
-from tui.fleet import IN_FLIGHT, read_fleet
 from tui.screens.fleet import FleetScreen
 from tui.simmesh import SimSource
 

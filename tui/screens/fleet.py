@@ -1,6 +1,7 @@
 """The fleet's history (``F``): GPU utilization (busy and allocated) by vendor and by model, and
 the GPU-hours left idle while jobs waited, over 5 minutes, an hour, a day or a week (``1``-``4``),
-read from every node's own history (:mod:`tui.fleet`)."""
+read from every node's own history (:mod:`agent.operator.fleet_read`), drawn as
+``shoal history --fleet`` draws it (:mod:`agent.cli.fleet_view`)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Label, Static
 
+from agent.cli.fleet_view import fleet_rows
 from agent.operator.client import ApiError
+from agent.operator.fleet_read import FleetReport, read_fleet
 from agent.wire.codec import WireError
 from tui.context import ShoalContext
-from tui.fleet import FleetReport, fleet_rows, read_fleet
 from tui.screens.history import WindowScreen
 from tui.source import MeshSource
 from tui.widgets.footer import KeyFooter

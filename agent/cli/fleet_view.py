@@ -1,121 +1,25 @@
-"""What the fleet view reads and draws: every node's ``gpu.util_pct`` history, the usage rows and
-the job records over one window, counted by :mod:`agent.operator.fleet_history`, and the chart
-lines the view shows.
-
-Reading is bounded: at most :data:`IN_FLIGHT` nodes are asked at once, each given
-:data:`NODE_TIMEOUT_S`; a node that does not answer in time, or answers an error, is listed as
-missing and its GPUs are left out of the shares (never counted as idle).
-"""
+"""The fleet's history as terminal text: utilization by vendor and by model (a busy and an
+allocated line each, on a fixed 0-100% scale), then the GPU-hours left idle while jobs waited,
+by model; the TUI's fleet view styles the same runs (:mod:`agent.operator.fleet_read` reads
+what it draws)."""
 
 from __future__ import annotations
 
-import asyncio
-import math
+import argparse
+import sys
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Final
 
-from agent.operator.client import ApiError
-from agent.operator.fleet_history import (
-    GpuTrack,
-    Grid,
-    GroupLine,
-    IdleWhileWaiting,
-    idle_while_waiting,
-    utilization,
-)
-from agent.operator.fleet_inputs import UTIL_SERIES, FleetGpus, held, tracks, waits
-from agent.wire.codec import WireError
+from agent.cli.history_cmd import ASCII_BARS, BARS
+from agent.cli.ops_cmd import print_json, run_with_client
+from agent.cli.usage_cmd import gather_usage
+from agent.common.errors import UserError
+from agent.operator.client import ApiClient
+from agent.operator.fleet_read import FleetReport, ask_history, read_fleet, report_json
+from agent.operator.terminal import line_width
 from agent.wire.history import HistoryDoc, HistoryQuery
-from tui.source import MeshSource
-
-FLEET_POINTS: Final = 120
-"""Steps over a window (the widest chart a terminal shows)."""
-IN_FLIGHT: Final = 4
-NODE_TIMEOUT_S: Final = 10.0
-LIVE: Final = ("alive", "suspect")
-BARS: Final = "▁▂▃▄▅▆▇█"
-ASCII_BARS: Final = "_.-=+*#@"
-
-
-@dataclass(frozen=True, slots=True)
-class FleetReport:
-    """The fleet over one window, as the view draws it."""
-
-    span_s: int
-    grid: Grid
-    by_vendor: tuple[GroupLine, ...]
-    by_model: tuple[GroupLine, ...]
-    idle: IdleWhileWaiting
-    nodes_read: int
-    missing: tuple[str, ...]
-    """One line for each node (or read) that did not answer: ``host: why``."""
-    unreadable_jobs: int = 0
-
-
-def _name(node: dict[str, Any]) -> str:
-    host = node.get("host") or {}
-    return str(host.get("hostname") or str(node.get("node_id", "?"))[:8])
-
-
-async def read_fleet(
-    source: MeshSource,
-    span_s: int,
-    *,
-    in_flight: int = IN_FLIGHT,
-    timeout_s: float = NODE_TIMEOUT_S,
-) -> FleetReport:
-    """Ask every live agent with GPUs for the last ``span_s`` of its GPUs' utilization (a few
-    at a time), and the mesh for its usage rows and jobs; count what answered."""
-    now = source.now()
-    nodes, jobs = await asyncio.gather(source.nodes(), source.jobs())
-    grid = Grid.over(int(now) - span_s, math.ceil(now) + 1, max(1, span_s // FLEET_POINTS))
-    gpus = FleetGpus.from_nodes(nodes)
-    with_gpus = {node for node, _ in gpus.statics}
-    asked = [n for n in nodes if n.get("node_id") in with_gpus]
-    missing = [f"{_name(n)}: {n.get('state')}" for n in asked if n.get("state") not in LIVE]
-    asked = [n for n in asked if n.get("state") in LIVE]
-    gate = asyncio.Semaphore(max(1, in_flight))
-
-    async def one(node: dict[str, Any]) -> HistoryDoc:
-        query = HistoryQuery(
-            (UTIL_SERIES,), str(node["node_id"]), None, None, grid.from_s, grid.to_s, grid.step_s
-        )
-        async with gate:
-            return await asyncio.wait_for(
-                source.history(query, str(node.get("addr") or "")), timeout_s
-            )
-
-    answers = await asyncio.gather(*(one(n) for n in asked), return_exceptions=True)
-    found: list[GpuTrack] = []
-    for node, answer in zip(asked, answers, strict=True):
-        if isinstance(answer, HistoryDoc):
-            found += tracks(grid, answer, gpus)
-        elif isinstance(answer, TimeoutError):
-            missing.append(f"{_name(node)}: no answer in {timeout_s:g} s")
-        elif isinstance(answer, ApiError | WireError | OSError):
-            missing.append(f"{_name(node)}: {answer}")
-        else:
-            raise answer
-    try:
-        rows, unanswered = await asyncio.wait_for(source.usage(grid.from_s), timeout_s)
-    except (TimeoutError, ApiError, WireError, OSError) as exc:
-        rows, unanswered = [], [f"usage: {exc or 'no answer in time'}"]
-    holding = held(rows)
-    waited = waits(jobs, gpus)
-    return FleetReport(
-        span_s=span_s,
-        grid=grid,
-        by_vendor=utilization(grid, found, holding, "vendor"),
-        by_model=utilization(grid, found, holding, "model"),
-        idle=idle_while_waiting(grid, found, holding, waited.waits),
-        nodes_read=len(asked) - sum(1 for a in answers if not isinstance(a, HistoryDoc)),
-        missing=tuple(missing + [f"usage {m}" for m in unanswered]),
-        unreadable_jobs=waited.unreadable,
-    )
-
-
-# -- drawing ------------------------------------------------------------------------------------
+from agent.wire.usage import UsageRow
 
 
 def level_line(values: Sequence[float | None], width: int, top: float, bars: str = BARS) -> str:
@@ -251,3 +155,51 @@ def fleet_lines(report: FleetReport, width: int, *, ascii_only: bool = False) ->
     return [
         "".join(text for text, _ in row) for row in fleet_rows(report, width, ascii_only=ascii_only)
     ]
+
+
+class _AgentReads:
+    """The fleet's reads through one agent (the nodes' own agents for their history)."""
+
+    def __init__(self, client: ApiClient) -> None:
+        self.client = client
+
+    def now(self) -> float:
+        return time.time()
+
+    async def nodes(self) -> list[dict[str, Any]]:
+        return await self.client.nodes()
+
+    async def jobs(self) -> list[dict[str, Any]]:
+        return await self.client.jobs()
+
+    async def history(self, query: HistoryQuery, address: str) -> HistoryDoc:
+        return await ask_history(self.client, query, address)
+
+    async def usage(self, since: float) -> tuple[list[UsageRow], list[str]]:
+        return await gather_usage(self.client, self.client.identity, since)
+
+
+def cmd_fleet(args: argparse.Namespace) -> int:
+    """``shoal history --fleet [--since SPAN] [--json]``."""
+    if not args.fleet:
+        raise UserError("say whose history: a node, a job, or --fleet")
+    if args.target is not None:
+        raise UserError(f"--fleet reads every node: leave out {args.target!r}")
+    for flag in ("series", "device", "step", "csv"):
+        if getattr(args, flag):
+            raise UserError(f"--{flag} does not go with --fleet")
+
+    async def call(client: ApiClient) -> FleetReport:
+        return await read_fleet(_AgentReads(client), int(args.since))
+
+    report: FleetReport = run_with_client(args, call)
+    if args.json:
+        print_json(report_json(report))
+        return 0
+    encoding = (getattr(sys.stdout, "encoding", None) or "").lower()
+    lines = fleet_lines(report, line_width(), ascii_only="utf" not in encoding)
+    step = report.grid.step_s
+    print(f"fleet history, {report.nodes_read} nodes answered, every {step}s")
+    for line in lines:
+        print(line.rstrip())
+    return 0
