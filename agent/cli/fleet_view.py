@@ -130,8 +130,13 @@ def fleet_rows(report: FleetReport, width: int, *, ascii_only: bool = False) -> 
         ]
     )
     top = max((max(line.idle_gpu_s, default=0.0) for line in idle.lines), default=0.0)
+    reported = {g.name: g.gpus for g in report.by_model}
     for line in idle.lines:
-        spark = level_line(line.idle_gpu_s, chart_w, top, bars).ljust(chart_w)
+        counts = reported.get(line.model, ())
+        steps: list[float | None] = [
+            v if i < len(counts) and counts[i] else None for i, v in enumerate(line.idle_gpu_s)
+        ]
+        spark = level_line(steps, chart_w, top, bars).ljust(chart_w)  # blank: none reported
         figure = _right(_hours(line.total_gpu_s) + " h", 10)
         rows.append(
             [
