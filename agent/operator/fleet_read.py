@@ -125,8 +125,10 @@ async def read_fleet(
             raise answer
     try:
         rows, unanswered = await asyncio.wait_for(source.usage(grid.from_s), timeout_s)
+        missing += [f"usage rows of {line}" for line in unanswered]
     except (TimeoutError, ApiError, WireError, OSError) as exc:
-        rows, unanswered = [], [f"usage: {exc or 'no answer in time'}"]
+        rows = []  # every GPU then counts as free: said, not hidden
+        missing.append(f"usage rows: {exc or f'no answer in {timeout_s:g} s'}")
     holding = held(rows)
     waited = waits(jobs, gpus)
     return FleetReport(
@@ -136,7 +138,7 @@ async def read_fleet(
         by_model=utilization(grid, found, holding, "model"),
         idle=idle_while_waiting(grid, found, holding, waited.waits),
         nodes_read=len(asked) - sum(1 for a in answers if not isinstance(a, HistoryDoc)),
-        missing=tuple(missing + [f"usage {m}" for m in unanswered]),
+        missing=tuple(missing),
         unreadable_jobs=waited.unreadable,
     )
 

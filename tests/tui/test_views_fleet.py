@@ -11,6 +11,7 @@ import pytest
 
 from agent.operator.fleet_read import IN_FLIGHT, read_fleet
 from agent.wire.history import HistoryDoc, HistoryQuery
+from agent.wire.usage import UsageRow
 from tests.tui.helpers import NARROW, command, sim_app, started, wait_until
 from tui.app import ShoalApp
 from tui.screens.fleet import FleetScreen
@@ -99,3 +100,14 @@ async def test_the_view_stays_usable_while_a_node_keeps_it_waiting() -> None:
         assert app.screen is app.main_screen()
         await command(pilot, "jobs")
         assert app.main_screen().state.view == "jobs"
+
+
+class NoUsage(SimSource):
+    async def usage(self, since: float) -> tuple[list[UsageRow], list[str]]:
+        raise OSError("connection refused")
+
+
+async def test_usage_rows_that_cannot_be_read_are_said_and_nothing_counts_as_held() -> None:
+    report = await read_fleet(NoUsage(12, seed=0), 3600)
+    assert report.missing == ("xe-a770-011: dead", "usage rows: connection refused")
+    assert {a for g in report.by_vendor for a in g.allocated} <= {0.0, None}
