@@ -52,6 +52,11 @@ async def test_f_charts_the_fleet_by_vendor_and_model_and_the_keys_switch_window
         assert app.screen is app.main_screen()
         await command(pilot, "fleet")
         await wait_until(pilot, lambda: isinstance(app.screen, FleetScreen))
+        await pilot.press("escape")
+        await pilot.press("ctrl+p", *"fleet hist")  # the palette offers it too
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, FleetScreen))
 
 
 class Hanging(SimSource):
