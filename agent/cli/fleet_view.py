@@ -71,8 +71,8 @@ def short_model(model: str) -> str:
     return rest if first.lower() in _VENDOR_WORDS and rest else model
 
 
-def _label(name: str, width: int) -> str:
-    return (name if len(name) <= width else name[: width - 1] + "…").ljust(width)
+def _label(name: str, width: int, cut: str = "…") -> str:
+    return (name if len(name) <= width else name[: width - 1] + cut).ljust(width)
 
 
 Row = list[tuple[str, str]]
@@ -89,6 +89,11 @@ def fleet_rows(report: FleetReport, width: int, *, ascii_only: bool = False) -> 
     """The view: utilization by vendor and by model (a busy and an allocated line each, their
     share now and over the window at the end), then the idle GPU-hours by model."""
     bars = ASCII_BARS if ascii_only else BARS
+    cut = "~" if ascii_only else "…"
+
+    def cell(name: str, width: int) -> str:
+        return _label(name, width, cut)
+
     names = (
         [g.name for g in report.by_vendor]
         + [short_model(g.name) for g in report.by_model]
@@ -106,8 +111,8 @@ def fleet_rows(report: FleetReport, width: int, *, ascii_only: bool = False) -> 
         for g in groups:
             count = f"{g.gpus_last} GPU{'s' * (g.gpus_last != 1)}"
             labels: tuple[Row, Row] = (
-                [(_label(short_model(g.name) if by_model else g.name, label_w) + " ", "")],
-                [("  ", ""), (_label(count, label_w - 2) + " ", "muted")],
+                [(cell(short_model(g.name) if by_model else g.name, label_w) + " ", "")],
+                [("  ", ""), (cell(count, label_w - 2) + " ", "muted")],
             )
             for label, kind, values, avg in (
                 (labels[0], "busy", g.busy, g.busy_avg),
@@ -123,8 +128,8 @@ def fleet_rows(report: FleetReport, width: int, *, ascii_only: bool = False) -> 
             ("GPU-hours idle while jobs waited: ", "title"),
             (_hours(idle.total_gpu_s) + " ", "idle"),
             (
-                f"(of {_hours(idle.free_gpu_s)} GPU-hours unallocated; {idle.waits} "
-                f"wait{'s' * (idle.waits != 1)} in this window)",
+                f"of {_hours(idle.free_gpu_s)} unallocated; {idle.waits} "
+                f"wait{'s' * (idle.waits != 1)}",
                 "muted",
             ),
         ]
@@ -140,7 +145,7 @@ def fleet_rows(report: FleetReport, width: int, *, ascii_only: bool = False) -> 
         figure = _right(_hours(line.total_gpu_s) + " h", 10)
         rows.append(
             [
-                (_label(short_model(line.model), label_w) + " ", ""),
+                (cell(short_model(line.model), label_w) + " ", ""),
                 ("idle  ", "idle"),
                 (spark, "idle"),
                 *figure,

@@ -9,6 +9,7 @@ import asyncio
 
 import pytest
 
+from agent.cli.fleet_view import fleet_lines
 from agent.operator.fleet_read import IN_FLIGHT, read_fleet
 from agent.wire.history import HistoryDoc, HistoryQuery
 from agent.wire.usage import UsageRow
@@ -116,3 +117,13 @@ async def test_usage_rows_that_cannot_be_read_are_said_and_nothing_counts_as_hel
     report = await read_fleet(NoUsage(12, seed=0), 3600)
     assert report.missing == ("xe-a770-011: dead", "usage rows: connection refused")
     assert {a for g in report.by_vendor for a in g.allocated} <= {0.0, None}
+
+
+@pytest.mark.parametrize("ascii_only", [False, True])
+async def test_the_fleet_text_fits_80_columns_and_ascii_when_asked(ascii_only: bool) -> None:
+    report = await read_fleet(SimSource(12, seed=0), 86400)
+    lines = fleet_lines(report, 80, ascii_only=ascii_only)
+    assert max(len(line) for line in lines) <= 80
+    assert any("Radeon RX 7900" in line for line in lines)  # a cut name keeps its start
+    if ascii_only:
+        assert all(ch.isascii() for line in lines for ch in line)
