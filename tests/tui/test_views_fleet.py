@@ -127,3 +127,15 @@ async def test_the_fleet_text_fits_80_columns_and_ascii_when_asked(ascii_only: b
     assert any("Radeon RX 7900" in line for line in lines)  # a cut name keeps its start
     if ascii_only:
         assert all(ch.isascii() for line in lines for ch in line)
+
+
+async def test_at_80x24_the_view_scrolls_to_the_idle_figure() -> None:
+    app, _ = sim_app()
+    async with app.run_test(size=NARROW) as pilot:
+        await started(pilot)
+        await pilot.press("F")
+        await wait_until(pilot, lambda: panel(app).report is not None)
+        body = panel(app).query_one("#fleet-body")
+        assert app.focused is body and body.scroll_y == 0
+        await pilot.press("end")
+        await wait_until(pilot, lambda: body.scroll_y == body.max_scroll_y > 0)
