@@ -31,6 +31,7 @@ while work that fits it waited, the number to look into, not a proof of a schedu
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -250,14 +251,45 @@ def utilization(
     return tuple(lines)
 
 
-def _union_s(spans: list[tuple[float, float]]) -> float:
-    total, end = 0.0, -math.inf
-    for a, b in sorted(spans):
-        if b <= end:
+def _end(end_s: float | None) -> float:
+    return math.inf if end_s is None else end_s
+
+
+def _during(span: Held | Wait, t: float) -> bool:
+    return span.start_s <= t < _end(span.end_s)
+
+
+def _idle_in_step(
+    t0: float,
+    t1: float,
+    present: Mapping[_Cell, int],
+    rows: Mapping[_Cell, Sequence[Held]],
+    waits: Sequence[Wait],
+) -> float:
+    """The free GPU-seconds of one model in ``[t0, t1)`` while a job that fits them waited,
+    exactly: the step is cut wherever an attempt or a wait starts or ends, so a GPU held for
+    half the step is free for the other half (not half free for all of it)."""
+    spans: list[Held | Wait] = [*waits]
+    for held in rows.values():
+        spans += held
+    cuts = {t0, t1} | {c for x in spans for c in (x.start_s, _end(x.end_s)) if t0 < c < t1}
+    idle = 0.0
+    for a, b in itertools.pairwise(sorted(cuts)):
+        mid = (a + b) / 2
+        free = {
+            c: max(0.0, n - sum(h.gpus for h in rows.get(c, ()) if _during(h, mid)))
+            for c, n in present.items()
+        }
+        total = sum(free.values())
+        if total <= _EPS:
             continue
-        total += b - max(a, end)
-        end = b
-    return total
+        for w in waits:
+            if _during(w, mid):
+                roomy = sum(1 for f in free.values() if f + _EPS >= max(1, w.gpus_per_node))
+                if roomy >= max(1, w.nodes):
+                    idle += total * (b - a)
+                    break
+    return idle
 
 
 def idle_while_waiting(
@@ -269,34 +301,28 @@ def idle_while_waiting(
     allocated = _allocated(grid, held, present)
     models = sorted({m for _, m in present})
     in_grid = [w for w in waits if grid.covered(w.start_s, w.end_s)]
+    rows: dict[_Cell, list[Held]] = {}
+    for h in held:
+        if (h.node, h.model) in present and h.gpus > 0:
+            rows.setdefault((h.node, h.model), []).append(h)
     lines = []
     for model in models:
         cells = [c for c in present if c[1] == model]
-        free = {
-            c: [
-                max(0.0, n - a)
-                for n, a in zip(present[c], allocated.get(c) or [0.0] * grid.steps, strict=True)
-            ]
-            for c in cells
-        }
+        mine = [w for w in in_grid if model in w.models]
         idle = [0.0] * grid.steps
         free_total = 0.0
         for i in range(grid.steps):
-            free_now = sum(free[c][i] for c in cells)
-            free_total += free_now * grid.step_s
-            if free_now <= _EPS:
-                continue
+            have = {c: present[c][i] for c in cells if present[c][i]}
+            held_now = sum(allocated[c][i] for c in have if c in allocated)
+            free_total += max(0.0, sum(have.values()) - held_now) * grid.step_s
             t0, t1 = grid.start(i), grid.start(i) + grid.step_s
-            spans = []
-            for w in in_grid:
-                if model not in w.models:
-                    continue
-                a, b = max(w.start_s, t0), min(t1 if w.end_s is None else w.end_s, t1)
-                if b <= a:
-                    continue
-                roomy = sum(1 for c in cells if free[c][i] + _EPS >= max(1, w.gpus_per_node))
-                if roomy >= max(1, w.nodes):
-                    spans.append((a, b))
-            idle[i] = free_now * _union_s(spans)
+            waiting = [w for w in mine if w.start_s < t1 and _end(w.end_s) > t0]
+            if not have or not waiting:
+                continue
+            overlapping = {
+                c: [h for h in rows.get(c, ()) if h.start_s < t1 and _end(h.end_s) > t0]
+                for c in have
+            }
+            idle[i] = _idle_in_step(t0, t1, have, overlapping, waiting)
         lines.append(IdleLine(model, tuple(idle), free_total))
     return IdleWhileWaiting(tuple(lines), len(in_grid))

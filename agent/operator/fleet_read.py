@@ -129,6 +129,23 @@ async def read_fleet(
     except (TimeoutError, ApiError, WireError, OSError) as exc:
         rows = []  # every GPU then counts as free: said, not hidden
         missing.append(f"usage rows: {exc or f'no answer in {timeout_s:g} s'}")
+    read = len(asked) - sum(1 for a in answers if not isinstance(a, HistoryDoc))
+    # counted off the event loop: a large fleet's week is a lot of steps and rows
+    return await asyncio.to_thread(
+        _count, span_s, grid, found, rows, jobs, gpus, read, tuple(missing)
+    )
+
+
+def _count(
+    span_s: int,
+    grid: Grid,
+    found: list[GpuTrack],
+    rows: list[UsageRow],
+    jobs: list[dict[str, Any]],
+    gpus: FleetGpus,
+    nodes_read: int,
+    missing: tuple[str, ...],
+) -> FleetReport:
     holding = held(rows)
     waited = waits(jobs, gpus)
     return FleetReport(
@@ -137,8 +154,8 @@ async def read_fleet(
         by_vendor=utilization(grid, found, holding, "vendor"),
         by_model=utilization(grid, found, holding, "model"),
         idle=idle_while_waiting(grid, found, holding, waited.waits),
-        nodes_read=len(asked) - sum(1 for a in answers if not isinstance(a, HistoryDoc)),
-        missing=tuple(missing),
+        nodes_read=nodes_read,
+        missing=missing,
         unreadable_jobs=waited.unreadable,
     )
 

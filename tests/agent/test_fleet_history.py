@@ -179,3 +179,15 @@ def test_inputs_from_the_agents_answers() -> None:
     found = waits([gpu_job, cpu_job, {"job_id": 3}], FLEET)
     assert found.unreadable == 1
     assert found.waits == (Wait("a" * 32, 1, 1, frozenset({H100, MI300X}), 100.0, None),)
+
+
+def test_idle_is_exact_within_a_step_so_every_window_counts_the_same() -> None:
+    def count(step_s: int) -> float:
+        grid = Grid.over(0, 600, step_s)
+        node = [GpuTrack("A", "g0", "nvidia", H100, (1.0,) * grid.steps)]
+        rows = [Held("A", H100, 1, 0, 90), Held("A", H100, 1, 400, 450)]
+        return idle_while_waiting(grid, node, rows, [_wait(30, 500, gpus=1)]).total_gpu_s
+
+    # free while the job waited: [90, 400) and [450, 500), whatever the step (a GPU held for
+    # part of a step is free for the rest of it, not a fraction free for all of it)
+    assert count(1) == count(60) == count(600) == 310 + 50
