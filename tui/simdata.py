@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final, NamedTuple
 
 from agent.wire.history import HistoryDoc
@@ -121,6 +121,23 @@ def usage_rows(
         if end >= since and a.started_at <= now:
             out.append(_row(a, now))
     return out
+
+
+class RowsByNode:
+    """Usage rows grouped by node, made again only when ``key`` changes: a fleet read asks
+    every host's history at one moment, and each needs its host's rows."""
+
+    def __init__(self) -> None:
+        self.key: object = None
+        self.rows: dict[str, list[UsageRow]] = {}
+
+    def get(self, key: object, make: Callable[[], list[UsageRow]], node: str) -> list[UsageRow]:
+        if key != self.key:
+            self.rows = {}
+            for row in make():
+                self.rows.setdefault(row.node, []).append(row)
+            self.key = key
+        return self.rows.get(node, [])
 
 
 IDLE_SCALE: Final[float] = 0.04

@@ -34,7 +34,14 @@ from tui.decode import snapshot_from_json
 from tui.history import simulated
 from tui.model import HISTORY_POINTS, HISTORY_STEP_S
 from tui.preview import offers
-from tui.simdata import Attempt, held_versions, idle_when_free, log_line, usage_rows
+from tui.simdata import (
+    Attempt,
+    RowsByNode,
+    held_versions,
+    idle_when_free,
+    log_line,
+    usage_rows,
+)
 from tui.simrecords import SimHost, SimJob
 from tui.source import Identity
 
@@ -122,6 +129,7 @@ class SimSource:
         self._events: list[EventDoc] = []
         self._jobs: dict[str, SimJob] = {}
         self._job_counter = 0
+        self._held = RowsByNode()
         self._hosts = [self._make_host(i, profiles[i % len(profiles)]) for i in range(hosts)]
         self._by_id = {h.node_id: h for h in self._hosts}
         self._mark_unhealthy()
@@ -404,7 +412,8 @@ class SimSource:
         jobs = (query.job,) if query.job else ()
         subjects = {"gpu": keys, "job": jobs}
         doc = simulated(query, {n: subjects.get(n.split(".")[0], ("",)) for n in query.series})
-        held = [r for r in self._usage(query.from_s) if r.node == host.node_id]
+        key = (self.now(), query.from_s, len(self.actions), self._job_counter)
+        held = self._held.get(key, lambda: self._usage(query.from_s), host.node_id)
         return idle_when_free(doc, held, [d.key for d in host.statics])
 
     def _usage(self, since: float) -> list[UsageRow]:
