@@ -21,7 +21,8 @@ What is counted, step by step (a step is ``step_s`` long):
   job accepts the model (its per-GPU constraints, judged by the scheduling policy's own device
   filters) and at least ``gpus_per_node`` whole GPUs of the model stood free on each of
   ``nodes`` nodes (one for a single-node job). A job waits from its submission to its first
-  attempt's start, and from an attempt's end to the next one's start (a requeue).
+  attempt's start, and from an attempt's end to the next one's start (a requeue). Within a
+  step this is exact, cut at every attempt's and wait's start and end.
 
 Not counted as reasons: a free GPU on a cordoned or draining node, a team over its quota, a
 dataset still staging and the interconnect a job asks for all count the GPU as free, since
