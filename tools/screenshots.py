@@ -3,9 +3,9 @@
 Runs the app headless on a deterministic simulated mesh (or, with ``--live``, on a real
 :class:`agent.sandbox.localmesh.LocalMesh` of agent processes with a few real jobs submitted through
 the API and running, one of them waiting for GPUs no host has) and saves one screenshot per screen:
-the five views, a drill-down, the filter, help, describe, raw JSON, logs, and the drain, submit,
-migrate and cancel dialogs, at 160x48 (``--size`` to change it). The live screenshots are named
-``live-NN-name.svg``.
+the five views, a drill-down, the filter, help, describe, raw JSON, logs, the drain, submit,
+migrate and cancel dialogs, the history panel and the fleet view, at 160x48 (``--size`` to
+change it). The live screenshots are named ``live-NN-name.svg``.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from textual.pilot import Pilot
 from agent.job.jobspec import JobSpec
 from agent.operator.client import ApiClient
 from tui.app import ShoalApp
+from tui.screens.fleet import FleetScreen
 from tui.simmesh import SimSource
 from tui.source import MeshSource
 from tui.widgets.dataviews import UsageTable
@@ -60,12 +61,14 @@ async def shoot(
     pick: str = "running",
     refresh_s: float = 3600.0,
     identity_dir: Path | None = None,
+    fleet_window: tuple[str, str] = ("4", "fleet-week"),
 ) -> list[Path]:
     """Drive the app through every screen, saving ``NN-name.svg`` files; their paths.
 
     ``hide``: the hosts the inverted-filter screenshot leaves out (a regex); ``pick``: the
     filter that selects the job the migrate, cancel and logs screenshots are about.
-    ``identity_dir``: a cluster folder with its CA, for the add-host form (shown last).
+    ``identity_dir``: a cluster folder with its CA, for the add-host form. Then the fleet
+    view over an hour and over ``fleet_window`` (its key, the screenshot's name).
     """
     outdir.mkdir(parents=True, exist_ok=True)
     app = ShoalApp(source, refresh_s=refresh_s, identity_dir=identity_dir)
@@ -126,7 +129,22 @@ async def shoot(
             await pilot.press("colon", *"hosts", "enter", "a", *"alice@gpu-new-01")
             await snap(pilot, "add-host-form")
             await pilot.press("escape")
+        await pilot.press("F")
+        for key, name in (("", "fleet"), fleet_window):
+            if key:
+                await pilot.press(key)
+            await _until(pilot, lambda: _fleet_read(app))
+            await snap(pilot, name)
+        await pilot.press("escape")
     return saved
+
+
+def _fleet_read(app: ShoalApp) -> bool:
+    """The fleet view shows its window's report."""
+    screen = app.screen
+    return isinstance(screen, FleetScreen) and (
+        screen.report is not None and screen.report.span_s == screen.span_s
+    )
 
 
 LIVE_STEPS = (
@@ -222,6 +240,7 @@ async def _live(outdir: Path, size: tuple[int, int], nodes: int) -> list[Path]:
             pick="qwen",
             refresh_s=2.0,
             identity_dir=Path(root) / "cluster",
+            fleet_window=("1", "fleet-5m"),
         )
 
 

@@ -32,6 +32,8 @@ class ShoalCommands(Provider):
         out: list[Command] = []
         for name in VIEW_NAMES:
             out.append((f"view: {name}", partial(main.show_view, name), f"show the {name} view"))
+        fleet = "utilization by vendor and model, GPU-hours idle while jobs waited"
+        out.append(("view: fleet history", main.action_fleet, fleet))
         if not self.shoal.readonly:
             help_text = "install, certify and start agents on new hosts (shoal bootstrap)"
             out.append(("host: add over SSH", main.request_add_host, help_text))

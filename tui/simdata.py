@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final, NamedTuple
 
+from agent.wire.history import HistoryDoc
 from agent.wire.place import HeldVersion
 from agent.wire.usage import UsageRow
 
@@ -120,6 +121,56 @@ def usage_rows(
         if end >= since and a.started_at <= now:
             out.append(_row(a, now))
     return out
+
+
+class RowsByNode:
+    """Usage rows grouped by node, made again only when ``key`` changes: a fleet read asks
+    every host's history at one moment, and each needs its host's rows."""
+
+    def __init__(self) -> None:
+        self.key: object = None
+        self.rows: dict[str, list[UsageRow]] = {}
+
+    def get(self, key: object, make: Callable[[], list[UsageRow]], node: str) -> list[UsageRow]:
+        if key != self.key:
+            self.rows = {}
+            for row in make():
+                self.rows.setdefault(row.node, []).append(row)
+            self.key = key
+        return self.rows.get(node, [])
+
+
+IDLE_SCALE: Final[float] = 0.04
+"""A GPU no attempt holds idles: its simulated utilization is scaled down to a few percent."""
+
+
+def idle_when_free(doc: HistoryDoc, held: Sequence[UsageRow], keys: Sequence[str]) -> HistoryDoc:
+    """``doc`` (one host's simulated history) with each GPU's ``gpu.util_pct`` brought down to
+    idle while no attempt held it: the host's first ``n`` GPUs are taken as held while its
+    usage rows hold ``n``, so the history agrees with the usage rows and the jobs."""
+    order = {key: i for i, key in enumerate(keys)}
+    series = []
+    for s in doc.series:
+        if s.name != "gpu.util_pct" or s.subject not in order:
+            series.append(s)
+            continue
+        points = []
+        for t, low, avg, high in s.points:
+            mid = t + s.step_s / 2
+            busy = sum(
+                r.gpus
+                for r in held
+                if r.started_at <= mid < (r.finished_at if r.finished_at is not None else math.inf)
+            )
+            if order[s.subject] >= busy:
+                low, avg, high = (_idle(low), _idle(avg), _idle(high))
+            points.append((t, low, avg, high))
+        series.append(s._replace(points=tuple(points)))
+    return doc._replace(series=tuple(series))
+
+
+def _idle(value: float | None) -> float | None:
+    return None if value is None else round(value * IDLE_SCALE, 2)
 
 
 def log_line(step: int) -> str:

@@ -34,7 +34,14 @@ from tui.decode import snapshot_from_json
 from tui.history import simulated
 from tui.model import HISTORY_POINTS, HISTORY_STEP_S
 from tui.preview import offers
-from tui.simdata import Attempt, held_versions, log_line, usage_rows
+from tui.simdata import (
+    Attempt,
+    RowsByNode,
+    held_versions,
+    idle_when_free,
+    log_line,
+    usage_rows,
+)
 from tui.simrecords import SimHost, SimJob
 from tui.source import Identity
 
@@ -122,6 +129,7 @@ class SimSource:
         self._events: list[EventDoc] = []
         self._jobs: dict[str, SimJob] = {}
         self._job_counter = 0
+        self._held = RowsByNode()
         self._hosts = [self._make_host(i, profiles[i % len(profiles)]) for i in range(hosts)]
         self._by_id = {h.node_id: h for h in self._hosts}
         self._mark_unhealthy()
@@ -403,9 +411,12 @@ class SimSource:
         keys = tuple(d.key for d in host.statics if query.device in (None, d.key))
         jobs = (query.job,) if query.job else ()
         subjects = {"gpu": keys, "job": jobs}
-        return simulated(query, {n: subjects.get(n.split(".")[0], ("",)) for n in query.series})
+        doc = simulated(query, {n: subjects.get(n.split(".")[0], ("",)) for n in query.series})
+        key = (self.now(), query.from_s, len(self.actions), self._job_counter)
+        held = self._held.get(key, lambda: self._usage(query.from_s), host.node_id)
+        return idle_when_free(doc, held, [d.key for d in host.statics])
 
-    async def usage(self, since: float) -> tuple[list[UsageRow], list[str]]:
+    def _usage(self, since: float) -> list[UsageRow]:
         now = self.now()
         model = {h.node_id: h.statics[0].name if h.statics else "cpu" for h in self._hosts}
         attempts = [
@@ -415,7 +426,10 @@ class SimSource:
             if j.runner is not None and j.started_at is not None
         ]  # fmt: skip
         hosts = [(h.node_id, model[h.node_id], len(h.statics)) for h in self._hosts]
-        return usage_rows(attempts, hosts, now, since), []
+        return usage_rows(attempts, hosts, now, since)
+
+    async def usage(self, since: float) -> tuple[list[UsageRow], list[str]]:
+        return self._usage(since), []
 
     async def logs(self, job_id: str, lines: int = 100, follow: bool = False) -> AsyncIterator[str]:
         job = self._jobs.get(job_id)

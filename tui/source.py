@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from agent.cli.usage_cmd import gather_usage
 from agent.job.jobspec import JobSpec
 from agent.operator.client import ApiClient, ApiError
+from agent.operator.fleet_read import ask_history
 from agent.operator.upload import send_workdir
 from agent.wire.history import HistoryDoc, HistoryQuery
 from agent.wire.usage import UsageRow
@@ -114,10 +115,7 @@ class ApiSource:
 
     async def history(self, query: HistoryQuery, address: str) -> HistoryDoc:
         """Asked of the node itself (each node keeps its own history), as the operator."""
-        if address == self.client.address:
-            return HistoryDoc.from_wire(await self.client.get("/v1/history", query.to_params()))
-        async with ApiClient(self.client.identity, address) as there:
-            return HistoryDoc.from_wire(await there.get("/v1/history", query.to_params()))
+        return await ask_history(self.client, query, address)
 
     async def submit(
         self, spec: JobSpec, job_id: str | None = None, workdir: Path | None = None

@@ -185,7 +185,8 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "history",
-        "a node's or a job's stored samples as charts (--json, --csv for scripts)",
+        "a node's or a job's stored samples as charts (--json, --csv for scripts); --fleet: "
+        "the fleet's GPU utilization by vendor and model, and GPUs idle while jobs waited",
         history_args.history_arguments,
         "agent.cli.history_cmd:cmd_history",
     ),

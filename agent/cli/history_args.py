@@ -28,7 +28,14 @@ def history_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "target",
         metavar="NODE|JOB",
+        nargs="?",
         help="a node (id, prefix or host name) or a job (id or prefix): whose history",
+    )
+    p.add_argument(
+        "--fleet",
+        action="store_true",
+        help="every node instead: GPU utilization (busy, allocated) by vendor and by model, and "
+        "the GPU-hours left idle while jobs that could use them waited",
     )
     p.add_argument(
         "--series",

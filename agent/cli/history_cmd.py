@@ -166,6 +166,10 @@ def _csv(doc: HistoryDoc, series: Sequence[HistorySeries]) -> None:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
+    if args.fleet or args.target is None:
+        from agent.cli.fleet_view import cmd_fleet  # it draws with this module's bars
+
+        return cmd_fleet(args)
     try:
         doc = fetch(args)
     except ApiError as exc:

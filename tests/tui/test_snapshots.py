@@ -13,7 +13,8 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import Input
 
-from tests.tui.helpers import command, sim_app, started
+from tests.tui.helpers import command, sim_app, started, wait_until
+from tui.screens.fleet import FleetScreen
 
 SIZES = [(80, 24), (160, 48)]
 
@@ -26,6 +27,8 @@ SCREENS: dict[str, tuple[str | None, tuple[str, ...]]] = {
     "datasets": ("data", ()),
     "usage": ("usage", ()),
     "history": ("gpus", ("h",)),
+    "fleet": (None, ("F",)),
+    "fleet-week": (None, ("F", "4")),
     "drill": (None, ("j", "enter")),
     "describe": (None, ("j", "d")),
     "json": (None, ("j", "y")),
@@ -48,6 +51,11 @@ def _run_before(
             await command(pilot, view)
         await pilot.press(*keys)
         await pilot.pause()
+        screen = pilot.app.screen
+        if isinstance(screen, FleetScreen):  # every node's history read, the last window's
+            await wait_until(
+                pilot, lambda: screen.report is not None and screen.report.span_s == screen.span_s
+            )
         for widget in pilot.app.screen.query(Input):
             widget.cursor_blink = False
         await pilot.pause()

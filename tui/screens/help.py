@@ -22,6 +22,13 @@ HELP_ROWS: tuple[tuple[str, str, str, bool], ...] = (
     ("global", "shoal.next_view", "next view", False),
     ("views", "view.datasets", "datasets: versions, sizes, copies (also :data)", False),
     ("views", "view.usage", "usage: GPU-hours and energy (also :usage)", False),
+    (
+        "views",
+        "view.fleet",
+        "fleet: utilization by vendor and model, GPU-hours idle while jobs "
+        "waited (also :fleet; 1-4: 5m 1h 24h 7d)",
+        False,
+    ),
     ("usage", "usage.by", "group by team, user, GPU model", False),
     ("usage", "usage.window", "window: 24h, 7d, 30d", False),
     ("tables", "table.down / table.up", "move", False),

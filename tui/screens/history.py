@@ -21,7 +21,10 @@ from tui.source import MeshSource
 from tui.widgets.footer import KeyFooter
 
 
-class HistoryScreen(Screen[None]):
+class WindowScreen(Screen[None]):
+    """A chart over one of :data:`WINDOWS` (``1``-``4``), read again on each switch: the
+    history panel and the fleet view."""
+
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,q", "close", "Back", id="history.close"),
         Binding("1", "window(0)", "5m", id="history.5m"),
@@ -30,19 +33,20 @@ class HistoryScreen(Screen[None]):
         Binding("4", "window(3)", "7d", id="history.7d"),
     ]
 
-    def __init__(self, source: MeshSource, target: HistoryTarget, *, ascii: bool) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.source = source
-        self.target = target
-        self.ascii = ascii
         self.window = 1
-        self.doc: HistoryDoc | None = None
-        """The last answer shown (tests wait on it)."""
 
-    def compose(self) -> ComposeResult:
-        yield Label("", id="history-title")
-        yield Static("reading…", id="history-chart")
-        yield KeyFooter()
+    @property
+    def span_s(self) -> int:
+        """The window shown (or being read)."""
+        return WINDOWS[self.window][1]
+
+    def picks(self) -> str:
+        """``last 1h   5m  [1h]  24h  7d``."""
+        name = WINDOWS[self.window][0]
+        keys = "  ".join(f"[{w}]" if i == self.window else w for i, (w, _) in enumerate(WINDOWS))
+        return f"last {name}   {keys}"
 
     def on_mount(self) -> None:
         self.load()
@@ -57,10 +61,30 @@ class HistoryScreen(Screen[None]):
         self.window = index
         self.load()
 
+    def load(self) -> object:
+        """Read the window's data (a worker) and draw it."""
+        raise NotImplementedError
+
+    def _draw(self) -> None:
+        raise NotImplementedError
+
+
+class HistoryScreen(WindowScreen):
+    def __init__(self, source: MeshSource, target: HistoryTarget, *, ascii: bool) -> None:
+        super().__init__()
+        self.source = source
+        self.target = target
+        self.ascii = ascii
+        self.doc: HistoryDoc | None = None
+        """The last answer shown (tests wait on it)."""
+
+    def compose(self) -> ComposeResult:
+        yield Label("", id="history-title")
+        yield Static("reading…", id="history-chart")
+        yield KeyFooter()
+
     def _title(self) -> str:
-        name = WINDOWS[self.window][0]
-        picks = "  ".join(f"[{w}]" if i == self.window else w for i, (w, _) in enumerate(WINDOWS))
-        return f"history {self.target.subject} {self.target.label}, last {name}   {picks}"
+        return f"history {self.target.subject} {self.target.label}, {self.picks()}"
 
     @work(exclusive=True, group="history")
     async def load(self) -> None:

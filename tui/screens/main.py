@@ -37,6 +37,7 @@ from tui.screens.addhost import AddHostScreen, AddHostSettings
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.describe import DescribeScreen, describe, json_body
 from tui.screens.drain import DrainScreen
+from tui.screens.fleet import FleetScreen
 from tui.screens.help import HelpScreen
 from tui.screens.history import HistoryScreen
 from tui.screens.logs import LogsScreen
@@ -93,6 +94,7 @@ class MainScreen(Screen[None]):
         Binding("D", "show('datasets')", "Data", id="view.datasets"),
         Binding("H", "show('usage')", "Usage", id="view.usage"),
         Binding("h", "history", "History", id="row.history"),
+        Binding("F", "fleet", "Fleet", id="view.fleet"),
     ]
 
     def __init__(self) -> None:
@@ -262,7 +264,7 @@ class MainScreen(Screen[None]):
         self._open_bar(
             "command",
             "",
-            ":hosts :gpus :jobs :events :data :usage :topology :logs JOB :add USER@HOST :q",
+            ":hosts :gpus :jobs :events :data :usage :fleet :topology :logs JOB :add USER@HOST :q",
         )
 
     def action_filter(self) -> None:
@@ -300,7 +302,7 @@ class MainScreen(Screen[None]):
 
     def run_command(self, text: str) -> None:
         """``hosts``, ``gpus``, ``jobs``, ``events``, ``datasets`` (``data``), ``usage``,
-        ``topology``,
+        ``fleet`` (the fleet's history), ``topology``,
         ``logs JOB``,
         ``add USER@HOST[:PORT] ...`` (the add-host form, filled in), ``q``."""
         words = text.strip().lstrip(":").split()
@@ -325,6 +327,8 @@ class MainScreen(Screen[None]):
                 self._open_logs(job_id)
         elif verb == "help":
             self.action_help()
+        elif verb == "fleet":
+            self.action_fleet()
         elif verb == "add":
             self.request_add_host(" ".join(args))
         else:
@@ -428,6 +432,10 @@ class MainScreen(Screen[None]):
         self.app.push_screen(
             HistoryScreen(self.shoal.source, target, ascii=self.shoal.glyphs.ascii)
         )
+
+    def action_fleet(self) -> None:
+        """The fleet's utilization and idle GPU-hours over time, from every node's history."""
+        self.app.push_screen(FleetScreen(self.shoal.source, ascii=self.shoal.glyphs.ascii))
 
     def action_cordon(self) -> None:
         node = self._selected_host()
