@@ -1,11 +1,11 @@
 """The team policy: who the cluster's people are, their teams and roles, and each team's share.
 
-One admin-signed, versioned record (``shoal/policy`` in gossip, ``policy.bin`` on disk), kept by
-every agent as the revocation list is: the highest version that verifies wins and survives a
-restart (:mod:`agent.people.keeper`). The record is an outer msgpack map ``{"body": bytes, "by":
-signer id, "cred": signer's DER certificate, "sig": Ed25519 signature}``; the signature covers
-:data:`SIGNING_CONTEXT` then ``body``, itself a msgpack map read here with the codec's bounded
-readers:
+One admin-signed, versioned policy, kept by every agent as the revocation list is: the highest
+version that verifies wins and survives a restart (:mod:`agent.people.keeper`). The signed record
+(:class:`SignedPolicy`, ``policy.bin`` on disk, ``GET /v1/policy``) is an outer msgpack map
+``{"body": bytes, "by": signer id, "cred": signer's DER certificate, "sig": Ed25519 signature}``;
+the signature covers :data:`SIGNING_CONTEXT` then ``body``, itself a msgpack map read here with
+the codec's bounded readers:
 
 - ``version`` (1 and up), ``at`` (issued, seconds since the epoch);
 - ``teams``: name, ``ceiling`` (the highest priority its people may submit at; ``None``: none),
@@ -14,7 +14,12 @@ readers:
   (what every command they sign names: a certificate re-issued for the same key keeps it);
 - ``ceilings``: the highest priority per role (a role missing: no ceiling of its own).
 
-The whole record fits one gossip record (:data:`MAX_POLICY_BYTES`): about 40 people and teams.
+A body is at most :data:`MAX_POLICY_BODY_BYTES` (1 MiB: some 6,000 people). It moves between
+agents as content of kind ``policy`` in their stores (:mod:`agent.content.policybody`); what is
+gossiped (``shoal/policy``) is the small :class:`PolicyRecord`: the version, the body's content
+digest and size, and the signer's id, certificate and signature over the body (the very
+signature of the signed record). An agent believes nothing of a record until it holds the body
+the digest names and the signature verifies over it.
 """
 
 from __future__ import annotations
@@ -47,12 +52,15 @@ POLICY: Final = "shoal/policy"
 POLICY_FILE: Final = "policy.bin"
 """Where the record is kept: beside the CA on the admin's machine, in each agent's data folder."""
 SIGNING_CONTEXT: Final = b"shoal/policy/v1\x00"
-MAX_POLICY_BYTES: Final = MAX_RECORD_BYTES
+MAX_POLICY_BODY_BYTES: Final = 1 << 20
+"""The largest policy body: 1 MiB, some 6,000 people of ~150 bytes each, teams besides."""
+MAX_POLICY_BYTES: Final = MAX_POLICY_BODY_BYTES + (16 << 10)
+"""The largest signed record (:class:`SignedPolicy`): the body, the certificate, the signature."""
 ROLES: Final = ("admin", "user", "viewer")
 ANY_CLASS: Final = "any"
 """The GPU model class of a quota that counts every GPU."""
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,31}")
-MAX_ENTRIES: Final = 256
+MAX_ENTRIES: Final = 8192
 
 
 def check_name(value: str, what: str) -> str:
@@ -237,32 +245,29 @@ class SignedPolicy(NamedTuple):
     def signed_payload(self) -> bytes:
         return SIGNING_CONTEXT + self.body_bytes
 
-    def encode(self) -> bytes:
-        data: bytes = msgpack.packb(
-            {
-                "body": self.body_bytes,
-                "by": self.signer_id,
-                "cred": self.signer_credential,
-                "sig": self.signature,
-            },
-            use_bin_type=True,
+    def pointer(self, digest: str) -> PolicyRecord:
+        """What is gossiped of this record once its body is content ``digest``."""
+        return PolicyRecord(
+            self.version,
+            digest,
+            len(self.body_bytes),
+            self.signer_id,
+            self.signer_credential,
+            self.signature,
         )
-        return data
+
+    def encode(self) -> bytes:
+        return _pack_signed(
+            {"body": self.body_bytes}, self.signer_id, self.signer_credential, self.signature
+        )
 
     @classmethod
     def decode(cls, data: bytes) -> SignedPolicy:
         """Parse a record; :class:`WireError` (one line) for anything that is not one."""
-        if len(data) > MAX_POLICY_BYTES:
-            raise WireError(f"policy record of {len(data)} bytes exceeds {MAX_POLICY_BYTES}")
-        doc = unpack(data)
+        doc, credential, signature = _signed_doc(data, MAX_POLICY_BYTES)
         body_bytes = doc.get("body")
-        credential = doc.get("cred")
-        signature = doc.get("sig")
-        for key, value in (("body", body_bytes), ("cred", credential), ("sig", signature)):
-            if not isinstance(value, bytes):
-                raise WireError(f"policy.{key}: expected bytes")
-        assert isinstance(body_bytes, bytes)
-        assert isinstance(credential, bytes) and isinstance(signature, bytes)
+        if not isinstance(body_bytes, bytes):
+            raise WireError("policy.body: expected bytes")
         return cls(
             body=PolicyBody.decode(unpack(body_bytes)),
             body_bytes=body_bytes,
@@ -272,16 +277,99 @@ class SignedPolicy(NamedTuple):
         )
 
 
+def _pack_signed(fields: dict[str, Any], signer_id: str, credential: bytes, sig: bytes) -> bytes:
+    data: bytes = msgpack.packb(
+        {**fields, "by": signer_id, "cred": credential, "sig": sig}, use_bin_type=True
+    )
+    return data
+
+
+def _signed_doc(data: bytes, limit: int) -> tuple[dict[str, Any], bytes, bytes]:
+    """The map of a signed record of at most ``limit`` bytes, its certificate and signature."""
+    if len(data) > limit:
+        raise WireError(f"policy record of {len(data)} bytes exceeds {limit}")
+    doc = unpack(data)
+    credential, signature = doc.get("cred"), doc.get("sig")
+    if not isinstance(credential, bytes) or not isinstance(signature, bytes):
+        raise WireError("policy.cred and policy.sig: expected bytes")
+    return doc, credential, signature
+
+
+class BodyMismatch(WireError):
+    """A body that is not the one its record names (its size or version differ)."""
+
+
+class PolicyRecord(NamedTuple):
+    """What is gossiped of a policy: where its body is (content ``digest`` of ``size_bytes``)
+    and who signed it. Nothing in it is believed before the body is held and verified."""
+
+    version: int
+    digest: str
+    """The content digest of the body (:mod:`agent.content.policybody`)."""
+    size_bytes: int
+    signer_id: str
+    signer_credential: bytes
+    signature: bytes
+    """The signer's, over :data:`SIGNING_CONTEXT` then the body's bytes."""
+
+    def encode(self) -> bytes:
+        return _pack_signed(
+            {"v": self.version, "digest": self.digest, "size": self.size_bytes},
+            self.signer_id,
+            self.signer_credential,
+            self.signature,
+        )
+
+    @classmethod
+    def decode(cls, data: bytes) -> PolicyRecord:
+        """Parse a gossiped record; :class:`WireError` (one line) for anything that is not one."""
+        doc, credential, signature = _signed_doc(data, MAX_RECORD_BYTES)
+        digest = field(doc, "digest", text, "policy.")
+        if not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise WireError("policy.digest: 64 lowercase hex digits")
+        size = field(doc, "size", _count, "policy.")
+        if not 0 < size <= MAX_POLICY_BODY_BYTES:
+            raise WireError(f"policy.size: {size} is not 1..{MAX_POLICY_BODY_BYTES}")
+        record = cls(
+            version=field(doc, "v", _count, "policy."),
+            digest=digest,
+            size_bytes=size,
+            signer_id=field(doc, "by", text, "policy."),
+            signer_credential=credential,
+            signature=signature,
+        )
+        if record.version < 1:
+            raise WireError("policy.v: a signed policy starts at version 1")
+        return record
+
+    def joined(self, body_bytes: bytes) -> SignedPolicy:
+        """The signed record of this one's body (the bytes content :attr:`digest` holds);
+        :class:`BodyMismatch` when they are not the body this record names, :class:`WireError`
+        when they are no policy body. The signature is checked by the keeper, over these
+        bytes."""
+        if len(body_bytes) != self.size_bytes:
+            raise BodyMismatch(
+                f"policy body of {len(body_bytes)} bytes where the record says {self.size_bytes}"
+            )
+        body = PolicyBody.decode(unpack(body_bytes))
+        if body.version != self.version:
+            raise BodyMismatch(
+                f"policy body of version {body.version} where the record says {self.version}"
+            )
+        return SignedPolicy(
+            body, body_bytes, self.signer_id, self.signer_credential, self.signature
+        )
+
+
 def sign_policy(body: PolicyBody, signer: Any) -> SignedPolicy:
     """Sign ``body`` as ``signer`` (a :class:`gossip.trust.Signer`: an admin's identity);
-    :class:`WireError` when it does not hold together or would not fit one gossip record."""
+    :class:`WireError` when it does not hold together or is over
+    :data:`MAX_POLICY_BODY_BYTES`."""
     body.check()
     body_bytes = pack(body.to_wire())
-    unsigned = SignedPolicy(body, body_bytes, signer.node_id, signer.credential, b"")
-    signed = unsigned._replace(signature=signer.sign(unsigned.signed_payload()))
-    size = len(signed.encode())
-    if size > MAX_POLICY_BYTES:
+    if len(body_bytes) > MAX_POLICY_BODY_BYTES:
         raise WireError(
-            f"the policy would be {size} bytes, more than one gossip record ({MAX_POLICY_BYTES})"
+            f"the policy would be {len(body_bytes)} bytes, more than {MAX_POLICY_BODY_BYTES}"
         )
-    return signed
+    unsigned = SignedPolicy(body, body_bytes, signer.node_id, signer.credential, b"")
+    return unsigned._replace(signature=signer.sign(unsigned.signed_payload()))
