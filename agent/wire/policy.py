@@ -14,7 +14,7 @@ the codec's bounded readers:
   (what every command they sign names: a certificate re-issued for the same key keeps it);
 - ``ceilings``: the highest priority per role (a role missing: no ceiling of its own).
 
-A body is at most :data:`MAX_POLICY_BODY_BYTES` (1 MiB: some 6,000 people). It moves between
+A body is at most :data:`MAX_POLICY_BODY_BYTES` (1 MiB: some 9,000 people). It moves between
 agents as content of kind ``policy`` in their stores (:mod:`agent.content.policybody`); what is
 gossiped (``shoal/policy``) is the small :class:`PolicyRecord`: the version, the body's content
 digest and size, and the signer's id, certificate and signature over the body (the very
@@ -53,14 +53,14 @@ POLICY_FILE: Final = "policy.bin"
 """Where the record is kept: beside the CA on the admin's machine, in each agent's data folder."""
 SIGNING_CONTEXT: Final = b"shoal/policy/v1\x00"
 MAX_POLICY_BODY_BYTES: Final = 1 << 20
-"""The largest policy body: 1 MiB, some 6,000 people of ~150 bytes each, teams besides."""
+"""The largest policy body: 1 MiB, some 9,000 people of 100-130 bytes each, and their teams."""
 MAX_POLICY_BYTES: Final = MAX_POLICY_BODY_BYTES + (16 << 10)
 """The largest signed record (:class:`SignedPolicy`): the body, the certificate, the signature."""
 ROLES: Final = ("admin", "user", "viewer")
 ANY_CLASS: Final = "any"
 """The GPU model class of a quota that counts every GPU."""
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,31}")
-MAX_ENTRIES: Final = 8192
+MAX_ENTRIES: Final = 10_000
 
 
 def check_name(value: str, what: str) -> str:

@@ -1,0 +1,162 @@
+"""A team policy of a lab of hundreds on real agents: its body moves as content between them.
+
+An admin's ``shoal user push`` puts the body to one agent and offers the small record; every
+other agent fetches the body from the members that gossip the record, verifies it and applies
+its rules. A record whose body is not its own, or that no admin signed, is refused and counted;
+an agent restarted keeps the policy; a person's certificate reads nothing of the body."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from agent.content.fetch import PATH as CONTENT_PATH
+from agent.content.policybody import pointer_of
+from agent.operator import people
+from agent.sandbox.localmesh import AgentProcess
+from agent.wire.policy import POLICY, Person, PolicyBody, SignedPolicy, Team
+from tests.agent.agents import Mesh
+from tests.agent.people_kit import PersonAt, signed_by
+from tests.agent.test_attacks import Intruder, metric
+from tests.agent.test_people import submit
+from tests.shoal_cli import shoal
+
+pytestmark = pytest.mark.slow
+
+LAB_PEOPLE = 500
+LAB_TEAMS = 50
+
+
+class Lab:
+    def __init__(self, mesh: Mesh) -> None:
+        self.mesh = mesh
+        self.alice = PersonAt(mesh, "alice")  # a user the policy names
+        self.nemo = PersonAt(mesh, "nemo")  # a certificate it does not name
+        self.v1: SignedPolicy | None = None
+
+    def body(self, version: int) -> PolicyBody:
+        teams = tuple(Team(f"team-{t:02d}", None) for t in range(LAB_TEAMS))
+        users = [
+            Person("root", "team-00", "admin", self.mesh.operator.node_id),
+            Person("alice", "team-07", "user", self.alice.node_id),
+        ]
+        users += [
+            Person(f"p{n:04d}", f"team-{n % LAB_TEAMS:02d}", "user", f"{n:064x}")
+            for n in range(LAB_PEOPLE)
+        ]
+        return PolicyBody(version, time.time(), teams, tuple(users), {"user": 10})
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    m = Mesh(tmp_path_factory.mktemp("lab"), ["h100:1", "h100:1", "h100:1"])
+    m.start_all()
+    try:
+        yield m
+    finally:
+        m.stop_all()
+
+
+@pytest.fixture(scope="module")
+def lab(mesh: Mesh) -> Lab:
+    return Lab(mesh)
+
+
+def held(mesh: Mesh, a: AgentProcess) -> tuple[int, str | None, int]:
+    """The version, body digest and number of people of the policy ``a`` holds."""
+    answer = mesh.get(a, "/v1/policy")
+    policy = answer["policy"] or {"users": []}
+    return int(answer["version"]), answer["digest"], len(policy["users"])
+
+
+def refused(mesh: Mesh, reason: str, agents: list[AgentProcess]) -> float:
+    return sum(metric(mesh, a, "shoal_policy_refused_total", reason=reason) for a in agents)
+
+
+def test_a_policy_of_hundreds_reaches_every_agent_and_its_rules_hold(mesh: Mesh, lab: Lab) -> None:
+    signed = signed_by(mesh.operator, lab.body(1))
+    people.save(mesh.cluster_dir, signed)  # what the admin's last change left saved
+    done = shoal(
+        "user", "push", "--identity", str(mesh.cluster_dir), "--agent", mesh.agents[0].address
+    )
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    digest = pointer_of(signed).digest
+    want = (1, digest, LAB_PEOPLE + 2)
+    mesh.wait(
+        "every agent holds the lab's policy",
+        lambda: all(held(mesh, a) == want for a in mesh.agents),
+    )
+    lab.v1 = signed
+    for a in mesh.agents:  # a body held whole in each agent's store
+        items = mesh.get(a, "/v1/cache")["items"]
+        [body] = [i for i in items if i["kind"] == "policy"]
+        assert body["digest"] == digest and body["held_bytes"] == len(signed.body_bytes)
+    # Agent 2 learnt it only by gossip and a fetch of the body: its rules hold there.
+    job_id, status, error = submit(lab.alice, mesh.agents[2])
+    assert status == 200, error
+    _, status, error = submit(lab.nemo, mesh.agents[2])
+    assert status == 403 and "not a person of the team policy" in error, (status, error)
+    mesh.command(mesh.agents[0], "cancel", {"job_id": job_id})
+
+
+def test_a_record_whose_body_is_not_its_own_is_refused_and_counted(mesh: Mesh, lab: Lab) -> None:
+    assert lab.v1 is not None
+    others = mesh.agents[:2]
+    before = refused(mesh, "body_mismatch", others)
+    # Version 2, truly signed by the admin, but its digest names version 1's body (held by
+    # every agent): gossiped by a member under its own name.
+    two = signed_by(mesh.operator, lab.body(2))
+    one = pointer_of(lab.v1)
+    lying = pointer_of(two)._replace(digest=one.digest, size_bytes=one.size_bytes)
+    intruder = Intruder(mesh, 2)
+    assert intruder.gossip_record(mesh.agents[1], POLICY, lying.encode()) in (200, 204)
+    mesh.wait(
+        "agents 0 and 1 refuse it",
+        lambda: refused(mesh, "body_mismatch", others) >= before + 2,
+    )
+    assert all(held(mesh, a)[0] == 1 for a in mesh.agents)
+
+
+def test_a_record_a_non_admin_signed_is_still_refused(mesh: Mesh, lab: Lab) -> None:
+    others = mesh.agents[1:]  # agent 2's own record is taken: a second stolen identity's
+    before = refused(mesh, "not_admin", others)
+    promoted = lab.body(3)
+    promoted = promoted._replace(
+        users=tuple(u._replace(role="admin") if u.name == "alice" else u for u in promoted.users)
+    )
+    forged = signed_by(lab.alice.identity, promoted)
+    intruder = Intruder(mesh, 0)
+    assert intruder.gossip_record(mesh.agents[1], POLICY, pointer_of(forged).encode()) in (
+        200,
+        204,
+    )
+    mesh.wait("agents 1 and 2 refuse it", lambda: refused(mesh, "not_admin", others) >= before + 2)
+    # Nor may she put a policy body to an agent: that is an admin's command.
+    status, error = lab.alice.command(mesh.agents[0], "policy_missing", {"manifest": {}})
+    assert status == 403 and "admins" in error, (status, error)
+    assert all(held(mesh, a)[0] == 1 for a in mesh.agents)
+
+
+def test_a_persons_certificate_reads_nothing_of_the_body(mesh: Mesh, lab: Lab) -> None:
+    assert lab.v1 is not None
+    digest = pointer_of(lab.v1).digest
+    manifest = f"{CONTENT_PATH}/{digest}"
+    for person in (lab.alice, lab.nemo):
+        for path in (manifest, f"{manifest}/have", f"{manifest}/chunks?n=0"):
+            status, body = person.request(mesh.agents[1], "GET", path)
+            assert status == 403 and b"agent role required" in body, (path, status, body)
+    # Nor an admin's: only agents read content (the other agents fetched it so, above).
+    status, _ = mesh.request(mesh.agents[1], "GET", manifest)
+    assert status == 403
+
+
+def test_an_agent_restarted_keeps_the_policy(mesh: Mesh, lab: Lab) -> None:
+    assert lab.v1 is not None
+    assert mesh.terminate(1) == 0
+    mesh.start(1)
+    assert held(mesh, mesh.agents[1]) == (1, pointer_of(lab.v1).digest, LAB_PEOPLE + 2)
+    job_id, status, error = submit(lab.alice, mesh.agents[1])
+    assert status == 200, error
+    mesh.command(mesh.agents[0], "cancel", {"job_id": job_id})
