@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,7 @@ from agent.operator import people
 from agent.sandbox.localmesh import AgentProcess
 from agent.wire.policy import POLICY, Person, PolicyBody, SignedPolicy, Team
 from tests.agent.agents import Mesh
-from tests.agent.people_kit import PersonAt, signed_by
+from tests.agent.people_kit import PersonAt, policy_command, signed_by
 from tests.agent.test_attacks import Intruder, metric
 from tests.agent.test_people import submit
 from tests.shoal_cli import shoal
@@ -160,3 +161,31 @@ def test_an_agent_restarted_keeps_the_policy(mesh: Mesh, lab: Lab) -> None:
     job_id, status, error = submit(lab.alice, mesh.agents[1])
     assert status == 200, error
     mesh.command(mesh.agents[0], "cancel", {"job_id": job_id})
+
+
+def test_the_body_believed_is_never_evicted(tmp_path: Path) -> None:
+    """One agent whose store's budget is so small that the policy's body alone is over the
+    cache rules' high watermark: the rules run again and again, and the body stays."""
+    config = tmp_path / "agent.toml"
+    mesh = Mesh(
+        tmp_path / "mesh", ["h100:1"], extra=("--config", str(config), "--datasets-rescan-s", "0.5")
+    )
+    a = mesh.agents[0]
+    signed = signed_by(mesh.operator, Lab(mesh).body(1))
+    budget = int(len(signed.body_bytes) / 0.95)  # the body: 95% of it, over the 90% watermark
+    config.write_text(f"store_budget_bytes = {budget}\n")  # read when the agent starts
+    mesh.start_all()
+    try:
+        status, answer = mesh.command(a, "policy", policy_command(signed))
+        assert status == 200 and answer["applied"], answer
+        digest = pointer_of(signed).digest
+
+        def body_held() -> bool:
+            items = mesh.get(a, "/v1/cache")["items"]
+            return any(i["digest"] == digest and i["held_bytes"] > 0 for i in items)
+
+        assert body_held()
+        time.sleep(2.0)  # the cache rules run every 0.5 s meanwhile (a bounded wait)
+        assert body_held()
+    finally:
+        mesh.stop_all()
