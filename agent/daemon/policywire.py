@@ -34,9 +34,12 @@ from agent.wire.policy import POLICY, PolicyRecord, SignedPolicy
 
 log = logging.getLogger("shoal.agent")
 
-FETCH_TRIES: Final = 4
+FETCH_TRIES: Final = 12
 RETRY_WAIT_S: Final = 0.5
-"""The wait before the second start of a body's fetch; it doubles for each further one."""
+"""The wait before the second start of a body's fetch; it doubles for each further one, up to
+:data:`RETRY_MAX_WAIT_S` (twelve starts span some 75 s: a holder just restarted, or not yet
+known alive to this agent, is asked again once it is)."""
+RETRY_MAX_WAIT_S: Final = 10.0
 MAX_PENDING: Final = 8
 """Records whose bodies are being fetched at once (the oldest is given up past it)."""
 MAX_REFUSED_KEPT: Final = 256
@@ -141,7 +144,7 @@ class PolicyWire:
         of the record's size."""
         for tries in range(FETCH_TRIES):
             if tries:
-                await asyncio.sleep(RETRY_WAIT_S * 2 ** (tries - 1))
+                await asyncio.sleep(min(RETRY_MAX_WAIT_S, RETRY_WAIT_S * 2 ** (tries - 1)))
             holders = [h for node in self._holders.get(record, ()) if (h := self._holder_at(node))]
             try:
                 manifest = await self._fetcher.learn(record.digest, holders)

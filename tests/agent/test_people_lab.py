@@ -17,7 +17,7 @@ from agent.content.fetch import PATH as CONTENT_PATH
 from agent.content.policybody import pointer_of
 from agent.operator import people
 from agent.sandbox.localmesh import AgentProcess
-from agent.wire.policy import POLICY, Person, PolicyBody, SignedPolicy, Team
+from agent.wire.policy import POLICY, POLICY_FILE, Person, PolicyBody, SignedPolicy, Team
 from tests.agent.agents import Mesh
 from tests.agent.people_kit import PersonAt, policy_command, signed_by
 from tests.agent.test_attacks import Intruder, metric
@@ -161,6 +161,26 @@ def test_an_agent_restarted_keeps_the_policy(mesh: Mesh, lab: Lab) -> None:
     job_id, status, error = submit(lab.alice, mesh.agents[1])
     assert status == 200, error
     mesh.command(mesh.agents[0], "cancel", {"job_id": job_id})
+
+
+def test_a_policy_file_from_before_loads_and_the_others_fetch_its_body(
+    mesh: Mesh, lab: Lab
+) -> None:
+    """An agent stopped with a newer whole record in its ``policy.bin`` (the form agents kept
+    before the body moved apart) starts with it, puts its body in its store and gossips the small
+    record; the other agents fetch the body from it alone."""
+    five = signed_by(mesh.operator, lab.body(5))
+    # Agent 1: the one whose gossip no intruder above took over.
+    assert mesh.terminate(1) == 0
+    (mesh.agents[1].directory / POLICY_FILE).write_bytes(five.encode())
+    # A life's gossip incarnation is the second it started in: this one must start in a later
+    # second than the life the test above restarted, or its records read as that life's older.
+    time.sleep(1.1)
+    mesh.start(1)
+    want = (5, pointer_of(five).digest, LAB_PEOPLE + 2)
+    mesh.wait(
+        "every agent holds version 5", lambda: all(held(mesh, a) == want for a in mesh.agents)
+    )
 
 
 def test_the_body_believed_is_never_evicted(tmp_path: Path) -> None:
