@@ -15,10 +15,18 @@ from pathlib import Path
 import pytest
 
 from agent.content.fetch import PATH as CONTENT_PATH
-from agent.content.policybody import pointer_of
+from agent.content.policybody import CHUNK_BYTES, pointer_of
 from agent.operator import people
 from agent.sandbox.localmesh import AgentProcess
-from agent.wire.policy import POLICY, POLICY_FILE, Person, PolicyBody, SignedPolicy, Team
+from agent.wire.policy import (
+    MAX_POLICY_BODY_BYTES,
+    POLICY,
+    POLICY_FILE,
+    Person,
+    PolicyBody,
+    SignedPolicy,
+    Team,
+)
 from tests.agent.agents import Mesh
 from tests.agent.people_kit import PersonAt, policy_command, signed_by
 from tests.agent.test_attacks import Intruder, metric
@@ -222,5 +230,28 @@ def test_the_body_believed_is_never_evicted(tmp_path: Path) -> None:
         assert body_held()
         time.sleep(2.0)  # the cache rules run every 0.5 s meanwhile (a bounded wait)
         assert body_held()
+    finally:
+        mesh.stop_all()
+
+
+def test_a_body_near_the_bound_goes_up_in_several_commands(tmp_path: Path) -> None:
+    """8,000 people: a body of several chunks, over one command's envelope, put by ``shoal user
+    push`` chunk by chunk; the agent holds every person."""
+    mesh = Mesh(tmp_path, ["h100:1"])
+    a = mesh.agents[0]
+    lab = Lab(mesh)
+    body = lab.body(1)
+    many = tuple(
+        Person(f"q{n:05d}", f"team-{n % LAB_TEAMS:02d}", "user", f"{n + 10**6:064x}")
+        for n in range(8000 - len(body.users))
+    )
+    signed = signed_by(mesh.operator, body._replace(users=(*body.users, *many)))
+    assert 3 * CHUNK_BYTES < len(signed.body_bytes) <= MAX_POLICY_BODY_BYTES
+    people.save(mesh.cluster_dir, signed)
+    mesh.start_all()
+    try:
+        done = shoal("user", "push", "--identity", str(mesh.cluster_dir), "--agent", a.address)
+        assert done.returncode == 0, (done.stdout, done.stderr)
+        assert held(mesh, a) == (1, pointer_of(signed).digest, 8000)
     finally:
         mesh.stop_all()
