@@ -111,12 +111,7 @@ class PolicyKeeper:
             if not record.signature:
                 raise PolicyRefused("unsigned", "policy record refused: unsigned")
             self._check_signer(record.signer_id, record.signer_credential, now)
-            held = self.body
-            if held is not None and not _is_admin(held, record.signer_id):
-                raise PolicyRefused(
-                    "not_admin",
-                    f"policy signer {record.signer_id[:10]} is no admin in the policy held here",
-                )
+            self._check_held_admin(record.signer_id)
         except WireError as exc:
             self.refused["malformed"] += 1
             raise PolicyRefused("malformed", f"policy record refused: {exc}") from None
@@ -187,6 +182,10 @@ class PolicyKeeper:
             raise PolicyRefused("forged", "policy record refused: the signature is forged")
         if not _is_admin(record.body, signer):
             raise PolicyRefused("not_admin", f"policy signer {signer[:10]} is no admin in it")
+        self._check_held_admin(signer)
+
+    def _check_held_admin(self, signer: str) -> None:
+        """A person the policy held here does not make an admin cannot replace it."""
         held = self.body
         if held is not None and not _is_admin(held, signer):
             raise PolicyRefused(
