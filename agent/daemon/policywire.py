@@ -24,7 +24,7 @@ from typing import Final
 
 from agent.content.fetch import Fetcher, FetchError, Holder
 from agent.content.manifest import ContentError
-from agent.content.policybody import check_body_manifest, put_body, read_body
+from agent.content.policybody import check_body_manifest, pointer_of, put_body, read_body
 from agent.content.store_api import ContentStore
 from agent.mesh.peers import PeerError
 from agent.people.keeper import PolicyKeeper, PolicyRefused
@@ -76,7 +76,8 @@ class PolicyWire:
             return
         try:
             self.digest = put_body(self._store, held.body_bytes)
-        except (ContentError, StoreFull) as exc:
+        except (ContentError, StoreFull) as exc:  # still gossiped: other members serve it
+            self.digest = pointer_of(held).digest
             log.warning("cannot keep the team policy's body in the store: %s", exc)
 
     def kept(self) -> set[str]:
