@@ -25,6 +25,7 @@ the digest names and the signature verifies over it.
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Final, NamedTuple
 
@@ -170,13 +171,15 @@ class PolicyBody(NamedTuple):
     """The highest priority per role (``admin``, ``user``, ``viewer``)."""
 
     def team(self, name: str) -> Team | None:
-        return next((t for t in self.teams if t.name == name), None)
+        return _index(self).teams.get(name)
 
     def person(self, name: str) -> Person | None:
-        return next((u for u in self.users if u.name == name), None)
+        return _index(self).by_name.get(name)
 
     def person_by_id(self, node_id: str) -> Person | None:
-        return next((u for u in self.users if u.node_id == node_id), None)
+        """Looked up at every command and for every job's team: a dict, not a scan of
+        thousands of people."""
+        return _index(self).by_id.get(node_id)
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -226,6 +229,35 @@ class PolicyBody(NamedTuple):
         for user in self.users:
             if user.team not in team_names:
                 raise WireError(f"policy.users: {user.name}'s team {user.team!r} is not listed")
+
+
+class _Index(NamedTuple):
+    body: PolicyBody
+    """Held, so that its ``id`` names no other body while it is indexed here."""
+    teams: dict[str, Team]
+    by_name: dict[str, Person]
+    by_id: dict[str, Person]
+
+
+_INDEXES: OrderedDict[int, _Index] = OrderedDict()
+_INDEXES_KEPT: Final = 8
+
+
+def _index(body: PolicyBody) -> _Index:
+    """The lookups of ``body`` (immutable), made once; the first of a name wins, as a scan's."""
+    found = _INDEXES.get(id(body))
+    if found is not None and found.body is body:
+        return found
+    made = _Index(
+        body,
+        {t.name: t for t in reversed(body.teams)},
+        {u.name: u for u in reversed(body.users)},
+        {u.node_id: u for u in reversed(body.users)},
+    )
+    _INDEXES[id(body)] = made
+    while len(_INDEXES) > _INDEXES_KEPT:
+        _INDEXES.popitem(last=False)
+    return made
 
 
 class SignedPolicy(NamedTuple):

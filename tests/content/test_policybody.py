@@ -136,3 +136,18 @@ def test_a_hostile_record_is_one_line_error(
     assert says in str(caught.value) and "\n" not in str(caught.value)
     with pytest.raises(WireError, match="exceeds"):
         PolicyRecord.decode(b"\x00" * (MAX_RECORD_BYTES + 1))
+
+
+def test_lookups_in_a_lab_of_thousands(admin: NodeIdentity) -> None:
+    body = lab_body(1, admin.node_id, 9000, 50)
+    assert body.person_by_id(f"{8999:064x}") == Person("p08999", "team-049", "user", f"{8999:064x}")
+    assert body.person("root") == Person("root", "team-000", "admin", admin.node_id)
+    assert body.team("team-049") == Team("team-049", None)
+    assert body.person("nobody") is None and body.team("nowhere") is None
+    # A changed body is another body: its lookups see its people, the old one's its own.
+    newcomer = Person("zed", "team-001", "user", "f" * 64)
+    changed = body._replace(users=(*body.users, newcomer))
+    assert changed.person_by_id("f" * 64) == newcomer and body.person_by_id("f" * 64) is None
+    # Two people of one name (a body not yet checked): the first is found, as a scan finds it.
+    twice = body._replace(users=(newcomer, newcomer._replace(node_id="e" * 64)))
+    assert twice.person("zed") == newcomer
