@@ -24,8 +24,8 @@ from typing import Any, Final, Literal
 from agent.wire import codec as c
 from agent.wire.codec import WireError
 
-Kind = Literal["dataset", "workdir", "env", "image", "checkpoint"]
-KINDS: Final[tuple[Kind, ...]] = ("dataset", "workdir", "env", "image", "checkpoint")
+Kind = Literal["dataset", "workdir", "env", "image", "checkpoint", "policy"]
+KINDS: Final[tuple[Kind, ...]] = ("dataset", "workdir", "env", "image", "checkpoint", "policy")
 
 DEFAULT_CHUNK_BYTES: Final = 4 << 20
 """4 MiB: a terabyte is 262,144 chunks, a manifest of a few tens of MB."""

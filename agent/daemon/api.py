@@ -51,6 +51,7 @@ from agent.content.store import DiskStore
 from agent.daemon.calls import Calls
 from agent.daemon.commands import Commands
 from agent.daemon.metrics import AgentMetrics
+from agent.daemon.policywire import PolicyWire
 from agent.daemon.reads import Reads
 from agent.execution.logfiles import MAX_TAIL_LINES
 from agent.history.history_hints import GpuFacts
@@ -96,6 +97,9 @@ class AgentService(Protocol):
 
     @property
     def people(self) -> PolicyKeeper: ...
+
+    @property
+    def policy_wire(self) -> PolicyWire: ...
 
     @property
     def usage(self) -> UsageBook: ...
@@ -381,6 +385,7 @@ def setup(app: web.Application, agent: AgentService) -> None:
             {
                 "version": agent.people.version,
                 "record": None if held is None else base64.b64encode(held.encode()).decode(),
+                "digest": agent.policy_wire.digest,
                 "policy": None if held is None else held.body.to_wire(),
             }
         )

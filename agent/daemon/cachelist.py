@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from agent.content.storeindex import Held
 
-KIND_ORDER: Final = ("dataset", "image", "env", "workdir", "checkpoint")
+KIND_ORDER: Final = ("dataset", "image", "env", "workdir", "checkpoint", "policy")
 
 
 def cache_doc(

@@ -29,7 +29,7 @@ from agent.content.stage import StageAsk, Stager
 from agent.daemon.config import AgentConfig
 from agent.daemon.datastore import DataRefused, NodeData
 from agent.daemon.metrics import AgentMetrics
-from agent.daemon.workdirput import WorkdirHolds, WorkdirUploads
+from agent.daemon.workdirput import POLICY_UPLOAD, WorkdirHolds, WorkdirUploads
 from agent.job.authority import FeaturesLacking, SubmissionRefused
 from agent.job.jobspec import HOST_ONLY_FEATURES, IMAGE_HOST, check_job_id, lacking_reason
 from agent.job.ownership import owner_of
@@ -83,10 +83,11 @@ class Commands:
         stager: Stager,
         data: NodeData,
         people: PolicyKeeper,
-        policy_changed: Callable[[], None] = lambda: None,
+        take_policy: Callable[[bytes], Awaitable[bool]],
     ) -> None:
-        """``people``: the team policy held here; ``policy_changed``: called when a ``policy``
-        command brought a newer one (the agent gossips it)."""
+        """``people``: the team policy held here; ``take_policy``: a ``policy`` command's
+        record offered (``agent.daemon.policywire``: the body read from the store, verified,
+        kept and gossiped); whether it is now the held policy."""
         self._ctx = ctx
         self._config = config
         self._trust = trust
@@ -99,9 +100,10 @@ class Commands:
         self._stager = stager
         self._data = data
         self._people = people
-        self._policy_changed = policy_changed
+        self._take_policy = take_policy
         self.rejections: Counter[str] = Counter()
         self.uploads = WorkdirUploads(data.store, Counter())
+        self.policy_uploads = WorkdirUploads(data.store, self.uploads.counts, POLICY_UPLOAD)
         self.holds = WorkdirHolds(data.store, stager)
         self._handlers: dict[str, Handler] = {
             "submit": self._submit,
@@ -119,6 +121,8 @@ class Commands:
             "policy": self._policy,
             "workdir_missing": self._workdir,
             "workdir_put": self._workdir,
+            "policy_missing": self._workdir,
+            "policy_put": self._workdir,
         }
 
     async def execute(self, data: bytes, *, forwarded: bool) -> Answer:
@@ -294,10 +298,12 @@ class Commands:
     async def _workdir(
         self, kind: str, body: dict[str, Any], data: bytes, forwarded: bool
     ) -> Answer:
-        """workdir_missing, workdir_put: a working folder comes up into this agent's store."""
-        if kind == "workdir_missing":
-            return 200, await self.uploads.missing(body)
-        return 200, await self.uploads.put(body)
+        """workdir_missing, workdir_put: a working folder comes up into this agent's store;
+        policy_missing, policy_put: a team policy's body, before the ``policy`` command."""
+        uploads = self.policy_uploads if kind.startswith("policy_") else self.uploads
+        if kind.endswith("_missing"):
+            return 200, await uploads.missing(body)
+        return 200, await uploads.put(body)
 
     async def _drain(self, kind: str, body: dict[str, Any], data: bytes, forwarded: bool) -> Answer:
         """cordon, drain and undrain: carried out by the node itself."""
@@ -317,14 +323,12 @@ class Commands:
         """A newer team policy: verified (an admin signed it), kept and gossiped."""
         try:
             record = base64.b64decode(body["policy"], validate=True)
-            applied = self._people.offer(record, time.time())
+            applied = await self._take_policy(record)
         except PolicyRefused as exc:
             self._metrics.commands_rejected["bad_policy"] += 1
             return 400, {"error": str(exc)}
         except binascii.Error as exc:
             raise ValueError(f"policy is not base64: {exc}") from None
-        if applied:
-            self._policy_changed()
         return 200, {"version": self._people.version, "applied": applied}
 
     async def _revoke(

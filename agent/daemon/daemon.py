@@ -37,7 +37,7 @@ from typing import Any
 from agent.checkpoints.ckptstore import KIND as CHECKPOINT
 from agent.checkpoints.ckptstore import Checkpoints
 from agent.common.eachjob import one_job
-from agent.content.fetch import SLOT_BYTES
+from agent.content.fetch import SLOT_BYTES, PeerHolder
 from agent.content.routes import ContentServer
 from agent.content.stage import Stager
 from agent.content.swarm import SwarmLimits
@@ -107,8 +107,6 @@ class Agent:
         self.people = PolicyKeeper(self.trust, config.data_dir / POLICY_FILE)
         """The team policy (:mod:`agent.people.keeper`), kept from before a restart."""
         self.people.load(time.time())
-        self.policy_wire = PolicyWire(self.people, self.publish)
-        """Gossips the team policy held here and learns newer ones (``agent.daemon.policywire``)."""
         self.revoked = asyncio.Event()
         """Set once this node learns that its own certificate is revoked: it then stops."""
         self.store = Store(config.data_dir / "agent.sqlite")
@@ -127,7 +125,7 @@ class Agent:
             seeds=config.join,
             app_setup=lambda app: api.setup(app, self),
             on_revocations=self._revocations_changed,
-            may_revoke=self.policy_wire.may_revoke,
+            may_revoke=lambda signer: self.policy_wire.may_revoke(signer),
         )
         self.mesh = GossipMesh(self.node_id, self.node, self.trust)
         self.authority = Authority(
@@ -231,6 +229,12 @@ class Agent:
             ),
         )
         self.stager.changed = self.datasets_changed
+        self.policy_wire = PolicyWire(
+            self.people, self.publish, self.content_store, self.stager.fetcher, self._holder_at
+        )
+        """Gossips the team policy held here, fetches the body of a newer one and believes it
+        once verified (``agent.daemon.policywire``)."""
+        self.policy_wire.keep_held_body()
         self.commands = Commands(
             self.ctx,
             config,
@@ -244,7 +248,7 @@ class Agent:
             stager=self.stager,
             data=self.data,
             people=self.people,
-            policy_changed=self.policy_wire.publish_policy,
+            take_policy=self.policy_wire.offer,
         )
         self.checkpoints = Checkpoints(
             self.ctx,
@@ -357,6 +361,7 @@ class Agent:
         await self.owner.close()
         await self.runner.close()
         await self.stager.close()
+        await self.policy_wire.close()
         await self.node.stop(leave=True)
         await self.peers.close()
         self.devices.probe.close()
@@ -439,8 +444,14 @@ class Agent:
 
     def _kept_content(self) -> set[str]:
         """Content never evicted here: the working folders and the checkpoints of the jobs not
-        ended."""
-        return self._workdirs_of_unended_jobs() | self._checkpoints_of_unended_jobs()
+        ended, and the team policy's body."""
+        kept = self._workdirs_of_unended_jobs() | self._checkpoints_of_unended_jobs()
+        return kept | self.policy_wire.kept()
+
+    def _holder_at(self, node_id: str) -> PeerHolder | None:
+        """A member as a holder of content, over the agents' channel."""
+        addr = self.mesh.addr_of(node_id)
+        return None if addr is None else PeerHolder(self.peers, node_id, addr)
 
     def _checkpoints_of_unended_jobs(self) -> set[str]:
         """Every checkpoint held here (whole, or being fetched) of a job the view does not hold

@@ -261,7 +261,8 @@ PATHS: Final[dict[str, Any]] = {
     "/v1/policy": {
         "get": {
             "summary": "The team policy this agent holds: its version, the admin-signed record "
-            "(base64) and what it says (people, teams, ceilings, quotas)",
+            "(base64, its body inline), the body's content digest and what it says (people, "
+            "teams, ceilings, quotas)",
             "responses": _answers("Policy"),
         }
     },

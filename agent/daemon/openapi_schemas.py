@@ -171,7 +171,9 @@ SCHEMAS: Final[dict[str, Any]] = {
     "Usage": _obj(
         {"node": _STR, "at": _NUM, "rows": _array(schema_ref("UsageRow")), "truncated": _BOOL}
     ),
-    "Policy": _obj({"version": _INT, "record": _OPT_STR, "policy": _t("object", True)}),
+    "Policy": _obj(
+        {"version": _INT, "record": _OPT_STR, "digest": _OPT_STR, "policy": _t("object", True)}
+    ),
     "Health": _obj({"ok": _BOOL, "node_id": _STR, "members": _INT}),
     "HistorySeries": _obj(
         {

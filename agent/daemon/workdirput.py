@@ -6,6 +6,9 @@ when an earlier submission brought the same files: nothing is sent twice). ``wor
 a few of those chunks (base64), each checked against its digest before it is kept. From there the
 content moves as any other: the job's owner and replica fetch it when they take the submission,
 and the runner and every gang member stage it before the start (``agent.running.workstage``).
+
+An admin's team policy body comes up the same way, before the ``policy`` command that names it
+(``policy_missing``, ``policy_put``: :data:`POLICY_UPLOAD`, admins only).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import asyncio
 import base64
 import binascii
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Final
 
 from agent.content.manifest import (
@@ -22,6 +26,7 @@ from agent.content.manifest import (
     ContentLimits,
     ContentManifest,
 )
+from agent.content.policybody import LIMITS as POLICY_LIMITS
 from agent.content.stage import Stager
 from agent.content.store import DiskStore
 from agent.content.workdir import DEFAULT_MAX_BYTES, MAX_FILES
@@ -31,23 +36,42 @@ WORKDIR_STORE_NAME: Final = "workdir"
 LIMITS: Final = ContentLimits(max_total_bytes=DEFAULT_MAX_BYTES, max_files=MAX_FILES)
 
 
+@dataclass(frozen=True, slots=True)
+class Upload:
+    """What one pair of commands brings up: content of ``kind`` within ``limits``."""
+
+    kind: str
+    what: str
+    """How its refusals name it."""
+    limits: ContentLimits
+    first: str
+    """The command that sends the manifest."""
+
+
+WORKDIR_UPLOAD: Final = Upload("workdir", "working folder", LIMITS, "workdir_missing")
+POLICY_UPLOAD: Final = Upload("policy", "policy body", POLICY_LIMITS, "policy_missing")
+
+
 class WorkdirUploads:
-    def __init__(self, store: DiskStore, counts: Counter[str]) -> None:
+    def __init__(
+        self, store: DiskStore, counts: Counter[str], upload: Upload = WORKDIR_UPLOAD
+    ) -> None:
         """``counts``: ``chunks_received``, ``bytes_received``, ``chunks_refused``,
         ``manifests`` (``shoal_workdir_uploads_total``)."""
         self.store = store
         self.counts = counts
+        self.upload = upload
 
     async def missing(self, body: dict[str, Any]) -> dict[str, Any]:
         """Keep the manifest; the distinct chunk digests this store still lacks."""
         try:
-            manifest = ContentManifest.from_wire(body.get("manifest"), LIMITS)
+            manifest = ContentManifest.from_wire(body.get("manifest"), self.upload.limits)
         except ContentError as exc:
             self.counts["manifests_refused"] += 1
             raise ValueError(str(exc)) from None
-        if manifest.kind != "workdir":
+        if manifest.kind != self.upload.kind:
             self.counts["manifests_refused"] += 1
-            raise ValueError(f"manifest of kind {manifest.kind!r}, not a working folder")
+            raise ValueError(f"manifest of kind {manifest.kind!r}, not a {self.upload.what}")
         digest = manifest.digest
         if await asyncio.to_thread(self.store.manifest, digest) is None:
             await asyncio.to_thread(self.store.add_manifest, manifest)
@@ -70,8 +94,9 @@ class WorkdirUploads:
         if len(chunks) > MAX_PUT_CHUNKS:
             raise ValueError(f"more than {MAX_PUT_CHUNKS} chunks in one command")
         manifest = await asyncio.to_thread(self.store.manifest, digest)
-        if manifest is None or manifest.kind != "workdir":
-            raise ValueError(f"no working folder {digest[:12]} here: send workdir_missing first")
+        if manifest is None or manifest.kind != self.upload.kind:
+            what, first = self.upload.what, self.upload.first
+            raise ValueError(f"no {what} {digest[:12]} here: send {first} first")
         # The manifest's chunks by digest (not what is missing: working out that costs a query
         # over every file of the folder, and a chunk held already is kept again as a no-op).
         places = {at.digest: at for at in manifest.chunk_places()}
@@ -82,7 +107,7 @@ class WorkdirUploads:
             at = places.get(row[0])
             if at is None:
                 self.counts["chunks_refused"] += 1
-                raise ValueError(f"chunk {row[0][:12]} is not of working folder {digest[:12]}")
+                raise ValueError(f"chunk {row[0][:12]} is not of {self.upload.what} {digest[:12]}")
             rows.append((at, row[1]))
         try:  # decoding and hashing ~600 KiB: off the event loop, with the write
             kept = await asyncio.to_thread(self._keep, digest, rows)

@@ -7,6 +7,10 @@ reads the newest of that file and the version the mesh holds (each verified as a
 admin's key, saves it, and offers it to the mesh as a ``policy`` command: every agent checks the
 admin's signature itself and gossips it on. A mesh that cannot be reached leaves the version
 saved here; ``shoal user push`` offers it again.
+
+The body goes up first, as content of kind ``policy`` (``policy_missing``, ``policy_put``: what
+the agent lacks of it), then the ``policy`` command with the small record that names it: the
+agent believes it once the body it holds verifies, and the other agents fetch the body from it.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from pathlib import Path
 
 from cryptography import x509
 
+from agent.content.policybody import body_manifest, chunks_of
 from agent.operator.client import ApiClient, ApiError
+from agent.operator.upload import POLICY_COMMANDS, upload_content
 from agent.people.keeper import PolicyKeeper, PolicyRefused
 from agent.wire.codec import WireError
 from agent.wire.policy import (
@@ -192,10 +198,21 @@ async def fetch(client: ApiClient) -> bytes | None:
 
 
 async def publish(client: ApiClient, signed: SignedPolicy) -> str | None:
-    """Offer the record to the mesh; ``None`` when accepted, else the one-line reason."""
-    body = {"policy": base64.b64encode(signed.encode()).decode("ascii")}
+    """Put the body to the agent behind ``client``, then offer the record that names it to
+    the mesh; ``None`` when accepted, else the one-line reason."""
+    manifest = body_manifest(signed.body_bytes)
+    record = signed.pointer(manifest.digest)
     try:
-        await client.command("policy", body)
-    except ApiError as exc:
+        await upload_content(
+            client,
+            manifest,
+            lambda wanted: [
+                c for c in chunks_of(signed.body_bytes, manifest) if c[0].digest in wanted
+            ],
+            POLICY_COMMANDS,
+            f"team policy version {signed.version}",
+        )
+        await client.command("policy", {"policy": base64.b64encode(record.encode()).decode()})
+    except (ApiError, ValueError) as exc:
         return str(exc)
     return None

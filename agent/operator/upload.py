@@ -2,17 +2,20 @@
 
 The operator first sends the manifest (``workdir_missing``) and learns which chunks the agent
 lacks; only those go up (``workdir_put``, a few to a command, under the envelope's size). An
-unchanged folder submitted again sends nothing but its manifest.
+unchanged folder submitted again sends nothing but its manifest. An admin's team policy body goes
+up the same way (:func:`upload_content` with ``policy_missing`` and ``policy_put``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
+from agent.content.manifest import ChunkAt, ContentManifest
 from agent.content.workdir import DEFAULT_MAX_BYTES, Packed, pack_workdir, read_chunks
 from agent.job.jobspec import JobSpec
 from agent.operator.client import ApiClient
@@ -50,14 +53,38 @@ async def send_workdir(client: ApiClient, spec: JobSpec, top: Path) -> tuple[Job
 async def upload_workdir(client: ApiClient, top: Path, packed: Packed) -> Uploaded:
     """Have the agent behind ``client`` hold ``packed`` whole; what had to be sent."""
     manifest = packed.manifest
-    answer = await client.command("workdir_missing", {"manifest": manifest.to_wire()})
+    return await upload_content(
+        client,
+        manifest,
+        lambda wanted: list(read_chunks(top, manifest, wanted)),
+        WORKDIR_COMMANDS,
+        f"--workdir {top}",
+    )
+
+
+WORKDIR_COMMANDS: Final = ("workdir_missing", "workdir_put")
+POLICY_COMMANDS: Final = ("policy_missing", "policy_put")
+
+
+async def upload_content(
+    client: ApiClient,
+    manifest: ContentManifest,
+    read: Callable[[Collection[str]], Sequence[tuple[ChunkAt, bytes]]],
+    commands: tuple[str, str],
+    what: str,
+) -> Uploaded:
+    """Have the agent behind ``client`` hold ``manifest`` whole: it is sent (``commands[0]``),
+    then the chunks it lacks, ``read`` (blocking) by digest (``commands[1]``); what had to be
+    sent. ``what`` names the content in a refusal."""
+    first, put_kind = commands
+    answer = await client.command(first, {"manifest": manifest.to_wire()})
     if answer.get("digest") != manifest.digest:
-        raise ValueError("the agent answered for another working folder")
+        raise ValueError(f"{what}: the agent answered for other content")
     wanted = {str(d) for d in answer.get("missing", [])}
     sent_chunks = sent_bytes = 0
     batches: list[list[tuple[str, bytes]]] = [[]]
     batch_bytes = 0
-    chunks = await asyncio.to_thread(lambda: list(read_chunks(top, manifest, wanted)))
+    chunks = await asyncio.to_thread(read, wanted)
     for at, data in chunks:
         if batches[-1] and batch_bytes + len(data) > PUT_BATCH_BYTES:
             batches.append([])
@@ -71,14 +98,14 @@ async def upload_workdir(client: ApiClient, top: Path, packed: Packed) -> Upload
     async def put(batch: list[tuple[str, bytes]]) -> None:
         async with slots:
             rows = [[digest, base64.b64encode(data).decode()] for digest, data in batch]
-            await client.command("workdir_put", {"digest": manifest.digest, "chunks": rows})
+            await client.command(put_kind, {"digest": manifest.digest, "chunks": rows})
 
     await asyncio.gather(*(put(batch) for batch in batches if batch))
     if wanted:
-        check = await client.command("workdir_missing", {"manifest": manifest.to_wire()})
+        check = await client.command(first, {"manifest": manifest.to_wire()})
         if check.get("missing"):
             raise ValueError(
-                f"--workdir {top}: {len(check['missing'])} chunks changed while they were sent;"
-                " submit again"
+                f"{what}: {len(check['missing'])} chunks changed while they were sent;"
+                " send it again"
             )
     return Uploaded(manifest.digest, manifest.total_bytes, sent_chunks, sent_bytes)

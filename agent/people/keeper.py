@@ -10,6 +10,13 @@ A record (:mod:`agent.wire.policy`) is believed only when the person who signed 
   an admin cannot replace it);
 - the signature is theirs, over the record's very bytes.
 
+The gossiped record (:class:`~agent.wire.policy.PolicyRecord`) only names the body by content
+digest: :meth:`PolicyKeeper.consider` checks what it can before the body is fetched (the signer
+admitted, an admin's certificate, an admin in the policy held; a newer version, or the same one
+with another body), and :meth:`PolicyKeeper.offer_body` believes it only once the body is held:
+the body's size and version must be the record's (else ``body_mismatch``) and the signature
+verifies over the body's bytes, exactly as it does over a whole record.
+
 Of two believed records the higher version wins; an equal version with other contents (two
 admins racing) goes to the higher SHA-256 of the signed bytes, so every agent settles on the
 same one. Anything else is refused and counted by reason (``shoal_policy_refused_total``), and
@@ -27,7 +34,7 @@ from pathlib import Path
 from typing import Protocol
 
 from agent.wire.codec import WireError
-from agent.wire.policy import PolicyBody, SignedPolicy
+from agent.wire.policy import BodyMismatch, PolicyBody, PolicyRecord, SignedPolicy
 
 log = logging.getLogger(__name__)
 
@@ -95,15 +102,60 @@ class PolicyKeeper:
         except PolicyRefused as exc:
             log.warning("ignoring %s: %s", self._path, exc)
 
-    def offer(self, data: bytes, now: float, *, save: bool = True) -> bool:
-        """Take ``data`` in: True when it is now the held record, False when it is the held one
-        or older. Raises :class:`PolicyRefused` (counted) for one not believed."""
+    def consider(self, data: bytes, now: float, held_digest: str | None) -> PolicyRecord | None:
+        """A gossiped record (``data``): the one to fetch the body of, or ``None`` when it is
+        the held one (content ``held_digest``) or older. Raises :class:`PolicyRefused`
+        (counted) for one whose signer may not sign a policy."""
         try:
-            record = SignedPolicy.decode(data)
-            self.verify(record, now)
+            record = PolicyRecord.decode(data)
+            if not record.signature:
+                raise PolicyRefused("unsigned", "policy record refused: unsigned")
+            self._check_signer(record.signer_id, record.signer_credential, now)
+            self._check_held_admin(record.signer_id)
         except WireError as exc:
             self.refused["malformed"] += 1
             raise PolicyRefused("malformed", f"policy record refused: {exc}") from None
+        except PolicyRefused as exc:
+            self.refused[exc.reason] += 1
+            raise
+        if record.version < self.version:
+            self.refused["older"] += 1
+            return None
+        if record.version == self.version and record.digest == held_digest:
+            return None
+        return record
+
+    def offer_body(
+        self, record: PolicyRecord, body_bytes: bytes, now: float, *, save: bool = True
+    ) -> bool:
+        """Take in ``record`` with ``body_bytes``, the content its digest names (the caller
+        read them by that digest): True when it is now the held policy. Raises
+        :class:`PolicyRefused` (counted): ``body_mismatch`` for a body that is not the record's,
+        and as :meth:`offer` does."""
+        try:
+            signed = record.joined(body_bytes)
+        except BodyMismatch as exc:
+            self.refused["body_mismatch"] += 1
+            raise PolicyRefused("body_mismatch", f"policy record refused: {exc}") from None
+        except WireError as exc:
+            self.refused["malformed"] += 1
+            raise PolicyRefused("malformed", f"policy body refused: {exc}") from None
+        return self._take(signed, now, save)
+
+    def offer(self, data: bytes, now: float, *, save: bool = True) -> bool:
+        """Take a whole signed record (``data``) in: True when it is now the held record, False
+        when it is the held one or older. Raises :class:`PolicyRefused` (counted) for one not
+        believed."""
+        try:
+            record = SignedPolicy.decode(data)
+        except WireError as exc:
+            self.refused["malformed"] += 1
+            raise PolicyRefused("malformed", f"policy record refused: {exc}") from None
+        return self._take(record, now, save)
+
+    def _take(self, record: SignedPolicy, now: float, save: bool) -> bool:
+        try:
+            self.verify(record, now)
         except PolicyRefused as exc:
             self.refused[exc.reason] += 1
             raise
@@ -117,7 +169,7 @@ class PolicyKeeper:
             return False
         self.held = record
         if save and self._path is not None:
-            self._save(data)
+            self._save(record.encode())
         return True
 
     def verify(self, record: SignedPolicy, now: float) -> None:
@@ -125,20 +177,27 @@ class PolicyKeeper:
         signer = record.signer_id
         if not record.signature:
             raise PolicyRefused("unsigned", "policy record refused: unsigned")
-        if not self._trust.admit(signer, record.signer_credential, now):
-            raise PolicyRefused("untrusted_signer", f"policy signer {signer[:10]} is not admitted")
-        if self._trust.role_of(signer) != "operator":
-            raise PolicyRefused(
-                "not_admin", f"policy signer {signer[:10]} holds no admin's certificate"
-            )
+        self._check_signer(signer, record.signer_credential, now)
         if not self._trust.verify(signer, record.signed_payload(), record.signature):
             raise PolicyRefused("forged", "policy record refused: the signature is forged")
         if not _is_admin(record.body, signer):
             raise PolicyRefused("not_admin", f"policy signer {signer[:10]} is no admin in it")
+        self._check_held_admin(signer)
+
+    def _check_held_admin(self, signer: str) -> None:
+        """A person the policy held here does not make an admin cannot replace it."""
         held = self.body
         if held is not None and not _is_admin(held, signer):
             raise PolicyRefused(
                 "not_admin", f"policy signer {signer[:10]} is no admin in the policy held here"
+            )
+
+    def _check_signer(self, signer: str, credential: bytes, now: float) -> None:
+        if not self._trust.admit(signer, credential, now):
+            raise PolicyRefused("untrusted_signer", f"policy signer {signer[:10]} is not admitted")
+        if self._trust.role_of(signer) != "operator":
+            raise PolicyRefused(
+                "not_admin", f"policy signer {signer[:10]} holds no admin's certificate"
             )
 
     def _save(self, data: bytes) -> None:

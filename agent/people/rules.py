@@ -17,7 +17,9 @@ from typing import Final
 
 from agent.wire.policy import PolicyBody
 
-ADMIN_ONLY: Final = frozenset({"cordon", "drain", "undrain", "revoke", "policy"})
+ADMIN_ONLY: Final = frozenset(
+    {"cordon", "drain", "undrain", "revoke", "policy", "policy_missing", "policy_put"}
+)
 """Kinds only an admin may give."""
 OWN_JOB: Final = frozenset({"cancel", "migrate"})
 """Kinds a user may give for the jobs they submitted (an admin for any job)."""

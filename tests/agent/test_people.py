@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from agent.content.policybody import pointer_of
 from agent.job.jobspec import new_job_id
 from agent.sandbox.localmesh import AgentProcess
 from agent.wire.policy import POLICY, POLICY_FILE, Person
@@ -219,7 +220,10 @@ def test_a_policy_from_a_non_admin_is_not_believed(mesh: Mesh, cast: Cast) -> No
     # Gossiped by a member (an agent's stolen key) as its own record: every agent that hears
     # it refuses it.
     intruder = Intruder(mesh, 2)
-    assert intruder.gossip_record(mesh.agents[1], POLICY, forged.encode()) in (200, 204)
+    assert intruder.gossip_record(mesh.agents[1], POLICY, pointer_of(forged).encode()) in (
+        200,
+        204,
+    )
     mesh.wait(
         "the gossiped one refused too",
         lambda: (

@@ -11,6 +11,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from agent.content.policybody import pointer_of
 from agent.people import rules
 from agent.people.keeper import PolicyKeeper, PolicyRefused
 from agent.people.rules import Refused, Standing
@@ -284,3 +285,50 @@ def test_logs_and_priority() -> None:
     rules.check_priority(Standing("me", "admin"), 10**6)
     with pytest.raises(Refused, match="ceiling of 5"):
         rules.check_priority(Standing("me", "user", ceiling=5), 6)
+
+
+def test_a_gossiped_record_is_believed_only_with_its_body(people: People) -> None:
+    keeper = PolicyKeeper(people.trust(), None)
+    now = time.time()
+    admin = CertSigner(people.admin)
+    one = sign_policy(people.body(1), admin)
+    record = pointer_of(one)
+    # Before its body is held, a record is only a reason to fetch: nothing is believed.
+    assert keeper.consider(record.encode(), now, None) == record
+    assert keeper.held is None
+    assert keeper.offer_body(record, one.body_bytes, now)
+    assert keeper.consider(record.encode(), now, record.digest) is None  # the held one
+    # The same version with another body (two admins racing): fetched, the tie decided then.
+    racing = pointer_of(sign_policy(people.body(1, alice="viewer"), admin))
+    assert keeper.consider(racing.encode(), now, record.digest) == racing
+    # A newer record whose body is not its own (another version's bytes under its digest).
+    two = sign_policy(people.body(2), admin)
+    with pytest.raises(PolicyRefused, match="version 1 where the record says 2"):
+        keeper.offer_body(pointer_of(two), one.body_bytes, now)
+    # The record's signer is checked before any body is fetched: a user's key never signs one.
+    by_alice = sign_policy(people.body(3, alice="admin"), CertSigner(people.alice))
+    with pytest.raises(PolicyRefused, match="no admin's certificate"):
+        keeper.consider(pointer_of(by_alice).encode(), now, record.digest)
+    # An admin's kind of key that the held policy does not make an admin.
+    by_otto = sign_policy(people.body(3, otto="admin"), CertSigner(people.otto))
+    with pytest.raises(PolicyRefused, match="policy held here"):
+        keeper.consider(pointer_of(by_otto).encode(), now, record.digest)
+    # The signature is checked over the body's bytes once they are held.
+    forged = pointer_of(two)._replace(signature=bytes(64))
+    assert keeper.consider(forged.encode(), now, record.digest) == forged
+    with pytest.raises(PolicyRefused, match="forged"):
+        keeper.offer_body(forged, two.body_bytes, now)
+    with pytest.raises(PolicyRefused, match="not msgpack"):
+        keeper.consider(b"\xc1", now, None)
+    assert keeper.version == 1
+    assert keeper.refused == {
+        "body_mismatch": 1,
+        "not_admin": 2,
+        "forged": 1,
+        "malformed": 1,
+    }
+    assert keeper.offer_body(pointer_of(two), two.body_bytes, now)
+    assert keeper.version == 2
+    # An older version is not fetched, and is counted.
+    assert keeper.consider(record.encode(), now, pointer_of(two).digest) is None
+    assert keeper.refused["older"] == 1
