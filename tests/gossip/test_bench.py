@@ -115,7 +115,10 @@ def test_transport_costs_bench_emits_fields(capsys: pytest.CaptureFixture[str]) 
     out = json.loads(capsys.readouterr().out)
     for key in (
         "handshake_full_ms", "handshake_resumed_ms", "frame_us", "gossip_message_us",
-        "sign_us", "verify_us", "stream_kb", "member_bytes",
+        "sign_us", "verify_us", "member_bytes",
     ):  # fmt: skip
         assert out[key] > 0
+    # RSS growth: in a test process whose heap already holds freed memory from the tests before
+    # it, the streams may fit in it and the process grow by nothing.
+    assert out["stream_kb"] >= 0
     assert out["resumed_dials"] >= 3
