@@ -116,6 +116,12 @@ class AgentConfig:
     placement: str = "shoal"
     """How this agent places the jobs it owns: ``shoal`` (the Shoal policy) or ``fifo`` (first
     fit in node-id order, the baseline)."""
+    objective: str = "performance"
+    """What the Shoal policy optimizes for the jobs this agent owns: ``performance`` (speed;
+    inference by performance per watt), ``energy`` (every inference job by performance per
+    watt), ``cost`` (performance per unit of a node's ``cost_per_hour``) or ``packing`` (as many
+    jobs as the fleet holds: room left for the workload's shapes, then the fullest node; speed
+    not weighed). Set the same on every agent: each owner places its own jobs."""
     job_user: str | None = None
     """The user jobs run as. Unset: when the agent runs as root, ``shoal-job`` if that user
     exists, else ``nobody``; an agent that is not root cannot switch users and runs jobs as its own
@@ -159,6 +165,9 @@ class AgentConfig:
 
 
 PLACEMENT_NAMES = ("shoal", "fifo")
+OBJECTIVE_NAMES = ("performance", "energy", "cost", "packing")
+"""The policy's objectives (``agent.policy.config.OBJECTIVES``; named here so the CLI need not
+import the policy)."""
 CONTAINER_RUNTIMES = ("podman", "docker", "none")
 _PATHS = {
     "data_dir",
@@ -249,6 +258,8 @@ def _coerce(name: str, value: Any, where: str) -> Any:
         raise UserError(f"{where}: {name} must be a string")
     if name == "placement" and value not in PLACEMENT_NAMES:
         raise UserError(f"{where}: placement must be one of {', '.join(PLACEMENT_NAMES)}")
+    if name == "objective" and value not in OBJECTIVE_NAMES:
+        raise UserError(f"{where}: objective must be one of {', '.join(OBJECTIVE_NAMES)}")
     if name == "container_runtime" and value not in CONTAINER_RUNTIMES:
         raise UserError(
             f"{where}: container_runtime must be one of {', '.join(CONTAINER_RUNTIMES)},"

@@ -189,7 +189,7 @@ class Agent:
             on_event=lambda e: self.runner.on_exec_event(e),
         )
         placement = placement or PLACEMENTS[config.placement](
-            self.node_id, config.preempt_min_run_s
+            self.node_id, config.preempt_min_run_s, config.objective
         )
         self.runner = Runner(
             self.ctx,

@@ -63,7 +63,7 @@ from agent.owning.meshqueue import MeshQueue
 from agent.owning.recentoffers import RecentOffers, mark_held
 from agent.policy import adapt, gavel
 from agent.policy.baselines import first_fit
-from agent.policy.config import PolicyConfig
+from agent.policy.config import OBJECTIVES, Objective, PolicyConfig
 from agent.policy.context import Context
 from agent.policy.decision import Decisions, context, decide, rank_any
 from agent.policy.explain import busy_line, never_reason
@@ -556,11 +556,21 @@ class ShoalPlacement(_Held):
         return ctx, by_node
 
 
-PLACEMENTS: dict[str, Callable[[str | None, float], Placement]] = {
-    "fifo": lambda owner, min_run_s: FirstFit(),
-    "shoal": lambda owner, min_run_s: ShoalPlacement(
-        owner=owner, config=PolicyConfig(min_run_s=min_run_s)
+PLACEMENTS: dict[str, Callable[[str | None, float, str], Placement]] = {
+    "fifo": lambda owner, min_run_s, objective: FirstFit(),
+    "shoal": lambda owner, min_run_s, objective: ShoalPlacement(
+        owner=owner,
+        config=PolicyConfig(min_run_s=min_run_s, objective=objective_of(objective)),
     ),
 }
 """Placement by the name an agent's config gives (``placement = "fifo"``), for an owner, with
-the minimum run time before a job may be preempted (``preempt_min_run_s``)."""
+the minimum run time before a job may be preempted (``preempt_min_run_s``) and the policy's
+objective (``objective``; first fit has none)."""
+
+
+def objective_of(name: str) -> Objective:
+    """The policy's objective named ``name`` (``ValueError`` for another)."""
+    for objective in OBJECTIVES:
+        if objective == name:
+            return objective
+    raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, not {name!r}")

@@ -7,7 +7,8 @@ from typing import Literal
 
 from agent.policy.snapshot import JobKind
 
-Objective = Literal["performance", "energy", "cost"]
+Objective = Literal["performance", "energy", "cost", "packing"]
+OBJECTIVES: tuple[Objective, ...] = ("performance", "energy", "cost", "packing")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,9 @@ class Weights:
     """A gang's largest RTT between members, per 10 ms."""
     spread: float = 0.01
     """Ties between owners broken apart, so two owners do not offer to the same node."""
+    packing: float = 0.05
+    """Per GPU left free on the node by the placement, taken away, under the ``packing``
+    objective: of two places that leave the workload the same room, the fuller node."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +47,9 @@ class PolicyConfig:
 
     objective: Objective = "performance"
     """``energy``: inference jobs prefer performance per watt; ``cost``: every job prefers
-    performance per unit of the node's cost per hour."""
+    performance per unit of the node's cost per hour; ``packing``: as many jobs placed as the
+    fleet can hold, speed not weighed (a fleet kept full of services, FGD's setting): the place
+    that leaves the workload's shapes the most room, then the fullest node."""
     efficient_kinds: tuple[JobKind, ...] = ("inference",)
     """Job kinds whose fastest device is not needed (a service runs until stopped: a faster GPU
     does not end it sooner): placed by performance per watt under the ``performance`` objective

@@ -125,7 +125,7 @@ def _group_fit(job: Job, key: ReqKey, group: Group, ctx: Context, want: int) -> 
     if want == 0:
         before = _frag(ctx, group.free_fractions, group.cpu_free)
         after = _frag(ctx, group.free_fractions, cpu_after)
-        fits.append(Fit((), "cpu", 1.0, after - before))
+        fits.append(Fit((), "cpu", 1.0, after - before, free_after=sum(group.free_fractions)))
     elif job.is_share:
         before = _frag(ctx, group.free_fractions, group.cpu_free)
         seen: set[object] = set()
@@ -144,7 +144,16 @@ def _group_fit(job: Job, key: ReqKey, group: Group, ctx: Context, want: int) -> 
             after = _frag(ctx, tuple(free), cpu_after)
             speed = ctx.model.relative(job.job_class, job.kind, slot.kind.model)
             speed *= ctx.model.share_factor(job.job_class, slot.sharers, slot.kind.model)
-            fits.append(Fit((i,), slot.kind.model, speed, after - before, share_bytes=need))
+            fits.append(
+                Fit(
+                    (i,),
+                    slot.kind.model,
+                    speed,
+                    after - before,
+                    share_bytes=need,
+                    free_after=sum(free),
+                )
+            )
     else:
         for kind, idle in group.whole_free.items():
             if idle < want or kind_reason(job, key, kind, ctx) is not None:
@@ -196,7 +205,9 @@ def _whole_fit(
         free[i] = 0.0
     after = _frag(ctx, tuple(free), cpu_after)
     speed = ctx.model.relative(job.job_class, job.kind, kind.model, max(want, 1))
-    return Fit(tuple(picked), kind.model, speed, after - before, linked=linked)
+    return Fit(
+        tuple(picked), kind.model, speed, after - before, linked=linked, free_after=sum(free)
+    )
 
 
 def _members(group: Group, ctx: Context, job: Job, limit: int) -> Iterable[str]:

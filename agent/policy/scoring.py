@@ -6,6 +6,8 @@ Device-level terms (the same on every node of a group of interchangeable nodes):
   sharing a GPU). Between two jobs, the device goes to the one that gains most from it: that is
   settled when a pass starts several jobs at once (:mod:`agent.policy.decision`), not here;
 - ``fragmentation``: the capacity the placement leaves unusable to the workload's shapes (FGD);
+- ``packing``: under the ``packing`` objective (where ``speed`` counts nothing), the GPUs the
+  placement leaves free on the node, taken away: the fuller node of two that fit alike;
 - ``link``: a multi-GPU job's GPUs on one NVLink/xGMI domain;
 - ``energy``: an inference job's watts with the ``energy`` objective, and under ``performance``
   a job's of a kind whose fastest device is not needed (``efficient_kinds``: inference), so that
@@ -48,10 +50,21 @@ class Fit:
     """Fragmentation added, in GPUs (negative: the placement removes some)."""
     linked: bool = False
     share_bytes: int = 0
+    free_after: float = 0.0
+    """GPUs (fractions of shared ones) left free on the node once the job is placed."""
 
 
 def speed_term(job: Job, fit: Fit, ctx: Context) -> float:
+    if ctx.config.objective == "packing":
+        return 0.0
     return ctx.config.weights.speed * math.log(max(fit.speed, 1e-6))
+
+
+def packing_term(job: Job, fit: Fit, ctx: Context) -> float:
+    """Under the ``packing`` objective, the fuller node of two that fit alike."""
+    if ctx.config.objective != "packing":
+        return 0.0
+    return -ctx.config.weights.packing * fit.free_after
 
 
 def fragmentation_term(job: Job, fit: Fit, ctx: Context) -> float:
@@ -81,6 +94,7 @@ def energy_term(job: Job, fit: Fit, ctx: Context) -> float:
 GROUP_TERMS: Final[tuple[tuple[str, Callable[[Job, Fit, Context], float]], ...]] = (
     ("speed", speed_term),
     ("fragmentation", fragmentation_term),
+    ("packing", packing_term),
     ("link", link_term),
     ("energy", energy_term),
 )

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.policy.config import PolicyConfig
+from agent.policy.config import OBJECTIVES, Objective, PolicyConfig
 from bench.sched.cluster import NodeSpec, nodes_from_openb, nodes_from_spec
 from bench.sched.engine import Simulation
 from bench.sched.metrics import JobRecord, pct, ratios, summarize
@@ -51,9 +51,9 @@ def _is_openb(path: Path) -> bool:
     return "gpu_milli" in header
 
 
-def _mesh_policy(name: str) -> Any:
+def _mesh_policy(name: str, objective: Objective = "performance") -> Any:
     table = {
-        "shoal": lambda: ShoalMesh(PolicyConfig()),
+        "shoal": lambda: ShoalMesh(PolicyConfig(objective=objective)),
         "fifo": FifoMesh,
         "backfill": BackfillCentral,
         "bestfit": BestFitCentral,
@@ -70,6 +70,7 @@ def run_policy(
     measure: tuple[int, int],
     wall_limit_s: float | None,
     costs: str = "same",
+    objective: Objective = "performance",
 ) -> dict[str, Any]:
     started = time.perf_counter()
     total = sum(n.gpus for n in nodes)
@@ -113,7 +114,7 @@ def run_policy(
         )
         out["wall_s"] = time.perf_counter() - started
         return out
-    policy = _mesh_policy(name)
+    policy = _mesh_policy(name, objective)
     config = sim_config
     if policy.central:
         from dataclasses import replace
@@ -214,6 +215,12 @@ def main(argv: list[str] | None = None) -> int:
         help="gavel-synthetic: jobs drawn among N equal teams, each guaranteed 1/N of the GPUs "
         "and at most 2/N; reports the teams' figures",
     )
+    ap.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="performance",
+        help="what the shoal policy optimizes (an agent's objective setting)",
+    )
     ap.add_argument("--wall-limit", type=float, default=None, help="seconds per policy run")
     ap.add_argument("--json", action="store_true", help="print one JSON object (the default)")
     a = ap.parse_args(argv)
@@ -264,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
         if fill:
             measure = (0, len(jobs))
         results = [
-            run_policy(name, nodes, jobs, truth, sim_config, measure, a.wall_limit, a.costs)
+            run_policy(
+                name, nodes, jobs, truth, sim_config, measure, a.wall_limit, a.costs, a.objective
+            )
             for name in names
         ]
         runs.append(
@@ -286,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         "gossip_delay_s": a.gossip_delay,
         "costs": a.costs,
         "teams": a.teams,
+        "objective": a.objective,
         "runs": runs,
     }
     json.dump(doc, sys.stdout)

@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 
 from agent.common.errors import UserError
-from agent.daemon.config import AgentConfig, load_config
+from agent.daemon.config import OBJECTIVE_NAMES, AgentConfig, load_config
 from agent.job.jobspec import JobSpec, Resources
 from agent.job.ownership import RANKS_KEPT, owner_of, rank, replica_of, weight
 from agent.mesh.events import GOSSIPED, GOSSIPED_FOR_S, EventLog
 from agent.mesh.view import NodeView
-from agent.owning.placement import FirstFit
+from agent.owning.placement import PLACEMENTS, FirstFit, ShoalPlacement
+from agent.policy.config import OBJECTIVES
 from agent.wire.documents import EventsDoc
 from agent.wire.inventory import InventoryRecord
 from agent.wire.records import GossipedEvent, NodeRecord
@@ -124,6 +125,18 @@ def test_config_file_and_its_mistakes(tmp_path: Path) -> None:
         load_config(bad)
     with pytest.raises(UserError, match="unknown option 'listn'"):
         load_config(path)
+    bad.write_text('objective = "packing"\n')
+    assert load_config(bad).objective == "packing"
+    bad.write_text('objective = "speed"\n')
+    with pytest.raises(UserError, match="objective must be one of performance, energy, cost"):
+        load_config(bad)
+
+
+def test_the_config_names_the_policys_objectives_and_each_reaches_the_policy() -> None:
+    assert OBJECTIVE_NAMES == OBJECTIVES
+    for name in OBJECTIVE_NAMES:
+        placement = PLACEMENTS["shoal"]("me", 600.0, name)
+        assert isinstance(placement, ShoalPlacement) and placement.config.objective == name
 
 
 def test_event_log_merges_gossiped_events_once() -> None:

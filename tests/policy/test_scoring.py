@@ -155,3 +155,19 @@ def test_spread_two_owners_prefer_different_nodes_among_equals() -> None:
 
 def _at(x: float) -> Coordinate:
     return Coordinate((x, 0.0), 0.1, 0.0, 0.0)
+
+
+def test_packing_takes_the_fuller_node_and_weighs_no_speed() -> None:
+    """Under ``packing`` a 1-GPU job goes where it leaves the workload the most room and then to
+    the fuller node, even onto a slower GPU; under ``performance`` to the fastest."""
+    fast = node("fast", "h100", 4)
+    slow = node("slow", "t4", 4, busy=[0, 1])
+    snap = Snapshot(now=0.0, nodes=(fast, slow), pending=(job("j"),))
+    by = {
+        objective: decide(snap, ThroughputModel(), PolicyConfig(objective=objective))
+        for objective in ("performance", "packing")
+    }
+    assert by["performance"].assignments[0].placement.node_id == "fast"
+    packed = by["packing"].assignments[0]
+    assert packed.placement.node_id == "slow"
+    assert dict(packed.terms).get("speed", 0.0) == 0.0
