@@ -139,7 +139,7 @@ class Agent:
             heard_of=self.mesh.heard_of,
         )
         self.view = ClusterView(self.authority)
-        self.events = EventLog(self.node_id)
+        self.events = EventLog(self.node_id, boot=self.boot)
         self.disk_stops = 0
         """Jobs stopped for filling this agent's disk (``agent.running.diskguard``)."""
         self.peers = PeerClient(

@@ -49,5 +49,14 @@ def test_an_agent_restarted_after_refuting_past_the_clock_starts_above_it(
             return nodes[victim.node_id]["drain"] is not None
 
         mesh.wait("the restarted agent's drain heard by another", drained_seen)
+
+        def started_again() -> bool:
+            return any(
+                (e["node"], e["kind"]) == (victim.node_id, "agent_started")
+                and e["message"].startswith("boot 2 ")
+                for e in mesh.events(mesh.agents[0])
+            )
+
+        mesh.wait("the restarted agent's start in another's event log", started_again)
     finally:
         mesh.stop_all()
