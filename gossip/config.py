@@ -23,8 +23,12 @@ class GossipConfig:
     """Where peers reach this node, as the transport spells it (``"host:port"``)."""
 
     boot_incarnation: int
-    """Starting incarnation: the boot time in whole seconds, so a restarted node's first Alive
-    outranks every report about its previous life (which at most refuted once per second)."""
+    """Starting incarnation: above every one this node used in an earlier life, so a restarted
+    node's first Alive and records outrank every report about its previous lives. The asyncio
+    adapter takes ``max(highest kept + 1, boot time in whole seconds)`` from the node's kept
+    incarnation (:mod:`gossip.incarnation`), which each refutation's raise is written to
+    before use: the boot time alone fails a restart within the same second, after refutations
+    raised the last life past the clock, or under a clock stepped back."""
 
     probe_interval_s: float = 0.5
     """One failure-detection probe per interval. memberlist uses 1 s; half that halves the time to

@@ -26,6 +26,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -47,6 +48,7 @@ from gossip.events import (
     RecordChanged,
 )
 from gossip.identity import NodeIdentity, Role
+from gossip.incarnation import IncarnationFile
 from gossip.membership import MemberInfo
 from gossip.messages import MemberState, Message
 from gossip.peer import Peer
@@ -154,12 +156,15 @@ class GossipNode:
         stream_limits: StreamLimits | None = None,
         may_revoke: Callable[[str], bool] = lambda signer: True,
         probe_rings: int | None = None,
+        incarnation_path: Path | None = None,
     ) -> None:
         """``on_revocations``: called with the revocation list whenever a newer one is applied
         (from an operator's command, from gossip, or shown by a peer that refused us), for the
         caller to keep it and to see whether it names this node. ``may_revoke``: whether the
         operator who signed a list may revoke at all (the application's word: an admin of its
-        team policy); a list it refuses is refused as a forged one is."""
+        team policy); a list it refuses is refused as a forged one is. ``incarnation_path``:
+        where this node keeps the highest incarnation it used (:mod:`gossip.incarnation`), so
+        each start begins above its earlier lives whatever the clock does (None: the clock)."""
         self.identity = identity
         self._on_revocations_changed = on_revocations
         self._may_revoke = may_revoke
@@ -173,6 +178,7 @@ class GossipNode:
         self._config = config
         self._probe_rings = probe_rings
         """Overrides the config's ``probe_rings`` (None: keep it)."""
+        self._incarnations = None if incarnation_path is None else IncarnationFile(incarnation_path)
         self._rng = rng or random.Random()
         self._clock = clock
         self._wall_clock = wall_clock
@@ -235,21 +241,27 @@ class GossipNode:
         return self._peer
 
     async def start(self) -> None:
+        """Raises :class:`gossip.incarnation.IncarnationError` when the incarnation file cannot
+        be read or written: no life starts at an incarnation it cannot keep."""
+        keeper = self._incarnations
+        boot = self._config.boot_incarnation if self._config else int(self._wall_clock())
+        boot = boot if keeper is None else keeper.boot(boot)
         await self._server.start()
         base = self._config or GossipConfig(
             node_id=self.node_id,
             addr="",
-            boot_incarnation=int(self._wall_clock()),
+            boot_incarnation=boot,
             membership_budget_bytes=TCP_MEMBERSHIP_BUDGET_BYTES,
             records_budget_bytes=TCP_RECORDS_BUDGET_BYTES,
             records_retransmit_min=0,
             start_health_score=START_HEALTH_SCORE,
         )
-        config = replace(base, node_id=self.node_id, addr=self.address)
+        config = replace(base, node_id=self.node_id, addr=self.address, boot_incarnation=boot)
         if self._probe_rings is not None:
             config = replace(config, probe_rings=self._probe_rings)
         trust = _WallClockTrust(self._trust, self._wall_clock)
-        self._peer = Peer(config, self._signer, trust, self._seeds, self._clock(), self._rng)
+        keep = None if keeper is None else keeper.keep
+        self._peer = Peer(config, self._signer, trust, self._seeds, self._clock(), self._rng, keep)
         self._flush()
         self._arm()
 

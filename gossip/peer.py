@@ -152,6 +152,7 @@ class Peer:
         "_rings",
         "_contacts",
         "_seed_turn",
+        "_on_incarnation",
     )
 
     def __init__(
@@ -162,7 +163,11 @@ class Peer:
         seeds: Sequence[str],
         now: float,
         rng: random.Random,
+        on_incarnation: Callable[[int], bool] | None = None,
     ) -> None:
+        """``on_incarnation``: called with each incarnation a refutation raises ours to, before
+        anything carries it, for the caller to keep (:mod:`gossip.incarnation`); False: it could
+        not (counted in ``stats.incarnations_unkept``)."""
         if signer.node_id != config.node_id:
             raise ValueError("config.node_id differs from the signer's node id")
         self.config = config
@@ -173,6 +178,7 @@ class Peer:
         self._rng = rng
         self._seeds = list(seeds)
         self._incarnation = config.boot_incarnation
+        self._on_incarnation = on_incarnation
         self._left = False
         self._seq = 0
         self._record_counter = 0

@@ -39,6 +39,7 @@ from gossip import codec
 from gossip.codec import SIM_REMEMBERED_UPDATES, compound_sizes, remember_updates, wire_size
 from gossip.config import GossipConfig
 from gossip.events import Event
+from gossip.incarnation import boot_incarnation
 from gossip.messages import Compound, Message
 from gossip.peer import Peer
 from gossip.simbackground import BackgroundPeer
@@ -248,8 +249,10 @@ class Simulation:
     # -- lifecycle -----------------------------------------------------------------------------
 
     def _boot(self, nid: str, seeds: Iterable[str]) -> None:
-        boot = self._boots.get(nid, 1_000_000) + 1000
-        self._boots[nid] = boot
+        old = self.nodes.get(nid)
+        clock_s = self._boots[nid] = self._boots.get(nid, 1_000_000) + 1000  # a later boot time
+        # above every incarnation its earlier life used, as a node's kept incarnation makes it
+        boot = boot_incarnation(None if old is None else old.peer.incarnation, clock_s)
         cfg = GossipConfig(node_id=nid, addr=nid, boot_incarnation=boot)
         if self.config is not None:
             cfg = self.config(cfg)
@@ -266,7 +269,6 @@ class Simulation:
             peer = Peer(cfg, signer, trust, others, self.now, rng)
             if self.view is not None:
                 self.view.add(peer.self_alive)
-        old = self.nodes.get(nid)
         node = SimNode(nid, peer)
         if old is not None:
             node.starve_period_s = old.starve_period_s
@@ -282,7 +284,7 @@ class Simulation:
             self.streams.close(nid)
 
     def restart(self, nid: str, seeds: Iterable[str]) -> None:
-        """Boot a fresh core for ``nid`` (a later boot time, so a higher incarnation)."""
+        """Boot a fresh core for ``nid`` (a later boot time, above its last incarnation)."""
         self._boot(nid, seeds)
 
     def starve(self, nid: str, period_s: float = 1.0, stall_s: float = 0.4) -> None:

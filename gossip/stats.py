@@ -57,6 +57,9 @@ class GossipStats:
     """Fallback pings sent over the reliable channel after a late direct ack."""
     nacks_received: int = 0
     refutations: int = 0
+    incarnations_unkept: int = 0
+    """Refutations whose raised incarnation could not be written where the node keeps it
+    (:mod:`gossip.incarnation`): a restart soon after may start below it."""
     suspicions_raised: int = 0
     deaths_declared: int = 0
     dead_deferred: int = 0

@@ -315,6 +315,9 @@ def suspicion_expired(peer: Peer, node: str, now: float) -> None:
 
 def refute(peer: Peer, incarnation: int, now: float) -> None:
     peer._incarnation = max(peer._incarnation, incarnation) + 1
+    keep = peer._on_incarnation  # kept before the Alive that carries it
+    if keep is not None and not keep(peer._incarnation):
+        peer.stats.incarnations_unkept += 1
     peer.stats.refutations += 1
     peer._awareness.apply_delta(1)
     alive = peer._signed_alive()

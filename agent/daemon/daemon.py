@@ -83,6 +83,7 @@ from gossip.addresses import split_address
 from gossip.certtrust import CertTrust
 from gossip.events import Event, MemberDead, MemberLeft, RecordChanged
 from gossip.identity import IdentityError, load_identity
+from gossip.incarnation import INCARNATION_FILE
 from gossip.node import GossipNode
 from gossip.replay import ReplayGuard
 from gossip.revocation import REVOCATIONS_FILE, RevocationError, RevocationList
@@ -126,6 +127,7 @@ class Agent:
             app_setup=lambda app: api.setup(app, self),
             on_revocations=self._revocations_changed,
             may_revoke=lambda signer: self.policy_wire.may_revoke(signer),
+            incarnation_path=config.data_dir / INCARNATION_FILE,
         )
         self.mesh = GossipMesh(self.node_id, self.node, self.trust)
         self.authority = Authority(
@@ -137,7 +139,7 @@ class Agent:
             heard_of=self.mesh.heard_of,
         )
         self.view = ClusterView(self.authority)
-        self.events = EventLog(self.node_id)
+        self.events = EventLog(self.node_id, boot=self.boot)
         self.disk_stops = 0
         """Jobs stopped for filling this agent's disk (``agent.running.diskguard``)."""
         self.peers = PeerClient(

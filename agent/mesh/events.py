@@ -29,18 +29,29 @@ GOSSIPED_FOR_S = 5.0
 them, within a second or two; a busy agent republishes every second, and resending its last
 twelve events each time was half of what a mesh under load gossiped."""
 MAX_MESSAGE_CHARS = 200
+LIFE_EVENTS = 1 << 32
+"""Event numbers one start of an agent may use (its ``n`` stay within the wire's integers for
+2 million starts)."""
 
 
 class EventLog:
     def __init__(
-        self, node_id: str, *, clock: Callable[[], float] = time.time, size: int = MAX_EVENTS
+        self,
+        node_id: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        size: int = MAX_EVENTS,
+        boot: int = 0,
     ) -> None:
+        """``boot``: this start's number (the store's boot count). Our events are numbered
+        from ``boot * LIFE_EVENTS``, so each life's numbers lie above every earlier life's and
+        peers, which merge each ``n`` once per node, take a restarted agent's events at once."""
         self.node_id = node_id
         self._clock = clock
         self._events: deque[dict[str, Any]] = deque(maxlen=size)
         self._own: deque[dict[str, Any]] = deque(maxlen=GOSSIPED)
         self._seq = 0
-        self._own_seq = 0
+        self._own_seq = boot * LIFE_EVENTS
         self._seen: dict[str, int] = {}
         self.on_own: Callable[[], None] | None = None
 

@@ -15,9 +15,10 @@ from agent.mesh.events import GOSSIPED, GOSSIPED_FOR_S, EventLog
 from agent.mesh.view import NodeView
 from agent.owning.placement import PLACEMENTS, FirstFit, ShoalPlacement
 from agent.policy.config import OBJECTIVES
+from agent.wire.codec import unpack
 from agent.wire.documents import EventsDoc
 from agent.wire.inventory import InventoryRecord
-from agent.wire.records import GossipedEvent, NodeRecord
+from agent.wire.records import EventsRecord, GossipedEvent, NodeRecord
 from probers.records import DeviceStatic, HostInfo
 
 NODES = ["node-a", "node-b", "node-c", "node-d"]
@@ -154,6 +155,20 @@ def test_event_log_merges_gossiped_events_once() -> None:
         (4, "other", "z"),
     ]
     assert nxt == 4 and log.since(4) == EventsDoc((), 4)
+
+
+def test_a_restarted_agents_events_are_merged_past_its_earlier_life() -> None:
+    peer = EventLog("peer")
+    first = EventLog("me", boot=1)
+    for i in range(5):
+        first.add("started", f"job {i}")
+    peer.merge("me", first.gossip_record().events)
+    again = EventLog("me", boot=2)  # restarted: its numbering starts over, above the last life's
+    again.add("agent_started", "boot 2")
+    peer.merge("me", again.gossip_record().events)
+    assert [r.message for r in peer.since(0).events][-2:] == ["job 4", "boot 2"]
+    record = again.gossip_record()
+    assert EventsRecord.decode(unpack(record.encode())) == record  # within the wire's integers
 
 
 def test_event_record_carries_recent_events_without_the_node_id() -> None:

@@ -134,6 +134,24 @@ def test_restart_with_new_boot_beats_stale_reports() -> None:
     assert {n for n, e in joined if e.node == "n0004"} == set(sim.nodes) - {"n0004"}
 
 
+def test_a_restart_soon_after_refuting_past_the_next_boot_starts_above_it() -> None:
+    sim = Simulation(n=10, seed=8)
+    sim.run_until(2.0)
+    victim = sim.peer("n0004")
+    far = victim.incarnation + 3000  # past the boot time of its next life (+1000)
+    victim.receive("n0000", suspect("n0004", far, "n0000"), sim.now)
+    assert victim.incarnation == far + 1
+    sim.run_until(6.0)
+    sim.crash("n0004")
+    sim.restart("n0004", ["n0000"])
+    assert sim.peer("n0004").incarnation == far + 2  # not taken for its older self
+    sim.peer("n0004").publish("inventory", b"after", sim.now)
+    sim.run_until(20.0)
+    for nid in sim.nodes:
+        got = sim.peer(nid).record("n0004", "inventory")
+        assert got is not None and got.record.payload == b"after"
+
+
 def test_graceful_leave() -> None:
     sim = Simulation(n=20, seed=9)
     sim.run_until(1.0)
