@@ -333,3 +333,32 @@ async def test_an_s3_object_cut_midway_goes_on_from_its_last_byte(
         )
     assert read_back(store, m) == {"big.bin": data}
     assert again["range_resumes"] == 1 and again["bytes_s3"] == len(data) - had
+
+
+async def test_a_file_whole_on_disk_but_not_yet_kept_is_asked_again_whole(tmp_path: Path) -> None:
+    """Every byte came before the cut (the ``.part`` is whole, not yet renamed): the ranged ask
+    is answered 416, and the file is fetched whole instead of failing for ever."""
+    files = tree(tmp_path / "served", {"f.bin": 2 * READ_BLOCK_BYTES})
+    store, staging = MemStore(), tmp_path / "staging"
+    seen: list[dict[str, str]] = []
+    async with ranged_server(tmp_path / "served", seen) as base:
+        with pytest.raises(ContentError, match="bytes in all"):
+            await import_source(
+                f"{base}/f.bin",
+                "f",
+                store,
+                staging,
+                counts=Counter(),
+                chunk_bytes=CHUNK,
+                limits=SourceLimits(max_total_bytes=READ_BLOCK_BYTES),
+            )
+        [part] = list(staging.rglob("*.part"))
+        part.write_bytes(files["f.bin"])  # as a cut between the last byte and the rename leaves
+        again: Counter[str] = Counter()
+        m = await import_source(
+            f"{base}/f.bin", "f", store, staging, counts=again, chunk_bytes=CHUNK
+        )
+    assert read_back(store, m) == files
+    assert again["range_resumes"] == 0 and again["bytes_http"] == len(files["f.bin"])
+    [ranged] = [h for h in seen if "Range" in h]
+    assert ranged["Range"] == f"bytes={len(files['f.bin'])}-"
