@@ -109,14 +109,16 @@ class S3Source:
     async def _get(
         self, s3: Any, f: RemoteFile, extra: dict[str, Any], *, precondition_ok: bool
     ) -> Any:
-        """``get_object``; ``None`` for a failed precondition when ``precondition_ok``."""
+        """``get_object``; ``None`` for a failed precondition or a range past the end when
+        ``precondition_ok`` (a ranged ask)."""
         try:
             return await asyncio.to_thread(
                 s3.get_object, Bucket=self.bucket, Key=f.locator, **extra
             )
         except Exception as exc:
             code = getattr(exc, "response", {}).get("Error", {}).get("Code")
-            if precondition_ok and code in ("PreconditionFailed", "412"):
+            # the object changed (412), or every byte came before the cut (416): whole again
+            if precondition_ok and code in ("PreconditionFailed", "412", "InvalidRange", "416"):
                 return None
             raise ContentError(f"s3://{self.bucket}/{f.locator}: {exc}") from None
 

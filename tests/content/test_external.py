@@ -202,10 +202,13 @@ def s3_server() -> Iterator[str]:
         server.stop()
 
 
-@pytest.mark.skipif(
+needs_s3 = pytest.mark.skipif(
     importlib.util.find_spec("boto3") is None or importlib.util.find_spec("moto") is None,
     reason="boto3 and moto[server] are not installed (not Shoal dependencies yet)",
 )
+
+
+@needs_s3
 async def test_an_s3_prefix_is_fetched_from_a_real_s3_server(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -259,6 +262,20 @@ async def ranged_server(folder: Path, seen: list[dict[str, str]]) -> AsyncIterat
         await runner.cleanup()
 
 
+async def cut_import(url: str, name: str, store: MemStore, staging: Path, limit_bytes: int) -> None:
+    """An import of ``url`` stopped partway: past ``limit_bytes`` in all (a ``.part`` left)."""
+    with pytest.raises(ContentError, match="bytes in all"):
+        await import_source(
+            url,
+            name,
+            store,
+            staging,
+            counts=Counter(),
+            chunk_bytes=CHUNK,
+            limits=SourceLimits(max_total_bytes=limit_bytes),
+        )
+
+
 def _part_bytes(staging: Path) -> int:
     [part] = list(staging.rglob("*.part"))
     return part.stat().st_size
@@ -275,16 +292,7 @@ async def test_a_file_cut_midway_goes_on_from_its_last_byte(tmp_path: Path, chan
     staging = tmp_path / "staging"
     seen: list[dict[str, str]] = []
     async with ranged_server(tmp_path / "served", seen) as base:
-        with pytest.raises(ContentError, match="bytes in all"):
-            await import_source(
-                f"{base}/big.bin",
-                "big",
-                store,
-                staging,
-                counts=Counter(),
-                chunk_bytes=CHUNK,
-                limits=SourceLimits(max_total_bytes=2 * READ_BLOCK_BYTES),
-            )
+        await cut_import(f"{base}/big.bin", "big", store, staging, 2 * READ_BLOCK_BYTES)
         had = _part_bytes(staging)
         assert 0 < had < size
         if changed:
@@ -304,10 +312,7 @@ async def test_a_file_cut_midway_goes_on_from_its_last_byte(tmp_path: Path, chan
     assert not list(staging.rglob("*.part")) and not list(staging.rglob("*.version"))
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("boto3") is None or importlib.util.find_spec("moto") is None,
-    reason="boto3 and moto[server] are not installed (not Shoal dependencies yet)",
-)
+@needs_s3
 async def test_an_s3_object_cut_midway_goes_on_from_its_last_byte(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -316,16 +321,7 @@ async def test_an_s3_object_cut_midway_goes_on_from_its_last_byte(
         data = os.urandom(3 * READ_BLOCK_BYTES + 999)
         s3.put_object(Bucket="lab", Key="big.bin", Body=data)
         store, staging = MemStore(), tmp_path / "st"
-        with pytest.raises(ContentError, match="bytes in all"):
-            await import_source(
-                "s3://lab/big.bin",
-                "big",
-                store,
-                staging,
-                counts=Counter(),
-                chunk_bytes=CHUNK,
-                limits=SourceLimits(max_total_bytes=2 * READ_BLOCK_BYTES),
-            )
+        await cut_import("s3://lab/big.bin", "big", store, staging, 2 * READ_BLOCK_BYTES)
         had = _part_bytes(staging)
         again: Counter[str] = Counter()
         m = await import_source(
@@ -342,16 +338,7 @@ async def test_a_file_whole_on_disk_but_not_yet_kept_is_asked_again_whole(tmp_pa
     store, staging = MemStore(), tmp_path / "staging"
     seen: list[dict[str, str]] = []
     async with ranged_server(tmp_path / "served", seen) as base:
-        with pytest.raises(ContentError, match="bytes in all"):
-            await import_source(
-                f"{base}/f.bin",
-                "f",
-                store,
-                staging,
-                counts=Counter(),
-                chunk_bytes=CHUNK,
-                limits=SourceLimits(max_total_bytes=READ_BLOCK_BYTES),
-            )
+        await cut_import(f"{base}/f.bin", "f", store, staging, READ_BLOCK_BYTES)
         [part] = list(staging.rglob("*.part"))
         part.write_bytes(files["f.bin"])  # as a cut between the last byte and the rename leaves
         again: Counter[str] = Counter()
@@ -362,3 +349,23 @@ async def test_a_file_whole_on_disk_but_not_yet_kept_is_asked_again_whole(tmp_pa
     assert again["range_resumes"] == 0 and again["bytes_http"] == len(files["f.bin"])
     [ranged] = [h for h in seen if "Range" in h]
     assert ranged["Range"] == f"bytes={len(files['f.bin'])}-"
+
+
+@needs_s3
+async def test_an_s3_object_whole_on_disk_but_not_yet_kept_is_asked_again_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with s3_server() as endpoint:
+        s3 = s3_bucket(endpoint, monkeypatch)
+        data = os.urandom(2 * READ_BLOCK_BYTES)
+        s3.put_object(Bucket="lab", Key="f.bin", Body=data)
+        store, staging = MemStore(), tmp_path / "st"
+        await cut_import("s3://lab/f.bin", "f", store, staging, READ_BLOCK_BYTES)
+        [part] = list(staging.rglob("*.part"))
+        part.write_bytes(data)
+        again: Counter[str] = Counter()
+        m = await import_source(
+            "s3://lab/f.bin", "f", store, staging, counts=again, chunk_bytes=CHUNK
+        )
+    assert read_back(store, m) == {"f.bin": data}
+    assert again["range_resumes"] == 0 and again["bytes_s3"] == len(data)
