@@ -118,7 +118,8 @@ def test_transport_costs_bench_emits_fields(capsys: pytest.CaptureFixture[str]) 
         "sign_us", "verify_us", "member_bytes",
     ):  # fmt: skip
         assert out[key] > 0
-    # RSS growth: in a test process whose heap already holds freed memory from the tests before
-    # it, the streams may fit in it and the process grow by nothing.
-    assert out["stream_kb"] >= 0
+    # RSS growth over the streams: in a test process whose heap holds memory freed by the tests
+    # before it, the streams may fit in it and the RSS even shrink meanwhile (-16.2 in one run):
+    # a figure for a process of its own (the bench's), not for this one.
+    assert isinstance(out["stream_kb"], float)
     assert out["resumed_dials"] >= 3
