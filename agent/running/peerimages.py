@@ -37,6 +37,12 @@ from agent.mesh.peers import PeerError, PeerUnreachable
 log = logging.getLogger(__name__)
 
 MAX_PEERS_ASKED: Final = 8
+PREFETCH_TRIES: Final = 3
+"""Tries of a pre-pull (a registry or a runtime busy for a moment): its owner asks again only
+when it renews the pre-fetch, minutes later, so a pull that failed once would leave the job to
+pull its image when its slot frees."""
+PREFETCH_RETRY_S: Final = 1.0
+"""The wait before a pre-pull's second try; it doubles for each further one."""
 EXPORT_TIMEOUT_S: Final = 600.0
 IMAGE_KIND: Final = "image"
 
@@ -55,8 +61,8 @@ class PeerImages:
         self._tasks: set[asyncio.Task[None]] = set()
         """Job -> (its image, the digest of the archive coming from a peer, or "")."""
         self.counts: Counter[str] = Counter()
-        """``present``, ``registry``, ``peer``, ``failed``, ``exported``
-        (``shoal_image_pulls_total``)."""
+        """``present``, ``registry``, ``peer``, ``failed``, ``exported``, ``prefetched``,
+        ``prefetch_failed`` (``shoal_image_pulls_total``)."""
         self.store: DiskStore | None = None
         self.stager: Stager | None = None
         self.runtime: ContainerRuntime | None = None
@@ -117,10 +123,17 @@ class PeerImages:
 
         async def pull() -> None:
             try:
-                await self.ensure(runtime, image, "")
-                self.counts["prefetched"] += 1
-            except (ContainerError, ValueError) as exc:
-                log.info("image %s: pre-pull failed: %s", image, exc)
+                for tries in range(PREFETCH_TRIES):
+                    if tries:
+                        await asyncio.sleep(PREFETCH_RETRY_S * 2 ** (tries - 1))
+                    try:
+                        await self.ensure(runtime, image, "")
+                    except (ContainerError, ValueError) as exc:
+                        log.info("image %s: pre-pull failed (try %d): %s", image, tries + 1, exc)
+                        continue
+                    self.counts["prefetched"] += 1
+                    return
+                self.counts["prefetch_failed"] += 1
             finally:
                 self._prefetching.discard(image)
 
