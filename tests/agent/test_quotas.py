@@ -146,6 +146,12 @@ def test_a_team_under_its_guarantee_reclaims_a_borrowed_preemptible_gpu(
         time.sleep(1.5)  # past the minimum run before a preemption
         mine = submit(alice, m.agents[0], waiter(tmp_path / "vision"))  # the same priority
         wait_state(m, mine, "running")
+        # the victim's record comes from its own owner: agent 0 may see it a moment later
+        m.wait(
+            "one borrowed job requeued, as agent 0 sees it",
+            lambda: sum(state(m, j)["state"] == "pending" for j in borrowed) == 1,
+            60.0,
+        )
         states = {j: state(m, j) for j in borrowed}
         stopped = [j for j, s in states.items() if s["state"] == "pending"]
         assert len(stopped) == 1, states
