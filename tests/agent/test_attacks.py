@@ -558,7 +558,7 @@ def test_a_lone_members_second_start_is_refused_while_attempt_1_runs(
     mesh.wait(
         "attempt 1 listed by its runner alone",
         lambda: [a.index for a in mesh.agents if runs_here(mesh, a, job_id)] == [first.index],
-        10.0,
+        30.0,
     )
     assert mesh.command(mesh.agents[0], "cancel", {"job_id": job_id})[0] == 200
 
