@@ -513,3 +513,25 @@ def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
         raise
     except RecursionError:
         raise DecodeError("nesting too deep") from None
+
+
+def frame(sender_addr: str, message: Message, max_bytes: int) -> bytes:
+    """A message as one request's body: the sender's address and the encoded message."""
+    body: bytes = msgpack.packb([sender_addr, encode(message, max_bytes)], use_bin_type=True)
+    return body
+
+
+def unframe(body: bytes, max_bytes: int) -> tuple[str, Message]:
+    """The sender's address and its message; :class:`DecodeError` for anything malformed."""
+    try:
+        outer = msgpack.unpackb(body, raw=False, max_bin_len=max_bytes, max_str_len=512)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise DecodeError(f"bad frame: {type(exc).__name__}") from None
+    if (
+        not isinstance(outer, list)
+        or len(outer) != 2
+        or not isinstance(outer[0], str)
+        or not isinstance(outer[1], bytes)
+    ):
+        raise DecodeError("bad frame: expected [address, message]")
+    return outer[0], decode(outer[1], max_bytes)

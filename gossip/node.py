@@ -30,14 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import msgpack
 from aiohttp import web
 
 from gossip import revocation
 from gossip.addrbook import AddressBook
 from gossip.certtrust import CertSigner, CertTrust
 from gossip.client import GossipClient
-from gossip.codec import DecodeError, decode, encode
+from gossip.codec import DecodeError, frame, unframe
 from gossip.config import GossipConfig
 from gossip.events import (
     Event,
@@ -97,27 +96,6 @@ class _WallClockTrust:
 
     def is_revoked(self, node_id: str) -> bool:
         return self._inner.is_revoked(node_id)
-
-
-def frame(sender_addr: str, message: Message, max_bytes: int) -> bytes:
-    body: bytes = msgpack.packb([sender_addr, encode(message, max_bytes)], use_bin_type=True)
-    return body
-
-
-def unframe(body: bytes, max_bytes: int) -> tuple[str, Message]:
-    """The sender's address and its message; :class:`DecodeError` for anything malformed."""
-    try:
-        outer = msgpack.unpackb(body, raw=False, max_bin_len=max_bytes, max_str_len=512)
-    except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise DecodeError(f"bad frame: {type(exc).__name__}") from None
-    if (
-        not isinstance(outer, list)
-        or len(outer) != 2
-        or not isinstance(outer[0], str)
-        or not isinstance(outer[1], bytes)
-    ):
-        raise DecodeError("bad frame: expected [address, message]")
-    return outer[0], decode(outer[1], max_bytes)
 
 
 START_HEALTH_SCORE = 3

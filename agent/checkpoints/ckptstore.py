@@ -55,7 +55,8 @@ from agent.execution.jobuser import JobUser
 from agent.job.jobspec import check_job_id
 from agent.mesh.context import AgentContext
 from agent.mesh.peers import PeerError, PeerRefused, PeerUnreachable
-from agent.wire.calls import CheckpointCopy, CheckpointGrant, CheckpointNote, ResumeFrom
+from agent.wire.calls import ResumeFrom
+from agent.wire.ckptcalls import CheckpointCopy, CheckpointGrant, CheckpointNote
 from gossip.fsmodes import ensure_dir
 
 log = logging.getLogger("shoal.checkpoint")

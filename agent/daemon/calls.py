@@ -46,9 +46,6 @@ from agent.running.runner import Runner
 from agent.running.runs import Declined, LaunchFailed, NotAllowed
 from agent.wire.calls import (
     AttemptResult,
-    CheckpointCopy,
-    CheckpointGrant,
-    CheckpointNote,
     GangAbort,
     GangCommit,
     GangPrepare,
@@ -59,6 +56,7 @@ from agent.wire.calls import (
     StatusRequest,
     StopRequest,
 )
+from agent.wire.ckptcalls import CheckpointCopy, CheckpointGrant, CheckpointNote
 from agent.wire.quotacalls import QuotaClaim
 
 log = logging.getLogger("shoal.agent")

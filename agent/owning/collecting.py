@@ -24,7 +24,8 @@ from agent.job.jobstate import LIVE
 from agent.job.ownership import replica_of
 from agent.mesh.peers import PeerError
 from agent.storage.sqlitefile import StoreError
-from agent.wire.calls import CheckpointNote, ResumeFrom
+from agent.wire.calls import ResumeFrom
+from agent.wire.ckptcalls import CheckpointNote
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine

@@ -77,12 +77,8 @@ from agent.owning.placing import RESTORE_TIMEOUT_S as RESTORE_TIMEOUT_S
 from agent.owning.placing import candidates_for, place_once, reserve
 from agent.owning.prefetching import Prefetcher
 from agent.storage.store import StoreFull
-from agent.wire.calls import (
-    AttemptResult,
-    CheckpointNote,
-    StopAnswer,
-    StopRequest,
-)
+from agent.wire.calls import AttemptResult, StopAnswer, StopRequest
+from agent.wire.ckptcalls import CheckpointNote
 
 STOP_TRIES = 120
 """How many times (a second apart, after a failure) an owner asks a runner to stop an attempt."""

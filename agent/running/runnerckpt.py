@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from agent.checkpoints.ckptfiles import clear_folder, stamp
 from agent.execution.jobuser import prepare_job_folder
 from agent.mesh.peers import PeerError, PeerRefused
-from agent.wire.calls import CheckpointNote
+from agent.wire.ckptcalls import CheckpointNote
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine, Mapping

@@ -158,51 +158,6 @@ class ResumeFrom(NamedTuple):
         )
 
 
-class CheckpointCopy(NamedTuple):
-    """``checkpoint_copy``, from an agent that may act as the job's owner: fetch the job's
-    checkpoint ``digest`` (written by attempt ``attempt``) from the caller and ``holders`` and
-    keep it (the replica's copy, the next owner's)."""
-
-    job_id: str
-    attempt: int
-    digest: str
-    holders: tuple[str, ...] = ()
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "job_id": self.job_id,
-            "attempt": self.attempt,
-            "digest": self.digest,
-            "holders": list(self.holders),
-        }
-
-    @classmethod
-    def from_wire(cls, value: Any) -> CheckpointCopy:
-        d = c.obj(value, "body")
-        return cls(
-            job_id=c.field(d, "job_id", c.text),
-            attempt=c.field(d, "attempt", c.integer),
-            digest=c.field(d, "digest", c.text),
-            holders=c.field(d, "holders", c.texts),
-        )
-
-
-class CheckpointGrant(NamedTuple):
-    """``checkpoint_grant``, from an agent that may act as the job's owner: serve the job's
-    checkpoint to ``node``, which runs the job's next attempt."""
-
-    job_id: str
-    node: str
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "node": self.node}
-
-    @classmethod
-    def from_wire(cls, value: Any) -> CheckpointGrant:
-        d = c.obj(value, "body")
-        return cls(job_id=c.field(d, "job_id", c.text), node=c.field(d, "node", c.text))
-
-
 class StartOffer(NamedTuple):
     """``start``: run attempt ``attempt`` of the job on ``devices``, for its owner ``owner``;
     ``resume``: from that checkpoint (``None``: from an empty checkpoint folder); ``victims``:
@@ -374,23 +329,6 @@ class StopAnswer(NamedTuple):
             stopped=c.field(d, "stopped", c.or_default(c.flag, False)),
             exit=None if result is None else AttemptResult.from_wire(result, "exit"),
         )
-
-
-class CheckpointNote(NamedTuple):
-    """``checkpointed``: the runner of attempt ``attempt`` saw its checkpoint folder change;
-    ``checkpoint_of``: the owner asks the runner for the checkpoint that attempt left (answered
-    with its :class:`ResumeFrom`, under ``checkpoint``, or none)."""
-
-    job_id: str
-    attempt: int
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "attempt": self.attempt}
-
-    @classmethod
-    def from_wire(cls, value: Any) -> CheckpointNote:
-        d = c.obj(value, "body")
-        return cls(job_id=c.field(d, "job_id", c.text), attempt=c.field(d, "attempt", c.integer))
 
 
 class StatusRequest(NamedTuple):

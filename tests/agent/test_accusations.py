@@ -11,9 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from gossip.codec import signing_bytes
+from gossip.codec import frame, signing_bytes
 from gossip.messages import Compound, Dead, Suspect
-from gossip.node import frame
 from gossip.transport import CONTENT_TYPE, PATH
 from tests.agent.agents import Mesh, spec
 from tests.agent.test_attacks import Intruder, job_out_of_reach, metric

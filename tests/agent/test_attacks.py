@@ -28,10 +28,9 @@ from agent.mesh.view import pack
 from agent.sandbox.localmesh import AgentProcess
 from gossip import envelope
 from gossip.certtrust import CertSigner
-from gossip.codec import signing_bytes
+from gossip.codec import frame, signing_bytes
 from gossip.identity import NodeIdentity, enroll_node, init_cluster, load_ca, load_identity
 from gossip.messages import Compound, Dead, Record
-from gossip.node import frame
 from gossip.tls import client_context
 from gossip.transport import CONTENT_TYPE, PATH, PROTOCOL_HEADER, PROTOCOL_VERSION
 from tests.agent.agents import Mesh, spec

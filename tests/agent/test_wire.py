@@ -19,7 +19,6 @@ from agent.mesh.view import ClusterView, NodeView
 from agent.owning.placement import FirstFit
 from agent.wire.calls import (
     AttemptResult,
-    CheckpointNote,
     GangAbort,
     GangAborted,
     GangCommit,
@@ -34,6 +33,7 @@ from agent.wire.calls import (
     StopAnswer,
     StopRequest,
 )
+from agent.wire.ckptcalls import CheckpointNote
 from agent.wire.codec import (
     MAX_RECORD_BYTES,
     MAX_WIRE_INT,

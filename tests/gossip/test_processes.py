@@ -13,10 +13,9 @@ import pytest
 
 from gossip.certtrust import CertSigner
 from gossip.client import GossipClient
-from gossip.codec import signing_bytes
+from gossip.codec import frame, signing_bytes
 from gossip.identity import NodeIdentity, enroll_node, init_cluster, load_identity
 from gossip.messages import Compound, Dead
-from gossip.node import frame
 from tests.gossip.procs import Member, start, wait_until
 
 pytestmark = pytest.mark.slow
