@@ -27,7 +27,7 @@ from agent.wire.policy import (
     SignedPolicy,
     Team,
 )
-from tests.agent.agents import Mesh
+from tests.agent.agents import Mesh, started
 from tests.agent.people_kit import PersonAt, policy_command, signed_by
 from tests.agent.test_attacks import Intruder, metric
 from tests.agent.test_people import submit
@@ -61,12 +61,8 @@ class Lab:
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
-    m = Mesh(tmp_path_factory.mktemp("lab"), ["h100:1", "h100:1", "h100:1"])
-    m.start_all()
-    try:
+    with started(tmp_path_factory.mktemp("lab"), ["h100:1", "h100:1", "h100:1"]) as m:
         yield m
-    finally:
-        m.stop_all()
 
 
 @pytest.fixture(scope="module")
