@@ -465,6 +465,7 @@ def run_demo(
         preempt_min_run_s=None if policy is None else demoload.PREEMPT_MIN_RUN_S,
     )
     console = Console(stderr=as_json or serve)
+    failed = False
     with _Signals() as signals:
         try:
             mesh.create()
@@ -497,13 +498,14 @@ def run_demo(
         except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: the way a live demo ends
             pass
         except TimeoutError as exc:
+            failed = True  # the logs tell why: the folder stays for them
             raise UserError(f"{exc}; agent logs are in {root}") from None
         finally:
             signals.hold()
             mesh.stop()
             if keep:
                 console.print(f"kept {root}")
-            else:
+            elif not failed:
                 shutil.rmtree(root, ignore_errors=True)
     return 0
 

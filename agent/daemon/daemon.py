@@ -429,7 +429,10 @@ class Agent:
                 self.runner.on_job_record(job_id)
         if isinstance(event, MemberDead | MemberLeft) and event.node != self.node_id:
             how = "dead" if isinstance(event, MemberDead) else "left"
-            self.events.add("member_" + how, f"{event.node[:8]} is {how}")
+            if self.mesh.reports_on(event.node):  # one agent tells the mesh; each logs it
+                self.events.add("member_" + how, f"{event.node[:8]} is {how}")
+            else:
+                log.info("member_%s: %s is %s", how, event.node[:8], how)
             self.calls.gang_desk.owner_gone(event.node)
             if not self._stopping:  # leaving: the agents that stay take over, not us
                 self.owner.member_gone(event.node)

@@ -65,6 +65,13 @@ def compile_sources(root: Path = SOURCE_ROOT) -> None:
             compileall.compile_dir(root / package, quiet=2, workers=1)
 
 
+def starting_max_here() -> int:
+    """How many agents a machine starts at once: four a core. An agent's start (imports, keys,
+    the first probe) costs ~0.3 s of a core, and 128 agents started at once on two cores kept
+    both busy for as long as formation lasted, each new member slowing those already probing."""
+    return 4 * (os.cpu_count() or 1)
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """``count`` distinct ports that were free a moment ago (all held open while choosing)."""
     sockets = []
@@ -122,11 +129,15 @@ class LocalMesh:
     agents' default."""
     preempt_min_run_s: float | None = None
     """Every agent's ``preempt_min_run_s`` (with ``placement``); ``None``: the default."""
+    starting_max: int = 0
+    """At most this many agents starting at once (started, not yet listening); the rest start
+    as those listen (:meth:`wait_listening`). 0: :func:`starting_max_here`."""
     agents: list[AgentProcess] = field(default_factory=list)
     operator: NodeIdentity | None = None
     started_at: float = 0.0
     last_up_at: float = 0.0
     _job_python: JobPython | None = field(default=None, repr=False)
+    _unstarted: list[AgentProcess] = field(default_factory=list, repr=False)
 
     def job_python(self) -> JobPython:
         """The interpreter this mesh's jobs can run, as the agents' job user (found once:
@@ -207,11 +218,21 @@ class LocalMesh:
             )
 
     def start(self) -> None:
+        """Start the agents: at most :attr:`starting_max` now, the others from
+        :meth:`wait_listening` as those listen."""
         if not self.agents:
             self.create()
-        for agent in self.agents:
-            self.start_agent(agent)
+        self._unstarted = list(self.agents)
+        self._start_more()
         self.started_at = time.monotonic()
+
+    def _start_more(self) -> None:
+        """Start agents not started yet while fewer than :attr:`starting_max` are starting."""
+        most = self.starting_max or starting_max_here()
+        starting = sum(1 for a in self.agents if a.running and not _listening(a))
+        while self._unstarted and starting < most:
+            self.start_agent(self._unstarted.pop(0))
+            starting += 1
 
     def kill(self, agent: AgentProcess, sig: int = signal.SIGKILL) -> None:
         if agent.process is not None and agent.process.poll() is None:
@@ -256,15 +277,22 @@ class LocalMesh:
         """
         deadline = time.monotonic() + timeout_s
         pending = [a for a in self.agents if a.process is not None and not _listening(a)]
+        pending += [a for a in self._unstarted if a not in pending]
         restarts, most = 0, 3 * len(self.agents)
 
         def waits(a: AgentProcess) -> bool:
-            """Still to listen: running, or exited for its port with a restart left (it may
-            exit between the restarts below and this look: it is restarted at the next)."""
+            """Still to listen: not started yet, running, or exited for its port with a restart
+            left (it may exit between the restarts below and this look: it is restarted at the
+            next)."""
+            if a in self._unstarted:
+                return True
             return not _listening(a) and (a.running or (_port_taken(a) and restarts < most))
 
         while pending and time.monotonic() < deadline:
+            self._start_more()
             for a in pending:
+                if a in self._unstarted:
+                    continue
                 if not a.running and _port_taken(a) and restarts < most:
                     restarts += 1
                     a.address = f"{self.host}:{free_ports(1, self.host)[0]}"
@@ -286,8 +314,8 @@ class LocalMesh:
         sees everyone, all are asked once more at once; any that lost someone meanwhile is
         watched again.
         """
-        started = [a for a in self.agents if a.process is not None]
-        want = len([a for a in started if a.running])
+        started = [a for a in self.agents if a.process is not None or a in self._unstarted]
+        want = len([a for a in started if a.running or a in self._unstarted])
         clients: dict[int, ApiClient] = {}
 
         async def watch(agent: AgentProcess) -> None:
