@@ -423,7 +423,7 @@ class Agent:
             elif event.kind == NODE:
                 self.owner.kick()
             return
-        self.mesh.changed.set()  # a membership event: wake the /healthz watches
+        self.mesh.membership_changed()  # wakes the /healthz watches, recounts the live
         for job_id in self.view.membership_changed():  # one job's error stops neither the
             with one_job(self.owner.job_errors, "fence", job_id):  # others nor member_gone
                 self.runner.on_job_record(job_id)
