@@ -270,3 +270,33 @@ def first_record(sock: socket.socket) -> Literal["hello", "partial", "gone"]:
     except OSError:
         return "gone"
     return "hello" if len(record) >= whole else "partial"
+
+
+async def accept(listener: socket.socket) -> tuple[socket.socket, Any]:
+    """The next connection on the non-blocking ``listener`` (raises ``OSError`` as
+    ``accept(2)`` does).
+
+    ``loop.sock_accept`` on CPython 3.11 logs an ERROR with a traceback, and leaks the
+    connection, when it is cancelled in the loop iteration that found the listener readable:
+    its callback accepts, then sets the result of the cancelled future. An agent stopping while
+    its peers still dial it did that. Here the connection is accepted only by the task itself,
+    once the listener is readable and the wait was not cancelled."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            sock, address = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            readable = loop.create_future()
+            loop.add_reader(listener.fileno(), _settle, readable)
+            try:
+                await readable
+            finally:
+                loop.remove_reader(listener.fileno())
+            continue
+        sock.setblocking(False)
+        return sock, address
+
+
+def _settle(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

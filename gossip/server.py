@@ -33,7 +33,14 @@ from aiohttp.web_protocol import RequestHandler
 from cryptography import x509
 
 from gossip import droplist, revocation
-from gossip.admission import ConnectionLimits, FrameGate, Unfinished, client_hello, first_record
+from gossip.admission import (
+    ConnectionLimits,
+    FrameGate,
+    Unfinished,
+    accept,
+    client_hello,
+    first_record,
+)
 from gossip.budgets import (
     DEFAULT_CPU_BUDGET,
     DEFAULT_RATE_LIMIT,
@@ -286,10 +293,9 @@ class GossipServer:
         return len(server.connections) if server is not None else 0
 
     async def _accept(self, listener: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             try:
-                sock, address = await loop.sock_accept(listener)
+                sock, address = await accept(listener)
             except OSError as e:
                 self.stats.accept_failed += 1
                 log.debug("accept failed: %r", e)
