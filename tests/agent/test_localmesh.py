@@ -110,3 +110,14 @@ def test_the_sources_an_agent_imports_are_compiled_once_before_agents_start(tmp_
     for package in ("agent", "gossip", "probers"):
         assert list((tmp_path / package / "sub" / "__pycache__").glob("mod.*.pyc"))
     assert not (tmp_path / "tui" / "sub" / "__pycache__").exists()  # agents never import it
+
+
+def test_agents_start_no_more_at_once_than_the_machine_is_told(tmp_path: Path) -> None:
+    mesh = LocalMesh(tmp_path, 3, profiles=("l4:1",), starting_max=1)
+    mesh.start()
+    try:
+        assert [a.process is not None for a in mesh.agents] == [True, False, False]
+        converged_s = asyncio.run(mesh.wait_converged(timeout_s=60))
+        assert converged_s >= 0 and all(a.running for a in mesh.agents)
+    finally:
+        mesh.stop()
