@@ -269,12 +269,15 @@ class LocalMesh:
             self.operator, self.agents[index].address, timeout_s=5.0, keepalive_s=keepalive_s
         )
 
-    async def wait_listening(self, timeout_s: float = 120.0) -> None:
+    async def wait_listening(self, timeout_s: float | None = None) -> None:
         """Until every running agent has printed its ``listening`` line; sets ``last_up_at``.
+        ``None``: 120 s, or 1.5 s an agent for a mesh of over 80 (started a few at a time).
 
         Ports are chosen before the agents bind them: an agent that found its port taken
         meanwhile (by any process's outgoing connection) is started again on another port.
         """
+        if timeout_s is None:
+            timeout_s = max(120.0, 1.5 * len(self.agents))
         deadline = time.monotonic() + timeout_s
         pending = [a for a in self.agents if a.process is not None and not _listening(a)]
         pending += [a for a in self._unstarted if a not in pending]
