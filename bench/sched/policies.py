@@ -43,7 +43,7 @@ class ShoalMesh:
             starts=tuple(
                 Start(a.job_id, (a.placement, *a.alternates), a.after) for a in d.assignments
             ),
-            moves=tuple(MoveOrder(m.job_id, m.placement) for m in d.moves),
+            moves=tuple(MoveOrder(m.job_id, m.placement, m.after) for m in d.moves),
             stops=tuple(v for p in d.preemptions for v in p.victims),
         )
 

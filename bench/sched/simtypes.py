@@ -4,6 +4,8 @@ policy answers it (:class:`Plan`: starts, preemptions, moves). :mod:`bench.sched
 from __future__ import annotations
 
 import math
+import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -29,6 +31,9 @@ class Start:
 class MoveOrder:
     job_id: str
     placement: Placement
+    after: tuple[str, ...] = ()
+    """Jobs stopping first whose devices it takes: it stops now and restarts there once they
+    have (``grace_s``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,3 +151,29 @@ class SimJob:
         k = math.floor((t - self.seg_start) / every_s)
         at = self.seg_start + k * every_s
         return at, self.steps_at(at)
+
+
+def owner_of(job_id: str, owners: Sequence[str]) -> str:
+    """Rendezvous hashing: the owner that ranks first for this job."""
+    return max(owners, key=lambda o: zlib.crc32(f"{o}/{job_id}".encode()))
+
+
+def policy_job(job_id: str, tj: TraceJob, owner: str) -> Job:
+    return Job(
+        job_id=job_id,
+        job_class=tj.job_class,
+        kind=tj.kind,  # type: ignore[arg-type]
+        owner=owner,
+        gpus_per_node=tj.gpus,
+        nodes=tj.nodes,
+        share_fraction=tj.fraction,
+        models=tj.models,
+        priority=tj.priority,
+        preemptible=tj.preemptible,
+        deadline=tj.deadline_s,
+        submitted_at=tj.arrival_s,
+        cpu_milli=tj.cpu_milli,
+        host_mem_bytes=tj.host_mem_bytes,
+        team=tj.team,
+        user=tj.user,
+    )
