@@ -380,7 +380,8 @@ def _commit(job: Job, node: Node, t: _Try, ctx: Context, busy: set[str]) -> Guar
     for r, dest in t.moves:
         apply.release(ctx.index, r.job, r.placement)  # its node's devices only: it holds dest
         busy.add(r.job.job_id)
-        on_node.append(r.job.job_id)
+        if r.placement.node_id == node.node_id:
+            on_node.append(r.job.job_id)
         model = next((d.model for d in _devices(ctx, dest)), "")
         moves.append(Move(r.job.job_id, dest, 0.0, model))
     placement = Placement((node.node_id,), (keys,))
