@@ -305,7 +305,12 @@ class Simulation:
         return True
 
     def _offer(self, sj: SimJob, placements: Sequence[Placement]) -> bool:
-        """Offer in turn until a node admits; False if every one declined."""
+        """Offer in turn until a node admits; False if every one declined (or, with
+        ``SimConfig.quota_desk``, the team's desk refused it)."""
+        book = self.book if self.config.quota_desk else None
+        if book is not None and book.would_pass_max(sj.job, self.running.values()):
+            self.declines += 1
+            return False
         for placement in placements:
             if self._admits(sj, placement):
                 self._start(sj, placement)

@@ -55,6 +55,10 @@ class MeshPolicy(Protocol):
 class SimConfig:
     owners: int = 16
     gossip_delay_s: float = 2.0
+    view_lag_s: float = 0.0
+    """Half of the owners (odd-numbered) decide from a view this much older still: the nodes
+    and running jobs they see are those of a pass at least this long ago (their gossip lags
+    more), so owners whose views differ decide at once."""
     report_s: float = 60.0
     checkpoint_s: float = 1800.0
     grace_s: float = 30.0
@@ -63,6 +67,9 @@ class SimConfig:
     retry_s: float = 1.0
     review_s: float = 600.0
     """While jobs run, owners look again at least this often (moves need no event)."""
+    quota_desk: bool = False
+    """Model the team's quota desk (``agent/running/teamdesk.py``): a start that would take its
+    team past a maximum, counting what runs, is refused; the policy places the job again."""
     fill: bool = False
     quotas: tuple[TeamQuota, ...] = ()
     """Team quotas (``--teams``): the policy is told them and the run reports the teams' figures
