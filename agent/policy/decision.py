@@ -174,7 +174,7 @@ def decide(
     lowest = min(state.running.preemptible, default=None)
     slicing = bool(cfg.time_slice)
     reserve_tried = False
-    tries = 0
+    tries = owed_tries = 0
     held_for = _held_nodes(state, snapshot)
     for i, job in enumerate(order):
         never = never_reason(job, ctx, state)
@@ -215,7 +215,8 @@ def decide(
             idle = ctx.index.has_idle()
             continue
         pre = _reclaim(job, ctx, state, busy, ledger) if reclaims else None
-        if pre is None and reclaims:
+        if pre is None and reclaims and owed_tries < cfg.preempt_tries:
+            owed_tries += 1
             exclude = _held_from(job, held_for)
             plan = guarantee_for(job, ctx, state.running, busy, ledger, exclude)
             if plan is not None:
