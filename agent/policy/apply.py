@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from agent.policy.index import ClusterIndex
-from agent.policy.snapshot import Device, Job, Node, Placement, Share
+from agent.policy.snapshot import Device, Job, Node, Placement, Running, Share
 
 
 def with_job(node: Node, job: Job, keys: Iterable[str], share_bytes: int) -> Node:
@@ -67,3 +67,30 @@ def release(index: ClusterIndex, job: Job, placement: Placement) -> None:
         node = index.node(node_id)
         if node is not None:
             index.put(without_job(node, job))
+
+
+Stopping = dict[tuple[str, str], str]
+"""Devices this pass frees by stopping a job (a preemption's victims), by (node id, device key):
+the job that holds them until it has stopped (its grace period)."""
+
+
+def stopping(victims: Iterable[Running], into: Stopping) -> None:
+    """Note the devices of ``victims`` as stopping."""
+    for r in victims:
+        for node_id, keys in zip(r.placement.node_ids, r.placement.devices, strict=True):
+            for key in keys:
+                into[(node_id, key)] = r.job.job_id
+
+
+def waits_for(placement: Placement, held: Stopping) -> tuple[str, ...]:
+    """The stopping jobs whose devices ``placement`` takes: a start or a move there waits for
+    them to stop (``after``); nothing else frees those devices sooner."""
+    if not held:
+        return ()
+    found = {
+        held[(node_id, key)]
+        for node_id, keys in zip(placement.node_ids, placement.devices, strict=True)
+        for key in keys
+        if (node_id, key) in held
+    }
+    return tuple(sorted(found))

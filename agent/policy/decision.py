@@ -21,7 +21,7 @@ and act on the decisions about the jobs they own.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from agent.policy import apply
 from agent.policy.config import PolicyConfig
@@ -30,6 +30,7 @@ from agent.policy.defrag import defrag_for, wants_defrag
 from agent.policy.explain import behind_line, busy_line, never_reason
 from agent.policy.forecast import Forecast, _Duration, _Timeline, forecast, remaining_s
 from agent.policy.gangs import rank_gang
+from agent.policy.guarantee import Guarantee, guarantee_for
 from agent.policy.index import Group
 from agent.policy.model import ThroughputModel
 from agent.policy.moves import Move, moves_to_idle, swap_for
@@ -154,11 +155,14 @@ def decide(
     out the lines of jobs that wait for busy capacity (a simulator has no one to tell)."""
     ctx, state = context(snapshot, model, config, state=state, owner=owner)
     cfg = ctx.config
+    _keep_promises(state, snapshot, ctx)
     order = queue_order(snapshot.pending, cfg.time_slice, snapshot.teams)
     ledger = Ledger(snapshot.teams, snapshot.running)
     if ledger.active:  # within a priority, what teams are guaranteed before what they borrow
         order.sort(key=lambda j: (-j.priority, not ledger.below_guarantee(j)))
     busy: set[str] = set()
+    stopping: apply.Stopping = {}
+    owed_moves: list[Move] = []
     starts: list[_Start] = []
     preemptions: list[Preemption] = []
     waiting: list[Waiting] = []
@@ -170,7 +174,7 @@ def decide(
     lowest = min(state.running.preemptible, default=None)
     slicing = bool(cfg.time_slice)
     reserve_tried = False
-    tries = 0
+    tries = owed_tries = 0
     held_for = _held_nodes(state, snapshot)
     for i, job in enumerate(order):
         never = never_reason(job, ctx, state)
@@ -205,11 +209,20 @@ def decide(
         if cands:
             best = cands[0]
             apply.take(ctx.index, job, best.placement)
-            starts.append(_Start(job, best, tuple(cands[1:]), backfilled))
+            after = apply.waits_for(best.placement, stopping)
+            starts.append(_Start(job, best, tuple(cands[1:]), backfilled, after))
             ledger.add(job, best.model)
             idle = ctx.index.has_idle()
             continue
         pre = _reclaim(job, ctx, state, busy, ledger) if reclaims else None
+        if pre is None and reclaims and owed_tries < cfg.preempt_tries:
+            owed_tries += 1
+            exclude = _held_from(job, held_for)
+            plan = guarantee_for(job, ctx, state.running, busy, ledger, exclude)
+            if plan is not None:
+                starts.append(_owed(job, plan, ctx, state, ledger, stopping, preemptions))
+                owed_moves.extend(plan.moves)
+                continue
         if pre is None and tries < cfg.preempt_tries:
             tries += 1
             pre = _preempt(job, ctx, state, busy, ledger)
@@ -218,6 +231,7 @@ def decide(
             for victim_id in pre.victims:
                 victim = state.running.jobs[victim_id]
                 ledger.remove(victim.job, victim.device_model)
+                apply.stopping((victim,), stopping)
             ledger.add(job, _model_of(pre, ctx))
             cand = Candidate(pre.placement, 0.0, (("preemption", 0.0),), 1.0, _model_of(pre, ctx))
             starts.append(_Start(job, cand, (), after=pre.victims))
@@ -229,7 +243,10 @@ def decide(
             reserve_tried = True
             reservation = _reserve(job, ctx, state, starts)
     starts = _by_gain(starts, ctx, reservation)
-    moves: list[Move] = []
+    for s in starts:
+        if not s.after:  # placed again: on devices a victim of this pass still holds, it waits
+            s.after = apply.waits_for(s.cand.placement, stopping)
+    moves: list[Move] = owed_moves
     for s in starts:
         if s.after or s.job.is_gang:
             continue
@@ -255,6 +272,11 @@ def decide(
         moves.extend(_defrag(owed, ctx, state, busy, reserved))
         reserved |= frozenset(node_id for node_id, _ in state.defrag.values())
         moves.extend(moves_to_idle(ctx, state.running.groups, busy, reserved, state.move_potential))
+    if stopping:
+        moves = [replace(m, after=apply.waits_for(m.placement, stopping)) for m in moves]
+    for s in starts:
+        if s.after:
+            state.promised[s.job.job_id] = (s.cand.placement, now, now + cfg.defrag_hold_s)
     fc: dict[str, Forecast] = {}
     if forecasts:
         started = [(s.job, s.cand.model, now) for s in starts]
@@ -297,6 +319,27 @@ def _held_nodes(state: PolicyState, snapshot: Snapshot) -> dict[str, str]:
     return {node_id: job_id for job_id, (node_id, _) in state.defrag.items()}
 
 
+def _keep_promises(state: PolicyState, snapshot: Snapshot, ctx: Context) -> None:
+    """Index the idle devices promised to starts in flight as theirs (:attr:`PolicyState.promised`);
+    a promise ends when its job runs or its hold does."""
+    if not state.promised:
+        return
+    waiting = {j.job_id for j in snapshot.pending}
+    for job_id, (placement, made_at, until) in list(state.promised.items()):
+        r = state.running.jobs.get(job_id)
+        if until <= snapshot.now or (
+            r is not None and (r.placement == placement or r.started_at >= made_at)
+        ):
+            del state.promised[job_id]
+        elif job_id not in waiting:
+            for node_id, keys in zip(placement.node_ids, placement.devices, strict=True):
+                node = ctx.index.node(node_id)
+                idle = [d.key for d in node.devices if d.key in keys and d.is_free] if node else []
+                if idle:
+                    stand_in = Job(job_id, gpus_per_node=len(idle))
+                    apply.take(ctx.index, stand_in, Placement((node_id,), (tuple(idle),)))
+
+
 def _held_from(job: Job, held_for: Mapping[str, str]) -> frozenset[str]:
     """The held nodes ``job`` may not take: those held for another job."""
     if not held_for:
@@ -324,11 +367,39 @@ def _defrag(
     return []
 
 
+def _owed(
+    job: Job,
+    plan: Guarantee,
+    ctx: Context,
+    state: PolicyState,
+    ledger: Ledger,
+    stopping: apply.Stopping,
+    preemptions: list[Preemption],
+) -> _Start:
+    """The start of a job owed its guarantee once ``plan``'s victims and moved jobs are off its
+    node (:mod:`agent.policy.guarantee`); the pass counts them as gone from here on."""
+    if plan.victims:
+        preemptions.append(Preemption(job.job_id, plan.victims, plan.placement, plan.lost_gpu_s))
+    for job_id in (*plan.victims, *(m.job_id for m in plan.moves)):
+        r = state.running.jobs[job_id]
+        apply.stopping((r,), stopping)
+        if job_id in plan.victims:
+            ledger.remove(r.job, r.device_model)
+    model = _model_at(plan.placement, ctx)
+    ledger.add(job, model)
+    cand = Candidate(plan.placement, 0.0, (("guarantee", 0.0),), 1.0, model)
+    return _Start(job, cand, (), after=plan.after)
+
+
 def _model_of(pre: Preemption, ctx: Context) -> str:
-    node = ctx.index.node(pre.placement.node_id)
+    return _model_at(pre.placement, ctx)
+
+
+def _model_at(placement: Placement, ctx: Context) -> str:
+    node = ctx.index.node(placement.node_id)
     if node is None:
         return ""
-    keys = set(pre.placement.devices[0])
+    keys = set(placement.devices[0])
     return next((d.model for d in node.devices if d.key in keys), "")
 
 

@@ -37,6 +37,8 @@ class Move:
     model: str
     swap_with: str | None = None
     """A job starting in this pass that takes the moved job's devices instead."""
+    after: tuple[str, ...] = ()
+    """Jobs stopped in this pass whose devices it takes: it moves once they have stopped."""
 
 
 def movable(r: Running, ctx: Context) -> bool:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from agent.policy.context import ReqKey, StaticFits
 from agent.policy.fragmentation import FragVectors
 from agent.policy.index import ClusterIndex, DeviceKind
-from agent.policy.snapshot import Job, Running
+from agent.policy.snapshot import Job, Placement, Running
 
 RunKey = tuple[str, str, int, str]
 """A running job's class, kind, GPUs per node and device model."""
@@ -104,4 +104,8 @@ class PolicyState:
     """Per-shape fragmentation of the node states seen, while the shapes keep their sizes."""
     defrag: dict[str, tuple[str, float]] = field(default_factory=dict)
     """Nodes being emptied for a waiting job: job id -> (node id, held until)."""
+    promised: dict[str, tuple[Placement, float, float]] = field(default_factory=dict)
+    """Starts and moves that wait for jobs to stop (preemption, reclaim): job id -> (its new
+    devices, when decided, held until). Until it runs there (or starts anew elsewhere), no other
+    job takes the ones of them that are idle, so it does not find them gone when it starts."""
     passes: int = 0

@@ -138,6 +138,8 @@ def run_policy(
         "moves": sim.moves,
         "owners": config.owners,
         "gossip_delay_s": config.gossip_delay_s,
+        "view_lag_s": config.view_lag_s,
+        "quota_desk": config.quota_desk,
         "decision_cpu_ms_p50": pct(sim.decision_cpu_ms, 50),
         "decision_cpu_ms_p99": pct(sim.decision_cpu_ms, 99),
     }
@@ -199,6 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--priorities", action="store_true", help="20%% of jobs at priority 1")
     ap.add_argument("--owners", type=int, default=16)
     ap.add_argument("--gossip-delay", type=float, default=2.0)
+    ap.add_argument(
+        "--view-lag",
+        type=float,
+        default=0.0,
+        help="seconds more that half of the owners' views lag (owners whose views differ)",
+    )
     ap.add_argument("--fill", type=float, default=1.3, help="openb: GPUs asked / cluster's")
     ap.add_argument("--truth-noise", type=float, default=0.0)
     ap.add_argument(
@@ -214,6 +222,17 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="gavel-synthetic: jobs drawn among N equal teams, each guaranteed 1/N of the GPUs "
         "and at most 2/N; reports the teams' figures",
+    )
+    ap.add_argument(
+        "--desk",
+        action="store_true",
+        help="with --teams: a quota desk refuses a start past its team's maximum",
+    )
+    ap.add_argument(
+        "--team-max",
+        type=float,
+        default=2.0,
+        help="with --teams: each team's maximum, as a multiple of its guarantee",
     )
     ap.add_argument(
         "--objective",
@@ -243,8 +262,15 @@ def main(argv: list[str] | None = None) -> int:
     loads = [float(x) for x in a.load.split(",")]
     if a.teams and path is not None:
         ap.error("--teams draws teams in the synthetic trace only")
-    quotas = equal_quotas(a.teams, total) if a.teams > 0 else ()
-    sim_config = SimConfig(owners=a.owners, gossip_delay_s=a.gossip_delay, fill=fill, quotas=quotas)
+    quotas = equal_quotas(a.teams, total, a.team_max) if a.teams > 0 else ()
+    sim_config = SimConfig(
+        owners=a.owners,
+        gossip_delay_s=a.gossip_delay,
+        view_lag_s=a.view_lag,
+        quota_desk=a.desk,
+        fill=fill,
+        quotas=quotas,
+    )
     runs: list[dict[str, Any]] = []
     for load in loads if not fill and path is None else [loads[0]]:
         if path is None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import heapq
 import math
 import time
-import zlib
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import cast
@@ -41,6 +40,8 @@ from bench.sched.simtypes import (
     SimJob,
     SimNode,
     Start,
+    owner_of,
+    policy_job,
 )
 from bench.sched.teamstats import TeamBook
 from bench.sched.traces import TraceJob
@@ -81,8 +82,8 @@ class Simulation:
         self.jobs: dict[str, SimJob] = {}
         for tj in jobs:
             job_id = f"j{tj.index:06d}"
-            owner = _owner_of(job_id, owner_ids)
-            self.jobs[job_id] = SimJob(tj, _policy_job(job_id, tj, owner), owner)
+            owner = owner_of(job_id, owner_ids)
+            self.jobs[job_id] = SimJob(tj, policy_job(job_id, tj, owner), owner)
         self.pending: dict[str, Job] = {}
         self._pending_tuple: tuple[Job, ...] | None = None
         self.running: dict[str, Running] = {}
@@ -140,6 +141,7 @@ class Simulation:
             "release": self._delayed_release,
             "review": self._review,
             "checkpoint": self._checkpoint,
+            "moved": self._moved,
         }
         while self._events:
             t, _seq, kind, payload = heapq.heappop(self._events)
@@ -303,7 +305,12 @@ class Simulation:
         return True
 
     def _offer(self, sj: SimJob, placements: Sequence[Placement]) -> bool:
-        """Offer in turn until a node admits; False if every one declined."""
+        """Offer in turn until a node admits; False if every one declined (or, with
+        ``SimConfig.quota_desk``, the team's desk refused it)."""
+        book = self.book if self.config.quota_desk else None
+        if book is not None and book.would_pass_max(sj.job, self.running.values()):
+            self.declines += 1
+            return False
         for placement in placements:
             if self._admits(sj, placement):
                 self._start(sj, placement)
@@ -381,6 +388,8 @@ class Simulation:
 
     def _start(self, sj: SimJob, placement: Placement, *, resume_at: float | None = None) -> None:
         now = self.now
+        if resume_at is None:
+            sj.moved_at = None  # a new attempt: its start is what the guard counts from
         if resume_at is None and sj.first_start is not None:
             resume_at = now + self.config.move_cost_s  # restarted after a preemption
         self._take(sj, placement)
@@ -539,7 +548,7 @@ class Simulation:
         sj = self.jobs.get(move.job_id)
         if sj is None or sj.state != "running" or sj.placement is None:
             return
-        if not self._admits(sj, move.placement):
+        if not move.after and not self._admits(sj, move.placement):
             self.declines += 1
             return
         ckpt_at, steps = sj.checkpoint_at(self.now, self.config.checkpoint_s)
@@ -548,36 +557,32 @@ class Simulation:
         sj.done = steps
         self.moves += 1
         sj.moved_at = self.now
+        if move.after:  # onto devices still stopping: it stops now, restarts once they are free
+            sj.version += 1
+            sj.seg_start, sj.rate = self.now, 0.0
+            self._set_running(sj)
+            payload = (sj.job.job_id, sj.version, move.placement)
+            self._push(self.now + self.config.grace_s, "moved", payload)
+            return
         self._push(self.now + self.config.grace_s, "release", (sj.job.job_id, old))
         self._start(sj, move.placement, resume_at=self.now + self.config.move_cost_s)
+
+    def _moved(self, payload: object) -> None:
+        """A move that waited for jobs to stop: it leaves its devices and restarts on the new
+        ones (or on its old ones, if the new are taken: it lost its place meanwhile)."""
+        job_id, version, placement = cast(tuple[str, int, Placement], payload)
+        sj = self.jobs[job_id]
+        if sj.version != version or sj.state != "running" or sj.placement is None:
+            return  # stopped meanwhile (preempted)
+        for other in self._release(sj, sj.placement):
+            self._rerate(self.jobs[other])
+        if not self._admits(sj, placement):
+            self.declines += 1
+            placement = sj.placement
+        self._start(sj, placement, resume_at=self.now + self.config.move_cost_s)
+        self._tick_at(self.now)
 
     # -- results ---------------------------------------------------------------------------------
 
     def finished(self) -> list[SimJob]:
         return [sj for sj in self.jobs.values() if sj.state == "done"]
-
-
-def _owner_of(job_id: str, owners: Sequence[str]) -> str:
-    """Rendezvous hashing: the owner that ranks first for this job."""
-    return max(owners, key=lambda o: zlib.crc32(f"{o}/{job_id}".encode()))
-
-
-def _policy_job(job_id: str, tj: TraceJob, owner: str) -> Job:
-    return Job(
-        job_id=job_id,
-        job_class=tj.job_class,
-        kind=tj.kind,  # type: ignore[arg-type]
-        owner=owner,
-        gpus_per_node=tj.gpus,
-        nodes=tj.nodes,
-        share_fraction=tj.fraction,
-        models=tj.models,
-        priority=tj.priority,
-        preemptible=tj.preemptible,
-        deadline=tj.deadline_s,
-        submitted_at=tj.arrival_s,
-        cpu_milli=tj.cpu_milli,
-        host_mem_bytes=tj.host_mem_bytes,
-        team=tj.team,
-        user=tj.user,
-    )

@@ -12,18 +12,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections import deque
+from collections.abc import Callable, Sequence
 
 from agent.policy import apply
 from agent.policy.baselines import best_fit, best_fit_on, first_fit, pick
 from agent.policy.config import PolicyConfig
 from agent.policy.context import Context, req_key
-from agent.policy.decision import context, decide
+from agent.policy.decision import Decisions, context, decide
 from agent.policy.forecast import _Duration, _Timeline, remaining_s
 from agent.policy.index import Group
 from agent.policy.place import could_fit_now
 from agent.policy.queue import Reservation, order_key, queue_order
-from agent.policy.snapshot import Job, Node, Placement, Snapshot
+from agent.policy.snapshot import Job, Node, Placement, Running, Snapshot
 from agent.policy.state import PolicyState
 from bench.sched.engine import Simulation
 from bench.sched.simtypes import MoveOrder, Plan, Start
@@ -36,16 +38,69 @@ class ShoalMesh:
     def __init__(self, config: PolicyConfig | None = None) -> None:
         self.config = config or PolicyConfig()
         self.state = PolicyState()
+        self.stale_state = PolicyState()
+        self._seen: deque[tuple[float, tuple[Node, ...], tuple[Running, ...]]] = deque()
 
     def plan(self, snapshot: Snapshot, sim: Simulation) -> Plan:
         d = decide(snapshot, sim.model, self.config, state=self.state, explain=False)
-        return Plan(
-            starts=tuple(
-                Start(a.job_id, (a.placement, *a.alternates), a.after) for a in d.assignments
-            ),
-            moves=tuple(MoveOrder(m.job_id, m.placement) for m in d.moves),
-            stops=tuple(v for p in d.preemptions for v in p.victims),
-        )
+        lag = sim.config.view_lag_s
+        if lag <= 0:
+            return _plan_of(d)
+        stale = self._stale_view(snapshot, lag)
+        old = decide(stale, sim.model, self.config, state=self.stale_state, explain=False)
+        return _plan_of(d, lambda job_id: not _lags(sim, job_id), old)
+
+    def _stale_view(self, snapshot: Snapshot, lag_s: float) -> Snapshot:
+        """The snapshot as the lagging owners see it: nodes and running jobs of the newest pass
+        at least ``lag_s`` old (a job waiting now is not shown running)."""
+        seen = self._seen
+        seen.append((snapshot.now, snapshot.nodes, snapshot.running))
+        while len(seen) > 1 and seen[1][0] <= snapshot.now - lag_s:
+            seen.popleft()
+        _at, nodes, running = seen[0]
+        waiting = {j.job_id for j in snapshot.pending}
+        running = tuple(r for r in running if r.job.job_id not in waiting)
+        return dataclasses.replace(snapshot, nodes=nodes, running=running)
+
+
+def _lags(sim: Simulation, job_id: str) -> bool:
+    """Whether the job's owner is one of those whose view lags (``SimConfig.view_lag_s``)."""
+    sj = sim.jobs.get(job_id)
+    return sj is not None and int(sj.owner.rsplit("-", 1)[-1]) % 2 == 1
+
+
+def _plan_of(
+    d: Decisions, fresh: Callable[[str], bool] | None = None, old: Decisions | None = None
+) -> Plan:
+    """What the owners act on: each its own jobs' decisions, from its own view (``fresh``:
+    whether a job's owner decided from ``d``, the others from ``old``)."""
+    picks = [d] if fresh is None or old is None else [d, old]
+    keep = [(x, i == 0) for i, x in enumerate(picks)]
+
+    def mine(job_id: str, first: bool) -> bool:
+        return fresh is None or fresh(job_id) == first
+
+    return Plan(
+        starts=tuple(
+            Start(a.job_id, (a.placement, *a.alternates), a.after)
+            for x, first in keep
+            for a in x.assignments
+            if mine(a.job_id, first)
+        ),
+        moves=tuple(
+            MoveOrder(m.job_id, m.placement, m.after)
+            for x, first in keep
+            for m in x.moves
+            if mine(m.job_id, first)
+        ),
+        stops=tuple(
+            v
+            for x, first in keep
+            for p in x.preemptions
+            if mine(p.job_id, first)
+            for v in p.victims
+        ),
+    )
 
 
 def _clashes(placement: Placement, offered: set[tuple[str, str]]) -> bool:

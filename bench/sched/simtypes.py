@@ -4,6 +4,8 @@ policy answers it (:class:`Plan`: starts, preemptions, moves). :mod:`bench.sched
 from __future__ import annotations
 
 import math
+import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -29,6 +31,9 @@ class Start:
 class MoveOrder:
     job_id: str
     placement: Placement
+    after: tuple[str, ...] = ()
+    """Jobs stopping first whose devices it takes: it stops now and restarts there once they
+    have (``grace_s``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +55,10 @@ class MeshPolicy(Protocol):
 class SimConfig:
     owners: int = 16
     gossip_delay_s: float = 2.0
+    view_lag_s: float = 0.0
+    """Half of the owners (odd-numbered) decide from a view this much older still: the nodes
+    and running jobs they see are those of a pass at least this long ago (their gossip lags
+    more), so owners whose views differ decide at once."""
     report_s: float = 60.0
     checkpoint_s: float = 1800.0
     grace_s: float = 30.0
@@ -58,6 +67,9 @@ class SimConfig:
     retry_s: float = 1.0
     review_s: float = 600.0
     """While jobs run, owners look again at least this often (moves need no event)."""
+    quota_desk: bool = False
+    """Model the team's quota desk (``agent/running/teamdesk.py``): a start that would take its
+    team past a maximum, counting what runs, is refused; the policy places the job again."""
     fill: bool = False
     quotas: tuple[TeamQuota, ...] = ()
     """Team quotas (``--teams``): the policy is told them and the run reports the teams' figures
@@ -146,3 +158,29 @@ class SimJob:
         k = math.floor((t - self.seg_start) / every_s)
         at = self.seg_start + k * every_s
         return at, self.steps_at(at)
+
+
+def owner_of(job_id: str, owners: Sequence[str]) -> str:
+    """Rendezvous hashing: the owner that ranks first for this job."""
+    return max(owners, key=lambda o: zlib.crc32(f"{o}/{job_id}".encode()))
+
+
+def policy_job(job_id: str, tj: TraceJob, owner: str) -> Job:
+    return Job(
+        job_id=job_id,
+        job_class=tj.job_class,
+        kind=tj.kind,  # type: ignore[arg-type]
+        owner=owner,
+        gpus_per_node=tj.gpus,
+        nodes=tj.nodes,
+        share_fraction=tj.fraction,
+        models=tj.models,
+        priority=tj.priority,
+        preemptible=tj.preemptible,
+        deadline=tj.deadline_s,
+        submitted_at=tj.arrival_s,
+        cpu_milli=tj.cpu_milli,
+        host_mem_bytes=tj.host_mem_bytes,
+        team=tj.team,
+        user=tj.user,
+    )

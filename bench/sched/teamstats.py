@@ -35,13 +35,12 @@ def _gpus(job: Job) -> float:
     return float(job.gpus)
 
 
-def equal_quotas(teams: int, total_gpus: int) -> tuple[TeamQuota, ...]:
-    """``teams`` equal teams: each guaranteed its share of the GPUs, and a maximum of twice it."""
+def equal_quotas(teams: int, total_gpus: int, max_factor: float = 2.0) -> tuple[TeamQuota, ...]:
+    """``teams`` equal teams: each guaranteed its share of the GPUs, and a maximum of
+    ``max_factor`` times it (twice, by default)."""
     share = total_gpus / teams
-    return tuple(
-        TeamQuota(team_name(k), guaranteed_gpus=share, max_gpus=min(float(total_gpus), 2 * share))
-        for k in range(teams)
-    )
+    cap = min(float(total_gpus), max_factor * share)
+    return tuple(TeamQuota(team_name(k), guaranteed_gpus=share, max_gpus=cap) for k in range(teams))
 
 
 def team_name(k: int) -> str:
@@ -80,6 +79,15 @@ class TeamBook:
         """A start of ``job`` held for its victims to stop (+1), or gone ahead (-1)."""
         if job.team:
             self.in_flight[job.team] = self.in_flight.get(job.team, 0.0) + sign * _gpus(job)
+
+    def would_pass_max(self, job: Job, running: Iterable[Running]) -> bool:
+        """Whether starting ``job`` now takes its team past its maximum (what a desk that
+        counts every running job refuses)."""
+        cap = self.maximum.get(job.team)
+        if cap is None:
+            return False
+        held = sum(_gpus(r.job) for r in running if r.job.team == job.team)
+        return held + _gpus(job) > cap + 1e-9
 
     def advance(self, now: float, running: Iterable[Running], pending: Iterable[Job]) -> None:
         """The state held since the last call ran until ``now``: account for it."""

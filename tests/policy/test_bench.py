@@ -126,3 +126,24 @@ def test_teams_emit_the_bars_fields_and_shoal_keeps_each_team_under_its_maximum(
     # first fit knows no quotas: a team takes more than twice its quarter of the 24 GPUs
     assert by_policy["fifo"]["quota_overshoot_gpus_max"] > 0
     assert by_policy["shoal"]["quota_overshoot_gpus_max"] == 0
+
+
+def _overshoot(capsys: pytest.CaptureFixture[str], *extra: str) -> float:
+    doc = _run(
+        capsys, "--trace", "gavel-synthetic", "--cluster", "v100:16,p100:16,k80:16",
+        "--load", "8", "--jobs", "120", "--policy", "shoal", "--seed", "4", "--teams", "4",
+        "--team-max", "1.25", *extra,
+    )  # fmt: skip
+    (result,) = doc["runs"][0]["results"]
+    return float(result["quota_overshoot_gpus_max"])
+
+
+def test_owners_whose_views_differ_overshoot_a_maximum_that_a_quota_desk_holds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Half of the owners deciding from a view 30 s older each start a team's job that fits
+    under its maximum as they see it: together they pass it. Counting every start, as the
+    team's desk does, none passes it."""
+    assert _overshoot(capsys) == 0
+    assert _overshoot(capsys, "--view-lag", "30") > 0
+    assert _overshoot(capsys, "--view-lag", "30", "--desk") == 0

@@ -13,6 +13,9 @@ from agent.policy.teams import TeamQuota, Teams
 from tests.policy.helpers import holding, job, node, running
 
 CONFIG = PolicyConfig(time_slice=())
+MOVES_ONLY = PolicyConfig(time_slice=(), preemption=False)
+"""Without preemption the start-after-moves plan (:mod:`agent.policy.guarantee`, tested in
+``test_guarantee.py``) is not made, and defragmentation's node hold is what makes room."""
 TEAMS = Teams((TeamQuota("a", 4, 12), TeamQuota("b", 8, 8)))
 
 
@@ -37,7 +40,7 @@ def test_scattered_idle_gpus_are_gathered_on_one_node_for_a_team_below_its_guara
     nodes, runs = _fleet({"n1": ["b0", "b1"], "n2": ["b2", "b3"], "n3": ["b4", "b5"]})
     snap = Snapshot(now=1000.0, nodes=nodes, pending=(_big(),), running=runs, teams=TEAMS)
     state = PolicyState()
-    d = decide(snap, ThroughputModel(), CONFIG, state=state)
+    d = decide(snap, ThroughputModel(), MOVES_ONLY, state=state)
     assert not d.assignments and not d.preemptions  # b holds 6 of its 8: nothing to take back
     moved = {m.job_id: m.placement.node_id for m in d.moves}
     assert len(moved) == 2, d.moves
@@ -47,7 +50,7 @@ def test_scattered_idle_gpus_are_gathered_on_one_node_for_a_team_below_its_guara
     assert all(dest != target for dest in moved.values())
     assert state.defrag["a-big"][0] == target
     # a second pass before the moves land plans nothing more for the same job
-    again = decide(snap, ThroughputModel(), CONFIG, state=state)
+    again = decide(snap, ThroughputModel(), MOVES_ONLY, state=state)
     assert not again.moves
 
     # the moves landed: the emptied node goes to the big job, not to the job ahead of it
@@ -57,12 +60,12 @@ def test_scattered_idle_gpus_are_gathered_on_one_node_for_a_team_below_its_guara
     nodes2, runs2 = _fleet(layout)
     early = job("b-early", team="b", preemptible=True, submitted_at=100.0)
     snap2 = Snapshot(now=1100.0, nodes=nodes2, pending=(early, _big()), running=runs2, teams=TEAMS)
-    d2 = decide(snap2, ThroughputModel(), CONFIG, state=state)
+    d2 = decide(snap2, ThroughputModel(), MOVES_ONLY, state=state)
     placed = {a.job_id: a.placement.node_id for a in d2.assignments}
     assert placed["a-big"] == target
     assert placed.get("b-early") != target  # it takes an idle GPU elsewhere, if any
     later = Snapshot(now=1110.0, nodes=nodes2, pending=(), running=runs2, teams=TEAMS)
-    decide(later, ThroughputModel(), CONFIG, state=state)
+    decide(later, ThroughputModel(), MOVES_ONLY, state=state)
     assert not state.defrag  # its plan ends once it no longer waits
 
 

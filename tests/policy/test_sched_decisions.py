@@ -79,7 +79,7 @@ def _openb_fleet() -> list[NodeSpec]:
 SYNTHETIC = {
     "backfill": ("53233a1f6dfe01a3", 80),
     "fifo": ("3937b9f403221bb4", 80),
-    "shoal": ("e3fb515356a293a1", 348),
+    "shoal": ("f256b9c2f7e61ee9", 331),
 }
 OPENB = {
     "bestfit": ("4864c0054aebb236", 801),
