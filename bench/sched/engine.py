@@ -195,7 +195,8 @@ class Simulation:
     def _arrive(self, payload: object) -> None:
         sj = self.jobs[str(payload)]
         tj = sj.trace
-        shape = Shape(tj.gpus, tj.fraction if tj.fraction is not None else 1.0, tj.cpu_milli)
+        fraction = tj.fraction if tj.fraction is not None else 1.0
+        shape = Shape(tj.gpus, fraction, tj.cpu_milli, models=tj.models)
         self.shape_counts[shape] = self.shape_counts.get(shape, 0.0) + 1.0
         self._shapes = ()
         self.arrived_gpus += tj.fraction if tj.fraction is not None else tj.gpus * tj.nodes
@@ -210,7 +211,9 @@ class Simulation:
     def shapes(self) -> tuple[Shape, ...]:
         if not self._shapes:
             top = sorted(self.shape_counts.items(), key=lambda kv: -kv[1])[:24]
-            self._shapes = tuple(Shape(s.gpus, s.fraction, s.cpu_milli, w) for s, w in top)
+            self._shapes = tuple(
+                Shape(s.gpus, s.fraction, s.cpu_milli, w, s.models) for s, w in top
+            )
         return self._shapes
 
     def snapshot(self) -> Snapshot:

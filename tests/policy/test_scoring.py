@@ -171,3 +171,18 @@ def test_packing_takes_the_fuller_node_and_weighs_no_speed() -> None:
     packed = by["packing"].assignments[0]
     assert packed.placement.node_id == "slow"
     assert dict(packed.terms).get("speed", 0.0) == 0.0
+
+
+def test_packing_leaves_the_gpus_a_model_bound_workload_needs() -> None:
+    """Most of the workload takes only T4s (openb's ``gpu_spec``): a job that takes any GPU goes
+    to the idle V100 node rather than onto the fuller T4 node, whose GPUs the others need."""
+    t4 = node("a-t4", "t4", 4, busy=[0])
+    v100 = node("b-v100", "v100", 4)
+    packing = PolicyConfig(objective="packing")
+    shapes = (Shape(1, weight=0.3), Shape(1, weight=0.7, models=("t4",)))
+    assert ranked(job("any"), [t4, v100], config=packing, shapes=shapes)[0] == "b-v100"
+    # the same workload told by the jobs in the snapshot (a live agent's view)
+    bound = tuple(job(f"t{i}", models=("t4",)) for i in range(7))
+    assert ranked(job("any"), [t4, v100], config=packing, pending=bound)[0] == "b-v100"
+    # a workload that takes any model: the fuller node
+    assert ranked(job("any"), [t4, v100], config=packing, shapes=shapes[:1])[0] == "a-t4"
