@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from agent.policy.fragmentation import Shape
 from agent.policy.snapshot import Device, Job, Node, Placement, Running, Share, Snapshot
 from agent.policy.teams import TeamQuota
 from bench.sched.cluster import NodeSpec
@@ -59,6 +60,9 @@ class SimConfig:
     review_s: float = 600.0
     """While jobs run, owners look again at least this often (moves need no event)."""
     fill: bool = False
+    shapes: tuple[Shape, ...] = ()
+    """The workload's task shapes the policy is told (``--workload list``: an openb pod list's,
+    FGD's setting); empty: those of the jobs arrived so far."""
     quotas: tuple[TeamQuota, ...] = ()
     """Team quotas (``--teams``): the policy is told them and the run reports the teams' figures
     (:mod:`bench.sched.teamstats`)."""
