@@ -12,7 +12,7 @@ from agent.policy.fragmentation import Shape
 from agent.policy.model import ThroughputModel
 from agent.policy.snapshot import Job, Node, Snapshot
 from gossip.vivaldi import Coordinate
-from tests.policy.helpers import GIB, job, node
+from tests.policy.helpers import GIB, job, node, running
 
 
 def ranked(
@@ -186,3 +186,21 @@ def test_packing_leaves_the_gpus_a_model_bound_workload_needs() -> None:
     assert ranked(job("any"), [t4, v100], config=packing, pending=bound)[0] == "b-v100"
     # a workload that takes any model: the fuller node
     assert ranked(job("any"), [t4, v100], config=packing, shapes=shapes[:1])[0] == "a-t4"
+
+
+def test_packing_moves_no_running_job_for_speed() -> None:
+    """A job on a K80 would end far sooner on the idle V100: ``performance`` moves it there;
+    ``packing``, where speed counts nothing, leaves it where it is (a move would only take an
+    idle GPU for a job already placed)."""
+    k80 = node("a-k80", "k80", 1)
+    k80 = dataclasses.replace(k80, devices=(dataclasses.replace(k80.devices[0], whole_job="j"),))
+    r = running(
+        job("j"), "a-k80", ["a-k80/0"], model="k80", progress=0.1, rate=1e-5, progress_at=5000.0
+    )
+    snap = Snapshot(now=10_000.0, nodes=(k80, node("b-v100", "v100", 1)), running=(r,))
+    by = {
+        objective: decide(snap, ThroughputModel(), PolicyConfig(objective=objective))
+        for objective in ("performance", "packing")
+    }
+    assert [m.job_id for m in by["performance"].moves] == ["j"]
+    assert not by["packing"].moves
