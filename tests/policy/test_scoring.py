@@ -204,3 +204,17 @@ def test_packing_moves_no_running_job_for_speed() -> None:
     }
     assert [m.job_id for m in by["performance"].moves] == ["j"]
     assert not by["packing"].moves
+
+
+def test_packing_the_fuller_node_does_not_outweigh_the_gpus_a_bound_workload_needs() -> None:
+    """The last idle T4 of a 2-GPU node, or one GPU of an idle 8-GPU node of another model, for
+    a job that takes any GPU while 40% of the workload takes T4s only: the fuller node must not
+    win by the GPUs it leaves free alone (openb's gpuspec33 list loses 10% of its packing to
+    it); the T4-only jobs keep their GPU."""
+    t4 = node("a-t4", "t4", 2, busy=[0])
+    g2 = node("b-g2", "g2", 8)
+    packing = PolicyConfig(objective="packing")
+    shapes = (Shape(1, weight=0.6), Shape(1, weight=0.4, models=("t4",)))
+    assert ranked(job("any"), [t4, g2], config=packing, shapes=shapes)[0] == "b-g2"
+    # the T4-only jobs place where they can
+    assert ranked(job("bound", models=("t4",)), [t4, g2], config=packing, shapes=shapes) == ["a-t4"]
