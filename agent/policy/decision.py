@@ -125,7 +125,7 @@ def context(
     state.running.refresh(snapshot.running)
     ctx = Context(snapshot, state.index, model, config or PolicyConfig(), owner)
     ctx.shapes = workload_shapes(snapshot)
-    ctx.frag_models = constrained(ctx.shapes)
+    ctx.frag_models = ctx.config.objective == "packing" and constrained(ctx.shapes)
     ctx.frag_vectors = state.frag_vectors.for_shapes(ctx.shapes)
     state.passes += 1
     if len(state.kind_ok) > 100_000:
