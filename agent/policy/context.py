@@ -44,8 +44,8 @@ def req_key(job: Job) -> tuple[object, ...]:
 def shape_of(job: Job) -> Shape:
     if job.is_share:
         fraction = job.share_fraction if job.share_fraction is not None else 0.5
-        return Shape(1, min(fraction, 0.999), job.cpu_milli)
-    return Shape(job.gpus_per_node, 1.0, job.cpu_milli)
+        return Shape(1, min(fraction, 0.999), job.cpu_milli, models=job.models)
+    return Shape(job.gpus_per_node, 1.0, job.cpu_milli, models=job.models)
 
 
 def workload_shapes(snapshot: Snapshot) -> tuple[Shape, ...]:
@@ -59,7 +59,9 @@ def workload_shapes(snapshot: Snapshot) -> tuple[Shape, ...]:
         counts[shape_of(r.job)] += 1
     if not counts:
         return normalize([Shape(1)])
-    return normalize([Shape(s.gpus, s.fraction, s.cpu_milli, n) for s, n in counts.items()])
+    return normalize(
+        [Shape(s.gpus, s.fraction, s.cpu_milli, n, s.models) for s, n in counts.items()]
+    )
 
 
 def spread_hash(owner: str | None, node_id: str) -> float:
@@ -76,6 +78,8 @@ class Context:
     owner: str | None = None
     shapes: tuple[Shape, ...] = ()
     frag_cache: dict[FragKey, float] = field(default_factory=dict)
+    frag_models: bool = False
+    """Some of ``shapes`` accept only some GPU models: fragmentation reads the GPUs' models."""
     frag_vectors: dict[FragKey, tuple[float, ...]] | None = None
     """Per-shape fragmentation by node state for these shapes' sizes (kept across passes by
     the state; see :class:`agent.policy.fragmentation.FragVectors`)."""

@@ -29,6 +29,7 @@ from agent.policy.context import Context, workload_shapes
 from agent.policy.defrag import defrag_for, wants_defrag
 from agent.policy.explain import behind_line, busy_line, never_reason
 from agent.policy.forecast import Forecast, _Duration, _Timeline, forecast, remaining_s
+from agent.policy.fragmentation import constrained
 from agent.policy.gangs import rank_gang
 from agent.policy.guarantee import Guarantee, guarantee_for
 from agent.policy.index import Group
@@ -125,6 +126,7 @@ def context(
     state.running.refresh(snapshot.running)
     ctx = Context(snapshot, state.index, model, config or PolicyConfig(), owner)
     ctx.shapes = workload_shapes(snapshot)
+    ctx.frag_models = ctx.config.objective == "packing" and constrained(ctx.shapes)
     ctx.frag_vectors = state.frag_vectors.for_shapes(ctx.shapes)
     state.passes += 1
     if len(state.kind_ok) > 100_000:

@@ -7,8 +7,9 @@ fraction for a shared task. The node's fragmentation is the expectation over the
 shapes, weighted by how common each is. A placement is good when it adds little: among nodes
 that fit, the one whose fragmentation grows least (FGD's "fragmentation gradient descent").
 
-Free capacity is a tuple of per-GPU free fractions (1.0: idle; 0.0: given whole). Results are
-memoized by the caller's cache (a plain dict): nodes in the same state share one entry.
+Free capacity is a tuple of per-GPU free fractions (1.0: idle; 0.0: given whole), with the
+GPUs' models beside it where a shape names models. Results are memoized by the caller's cache
+(a plain dict): nodes in the same state share one entry.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ class Shape:
     """Below 1.0: a share of one GPU."""
     cpu_milli: int = 0
     weight: float = 1.0
+    models: tuple[str, ...] = ()
+    """The GPU models it accepts (a job's ``models``); empty: any."""
 
 
 def normalize(shapes: Sequence[Shape]) -> tuple[Shape, ...]:
@@ -35,16 +38,30 @@ def normalize(shapes: Sequence[Shape]) -> tuple[Shape, ...]:
     total = sum(s.weight for s in gpu)
     if total <= 0:
         return ()
-    return tuple(Shape(s.gpus, s.fraction, s.cpu_milli, s.weight / total) for s in gpu)
+    return tuple(Shape(s.gpus, s.fraction, s.cpu_milli, s.weight / total, s.models) for s in gpu)
 
 
-def shape_fragmentation(free: Sequence[float], cpu_free: int | None, shape: Shape) -> float:
-    """Free GPU capacity (in GPUs) of one node that ``shape`` could not use."""
+def constrained(shapes: Sequence[Shape]) -> bool:
+    """Whether any of ``shapes`` accepts only some GPU models (then fragmentation needs the
+    GPUs' models)."""
+    return any(s.models for s in shapes)
+
+
+def shape_fragmentation(
+    free: Sequence[float],
+    cpu_free: int | None,
+    shape: Shape,
+    models: Sequence[str] | None = None,
+) -> float:
+    """Free GPU capacity (in GPUs) of one node that ``shape`` could not use; ``models``: the
+    model of each GPU of ``free`` (``None``: every shape may use every GPU)."""
     total = sum(free)
     if total <= 0.0:
         return 0.0
     if cpu_free is not None and cpu_free < shape.cpu_milli:
         return total
+    if shape.models and models is not None:
+        return _constrained(free, models, shape, total)
     if shape.fraction < 1.0:
         if not any(f >= shape.fraction for f in free):
             return total
@@ -55,8 +72,24 @@ def shape_fragmentation(free: Sequence[float], cpu_free: int | None, shape: Shap
     return sum(f for f in free if f < 1.0)
 
 
-FragKey = tuple[tuple[float, ...], int | None]
-"""A node's free capacity as fragmentation reads it: per-GPU free fractions and free CPU."""
+def _constrained(free: Sequence[float], models: Sequence[str], shape: Shape, total: float) -> float:
+    """:func:`shape_fragmentation` of a shape that accepts only ``shape.models``: the GPUs of
+    other models are fragmented for it like the ones too full for it."""
+    ok = shape.models
+    if shape.fraction < 1.0:
+        usable = [f for f, m in zip(free, models, strict=True) if m in ok and f >= shape.fraction]
+        if not usable:
+            return total
+        return total - sum(usable)
+    idle = sum(1 for f, m in zip(free, models, strict=True) if m in ok and f >= 1.0)
+    if idle < shape.gpus:
+        return total
+    return sum(f for f, m in zip(free, models, strict=True) if not (m in ok and f >= 1.0))
+
+
+FragKey = tuple[tuple[float, ...], int | None, tuple[str, ...] | None]
+"""A node's free capacity as fragmentation reads it: per-GPU free fractions, free CPU, and the
+GPUs' models when a shape names models (else ``None``)."""
 
 
 def node_fragmentation(
@@ -65,18 +98,20 @@ def node_fragmentation(
     shapes: tuple[Shape, ...],
     cache: dict[FragKey, float],
     vectors: dict[FragKey, tuple[float, ...]] | None = None,
+    models: tuple[str, ...] | None = None,
 ) -> float:
     """Expected fragmentation of a node over ``shapes`` (normalized), memoized in ``cache``,
     which must hold results for these ``shapes`` only. ``vectors``, if given, holds each state's
     per-shape figures (:func:`shape_values`) for shapes of these sizes in this order, whatever
-    their weights: it can outlive a change of weights (see :class:`FragVectors`)."""
-    key = (free, cpu_free)
+    their weights: it can outlive a change of weights (see :class:`FragVectors`). ``models``:
+    each GPU's model, for shapes that accept only some (:func:`constrained`); else ``None``."""
+    key = (free, cpu_free, models)
     held = cache.get(key)
     if held is not None:
         return held
     values = None if vectors is None else vectors.get(key)
     if values is None:
-        values = shape_values(free, cpu_free, shapes)
+        values = shape_values(free, cpu_free, shapes, models)
         if vectors is not None:
             if len(vectors) > 200_000:
                 vectors.clear()
@@ -89,11 +124,14 @@ def node_fragmentation(
 
 
 def shape_values(
-    free: tuple[float, ...], cpu_free: int | None, shapes: tuple[Shape, ...]
+    free: tuple[float, ...],
+    cpu_free: int | None,
+    shapes: tuple[Shape, ...],
+    models: tuple[str, ...] | None = None,
 ) -> tuple[float, ...]:
-    """``shape_fragmentation(free, cpu_free, s)`` for each of ``shapes``, to the last bit, with
-    what every shape reads of ``free`` (its total, largest part, idle GPUs, partly used
-    capacity) worked out once instead of once per shape."""
+    """``shape_fragmentation(free, cpu_free, s, models)`` for each of ``shapes``, to the last
+    bit, with what every shape reads of ``free`` (its total, largest part, idle GPUs, partly
+    used capacity) worked out once instead of once per shape."""
     total = sum(free)
     if total <= 0.0:
         return (0.0,) * len(shapes)
@@ -105,6 +143,8 @@ def shape_values(
     for s in shapes:
         if cpu_free is not None and cpu_free < s.cpu_milli:
             out.append(total)
+        elif s.models and models is not None:
+            out.append(_constrained(free, models, s, total))
         elif s.fraction < 1.0:
             if top < s.fraction:
                 out.append(total)
@@ -124,11 +164,11 @@ class FragVectors:
     figures afresh). A decider keeps one; :meth:`for_shapes` hands the right table to a pass."""
 
     def __init__(self) -> None:
-        self._sizes: tuple[tuple[int, float, int], ...] | None = None
+        self._sizes: tuple[tuple[int, float, int, tuple[str, ...]], ...] | None = None
         self._table: dict[FragKey, tuple[float, ...]] = {}
 
     def for_shapes(self, shapes: tuple[Shape, ...]) -> dict[FragKey, tuple[float, ...]]:
-        sizes = tuple((s.gpus, s.fraction, s.cpu_milli) for s in shapes)
+        sizes = tuple((s.gpus, s.fraction, s.cpu_milli, s.models) for s in shapes)
         if sizes != self._sizes:
             self._sizes = sizes
             self._table = {}

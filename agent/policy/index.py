@@ -84,6 +84,8 @@ class Group:
     share_free: dict[DeviceKind, int]
     """The most memory a new share could take on one device, by kind."""
     free_fractions: tuple[float, ...]
+    models: tuple[str, ...]
+    """Each slot's device model (what a shape that accepts only some models reads)."""
 
 
 @dataclass(slots=True)
@@ -250,6 +252,7 @@ class ClusterIndex:
                 dict(whole),
                 share,
                 tuple(s.free_fraction for s in slots),
+                tuple(s.kind.model for s in slots),
             )
             self.groups[signature] = group
         group.members[node.node_id] = None

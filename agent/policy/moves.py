@@ -10,7 +10,8 @@ not shares and not inference services (those keep their place):
   whose speedup there is ``swap_ratio`` times its own, and takes that job's devices instead. The
   device goes to the job that gains most from it, whether it waits or already runs.
 
-A move is carried out as a migration (checkpoint signal, restart on the new devices).
+A move is carried out as a migration (checkpoint signal, restart on the new devices). Under the
+``packing`` objective, where speed counts nothing, neither happens.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent.policy import apply
+from agent.policy.config import PolicyConfig
 from agent.policy.context import Context
 from agent.policy.filters import device_reason, host_room, node_reason
 from agent.policy.forecast import remaining_s
@@ -39,6 +41,13 @@ class Move:
     """A job starting in this pass that takes the moved job's devices instead."""
     after: tuple[str, ...] = ()
     """Jobs stopped in this pass whose devices it takes: it moves once they have stopped."""
+
+
+def for_speed(cfg: PolicyConfig) -> bool:
+    """Whether jobs move for speed: with ``moves`` on, under every objective but ``packing``,
+    where speed counts nothing (a move there would only take idle GPUs for a job already
+    placed)."""
+    return cfg.moves and cfg.objective != "packing"
 
 
 def movable(r: Running, ctx: Context) -> bool:
@@ -80,7 +89,7 @@ def moves_to_idle(
     onto ``reserved`` nodes (held for a job that waits). ``potential`` memoizes, across passes,
     the best speed each group of running jobs could reach on the idle kinds of device."""
     cfg = ctx.config
-    if not cfg.moves or cfg.max_moves <= 0:
+    if not for_speed(cfg) or cfg.max_moves <= 0:
         return []
     idle = {k: ctx.index.max_whole_free(k) for k in ctx.index.kinds()}
     idle = {k: n for k, n in idle.items() if n > 0}
@@ -157,7 +166,7 @@ def swap_for(
     whose devices ``starter`` can use: the move, and the job moved (whose place the starter
     takes)."""
     cfg = ctx.config
-    if not cfg.moves or starter.is_gang or starter.is_share or starter.gpus_per_node == 0:
+    if not for_speed(cfg) or starter.is_gang or starter.is_share or starter.gpus_per_node == 0:
         return None
     if len(cand.placement.node_ids) != 1:
         return None

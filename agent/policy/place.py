@@ -99,8 +99,11 @@ def could_fit_now(job: Job, ctx: Context) -> bool:
     return False
 
 
-def _frag(ctx: Context, free: tuple[float, ...], cpu_free: int | None) -> float:
-    return node_fragmentation(free, cpu_free, ctx.shapes, ctx.frag_cache, ctx.frag_vectors)
+def _frag(ctx: Context, group: Group, free: tuple[float, ...], cpu_free: int | None) -> float:
+    """Fragmentation of a node of ``group`` with ``free`` and ``cpu_free`` (the GPUs' models
+    read only when a workload shape accepts only some)."""
+    models = group.models if ctx.frag_models else None
+    return node_fragmentation(free, cpu_free, ctx.shapes, ctx.frag_cache, ctx.frag_vectors, models)
 
 
 def group_fit(job: Job, group: Group, ctx: Context, *, gpus: int | None = None) -> GroupFit | None:
@@ -123,11 +126,11 @@ def _group_fit(job: Job, key: ReqKey, group: Group, ctx: Context, want: int) -> 
     cpu_after = None if group.cpu_free is None else group.cpu_free - job.cpu_milli
     fits: list[Fit] = []
     if want == 0:
-        before = _frag(ctx, group.free_fractions, group.cpu_free)
-        after = _frag(ctx, group.free_fractions, cpu_after)
+        before = _frag(ctx, group, group.free_fractions, group.cpu_free)
+        after = _frag(ctx, group, group.free_fractions, cpu_after)
         fits.append(Fit((), "cpu", 1.0, after - before, free_after=sum(group.free_fractions)))
     elif job.is_share:
-        before = _frag(ctx, group.free_fractions, group.cpu_free)
+        before = _frag(ctx, group, group.free_fractions, group.cpu_free)
         seen: set[object] = set()
         for i, slot in enumerate(group.slots):
             if slot.free_fraction <= 0.0 or (slot.kind, slot.free_fraction, slot.sharers) in seen:
@@ -141,7 +144,7 @@ def _group_fit(job: Job, key: ReqKey, group: Group, ctx: Context, want: int) -> 
                 continue
             free = list(group.free_fractions)
             free[i] = (slot.share_free_bytes - need) / mem if mem else 0.0
-            after = _frag(ctx, tuple(free), cpu_after)
+            after = _frag(ctx, group, tuple(free), cpu_after)
             speed = ctx.model.relative(job.job_class, job.kind, slot.kind.model)
             speed *= ctx.model.share_factor(job.job_class, slot.sharers, slot.kind.model)
             fits.append(
@@ -158,7 +161,7 @@ def _group_fit(job: Job, key: ReqKey, group: Group, ctx: Context, want: int) -> 
         for kind, idle in group.whole_free.items():
             if idle < want or kind_reason(job, key, kind, ctx) is not None:
                 continue
-            before = _frag(ctx, group.free_fractions, group.cpu_free)
+            before = _frag(ctx, group, group.free_fractions, group.cpu_free)
             fit = _whole_fit(job, group, kind, want, ctx, before, cpu_after)
             if fit is not None:
                 fits.append(fit)
@@ -203,7 +206,7 @@ def _whole_fit(
     free = list(group.free_fractions)
     for i in picked:
         free[i] = 0.0
-    after = _frag(ctx, tuple(free), cpu_after)
+    after = _frag(ctx, group, tuple(free), cpu_after)
     speed = ctx.model.relative(job.job_class, job.kind, kind.model, max(want, 1))
     return Fit(
         tuple(picked), kind.model, speed, after - before, linked=linked, free_after=sum(free)

@@ -6,7 +6,9 @@
 - ``--trace gavel-synthetic``: Gavel's job distribution (Philly durations and GPU counts, 26
   models) with Poisson arrivals at ``--load`` jobs per hour (a comma-separated list sweeps);
 - ``--trace PATH`` to an openb pod list, with ``--nodes`` the node list: FGD's experiment (pods in
-  a seeded order until they ask for ``--fill`` times the GPUs, none ever ending);
+  a seeded order until they ask for ``--fill`` times the GPUs, none ever ending); the policy is
+  told the workload's shapes from the whole list (``--workload list``, FGD's target workload) or
+  only from the pods arrived so far (``--workload arrived``);
 - ``--trace PATH`` to a CSV ``submit_time,duration_s,num_gpus[,gpu_type][,model]``.
 
 ``--costs same`` (the default): every policy pays the same costs for a preemption or a move
@@ -37,7 +39,7 @@ from bench.sched.metrics import JobRecord, pct, ratios, summarize
 from bench.sched.policies import BackfillCentral, BestFitCentral, FifoMesh, ShoalMesh
 from bench.sched.simtypes import SimConfig
 from bench.sched.teamstats import equal_quotas
-from bench.sched.traces import TraceJob, gavel_synthetic, generic_csv, openb
+from bench.sched.traces import TraceJob, gavel_synthetic, generic_csv, openb, openb_shapes
 from bench.sched.truth import Truth
 
 DEFAULT_CLUSTER = "v100:36,p100:36,k80:36"
@@ -208,6 +210,13 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds more that half of the owners' views lag (owners whose views differ)",
     )
     ap.add_argument("--fill", type=float, default=1.3, help="openb: GPUs asked / cluster's")
+    ap.add_argument(
+        "--workload",
+        choices=("list", "arrived"),
+        default="list",
+        help="openb: the task shapes fragmentation is measured against: the whole pod list's "
+        "(FGD's target workload) or the pods' arrived so far",
+    )
     ap.add_argument("--truth-noise", type=float, default=0.0)
     ap.add_argument(
         "--costs",
@@ -263,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.teams and path is not None:
         ap.error("--teams draws teams in the synthetic trace only")
     quotas = equal_quotas(a.teams, total, a.team_max) if a.teams > 0 else ()
+    shapes = openb_shapes(path) if fill and path is not None and a.workload == "list" else ()
     sim_config = SimConfig(
         owners=a.owners,
         gossip_delay_s=a.gossip_delay,
@@ -270,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         quota_desk=a.desk,
         fill=fill,
         quotas=quotas,
+        shapes=shapes,
     )
     runs: list[dict[str, Any]] = []
     for load in loads if not fill and path is None else [loads[0]]:
@@ -322,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         "costs": a.costs,
         "teams": a.teams,
         "objective": a.objective,
+        "workload": a.workload if fill else None,
         "runs": runs,
     }
     json.dump(doc, sys.stdout)

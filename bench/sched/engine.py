@@ -44,7 +44,7 @@ from bench.sched.simtypes import (
     policy_job,
 )
 from bench.sched.teamstats import TeamBook
-from bench.sched.traces import TraceJob
+from bench.sched.traces import TraceJob, shape_of, top_shapes
 from bench.sched.truth import Truth
 
 
@@ -197,7 +197,7 @@ class Simulation:
     def _arrive(self, payload: object) -> None:
         sj = self.jobs[str(payload)]
         tj = sj.trace
-        shape = Shape(tj.gpus, tj.fraction if tj.fraction is not None else 1.0, tj.cpu_milli)
+        shape = shape_of(tj)
         self.shape_counts[shape] = self.shape_counts.get(shape, 0.0) + 1.0
         self._shapes = ()
         self.arrived_gpus += tj.fraction if tj.fraction is not None else tj.gpus * tj.nodes
@@ -210,9 +210,12 @@ class Simulation:
         self._pending_tuple = None
 
     def shapes(self) -> tuple[Shape, ...]:
+        """The workload's shapes the policy is told: the configured ones (``SimConfig.shapes``),
+        else the most common of the jobs arrived so far."""
+        if self.config.shapes:
+            return self.config.shapes
         if not self._shapes:
-            top = sorted(self.shape_counts.items(), key=lambda kv: -kv[1])[:24]
-            self._shapes = tuple(Shape(s.gpus, s.fraction, s.cpu_milli, w) for s, w in top)
+            self._shapes = top_shapes(self.shape_counts)
         return self._shapes
 
     def snapshot(self) -> Snapshot:

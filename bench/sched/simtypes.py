@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from agent.policy.fragmentation import Shape
 from agent.policy.snapshot import Device, Job, Node, Placement, Running, Share, Snapshot
 from agent.policy.teams import TeamQuota
 from bench.sched.cluster import NodeSpec
@@ -71,6 +72,9 @@ class SimConfig:
     """Model the team's quota desk (``agent/running/teamdesk.py``): a start that would take its
     team past a maximum, counting what runs, is refused; the policy places the job again."""
     fill: bool = False
+    shapes: tuple[Shape, ...] = ()
+    """The workload's task shapes the policy is told (``--workload list``: an openb pod list's,
+    FGD's setting); empty: those of the jobs arrived so far."""
     quotas: tuple[TeamQuota, ...] = ()
     """Team quotas (``--teams``): the policy is told them and the run reports the teams' figures
     (:mod:`bench.sched.teamstats`)."""

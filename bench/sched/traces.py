@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from agent.policy.fragmentation import Shape
 from agent.policy.gavel import gavel_matrix
 from bench.sched.truth import Truth
 
@@ -118,11 +119,36 @@ def gavel_synthetic(
     return out
 
 
-def openb(
-    path: Path, seed: int, *, fill: float, capacity_gpus: float, interval_s: float
-) -> list[TraceJob]:
-    """openb pods in a seeded random order, drawn again from the list until the GPUs they ask
-    for reach ``fill`` times the cluster's (FGD's "inflation"); none of them ever ends."""
+WORKLOAD_SHAPES = 24
+"""Task shapes told to the policy, at most: the most common (of openb's default list, these 24
+are 91% of its GPU pods)."""
+
+
+def top_shapes(counts: dict[Shape, float], limit: int = WORKLOAD_SHAPES) -> tuple[Shape, ...]:
+    """The ``limit`` most common of ``counts`` (shapes of weight 1 -> how many), weighed by
+    count."""
+    top = sorted(counts.items(), key=lambda kv: -kv[1])[:limit]
+    return tuple(Shape(s.gpus, s.fraction, s.cpu_milli, w, s.models) for s, w in top)
+
+
+def shape_of(job: TraceJob) -> Shape:
+    """A trace job's task shape (of weight 1), as fragmentation reads it."""
+    fraction = job.fraction if job.fraction is not None else 1.0
+    return Shape(job.gpus, fraction, job.cpu_milli, models=job.models)
+
+
+def openb_shapes(path: Path) -> tuple[Shape, ...]:
+    """The shapes of an openb pod list's GPU pods (:func:`top_shapes`): FGD's "target
+    workload", which its scheduler is told from the whole list before the first pod arrives."""
+    counts: dict[Shape, float] = {}
+    for pod in _openb_pods(path):
+        if pod.gpus > 0:
+            shape = shape_of(pod)
+            counts[shape] = counts.get(shape, 0.0) + 1.0
+    return top_shapes(counts)
+
+
+def _openb_pods(path: Path) -> list[TraceJob]:
     pods: list[TraceJob] = []
     with path.open(newline="") as f:
         for row in csv.DictReader(f):
@@ -145,6 +171,15 @@ def openb(
                     preemptible=False,
                 )
             )
+    return pods
+
+
+def openb(
+    path: Path, seed: int, *, fill: float, capacity_gpus: float, interval_s: float
+) -> list[TraceJob]:
+    """openb pods in a seeded random order, drawn again from the list until the GPUs they ask
+    for reach ``fill`` times the cluster's (FGD's "inflation"); none of them ever ends."""
+    pods = _openb_pods(path)
     rng = random.Random(seed)
     order = list(range(len(pods)))
     rng.shuffle(order)

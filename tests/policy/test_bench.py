@@ -3,6 +3,7 @@ lists (no timed asserts: those figures are the benchmark's, not the test suite's
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 from typing import Any
@@ -147,3 +148,55 @@ def test_owners_whose_views_differ_overshoot_a_maximum_that_a_quota_desk_holds(
     assert _overshoot(capsys) == 0
     assert _overshoot(capsys, "--view-lag", "30") > 0
     assert _overshoot(capsys, "--view-lag", "30", "--desk") == 0
+
+
+def test_openb_the_policy_is_told_the_whole_lists_shapes_from_the_first_pod() -> None:
+    """``--workload list``: FGD's target workload, every GPU pod shape of the list weighed by
+    how many pods have it (with the GPU models a pod accepts), from the first decision on;
+    ``arrived``: only the shapes of the pods arrived so far."""
+    from agent.policy.fragmentation import Shape
+    from agent.policy.snapshot import Snapshot
+    from bench.sched.cluster import nodes_from_openb
+    from bench.sched.engine import Simulation
+    from bench.sched.simtypes import Plan, SimConfig
+    from bench.sched.traces import openb, openb_shapes, shape_of
+    from bench.sched.truth import Truth
+
+    pods = FIXTURES / "openb" / "openb_pod_list_gpuspec33.csv"
+    nodes = nodes_from_openb(FIXTURES / "openb" / "openb_node_list_gpu_node.csv")
+    jobs = openb(pods, 1, fill=0.5, capacity_gpus=sum(n.gpus for n in nodes), interval_s=1.0)
+    shapes = openb_shapes(pods)
+    with pods.open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if int(r["num_gpu"]) > 0]
+    gpu_pods = [
+        Shape(
+            int(r["num_gpu"]),
+            min(1.0, int(r["gpu_milli"]) / 1000),
+            int(r["cpu_milli"]),
+            models=tuple(m for m in r["gpu_spec"].split("|") if m),
+        )
+        for r in rows
+    ]
+    assert sum(s.weight for s in shapes) == len(gpu_pods)
+    assert {(s.gpus, s.fraction, s.cpu_milli, s.models) for s in shapes} == {
+        (s.gpus, s.fraction, s.cpu_milli, s.models) for s in gpu_pods
+    }
+    assert any(s.models for s in shapes)
+
+    class Told:
+        name = "told"
+
+        def __init__(self) -> None:
+            self.seen: list[Snapshot] = []
+
+        def plan(self, snapshot: Snapshot, sim: Simulation) -> Plan:
+            self.seen.append(snapshot)
+            return Plan()
+
+    for config, first in (
+        (SimConfig(fill=True, shapes=shapes), shapes),
+        (SimConfig(fill=True), None),
+    ):
+        told = Told()
+        Simulation(nodes, jobs, told, Truth(0.0, 1), config).run()
+        assert told.seen[0].shapes == (first or (shape_of(jobs[0]),))

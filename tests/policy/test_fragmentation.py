@@ -58,3 +58,36 @@ def test_kept_figures_are_reweighed_and_dropped_when_the_shapes_change() -> None
     assert vectors.for_shapes(c) is not table
     got = node_fragmentation(free, cpu, c, {}, vectors.for_shapes(c))
     assert got == sum(s.weight * shape_fragmentation(free, cpu, s) for s in c)
+
+
+def test_a_shape_that_accepts_some_models_counts_the_others_fragmented() -> None:
+    """FGD's "no access": a T4-only task can use nothing of a V100 node, and of a mixed node
+    only the T4s; a task that takes any model sees every GPU."""
+    t4_only = Shape(1, 1.0, models=("t4",))
+    half_t4 = Shape(1, 0.5, models=("t4",))
+    anything = Shape(1)
+    free = (1.0, 1.0, 0.25, 1.0)
+    assert shape_fragmentation(free, None, t4_only, ("v100",) * 4) == 3.25
+    assert shape_fragmentation(free, None, anything, ("v100",) * 4) == 0.25
+    mixed = ("t4", "v100", "t4", "v100")
+    assert shape_fragmentation(free, None, t4_only, mixed) == 2.25  # all but the idle T4
+    assert shape_fragmentation(free, None, half_t4, mixed) == 2.25
+    assert shape_fragmentation(free, None, Shape(2, models=("t4",)), mixed) == 3.25
+    assert shape_fragmentation(free, None, t4_only, None) == 0.25  # models unknown: any
+
+
+def test_models_enter_the_kept_figures_and_the_fast_path_matches() -> None:
+    rng = random.Random(11)
+    vectors = FragVectors()
+    for _ in range(2000):
+        shapes = tuple(
+            Shape(s.gpus, s.fraction, s.cpu_milli, s.weight, rng.choice(((), ("t4",), ("a", "b"))))
+            for s in _shapes(rng)
+        )
+        free = _free(rng)
+        models = tuple(rng.choice(("t4", "a", "b", "v100")) for _ in free)
+        cpu = rng.choice((None, 0, 16000))
+        want = sum(s.weight * shape_fragmentation(free, cpu, s, models) for s in shapes)
+        table = vectors.for_shapes(shapes)
+        assert node_fragmentation(free, cpu, shapes, {}, table, models) == want
+        assert node_fragmentation(free, cpu, shapes, {}, table, models) == want
