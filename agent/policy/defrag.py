@@ -21,7 +21,7 @@ from agent.policy import apply
 from agent.policy.context import Context
 from agent.policy.moves import Move, movable
 from agent.policy.place import rank
-from agent.policy.preempt import _devices_if_freed, _static, lost_gpu_s
+from agent.policy.preempt import devices_if_freed, fitting_keys, lost_gpu_s
 from agent.policy.snapshot import Job, Running
 
 
@@ -66,7 +66,7 @@ def _victims_on(
     if entry is None:
         return None
     node = entry.node
-    ok = _static(job, node, ctx)
+    ok = fitting_keys(job, node, ctx)
     if ok is None:
         return None
     now = ctx.snapshot.now
@@ -89,7 +89,7 @@ def _victims_on(
             continue
         chosen.append(r)
         freed.update(keys)
-        if _devices_if_freed(job, node, freed, {}, ok) is not None:
+        if devices_if_freed(job, node, freed, {}, ok) is not None:
             return sum(lost_gpu_s(v, now) for v in chosen), chosen
     return None
 

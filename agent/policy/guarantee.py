@@ -27,7 +27,7 @@ from agent.policy import apply
 from agent.policy.context import Context
 from agent.policy.moves import Move, movable
 from agent.policy.place import rank
-from agent.policy.preempt import _devices_if_freed, _static, lost_gpu_s
+from agent.policy.preempt import devices_if_freed, fitting_keys, lost_gpu_s
 from agent.policy.snapshot import Device, Job, Node, Placement, Running
 from agent.policy.state import RunningIndex
 from agent.policy.teams import Ledger
@@ -176,7 +176,7 @@ class _Planner:
         """What freeing ``node`` loses at least, and the jobs there that could be cleared off
         it, cheapest first (``None``: not enough of them)."""
         job = self.job
-        ok = _static(job, node, self.ctx)
+        ok = fitting_keys(job, node, self.ctx)
         if ok is None:
             return None
         free = sum(1 for d in node.devices if d.is_free and d.key in ok)
@@ -206,7 +206,7 @@ class _Planner:
     def plan_on(self, node: Node, clearable: list[Running]) -> _Try | None:
         """Free ``node``: reclaim what may be, move the rest; applied to the index (undo with
         :meth:`_Try.rollback`), or ``None`` (nothing left applied)."""
-        ok = _static(self.job, node, self.ctx)
+        ok = fitting_keys(self.job, node, self.ctx)
         assert ok is not None
         t = _Try(dict(self.budget), [], [], set(), targets=[node.node_id])
         for r in clearable:
@@ -217,7 +217,7 @@ class _Planner:
             elif not self.move_off(t, r, node.node_id):
                 continue
             t.freed.update(r.placement.devices[0])
-            if _devices_if_freed(self.job, node, t.freed, {}, ok) is not None:
+            if devices_if_freed(self.job, node, t.freed, {}, ok) is not None:
                 return t
         t.rollback(self.ctx)
         return None
@@ -249,10 +249,10 @@ class _Planner:
             if other in avoid or v.job.job_id in chosen or not _reclaimable(v, t.budget):
                 continue
             node = self.ctx.index.node(other)
-            ok = _static(r.job, node, self.ctx) if node is not None else None
+            ok = fitting_keys(r.job, node, self.ctx) if node is not None else None
             if node is None or ok is None:
                 continue
-            keys = _devices_if_freed(r.job, node, set(v.placement.devices[0]), {}, ok)
+            keys = devices_if_freed(r.job, node, set(v.placement.devices[0]), {}, ok)
             if keys is None:
                 continue
             t.budget[v.job.team] -= _gpus(v.job)
@@ -272,7 +272,7 @@ class _Planner:
                 continue
             for node_id in group.members:
                 node = self.ctx.index.node(node_id)
-                ok = _static(r.job, node, self.ctx) if node is not None else None
+                ok = fitting_keys(r.job, node, self.ctx) if node is not None else None
                 if node is None or ok is None or node_id in avoid:
                     continue
                 free = sum(1 for d in node.devices if d.is_free and d.key in ok)
@@ -299,18 +299,18 @@ class _Planner:
             mark = t.mark()
             node = self.ctx.index.node(node_id)
             assert node is not None
-            ok = _static(r.job, node, self.ctx)
+            ok = fitting_keys(r.job, node, self.ctx)
             assert ok is not None
             t.targets.append(node_id)
             freed: set[str] = set()
             for s in small:
-                keys = _devices_if_freed(r.job, node, freed, {}, ok)
+                keys = devices_if_freed(r.job, node, freed, {}, ok)
                 if keys is not None:
                     return Placement((node_id,), (keys,))
                 if self.move_off(t, s, node_id, chain=False):
                     t.release(self.ctx, s)
                     freed.update(s.placement.devices[0])
-            keys = _devices_if_freed(r.job, node, freed, {}, ok)
+            keys = devices_if_freed(r.job, node, freed, {}, ok)
             if keys is not None:
                 return Placement((node_id,), (keys,))
             t.targets.pop()
@@ -366,9 +366,9 @@ def guarantee_for(
 
 def _commit(job: Job, node: Node, t: _Try, ctx: Context, busy: set[str]) -> Guarantee:
     """Apply the rest of ``t`` (victims and moved jobs off the node, the job on it)."""
-    ok = _static(job, node, ctx)
+    ok = fitting_keys(job, node, ctx)
     assert ok is not None
-    keys = _devices_if_freed(job, node, t.freed, {}, ok)
+    keys = devices_if_freed(job, node, t.freed, {}, ok)
     assert keys is not None
     on_node: list[str] = []
     for v in t.victims:

@@ -68,7 +68,7 @@ def may_preempt(job: Job, victim: Running, ctx: Context) -> bool:
     return ctx.snapshot.now - since >= ctx.config.min_run_s
 
 
-def _devices_if_freed(
+def devices_if_freed(
     job: Job, node: Node, freed: set[str], share_freed: dict[str, int], ok: frozenset[str]
 ) -> tuple[str, ...] | None:
     """The devices ``job`` would take on ``node`` once ``freed`` are, or ``None`` (``ok``: the
@@ -98,7 +98,7 @@ def _devices_if_freed(
     return None
 
 
-def _static(job: Job, node: Node, ctx: Context) -> frozenset[str] | None:
+def fitting_keys(job: Job, node: Node, ctx: Context) -> frozenset[str] | None:
     """The keys of ``node``'s devices that pass ``job``'s device filters, or ``None`` if the
     node can never host it (:func:`static_fit`); memoized while the index's static facts hold."""
     memo = (job.job_id, node.node_id)
@@ -121,13 +121,13 @@ def _on_node(
 ) -> tuple[float, tuple[Running, ...], tuple[str, ...]] | None:
     """The cheapest victims on ``node`` that make room for (a member of) ``job`` (``checked``:
     every one of ``runs`` is known to pass :func:`may_preempt` for it)."""
-    ok = _static(job, node, ctx)
+    ok = fitting_keys(job, node, ctx)
     if ok is None:
         return None
     room = (node.cpu_milli_free is None or node.cpu_milli_free >= job.cpu_milli) and (
         node.host_mem_free_bytes is None or node.host_mem_free_bytes >= job.host_mem_bytes
     )
-    fits = _devices_if_freed(job, node, set(), {}, ok) if room else None
+    fits = devices_if_freed(job, node, set(), {}, ok) if room else None
     if fits is not None:
         return 0.0, (), fits
     now = ctx.snapshot.now
@@ -157,7 +157,7 @@ def _on_node(
             mem_free is not None and mem_free < job.host_mem_bytes
         ):
             continue
-        fits = _devices_if_freed(job, node, freed, share_freed, ok)
+        fits = devices_if_freed(job, node, freed, share_freed, ok)
         if fits is not None:
             return sum(lost_gpu_s(v, now) for v in chosen), tuple(chosen), fits
     return None
