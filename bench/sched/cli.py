@@ -213,9 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--workload",
         choices=("list", "arrived"),
-        default="list",
-        help="openb: the task shapes fragmentation is measured against: the whole pod list's "
-        "(FGD's target workload) or the pods' arrived so far",
+        default=None,
+        help="openb (default list): the task shapes fragmentation is measured against: the "
+        "whole pod list's (FGD's target workload) or the pods' arrived so far",
     )
     ap.add_argument("--truth-noise", type=float, default=0.0)
     ap.add_argument(
@@ -240,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--team-max",
         type=float,
-        default=2.0,
-        help="with --teams: each team's maximum, as a multiple of its guarantee",
+        default=None,
+        help="with --teams: each team's maximum, as a multiple of its guarantee (default 2)",
     )
     ap.add_argument(
         "--objective",
@@ -271,8 +271,16 @@ def main(argv: list[str] | None = None) -> int:
     loads = [float(x) for x in a.load.split(",")]
     if a.teams and path is not None:
         ap.error("--teams draws teams in the synthetic trace only")
-    quotas = equal_quotas(a.teams, total, a.team_max) if a.teams > 0 else ()
-    shapes = openb_shapes(path) if fill and path is not None and a.workload == "list" else ()
+    if not a.teams and (a.desk or a.team_max is not None):
+        ap.error("--desk and --team-max go with --teams")
+    if a.team_max is not None and a.team_max < 1:
+        ap.error("--team-max must be at least 1 (a maximum below the guarantee)")
+    if a.workload is not None and not fill:
+        ap.error("--workload goes with an openb pod list")
+    team_max = 2.0 if a.team_max is None else a.team_max
+    workload = a.workload or "list"
+    quotas = equal_quotas(a.teams, total, team_max) if a.teams > 0 else ()
+    shapes = openb_shapes(path) if fill and path is not None and workload == "list" else ()
     sim_config = SimConfig(
         owners=a.owners,
         gossip_delay_s=a.gossip_delay,
@@ -333,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         "costs": a.costs,
         "teams": a.teams,
         "objective": a.objective,
-        "workload": a.workload if fill else None,
+        "workload": workload if fill else None,
         "runs": runs,
     }
     json.dump(doc, sys.stdout)

@@ -200,3 +200,21 @@ def test_openb_the_policy_is_told_the_whole_lists_shapes_from_the_first_pod() ->
         told = Told()
         Simulation(nodes, jobs, told, Truth(0.0, 1), config).run()
         assert told.seen[0].shapes == (first or (shape_of(jobs[0]),))
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (("--desk",), "--desk and --team-max go with --teams"),
+        (("--team-max", "1.5"), "--desk and --team-max go with --teams"),
+        (("--teams", "4", "--team-max", "0.5"), "--team-max must be at least 1"),
+        (("--workload", "arrived"), "--workload goes with an openb pod list"),
+    ],
+)
+def test_an_option_the_run_would_not_use_is_refused(
+    capsys: pytest.CaptureFixture[str], args: tuple[str, ...], why: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--trace", "gavel-synthetic", "--jobs", "10", "--policy", "shoal", *args])
+    assert exit_.value.code == 2
+    assert why in capsys.readouterr().err
