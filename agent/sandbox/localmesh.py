@@ -137,7 +137,8 @@ class LocalMesh:
     started_at: float = 0.0
     last_up_at: float = 0.0
     _job_python: JobPython | None = field(default=None, repr=False)
-    _unstarted: list[AgentProcess] = field(default_factory=list, repr=False)
+    _unstarted: dict[int, AgentProcess] = field(default_factory=dict, repr=False)
+    """Agents :meth:`start` has yet to start, by index, in order."""
 
     def job_python(self) -> JobPython:
         """The interpreter this mesh's jobs can run, as the agents' job user (found once:
@@ -222,7 +223,7 @@ class LocalMesh:
         :meth:`wait_listening` as those listen."""
         if not self.agents:
             self.create()
-        self._unstarted = list(self.agents)
+        self._unstarted = {a.index: a for a in self.agents}
         self._start_more()
         self.started_at = time.monotonic()
 
@@ -231,7 +232,7 @@ class LocalMesh:
         most = self.starting_max or starting_max_here()
         starting = sum(1 for a in self.agents if a.running and not _listening(a))
         while self._unstarted and starting < most:
-            self.start_agent(self._unstarted.pop(0))
+            self.start_agent(self._unstarted.pop(next(iter(self._unstarted))))
             starting += 1
 
     def kill(self, agent: AgentProcess, sig: int = signal.SIGKILL) -> None:
@@ -280,21 +281,21 @@ class LocalMesh:
             timeout_s = max(120.0, 1.5 * len(self.agents))
         deadline = time.monotonic() + timeout_s
         pending = [a for a in self.agents if a.process is not None and not _listening(a)]
-        pending += [a for a in self._unstarted if a not in pending]
+        pending += self._unstarted.values()  # never started: none is in pending yet
         restarts, most = 0, 3 * len(self.agents)
 
         def waits(a: AgentProcess) -> bool:
             """Still to listen: not started yet, running, or exited for its port with a restart
             left (it may exit between the restarts below and this look: it is restarted at the
             next)."""
-            if a in self._unstarted:
+            if a.index in self._unstarted:
                 return True
             return not _listening(a) and (a.running or (_port_taken(a) and restarts < most))
 
         while pending and time.monotonic() < deadline:
             self._start_more()
             for a in pending:
-                if a in self._unstarted:
+                if a.index in self._unstarted:
                     continue
                 if not a.running and _port_taken(a) and restarts < most:
                     restarts += 1
@@ -317,8 +318,8 @@ class LocalMesh:
         sees everyone, all are asked once more at once; any that lost someone meanwhile is
         watched again.
         """
-        started = [a for a in self.agents if a.process is not None or a in self._unstarted]
-        want = len([a for a in started if a.running or a in self._unstarted])
+        started = [a for a in self.agents if a.process is not None or a.index in self._unstarted]
+        want = len([a for a in started if a.running or a.index in self._unstarted])
         clients: dict[int, ApiClient] = {}
 
         async def watch(agent: AgentProcess) -> None:
