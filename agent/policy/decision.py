@@ -185,8 +185,7 @@ def decide(
             continue
         quota = ledger.over_max(job, None) if ledger.active else None
         if quota is not None:
-            line = f"waiting: team {job.team} is at its maximum of {quota.max_gpus:g} GPUs"
-            waiting.append(Waiting(job.job_id, line))
+            waiting.append(Waiting(job.job_id, ledger.over_max_line(job, quota)))
             continue
         reclaims = ledger.active and ledger.below_guarantee(job)
         may_preempt = reclaims or (

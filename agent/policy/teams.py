@@ -117,6 +117,14 @@ class Ledger:
                 return q
         return None
 
+    def over_max_line(self, job: Job, q: TeamQuota) -> str:
+        """Why ``job`` waits for its team's maximum ``q``, with what the team holds."""
+        on = f" of {q.model}" if q.model else ""
+        return (
+            f"waiting: team {q.team} would pass its maximum of {q.max_gpus or 0:g} GPUs{on} "
+            f"({self.in_use(q.team, q.model):g} in use, this job asks {_gpus(job):g})"
+        )
+
     def below_guarantee(self, job: Job) -> bool:
         """Whether ``job`` fits within what its team is guaranteed (on any device)."""
         if self.teams is None or not job.team:

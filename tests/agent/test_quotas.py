@@ -111,7 +111,10 @@ def test_a_team_at_its_maximum_waits_with_its_reason_and_starts_when_its_own_job
     second = submit(alice, two.agents[1], waiter(tmp_path / "second"))
     two.wait(
         "the second waits for its team's maximum",
-        lambda: "team vision is at its maximum of 1 GPUs" in str(state(two, second).get("reason")),
+        lambda: (
+            "team vision would pass its maximum of 1 GPUs (1 in use, this job asks 1)"
+            in str(state(two, second).get("reason"))
+        ),
     )
     time.sleep(2.0)  # three GPUs stay idle: still waiting, on every agent's word
     for a in two.agents:

@@ -32,7 +32,9 @@ def test_a_team_at_its_maximum_waits_and_says_so_while_another_starts() -> None:
     snap = Snapshot(now=1000.0, nodes=(n,), pending=pending, running=runs, teams=teams)
     d = decide(snap, ThroughputModel(), NO_SLICING)
     assert [a.job_id for a in d.assignments] == ["b-next"]
-    assert d.waiting_line("a-next") == "waiting: team a is at its maximum of 2 GPUs"
+    assert d.waiting_line("a-next") == (
+        "waiting: team a would pass its maximum of 2 GPUs (2 in use, this job asks 1)"
+    )
     # with no quotas the same snapshot starts both
     free = decide(
         Snapshot(now=1000.0, nodes=(n,), pending=pending, running=runs), ThroughputModel()
