@@ -139,8 +139,8 @@ def over_max(
         if now_gpus + gpus > max_gpus + 1e-9:
             on = f" of {qmodel}" if qmodel else ""
             return (
-                f"team {team} is at its maximum of {max_gpus:g} GPUs{on} "
-                f"({now_gpus:g} held as this agent sees the mesh)"
+                f"team {team} would pass its maximum of {max_gpus:g} GPUs{on} "
+                f"({now_gpus:g} held as this agent sees the mesh, this job asks {gpus:g})"
             )
     return None
 

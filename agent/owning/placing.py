@@ -211,6 +211,13 @@ async def place_once(
             o.offers[_REFUSALS.get(exc.status, "declined")] += 1
             o.placement.offered(cand)
             declines.append(f"{cand.node_id[:8]}: {exc.reason}")
+            log.info(
+                "job %s: attempt %d declined by %s: %s",
+                job.job_id[:8],
+                attempt,
+                cand.node_id,
+                exc.reason,
+            )
             if job.attempt == attempt and _state(job) == JobState.PLACING:
                 o._move(job, JobEvent.DECLINED)
                 job.runner, job.devices = None, ()
