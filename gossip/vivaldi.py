@@ -72,6 +72,8 @@ class VivaldiClient:
     """Per peer measured: its last coordinate and our last few RTT samples to it, packed as
     doubles (``_layout``). A 1,000-node mesh keeps ~1,000 of these on every node, so one flat
     bytes object each, not a coordinate, a tuple and a dozen floats."""
+    _measured: set[str] = field(default_factory=set)
+    """The peers of ``_peers`` with RTT samples: those this node probes (a few, whatever N)."""
     _layout: struct.Struct = field(init=False)
     """vec, error, adjustment, height, the number of samples, the samples (zero-padded)."""
     _window: struct.Struct = field(init=False)
@@ -90,10 +92,16 @@ class VivaldiClient:
         rec = self._peers.get(node)
         if rec is not None:
             self._peers[node] = self._pack(self._unpack(rec), ())
+        self._measured.discard(node)
 
     def drop(self, node: str) -> None:
         """Forget everything about ``node``."""
         self._peers.pop(node, None)
+        self._measured.discard(node)
+
+    def measured(self) -> frozenset[str]:
+        """The peers with RTT samples (those probed lately): a few, whatever the mesh's size."""
+        return frozenset(self._measured)
 
     def coordinate_of(self, node: str) -> Coordinate | None:
         """The last valid coordinate ``node`` reported to us, if any."""
@@ -135,6 +143,7 @@ class VivaldiClient:
             return
         window = (*window, rtt_s)[-cfg.latency_filter_size :]
         self._peers[node] = self._pack(other, window)
+        self._measured.add(node)
         rtt = sorted(window)[len(window) // 2]
         if rtt < _ZERO:
             rtt = _ZERO

@@ -97,21 +97,19 @@ class GossipMesh:
         and the median of the measured probes (seconds; the estimate ``None`` until known).
 
         Every live peer was a history series of its own sampled every second: 254 readings a
-        second at 128 agents, the largest part of an idle agent's work that grew with the mesh.
+        second at 128 agents, the largest part of an idle agent's work that grew with the mesh;
+        and finding the probed ones is a look at the few measured, not a pass over every member.
         The estimate to any other peer follows from the coordinates gossip keeps."""
         if not self._node.started:
             return {}
         peer = self._node.peer
-        measured = (
-            (m.node, peer.measured_rtt(m.node))
-            for m in self._members()
-            if m.node != self.node_id and m.state in _LIVE
-        )
-        return {
-            node: (peer.rtt_estimate(self.node_id, node), rtt_s)
-            for node, rtt_s in measured
-            if rtt_s is not None
-        }
+        out: dict[str, tuple[float | None, float | None]] = {}
+        for node in peer.measured_nodes():  # a few, whatever the mesh's size
+            m = peer.member(node)
+            rtt_s = peer.measured_rtt(node)
+            if node != self.node_id and m is not None and m.state in _LIVE and rtt_s is not None:
+                out[node] = (peer.rtt_estimate(self.node_id, node), rtt_s)
+        return out
 
     def reports_on(self, node_id: str) -> bool:
         """This agent is the one that tells the mesh about ``node_id``'s end: the first live

@@ -67,3 +67,17 @@ def test_the_measured_round_trip_is_the_median_of_the_recent_probes() -> None:
     assert client.measured_rtt_s("b") == 0.003  # the filter's last three: 2, 50 and 3 ms
     client.drop("b")
     assert client.measured_rtt_s("b") is None
+
+
+def test_the_measured_peers_are_those_with_samples_not_every_coordinate_held() -> None:
+    client = VivaldiClient(VivaldiConfig(), random.Random(1))
+    other = VivaldiClient(VivaldiConfig(), random.Random(2))
+    client.update("a", other.coord, 0.0)  # a coordinate without a usable sample: not measured
+    client.update("b", other.coord, 0.002)
+    client.update("c", other.coord, 0.003)
+    assert client.coordinate_of("a") is not None
+    assert client.measured() == {"b", "c"}
+    client.forget("b")  # it died: its samples go, its coordinate stays
+    assert client.coordinate_of("b") is not None and client.measured() == {"c"}
+    client.drop("c")
+    assert client.measured() == frozenset()
