@@ -96,6 +96,8 @@ class AgentProcess:
     process: subprocess.Popen[bytes] | None = None
     log_offset: int = 0
     """Where this start's part of ``agent.log`` begins (a restart appends to the same file)."""
+    listened: bool = False
+    """This start printed its listening line (once seen, its log is not read for it again)."""
 
     @property
     def log_path(self) -> Path:
@@ -209,6 +211,7 @@ class LocalMesh:
         agent.datasets_dir.mkdir(parents=True, exist_ok=True)
         with agent.log_path.open("ab") as log:
             agent.log_offset = log.tell()
+            agent.listened = False
             agent.process = subprocess.Popen(
                 self.command(agent),
                 stdout=log,
@@ -376,8 +379,11 @@ def _log_since_start(agent: AgentProcess) -> bytes:
 
 
 def _listening(agent: AgentProcess) -> bool:
-    """The agent printed the line ``shoal agent`` prints once it serves (since its last start)."""
-    return b'{"event": "listening"' in _log_since_start(agent)
+    """The agent printed the line ``shoal agent`` prints once it serves (since its last start).
+    Asked of every agent many times a second while a mesh starts: read until seen, then not."""
+    if not agent.listened:
+        agent.listened = b'{"event": "listening"' in _log_since_start(agent)
+    return agent.listened
 
 
 def _port_taken(agent: AgentProcess) -> bool:

@@ -8,11 +8,12 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent.job.jobspec import JobSpec, Resources
-from agent.sandbox.localmesh import LocalMesh, compile_sources
+from agent.sandbox.localmesh import AgentProcess, LocalMesh, _listening, compile_sources
 from tests.agent.agents import Mesh
 
 pytestmark = pytest.mark.slow
@@ -113,11 +114,25 @@ def test_the_sources_an_agent_imports_are_compiled_once_before_agents_start(tmp_
 
 
 def test_agents_start_no_more_at_once_than_the_machine_is_told(tmp_path: Path) -> None:
-    mesh = LocalMesh(tmp_path, 3, profiles=("l4:1",), starting_max=1)
+    class Recording(LocalMesh):
+        """Notes, at each start, whether every agent started before it listens already."""
+
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            super().__init__(*args, **kw)
+            self.others_listening: list[bool] = []
+
+        def start_agent(self, agent: AgentProcess) -> None:
+            started = [a for a in self.agents if a.process is not None]
+            self.others_listening.append(all(_listening(a) for a in started))
+            super().start_agent(agent)
+
+    mesh = Recording(tmp_path, 3, profiles=("l4:1",), starting_max=1)
     mesh.start()
     try:
         assert [a.process is not None for a in mesh.agents] == [True, False, False]
         converged_s = asyncio.run(mesh.wait_converged(timeout_s=60))
         assert converged_s >= 0 and all(a.running for a in mesh.agents)
+        # one at a time: each started once the one before it listened
+        assert mesh.others_listening == [True, True, True]
     finally:
         mesh.stop()
