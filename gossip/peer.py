@@ -384,9 +384,9 @@ class Peer:
         """The median of the recent measured probe RTTs to ``node`` in seconds, if any."""
         return self._vivaldi.measured_rtt_s(node)
 
-    def measured_nodes(self) -> frozenset[str]:
-        """The members with measured RTTs (those probed lately: a few, whatever N)."""
-        return self._vivaldi.measured()
+    def measured_nodes(self) -> list[str]:
+        """See :func:`gossip.probing.measured_contacts`."""
+        return probing.measured_contacts(self, self._vivaldi.measured())
 
     def probe_soon(self, node: str, now: float) -> bool:
         """A hint that ``node`` may be gone (the transport saw its connection end, or could not

@@ -9,7 +9,7 @@ Functions of the peer's state, which they take as ``peer``; sans-I/O like the pe
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -93,6 +93,13 @@ def is_contact(peer: Peer, m: Member) -> bool:
     """``m`` is one of our ring neighbours (always true with the rings off)."""
     nb = neighbourhood(peer)
     return nb is None or m in nb.contacts
+
+
+def measured_contacts(peer: Peer, measured: Iterable[str]) -> list[str]:
+    """The ``measured`` members (with RTT samples) this node probes now, its ring neighbours: a
+    few, whatever N; not those it probed before members joined and the rings moved."""
+    members = peer._members
+    return [n for n in measured if (m := members.get(n)) is not None and is_contact(peer, m)]
 
 
 def contact_members(

@@ -104,7 +104,7 @@ class GossipMesh:
             return {}
         peer = self._node.peer
         out: dict[str, tuple[float | None, float | None]] = {}
-        for node in peer.measured_nodes():  # a few, whatever the mesh's size
+        for node in peer.measured_nodes():  # those it probes now: a few, whatever N
             m = peer.member(node)
             rtt_s = peer.measured_rtt(node)
             if node != self.node_id and m is not None and m.state in _LIVE and rtt_s is not None:

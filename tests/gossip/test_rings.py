@@ -164,3 +164,16 @@ def test_a_hint_moves_only_a_ring_neighbour_to_the_front_of_the_probes() -> None
     far = next(m.node for m in peer._others if m not in nb.contacts)
     assert not peer.probe_soon(far, 1.0)
     assert peer.probe_soon(near, 1.0)
+
+
+def test_the_measured_round_trips_kept_are_the_ring_neighbours_only() -> None:
+    """A member once probed keeps RTT samples after the rings moved it away; the history's link
+    series (``measured_nodes``) are the neighbours', a few whatever N, not every member's."""
+    peer = _starting_peer(0)
+    nb = neighbourhood(peer)
+    assert nb is not None
+    near = nb.subjects[0]
+    far = next(m for m in peer._others if m not in nb.contacts)
+    for m in (near, far):  # samples to both: ``far`` was a neighbour before the others joined
+        peer._vivaldi.update(m.node, peer._vivaldi.coord, 0.002)
+    assert peer.measured_nodes() == [near.node]
