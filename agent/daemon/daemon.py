@@ -429,9 +429,11 @@ class Agent:
                 self.runner.on_job_record(job_id)
         if isinstance(event, MemberDead | MemberLeft) and event.node != self.node_id:
             how = "dead" if isinstance(event, MemberDead) else "left"
-            if self.mesh.reports_on(event.node):  # one agent tells the mesh; each logs it
-                self.events.add("member_" + how, f"{event.node[:8]} is {how}")
-            else:
+            told = self.mesh.gone(event.node, how)  # one agent tells the mesh; each logs it
+            for node, node_how in told:
+                if node == event.node or not self.events.told("member_" + node_how, node[:8]):
+                    self.events.add("member_" + node_how, f"{node[:8]} is {node_how}")
+            if all(node != event.node for node, _ in told):
                 log.info("member_%s: %s is %s", how, event.node[:8], how)
             self.calls.gang_desk.owner_gone(event.node)
             if not self._stopping:  # leaving: the agents that stay take over, not us

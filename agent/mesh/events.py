@@ -100,6 +100,10 @@ class EventLog:
             )
             self._seen[origin] = row.n
 
+    def told(self, kind: str, prefix: str) -> bool:
+        """The log holds an event of ``kind`` (any node's) whose message starts with ``prefix``."""
+        return any(e["kind"] == kind and e["message"].startswith(prefix) for e in self._events)
+
     def since(self, seq: int, limit: int = 500) -> EventsDoc:
         """Events after ``seq`` (oldest first, at most ``limit``) and the ``next`` to ask for."""
         from agent.wire.documents import EventDoc, EventsDoc  # loaded on the first read

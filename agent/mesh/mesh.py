@@ -11,14 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from bisect import bisect_right
 from collections.abc import Iterable
+from typing import Final
 
 from agent.mesh.view import live_agents
 from gossip.certtrust import CertTrust
 from gossip.membership import MemberInfo
 from gossip.messages import MemberState
 from gossip.node import GossipNode
+from gossip.relay import ring_successors
 
 _LIVE = (MemberState.ALIVE, MemberState.SUSPECT)
 
@@ -35,6 +36,7 @@ class GossipMesh:
         """Set at every membership event (the caller does): wakes ``wait_members``."""
         self._live: tuple[float, list[str]] | None = None
         """The live agents as last counted, and when (``time.monotonic``)."""
+        self._gone = GoneReports(node_id)
 
     def membership_changed(self) -> None:
         """A member joined, died, left or came back: wakes the watches, recounts the live."""
@@ -111,10 +113,12 @@ class GossipMesh:
                 out[node] = (peer.rtt_estimate(self.node_id, node), rtt_s)
         return out
 
-    def reports_on(self, node_id: str) -> bool:
-        """This agent is the one that tells the mesh about ``node_id``'s end: the first live
-        agent after it in node-id order (see :func:`reporter_of`)."""
-        return reporter_of(node_id, self.live_agents()) == self.node_id
+    def gone(self, node_id: str, how: str) -> list[tuple[str, str]]:
+        """``node_id`` died or left (``how``): the ends this agent tells the mesh about now, as
+        (node, how): its own to report, the first live agent after it in node-id order (see
+        :func:`reporter_of`), and those an agent gone with it was to report
+        (:class:`GoneReports`)."""
+        return self._gone.gone(node_id, how, self.live_agents(), time.monotonic())
 
     def member_count(self) -> int:
         """Members alive or suspect, this one included."""
@@ -145,7 +149,49 @@ def reporter_of(node_id: str, live: Iterable[str]) -> str | None:
     handful of false deaths into tens of thousands of event records. Members whose views differ
     may name two reporters for a moment, or none (the death is still in every agent's log).
     """
-    ring = sorted(n for n in live if n != node_id)
-    if not ring:
-        return None
-    return ring[bisect_right(ring, node_id) % len(ring)]
+    successor = ring_successors(sorted(live), node_id, 1, lambda _n: True)
+    return successor[0] if successor else None
+
+
+GONE_KEPT_S: Final = 60.0
+"""How long an agent remembers a death another agent was to report (see :class:`GoneReports`)."""
+
+
+class GoneReports:
+    """Which deaths and leaves this agent publishes as events (sans-I/O).
+
+    Its own to report (:func:`reporter_of`), and one more case: two neighbours in node-id order
+    gone together (a rack losing power). Agents that see the first dead while the second still
+    looks alive name the second as its reporter and only log it; when the second is declared
+    dead too, the first's death would never reach the feed. So each agent remembers, for
+    :data:`GONE_KEPT_S`, the deaths another agent was to report; when that agent is gone in
+    turn, the successor among the live reports those too, unless the feed has them already."""
+
+    def __init__(self, me: str) -> None:
+        self._me = me
+        self._theirs: dict[str, tuple[str, str | None, float]] = {}
+        """Gone node -> (how: dead or left, the agent named to report it, when seen)."""
+
+    def gone(
+        self, node_id: str, how: str, live: Iterable[str], now_s: float
+    ) -> list[tuple[str, str]]:
+        """``node_id`` is ``how`` (``dead``, ``left``); ``live``: the live agents now. The
+        (node, how) this agent publishes now, its own first."""
+        live = frozenset(live)
+        self._theirs = {n: v for n, v in self._theirs.items() if now_s - v[2] <= GONE_KEPT_S}
+        out: list[tuple[str, str]] = []
+        reporter = reporter_of(node_id, live)
+        if reporter == self._me:
+            out.append((node_id, how))
+        elif node_id != self._me:
+            self._theirs[node_id] = (how, reporter, now_s)
+        for other, (other_how, named, at_s) in list(self._theirs.items()):
+            if named != node_id or other == node_id:
+                continue
+            now_named = reporter_of(other, live)
+            if now_named == self._me:
+                out.append((other, other_how))
+                del self._theirs[other]
+            else:
+                self._theirs[other] = (other_how, now_named, at_s)
+        return out

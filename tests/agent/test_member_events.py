@@ -12,15 +12,6 @@ from tests.agent.agents import started
 pytestmark = pytest.mark.slow
 
 
-def test_the_reporter_is_the_first_live_agent_after_the_gone_one_wrapping_round() -> None:
-    live = ["b", "d", "f"]
-    assert reporter_of("c", live) == "d"
-    assert reporter_of("d", live) == "f"  # the gone one may still be listed: never itself
-    assert reporter_of("g", live) == "b"  # past the last: the first
-    assert reporter_of("a", []) is None
-    assert reporter_of("a", ["a"]) is None
-
-
 def test_a_killed_agent_is_one_member_dead_event_in_every_agents_feed(tmp_path: Path) -> None:
     with started(tmp_path, ["l4:1"] * 4) as mesh:
         gone = mesh.agents[2]
