@@ -140,7 +140,7 @@ def run_policy(
         "moves": sim.moves,
         "owners": config.owners,
         "gossip_delay_s": config.gossip_delay_s,
-        "view_lag_s": config.view_lag_s,
+        "view_lag_s": config.view_lag_s if name == "shoal" else None,
         "quota_desk": config.quota_desk,
         "decision_cpu_ms_p50": pct(sim.decision_cpu_ms, 50),
         "decision_cpu_ms_p99": pct(sim.decision_cpu_ms, 99),
@@ -277,6 +277,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--team-max must be at least 1 (a maximum below the guarantee)")
     if a.workload is not None and not fill:
         ap.error("--workload goes with an openb pod list")
+    if a.view_lag < 0:
+        ap.error("--view-lag must not be negative")
+    if a.view_lag > 0 and ("shoal" not in names or a.owners < 2):
+        ap.error("--view-lag lags half of the shoal policy's owners: needs shoal, --owners 2+")
     team_max = 2.0 if a.team_max is None else a.team_max
     workload = a.workload or "list"
     quotas = equal_quotas(a.teams, total, team_max) if a.teams > 0 else ()

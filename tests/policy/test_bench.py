@@ -209,6 +209,9 @@ def test_openb_the_policy_is_told_the_whole_lists_shapes_from_the_first_pod() ->
         (("--team-max", "1.5"), "--desk and --team-max go with --teams"),
         (("--teams", "4", "--team-max", "0.5"), "--team-max must be at least 1"),
         (("--workload", "arrived"), "--workload goes with an openb pod list"),
+        (("--view-lag", "-1"), "--view-lag must not be negative"),
+        (("--view-lag", "5", "--owners", "1"), "lags half of the shoal policy's owners"),
+        (("--policy", "fifo", "--view-lag", "5"), "lags half of the shoal policy's owners"),
     ],
 )
 def test_an_option_the_run_would_not_use_is_refused(
