@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import zlib
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from agent.policy.config import PolicyConfig
 from agent.policy.fragmentation import FragKey, Shape, normalize
@@ -41,22 +41,28 @@ def req_key(job: Job) -> tuple[object, ...]:
     )
 
 
-def shape_of(job: Job) -> Shape:
+def shape_of(job: Job, models: bool = True) -> Shape:
+    """The job's shape; ``models``: with the GPU models it accepts (in one order), else any."""
+    named = tuple(sorted(job.models)) if models else ()
     if job.is_share:
         fraction = job.share_fraction if job.share_fraction is not None else 0.5
-        return Shape(1, min(fraction, 0.999), job.cpu_milli, models=job.models)
-    return Shape(job.gpus_per_node, 1.0, job.cpu_milli, models=job.models)
+        return Shape(1, min(fraction, 0.999), job.cpu_milli, models=named)
+    return Shape(job.gpus_per_node, 1.0, job.cpu_milli, models=named)
 
 
-def workload_shapes(snapshot: Snapshot) -> tuple[Shape, ...]:
-    """The shapes fragmentation is measured against: the snapshot's, else the jobs in it."""
+def workload_shapes(snapshot: Snapshot, models: bool = True) -> tuple[Shape, ...]:
+    """The shapes fragmentation is measured against: the snapshot's, else the jobs in it.
+    ``models``: the shapes keep the GPU models they accept (read under ``packing`` only; else
+    shapes that differ only in their models are one)."""
     if snapshot.shapes:
-        return normalize(snapshot.shapes)
+        return normalize(
+            snapshot.shapes if models else [replace(s, models=()) for s in snapshot.shapes]
+        )
     counts: Counter[Shape] = Counter()
     for job in snapshot.pending:
-        counts[shape_of(job)] += 1
+        counts[shape_of(job, models)] += 1
     for r in snapshot.running:
-        counts[shape_of(r.job)] += 1
+        counts[shape_of(r.job, models)] += 1
     if not counts:
         return normalize([Shape(1)])
     return normalize(

@@ -125,7 +125,7 @@ def context(
     state.index.refresh(snapshot.nodes)
     state.running.refresh(snapshot.running)
     ctx = Context(snapshot, state.index, model, config or PolicyConfig(), owner)
-    ctx.shapes = workload_shapes(snapshot)
+    ctx.shapes = workload_shapes(snapshot, models=ctx.config.objective == "packing")
     ctx.frag_models = ctx.config.objective == "packing" and constrained(ctx.shapes)
     ctx.frag_vectors = state.frag_vectors.for_shapes(ctx.shapes)
     state.passes += 1

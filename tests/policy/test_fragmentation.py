@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+from agent.policy.context import workload_shapes
 from agent.policy.fragmentation import (
     FragVectors,
     Shape,
@@ -11,6 +12,8 @@ from agent.policy.fragmentation import (
     normalize,
     shape_fragmentation,
 )
+from agent.policy.snapshot import Snapshot
+from tests.policy.helpers import job
 
 
 def _shapes(rng: random.Random) -> tuple[Shape, ...]:
@@ -91,3 +94,20 @@ def test_models_enter_the_kept_figures_and_the_fast_path_matches() -> None:
         table = vectors.for_shapes(shapes)
         assert node_fragmentation(free, cpu, shapes, {}, table, models) == want
         assert node_fragmentation(free, cpu, shapes, {}, table, models) == want
+
+
+def test_the_workload_names_gpu_models_only_where_they_are_read_and_in_one_order() -> None:
+    """Under ``packing`` a shape keeps the models it accepts, one shape whatever order a job
+    lists them in; otherwise the models are not read, and shapes that differ only there are
+    one (fewer shapes a pass, and one set of fragmentation vectors)."""
+    pending = (
+        job("a", gpus_per_node=1, models=("A100", "H100")),
+        job("b", gpus_per_node=1, models=("H100", "A100")),
+        job("c", gpus_per_node=1),
+    )
+    snap = Snapshot(now=0.0, nodes=(), pending=pending)
+    assert [(s.models, round(s.weight, 3)) for s in workload_shapes(snap)] == [
+        (("A100", "H100"), 0.667),
+        ((), 0.333),
+    ]
+    assert [(s.models, s.weight) for s in workload_shapes(snap, models=False)] == [((), 1.0)]
