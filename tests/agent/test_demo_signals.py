@@ -168,13 +168,14 @@ def test_the_first_stop_signal_ends_the_demo_and_the_next_ones_wait_for_its_clea
         os.kill(os.getpid(), signal.SIGINT)
         await asyncio.sleep(5.0)
 
+    before = signal.getsignal(signal.SIGINT)  # Python's default, unless a test before changed it
     with _Signals():
         with pytest.raises(_Stop):
             asyncio.run(live_table())
         for sig in (signal.SIGINT, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             os.kill(os.getpid(), sig)  # the cleanup goes on
         time.sleep(0.1)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is before  # not asyncio's, nor ignored
 
 
 def test_a_demo_killed_outright_leaves_no_agent_running() -> None:
