@@ -234,6 +234,8 @@ def decide(
                 starts.append(_owed(job, plan, ctx, state, ledger, stopping, preemptions))
                 owed_moves.extend(plan.moves)
                 continue
+        if pre is None and reclaims:
+            pre = reclaim(job, ctx, state, busy, ledger, straddle=True)
         if pre is None and tries < cfg.preempt_tries:
             tries += 1
             pre = preempt(job, ctx, state, busy, ledger)

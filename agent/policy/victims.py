@@ -69,13 +69,28 @@ def _landing(job: Job, ctx: Context) -> bool:
 
 
 def reclaim(
-    job: Job, ctx: Context, state: PolicyState, busy: set[str], ledger: Ledger
+    job: Job,
+    ctx: Context,
+    state: PolicyState,
+    busy: set[str],
+    ledger: Ledger,
+    *,
+    straddle: bool = False,
 ) -> Preemption | None:
     """A team below its guarantee takes GPUs back: preemptible jobs of other teams that hold
     more than they are guaranteed (borrowers) may be stopped, whatever their priority and
     however briefly they ran, as long as no borrower is left below its own guarantee (so one
-    reclaim never sets off another; :mod:`agent.policy.teams`)."""
+    reclaim never sets off another; :mod:`agent.policy.teams`).
+
+    ``straddle`` (the last resort of a job owed its guarantee): what teams borrowed may be part
+    of jobs larger than it (3 GPUs borrowed as part of a 4-GPU job), which no reclaim could take
+    back, so the owed job would wait for jobs to end. Then a borrower may be left below its
+    guarantee, by less than the job's team is below its own: the largest shortfall among the
+    teams shrinks with each such reclaim, so they cannot go round in a loop."""
     if not ctx.config.preemption or job.gpus_per_node == 0:
+        return None
+    slack = ledger.short_of(job.team) if straddle else 0.0
+    if straddle and slack <= 0:
         return None
     by_node: dict[str, list[Running]] = {}
     for node_id, runs in state.running.by_node.items():
@@ -85,14 +100,15 @@ def reclaim(
             if r.job.preemptible
             and r.job.job_id not in busy
             and r.job.team != job.team
-            and ledger.reclaimable((r,))
+            and ledger.reclaimable((r,), straddle=slack)
         ]
         if borrowed:
             by_node[node_id] = borrowed
     if not by_node:
         return None
     pre = preempt_for(job, ctx, by_node, checked=True)
-    if pre is None or not ledger.reclaimable(state.running.jobs[v] for v in pre.victims):
+    victims = [state.running.jobs[v] for v in pre.victims] if pre is not None else []
+    if pre is None or not ledger.reclaimable(victims, straddle=slack):
         return None
     return take_over(job, pre, ctx, state, busy)
 

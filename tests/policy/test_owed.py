@@ -91,3 +91,29 @@ def test_no_time_slicing_within_a_team_while_a_start_of_it_is_in_flight() -> Non
     landing = Snapshot(NOW, (n,), (new,), (r_old,), teams=_teams(1, a=1.0))
     d = decide(landing, ThroughputModel(), CONFIG, state=PolicyState())
     assert d.preemptions == () and d.assignment("a-new") is None
+
+
+def test_a_reclaim_takes_a_job_borrowed_gpus_are_part_of_when_nothing_else_frees_a_node() -> None:
+    """Team a holds 2 of its 4 and needs 2 GPUs of one node; team b borrows 3 GPUs as part of
+    its 4-GPU job, which no reclaim of what was borrowed could take. That job is reclaimed: b is
+    left 1 below its guarantee, less than the 2 a was. Where b would be left as far below its
+    guarantee as a is (b guaranteed 3: 3 below), it is not."""
+    b_job = job("b-four", team="b", preemptible=True, gpus_per_node=4)
+    c_job = job("c-four", team="c", preemptible=True, gpus_per_node=4)
+    a_job = job("a-two", team="a", preemptible=True, gpus_per_node=2)
+    n1, r_b = _on(node("n1", "v100", 4), b_job, 0)
+    n2, r_c = _on(node("n2", "v100", 4), c_job, 0)
+    n3, r_a = _on(node("n3", "v100", 2), a_job, 0)
+    owed = job("a-owed", team="a", preemptible=True, gpus_per_node=2, submitted_at=NOW - 10.0)
+    config = PolicyConfig(time_slice=())
+
+    def snap(b_guaranteed: float) -> Snapshot:
+        quotas = (TeamQuota("a", 4, 8), TeamQuota("b", b_guaranteed, 8), TeamQuota("c", 64, 64))
+        return Snapshot(NOW, (n1, n2, n3), (owed,), (r_b, r_c, r_a), teams=Teams(quotas))
+
+    d = decide(snap(1), ThroughputModel(), config, state=PolicyState())
+    assert [p.victims for p in d.preemptions] == [("b-four",)]
+    start = d.assignment("a-owed")
+    assert start is not None and start.after == ("b-four",)
+    d = decide(snap(3), ThroughputModel(), config, state=PolicyState())
+    assert d.preemptions == () and d.assignment("a-owed") is None
