@@ -7,7 +7,9 @@ and quotas is turned into these by whoever builds the snapshot; the policy does 
   its team past a maximum waits. A team below its guarantee with a job that fits nowhere takes
   GPUs back: it preempts preemptible jobs of teams above their guarantee (the borrowers), the
   cheapest first, whatever their priority and however briefly they ran, but never more of a
-  team than it holds beyond its guarantee (so a reclaim never sets off another).
+  team than it holds beyond its guarantee (so a reclaim never sets off another); as a last
+  resort, when what a team borrowed is part of a larger job, it may leave that team below its
+  guarantee by less than the team reclaiming is below its own.
 - **Fair share** (:class:`FairShare`): GPU-seconds weighted by the device's speed (reference
   seconds), halved every ``half_life_s``, per team and per user within a team. Among jobs of one
   priority and deadline, the team that used least for its share goes first, and within a team
