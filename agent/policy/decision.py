@@ -3,7 +3,9 @@
 1. The pending jobs in queue order (:mod:`agent.policy.queue`). Each takes its best candidate
    (:mod:`agent.policy.place`, :mod:`agent.policy.gangs`) if it has one; else a preemption if the
    rules allow one (:mod:`agent.policy.preempt`); else it waits, and the first job that waits gets
-   a reservation that later jobs may only backfill around.
+   a reservation that later jobs may only backfill around. With team quotas, jobs stopping that
+   their team is owed are placed first, and a preemption's victims and the jobs left waiting that
+   their team is owed once it is made are placed at once (:mod:`agent.policy.owed`).
 2. The jobs starting in this pass are placed again in order of how much they care which device
    they get (the spread of their speeds over the fleet's models), so the job that gains most from
    a fast device gets it rather than whoever came first; if that leaves any of them without room,
@@ -35,12 +37,14 @@ from agent.policy.guarantee import Guarantee, guarantee_for
 from agent.policy.index import Group
 from agent.policy.model import ThroughputModel
 from agent.policy.moves import Move, moves_to_idle, swap_for
+from agent.policy.owed import restart_owed, revisit, served
 from agent.policy.place import Candidate, kind_reason, rank, score_words, speed_spread
-from agent.policy.preempt import Preemption, may_preempt, preempt_for
-from agent.policy.queue import Reservation, level, queue_order
-from agent.policy.snapshot import Job, Placement, Running, Snapshot
+from agent.policy.preempt import Preemption
+from agent.policy.queue import Reservation, queue_order
+from agent.policy.snapshot import Job, Placement, Snapshot
 from agent.policy.state import PolicyState
 from agent.policy.teams import Ledger
+from agent.policy.victims import model_at, preempt, reclaim
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +171,8 @@ def decide(
     owed_moves: list[Move] = []
     starts: list[_Start] = []
     preemptions: list[Preemption] = []
+    displaced: list[Job] = list(snapshot.stopping) if ledger.active else []
+    revisited: set[str] = set()
     waiting: list[Waiting] = []
     held: list[tuple[Job, int]] = []
     reservation: Reservation | None = None
@@ -178,6 +184,9 @@ def decide(
     reserve_tried = False
     tries = owed_tries = 0
     held_for = _held_nodes(state, snapshot)
+    if displaced:
+        again = restart_owed(displaced, ctx, state, busy, ledger, stopping, preemptions)
+        starts.extend(_Start(r.job, r.cand, (), after=r.after) for r in again)
     for i, job in enumerate(order):
         never = never_reason(job, ctx, state)
         if never is not None:
@@ -215,7 +224,7 @@ def decide(
             ledger.add(job, best.model)
             idle = ctx.index.has_idle()
             continue
-        pre = _reclaim(job, ctx, state, busy, ledger) if reclaims else None
+        pre = reclaim(job, ctx, state, busy, ledger) if reclaims else None
         if pre is None and reclaims and owed_tries < cfg.preempt_tries:
             owed_tries += 1
             exclude = _held_from(job, held_for)
@@ -224,18 +233,26 @@ def decide(
                 starts.append(_owed(job, plan, ctx, state, ledger, stopping, preemptions))
                 owed_moves.extend(plan.moves)
                 continue
+        if pre is None and reclaims:
+            pre = reclaim(job, ctx, state, busy, ledger, straddle=True)
         if pre is None and tries < cfg.preempt_tries:
             tries += 1
-            pre = _preempt(job, ctx, state, busy, ledger)
+            pre = preempt(job, ctx, state, busy, ledger)
         if pre is not None:
             preemptions.append(pre)
             for victim_id in pre.victims:
                 victim = state.running.jobs[victim_id]
                 ledger.remove(victim.job, victim.device_model)
                 apply.stopping((victim,), stopping)
-            ledger.add(job, _model_of(pre, ctx))
-            cand = Candidate(pre.placement, 0.0, (("preemption", 0.0),), 1.0, _model_of(pre, ctx))
+            on = model_at(pre.placement, ctx)
+            ledger.add(job, on)
+            cand = Candidate(pre.placement, 0.0, (("preemption", 0.0),), 1.0, on)
             starts.append(_Start(job, cand, (), after=pre.victims))
+            if ledger.active:  # the victims, and jobs left waiting, its team is owed now
+                displaced.extend(served(state.running.jobs[v], now) for v in pre.victims)
+                again = restart_owed(displaced, ctx, state, busy, ledger, stopping, preemptions)
+                again += revisit(held, job.team, ctx, ledger, stopping, revisited)
+                starts.extend(_Start(r.job, r.cand, (), after=r.after) for r in again)
             continue
         held.append((job, i))
         if not cfg.backfill:
@@ -278,6 +295,9 @@ def decide(
     for s in starts:
         if s.after:
             state.promised[s.job.job_id] = (s.cand.placement, now, now + cfg.defrag_hold_s)
+    for m in moves:
+        if m.after:
+            state.promised[m.job_id] = (m.placement, now, now + cfg.defrag_hold_s)
     fc: dict[str, Forecast] = {}
     if forecasts:
         started = [(s.job, s.cand.model, now) for s in starts]
@@ -322,14 +342,18 @@ def _held_nodes(state: PolicyState, snapshot: Snapshot) -> dict[str, str]:
 
 def _keep_promises(state: PolicyState, snapshot: Snapshot, ctx: Context) -> None:
     """Index the idle devices promised to starts in flight as theirs (:attr:`PolicyState.promised`);
-    a promise ends when its job runs or its hold does."""
+    a promise ends when its hold does, when its job runs elsewhere, or once the nodes' records
+    show it running there (the job's own record may say it started before its node's does)."""
     if not state.promised:
         return
     waiting = {j.job_id for j in snapshot.pending}
     for job_id, (placement, made_at, until) in list(state.promised.items()):
         r = state.running.jobs.get(job_id)
-        if until <= snapshot.now or (
-            r is not None and (r.placement == placement or r.started_at >= made_at)
+        there = r is not None and r.placement == placement
+        if (
+            until <= snapshot.now
+            or (r is not None and not there and r.started_at >= made_at)
+            or (there and _shown(placement, ctx))
         ):
             del state.promised[job_id]
         elif job_id not in waiting:
@@ -339,6 +363,15 @@ def _keep_promises(state: PolicyState, snapshot: Snapshot, ctx: Context) -> None
                 if idle:
                     stand_in = Job(job_id, gpus_per_node=len(idle))
                     apply.take(ctx.index, stand_in, Placement((node_id,), (tuple(idle),)))
+
+
+def _shown(placement: Placement, ctx: Context) -> bool:
+    """Whether no device of ``placement`` is idle in the nodes' records."""
+    for node_id, keys in zip(placement.node_ids, placement.devices, strict=True):
+        node = ctx.index.node(node_id)
+        if node is not None and any(d.is_free for d in node.devices if d.key in keys):
+            return False
+    return True
 
 
 def _held_from(job: Job, held_for: Mapping[str, str]) -> frozenset[str]:
@@ -386,110 +419,10 @@ def _owed(
         apply.stopping((r,), stopping)
         if job_id in plan.victims:
             ledger.remove(r.job, r.device_model)
-    model = _model_at(plan.placement, ctx)
+    model = model_at(plan.placement, ctx)
     ledger.add(job, model)
     cand = Candidate(plan.placement, 0.0, (("guarantee", 0.0),), 1.0, model)
     return _Start(job, cand, (), after=plan.after)
-
-
-def _model_of(pre: Preemption, ctx: Context) -> str:
-    return _model_at(pre.placement, ctx)
-
-
-def _model_at(placement: Placement, ctx: Context) -> str:
-    node = ctx.index.node(placement.node_id)
-    if node is None:
-        return ""
-    keys = set(placement.devices[0])
-    return next((d.model for d in node.devices if d.key in keys), "")
-
-
-def _preempt(
-    job: Job, ctx: Context, state: PolicyState, busy: set[str], ledger: Ledger
-) -> Preemption | None:
-    """A preemption by priority or time slicing; with team quotas, never one that leaves
-    another team below its guarantee (it would take the GPUs straight back)."""
-    if not ctx.config.preemption or job.gpus_per_node == 0:
-        return None
-    if not _may_preempt_any(job, state, bool(ctx.config.time_slice)):
-        return None
-    levels = ctx.config.time_slice
-    served = level(job.attained_gpu_s, levels) if levels and job.preemptible else -1
-    memo = (job.priority, job.preemptible, served)
-    held = ctx.eligible.get(memo)
-    if held is None:  # who may be stopped depends on the job only through these three
-        held = ctx.eligible[memo] = {}
-        for node_id, runs in state.running.by_node.items():
-            eligible = [r for r in runs.values() if may_preempt(job, r, ctx)]
-            if eligible:
-                held[node_id] = eligible
-    by_node: dict[str, list[Running]] = {}
-    teams = ledger.active
-    for node_id, may in held.items():
-        free = [
-            r
-            for r in may
-            if r.job.job_id not in busy and (not teams or ledger.reclaimable((r,), job.team))
-        ]
-        if free:
-            by_node[node_id] = free
-    if not by_node:
-        return None
-    pre = preempt_for(job, ctx, by_node, checked=True)
-    if teams and pre is not None:
-        victims = (state.running.jobs[v] for v in pre.victims)
-        if not ledger.reclaimable(victims, job.team):
-            return None
-    return _take_over(job, pre, ctx, state, busy)
-
-
-def _reclaim(
-    job: Job, ctx: Context, state: PolicyState, busy: set[str], ledger: Ledger
-) -> Preemption | None:
-    """A team below its guarantee takes GPUs back: preemptible jobs of other teams that hold
-    more than they are guaranteed (borrowers) may be stopped, whatever their priority and
-    however briefly they ran, as long as no borrower is left below its own guarantee (so one
-    reclaim never sets off another; :mod:`agent.policy.teams`)."""
-    if not ctx.config.preemption or job.gpus_per_node == 0:
-        return None
-    by_node: dict[str, list[Running]] = {}
-    for node_id, runs in state.running.by_node.items():
-        borrowed = [
-            r
-            for r in runs.values()
-            if r.job.preemptible
-            and r.job.job_id not in busy
-            and r.job.team != job.team
-            and ledger.reclaimable((r,))
-        ]
-        if borrowed:
-            by_node[node_id] = borrowed
-    if not by_node:
-        return None
-    pre = preempt_for(job, ctx, by_node, checked=True)
-    if pre is None or not ledger.reclaimable(state.running.jobs[v] for v in pre.victims):
-        return None
-    return _take_over(job, pre, ctx, state, busy)
-
-
-def _take_over(
-    job: Job, pre: Preemption | None, ctx: Context, state: PolicyState, busy: set[str]
-) -> Preemption | None:
-    """Free a preemption's victims in the index and give their devices to ``job``."""
-    if pre is None:
-        return None
-    for victim_id in pre.victims:
-        victim = state.running.jobs[victim_id]
-        apply.release(ctx.index, victim.job, victim.placement)
-        busy.add(victim_id)
-    apply.take(ctx.index, job, pre.placement)
-    return pre
-
-
-def _may_preempt_any(job: Job, state: PolicyState, slicing: bool) -> bool:
-    if slicing and job.preemptible:
-        return any(p <= job.priority for p in state.running.preemptible)
-    return any(p < job.priority for p in state.running.preemptible)
 
 
 RESERVE_SCAN = 64

@@ -252,3 +252,7 @@ class Snapshot:
     measured against (FGD). Empty: the shapes of the jobs in this snapshot."""
     teams: Teams | None = None
     """Team quotas and fair-share usage (:mod:`agent.policy.teams`); ``None``: no teams."""
+    stopping: tuple[Job, ...] = ()
+    """Jobs stopping now (preempted, in their grace period), each queued again once it has
+    stopped; not in ``pending``. One that its team is owed may be placed before then: its start
+    names it in ``after`` (it waits for its own stop)."""

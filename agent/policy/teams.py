@@ -7,7 +7,9 @@ and quotas is turned into these by whoever builds the snapshot; the policy does 
   its team past a maximum waits. A team below its guarantee with a job that fits nowhere takes
   GPUs back: it preempts preemptible jobs of teams above their guarantee (the borrowers), the
   cheapest first, whatever their priority and however briefly they ran, but never more of a
-  team than it holds beyond its guarantee (so a reclaim never sets off another).
+  team than it holds beyond its guarantee (so a reclaim never sets off another); as a last
+  resort, when what a team borrowed is part of a larger job, it may leave that team below its
+  guarantee by less than the team reclaiming is below its own.
 - **Fair share** (:class:`FairShare`): GPU-seconds weighted by the device's speed (reference
   seconds), halved every ``half_life_s``, per team and per user within a team. Among jobs of one
   priority and deadline, the team that used least for its share goes first, and within a team
@@ -146,14 +148,29 @@ class Ledger:
             return held
         return max(0.0, held - max(q.guaranteed_gpus for q in quotas))
 
-    def reclaimable(self, victims: Iterable[Running], team: str | None = None) -> bool:
+    def short_of(self, team: str) -> float:
+        """GPUs ``team`` holds below its guarantee (on any device); 0 if none."""
+        if self.teams is None:
+            return 0.0
+        quotas = [q.guaranteed_gpus for q in self.teams.quotas_of(team) if q.model is None]
+        return max(0.0, max(quotas) - self.in_use(team, None)) if quotas else 0.0
+
+    def reclaimable(
+        self, victims: Iterable[Running], team: str | None = None, *, straddle: float = 0.0
+    ) -> bool:
         """Whether stopping ``victims`` leaves each of their teams at or above its guarantee:
         a reclaim takes back only what was borrowed, so it never sets off another. Victims of
-        ``team`` itself (a team preempting its own jobs) always may be."""
+        ``team`` itself (a team preempting its own jobs) always may be. ``straddle`` > 0: a
+        team that borrows may be left below its guarantee, by less than ``straddle``."""
         taken: dict[str, float] = {}
         for r in victims:
             if team is None or r.job.team != team:
                 taken[r.job.team] = taken.get(r.job.team, 0.0) + _gpus(r.job)
+        if straddle > 0:
+            return all(
+                self.borrowed(t) > 0 and gpus < self.borrowed(t) + straddle - 1e-9
+                for t, gpus in taken.items()
+            )
         return all(gpus <= self.borrowed(team) + 1e-9 for team, gpus in taken.items())
 
 

@@ -86,6 +86,9 @@ class Simulation:
             self.jobs[job_id] = SimJob(tj, policy_job(job_id, tj, owner), owner)
         self.pending: dict[str, Job] = {}
         self._pending_tuple: tuple[Job, ...] | None = None
+        self._stopping_tuple: tuple[Job, ...] = ()
+        self._release_at: dict[str, float] = {}
+        """When each job stopping will have stopped."""
         self.running: dict[str, Running] = {}
         self._running_tuple: tuple[Running, ...] | None = None
         self._events: list[tuple[float, int, str, object]] = []
@@ -225,6 +228,8 @@ class Simulation:
             self._pending_tuple = tuple(
                 j for j in self.pending.values() if not self.jobs[j.job_id].in_flight
             )
+            stopping = (self.jobs[j.job_id] for j in self.pending.values())
+            self._stopping_tuple = tuple(sj.job for sj in stopping if sj.in_flight and not sj.held)
         if self._running_tuple is None:
             self._running_tuple = tuple(self.running.values())
         return Snapshot(
@@ -234,6 +239,7 @@ class Simulation:
             running=self._running_tuple,
             shapes=self.shapes(),
             teams=None if self.book is None else self.book.teams_now(self.now),
+            stopping=self._stopping_tuple,
         )
 
     def _review(self, payload: object) -> None:
@@ -263,7 +269,8 @@ class Simulation:
         declined: set[str] = set()
         for start in plan.starts:
             sj = self.jobs[start.job_id]
-            if sj.state != "pending" or sj.in_flight:
+            restart = start.job_id in start.after and not sj.held  # it stops first, then starts
+            if sj.state != "pending" or (sj.in_flight and not restart):
                 continue
             if start.after:
                 self._hold_for(sj, start)
@@ -322,19 +329,22 @@ class Simulation:
         return False
 
     def _hold_for(self, sj: SimJob, start: Start) -> None:
-        """A start that waits for jobs to stop: it goes ahead after the grace period."""
+        """A start that waits for jobs to stop: it goes ahead once they have (a grace period
+        from when each was stopped; one whose stop is not known, from now)."""
         if self.book is not None:
             self.book.starting(sj.job, +1)
-        sj.in_flight = True
+        sj.in_flight = sj.held = True
         self._pending_tuple = None
-        self._push(self.now + self.config.grace_s, "start", (sj.job.job_id, start.placements))
+        grace = self.now + self.config.grace_s
+        at = max(self._release_at.get(job_id, grace) for job_id in start.after)
+        self._push(at, "start", (sj.job.job_id, start.placements))
 
     def _delayed_start(self, payload: object) -> None:
         job_id, placements = cast(tuple[str, tuple[Placement, ...]], payload)
         sj = self.jobs[job_id]
         if self.book is not None:
             self.book.starting(sj.job, -1)
-        sj.in_flight = False
+        sj.in_flight = sj.held = False
         self._pending_tuple = None
         if sj.state != "pending" or not self._offer(sj, placements):
             self._tick_at(self.now)
@@ -535,14 +545,19 @@ class Simulation:
         self.preemptions += int(preempted)
         self._set_pending(sj)
         sj.in_flight = True  # it is stopping: not placed again until it has
-        self._push(self.now + self.config.grace_s, "release", (job_id, placement))
+        self._release_at[job_id] = self.now + self.config.grace_s
+        self._push(self.now + self.config.grace_s, "release", (job_id, placement, True))
 
     def _delayed_release(self, payload: object) -> None:
-        job_id, placement = cast(tuple[str, Placement], payload)
+        """Devices a job left are free: it has stopped (``ends_stop``; unless a start waits
+        for it, it may be placed again), or it left them moving."""
+        job_id, placement, ends_stop = cast(tuple[str, Placement, bool], payload)
         sj = self.jobs[job_id]
+        if ends_stop:
+            self._release_at.pop(job_id, None)
         for other in self._release(sj, placement):
             self._rerate(self.jobs[other])
-        if sj.state == "pending":
+        if ends_stop and sj.state == "pending" and not sj.held:
             sj.in_flight = False
             self._pending_tuple = None
         self._tick_at(self.now)
@@ -567,7 +582,7 @@ class Simulation:
             payload = (sj.job.job_id, sj.version, move.placement)
             self._push(self.now + self.config.grace_s, "moved", payload)
             return
-        self._push(self.now + self.config.grace_s, "release", (sj.job.job_id, old))
+        self._push(self.now + self.config.grace_s, "release", (sj.job.job_id, old, False))
         self._start(sj, move.placement, resume_at=self.now + self.config.move_cost_s)
 
     def _moved(self, payload: object) -> None:

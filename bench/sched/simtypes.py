@@ -149,6 +149,8 @@ class SimJob:
     """Reference seconds of work done in earlier segments (what the model learns from)."""
     running: Running | None = None
     in_flight: bool = False
+    """Not placed now: it is stopping, or its start waits for other jobs to stop (``held``)."""
+    held: bool = False
 
     def steps_at(self, t: float) -> float:
         if t <= self.seg_start:

@@ -197,8 +197,35 @@ def test_a_start_waiting_for_its_victims_keeps_its_idle_gpu() -> None:
     snap2 = Snapshot(now=1001.0, nodes=nodes, pending=(later,), running=rest, teams=TEAMS)
     d2 = decide(snap2, ThroughputModel(), CONFIG, state=state)
     assert d2.assignment("c-later") is None, d2.assignments
-    # it runs: the hold ends, and the idle GPU is anyone's again
+    # it runs, but the node's record does not say so yet: the hold stays
     ran = running(owed, "n1", ["n1/0", "n1/1"], started_at=1030.0)
     snap3 = Snapshot(now=1031.0, nodes=nodes, pending=(later,), running=(*rest, ran), teams=TEAMS)
-    decide(snap3, ThroughputModel(), CONFIG, state=state)
+    d3 = decide(snap3, ThroughputModel(), CONFIG, state=state)
+    assert d3.assignment("c-later") is None, d3.assignments
+    # the node's record shows it: the hold ends
+    shown = tuple(holding(n, owed, [0, 1]) if n.node_id == "n1" else n for n in nodes)
+    snap4 = Snapshot(now=1033.0, nodes=shown, pending=(later,), running=(*rest, ran), teams=TEAMS)
+    decide(snap4, ThroughputModel(), CONFIG, state=state)
     assert not state.promised
+
+
+def test_a_move_waiting_for_a_reclaim_keeps_the_idle_gpu_it_moves_onto() -> None:
+    """To free n1 for a-big, c1 moves to n2 onto b1's GPU (reclaimed) and n2's idle one: while
+    it waits for b1 to stop, a later job may not take that idle GPU."""
+    nodes, runs = _fleet(
+        {
+            "n1": [("b0", 1), ("c1", 2), ("", 1)],
+            "n2": [("b1", 1), ("", 1), ("c2", 2)],
+        }
+    )
+    teams = Teams((TeamQuota("a", 4, 12), TeamQuota("b", 0, 8), TeamQuota("c", 100, 100)))
+    state = PolicyState()
+    snap = Snapshot(now=1000.0, nodes=nodes, pending=(_big(),), running=runs, teams=teams)
+    d = decide(snap, ThroughputModel(), CONFIG, state=state)
+    move = next(m for m in d.moves if m.job_id == "c1")
+    assert move.after == ("b1",) and set(move.placement.devices[0]) == {"n2/0", "n2/1"}
+    later = job("c-later", team="c", preemptible=True, submitted_at=900.0)
+    rest = tuple(r for r in runs if r.job.job_id not in ("b0", "b1"))
+    snap2 = Snapshot(now=1001.0, nodes=nodes, pending=(later,), running=rest, teams=teams)
+    d2 = decide(snap2, ThroughputModel(), CONFIG, state=state)
+    assert d2.assignment("c-later") is None, d2.assignments
