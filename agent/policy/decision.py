@@ -33,7 +33,7 @@ from agent.policy.explain import behind_line, busy_line, never_reason
 from agent.policy.forecast import Forecast, _Duration, _Timeline, forecast, remaining_s
 from agent.policy.fragmentation import constrained
 from agent.policy.gangs import rank_gang
-from agent.policy.guarantee import Guarantee, guarantee_for
+from agent.policy.guarantee import Guarantee, guarantee_for, wants_guarantee
 from agent.policy.index import Group
 from agent.policy.model import ThroughputModel
 from agent.policy.moves import Move, moves_to_idle, swap_for
@@ -225,7 +225,7 @@ def decide(
             idle = ctx.index.has_idle()
             continue
         pre = reclaim(job, ctx, state, busy, ledger) if reclaims else None
-        if pre is None and reclaims and owed_tries < cfg.preempt_tries:
+        if pre is None and reclaims and wants_guarantee(job) and owed_tries < cfg.preempt_tries:
             owed_tries += 1
             exclude = _held_from(job, held_for)
             plan = guarantee_for(job, ctx, state.running, busy, ledger, exclude)
