@@ -142,6 +142,14 @@ def _reclaimable(r: Running, budget: Mapping[str, float]) -> bool:
     return r.job.preemptible and _gpus(r.job) <= budget.get(r.job.team, 0.0) + 1e-9
 
 
+def _host_room(job: Job, cpu_milli_free: int | None, mem_free_bytes: int | None) -> bool:
+    """The node's CPU and memory left (``None``: not reported) hold ``job``'s, as a runner
+    checks before it starts it."""
+    return (cpu_milli_free is None or cpu_milli_free >= job.cpu_milli) and (
+        mem_free_bytes is None or mem_free_bytes >= job.host_mem_bytes
+    )
+
+
 def _clearable(r: Running, ok: frozenset[str]) -> bool:
     """A job of one node holding some of ``ok``'s devices whole."""
     return (
@@ -211,6 +219,7 @@ class _Planner:
         ok = fitting_keys(self.job, node, self.ctx)
         assert ok is not None
         t = _Try(dict(self.budget), [], [], set(), targets=[node.node_id])
+        cpu_free, mem_free = node.cpu_milli_free, node.host_mem_free_bytes
         for r in clearable:
             if _reclaimable(r, t.budget):
                 t.budget[r.job.team] -= _gpus(r.job)
@@ -219,7 +228,11 @@ class _Planner:
             elif not self.move_off(t, r, node.node_id):
                 continue
             t.freed.update(r.placement.devices[0])
-            if devices_if_freed(self.job, node, t.freed, {}, ok) is not None:
+            cpu_free = None if cpu_free is None else cpu_free + r.job.cpu_milli
+            mem_free = None if mem_free is None else mem_free + r.job.host_mem_bytes
+            if devices_if_freed(self.job, node, t.freed, {}, ok) is not None and _host_room(
+                self.job, cpu_free, mem_free
+            ):
                 return t
         t.rollback(self.ctx)
         return None
@@ -255,7 +268,12 @@ class _Planner:
             if node is None or ok is None:
                 continue
             keys = devices_if_freed(r.job, node, set(v.placement.devices[0]), {}, ok)
-            if keys is None:
+            cpu, mem = node.cpu_milli_free, node.host_mem_free_bytes
+            if keys is None or not _host_room(
+                r.job,
+                None if cpu is None else cpu + v.job.cpu_milli,
+                None if mem is None else mem + v.job.host_mem_bytes,
+            ):
                 continue
             t.budget[v.job.team] -= _gpus(v.job)
             t.victims.append(v)

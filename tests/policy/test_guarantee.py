@@ -5,6 +5,7 @@ devices of jobs it stops wait for them, and keep their idle devices until they r
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from agent.policy.config import PolicyConfig
 from agent.policy.decision import Decisions, decide
@@ -280,3 +281,23 @@ def test_owed_jobs_of_one_gpu_ahead_leave_the_plan_its_tries() -> None:
     )
     d = decide(snap, ThroughputModel(), CONFIG, state=PolicyState())
     assert d.assignment("a-big") is not None, d.waiting
+
+
+def test_the_plan_frees_no_node_whose_cpu_the_job_would_not_fit() -> None:
+    """n1 would be freed (as in the first test) but for its CPU: 1 core left after its jobs go,
+    and the job needs 4 (a runner declines such a start after its victims stopped). n2 is
+    freed instead: b1 and b2 reclaimed, c2 moved onto n1's idle GPU."""
+    nodes, runs = _fleet(
+        {
+            "n1": [("b0", 1), ("c1", 1), ("", 1), ("", 1)],
+            "n2": [("b1", 1), ("b2", 1), ("c2", 1), ("", 1)],
+        }
+    )
+    n1 = replace(nodes[0], cpu_milli_total=8000, cpu_milli_used=7000)
+    big = replace(_big(), cpu_milli=4000)
+    snap = Snapshot(now=1000.0, nodes=(n1, nodes[1]), pending=(big,), running=runs, teams=TEAMS)
+    d = decide(snap, ThroughputModel(), CONFIG, state=PolicyState())
+    start = d.assignment("a-big")
+    assert start is not None, d.waiting
+    assert start.placement.node_id == "n2"
+    assert sorted(v for p in d.preemptions for v in p.victims) == ["b1", "b2"]
