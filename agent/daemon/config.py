@@ -85,6 +85,11 @@ class AgentConfig:
     """What an hour of this host costs; gossiped as the ``cost_per_hour`` label."""
     probe_interval_s: float = 1.0
     """How often the devices are sampled."""
+    hints_every_s: float = 60.0
+    """How often the bottleneck hints are judged for the jobs running here."""
+    hints_window_s: float = 300.0
+    """The window they are judged over: a job holding a GPU it barely used for this long is
+    told ``idle_allocated`` (shorter: told sooner, on less evidence)."""
     telemetry_heartbeat_s: float = 60.0
     """Publish telemetry at least this often even when nothing changed. Every record costs each
     peer a dozen retransmits, so idle hosts repeat themselves rarely: a live member with an
@@ -183,6 +188,8 @@ _FLOATS = {
     "cost_per_hour",
     "probe_interval_s",
     "telemetry_heartbeat_s",
+    "hints_every_s",
+    "hints_window_s",
     "stop_grace_s",
     "drain_grace_s",
     "preempt_min_run_s",
@@ -193,7 +200,14 @@ _FLOATS = {
     "ended_jobs_keep_s",
     "ended_jobs_disk_keep_s",
 }
-_POSITIVE = {"probe_interval_s", "telemetry_heartbeat_s", "rpc_timeout_s", "datasets_rescan_s"}
+_POSITIVE = {
+    "probe_interval_s",
+    "telemetry_heartbeat_s",
+    "rpc_timeout_s",
+    "datasets_rescan_s",
+    "hints_every_s",
+    "hints_window_s",
+}
 _COUNTS = {"ended_jobs_kept"}
 _BOOLS = {"prefetch"}
 _SHARES = {"store_budget_share", "store_high", "store_low"}

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 from agent.common.eachjob import one_job
 from agent.execution.containment import attempt_key
-from agent.history import hint_notices
 from agent.history.hint_notices import HintNotices
 from agent.history.history_hints import Hint
 from agent.history.history_sample import link_readings
@@ -70,7 +69,7 @@ async def hints(agent: Agent) -> None:
     events (:mod:`agent.history.hint_notices`): ``shoal jobs JOB`` and the TUI show them."""
     notices = HintNotices()
     while True:
-        await asyncio.sleep(hint_notices.EVERY_S)
+        await asyncio.sleep(agent.config.hints_every_s)
         gpus = agent.gpu_facts()
         holders = {key: facts.job_id for key, facts in gpus.items()}
         now = time.time()

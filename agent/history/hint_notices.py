@@ -1,10 +1,11 @@
 """Bottleneck hints on the jobs a node runs, each told once: as an event, and on the job.
 
 The agent judges its GPUs' hints (:func:`agent.history.history_hints.node_hints`) every
-:data:`EVERY_S` over the last window; :class:`HintNotices` says which are news for the job that
-holds the GPU: a rule on a device of a job is told once, and again only after it stopped firing
-for :data:`REARM_S`. A host's hint (``host_memory_pressure``, subject ``host``) is told to every
-job the node runs. Jobs that no longer run here are forgotten. Sans-I/O: ``now_s`` is passed in.
+``hints_every_s`` (its config; :data:`EVERY_S` unless set) over the last ``hints_window_s``;
+:class:`HintNotices` says which are news for the job that holds the GPU: a rule on a device of a
+job is told once, and again only after it stopped firing for :data:`REARM_S`. A host's hint
+(``host_memory_pressure``, subject ``host``) is told to every job the node runs. Jobs that no
+longer run here are forgotten. Sans-I/O: ``now_s`` is passed in.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Final
 from agent.history.history_hints import Hint
 
 EVERY_S: Final = 60.0
-"""How often the agent judges its GPUs' hints for the jobs on them."""
+"""How often the agent judges its GPUs' hints for the jobs on them, by default (the agent
+config's ``hints_every_s``)."""
 REARM_S: Final = 600.0
 """A hint that stopped firing this long ago is told again when it fires again."""
 HOST: Final = "host"

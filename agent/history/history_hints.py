@@ -9,8 +9,9 @@ clock, no I/O; tested on synthetic series with known labels (``bench.history`` s
 rule                       fires when (over the window)
 =========================  ==================================================================
 ``idle_allocated``         a job holds the GPU and its utilization's 90th percentile is under
-                           :data:`IDLE_UTIL_PCT` (5 %) over at least :data:`MIN_WINDOW_S` (300 s)
-                           of which :data:`MIN_SAMPLED` (80 %) hold a sample
+                           :data:`IDLE_UTIL_PCT` (5 %) over the window (:data:`MIN_WINDOW_S`,
+                           300 s, unless the agent's ``hints_window_s`` says otherwise) of which
+                           :data:`MIN_SAMPLED` (80 %) hold a sample
 ``input_bound``            a job holds the GPU, utilization averages between 5 % and
                            :data:`INPUT_UTIL_MAX_PCT` (60 %) and swings (coefficient of variation
                            at least :data:`INPUT_CV_MIN`, 0.5), while the host's CPU averages at
@@ -102,6 +103,9 @@ class Window:
     host_mem_used_bytes: Samples | None = None
     host_swap_used_bytes: Samples | None = None
     host_mem_total_bytes: float | None = None
+    window_s: int = MIN_WINDOW_S
+    """The window's length (the agent's ``hints_window_s``): ``idle_allocated`` needs
+    :data:`MIN_SAMPLED` of it sampled."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +127,7 @@ def _mean(samples: Samples) -> float | None:
 
 def idle_allocated(w: Window) -> Hint | None:
     util = sorted(_known(w.util_pct))
-    if not w.allocated or len(util) < MIN_SAMPLED * MIN_WINDOW_S:
+    if not w.allocated or len(util) < MIN_SAMPLED * w.window_s:
         return None
     p90 = util[int(0.9 * (len(util) - 1))]
     if p90 < IDLE_UTIL_PCT:
@@ -303,6 +307,7 @@ def node_hints(
     gpus: Mapping[str, GpuFacts],
     fetch: Callable[[SeriesKey], Samples | None],
     mem_total_bytes: float | None = None,
+    window_s: int = WINDOW_S,
 ) -> list[tuple[str, Hint]]:
     """Every GPU's hints, then the host's (subject ``host``); ``fetch`` gives a series' samples
     over the window (``None``: the GPU does not expose it)."""
@@ -334,6 +339,7 @@ def node_hints(
             pcie_rx_bytes_per_s=fetch(SeriesKey("gpu.pcie_rx_bytes_per_s", key)),
             pcie_tx_bytes_per_s=fetch(SeriesKey("gpu.pcie_tx_bytes_per_s", key)),
             pcie_link_bytes_per_s=facts.pcie_link_bytes_per_s,
+            window_s=window_s,
         )
         out += [
             (key, h)

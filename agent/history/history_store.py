@@ -230,6 +230,8 @@ class History:
         self._flushed_s: float | None = None
         self._trimmed_s: float | None = None
         self.write_failures = 0
+        self.hints_window_s: int = WINDOW_S
+        """The window the bottleneck hints judge (the agent's ``hints_window_s``)."""
 
     def dropped(self) -> dict[str, int]:
         """What was not kept, by reason (``shoal_history_dropped_total``)."""
@@ -361,10 +363,15 @@ class History:
         """Each GPU's bottleneck hints (and the host's) over the window ending at ``to_s``
         (default: now)."""
         end = int(now_s) if to_s is None else to_s
-        return node_hints(gpus, lambda key: self._window(now_s, key, end), _mem_total_bytes())
+        window_s = self.hints_window_s
+        return node_hints(
+            gpus, lambda key: self._window(now_s, key, end, window_s), _mem_total_bytes(), window_s
+        )
 
-    def _window(self, now_s: float, key: SeriesKey, to_s: int) -> list[float | None] | None:
-        [found] = self.query(now_s, [key], to_s - WINDOW_S, to_s, 1)
+    def _window(
+        self, now_s: float, key: SeriesKey, to_s: int, window_s: int
+    ) -> list[float | None] | None:
+        [found] = self.query(now_s, [key], to_s - window_s, to_s, 1)
         if found.unsupported is not None or key not in self.store.series():
             return None
         return [p.avg for p in found.points]

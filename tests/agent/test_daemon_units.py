@@ -131,6 +131,11 @@ def test_config_file_and_its_mistakes(tmp_path: Path) -> None:
     bad.write_text('objective = "speed"\n')
     with pytest.raises(UserError, match="objective must be one of performance, energy, cost"):
         load_config(bad)
+    bad.write_text("hints_every_s = 5\nhints_window_s = 120\n")
+    assert (load_config(bad).hints_every_s, load_config(bad).hints_window_s) == (5.0, 120.0)
+    bad.write_text("hints_window_s = 0\n")
+    with pytest.raises(UserError, match="hints_window_s must be more than 0"):
+        load_config(bad)
 
 
 def test_the_config_names_the_policys_objectives_and_each_reaches_the_policy() -> None:

@@ -55,6 +55,9 @@ def test_each_rule_fires_on_its_case_and_not_just_below_its_threshold() -> None:
     assert fired(_w(util_pct=[1.0] * N, allocated=False)) == set()  # idle and free: fine
     assert fired(_w(util_pct=[1.0] * 200)) == set()  # too short a window to say
     assert fired(_w(util_pct=[1.0] * 250 + [None] * 50)) == {"idle_allocated"}  # a few gaps
+    # an agent told a shorter window (hints_window_s) judges on that much
+    assert fired(_w(util_pct=[1.0] * 20, window_s=20)) == {"idle_allocated"}
+    assert fired(_w(util_pct=[1.0] * 15, window_s=20)) == set()
     bursty: list[float | None] = [90.0 if i % 4 == 0 else 1.0 for i in range(N)]
     assert fired(_w(util_pct=bursty, host_cpu_pct=[95.0] * N)) == {"input_bound"}
     assert fired(_w(util_pct=bursty, host_cpu_pct=[80.0] * N)) == set()
