@@ -42,6 +42,7 @@ from bench.sched.simtypes import (
     Start,
     owner_of,
     policy_job,
+    true_rate,
 )
 from bench.sched.teamstats import TeamBook
 from bench.sched.traces import TraceJob, shape_of, top_shapes
@@ -386,18 +387,7 @@ class Simulation:
         return neighbours
 
     def _rate(self, sj: SimJob, placement: Placement) -> tuple[float, str]:
-        tj = sj.trace
-        node = self.nodes[placement.node_ids[0]]
-        first = node.devices[placement.devices[0][0]] if placement.devices[0] else None
-        model = first.model if first is not None else "cpu"
-        if math.isinf(tj.work):
-            return 0.0, model
-        gpus = max(tj.gpus * tj.nodes, 1)
-        rate = self.truth.rate(tj.job_class, model, gpus, len(placement.node_ids) == 1)
-        if placement.share_mem_bytes and first is not None:
-            others = [c for j, (_b, c) in first.shares.items() if j != sj.job.job_id]
-            rate *= self.truth.share_factor(tj.job_class, others, model)
-        return rate, model
+        return true_rate(self.truth, sj, self.nodes[placement.node_ids[0]], placement)
 
     def _start(self, sj: SimJob, placement: Placement, *, resume_at: float | None = None) -> None:
         now = self.now

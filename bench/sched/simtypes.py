@@ -14,6 +14,7 @@ from agent.policy.snapshot import Device, Job, Node, Placement, Running, Share, 
 from agent.policy.teams import TeamQuota
 from bench.sched.cluster import NodeSpec
 from bench.sched.traces import TraceJob
+from bench.sched.truth import Truth
 
 if TYPE_CHECKING:
     from bench.sched.engine import Simulation
@@ -190,3 +191,19 @@ def policy_job(job_id: str, tj: TraceJob, owner: str) -> Job:
         team=tj.team,
         user=tj.user,
     )
+
+
+def true_rate(truth: Truth, sj: SimJob, node: SimNode, placement: Placement) -> tuple[float, str]:
+    """How fast ``sj`` truly runs on ``placement`` (its first node ``node``), and that node's
+    GPU model: Gavel's throughputs, slowed by the jobs sharing its GPU."""
+    tj = sj.trace
+    first = node.devices[placement.devices[0][0]] if placement.devices[0] else None
+    model = first.model if first is not None else "cpu"
+    if math.isinf(tj.work):
+        return 0.0, model
+    gpus = max(tj.gpus * tj.nodes, 1)
+    rate = truth.rate(tj.job_class, model, gpus, len(placement.node_ids) == 1)
+    if placement.share_mem_bytes and first is not None:
+        others = [c for j, (_b, c) in first.shares.items() if j != sj.job.job_id]
+        rate *= truth.share_factor(tj.job_class, others, model)
+    return rate, model
