@@ -30,9 +30,10 @@ from agent.policy.context import Context
 from agent.policy.moves import Move, movable
 from agent.policy.place import rank
 from agent.policy.preempt import devices_if_freed, fitting_keys, lost_gpu_s
-from agent.policy.snapshot import Device, Job, Node, Placement, Running
+from agent.policy.snapshot import Job, Node, Placement, Running
 from agent.policy.state import RunningIndex
 from agent.policy.teams import Ledger
+from agent.policy.victims import model_at
 
 SCAN = 8
 """Nodes planned in full for one job, at most (the cheapest by their lower bound first)."""
@@ -400,7 +401,7 @@ def _commit(job: Job, node: Node, t: _Try, ctx: Context, busy: set[str]) -> Guar
         busy.add(r.job.job_id)
         if r.placement.node_id == node.node_id:
             on_node.append(r.job.job_id)
-        model = next((d.model for d in _devices(ctx, dest)), "")
+        model = model_at(dest, ctx)
         moves.append(Move(r.job.job_id, dest, 0.0, model))
     placement = Placement((node.node_id,), (keys,))
     apply.take(ctx.index, job, placement)
@@ -412,9 +413,3 @@ def _commit(job: Job, node: Node, t: _Try, ctx: Context, busy: set[str]) -> Guar
         tuple(sorted(on_node)),
         t.lost,
     )
-
-
-def _devices(ctx: Context, placement: Placement) -> list[Device]:
-    node = ctx.index.node(placement.node_id)
-    keys = set(placement.devices[0])
-    return [d for d in node.devices if d.key in keys] if node is not None else []
