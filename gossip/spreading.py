@@ -25,6 +25,7 @@ from gossip.messages import (
 from gossip.probing import contact_members
 from gossip.records import Offer
 from gossip.relay import relay_round
+from gossip.verdicts import refute
 
 if TYPE_CHECKING:
     from gossip.peer import Peer
@@ -79,6 +80,8 @@ def on_record(peer: Peer, r: Record, now: float) -> None:
         return
     if not peer._verify(r.origin, r):
         return
+    if r.origin == peer.node_id and refute_record(peer, r, now):
+        return
     peer.stats.updates_applied += 1
     peer._records.put(r, now)
     peer._emit(RecordChanged(r.origin, r.kind, r.incarnation, r.counter, r.payload, now))
@@ -86,6 +89,24 @@ def on_record(peer: Peer, r: Record, now: float) -> None:
     peer._rqueue.push((r.origin, r.kind), r, size, 0)
     relay_later(peer, (r.origin, r.kind), r, size)
     wake_gossip(peer, now)
+
+
+def refute_record(peer: Peer, r: Record, now: float) -> bool:
+    """A record in our name at a version we never reached: made with our key elsewhere (a stolen
+    key), or by a life of ours whose incarnation was lost. Our versions go past it, as a
+    refuted Alive raises our incarnation, so what we publish next wins everywhere. If we hold a
+    record of that kind, it is not taken in: ours is published again at the new version, and
+    every member's copy comes back to what we said (True). A kind we do not hold is taken in
+    as before (False): a life of ours may have said it; so is any version we did reach."""
+    if r.version <= (peer._incarnation, peer._record_counter):
+        return False
+    peer.stats.records_refuted += 1
+    refute(peer, r.incarnation, now)
+    held = peer._records.get(r.origin, r.kind)
+    if held is None:
+        return False
+    peer.publish(r.kind, held.record.payload, now)
+    return True
 
 
 def broadcast(peer: Peer, node: str, u: Update, klass: int, now: float) -> None:

@@ -57,6 +57,9 @@ class GossipStats:
     """Fallback pings sent over the reliable channel after a late direct ack."""
     nacks_received: int = 0
     refutations: int = 0
+    records_refuted: int = 0
+    """Records in our name at a version we never reached, outrun
+    (:func:`gossip.spreading.refute_record`)."""
     incarnations_unkept: int = 0
     """Refutations whose raised incarnation could not be written where the node keeps it
     (:mod:`gossip.incarnation`): a restart soon after may start below it."""

@@ -339,6 +339,13 @@ def test_a_members_progress_for_a_job_it_does_not_run_is_not_shown(
         if a is not intruder.agent:
             shown = mesh.job(a, job_id)
             assert shown["state"] == "running" and shown["progress"] != 0.99, shown
+    # The member whose key was stolen hears the lie in its name and outruns it: every agent,
+    # itself included, comes back to what it said (it runs no such job).
+    mesh.wait(
+        "the intruder's own agent outruns the lie",
+        lambda: all(not runs_here(mesh, a, job_id, intruder.agent) for a in mesh.agents),
+    )
+    assert metric(mesh, intruder.agent, "shoal_gossip_records_refuted_total") >= 1
     assert mesh.command(mesh.agents[0], "cancel", {"job_id": job_id})[0] == 200
 
 
@@ -485,10 +492,11 @@ def job_in_window(mesh: Mesh, intruder: Intruder, place: int) -> str:
             return job_id
 
 
-def runs_here(mesh: Mesh, a: AgentProcess, job_id: str) -> bool:
-    """Whether agent ``a``'s own node record lists the job as running there."""
+def runs_here(mesh: Mesh, a: AgentProcess, job_id: str, of: AgentProcess | None = None) -> bool:
+    """Whether agent ``a``'s own node record (or, as ``a`` holds it, agent ``of``'s) lists the
+    job as running there."""
     nodes = {n["node_id"]: n for n in mesh.get(a, "/v1/nodes")["nodes"]}
-    return job_id in (nodes[a.node_id].get("running_jobs") or [])
+    return job_id in (nodes[(of or a).node_id].get("running_jobs") or [])
 
 
 def started_on(mesh: Mesh, a: AgentProcess, job_id: str) -> list[str]:

@@ -181,3 +181,39 @@ def test_a_store_keeps_a_bounded_number_of_tombstones() -> None:
     assert store.retired == 3
     assert store.classify(record("o", "job/4", 5, 5, b"x")) is Offer.RETIRED
     assert store.classify(record("o", "job/0", 5, 1, b"x")) is Offer.NEWER  # its tombstone went
+
+
+def test_a_record_in_our_name_past_our_version_is_outrun_not_taken_in() -> None:
+    # A stolen key's record of ours at a version we never reached, heard back from a member.
+    me = make_peer("me", boot=77)
+    me.preload([alive("other", 5)], 0.0)
+    mine = me.publish("node", b"running: [b]", 1.0)
+    me.events()
+    forged = record("me", "node", 2**40, 1, b"running: [a]")
+    me.receive("other:1", forged, 2.0)
+    held = me.record("me", "node")
+    assert held is not None and held.record.payload == b"running: [b]"
+    assert held.record.version > forged.version > mine.version
+    assert [e.payload for e in me.events() if isinstance(e, RecordChanged)] == [b"running: [b]"]
+    assert me.stats.records_refuted == 1 and me.stats.refutations == 1
+    assert me.incarnation > 2**40  # the Alive that goes out says so too
+    # A member that took the forgery in takes ours back: it is newer.
+    other = make_peer("other")
+    other.preload([alive("me", 77)], 0.0)
+    other.receive("me:1", forged, 2.0)
+    other.receive("me:1", held.record, 3.0)
+    assert other.record("me", "node").record.payload == b"running: [b]"  # type: ignore[union-attr]
+    # Our own older copies, echoed back, are only stale; an unsigned one changes nothing.
+    me.receive("other:1", mine, 4.0)
+    me.receive("other:1", record("me", "node", 2**41, 1, b"x", signer="other"), 4.0)
+    assert me.stats.records_refuted == 1 and me.stats.rejected_signature == 1
+
+
+def test_a_kind_we_do_not_hold_from_a_lost_life_of_ours_is_taken_in_and_outrun() -> None:
+    me = make_peer("me", boot=77)
+    me.preload([alive("other", 5)], 0.0)
+    earlier = record("me", "job/1", 90, 3, b"placed")  # a life whose incarnation was lost
+    me.receive("other:1", earlier, 1.0)
+    assert me.record("me", "job/1").record.payload == b"placed"  # type: ignore[union-attr]
+    assert me.stats.records_refuted == 1 and me.incarnation == 91
+    assert me.publish("job/1", b"ended", 2.0).version > earlier.version
