@@ -149,8 +149,8 @@ class Agent:
             streams=self.node,
         )
         self.devices = HostDevices(config.sim, config.sim_seed)
-        self.history = open_history(config.data_dir, time.time())
-        self.history.hints_window_s = max(1, round(config.hints_window_s))
+        window_s = max(1, round(config.hints_window_s))
+        self.history = open_history(config.data_dir, time.time(), window_s)
         self.sampler = NodeSampler()
         self.ctx = AgentContext(
             node_id=self.node_id,

@@ -223,14 +223,14 @@ class HistoryStore:
 class History:
     """The daemon's history: the core, its file, and when to write and trim."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, hints_window_s: int = WINDOW_S) -> None:
         self.core = HistoryCore()
         self.store = HistoryStore(data_dir / FILE_NAME)
         self.store.restore(self.core)
         self._flushed_s: float | None = None
         self._trimmed_s: float | None = None
         self.write_failures = 0
-        self.hints_window_s: int = WINDOW_S
+        self.hints_window_s = hints_window_s
         """The window the bottleneck hints judge (the agent's ``hints_window_s``)."""
 
     def dropped(self) -> dict[str, int]:
@@ -387,11 +387,12 @@ def _mem_total_bytes() -> float | None:
         return None
 
 
-def open_history(data_dir: Path, now_s: float) -> History:
-    """The node's history; a file that cannot be used (not a database, a newer schema) is moved
-    aside, kept for the operator, and history starts afresh: history never stops an agent."""
+def open_history(data_dir: Path, now_s: float, hints_window_s: int = WINDOW_S) -> History:
+    """The node's history, its hints judged over ``hints_window_s``; a file that cannot be used
+    (not a database, a newer schema) is moved aside, kept for the operator, and history starts
+    afresh: history never stops an agent."""
     try:
-        return History(data_dir)
+        return History(data_dir, hints_window_s)
     except StoreError as exc:
         path = data_dir / FILE_NAME
         aside = path.with_name(f"{FILE_NAME}.unusable-{int(now_s)}")
@@ -399,7 +400,7 @@ def open_history(data_dir: Path, now_s: float) -> History:
         for suffix in ("", "-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
                 path.with_name(path.name + suffix).rename(aside.with_name(aside.name + suffix))
-        return History(data_dir)
+        return History(data_dir, hints_window_s)
 
 
 __all__ = ["TIERS", "History", "HistoryStore", "QueryError", "SeriesAnswer", "open_history"]

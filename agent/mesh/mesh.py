@@ -98,10 +98,10 @@ class GossipMesh:
         rings, eight at most whatever the mesh's size): the Vivaldi estimate of the round trip
         and the median of the measured probes (seconds; the estimate ``None`` until known).
 
-        Every live peer was a history series of its own sampled every second: 254 readings a
-        second at 128 agents, the largest part of an idle agent's work that grew with the mesh;
-        and finding the probed ones is a look at the few measured, not a pass over every member.
-        The estimate to any other peer follows from the coordinates gossip keeps."""
+        A series for every live peer, sampled every second, would grow an idle agent's work with
+        the mesh (254 readings a second at 128 agents); the probed ones are found among the few
+        measured, not by a pass over every member. The estimate to any other peer follows from
+        the coordinates gossip keeps."""
         if not self._node.started:
             return {}
         peer = self._node.peer

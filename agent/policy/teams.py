@@ -166,12 +166,14 @@ class Ledger:
         for r in victims:
             if team is None or r.job.team != team:
                 taken[r.job.team] = taken.get(r.job.team, 0.0) + _gpus(r.job)
-        if straddle > 0:
-            return all(
-                self.borrowed(t) > 0 and gpus < self.borrowed(t) + straddle - 1e-9
-                for t, gpus in taken.items()
-            )
-        return all(gpus <= self.borrowed(team) + 1e-9 for team, gpus in taken.items())
+        for t, gpus in taken.items():
+            borrowed = self.borrowed(t)
+            if straddle > 0:
+                if borrowed <= 0 or gpus >= borrowed + straddle - 1e-9:
+                    return False
+            elif gpus > borrowed + 1e-9:
+                return False
+        return True
 
 
 class FairShare:
