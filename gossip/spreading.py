@@ -92,18 +92,21 @@ def on_record(peer: Peer, r: Record, now: float) -> None:
 
 
 def refute_record(peer: Peer, r: Record, now: float) -> bool:
-    """A record in our name at a version we never reached: made with our key elsewhere (a stolen
-    key), or by a life of ours whose incarnation was lost. Our versions go past it, as a
-    refuted Alive raises our incarnation, so what we publish next wins everywhere. If we hold a
-    record of that kind, it is not taken in: ours is published again at the new version, and
-    every member's copy comes back to what we said (True). A kind we do not hold is taken in
-    as before (False): a life of ours may have said it; so is any version we did reach."""
-    if r.version <= (peer._incarnation, peer._record_counter):
+    """A record in our name newer than ours of its kind: made with our key elsewhere (a stolen
+    key), or by an earlier life of ours. Where this life published the kind, the record is not
+    ours: it is not taken in, and ours is published again at a version past it, which every
+    member takes as newer (True). A version past any we reached raises our incarnation, as a
+    refuted Alive does, so that what we publish next wins everywhere. Otherwise the record is
+    taken in (False): an earlier life of ours may have said it."""
+    held = peer._records.get(r.origin, r.kind)
+    mine = held is not None and held.record.incarnation >= peer.config.boot_incarnation
+    ahead = r.version > (peer._incarnation, peer._record_counter)
+    if not (mine or ahead):
         return False
     peer.stats.records_refuted += 1
-    refute(peer, r.incarnation, now)
-    held = peer._records.get(r.origin, r.kind)
-    if held is None:
+    if ahead:
+        refute(peer, r.incarnation, now)
+    if held is None or not mine:
         return False
     peer.publish(r.kind, held.record.payload, now)
     return True

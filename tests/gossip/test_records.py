@@ -217,3 +217,21 @@ def test_a_kind_we_do_not_hold_from_a_lost_life_of_ours_is_taken_in_and_outrun()
     assert me.record("me", "job/1").record.payload == b"placed"  # type: ignore[union-attr]
     assert me.stats.records_refuted == 1 and me.incarnation == 91
     assert me.publish("job/1", b"ended", 2.0).version > earlier.version
+
+
+def test_a_lie_in_our_name_below_our_raised_incarnation_is_still_not_taken_in() -> None:
+    # A first lie (a kind we do not hold) raised our incarnation past 2**40; a second, about a
+    # kind we hold, is below our incarnation but newer than our record: still not ours.
+    me = make_peer("me", boot=77)
+    me.preload([alive("other", 5)], 0.0)
+    me.publish("node", b"running: []", 1.0)
+    me.receive("other:1", record("me", "job/9", 2**40, 1, b"lie"), 2.0)
+    assert me.incarnation == 2**40 + 1
+    me.events()
+    lie = record("me", "node", 2**40, 5, b"running: [9]")
+    me.receive("other:1", lie, 3.0)
+    held = me.record("me", "node")
+    assert held is not None and held.record.payload == b"running: []"
+    assert held.record.version > lie.version
+    assert [e.payload for e in me.events() if isinstance(e, RecordChanged)] == [b"running: []"]
+    assert me.stats.records_refuted == 2
