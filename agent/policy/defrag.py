@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from agent.policy import apply
 from agent.policy.context import Context
+from agent.policy.filters import host_room
 from agent.policy.moves import Move, movable
 from agent.policy.place import rank
 from agent.policy.preempt import devices_if_freed, fitting_keys, lost_gpu_s
@@ -61,7 +62,8 @@ def _room_elsewhere(
 def _victims_on(
     job: Job, node_id: str, runs: dict[str, Running], ctx: Context, busy: set[str]
 ) -> tuple[float, list[Running]] | None:
-    """The cheapest movable jobs on ``node_id`` whose devices, with its idle ones, fit ``job``."""
+    """The cheapest movable jobs on ``node_id`` whose devices, with its idle ones, fit ``job``,
+    and whose CPU and host memory, with the node's free ones, do too."""
     entry = ctx.index.entries.get(node_id)
     if entry is None:
         return None
@@ -89,7 +91,9 @@ def _victims_on(
             continue
         chosen.append(r)
         freed.update(keys)
-        if devices_if_freed(job, node, freed, {}, ok) is not None:
+        if devices_if_freed(job, node, freed, {}, ok) is not None and host_room(
+            job, node, [v.job for v in chosen]
+        ):
             return sum(lost_gpu_s(v, now) for v in chosen), chosen
     return None
 

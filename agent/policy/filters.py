@@ -176,13 +176,14 @@ def node_reason(job: Job, n: Node, *, drained_too: bool = False) -> str | None:
     return None
 
 
-def host_room(job: Job, n: Node, leaving: Job | None = None) -> bool:
-    """Whether ``n``'s free CPU and host memory take ``job`` now, once ``leaving`` (a job that
-    runs there and goes) has gone; a node that does not account them always has room."""
+def host_room(job: Job, n: Node, leaving: Sequence[Job] = ()) -> bool:
+    """Whether ``n``'s free CPU and host memory take ``job`` now, once ``leaving`` (jobs that
+    run there and go) have gone, as a runner checks before it starts it; a node that does not
+    account them always has room."""
     cpu, mem = n.cpu_milli_free, n.host_mem_free_bytes
-    if leaving is not None:
-        cpu = None if cpu is None else cpu + leaving.cpu_milli
-        mem = None if mem is None else mem + leaving.host_mem_bytes
+    for gone in leaving:
+        cpu = None if cpu is None else cpu + gone.cpu_milli
+        mem = None if mem is None else mem + gone.host_mem_bytes
     if job.cpu_milli and cpu is not None and cpu < job.cpu_milli:
         return False
     return not (job.host_mem_bytes and mem is not None and mem < job.host_mem_bytes)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from agent.policy import apply
 from agent.policy.context import Context
+from agent.policy.filters import host_room
 from agent.policy.moves import Move, movable
 from agent.policy.place import rank
 from agent.policy.preempt import devices_if_freed, fitting_keys, lost_gpu_s
@@ -143,14 +144,6 @@ def _reclaimable(r: Running, budget: Mapping[str, float]) -> bool:
     return r.job.preemptible and _gpus(r.job) <= budget.get(r.job.team, 0.0) + 1e-9
 
 
-def _host_room(job: Job, cpu_milli_free: int | None, mem_free_bytes: int | None) -> bool:
-    """The node's CPU and memory left (``None``: not reported) hold ``job``'s, as a runner
-    checks before it starts it."""
-    return (cpu_milli_free is None or cpu_milli_free >= job.cpu_milli) and (
-        mem_free_bytes is None or mem_free_bytes >= job.host_mem_bytes
-    )
-
-
 def _clearable(r: Running, ok: frozenset[str]) -> bool:
     """A job of one node holding some of ``ok``'s devices whole."""
     return (
@@ -220,7 +213,7 @@ class _Planner:
         ok = fitting_keys(self.job, node, self.ctx)
         assert ok is not None
         t = _Try(dict(self.budget), [], [], set(), targets=[node.node_id])
-        cpu_free, mem_free = node.cpu_milli_free, node.host_mem_free_bytes
+        leaving: list[Job] = []
         for r in clearable:
             if _reclaimable(r, t.budget):
                 t.budget[r.job.team] -= _gpus(r.job)
@@ -229,10 +222,9 @@ class _Planner:
             elif not self.move_off(t, r, node.node_id):
                 continue
             t.freed.update(r.placement.devices[0])
-            cpu_free = None if cpu_free is None else cpu_free + r.job.cpu_milli
-            mem_free = None if mem_free is None else mem_free + r.job.host_mem_bytes
-            if devices_if_freed(self.job, node, t.freed, {}, ok) is not None and _host_room(
-                self.job, cpu_free, mem_free
+            leaving.append(r.job)
+            if devices_if_freed(self.job, node, t.freed, {}, ok) is not None and host_room(
+                self.job, node, leaving
             ):
                 return t
         t.rollback(self.ctx)
@@ -269,12 +261,7 @@ class _Planner:
             if node is None or ok is None:
                 continue
             keys = devices_if_freed(r.job, node, set(v.placement.devices[0]), {}, ok)
-            cpu, mem = node.cpu_milli_free, node.host_mem_free_bytes
-            if keys is None or not _host_room(
-                r.job,
-                None if cpu is None else cpu + v.job.cpu_milli,
-                None if mem is None else mem + v.job.host_mem_bytes,
-            ):
+            if keys is None or not host_room(r.job, node, (v.job,)):
                 continue
             t.budget[v.job.team] -= _gpus(v.job)
             t.victims.append(v)
@@ -324,16 +311,15 @@ class _Planner:
             assert ok is not None
             t.targets.append(node_id)
             freed: set[str] = set()
-            for s in small:
+            moved: list[Job] = []
+            for first in [*small, None]:  # None: a last look once every small one moved
                 keys = devices_if_freed(r.job, node, freed, {}, ok)
-                if keys is not None:
+                if keys is not None and host_room(r.job, node, moved):
                     return Placement((node_id,), (keys,))
-                if self.move_off(t, s, node_id, chain=False):
-                    t.release(self.ctx, s)
-                    freed.update(s.placement.devices[0])
-            keys = devices_if_freed(r.job, node, freed, {}, ok)
-            if keys is not None:
-                return Placement((node_id,), (keys,))
+                if first is not None and self.move_off(t, first, node_id, chain=False):
+                    t.release(self.ctx, first)
+                    freed.update(first.placement.devices[0])
+                    moved.append(first.job)
             t.targets.pop()
             t.undo_to(self.ctx, mark)
         return None

@@ -190,7 +190,7 @@ def swap_for(
         for r in _members(group):
             if r.job.job_id in busy or not movable(r, ctx):
                 continue
-            if node_reason(r.job, target) is not None or not host_room(r.job, target, starter):
+            if node_reason(r.job, target) is not None or not host_room(r.job, target, (starter,)):
                 continue
             rem = remaining_s(r, ctx)[0]
             gain = rem - (rem * r_here / r_there + cfg.move_cost_s)
@@ -202,7 +202,7 @@ def swap_for(
     source = ctx.index.node(r.placement.node_id)
     if source is None or node_reason(starter, source) is not None:
         return None
-    if not host_room(starter, source, r.job):
+    if not host_room(starter, source, (r.job,)):
         return None
     devices = {d.key: d for d in source.devices}
     for k in r.placement.devices[0]:

@@ -4,6 +4,8 @@ take back; the node is held for it until it starts."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from agent.policy.config import PolicyConfig
 from agent.policy.decision import decide
 from agent.policy.model import ThroughputModel
@@ -96,3 +98,21 @@ def test_jobs_that_started_moments_ago_are_not_moved() -> None:
     snap = Snapshot(now=1000.0, nodes=nodes, pending=(_big(),), running=fresh, teams=TEAMS)
     d = decide(snap, ThroughputModel(), CONFIG, state=PolicyState())
     assert not d.moves
+
+
+def test_no_node_is_emptied_whose_cpu_the_job_would_not_fit() -> None:
+    """The node emptied with the CPU to spare is not, once its CPU left after its jobs go is
+    1 core where the job needs 4: another is emptied instead."""
+    nodes, runs = _fleet({"n1": ["b0", "b1"], "n2": ["b2", "b3"], "n3": ["b4", "b5"]})
+    big = replace(_big(), cpu_milli=4000)
+    snap = Snapshot(now=1000.0, nodes=nodes, pending=(big,), running=runs, teams=TEAMS)
+    state = PolicyState()
+    decide(snap, ThroughputModel(), MOVES_ONLY, state=state)
+    first = state.defrag["a-big"][0]  # the control: with the CPU to spare
+    short = tuple(
+        replace(n, cpu_milli_total=8000, cpu_milli_used=7000) if n.node_id == first else n
+        for n in nodes
+    )
+    state = PolicyState()
+    d = decide(replace(snap, nodes=short), ThroughputModel(), MOVES_ONLY, state=state)
+    assert state.defrag["a-big"][0] != first and len(d.moves) == 2, d.moves

@@ -301,3 +301,30 @@ def test_the_plan_frees_no_node_whose_cpu_the_job_would_not_fit() -> None:
     assert start is not None, d.waiting
     assert start.placement.node_id == "n2"
     assert sorted(v for p in d.preemptions for v in p.victims) == ["b1", "b2"]
+
+
+def test_a_chained_move_goes_only_where_the_moved_job_fits_the_cpu() -> None:
+    """The fleet of the chained-move test, but c2 needs 2 cores and n2 has 1 left once c3 is
+    off it (a runner declines such a start after its victims stopped): n1 is not freed by
+    moving c2 there. n2 is freed instead, c4 going onto n1 once c1 has moved off it."""
+    nodes, runs = _fleet(
+        {
+            "n1": [("", 1), ("c1", 1), ("c2", 2)],
+            "n2": [("", 1), ("c3", 1), ("c4", 2)],
+            "n3": [("", 1), ("c5", 3)],
+            "n4": [("", 1), ("c6", 3)],
+        }
+    )
+    runs = tuple(
+        replace(r, job=replace(r.job, cpu_milli=2000)) if r.job.job_id == "c2" else r for r in runs
+    )
+    n2 = replace(nodes[1], cpu_milli_total=4000, cpu_milli_used=3000)
+    fleet = (nodes[0], n2, *nodes[2:])
+    snap = Snapshot(now=1000.0, nodes=fleet, pending=(_big(),), running=runs, teams=TEAMS)
+    d = decide(snap, ThroughputModel(), CONFIG, state=PolicyState())
+    start = d.assignment("a-big")
+    assert start is not None, d.waiting
+    assert {m.job_id: m.placement.node_id for m in d.moves}.get("c2") != "n2", d.moves
+    assert start.placement.node_id == "n2"
+    held = _lands(runs, d)
+    assert sum(1 for j in held.values() if j == "a-big") == 4
