@@ -83,8 +83,26 @@ def test_every_agent_places_with_the_placement_the_mesh_names(
         labels={"class": "ResNet-50 (batch size 64)"},
     )
 
+    async def every_agent_knows_every_gpu() -> None:
+        """Each agent (the job's owner may be any) holds every node's devices and state: alive
+        members alone may not have sent them yet, and a placement without the H100 is the L4."""
+        for _ in range(600):
+            views = []
+            for i in range(len(mesh.agents)):
+                async with mesh.client(i) as client:
+                    views.append(await client.nodes())
+            if all(
+                len(nodes) == len(mesh.agents)
+                and all(n["devices"] and n.get("drain") is not None for n in nodes)
+                for nodes in views
+            ):
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"some agent lacks a node's devices or state: {views}")
+
     async def runner_of_a_job() -> str | None:
         await mesh.wait_converged(timeout_s=60)
+        await every_agent_knows_every_gpu()
         async with mesh.client(2) as client:
             job_id = (await client.submit(spec))["job_id"]
             for _ in range(200):  # the listing may lag the owner's answer a moment
