@@ -20,6 +20,7 @@ from gossip.events import (
     MemberSuspect,
     MemberUpdated,
 )
+from gossip.incarnation import MAX_INCARNATION
 from gossip.membership import Member, Outcome, decide
 from gossip.messages import (
     Alive,
@@ -314,6 +315,12 @@ def suspicion_expired(peer: Peer, node: str, now: float) -> None:
 
 
 def refute(peer: Peer, incarnation: int, now: float) -> None:
+    """Raise our incarnation past ``incarnation`` and say so. At the last incarnation a
+    message may carry no life can follow, and ours stays one every member can decode: a lie
+    made there with our key (only our key can sign it) is counted as refused instead."""
+    if incarnation >= MAX_INCARNATION:
+        peer.stats.rejected_ahead += 1
+        return
     peer._incarnation = max(peer._incarnation, incarnation) + 1
     keep = peer._on_incarnation  # kept before the Alive that carries it
     if keep is not None and not keep(peer._incarnation):

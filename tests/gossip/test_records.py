@@ -9,6 +9,7 @@ from dataclasses import replace
 from gossip.codec import DecodeError, decode, encode
 from gossip.config import GossipConfig
 from gossip.events import RecordChanged
+from gossip.incarnation import MAX_INCARNATION
 from gossip.messages import Alive, Compound, Record
 from gossip.peer import Peer
 from gossip.records import Offer, RecordStore
@@ -235,3 +236,25 @@ def test_a_lie_in_our_name_below_our_raised_incarnation_is_still_not_taken_in() 
     assert held.record.version > lie.version
     assert [e.payload for e in me.events() if isinstance(e, RecordChanged)] == [b"running: []"]
     assert me.stats.records_refuted == 2
+
+
+def test_a_lie_in_our_name_at_the_last_incarnation_is_refused_without_passing_it() -> None:
+    # No life follows the last incarnation a message may carry: ours stays one we can send.
+    me = make_peer("me", boot=77)
+    me.preload([alive("other", 5)], 0.0)
+    me.publish("node", b"running: []", 1.0)
+    last = record("me", "node", MAX_INCARNATION, 1, b"running: [9]")
+    me.receive("other:1", last, 2.0)
+    held = me.record("me", "node")
+    assert held is not None and held.record.payload == b"running: []"
+    assert me.incarnation == 77 and me.stats.records_refuted == 1
+    decode(encode(held.record))  # what it sends still decodes everywhere
+
+
+def test_an_alive_about_us_at_the_last_incarnation_leaves_ours_one_we_can_send() -> None:
+    me = make_peer("me", boot=77)
+    me.preload([alive("other", 5)], 0.0)
+    me.receive("other:1", alive("me", MAX_INCARNATION), 1.0)
+    assert me.incarnation == 77 and me.stats.rejected_ahead == 1
+    me.receive("other:1", alive("me", 90), 2.0)  # one it can pass still raises it
+    assert me.incarnation == 91
