@@ -102,6 +102,20 @@ def refused(mesh: Mesh, reason: str, agents: list[AgentProcess]) -> float:
     return sum(metric(mesh, a, "shoal_policy_refused_total", reason=reason) for a in agents)
 
 
+def outrun_by_its_key(mesh: Mesh, owner: int, policy: tuple[int, str | None]) -> None:
+    """Agent ``owner``, whose key gossiped a lie in its name, hears it and outruns it with its
+    own record (the other agents refuse the lie, or take the newer record first), and every
+    agent keeps ``policy`` (version, digest)."""
+    mesh.wait(
+        f"agent {owner} outruns it",
+        lambda: metric(mesh, mesh.agents[owner], "shoal_gossip_records_refuted_total") >= 1,
+    )
+    mesh.wait(
+        "every agent keeps the policy it held",
+        lambda: all(held(mesh, a)[:2] == policy for a in mesh.agents),
+    )
+
+
 def restart(mesh: Mesh, i: int, before_start: Callable[[], object] = lambda: None) -> None:
     assert mesh.terminate(i) == 0
     before_start()
@@ -142,16 +156,7 @@ def test_a_record_whose_body_is_not_its_own_is_refused_and_counted(mesh: Mesh, l
         "agent 1 refuses it",
         lambda: refused(mesh, "body_mismatch", [mesh.agents[1]]) > before,
     )
-    # Agent 2, whose key the intruder used, outruns it with its own record: agent 0 refuses
-    # the lie too, or takes agent 2's newer record first.
-    mesh.wait(
-        "agent 2 outruns it",
-        lambda: metric(mesh, mesh.agents[2], "shoal_gossip_records_refuted_total") >= 1,
-    )
-    mesh.wait(
-        "every agent keeps the policy it held",
-        lambda: all(held(mesh, a)[:2] == (version, digest) for a in mesh.agents),
-    )
+    outrun_by_its_key(mesh, 2, (version, digest))
 
 
 def test_a_record_a_non_admin_signed_is_still_refused(mesh: Mesh, lab: Lab) -> None:
@@ -168,16 +173,7 @@ def test_a_record_a_non_admin_signed_is_still_refused(mesh: Mesh, lab: Lab) -> N
         204,
     )
     mesh.wait("agent 1 refuses it", lambda: refused(mesh, "not_admin", [mesh.agents[1]]) > before)
-    # Agent 0, whose key the intruder used, hears the record in its name and outruns it with
-    # its own: agent 2 refuses the lie too, or takes agent 0's newer record first.
-    mesh.wait(
-        "agent 0 outruns it",
-        lambda: metric(mesh, mesh.agents[0], "shoal_gossip_records_refuted_total") >= 1,
-    )
-    mesh.wait(
-        "every agent keeps the policy it held",
-        lambda: all(held(mesh, a)[:2] == (version, digest) for a in mesh.agents),
-    )
+    outrun_by_its_key(mesh, 0, (version, digest))
     # Nor may she put a policy body to an agent: that is an admin's command.
     status, error = lab.alice.command(mesh.agents[0], "policy_missing", {"manifest": {}})
     assert status == 403 and "admins" in error, (status, error)
