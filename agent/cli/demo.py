@@ -320,9 +320,9 @@ def _agents(mesh: LocalMesh) -> str:
 def _say_reach(mesh: LocalMesh, console: Console) -> None:
     """The reach lines, as soon as the agents are started (before they converge): whatever the
     mode and wherever the output goes (``shoal demo --plain > demo.log &``), it names the mesh.
-    Each line whole, however narrow the output (a file's console is 80 columns)."""
-    for line in reach_lines(mesh):
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    Each line whole, however narrow the output (a file's console is 80 columns), and all of
+    them in one write, so a reader of the file never finds half of them."""
+    console.print("\n".join(reach_lines(mesh)), markup=False, highlight=False, soft_wrap=True)
 
 
 def reach_json(mesh: LocalMesh, converged_s: float) -> dict[str, Any]:

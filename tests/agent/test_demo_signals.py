@@ -242,7 +242,7 @@ def test_the_plain_table_written_to_a_file_names_the_mesh_at_once(tmp_path: Path
         address = agents[0].cmdline()[agents[0].cmdline().index("--listen") + 1]
         root = Path(agents[0].cmdline()[agents[0].cmdline().index("--data-dir") + 1]).parent
 
-        content = _wait_for(log, f"export SHOAL_AGENT={address}\n", 5.0)
+        content = _wait_for(log, f"--identity {root / 'cluster'}\n", 5.0)  # the last line
         assert f"export SHOAL_AGENT={address}\n" in content, content
         assert f"export SHOAL_HOME={root}\n" in content
         assert f"--identity {root / 'cluster'}\n" in content  # a whole line, not wrapped at 80

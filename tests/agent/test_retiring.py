@@ -11,8 +11,10 @@ import pytest
 
 from agent.daemon.reads import STORED_ASKED_AT_MOST, Reads, newest_ended
 from agent.job.jobspec import JobSpec, new_job_id
+from agent.job.jobstate import JobState
 from agent.job.ownership import rank
 from agent.mesh.retiring import due
+from agent.owning.ownedjob import OwnedJob
 from tests.agent.agents import Mesh, spec
 from tests.agent.authority_kit import Kit
 from tests.shoal_cli import shoal
@@ -97,6 +99,28 @@ async def test_a_retired_jobs_copy_is_asked_of_its_ranked_agents_first_then_of_t
     with pytest.raises(ValueError, match="32 lowercase hex"):  # the API's 400
         await _reads(nodes, nobody).job("../" + job_id[3:])
     assert nobody.asked[-1] == []  # a malformed id: nobody asked
+
+
+def test_own_jobs_are_listed_before_their_records_go_out_and_not_after_retiring() -> None:
+    """Found by CI: a job just submitted to an agent was missing from that agent's list until
+    its record had gone out (``shoal submit`` then ``shoal jobs`` could miss it)."""
+    new, running, retired = new_job_id(), new_job_id(), new_job_id()
+
+    def owned(job_id: str, state: JobState, at: float) -> OwnedJob:
+        return OwnedJob(job_id, JobSpec(("true",)), state, 1, "me", None, submitted_at=at)
+
+    mine = {
+        new: owned(new, JobState.PENDING, 3.0),  # no record out yet
+        running: owned(running, JobState.RUNNING, 2.0),  # its record out, an older state
+        retired: owned(retired, JobState.SUCCEEDED, 1.0),  # every agent retired it
+    }
+    ctx = SimpleNamespace(
+        node_id="me", view=SimpleNamespace(jobs={running: {**mine[running].to_json(), "gen": 0}})
+    )
+    ctx.view.jobs[running]["state"] = "placing"
+    reads = Reads(*cast(Any, (ctx, SimpleNamespace(jobs=mine), None, None, None, None)))
+    listed = [(d.status.job_id, d.status.state) for d in reads.jobs()]
+    assert listed == [(running, "running"), (new, "pending")]
 
 
 @pytest.mark.slow
