@@ -34,9 +34,9 @@ async def test_the_fleet_view_reads_every_agent_and_counts_the_idle_while_a_job_
 ) -> None:
     mesh = LocalMesh(tmp_path, 2, profiles=("h100:2", "l4:1"), extra_args=("--job-user", ""))
     mesh.start()
+    peer = mesh.client(0)  # closed however the test ends: no session left to the GC
     try:
         await mesh.wait_converged(timeout_s=60)
-        peer = mesh.client(0)
         l4_node = mesh.agents[1].node_id
         await peer.cordon(l4_node)
         on_h100 = JobSpec(SLEEP, resources=Resources(1, archs=("hopper",)))
@@ -105,6 +105,6 @@ async def test_the_fleet_view_reads_every_agent_and_counts_the_idle_while_a_job_
             shoal("history", "somenode", "--fleet", *flags)
         )
         assert "say whose history" in one_line_error(shoal("history", *flags))
-        await peer.close()
     finally:
+        await peer.close()
         mesh.stop()

@@ -32,9 +32,9 @@ async def test_datasets_and_usage_views_show_what_the_agents_hold_and_count(
 ) -> None:
     mesh = LocalMesh(tmp_path, 2, profiles=("h100:1", "l4:1"), extra_args=("--job-user", ""))
     mesh.start()
+    peer = mesh.client(0)  # closed however the test ends: no session left to the GC
     try:
         await mesh.wait_converged(timeout_s=60)
-        peer = mesh.client(0)
         src = tmp_path / "corpus"
         src.mkdir()
         (src / "a.bin").write_bytes(os.urandom(200_000))
@@ -88,6 +88,6 @@ async def test_datasets_and_usage_views_show_what_the_agents_hold_and_count(
             assert doc is not None and doc.node == selected.node_id
             assert "gpu.util_pct" in {s.name for s in doc.series}
             assert {s.subject for s in doc.series} == {selected.device_key}
-        await peer.close()
     finally:
+        await peer.close()
         mesh.stop()
