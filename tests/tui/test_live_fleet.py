@@ -46,6 +46,10 @@ async def test_the_fleet_view_reads_every_agent_and_counts_the_idle_while_a_job_
         await api_until(
             "the H100 job to run", peer.jobs, lambda js: _state(js, running) == "running", 60
         )
+        # the L4 job's owner may be the other agent: listed here once its record has come
+        await api_until(
+            "the L4 job to be listed", peer.jobs, lambda js: _state(js, waiting) is not None, 30
+        )
         jobs = {j["job_id"]: j for j in await peer.jobs()}
         assert jobs[waiting]["state"] in ("pending", "placing")
         h100_wait_s = jobs[running]["started_at"] - jobs[running]["submitted_at"]
