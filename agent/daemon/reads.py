@@ -103,15 +103,16 @@ class Reads:
         self._trust = trust
 
     def jobs(self) -> list[JobDoc]:
-        """Every job the view holds, and this agent's own as it holds them (as :meth:`job`
-        answers them): a job just submitted here is listed before its record has gone out, and
-        an ended one every agent retired is not listed again."""
+        """Every job the view holds, with this agent's own copy of a job it owns where that is
+        newer (a higher ``gen``): a job just submitted here is listed before its record has gone
+        out, and an ended one every agent retired is not listed again."""
         by_id = dict(self._ctx.view.jobs)
-        by_id.update(
-            (job_id, job.to_json())
-            for job_id, job in self._owner.jobs.items()
-            if job_id in by_id or job.state not in TERMINAL_JOB_STATES
-        )
+        for job_id, job in self._owner.jobs.items():
+            seen = by_id.get(job_id)
+            if seen is None and job.state in TERMINAL_JOB_STATES:
+                continue  # retired everywhere: not listed again
+            if seen is None or int(seen.get("gen") or 0) < job.gen:
+                by_id[job_id] = job.to_json()  # newer here than its record out there
         docs = sorted(by_id.values(), key=lambda d: d.get("submitted_at") or 0.0)
         return [job_doc(d, self._ctx) for d in docs]
 

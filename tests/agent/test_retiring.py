@@ -107,7 +107,7 @@ def test_own_jobs_are_listed_before_their_records_go_out_and_not_after_retiring(
     new, running, retired = new_job_id(), new_job_id(), new_job_id()
 
     def owned(job_id: str, state: JobState, at: float) -> OwnedJob:
-        return OwnedJob(job_id, JobSpec(("true",)), state, 1, "me", None, submitted_at=at)
+        return OwnedJob(job_id, JobSpec(("true",)), state, 1, "me", None, submitted_at=at, gen=2)
 
     mine = {
         new: owned(new, JobState.PENDING, 3.0),  # no record out yet
@@ -115,12 +115,17 @@ def test_own_jobs_are_listed_before_their_records_go_out_and_not_after_retiring(
         retired: owned(retired, JobState.SUCCEEDED, 1.0),  # every agent retired it
     }
     ctx = SimpleNamespace(
-        node_id="me", view=SimpleNamespace(jobs={running: {**mine[running].to_json(), "gen": 0}})
+        node_id="me", view=SimpleNamespace(jobs={running: mine[running].to_json()})
     )
-    ctx.view.jobs[running]["state"] = "placing"
+    ctx.view.jobs[running]["state"] = "placing"  # what its record said at gen 2: listed as is
     reads = Reads(*cast(Any, (ctx, SimpleNamespace(jobs=mine), None, None, None, None)))
-    listed = [(d.status.job_id, d.status.state) for d in reads.jobs()]
-    assert listed == [(running, "running"), (new, "pending")]
+
+    def listed() -> list[tuple[str, str]]:
+        return [(d.status.job_id, d.status.state) for d in reads.jobs()]
+
+    assert listed() == [(running, "placing"), (new, "pending")]
+    ctx.view.jobs[running]["gen"] = 1  # the owner has saved it since (gen 2): its own copy
+    assert listed() == [(running, "running"), (new, "pending")]
 
 
 @pytest.mark.slow
