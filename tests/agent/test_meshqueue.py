@@ -217,7 +217,10 @@ def test_on_real_agents_a_later_job_of_another_owner_waits_behind_a_blocked_one(
         (tmp_path / "end-half").touch()
         mesh.wait("the 2-GPU job runs where the GPU ended", lambda: state(big) == "running")
         assert mesh.job(a, big)["runner"] == half_node
-        assert state(small) == "pending"  # no room left anywhere
+        # No room left anywhere: an offer of the 1-GPU job made from a view a moment old (the
+        # GPU free, the 2-GPU job not yet on it) is declined, and it waits again, never run.
+        mesh.wait("the 1-GPU job waits again", lambda: state(small) == "pending")
+        assert mesh.job(a, small).get("started_at") is None
         (tmp_path / "end-full").touch()
         mesh.wait("the 1-GPU job runs once room frees", lambda: state(small) == "running")
         for path in ("end-big", "end-small"):
