@@ -23,7 +23,7 @@ from gossip.messages import (
     Update,
 )
 from gossip.probing import contact_members
-from gossip.records import Offer
+from gossip.records import Offer, StoredRecord
 from gossip.relay import relay_round
 from gossip.verdicts import refute
 
@@ -80,7 +80,7 @@ def on_record(peer: Peer, r: Record, now: float) -> None:
         return
     if not peer._verify(r.origin, r):
         return
-    if r.origin == peer.node_id and refute_record(peer, r, now):
+    if r.origin == peer.node_id and refute_record(peer, r, held, now):
         return
     peer.stats.updates_applied += 1
     peer._records.put(r, now)
@@ -91,14 +91,14 @@ def on_record(peer: Peer, r: Record, now: float) -> None:
     wake_gossip(peer, now)
 
 
-def refute_record(peer: Peer, r: Record, now: float) -> bool:
-    """A record in our name newer than ours of its kind: made with our key elsewhere (a stolen
-    key), or by an earlier life of ours. Where this life published the kind, the record is not
-    ours: it is not taken in, and ours is published again at a version past it, which every
-    member takes as newer (True). A version past any we reached raises our incarnation, as a
-    refuted Alive does, so that what we publish next wins everywhere. Otherwise the record is
-    taken in (False): an earlier life of ours may have said it."""
-    held = peer._records.get(r.origin, r.kind)
+def refute_record(peer: Peer, r: Record, held: StoredRecord | None, now: float) -> bool:
+    """A record in our name newer than ``held``, ours of its kind (the caller's lookup): made
+    with our key elsewhere (a stolen key), or by an earlier life of ours. Where this life
+    published the kind, the record is not ours: it is not taken in, and ours is published again
+    at a version past it, which every member takes as newer (True). A version past any we
+    reached raises our incarnation, as a refuted Alive does, so that what we publish next wins
+    everywhere. Otherwise the record is taken in (False): an earlier life of ours may have said
+    it."""
     mine = held is not None and held.record.incarnation >= peer.config.boot_incarnation
     ahead = r.version > (peer._incarnation, peer._record_counter)
     if not (mine or ahead):
