@@ -131,8 +131,9 @@ async def _submit_workload(
     clients = [mesh.client(i, keepalive_s=duration_s + 60) for i in range(len(mesh.agents))]
     try:
         # Each submitter holds its connection from the start to the end, as the TUI does: the
-        # clock measures the mesh, not a TLS handshake per submitter.
-        await asyncio.gather(*(c.health_doc() for c in clients))
+        # clock measures the mesh, not a TLS handshake per submitter. An agent too busy to
+        # answer now is connected to at its first submission (a failed one is counted).
+        await asyncio.gather(*(c.health_doc() for c in clients), return_exceptions=True)
         start = time.monotonic()
         for arrival in schedule(seed, duration_s, rate_per_s, len(clients)):
             await asyncio.sleep(max(0.0, start + arrival.offset_s - time.monotonic()))
@@ -497,7 +498,7 @@ def run_demo(
                 open_tui(mesh.agents[0].address, mesh.root / "cluster")
         except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: the way a live demo ends
             pass
-        except TimeoutError as exc:
+        except (TimeoutError, ApiError) as exc:  # a mesh that did not form, an agent gone
             failed = True  # the logs tell why: the folder stays for them
             raise UserError(f"{exc}; agent logs are in {root}") from None
         finally:
