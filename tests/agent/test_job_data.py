@@ -1,8 +1,8 @@
 """Real agents on loopback give jobs their datasets: a job naming a dataset another node holds
 waits while its runner stages it (its reason says how far), starts with ``SHOAL_DATA_<NAME>``
-readable and whole (the job hashes what it reads), a gang stages on every member, a job never
-starts on a partial copy (the holder killed mid-stage), and a job reaches no dataset its spec
-does not name."""
+readable and whole (the job hashes what it reads), a gang stages on every member (for its launch,
+or ahead by a pre-fetch), a job never starts on a partial copy (the holder killed mid-stage), and
+a job reaches no dataset its spec does not name."""
 
 from __future__ import annotations
 
@@ -169,7 +169,13 @@ def test_a_gang_stages_on_every_member(tmp_path: Path) -> None:
             read = json.loads((tmp_path / f"rank.{rank}").read_text())
             assert read["files"] == expected_hashes(m, chunks), (rank, read)
         for member in mesh.agents[:2]:
-            assert metric(mesh, member, "shoal_job_data_total", what="misses") == 1
+            # Staged for this launch (a miss), or before it by a pre-fetch its owner asked for
+            # while the gang waited for its second member (then the launch found it: a hit).
+            misses = metric(mesh, member, "shoal_job_data_total", what="misses")
+            hits = metric(mesh, member, "shoal_job_data_total", what="hits")
+            fetched = metric(mesh, member, "shoal_job_data_total", what="prefetch_started")
+            assert (misses, hits) in ((1, 0), (0, 1)), (member.index, misses, hits)
+            assert misses == 1 or fetched >= 1, (member.index, misses, hits, fetched)
     finally:
         mesh.stop_all()
 
