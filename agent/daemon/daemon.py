@@ -211,6 +211,7 @@ class Agent:
             self._coordinate,
             features=features,
             container_runtime=None if runtime is None else runtime.kind,
+            live_agents=lambda: len(self.mesh.live_agents()),
         )
         self.data = NodeData(config, self._datasets_in_use, self._kept_content)
         self.datasets = self.data.scanner

@@ -6,10 +6,13 @@
   record goes on in ``inventory/1``, ``inventory/2``... (``agent.wire.inventory.InventoryRecord``);
   nothing is dropped.
 - ``telemetry``: on change beyond 5 utilization points, 1 GiB of memory or 3 degrees, at most
-  once a second, and at least every ``telemetry_heartbeat_s``.
-- ``node``: drain state, queue, running jobs, free devices at once when they change; a change in
-  the running jobs' progress alone at most every :data:`PROGRESS_EVERY_S`.
-- ``events``: this node's recent events at most every :data:`EVENTS_EVERY_S`.
+  every :func:`spacing_s` (once a second up to :data:`MESH_CHANGES_PER_S` agents, then slower as
+  the mesh grows), and at least every ``telemetry_heartbeat_s``.
+- ``node``: drain state, running jobs, free devices and shares at once when they change (what
+  placement reads); a change in the rest alone (the length of the queue this node owns, the
+  running jobs' progress, their saves, staging lines) at most every :data:`PROGRESS_EVERY_S`.
+- ``events``: this node's recent events at most every :func:`spacing_s` (:data:`EVENTS_EVERY_S`
+  up to :data:`MESH_CHANGES_PER_S` agents).
 - ``place``: the datasets this node holds with their sizes (at once when a scan finds a change)
   and its network coordinate (once it has measured a round trip; again when it moved more than
   :data:`COORD_MOVED_S`, at most every :data:`PLACE_EVERY_S`).
@@ -25,7 +28,7 @@ from collections.abc import Callable, Mapping
 from agent.daemon.config import AgentConfig
 from agent.daemon.devices import HostDevices
 from agent.job.jobspec import SUPPORTED_FEATURES
-from agent.mesh.events import EventLog
+from agent.mesh.events import GOSSIPED_FOR_S, EventLog
 from agent.wire.codec import MAX_RECORD_BYTES, WireError
 from agent.wire.inventory import InventoryRecord
 from agent.wire.place import PLACE, HeldContent, HeldVersion, PlaceRecord, coord_moved_s
@@ -37,8 +40,10 @@ log = logging.getLogger("shoal.agent")
 
 GIB = 1024**3
 PROGRESS_EVERY_S = 2.0
-"""A change in running jobs' progress alone republishes the node record at most this often;
-what placement reads (drain, queue, running jobs, free devices) is republished at once."""
+"""A change in what placement does not read (the queue's length, progress, saves, staging lines)
+republishes the node record at most this often; what placement reads (drain, running jobs, free
+devices, shares) is republished at once. The queue's length once went at once: every submission
+and every placement republished its owner's node record to the whole mesh."""
 EVENTS_EVERY_S = 1.0
 """This node's recent events are republished at most this often (each event used to resend
 them all: a third of the gossip bytes of a mesh under load)."""
@@ -48,8 +53,20 @@ settle slowly, and on a busy host they wander by a millisecond or so with its ev
 delays: at 30 s this record was half of the records an idle mesh of 16 agents gossiped."""
 COORD_MOVED_S = 0.001
 """How far (in RTT) a coordinate must move before it is worth telling everyone."""
+MESH_CHANGES_PER_S = 16.0
+"""Telemetry changes and event records, each kind, that the whole mesh publishes a second at
+most (:func:`spacing_s`). Every agent applies every agent's records, so a fixed interval per agent
+made each agent's share of the work grow with the mesh: a GPU whose utilization moves with its
+jobs republished its telemetry every second, 1,000 records a second for each agent of a fleet of
+1,000. Placement reads neither (the node record says what is free, at once)."""
 UNMEASURED_LOOK_S = 1.0
 """While this node's first coordinate is unsaid, how often the publisher looks for it."""
+
+
+def spacing_s(base_s: float, live_agents: int) -> float:
+    """How often one agent may publish a kind of record that changes at will: ``base_s``, or
+    slower in a mesh large enough that ``MESH_CHANGES_PER_S`` would be exceeded."""
+    return max(base_s, live_agents / MESH_CHANGES_PER_S)
 
 
 class Publisher:
@@ -64,11 +81,14 @@ class Publisher:
         *,
         features: frozenset[str] = SUPPORTED_FEATURES,
         container_runtime: str | None = None,
+        live_agents: Callable[[], int] = lambda: 1,
     ) -> None:
         """``node_doc``: the ``node`` record as it would be now (drain, queue, running, free,
         progress); ``coordinate``: this node's network coordinate, ``None`` while unmeasured;
         ``features``: the job-spec features this agent runs (``image`` only with a container
-        runtime); ``container_runtime``: which (``podman``, ``docker``), in its inventory."""
+        runtime); ``container_runtime``: which (``podman``, ``docker``), in its inventory;
+        ``live_agents``: how many agents the mesh has now (:func:`spacing_s`)."""
+        self._live_agents = live_agents
         self._publish = publish
         self._config = config
         self._features = features
@@ -144,8 +164,8 @@ class Publisher:
         for kind, payload in records:
             self._publish(kind, payload)
 
-    def telemetry(self, *, force: bool = False) -> None:
-        now = time.monotonic()
+    def telemetry(self, now: float | None = None, *, force: bool = False) -> None:
+        now = time.monotonic() if now is None else now
         devices = self._devices.report.devices
         current = {
             d.static.key: (
@@ -164,7 +184,8 @@ class Publisher:
             for key, (u, m, t) in current.items()
         )
         heartbeat = now - self._telemetry_at >= self._config.telemetry_heartbeat_s
-        if not force and not heartbeat and not (changed and now - self._telemetry_at >= 1.0):
+        spacing = spacing_s(1.0, self._live_agents())
+        if not force and not heartbeat and not (changed and now - self._telemetry_at >= spacing):
             return
         self._last_telemetry = current
         self._telemetry_at = now
@@ -181,7 +202,7 @@ class Publisher:
             )
             due.append(self._node_at + PROGRESS_EVERY_S - now if progress_only else 0.0)
         if self._events_dirty:
-            due.append(self._events_at + EVENTS_EVERY_S - now)
+            due.append(self._events_at + self._events_every_s() - now)
         if self._place_dirty:
             due.append(0.0)
         elif self._place_sent is None or self._place_sent.coord is None:
@@ -192,7 +213,7 @@ class Publisher:
         """What is due of the node record, the events and the ``place`` record, published."""
         if self._node_dirty:
             self.node(now)
-        if self._events_dirty and now - self._events_at >= EVENTS_EVERY_S:
+        if self._events_dirty and now - self._events_at >= self._events_every_s():
             self.events(now)
         sent = self._place_sent
         unsaid = sent is None or sent.coord is None  # a first measured coordinate goes at once
@@ -247,21 +268,32 @@ class Publisher:
         doc = self._node_doc()
         sent = self._node_sent
         if sent is not None and doc.placement_view() == sent.placement_view():
-            if (doc.progress, doc.saved, doc.staging) == (sent.progress, sent.saved, sent.staging):
+            if _said(doc) == _said(sent):
                 self._node_dirty = False  # an owner's save that changed nothing others read
                 return
             if now - self._node_at < PROGRESS_EVERY_S:
-                return  # still dirty: the progress goes out when the interval is up
+                return  # still dirty: the rest goes out when the interval is up
         self._node_dirty = False
         self._node_sent, self._node_at = doc, now
         self._publish("node", doc.encode())
 
+    def _events_every_s(self) -> float:
+        return spacing_s(EVENTS_EVERY_S, self._live_agents())
+
     def events(self, now: float) -> None:
+        every_s = self._events_every_s()
         self._events_dirty = False
         self._events_at = now
-        payload = self._events.gossip_record().encode()
+        # An event stays in the record one interval longer than the record is apart: each is
+        # in at least one version however the mesh's size moves the interval.
+        payload = self._events.gossip_record(GOSSIPED_FOR_S + every_s - EVENTS_EVERY_S).encode()
         if len(payload) <= MAX_RECORD_BYTES:
             self._publish("events", payload)
+
+
+def _said(doc: NodeRecord) -> tuple[object, ...]:
+    """What the node record says beside what placement reads."""
+    return (doc.queue, doc.progress, doc.saved, doc.staging)
 
 
 def _fitting(record: InventoryRecord) -> tuple[DeviceStatic, ...]:

@@ -25,9 +25,10 @@ MAX_EVENTS = 2000
 GOSSIPED = 12
 """How many of its latest events an agent keeps in its ``events`` record (fits 4 KiB)."""
 GOSSIPED_FOR_S = 5.0
-"""How long an event stays in the ``events`` record. Peers merge each version as it reaches
-them, within a second or two; a busy agent republishes every second, and resending its last
-twelve events each time was half of what a mesh under load gossiped."""
+"""How long an event stays in the ``events`` record (longer where a large mesh spaces the
+record's versions further apart: ``agent.daemon.publisher.spacing_s``). Peers merge each version
+as it reaches them, within a second or two; a busy agent republishes every second, and resending
+its last twelve events each time was half of what a mesh under load gossiped."""
 MAX_MESSAGE_CHARS = 200
 LIFE_EVENTS = 1 << 32
 """Event numbers one start of an agent may use (its ``n`` stay within the wire's integers for
@@ -115,9 +116,10 @@ class EventLog:
         ][:limit]
         return EventsDoc(events=tuple(out), next=out[-1].seq if out else max(seq, 0))
 
-    def gossip_record(self) -> EventsRecord:
-        """Our recent events, for the ``events`` record (the record's origin names the node)."""
-        oldest = self._clock() - GOSSIPED_FOR_S
+    def gossip_record(self, for_s: float = GOSSIPED_FOR_S) -> EventsRecord:
+        """Our events of the last ``for_s``, for the ``events`` record (the record's origin names
+        the node)."""
+        oldest = self._clock() - for_s
         return EventsRecord(
             events=tuple(
                 GossipedEvent(

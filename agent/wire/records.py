@@ -95,7 +95,7 @@ class NodeRecord(NamedTuple):
 
     drain: str = "schedulable"
     queue: int = 0
-    """Pending jobs this node owns."""
+    """Pending jobs this node owns (for people to read: placement does not)."""
     running: tuple[str, ...] = ()
     free: tuple[str, ...] | None = None
     """Device keys no job holds; ``None`` (not said): every device."""
@@ -115,9 +115,10 @@ class NodeRecord(NamedTuple):
 
     def placement_view(
         self,
-    ) -> tuple[str, int, tuple[str, ...], tuple[str, ...] | None, Mapping[str, Mapping[str, int]]]:
-        """What placement reads: a change here is published at once."""
-        return (self.drain, self.queue, self.running, self.free, self.shares)
+    ) -> tuple[str, tuple[str, ...], tuple[str, ...] | None, Mapping[str, Mapping[str, int]]]:
+        """What placement reads: a change here is published at once. The rest (the queue's
+        length, progress, saves, staging lines) is for people and forecasts, and waits."""
+        return (self.drain, self.running, self.free, self.shares)
 
     def encode(self) -> bytes:
         return c.pack(

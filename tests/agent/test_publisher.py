@@ -14,9 +14,11 @@ from agent.daemon.publisher import (
     PROGRESS_EVERY_S,
     UNMEASURED_LOOK_S,
     Publisher,
+    spacing_s,
 )
 from agent.mesh.events import EventLog
-from agent.wire.records import NodeRecord
+from agent.wire.codec import unpack
+from agent.wire.records import EventsRecord, NodeRecord
 from gossip.vivaldi import Coordinate
 
 MEASURED = Coordinate(vec=(0.001, 0.0), error=0.2, adjustment_s=0.0, height_s=0.0001)
@@ -29,19 +31,29 @@ class Fleet:
         self.doc = NodeRecord(drain="schedulable", queue=0, running=(), free=("gpu0",))
         self.coord: Coordinate | None = None
         self.sent: list[str] = []
+        self.payloads: list[bytes] = []
         self.wakes = 0
+        self.live = 1
+        self.clock_s = 100.0
+        self.devices: HostDevices | None = None
+
+    def publish(self, kind: str, payload: bytes) -> None:
+        self.sent.append(kind)
+        self.payloads.append(payload)
 
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> tuple[Fleet, Publisher]:
     f = Fleet()
+    f.devices = HostDevices(sim="linux-a100", sim_seed=0)
     pub = Publisher(
-        lambda kind, payload: f.sent.append(kind),
+        f.publish,
         AgentConfig(data_dir=tmp_path),
-        HostDevices(sim="linux-a100", sim_seed=0),
-        EventLog("n" * 32),
+        f.devices,
+        EventLog("n" * 32, clock=lambda: f.clock_s),
         lambda: f.doc,
         lambda: f.coord,
+        live_agents=lambda: f.live,
     )
 
     def woke() -> None:
@@ -92,6 +104,35 @@ def test_progress_alone_waits_for_its_interval(fleet: tuple[Fleet, Publisher]) -
     assert f.sent == ["node"]
 
 
+def test_the_owners_queue_alone_waits_and_a_job_placed_meanwhile_says_nothing(
+    fleet: tuple[Fleet, Publisher],
+) -> None:
+    """Placement does not read the queue's length: a submission (queue 1) placed within the
+    interval (queue 0 again) republishes nothing; one still waiting is said once it is up."""
+    f, pub = fleet
+    f.coord = MEASURED
+    pub.tick(100.0)
+    f.sent.clear()
+    f.doc = f.doc._replace(queue=1)
+    pub.node_changed()
+    assert pub.due_in_s(100.1) == pytest.approx(PROGRESS_EVERY_S - 0.1)
+    pub.tick(100.1)
+    f.doc = f.doc._replace(queue=0)
+    pub.node_changed()
+    pub.tick(100.0 + PROGRESS_EVERY_S)
+    assert f.sent == []
+    f.doc = f.doc._replace(queue=2)  # the last node record went out over the interval ago
+    pub.node_changed()
+    pub.tick(100.0 + PROGRESS_EVERY_S + 0.1)
+    assert f.sent == ["node"]
+    f.doc = f.doc._replace(queue=1)
+    pub.node_changed()
+    pub.tick(100.0 + PROGRESS_EVERY_S + 0.2)
+    assert f.sent == ["node"]
+    pub.tick(100.0 + 2 * PROGRESS_EVERY_S + 0.1)
+    assert f.sent == ["node", "node"]
+
+
 def test_events_go_out_at_most_every_interval(fleet: tuple[Fleet, Publisher]) -> None:
     f, pub = fleet
     pub.tick(100.0)
@@ -114,3 +155,60 @@ def test_a_dataset_scan_that_finds_a_change_is_due_at_once(
     assert f.sent[-1] == "place"
     pub.datasets_scanned({"imagenet": 1024})  # the same again: nothing to say
     assert f.wakes == 1
+
+
+def busy(f: Fleet, on: bool) -> None:
+    """A job starts (or ends) on the first GPU: its utilization moves by 90 points."""
+    assert f.devices is not None
+    key = f.devices.statics()[0].key
+    f.devices.set_load(key, [0] if on else [])
+    f.devices.report = f.devices.probe.refresh()
+
+
+@pytest.mark.parametrize(("live", "every_s"), [(1, 1.0), (16, 1.0), (64, 4.0), (256, 16.0)])
+def test_telemetry_changes_are_spaced_by_the_meshs_size(
+    fleet: tuple[Fleet, Publisher], live: int, every_s: float
+) -> None:
+    """Each agent applies every agent's telemetry: past 16 agents an agent's changes go out
+    no more often than the mesh's size over 16 seconds, so the mesh's rate stays the same."""
+    f, pub = fleet
+    f.live = live
+    assert spacing_s(1.0, live) == every_s
+    pub.telemetry(100.0)
+    assert f.sent == ["telemetry"]
+    on = False
+    t = 100.0
+    while t < 100.0 + 4 * every_s - 0.05:  # the load flips every 0.25 s
+        t += 0.25
+        on = not on
+        busy(f, on)
+        pub.telemetry(t)
+    assert f.sent.count("telemetry") == 4  # at 100 + every_s, 2 * every_s, 3 * every_s
+
+
+@pytest.mark.parametrize("live", [8, 64, 200])
+def test_events_are_spaced_by_the_meshs_size_and_none_is_left_out(
+    fleet: tuple[Fleet, Publisher], live: int
+) -> None:
+    """An event logged just after a version went out is in the next one, however far apart the
+    mesh's size puts them."""
+    f, pub = fleet
+    f.live = live
+    f.coord = MEASURED
+    every_s = spacing_s(EVENTS_EVERY_S, live)
+    events = EventLog("m" * 32, clock=lambda: f.clock_s)
+    pub._events = events  # the fleet's own log, on the test's clock
+    events.add("started", "first")
+    pub.events_changed()
+    pub.tick(f.clock_s)
+    f.clock_s += 0.01
+    events.add("exited", "second")
+    pub.events_changed()
+    assert pub.due_in_s(f.clock_s) == pytest.approx(every_s - 0.01)
+    pub.tick(f.clock_s + every_s / 2)
+    assert f.sent.count("events") == 1
+    f.clock_s += every_s
+    pub.tick(f.clock_s)
+    assert f.sent.count("events") == 2
+    last = EventsRecord.decode(unpack(f.payloads[-1])).events
+    assert [e.message for e in last] == ["first", "second"]
