@@ -453,7 +453,14 @@ class GossipServer:
         return response
 
     def _peer(self, request: web.Request) -> PeerIdentity | web.Response:
-        ssl_object = request.transport.get_extra_info("ssl_object") if request.transport else None
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            # The peer went away before its request was read (asyncio's TLS transport, closed,
+            # has no certificate left to ask for): counted, not an error of ours.
+            self.stats.requests_peer_gone += 1
+            log.debug("a request's peer went away before it was read")
+            return self._refuse(400, "connection gone", close=True)
+        ssl_object = transport.get_extra_info("ssl_object")
         der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
         if not der:
             self.stats.no_client_cert += 1

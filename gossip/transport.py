@@ -110,6 +110,9 @@ class TransportStats:
     """Stream upgrades accepted (each then counts its frames as ``accepted`` or refused)."""
     streams_peer_gone: int = 0
     """Stream upgrades whose peer went away before the answer (counted, logged at DEBUG)."""
+    requests_peer_gone: int = 0
+    """Requests (a stream upgrade, a POST, an API call) whose peer's connection was closed before
+    they were read (counted, logged at DEBUG): a peer that gave up on a busy listener."""
     handshakes: int = 0
     """TLS handshakes this listener completed (each a peer's new connection)."""
     handshakes_resumed: int = 0
