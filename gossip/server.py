@@ -324,6 +324,9 @@ class GossipServer:
         self._unfinished[entry] = None
         self._unfinished_by_source[source] += 1
         entry.task = loop.create_task(self._handshake(sock, entry))
+        # A task cancelled before its first step never runs its own ``except``: evicted, or the
+        # server stopped, in the iteration that accepted it, its socket would be left to the GC.
+        entry.task.add_done_callback(lambda task: _reset(sock) if task.cancelled() else None)
 
     def _make_room(self, source: str) -> None:
         """Evict until one more connection from ``source`` fits."""

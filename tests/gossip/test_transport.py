@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import subprocess
 import sys
@@ -410,6 +411,30 @@ async def test_idle_connections_are_bounded_per_source_and_the_oldest_gives_way(
         assert [await closed_by_server(c) for c in idle[6:]] == [True, False, False, False]
         assert srv.stats.handshake_slowest_ms < 1000
         close_all(idle)
+
+
+@pytest.mark.parametrize("how", ["evicted", "stopped"])
+async def test_a_connection_let_go_before_its_handshake_began_is_closed(lab: Lab, how: str) -> None:
+    """Accepted, then evicted or the server stopped in the same iteration of the loop: its
+    handshake never began, and its socket is closed all the same (it was left to the GC, a
+    ResourceWarning in CI)."""
+    srv = lab_server(lab, ConnectionLimits())
+    await srv.start()
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    try:
+        srv._admit(ours, "127.0.0.1")
+        (entry,) = srv._unfinished
+        if how == "evicted":
+            srv._evict(entry)
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        else:
+            await srv.stop()
+        assert ours.fileno() == -1
+    finally:
+        theirs.close()
+        await srv.stop()
 
 
 async def test_idle_connections_give_way_before_handshakes_in_progress(lab: Lab) -> None:
