@@ -36,6 +36,7 @@ class Fleet:
         self.live = 1
         self.clock_s = 100.0
         self.devices: HostDevices | None = None
+        self.events = EventLog("n" * 32, clock=lambda: self.clock_s)
 
     def publish(self, kind: str, payload: bytes) -> None:
         self.sent.append(kind)
@@ -50,7 +51,7 @@ def fleet(tmp_path: Path) -> tuple[Fleet, Publisher]:
         f.publish,
         AgentConfig(data_dir=tmp_path),
         f.devices,
-        EventLog("n" * 32, clock=lambda: f.clock_s),
+        f.events,
         lambda: f.doc,
         lambda: f.coord,
         live_agents=lambda: f.live,
@@ -196,8 +197,7 @@ def test_events_are_spaced_by_the_meshs_size_and_none_is_left_out(
     f.live = live
     f.coord = MEASURED
     every_s = spacing_s(EVENTS_EVERY_S, live)
-    events = EventLog("m" * 32, clock=lambda: f.clock_s)
-    pub._events = events  # the fleet's own log, on the test's clock
+    events = f.events  # on the test's clock
     events.add("started", "first")
     pub.events_changed()
     pub.tick(f.clock_s)
