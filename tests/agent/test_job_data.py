@@ -169,13 +169,15 @@ def test_a_gang_stages_on_every_member(tmp_path: Path) -> None:
             read = json.loads((tmp_path / f"rank.{rank}").read_text())
             assert read["files"] == expected_hashes(m, chunks), (rank, read)
         for member in mesh.agents[:2]:
-            # Staged for this launch (a miss), or before it by a pre-fetch its owner asked for
-            # while the gang waited for its second member (then the launch found it: a hit).
+            # Staged for a launch (a miss), or before it by a pre-fetch its owner asked for
+            # while the gang waited for its second member (then the launch found it: a hit);
+            # never twice: a later attempt of the gang on the same member finds it held (a hit).
             misses = metric(mesh, member, "shoal_job_data_total", what="misses")
             hits = metric(mesh, member, "shoal_job_data_total", what="hits")
             fetched = metric(mesh, member, "shoal_job_data_total", what="prefetch_started")
-            assert (misses, hits) in ((1, 0), (0, 1)), (member.index, misses, hits)
-            assert misses == 1 or fetched >= 1, (member.index, misses, hits, fetched)
+            seen = (member.index, misses, hits, fetched)
+            assert misses <= 1, seen
+            assert misses == 1 or (hits >= 1 and fetched >= 1), seen
     finally:
         mesh.stop_all()
 
