@@ -182,19 +182,29 @@ async def test_a_peer_gone_before_the_upgrade_is_answered_is_counted_not_an_erro
         return await answer(self, request)
 
     monkeypatch.setattr(web.WebSocketResponse, "prepare", after_the_peer_went)
-    b = _node(ids[1], [a.address])
+    stats = await dialed_and_gone(a, ids[1], "transport_streams_peer_gone", caplog)
+    assert stats["handshakes"] >= 2  # each dial was a TLS handshake, counted
+    assert any("the peer went away" in r.getMessage() for r in caplog.records)
+
+
+async def dialed_and_gone(
+    a: GossipNode, dialer: NodeIdentity, counter: str, caplog: pytest.LogCaptureFixture
+) -> dict[str, Any]:
+    """A member joins ``a`` while ``a``'s listener finds each dial gone: ``counter`` counts
+    them, no stream is accepted, and nothing is logged at ERROR. ``a``'s stats at the end."""
+    b = _node(dialer, [a.address])
     caplog.set_level(logging.DEBUG)
     await b.start()
     try:
-        await eventually(lambda: a.stats()["transport_streams_peer_gone"] >= 2)
-        assert a.stats()["transport_streams_accepted"] == 0
-        assert a.stats()["handshakes"] >= 2  # each dial was a TLS handshake, counted
+        await eventually(lambda: a.stats()[counter] >= 2)
+        stats = a.stats()
+        assert stats["transport_streams_accepted"] == 0
     finally:
         await b.stop(leave=False)
         await a.stop(leave=False)
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, [r.getMessage() for r in errors]
-    assert any("the peer went away" in r.getMessage() for r in caplog.records)
+    return stats
 
 
 async def test_a_peer_gone_before_its_request_is_read_is_counted_not_an_error(
@@ -214,17 +224,7 @@ async def test_a_peer_gone_before_its_request_is_read_is_counted_not_an_error(
         return admit(self, request)
 
     monkeypatch.setattr(GossipServer, "_admit_gossip", after_the_peer_went)
-    b = _node(ids[1], [a.address])
-    caplog.set_level(logging.DEBUG)
-    await b.start()
-    try:
-        await eventually(lambda: a.stats()["transport_requests_peer_gone"] >= 2)
-        assert a.stats()["transport_streams_accepted"] == 0
-    finally:
-        await b.stop(leave=False)
-        await a.stop(leave=False)
-    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
-    assert not errors, [r.getMessage() for r in errors]
+    await dialed_and_gone(a, ids[1], "transport_requests_peer_gone", caplog)
     assert any("went away before it was read" in r.getMessage() for r in caplog.records)
 
 
