@@ -128,6 +128,20 @@ class Bench:
                     return float(line.rsplit(" ", 1)[1])
         return 0.0
 
+    def why_no_prefetch(self) -> str:
+        """What the agents counted and logged about pre-fetches: said when one never came."""
+        said = []
+        for agent in self.mesh.agents:
+            url = f"https://{agent.address}/metrics"
+            with urllib.request.urlopen(url, context=self.ctx, timeout=30) as r:
+                lines = r.read().decode().splitlines()
+            counted = [x for x in lines if x[0] != "#" and ("prefetch" in x or "image_pulls" in x)]
+            said += [f"{agent.address} {x}" for x in counted]
+            logged = agent.log_path.read_text(errors="replace").splitlines()
+            kept = [x for x in logged if "pre-pull" in x or "prefetch" in x]
+            said += [f"{agent.address} {x}" for x in kept[-20:]]
+        return "\n".join(said)
+
     def start_on_a_free_slot(self, command: list[str], mark: str, **extra: Any) -> float:
         """Seconds from the submission, the slot free, to the job's ``mark`` file (cold: no
         time for a pre-fetch)."""
@@ -151,7 +165,7 @@ class Bench:
         deadline = time.monotonic() + 300
         while ready is not None and self.metric(*ready) <= before:
             if time.monotonic() > deadline:
-                raise SystemExit(f"no pre-fetch ({ready}) within 300 s")
+                raise SystemExit(f"no pre-fetch ({ready}) within 300 s\n{self.why_no_prefetch()}")
             time.sleep(0.1)
         (self.folder(blocker) / "go").touch()
         for job_id in (blocker, measured):
