@@ -112,6 +112,7 @@ def host_from_json(data: Mapping[str, Any], device: DeviceMaker = device_from_js
         raw=data,
         wire_version=doc.wire_version,
         features=doc.features,
+        telemetry_every_s=doc.telemetry_every_s,
     )
 
 

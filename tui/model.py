@@ -21,12 +21,9 @@ from agent.operator.when import Outlook, outlook
 from agent.policy.forecast import Forecast
 from agent.wire.codec import WireError
 from agent.wire.documents import links_from_json, mig_from_json
-from agent.wire.records import GangMember
+from agent.wire.records import GangMember, telemetry_stale
 from probers.records import Link, MigDevice
 
-STALE_AFTER_S: Final = 90.0
-"""Telemetry older than this is shown as stale (with its age): 1.5 times the agents' default
-heartbeat (``telemetry_heartbeat_s``; changes are published at once)."""
 HISTORY_S: Final = 600.0
 HISTORY_STEP_S: Final = 5.0
 HISTORY_POINTS: Final = int(HISTORY_S / HISTORY_STEP_S)
@@ -131,6 +128,8 @@ class HostView:
     raw: Mapping[str, Any] = field(repr=False, compare=False)
     wire_version: int | None = None
     features: tuple[str, ...] = ()
+    telemetry_every_s: float | None = None
+    """The heartbeat the host's agent promised (``None``: not said, 60 s)."""
 
     @property
     def platform(self) -> str:
@@ -143,10 +142,11 @@ class HostView:
 
     @property
     def stale(self) -> bool:
-        """Last values kept but not fresh: old telemetry or a host not known alive."""
+        """Last values kept but not fresh: telemetry older than one and a half of the host's
+        heartbeat (it grows with the mesh), or a host not known alive."""
         if self.state in ("suspect", "dead", "left"):
             return True
-        return self.telemetry_age_s is not None and self.telemetry_age_s > STALE_AFTER_S
+        return telemetry_stale(self.telemetry_age_s, self.telemetry_every_s)
 
     @property
     def zone(self) -> str:

@@ -3,7 +3,8 @@
 Cells never wrap: a long command, host or GPU name is cut with an ellipsis, and a command's
 newlines are shown as ``\\n``, so a row is one line. Piped (stdout not a terminal) every table is
 80 columns wide. Times are relative (``in 2h``, ``3m ago``); a node that is not alive, or whose
-telemetry is older than :data:`STALE_AFTER_S`, shows ``stale`` instead of its last readings.
+telemetry is older than one and a half of its heartbeat (``agent.wire.records.telemetry_stale``),
+shows ``stale`` instead of its last readings.
 
 The helpers every table uses (cells cut to fit, durations, the console) are
 :mod:`agent.operator.terminal`.
@@ -26,12 +27,10 @@ from agent.operator.terminal import (
     short,
     span,
 )
+from agent.wire.records import telemetry_stale
 
 if TYPE_CHECKING:
     from rich.table import Table
-
-STALE_AFTER_S = 90.0
-"""Telemetry older than this is not shown as current (agents send a heartbeat every 60 s)."""
 
 
 def deadline_cell(job: Mapping[str, Any], spec: Mapping[str, Any], now: float) -> str:
@@ -158,8 +157,10 @@ def jobs_table(
 
 def is_stale(node: Mapping[str, Any]) -> bool:
     """The node's readings are not current: it is not alive, or its telemetry is old."""
-    age_s = node.get("telemetry_age_s")
-    return node.get("state") != "alive" or (age_s is not None and float(age_s) > STALE_AFTER_S)
+    age_s, every_s = node.get("telemetry_age_s"), node.get("telemetry_every_s")
+    return node.get("state") != "alive" or telemetry_stale(
+        None if age_s is None else float(age_s), None if every_s is None else float(every_s)
+    )
 
 
 def _gpu_names(devices: Sequence[Mapping[str, Any]]) -> str:

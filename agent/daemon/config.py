@@ -91,9 +91,11 @@ class AgentConfig:
     """The window they are judged over: a job holding a GPU it barely used for this long is
     told ``idle_allocated`` (shorter: told sooner, on less evidence)."""
     telemetry_heartbeat_s: float = 60.0
-    """Publish telemetry at least this often even when nothing changed. Every record costs each
-    peer a dozen retransmits, so idle hosts repeat themselves rarely: a live member with an
-    unchanged record is still current, and the TUI calls telemetry stale after 1.5 heartbeats."""
+    """Publish telemetry at least this often even when nothing changed (in a mesh past 16 agents,
+    this times N/16: ``agent.daemon.publisher.quiet_every_s``). Every record costs each peer a
+    dozen retransmits, so idle hosts repeat themselves rarely: a live member with an unchanged
+    record is still current. The record names the heartbeat it keeps; the CLI and the TUI call
+    telemetry stale after one and a half of it."""
     stop_grace_s: float = 10.0
     """Between a job's stop signal and SIGKILL, unless the command names another grace."""
     drain_grace_s: float = 30.0

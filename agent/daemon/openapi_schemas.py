@@ -76,6 +76,7 @@ SCHEMAS: Final[dict[str, Any]] = {
             "host": {"oneOf": [schema_ref("Host"), {"type": "null"}]},
             "devices": _array(schema_ref("Device")),
             "telemetry_age_s": _OPT_NUM,
+            "telemetry_every_s": _OPT_NUM,
             "running_jobs": _STRS,
             "queue": _INT,
             "wire_version": _OPT_INT,

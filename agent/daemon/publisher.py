@@ -7,7 +7,8 @@
   nothing is dropped.
 - ``telemetry``: on change beyond 5 utilization points, 1 GiB of memory or 3 degrees, at most
   every :func:`spacing_s` (once a second up to :data:`MESH_CHANGES_PER_S` agents, then slower as
-  the mesh grows), and at least every ``telemetry_heartbeat_s``.
+  the mesh grows), and at least every :func:`quiet_every_s` (``telemetry_heartbeat_s``, longer
+  past :data:`QUIET_AGENTS` agents; the record says which, for readers to judge its age by).
 - ``node``: drain state, running jobs, free devices and shares at once when they change (what
   placement reads); a change in the rest alone (the length of the queue this node owns, the
   running jobs' progress, their saves, staging lines) at most every :data:`PROGRESS_EVERY_S`.
@@ -15,7 +16,8 @@
   up to :data:`MESH_CHANGES_PER_S` agents).
 - ``place``: the datasets this node holds with their sizes (at once when a scan finds a change)
   and its network coordinate (once it has measured a round trip; again when it moved more than
-  :data:`COORD_MOVED_S`, at most every :data:`PLACE_EVERY_S`).
+  :data:`COORD_MOVED_S`, at most every :data:`PLACE_EVERY_S`, longer past :data:`QUIET_AGENTS`
+  agents: :func:`quiet_every_s`).
 """
 
 from __future__ import annotations
@@ -59,6 +61,12 @@ most (:func:`spacing_s`). Every agent applies every agent's records, so a fixed 
 made each agent's share of the work grow with the mesh: a GPU whose utilization moves with its
 jobs republished its telemetry every second, 1,000 records a second for each agent of a fleet of
 1,000. Placement reads neither (the node record says what is free, at once)."""
+QUIET_AGENTS = 16.0
+"""Past this many agents, what an agent republishes though nothing (or little) changed, the
+telemetry heartbeat and a coordinate that wandered, goes out the less often the larger the mesh
+(:func:`quiet_every_s`): the whole mesh sends about this many of each per interval. At fixed
+intervals these were all the records an idle mesh gossiped, each agent's share growing with the
+mesh."""
 UNMEASURED_LOOK_S = 1.0
 """While this node's first coordinate is unsaid, how often the publisher looks for it."""
 
@@ -67,6 +75,15 @@ def spacing_s(base_s: float, live_agents: int) -> float:
     """How often one agent may publish a kind of record that changes at will: ``base_s``, or
     slower in a mesh large enough that ``MESH_CHANGES_PER_S`` would be exceeded."""
     return max(base_s, live_agents / MESH_CHANGES_PER_S)
+
+
+def quiet_every_s(base_s: float, live_agents: int) -> float:
+    """How often one agent republishes what did not change (its telemetry heartbeat, from
+    ``telemetry_heartbeat_s``) or barely did (its coordinate, :data:`PLACE_EVERY_S`): ``base_s``,
+    times the mesh's size over :data:`QUIET_AGENTS` past that many agents (a 60 s heartbeat is
+    8 minutes at 128 agents). A telemetry record says its heartbeat (``every_s``): readers call
+    telemetry stale after one and a half of what its node promised."""
+    return base_s * max(1.0, live_agents / QUIET_AGENTS)
 
 
 class Publisher:
@@ -108,6 +125,8 @@ class Publisher:
         self._events_at = float("-inf")
         self._last_telemetry: dict[str, tuple[float, float, float]] = {}
         self._telemetry_at = float("-inf")
+        self._telemetry_every_s = config.telemetry_heartbeat_s
+        """The heartbeat the last telemetry record promised (the next comes within it)."""
         self._coordinate = coordinate
         self._datasets: dict[str, int] = dict.fromkeys(config.datasets, 0)
         self._versions: tuple[HeldVersion, ...] = ()
@@ -183,19 +202,28 @@ class Publisher:
             or abs(t - last[key][2]) >= 3
             for key, (u, m, t) in current.items()
         )
-        heartbeat = now - self._telemetry_at >= self._config.telemetry_heartbeat_s
-        spacing = spacing_s(1.0, self._live_agents())
-        if not force and not heartbeat and not (changed and now - self._telemetry_at >= spacing):
+        heartbeat = now - self._telemetry_at >= self._telemetry_every_s  # as the last promised
+        live = self._live_agents()
+        if (
+            not force
+            and not heartbeat
+            and not (changed and now - self._telemetry_at >= spacing_s(1.0, live))
+        ):
             return
         self._last_telemetry = current
         self._telemetry_at = now
-        record = TelemetryRecord(at=time.time(), samples=tuple(d.sample for d in devices))
+        self._telemetry_every_s = quiet_every_s(self._config.telemetry_heartbeat_s, live)
+        record = TelemetryRecord(
+            at=time.time(),
+            samples=tuple(d.sample for d in devices),
+            every_s=self._telemetry_every_s,
+        )
         self._publish("telemetry", record.encode())
 
     def due_in_s(self, now: float) -> float:
         """How long until :meth:`tick` has something to publish (0: now). Nothing becoming
         dirty meanwhile (which calls :attr:`wake`), the agent may sleep this long."""
-        due = [self._place_at + PLACE_EVERY_S - now]
+        due = [self._place_at + self._place_every_s() - now]
         if self._node_dirty:
             progress_only = self._node_sent is not None and (
                 self._node_doc().placement_view() == self._node_sent.placement_view()
@@ -219,10 +247,13 @@ class Publisher:
         unsaid = sent is None or sent.coord is None  # a first measured coordinate goes at once
         if (
             self._place_dirty
-            or now - self._place_at >= PLACE_EVERY_S
+            or now - self._place_at >= self._place_every_s()
             or (unsaid and self._coordinate() is not None)
         ):
             self.place(now)
+
+    def _place_every_s(self) -> float:
+        return quiet_every_s(PLACE_EVERY_S, self._live_agents())
 
     def place(self, now: float) -> None:
         """The ``place`` record, when its datasets changed or its coordinate moved."""

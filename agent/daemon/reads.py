@@ -186,6 +186,7 @@ class Reads:
                     host=inv.host if inv else None,
                     devices=devices,
                     telemetry_age_s=age,
+                    telemetry_every_s=node.telemetry_every_s if node is not None else None,
                     running_jobs=status.running if status else (),
                     queue=status.queue if status else 0,
                     wire_version=inv.version if inv else None,

@@ -69,6 +69,8 @@ class NodeView:
     inventory: InventoryRecord | None = None
     samples: dict[str, DeviceSample] = field(default_factory=dict)
     telemetry_received_at: float | None = None
+    telemetry_every_s: float | None = None
+    """The heartbeat its last telemetry record promised (``None``: not said)."""
     status: NodeRecord | None = None
     inventory_head: InventoryHead | None = None
     inventory_parts: dict[int, InventoryPart] = field(default_factory=dict)
@@ -213,6 +215,7 @@ class ClusterView:
             telemetry = TelemetryRecord.decode(doc)
             view.samples = {s.key: s for s in telemetry.samples}
             view.telemetry_received_at = now
+            view.telemetry_every_s = telemetry.every_s
         elif kind == NODE:
             view.status = NodeRecord.decode(doc)
         elif kind == EVENTS:

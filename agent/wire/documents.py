@@ -237,6 +237,10 @@ class NodeDoc(NamedTuple):
     record; the scheduler's data term divides by these)."""
     content: tuple[HeldContent, ...] = ()
     """The images and Python environments the node holds whole (its ``place`` record)."""
+    telemetry_every_s: float | None = None
+    """The node sends its telemetry at least this often (its heartbeat, longer in a larger mesh;
+    ``None``: not said, 60 s): older than one and a half of it, it is stale
+    (``agent.wire.records.telemetry_stale``)."""
 
     def to_wire(self) -> dict[str, Any]:
         doc = {
@@ -264,6 +268,8 @@ class NodeDoc(NamedTuple):
             doc["fetch_rates"] = dict(self.fetch_rates)
         if self.content:  # left out when none, as dataset_versions
             doc["content"] = [h._asdict() for h in self.content]
+        if self.telemetry_every_s is not None:  # left out when not said, as dataset_versions
+            doc["telemetry_every_s"] = self.telemetry_every_s
         return doc
 
     @classmethod
@@ -295,6 +301,7 @@ class NodeDoc(NamedTuple):
             dataset_versions=c.items(d.get("dataset_versions"), p + "dataset_versions", _version),
             fetch_rates=_rates(d.get("fetch_rates"), p + "fetch_rates"),
             content=c.items(d.get("content"), p + "content", _held_content),
+            telemetry_every_s=c.field(d, "telemetry_every_s", c.opt_number, p),
         )
 
 

@@ -45,11 +45,31 @@ def _opt_float_out(value: float | None) -> float | None:
     return None if value is None or not math.isfinite(value) else float(value)
 
 
+TELEMETRY_EVERY_S: Final = 60.0
+"""The heartbeat a telemetry record that names none is taken to keep (an agent's default)."""
+MAX_TELEMETRY_EVERY_S: Final = 86_400.0
+"""The longest heartbeat a record may name (a day; a mesh of ~23,000 agents)."""
+STALE_AFTER_HEARTBEATS: Final = 1.5
+"""Telemetry older than this many of its node's heartbeats is stale: one heartbeat missed, with
+room for gossip's delay."""
+
+
+def telemetry_stale(age_s: float | None, every_s: float | None) -> bool:
+    """Whether telemetry ``age_s`` old (``None``: none yet) from a node that sends it at least
+    every ``every_s`` (``None``: :data:`TELEMETRY_EVERY_S`) is stale."""
+    heartbeat_s = TELEMETRY_EVERY_S if every_s is None else every_s
+    return age_s is not None and age_s > STALE_AFTER_HEARTBEATS * heartbeat_s
+
+
 class TelemetryRecord(NamedTuple):
     """What every device is doing, sampled at ``at`` (epoch seconds, the publisher's clock)."""
 
     at: float | None
     samples: tuple[DeviceSample, ...]
+    every_s: float | None = None
+    """The publisher sends its telemetry again at least this often (its heartbeat, which grows
+    with the mesh: ``agent.daemon.publisher.quiet_every_s``); ``None``: not said (an older agent),
+    :data:`TELEMETRY_EVERY_S`."""
 
     def encode(self) -> bytes:
         rows = [
@@ -64,13 +84,20 @@ class TelemetryRecord(NamedTuple):
             ]
             for s in self.samples
         ]
-        return c.pack({"v": WIRE_VERSION, "at": self.at, "s": rows})
+        doc = {"v": WIRE_VERSION, "at": self.at, "s": rows}
+        if self.every_s is not None:
+            doc["every_s"] = self.every_s
+        return c.pack(doc)
 
     @classmethod
     def decode(cls, doc: Mapping[str, Any]) -> TelemetryRecord:
+        every_s = c.field(doc, "every_s", c.opt_number)
+        if every_s is not None and not 0 < every_s <= MAX_TELEMETRY_EVERY_S:
+            raise WireError(f"every_s: expected 0 < every_s <= 86400, got {every_s}")
         return cls(
             at=c.field(doc, "at", c.opt_number),
             samples=c.items(doc.get("s"), "s", _sample_from_wire),
+            every_s=every_s,
         )
 
 

@@ -115,6 +115,14 @@ def test_a_dead_or_silent_node_shows_stale_readings() -> None:
     assert all(len(line) <= 80 for line in lines) and "…" in lines[2]
 
 
+def test_telemetry_is_judged_by_the_heartbeat_its_node_keeps() -> None:
+    """A node of a large mesh heartbeats every 480 s: 300 s old is current, 800 s stale."""
+    quiet = node_row(_node("a" * 32, "h1", telemetry_age_s=300.0, telemetry_every_s=480.0))
+    late = node_row(_node("b" * 32, "h2", telemetry_age_s=800.0, telemetry_every_s=480.0))
+    assert quiet[4:7] == ["73%", "12%", "1"]
+    assert late[4:6] == ["stale", "-"]
+
+
 def test_an_event_row_fits_the_width() -> None:
     event = {
         "at": NOW,

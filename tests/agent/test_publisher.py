@@ -14,11 +14,12 @@ from agent.daemon.publisher import (
     PROGRESS_EVERY_S,
     UNMEASURED_LOOK_S,
     Publisher,
+    quiet_every_s,
     spacing_s,
 )
 from agent.mesh.events import EventLog
 from agent.wire.codec import unpack
-from agent.wire.records import EventsRecord, NodeRecord
+from agent.wire.records import EventsRecord, NodeRecord, TelemetryRecord
 from gossip.vivaldi import Coordinate
 
 MEASURED = Coordinate(vec=(0.001, 0.0), error=0.2, adjustment_s=0.0, height_s=0.0001)
@@ -75,6 +76,25 @@ def test_a_quiet_node_is_due_only_to_look_for_its_first_coordinate(
     pub.tick(101.0)
     assert f.sent == ["node", "place"]
     assert pub.due_in_s(101.0) == pytest.approx(PLACE_EVERY_S)
+
+
+@pytest.mark.parametrize(("live", "every_s"), [(8, 120.0), (32, 240.0), (128, 960.0)])
+def test_a_wandering_coordinate_is_republished_the_less_often_the_larger_the_mesh(
+    fleet: tuple[Fleet, Publisher], live: int, every_s: float
+) -> None:
+    """A busy host's coordinate wanders past 1 ms; past 16 agents its record waits longer, so the
+    mesh's coordinate records stay near 16 per 120 s."""
+    f, pub = fleet
+    f.live = live
+    f.coord = MEASURED
+    pub.tick(100.0)
+    assert f.sent.count("place") == 1
+    assert pub.due_in_s(100.0) == pytest.approx(every_s)
+    f.coord = Coordinate(vec=(0.005, 0.0), error=0.2, adjustment_s=0.0, height_s=0.0001)
+    pub.tick(100.0 + every_s - 1.0)
+    assert f.sent.count("place") == 1
+    pub.tick(100.0 + every_s)
+    assert f.sent.count("place") == 2
 
 
 def test_a_placement_change_is_due_at_once_and_wakes_the_loop(
@@ -185,6 +205,43 @@ def test_telemetry_changes_are_spaced_by_the_meshs_size(
         busy(f, on)
         pub.telemetry(t)
     assert f.sent.count("telemetry") == 4  # at 100 + every_s, 2 * every_s, 3 * every_s
+
+
+def _promised(payload: bytes) -> float | None:
+    return TelemetryRecord.decode(unpack(payload)).every_s
+
+
+@pytest.mark.parametrize(("live", "every_s"), [(1, 60.0), (16, 60.0), (64, 240.0), (128, 480.0)])
+def test_unchanged_telemetry_heartbeats_less_often_past_16_agents_and_says_how_often(
+    fleet: tuple[Fleet, Publisher], live: int, every_s: float
+) -> None:
+    """An idle mesh's heartbeats were all it gossiped, each agent's share growing with the
+    mesh: past 16 agents the heartbeat is the mesh's size over 16 times the configured 60 s,
+    and each record names it (readers judge its age by it)."""
+    f, pub = fleet
+    f.live = live
+    assert quiet_every_s(60.0, live) == every_s
+    pub.telemetry(100.0, force=True)
+    assert f.sent == ["telemetry"] and _promised(f.payloads[-1]) == every_s
+    pub.telemetry(100.0 + every_s - 0.5)
+    assert f.sent == ["telemetry"]
+    pub.telemetry(100.0 + every_s)
+    assert f.sent == ["telemetry", "telemetry"]
+
+
+def test_a_heartbeat_comes_within_the_last_promise_when_the_mesh_grows(
+    fleet: tuple[Fleet, Publisher],
+) -> None:
+    """A record said 60 s (16 agents); the mesh then grows to 64: the next heartbeat still comes
+    60 s later (readers hold the node to what it said), and it promises 240 s."""
+    f, pub = fleet
+    f.live = 16
+    pub.telemetry(100.0, force=True)
+    f.live = 64
+    pub.telemetry(159.0)
+    assert f.sent == ["telemetry"]
+    pub.telemetry(160.0)
+    assert f.sent == ["telemetry", "telemetry"] and _promised(f.payloads[-1]) == 240.0
 
 
 @pytest.mark.parametrize("live", [8, 64, 200])

@@ -53,6 +53,7 @@ from agent.wire.records import (
     JobStatus,
     NodeRecord,
     TelemetryRecord,
+    telemetry_stale,
 )
 from probers.records import DeviceSample, DeviceStatic, HostInfo, Link, MigDevice
 from probers.sim import SimProber
@@ -224,6 +225,18 @@ _samples = st.lists(
 def test_telemetry_round_trips(at: float | None, samples: tuple[DeviceSample, ...]) -> None:
     record = TelemetryRecord(at, samples)
     assert TelemetryRecord.decode(unpack(record.encode())) == record
+
+
+def test_telemetry_names_its_heartbeat_and_an_older_record_or_a_bad_one_is_told_apart() -> None:
+    sent = TelemetryRecord(1.0, (), every_s=480.0)
+    assert TelemetryRecord.decode(unpack(sent.encode())).every_s == 480.0
+    assert TelemetryRecord.decode(unpack(TelemetryRecord(1.0, ()).encode())).every_s is None
+    for bad in (0.0, -5.0, 86_401.0):
+        with pytest.raises(WireError, match="every_s"):
+            TelemetryRecord.decode({"v": 1, "at": 1.0, "s": [], "every_s": bad})
+    assert not telemetry_stale(None, None)  # none yet: not stale, just not known
+    assert telemetry_stale(91.0, None) and not telemetry_stale(89.0, None)  # 60 s, unsaid
+    assert not telemetry_stale(700.0, 480.0) and telemetry_stale(721.0, 480.0)
 
 
 @settings(max_examples=60, deadline=None)

@@ -208,3 +208,19 @@ def test_a_jobs_times_are_its_own_eta_else_the_policys_forecast() -> None:
     line = "staging imagenet 43% (1.2 GB/s from 3 holders, ~40 s)"
     staging = dataclasses.replace(pending, state="placing", reason=line)
     assert snap.why_waiting(staging) == line
+
+
+def test_a_host_is_stale_by_the_heartbeat_its_agent_keeps() -> None:
+    """An alive host of a large mesh heartbeats every 480 s: its telemetry 300 s old is current;
+    a host that names no heartbeat (60 s) is stale at that age."""
+    source = SimSource(6, seed=0)
+    nodes = [dict(n) for n in source.nodes_now()]
+    alive = [n for n in nodes if n["state"] == "alive"][:2]
+    for node, every_s in zip(alive, (480.0, None), strict=True):
+        node["telemetry_age_s"] = 300.0
+        if every_s is not None:
+            node["telemetry_every_s"] = every_s
+    snap = snapshot_from_json(source.now(), nodes, source.jobs_now())
+    far, near = (snap.host(n["node_id"]) for n in alive)
+    assert far is not None and far.telemetry_every_s == 480.0 and not far.stale
+    assert near is not None and near.telemetry_every_s is None and near.stale
