@@ -145,8 +145,10 @@ def read_host() -> HostCounters:
 
     memory: object = attempt(psutil.virtual_memory)
     swap: object = attempt(psutil.swap_memory)
-    net: object = attempt(psutil.net_io_counters)
-    disk: object = attempt(psutil.disk_io_counters)
+    # nowrap=False: the raw totals (a third cheaper each second); a counter that went back is a
+    # gap in the rates (host_readings), not a correction psutil keeps state for
+    net: object = attempt(lambda: psutil.net_io_counters(nowrap=False))
+    disk: object = attempt(lambda: psutil.disk_io_counters(nowrap=False))
     cpu = attempt(lambda: psutil.cpu_percent(interval=None))
     return HostCounters(
         at_s=time.monotonic(),
