@@ -133,8 +133,11 @@ class Bench:
         said = []
         for agent in self.mesh.agents:
             url = f"https://{agent.address}/metrics"
-            with urllib.request.urlopen(url, context=self.ctx, timeout=30) as r:
-                lines = r.read().decode().splitlines()
+            try:
+                with urllib.request.urlopen(url, context=self.ctx, timeout=30) as r:
+                    lines = r.read().decode().splitlines()
+            except OSError as exc:
+                lines = [f"metrics not read: {exc}"]
             counted = [x for x in lines if x[0] != "#" and ("prefetch" in x or "image_pulls" in x)]
             said += [f"{agent.address} {x}" for x in counted]
             logged = agent.log_path.read_text(errors="replace").splitlines()

@@ -34,7 +34,7 @@ from agent.mesh.events import GOSSIPED_FOR_S, EventLog
 from agent.wire.codec import MAX_RECORD_BYTES, WireError
 from agent.wire.inventory import InventoryRecord
 from agent.wire.place import PLACE, HeldContent, HeldVersion, PlaceRecord, coord_moved_s
-from agent.wire.records import NodeRecord, TelemetryRecord
+from agent.wire.records import MAX_TELEMETRY_EVERY_S, NodeRecord, TelemetryRecord
 from gossip.vivaldi import Coordinate
 from probers.records import DeviceStatic
 
@@ -212,7 +212,8 @@ class Publisher:
             return
         self._last_telemetry = current
         self._telemetry_at = now
-        self._telemetry_every_s = quiet_every_s(self._config.telemetry_heartbeat_s, live)
+        every_s = quiet_every_s(self._config.telemetry_heartbeat_s, live)
+        self._telemetry_every_s = min(every_s, MAX_TELEMETRY_EVERY_S)  # what a record may say
         record = TelemetryRecord(
             at=time.time(),
             samples=tuple(d.sample for d in devices),

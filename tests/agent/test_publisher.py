@@ -19,7 +19,7 @@ from agent.daemon.publisher import (
 )
 from agent.mesh.events import EventLog
 from agent.wire.codec import unpack
-from agent.wire.records import EventsRecord, NodeRecord, TelemetryRecord
+from agent.wire.records import MAX_TELEMETRY_EVERY_S, EventsRecord, NodeRecord, TelemetryRecord
 from gossip.vivaldi import Coordinate
 
 MEASURED = Coordinate(vec=(0.001, 0.0), error=0.2, adjustment_s=0.0, height_s=0.0001)
@@ -269,3 +269,17 @@ def test_events_are_spaced_by_the_meshs_size_and_none_is_left_out(
     assert f.sent.count("events") == 2
     last = EventsRecord.decode(unpack(f.payloads[-1])).events
     assert [e.message for e in last] == ["first", "second"]
+
+
+def test_a_long_configured_heartbeat_in_a_large_mesh_says_what_a_record_may(
+    tmp_path: Path,
+) -> None:
+    """2 h times 1,000 / 16 is past the day a record may name: it promises the day, so its
+    telemetry is not refused as malformed everywhere."""
+    f = Fleet()
+    f.devices = HostDevices(sim="linux-a100", sim_seed=0)
+    f.live = 1000
+    config = AgentConfig(data_dir=tmp_path, telemetry_heartbeat_s=7200.0)
+    pub = Publisher(f.publish, config, f.devices, f.events, lambda: f.doc, live_agents=lambda: 1000)
+    pub.telemetry(100.0, force=True)
+    assert _promised(f.payloads[-1]) == MAX_TELEMETRY_EVERY_S
