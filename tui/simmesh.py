@@ -26,7 +26,7 @@ from agent.operator.upload import pack_folder
 from agent.wire.codec import WIRE_VERSION
 from agent.wire.documents import EventDoc, EventsDoc, JobDoc, NodeDoc, sample_json, static_json
 from agent.wire.history import HistoryDoc, HistoryQuery
-from agent.wire.records import JobStatus
+from agent.wire.records import TELEMETRY_EVERY_S, JobStatus
 from agent.wire.usage import UsageRow
 from probers.records import HostInfo
 from probers.sim import SimProber, parse_profile
@@ -357,6 +357,7 @@ class SimSource:
                 host=host.host,
                 devices=(),
                 telemetry_age_s=host.age_s,
+                telemetry_every_s=TELEMETRY_EVERY_S,  # a small mesh's heartbeat, as agents say it
                 running_jobs=tuple(running.get(host.node_id, ())),
                 queue=queued.get(host.node_id, 0),
                 wire_version=WIRE_VERSION,

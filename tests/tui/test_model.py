@@ -218,8 +218,7 @@ def test_a_host_is_stale_by_the_heartbeat_its_agent_keeps() -> None:
     alive = [n for n in nodes if n["state"] == "alive"][:2]
     for node, every_s in zip(alive, (480.0, None), strict=True):
         node["telemetry_age_s"] = 300.0
-        if every_s is not None:
-            node["telemetry_every_s"] = every_s
+        node["telemetry_every_s"] = every_s  # None: an older agent's, not said
     snap = snapshot_from_json(source.now(), nodes, source.jobs_now())
     far, near = (snap.host(n["node_id"]) for n in alive)
     assert far is not None and far.telemetry_every_s == 480.0 and not far.stale
