@@ -93,7 +93,9 @@ class TelemetryRecord(NamedTuple):
     def decode(cls, doc: Mapping[str, Any]) -> TelemetryRecord:
         every_s = c.field(doc, "every_s", c.opt_number)
         if every_s is not None and not 0 < every_s <= MAX_TELEMETRY_EVERY_S:
-            raise WireError(f"every_s: expected 0 < every_s <= 86400, got {every_s}")
+            raise WireError(
+                f"every_s: expected 0 < every_s <= {MAX_TELEMETRY_EVERY_S:g}, got {every_s}"
+            )
         return cls(
             at=c.field(doc, "at", c.opt_number),
             samples=c.items(doc.get("s"), "s", _sample_from_wire),

@@ -280,6 +280,8 @@ def test_a_long_configured_heartbeat_in_a_large_mesh_says_what_a_record_may(
     f.devices = HostDevices(sim="linux-a100", sim_seed=0)
     f.live = 1000
     config = AgentConfig(data_dir=tmp_path, telemetry_heartbeat_s=7200.0)
-    pub = Publisher(f.publish, config, f.devices, f.events, lambda: f.doc, live_agents=lambda: 1000)
+    pub = Publisher(
+        f.publish, config, f.devices, f.events, lambda: f.doc, live_agents=lambda: f.live
+    )
     pub.telemetry(100.0, force=True)
     assert _promised(f.payloads[-1]) == MAX_TELEMETRY_EVERY_S
