@@ -17,7 +17,8 @@ on other devices of the same models, the offered ones being taken meanwhile), jo
 whose deadline passed before they ended
 (``shoal_deadline_misses_total``, ``agent.job.deadlines``), preemptions on this runner, by outcome
 (``preempted``: a job stopped for one of higher priority, ``shrunk``: an elastic job
-restarted with fewer GPUs for another, ``refused``: a preempting offer refused:
+restarted with fewer GPUs for another, ``moved``: a job moved off for a start its team's
+guarantee is owed, ``refused``: a preempting offer refused:
 ``shoal_preemptions_total``), team quota checks of starts (``agent.running.teamdesk``:
 ``shoal_quota_total``), starts confirmed by a job's other owner (``agent.running.confirming``:
 ``shoal_start_confirmations_total``), and checkpoints by what happened (``read`` into the store,

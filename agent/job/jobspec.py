@@ -306,6 +306,19 @@ class JobSpec:
         return self.resources.nodes > 1
 
     @property
+    def is_movable(self) -> bool:
+        """Whether a team's guarantee may move it to another node (``agent.policy.moves``):
+        one node, whole GPUs, not an inference service, not elastic."""
+        r = self.resources
+        return (
+            not self.is_gang
+            and r.gpus_per_node > 0
+            and not r.is_share
+            and not r.is_elastic
+            and self.kind != "inference"
+        )
+
+    @property
     def features(self) -> tuple[str, ...]:
         """The features this spec uses (:data:`FEATURES`), sorted."""
         used = []

@@ -153,6 +153,19 @@ def guaranteed(body: PolicyBody | None, team: str) -> float | None:
     return max(found) if found else None
 
 
+def owed_allows(
+    body: PolicyBody | None, team: str, gpus: float, held: Mapping[tuple[str, str | None], float]
+) -> str | None:
+    """Whether a start of ``gpus`` for ``team`` is owed its guarantee: the team has one and
+    stays within it. ``None``: it is; else why not."""
+    mine = guaranteed(body, team)
+    if mine is None:
+        return f"team {team or '(none)'} has no guarantee to reclaim"
+    if held.get((team, None), 0.0) + gpus > mine + 1e-9:
+        return f"team {team} would hold more than its guarantee of {mine:g} GPUs"
+    return None
+
+
 def reclaim_allows(
     body: PolicyBody | None,
     team: str,
@@ -163,11 +176,9 @@ def reclaim_allows(
     """Whether a start of ``gpus`` for ``team`` may stop ``victims`` (job id -> (team, GPUs))
     whatever their priority: ``team`` stays within its guarantee, and no victim's team is left
     below its own (a reclaim takes back only what was borrowed). ``None``: it may; else why not."""
-    mine = guaranteed(body, team)
-    if mine is None:
-        return f"team {team or '(none)'} has no guarantee to reclaim"
-    if held.get((team, None), 0.0) + gpus > mine + 1e-9:
-        return f"team {team} would hold more than its guarantee of {mine:g} GPUs"
+    why = owed_allows(body, team, gpus, held)
+    if why is not None:
+        return why
     taken: dict[str, float] = {}
     for _v, (vteam, vgpus) in victims.items():
         if vteam == team:

@@ -46,7 +46,12 @@ decision pass: a job past its team's maximum gets no candidate and the policy's 
 team under its guarantee may reclaim (:meth:`ShoalPlacement.reclaim`: other teams' borrowed,
 preemptible jobs, whatever their priority; the runner counts again, ``agent.running.teamdesk``).
 
-What the live mesh does not do yet: preempting for a gang, and moving running jobs.
+With teams, the reclaim may be a guarantee plan that frees one node: its victims and the
+movable jobs it moves off go together in one offer (``StartOffer.moves``), and each moved job's
+own owner places it again, from its checkpoint, on the GPUs idle elsewhere.
+
+What the live mesh does not do yet: preempting for a gang, and moving running jobs for speed or
+for defragmentation without a team's guarantee owed.
 """
 
 from __future__ import annotations
@@ -85,6 +90,9 @@ class Candidate:
     """Jobs running there that must be preempted first (none: the devices are free)."""
     shrink: tuple[str, ...] = ()
     """Elastic jobs running there that must be shrunk first (:mod:`agent.policy.shrink`)."""
+    moves: tuple[str, ...] = ()
+    """Jobs running there that must move off first, to GPUs idle elsewhere (a team's guarantee
+    plan: :mod:`agent.policy.guarantee`)."""
 
 
 GangSet = tuple[Candidate, ...]
@@ -512,7 +520,9 @@ class ShoalPlacement(_Held):
     ) -> Candidate | None:
         """The policy's reclaim for ``job`` (:func:`agent.policy.decision.decide` over it alone:
         its team under its guarantee stops other teams' borrowed, preemptible jobs, whatever
-        their priority); the runner counts again before it stops anyone."""
+        their priority, or frees one node by the guarantee plan: reclaims there and moves the
+        other movable jobs off it onto GPUs idle now); the runner counts again before it stops
+        or moves anyone."""
         if not job.team or not Ledger(teams, running).below_guarantee(job):
             return None
         views = [n for n in nodes if n.inventory is not None]
@@ -525,15 +535,26 @@ class ShoalPlacement(_Held):
             dataset_newest=adapt.dataset_newest(views),
             teams=teams,
         )
-        config = replace(self.config, preemption=True, time_slice=(), moves=False)
+        # Moves only for the guarantee plan, on one node: none for speed (the live mesh moves no
+        # job for that), none needing another runner.
+        config = replace(
+            self.config,
+            preemption=True,
+            time_slice=(),
+            move_min_gain_s=math.inf,
+            guarantee_one_node=True,
+        )
         found = decide(snapshot, self.model, config, owner=self.owner, explain=False)
         start = found.assignment(job.job_id)
         if start is None or not start.after or len(start.placement.node_ids) != 1:
             return None
         node_id, keys = start.placement.node_id, start.placement.devices[0]
+        moved = {m.job_id for m in found.moves}
         held = {r.job.job_id: set(r.placement.devices[0]) for r in running}
-        victims = tuple(v for v in start.after if held.get(v, set()) & set(keys))
-        return Candidate(node_id, keys, victims) if victims else None
+        frees = [v for v in start.after if held.get(v, set()) & set(keys)]
+        victims = tuple(v for v in frees if v not in moved)
+        moves = tuple(v for v in frees if v in moved)
+        return Candidate(node_id, keys, victims, moves=moves) if frees else None
 
     def _running_context(
         self, nodes: Sequence[NodeView], running: Sequence[Running]

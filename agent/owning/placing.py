@@ -189,12 +189,13 @@ async def place_once(
             cand.victims,
             cand.shrink,
             rebind=True,
+            moves=cand.moves,
         )
         watch = None
         try:
             # A resumed attempt's checkpoint is fetched into its folder before it starts; a
             # preempting one waits for its victims to stop first; datasets are staged first.
-            slow = resume is not None or cand.victims or cand.shrink
+            slow = resume is not None or cand.victims or cand.shrink or cand.moves
             timeout_s = RESTORE_TIMEOUT_S + o._stop_grace_s if slow else None
             if stages(job.spec):
                 timeout_s = max(timeout_s or 0.0, STAGE_TIMEOUT_S)

@@ -6,7 +6,9 @@ preemptible from each job's own signed submission (:func:`agent.policy.adapt.run
 the policy picks the cheapest legal victims (``Placement.preemption``), and the offer names them
 (``StartOffer.victims``). The runner checks them again and may refuse
 (``agent.running.preemption``). A job stopped for another is requeued by its own owner with the
-reason "preempted by <job> on <host>", kept at the head of its waiting line until it runs again.
+reason "preempted by <job> on <host>", said first in its waiting line until it runs again; one
+moved off for a team's guarantee (``StartOffer.moves``) with "moved off <host> for <job>", and
+it is not offered to that node again straight away.
 Before preempting anyone, an elastic job running above its fewest GPUs may be shrunk instead
 (``Placement.shrink``; the offer's ``shrink``): its owner restarts it from its checkpoint with fewer
 GPUs.
@@ -25,6 +27,7 @@ from agent.policy import adapt
 from agent.wire.calls import AttemptResult
 
 PREEMPTED = "preempted by "
+MOVED = "moved off "
 
 
 def preemption_candidates(
@@ -101,12 +104,17 @@ def stopped_reason(result: AttemptResult, runner: str, view: ClusterView) -> str
     if result.cause == "shrink":
         by = f" for {result.preempted_by[:8]}" if result.preempted_by else ""
         return f"shrunk{by} on {host_name(view, runner)}: restarts from its checkpoint"
+    if result.cause == "migrate" and result.preempted_by:
+        return (
+            f"{MOVED}{host_name(view, runner)} for {result.preempted_by[:8]} (its team's "
+            "guarantee): restarts from its checkpoint elsewhere"
+        )
     return f"attempt {result.attempt} stopped on {runner[:8]} ({result.cause})"
 
 
 def waiting_reason(current: str | None, why: str) -> str:
-    """The line of a job that waits: a preemption it suffered stays said first."""
-    if current is not None and current.startswith(PREEMPTED):
+    """The line of a job that waits: a preemption (or a move) it suffered stays said first."""
+    if current is not None and current.startswith((PREEMPTED, MOVED)):
         head = current.split("; ", 1)[0]
         return why if why.startswith(head) else f"{head}; {why}"
     return why

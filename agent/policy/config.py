@@ -84,6 +84,10 @@ class PolicyConfig:
     defrag_max_moves: int = 4
     """Jobs moved off one node, at most, to make room there for a job that needs several of its
     GPUs (:mod:`agent.policy.defrag`); 0: never."""
+    guarantee_one_node: bool = False
+    """A team's guarantee plan (:mod:`agent.policy.guarantee`) stops and moves only jobs on the
+    node it frees, and moves them only onto GPUs idle now: the live mesh, where that node's
+    runner alone carries the plan out."""
     defrag_hold_s: float = 600.0
     """How long a node emptied for a waiting job is held for it, and no new plan is made for
     that job meanwhile."""

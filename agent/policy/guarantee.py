@@ -16,8 +16,10 @@ jobs it waits for have stopped or moved (``after``); a move onto a reclaimed job
 that job the same way.
 
 Pure and bounded: only the first :data:`SCAN` nodes by that bound are tried (each try applied to
-the index and undone if it fails). The simulator's owners use it; the live mesh's reclaim pass
-runs without moves, so there it is not called.
+the index and undone if it fails). The simulator's owners use it as above; the live mesh's owners
+with ``PolicyConfig.guarantee_one_node``: every job a plan stops or moves runs on the node it
+frees, and moves go onto GPUs idle now, so that node's runner alone carries it out
+(``agent.owning.placement``, ``agent.running.preemption``).
 """
 
 from __future__ import annotations
@@ -233,14 +235,17 @@ class _Planner:
     def move_off(self, t: _Try, r: Running, target: str, *, chain: bool = True) -> bool:
         """Move ``r`` off ``target`` (joins ``t``): onto idle GPUs elsewhere, else onto those a
         reclaim elsewhere frees, else (``chain``) onto a node where moving a smaller job off
-        to idle GPUs makes room."""
+        to idle GPUs makes room; only the first with ``guarantee_one_node``."""
         ctx = self.ctx
         if len(t.moves) >= ctx.config.defrag_max_moves or not movable(r, ctx):
             return False
         avoid = self.exclude | {target, *t.targets}
         cands = rank(r.job, ctx, limit=1, exclude=avoid)
-        dest = cands[0].placement if cands else self.reclaim_for(t, r, avoid)
-        if dest is None and chain:
+        one_node = ctx.config.guarantee_one_node
+        dest = cands[0].placement if cands else None
+        if dest is None and not one_node:
+            dest = self.reclaim_for(t, r, avoid)
+        if dest is None and chain and not one_node:
             dest = self.chain_for(t, r, avoid)
         if dest is None:
             return False

@@ -46,6 +46,8 @@ class OfferedRunner(Protocol):
         shrink: tuple[str, ...] = (),
         may_rebind: bool = False,
         reclaim: bool = False,
+        moves: tuple[str, ...] = (),
+        owed: bool = False,
     ) -> Admitted: ...
 
     async def launch(
@@ -81,6 +83,7 @@ async def start(r: OfferedRunner, offer: StartOffer, caller: str) -> StartAnswer
         raise Declined(over)
     await r.teams.claim(sub, attempt, offer.devices)
     reclaim = r.teams.reclaim(sub, offer.devices, offer.victims, r.runs)
+    owed = bool(offer.moves) and r.teams.owed(sub, offer.devices, r.runs)
     admitted = await r.admit(
         job_id,
         attempt,
@@ -91,6 +94,8 @@ async def start(r: OfferedRunner, offer: StartOffer, caller: str) -> StartAnswer
         offer.shrink,
         offer.rebind,
         reclaim,
+        offer.moves,
+        owed,
     )
     keys = admitted.keys or offer.devices
     over = r.teams.over_max(sub, keys, r.runs, admitted.victims)

@@ -29,10 +29,20 @@ offered devices, of which the offer may take no more than it holds beyond its fe
 is needed: a shrunk job is stopped with cause ``shrink`` (its checkpoint signal and grace) and
 its owner restarts it from its checkpoint with fewer GPUs.
 
+An offer may also name jobs to move off the node (``StartOffer.moves``: a team's guarantee plan,
+:mod:`agent.policy.guarantee`), checked on the same path: each must run here, unclaimed, have run
+``min_run_s`` and hold one of the offered devices, and be movable (one node, whole GPUs, not an
+inference service, not elastic: ``LocalRun.movable``, from its own signed submission), and the
+offered job must be owed its team's guarantee by the runner's own count
+(``agent.running.teamdesk``: the team has one and stays within it with this start). No priority
+is needed and a moved job need not be preemptible: it is stopped with cause ``migrate`` (its
+checkpoint signal and grace) and its owner places it again, elsewhere, from its checkpoint.
+
 What a lying owner can make a runner do through an offer: stop preemptible jobs of a lower
 priority than the job it offers, that have run their minimum time, and that hold the devices it
-offers; restart elastic jobs that have run their minimum time above their fewest GPUs; each
-stopped job is requeued by its own owner with its checkpoint. Nothing else.
+offers; restart elastic jobs that have run their minimum time above their fewest GPUs; for a job
+its team is owed, restart elsewhere movable jobs that have run their minimum time; each stopped
+job is requeued by its own owner with its checkpoint. Nothing else.
 """
 
 from __future__ import annotations
@@ -59,6 +69,8 @@ class RunFacts(Protocol):
     def started_at(self) -> float | None: ...
     @property
     def gpus_min(self) -> int | None: ...
+    @property
+    def movable(self) -> bool: ...
 
 
 class Refused(Exception):
@@ -67,7 +79,8 @@ class Refused(Exception):
 
 class Ask(NamedTuple):
     """What a preempting offer asks: start ``job_id`` (its submission's ``priority``) on
-    ``devices`` once ``victims`` are stopped and ``shrink`` (elastic jobs) are shrunk."""
+    ``devices`` once ``victims`` are stopped, ``shrink`` (elastic jobs) are shrunk and
+    ``moves`` are moved off."""
 
     job_id: str
     priority: int
@@ -78,10 +91,16 @@ class Ask(NamedTuple):
     """The runner found the offer a reclaim by its own count (``agent.running.teamdesk``): the
     job's team is within its guarantee and every victim's team holds more than its own, so the
     victims may be of any priority."""
+    moves: tuple[str, ...] = ()
+    owed: bool = False
+    """The runner found the job owed its team's guarantee by its own count
+    (``agent.running.teamdesk``): only then may ``moves`` be moved off."""
 
     def cause_of(self, victim: str) -> str:
-        """The stop cause of one of its victims: ``shrink`` or ``preempt``."""
-        return "shrink" if victim in self.shrink else "preempt"
+        """The stop cause of one of its victims: ``shrink``, ``migrate`` or ``preempt``."""
+        if victim in self.shrink:
+            return "shrink"
+        return "migrate" if victim in self.moves else "preempt"
 
 
 def _common(
@@ -112,6 +131,14 @@ def _check_shrink(v: str, run: RunFacts, wanted: set[str]) -> None:
         raise Refused(f"the offer takes {taken} of {v}'s GPUs; a shrink frees {spare}")
 
 
+def _check_move(v: str, run: RunFacts, owed: bool) -> None:
+    """A movable job, moved for a job owed its team's guarantee."""
+    if not owed:
+        raise Refused(f"victim {v} may be moved only for a job its team's guarantee is owed")
+    if not run.movable:
+        raise Refused(f"victim {v} cannot move (a gang, a share, inference or elastic)")
+
+
 def arbitrate(
     ask: Ask,
     runs: Mapping[str, RunFacts],
@@ -124,7 +151,7 @@ def arbitrate(
     devices ``free``, the victims ``claimed`` by other offers); raises :class:`Refused` with the
     first reason it may not."""
     job_id, priority, devices = ask.job_id, ask.priority, ask.devices
-    named = tuple(dict.fromkeys((*ask.victims, *ask.shrink)))
+    named = tuple(dict.fromkeys((*ask.victims, *ask.shrink, *ask.moves)))
     if job_id in named:
         raise Refused(f"job {job_id} cannot preempt itself")
     wanted = set(devices)
@@ -132,6 +159,8 @@ def arbitrate(
         run = _common(v, runs.get(v), claimed, now, min_run_s)
         if v in ask.shrink:
             _check_shrink(v, run, wanted)
+        elif v in ask.moves:
+            _check_move(v, run, ask.owed)
         elif not run.preemptible:
             raise Refused(f"victim {v} is not preemptible")
         elif run.priority >= priority and not ask.reclaim:
@@ -146,8 +175,8 @@ def arbitrate(
 
 
 Stop = Callable[[str, int, str], Awaitable[object]]
-"""Stops a job's attempt here with a cause (``preempt``, ``shrink``) and waits until it is
-gone."""
+"""Stops a job's attempt here with a cause (``preempt``, ``shrink``, ``migrate``) and waits until
+it is gone."""
 
 Note = Callable[[str, str, str], None]
 """Writes one event about a job (job id, kind, message)."""
@@ -162,8 +191,9 @@ class Preemptions:
         self.claimed: dict[str, tuple[int, str]] = {}
         """Victim -> (its attempt, the job it is stopped for), until its end is reported."""
         self.counts: Counter[str] = Counter()
-        """``preempted`` (victims stopped), ``shrunk`` (elastic victims) and ``refused`` (offers
-        refused), for ``shoal_preemptions_total``."""
+        """``preempted`` (victims stopped), ``shrunk`` (elastic victims), ``moved`` (moved off
+        for a team's guarantee) and ``refused`` (offers refused), for
+        ``shoal_preemptions_total``."""
 
     def claim(
         self, ask: Ask, runs: Mapping[str, RunFacts], free: Collection[str]
@@ -192,6 +222,11 @@ class Preemptions:
             if v in ask.shrink:
                 note(v, "shrunk", f"for {ask.job_id}, attempt {run.attempt}")
                 self.counts["shrunk"] += 1
+                continue
+            if v in ask.moves:
+                why = f"for {ask.job_id} (its team's guarantee), attempt {run.attempt}"
+                note(v, "moved", f"off this node {why}")
+                self.counts["moved"] += 1
                 continue
             note(
                 v,

@@ -108,6 +108,9 @@ log = logging.getLogger("shoal.runner")
 _STOP_CAUSES: frozenset[str] = frozenset(
     {"cancel", "preempt", "shrink", "migrate", "drain", "fenced", "shutdown"}
 )
+_FOR_ANOTHER = ("preempt", "shrink", "migrate")
+"""Stop causes whose report names the job the attempt was stopped for (when it was claimed by
+an offer: a user's own migration is not)."""
 
 LOG_TAILS_AT_ONCE = 2
 """Log tails searched for at once (each reads back up to ``MAX_TAIL_BYTES``)."""
@@ -237,6 +240,8 @@ class Runner:
         shrink: tuple[str, ...] = (),
         may_rebind: bool = False,
         reclaim: bool = False,
+        moves: tuple[str, ...] = (),
+        owed: bool = False,
     ) -> Admitted:
         """``Declined`` unless attempt ``attempt`` may start here now on ``keys``: the agent
         runs, the node takes work, the attempt is not fenced, no newer one runs, the job's
@@ -245,7 +250,8 @@ class Runner:
         spec's hard filters (``agent.running.admission``). An older attempt of the job that still
         runs here is stopped (fenced). ``victims``: running jobs a preempting offer names, which the
         runner checks itself and claims (``agent.running.preemption``); ``shrink``: elastic ones to
-        shrink, checked the same way; ``may_rebind``: the offer lets this runner choose other
+        shrink, and ``moves``: ones to move off for a start its team's guarantee is ``owed``,
+        checked the same way; ``may_rebind``: the offer lets this runner choose other
         devices of the same models when those offered are taken (``agent.running.admission``). What
         was admitted: the memory the job holds of its device when it is a share (0: devices given
         whole), the victims to stop before it starts, and the devices chosen instead."""
@@ -265,10 +271,10 @@ class Runner:
         if in_hold:
             raise Declined(f"device {in_hold[0]} is in use (held for a gang)")
         claimed: tuple[str, ...] = ()
-        if victims or shrink:  # checked and claimed first; the devices they hold count as free
+        if victims or shrink or moves:  # checked and claimed first; their devices count as free
             try:
                 claimed = self.preemptions.claim(
-                    Ask(job_id, spec.priority, keys, victims, shrink, reclaim),
+                    Ask(job_id, spec.priority, keys, victims, shrink, reclaim, moves, owed),
                     self.runs,
                     set(self.free_devices()),
                 )
@@ -288,7 +294,13 @@ class Runner:
             self.preemptions.release(claimed)
             raise Declined(str(exc)) from None
         rebound = chosen if chosen != keys else ()
-        return Admitted(share_bytes, claimed, tuple(v for v in claimed if v in shrink), rebound)
+        return Admitted(
+            share_bytes,
+            claimed,
+            tuple(v for v in claimed if v in shrink),
+            rebound,
+            tuple(v for v in claimed if v in moves),
+        )
 
     def _older_runs(self, job_id: str, attempt: int) -> bool:
         """Whether an older attempt of the job runs here (``Declined``: this or a newer one)."""
@@ -320,10 +332,13 @@ class Runner:
             priority=spec.priority,
             preemptible=spec.preemptible,
             gpus_min=spec.resources.gpus_per_node if spec.resources.is_elastic else None,
+            movable=gang is None and spec.is_movable,
         )
         self.runs[job_id] = run
         if admitted.victims:
-            ask = Ask(job_id, spec.priority, keys, admitted.victims, admitted.shrink)
+            ask = Ask(
+                job_id, spec.priority, keys, admitted.victims, admitted.shrink, moves=admitted.moves
+            )
             await self.preemptions.stop(ask, admitted.victims, self.runs, self._preempt, self._note)
         try:
             resumed = await self.ckpts.prepare(job_id, resume, spec.checkpoint_dir is None)
@@ -394,6 +409,8 @@ class Runner:
     async def _preempt(self, job_id: str, attempt: int, cause: str) -> None:
         self.fence.raise_to(job_id, attempt)
         how: StopCause = "shrink" if cause == "shrink" else "preempt"
+        if cause == "migrate":
+            how = "migrate"
         await self.executor.stop(job_id, cause=how, grace_s=self._stop_grace_s)
 
     def _note(self, job_id: str, kind: str, message: str) -> None:
@@ -484,7 +501,7 @@ class Runner:
         by = self.preemptions.stopped_for(e.job_id, e.attempt)
         report = attempt_result(e)
         self.queue_report(
-            report._replace(preempted_by=by) if e.cause in ("preempt", "shrink") else report, owner
+            report._replace(preempted_by=by) if e.cause in _FOR_ANOTHER else report, owner
         )
         if self.drain == NodeDrainState.DRAINING and not self.runs:
             self.draining.set(DrainEvent.DRAINED)

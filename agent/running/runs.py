@@ -35,6 +35,8 @@ class Admitted(NamedTuple):
     keys: tuple[str, ...] = ()
     """The devices the runner chose instead of those offered (``agent.running.admission`` late
     binding); empty: those offered."""
+    moves: tuple[str, ...] = ()
+    """Those of ``victims`` that are moved off (to restart elsewhere), not preempted."""
 
 
 @dataclass(slots=True)
@@ -52,6 +54,10 @@ class LocalRun:
     operator-signed submission."""
     started_at: float | None = None
     """When its process started (``None`` while it launches)."""
+    movable: bool = False
+    """It may be moved off for a start its team's guarantee is owed (``agent.running.
+    preemption``): one node, whole GPUs, not an inference service, not elastic (from its
+    submission)."""
 
 
 class UsageSink(Protocol):

@@ -165,6 +165,17 @@ class TeamDesk:
         }
         return quotas.reclaim_allows(body, team[0], _gpus(sub, keys), named, held) is None
 
+    def owed(self, sub: Submission, keys: Sequence[str], runs: Mapping[str, LocalRun]) -> bool:
+        """Whether the start of ``sub`` on ``keys`` is owed its team's guarantee, as this node
+        counts: the team has one and stays within it. Only such a start may move other jobs off
+        the node (``agent.running.preemption``)."""
+        body = self._policy()
+        if body is None:
+            return False
+        held, who = self._held(body, runs, (sub.job_id,))
+        team = who.get(sub.job_id) or quotas.who_signed(body, sub.operator_id)
+        return quotas.owed_allows(body, team[0], _gpus(sub, keys), held) is None
+
     def over_max(
         self,
         sub: Submission,

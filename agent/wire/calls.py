@@ -164,9 +164,11 @@ class StartOffer(NamedTuple):
     the jobs running there that the runner is asked to preempt first (``agent.running.preemption``
     decides whether it does; empty: the devices must be free); ``shrink``: elastic jobs running
     there that the runner is asked to shrink (stop with cause ``shrink``, to restart with fewer
-    GPUs) to free the devices offered; ``rebind``: when the devices offered are taken by the time
-    the offer arrives, the runner may start the job on others of the same models that its
-    placement chooses (and says which in its answer) rather than decline."""
+    GPUs) to free the devices offered; ``moves``: jobs running there that the runner is asked to
+    move off (stop with cause ``migrate``, to restart elsewhere) for a start its team's
+    guarantee is owed (``agent.running.preemption``); ``rebind``: when the devices offered are
+    taken by the time the offer arrives, the runner may start the job on others of the same
+    models that its placement chooses (and says which in its answer) rather than decline."""
 
     job_id: str
     attempt: int
@@ -177,6 +179,7 @@ class StartOffer(NamedTuple):
     victims: tuple[str, ...] = ()
     shrink: tuple[str, ...] = ()
     rebind: bool = False
+    moves: tuple[str, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         doc = {
@@ -194,6 +197,8 @@ class StartOffer(NamedTuple):
             doc["shrink"] = list(self.shrink)
         if self.rebind:
             doc["rebind"] = True
+        if self.moves:
+            doc["moves"] = list(self.moves)
         return doc
 
     @classmethod
@@ -210,6 +215,7 @@ class StartOffer(NamedTuple):
             victims=c.field(d, "victims", c.texts),
             shrink=c.field(d, "shrink", c.texts),
             rebind=c.field(d, "rebind", c.or_default(c.flag, False)),
+            moves=c.field(d, "moves", c.texts),
         )
 
 

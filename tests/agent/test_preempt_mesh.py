@@ -141,17 +141,23 @@ def test_a_higher_priority_job_preempts_a_checkpointing_one_which_resumes_from_i
 
 
 def lying_offer(
-    mesh: Mesh, runner: int, victims: tuple[str, ...], devices: tuple[str, ...], priority: int
+    mesh: Mesh,
+    runner: int,
+    victims: tuple[str, ...],
+    devices: tuple[str, ...],
+    priority: int,
+    moves: tuple[str, ...] = (),
 ) -> tuple[int, str]:
     """A start offer for a fresh job, sent to agent ``runner`` by an agent that may own that job
-    (the first of its order), naming ``victims``: the status and the one-line answer."""
+    (the first of its order), naming ``victims`` (and ``moves``): the status and the one-line
+    answer."""
     job_id = new_job_id()
     body = {"job_id": job_id, "spec": spec(SLEEPER, gpus=1, priority=priority)}
     sealed = mesh.seal("submit", body)
     caller = rank(job_id, [x.node_id for x in mesh.agents])[0]
     identity = load_identity(mesh.agents[mesh.node_index(caller)].directory / "identity")
     mesh.write_ahead(mesh.node_index(caller), job_id, sealed, 1, mesh.agents[runner].node_id)
-    offer = StartOffer(job_id, 1, caller, devices, sealed, None, victims)
+    offer = StartOffer(job_id, 1, caller, devices, sealed, None, victims, moves=moves)
     status, raw = mesh.request(
         mesh.agents[runner],
         "POST",
@@ -200,11 +206,15 @@ def test_no_job_is_displaced_that_may_not_be_and_a_runner_refuses_offers_that_li
         for runner, victims, keys, priority, line in lies:
             status, error = lying_offer(mesh, runner, victims, keys, priority)
             assert status == 409 and f"preemption refused: {line}" in error, (status, error)
+        # A move off for a job no team is owed (this mesh holds no team policy).
+        status, error = lying_offer(mesh, at[pinned], (), devices[pinned], 0, moves=(pinned,))
+        owed = f"victim {pinned} may be moved only for a job its team's guarantee is owed"
+        assert status == 409 and f"preemption refused: {owed}" in error, (status, error)
         assert running(mesh, pinned) and running(mesh, peer)
         refused = sum(
             metric(mesh, x, "shoal_preemptions_total", outcome="refused") for x in mesh.agents
         )
-        assert refused == len(lies)
+        assert refused == len(lies) + 1
         assert not any(
             metric(mesh, x, "shoal_preemptions_total", outcome="preempted") for x in mesh.agents
         )

@@ -17,12 +17,17 @@ from agent.owning.placement import FirstFit, ShoalPlacement
 from agent.owning.preempting import preemption_candidates, stopped_reason, waiting_reason
 from agent.policy import adapt
 from agent.policy.config import PolicyConfig
+from agent.policy.decision import decide
+from agent.policy.snapshot import Running, Snapshot
+from agent.policy.teams import TeamQuota, Teams
 from agent.running.preemption import Ask, Preemptions, Refused, arbitrate
 from agent.wire.calls import AttemptResult
 from agent.wire.inventory import InventoryRecord
 from agent.wire.records import JobStatus, NodeRecord
 from probers.records import DeviceStatic, HostInfo
 from tests.agent.authority_kit import Kit
+from tests.policy.helpers import job as policy_job
+from tests.policy.helpers import running as policy_running
 
 NOW = 10_000.0
 MIN_RUN_S = 600.0
@@ -38,6 +43,7 @@ class Run:
     preemptible: bool = True
     started_at: float | None = NOW - 3600
     gpus_min: int | None = None
+    movable: bool = False
 
 
 RUNS = {
@@ -50,6 +56,8 @@ RUNS = {
     "elastic": Run(1, ("g7", "g8", "g9"), priority=100, preemptible=False, gpus_min=1),
     "least": Run(1, ("g10",), gpus_min=1),
     "young": Run(1, ("g11", "g12"), gpus_min=1, started_at=NOW - 5),
+    "mover": Run(1, ("g13",), priority=100, preemptible=False, movable=True),
+    "new-mover": Run(1, ("g14",), movable=True, started_at=NOW - 5),
 }
 
 
@@ -120,6 +128,45 @@ def test_an_offer_shrinks_only_an_elastic_job_above_its_fewest_and_takes_what_th
     assert p.stopped_for("elastic", 1) == "new"
 
 
+def test_an_offer_moves_off_only_movable_jobs_and_only_for_a_job_its_team_is_owed() -> None:
+    def move(victims: tuple[str, ...], devices: tuple[str, ...], owed: bool = True) -> Any:
+        ask = Ask("new", 0, devices, (), moves=victims, owed=owed)  # no priority needed
+        return arbitrate(ask, RUNS, ("g6",), (), NOW, MIN_RUN_S)
+
+    # Neither preemptible nor of a lower priority: it restarts elsewhere, it is not stopped.
+    assert move(("mover",), ("g13",)) == ("mover",)
+    assert move(("mover",), ("g13", "g6")) == ("mover",)
+    refusals = [
+        (("mover",), ("g13",), False, "victim mover may be moved only for a job its team's "
+         "guarantee is owed"),
+        (("pinned",), ("g2",), True, "victim pinned cannot move (a gang, a share, inference or "
+         "elastic)"),
+        (("new-mover",), ("g14",), True, "victim new-mover has run 5 s, less than the minimum "
+         "600 s"),
+        (("mover",), ("g0",), True, "victim mover holds none of the offered devices"),
+        (("mover",), ("g13", "g0"), True, "device g0 is in use"),
+    ]  # fmt: skip
+    for victims, devices, owed, line in refusals:
+        with pytest.raises(Refused) as refused:
+            move(victims, devices, owed)
+        assert str(refused.value) == line
+    # A reclaim and a move in one offer: each stopped with its own cause, said and counted.
+    p = Preemptions(MIN_RUN_S, clock=lambda: NOW)
+    ask = Ask("new", 0, ("g0", "g13"), ("low",), reclaim=True, moves=("mover",), owed=True)
+    assert p.claim(ask, RUNS, ()) == ("low", "mover")
+    stopped: list[tuple[str, str]] = []
+    noted: list[tuple[str, str, str]] = []
+
+    async def stop(job_id: str, attempt: int, cause: str) -> None:
+        stopped.append((job_id, cause))
+
+    asyncio.run(p.stop(ask, ("low", "mover"), RUNS, stop, lambda *n: noted.append(n)))
+    assert stopped == [("low", "preempt"), ("mover", "migrate")]
+    assert noted[1] == ("mover", "moved", "off this node for new (its team's guarantee), attempt 1")
+    assert p.counts == {"preempted": 1, "moved": 1}
+    assert p.stopped_for("mover", 1) == "new"
+
+
 def test_two_offers_racing_for_one_victim_do_not_both_win_and_the_report_names_the_winner() -> None:
     clock = [NOW]
     p = Preemptions(MIN_RUN_S, clock=lambda: clock[0])
@@ -167,6 +214,16 @@ def test_a_preempted_job_says_by_whom_and_where_until_it_runs_again(tmp_path: Pa
     assert waiting == "preempted by pppppppp on host; waiting: no node has 1 free GPU now"
     assert waiting_reason(waiting, "waiting: no node has 1 free GPU now") == waiting
     assert waiting_reason("declined by x", "waiting") == "waiting"
+    moved = r._replace(cause="migrate")
+    line = stopped_reason(moved, fleet.ids[0], fleet.view)
+    assert line == (
+        "moved off host for pppppppp (its team's guarantee): restarts from its checkpoint elsewhere"
+    )
+    assert waiting_reason(line, "waiting: no node has 1 free GPU now").startswith(line + "; ")
+    mine = moved._replace(preempted_by=None)  # a user's own migration names nobody
+    assert stopped_reason(mine, fleet.ids[0], fleet.view) == "attempt 3 stopped on " + (
+        f"{fleet.ids[0][:8]} (migrate)"
+    )
 
 
 # -- the owner's side: running jobs from the view, victims from the policy -----------------------
@@ -310,3 +367,44 @@ def test_the_victim_is_the_one_that_loses_least_since_its_runner_saw_it_checkpoi
     # Its own runner's is: the older job saved 10 s ago and loses least.
     fleet.view.apply(a, "node", NodeRecord(free=(), saved={older: NOW - 10}).encode(), NOW)
     assert victims() == (older,)
+
+
+def test_a_team_owed_a_node_is_offered_a_reclaim_and_a_move_there_and_only_there(
+    tmp_path: Path,
+) -> None:
+    """Team ``a`` holds nothing of its 2 GPUs; no node has 2 free. On node x, ``b``'s borrowed
+    job is reclaimed and ``c``'s (not preemptible) moves onto y's idle GPU: one offer to x's
+    runner. When the GPU the move needs is one a reclaim on y would free, the live owner offers
+    nothing (the plan would need y's runner too), though the simulator's policy plans it."""
+    fleet = Fleet(tmp_path, 2)
+    x, y = fleet.ids
+    teams = Teams((TeamQuota("a", 2, 4), TeamQuota("b", 0, 4), TeamQuota("c", 100, 100)))
+
+    def run(job_id: str, node_id: str, gpu: int) -> Running:
+        team = job_id[0]
+        j = policy_job(job_id, team=team, gpus_per_node=1, preemptible=team == "b")
+        return policy_running(j, node_id, [f"{node_id}-g{gpu}"], started_at=NOW - 3600)
+
+    big = policy_job("a-big", team="a", gpus_per_node=2, submitted_at=NOW - 10)
+    placement = ShoalPlacement(config=PolicyConfig(min_run_s=MIN_RUN_S), clock=lambda: NOW)
+    fleet.view.apply(y, "node", NodeRecord(free=(f"{y}-g1",)).encode(), NOW + 1)
+    nodes = [fleet.view.node(n) for n in fleet.ids]
+    idle_y = (run("b0", x, 0), run("c1", x, 1), run("c2", y, 0))
+    found = placement.reclaim(big, nodes, idle_y, teams)
+    assert found is not None
+    assert (found.node_id, set(found.devices)) == (x, {f"{x}-g0", f"{x}-g1"})
+    assert (found.victims, found.moves) == (("b0",), ("c1",))
+    busy_y = (*idle_y, run("b3", y, 1))  # y's last GPU is borrowed too
+    fleet.view.apply(y, "node", NodeRecord(free=()).encode(), NOW + 2)
+    nodes = [fleet.view.node(n) for n in fleet.ids]
+    assert placement.reclaim(big, nodes, busy_y, teams) is None
+    snapshot = Snapshot(
+        now=NOW,
+        nodes=adapt.nodes_from_views(nodes, adapt.holders(busy_y)),
+        pending=(big,),
+        running=busy_y,
+        teams=teams,
+    )
+    planned = decide(snapshot, placement.model, replace(placement.config, time_slice=()))
+    assert {m.job_id for m in planned.moves} == {"c1"}  # onto the GPU that reclaiming b3 frees
+    assert {v for p in planned.preemptions for v in p.victims} == {"b0", "b3"}

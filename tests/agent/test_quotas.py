@@ -5,6 +5,8 @@ what owners place by and what runners admit by (``agent.job.teamquota``,
 - a team at its maximum waits with the policy's line, and starts when its own job ends;
 - a team under its guarantee takes GPUs back from another team's borrowed, preemptible job of
   the same priority, through the preemption path (the runner counts again before it stops it);
+- a team owed a whole node frees one by its guarantee plan: a borrowed job there reclaimed and
+  another team's job that may not be stopped moved off onto a GPU idle elsewhere, in one offer;
 - two teams' queued jobs start in fair-share order: the team that used less first;
 - several owners starting one team's jobs at once: the overshoot of the maximum, measured from
   the jobs' own start and end times.
@@ -165,6 +167,78 @@ def test_a_team_under_its_guarantee_reclaims_a_borrowed_preemptible_gpu(
             if p.suffix == "" and p.is_file():
                 Path(f"{p}.stop").touch()
         m.stop_all()
+
+
+def test_a_team_owed_a_whole_node_gets_one_by_a_reclaim_and_a_move_together(
+    tmp_path: Path,
+) -> None:
+    """An H100 pair runs nlp's borrowed job and speech's job that is not preemptible; a single
+    H100 is idle. Vision, owed 2 GPUs, submits a 2-GPU job: no reclaim alone frees the pair, so
+    the offer reclaims nlp's job and moves speech's onto the single H100."""
+    m = mesh_of(tmp_path, ["h100:2", "h100:1"])
+    try:
+        pair, single = (a.node_id for a in m.agents)
+        alice, bob, carol = PersonAt(m, "alice"), PersonAt(m, "bob"), PersonAt(m, "carol")
+        set_policy(
+            m,
+            (
+                Person("root", "ops", "admin", m.operator.node_id),
+                Person("alice", "vision", "user", alice.node_id),
+                Person("bob", "nlp", "user", bob.node_id),
+                Person("carol", "speech", "user", carol.node_id),
+            ),
+            (
+                Team("vision", None, (Quota("any", 2, 3),)),
+                Team("nlp", None, (Quota("any", 0, 2),)),
+                Team("speech", None, (Quota("any", 1, 1),)),
+            ),
+        )
+        # Fill the pair, then the single, so the two jobs below can only land on the pair.
+        wide = submit(alice, m.agents[0], waiter(tmp_path / "wide"), gpus=2)
+        wait_state(m, wide, "running")
+        narrow = submit(alice, m.agents[1], waiter(tmp_path / "narrow"))
+        wait_state(m, narrow, "running")
+        (tmp_path / "wide.stop").touch()
+        wait_state(m, wide, "succeeded")
+        borrowed = submit(bob, m.agents[0], waiter(tmp_path / "nlp"), preemptible=True)
+        kept = submit(carol, m.agents[1], waiter(tmp_path / "speech"))
+        for job_id in (borrowed, kept):
+            wait_state(m, job_id, "running")
+            assert state(m, job_id)["runner"] == pair, state(m, job_id)
+        (tmp_path / "narrow.stop").touch()
+        wait_state(m, narrow, "succeeded")
+        time.sleep(1.5)  # past the minimum run before a preemption or a move
+        big = submit(alice, m.agents[0], waiter(tmp_path / "vision"), gpus=2)
+        wait_state(m, big, "running", 90.0)
+        assert state(m, big)["runner"] == pair, state(m, big)
+        m.wait(
+            "speech's job runs again, on the single H100",
+            lambda: state(m, kept)["state"] == "running" and state(m, kept)["runner"] == single,
+            60.0,
+        )
+        # How each first attempt ended (nlp's job may since have run on the single H100 and been
+        # reclaimed from it for speech's, whose team was then below its guarantee).
+        assert _ended(state(m, kept), 1) == "migrate", state(m, kept)
+        m.wait(  # its record comes from its own owner: agent 0 may see it a moment later
+            "nlp's first attempt preempted, as agent 0 sees it",
+            lambda: _ended(state(m, borrowed), 1) == "preempt",
+        )
+        assert metric(m, m.agents[0], "shoal_preemptions_total", outcome="moved") == 1
+        assert metric(m, m.agents[0], "shoal_preemptions_total", outcome="preempted") == 1
+        events = [e for a in m.agents for e in m.get(a, "/v1/events")["events"]]
+        moved = [e for e in events if e["job_id"] == kept and e["kind"] == "moved"]
+        assert moved, [e for e in events if e["job_id"] == kept]
+        assert any(big in e["message"] for e in moved), moved
+    finally:
+        for p in tmp_path.glob("*"):
+            if p.suffix == "" and p.is_file():
+                Path(f"{p}.stop").touch()
+        m.stop_all()
+
+
+def _ended(doc: dict[str, Any], attempt: int) -> str | None:
+    """How attempt ``attempt`` of a job ended, as its job document says."""
+    return next((a["cause"] for a in doc["attempts"] if a["attempt"] == attempt), None)
 
 
 def test_fair_share_starts_the_team_that_used_less_first(two: Mesh, tmp_path: Path) -> None:

@@ -351,6 +351,7 @@ def test_api_documents_and_call_bodies_round_trip_and_ignore_unknown_fields() ->
         StartOffer("j" * 32, 2, NODE, ("k",), b"sealed", ResumeFrom(1, "d" * 64)),
         StartOffer("j" * 32, 3, NODE, ("k",), b"sealed", None, ("v" * 32, "w" * 32)),
         StartOffer("j" * 32, 4, NODE, ("k",), b"sealed", rebind=True),
+        StartOffer("j" * 32, 5, NODE, ("k",), b"sealed", None, ("v" * 32,), moves=("m" * 32,)),
         StartAnswer(True, 1.0, 42),
         StartAnswer(True, 1.0, 42, ("k1", "k2")),
         AttemptResult("j" * 32, 1, None, "SIGTERM", "preempt", 1.0, 2.0, "p" * 32),
@@ -388,6 +389,9 @@ def test_a_preempting_offer_names_its_victims_and_a_report_whom_it_was_stopped_f
             StartOffer.from_wire({**plain.to_wire(), "victims": bad})
         with pytest.raises(WireError, match="shrink"):
             StartOffer.from_wire({**plain.to_wire(), "shrink": bad})
+        with pytest.raises(WireError, match="moves"):
+            StartOffer.from_wire({**plain.to_wire(), "moves": bad})
+    assert "moves" not in plain.to_wire()
     assert "shrink" not in plain.to_wire()
     shrinking = plain._replace(shrink=("e" * 32,))
     assert StartOffer.from_wire(shrinking.to_wire()) == shrinking
