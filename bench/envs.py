@@ -98,6 +98,7 @@ class Bench:
                 doc: dict[str, Any] = json.loads(r.read())
                 return doc
         except urllib.error.HTTPError as exc:
+            exc.close()  # its response holds the socket: closed here, not whenever collected
             if exc.code == 404:  # not heard of here yet (gossip carries it)
                 return {}
             raise

@@ -154,7 +154,8 @@ class Mesh:
             with urllib.request.urlopen(req, context=context, timeout=timeout_s) as resp:
                 return resp.status, resp.read()
         except urllib.error.HTTPError as exc:
-            return exc.code, exc.read()
+            with exc:  # its response holds the socket: closed here, not whenever it is collected
+                return exc.code, exc.read()
 
     def get(self, a: AgentProcess, path: str) -> Any:
         status, body = self.request(a, "GET", path)

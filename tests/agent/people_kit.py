@@ -61,7 +61,8 @@ class PersonAt:
             with urllib.request.urlopen(req, context=self._ssl, timeout=30) as resp:
                 return resp.status, resp.read()
         except urllib.error.HTTPError as exc:
-            return exc.code, exc.read()
+            with exc:  # its response holds the socket: closed here, not whenever it is collected
+                return exc.code, exc.read()
         except (urllib.error.URLError, ssl.SSLError, ConnectionError):
             return REFUSED, b""
 

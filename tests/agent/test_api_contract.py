@@ -223,7 +223,8 @@ class Client:
             with urllib.request.urlopen(req, context=self.context, timeout=15) as resp:
                 status, headers, raw = resp.status, resp.headers, resp.read()
         except urllib.error.HTTPError as exc:
-            status, headers, raw = exc.code, exc.headers, exc.read()
+            with exc:  # its response holds the socket: closed here, not whenever it is collected
+                status, headers, raw = exc.code, exc.headers, exc.read()
         self.statuses[status] += 1
         where = f"{method} {url} -> {status}: {raw[:200]!r}"
         assert status < 500, where

@@ -63,6 +63,7 @@ class Intruder:
             with urllib.request.urlopen(req, context=self._ssl, timeout=15) as resp:
                 return int(resp.status)
         except urllib.error.HTTPError as exc:
+            exc.close()  # its response holds the socket: closed here, not whenever collected
             return int(exc.code)
 
     def call(self, a: AgentProcess, op: str, body: dict[str, Any]) -> int:

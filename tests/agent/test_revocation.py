@@ -73,6 +73,8 @@ def test_a_revoked_agent_stops_its_jobs_takes_nothing_over_and_exits(tmp_path: P
                 mesh.job(mesh.agents[0], j)["state"] == "running" for j in (replicated, on_victim)
             ),
         )
+        # "running" once its process started: the shell writes its pid a moment later.
+        mesh.wait("the job on the victim wrote its pid", lambda: bool(pidfile.read_text()))
         pid = int(pidfile.read_text())
         before = mesh.job(mesh.agents[0], replicated)
         revoke(mesh, 0, victim.node_id)
