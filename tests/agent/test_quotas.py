@@ -208,8 +208,10 @@ def test_a_team_owed_a_whole_node_gets_one_by_a_reclaim_and_a_move_together(
         (tmp_path / "narrow.stop").touch()
         wait_state(m, narrow, "succeeded")
         time.sleep(1.5)  # past the minimum run before a preemption or a move
+        asked = time.monotonic()
         big = submit(alice, m.agents[0], waiter(tmp_path / "vision"), gpus=2)
         wait_state(m, big, "running", 90.0)
+        print(f"guarantee_wait_s={time.monotonic() - asked:.2f}")  # submitted to running
         assert state(m, big)["runner"] == pair, state(m, big)
         m.wait(
             "speech's job runs again, on the single H100",
