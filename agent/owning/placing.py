@@ -35,7 +35,12 @@ from agent.owning.datawait import (
 )
 from agent.owning.meshqueue import MeshQueue
 from agent.owning.ownersteps import OwnerSteps
-from agent.owning.preempting import preemption_candidates, saved_at, waiting_reason
+from agent.owning.preempting import (
+    preemption_candidates,
+    saved_at,
+    stopped_head,
+    waiting_reason,
+)
 from agent.policy import adapt
 from agent.wire.calls import StartAnswer, StartOffer
 
@@ -125,7 +130,7 @@ def reserve(o: PlacingOwner, job: OwnedJob, cand: Candidate) -> int:
     job.refused_by = None
     job.runner, job.devices = cand.node_id, cand.devices
     job.placing_since = time.monotonic()
-    job.reason = None
+    job.reason = stopped_head(job.reason)  # said until it runs again
     o._save(job, replicate=False)
     return job.attempt
 
@@ -248,6 +253,7 @@ async def place_once(
         o._move(job, JobEvent.RESERVED)
         o._move(job, JobEvent.STARTED)
         job.devices = cand.devices
+        job.reason = None
         job.started_at = answer.started_at or time.time()
         job.attempt_started(cand.node_id, job.started_at)
         clear_staging(job)
@@ -257,7 +263,8 @@ async def place_once(
         o.resizes.started(job.job_id, cand.devices)
         return
     if job.state == JobState.PENDING:
-        job.reason = "declined by " + "; ".join(declines) if declines else job.reason
+        if declines:
+            job.reason = waiting_reason(job.reason, "declined by " + "; ".join(declines))
         o._save(job, replicate=False)
 
 

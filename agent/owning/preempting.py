@@ -112,9 +112,17 @@ def stopped_reason(result: AttemptResult, runner: str, view: ClusterView) -> str
     return f"attempt {result.attempt} stopped on {runner[:8]} ({result.cause})"
 
 
+def stopped_head(reason: str | None) -> str | None:
+    """The preemption (or move) a job's line says first, if it says one."""
+    if reason is not None and reason.startswith((PREEMPTED, MOVED)):
+        return reason.split("; ", 1)[0]
+    return None
+
+
 def waiting_reason(current: str | None, why: str) -> str:
-    """The line of a job that waits: a preemption (or a move) it suffered stays said first."""
-    if current is not None and current.startswith((PREEMPTED, MOVED)):
-        head = current.split("; ", 1)[0]
+    """The line of a job that waits: a preemption (or a move) it suffered stays said first,
+    until it runs again (offered and declined meanwhile too)."""
+    head = stopped_head(current)
+    if head is not None:
         return why if why.startswith(head) else f"{head}; {why}"
     return why

@@ -225,6 +225,13 @@ def test_a_team_owed_a_whole_node_gets_one_by_a_reclaim_and_a_move_together(
             "nlp's first attempt preempted, as agent 0 sees it",
             lambda: _ended(state(m, borrowed), 1) == "preempt",
         )
+        m.wait(  # offered the single H100 and declined, or run there and reclaimed, it says so
+            "nlp's job waits, saying it was preempted",
+            lambda: (
+                state(m, borrowed)["state"] == "pending"
+                and str(state(m, borrowed).get("reason")).startswith("preempted by ")
+            ),
+        )
         assert metric(m, m.agents[0], "shoal_preemptions_total", outcome="moved") == 1
         assert metric(m, m.agents[0], "shoal_preemptions_total", outcome="preempted") == 1
         events = [e for a in m.agents for e in m.get(a, "/v1/events")["events"]]
