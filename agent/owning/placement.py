@@ -536,13 +536,15 @@ class ShoalPlacement(_Held):
             teams=teams,
         )
         # Moves only for the guarantee plan, on one node: none for speed (the live mesh moves no
-        # job for that), none needing another runner.
+        # job for that), none needing another runner, none of a job that is not preemptible
+        # before it saved a checkpoint (its runner would refuse it).
         config = replace(
             self.config,
             preemption=True,
             time_slice=(),
             move_min_gain_s=math.inf,
             guarantee_one_node=True,
+            moves_keep_work=True,
         )
         found = decide(snapshot, self.model, config, owner=self.owner, explain=False)
         start = found.assignment(job.job_id)

@@ -88,6 +88,10 @@ class PolicyConfig:
     """A team's guarantee plan (:mod:`agent.policy.guarantee`) stops and moves only jobs on the
     node it frees, and moves them only onto GPUs idle now: the live mesh, where that node's
     runner alone carries the plan out."""
+    moves_keep_work: bool = False
+    """A job that is not preemptible moves only once it has saved a checkpoint
+    (``Running.last_checkpoint_at``), so a move loses no more than the work since: the live
+    mesh, whose runners refuse any other move (``agent.running.preemption``)."""
     defrag_hold_s: float = 600.0
     """How long a node emptied for a waiting job is held for it, and no new plan is made for
     that job meanwhile."""

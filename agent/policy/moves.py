@@ -56,6 +56,8 @@ def movable(r: Running, ctx: Context) -> bool:
         return False
     if job.is_elastic:
         return False  # an elastic job is resized, not moved (agent.owning.elastic)
+    if ctx.config.moves_keep_work and not job.preemptible and r.last_checkpoint_at is None:
+        return False  # it would start over: a preemption it was not submitted to take
     since = r.moved_at if r.moved_at is not None else r.started_at
     return ctx.snapshot.now - since >= ctx.config.min_run_s
 

@@ -35,14 +35,17 @@ An offer may also name jobs to move off the node (``StartOffer.moves``: a team's
 inference service, not elastic: ``LocalRun.movable``, from its own signed submission), and the
 offered job must be owed its team's guarantee by the runner's own count
 (``agent.running.teamdesk``: the team has one and stays within it with this start). No priority
-is needed and a moved job need not be preemptible: it is stopped with cause ``migrate`` (its
-checkpoint signal and grace) and its owner places it again, elsewhere, from its checkpoint.
+is needed and a moved job need not be preemptible, but then it must have saved a checkpoint
+here (its folder changed: a move loses only the work since). It is stopped with cause
+``migrate`` (its checkpoint signal and grace) and its owner places it again, elsewhere, from its
+checkpoint.
 
 What a lying owner can make a runner do through an offer: stop preemptible jobs of a lower
 priority than the job it offers, that have run their minimum time, and that hold the devices it
 offers; restart elastic jobs that have run their minimum time above their fewest GPUs; for a job
-its team is owed, restart elsewhere movable jobs that have run their minimum time; each stopped
-job is requeued by its own owner with its checkpoint. Nothing else.
+its team is owed, restart elsewhere movable jobs that have run their minimum time (if not
+preemptible, that have saved a checkpoint); each stopped job is requeued by its own owner with
+its checkpoint. Nothing else.
 """
 
 from __future__ import annotations
@@ -131,12 +134,15 @@ def _check_shrink(v: str, run: RunFacts, wanted: set[str]) -> None:
         raise Refused(f"the offer takes {taken} of {v}'s GPUs; a shrink frees {spare}")
 
 
-def _check_move(v: str, run: RunFacts, owed: bool) -> None:
-    """A movable job, moved for a job owed its team's guarantee."""
+def _check_move(v: str, run: RunFacts, owed: bool, saved: Collection[str]) -> None:
+    """A movable job, moved for a job owed its team's guarantee; one that is not preemptible
+    only once it has saved a checkpoint (it would otherwise start over)."""
     if not owed:
         raise Refused(f"victim {v} may be moved only for a job its team's guarantee is owed")
     if not run.movable:
         raise Refused(f"victim {v} cannot move (a gang, a share, inference or elastic)")
+    if not run.preemptible and v not in saved:
+        raise Refused(f"victim {v} is not preemptible and has saved no checkpoint to move with")
 
 
 def arbitrate(
@@ -146,10 +152,11 @@ def arbitrate(
     claimed: Collection[str],
     now: float,
     min_run_s: float,
+    saved: Collection[str] = (),
 ) -> tuple[str, ...]:
     """The victims to stop for ``ask``, checked against the runs held here (``runs``, the
-    devices ``free``, the victims ``claimed`` by other offers); raises :class:`Refused` with the
-    first reason it may not."""
+    devices ``free``, the victims ``claimed`` by other offers, the jobs that ``saved`` a
+    checkpoint here); raises :class:`Refused` with the first reason it may not."""
     job_id, priority, devices = ask.job_id, ask.priority, ask.devices
     named = tuple(dict.fromkeys((*ask.victims, *ask.shrink, *ask.moves)))
     if job_id in named:
@@ -160,7 +167,7 @@ def arbitrate(
         if v in ask.shrink:
             _check_shrink(v, run, wanted)
         elif v in ask.moves:
-            _check_move(v, run, ask.owed)
+            _check_move(v, run, ask.owed, saved)
         elif not run.preemptible:
             raise Refused(f"victim {v} is not preemptible")
         elif run.priority >= priority and not ask.reclaim:
@@ -196,11 +203,15 @@ class Preemptions:
         ``shoal_preemptions_total``."""
 
     def claim(
-        self, ask: Ask, runs: Mapping[str, RunFacts], free: Collection[str]
+        self,
+        ask: Ask,
+        runs: Mapping[str, RunFacts],
+        free: Collection[str],
+        saved: Collection[str] = (),
     ) -> tuple[str, ...]:
         """Check the offer (:func:`arbitrate`) and claim its victims, synchronously."""
         try:
-            named = arbitrate(ask, runs, free, self.claimed, self._clock(), self.min_run_s)
+            named = arbitrate(ask, runs, free, self.claimed, self._clock(), self.min_run_s, saved)
         except Refused:
             self.counts["refused"] += 1
             raise

@@ -277,6 +277,7 @@ class Runner:
                     Ask(job_id, spec.priority, keys, victims, shrink, reclaim, moves, owed),
                     self.runs,
                     set(self.free_devices()),
+                    self.saved_at,
                 )
             except Refused as exc:
                 raise Declined(f"preemption refused: {exc}") from None

@@ -134,9 +134,12 @@ def test_an_offer_shrinks_only_an_elastic_job_above_its_fewest_and_takes_what_th
 
 
 def test_an_offer_moves_off_only_movable_jobs_and_only_for_a_job_its_team_is_owed() -> None:
-    def move(victims: tuple[str, ...], devices: tuple[str, ...], owed: bool = True) -> Any:
+    def move(
+        victims: tuple[str, ...], devices: tuple[str, ...], owed: bool = True, saved: Any = None
+    ) -> Any:
         ask = Ask("new", 0, devices, (), moves=victims, owed=owed)  # no priority needed
-        return arbitrate(ask, RUNS, ("g6",), (), NOW, MIN_RUN_S)
+        saved = ("mover", "new-mover") if saved is None else saved
+        return arbitrate(ask, RUNS, ("g6",), (), NOW, MIN_RUN_S, saved)
 
     # Neither preemptible nor of a lower priority: it restarts elsewhere, it is not stopped.
     assert move(("mover",), ("g13",)) == ("mover",)
@@ -155,10 +158,18 @@ def test_an_offer_moves_off_only_movable_jobs_and_only_for_a_job_its_team_is_owe
         with pytest.raises(Refused) as refused:
             move(victims, devices, owed)
         assert str(refused.value) == line
+    # Not preemptible: moved only with a checkpoint saved here, else it would start over.
+    with pytest.raises(Refused) as refused:
+        move(("mover",), ("g13",), saved=())
+    line = "victim mover is not preemptible and has saved no checkpoint to move with"
+    assert str(refused.value) == line
+    preemptible = {**RUNS, "mover": replace(RUNS["mover"], preemptible=True)}
+    ask = Ask("new", 0, ("g13",), (), moves=("mover",), owed=True)
+    assert arbitrate(ask, preemptible, (), (), NOW, MIN_RUN_S) == ("mover",)
     # A reclaim and a move in one offer: each stopped with its own cause, said and counted.
     p = Preemptions(MIN_RUN_S, clock=lambda: NOW)
     ask = Ask("new", 0, ("g0", "g13"), ("low",), reclaim=True, moves=("mover",), owed=True)
-    assert p.claim(ask, RUNS, ()) == ("low", "mover")
+    assert p.claim(ask, RUNS, (), saved=("mover",)) == ("low", "mover")
     stopped: list[tuple[str, str]] = []
     noted: list[tuple[str, str, str]] = []
 
@@ -389,10 +400,12 @@ def test_a_team_owed_a_node_is_offered_a_reclaim_and_a_move_there_and_only_there
     x, y = fleet.ids
     teams = Teams((TeamQuota("a", 2, 4), TeamQuota("b", 0, 4), TeamQuota("c", 100, 100)))
 
-    def run(job_id: str, node_id: str, gpu: int) -> Running:
+    def run(job_id: str, node_id: str, gpu: int, saved: bool = True) -> Running:
         team = job_id[0]
         j = policy_job(job_id, team=team, gpus_per_node=1, preemptible=team == "b")
-        return policy_running(j, node_id, [f"{node_id}-g{gpu}"], started_at=NOW - 3600)
+        keys = [f"{node_id}-g{gpu}"]
+        at = NOW - 60 if saved else None  # its runner saw it save a checkpoint
+        return policy_running(j, node_id, keys, started_at=NOW - 3600, checkpoint_at=at)
 
     big = policy_job("a-big", team="a", gpus_per_node=2, submitted_at=NOW - 10)
     placement = ShoalPlacement(config=PolicyConfig(min_run_s=MIN_RUN_S), clock=lambda: NOW)
@@ -403,6 +416,9 @@ def test_a_team_owed_a_node_is_offered_a_reclaim_and_a_move_there_and_only_there
     assert found is not None
     assert (found.node_id, set(found.devices)) == (x, {f"{x}-g0", f"{x}-g1"})
     assert (found.victims, found.moves) == (("b0",), ("c1",))
+    # c1 is not preemptible: before it saved a checkpoint a move would start it over.
+    unsaved = (run("b0", x, 0), run("c1", x, 1, saved=False), run("c2", y, 0))
+    assert placement.reclaim(big, nodes, unsaved, teams) is None
     busy_y = (*idle_y, run("b3", y, 1))  # y's last GPU is borrowed too
     fleet.view.apply(y, "node", NodeRecord(free=()).encode(), NOW + 2)
     nodes = [fleet.view.node(n) for n in fleet.ids]

@@ -6,7 +6,8 @@ what owners place by and what runners admit by (``agent.job.teamquota``,
 - a team under its guarantee takes GPUs back from another team's borrowed, preemptible job of
   the same priority, through the preemption path (the runner counts again before it stops it);
 - a team owed a whole node frees one by its guarantee plan: a borrowed job there reclaimed and
-  another team's job that may not be stopped moved off onto a GPU idle elsewhere, in one offer;
+  another team's job that is not preemptible moved off onto a GPU idle elsewhere, in one offer,
+  once that job has saved a checkpoint;
 - two teams' queued jobs start in fair-share order: the team that used less first;
 - several owners starting one team's jobs at once: the overshoot of the maximum, measured from
   the jobs' own start and end times.
@@ -37,12 +38,16 @@ WAITER = (
     "path, run_s = sys.argv[1], float(sys.argv[2])\n"
     "with open(path, 'a') as f: f.write(f'start {time.time()}\\n')\n"
     "t = time.monotonic()\n"
+    "saved = os.path.join(os.environ.get('SHOAL_CHECKPOINT_DIR', '.'), 'step')\n"
     "while time.monotonic() - t < run_s and not os.path.exists(path + '.stop'):\n"
+    "    if os.path.exists(path + '.save') and not os.path.exists(saved):\n"
+    "        open(saved, 'w').write('1')\n"
     "    time.sleep(0.05)\n"
     "with open(path, 'a') as f: f.write(f'end {time.time()}\\n')\n"
 )
 """A job that notes when it starts and ends in its file, and runs ``run_s`` or until
-``<file>.stop`` exists."""
+``<file>.stop`` exists; it saves a checkpoint (a file in ``$SHOAL_CHECKPOINT_DIR``) once
+``<file>.save`` exists."""
 
 
 def waiter(path: Path, run_s: float = 120.0) -> list[str]:
@@ -173,8 +178,9 @@ def test_a_team_owed_a_whole_node_gets_one_by_a_reclaim_and_a_move_together(
     tmp_path: Path,
 ) -> None:
     """An H100 pair runs nlp's borrowed job and speech's job that is not preemptible; a single
-    H100 is idle. Vision, owed 2 GPUs, submits a 2-GPU job: no reclaim alone frees the pair, so
-    the offer reclaims nlp's job and moves speech's onto the single H100."""
+    H100 is idle. Vision, owed 2 GPUs, submits a 2-GPU job: no reclaim alone frees the pair.
+    Once speech's job has saved a checkpoint (not before: it would start over), the offer
+    reclaims nlp's job and moves speech's onto the single H100."""
     m = mesh_of(tmp_path, ["h100:2", "h100:1"])
     try:
         pair, single = (a.node_id for a in m.agents)
@@ -208,10 +214,16 @@ def test_a_team_owed_a_whole_node_gets_one_by_a_reclaim_and_a_move_together(
         (tmp_path / "narrow.stop").touch()
         wait_state(m, narrow, "succeeded")
         time.sleep(1.5)  # past the minimum run before a preemption or a move
-        asked = time.monotonic()
         big = submit(alice, m.agents[0], waiter(tmp_path / "vision"), gpus=2)
+        # Speech's job is not preemptible and has saved no checkpoint: a move would start it
+        # over, so it stays, and vision's job waits.
+        time.sleep(4.0)
+        assert state(m, big)["state"] == "pending", state(m, big)
+        assert (state(m, kept)["runner"], state(m, kept)["attempt"]) == (pair, 1), state(m, kept)
+        asked = time.monotonic()
+        (tmp_path / "speech.save").touch()
         wait_state(m, big, "running", 90.0)
-        print(f"guarantee_wait_s={time.monotonic() - asked:.2f}")  # submitted to running
+        print(f"guarantee_wait_s={time.monotonic() - asked:.2f}")  # saved to running
         assert state(m, big)["runner"] == pair, state(m, big)
         m.wait(
             "speech's job runs again, on the single H100",
