@@ -74,13 +74,14 @@ def conclude(o: Concluding, job: OwnedJob, runner: str, r: AttemptResult) -> Non
         job.finished_at = finished_at(r)
         o._save(job)
     else:
-        if cause in ("drain", "shutdown") or (cause == "migrate" and r.preempted_by):
+        moved = cause == "migrate" and r.preempted_by is not None  # for a team's guarantee
+        if cause in ("drain", "shutdown") or moved:
             # The report can beat the gossip that says so: do not offer it straight back. A job
             # moved off for a team's guarantee: its node is kept for that team's job.
             job.avoid = runner
         if cause == "shrink":
             o.resizes.stopping(job_id, len(job.devices), shrink_reason(r.preempted_by))
-        elif cause == "migrate" and r.preempted_by:
+        elif moved:
             o.events.add(
                 "moved",
                 f"off {host_name(o.view, runner)} for {r.preempted_by}",
