@@ -46,6 +46,8 @@ class RunHere(Protocol):
     def attempt(self) -> int: ...
     @property
     def owner(self) -> str: ...
+    @property
+    def started_at(self) -> float | None: ...
 
 
 class CheckpointingRunner(Protocol):
@@ -93,8 +95,11 @@ class RunnerCheckpoints:
         return self.r.executor.job_dir(job_id) / "checkpoint"
 
     def last_attempt(self, job_id: str) -> tuple[int, str | None] | None:
+        """The attempt that ran here last and its owner. An attempt still launching is not
+        yet it: its folder holds what an earlier attempt left, or the checkpoint being put
+        there, never one of its own."""
         run = self.r.runs.get(job_id)
-        if run is not None:
+        if run is not None and run.started_at is not None:
             return run.attempt, run.owner
         results = self.r.store.results(job_id)
         return (results[-1].attempt, None) if results else None
@@ -106,6 +111,8 @@ class RunnerCheckpoints:
             if self.r.checkpoints is None:
                 continue
             for job_id, run in list(self.r.runs.items()):
+                if run.started_at is None:  # launching: the folder is not its own yet
+                    continue
                 folder = self.folder(job_id)
                 now = await asyncio.to_thread(stamp, folder)
                 key = (job_id, run.attempt)
