@@ -232,6 +232,7 @@ class GossipNode:
             membership_budget_bytes=TCP_MEMBERSHIP_BUDGET_BYTES,
             records_budget_bytes=TCP_RECORDS_BUDGET_BYTES,
             records_retransmit_min=0,
+            records_spaced=True,
             start_health_score=START_HEALTH_SCORE,
         )
         config = replace(base, node_id=self.node_id, addr=self.address, boot_incarnation=boot)

@@ -146,6 +146,7 @@ class Peer:
         "_probe_idx",
         "_bulk",
         "_gossip_phase",
+        "_records_due",
         "_catch_up_until",
         "_quiet_exchanges",
         "_news",
@@ -220,6 +221,7 @@ class Peer:
         self._next_probe = now + jitter * config.probe_interval_s
         self._next_gossip: float | None = None
         self._gossip_phase = now + jitter * config.gossip_interval_s
+        self._records_due = 0.0  # the first gossip round records ride again (records_spaced)
         self._next_push_pull = now + (1.0 + rng.random()) * config.catch_up_push_pull_s
         self._catch_up_until = now + config.catch_up_window_s
         self._quiet_exchanges = 0  # push-pulls in a row that found both views the same

@@ -139,14 +139,16 @@ def wake_gossip(peer: Peer, now: float) -> None:
         peer._next_gossip = next_round_at(peer._gossip_phase, iv, now)
 
 
-def take_piggyback(peer: Peer) -> list[Message]:
+def take_piggyback(peer: Peer, records: bool = True) -> list[Message]:
+    """What rides the next message: membership updates, and records unless ``records`` is
+    false (a gossip round they are not due in: ``GossipConfig.records_spaced``)."""
     cfg = peer.config
     live = peer._live
     if live != peer._limit_for:
         peer._limit_for, peer._limit = live, cfg.retransmit_limit(live)
         peer._rlimit = cfg.records_retransmit_limit(live)
     out = peer._queue.take(cfg.membership_budget_bytes, peer._limit) if peer._pending else []
-    if peer._rpending:
+    if records and peer._rpending:
         out.extend(peer._rqueue.take(cfg.records_budget_bytes, peer._rlimit))
     return out
 
@@ -168,18 +170,28 @@ def gossipable(peer: Peer, now: float) -> Callable[[Member], bool]:
 
 
 def gossip_round(peer: Peer, now: float) -> None:
+    """Send what is queued to ``gossip_nodes`` members; records only in the rounds they are due
+    in (``GossipConfig.records_spaced``), and so the news to the ring successor too."""
+    cfg = peer.config
+    iv = cfg.gossip_interval_s
     peer.stats.gossip_rounds += 1
-    if peer._news:
+    every_s = cfg.records_interval_s(peer._live)
+    records = bool(peer._rpending) and (every_s <= iv or now >= peer._records_due)
+    if records:  # the next due a half round early: the rounds' grid has float error
+        peer._records_due = now + every_s - iv / 2
+    if peer._news and (records or peer._pending or every_s <= iv):
         relay(peer)
-    targets = contact_members(peer, peer.config.gossip_nodes, gossipable(peer, now), True)
+    targets = contact_members(peer, cfg.gossip_nodes, gossipable(peer, now), True)
     for m in targets:
-        parts = take_piggyback(peer)
+        parts = take_piggyback(peer, records)
         if not parts:
             break
         peer._send(m.addr, Compound(tuple(parts)))
     if peer._pending or peer._rpending:
-        iv = peer.config.gossip_interval_s
-        peer._next_gossip = after_round(peer._next_gossip, peer._gossip_phase, iv, now)
+        after = after_round(peer._next_gossip, peer._gossip_phase, iv, now)
+        if not peer._pending and after < peer._records_due:
+            after = next_round_at(peer._gossip_phase, iv, peer._records_due)
+        peer._next_gossip = after
     else:
         peer._next_gossip = None
 

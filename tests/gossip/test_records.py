@@ -3,6 +3,8 @@ malformed input rejected and counted; how many times a core sends each."""
 
 from __future__ import annotations
 
+import itertools
+import math
 import random
 from dataclasses import replace
 
@@ -258,3 +260,57 @@ def test_an_alive_about_us_at_the_last_incarnation_leaves_ours_one_we_can_send()
     assert me.incarnation == 77 and me.stats.rejected_ahead == 1
     me.receive("other:1", alive("me", 90), 2.0)  # one it can pass still raises it
     assert me.incarnation == 91
+
+
+def _round_times(spaced: bool) -> tuple[list[float], list[float]]:
+    """When a 64-member core's gossip rounds (not its probes, nor the relay to its ring
+    successor, which carries whatever news a round has) carry a record, and when they carry a
+    membership update, over 4 s of a record published every 50 ms and a member's news every
+    50 ms."""
+    cfg = GossipConfig(
+        node_id="me",
+        addr="me:1",
+        boot_incarnation=100,
+        records_retransmit_min=0,
+        records_spaced=spaced,
+    )
+    p = Peer(cfg, SimSigner("me", KEYRING), SimTrust(KEYRING), [], 0.0, random.Random(1))
+    p.preload([alive(f"n{i}", 5) for i in range(63)], 0.0)
+    with_records: list[float] = []
+    with_members: list[float] = []
+    now = 0.0
+    for step in range(80):
+        now = step * 0.05
+        p.publish("job", str(step).encode(), now)
+        p.receive("n0:1", alive(f"n{step % 63}", 6 + step), now)  # news of a member
+        p.handle_timer(now)
+        rounds, _ = p.take_outgoing()  # the relay to the ring successor is reliable
+        for _, message in rounds:
+            parts = message.parts if isinstance(message, Compound) else (message,)
+            if any(not isinstance(m, Record | Alive) for m in parts):
+                continue  # a probe's ping or ack: not a gossip round
+            if any(isinstance(m, Record) for m in parts):
+                with_records.append(now)
+            if any(isinstance(m, Alive) for m in parts):
+                with_members.append(now)
+    return sorted(set(with_records)), sorted(set(with_members))
+
+
+def _gaps(times: list[float]) -> list[float]:
+    return [round(b - a, 2) for a, b in itertools.pairwise(times)]
+
+
+def test_past_16_members_records_ride_spaced_rounds_and_membership_every_round() -> None:
+    cfg = GossipConfig(node_id="a", addr="a:1", boot_incarnation=1, records_spaced=True)
+    assert cfg.records_interval_s(16) == cfg.gossip_interval_s
+    assert math.isclose(cfg.records_interval_s(64), 3 * cfg.gossip_interval_s)
+    assert math.isclose(cfg.records_interval_s(128), 4 * cfg.gossip_interval_s)
+    assert replace(cfg, records_spaced=False).records_interval_s(128) == cfg.gossip_interval_s
+
+    records, members = _round_times(spaced=True)
+    # log2(64 / 8) = 3 rounds apart; the membership updates go every 0.2 s round all along.
+    assert len(records) >= 5 and set(_gaps(records)) == {0.6}
+    assert len(members) >= 15 and set(_gaps(members)) == {0.2}
+    # Unspaced (the simulator), records ride every round as membership does.
+    records, members = _round_times(spaced=False)
+    assert set(_gaps(records)) == {0.2} and set(_gaps(members)) == {0.2}
