@@ -170,8 +170,9 @@ def gossipable(peer: Peer, now: float) -> Callable[[Member], bool]:
 
 
 def gossip_round(peer: Peer, now: float) -> None:
-    """Send what is queued to ``gossip_nodes`` members; records only in the rounds they are due
-    in (``GossipConfig.records_spaced``), and so the news to the ring successor too."""
+    """Send what is queued to ``gossip_nodes`` members: records only in the rounds they are due
+    in (``GossipConfig.records_spaced``). The news for the ring successor goes in those rounds,
+    or with membership news (then records ride along in the one message)."""
     cfg = peer.config
     iv = cfg.gossip_interval_s
     peer.stats.gossip_rounds += 1
