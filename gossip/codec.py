@@ -11,7 +11,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgpack
 
@@ -33,6 +33,9 @@ from gossip.messages import (
     Update,
 )
 from gossip.vivaldi import Coordinate
+
+if TYPE_CHECKING:
+    from gossip.trust import Signer
 
 PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 1 << 20
@@ -335,6 +338,32 @@ def _signing_bytes(update: Update) -> bytes:
         body = [b"shoal-record", update.origin, update.kind, update.incarnation, update.counter]
         body.append(update.payload)
     return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def signed_alive(signer: Signer, incarnation: int, addr: str) -> Alive:
+    """The signer's own Alive at ``incarnation``, reachable at ``addr``."""
+    cred = signer.credential
+    u = Alive(signer.node_id, incarnation, addr, cred, b"")
+    return Alive(u.node, incarnation, addr, cred, signer.sign(signing_bytes(u)))
+
+
+def signed_record(
+    signer: Signer, kind: str, incarnation: int, counter: int, payload: bytes
+) -> Record:
+    """The signer's record of ``kind`` at version ``(incarnation, counter)``."""
+    u = Record(signer.node_id, kind, incarnation, counter, payload, b"")
+    return Record(u.origin, kind, incarnation, counter, payload, signer.sign(signing_bytes(u)))
+
+
+_Accusation = TypeVar("_Accusation", Suspect, Dead)
+
+
+def signed_accusation(
+    signer: Signer, kind: type[_Accusation], node: str, incarnation: int
+) -> _Accusation:
+    """A Suspect or Dead about ``node`` at ``incarnation``, signed by ``signer`` as accuser."""
+    u = kind(node, incarnation, signer.node_id, b"")
+    return kind(node, incarnation, signer.node_id, signer.sign(signing_bytes(u)))
 
 
 # -- decoding ------------------------------------------------------------------------------------

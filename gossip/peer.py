@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 from gossip import antientropy, probing, spreading, verdicts
 from gossip.awareness import Awareness
 from gossip.broadcast import BroadcastQueue
-from gossip.codec import encoded_size, signing_bytes
+from gossip.codec import encoded_size, signed_accusation, signed_alive, signed_record
 from gossip.config import GossipConfig
 from gossip.events import (
     Event,
@@ -63,32 +63,6 @@ _ALIVE = 0  # the broadcast priority class of Alives (and of our own leave)
 # Enum members read once: ``MemberState.ALIVE`` runs ``EnumType.__getattr__`` at every use.
 _A, _L = MemberState.ALIVE, MemberState.LEFT
 _REAP_EVERY_S = 5.0
-
-
-def signed_alive(signer: Signer, incarnation: int, addr: str) -> Alive:
-    """The signer's own Alive at ``incarnation``, reachable at ``addr``."""
-    cred = signer.credential
-    u = Alive(signer.node_id, incarnation, addr, cred, b"")
-    return Alive(u.node, incarnation, addr, cred, signer.sign(signing_bytes(u)))
-
-
-def signed_record(
-    signer: Signer, kind: str, incarnation: int, counter: int, payload: bytes
-) -> Record:
-    """The signer's record of ``kind`` at version ``(incarnation, counter)``."""
-    u = Record(signer.node_id, kind, incarnation, counter, payload, b"")
-    return Record(u.origin, kind, incarnation, counter, payload, signer.sign(signing_bytes(u)))
-
-
-_Accusation = TypeVar("_Accusation", Suspect, Dead)
-
-
-def signed_accusation(
-    signer: Signer, kind: type[_Accusation], node: str, incarnation: int
-) -> _Accusation:
-    """A Suspect or Dead about ``node`` at ``incarnation``, signed by ``signer`` as accuser."""
-    u = kind(node, incarnation, signer.node_id, b"")
-    return kind(node, incarnation, signer.node_id, signer.sign(signing_bytes(u)))
 
 
 class Peer:

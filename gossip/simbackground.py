@@ -44,12 +44,11 @@ from dataclasses import dataclass
 
 from gossip import messages as wire
 from gossip.broadcast import BroadcastQueue
-from gossip.codec import encoded_size
+from gossip.codec import encoded_size, signed_accusation, signed_alive, signed_record
 from gossip.config import GossipConfig
 from gossip.events import Event
 from gossip.membership import MemberInfo
 from gossip.messages import Alive, Compound, Dead, Message, Ping, Record, Suspect, Update
-from gossip.peer import signed_accusation, signed_alive, signed_record
 from gossip.relay import RelayNews, relay_round
 from gossip.simview import SharedView, Version, key_version
 from gossip.spreading import after_round, next_round_at
