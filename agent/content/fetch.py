@@ -21,6 +21,7 @@ import base64
 import dataclasses
 import json
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -47,6 +48,8 @@ HAVE_TIMEOUT_S: Final = 10.0
 HAVE_TRIES: Final = 3
 """How often a holder that did not answer what it has is asked (a refusal is not asked again)."""
 HAVE_RETRY_S: Final = 1.0
+GONE_CHECK_S: Final = 1.0
+"""With a ``gone`` test, how often a fetch looks whether its holders are still members."""
 SLOT_BYTES: Final = 4 << 20
 """An ask of a chunk this big or bigger counts one against the swarm's caps; a smaller one its
 share (``SwarmLimits.slot_bytes``)."""
@@ -270,10 +273,13 @@ class Fetcher:
         *,
         kind: SourceKind = "peer",
         on_progress: Callable[[Progress], None] | None = None,
+        gone: Callable[[str], bool] | None = None,
     ) -> Fetched:
         """Fetch what this node lacks of ``digest`` from ``holders``; raises
         :class:`FetchError` when it cannot end, the store's ``StoreFull`` when it is full.
-        A copy held in part counts one resume, however many tries it takes."""
+        A copy held in part counts one resume, however many tries it takes. ``gone``: whether
+        the mesh holds a holder dead or left; such a holder is given up at once (its asks in
+        flight cancelled), not retried through its back-off."""
         manifest = await self.learn(digest, holders)
         missing = await asyncio.to_thread(self.store.missing, digest)
         held = await asyncio.to_thread(self.store.held_bytes, digest)
@@ -289,7 +295,9 @@ class Fetcher:
         if missing:
             await self._ask_holders(swarm, manifest, holders)
             try:
-                await self._run(swarm, manifest, {h.name: h for h in holders}, kind, on_progress)
+                await self._run(
+                    swarm, manifest, {h.name: h for h in holders}, kind, on_progress, gone
+                )
             except BaseException:
                 self.counts["failed"] += 1
                 raise
@@ -334,11 +342,29 @@ class Fetcher:
         holders: dict[str, Holder],
         kind: SourceKind,
         on_progress: Callable[[Progress], None] | None,
+        gone: Callable[[str], bool] | None = None,
     ) -> None:
         flying: dict[asyncio.Task[list[bytes]], list[Ask]] = {}
+        dropped: list[asyncio.Task[list[bytes]]] = []
         measure = _Measure()
+        check_s = math.inf if gone is None else GONE_CHECK_S
+
+        def give_up_gone() -> None:
+            for name in [n for n in holders if gone is not None and gone(n)]:
+                if not swarm.give_up(name):
+                    continue
+                log.info("%s is gone from the mesh: given up", name[:8])
+                for task, group in list(flying.items()):
+                    if group[0].holder == name:
+                        task.cancel()
+                        del flying[task]
+                        dropped.append(task)
+                        for ask in group:
+                            swarm.returned(ask)
+
         try:
             while not swarm.done:
+                give_up_gone()
                 now = self.clock()
                 for group in bundles(swarm.next_asks(now)):
                     holder = group[0].holder
@@ -353,12 +379,14 @@ class Fetcher:
                     wake = swarm.wake_at(now)
                     if wake is None:  # pragma: no cover - a swarm neither done nor stuck wakes
                         raise FetchError(f"{manifest.name}: nothing left to ask")
-                    await asyncio.sleep(max(0.0, wake - now))
+                    await asyncio.sleep(min(check_s, max(0.0, wake - now)))
                     continue
                 wake = swarm.wake_at(now)
-                timeout = None if wake is None else max(0.001, wake - now)
+                timeout = min(check_s, math.inf if wake is None else max(0.001, wake - now))
                 finished, _ = await asyncio.wait(
-                    flying, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                    flying,
+                    timeout=None if timeout == math.inf else timeout,
+                    return_when=asyncio.FIRST_COMPLETED,
                 )
                 for task in finished:
                     group = flying.pop(task)
@@ -370,8 +398,8 @@ class Fetcher:
         finally:
             for task in flying:
                 task.cancel()
-            if flying:
-                await asyncio.gather(*flying, return_exceptions=True)
+            if flying or dropped:
+                await asyncio.gather(*flying, *dropped, return_exceptions=True)
             if kind == "peer":
                 for holder, rate in measure.rates().items():
                     self.rates.note(holder, rate)

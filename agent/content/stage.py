@@ -35,7 +35,13 @@ MAX_HOLDERS_ASKED: Final = 64
 MAX_STAGES_KEPT: Final = 64
 """Stages remembered (the oldest ended ones are forgotten first)."""
 FIND_HOLDERS_S: Final = 30.0
-"""How long after its first failed fetch a stage looks for members holding what it lacks."""
+"""How long after its first failed fetch a stage looks for members holding what it lacks while
+its view is still filling (:attr:`Stager.view_filling`)."""
+FIND_HOLDERS_SETTLED_S: Final = 4.0
+"""How long it looks once every live member has said what it holds."""
+VIEW_YOUNG_S: Final = 10.0
+"""An agent started less than this long ago may not know every member yet (its first
+push-pulls take a few probe rounds): its view counts as filling."""
 FIND_HOLDERS_RETRY_S: Final = 2.0
 """How often it looks again meanwhile."""
 
@@ -103,6 +109,10 @@ class Stager:
         self.staging_dir = staging_dir
         self.counts = counts
         self.fetcher = Fetcher(store, limits=limits, counts=counts)
+        self.started_at = time.monotonic()
+        self.view_filling: Callable[[], bool] = lambda: True
+        """Whether some live member's ``place`` record (what it holds) is not in this agent's
+        view yet: a stage that found no holder looks longer then."""
         self.listed: Callable[[str], Sequence[str]] = lambda _digest: ()
         """The members whose ``place`` records say they hold a digest, whole or in part (asked
         first: in a large mesh the holders need not be among the first ids)."""
@@ -214,25 +224,34 @@ class Stager:
         return found
 
     async def _from_peers(self, key: str, name: str, digest: str) -> None:
-        """Fetch from the members that hold it. When none has what is missing, look for a while
-        (:data:`FIND_HOLDERS_S`) for a member not asked yet, and fetch again with it: just after
-        this agent starts, its view may not list the members that hold the content yet. What
-        was fetched is kept; a holder already asked is not waited for again."""
-        loop = asyncio.get_running_loop()
-        give_up_at: float | None = None
+        """Fetch from the members that hold it (one the mesh holds dead is given up at once).
+        When none has what is missing, look for a member not asked yet, and fetch again with
+        it: for :data:`FIND_HOLDERS_S` while the view is filling (just after this agent starts
+        it may not know the members that hold the content yet: :data:`VIEW_YOUNG_S`, or some
+        live member has not said what it holds), else for
+        :data:`FIND_HOLDERS_SETTLED_S`. What was fetched is kept; a holder already asked is not
+        waited for again."""
+        failed_at: float | None = None
         holders = self.holders(digest)
         asked: set[str] = set()
         while True:
             asked.update(h.name for h in holders)
             try:
                 got = await self.fetcher.fetch(
-                    digest, holders, kind="peer", on_progress=self._progress(key)
+                    digest,
+                    holders,
+                    kind="peer",
+                    on_progress=self._progress(key),
+                    gone=self.mesh.is_gone,
                 )
             except FetchError:
-                if give_up_at is None:
-                    give_up_at = loop.time() + FIND_HOLDERS_S
+                if failed_at is None:
+                    failed_at = time.monotonic()
                 while True:
-                    if loop.time() >= give_up_at:
+                    looked_s = time.monotonic() - failed_at
+                    if looked_s >= FIND_HOLDERS_S or (
+                        looked_s >= FIND_HOLDERS_SETTLED_S and not self._filling()
+                    ):
                         raise
                     await asyncio.sleep(FIND_HOLDERS_RETRY_S)
                     holders = self.holders(digest)
@@ -241,6 +260,10 @@ class Stager:
                 continue
             self._set(key, progress=got.progress)
             return
+
+    def _filling(self) -> bool:
+        young = time.monotonic() - self.started_at < VIEW_YOUNG_S
+        return young or self.view_filling()
 
     async def _from_source(self, key: str, name: str, source: str) -> None:
         from agent.content import external

@@ -194,6 +194,18 @@ class Swarm:
         self._holders[name] = holder
         self._ranked = None
 
+    def give_up(self, name: str) -> bool:
+        """``name`` is gone from the mesh: it is given up for this manifest at once rather than
+        backed off from in turn. True the first time (its asks in flight are the caller's to
+        take back with :meth:`returned`)."""
+        holder = self._holders.get(name)
+        if holder is None or holder.out:
+            return False
+        holder.out = True
+        self.counts.holders_given_up += 1
+        self._ranked = None
+        return True
+
     def holders(self) -> list[str]:
         """The holders still usable (neither dropped nor given up)."""
         return [h.name for h in self._holders.values() if not h.out]

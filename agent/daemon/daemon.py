@@ -71,7 +71,7 @@ from agent.owning.placement import PLACEMENTS, Placement
 from agent.people.keeper import PolicyKeeper
 from agent.running.admission import NodeFacts
 from agent.running.confirming import Placed
-from agent.running.datastage import JobData, holders_of
+from agent.running.datastage import JobData, holders_of, places_unheard
 from agent.running.peerimages import PeerImages
 from agent.running.prefetch import Prefetches
 from agent.running.runner import Runner
@@ -277,6 +277,9 @@ class Agent:
         self.runner.confirmer.owned = self._owned_placed
         self.publisher.rates = self.stager.fetcher.rates.snapshot
         self.stager.listed = functools.partial(holders_of, self.view)
+        self.stager.view_filling = functools.partial(
+            places_unheard, self.view, self.mesh.live_agents, self.node_id
+        )
         self.prefetches = Prefetches(self.runner, self.runner.data, enabled=config.prefetch)
         self.calls = Calls(self.ctx, self.owner, self.runner, self.metrics, self.prefetches)
         self.reads = Reads(

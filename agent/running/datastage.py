@@ -144,6 +144,16 @@ def holders_of(view: ClusterView, digest: str) -> list[str]:
     return [n for _held, n in sorted(found)]
 
 
+def places_unheard(view: ClusterView, live: Callable[[], Collection[str]], me: str) -> bool:
+    """Some live member other than ``me`` has no ``place`` record in the view yet (what it holds
+    is not known here: a view still filling)."""
+    for node_id in live():
+        node = view.nodes.get(node_id)
+        if node_id != me and (node is None or node.place is None):
+            return True
+    return False
+
+
 def resolve(
     ref: DatasetRef, view: ClusterView, store: DiskStore, live: Collection[str] | None = None
 ) -> Version:

@@ -4,10 +4,19 @@ histogram's buckets."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
-from agent.running.datastage import BadDatasets, WaitHistogram, check_names, env_name
+from agent.running.datastage import (
+    BadDatasets,
+    WaitHistogram,
+    check_names,
+    env_name,
+    places_unheard,
+)
 from agent.wire.codec import WireError, unpack
+from agent.wire.place import PlaceRecord
 from agent.wire.records import MAX_STAGING_LINE_CHARS, MAX_STAGING_LINES, NodeRecord
 
 
@@ -48,3 +57,14 @@ def test_the_wait_histogram_is_cumulative() -> None:
         h.observe(s)
     assert h.cumulative() == [("0.0", 1), ("1.0", 2), ("10.0", 3), ("+Inf", 4)]
     assert h.sum_s == 103.5
+
+
+def test_a_view_fills_until_every_live_member_has_said_what_it_holds() -> None:
+    """What a stage that found no holder asks before it stops looking (``Stager.view_filling``):
+    a live member with no ``place`` record yet might hold it; a dead one is not waited for."""
+    said = SimpleNamespace(place=PlaceRecord())
+    unsaid = SimpleNamespace(place=None)
+    view = SimpleNamespace(nodes={"me": unsaid, "a": said, "b": unsaid})
+    assert places_unheard(view, lambda: ["me", "a", "b"], "me")  # type: ignore[arg-type]
+    assert not places_unheard(view, lambda: ["me", "a"], "me")  # type: ignore[arg-type]
+    assert places_unheard(view, lambda: ["me", "a", "new"], "me")  # type: ignore[arg-type]

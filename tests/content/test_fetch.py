@@ -145,6 +145,48 @@ async def test_a_dead_holder_is_given_up_and_the_others_finish() -> None:
     assert dead.asked >= 2 and sum(live.served.values()) == 12
 
 
+async def test_a_holder_the_mesh_holds_gone_is_given_up_at_once_its_asks_taken_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A holder whose host went away mid-ask (no answer, no reset) is given up as soon as the
+    mesh holds it dead: its asks in flight are cancelled and go to the others, rather than
+    waiting out the chunk time-out and a back-off."""
+    monkeypatch.setattr(fetch, "GONE_CHECK_S", 0.01)
+    m, chunks = dataset(12)
+    hung = LocalHolder("hung", full_store(m, chunks))
+    hung.pause_after = 1  # serves one chunk, then never answers again
+    live = LocalHolder("live", full_store(m, chunks))
+    live.delay_s = 0.02
+    store = MemStore()
+    counts: Counter[str] = Counter()
+    gone: set[str] = set()
+    fetcher = Fetcher(store, counts=counts)
+    task = asyncio.create_task(fetcher.fetch(m.digest, [hung, live], gone=gone.__contains__))
+    while not hung.served:
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(0.05)
+    assert not task.done()
+    gone.add("hung")
+    await asyncio.wait_for(task, 5)
+    assert store.missing(m.digest) == []
+    assert counts["holders_given_up"] == 1
+    assert sum(live.served.values()) >= 11 and max(store.puts.values()) == 1
+
+
+async def test_a_fetch_whose_only_holder_is_gone_fails_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(fetch, "GONE_CHECK_S", 0.01)
+    m, chunks = dataset(6)
+    hung = LocalHolder("hung", full_store(m, chunks))
+    hung.pause_after = 0
+    store = MemStore()
+    store.add_manifest(m)
+    gone = {"hung"}
+    with pytest.raises(FetchError, match="no holder has 6 of its chunks"):
+        await asyncio.wait_for(Fetcher(store).fetch(m.digest, [hung], gone=gone.__contains__), 5)
+
+
 async def test_no_holder_with_a_chunk_is_a_clear_error() -> None:
     m, chunks = dataset(4)
     partial = MemStore()

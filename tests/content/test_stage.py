@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -68,7 +69,8 @@ def test_a_stage_with_no_holder_yet_looks_again_before_it_fails(
     stage looks for a member it has not asked yet (what it fetched is kept) instead of failing at
     once; one whose members were all asked fails once its time to look is up."""
     monkeypatch.setattr(stage, "FIND_HOLDERS_RETRY_S", 0.01)
-    stager = stage.Stager("me", None, None, MemStore(), tmp_path, Counter())  # type: ignore[arg-type]
+    mesh = SimpleNamespace(is_gone=lambda _node: False)
+    stager = stage.Stager("me", None, mesh, MemStore(), tmp_path, Counter())  # type: ignore[arg-type]
     dead, holder = SimpleNamespace(name="dead"), SimpleNamespace(name="holder")
     views = iter([[dead], [dead], [], [dead, holder]])
     stager.holders = lambda digest=None: next(views)  # type: ignore[assignment,method-assign]
@@ -86,8 +88,45 @@ def test_a_stage_with_no_holder_yet_looks_again_before_it_fails(
     assert asked == [["dead"], ["dead", "holder"]]
 
     monkeypatch.setattr(stage, "FIND_HOLDERS_S", 0.05)
+    monkeypatch.setattr(stage, "FIND_HOLDERS_SETTLED_S", 0.05)
     stager.holders = lambda digest=None: [dead]  # type: ignore[assignment,method-assign]
     asked.clear()
     with pytest.raises(FetchError, match="no holder"):
         asyncio.run(stager._from_peers(D, "imagenet", D))
     assert asked == [["dead"]]
+
+
+def test_a_settled_view_looks_for_other_holders_briefly_a_filling_one_longer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The long look (:data:`stage.FIND_HOLDERS_S`) is for a view that lacks what some live
+    member holds (just after the agent's start); once every live member has said, a stage that
+    finds no holder fails after the short one: the job waits for a holder with the reason that
+    says so, not on a stage that cannot end."""
+    monkeypatch.setattr(stage, "FIND_HOLDERS_RETRY_S", 0.01)
+    monkeypatch.setattr(stage, "FIND_HOLDERS_S", 30.0)
+    monkeypatch.setattr(stage, "FIND_HOLDERS_SETTLED_S", 0.1)
+    mesh = SimpleNamespace(is_gone=lambda _node: False)
+    stager = stage.Stager("me", None, mesh, MemStore(), tmp_path, Counter())  # type: ignore[arg-type]
+    stager.holders = lambda digest=None: [SimpleNamespace(name="dead")]  # type: ignore[assignment,method-assign]
+
+    async def fetch(digest: str, holders: list[Any], **_: Any) -> Any:
+        raise FetchError("no holder has 3 of its chunks")
+
+    stager.fetcher.fetch = fetch  # type: ignore[method-assign]
+
+    async def failed_within(limit_s: float) -> bool:
+        try:
+            await asyncio.wait_for(stager._from_peers(D, "imagenet", D), limit_s)
+        except FetchError:
+            return True
+        except TimeoutError:
+            return False
+        raise AssertionError("a stage with no holder succeeded")
+
+    stager.started_at -= stage.VIEW_YOUNG_S
+    assert not asyncio.run(failed_within(0.5))  # filling: still looking
+    stager.view_filling = lambda: False
+    assert asyncio.run(failed_within(5.0))
+    stager.started_at = time.monotonic()  # just started: it may not know every member yet
+    assert not asyncio.run(failed_within(0.5))
