@@ -348,9 +348,14 @@ class Fetcher:
         dropped: list[asyncio.Task[list[bytes]]] = []
         measure = _Measure()
         check_s = math.inf if gone is None else GONE_CHECK_S
+        checked_at = -math.inf
 
         def give_up_gone() -> None:
-            for name in [n for n in holders if gone is not None and gone(n)]:
+            nonlocal checked_at
+            if gone is None or self.clock() - checked_at < check_s:
+                return
+            checked_at = self.clock()
+            for name in [n for n in holders if gone(n)]:
                 if not swarm.give_up(name):
                     continue
                 log.info("%s is gone from the mesh: given up", name[:8])
