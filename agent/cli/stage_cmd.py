@@ -1,9 +1,10 @@
 """``shoal data stage NAME[@DIGEST] --nodes N1,N2 [--from URL] [--wait] [--json]``: an
 operator-signed ``stage`` command; each named node fetches the dataset now (``NAME`` alone: the
 newest version some node holds whole, as ``GET /v1/nodes`` lists them) and answers its
-stage (state, bytes held of the total, rate, holders, ETA). ``--wait`` asks again every
-:data:`POLL_S` until every node is done or failed (stage is idempotent: a node answers the stage
-it runs), printing each node's line as it changes."""
+stage (state, bytes held of the total, rate, holders, ETA). ``--wait`` polls every
+:data:`POLL_S` (the command with ``poll``: each node answers its stage as it stands and starts
+none, so one that failed is reported, not started over) until every node is done or failed,
+printing each node's line as it changes."""
 
 from __future__ import annotations
 
@@ -99,7 +100,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
             if _ended(answer) or loop.time() > deadline:
                 return answer
             await asyncio.sleep(POLL_S)
-            answer = await client.command("stage", body)
+            answer = await client.command("stage", {**body, "poll": True})
 
     answer = run_with_client(args, call)
     if args.json:

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, ClassVar, Final, Literal
 
 from agent.content.fetch import Fetcher, FetchError, Holder, PeerHolder
 from agent.content.manifest import ContentError
@@ -312,6 +312,13 @@ class StageAsk:
     nodes: tuple[str, ...]
     cancel: bool = False
     """Stop the stage instead (a pre-fetch no longer wanted): what it fetched stays held."""
+    poll: bool = False
+    """Answer each node's stage as it stands and start none (``shoal data stage --wait`` polls
+    so: asked again, a stage that failed would start over and never be seen to fail)."""
+
+    FIELDS: ClassVar[frozenset[str]] = frozenset(
+        {"name", "digest", "source", "nodes", "cancel", "poll"}
+    )
 
     @property
     def key(self) -> str:
@@ -323,6 +330,9 @@ class StageAsk:
         from agent.content.routes import check_digest
         from agent.wire.place import dataset_name_problem
 
+        unknown = sorted(set(body) - cls.FIELDS)
+        if unknown:
+            raise ValueError(f"unknown field {unknown[0]!r}: this agent does not honour it")
         name = body.get("name")
         if not isinstance(name, str) or (problem := dataset_name_problem(name)) is not None:
             raise ValueError(problem if isinstance(name, str) else "name must be a dataset name")
@@ -341,7 +351,7 @@ class StageAsk:
                 raise ValueError("source must be an http://, https:// or s3:// URL")
         if digest is not None and source is not None:
             raise ValueError("give the content's digest (NAME@DIGEST) or a source URL, not both")
-        if digest is None and source is None and not body.get("cancel"):
+        if digest is None and source is None and not body.get("cancel") and not body.get("poll"):
             raise ValueError("give the content's digest (NAME@DIGEST) or a source URL")
         nodes = body.get("nodes")
         if (
@@ -350,7 +360,9 @@ class StageAsk:
             or not all(isinstance(n, str) and 0 < len(n) <= 128 for n in nodes)
         ):
             raise ValueError(f"nodes must be a list of 1 to {MAX_NODES} node ids")
-        cancel = body.get("cancel", False)
-        if not isinstance(cancel, bool):
-            raise ValueError("cancel must be true or false")
-        return cls(name, digest, source, tuple(dict.fromkeys(nodes)), cancel)
+        cancel, poll = body.get("cancel", False), body.get("poll", False)
+        if not isinstance(cancel, bool) or not isinstance(poll, bool):
+            raise ValueError("cancel and poll must be true or false")
+        if cancel and poll:
+            raise ValueError("cancel or poll, not both")
+        return cls(name, digest, source, tuple(dict.fromkeys(nodes)), cancel, poll)

@@ -352,9 +352,11 @@ class Commands:
         if me in ask.nodes:
             if ask.cancel:
                 state = await self._stager.cancel(ask.key)
-                answers[me] = state.to_wire() if state else {"error": "no such stage here"}
+            elif ask.poll:
+                state = self._stager.state(ask.key)
             else:
-                answers[me] = self._stager.start(ask.name, ask.digest, ask.source).to_wire()
+                state = self._stager.start(ask.name, ask.digest, ask.source)
+            answers[me] = state.to_wire() if state else {"error": "no such stage here"}
 
         async def forward(node: str) -> None:
             if node not in self._mesh.live_agents():

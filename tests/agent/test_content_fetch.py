@@ -300,6 +300,13 @@ def test_a_dataset_staged_from_an_http_listing_is_content_members_fetch(
         assert cmd_stage(args) == 0
         doc = json.loads(capsys.readouterr().out)
         assert doc["nodes"][second.node_id]["state"] == "done", doc
+        # A stage that fails is reported as failed (--wait polls, it does not start it over).
+        args = parser.parse_args(
+            ["stage", f"gone@{'ab' * 32}", "--nodes", second.node_id, "--wait", *flags]
+        )
+        assert cmd_stage(args) == 1
+        out = capsys.readouterr().out
+        assert f"{second.node_id[:8]}: staging gone failed: no holder serves" in out, out
         with pytest.raises(UserError, match="no node holds all of 'nothing'"):
             cmd_stage(parser.parse_args(["stage", "nothing", "--nodes", second.node_id, *flags]))
         assert fetched(mesh, second, "peer") == s["held_bytes"]

@@ -35,6 +35,9 @@ D = "ab" * 32
         ({"name": "x", "digest": D, "nodes": "n"}, "nodes"),
         ({"name": "x", "digest": D, "nodes": ["n"] * 300}, "nodes"),
         ({"name": "x", "digest": D, "nodes": ["n"], "cancel": "yes"}, "cancel"),
+        ({"name": "x", "digest": D, "nodes": ["n"], "poll": 1}, "poll"),
+        ({"name": "x", "nodes": ["n"], "cancel": True, "poll": True}, "not both"),
+        ({"name": "x", "digest": D, "nodes": ["n"], "wait": True}, "unknown field 'wait'"),
     ],
 )
 def test_a_bad_stage_body_is_refused_with_its_reason(body: dict[str, Any], error: str) -> None:
@@ -47,6 +50,8 @@ def test_a_good_body_and_a_cancel_by_name() -> None:
     assert ask.nodes == ("a", "b") and ask.key == D and not ask.cancel
     cancel = StageAsk.from_body({"name": "imagenet", "nodes": ["a"], "cancel": True})
     assert cancel.key == "imagenet" and cancel.cancel
+    poll = StageAsk.from_body({"name": "imagenet", "digest": D, "nodes": ["a"], "poll": True})
+    assert poll.poll and not poll.cancel and poll.key == D
 
 
 def test_a_stage_says_where_it_stands_in_one_line() -> None:
