@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os.path
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 from agent.job.jobspec import JobSpec
 from agent.policy.snapshot import SCHEDULABLE, Device, Job, Node, Placement, Running, Share
@@ -199,31 +199,44 @@ def device_from_static(
     )
 
 
-def node_from_view(view: NodeFacts, holders: Mapping[str, str] | None = None) -> Node:
-    """An agent's view of one node; ``holders`` maps device keys to the jobs holding them."""
-    free = set(view.free)
-    holders = holders or {}
+class HostParts(NamedTuple):
+    """What a node's inventory and ``place`` records alone decide of its policy node, worked out
+    once per pair of records (:class:`NodeMemo`) rather than at every decision: each device's
+    static facts (a :class:`Device` with nothing on it and no readings), the labels and what
+    they say, and the datasets, images and fetch rates the place record lists."""
+
+    inventory: object
+    place: object
+    devices: tuple[Device, ...]
+    labels: dict[str, str]
+    zone: str | None
+    os: str | None
+    cost_per_hour: float | None
+    features: frozenset[str]
+    datasets: frozenset[str]
+    dataset_held: dict[str, int]
+    fetch_rates: Mapping[str, float]
+    coord: Any
+
+    def fits(self, view: NodeFacts) -> bool:
+        """Whether these are ``view``'s parts still (its records are the same objects)."""
+        return self.inventory is view.inventory and self.place is view.place
+
+
+def host_parts(view: NodeFacts) -> HostParts:
+    """The parts of ``view``'s policy node that its inventory and place records decide."""
     domains = link_domains(view.statics)
-    shared = view.shares
-    devices = tuple(
-        device_from_static(
-            s,
-            view.samples.get(s.key),
-            None if s.key in free or s.key in shared else holders.get(s.key, BUSY),
-            domains,
-            shared.get(s.key),
-        )
-        for s in view.statics
-    )
     labels = _labels(view.inventory)
     zone, _, cost = _place_facts(labels)
-    return Node(
-        node_id=view.node_id,
-        devices=devices,
-        drain=view.drain if view.inventory is not None else "unknown",
+    return HostParts(
+        inventory=view.inventory,
+        place=view.place,
+        devices=tuple(device_from_static(s, None, None, domains) for s in view.statics),
         labels=labels,
         zone=zone,
         os=_os(view.inventory),
+        cost_per_hour=cost,
+        features=view.features,
         datasets=frozenset(view.datasets)  # the place record's, else the datasets label
         | {f"{v.name}@{v.digest}" for v in _versions(view) if v.held_bytes >= v.total_bytes}
         | {image_key(h.name) for h in _images(view)},
@@ -233,8 +246,58 @@ def node_from_view(view: NodeFacts, holders: Mapping[str, str] | None = None) ->
         },
         fetch_rates=_field(view.place, "rates") or {},
         coord=_field(view.place, "coord"),
-        cost_per_hour=cost,
-        features=view.features,
+    )
+
+
+def node_from_view(
+    view: NodeFacts, holders: Mapping[str, str] | None = None, parts: HostParts | None = None
+) -> Node:
+    """An agent's view of one node; ``holders`` maps device keys to the jobs holding them;
+    ``parts``: :func:`host_parts` of the view, when held from before (else worked out)."""
+    if parts is None or not parts.fits(view):
+        parts = host_parts(view)
+    free = set(view.free)
+    holders = holders or {}
+    shared = view.shares
+    samples = view.samples
+    devices = []
+    for base in parts.devices:
+        key = base.key
+        sample = samples.get(key)
+        held = shared.get(key)
+        devices.append(
+            Device(
+                key=key,
+                model=base.model,
+                vendor=base.vendor,
+                backend=base.backend,
+                arch=base.arch,
+                compute_capability=base.compute_capability,
+                mem_total_bytes=base.mem_total_bytes,
+                whole_job=None if key in free or key in shared else holders.get(key, BUSY),
+                shares=tuple(Share(j, b) for j, b in sorted(held.items())) if held else (),
+                link_domain=base.link_domain,
+                link_kind=base.link_kind,
+                temp_c=sample.temp_c if sample else None,
+                temp_slowdown_c=base.temp_slowdown_c,
+                power_mw=sample.power_mw if sample else None,
+                power_limit_mw=sample.power_limit_mw if sample else None,
+                healthy=sample.healthy if sample else True,
+            )
+        )
+    return Node(
+        node_id=view.node_id,
+        devices=tuple(devices),
+        drain=view.drain if view.inventory is not None else "unknown",
+        labels=parts.labels,
+        zone=parts.zone,
+        os=parts.os,
+        datasets=parts.datasets,
+        dataset_held=parts.dataset_held,
+        fetch_rates=parts.fetch_rates,
+        coord=parts.coord,
+        cost_per_hour=parts.cost_per_hour,
+        features=parts.features,
     )
 
 
@@ -250,22 +313,25 @@ class NodeMemo:
     """The policy's nodes of an agent's views, kept from one decision to the next: a view whose
     records (inventory, node record, place, telemetry) are the same objects as last time gives
     back the same :class:`Node`, so the policy's index re-indexes only the nodes that changed
-    (:meth:`agent.policy.index.ClusterIndex.refresh`) and nothing is rebuilt for the others."""
+    (:meth:`agent.policy.index.ClusterIndex.refresh`) and nothing is rebuilt for the others. A
+    node whose node record or telemetry changed (a job started or ended there) is rebuilt from
+    its :class:`HostParts`, which its inventory and place record alone decide."""
 
     def __init__(self) -> None:
-        self._held: dict[str, tuple[tuple[object, ...], Node]] = {}
+        self._held: dict[str, tuple[tuple[object, ...], Node, HostParts]] = {}
 
     def nodes(self, views: Iterable[NodeFacts]) -> tuple[Node, ...]:
-        held: dict[str, tuple[tuple[object, ...], Node]] = {}
+        held: dict[str, tuple[tuple[object, ...], Node, HostParts]] = {}
         out: list[Node] = []
         for view in views:
             facts = (view.inventory, view.status, view.place, view.samples)
             last = self._held.get(view.node_id)
             if last is not None and all(a is b for a, b in zip(last[0], facts, strict=True)):
-                node = last[1]
+                node, parts = last[1], last[2]
             else:
-                node = node_from_view(view)
-            held[view.node_id] = (facts, node)
+                parts = last[2] if last is not None and last[2].fits(view) else host_parts(view)
+                node = node_from_view(view, parts=parts)
+            held[view.node_id] = (facts, node, parts)
             out.append(node)
         self._held = held
         return tuple(out)

@@ -8,16 +8,20 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+import pytest
+
 from agent.job.authority import Authority
 from agent.job.jobspec import JobSpec, new_job_id
 from agent.job.ownership import rank
 from agent.mesh.view import ClusterView, NodeView, pack
+from agent.policy import adapt
 from agent.policy.adapt import NodeMemo
+from agent.policy.snapshot import Share
 from agent.wire.inventory import InventoryRecord
 from agent.wire.records import NodeRecord
 from gossip.certtrust import CertSigner, CertTrust
 from gossip.revocation import issue_revocations
-from probers.records import DeviceSample, DeviceStatic, HostInfo
+from probers.records import DeviceSample, DeviceStatic, HostInfo, Link
 from tests.agent.authority_kit import Kit
 
 SPEC = JobSpec(command=("true",))
@@ -162,6 +166,44 @@ def test_the_placement_memo_rebuilds_only_the_nodes_whose_records_changed() -> N
     # A node that left is forgotten; one that comes back is built again.
     assert [n.node_id for n in memo.nodes([b])] == ["b"]
     assert memo.nodes([a, b])[0] is not first[0]
+
+
+def test_a_rebuilt_node_is_the_node_a_fresh_build_gives(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node whose node record or telemetry changed is rebuilt from the parts its inventory
+    decided (worked out again only when the inventory or place record is new), and comes out
+    as the node built from nothing would."""
+
+    def links(peer: str | None) -> tuple[Link, ...]:
+        return (Link(peer=peer, kind="nvlink"),) if peer else ()
+
+    host = HostInfo("b", "linux", "x86_64", None, None)
+    gpus = tuple(
+        DeviceStatic(
+            key=k, vendor="nvidia", backend="cuda", name="H100", source="sim", links=links(p)
+        )
+        for k, p in (("g0", "g1"), ("g1", "g0"), ("g2", None))
+    )
+    b = NodeView("b", inventory=InventoryRecord(host, None, {"zone": "z1"}, 1, gpus))
+    worked: list[str] = []
+    real = adapt.host_parts
+
+    def counted(view: NodeView) -> adapt.HostParts:
+        worked.append(view.node_id)
+        return real(view)
+
+    monkeypatch.setattr(adapt, "host_parts", counted)
+    memo = NodeMemo()
+    memo.nodes([b])
+    b.status = NodeRecord(running=("j1",), free=("g2",), shares={"g1": {"j2": 2**30}})
+    b.samples = {"g0": DeviceSample(key="g0", temp_c=71.0, power_mw=300_000)}
+    (node,) = memo.nodes([b])
+    assert worked == ["b"]  # the first build only
+    assert node == adapt.node_from_view(b)
+    assert [d.whole_job for d in node.devices] == [adapt.BUSY, None, None]
+    assert node.devices[1].shares == (Share("j2", 2**30),) and node.zone == "z1"
+    assert node.devices[0].link_domain == node.devices[1].link_domain == "nvlink:g0"
+    b.inventory = InventoryRecord(host, None, {"zone": "z2"}, 2, gpus)
+    assert memo.nodes([b])[0].zone == "z2" and len(worked) == 3  # the fresh build, and now
 
 
 def _third_takes_over(four: _Four, state: str) -> list[str]:
