@@ -118,6 +118,7 @@ class Checkpoints:
         self.authority = ctx.authority
         self.peers = ctx.peers
         self.addr_of = ctx.mesh.addr_of
+        self.is_gone = ctx.mesh.is_gone
         self.store = store
         self.fetcher = fetcher
         self.local = local
@@ -305,7 +306,8 @@ class Checkpoints:
                     self.counts["resumed"] += 1
                     await asyncio.sleep(RESUME_WAIT_S * 2 ** (tries - 1))
                 try:
-                    got = await self.fetcher.fetch(ref.digest, found)
+                    # a holder the mesh holds dead is given up at once, as a stage does
+                    got = await self.fetcher.fetch(ref.digest, found, gone=self.is_gone)
                     break
                 except (FetchError, ContentError) as exc:
                     log.info("checkpoint %s of %s (try %d): %s", ref.digest[:12], job_id[:8],

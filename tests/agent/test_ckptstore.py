@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import cast
+from typing import Any, cast
 
 import pytest
 
+from agent.checkpoints import ckptstore
 from agent.checkpoints.ckptfiles import CHECKPOINT_CHUNK_BYTES, clear_folder
 from agent.checkpoints.ckptstore import CheckpointRef, Checkpoints
 from agent.common.errors import ApiError
-from agent.content.fetch import Fetcher
+from agent.content.fetch import Fetcher, FetchError
 from agent.content.manifest import ContentError
 from agent.content.store import DiskStore
 from agent.execution.jobuser import lookup_job_user
@@ -43,7 +45,7 @@ class Local:
 def checkpoints(tmp_path: Path) -> tuple[Checkpoints, DiskStore, Local, Counter[str]]:
     store = DiskStore(tmp_path / "store")
     authority = SimpleNamespace(may_own=lambda job_id, node: node in (ME, OWNER))
-    mesh = SimpleNamespace(addr_of=lambda node: None)
+    mesh = SimpleNamespace(addr_of=lambda node: None, is_gone=lambda node: node == "dead")
     ctx = cast(
         AgentContext, SimpleNamespace(node_id=ME, authority=authority, peers=None, mesh=mesh)
     )
@@ -143,3 +145,24 @@ def test_who_may_read_a_checkpoint(tmp_path: Path) -> None:
     cp.grant(JOB, STRANGER)  # an owner named it to run the job's next attempt
     assert cp.gate(ref.digest, STRANGER)
     assert not cp.gate("0" * 64, OWNER)  # nothing held: no job to judge by
+
+
+async def test_a_checkpoint_fetch_gives_up_at_once_a_holder_the_mesh_holds_dead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fetch is told which holders are gone (the fetcher gives such a holder up at once,
+    ``tests/content/test_fetch.py``), not left to back off from a dead runner's copy."""
+    cp, *_ = checkpoints(tmp_path)
+    monkeypatch.setattr(cp, "addr_of", lambda node: f"127.0.0.1:{len(node)}")
+    told: list[Callable[[str], bool] | None] = []
+
+    async def fetch(digest: str, holders: object, **kw: Any) -> object:
+        told.append(kw.get("gone"))
+        raise FetchError("no holder has it")
+
+    monkeypatch.setattr(cp.fetcher, "fetch", fetch)
+    monkeypatch.setattr(ckptstore, "RESUME_WAIT_S", 0.0)
+    with pytest.raises(FetchError, match="not fetched"):
+        await cp.fetch(JOB, CheckpointRef(2, "d" * 64), ["dead", "alive"])
+    gone = told[0]
+    assert gone is not None and gone("dead") and not gone("alive")
