@@ -149,3 +149,23 @@ def test_a_table_piped_is_80_columns_at_most() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert max(len(line) for line in done.stdout.splitlines()) <= 80
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (("jobz",), "shoal: error: invalid choice: 'jobz' is not a command; did you mean 'jobs'?"),
+        (("xyzzy",), "invalid choice: 'xyzzy' is not a command (see 'shoal --help')"),
+        (("demo", "--policy", "shaol"), "(choose from 'fifo', 'shoal'); did you mean 'shoal'?"),
+        (("data", "list"), "did you mean 'ls'?"),
+        (("submit", "--name", "x", "--", "true"), "shoal submit: error: unrecognized arguments"),
+        (("nodes", "--grace", "3"), "arguments: --grace 3 (see 'shoal nodes --help')"),
+        (("data", "ls", "--bogus"), "shoal data ls: error: unrecognized arguments: --bogus"),
+    ],
+)
+def test_a_mistyped_command_names_the_nearest_and_an_unknown_option_its_subcommand(
+    argv: tuple[str, ...], said: str
+) -> None:
+    """A typo gets the nearest command or choice, not the whole list; an unknown option is said
+    by the subcommand it was given to, pointing at that subcommand's help."""
+    assert said in one_line_error(shoal(*argv))

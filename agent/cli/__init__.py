@@ -14,8 +14,10 @@ status 0, as ``head`` users expect.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,10 +32,51 @@ from agent.common.quiet import quiet_third_party_warnings
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports a usage mistake in one line and exits with status 2."""
+    """argparse that reports a usage mistake in one line and exits with status 2: a mistyped
+    command or choice names the nearest one, and an unknown option names the subcommand whose
+    help to read."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+        self.exit(2, f"{self.prog}: error: {_with_hint(message)} (see '{self.prog} --help')\n")
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extra = super().parse_known_args(args, namespace)
+        if extra and self._subparsers is not None:
+            # said by the chosen subcommand's own parser (the deepest one), so the mistake
+            # points at its --help
+            _chosen(self, parsed).error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed, extra
+
+
+def _chosen(parser: argparse.ArgumentParser, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the subcommand ``parsed`` names under ``parser`` (itself if none)."""
+    for action in parser._subparsers._group_actions if parser._subparsers else ():
+        choices = action.choices if isinstance(action.choices, dict) else {}
+        name = getattr(parsed, action.dest, None)
+        if isinstance(name, str) and name in choices:
+            return _chosen(choices[name], parsed)
+    return parser
+
+
+_INVALID_CHOICE = re.compile(
+    r"^argument (?P<arg>[^:]+): invalid choice: '(?P<got>[^']*)' \(choose from (?P<choices>.*)\)$"
+)
+
+
+def _with_hint(message: str) -> str:
+    """argparse's message, with the nearest choice to a mistyped one (and, for a command, the
+    nearest instead of the whole list, which ``--help`` shows)."""
+    found = _INVALID_CHOICE.match(message)
+    if found is None:
+        return message
+    choices = re.findall(r"'([^']*)'", found["choices"])
+    near = difflib.get_close_matches(found["got"], choices, n=1)
+    hint = f"; did you mean '{near[0]}'?" if near else ""
+    if found["arg"] == "COMMAND":
+        return f"invalid choice: '{found['got']}' is not a command{hint}"
+    return message + hint
 
 
 @dataclass(frozen=True, slots=True)
