@@ -13,7 +13,7 @@ The helpers every table uses (cells cut to fit, durations, the console) are
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agent.job.deadlines import lateness_s
@@ -130,11 +130,43 @@ def job_detail(
             rows.append(("Members" if i == 0 else "", line))
     else:
         rows.append(("Node", host(job.get("runner"))))
+        if job.get("devices"):
+            rows.append(("GPUs", ",".join(str(d) for d in job["devices"])))
     if job.get("started_at") is not None:
         rows.append(("Started", relative(job["started_at"], now)))
+    if job.get("finished_at") is not None:
+        rows.append(("Ended", _ended(job, now)))
+    attempts = job.get("attempts") or ()
+    if len(attempts) > 1:  # one attempt is what the lines above say
+        for i, a in enumerate(attempts):
+            rows.append(("Attempts" if i == 0 else "", _attempt_line(a, host)))
     if job.get("reason"):
         rows.append(("Why", one_line(str(job["reason"]))))
     return rows
+
+
+def _how_it_ended(doc: Mapping[str, Any]) -> str:
+    if doc.get("signal"):
+        return f"signal {doc['signal']}"
+    if doc.get("exit_code") is not None:
+        return f"exit code {doc['exit_code']}"
+    return str(doc.get("cause") or "")
+
+
+def _ended(job: Mapping[str, Any], now: float) -> str:
+    """``3m ago, exit code 0, after 2m``: when, how and how long the last attempt ran."""
+    ended, started = job["finished_at"], job.get("started_at")
+    parts = [relative(ended, now), _how_it_ended(job)]
+    if started is not None:
+        parts.append(f"after {span(float(ended) - float(started))}")
+    return ", ".join(p for p in parts if p)
+
+
+def _attempt_line(a: Mapping[str, Any], host: Callable[[Any], str]) -> str:
+    """``2  h100-01  exit code 0  2m``: one attempt, where it ran and how it ended."""
+    started, ended = a.get("started_at"), a.get("finished_at")
+    ran = span(float(ended) - float(started)) if started is not None and ended else "-"
+    return f"{a.get('attempt', '?')}  {host(a.get('node'))}  {_how_it_ended(a) or '-'}  {ran}"
 
 
 def job_hints(events: Sequence[Mapping[str, Any]], job_id: str) -> list[dict[str, Any]]:

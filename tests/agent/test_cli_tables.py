@@ -188,3 +188,27 @@ def test_a_job_whose_data_stages_says_how_far_in_its_row() -> None:
     row = job_row(_job("s" * 32, "placing", reason=line), {}, NOW)
     assert row[1] == "placing" and row[-1] == line
     assert job_row(_job("t" * 32, "placing"), {}, NOW)[-1] == "sleep 5"
+
+
+def test_an_ended_job_says_when_how_and_after_how_long_and_lists_its_attempts() -> None:
+    names = {"n" * 32: "h100-00", "m" * 32: "h100-01"}
+    attempts = [
+        {"attempt": 1, "node": "n" * 32, "cause": "migrate", "exit_code": None, "signal": None,
+         "started_at": NOW - 600, "finished_at": NOW - 480},
+        {"attempt": 2, "node": "m" * 32, "cause": "exit", "exit_code": 3, "signal": None,
+         "started_at": NOW - 470, "finished_at": NOW - 180},
+    ]  # fmt: skip
+    job = _job("e" * 32, "failed", attempt=2, runner="m" * 32, devices=["sim:b:0"])
+    job.update(started_at=NOW - 470, finished_at=NOW - 180, exit_code=3, attempts=attempts)
+    detail = job_detail(job, names, NOW)
+    rows = dict(detail)
+    assert rows["Node"] == "h100-01" and rows["GPUs"] == "sim:b:0"
+    assert rows["Ended"] == "3m ago, exit code 3, after 5m"
+    assert [value for label, value in detail if label in ("Attempts", "")] == [
+        "1  h100-00  migrate  2m",
+        "2  h100-01  exit code 3  5m",
+    ]
+    killed = _job("k" * 32, "failed", started_at=NOW - 30, finished_at=NOW - 10, signal="SIGKILL")
+    assert dict(job_detail(killed, names, NOW))["Ended"] == "10s ago, signal SIGKILL, after 20s"
+    running = dict(job_detail(_job("r" * 32), names, NOW))
+    assert "Ended" not in running and "Attempts" not in running
