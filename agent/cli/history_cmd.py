@@ -130,6 +130,34 @@ def _num(value: float | None) -> str:
     return f"{value:.1f}" if value != int(value) else str(int(value))
 
 
+_RATE_UNITS = ((1e9, "GB/s"), (1e6, "MB/s"), (1e3, "kB/s"))
+
+
+def in_units(name: str, value: float | None) -> str:
+    """A value of series ``name`` in the unit its name ends with, as a person reads it:
+    ``312 W`` for ``_mw``, ``43.5 GiB`` for ``_bytes``, ``1.2 MB/s``, ``71%``, ``64°C``, ``0.4 ms``;
+    a name with no known unit, the bare number."""
+    if value is None:
+        return "N/A"
+    if name.endswith("_bytes_per_s"):
+        for factor, unit in _RATE_UNITS:
+            if abs(value) >= factor:
+                return f"{value / factor:.1f} {unit}"
+        return f"{value:.0f} B/s"
+    if name.endswith("_bytes"):
+        return f"{value / 2**30:.1f} GiB" if abs(value) >= 2**30 else f"{value / 2**20:.0f} MiB"
+    if name.endswith("_mw"):
+        watts = value / 1000
+        return f"{watts:.0f} W" if abs(watts) >= 10 else f"{watts:.1f} W"
+    if name.endswith("_pct"):
+        return f"{value:.0f}%"
+    if name.endswith("_c"):
+        return f"{value:.0f}°C"
+    if name.endswith("_ms"):
+        return f"{value:.1f} ms"
+    return _num(value)
+
+
 def chart_lines(doc: HistoryDoc, width: int, ascii_only: bool = False) -> list[str]:
     """Two lines per series: its name, subject, last value and range; then its sparkline. Then
     the bottleneck hints that fired (a node's history), one a line."""
@@ -146,7 +174,8 @@ def chart_lines(doc: HistoryDoc, width: int, ascii_only: bool = False) -> list[s
         if not known:
             lines.append(f"{label}: no samples in this span")
             continue
-        span = f"min {_num(min(lows))}  max {_num(max(highs))}  last {_num(known[-1])}"
+        low, high, last = (in_units(s.name, v) for v in (min(lows), max(highs), known[-1]))
+        span = f"min {low}  max {high}  last {last}"
         lines.append(f"{label}  ({span}; every {s.step_s}s)")
         lines.append("  " + sparkline(avgs, width - 2, ASCII_BARS if ascii_only else BARS))
     if not doc.series:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import sys
 import time
 import urllib.parse
@@ -79,6 +80,8 @@ def test_history_survives_a_restart_and_the_cli_agrees(tmp_path: Path) -> None:
         assert table.returncode == 0, table.stderr
         assert "gpu.util_pct" in table.stdout and "gpu.mem_bw_pct" in table.stdout
         assert "unsupported" in table.stdout
+        power = next(line for line in table.stdout.splitlines() if line.startswith("gpu.power_mw"))
+        assert re.search(r"last \d+(\.\d)? W;", power), power  # watts, not milliwatts
 
         rows = list(csv.reader(io.StringIO(shoal("history", node, "--csv", *flags).stdout)))
         assert rows[0] == ["node", "series", "subject", "t", "min", "avg", "max"]
