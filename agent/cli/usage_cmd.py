@@ -96,9 +96,16 @@ def cmd_usage(args: argparse.Namespace) -> int:
             energy = "" if w["energy_kwh"] is None else w["energy_kwh"]
             out.writerow([t.day, t.key, w["gpu_hours"], energy, t.attempts])
         return 0
-    head = ["DAY", key.upper(), "GPU-HOURS", "ENERGY kWh", "ATTEMPTS"]
+    # The table: a key column only when grouped (--by), and the last row named as the total.
+    head = ["DAY", *([key.upper()] if args.by else []), "GPU-HOURS", "ENERGY kWh", "ATTEMPTS"]
     table = [
-        [t.day, t.key, f"{t.gpu_s / 3600:.2f}", _kwh(t.energy_j), str(t.attempts)]
+        [
+            "total" if t is total else t.day,
+            *([("" if t is total else t.key)] if args.by else []),
+            f"{t.gpu_s / 3600:.2f}",
+            _kwh(t.energy_j),
+            str(t.attempts),
+        ]
         for t in [*found, total]
     ]
     widths = [max(len(r[i]) for r in [head, *table]) for i in range(len(head))]

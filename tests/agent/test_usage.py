@@ -118,5 +118,9 @@ def test_usage_adds_up_to_the_jobs_own_records(tmp_path: Path) -> None:
             "kWh",
             "ATTEMPTS",
         ]
+        assert table.splitlines()[-1].split()[0] == "total"
+        ungrouped = _usage(mesh).splitlines()  # no --by: no key column
+        assert ungrouped[0].split() == ["DAY", "GPU-HOURS", "ENERGY", "kWh", "ATTEMPTS"]
+        assert ungrouped[-1].split()[0] == "total"
     finally:
         mesh.stop_all()
