@@ -11,7 +11,10 @@ import time
 from typing import Any
 
 from agent.cli.ops_cmd import operator_identity, print_json, run_with_client
+from agent.cli.tables import hostnames
 from agent.operator.client import AgentUnreachable, ApiClient, ApiError
+from agent.operator.resolve import pick_node
+from agent.operator.terminal import relative, short
 from agent.operator.units import fmt_bytes
 
 KIND_TITLES = {
@@ -37,14 +40,17 @@ async def _one(args: argparse.Namespace, node: dict[str, Any]) -> dict[str, Any]
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
+    names: dict[str, str] = {}
+
     async def call(client: ApiClient) -> list[dict[str, Any]]:
+        listed = await client.nodes()
+        names.update(hostnames(listed))
         nodes = [
-            n
-            for n in await client.nodes()
-            if n.get("state") == "alive" and n.get("role") in (None, "agent")
+            n for n in listed if n.get("state") == "alive" and n.get("role") in (None, "agent")
         ]
-        if args.node:
-            nodes = [n for n in nodes if str(n["node_id"]).startswith(args.node)]
+        if args.node:  # an id, a prefix of one or a host name, as every command takes a node
+            nodes = [dict(pick_node(nodes, args.node))]
+        nodes.sort(key=lambda n: names.get(str(n["node_id"]), ""))
         return list(await asyncio.gather(*(_one(args, n) for n in nodes)))
 
     docs = run_with_client(args, call)
@@ -53,7 +59,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
         return 0
     now = time.time()
     for doc in docs:
-        name = str(doc.get("node", ""))[:12]
+        node_id = str(doc.get("node", ""))
+        name = f"{names.get(node_id, short(node_id))} ({short(node_id)})"
         if "error" in doc:
             print(f"{name}  unreachable: {doc['error']}")
             continue
@@ -65,7 +72,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
             held, total = int(item["held_bytes"]), int(item["total_bytes"])
             part = "" if held >= total else f" ({fmt_bytes(held)} held)"
             used = item.get("last_use_s")
-            last = "never used" if not used else f"used {max(0, int(now - float(used)))} s ago"
+            last = "never used" if not used else f"used {relative(min(float(used), now), now)}"
             pin = "  pinned" if item.get("pinned") else ""
             print(
                 f"  {KIND_TITLES.get(item['kind'], item['kind']):<11} {item['name']:<24}"

@@ -14,7 +14,7 @@ REF_HELP = "NAME (every version held there) or NAME@DIGEST (one version)"
 def cache_arguments(p: argparse.ArgumentParser) -> None:
     """``shoal cache``'s (:mod:`agent.cli.cache_cmd`)."""
     add_connection_arguments(p)
-    p.add_argument("--node", metavar="NODE", help="only this node (its id, or a prefix of it)")
+    p.add_argument("--node", metavar="NODE", help=f"only this node: {NODE_HELP}")
 
 
 def data_arguments(p: argparse.ArgumentParser) -> None:

@@ -115,6 +115,10 @@ def test_a_gang_runs_in_the_working_folder_and_an_unchanged_one_is_not_sent_agai
         mesh.wait("the owner and the replica hold the folder", kept_whole, WAIT_S)
         listed = shoal("cache", *flags)
         assert listed.returncode == 0 and "folder" in listed.stdout, listed
+        assert f"({keepers[0][:8]})" in listed.stdout  # each node by its name and short id
+        only = shoal("cache", *flags, "--node", keepers[0][:10])
+        assert only.returncode == 0 and only.stdout.count(" store ") == 1, only
+        assert "no node is named" in one_line_error(shoal("cache", *flags, "--node", "nosuch"))
 
         # The same folder again: only its manifest goes up.
         again = shoal("submit", *flags, "--json", "--workdir", str(top), "--", *argv)
