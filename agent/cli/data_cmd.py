@@ -16,6 +16,7 @@ from agent.cli.tables import hostnames
 from agent.common.errors import UserError
 from agent.operator.client import ApiClient, ApiError
 from agent.operator.resolve import pick_node
+from agent.operator.terminal import short
 from agent.operator.units import fmt_bytes
 from agent.wire.place import dataset_name_problem, parse_dataset_ref
 
@@ -48,10 +49,13 @@ def _ref(text: str) -> str:
 
 def _add(args: argparse.Namespace) -> int:
     body: dict[str, Any] = {"name": args.name, "path": args.path}
+    names: dict[str, str] = {}
 
     async def call(client: ApiClient) -> dict[str, Any]:
+        listed = await client.nodes()
+        names.update(hostnames(listed))
         if args.node is not None:
-            body["node"] = str(pick_node(await client.nodes(), args.node)["node_id"])
+            body["node"] = str(pick_node(listed, args.node)["node_id"])
         return await client.command("data_add", body)
 
     if (problem := dataset_name_problem(args.name)) is not None:
@@ -62,7 +66,7 @@ def _add(args: argparse.Namespace) -> int:
     else:
         print(
             f"{answer['name']}@{answer['digest'][:12]}: {fmt_bytes(answer['total_bytes'])}"
-            f" indexed on {str(answer['node'])[:8]}"
+            f" indexed on {names.get(str(answer['node'])) or short(str(answer['node']))}"
         )
     return 0
 
@@ -157,8 +161,11 @@ def _on_nodes(args: argparse.Namespace) -> int:
     ref = _ref(args.dataset)
     kind = f"data_{args.data_command}"
 
+    names: dict[str, str] = {}
+
     async def call(client: ApiClient) -> list[dict[str, Any]]:
         nodes = await client.nodes()
+        names.update(hostnames(nodes))
         targets = [str(pick_node(nodes, n)["node_id"]) for n in args.nodes]
         out: list[dict[str, Any]] = []
         for node in dict.fromkeys(targets):
@@ -169,14 +176,18 @@ def _on_nodes(args: argparse.Namespace) -> int:
         return out
 
     answers = run_with_client(args, call)
+
+    def name(node: object) -> str:
+        return names.get(str(node)) or short(str(node))
+
     if args.json:
         print_json(answers)
     else:
         for a in answers:
             if "error" not in a:
                 done = next(v for k, v in a.items() if k != "node")
-                print(f"{str(a['node'])[:8]}: {args.data_command} {len(done)} version(s)")
-    refused = [f"{str(a['node'])[:8]}: {a['error']}" for a in answers if "error" in a]
+                print(f"{name(a['node'])}: {args.data_command} {len(done)} version(s)")
+    refused = [f"{name(a['node'])}: {a['error']}" for a in answers if "error" in a]
     if refused:
         raise UserError("; ".join(refused))
     return 0

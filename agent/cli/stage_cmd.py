@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from agent.cli.ops_cmd import print_json, run_with_client
+from agent.cli.tables import hostnames
 from agent.common.errors import UserError
 from agent.operator.client import ApiClient
 from agent.operator.resolve import pick_node
@@ -59,9 +60,9 @@ def _node_texts(values: list[str]) -> list[str]:
     return [t for v in values for t in v.split(",") if t]
 
 
-def _line(node: Mapping[str, Any], state: Mapping[str, Any]) -> str:
+def _line(node: Mapping[str, Any], state: Mapping[str, Any], names: Mapping[str, str]) -> str:
     text = state.get("line") or f"error: {state.get('error', '?')}"
-    return f"{short(str(node))}: {text}"
+    return f"{names.get(str(node)) or short(str(node))}: {text}"
 
 
 def _ended(answer: Mapping[str, Any]) -> bool:
@@ -79,8 +80,11 @@ def cmd_stage(args: argparse.Namespace) -> int:
             raise UserError("--cancel and --wait do not go together")
         body["cancel"] = True
 
+    names: dict[str, str] = {}
+
     async def call(client: ApiClient) -> dict[str, Any]:
         listed = await client.nodes()
+        names.update(hostnames(listed))
         body["nodes"] = [str(pick_node(listed, t)["node_id"]) for t in _node_texts(args.nodes)]
         if "digest" not in body and "source" not in body and not args.cancel:
             body["digest"] = newest_version(listed, body["name"])
@@ -93,7 +97,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
         while True:
             if not args.json:
                 for node, state in answer.get("nodes", {}).items():
-                    line = _line(node, state)
+                    line = _line(node, state, names)
                     if said.get(node) != line:
                         print(line, flush=True)
                         said[node] = line
@@ -107,6 +111,6 @@ def cmd_stage(args: argparse.Namespace) -> int:
         print_json(answer)
     elif not args.wait:
         for node, state in answer.get("nodes", {}).items():
-            print(_line(node, state))
+            print(_line(node, state, names))
     failed = any(s.get("state") == "failed" or "state" not in s for s in answer["nodes"].values())
     return 1 if args.wait and failed else 0
