@@ -258,6 +258,12 @@ class Stager:
                     if any(h.name not in asked for h in holders):
                         break
                 continue
+            if got.manifest.name != name:
+                # The same bytes known by another name where they came from (two datasets of
+                # equal content are one manifest): kept here under the name staged too, so this
+                # node lists it, and a job that asks for it by that name finds it here.
+                named = replace(got.manifest, name=name)
+                await asyncio.to_thread(self.store.add_manifest, named)
             self._set(key, progress=got.progress)
             return
 

@@ -14,8 +14,10 @@ import pytest
 from agent.content import stage
 from agent.content.fetch import FetchError
 from agent.content.stage import StageAsk, StageState
+from agent.content.store import DiskStore
 from agent.content.swarm import Progress
 from tests.content.memstore import MemStore
+from tests.content.test_fetch import dataset
 
 D = "ab" * 32
 
@@ -86,7 +88,7 @@ def test_a_stage_with_no_holder_yet_looks_again_before_it_fails(
         asked.append([h.name for h in holders])
         if "holder" not in asked[-1]:
             raise FetchError("slow: no holder has 3 of its chunks")
-        return SimpleNamespace(progress=done)
+        return SimpleNamespace(progress=done, manifest=SimpleNamespace(name="imagenet"))
 
     stager.fetcher.fetch = fetch  # type: ignore[method-assign]
     asyncio.run(stager._from_peers(D, "imagenet", D))
@@ -135,3 +137,24 @@ def test_a_settled_view_looks_for_other_holders_briefly_a_filling_one_longer(
     assert asyncio.run(failed_within(5.0))
     stager.started_at = time.monotonic()  # just started: it may not know every member yet
     assert not asyncio.run(failed_within(0.5))
+
+
+def test_bytes_known_by_another_name_where_they_came_from_are_kept_under_the_name_staged(
+    tmp_path: Path,
+) -> None:
+    """Two datasets of equal bytes are one manifest: staging ``imnet2`` from a holder that knows
+    the digest as ``imagenet`` keeps it here under ``imnet2`` too, so this node lists it by the
+    name asked for (a job asking for ``imnet2`` finds it), not only under the holder's."""
+    store = DiskStore(tmp_path / "store")
+    mesh = SimpleNamespace(is_gone=lambda _node: False)
+    stager = stage.Stager("me", None, mesh, store, tmp_path, Counter())  # type: ignore[arg-type]
+    stager.holders = lambda digest=None: [SimpleNamespace(name="holder")]  # type: ignore[assignment,method-assign]
+    manifest, _ = dataset(2, name="imagenet")
+
+    async def fetch(digest: str, holders: list[Any], **_: Any) -> Any:
+        store.add_manifest(manifest)  # as the fetcher keeps what it learned of the holder
+        return SimpleNamespace(progress=Progress(1, 1, 1.0, 1, 0.0), manifest=manifest)
+
+    stager.fetcher.fetch = fetch  # type: ignore[method-assign]
+    asyncio.run(stager._from_peers(manifest.digest, "imnet2", manifest.digest))
+    assert set(store.names_of(manifest.digest)) == {"imagenet", "imnet2"}
