@@ -293,7 +293,9 @@ def test_a_dataset_staged_from_an_http_listing_is_content_members_fetch(
         )
         assert cmd_stage(args) == 0
         out = capsys.readouterr().out
-        assert f"{second.node_id[:8]}: cifar done" in out, out
+        listed = mesh.get(second, "/v1/nodes")["nodes"]
+        host = next(n["host"]["hostname"] for n in listed if n["node_id"] == second.node_id)
+        assert f"{host}: cifar done" in out, out  # each node by its host name
         args = parser.parse_args(
             ["stage", f"cifar@{digest}", "--nodes", second.node_id, "--json", *flags]
         )
@@ -306,7 +308,7 @@ def test_a_dataset_staged_from_an_http_listing_is_content_members_fetch(
         )
         assert cmd_stage(args) == 1
         out = capsys.readouterr().out
-        assert f"{second.node_id[:8]}: staging gone failed: no holder serves" in out, out
+        assert f"{host}: staging gone failed: no holder serves" in out, out
         with pytest.raises(UserError, match="no node holds all of 'nothing'"):
             cmd_stage(parser.parse_args(["stage", "nothing", "--nodes", second.node_id, *flags]))
         assert fetched(mesh, second, "peer") == s["held_bytes"]
