@@ -22,6 +22,7 @@ from agent.common.errors import UserError
 from agent.operator.client import ApiClient, ApiError
 from agent.operator.resolve import pick_node
 from agent.operator.terminal import line_width
+from agent.operator.units import fmt_bytes
 from agent.wire.codec import WireError
 from agent.wire.history import HistoryDoc, HistoryQuery, HistorySeries
 
@@ -145,7 +146,7 @@ def in_units(name: str, value: float | None) -> str:
                 return f"{value / factor:.1f} {unit}"
         return f"{value:.0f} B/s"
     if name.endswith("_bytes"):
-        return f"{value / 2**30:.1f} GiB" if abs(value) >= 2**30 else f"{value / 2**20:.0f} MiB"
+        return fmt_bytes(int(value))
     if name.endswith("_mw"):
         watts = value / 1000
         return f"{watts:.0f} W" if abs(watts) >= 10 else f"{watts:.1f} W"

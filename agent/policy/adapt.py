@@ -176,6 +176,12 @@ def device_from_static(
     """One device; ``domain_of`` (:func:`link_domains` of its host) splits its fabric into the
     groups really linked, else every device of one fabric on a host is taken as one group;
     ``shares``: job -> bytes of the shares of it that run (then ``holder`` is ``None``)."""
+    return device_in_use(bare_device(static, domain_of), sample, holder, shares)
+
+
+def bare_device(static: DeviceStatic, domain_of: Mapping[str, str] | None = None) -> Device:
+    """A device's static facts alone (nothing on it, no readings); ``domain_of``: see
+    :func:`device_from_static`."""
     domain, kind = _link(static)
     if domain_of is not None:
         domain = domain_of.get(static.key)
@@ -187,12 +193,34 @@ def device_from_static(
         arch=static.arch,
         compute_capability=static.compute_capability,
         mem_total_bytes=static.mem_total_bytes or 0,
-        whole_job=holder,
-        shares=tuple(Share(j, b) for j, b in sorted((shares or {}).items())),
         link_domain=domain,
         link_kind=kind,
-        temp_c=sample.temp_c if sample else None,
         temp_slowdown_c=static.temp_slowdown_c,
+    )
+
+
+def device_in_use(
+    bare: Device,
+    sample: DeviceSample | None,
+    holder: str | None,
+    shares: Mapping[str, int] | None = None,
+) -> Device:
+    """``bare`` (a device's static facts alone, :class:`HostParts`) with what runs on it now and
+    its readings: the one place a device's state is put on its facts."""
+    return Device(
+        key=bare.key,
+        model=bare.model,
+        vendor=bare.vendor,
+        backend=bare.backend,
+        arch=bare.arch,
+        compute_capability=bare.compute_capability,
+        mem_total_bytes=bare.mem_total_bytes,
+        whole_job=holder,
+        shares=tuple(Share(j, b) for j, b in sorted(shares.items())) if shares else (),
+        link_domain=bare.link_domain,
+        link_kind=bare.link_kind,
+        temp_c=sample.temp_c if sample else None,
+        temp_slowdown_c=bare.temp_slowdown_c,
         power_mw=sample.power_mw if sample else None,
         power_limit_mw=sample.power_limit_mw if sample else None,
         healthy=sample.healthy if sample else True,
@@ -231,7 +259,7 @@ def host_parts(view: NodeFacts) -> HostParts:
     return HostParts(
         inventory=view.inventory,
         place=view.place,
-        devices=tuple(device_from_static(s, None, None, domains) for s in view.statics),
+        devices=tuple(bare_device(s, domains) for s in view.statics),
         labels=labels,
         zone=zone,
         os=_os(view.inventory),
@@ -260,34 +288,18 @@ def node_from_view(
     holders = holders or {}
     shared = view.shares
     samples = view.samples
-    devices = []
-    for base in parts.devices:
-        key = base.key
-        sample = samples.get(key)
-        held = shared.get(key)
-        devices.append(
-            Device(
-                key=key,
-                model=base.model,
-                vendor=base.vendor,
-                backend=base.backend,
-                arch=base.arch,
-                compute_capability=base.compute_capability,
-                mem_total_bytes=base.mem_total_bytes,
-                whole_job=None if key in free or key in shared else holders.get(key, BUSY),
-                shares=tuple(Share(j, b) for j, b in sorted(held.items())) if held else (),
-                link_domain=base.link_domain,
-                link_kind=base.link_kind,
-                temp_c=sample.temp_c if sample else None,
-                temp_slowdown_c=base.temp_slowdown_c,
-                power_mw=sample.power_mw if sample else None,
-                power_limit_mw=sample.power_limit_mw if sample else None,
-                healthy=sample.healthy if sample else True,
-            )
+    devices = tuple(
+        device_in_use(
+            bare,
+            samples.get(bare.key),
+            None if bare.key in free or bare.key in shared else holders.get(bare.key, BUSY),
+            shared.get(bare.key),
         )
+        for bare in parts.devices
+    )
     return Node(
         node_id=view.node_id,
-        devices=tuple(devices),
+        devices=devices,
         drain=view.drain if view.inventory is not None else "unknown",
         labels=parts.labels,
         zone=parts.zone,
